@@ -1,0 +1,55 @@
+"""Regenerates the Python code (messages, gRPC stubs, .pyi stubs) from the protos.
+
+Run `python protos/generate.py` after changing a .proto; CI runs it and fails on any
+difference. The output lands in `queue_service/_gen/` and is never edited by hand.
+
+protoc emits absolute imports (`from acurio.queue.v1 import job_pb2`); they are rewritten to
+`queue_service._gen.acurio...` so the generated modules live inside our package instead of
+claiming a top-level `acurio` package.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from grpc_tools import protoc
+
+REPO = Path(__file__).resolve().parent.parent
+PROTO_ROOT = REPO / "protos"
+OUT = REPO / "queue_service" / "_gen"
+IMPORT_PREFIX = "queue_service._gen."
+_ABSOLUTE_IMPORT = re.compile(r"^(from|import) acurio\.", re.MULTILINE)
+
+
+def main() -> int:
+    shutil.rmtree(OUT, ignore_errors=True)
+    OUT.mkdir(parents=True)
+    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
+    well_known = Path(protoc.__file__).parent / "_proto"
+    status = protoc.main(
+        [
+            "protoc",
+            f"-I{PROTO_ROOT}",
+            f"-I{well_known}",
+            f"--python_out={OUT}",
+            f"--pyi_out={OUT}",
+            f"--grpc_python_out={OUT}",
+            *protos,
+        ]
+    )
+    if status != 0:
+        return status
+    for generated in OUT.rglob("*.py*"):
+        text = generated.read_text()
+        rewritten = _ABSOLUTE_IMPORT.sub(lambda m: f"{m.group(1)} {IMPORT_PREFIX}acurio.", text)
+        generated.write_text(rewritten)
+    for folder in [OUT, *[p for p in OUT.rglob("*") if p.is_dir()]]:
+        (folder / "__init__.py").write_text("")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
