@@ -1,0 +1,111 @@
+import type * as http2 from "node:http2";
+import { createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
+import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+
+import { CoreCallbackService } from "./gen/acurio/queue/v1/core_callback_service_pb.js";
+import { CreditsService } from "./gen/acurio/queue/v1/credits_service_pb.js";
+import { AnalysisQueueService } from "./gen/acurio/queue/v1/queue_service_pb.js";
+
+/** Options for {@link createQueueClients}. */
+export interface QueueClientOptions {
+  /**
+   * Where the queue service listens: `host:port` (for example `127.0.0.1:50051`), or a full
+   * `http://` / `https://` URL. A bare `host:port` becomes `http://host:port`, or
+   * `https://host:port` when `tls` is set.
+   */
+  address: string;
+  /**
+   * Default deadline in milliseconds for unary calls (Admit, ListJobs, GrantCredits, ...).
+   * Streaming calls (WatchJobs) are open-ended unless the call passes its own `timeoutMs` or
+   * `signal`, because a dashboard stream is meant to stay open. A per-call `timeoutMs` always
+   * wins. Unset: no default deadline.
+   */
+  timeoutMs?: number;
+  /**
+   * Use TLS. `true` uses the system trust store; an object is passed to Node's
+   * `http2.connect()` (for example `{ ca }` for a private CA, `{ cert, key }` for mTLS).
+   */
+  tls?: boolean | http2.SecureClientSessionOptions;
+  /** Sent on every call as `authorization: Bearer <token>`. */
+  bearerToken?: string;
+  /** Extra interceptors, run after the bearer-token interceptor. */
+  interceptors?: Interceptor[];
+}
+
+/** Typed clients for the three queue services, sharing one HTTP/2 connection. */
+export interface QueueClients {
+  /** AnalysisQueueService: Admit, ListJobs, GetJob, CancelJob, WatchJobs, Promote, Release. */
+  queue: Client<typeof AnalysisQueueService>;
+  /** CreditsService: GrantCredits, GetBalance (admin tooling). */
+  credits: Client<typeof CreditsService>;
+  /** CoreCallbackService: CompleteRun (called by the core; exposed for tooling and tests). */
+  coreCallback: Client<typeof CoreCallbackService>;
+  /** The underlying gRPC transport, for creating further clients. */
+  transport: Transport;
+  /**
+   * Closes the HTTP/2 connection (in-flight calls fail with CANCELED). Call it when done, or
+   * the open connection keeps a short-lived Node process (a script, a test) from exiting.
+   */
+  close(): void;
+}
+
+/** Turns `host:port` into the base URL the gRPC transport expects. */
+export function toBaseUrl(address: string, tls: boolean): string {
+  const trimmed = address.trim();
+  if (trimmed === "") {
+    throw new Error("queue client: address is empty (expected host:port, e.g. 127.0.0.1:50051)");
+  }
+  if (/^https?:\/\//i.test(trimmed)) {
+    return trimmed.replace(/\/+$/, "");
+  }
+  return `${tls ? "https" : "http"}://${trimmed}`;
+}
+
+/** An interceptor that sends `authorization: Bearer <token>` on every call. */
+export function bearerTokenInterceptor(token: string): Interceptor {
+  const value = `Bearer ${token}`;
+  return (next) => async (req) => {
+    req.header.set("authorization", value);
+    return next(req);
+  };
+}
+
+/**
+ * Creates typed clients for the queue's AnalysisQueueService, CreditsService and
+ * CoreCallbackService over real gRPC (HTTP/2).
+ */
+export function createQueueClients(options: QueueClientOptions): QueueClients {
+  const useTls = options.tls !== undefined && options.tls !== false;
+  const baseUrl = toBaseUrl(options.address, useTls);
+  const nodeOptions = typeof options.tls === "object" ? options.tls : {};
+
+  const interceptors: Interceptor[] = [];
+  if (options.bearerToken !== undefined && options.bearerToken !== "") {
+    interceptors.push(bearerTokenInterceptor(options.bearerToken));
+  }
+  interceptors.push(...(options.interceptors ?? []));
+
+  // Our own session manager, so close() can end the connection.
+  const sessionManager = new Http2SessionManager(baseUrl, {}, nodeOptions);
+  const grpc = createGrpcTransport({ baseUrl, sessionManager, interceptors });
+
+  const defaultTimeoutMs = options.timeoutMs;
+  const transport: Transport = {
+    unary(method, signal, timeoutMs, header, input, contextValues) {
+      return grpc.unary(method, signal, timeoutMs ?? defaultTimeoutMs, header, input, contextValues);
+    },
+    stream(method, signal, timeoutMs, header, input, contextValues) {
+      return grpc.stream(method, signal, timeoutMs, header, input, contextValues);
+    },
+  };
+
+  return {
+    queue: createClient(AnalysisQueueService, transport),
+    credits: createClient(CreditsService, transport),
+    coreCallback: createClient(CoreCallbackService, transport),
+    transport,
+    close() {
+      sessionManager.abort();
+    },
+  };
+}

@@ -1,0 +1,173 @@
+"""Settings from the environment, validated once at start.
+
+Every variable of the design's configuration table is here, plus the bounds that keep a
+replica from waiting forever (timeouts, pool size, stream caps). A bad value stops start-up with
+a message naming the variable, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration variable has a value the service cannot run with."""
+
+
+def _parse_int(low: int, high: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ValueError(f"expected an integer between {low} and {high}") from None
+        if not low <= value <= high:
+            raise ValueError(f"expected an integer between {low} and {high}")
+        return value
+
+    return parse
+
+
+def _parse_float(low: float, high: float) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ValueError(f"expected a number between {low} and {high}") from None
+        if not low <= value <= high:
+            raise ValueError(f"expected a number between {low} and {high}")
+        return value
+
+    return parse
+
+
+def _parse_bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _parse_host_port(raw: str) -> str:
+    host, sep, port = raw.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("expected host:port, for example 127.0.0.1:50051")
+    return raw.strip()
+
+
+def _parse_optional_host_port(raw: str) -> str:
+    return _parse_host_port(raw) if raw.strip() else ""
+
+
+def _parse_choice(*choices: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _parse_text(raw: str) -> str:
+    return raw.strip()
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    env: str
+    default: str
+    parse: Callable[[str], Any]
+    meaning: str
+
+
+# The order here is the order of the README's configuration table.
+SETTINGS: dict[str, Setting] = {
+    "database_url": Setting("DATABASE_URL", "", _parse_text, "PostgreSQL DSN; unset: `dev` starts an embedded PostgreSQL"),
+    "listen_addr": Setting("QUEUE_LISTEN_ADDR", "127.0.0.1:50051", _parse_host_port, "host:port to serve gRPC on"),
+    "core_addr": Setting("QUEUE_CORE_ADDR", "", _parse_optional_host_port, "host:port of the core's RunService; `dev` starts the dev core"),
+    "max_active_per_user": Setting("QUEUE_MAX_ACTIVE_PER_USER", "1", _parse_int(1, 1000), "first-pass slots per user (the user_queue_limits table may raise it)"),
+    "max_queued_per_user": Setting("QUEUE_MAX_QUEUED_PER_USER", "100", _parse_int(1, 100_000), "queued jobs per user before USER_QUEUE_FULL"),
+    "release_window_seconds": Setting("QUEUE_RELEASE_WINDOW_SECONDS", "1800", _parse_float(0.1, 7 * 86400), "how long release is retried after promotion"),
+    "sweep_interval_seconds": Setting("QUEUE_SWEEP_INTERVAL_SECONDS", "30", _parse_float(0.0, 86400), "sweeper period (jittered); 0 disables the sweeper"),
+    "admit_price": Setting("QUEUE_ADMIT_PRICE", "1", _parse_int(0, 1_000_000), "credits charged per first-pass job"),
+    "delta_price": Setting("QUEUE_DELTA_PRICE", "0", _parse_int(0, 1_000_000), "credits charged per delta re-check"),
+    "core_deadline_seconds": Setting("QUEUE_CORE_DEADLINE_SECONDS", "5", _parse_float(0.05, 120), "deadline of the admit path's calls to the core, retries included"),
+    "release_lease_seconds": Setting("QUEUE_RELEASE_LEASE_SECONDS", "15", _parse_float(0.1, 3600), "how long a claimed release is reserved for its replica before another may retry it"),
+    "release_backoff_max_seconds": Setting("QUEUE_RELEASE_BACKOFF_MAX_SECONDS", "60", _parse_float(0.01, 3600), "cap of the release retry backoff (full jitter)"),
+    "reconcile_after_seconds": Setting("QUEUE_RECONCILE_AFTER_SECONDS", "900", _parse_float(0.1, 7 * 86400), "a RUNNING job with no completion for this long is checked with the core's GetRun"),
+    "grace_period_seconds": Setting("QUEUE_GRACE_PERIOD_SECONDS", "10", _parse_float(0.0, 600), "on SIGTERM: time for in-flight calls to finish"),
+    "lock_timeout_ms": Setting("QUEUE_LOCK_TIMEOUT_MS", "5000", _parse_int(1, 600_000), "lock_timeout of every transaction"),
+    "statement_timeout_ms": Setting("QUEUE_STATEMENT_TIMEOUT_MS", "10000", _parse_int(1, 600_000), "statement_timeout of every transaction"),
+    "pool_min_size": Setting("QUEUE_DB_POOL_MIN_SIZE", "2", _parse_int(1, 1000), "database connections kept open"),
+    "pool_max_size": Setting("QUEUE_DB_POOL_MAX_SIZE", "20", _parse_int(1, 1000), "database connections at most"),
+    "pool_timeout_seconds": Setting("QUEUE_DB_POOL_TIMEOUT_SECONDS", "5", _parse_float(0.05, 600), "wait for a free connection before UNAVAILABLE"),
+    "migrate_on_start": Setting("QUEUE_MIGRATE_ON_START", "true", _parse_bool, "`serve` applies pending migrations first"),
+    "max_streams_per_user": Setting("QUEUE_MAX_STREAMS_PER_USER", "16", _parse_int(1, 100_000), "open WatchJobs streams per user and replica"),
+    "max_streams": Setting("QUEUE_MAX_STREAMS", "2000", _parse_int(1, 1_000_000), "open WatchJobs streams per replica"),
+    "reflection": Setting("QUEUE_REFLECTION", "true", _parse_bool, "serve gRPC server reflection"),
+    "log_format": Setting("QUEUE_LOG_FORMAT", "json", _parse_choice("json", "text"), "log lines as JSON or readable text"),
+    "log_level": Setting("QUEUE_LOG_LEVEL", "info", _parse_choice("debug", "info", "warning", "error"), "log level"),
+    "metrics_addr": Setting("QUEUE_METRICS_ADDR", "", _parse_optional_host_port, "host:port of a Prometheus scrape endpoint; empty: none"),
+    "trace_console": Setting("QUEUE_TRACE_CONSOLE", "false", _parse_bool, "print spans to the console (for `dev`)"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    database_url: str
+    listen_addr: str
+    core_addr: str
+    max_active_per_user: int
+    max_queued_per_user: int
+    release_window_seconds: float
+    sweep_interval_seconds: float
+    admit_price: int
+    delta_price: int
+    core_deadline_seconds: float
+    release_lease_seconds: float
+    release_backoff_max_seconds: float
+    reconcile_after_seconds: float
+    grace_period_seconds: float
+    lock_timeout_ms: int
+    statement_timeout_ms: int
+    pool_min_size: int
+    pool_max_size: int
+    pool_timeout_seconds: float
+    migrate_on_start: bool
+    max_streams_per_user: int
+    max_streams: int
+    reflection: bool
+    log_format: str
+    log_level: str
+    metrics_addr: str
+    trace_console: bool
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+        """Reads every setting; collects all bad values into one ConfigError."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        problems: list[str] = []
+        for field, setting in SETTINGS.items():
+            raw = environ.get(setting.env, setting.default)
+            try:
+                values[field] = setting.parse(raw)
+            except ValueError as exc:
+                problems.append(f"{setting.env}={raw!r}: {exc}")
+        if not problems and values["pool_min_size"] > values["pool_max_size"]:
+            problems.append("QUEUE_DB_POOL_MIN_SIZE must not exceed QUEUE_DB_POOL_MAX_SIZE")
+        if problems:
+            raise ConfigError("invalid configuration: " + "; ".join(problems))
+        values.update(overrides)
+        return cls(**values)
+
+    def require_service_targets(self) -> None:
+        """`serve` needs a database and a core; `dev` fills both in itself."""
+        missing = [s.env for f, s in SETTINGS.items() if f in ("database_url", "core_addr") and not getattr(self, f)]
+        if missing:
+            raise ConfigError(f"invalid configuration: {', '.join(missing)} must be set for `serve` (or use `queue-service dev`)")

@@ -1,0 +1,146 @@
+"""Calls to the core's RunService, with deadlines and the design's reading of its status codes.
+
+The admit path's CreateRun gets one overall deadline (QUEUE_CORE_DEADLINE_SECONDS) inside
+which UNAVAILABLE is retried briefly with tenacity; past it the caller hears CORE_UNAVAILABLE
+(nothing charged; retrying with the same key is safe). Release attempts are single calls: their
+retries outlive processes, so they are state in the job row (see `dispatcher`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+import uuid
+from collections.abc import Sequence
+
+import grpc
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_random_exponential
+
+from queue_service import errors, telemetry
+from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
+from queue_service._gen.acurio.core.v1 import run_service_pb2_grpc as core_grpc
+
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _RETRYABLE
+
+
+class ReleaseResult(enum.Enum):
+    RELEASED = "released"
+    TRANSIENT_FAILURE = "transient_failure"
+    PERMANENT_FAILURE = "permanent_failure"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseOutcome:
+    result: ReleaseResult
+    error: str = ""
+
+
+class CoreClient:
+    def __init__(self, channel: grpc.aio.Channel, *, deadline_seconds: float) -> None:
+        self._channel = channel
+        self._stub = core_grpc.RunServiceStub(channel)
+        self._deadline = deadline_seconds
+
+    @classmethod
+    def connect(cls, address: str, *, deadline_seconds: float, credentials: grpc.ChannelCredentials | None = None) -> CoreClient:
+        options = [("grpc.keepalive_time_ms", 30_000), ("grpc.enable_retries", 0)]
+        channel = (
+            grpc.aio.secure_channel(address, credentials, options=options)
+            if credentials is not None
+            else grpc.aio.insecure_channel(address, options=options)
+        )
+        return cls(channel, deadline_seconds=deadline_seconds)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def _with_retry(self, method: str, call, request, budget_seconds: float):  # type: ignore[no-untyped-def]
+        """Calls `call(request)` until it succeeds, fails for good, or the budget is spent."""
+        give_up_at = time.monotonic() + budget_seconds
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(_is_retryable),
+            stop=stop_after_delay(budget_seconds),
+            wait=wait_random_exponential(multiplier=0.05, max=0.5),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                if attempt.retry_state.attempt_number > 1:
+                    telemetry.metrics.core_retries.add(1, {"method": method})
+                remaining = give_up_at - time.monotonic()
+                if remaining <= 0.001:
+                    raise errors.CoreUnavailable("the core did not answer within the admit deadline; retry with the same idempotency key")
+                return await call(request, timeout=remaining)
+        raise AssertionError("unreachable")
+
+    async def create_run(
+        self,
+        *,
+        run_id: uuid.UUID,
+        user_id: str,
+        document_uri: str,
+        sources: Sequence[tuple[str, str]],
+        hold: bool,
+        delta_of_run_id: uuid.UUID | None,
+    ) -> None:
+        request = core_pb2.CreateRunRequest(
+            run_id=str(run_id),
+            user_id=user_id,
+            document_uri=document_uri,
+            sources=[core_pb2.RunSource(doi=doi, citation=citation) for doi, citation in sources],
+            hold=hold,
+            delta_of_run_id=str(delta_of_run_id) if delta_of_run_id else "",
+        )
+        try:
+            await self._with_retry("CreateRun", self._stub.CreateRun, request, self._deadline)
+        except grpc.aio.AioRpcError as exc:
+            raise _admit_error(exc) from exc
+
+    async def release_run(self, run_id: uuid.UUID) -> ReleaseOutcome:
+        try:
+            await self._stub.ReleaseRun(core_pb2.ReleaseRunRequest(run_id=str(run_id)), timeout=self._deadline)
+        except grpc.aio.AioRpcError as exc:
+            detail = f"core ReleaseRun: {exc.code().name}: {exc.details() or ''}".strip()
+            if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
+                return ReleaseOutcome(ReleaseResult.PERMANENT_FAILURE, detail)
+            return ReleaseOutcome(ReleaseResult.TRANSIENT_FAILURE, detail)
+        return ReleaseOutcome(ReleaseResult.RELEASED)
+
+    async def cancel_run(self, run_id: uuid.UUID) -> None:
+        """Cancels a run; an unknown run counts as canceled. Raises CoreUnavailable otherwise."""
+        try:
+            await self._with_retry("CancelRun", self._stub.CancelRun, core_pb2.CancelRunRequest(run_id=str(run_id)), self._deadline)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return
+            raise errors.CoreUnavailable(
+                f"the core could not cancel the run ({exc.code().name}); retry", metadata={"coreCode": exc.code().name}
+            ) from exc
+
+    async def get_run(self, run_id: uuid.UUID) -> core_pb2.Run | None:
+        """The run at the core, or None when the core does not know it. Raises AioRpcError."""
+        try:
+            response = await self._stub.GetRun(core_pb2.GetRunRequest(run_id=str(run_id)), timeout=self._deadline)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+        return response.run
+
+
+def _admit_error(exc: grpc.aio.AioRpcError) -> errors.QueueError:
+    code = exc.code()
+    detail = exc.details() or ""
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return errors.CoreRejected(f"the core rejected the analysis: {detail}", metadata={"coreMessage": detail})
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return errors.ProviderBudgetExhausted(f"the provider budget is exhausted: {detail}", metadata={"coreMessage": detail})
+    return errors.CoreUnavailable(
+        f"the core did not accept the run ({code.name}); retry with the same idempotency key",
+        metadata={"coreCode": code.name},
+    )

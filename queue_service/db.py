@@ -1,0 +1,98 @@
+"""Connections, transactions and the translation of driver errors into domain errors.
+
+This module and `locks` are the only places that open transactions; `repository` runs the
+named queries on the connections they yield. Driver errors are translated here, once:
+a lost connection or an exhausted pool is UNAVAILABLE (the caller may retry), a lock timeout is
+LOCK_TIMEOUT, serialization failures and deadlocks are ABORTED.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+import psycopg
+from psycopg import AsyncConnection, errors as pg_errors
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from queue_service import errors
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeouts:
+    lock_timeout_ms: int
+    statement_timeout_ms: int
+
+    def within(self, remaining_seconds: float | None) -> Timeouts:
+        """Shrinks the statement timeout to a caller's remaining deadline, so a caller who gives
+        up also stops the database work done for them."""
+        if remaining_seconds is None:
+            return self
+        remaining_ms = max(1, int(remaining_seconds * 1000))
+        return Timeouts(
+            lock_timeout_ms=min(self.lock_timeout_ms, remaining_ms),
+            statement_timeout_ms=min(self.statement_timeout_ms, remaining_ms),
+        )
+
+
+@contextmanager
+def translated_errors() -> Iterator[None]:
+    try:
+        yield
+    except errors.QueueError:
+        raise
+    except PoolTimeout as exc:
+        raise errors.DatabaseUnavailable(f"no database connection free in time: {exc}") from exc
+    except pg_errors.LockNotAvailable as exc:
+        raise errors.LockTimeout("the user's queue is busy; retry the call") from exc
+    except pg_errors.QueryCanceled as exc:
+        raise errors.DatabaseUnavailable("a database statement timed out; retry the call") from exc
+    except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as exc:
+        raise errors.Conflict("a concurrent change won; retry the call") from exc
+    except pg_errors.UniqueViolation as exc:
+        constraint = exc.diag.constraint_name or "unknown"
+        raise errors.Conflict(
+            f"a concurrent change won ({constraint}); retry the call", metadata={"constraint": constraint}
+        ) from exc
+    except (psycopg.OperationalError, pg_errors.AdminShutdown, pg_errors.CannotConnectNow) as exc:
+        raise errors.DatabaseUnavailable(f"the database is unavailable: {exc.__class__.__name__}") from exc
+
+
+@asynccontextmanager
+async def transaction(
+    pool: AsyncConnectionPool, timeouts: Timeouts, *, set_timeouts: bool = True
+) -> AsyncIterator[AsyncConnection]:
+    """Yields a connection inside a transaction with lock and statement timeouts set."""
+    with translated_errors():
+        async with pool.connection() as conn:
+            async with conn.transaction():
+                if set_timeouts:
+                    await conn.execute(
+                        "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+                        (f"{timeouts.lock_timeout_ms}ms", f"{timeouts.statement_timeout_ms}ms"),
+                    )
+                yield conn
+
+
+def create_pool(dsn: str, *, min_size: int, max_size: int, timeout: float, name: str = "queue") -> AsyncConnectionPool:
+    """A pool opened explicitly by the caller (`await pool.open(wait=True)`), closed on shutdown.
+
+    `check` pings a connection before lending it, so a PostgreSQL restart costs callers one
+    UNAVAILABLE at most and the pool heals by itself.
+    """
+    return AsyncConnectionPool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        timeout=timeout,
+        open=False,
+        name=name,
+        kwargs={"row_factory": dict_row, "autocommit": True},
+        check=AsyncConnectionPool.check_connection,
+        reconnect_timeout=3600,
+    )

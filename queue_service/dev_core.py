@@ -1,0 +1,231 @@
+"""The dev core: a faithful stand-in for the Rust core's `acurio.core.v1.RunService`.
+
+Deterministic behaviour from the design: a document whose uri contains `unparseable` and any
+DOI under `10.9999/` are rejected (INVALID_ARGUMENT); a daily provider budget
+(RESOURCE_EXHAUSTED past it); runs created held wait for ReleaseRun; a released run judges for
+`judging_seconds` and is then reported through `CoreCallbackService.CompleteRun` (never, in
+manual mode, where a test calls `finish`). A document uri containing `fail-judging` ends FAILED.
+
+Fault switches (attributes, flipped by tests; flags when run as a process): `unavailable`
+(every call UNAVAILABLE), `slow_seconds` (every call sleeps first), `fail_releases`
+(ReleaseRun UNAVAILABLE), `refuse_releases` (ReleaseRun NOT_FOUND), `drop_callbacks` (judge but
+never call back). Unreleased held runs expire after `hold_expiry_seconds`, like the real core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import logging
+import time
+import uuid
+
+import grpc
+
+from queue_service._gen.acurio.core.v1 import run_service_pb2 as pb, run_service_pb2_grpc as pb_grpc
+from queue_service._gen.acurio.queue.v1 import (
+    core_callback_service_pb2 as callback_pb2,
+    core_callback_service_pb2_grpc as callback_grpc,
+)
+
+log = logging.getLogger(__name__)
+
+UNREGISTERED_DOI_PREFIX = "10.9999/"
+_FINISHED = (pb.RUN_STATE_SUCCEEDED, pb.RUN_STATE_FAILED, pb.RUN_STATE_CANCELED)
+
+
+@dataclasses.dataclass
+class DevRun:
+    run_id: str
+    user_id: str
+    document_uri: str
+    state: int
+    created_at: float
+    message: str = ""
+    judge_task: asyncio.Task[None] | None = None
+
+
+class DevCore(pb_grpc.RunServiceServicer):
+    def __init__(
+        self,
+        *,
+        callback_addr: str = "",
+        judging_seconds: float = 1.0,
+        manual: bool = False,
+        daily_budget: int = 1_000_000,
+        hold_expiry_seconds: float = 24 * 3600,
+    ) -> None:
+        self.callback_addr = callback_addr
+        self.judging_seconds = judging_seconds
+        self.manual = manual
+        self.daily_budget = daily_budget
+        self.hold_expiry_seconds = hold_expiry_seconds
+        self.unavailable = False
+        self.slow_seconds = 0.0
+        self.fail_releases = False
+        self.refuse_releases = False
+        self.drop_callbacks = False
+        self.runs: dict[str, DevRun] = {}
+        self.release_log: list[tuple[str, float]] = []  # (run_id, monotonic time received)
+        self.completion_log: list[tuple[str, float]] = []  # (run_id, monotonic time CompleteRun returned)
+        self.judging_now: dict[str, set[str]] = {}  # user_id -> runs judging (for I1 checks)
+        self.max_concurrent_judging: dict[str, int] = {}
+        self._budget_day = dt.date.today()
+        self._budget_used = 0
+        self._channel: grpc.aio.Channel | None = None
+        self._callback: callback_grpc.CoreCallbackServiceStub | None = None
+        self._server: grpc.aio.Server | None = None
+        self.port = 0
+
+    # -- serving -------------------------------------------------------------------------------
+
+    async def start(self, listen_addr: str = "127.0.0.1:0") -> int:
+        self._server = grpc.aio.server()
+        pb_grpc.add_RunServiceServicer_to_server(self, self._server)
+        self.port = self._server.add_insecure_port(listen_addr)
+        await self._server.start()
+        return self.port
+
+    async def stop(self) -> None:
+        for run in self.runs.values():
+            if run.judge_task is not None:
+                run.judge_task.cancel()
+        if self._server is not None:
+            await self._server.stop(0)
+        if self._channel is not None:
+            await self._channel.close()
+
+    def set_callback_addr(self, addr: str) -> None:
+        self.callback_addr = addr
+        self._callback = None
+
+    # -- the contract ----------------------------------------------------------------------------
+
+    async def _enter(self, context: grpc.aio.ServicerContext) -> None:
+        if self.slow_seconds:
+            await asyncio.sleep(self.slow_seconds)
+        if self.unavailable:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "dev core switched to unavailable")
+
+    def _run_message(self, run: DevRun) -> pb.Run:
+        return pb.Run(run_id=run.run_id, state=run.state, message=run.message)
+
+    async def CreateRun(self, request: pb.CreateRunRequest, context: grpc.aio.ServicerContext) -> pb.CreateRunResponse:
+        await self._enter(context)
+        existing = self.runs.get(request.run_id)
+        if existing is not None:
+            return pb.CreateRunResponse(run=self._run_message(existing))
+        try:
+            uuid.UUID(request.run_id)
+        except ValueError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "run_id must be a UUID")
+        if "unparseable" in request.document_uri:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the document could not be parsed")
+        for index, source in enumerate(request.sources):
+            if source.doi.startswith(UNREGISTERED_DOI_PREFIX):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sources[{index}]: DOI {source.doi} is not registered")
+        if dt.date.today() != self._budget_day:
+            self._budget_day, self._budget_used = dt.date.today(), 0
+        if self._budget_used >= self.daily_budget:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the provider budget for today is used up")
+        self._budget_used += 1
+        run = DevRun(
+            run_id=request.run_id,
+            user_id=request.user_id,
+            document_uri=request.document_uri,
+            state=pb.RUN_STATE_HELD if request.hold else pb.RUN_STATE_JUDGING,
+            created_at=time.monotonic(),
+        )
+        self.runs[run.run_id] = run
+        if not request.hold:
+            self._begin_judging(run)
+        return pb.CreateRunResponse(run=self._run_message(run))
+
+    async def ReleaseRun(self, request: pb.ReleaseRunRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseRunResponse:
+        await self._enter(context)
+        self.release_log.append((request.run_id, time.monotonic()))
+        run = self.runs.get(request.run_id)
+        if self.refuse_releases or run is None or self._expired(run):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown or expired")
+        if self.fail_releases:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "dev core switched to fail releases")
+        if run.state == pb.RUN_STATE_CANCELED:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"run {run.run_id} was canceled")
+        if run.state == pb.RUN_STATE_HELD:
+            run.state = pb.RUN_STATE_JUDGING
+            self._begin_judging(run)
+        return pb.ReleaseRunResponse(run=self._run_message(run))
+
+    async def CancelRun(self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext) -> pb.CancelRunResponse:
+        await self._enter(context)
+        run = self.runs.get(request.run_id)
+        if run is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown")
+        if run.state not in _FINISHED:
+            self._stop_judging(run)
+            run.state = pb.RUN_STATE_CANCELED
+            if run.judge_task is not None:
+                run.judge_task.cancel()
+        return pb.CancelRunResponse(run=self._run_message(run))
+
+    async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.GetRunResponse:
+        await self._enter(context)
+        run = self.runs.get(request.run_id)
+        if run is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown")
+        return pb.GetRunResponse(run=self._run_message(run))
+
+    # -- judging ---------------------------------------------------------------------------------
+
+    def _expired(self, run: DevRun) -> bool:
+        return run.state == pb.RUN_STATE_HELD and time.monotonic() - run.created_at > self.hold_expiry_seconds
+
+    def _begin_judging(self, run: DevRun) -> None:
+        judging = self.judging_now.setdefault(run.user_id, set())
+        judging.add(run.run_id)
+        self.max_concurrent_judging[run.user_id] = max(self.max_concurrent_judging.get(run.user_id, 0), len(judging))
+        if not self.manual:
+            run.judge_task = asyncio.create_task(self._judge(run))
+
+    def _stop_judging(self, run: DevRun) -> None:
+        self.judging_now.get(run.user_id, set()).discard(run.run_id)
+
+    async def _judge(self, run: DevRun) -> None:
+        await asyncio.sleep(self.judging_seconds)
+        await self.finish(run.run_id, succeeded="fail-judging" not in run.document_uri)
+
+    async def finish(self, run_id: str, *, succeeded: bool = True, refund_credit: bool = False, message: str = "") -> callback_pb2.CompleteRunResponse | None:
+        """Ends a judging run and reports it (unless callbacks are dropped)."""
+        run = self.runs[run_id]
+        if run.state != pb.RUN_STATE_JUDGING:
+            return None
+        self._stop_judging(run)
+        run.state = pb.RUN_STATE_SUCCEEDED if succeeded else pb.RUN_STATE_FAILED
+        run.message = message or ("" if succeeded else "judging failed")
+        if self.drop_callbacks or not self.callback_addr:
+            return None
+        return await self._report(run, refund_credit)
+
+    async def _report(self, run: DevRun, refund_credit: bool) -> callback_pb2.CompleteRunResponse | None:
+        if self._callback is None:
+            self._channel = grpc.aio.insecure_channel(self.callback_addr)
+            self._callback = callback_grpc.CoreCallbackServiceStub(self._channel)
+        request = callback_pb2.CompleteRunRequest(
+            run_id=run.run_id,
+            outcome=callback_pb2.RUN_OUTCOME_SUCCEEDED if run.state == pb.RUN_STATE_SUCCEEDED else callback_pb2.RUN_OUTCOME_FAILED,
+            refund_credit=refund_credit,
+            message=run.message,
+        )
+        for attempt in range(5):
+            try:
+                response = await self._callback.CompleteRun(request, timeout=5)
+                self.completion_log.append((run.run_id, time.monotonic()))
+                return response
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED):
+                    log.warning("CompleteRun for %s refused: %s", run.run_id, exc.code().name)
+                    return None
+                await asyncio.sleep(0.2 * 2**attempt)
+        log.warning("CompleteRun for %s never got through; the queue's sweeper reconciles it", run.run_id)
+        return None

@@ -1,0 +1,101 @@
+"""The release dispatcher: one per replica, releasing PENDING jobs the moment they are due.
+
+It claims due jobs with `FOR UPDATE SKIP LOCKED` (so replicas never release the same job at
+once), leases them for QUEUE_RELEASE_LEASE_SECONDS, and releases each in its own task. It wakes
+on a local signal right after a commit that made a job PENDING, on a NOTIFY from any replica,
+and otherwise exactly when the earliest retry is due. The lease makes a crash harmless: another
+replica claims the job when the lease runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+
+from queue_service import errors, repository as repo
+from queue_service.db import transaction
+from queue_service.engine import QueueEngine
+
+log = logging.getLogger(__name__)
+
+_BATCH = 64
+_MAX_IDLE_SECONDS = 5.0
+_MAX_CONCURRENT_RELEASES = 64
+
+
+class ReleaseDispatcher:
+    def __init__(self, engine: QueueEngine) -> None:
+        self._engine = engine
+        self._wake = asyncio.Event()
+        self._slots = asyncio.Semaphore(_MAX_CONCURRENT_RELEASES)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._runner: asyncio.Task[None] | None = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._runner = asyncio.create_task(self._run(), name="release-dispatcher")
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            self._runner.cancel()
+            await asyncio.gather(self._runner, return_exceptions=True)
+        # In-flight releases finish (bounded by the core deadline) so no lease is left dangling.
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self._engine.config.core_deadline_seconds + 1)
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                self._wake.clear()
+                claimed = await self._claim_and_start()
+                failures = 0
+                if claimed == _BATCH:
+                    continue
+                delay = await self._seconds_until_next_due()
+            except (errors.QueueError, OSError) as exc:
+                failures += 1
+                delay = min(_MAX_IDLE_SECONDS, 0.1 * 2**failures)
+                log.warning("release dispatcher could not reach the database: %s", exc)
+            except Exception:
+                failures += 1
+                delay = min(_MAX_IDLE_SECONDS, 0.1 * 2**failures)
+                log.exception("release dispatcher pass failed")
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            except TimeoutError:
+                pass
+
+    async def _claim_and_start(self) -> int:
+        engine = self._engine
+        async with transaction(engine.pool, engine.timeouts) as conn:
+            claims = await repo.claim_due_releases(
+                conn, lease_seconds=engine.config.release_lease_seconds, batch_size=_BATCH
+            )
+        for claim in claims:
+            await self._slots.acquire()
+            task = asyncio.create_task(self._release(claim), name=f"release-{claim.job_id}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return len(claims)
+
+    async def _release(self, claim: repo.ClaimedRelease) -> None:
+        try:
+            await self._engine.release(claim)
+        except Exception:
+            # The lease runs out and any replica retries; nothing is lost.
+            log.exception("release attempt failed", extra={"job_id": claim.job_id, "attempt": claim.attempt})
+        finally:
+            self._slots.release()
+
+    async def _seconds_until_next_due(self) -> float:
+        engine = self._engine
+        async with transaction(engine.pool, engine.timeouts) as conn:
+            due_at = await repo.next_release_due_at(conn)
+        if due_at is None:
+            return _MAX_IDLE_SECONDS
+        wait = (due_at - dt.datetime.now(dt.timezone.utc)).total_seconds()
+        return min(_MAX_IDLE_SECONDS, max(0.0, wait))

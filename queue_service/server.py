@@ -1,0 +1,164 @@
+"""Assembles one replica: pool, migrations, core client, engine, background loops, gRPC server.
+
+Health (service "") is SERVING once the database answers and the schema is current, and
+NOT_SERVING from the moment a drain starts. A drain stops accepting calls, ends WatchJobs
+streams with UNAVAILABLE (clients reconnect to another replica), gives in-flight unary calls the
+grace period, stops the loops and closes the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from queue_service import migrations
+from queue_service._gen.acurio.queue.v1 import (
+    core_callback_service_pb2,
+    core_callback_service_pb2_grpc,
+    credits_service_pb2,
+    credits_service_pb2_grpc,
+    queue_service_pb2,
+    queue_service_pb2_grpc,
+)
+from queue_service.config import Config
+from queue_service.core_client import CoreClient
+from queue_service.db import Timeouts, create_pool, translated_errors
+from queue_service.dispatcher import ReleaseDispatcher
+from queue_service.engine import QueueEngine
+from queue_service.error_interceptor import ErrorInterceptor
+from queue_service.notifications import NotificationHub
+from queue_service.servicers import AnalysisQueueServicer, CoreCallbackServicer, CreditsServicer
+from queue_service.sweeper import Sweeper
+from queue_service.views import JobViews
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    queue_service_pb2.DESCRIPTOR.services_by_name["AnalysisQueueService"].full_name,
+    core_callback_service_pb2.DESCRIPTOR.services_by_name["CoreCallbackService"].full_name,
+    credits_service_pb2.DESCRIPTOR.services_by_name["CreditsService"].full_name,
+)
+
+# Bounded input: a request larger than this is refused by gRPC itself (RESOURCE_EXHAUSTED).
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+class QueueApp:
+    """One replica of the service; `start` returns the bound port."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        interceptors: list[grpc.aio.ServerInterceptor] | None = None,
+        server_credentials: grpc.ServerCredentials | None = None,
+        core_credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        config.require_service_targets()
+        self.config = config
+        self.pool = create_pool(
+            config.database_url,
+            min_size=config.pool_min_size,
+            max_size=config.pool_max_size,
+            timeout=config.pool_timeout_seconds,
+        )
+        self.core = CoreClient.connect(config.core_addr, deadline_seconds=config.core_deadline_seconds, credentials=core_credentials)
+        self.engine = QueueEngine(self.pool, self.core, config)
+        timeouts = Timeouts(config.lock_timeout_ms, config.statement_timeout_ms)
+        self.views = JobViews(self.pool, timeouts, config.max_active_per_user)
+        self.hub = NotificationHub(
+            config.database_url,
+            self.views,
+            self.pool,
+            timeouts,
+            max_streams=config.max_streams,
+            max_streams_per_user=config.max_streams_per_user,
+        )
+        self.dispatcher = ReleaseDispatcher(self.engine)
+        self.sweeper = Sweeper(self.engine, self.dispatcher.wake)
+        self.engine.on_pending = self.dispatcher.wake
+        self.hub.on_pending = self.dispatcher.wake
+        self.draining = asyncio.Event()
+        self.health = health.aio.HealthServicer()
+        self._interceptors = [*(interceptors or []), ErrorInterceptor()]
+        self._server_credentials = server_credentials
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> int:
+        if self.config.migrate_on_start:
+            with translated_errors():
+                await migrations.migrate(self.config.database_url)
+        await self.pool.open(wait=True, timeout=max(10.0, self.config.pool_timeout_seconds))
+        await self._check_schema()
+
+        server = grpc.aio.server(
+            interceptors=self._interceptors,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        queue_service_pb2_grpc.add_AnalysisQueueServiceServicer_to_server(
+            AnalysisQueueServicer(self.engine, self.views, self.hub, self.draining), server
+        )
+        core_callback_service_pb2_grpc.add_CoreCallbackServiceServicer_to_server(
+            CoreCallbackServicer(self.engine, self.views), server
+        )
+        credits_service_pb2_grpc.add_CreditsServiceServicer_to_server(CreditsServicer(self.engine), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        if self.config.reflection:
+            reflection.enable_server_reflection(
+                (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+                server,
+            )
+        if self._server_credentials is not None:
+            self.port = server.add_secure_port(self.config.listen_addr, self._server_credentials)
+        else:
+            self.port = server.add_insecure_port(self.config.listen_addr)
+        if self.port == 0:
+            raise OSError(f"could not listen on {self.config.listen_addr}")
+        self.server = server
+        self.hub.start()
+        self.dispatcher.start()
+        self.sweeper.start()
+        await server.start()
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving on %s (port %d)", self.config.listen_addr, self.port)
+        return self.port
+
+    async def _check_schema(self) -> None:
+        with translated_errors():
+            async with self.pool.connection() as conn:
+                pending = await migrations.pending_migrations(conn)
+        if pending:
+            raise migrations.MigrationError(
+                f"the database lacks migrations {pending}; run `queue-service migrate` (or set QUEUE_MIGRATE_ON_START=true)"
+            )
+
+    async def _set_health(self, status: int) -> None:
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drains: NOT_SERVING, refuse new calls, finish in-flight ones within the grace period."""
+        grace = self.config.grace_period_seconds if grace is None else grace
+        self.draining.set()
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.server is not None:
+            await self.server.stop(grace)
+        await self.sweeper.stop()
+        await self.dispatcher.stop()
+        await self.hub.stop()
+        await self.core.close()
+        await self.pool.close()
+        log.info("stopped")
+
+    async def wait(self) -> None:
+        if self.server is not None:
+            await self.server.wait_for_termination()

@@ -1,0 +1,267 @@
+"""The gRPC servicers: thin adapters from requests to the engine and views, and back.
+
+Handlers validate, call the domain, and build responses. They raise domain errors only;
+`error_interceptor` turns those into statuses. A caller's remaining deadline is passed down so
+the database work stops when the caller gives up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import AsyncIterator
+
+import grpc
+
+from queue_service import errors, repository as repo, telemetry, validation
+from queue_service._gen.acurio.queue.v1 import (
+    core_callback_service_pb2 as callback_pb2,
+    core_callback_service_pb2_grpc as callback_grpc,
+    credits_service_pb2 as credits_pb2,
+    credits_service_pb2_grpc as credits_grpc,
+    job_pb2,
+    queue_service_pb2 as queue_pb2,
+    queue_service_pb2_grpc as queue_grpc,
+)
+from queue_service.db import transaction
+from queue_service.engine import AdmitInput, QueueEngine, request_digest
+from queue_service.notifications import NotificationHub
+from queue_service.views import STATUS_NAMES, JobViews
+
+
+def _remaining(context: grpc.aio.ServicerContext) -> float | None:
+    return context.time_remaining()
+
+
+class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
+    def __init__(self, engine: QueueEngine, views: JobViews, hub: NotificationHub, draining: asyncio.Event) -> None:
+        self._engine = engine
+        self._views = views
+        self._hub = hub
+        self._draining = draining
+
+    async def Admit(self, request: queue_pb2.AdmitRequest, context: grpc.aio.ServicerContext) -> queue_pb2.AdmitResponse:
+        with telemetry.tracer.start_as_current_span("admit") as span:
+            try:
+                job = await self._admit(request, context, span)
+            except errors.QueueError as error:
+                span.set_attribute("queue.admit.reason", error.reason)
+                telemetry.metrics.admits.add(1, {"outcome": "rejected", "reason": error.reason})
+                raise
+            outcome = "queued" if job.status == job_pb2.JOB_STATUS_QUEUED else "started"
+            telemetry.metrics.admits.add(1, {"outcome": outcome, "reason": "OK"})
+            return queue_pb2.AdmitResponse(job=job)
+
+    async def _admit(self, request: queue_pb2.AdmitRequest, context: grpc.aio.ServicerContext, span) -> job_pb2.Job:  # type: ignore[no-untyped-def]
+        delta_of = validation.validate_admit(request)
+        span.set_attribute("queue.user_id", request.user_id)
+        payload = queue_pb2.AdmitRequest()
+        payload.CopyFrom(request)
+        payload.ClearField("idempotency_key")
+        item = AdmitInput(
+            user_id=request.user_id,
+            idempotency_key=request.idempotency_key,
+            document_uri=request.document.uri,
+            sources=tuple((s.doi, s.citation) for s in request.sources),
+            delta_of_job_id=delta_of,
+            request_digest=request_digest(payload.SerializeToString(deterministic=True)),
+        )
+        result = await self._engine.admit(item, remaining=_remaining(context))
+        job = await self._views.one(result.job_id, _remaining(context))
+        if job is None:  # canceled and gone cannot happen (rows are never deleted); be explicit
+            raise errors.JobNotFound(f"job {result.job_id} vanished")
+        span.set_attribute("queue.job_id", job.job_id)
+        span.set_attribute("queue.admit.decision", STATUS_NAMES[job.status])
+        span.set_attribute("queue.admit.duplicate", result.duplicate)
+        span.set_attribute("queue.position", job.queue_position)
+        return job
+
+    async def Promote(self, request: queue_pb2.PromoteRequest, context: grpc.aio.ServicerContext) -> queue_pb2.PromoteResponse:
+        validation.validate_user_id(request.user_id)
+        promoted = await self._engine.promote(request.user_id, trigger="tooling", remaining=_remaining(context))
+        if not promoted:
+            return queue_pb2.PromoteResponse()
+        job = await self._views.one(promoted[0], _remaining(context))
+        return queue_pb2.PromoteResponse(job=job)
+
+    async def Release(self, request: queue_pb2.ReleaseRequest, context: grpc.aio.ServicerContext) -> queue_pb2.ReleaseResponse:
+        job_id = validation.validate_job_id(request.job_id)
+        engine = self._engine
+        async with transaction(engine.pool, engine.timeouts.within(_remaining(context))) as conn:
+            claim = await repo.claim_release_of_job(conn, job_id=job_id, lease_seconds=engine.config.release_lease_seconds)
+            row = None if claim else await repo.job_by_id(conn, job_id=job_id)
+        if claim is not None:
+            await engine.release(claim)
+        elif row is None:
+            raise errors.JobNotFound(f"job {job_id} does not exist", metadata={"jobId": str(job_id)})
+        elif row["status"] != "pending":
+            raise errors.JobNotPending(
+                f"job {job_id} is {row['status']}; only a PENDING job can be released",
+                metadata={"jobId": str(job_id), "status": row["status"].upper()},
+            )
+        # else: another replica is releasing it right now; report the job as it is.
+        return queue_pb2.ReleaseResponse(job=await self._views.one(job_id, _remaining(context)))
+
+    async def ListJobs(self, request: queue_pb2.ListJobsRequest, context: grpc.aio.ServicerContext) -> queue_pb2.ListJobsResponse:
+        validation.validate_user_id(request.user_id)
+        page_size = validation.validate_page_size(request.page_size)
+        statuses = _status_filter(request.statuses)
+        filter_key = _filter_key(request.user_id, statuses)
+        before_seq = _decode_page_token(request.page_token, filter_key)
+        async with transaction(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
+            rows = await repo.list_job_views(
+                conn, user_id=request.user_id, before_seq=before_seq, statuses=statuses, limit=page_size + 1
+            )
+            mean = await self._views.mean_judging_seconds(conn)
+        page, more = rows[:page_size], len(rows) > page_size
+        token = _encode_page_token(page[-1]["queue_seq"], filter_key) if more else ""
+        return queue_pb2.ListJobsResponse(jobs=[self._views.to_proto(r, mean) for r in page], next_page_token=token)
+
+    async def GetJob(self, request: queue_pb2.GetJobRequest, context: grpc.aio.ServicerContext) -> queue_pb2.GetJobResponse:
+        job_id = validation.validate_job_id(request.job_id)
+        job = await self._views.one(job_id, _remaining(context))
+        if job is None:
+            raise errors.JobNotFound(f"job {job_id} does not exist", metadata={"jobId": str(job_id)})
+        return queue_pb2.GetJobResponse(job=job)
+
+    async def CancelJob(self, request: queue_pb2.CancelJobRequest, context: grpc.aio.ServicerContext) -> queue_pb2.CancelJobResponse:
+        v = validation.Violations()
+        job_id = v.check_uuid("job_id", request.job_id)
+        v.check_id("user_id", request.user_id)
+        v.raise_if_any()
+        assert job_id is not None
+        await self._engine.cancel(job_id, request.user_id, remaining=_remaining(context))
+        return queue_pb2.CancelJobResponse(job=await self._views.one(job_id, _remaining(context)))
+
+    async def WatchJobs(self, request: queue_pb2.WatchJobsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[queue_pb2.WatchJobsResponse]:
+        validation.validate_user_id(request.user_id)
+        if self._draining.is_set():
+            raise errors.ShuttingDown("this replica is draining; reconnect to another")
+        stream = self._hub.subscribe(request.user_id)
+        drain = asyncio.ensure_future(self._draining.wait())
+        try:
+            async for message in self._snapshot(request.user_id):
+                yield message
+            while True:
+                getter = asyncio.ensure_future(stream.queue.get())
+                done, _ = await asyncio.wait({getter, drain}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    raise errors.ShuttingDown("this replica is draining; reconnect to another")
+                job = getter.result()
+                if job is None:
+                    async for message in self._snapshot(request.user_id):
+                        yield message
+                else:
+                    yield queue_pb2.WatchJobsResponse(job=job)
+        finally:
+            drain.cancel()
+            self._hub.unsubscribe(stream)
+
+    async def _snapshot(self, user_id: str) -> AsyncIterator[queue_pb2.WatchJobsResponse]:
+        async with transaction(self._engine.pool, self._engine.timeouts) as conn:
+            rows = await repo.active_job_views_of_user(conn, user_id=user_id)
+            mean = await self._views.mean_judging_seconds(conn)
+        jobs = [self._views.to_proto(r, mean) for r in rows]
+        for index, job in enumerate(jobs):
+            yield queue_pb2.WatchJobsResponse(job=job, snapshot_complete=index == len(jobs) - 1)
+        if not jobs:
+            yield queue_pb2.WatchJobsResponse(snapshot_complete=True)
+
+
+def _status_filter(statuses: list[int]) -> list[str]:
+    names = []
+    for index, status in enumerate(statuses):
+        if status not in STATUS_NAMES:
+            raise errors.InvalidRequest(
+                f"statuses[{index}] is not a job status",
+                field_violations=[(f"statuses[{index}]", "use JOB_STATUS_QUEUED .. JOB_STATUS_CANCELED")],
+            )
+        names.append(STATUS_NAMES[status])
+    return sorted(set(names))
+
+
+def _filter_key(user_id: str, statuses: list[str]) -> str:
+    return hashlib.sha256(json.dumps([user_id, statuses]).encode()).hexdigest()[:16]
+
+
+def _encode_page_token(before_seq: int, filter_key: str) -> str:
+    raw = json.dumps({"b": before_seq, "f": filter_key}, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_page_token(token: str, filter_key: str) -> int | None:
+    if not token:
+        return None
+    invalid = errors.InvalidRequest(
+        "page_token is not valid for this request; pass the next_page_token of a ListJobs call with the same user_id and statuses",
+        field_violations=[("page_token", "unknown or issued for another user_id or statuses")],
+    )
+    if len(token) > 200:
+        raise invalid
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        before_seq, key = data["b"], data["f"]
+    except (binascii.Error, ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise invalid from None
+    if key != filter_key or not isinstance(before_seq, int) or isinstance(before_seq, bool) or not 0 < before_seq < 2**63:
+        raise invalid
+    return before_seq
+
+
+class CoreCallbackServicer(callback_grpc.CoreCallbackServiceServicer):
+    def __init__(self, engine: QueueEngine, views: JobViews) -> None:
+        self._engine = engine
+        self._views = views
+
+    async def CompleteRun(self, request: callback_pb2.CompleteRunRequest, context: grpc.aio.ServicerContext) -> callback_pb2.CompleteRunResponse:
+        v = validation.Violations()
+        run_id = v.check_uuid("run_id", request.run_id)
+        if request.outcome not in (callback_pb2.RUN_OUTCOME_SUCCEEDED, callback_pb2.RUN_OUTCOME_FAILED):
+            v.add("outcome", "outcome must be RUN_OUTCOME_SUCCEEDED or RUN_OUTCOME_FAILED")
+        v.check_text("message", request.message, max_chars=validation.MAX_MESSAGE_CHARS)
+        v.raise_if_any()
+        assert run_id is not None
+        job_id = await self._engine.complete_run(
+            run_id,
+            succeeded=request.outcome == callback_pb2.RUN_OUTCOME_SUCCEEDED,
+            refund=request.refund_credit,
+            message=request.message,
+            remaining=_remaining(context),
+        )
+        return callback_pb2.CompleteRunResponse(job=await self._views.one(job_id, _remaining(context)))
+
+
+class CreditsServicer(credits_grpc.CreditsServiceServicer):
+    def __init__(self, engine: QueueEngine) -> None:
+        self._engine = engine
+
+    async def GrantCredits(self, request: credits_pb2.GrantCreditsRequest, context: grpc.aio.ServicerContext) -> credits_pb2.GrantCreditsResponse:
+        v = validation.Violations()
+        v.check_id("user_id", request.user_id)
+        v.check_id("idempotency_key", request.idempotency_key)
+        if not 1 <= request.amount <= validation.MAX_GRANT:
+            v.add("amount", f"amount must be between 1 and {validation.MAX_GRANT}")
+        v.raise_if_any()
+        key = {"user_id": request.user_id, "idempotency_key": request.idempotency_key}
+        async with transaction(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
+            balance = await repo.grant_credits(conn, amount=request.amount, **key)
+        if balance is None:
+            async with transaction(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
+                earlier = await repo.grant_by_key(conn, **key)
+                balance = await repo.balance_of_user(conn, user_id=request.user_id)
+            if earlier != request.amount:
+                raise errors.IdempotencyKeyReused(
+                    f"this idempotency key already granted {earlier} credits; use a new key for another grant",
+                    metadata={"grantedAmount": str(earlier)},
+                )
+        return credits_pb2.GrantCreditsResponse(balance=balance)
+
+    async def GetBalance(self, request: credits_pb2.GetBalanceRequest, context: grpc.aio.ServicerContext) -> credits_pb2.GetBalanceResponse:
+        validation.validate_user_id(request.user_id)
+        async with transaction(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
+            balance = await repo.balance_of_user(conn, user_id=request.user_id)
+        return credits_pb2.GetBalanceResponse(balance=balance)

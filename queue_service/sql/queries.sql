@@ -1,0 +1,265 @@
+-- Every runtime query of the service, by name. `repository.py` loads this file once and is the
+-- only code that runs these. Blocks start with `-- name: <query_name>` and a description line.
+-- State changes are fenced: each UPDATE names the status (and attempt) it expects, so a late
+-- duplicate is a harmless no-op.
+
+-- name: admit_state
+-- What admit decides on: the job already holding this idempotency key, the user's queue length
+-- and balance, and the delta base. Read before the core call and again under the user lock.
+SELECT existing.job_id AS existing_job_id,
+       existing.request_digest AS existing_digest,
+       (SELECT count(*) FROM analysis_jobs q
+         WHERE q.user_id = %(user_id)s AND q.status = 'queued') AS queued_count,
+       COALESCE((SELECT c.balance FROM credit_accounts c WHERE c.user_id = %(user_id)s), 0) AS balance,
+       base.user_id AS base_user_id,
+       base.status AS base_status,
+       base.run_id AS base_run_id
+  FROM (SELECT 1) AS one
+  LEFT JOIN analysis_jobs existing
+         ON existing.user_id = %(user_id)s AND existing.idempotency_key = %(idempotency_key)s
+  LEFT JOIN analysis_jobs base
+         ON base.job_id = %(delta_of_job_id)s;
+
+-- name: insert_admitted_job
+-- Debits the price and inserts the job in one statement. The status is decided in the INSERT:
+-- 'pending' with a slot when a slot is free and nobody is queued ahead, else 'queued'; a delta
+-- starts 'running' and never takes a slot. No row comes back when the balance is short.
+WITH placement AS (
+    SELECT CASE
+               WHEN %(is_delta)s THEN NULL
+               WHEN EXISTS (SELECT 1 FROM analysis_jobs q
+                             WHERE q.user_id = %(user_id)s AND q.status = 'queued') THEN NULL
+               ELSE analysis_jobs_free_slot(%(user_id)s, %(default_max_active)s)
+           END AS slot
+),
+debit AS (
+    UPDATE credit_accounts
+       SET balance = balance - %(price)s, updated_at = clock_timestamp()
+     WHERE user_id = %(user_id)s AND balance >= %(price)s AND %(price)s > 0
+    RETURNING balance
+),
+job AS (
+    INSERT INTO analysis_jobs (
+        job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot,
+        delta_of_job_id, price, promote_time, next_release_at, release_deadline, start_time,
+        next_reconcile_at)
+    SELECT %(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
+           CASE WHEN %(is_delta)s THEN 'running' WHEN p.slot IS NOT NULL THEN 'pending' ELSE 'queued' END,
+           nextval('analysis_jobs_queue_seq'),
+           p.slot,
+           %(delta_of_job_id)s,
+           %(price)s,
+           CASE WHEN %(is_delta)s OR p.slot IS NOT NULL THEN clock_timestamp() END,
+           CASE WHEN p.slot IS NOT NULL THEN clock_timestamp() END,
+           CASE WHEN p.slot IS NOT NULL
+                THEN clock_timestamp() + make_interval(secs => %(release_window_seconds)s) END,
+           CASE WHEN %(is_delta)s THEN clock_timestamp() END,
+           CASE WHEN %(is_delta)s
+                THEN clock_timestamp() + make_interval(secs => %(reconcile_after_seconds)s) END
+      FROM placement p
+     WHERE %(price)s = 0 OR EXISTS (SELECT 1 FROM debit)
+    RETURNING job_id, user_id, status, price
+),
+charge AS (
+    INSERT INTO credit_ledger (user_id, kind, amount, job_id)
+    SELECT user_id, 'charge', -price, job_id FROM job WHERE price > 0
+)
+SELECT job_id, status FROM job;
+
+-- name: promote_next_queued_job
+-- Moves the user's oldest queued first-pass job into the lowest free slot, due for release now.
+-- No row when no slot is free or nothing is queued. Run under the user lock.
+WITH next_job AS (
+    SELECT job_id FROM analysis_jobs
+     WHERE user_id = %(user_id)s AND status = 'queued'
+     ORDER BY queue_seq
+     LIMIT 1
+),
+free AS (
+    SELECT analysis_jobs_free_slot(%(user_id)s, %(default_max_active)s) AS slot
+)
+UPDATE analysis_jobs j
+   SET status = 'pending',
+       slot = free.slot,
+       promote_time = clock_timestamp(),
+       next_release_at = clock_timestamp(),
+       release_deadline = clock_timestamp() + make_interval(secs => %(release_window_seconds)s),
+       release_attempts = 0
+  FROM next_job, free
+ WHERE j.job_id = next_job.job_id AND free.slot IS NOT NULL AND j.status = 'queued'
+RETURNING j.job_id, j.user_id, j.run_id;
+
+-- name: finish_job
+-- Ends a job (terminal status) if it is still in one of the expected statuses; optionally only
+-- if its release attempt counter is still the one the caller saw.
+UPDATE analysis_jobs
+   SET status = %(status)s,
+       end_time = clock_timestamp(),
+       last_error = CASE WHEN %(last_error)s <> '' THEN %(last_error)s ELSE last_error END,
+       next_release_at = NULL,
+       next_reconcile_at = NULL
+ WHERE job_id = %(job_id)s
+   AND status = ANY(%(from_statuses)s::text[])
+   AND (%(expected_attempts)s::integer IS NULL OR release_attempts = %(expected_attempts)s::integer)
+RETURNING job_id, user_id, run_id, status, delta_of_job_id;
+
+-- name: refund_job_charge
+-- Gives a job's charge back, at most once (the ledger's unique (job, kind) makes a second refund
+-- a no-op). Returns the refunded amount, or no row.
+WITH refund AS (
+    INSERT INTO credit_ledger (user_id, kind, amount, job_id)
+    SELECT user_id, 'refund', -amount, job_id
+      FROM credit_ledger
+     WHERE job_id = %(job_id)s AND kind = 'charge'
+    ON CONFLICT (job_id, kind) DO NOTHING
+    RETURNING user_id, amount
+)
+UPDATE credit_accounts c
+   SET balance = c.balance + refund.amount, updated_at = clock_timestamp()
+  FROM refund
+ WHERE c.user_id = refund.user_id
+RETURNING refund.amount;
+
+-- name: job_by_id
+-- One job's row fields the lifecycle needs.
+SELECT job_id, user_id, run_id, status, delta_of_job_id, release_attempts, release_deadline
+  FROM analysis_jobs WHERE job_id = %(job_id)s;
+
+-- name: job_by_run_id
+-- The job that owns a run.
+SELECT job_id, user_id, run_id, status, delta_of_job_id
+  FROM analysis_jobs WHERE run_id = %(run_id)s;
+
+-- name: claim_due_releases
+-- Claims pending jobs due for release, skipping rows another replica is claiming, and reserves
+-- them for this replica for the lease (pushes next_release_at ahead, counts the attempt).
+UPDATE analysis_jobs j
+   SET release_attempts = j.release_attempts + 1,
+       next_release_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
+  FROM (SELECT job_id FROM analysis_jobs
+         WHERE status = 'pending' AND next_release_at <= clock_timestamp()
+         ORDER BY next_release_at
+         LIMIT %(batch_size)s
+         FOR UPDATE SKIP LOCKED) AS due
+ WHERE j.job_id = due.job_id
+RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.release_deadline, j.promote_time;
+
+-- name: claim_release_of_job
+-- Claims one pending job for an immediate release attempt (the Release RPC), unless another
+-- replica holds it right now.
+UPDATE analysis_jobs j
+   SET release_attempts = j.release_attempts + 1,
+       next_release_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
+  FROM (SELECT job_id FROM analysis_jobs
+         WHERE job_id = %(job_id)s AND status = 'pending'
+         FOR UPDATE SKIP LOCKED) AS target
+ WHERE j.job_id = target.job_id
+RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.release_deadline, j.promote_time;
+
+-- name: mark_released
+-- The core accepted the release: the job is RUNNING (fenced by the attempt that released it).
+UPDATE analysis_jobs
+   SET status = 'running',
+       start_time = clock_timestamp(),
+       next_release_at = NULL,
+       last_error = '',
+       next_reconcile_at = clock_timestamp() + make_interval(secs => %(reconcile_after_seconds)s)
+ WHERE job_id = %(job_id)s AND status = 'pending' AND release_attempts = %(attempt)s
+RETURNING job_id;
+
+-- name: schedule_release_retry
+-- A transient release failure: remember it and when to try again (never past the deadline);
+-- `window_over` tells the caller the window has closed and the release must give up.
+UPDATE analysis_jobs
+   SET next_release_at = LEAST(clock_timestamp() + make_interval(secs => %(backoff_seconds)s),
+                               release_deadline),
+       last_error = %(last_error)s
+ WHERE job_id = %(job_id)s AND status = 'pending' AND release_attempts = %(attempt)s
+RETURNING next_release_at, release_deadline <= clock_timestamp() AS window_over;
+
+-- name: next_release_due_at
+-- When the earliest pending release is due (so the dispatcher sleeps exactly that long).
+SELECT min(next_release_at) AS due_at FROM analysis_jobs WHERE status = 'pending';
+
+-- name: users_needing_promotion
+-- Users with queued work and a free slot: what a lost tail call left behind.
+SELECT u.user_id
+  FROM (SELECT DISTINCT user_id FROM analysis_jobs WHERE status = 'queued') AS u
+ WHERE analysis_jobs_free_slot(u.user_id, %(default_max_active)s) IS NOT NULL
+ LIMIT %(batch_size)s;
+
+-- name: expired_pending_releases
+-- Pending jobs past their release window that no replica is attempting right now.
+SELECT job_id, user_id, release_attempts
+  FROM analysis_jobs
+ WHERE status = 'pending' AND release_deadline < clock_timestamp() AND next_release_at < clock_timestamp()
+ ORDER BY release_deadline
+ LIMIT %(batch_size)s;
+
+-- name: claim_due_reconciliations
+-- Running jobs whose completion is overdue; claimed (pushed ahead) so one replica asks the core.
+UPDATE analysis_jobs j
+   SET next_reconcile_at = clock_timestamp() + make_interval(secs => %(recheck_seconds)s)
+  FROM (SELECT job_id FROM analysis_jobs
+         WHERE status = 'running' AND next_reconcile_at <= clock_timestamp()
+         ORDER BY next_reconcile_at
+         LIMIT %(batch_size)s
+         FOR UPDATE SKIP LOCKED) AS due
+ WHERE j.job_id = due.job_id
+RETURNING j.job_id, j.user_id, j.run_id;
+
+-- name: job_views_by_ids
+-- The API view of the given jobs.
+SELECT * FROM analysis_job_views WHERE job_id = ANY(%(job_ids)s::uuid[]);
+
+-- name: list_job_views
+-- One page of a user's jobs, newest first (keyset on queue_seq), optionally by status.
+SELECT * FROM analysis_job_views
+ WHERE user_id = %(user_id)s
+   AND (%(before_seq)s::bigint IS NULL OR queue_seq < %(before_seq)s::bigint)
+   AND (cardinality(%(statuses)s::text[]) = 0 OR status = ANY(%(statuses)s::text[]))
+ ORDER BY queue_seq DESC
+ LIMIT %(limit)s;
+
+-- name: active_job_views_of_user
+-- A user's queued, pending and running jobs, oldest first (the WatchJobs snapshot).
+SELECT * FROM analysis_job_views
+ WHERE user_id = %(user_id)s AND status IN ('queued', 'pending', 'running')
+ ORDER BY queue_seq;
+
+-- name: queued_job_views_of_user
+-- A user's queued jobs in queue order (their positions shift when one leaves the queue).
+SELECT * FROM analysis_job_views
+ WHERE user_id = %(user_id)s AND status = 'queued'
+ ORDER BY queue_seq;
+
+-- name: recent_judging_seconds
+-- Mean judging time of the latest first-pass jobs, for estimated start times.
+SELECT avg(extract(epoch FROM end_time - start_time))::float8 AS seconds
+  FROM (SELECT end_time, start_time FROM analysis_jobs
+         WHERE status = 'succeeded' AND delta_of_job_id IS NULL AND start_time IS NOT NULL
+         ORDER BY end_time DESC
+         LIMIT 50) AS recent;
+
+-- name: grant_credits
+-- Adds a grant to the ledger and the balance, once per (user, key). No row for a repeated key.
+WITH grant_entry AS (
+    INSERT INTO credit_ledger (user_id, kind, amount, idempotency_key)
+    VALUES (%(user_id)s, 'grant', %(amount)s, %(idempotency_key)s)
+    ON CONFLICT (user_id, idempotency_key) WHERE kind = 'grant' DO NOTHING
+    RETURNING user_id, amount
+)
+INSERT INTO credit_accounts AS c (user_id, balance)
+SELECT user_id, amount FROM grant_entry
+ON CONFLICT (user_id) DO UPDATE
+   SET balance = c.balance + EXCLUDED.balance, updated_at = clock_timestamp()
+RETURNING c.balance;
+
+-- name: grant_by_key
+-- The earlier grant made with this key.
+SELECT amount FROM credit_ledger
+ WHERE user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s AND kind = 'grant';
+
+-- name: balance_of_user
+-- A user's balance (0 without an account).
+SELECT COALESCE((SELECT balance FROM credit_accounts WHERE user_id = %(user_id)s), 0) AS balance;

