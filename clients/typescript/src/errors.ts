@@ -84,6 +84,10 @@ type Formatter = (e: DescribedError) => string;
 
 const meta = (e: DescribedError, key: string): string => e.metadata[key] ?? "?";
 
+/** `field: description`, or just the description when it already starts with the field. */
+const describeViolation = (v: FieldViolation): string =>
+  v.description.startsWith(v.field) ? v.description : `${v.field}: ${v.description}`;
+
 /** User-facing wording per reason, built from structured fields only (never the message). */
 const FORMATTERS: Readonly<Record<string, Formatter>> = {
   INSUFFICIENT_CREDITS: (e) =>
@@ -91,7 +95,7 @@ const FORMATTERS: Readonly<Record<string, Formatter>> = {
   INVALID_REQUEST: (e) =>
     e.fieldViolations.length === 0
       ? `invalid request: ${e.message}`
-      : `invalid request: ${e.fieldViolations.map((v) => `${v.field}: ${v.description}`).join("; ")}`,
+      : `invalid request: ${e.fieldViolations.map(describeViolation).join("; ")}`,
   USER_QUEUE_FULL: (e) => `queue full: at most ${meta(e, "maxQueued")} queued jobs`,
 };
 

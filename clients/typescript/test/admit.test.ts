@@ -95,6 +95,10 @@ describe("Admit", () => {
       for (const v of d.fieldViolations) {
         assert.notEqual(v.description, "", `violation for ${v.field} has no description`);
       }
-      assert.match(formatError(err), /^invalid request: .*user_id: /);
+      const formatted = formatError(err);
+      assert.match(formatted, /^invalid request: /);
+      for (const field of ["user_id", "idempotency_key", "sources"]) {
+        assert.ok(formatted.includes(field), `formatError omits ${field}: ${formatted}`);
+      }
     }));
 });

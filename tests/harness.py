@@ -1,0 +1,367 @@
+"""Test harness: PostgreSQL handles, service replicas (in process and as subprocesses), stubs,
+and an independent invariant checker that reads the database directly."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import grpc
+import psycopg
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
+from google.rpc import error_details_pb2
+
+from queue_service._gen.acurio.queue.v1 import (
+    core_callback_service_pb2 as callback_pb2,
+    core_callback_service_pb2_grpc as callback_grpc,
+    credits_service_pb2 as credits_pb2,
+    credits_service_pb2_grpc as credits_grpc,
+    job_pb2,
+    queue_service_pb2 as queue_pb2,
+    queue_service_pb2_grpc as queue_grpc,
+)
+from queue_service.config import Config
+from queue_service.dev_core import DevCore
+from queue_service.embedded_db import EmbeddedPostgres, free_port
+from queue_service.server import QueueApp
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+S = job_pb2  # status names: S.JOB_STATUS_QUEUED ...
+
+
+@dataclasses.dataclass
+class PostgresServer:
+    admin_dsn: str
+    embedded: EmbeddedPostgres | None
+
+    def dsn_for(self, database: str) -> str:
+        parts = urlsplit(self.admin_dsn)
+        return urlunsplit(parts._replace(path=f"/{database}"))
+
+    def execute_admin(self, sql: str) -> None:
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(sql)  # type: ignore[arg-type]
+
+
+def new_user() -> str:
+    return f"user-{uuid.uuid4().hex[:12]}"
+
+
+def error_info(exc: grpc.aio.AioRpcError) -> tuple[grpc.StatusCode, str, dict[str, str], list[tuple[str, str]]]:
+    """(code, ErrorInfo reason, ErrorInfo metadata, BadRequest field violations) of a failed call."""
+    status = rpc_status.from_call(exc)  # type: ignore[arg-type]
+    reason, metadata, violations = "", {}, []
+    if status is not None:
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                reason, metadata = info.reason, dict(info.metadata)
+            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad = error_details_pb2.BadRequest()
+                detail.Unpack(bad)
+                violations = [(v.field, v.description) for v in bad.field_violations]
+    return exc.code(), reason, metadata, violations
+
+
+class Stubs:
+    """Stubs on one channel, plus helpers for the calls every test makes."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address)
+        self.queue = queue_grpc.AnalysisQueueServiceStub(self.channel)
+        self.credits = credits_grpc.CreditsServiceStub(self.channel)
+        self.callback = callback_grpc.CoreCallbackServiceStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def grant(self, user_id: str, amount: int, key: str | None = None) -> int:
+        response = await self.credits.GrantCredits(
+            credits_pb2.GrantCreditsRequest(user_id=user_id, amount=amount, idempotency_key=key or uuid.uuid4().hex),
+            timeout=10,
+        )
+        return response.balance
+
+    async def balance(self, user_id: str) -> int:
+        return (await self.credits.GetBalance(credits_pb2.GetBalanceRequest(user_id=user_id), timeout=10)).balance
+
+    async def admit(
+        self,
+        user_id: str,
+        key: str | None = None,
+        *,
+        uri: str = "s3://theses/thesis.pdf",
+        dois: tuple[str, ...] = ("10.1234/abc",),
+        delta_of: str = "",
+        timeout: float = 20,
+    ) -> job_pb2.Job:
+        request = queue_pb2.AdmitRequest(
+            user_id=user_id,
+            idempotency_key=key or uuid.uuid4().hex,
+            document=job_pb2.Document(uri=uri, title="A thesis"),
+            sources=[job_pb2.Source(doi=doi, citation=f"Cited {doi}") for doi in dois],
+            delta_of_job_id=delta_of,
+        )
+        return (await self.queue.Admit(request, timeout=timeout)).job
+
+    async def job(self, job_id: str) -> job_pb2.Job:
+        return (await self.queue.GetJob(queue_pb2.GetJobRequest(job_id=job_id), timeout=10)).job
+
+    async def jobs(self, user_id: str) -> list[job_pb2.Job]:
+        """All of a user's jobs, oldest first."""
+        found: list[job_pb2.Job] = []
+        token = ""
+        while True:
+            page = await self.queue.ListJobs(queue_pb2.ListJobsRequest(user_id=user_id, page_size=100, page_token=token), timeout=10)
+            found.extend(page.jobs)
+            token = page.next_page_token
+            if not token:
+                return list(reversed(found))
+
+    async def complete(self, run_id: str, *, succeeded: bool = True, refund: bool = False) -> job_pb2.Job:
+        outcome = callback_pb2.RUN_OUTCOME_SUCCEEDED if succeeded else callback_pb2.RUN_OUTCOME_FAILED
+        request = callback_pb2.CompleteRunRequest(run_id=run_id, outcome=outcome, refund_credit=refund)
+        return (await self.callback.CompleteRun(request, timeout=10)).job
+
+    async def wait_for(self, job_id: str, *statuses: int, timeout: float = 15) -> job_pb2.Job:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = await self.job(job_id)
+            if job.status in statuses:
+                return job
+            if time.monotonic() > deadline:
+                names = [job_pb2.JobStatus.Name(s) for s in statuses]
+                raise AssertionError(f"job {job_id} is {job_pb2.JobStatus.Name(job.status)}, expected one of {names}")
+            await asyncio.sleep(0.02)
+
+
+@dataclasses.dataclass
+class ServiceHandle:
+    """An in-process replica."""
+
+    app: QueueApp
+    core: DevCore
+    stubs: Stubs
+
+    @property
+    def address(self) -> str:
+        return self.stubs.address
+
+
+@dataclasses.dataclass
+class ProcessHandle:
+    """A `queue-service serve` subprocess."""
+
+    process: subprocess.Popen[bytes]
+    stubs: Stubs
+    log_path: str
+
+    @property
+    def address(self) -> str:
+        return self.stubs.address
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=10)
+
+    def terminate(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+
+def service_config(database_url: str, core_addr: str, **overrides: Any) -> Config:
+    settings: dict[str, Any] = {
+        "database_url": database_url,
+        "core_addr": core_addr,
+        "listen_addr": "127.0.0.1:0",
+        "migrate_on_start": False,
+        "sweep_interval_seconds": 0.0,
+        "core_deadline_seconds": 2.0,
+        "grace_period_seconds": 2.0,
+        "log_format": "text",
+    }
+    settings.update(overrides)
+    return Config.from_env({}, **settings)
+
+
+class ServiceFactory:
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self._cores: list[DevCore] = []
+        self._apps: list[QueueApp] = []
+        self._processes: list[ProcessHandle] = []
+        self._stubs: list[Stubs] = []
+
+    async def core(self, **kwargs: Any) -> DevCore:
+        kwargs.setdefault("manual", True)
+        core = DevCore(**kwargs)
+        await core.start("127.0.0.1:0")
+        self._cores.append(core)
+        return core
+
+    async def start(self, core: DevCore | None = None, **overrides: Any) -> ServiceHandle:
+        core = core or await self.core()
+        app = QueueApp(service_config(self.database_url, f"127.0.0.1:{core.port}", **overrides))
+        port = await app.start()
+        self._apps.append(app)
+        address = f"127.0.0.1:{port}"
+        if not core.callback_addr:
+            core.set_callback_addr(address)
+        stubs = self.stubs(address)
+        return ServiceHandle(app, core, stubs)
+
+    def stubs(self, address: str) -> Stubs:
+        stubs = Stubs(address)
+        self._stubs.append(stubs)
+        return stubs
+
+    async def start_process(self, core: DevCore, *, port: int | None = None, **env: str) -> ProcessHandle:
+        port = port or free_port()
+        environment = {
+            **os.environ,
+            "DATABASE_URL": self.database_url,
+            "QUEUE_CORE_ADDR": f"127.0.0.1:{core.port}",
+            "QUEUE_LISTEN_ADDR": f"127.0.0.1:{port}",
+            "QUEUE_MIGRATE_ON_START": "false",
+            "QUEUE_SWEEP_INTERVAL_SECONDS": "0",
+            "QUEUE_CORE_DEADLINE_SECONDS": "2",
+            "QUEUE_GRACE_PERIOD_SECONDS": "5",
+            "QUEUE_LOG_FORMAT": "json",
+            **env,
+        }
+        log_path = f"/tmp/queue-service-{port}.log"
+        log_file = open(log_path, "wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "queue_service.cli", "serve"],
+            env=environment,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT,
+            start_new_session=True,
+        )
+        log_file.close()
+        handle = ProcessHandle(process, self.stubs(f"127.0.0.1:{port}"), log_path)
+        self._processes.append(handle)
+        await wait_serving(handle.stubs, process=process, log_path=log_path)
+        return handle
+
+    async def close(self) -> None:
+        for stubs in self._stubs:
+            await stubs.close()
+        for app in self._apps:
+            await app.stop(grace=0)
+        for handle in self._processes:
+            if handle.process.poll() is None:
+                handle.process.kill()
+                handle.process.wait(timeout=10)
+        for core in self._cores:
+            await core.stop()
+
+
+async def wait_serving(stubs: Stubs, *, process: subprocess.Popen[bytes] | None = None, log_path: str = "", timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"service exited with {process.returncode}:\n{open(log_path).read()[-3000:]}")
+        try:
+            response = await stubs.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+            if response.status == health_pb2.HealthCheckResponse.SERVING:
+                return
+        except grpc.aio.AioRpcError:
+            pass
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"service at {stubs.address} not SERVING within {timeout}s")
+
+
+class InvariantChecker:
+    """Reads the database directly (not through the service) and reports invariant violations."""
+
+    def __init__(self, database_url: str, default_max_active: int = 1) -> None:
+        self.database_url = database_url
+        self.default_max_active = default_max_active
+        self.checks_run = 0
+
+    def _rows(self, sql: str) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            return conn.execute(sql).fetchall()  # type: ignore[arg-type]
+
+    def i1_slot_limit(self) -> list[str]:
+        self.checks_run += 1
+        rows = self._rows(
+            f"""SELECT j.user_id, count(*) FROM analysis_jobs j
+                  LEFT JOIN user_queue_limits l ON l.user_id = j.user_id
+                 WHERE j.status IN ('pending', 'running') AND j.delta_of_job_id IS NULL
+                 GROUP BY j.user_id, l.max_active
+                HAVING count(*) > COALESCE(l.max_active, {self.default_max_active})"""
+        )
+        return [f"I1: user {u} has {n} active first-pass jobs" for u, n in rows]
+
+    def i2_fifo(self) -> list[str]:
+        self.checks_run += 1
+        rows = self._rows(
+            """SELECT user_id, job_id FROM (
+                   SELECT user_id, job_id, promote_time,
+                          lag(promote_time) OVER (PARTITION BY user_id ORDER BY queue_seq) AS previous_promote
+                     FROM analysis_jobs
+                    WHERE delta_of_job_id IS NULL AND promote_time IS NOT NULL) ordered
+                WHERE previous_promote > promote_time"""
+        )
+        return [f"I2: job {j} of user {u} left the queue before an older job" for u, j in rows]
+
+    def i3_ledger(self) -> list[str]:
+        self.checks_run += 1
+        rows = self._rows(
+            """SELECT a.user_id, a.balance, COALESCE(sum(l.amount), 0)
+                 FROM credit_accounts a LEFT JOIN credit_ledger l ON l.user_id = a.user_id
+                GROUP BY a.user_id, a.balance
+               HAVING a.balance <> COALESCE(sum(l.amount), 0) OR a.balance < 0"""
+        )
+        problems = [f"I3: user {u} balance {b} but ledger sums to {s}" for u, b, s in rows]
+        rows = self._rows(
+            """SELECT j.job_id, j.price, c.amount FROM analysis_jobs j
+                 LEFT JOIN credit_ledger c ON c.job_id = j.job_id AND c.kind = 'charge'
+                WHERE j.price > 0 AND (c.amount IS NULL OR c.amount <> -j.price)"""
+        )
+        problems += [f"I3: job {j} priced {p} has charge {a}" for j, p, a in rows]
+        rows = self._rows(
+            """SELECT r.job_id, j.status FROM credit_ledger r JOIN analysis_jobs j USING (job_id)
+                WHERE r.kind = 'refund' AND j.status NOT IN ('failed', 'canceled', 'succeeded')"""
+        )
+        problems += [f"I3: job {j} refunded while {s}" for j, s in rows]
+        return problems
+
+    def i6_deltas(self) -> list[str]:
+        self.checks_run += 1
+        rows = self._rows(
+            "SELECT job_id FROM analysis_jobs WHERE delta_of_job_id IS NOT NULL AND (status = 'queued' OR slot IS NOT NULL OR promote_time IS NULL)"
+        )
+        return [f"I6: delta job {j} waited or held a slot" for (j,) in rows]
+
+    def users_waiting_with_free_slot(self) -> set[str]:
+        self.checks_run += 1
+        rows = self._rows(
+            f"""SELECT DISTINCT user_id FROM analysis_jobs q WHERE status = 'queued'
+                  AND analysis_jobs_free_slot(user_id, {self.default_max_active}) IS NOT NULL"""
+        )
+        return {u for (u,) in rows}
+
+    def all_violations(self) -> list[str]:
+        return self.i1_slot_limit() + self.i2_fifo() + self.i3_ledger() + self.i6_deltas()
+
+    def count(self, sql: str) -> int:
+        return int(self._rows(sql)[0][0])

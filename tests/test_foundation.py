@@ -1,0 +1,135 @@
+"""Foundation: migrations, health, reflection, configuration errors, graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+
+import grpc
+import psycopg
+import pytest
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from queue_service import migrations
+from tests.harness import REPO_ROOT, PostgresServer, new_user, wait_serving
+
+
+def _run_cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "queue_service.cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO_ROOT,
+    )
+
+
+@pytest.fixture
+def empty_database(postgres: PostgresServer):  # type: ignore[no-untyped-def]
+    name = f"empty_{uuid.uuid4().hex[:8]}"
+    postgres.execute_admin(f'CREATE DATABASE "{name}"')
+    yield postgres.dsn_for(name)
+    postgres.execute_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_migrations_apply_in_parallel_from_two_processes_and_again_idempotently(empty_database: str) -> None:
+    env = {"DATABASE_URL": empty_database}
+    command = [sys.executable, "-m", "queue_service.cli", "migrate"]
+    racers = [
+        subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+        for _ in range(2)
+    ]
+    outputs = [racer.communicate(timeout=60) for racer in racers]
+    assert [racer.returncode for racer in racers] == [0, 0], outputs
+    applied_lines = sorted(out.strip() for out, _ in outputs)
+    assert applied_lines == ["applied migrations: [1]", "applied migrations: none (schema is current)"]
+
+    again = _run_cli("migrate", env=env)
+    assert again.returncode == 0 and "none (schema is current)" in again.stdout
+
+    with psycopg.connect(empty_database) as conn:
+        versions = [v for (v,) in conn.execute("SELECT version FROM queue_schema_migrations ORDER BY version")]
+        assert versions == [m.version for m in migrations.available_migrations()]
+        assert conn.execute("SELECT to_regclass('analysis_jobs') IS NOT NULL").fetchone() == (True,)
+
+
+async def test_an_edited_applied_migration_is_refused(empty_database: str) -> None:
+    await migrations.migrate(empty_database)
+    with psycopg.connect(empty_database, autocommit=True) as conn:
+        conn.execute("UPDATE queue_schema_migrations SET checksum = 'edited' WHERE version = 1")
+    with pytest.raises(migrations.MigrationError, match="edited after it was applied"):
+        await migrations.migrate(empty_database)
+
+
+async def test_health_is_serving_and_reflection_lists_our_services(service) -> None:  # type: ignore[no-untyped-def]
+    response = await service.stubs.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    assert response.status == health_pb2.HealthCheckResponse.SERVING
+    queue_health = await service.stubs.health.Check(
+        health_pb2.HealthCheckRequest(service="acurio.queue.v1.AnalysisQueueService"), timeout=5
+    )
+    assert queue_health.status == health_pb2.HealthCheckResponse.SERVING
+
+    def list_services() -> list[str]:
+        with grpc.insecure_channel(service.address) as channel:
+            return ProtoReflectionDescriptorDatabase(channel).get_services()
+
+    names = await asyncio.to_thread(list_services)
+    assert {
+        "acurio.queue.v1.AnalysisQueueService",
+        "acurio.queue.v1.CoreCallbackService",
+        "acurio.queue.v1.CreditsService",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= set(names)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("QUEUE_MAX_ACTIVE_PER_USER", "abc", "QUEUE_MAX_ACTIVE_PER_USER='abc': expected an integer between 1 and 1000"),
+        ("QUEUE_LISTEN_ADDR", "nowhere", "QUEUE_LISTEN_ADDR='nowhere': expected host:port"),
+        ("QUEUE_RELEASE_WINDOW_SECONDS", "-5", "QUEUE_RELEASE_WINDOW_SECONDS='-5': expected a number"),
+        ("QUEUE_MIGRATE_ON_START", "maybe", "QUEUE_MIGRATE_ON_START='maybe': expected true or false"),
+    ],
+)
+def test_a_malformed_config_value_fails_start_up_with_a_clear_message(variable: str, value: str, expected: str, database_url: str) -> None:
+    result = _run_cli("serve", env={"DATABASE_URL": database_url, "QUEUE_CORE_ADDR": "127.0.0.1:1", variable: value}, timeout=30)
+    assert result.returncode == 2
+    assert expected in result.stderr
+
+
+def test_serve_without_a_database_says_what_to_set() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "QUEUE_CORE_ADDR")}
+    result = subprocess.run(
+        [sys.executable, "-m", "queue_service.cli", "serve"], env=env, capture_output=True, text=True, timeout=30, cwd=REPO_ROOT
+    )
+    assert result.returncode == 2
+    assert "DATABASE_URL, QUEUE_CORE_ADDR must be set" in result.stderr
+
+
+async def test_sigterm_drains_in_flight_calls_reports_not_serving_and_exits_zero(services) -> None:  # type: ignore[no-untyped-def]
+    core = await services.core()
+    replica = await services.start_process(core)
+    user = new_user()
+    await replica.stubs.grant(user, 10)
+    core.slow_seconds = 1.0  # an admit in flight while the drain starts
+    in_flight = asyncio.create_task(replica.stubs.admit(user))
+    await asyncio.sleep(0.3)
+    replica.terminate()
+    job = await in_flight
+    assert job.job_id
+    exit_code = await asyncio.to_thread(replica.process.wait, 15)
+    assert exit_code == 0, replica.log()[-2000:]
+    assert '"draining' in replica.log()
+
+
+async def test_subprocess_replica_serves_health(services) -> None:  # type: ignore[no-untyped-def]
+    core = await services.core()
+    replica = await services.start_process(core)
+    await wait_serving(replica.stubs)
+    assert replica.process.poll() is None
