@@ -1,0 +1,255 @@
+"""Admit through the public API: the five-clicks story, every row of the error table,
+idempotency and credits."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import grpc
+import psycopg
+import pytest
+
+from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
+from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2
+from tests.harness import S, InvariantChecker, error_info, new_user
+
+
+def _rows_for(database_url: str, user_id: str) -> tuple[int, int]:
+    """(job rows, ledger entries other than grants) of a user, read directly."""
+    with psycopg.connect(database_url) as conn:
+        jobs = conn.execute("SELECT count(*) FROM analysis_jobs WHERE user_id = %s", (user_id,)).fetchone()[0]
+        entries = conn.execute("SELECT count(*) FROM credit_ledger WHERE user_id = %s AND kind <> 'grant'", (user_id,)).fetchone()[0]
+    return jobs, entries
+
+
+def _live_orphan_held_runs(service, database_url: str) -> list[str]:  # type: ignore[no-untyped-def]
+    with psycopg.connect(database_url) as conn:
+        owned = {str(r) for (r,) in conn.execute("SELECT run_id FROM analysis_jobs")}
+    return [run.run_id for run in service.core.runs.values() if run.state == core_pb2.RUN_STATE_HELD and run.run_id not in owned]
+
+
+async def test_five_clicks_one_runs_four_queue_and_each_completion_starts_the_next(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    stubs = service.stubs
+    user = new_user()
+    await stubs.grant(user, 7)
+    jobs = [await stubs.admit(user, f"click-{i}") for i in range(5)]
+
+    assert jobs[0].status == S.JOB_STATUS_PENDING and jobs[0].queue_position == 0
+    assert [j.status for j in jobs[1:]] == [S.JOB_STATUS_QUEUED] * 4
+    assert [j.queue_position for j in jobs[1:]] == [1, 2, 3, 4]
+    assert jobs[1].waiting_for_job_id == jobs[0].job_id
+    assert jobs[4].waiting_for_job_id == jobs[3].job_id
+    assert await stubs.balance(user) == 2
+
+    # The sweeper is off in this service: only the tail call can start the next job.
+    assert service.app.config.sweep_interval_seconds == 0
+    checker = InvariantChecker(database_url)
+    for index, job in enumerate(jobs):
+        running = await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+        assert running.start_time.seconds > 0
+        for later in jobs[index + 1 :]:
+            current = await stubs.job(later.job_id)
+            assert current.status == S.JOB_STATUS_QUEUED
+            assert current.queue_position == jobs.index(later) - index
+        assert checker.i1_slot_limit() == []
+        completed = await service.core.finish(job.run_id)  # the core reports through CompleteRun
+        assert completed is not None and completed.job.status == S.JOB_STATUS_SUCCEEDED
+    assert [j.status for j in await stubs.jobs(user)] == [S.JOB_STATUS_SUCCEEDED] * 5
+    assert await stubs.balance(user) == 2
+    assert checker.all_violations() == []
+    assert service.core.max_concurrent_judging[user] == 1
+
+
+async def test_queued_jobs_estimate_their_start_from_recent_judging_times(service) -> None:  # type: ignore[no-untyped-def]
+    stubs = service.stubs
+    user = new_user()
+    await stubs.grant(user, 5)
+    first = await stubs.admit(user)
+    await stubs.wait_for(first.job_id, S.JOB_STATUS_RUNNING)
+    await stubs.complete(first.run_id)  # one judging duration of history
+    second = await stubs.admit(user)
+    third = await stubs.admit(user)
+    assert third.status == S.JOB_STATUS_QUEUED
+    service.app.views._mean_read_at = float("-inf")  # skip the estimate cache
+    third = await stubs.job(third.job_id)
+    assert third.HasField("estimated_start_time")
+    assert third.estimated_start_time.ToDatetime() >= second.create_time.ToDatetime()
+
+
+@pytest.mark.parametrize(
+    ("case", "code", "reason"),
+    [
+        ("invalid", grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"),
+        ("bad_doi", grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"),
+        ("core_rejects_document", grpc.StatusCode.INVALID_ARGUMENT, "CORE_REJECTED"),
+        ("core_rejects_doi", grpc.StatusCode.INVALID_ARGUMENT, "CORE_REJECTED"),
+        ("no_credit", grpc.StatusCode.FAILED_PRECONDITION, "INSUFFICIENT_CREDITS"),
+        ("key_reused", grpc.StatusCode.FAILED_PRECONDITION, "IDEMPOTENCY_KEY_REUSED"),
+        ("delta_unknown", grpc.StatusCode.NOT_FOUND, "DELTA_BASE_NOT_FOUND"),
+        ("delta_other_user", grpc.StatusCode.NOT_FOUND, "DELTA_BASE_NOT_FOUND"),
+        ("delta_unfinished", grpc.StatusCode.FAILED_PRECONDITION, "DELTA_BASE_NOT_FINISHED"),
+        ("budget", grpc.StatusCode.RESOURCE_EXHAUSTED, "PROVIDER_BUDGET_EXHAUSTED"),
+        ("queue_full", grpc.StatusCode.RESOURCE_EXHAUSTED, "USER_QUEUE_FULL"),
+        ("core_down", grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE"),
+        ("core_hangs", grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE"),
+    ],
+)
+async def test_every_admit_error_has_its_code_and_reason_and_leaves_nothing_behind(
+    services, database_url: str, case: str, code: grpc.StatusCode, reason: str
+) -> None:  # type: ignore[no-untyped-def]
+    core = await services.core(daily_budget=0 if case == "budget" else 1_000_000)
+    service = await services.start(core, max_queued_per_user=2, core_deadline_seconds=1.0)
+    stubs = service.stubs
+    user = new_user()
+    await stubs.grant(user, 0 + (0 if case == "no_credit" else 10)) if case != "no_credit" else None
+    kwargs: dict = {}
+    before = (0, 0)
+    if case == "invalid":
+        request = queue_pb2.AdmitRequest(user_id="", idempotency_key="", sources=[])
+    elif case == "bad_doi":
+        kwargs = {"dois": ("not-a-doi",)}
+    elif case == "core_rejects_document":
+        kwargs = {"uri": "s3://theses/unparseable.pdf"}
+    elif case == "core_rejects_doi":
+        kwargs = {"dois": ("10.1234/ok", "10.9999/unregistered")}
+    elif case == "key_reused":
+        await stubs.admit(user, "click-1")
+        kwargs = {"key": "click-1", "uri": "s3://theses/another.pdf"}
+    elif case == "delta_unknown":
+        kwargs = {"delta_of": str(uuid.uuid4())}
+    elif case == "delta_other_user":
+        other = new_user()
+        await stubs.grant(other, 1)
+        base = await stubs.admit(other)
+        await stubs.wait_for(base.job_id, S.JOB_STATUS_RUNNING)
+        await stubs.complete(base.run_id)
+        kwargs = {"delta_of": base.job_id}
+    elif case == "delta_unfinished":
+        base = await stubs.admit(user)
+        kwargs = {"delta_of": base.job_id}
+    elif case == "queue_full":
+        for _ in range(3):  # one active, two queued: the cap
+            await stubs.admit(user)
+    elif case == "core_down":
+        core.unavailable = True
+    elif case == "core_hangs":
+        core.slow_seconds = 30
+    before = _rows_for(database_url, user)
+    balance_before = await stubs.balance(user) if user else 0
+
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        if case == "invalid":
+            await stubs.queue.Admit(request, timeout=10)
+        else:
+            await stubs.admit(user, **kwargs)
+    got_code, got_reason, metadata, violations = error_info(raised.value)
+    assert (got_code, got_reason) == (code, reason), raised.value.details()
+
+    if case == "invalid":
+        assert {field for field, _ in violations} >= {"user_id", "idempotency_key", "sources", "document.uri"}
+    if case == "bad_doi":
+        assert [field for field, _ in violations] == ["sources[0].doi"]
+    if case == "no_credit":
+        assert metadata == {"balance": "0", "required": "1"}
+        assert "balance 0, required 1" in raised.value.details()
+    if case == "queue_full":
+        assert metadata["maxQueued"] == "2"
+    if case == "core_hangs":
+        core.slow_seconds = 0
+    assert _rows_for(database_url, user) == before
+    assert await stubs.balance(user) == balance_before
+    await asyncio.sleep(0.05)
+    assert _live_orphan_held_runs(service, database_url) == []
+
+
+async def test_insufficient_credit_found_under_the_lock_cancels_the_held_run(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    """Two concurrent admits with credit for one: both pass the pre-check, one loses under the lock."""
+    stubs = service.stubs
+    user = new_user()
+    await stubs.grant(user, 1)
+    service.core.slow_seconds = 0.3  # both admits are past the pre-check before either commits
+    results = await asyncio.gather(stubs.admit(user), stubs.admit(user), return_exceptions=True)
+    service.core.slow_seconds = 0
+    failures = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+    assert len(failures) == 1
+    assert error_info(failures[0])[:3] == (grpc.StatusCode.FAILED_PRECONDITION, "INSUFFICIENT_CREDITS", {"balance": "0", "required": "1"})
+    assert await stubs.balance(user) == 0
+    assert _rows_for(database_url, user) == (1, 1)
+    assert _live_orphan_held_runs(service, database_url) == []
+
+
+async def test_same_key_same_payload_returns_the_same_job_and_charges_once(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    stubs = service.stubs
+    user = new_user()
+    await stubs.grant(user, 5)
+    service.core.slow_seconds = 0.2  # widen the race window
+    jobs = await asyncio.gather(*[stubs.admit(user, "the-click") for _ in range(10)])
+    service.core.slow_seconds = 0
+    assert len({j.job_id for j in jobs}) == 1
+    assert await stubs.balance(user) == 4
+    assert _rows_for(database_url, user) == (1, 1)
+    again = await stubs.admit(user, "the-click")
+    assert again.job_id == jobs[0].job_id
+    assert await stubs.balance(user) == 4
+    await asyncio.sleep(0.05)
+    assert _live_orphan_held_runs(service, database_url) == []
+
+
+async def test_grants_are_idempotent_by_key_and_refuse_a_reused_key(service) -> None:  # type: ignore[no-untyped-def]
+    stubs = service.stubs
+    user = new_user()
+    assert await stubs.grant(user, 3, key="grant-a") == 3
+    assert await stubs.grant(user, 3, key="grant-a") == 3
+    results = await asyncio.gather(*[stubs.grant(user, 2, key="grant-b") for _ in range(5)])
+    assert set(results) <= {5} and await stubs.balance(user) == 5
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stubs.grant(user, 9, key="grant-a")
+    assert error_info(raised.value)[:2] == (grpc.StatusCode.FAILED_PRECONDITION, "IDEMPOTENCY_KEY_REUSED")
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stubs.grant(user, 0, key="grant-c")
+    code, reason, _, violations = error_info(raised.value)
+    assert (code, reason, [f for f, _ in violations]) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", ["amount"])
+    assert await stubs.balance(new_user()) == 0
+
+
+async def test_plan_tier_override_gives_a_user_more_slots_in_fifo_order(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    stubs = service.stubs
+    user = new_user()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO user_queue_limits (user_id, max_active) VALUES (%s, 2)", (user,))
+    await stubs.grant(user, 5)
+    jobs = [await stubs.admit(user, f"k{i}") for i in range(5)]
+    assert [j.status for j in jobs] == [S.JOB_STATUS_PENDING] * 2 + [S.JOB_STATUS_QUEUED] * 3
+    assert [j.queue_position for j in jobs] == [0, 0, 1, 2, 3]
+    await stubs.wait_for(jobs[1].job_id, S.JOB_STATUS_RUNNING)
+    await service.core.finish(jobs[1].run_id)  # the second slot frees first: the oldest queued takes it
+    assert (await stubs.wait_for(jobs[2].job_id, S.JOB_STATUS_RUNNING)).status == S.JOB_STATUS_RUNNING
+    assert (await stubs.job(jobs[3].job_id)).queue_position == 1
+    checker = InvariantChecker(database_url)
+    assert checker.all_violations() == []
+    assert service.core.max_concurrent_judging[user] == 2
+
+
+async def test_validation_reports_every_violation_and_limits(service) -> None:  # type: ignore[no-untyped-def]
+    request = queue_pb2.AdmitRequest(
+        user_id="u" * 129,
+        idempotency_key="key\x00",
+        document=job_pb2.Document(uri="s3://x", title="t" * 600),
+        sources=[job_pb2.Source(), job_pb2.Source(doi="10.1234/ok", citation="c" * 5000)],
+        delta_of_job_id="not-a-uuid",
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await service.stubs.queue.Admit(request, timeout=5)
+    code, reason, _, violations = error_info(raised.value)
+    assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
+    assert [f for f, _ in violations] == [
+        "user_id", "idempotency_key", "delta_of_job_id", "document.title", "sources[0]", "sources[1].citation",
+    ]
+    too_many = queue_pb2.AdmitRequest(
+        user_id="u", idempotency_key="k", document=job_pb2.Document(uri="s3://x"),
+        sources=[job_pb2.Source(doi="10.1234/x")] * 1001,
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await service.stubs.queue.Admit(too_many, timeout=5)
+    assert [f for f, _ in error_info(raised.value)[3]] == ["sources"]
