@@ -143,8 +143,8 @@ class DevCore(pb_grpc.RunServiceServicer):
         return pb.CreateRunResponse(run=self._run_message(run))
 
     async def ReleaseRun(self, request: pb.ReleaseRunRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseRunResponse:
-        await self._enter(context)
         self.release_log.append((request.run_id, time.monotonic()))
+        await self._enter(context)
         run = self.runs.get(request.run_id)
         if self.refuse_releases or run is None or self._expired(run):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown or expired")

@@ -257,6 +257,8 @@ class ServiceFactory:
         log_file.close()
         handle = ProcessHandle(process, self.stubs(f"127.0.0.1:{port}"), log_path)
         self._processes.append(handle)
+        if not core.callback_addr:
+            core.set_callback_addr(handle.address)
         await wait_serving(handle.stubs, process=process, log_path=log_path)
         return handle
 
