@@ -96,7 +96,7 @@ def cmd_core(args: argparse.Namespace) -> int:
 def cmd_dev(args: argparse.Namespace) -> int:
     """Embedded PostgreSQL (data reused across runs), the dev core and the service, together."""
     from queue_service.dev_core import DevCore
-    from queue_service.embedded_db import EmbeddedPostgres
+    from queue_service.embedded_db import EmbeddedPostgres, EmbeddedPostgresError
 
     started = time.monotonic()
     base = _load_config(log_format=os.environ.get("QUEUE_LOG_FORMAT", "text"))
@@ -108,8 +108,12 @@ def cmd_dev(args: argparse.Namespace) -> int:
     database_url = base.database_url
     embedded: EmbeddedPostgres | None = None
     if not database_url:
-        embedded = EmbeddedPostgres(state_dir / "postgres", port=int(os.environ.get("QUEUE_DEV_PG_PORT", "54329")))
-        database_url = embedded.start()
+        embedded = EmbeddedPostgres(state_dir / "postgres", port=_dev_pg_port())
+        try:
+            database_url = embedded.start()
+        except EmbeddedPostgresError as exc:
+            print(f"queue-service dev: could not start the embedded PostgreSQL: {exc}", file=sys.stderr)
+            return 1
         log.info("embedded PostgreSQL at %s (data in %s)", database_url, embedded.data_dir)
 
     async def run() -> None:
@@ -146,6 +150,16 @@ def cmd_dev(args: argparse.Namespace) -> int:
         if embedded is not None and not args.keep_db_running:
             embedded.stop()
     return 0
+
+
+def _dev_pg_port() -> int:
+    """QUEUE_DEV_PG_PORT when set; else 54329, or any free port when another program holds it."""
+    from queue_service.embedded_db import free_port, port_is_free
+
+    configured = os.environ.get("QUEUE_DEV_PG_PORT")
+    if configured:
+        return int(configured)
+    return 54329 if port_is_free(54329) else free_port()
 
 
 def _banner(address: str, seconds: float) -> str:

@@ -25,6 +25,19 @@ log = logging.getLogger(__name__)
 SYSTEM_USER = "embedded_postgres"
 
 
+class EmbeddedPostgresError(RuntimeError):
+    """The embedded server could not be initialized or started; the message says why."""
+
+
+def port_is_free(port: int) -> bool:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -52,16 +65,23 @@ class EmbeddedPostgres:
         ensure_folder_permissions(POSTGRES_BIN_PATH.parent, 0o555)
         return SYSTEM_USER
 
-    def _pg(self, program: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(POSTGRES_BIN_PATH / program), *args],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            user=self._run_as,
-            stdin=subprocess.DEVNULL,
-        )
+    def _pg(self, program: str, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(
+                [str(POSTGRES_BIN_PATH / program), *args],
+                check=check,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                user=self._run_as,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.CalledProcessError as exc:
+            log_file = self.data_dir / "server.log"
+            server_log = log_file.read_text()[-1500:] if log_file.exists() else ""
+            raise EmbeddedPostgresError(
+                f"{program} failed ({exc.returncode}): {exc.stderr.strip()[-800:]}\n{server_log}".strip()
+            ) from None
 
     def initialized(self) -> bool:
         return (self.data_dir / "PG_VERSION").exists()
@@ -79,11 +99,7 @@ class EmbeddedPostgres:
             self._pg("initdb", "-D", str(self.data_dir), "--auth=trust", "--encoding=UTF8", "-U", "postgres", "--no-instructions")
 
     def running(self) -> bool:
-        try:
-            self._pg("pg_ctl", "-D", str(self.data_dir), "status", timeout=10)
-        except subprocess.CalledProcessError:
-            return False
-        return True
+        return self._pg("pg_ctl", "-D", str(self.data_dir), "status", timeout=10, check=False).returncode == 0
 
     def start(self) -> str:
         """Starts the server (initializing the data folder first if needed); returns the DSN."""
@@ -91,6 +107,8 @@ class EmbeddedPostgres:
         if self.running():
             self._read_running_port()
             return self.dsn()
+        if not port_is_free(self.port):
+            raise EmbeddedPostgresError(f"port {self.port} is taken by another program; choose another port")
         options = [
             "-h 127.0.0.1",
             f"-p {self.port}",

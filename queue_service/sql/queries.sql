@@ -25,7 +25,8 @@ SELECT existing.job_id AS existing_job_id,
 -- 'pending' with a slot when a slot is free and nobody is queued ahead, else 'queued'; a delta
 -- starts 'running' and never takes a slot. No row comes back when the balance is short.
 WITH placement AS (
-    SELECT CASE
+    SELECT clock_timestamp() AS now,
+           CASE
                WHEN %(is_delta)s THEN NULL
                WHEN EXISTS (SELECT 1 FROM analysis_jobs q
                              WHERE q.user_id = %(user_id)s AND q.status = 'queued') THEN NULL
@@ -41,21 +42,20 @@ debit AS (
 job AS (
     INSERT INTO analysis_jobs (
         job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot,
-        delta_of_job_id, price, promote_time, next_release_at, release_deadline, start_time,
-        next_reconcile_at)
+        delta_of_job_id, price, create_time, promote_time, next_release_at, release_deadline,
+        start_time, next_reconcile_at)
     SELECT %(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
            CASE WHEN %(is_delta)s THEN 'running' WHEN p.slot IS NOT NULL THEN 'pending' ELSE 'queued' END,
            nextval('analysis_jobs_queue_seq'),
            p.slot,
            %(delta_of_job_id)s,
            %(price)s,
-           CASE WHEN %(is_delta)s OR p.slot IS NOT NULL THEN clock_timestamp() END,
-           CASE WHEN p.slot IS NOT NULL THEN clock_timestamp() END,
-           CASE WHEN p.slot IS NOT NULL
-                THEN clock_timestamp() + make_interval(secs => %(release_window_seconds)s) END,
-           CASE WHEN %(is_delta)s THEN clock_timestamp() END,
-           CASE WHEN %(is_delta)s
-                THEN clock_timestamp() + make_interval(secs => %(reconcile_after_seconds)s) END
+           p.now,
+           CASE WHEN %(is_delta)s OR p.slot IS NOT NULL THEN p.now END,
+           CASE WHEN p.slot IS NOT NULL THEN p.now END,
+           CASE WHEN p.slot IS NOT NULL THEN p.now + make_interval(secs => %(release_window_seconds)s) END,
+           CASE WHEN %(is_delta)s THEN p.now END,
+           CASE WHEN %(is_delta)s THEN p.now + make_interval(secs => %(reconcile_after_seconds)s) END
       FROM placement p
      WHERE %(price)s = 0 OR EXISTS (SELECT 1 FROM debit)
     RETURNING job_id, user_id, status, price
