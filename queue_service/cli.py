@@ -26,9 +26,14 @@ def _load_config(**overrides: object) -> Config:
 
 
 async def _serve_until_signal(config: Config, *, on_serving=None) -> None:  # type: ignore[no-untyped-def]
+    from queue_service.auth import AuthConfigError
     from queue_service.server import QueueApp
 
-    app = QueueApp(config)
+    try:
+        app = QueueApp(config)
+    except (ConfigError, AuthConfigError) as exc:
+        print(f"queue-service: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -76,6 +81,7 @@ def cmd_core(args: argparse.Namespace) -> int:
             judging_seconds=args.judging_seconds,
             manual=args.manual,
             daily_budget=args.daily_budget,
+            record_path=args.record,
         )
         core.fail_releases = args.fail_releases
         core.drop_callbacks = args.drop_callbacks
@@ -86,6 +92,8 @@ def cmd_core(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
+        # A benchmark prepares a batch with --manual, then starts all its judging at one instant.
+        loop.add_signal_handler(signal.SIGUSR1, core.start_judging)
         await stop.wait()
         await core.stop()
 
@@ -186,11 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     core.add_argument("--listen", default="127.0.0.1:50061")
     core.add_argument("--callback", default="127.0.0.1:50051", help="address of the queue's CoreCallbackService")
     core.add_argument("--judging-seconds", type=float, default=1.0)
-    core.add_argument("--manual", action="store_true", help="never complete runs by itself")
+    core.add_argument("--manual", action="store_true", help="never complete runs by itself (until SIGUSR1 starts judging)")
     core.add_argument("--daily-budget", type=int, default=1_000_000)
     core.add_argument("--fail-releases", action="store_true")
     core.add_argument("--drop-callbacks", action="store_true")
     core.add_argument("--slow-seconds", type=float, default=0.0)
+    core.add_argument("--record", metavar="PATH", help="append a JSON line per run created, release received, completion sent/returned")
     core.set_defaults(func=cmd_core)
     args = parser.parse_args(argv)
     return int(args.func(args))

@@ -114,6 +114,14 @@ SETTINGS: dict[str, Setting] = {
     "log_level": Setting("QUEUE_LOG_LEVEL", "info", _parse_choice("debug", "info", "warning", "error"), "log level"),
     "metrics_addr": Setting("QUEUE_METRICS_ADDR", "", _parse_optional_host_port, "host:port of a Prometheus scrape endpoint; empty: none"),
     "trace_console": Setting("QUEUE_TRACE_CONSOLE", "false", _parse_bool, "print spans to the console (for `dev`)"),
+    "tls_cert_file": Setting("QUEUE_TLS_CERT_FILE", "", _parse_text, "PEM certificate chain of the listener; set with the key to serve TLS"),
+    "tls_key_file": Setting("QUEUE_TLS_KEY_FILE", "", _parse_text, "PEM private key of the listener"),
+    "tls_client_ca_file": Setting("QUEUE_TLS_CLIENT_CA_FILE", "", _parse_text, "PEM CA bundle; set to require client certificates (mutual TLS)"),
+    "auth_file": Setting("QUEUE_AUTH_FILE", "", _parse_text, "JSON file mapping bearer tokens (sha256) and client-certificate names to roles; set: every call is authenticated"),
+    "allow_unauthenticated": Setting("QUEUE_ALLOW_UNAUTHENTICATED", "false", _parse_bool, "serve without QUEUE_AUTH_FILE on a non-loopback address (behind a trusted proxy only)"),
+    "core_tls_ca_file": Setting("QUEUE_CORE_TLS_CA_FILE", "", _parse_text, "PEM CA bundle; set to call the core over TLS"),
+    "core_tls_cert_file": Setting("QUEUE_CORE_TLS_CERT_FILE", "", _parse_text, "PEM client certificate for the core (mutual TLS)"),
+    "core_tls_key_file": Setting("QUEUE_CORE_TLS_KEY_FILE", "", _parse_text, "PEM client key for the core"),
 }
 
 
@@ -146,6 +154,14 @@ class Config:
     log_level: str
     metrics_addr: str
     trace_console: bool
+    tls_cert_file: str
+    tls_key_file: str
+    tls_client_ca_file: str
+    auth_file: str
+    allow_unauthenticated: bool
+    core_tls_ca_file: str
+    core_tls_cert_file: str
+    core_tls_key_file: str
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
@@ -161,13 +177,32 @@ class Config:
                 problems.append(f"{setting.env}={raw!r}: {exc}")
         if not problems and values["pool_min_size"] > values["pool_max_size"]:
             problems.append("QUEUE_DB_POOL_MIN_SIZE must not exceed QUEUE_DB_POOL_MAX_SIZE")
+        for first, second in (("tls_cert_file", "tls_key_file"), ("core_tls_cert_file", "core_tls_key_file")):
+            if bool(values.get(first)) != bool(values.get(second)):
+                problems.append(f"{SETTINGS[first].env} and {SETTINGS[second].env} must be set together")
+        if values.get("tls_client_ca_file") and not values.get("tls_cert_file"):
+            problems.append("QUEUE_TLS_CLIENT_CA_FILE needs QUEUE_TLS_CERT_FILE and QUEUE_TLS_KEY_FILE (mutual TLS is TLS first)")
+        for field in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_file", "core_tls_ca_file", "core_tls_cert_file", "core_tls_key_file"):
+            path = values.get(field)
+            if path and not os.path.isfile(path):
+                problems.append(f"{SETTINGS[field].env}={path!r}: no such file")
         if problems:
             raise ConfigError("invalid configuration: " + "; ".join(problems))
         values.update(overrides)
         return cls(**values)
+
+    @property
+    def listens_on_loopback(self) -> bool:
+        host = self.listen_addr.rpartition(":")[0].strip("[]")
+        return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
     def require_service_targets(self) -> None:
         """`serve` needs a database and a core; `dev` fills both in itself."""
         missing = [s.env for f, s in SETTINGS.items() if f in ("database_url", "core_addr") and not getattr(self, f)]
         if missing:
             raise ConfigError(f"invalid configuration: {', '.join(missing)} must be set for `serve` (or use `queue-service dev`)")
+        if not self.auth_file and not self.allow_unauthenticated and not self.listens_on_loopback:
+            raise ConfigError(
+                f"invalid configuration: QUEUE_LISTEN_ADDR={self.listen_addr} is not a loopback address, so callers must be "
+                "authenticated: set QUEUE_AUTH_FILE (or QUEUE_ALLOW_UNAUTHENTICATED=true behind a trusted proxy)"
+            )

@@ -10,6 +10,11 @@ Fault switches (attributes, flipped by tests; flags when run as a process): `una
 (every call UNAVAILABLE), `slow_seconds` (every call sleeps first), `fail_releases`
 (ReleaseRun UNAVAILABLE), `refuse_releases` (ReleaseRun NOT_FOUND), `drop_callbacks` (judge but
 never call back). Unreleased held runs expire after `hold_expiry_seconds`, like the real core.
+
+For benchmarks, `record_path` appends one JSON line per run created, ReleaseRun received and
+CompleteRun sent and returned, stamped with `time.monotonic_ns()` (CLOCK_MONOTONIC, comparable
+across processes on one host) and `time.time_ns()`; `start_judging` turns a manual core
+automatic so a whole prepared batch starts judging at one instant.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import json
 import logging
 import time
 import uuid
@@ -55,6 +61,7 @@ class DevCore(pb_grpc.RunServiceServicer):
         manual: bool = False,
         daily_budget: int = 1_000_000,
         hold_expiry_seconds: float = 24 * 3600,
+        record_path: str | None = None,
     ) -> None:
         self.callback_addr = callback_addr
         self.judging_seconds = judging_seconds
@@ -77,13 +84,17 @@ class DevCore(pb_grpc.RunServiceServicer):
         self._callback: callback_grpc.CoreCallbackServiceStub | None = None
         self._server: grpc.aio.Server | None = None
         self.port = 0
+        self._record_file = open(record_path, "a", buffering=1 << 16) if record_path else None  # noqa: SIM115
 
     # -- serving -------------------------------------------------------------------------------
 
-    async def start(self, listen_addr: str = "127.0.0.1:0") -> int:
+    async def start(self, listen_addr: str = "127.0.0.1:0", credentials: grpc.ServerCredentials | None = None) -> int:
         self._server = grpc.aio.server()
         pb_grpc.add_RunServiceServicer_to_server(self, self._server)
-        self.port = self._server.add_insecure_port(listen_addr)
+        if credentials is not None:
+            self.port = self._server.add_secure_port(listen_addr, credentials)
+        else:
+            self.port = self._server.add_insecure_port(listen_addr)
         await self._server.start()
         return self.port
 
@@ -95,6 +106,23 @@ class DevCore(pb_grpc.RunServiceServicer):
             await self._server.stop(0)
         if self._channel is not None:
             await self._channel.close()
+        if self._record_file is not None:
+            self._record_file.close()
+            self._record_file = None
+
+    def record(self, event: str, run_id: str = "", user_id: str = "") -> None:
+        """Appends one timestamped event line for the benchmark (no-op without `record_path`)."""
+        if self._record_file is not None:
+            line = {"event": event, "run_id": run_id, "user_id": user_id, "mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
+            self._record_file.write(json.dumps(line) + "\n")
+
+    def start_judging(self) -> None:
+        """Leaves manual mode: every run judging now completes `judging_seconds` from this call."""
+        self.manual = False
+        self.record("judging_started")
+        for run in self.runs.values():
+            if run.state == pb.RUN_STATE_JUDGING and run.judge_task is None:
+                run.judge_task = asyncio.create_task(self._judge(run))
 
     def set_callback_addr(self, addr: str) -> None:
         self.callback_addr = addr
@@ -138,12 +166,15 @@ class DevCore(pb_grpc.RunServiceServicer):
             created_at=time.monotonic(),
         )
         self.runs[run.run_id] = run
+        self.record("create", run.run_id, run.user_id)
         if not request.hold:
             self._begin_judging(run)
         return pb.CreateRunResponse(run=self._run_message(run))
 
     async def ReleaseRun(self, request: pb.ReleaseRunRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseRunResponse:
         self.release_log.append((request.run_id, time.monotonic()))
+        known = self.runs.get(request.run_id)
+        self.record("release_received", request.run_id, known.user_id if known is not None else "")
         await self._enter(context)
         run = self.runs.get(request.run_id)
         if self.refuse_releases or run is None or self._expired(run):
@@ -219,8 +250,10 @@ class DevCore(pb_grpc.RunServiceServicer):
         )
         for attempt in range(5):
             try:
+                self.record("complete_sent", run.run_id, run.user_id)
                 response = await self._callback.CompleteRun(request, timeout=5)
                 self.completion_log.append((run.run_id, time.monotonic()))
+                self.record("complete_returned", run.run_id, run.user_id)
                 return response
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED):

@@ -54,8 +54,18 @@ def _internal_status(method: str) -> grpc.Status:
     return rpc_status.to_status(proto)
 
 
+Authorize = Callable[[str, grpc.aio.ServicerContext], Awaitable[None]]
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Maps domain errors raised by any handler to statuses with rich details."""
+    """Maps domain errors raised by any handler to statuses with rich details.
+
+    `authorize`, when given, runs first inside the same road, so UNAUTHENTICATED and
+    PERMISSION_DENIED carry an ErrorInfo like every other error.
+    """
+
+    def __init__(self, authorize: Authorize | None = None) -> None:
+        self._authorize = authorize
 
     async def intercept_service(
         self,
@@ -67,15 +77,21 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return handler
         method = handler_call_details.method
         if handler.unary_unary is not None:
-            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method))
+            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method, self._authorize))
         if handler.unary_stream is not None:
-            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, method))
+            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, method, self._authorize))
+        if handler.stream_unary is not None:
+            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary, method, self._authorize))
+        if handler.stream_stream is not None:
+            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream, method, self._authorize))
         return handler
 
 
-def _wrap_unary(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+def _wrap_unary(behavior: Callable[..., Any], method: str, authorize: Authorize | None) -> Callable[..., Any]:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            if authorize is not None:
+                await authorize(method, context)
             return await behavior(request, context)
         except QueueError as error:
             await context.abort_with_status(status_for(error))
@@ -87,9 +103,11 @@ def _wrap_unary(behavior: Callable[..., Any], method: str) -> Callable[..., Any]
     return wrapped
 
 
-def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], method: str) -> Callable[..., Any]:
+def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], method: str, authorize: Authorize | None) -> Callable[..., Any]:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
+            if authorize is not None:
+                await authorize(method, context)
             async for message in behavior(request, context):
                 yield message
         except QueueError as error:

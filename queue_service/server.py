@@ -15,7 +15,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from queue_service import migrations
+from queue_service import auth, migrations
+from queue_service.auth import Authorizer
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2,
     core_callback_service_pb2_grpc,
@@ -50,16 +51,13 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 class QueueApp:
     """One replica of the service; `start` returns the bound port."""
 
-    def __init__(
-        self,
-        config: Config,
-        *,
-        interceptors: list[grpc.aio.ServerInterceptor] | None = None,
-        server_credentials: grpc.ServerCredentials | None = None,
-        core_credentials: grpc.ChannelCredentials | None = None,
-    ) -> None:
+    def __init__(self, config: Config) -> None:
         config.require_service_targets()
         self.config = config
+        authorizer = Authorizer.from_file(config.auth_file) if config.auth_file else None
+        core_credentials = auth.core_channel_credentials(
+            config.core_tls_ca_file, config.core_tls_cert_file, config.core_tls_key_file
+        )
         self.pool = create_pool(
             config.database_url,
             min_size=config.pool_min_size,
@@ -84,8 +82,10 @@ class QueueApp:
         self.hub.on_pending = self.dispatcher.wake
         self.draining = asyncio.Event()
         self.health = health.aio.HealthServicer()
-        self._interceptors = [*(interceptors or []), ErrorInterceptor()]
-        self._server_credentials = server_credentials
+        self._interceptors = [ErrorInterceptor(authorizer.authorize if authorizer else None)]
+        self._server_credentials = auth.server_credentials(
+            config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
+        )
         self.server: grpc.aio.Server | None = None
         self.port = 0
 

@@ -216,7 +216,8 @@ class ServiceFactory:
 
     async def start(self, core: DevCore | None = None, **overrides: Any) -> ServiceHandle:
         core = core or await self.core()
-        app = QueueApp(service_config(self.database_url, f"127.0.0.1:{core.port}", **overrides))
+        core_addr = overrides.pop("core_addr", f"127.0.0.1:{core.port}")
+        app = QueueApp(service_config(self.database_url, core_addr, **overrides))
         port = await app.start()
         self._apps.append(app)
         address = f"127.0.0.1:{port}"

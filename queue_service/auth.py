@@ -1,0 +1,138 @@
+"""Who may call what: bearer tokens or client-certificate names, mapped to roles.
+
+Roles follow the callers we have: the web backend (`web`) uses AnalysisQueueService, the core
+(`core`) only CoreCallbackService, operators (`operator`) CreditsService, the tooling RPCs
+(Promote, Release) and the read RPCs. Health stays open to everyone (load balancers and
+probes); reflection needs any authenticated caller when authentication is on.
+
+The auth file (QUEUE_AUTH_FILE) is JSON; tokens are stored as SHA-256 hex digests, never in
+clear:
+
+    {"tokens": [{"name": "web-backend", "role": "web", "sha256": "<hex of sha256(token)>"}],
+     "certificates": [{"common_name": "rust-core", "role": "core"}]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import grpc
+
+from queue_service import errors
+
+_QUEUE = "/acurio.queue.v1.AnalysisQueueService/"
+_CALLBACK = "/acurio.queue.v1.CoreCallbackService/"
+_CREDITS = "/acurio.queue.v1.CreditsService/"
+
+ROLE_METHODS: dict[str, frozenset[str]] = {
+    "web": frozenset(_QUEUE + m for m in ("Admit", "ListJobs", "GetJob", "CancelJob", "WatchJobs")),
+    "core": frozenset({_CALLBACK + "CompleteRun"}),
+    "operator": frozenset(
+        [_CREDITS + "GrantCredits", _CREDITS + "GetBalance"]
+        + [_QUEUE + m for m in ("Promote", "Release", "ListJobs", "GetJob", "WatchJobs")]
+    ),
+}
+_OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+_ANY_CALLER_PREFIXES = ("/grpc.reflection.",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Caller:
+    name: str
+    role: str
+
+
+class AuthConfigError(ValueError):
+    """The auth file cannot be used; the message says which entry is wrong."""
+
+
+class Authorizer:
+    def __init__(self, tokens: dict[str, Caller], certificates: dict[str, Caller]) -> None:
+        self._tokens = tokens
+        self._certificates = certificates
+
+    @classmethod
+    def from_file(cls, path: str) -> Authorizer:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise AuthConfigError(f"QUEUE_AUTH_FILE={path!r} is not readable JSON: {exc}") from None
+        tokens, certificates = {}, {}
+        for index, entry in enumerate(data.get("tokens", [])):
+            digest, caller = str(entry.get("sha256", "")).lower(), _caller(entry, f"tokens[{index}]")
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise AuthConfigError(f"tokens[{index}].sha256 must be 64 hex digits (sha256 of the token)")
+            tokens[digest] = caller
+        for index, entry in enumerate(data.get("certificates", [])):
+            name = str(entry.get("common_name", ""))
+            if not name:
+                raise AuthConfigError(f"certificates[{index}].common_name is required")
+            certificates[name] = _caller(entry, f"certificates[{index}]")
+        return cls(tokens, certificates)
+
+    def identify(self, context: grpc.aio.ServicerContext) -> Caller | None:
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+                caller = self._tokens.get(hashlib.sha256(value[7:].strip().encode()).hexdigest())
+                if caller is not None:
+                    return caller
+        auth_context = context.auth_context() or {}
+        names = auth_context.get("x509_common_name", []) + auth_context.get("x509_subject_alternative_name", [])
+        for name in names:
+            caller = self._certificates.get(name.decode() if isinstance(name, bytes) else name)
+            if caller is not None:
+                return caller
+        return None
+
+    async def authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        """Raises Unauthenticated or PermissionDenied; returns when the call may proceed."""
+        if method.startswith(_OPEN_PREFIXES):
+            return
+        caller = self.identify(context)
+        if caller is None:
+            raise errors.Unauthenticated(
+                "no valid credentials: send `authorization: Bearer <token>` or a client certificate",
+                metadata={"method": method},
+            )
+        if method.startswith(_ANY_CALLER_PREFIXES) or method in ROLE_METHODS[caller.role]:
+            return
+        raise errors.PermissionDenied(
+            f"{caller.name} (role {caller.role}) may not call {method}",
+            metadata={"method": method, "role": caller.role, "caller": caller.name},
+        )
+
+
+def _caller(entry: dict, where: str) -> Caller:
+    role = entry.get("role")
+    if role not in ROLE_METHODS:
+        raise AuthConfigError(f"{where}.role must be one of {', '.join(sorted(ROLE_METHODS))} (got {role!r})")
+    return Caller(name=str(entry.get("name") or entry.get("common_name") or role), role=role)
+
+
+def _read(path: str) -> bytes:
+    return Path(path).read_bytes()
+
+
+def server_credentials(cert_file: str, key_file: str, client_ca_file: str) -> grpc.ServerCredentials | None:
+    """TLS for the listener; mutual TLS (client certificate required) when a client CA is set."""
+    if not cert_file:
+        return None
+    return grpc.ssl_server_credentials(
+        [(_read(key_file), _read(cert_file))],
+        root_certificates=_read(client_ca_file) if client_ca_file else None,
+        require_client_auth=bool(client_ca_file),
+    )
+
+
+def core_channel_credentials(ca_file: str, cert_file: str, key_file: str) -> grpc.ChannelCredentials | None:
+    """TLS (and optionally a client certificate) for the outgoing connection to the core."""
+    if not ca_file:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(ca_file),
+        private_key=_read(key_file) if key_file else None,
+        certificate_chain=_read(cert_file) if cert_file else None,
+    )
