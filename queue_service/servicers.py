@@ -142,6 +142,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
             raise errors.ShuttingDown("this replica is draining; reconnect to another")
         stream = self._hub.subscribe(request.user_id)
         drain = asyncio.ensure_future(self._draining.wait())
+        getter: asyncio.Future | None = None
         try:
             async for message in self._snapshot(request.user_id):
                 yield message
@@ -149,7 +150,6 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
                 getter = asyncio.ensure_future(stream.queue.get())
                 done, _ = await asyncio.wait({getter, drain}, return_when=asyncio.FIRST_COMPLETED)
                 if getter not in done:
-                    getter.cancel()
                     raise errors.ShuttingDown("this replica is draining; reconnect to another")
                 job = getter.result()
                 if job is None:
@@ -158,7 +158,10 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
                 else:
                     yield queue_pb2.WatchJobsResponse(job=job)
         finally:
-            drain.cancel()
+            # A caller who hangs up cancels this generator mid-wait: no task may outlive it.
+            for pending in (drain, getter):
+                if pending is not None and not pending.done():
+                    pending.cancel()
             self._hub.unsubscribe(stream)
 
     async def _snapshot(self, user_id: str) -> AsyncIterator[queue_pb2.WatchJobsResponse]:

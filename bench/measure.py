@@ -1,0 +1,120 @@
+"""What the bench measures about processes and latencies: CPU seconds of a process tree, peak RSS,
+latency percentiles and ratios against a floor.
+
+CPU is read from /proc, not from psutil, so the bench needs nothing beyond the service's venv.
+A process tree's CPU is utime+stime of the root and every live descendant, plus cutime+cstime of
+each (the CPU of children that already exited and were reaped): PostgreSQL's backends come and
+go, and a reaped backend's CPU lands in the postmaster's cutime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Iterable, Mapping
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            text = handle.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name may hold spaces and parentheses; the fields start after the last ')'.
+    return text[text.rfind(")") + 2 :].split()
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields is not None:
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def process_tree(root_pid: int) -> list[int]:
+    """The root and all its live descendants."""
+    children = _children_by_parent()
+    tree, frontier = [], [root_pid]
+    while frontier:
+        pid = frontier.pop()
+        tree.append(pid)
+        frontier.extend(children.get(pid, []))
+    return tree
+
+
+def tree_cpu_seconds(root_pid: int) -> float:
+    total_ticks = 0
+    for pid in process_tree(root_pid):
+        fields = _stat_fields(pid)
+        if fields is not None:
+            # utime, stime, cutime, cstime are fields 14..17 of stat(5); index 11..14 here.
+            total_ticks += sum(int(value) for value in fields[11:15])
+    return total_ticks / _TICKS
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """VmHWM: the process's peak resident set size since it started."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except FileNotFoundError:
+        return None
+    return None
+
+
+class CpuMeter:
+    """CPU seconds spent by named process trees between `start` and `stop`."""
+
+    def __init__(self, roots: Mapping[str, int]) -> None:
+        self._roots = dict(roots)
+        self._before: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
+
+    def start(self) -> CpuMeter:
+        self._before = {name: tree_cpu_seconds(pid) for name, pid in self._roots.items()}
+        return self
+
+    def stop(self) -> dict[str, float]:
+        self.seconds = {name: tree_cpu_seconds(pid) - self._before[name] for name, pid in self._roots.items()}
+        return self.seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Latency:
+    """Latency percentiles in milliseconds (nearest-rank)."""
+
+    count: int
+    p50: float
+    p90: float
+    p99: float
+    max: float
+    mean: float
+
+    @classmethod
+    def from_seconds(cls, samples: Iterable[float]) -> Latency:
+        ordered = sorted(samples)
+        if not ordered:
+            nan = float("nan")
+            return cls(0, nan, nan, nan, nan, nan)
+
+        def rank(q: float) -> float:
+            return ordered[max(0, math.ceil(q * len(ordered)) - 1)] * 1000
+
+        return cls(len(ordered), rank(0.50), rank(0.90), rank(0.99), ordered[-1] * 1000, sum(ordered) / len(ordered) * 1000)
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
+
+
+def ratio(value: float | None, floor: float | None) -> float | None:
+    if value is None or floor is None or floor == 0 or math.isnan(value) or math.isnan(floor):
+        return None
+    return round(value / floor, 2)

@@ -1,0 +1,100 @@
+"""The minimal service floor: a gRPC Admit that runs only the admit transaction.
+
+Same generated service and request as the real one (so ghz sends the identical call), same
+helpers for the transaction (`with_user_queue_lock` + `repository.insert_admitted_job`), and
+nothing else: no validation, no idempotency read, no core call, no view read, no telemetry, no
+pool ping. What the real Admit costs beyond this is the service's own overhead.
+
+    python -m bench.minimal_server --listen 127.0.0.1:50071 --dsn postgresql://...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import signal
+import uuid
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from queue_service import repository as repo
+from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2, queue_service_pb2_grpc as queue_grpc
+from queue_service.db import Timeouts
+from queue_service.locks import with_user_queue_lock
+
+_STATUS = {"queued": job_pb2.JOB_STATUS_QUEUED, "pending": job_pb2.JOB_STATUS_PENDING, "running": job_pb2.JOB_STATUS_RUNNING}
+_TIMEOUTS = Timeouts(lock_timeout_ms=5000, statement_timeout_ms=10000)
+_PRICE = 1
+
+
+class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self._pool = pool
+
+    async def Admit(self, request: queue_pb2.AdmitRequest, context: grpc.aio.ServicerContext) -> queue_pb2.AdmitResponse:
+        job = repo.NewJob(
+            job_id=uuid.uuid4(),
+            user_id=request.user_id,
+            run_id=uuid.uuid4(),
+            idempotency_key=request.idempotency_key,
+            request_digest=hashlib.sha256(request.SerializeToString()).digest(),
+            delta_of_job_id=None,
+            price=_PRICE,
+        )
+        async with with_user_queue_lock(self._pool, request.user_id, _TIMEOUTS) as conn:
+            status = await repo.insert_admitted_job(
+                conn, job, default_max_active=1, release_window_seconds=1800, reconcile_after_seconds=900
+            )
+        if status is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "insufficient credits")
+        return queue_pb2.AdmitResponse(
+            job=job_pb2.Job(job_id=str(job.job_id), user_id=job.user_id, run_id=str(job.run_id), status=_STATUS[status])
+        )
+
+
+async def serve(listen: str, dsn: str, pool_max_size: int) -> None:
+    pool = AsyncConnectionPool(
+        dsn, min_size=2, max_size=pool_max_size, open=False, kwargs={"row_factory": dict_row, "autocommit": True}
+    )
+    await pool.open(wait=True)
+    server = grpc.aio.server()
+    queue_grpc.add_AnalysisQueueServiceServicer_to_server(MinimalAdmit(pool), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (
+            queue_pb2.DESCRIPTOR.services_by_name["AnalysisQueueService"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    if server.add_insecure_port(listen) == 0:
+        raise OSError(f"could not listen on {listen}")
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await server.stop(1)
+    await pool.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--listen", required=True)
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--pool-max-size", type=int, default=20)
+    args = parser.parse_args()
+    asyncio.run(serve(args.listen, args.dsn, args.pool_max_size))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""The processes of a bench run: embedded PostgreSQL, the service, the dev core, the minimal
+server. Each is a separate OS process so its CPU and memory are measured on their own."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from queue_service import migrations
+from queue_service.embedded_db import EmbeddedPostgres, free_port
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+QUEUE_SERVICE = str(BIN / "queue-service")
+
+
+class Database:
+    """An embedded PostgreSQL in the run's temp folder, migrated once."""
+
+    def __init__(self, workdir: Path, *, durable: bool) -> None:
+        self.durable = durable
+        self.embedded = EmbeddedPostgres(workdir / "pgdata", durable=durable, max_connections=400)
+        self.dsn = ""
+
+    def start(self) -> str:
+        self.dsn = self.embedded.start()
+        asyncio.run(migrations.migrate(self.dsn))
+        return self.dsn
+
+    @property
+    def pid(self) -> int:
+        # postmaster.pid line 1 is the postmaster's pid; every backend is its child.
+        return int((self.embedded.data_dir / "postmaster.pid").read_text().splitlines()[0])
+
+    def stop(self) -> None:
+        self.embedded.stop()
+
+
+def _minimal_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    env.update(extra)
+    return env
+
+
+def wait_serving(address: str, process: subprocess.Popen, log_path: Path, timeout: float = 60) -> None:
+    """Polls gRPC health (service "") until SERVING; fails with the log's tail if the process dies."""
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"{process.args} exited with {process.returncode}:\n{_tail(log_path)}")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    raise RuntimeError(f"{process.args} did not become SERVING in {timeout}s:\n{_tail(log_path)}")
+
+
+def wait_port(port: int, process: subprocess.Popen, log_path: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args} exited with {process.returncode}:\n{_tail(log_path)}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{process.args} did not listen on {port} in {timeout}s:\n{_tail(log_path)}")
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+
+class ManagedProcess:
+    """A child process with its log file; stopped with SIGTERM (SIGKILL after a grace)."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115
+        self.process = subprocess.Popen(args, env=env, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def stop(self, grace: float = 20) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+class Stack:
+    """One service replica and one dev core for a scenario, fresh so peak RSS is the scenario's own.
+
+    The core starts manual (holds judging until `start_judging`) unless `judging_seconds` is set
+    and `manual` is false; `record_path` receives its timestamped events.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        workdir: Path,
+        name: str,
+        *,
+        service_env: dict[str, str] | None = None,
+        judging_seconds: float = 1.0,
+        manual: bool = True,
+    ) -> None:
+        self.db = db
+        self.name = name
+        self.service_port, self.core_port = free_port(), free_port()
+        self.address = f"127.0.0.1:{self.service_port}"
+        self.record_path = workdir / f"{name}.core-events.jsonl"
+        core_args = [
+            QUEUE_SERVICE, "core",
+            "--listen", f"127.0.0.1:{self.core_port}",
+            "--callback", self.address,
+            "--judging-seconds", str(judging_seconds),
+            "--record", str(self.record_path),
+        ] + (["--manual"] if manual else [])
+        self.core = ManagedProcess("core", core_args, _minimal_env({}), workdir / f"{name}.core.log")
+        wait_port(self.core_port, self.core.process, self.core.log_path)
+        env = {
+            "DATABASE_URL": db.dsn,
+            "QUEUE_CORE_ADDR": f"127.0.0.1:{self.core_port}",
+            "QUEUE_LISTEN_ADDR": self.address,
+            "QUEUE_MIGRATE_ON_START": "false",
+            **(service_env or {}),
+        }
+        self.service = ManagedProcess("service", [QUEUE_SERVICE, "serve"], _minimal_env(env), workdir / f"{name}.service.log")
+        wait_serving(self.address, self.service.process, self.service.log_path)
+
+    def cpu_roots(self) -> dict[str, int]:
+        return {"service": self.service.pid, "core": self.core.pid, "postgres": self.db.pid}
+
+    def start_judging(self) -> None:
+        self.core.signal(signal.SIGUSR1)
+
+    def stop(self) -> None:
+        self.service.stop()
+        self.core.stop()
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class MinimalServer:
+    """bench/minimal_server.py as its own process: Admit doing only the admit transaction."""
+
+    def __init__(self, db: Database, workdir: Path, *, pool_max_size: int = 20) -> None:
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        args = [sys.executable, "-m", "bench.minimal_server", "--listen", self.address, "--dsn", db.dsn, "--pool-max-size", str(pool_max_size)]
+        self.proc = ManagedProcess("minimal", args, _minimal_env({}), workdir / "minimal-server.log")
+        wait_serving(self.address, self.proc.process, self.proc.log_path)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+    def __enter__(self) -> MinimalServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

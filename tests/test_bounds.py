@@ -1,0 +1,85 @@
+"""Bounded waits: a stuck user lock, a caller's deadline, an exhausted pool, a hung core."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import psycopg
+
+from queue_service.db import Timeouts
+from queue_service.locks import with_user_queue_lock
+from tests.harness import error_info, new_user
+
+
+def _lock_waiters(database_url: str) -> int:
+    with psycopg.connect(database_url) as conn:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()"
+        ).fetchone()[0]
+
+
+async def test_a_callers_deadline_cancels_the_database_wait(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    user = new_user()
+    await service.stubs.grant(user, 1)
+    async with with_user_queue_lock(service.app.pool, user, Timeouts(60_000, 60_000)):
+        started = time.monotonic()
+        try:
+            await service.stubs.admit(user, timeout=0.8)
+            raise AssertionError("the admit should not get past the held lock")
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert time.monotonic() - started < 2
+        await asyncio.sleep(0.5)
+        assert await asyncio.to_thread(_lock_waiters, database_url) == 0  # nobody still waits for us
+    assert await service.stubs.balance(user) == 1
+    assert await service.stubs.jobs(user) == []
+
+
+async def test_a_stuck_user_lock_is_lock_timeout_not_a_hang(services) -> None:  # type: ignore[no-untyped-def]
+    service = await services.start(lock_timeout_ms=300)
+    user = new_user()
+    await service.stubs.grant(user, 1)
+    async with with_user_queue_lock(service.app.pool, user, Timeouts(60_000, 60_000)):
+        try:
+            await service.stubs.admit(user, timeout=10)
+            raise AssertionError("the admit should time out on the lock")
+        except grpc.aio.AioRpcError as exc:
+            assert error_info(exc)[:2] == (grpc.StatusCode.UNAVAILABLE, "LOCK_TIMEOUT")
+    # Nothing stuck: the same user is admitted as soon as the lock is free; the spare held run is gone.
+    job = await service.stubs.admit(user)
+    assert job.job_id
+    held = [r for r in service.core.runs.values() if r.state == 1 and r.run_id != job.run_id]
+    assert held == []
+
+
+async def test_an_exhausted_pool_is_unavailable_quickly(services) -> None:  # type: ignore[no-untyped-def]
+    service = await services.start(pool_min_size=1, pool_max_size=1, pool_timeout_seconds=0.3)
+    user = new_user()
+    async with service.app.pool.connection():  # the only connection is busy
+        started = time.monotonic()
+        try:
+            await service.stubs.balance(user)
+            raise AssertionError("the call should not find a connection")
+        except grpc.aio.AioRpcError as exc:
+            assert error_info(exc)[:2] == (grpc.StatusCode.UNAVAILABLE, "DATABASE_UNAVAILABLE")
+        assert time.monotonic() - started < 2
+    assert await service.stubs.balance(user) == 0
+
+
+async def test_a_hung_core_is_core_unavailable_before_the_callers_deadline(services) -> None:  # type: ignore[no-untyped-def]
+    core = await services.core()
+    service = await services.start(core, core_deadline_seconds=0.5)
+    user = new_user()
+    await service.stubs.grant(user, 1)
+    core.slow_seconds = 30
+    started = time.monotonic()
+    try:
+        await service.stubs.admit(user, timeout=10)
+        raise AssertionError("a hung core must not admit")
+    except grpc.aio.AioRpcError as exc:
+        assert error_info(exc)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
+    assert time.monotonic() - started < 2
+    core.slow_seconds = 0
+    assert await service.stubs.balance(user) == 1

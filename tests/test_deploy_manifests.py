@@ -1,0 +1,448 @@
+"""deploy/ stays true to the service, offline: no Docker engine, no cluster, no network.
+
+Every YAML file under deploy/ parses; every container built from the repo's image runs a real
+`queue-service` subcommand with real options; every QUEUE_* variable is a setting of
+`queue_service.config` and its value passes that setting's validation; health probes use gRPC
+on the listen port; the shutdown budgets (compose stop_grace_period, Kubernetes
+terminationGracePeriodSeconds) cover the drain the server actually does; and the Kubernetes
+selectors (Deployment, Services, PodDisruptionBudget) pick the replicas' pods and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+from functools import cache
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+import yaml
+
+from queue_service import cli
+from queue_service.config import SETTINGS, Config, ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+COMPOSE = DEPLOY / "compose.yaml"
+COLLECTOR = DEPLOY / "otel-collector.yaml"
+K8S = DEPLOY / "k8s"
+
+KNOWN_ENV = {setting.env for setting in SETTINGS.values()}  # includes DATABASE_URL
+K8S_API_VERSIONS = {
+    "Deployment": "apps/v1",
+    "Service": "v1",
+    "ConfigMap": "v1",
+    "Job": "batch/v1",
+    "PodDisruptionBudget": "policy/v1",
+}
+PROBE_KINDS = ("startupProbe", "readinessProbe", "livenessProbe")
+
+
+# -- reading the repository ------------------------------------------------------------------
+
+
+@cache
+def yaml_documents() -> dict[Path, list[Any]]:
+    files = sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
+    return {path: [d for d in yaml.safe_load_all(path.read_text()) if d is not None] for path in files}
+
+
+@cache
+def compose() -> dict[str, Any]:
+    return yaml_documents()[COMPOSE][0]
+
+
+@cache
+def k8s_objects() -> list[dict[str, Any]]:
+    return [doc for path, docs in yaml_documents().items() if K8S in path.parents for doc in docs]
+
+
+def k8s_one(kind: str) -> dict[str, Any]:
+    found = [o for o in k8s_objects() if o.get("kind") == kind]
+    assert len(found) == 1, f"expected one {kind} under deploy/k8s, found {len(found)}"
+    return found[0]
+
+
+class _Captured(Exception):
+    pass
+
+
+@cache
+def cli_options() -> dict[str, frozenset[str]]:
+    """The subcommands of `queue-service` and each one's option strings, from the real parser."""
+    seen: dict[str, argparse.ArgumentParser] = {}
+
+    def capture(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        seen["parser"] = self
+        raise _Captured
+
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", capture):
+        with pytest.raises(_Captured):
+            cli.main([])
+    subparsers = next(a for a in seen["parser"]._actions if isinstance(a, argparse._SubParsersAction))
+    return {name: frozenset(p._option_string_actions) for name, p in subparsers.choices.items()}
+
+
+@cache
+def dockerfile() -> dict[str, Any]:
+    """ENTRYPOINT, ENV and USER of the Dockerfile's final stage."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    final = re.split(r"^FROM\s", text, flags=re.MULTILINE)[-1]
+    entrypoint = re.search(r"^ENTRYPOINT\s+(\[.*\])\s*$", final, re.MULTILINE)
+    user = re.search(r"^USER\s+(\d+)", final, re.MULTILINE)
+    env: dict[str, str] = {}
+    for line in re.findall(r"^ENV\s+(.*)$", final, re.MULTILINE):
+        for token in shlex.split(line):
+            name, _, value = token.partition("=")
+            env[name] = value
+    assert entrypoint and user, "the Dockerfile's final stage needs an ENTRYPOINT and a numeric USER"
+    return {"entrypoint": json.loads(entrypoint.group(1)), "env": env, "uid": int(user.group(1))}
+
+
+def config_of(env: dict[str, str], where: str) -> Config:
+    try:
+        return Config.from_env(env)
+    except ConfigError as exc:
+        pytest.fail(f"{where}: {exc}")
+
+
+def port_of(host_port: str) -> int:
+    return int(host_port.rpartition(":")[2])
+
+
+def shutdown_budget(config: Config) -> float:
+    """What `QueueApp.stop` can take after SIGTERM: the gRPC grace period, then in-flight
+    releases (the dispatcher waits QUEUE_CORE_DEADLINE_SECONDS + 1 for them)."""
+    return config.grace_period_seconds + config.core_deadline_seconds + 1
+
+
+def seconds(duration: str | int | float) -> float:
+    """A compose (Go-style) duration: `25s`, `1m30s`, `500ms`, or a number of seconds."""
+    if isinstance(duration, (int, float)):
+        return float(duration)
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration.strip(), f"bad duration {duration!r}"
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def check_argv(argv: list[str], where: str) -> str:
+    """Fails unless argv (after the queue-service entrypoint) is a real subcommand with real
+    options; returns the subcommand."""
+    assert argv, f"{where}: no command"
+    if argv[0] == "queue-service":
+        argv = argv[1:]
+    options = cli_options()
+    assert argv and argv[0] in options, f"{where}: {argv[:1]} is not a queue-service subcommand ({sorted(options)})"
+    for token in argv[1:]:
+        if token.startswith("-"):
+            assert token.split("=", 1)[0] in options[argv[0]], f"{where}: `{argv[0]}` has no option {token}"
+    assert argv[0] != "dev", f"{where}: `dev` starts an embedded PostgreSQL and is not for deployments"
+    return argv[0]
+
+
+def check_env_names(names: list[str], where: str) -> None:
+    unknown = sorted(n for n in names if n not in KNOWN_ENV and not n.startswith("OTEL_"))
+    assert unknown == [], f"{where}: not settings of queue_service.config (nor OTEL_*): {unknown}"
+
+
+# -- compose ---------------------------------------------------------------------------------
+
+
+def compose_env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: "" if v is None else str(v) for k, v in env.items()}
+
+
+@cache
+def built_images() -> frozenset[str]:
+    """Images of compose services built from the repository's Dockerfile."""
+    images = set()
+    for name, service in compose()["services"].items():
+        build = service.get("build")
+        if build is None:
+            continue
+        context = (DEPLOY / (build if isinstance(build, str) else build.get("context", "."))).resolve()
+        dockerfile_path = context / (build.get("dockerfile", "Dockerfile") if isinstance(build, dict) else "Dockerfile")
+        assert dockerfile_path == ROOT / "Dockerfile", f"compose service {name} builds {dockerfile_path}, not the repo's Dockerfile"
+        images.add(service.get("image", name))
+    return frozenset(images)
+
+
+def compose_queue_services() -> dict[str, dict[str, Any]]:
+    """Services that run the repository's image, keyed by name."""
+    return {n: s for n, s in compose()["services"].items() if "build" in s or s.get("image") in built_images()}
+
+
+def compose_argv(name: str, service: dict[str, Any]) -> list[str]:
+    entrypoint = service.get("entrypoint")
+    assert entrypoint in (None, ["queue-service"]), f"compose service {name} overrides the entrypoint"
+    assert dockerfile()["entrypoint"] == ["queue-service"]
+    command = service.get("command")
+    assert command, f"compose service {name}: say which subcommand it runs"
+    return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+
+
+def compose_by_subcommand(subcommand: str) -> dict[str, dict[str, Any]]:
+    return {
+        n: s
+        for n, s in compose_queue_services().items()
+        if check_argv(compose_argv(n, s), f"compose service {n}") == subcommand
+    }
+
+
+def compose_image_env(service: dict[str, Any]) -> dict[str, str]:
+    return {**dockerfile()["env"], **compose_env(service)}
+
+
+def option(argv: list[str], flag: str, default: str) -> str:
+    for index, token in enumerate(argv):
+        if token == flag:
+            return argv[index + 1]
+        if token.startswith(flag + "="):
+            return token.split("=", 1)[1]
+    return default
+
+
+# -- the tests -------------------------------------------------------------------------------
+
+
+def test_every_yaml_file_parses_with_its_top_level_keys() -> None:
+    documents = yaml_documents()
+    assert COMPOSE in documents and COLLECTOR in documents
+    assert len(documents[COMPOSE]) == 1 and set(compose()) >= {"services"}
+    assert set(documents[COLLECTOR][0]) >= {"receivers", "exporters", "service"}
+    objects = k8s_objects()
+    assert objects, "no Kubernetes manifests under deploy/k8s"
+    for obj in objects:
+        kind = obj.get("kind")
+        assert kind in K8S_API_VERSIONS, f"unexpected kind {kind!r} under deploy/k8s"
+        assert obj.get("apiVersion") == K8S_API_VERSIONS[kind], f"{kind} needs apiVersion {K8S_API_VERSIONS[kind]}"
+        assert obj.get("metadata", {}).get("name"), f"{kind} without metadata.name"
+        assert kind == "ConfigMap" or "spec" in obj, f"{kind} {obj['metadata']['name']} has no spec"
+    kinds = [o["kind"] for o in objects]
+    for kind in ("Deployment", "ConfigMap", "PodDisruptionBudget", "Job"):
+        assert kinds.count(kind) == 1, f"expected exactly one {kind}"
+    assert "Service" in kinds
+
+
+def test_the_cli_parser_is_read_for_real() -> None:
+    options = cli_options()
+    assert {"serve", "migrate", "dev", "core"} <= set(options)
+    assert "--callback" in options["core"] and "--callback" not in options["serve"]
+    with pytest.raises(AssertionError):
+        check_argv(["server"], "example")
+    with pytest.raises(AssertionError):
+        check_argv(["core", "--call-back", "x:1"], "example")
+
+
+def test_compose_runs_postgres_migrate_two_replicas_the_core_and_a_collector() -> None:
+    services = compose()["services"]
+    images = {n: str(s.get("image", "")) for n, s in services.items()}
+    assert any(i.startswith("postgres:17") for i in images.values()), "PostgreSQL 17"
+    assert any(i.startswith("otel/opentelemetry-collector") for i in images.values()), "an OTel collector"
+    assert len(compose_by_subcommand("migrate")) == 1
+    assert len(compose_by_subcommand("serve")) >= 2
+    assert len(compose_by_subcommand("core")) == 1
+    for name, service in services.items():
+        assert name in compose_queue_services() or not images[name].startswith("acurio"), name
+
+
+def test_every_compose_queue_container_runs_a_real_subcommand_with_known_settings() -> None:
+    queue_services = compose_queue_services()
+    assert queue_services
+    for name, service in queue_services.items():
+        subcommand = check_argv(compose_argv(name, service), f"compose service {name}")
+        env = compose_env(service)
+        check_env_names(list(env), f"compose service {name}")
+        if subcommand in ("serve", "migrate"):
+            config = config_of(compose_image_env(service), f"compose service {name}")
+            assert config.database_url, f"compose service {name}: DATABASE_URL"
+
+
+def test_compose_replicas_reach_their_dependencies_and_probe_grpc_health() -> None:
+    services = compose()["services"]
+    (migrate_name,) = compose_by_subcommand("migrate")
+    ((core_name, core),) = compose_by_subcommand("core").items()
+    core_listen = option(compose_argv(core_name, core), "--listen", "127.0.0.1:50061")
+    postgres = next(n for n, s in services.items() if str(s.get("image", "")).startswith("postgres:"))
+    collector = next(n for n, s in services.items() if str(s.get("image", "")).startswith("otel/opentelemetry-collector"))
+    collector_grpc = yaml_documents()[COLLECTOR][0]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"]
+    for name, service in compose_by_subcommand("serve").items():
+        config = config_of(compose_image_env(service), f"compose service {name}")
+        assert config.core_addr.rpartition(":")[0] == core_name and port_of(config.core_addr) == port_of(core_listen)
+        assert re.match(rf"postgres(ql)?://[^@/]*@{re.escape(postgres)}(:\d+)?/", config.database_url), config.database_url
+        depends = service.get("depends_on") or {}
+        assert depends.get(postgres, {}).get("condition") == "service_healthy", f"{name} waits for a healthy {postgres}"
+        if not config.migrate_on_start:
+            assert depends.get(migrate_name, {}).get("condition") == "service_completed_successfully", (
+                f"{name} has QUEUE_MIGRATE_ON_START=false, so it must wait for {migrate_name} to finish"
+            )
+        endpoint = compose_env(service).get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+        assert re.fullmatch(rf"https?://{re.escape(collector)}:{port_of(collector_grpc)}/?", endpoint), endpoint
+        probe = service.get("healthcheck", {}).get("test")
+        assert isinstance(probe, list) and probe[0] == "CMD" and "grpc-health-probe" in probe[1], f"{name}: {probe}"
+        assert f"-addr=127.0.0.1:{port_of(config.listen_addr)}" in probe, f"{name} probes {probe}, listens on {config.listen_addr}"
+        grace = seconds(service.get("stop_grace_period", "10s"))
+        assert grace > shutdown_budget(config), f"{name}: stop_grace_period {grace}s <= drain budget {shutdown_budget(config)}s"
+        assert service.get("stop_signal", "SIGTERM") == "SIGTERM"
+
+
+def test_the_dev_core_calls_back_to_a_replica_and_listens_beyond_localhost() -> None:
+    services = compose()["services"]
+    ((core_name, core),) = compose_by_subcommand("core").items()
+    argv = compose_argv(core_name, core)
+    assert option(argv, "--listen", "127.0.0.1:50061").startswith("0.0.0.0:"), "other containers must reach the core"
+    callback = option(argv, "--callback", "127.0.0.1:50051")
+    host, port = callback.rpartition(":")[0], int(callback.rpartition(":")[2])
+    replicas = compose_by_subcommand("serve")
+    answering = {
+        name
+        for name, service in services.items()
+        if name == host or host in ((service.get("networks") or {}).get("default") or {}).get("aliases", [])
+    }
+    assert answering and answering <= set(replicas), f"--callback {callback} must name serve replicas only, got {answering}"
+    for name in answering:
+        assert port == port_of(config_of(compose_image_env(replicas[name]), name).listen_addr)
+
+
+def test_the_collector_config_is_wired_and_mounted() -> None:
+    config = yaml_documents()[COLLECTOR][0]
+    pipelines = config["service"]["pipelines"]
+    assert {"traces", "metrics"} <= set(pipelines)
+    for name, pipeline in pipelines.items():
+        for section in ("receivers", "processors", "exporters"):
+            for component in pipeline.get(section, []):
+                assert component in (config.get(section) or {}), f"pipeline {name} uses undefined {section[:-1]} {component}"
+    assert set(config["exporters"]) & {"debug", "logging"}
+    services = compose()["services"]
+    collector = next(s for s in services.values() if str(s.get("image", "")).startswith("otel/opentelemetry-collector"))
+    mounts = [str(v).split(":")[0] for v in collector.get("volumes", [])]
+    assert any((DEPLOY / m).resolve() == COLLECTOR for m in mounts), f"the collector mounts {mounts}"
+
+
+# -- Kubernetes ------------------------------------------------------------------------------
+
+
+def pod_spec(kind: str) -> dict[str, Any]:
+    return k8s_one(kind)["spec"]["template"]["spec"]
+
+
+def container_env(container: dict[str, Any], where: str) -> dict[str, str]:
+    """The container's environment as the service sees it (secrets as placeholders)."""
+    configmap = k8s_one("ConfigMap")
+    env: dict[str, str] = dict(dockerfile()["env"])
+    refs = [e["configMapRef"]["name"] for e in container.get("envFrom", []) if "configMapRef" in e]
+    assert refs == [configmap["metadata"]["name"]], f"{where}: envFrom must be the ConfigMap, got {refs}"
+    env.update({k: str(v) for k, v in configmap["data"].items()})
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        elif "secretKeyRef" in item.get("valueFrom", {}):
+            env[item["name"]] = "postgresql://from-the-secret/queue"
+    return env
+
+
+def k8s_argv(container: dict[str, Any], where: str) -> list[str]:
+    command = container.get("command")
+    assert command in (None, ["queue-service"]), f"{where}: command {command}"
+    return ["queue-service", *container.get("args", [])]
+
+
+def test_configmap_holds_only_known_settings_and_no_database_url() -> None:
+    data = k8s_one("ConfigMap")["data"]
+    check_env_names(list(data), "ConfigMap")
+    assert "DATABASE_URL" not in data, "DATABASE_URL belongs in a Secret"
+    assert all(isinstance(v, str) for v in data.values()), "ConfigMap values must be strings (quote numbers)"
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "Job"])
+def test_k8s_containers_run_a_real_subcommand_with_valid_settings_and_the_db_secret(kind: str) -> None:
+    expected = {"Deployment": "serve", "Job": "migrate"}[kind]
+    spec = pod_spec(kind)
+    (container,) = spec["containers"]
+    where = f"{kind} container {container['name']}"
+    assert check_argv(k8s_argv(container, where), where) == expected
+    check_env_names([e["name"] for e in container.get("env", [])], where)
+    database = next(e for e in container["env"] if e["name"] == "DATABASE_URL")
+    assert "value" not in database and database["valueFrom"]["secretKeyRef"]["key"] == "DATABASE_URL"
+    config_of(container_env(container, where), where)
+    assert container["image"] == pod_spec("Deployment")["containers"][0]["image"], f"{where}: same image as the replicas"
+    security = {**spec.get("securityContext", {}), **container.get("securityContext", {})}
+    assert security.get("runAsNonRoot") is True and security.get("runAsUser", dockerfile()["uid"]) == dockerfile()["uid"]
+    assert container["securityContext"].get("readOnlyRootFilesystem") is True
+    assert container["securityContext"].get("allowPrivilegeEscalation") is False
+    resources = container.get("resources", {})
+    assert {"cpu", "memory"} <= set(resources.get("requests", {})) and "memory" in resources.get("limits", {}), where
+
+
+def test_the_migrate_job_runs_once_to_completion() -> None:
+    job = k8s_one("Job")["spec"]
+    assert job["template"]["spec"]["restartPolicy"] in ("Never", "OnFailure")
+    assert job.get("backoffLimit", 6) <= 6
+
+
+def test_the_deployment_probes_grpc_health_and_drains_within_its_grace() -> None:
+    deployment = k8s_one("Deployment")
+    assert deployment["spec"]["replicas"] >= 2
+    spec = pod_spec("Deployment")
+    (container,) = spec["containers"]
+    config = config_of(container_env(container, "Deployment"), "Deployment")
+    listen_port = port_of(config.listen_addr)
+    assert listen_port in [p["containerPort"] for p in container["ports"]]
+    assert {"readinessProbe", "livenessProbe"} <= set(container)
+    for kind in PROBE_KINDS:
+        if kind in container:
+            probe = container[kind]
+            assert set(probe) & {"httpGet", "tcpSocket", "exec", "grpc"} == {"grpc"}, f"{kind} must be a gRPC probe"
+            assert probe["grpc"]["port"] == listen_port, f"{kind} probes {probe['grpc']['port']}, listens on {listen_port}"
+            assert probe["grpc"].get("service", "") == "", f"{kind} must check the overall health service ''"
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] in ("sleep", "/bin/sleep") and float(pre_stop[1]) > 0, pre_stop
+    budget = float(pre_stop[1]) + shutdown_budget(config)
+    assert spec["terminationGracePeriodSeconds"] > budget, (
+        f"terminationGracePeriodSeconds {spec['terminationGracePeriodSeconds']} <= preStop + drain = {budget}"
+    )
+
+
+def test_selectors_pick_the_replicas_and_not_the_migrate_job() -> None:
+    deployment = k8s_one("Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    job_labels = k8s_one("Job")["spec"]["template"]["metadata"]["labels"]
+    assert selects(deployment["spec"]["selector"]["matchLabels"], pod_labels)
+    pdb = k8s_one("PodDisruptionBudget")["spec"]
+    assert pdb.get("minAvailable") == 1 and pdb["minAvailable"] < deployment["spec"]["replicas"]
+    assert selects(pdb["selector"]["matchLabels"], pod_labels) and not selects(pdb["selector"]["matchLabels"], job_labels)
+    for service in (o for o in k8s_objects() if o["kind"] == "Service"):
+        name = service["metadata"]["name"]
+        assert selects(service["spec"]["selector"], pod_labels), f"Service {name} does not select the replicas"
+        assert not selects(service["spec"]["selector"], job_labels), f"Service {name} also selects the migrate Job"
+
+
+def test_services_expose_grpc_and_the_metrics_port() -> None:
+    (container,) = pod_spec("Deployment")["containers"]
+    config = config_of(container_env(container, "Deployment"), "Deployment")
+    container_ports = {p.get("name"): p["containerPort"] for p in container["ports"]}
+
+    def target(port: dict[str, Any]) -> int:
+        value = port.get("targetPort", port["port"])
+        return container_ports[value] if isinstance(value, str) else value
+
+    services = [o for o in k8s_objects() if o["kind"] == "Service"]
+    for service in services:
+        targets = [target(p) for p in service["spec"]["ports"]]
+        assert port_of(config.listen_addr) in targets, f"Service {service['metadata']['name']} lacks the gRPC port"
+    if config.metrics_addr:
+        metrics_port = port_of(config.metrics_addr)
+        assert metrics_port in container_ports.values(), "the container must declare the metrics port"
+        assert any(metrics_port in [target(p) for p in s["spec"]["ports"]] for s in services), "no Service exposes metrics"
