@@ -85,6 +85,9 @@ class ReleaseDispatcher:
     async def _release(self, claim: repo.ClaimedRelease) -> None:
         try:
             await self._engine.release(claim)
+        except errors.QueueError as exc:
+            # The database went away mid-release: the lease runs out and any replica retries.
+            log.warning("release attempt interrupted: %s", exc.message, extra={"job_id": claim.job_id, "attempt": claim.attempt})
         except Exception:
             # The lease runs out and any replica retries; nothing is lost.
             log.exception("release attempt failed", extra={"job_id": claim.job_id, "attempt": claim.attempt})

@@ -31,6 +31,8 @@ class EmbeddedPostgresError(RuntimeError):
 
 def port_is_free(port: int) -> bool:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as probe:
+        # Like the server itself: a port whose last connections linger in TIME_WAIT is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:
@@ -66,14 +68,18 @@ class EmbeddedPostgres:
         return SYSTEM_USER
 
     def _pg(self, program: str, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+        command = [str(POSTGRES_BIN_PATH / program), *args]
+        if self._run_as is not None:
+            # runuser rather than subprocess's user=: switching users in the forked child is not
+            # safe in a process whose gRPC threads are busy (the child can crash before exec).
+            command = ["runuser", "-u", self._run_as, "--", *command]
         try:
             return subprocess.run(
-                [str(POSTGRES_BIN_PATH / program), *args],
+                command,
                 check=check,
                 capture_output=True,
                 text=True,
                 timeout=timeout,
-                user=self._run_as,
                 stdin=subprocess.DEVNULL,
             )
         except subprocess.CalledProcessError as exc:

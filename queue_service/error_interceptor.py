@@ -7,6 +7,7 @@ as a plausible code.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -17,7 +18,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from opentelemetry import trace
 
-from queue_service.errors import ERROR_DOMAIN, QueueError
+from queue_service.errors import ERROR_DOMAIN, QueueError, ShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +57,55 @@ def _internal_status(method: str) -> grpc.Status:
 
 Authorize = Callable[[str, grpc.aio.ServicerContext], Awaitable[None]]
 
+_ALWAYS_OPEN = "/grpc.health.v1.Health/"
+
+
+class CallGate:
+    """Counts calls in flight and, once closed for a drain, refuses new ones with UNAVAILABLE.
+
+    Refusing in our own handler (rather than letting the server shut down under a call that is
+    just arriving) gives late callers a clean UNAVAILABLE they can retry on another replica.
+    """
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self._closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self, method: str) -> bool:
+        if self._closed and not method.startswith(_ALWAYS_OPEN):
+            raise ShuttingDown("this replica is draining; retry on another replica")
+        self.in_flight += 1
+        self._idle.clear()
+        return True
+
+    def exit(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+    def close(self) -> None:
+        self._closed = True
+
+    async def wait_idle(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Maps domain errors raised by any handler to statuses with rich details.
 
-    `authorize`, when given, runs first inside the same road, so UNAUTHENTICATED and
-    PERMISSION_DENIED carry an ErrorInfo like every other error.
+    The gate and `authorize`, when given, run first inside the same road, so SHUTTING_DOWN,
+    UNAUTHENTICATED and PERMISSION_DENIED carry an ErrorInfo like every other error.
     """
 
-    def __init__(self, authorize: Authorize | None = None) -> None:
+    def __init__(self, authorize: Authorize | None = None, gate: CallGate | None = None) -> None:
         self._authorize = authorize
+        self._gate = gate or CallGate()
 
     async def intercept_service(
         self,
@@ -77,44 +117,54 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return handler
         method = handler_call_details.method
         if handler.unary_unary is not None:
-            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method, self._authorize))
+            return handler._replace(unary_unary=self._wrap_unary(handler.unary_unary, method))
         if handler.unary_stream is not None:
-            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, method, self._authorize))
+            return handler._replace(unary_stream=self._wrap_stream(handler.unary_stream, method))
         if handler.stream_unary is not None:
-            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary, method, self._authorize))
+            return handler._replace(stream_unary=self._wrap_unary(handler.stream_unary, method))
         if handler.stream_stream is not None:
-            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream, method, self._authorize))
+            return handler._replace(stream_stream=self._wrap_stream(handler.stream_stream, method))
         return handler
 
+    async def _admit_call(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        if self._authorize is not None:
+            await self._authorize(method, context)
 
-def _wrap_unary(behavior: Callable[..., Any], method: str, authorize: Authorize | None) -> Callable[..., Any]:
-    async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            if authorize is not None:
-                await authorize(method, context)
-            return await behavior(request, context)
-        except QueueError as error:
-            await context.abort_with_status(status_for(error))
-        except (grpc.aio.AbortError, GeneratorExit):
-            raise
-        except Exception:
-            await context.abort_with_status(_internal_status(method))
+    def _wrap_unary(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            entered = False
+            try:
+                entered = self._gate.enter(method)
+                await self._admit_call(method, context)
+                return await behavior(request, context)
+            except QueueError as error:
+                await context.abort_with_status(status_for(error))
+            except (grpc.aio.AbortError, GeneratorExit):
+                raise
+            except Exception:
+                await context.abort_with_status(_internal_status(method))
+            finally:
+                if entered:
+                    self._gate.exit()
 
-    return wrapped
+        return wrapped
 
+    def _wrap_stream(self, behavior: Callable[..., AsyncIterator[Any]], method: str) -> Callable[..., Any]:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            entered = False
+            try:
+                entered = self._gate.enter(method)
+                await self._admit_call(method, context)
+                async for message in behavior(request, context):
+                    yield message
+            except QueueError as error:
+                await context.abort_with_status(status_for(error))
+            except (grpc.aio.AbortError, GeneratorExit):
+                raise
+            except Exception:
+                await context.abort_with_status(_internal_status(method))
+            finally:
+                if entered:
+                    self._gate.exit()
 
-def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], method: str, authorize: Authorize | None) -> Callable[..., Any]:
-    async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        try:
-            if authorize is not None:
-                await authorize(method, context)
-            async for message in behavior(request, context):
-                yield message
-        except QueueError as error:
-            await context.abort_with_status(status_for(error))
-        except (grpc.aio.AbortError, GeneratorExit):
-            raise
-        except Exception:
-            await context.abort_with_status(_internal_status(method))
-
-    return wrapped
+        return wrapped

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -30,7 +31,7 @@ from queue_service.core_client import CoreClient
 from queue_service.db import Timeouts, create_pool, translated_errors
 from queue_service.dispatcher import ReleaseDispatcher
 from queue_service.engine import QueueEngine
-from queue_service.error_interceptor import ErrorInterceptor
+from queue_service.error_interceptor import CallGate, ErrorInterceptor
 from queue_service.notifications import NotificationHub
 from queue_service.servicers import AnalysisQueueServicer, CoreCallbackServicer, CreditsServicer
 from queue_service.sweeper import Sweeper
@@ -43,6 +44,9 @@ SERVICE_NAMES = (
     core_callback_service_pb2.DESCRIPTOR.services_by_name["CoreCallbackService"].full_name,
     credits_service_pb2.DESCRIPTOR.services_by_name["CreditsService"].full_name,
 )
+
+# After the last in-flight call of a drain, how long late arrivals still get a clean UNAVAILABLE.
+_QUIET_SECONDS = 0.5
 
 # Bounded input: a request larger than this is refused by gRPC itself (RESOURCE_EXHAUSTED).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -82,7 +86,8 @@ class QueueApp:
         self.hub.on_pending = self.dispatcher.wake
         self.draining = asyncio.Event()
         self.health = health.aio.HealthServicer()
-        self._interceptors = [ErrorInterceptor(authorizer.authorize if authorizer else None)]
+        self.gate = CallGate()
+        self._interceptors = [ErrorInterceptor(authorizer.authorize if authorizer else None, self.gate)]
         self._server_credentials = auth.server_credentials(
             config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
         )
@@ -146,12 +151,19 @@ class QueueApp:
             await self.health.set(name, status)
 
     async def stop(self, grace: float | None = None) -> None:
-        """Drains: NOT_SERVING, refuse new calls, finish in-flight ones within the grace period."""
+        """Drains: NOT_SERVING, refuse new calls with UNAVAILABLE, let in-flight calls finish
+        within the grace period, then stop the server, the loops and the pool."""
         grace = self.config.grace_period_seconds if grace is None else grace
-        self.draining.set()
+        started = time.monotonic()
+        self.draining.set()  # WatchJobs streams end with UNAVAILABLE; clients reconnect elsewhere
+        self.gate.close()
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        idle = await self.gate.wait_idle(grace)
+        if idle and grace > 0:
+            # A quiet moment in which late arrivals still get our UNAVAILABLE, not a reset stream.
+            await asyncio.sleep(min(_QUIET_SECONDS, max(0.0, grace - (time.monotonic() - started))))
         if self.server is not None:
-            await self.server.stop(grace)
+            await self.server.stop(max(0.0, grace - (time.monotonic() - started)))
         await self.sweeper.stop()
         await self.dispatcher.stop()
         await self.hub.stop()

@@ -1,0 +1,385 @@
+"""The torture run: three replicas and the dev core on one PostgreSQL, hundreds of simulated
+users, and everything that goes wrong in production, while an independent checker samples the
+invariants I1-I7 from the database.
+
+CI runs the short size (QUEUE_TORTURE_SECONDS, default 25); a developer runs a long one with
+`QUEUE_TORTURE_SECONDS=600 .venv/bin/pytest tests/torture -s`. The summary is printed (`-s`
+shows it) and written to QUEUE_TORTURE_REPORT when set.
+
+During the run: kill -9 of a random replica (restarted a second later), a rolling deploy (a new
+replica starts, an old one is drained with SIGTERM while calls are in flight), a PostgreSQL
+restart, a core outage shorter and one longer than the release window, and a spell of lost
+completion callbacks healed by the sweeper's reconciliation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import psycopg
+import pytest
+
+from queue_service import migrations
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service.dev_core import DevCore
+from queue_service.embedded_db import EmbeddedPostgres, free_port
+from tests.harness import REPO_ROOT, S, InvariantChecker, Stubs, wait_serving
+
+pytestmark = pytest.mark.torture
+
+SECONDS = float(os.environ.get("QUEUE_TORTURE_SECONDS", "25"))
+USERS = int(os.environ.get("QUEUE_TORTURE_USERS", "200"))
+RELEASE_WINDOW = 3.0
+SWEEP_INTERVAL = 1.0
+RECONCILE_AFTER = 2.0
+CALL_DEADLINE = 5.0
+# What a caller may hear while replicas die, PostgreSQL restarts and the core is down.
+ALLOWED = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.ABORTED,
+}
+
+
+@dataclasses.dataclass
+class Replica:
+    name: str
+    port: int
+    process: subprocess.Popen[bytes]
+    stubs: Stubs
+
+
+@dataclasses.dataclass
+class Summary:
+    operations: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    codes: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    kills: int = 0
+    restarts: int = 0
+    drains: int = 0
+    database_restarts: int = 0
+    core_outages: int = 0
+    lost_callback_spells: int = 0
+    checks: int = 0
+    violations: list[str] = dataclasses.field(default_factory=list)
+    slow_calls: int = 0
+
+
+class Cluster:
+    def __init__(self, database_url: str, core: DevCore, summary: Summary, logs: Path) -> None:
+        self.database_url = database_url
+        self.core = core
+        self.summary = summary
+        self.logs = logs
+        self.replicas: list[Replica] = []
+        self._counter = 0
+
+    async def start_replica(self) -> Replica:
+        self._counter += 1
+        port = free_port()
+        env = {
+            **os.environ,
+            "DATABASE_URL": self.database_url,
+            "QUEUE_CORE_ADDR": f"127.0.0.1:{self.core.port}",
+            "QUEUE_LISTEN_ADDR": f"127.0.0.1:{port}",
+            "QUEUE_MIGRATE_ON_START": "true",
+            "QUEUE_SWEEP_INTERVAL_SECONDS": str(SWEEP_INTERVAL),
+            "QUEUE_RELEASE_WINDOW_SECONDS": str(RELEASE_WINDOW),
+            "QUEUE_RELEASE_LEASE_SECONDS": "1",
+            "QUEUE_RELEASE_BACKOFF_MAX_SECONDS": "0.5",
+            "QUEUE_RECONCILE_AFTER_SECONDS": str(RECONCILE_AFTER),
+            "QUEUE_CORE_DEADLINE_SECONDS": "1",
+            "QUEUE_DB_POOL_TIMEOUT_SECONDS": "1",
+            "QUEUE_GRACE_PERIOD_SECONDS": "3",
+            "QUEUE_MAX_QUEUED_PER_USER": "20",
+            "QUEUE_DB_POOL_MAX_SIZE": "10",
+            "QUEUE_LOG_LEVEL": "warning",
+        }
+        log = open(self.logs / f"replica-{self._counter}.log", "wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "queue_service.cli", "serve"], env=env, cwd=REPO_ROOT, stdout=log, stderr=log, start_new_session=True
+        )
+        log.close()
+        replica = Replica(f"replica-{self._counter}", port, process, Stubs(f"127.0.0.1:{port}"))
+        await wait_serving(replica.stubs, process=process, log_path=str(self.logs / f"replica-{self._counter}.log"), timeout=60)
+        self.replicas.append(replica)
+        if not self.core.callback_addr or self.core.callback_addr.endswith(f":{self.replicas[0].port}"):
+            self.core.set_callback_addr(self.replicas[0].stubs.address)
+        return replica
+
+    def pick(self) -> Stubs:
+        return random.choice(self.replicas).stubs
+
+    def point_core_at_a_live_replica(self) -> None:
+        self.core.set_callback_addr(self.replicas[0].stubs.address)
+
+    async def kill_and_restart(self) -> None:
+        victim = random.choice(self.replicas)
+        _log_event(f"kill -9 {victim.stubs.address}")
+        self.replicas.remove(victim)
+        victim.process.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(victim.process.wait, 10)
+        self.summary.kills += 1
+        self.point_core_at_a_live_replica()
+        await asyncio.sleep(1.0)
+        await self.start_replica()
+        self.summary.restarts += 1
+
+    async def rolling_deploy(self) -> None:
+        await self.start_replica()  # the "new version"
+        old = self.replicas.pop(0)
+        _log_event(f"drain {old.stubs.address}")
+        self.point_core_at_a_live_replica()
+        old.process.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(old.process.wait, 20)
+        if code != 0:
+            self.summary.violations.append(f"drained replica {old.name} exited {code}")
+        self.summary.drains += 1
+
+    async def stop(self) -> None:
+        for replica in self.replicas:
+            replica.process.send_signal(signal.SIGTERM)
+        for replica in self.replicas:
+            await asyncio.to_thread(replica.process.wait, 20)
+            await replica.stubs.close()
+
+
+@dataclasses.dataclass
+class UserState:
+    user_id: str
+    keys: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (idempotency key, job id)
+    granted: int = 0
+
+
+EPOCH = time.monotonic()
+
+
+def _log_event(event: str) -> None:
+    if os.environ.get("QUEUE_TORTURE_TRACE"):
+        print(f"{time.monotonic() - EPOCH:7.2f}s {event}", flush=True)
+
+
+async def _call(summary: Summary, name: str, coro, address: str = ""):  # type: ignore[no-untyped-def]
+    started = time.monotonic()
+    summary.operations[name] += 1
+    try:
+        result = await coro
+        summary.codes["OK"] += 1
+        return result
+    except grpc.aio.AioRpcError as exc:
+        summary.codes[exc.code().name] += 1
+        if exc.code() not in ALLOWED:
+            summary.violations.append(f"{name} answered {exc.code().name} at {started - EPOCH:.1f}s from {address}: {exc.details()}")
+        return None
+    finally:
+        if time.monotonic() - started > CALL_DEADLINE + 1.0:
+            summary.slow_calls += 1
+            summary.violations.append(f"{name} hung past its deadline ({time.monotonic() - started:.1f}s)")
+
+
+async def simulate_user(cluster: Cluster, state: UserState, stop: asyncio.Event, admitted: dict[str, str]) -> None:
+    summary = cluster.summary
+    while not stop.is_set():
+        await asyncio.sleep(random.uniform(0.05, 0.6))
+        stubs = cluster.pick()
+        roll = random.random()
+        if roll < 0.55 or not state.keys:
+            if state.keys and random.random() < 0.15:
+                key, expected = random.choice(state.keys)  # a double click: same key, same payload
+            else:
+                key, expected = f"click-{uuid.uuid4().hex[:12]}", ""
+            job = await _call(summary, "Admit", stubs.admit(state.user_id, key, uri=f"s3://theses/{key}.pdf", timeout=CALL_DEADLINE), stubs.address)
+            if job is not None:
+                if expected and job.job_id != expected:
+                    summary.violations.append(f"I7: key {key} gave job {job.job_id}, earlier {expected}")
+                if not expected:
+                    state.keys.append((key, job.job_id))
+                admitted[job.job_id] = state.user_id
+        elif roll < 0.65:
+            _, job_id = random.choice(state.keys)
+            await _call(summary, "CancelJob", stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=job_id, user_id=state.user_id), timeout=CALL_DEADLINE))
+        elif roll < 0.75:
+            _, job_id = random.choice(state.keys)
+            job = await _call(summary, "Admit(delta)", stubs.admit(state.user_id, uri="", delta_of=job_id, timeout=CALL_DEADLINE))
+            if job is not None:
+                admitted[job.job_id] = state.user_id
+                if job.status == S.JOB_STATUS_QUEUED:
+                    summary.violations.append(f"I6: delta {job.job_id} was queued")
+        elif roll < 0.9:
+            await _call(summary, "ListJobs", stubs.queue.ListJobs(queue_pb2.ListJobsRequest(user_id=state.user_id, page_size=20), timeout=CALL_DEADLINE))
+        else:
+            balance = await _call(summary, "GrantCredits", stubs.grant(state.user_id, 5))
+            if balance is not None:
+                state.granted += 5
+
+
+async def check_continuously(checker: InvariantChecker, summary: Summary, stop: asyncio.Event) -> None:
+    waiting_since: dict[str, float] = {}
+    grace = 3 * SWEEP_INTERVAL + 2.0
+    while not stop.is_set():
+        try:
+            summary.violations.extend(await asyncio.to_thread(checker.all_violations))
+            now = time.monotonic()
+            waiting = await asyncio.to_thread(checker.users_waiting_with_free_slot)
+            for user in list(waiting_since):
+                if user not in waiting:
+                    del waiting_since[user]
+            for user in waiting:
+                first = waiting_since.setdefault(user, now)
+                if now - first > grace:
+                    summary.violations.append(f"I4: user {user} waited {now - first:.1f}s with a free slot")
+                    del waiting_since[user]
+        except psycopg.OperationalError:
+            waiting_since.clear()  # PostgreSQL is restarting: nothing can be promoted meanwhile
+        summary.checks = checker.checks_run
+        await asyncio.sleep(0.2)
+
+
+async def chaos(cluster: Cluster, database: EmbeddedPostgres, stop: asyncio.Event) -> None:
+    summary, core = cluster.summary, cluster.core
+    actions = ["kill", "deploy", "database", "short_outage", "long_outage", "lost_callbacks"]
+    while not stop.is_set():
+        for action in actions:
+            if stop.is_set():
+                return
+            await asyncio.sleep(random.uniform(1.0, 2.5))
+            _log_event(f"chaos: {action}")
+            if action == "kill":
+                await cluster.kill_and_restart()
+            elif action == "deploy":
+                await cluster.rolling_deploy()
+            elif action == "database":
+                await asyncio.to_thread(database.restart)
+                summary.database_restarts += 1
+            elif action == "short_outage":
+                core.unavailable = True
+                await asyncio.sleep(RELEASE_WINDOW / 3)
+                core.unavailable = False
+                summary.core_outages += 1
+            elif action == "long_outage":
+                core.fail_releases = True
+                await asyncio.sleep(RELEASE_WINDOW + 1.5)
+                core.fail_releases = False
+                summary.core_outages += 1
+            elif action == "lost_callbacks":
+                core.drop_callbacks = True
+                await asyncio.sleep(1.5)
+                core.drop_callbacks = False
+                summary.lost_callback_spells += 1
+
+
+def _final_checks(database_url: str, admitted: dict[str, str], users: list[UserState], summary: Summary) -> dict[str, int]:
+    with psycopg.connect(database_url) as conn:
+        known = {str(j) for (j,) in conn.execute("SELECT job_id FROM analysis_jobs")}
+        lost = [job for job in admitted if job not in known]
+        summary.violations += [f"lost job {job}" for job in lost]
+        counts = dict(conn.execute("SELECT status, count(*) FROM analysis_jobs GROUP BY status").fetchall())
+        duplicates = conn.execute(
+            "SELECT count(*) FROM (SELECT user_id, idempotency_key FROM analysis_jobs GROUP BY 1, 2 HAVING count(*) > 1) d"
+        ).fetchone()[0]
+        if duplicates:
+            summary.violations.append(f"I7: {duplicates} idempotency keys with two jobs")
+        for state in users:
+            row = conn.execute(
+                """SELECT COALESCE((SELECT balance FROM credit_accounts WHERE user_id = %(u)s), 0),
+                          COALESCE((SELECT sum(amount) FROM credit_ledger WHERE user_id = %(u)s AND kind = 'grant'), 0),
+                          COALESCE((SELECT sum(amount) FROM credit_ledger WHERE user_id = %(u)s AND kind = 'charge'), 0),
+                          COALESCE((SELECT sum(amount) FROM credit_ledger WHERE user_id = %(u)s AND kind = 'refund'), 0)""",
+                {"u": state.user_id},
+            ).fetchone()
+            balance, grants, charges, refunds = row
+            if balance != grants + charges + refunds or balance < 0:
+                summary.violations.append(f"I3: {state.user_id} balance {balance} != {grants} {charges:+} {refunds:+}")
+        unfinished_refunds = conn.execute(
+            "SELECT count(*) FROM analysis_jobs j JOIN credit_ledger r USING (job_id) WHERE r.kind = 'refund' AND j.status = 'succeeded'"
+        ).fetchone()[0]
+        if unfinished_refunds:
+            summary.violations.append(f"I3: {unfinished_refunds} succeeded jobs were refunded")
+    return counts
+
+
+async def test_torture(tmp_path: Path) -> None:
+    state_dir = Path(tempfile.mkdtemp(prefix="acurio-queue-torture-"))
+    database = EmbeddedPostgres(state_dir / "pg", durable=False, max_connections=300)
+    database.start()
+    summary = Summary()
+    core = DevCore(judging_seconds=0.2)
+    await core.start("127.0.0.1:0")
+    database_url = database.dsn()
+    await migrations.migrate(database_url)
+    cluster = Cluster(database_url, core, summary, tmp_path)
+    try:
+        for _ in range(3):
+            await cluster.start_replica()
+        users = [UserState(f"torture-{i}-{uuid.uuid4().hex[:6]}") for i in range(USERS)]
+        await asyncio.gather(*[cluster.replicas[0].stubs.grant(u.user_id, 30) for u in users])
+        for u in users:
+            u.granted = 30
+        admitted: dict[str, str] = {}
+        stop = asyncio.Event()
+        checker = InvariantChecker(database_url)
+        tasks = [asyncio.create_task(simulate_user(cluster, u, stop, admitted)) for u in users]
+        tasks.append(asyncio.create_task(check_continuously(checker, summary, stop)))
+        chaos_task = asyncio.create_task(chaos(cluster, database, stop))
+        started = time.monotonic()
+        await asyncio.sleep(SECONDS)
+        stop.set()
+        await chaos_task
+        await asyncio.gather(*tasks)
+
+        # Heal and let the queue drain: every admitted job must reach a terminal status.
+        core.unavailable = core.fail_releases = core.drop_callbacks = False
+        cluster.point_core_at_a_live_replica()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            active = checker.count("SELECT count(*) FROM analysis_jobs WHERE status IN ('queued', 'pending', 'running')")
+            if active == 0:
+                break
+            await asyncio.sleep(0.5)
+        else:
+            summary.violations.append(f"{active} jobs still active 60 s after the chaos ended")
+        summary.violations.extend(checker.all_violations())
+        counts = _final_checks(database_url, admitted, users, summary)
+        summary.checks = checker.checks_run
+        report = {
+            "seconds": round(time.monotonic() - started, 1),
+            "users": USERS,
+            "operations": dict(summary.operations),
+            "answers": dict(summary.codes),
+            "jobs_by_status": counts,
+            "kills": summary.kills,
+            "restarts": summary.restarts,
+            "drains": summary.drains,
+            "database_restarts": summary.database_restarts,
+            "core_outages": summary.core_outages,
+            "lost_callback_spells": summary.lost_callback_spells,
+            "invariant_checks": summary.checks,
+            "violations": len(summary.violations),
+        }
+        print("\ntorture summary:", json.dumps(report, indent=2))
+        if os.environ.get("QUEUE_TORTURE_REPORT"):
+            Path(os.environ["QUEUE_TORTURE_REPORT"]).write_text(json.dumps(report, indent=2))
+        assert summary.violations == [], "\n".join(summary.violations[:30])
+        assert sum(summary.operations.values()) > USERS
+        assert summary.kills >= 1 and summary.drains >= 1 and summary.database_restarts >= 1
+    finally:
+        await cluster.stop()
+        await core.stop()
+        database.stop(mode="immediate")
+        shutil.rmtree(state_dir, ignore_errors=True)
