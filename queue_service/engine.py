@@ -8,6 +8,7 @@ retries, racing replicas or old code versions are harmless no-ops.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import hashlib
 import logging
@@ -28,6 +29,7 @@ from queue_service.repository import ClaimedRelease, NewJob
 log = logging.getLogger(__name__)
 
 ACTIVE = ["pending", "running"]
+_GAP_TRACKING_LIMIT = 10_000
 CANCELABLE = ["queued", "pending", "running"]
 
 
@@ -60,8 +62,9 @@ class QueueEngine:
         self.timeouts = Timeouts(config.lock_timeout_ms, config.statement_timeout_ms)
         # Called after a commit that made jobs PENDING, so this replica releases them at once.
         self.on_pending: Callable[[], None] = lambda: None
-        # End time (monotonic) of the latest job end per user, for the promotion-gap histogram.
-        self._ended_at: dict[uuid.UUID, float] = {}
+        # When the slot a promoted job took was freed (monotonic), for the promotion-gap
+        # histogram; bounded, since another replica may release the job and never tell us.
+        self._slot_freed_at: collections.OrderedDict[uuid.UUID, float] = collections.OrderedDict()
         self._backoff = wait_random_exponential(multiplier=1.0, max=config.release_backoff_max_seconds)
 
     # -- admit -------------------------------------------------------------------------------
@@ -174,37 +177,47 @@ class QueueEngine:
 
     # -- promotion ---------------------------------------------------------------------------
 
-    async def _promote_locked(self, conn, user_id: str, trigger: str) -> list[uuid.UUID]:  # type: ignore[no-untyped-def]
+    async def _promote_locked(self, conn, user_id: str, trigger: str) -> list[repo.Promoted]:  # type: ignore[no-untyped-def]
         """Fills every free slot of the user from the queue, oldest first (inside the lock)."""
         promoted = []
         with telemetry.tracer.start_as_current_span("promote") as span:
             while True:
-                job_id = await repo.promote_next_queued_job(
+                job = await repo.promote_next_queued_job(
                     conn,
                     user_id=user_id,
                     default_max_active=self.config.max_active_per_user,
                     release_window_seconds=self.config.release_window_seconds,
                 )
-                if job_id is None:
+                if job is None:
                     break
-                promoted.append(job_id)
+                promoted.append(job)
             span.set_attribute("queue.trigger", trigger)
             span.set_attribute("queue.promoted", len(promoted))
         if promoted:
             telemetry.metrics.promotions.add(len(promoted), {"trigger": trigger})
         return promoted
 
-    async def promote(self, user_id: str, *, trigger: str, remaining: float | None = None) -> list[uuid.UUID]:
+    async def promote(self, user_id: str, *, trigger: str, remaining: float | None = None) -> list[repo.Promoted]:
         async with with_user_queue_lock(self.pool, user_id, self.timeouts.within(remaining)) as conn:
             promoted = await self._promote_locked(conn, user_id, trigger)
         self._after_promotion(user_id, promoted, trigger)
         return promoted
 
-    def _after_promotion(self, user_id: str, promoted: list[uuid.UUID], trigger: str) -> None:
-        for job_id in promoted:
-            log.info("job promoted", extra={"job_id": job_id, "user_id": user_id, "status": "pending", "reason": trigger})
+    def _after_promotion(self, user_id: str, promoted: list[repo.Promoted], trigger: str) -> None:
+        for job in promoted:
+            log.info(
+                "job promoted",
+                extra={"job_id": job.job_id, "user_id": user_id, "run_id": job.run_id, "status": "pending", "reason": trigger},
+            )
         if promoted:
             self.on_pending()
+
+    def _note_slot_freed(self, promoted: list[repo.Promoted]) -> None:
+        now = time.monotonic()
+        for job in promoted:
+            self._slot_freed_at[job.job_id] = now
+        while len(self._slot_freed_at) > _GAP_TRACKING_LIMIT:
+            self._slot_freed_at.popitem(last=False)
 
     # -- ending a job ------------------------------------------------------------------------
 
@@ -239,9 +252,7 @@ class QueueEngine:
                 refunded = await repo.refund_job_charge(conn, job_id=job_id) if refund else 0
                 promoted = await self._promote_locked(conn, user_id, trigger)
             span.set_attribute("queue.refunded", refunded)
-        self._ended_at[ended.job_id] = time.monotonic()
-        for promoted_id in promoted:
-            self._ended_at[promoted_id] = self._ended_at.pop(ended.job_id)
+        self._note_slot_freed(promoted)
         telemetry.metrics.completions.add(1, {"status": status})
         if refunded:
             telemetry.metrics.refunds.add(refunded, {"cause": trigger})
@@ -348,9 +359,9 @@ class QueueEngine:
                     marked = await repo.mark_released(
                         conn, job_id=claim.job_id, attempt=claim.attempt, reconcile_after_seconds=self.config.reconcile_after_seconds
                     )
-                ended_at = self._ended_at.pop(claim.job_id, None)
-                if ended_at is not None:
-                    telemetry.metrics.promotion_gap.record(time.monotonic() - ended_at)
+                freed_at = self._slot_freed_at.pop(claim.job_id, None)
+                if freed_at is not None:
+                    telemetry.metrics.promotion_gap.record(time.monotonic() - freed_at)
                 if marked:
                     log.info("job released", extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "status": "running", "attempt": claim.attempt})
                 span.set_attribute("queue.release.result", "released")

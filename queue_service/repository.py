@@ -112,9 +112,15 @@ async def insert_admitted_job(
     return None if row is None else row["status"]
 
 
+@dataclasses.dataclass(frozen=True)
+class Promoted:
+    job_id: uuid.UUID
+    run_id: uuid.UUID
+
+
 async def promote_next_queued_job(
     conn: AsyncConnection, *, user_id: str, default_max_active: int, release_window_seconds: float
-) -> uuid.UUID | None:
+) -> Promoted | None:
     row = await _one(
         conn,
         "promote_next_queued_job",
@@ -124,7 +130,7 @@ async def promote_next_queued_job(
             "release_window_seconds": float(release_window_seconds),
         },
     )
-    return None if row is None else row["job_id"]
+    return None if row is None else Promoted(row["job_id"], row["run_id"])
 
 
 async def finish_job(
@@ -258,6 +264,12 @@ async def queued_job_views_of_user(conn: AsyncConnection, *, user_id: str) -> li
 async def recent_judging_seconds(conn: AsyncConnection) -> float | None:
     row = await _one(conn, "recent_judging_seconds", {})
     return None if row is None else row["seconds"]
+
+
+async def queue_depth(conn: AsyncConnection) -> dict[str, int]:
+    row = await _one(conn, "queue_depth", {})
+    assert row is not None
+    return {name: int(value) for name, value in row.items()}
 
 
 async def grant_credits(conn: AsyncConnection, *, user_id: str, amount: int, idempotency_key: str) -> int | None:

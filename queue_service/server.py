@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from queue_service import auth, migrations
+from queue_service import auth, migrations, telemetry
 from queue_service.auth import Authorizer
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2,
@@ -68,6 +68,7 @@ class QueueApp:
             max_size=config.pool_max_size,
             timeout=config.pool_timeout_seconds,
         )
+        telemetry.metrics.pools.add(self.pool)
         self.core = CoreClient.connect(config.core_addr, deadline_seconds=config.core_deadline_seconds, credentials=core_credentials)
         self.engine = QueueEngine(self.pool, self.core, config)
         timeouts = Timeouts(config.lock_timeout_ms, config.statement_timeout_ms)

@@ -84,7 +84,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         promoted = await self._engine.promote(request.user_id, trigger="tooling", remaining=_remaining(context))
         if not promoted:
             return queue_pb2.PromoteResponse()
-        job = await self._views.one(promoted[0], _remaining(context))
+        job = await self._views.one(promoted[0].job_id, _remaining(context))
         return queue_pb2.PromoteResponse(job=job)
 
     async def Release(self, request: queue_pb2.ReleaseRequest, context: grpc.aio.ServicerContext) -> queue_pb2.ReleaseResponse:

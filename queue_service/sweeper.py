@@ -72,6 +72,7 @@ class Sweeper:
                 overdue = await repo.claim_due_reconciliations(
                     conn, recheck_seconds=engine.config.reconcile_after_seconds, batch_size=_BATCH
                 )
+                telemetry.metrics.depth = await repo.queue_depth(conn)
             for user_id in users:
                 report.promoted += await self._guarded(engine.promote(user_id, trigger="sweeper"), 0, len)
             for row in expired:

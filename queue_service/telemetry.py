@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import weakref
 from typing import Any
 
 from opentelemetry import metrics as otel_metrics, trace
@@ -25,6 +26,8 @@ class _Instruments:
     """The service's metrics; names follow OTel semantic conventions (dots, units)."""
 
     def __init__(self) -> None:
+        self.depth: dict[str, int] = {}
+        self.pools: weakref.WeakSet[Any] = weakref.WeakSet()
         self.rebind(_meter)
 
     def rebind(self, meter: Any) -> None:
@@ -49,6 +52,34 @@ class _Instruments:
         self.sweep_rows = meter.create_counter("queue.sweep.rows", unit="{row}", description="Rows the sweeper acted on, by action")
         self.watch_streams = meter.create_up_down_counter("queue.watch.streams", unit="{stream}", description="Open WatchJobs streams")
         self.core_retries = meter.create_counter("queue.core.retries", unit="{retry}", description="Retried calls to the core, by method")
+        meter.create_observable_gauge(
+            "queue.depth", callbacks=[self._observe_depth], unit="{job}",
+            description="Jobs by state (queued, pending, running) and users waiting, as of the last sweep",
+        )
+        meter.create_observable_gauge(
+            "queue.db.pool.connections", callbacks=[self._observe_pools], unit="{connection}",
+            description="Database pool connections by state (idle, used) and waiting requests",
+        )
+
+    def _observe_depth(self, _options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        return [Observation(value, {"state": state}) for state, value in self.depth.items()]
+
+    def _observe_pools(self, _options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        observations = []
+        for pool in list(self.pools):
+            stats = pool.get_stats()
+            size, idle = stats.get("pool_size", 0), stats.get("pool_available", 0)
+            labels = {"pool": pool.name}
+            observations += [
+                Observation(idle, {**labels, "state": "idle"}),
+                Observation(size - idle, {**labels, "state": "used"}),
+                Observation(stats.get("requests_waiting", 0), {**labels, "state": "waiting"}),
+            ]
+        return observations
 
 
 metrics = _Instruments()

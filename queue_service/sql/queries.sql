@@ -241,6 +241,13 @@ SELECT avg(extract(epoch FROM end_time - start_time))::float8 AS seconds
          ORDER BY end_time DESC
          LIMIT 50) AS recent;
 
+-- name: queue_depth
+-- Jobs waiting, users waiting and jobs active, for the gauges (partial indexes only).
+SELECT (SELECT count(*) FROM analysis_jobs WHERE status = 'queued') AS queued,
+       (SELECT count(DISTINCT user_id) FROM analysis_jobs WHERE status = 'queued') AS users_waiting,
+       (SELECT count(*) FROM analysis_jobs WHERE status = 'pending') AS pending,
+       (SELECT count(*) FROM analysis_jobs WHERE status = 'running') AS running;
+
 -- name: grant_credits
 -- Adds a grant to the ledger and the balance, once per (user, key). No row for a repeated key.
 WITH grant_entry AS (

@@ -1,0 +1,126 @@
+"""Observability: the spans, metrics and log lines of an admit -> promote -> release -> complete
+cycle, captured with in-memory exporters."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry import metrics as otel_metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from queue_service import telemetry
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service.sweeper import Sweeper
+from tests.harness import S, new_user
+
+
+@pytest.fixture(scope="module")
+def otel() -> Iterator[tuple[InMemorySpanExporter, InMemoryMetricReader]]:
+    from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient, GrpcAioInstrumentorServer
+    from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+
+    spans = InMemorySpanExporter()
+    reader = InMemoryMetricReader()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    meter_provider = MeterProvider(metric_readers=[reader])
+    trace.set_tracer_provider(tracer_provider)
+    otel_metrics.set_meter_provider(meter_provider)
+    telemetry.instrument_libraries()
+    yield spans, reader
+    # The rest of the session runs uninstrumented and records nothing.
+    GrpcAioInstrumentorServer().uninstrument()
+    GrpcAioInstrumentorClient().uninstrument()
+    PsycopgInstrumentor().uninstrument()
+    tracer_provider.shutdown()
+    meter_provider.shutdown()
+
+
+def _metric_points(reader: InMemoryMetricReader) -> dict[str, list]:
+    found: dict[str, list] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                found.setdefault(metric.name, []).extend(metric.data.data_points)
+    return found
+
+
+async def test_a_full_cycle_emits_spans_metrics_and_job_log_lines(otel, services) -> None:  # type: ignore[no-untyped-def]
+    spans, reader = otel
+    spans.clear()
+    log_lines = io.StringIO()
+    handler = logging.StreamHandler(log_lines)
+    handler.setFormatter(telemetry.JsonFormatter())
+    logging.getLogger("queue_service").addHandler(handler)
+    logging.getLogger("queue_service").setLevel(logging.INFO)
+    try:
+        core = await services.core(manual=False, judging_seconds=0.05)
+        service = await services.start(core)
+        user = new_user()
+        await service.stubs.grant(user, 3)
+        first = await service.stubs.admit(user)
+        second = await service.stubs.admit(user)
+        stream = service.stubs.queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id=user), timeout=10)
+        await stream.read()
+        assert second.status == S.JOB_STATUS_QUEUED
+        await service.stubs.wait_for(second.job_id, S.JOB_STATUS_SUCCEEDED)
+        await Sweeper(service.app.engine, service.app.dispatcher.wake).sweep_once()
+        points = _metric_points(reader)
+        stream.cancel()
+    finally:
+        logging.getLogger("queue_service").removeHandler(handler)
+
+    finished = spans.get_finished_spans()
+    by_name: dict[str, list] = {}
+    for span in finished:
+        by_name.setdefault(span.name, []).append(span)
+
+    # Our own spans, with the attributes that tell the story.
+    admits = by_name["admit"]
+    assert {s.attributes["queue.admit.decision"] for s in admits} == {"pending", "queued"}
+    assert {s.attributes["queue.position"] for s in admits} == {0, 1}
+    assert all(s.attributes["queue.lock_wait_ms"] >= 0 for s in by_name["lock.wait"])
+    assert any(s.attributes["queue.promoted"] == 1 and s.attributes["queue.trigger"] == "completion" for s in by_name["promote"])
+    releases = by_name["release"]
+    assert {s.attributes["queue.release.result"] for s in releases} == {"released"}
+    assert all(s.attributes["queue.release.attempt"] == 1 for s in releases)
+    assert {s.attributes["queue.status"] for s in by_name["complete"]} == {"succeeded"}
+    assert "queue.sweep.promoted" in by_name["sweep"][0].attributes
+
+    # Library instrumentation: every incoming RPC, every call to the core, every statement.
+    assert "/acurio.queue.v1.AnalysisQueueService/Admit" in by_name
+    assert "/acurio.core.v1.RunService/CreateRun" in by_name
+    assert "/acurio.core.v1.RunService/ReleaseRun" in by_name
+    assert any(s.attributes.get("db.system") == "postgresql" for s in finished)
+    # The admit span is the child of the incoming RPC's span: one trace per click.
+    rpc = by_name["/acurio.queue.v1.AnalysisQueueService/Admit"][0]
+    assert any(s.context.trace_id == rpc.context.trace_id for s in admits)
+
+    # Metrics of the cycle.
+    for name in (
+        "queue.admits", "queue.lock.wait", "queue.promotions", "queue.promotion.gap", "queue.release.attempts",
+        "queue.completions", "queue.sweep.duration", "queue.depth", "queue.db.pool.connections", "queue.watch.streams",
+    ):
+        assert name in points, f"metric {name} was not recorded"
+    outcomes = {tuple(sorted(p.attributes.items())): p.value for p in points["queue.admits"]}
+    assert outcomes[(("outcome", "started"), ("reason", "OK"))] >= 1
+    assert outcomes[(("outcome", "queued"), ("reason", "OK"))] >= 1
+    assert sum(p.count for p in points["queue.promotion.gap"]) >= 1
+    assert {p.attributes["state"] for p in points["queue.db.pool.connections"]} >= {"idle", "used"}
+
+    # One JSON log line per state change, with job, user, run and trace ids.
+    records = [json.loads(line) for line in log_lines.getvalue().splitlines()]
+    changes = [r for r in records if r.get("job_id") == second.job_id]
+    assert [r["message"] for r in changes] == ["job admitted", "job promoted", "job released", "job ended"]
+    for record in changes:
+        assert record["user_id"] == user and record["run_id"] == second.run_id and len(record["trace_id"]) == 32
+    assert first.job_id in {r.get("job_id") for r in records}
