@@ -322,9 +322,8 @@ class QueueEngine:
                 raise errors.JobAlreadyFinished(f"job {job_id} already {row['status']}", metadata={"jobId": str(job_id)})
         return job_id
 
-    async def give_up_release(self, claim: ClaimedRelease | dict, reason: str, *, expected_attempts: int) -> bool:
-        job_id = claim.job_id if isinstance(claim, ClaimedRelease) else claim["job_id"]
-        user_id = claim.user_id if isinstance(claim, ClaimedRelease) else claim["user_id"]
+    async def give_up_release(self, job_id: uuid.UUID, user_id: str, reason: str, *, expected_attempts: int) -> bool:
+        """Fails a pending job whose release cannot succeed (fenced by its attempt counter)."""
         ended = await self.end_job(
             job_id=job_id,
             user_id=user_id,
@@ -367,7 +366,9 @@ class QueueEngine:
                 span.set_attribute("queue.release.result", "released")
                 return "released"
             if outcome.result is ReleaseResult.PERMANENT_FAILURE:
-                await self.give_up_release(claim, f"release refused by the core: {outcome.error}", expected_attempts=claim.attempt)
+                await self.give_up_release(
+                    claim.job_id, claim.user_id, f"release refused by the core: {outcome.error}", expected_attempts=claim.attempt
+                )
                 span.set_attribute("queue.release.result", "refused")
                 return "refused"
             backoff = self.backoff_seconds(claim.attempt)
@@ -379,7 +380,8 @@ class QueueEngine:
             if retry is not None and retry.window_over:
                 window = self.config.release_window_seconds
                 await self.give_up_release(
-                    claim,
+                    claim.job_id,
+                    claim.user_id,
                     f"release gave up after {claim.attempt} attempts over {window:g}s: {outcome.error}",
                     expected_attempts=claim.attempt,
                 )

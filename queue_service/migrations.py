@@ -19,6 +19,7 @@ from importlib import resources
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.rows import dict_row
 
 from queue_service.locks import with_migration_lock
 
@@ -68,7 +69,7 @@ def available_migrations() -> list[Migration]:
 async def migrate(dsn: str) -> list[int]:
     """Applies every pending migration; returns the versions applied by this call."""
     migrations = available_migrations()
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
         async with with_migration_lock(conn):
             await conn.execute(_CREATE_VERSION_TABLE)
             applied = await _applied(conn)
@@ -98,16 +99,14 @@ async def migrate(dsn: str) -> list[int]:
 
 async def pending_migrations(conn: AsyncConnection) -> list[int]:
     """Versions not yet applied (empty when the schema is current); used by the health check."""
-    exists = await (await conn.execute("SELECT to_regclass('queue_schema_migrations') IS NOT NULL AS present")).fetchone()
-    applied = await _applied(conn) if exists and _first(exists) else {}
+    cursor = conn.cursor(row_factory=dict_row)
+    await cursor.execute("SELECT to_regclass('queue_schema_migrations') IS NOT NULL AS present")
+    present = await cursor.fetchone()
+    applied = await _applied(conn) if present and present["present"] else {}
     return [m.version for m in available_migrations() if m.version not in applied]
 
 
-def _first(row: object) -> object:
-    return row["present"] if isinstance(row, dict) else row[0]  # type: ignore[index]
-
-
 async def _applied(conn: AsyncConnection) -> dict[int, str]:
-    cursor = await conn.execute("SELECT version, checksum FROM queue_schema_migrations")
-    rows = await cursor.fetchall()
-    return {(r["version"] if isinstance(r, dict) else r[0]): (r["checksum"] if isinstance(r, dict) else r[1]) for r in rows}
+    cursor = conn.cursor(row_factory=dict_row)
+    await cursor.execute("SELECT version, checksum FROM queue_schema_migrations")
+    return {row["version"]: row["checksum"] for row in await cursor.fetchall()}

@@ -78,7 +78,7 @@ class Sweeper:
             for row in expired:
                 window = engine.config.release_window_seconds
                 gave_up = engine.give_up_release(
-                    row, f"release window of {window:g}s passed without a successful release",
+                    row["job_id"], row["user_id"], f"release window of {window:g}s passed without a successful release",
                     expected_attempts=row["release_attempts"],
                 )
                 report.gave_up += await self._guarded(gave_up, False, int)
