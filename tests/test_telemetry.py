@@ -124,3 +124,35 @@ async def test_a_full_cycle_emits_spans_metrics_and_job_log_lines(otel, services
     for record in changes:
         assert record["user_id"] == user and record["run_id"] == second.run_id and len(record["trace_id"]) == 32
     assert first.job_id in {r.get("job_id") for r in records}
+
+
+async def test_serve_exposes_prometheus_metrics_and_prints_spans_on_request(services) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+    import urllib.request
+
+    from queue_service.embedded_db import free_port
+
+    metrics_port = free_port()
+    core = await services.core()
+    replica = await services.start_process(
+        core, QUEUE_METRICS_ADDR=f"127.0.0.1:{metrics_port}", QUEUE_TRACE_CONSOLE="true", QUEUE_SWEEP_INTERVAL_SECONDS="0.2"
+    )
+    user = new_user()
+    await replica.stubs.grant(user, 2)
+    await replica.stubs.admit(user)
+    await replica.stubs.admit(user)
+    await asyncio.sleep(0.5)
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+            return response.read().decode()
+
+    exposition = await asyncio.to_thread(scrape)
+    admits = [line for line in exposition.splitlines() if line.startswith("queue_admits_total{")]
+    assert any('outcome="started"' in line and 'reason="OK"' in line for line in admits), exposition[-2000:]
+    assert any(line.startswith("queue_depth{") and 'state="queued"' in line for line in exposition.splitlines())
+    assert "queue_db_pool_connections{" in exposition
+    replica.terminate()
+    await asyncio.to_thread(replica.process.wait, 15)
+    log = replica.log()
+    assert '"name": "admit"' in log and '"name": "lock.wait"' in log
