@@ -6,6 +6,10 @@ Every YAML file under deploy/ parses; every container built from the repo's imag
 on the listen port; the shutdown budgets (compose stop_grace_period, Kubernetes
 terminationGracePeriodSeconds) cover the drain the server actually does; and the Kubernetes
 selectors (Deployment, Services, PodDisruptionBudget) pick the replicas' pods and nothing else.
+A `serve` container must also pass `Config.require_service_targets` (a database, a core, and
+authentication or an explicit QUEUE_ALLOW_UNAUTHENTICATED), find every file setting
+(QUEUE_AUTH_FILE, QUEUE_TLS_*) on a Secret it mounts readably, and an unauthenticated stack
+may publish ports on loopback only.
 """
 
 from __future__ import annotations
@@ -110,6 +114,29 @@ def config_of(env: dict[str, str], where: str) -> Config:
         pytest.fail(f"{where}: {exc}")
 
 
+def serve_config_of(env: dict[str, str], where: str) -> Config:
+    config = config_of(env, where)
+    try:
+        config.require_service_targets()
+    except ConfigError as exc:
+        pytest.fail(f"{where}: `serve` would refuse to start: {exc}")
+    return config
+
+
+FILE_SETTINGS = [f for f, s in SETTINGS.items() if s.env.endswith("_FILE")]
+
+
+def with_stand_in_files(env: dict[str, str], mount_paths: list[str]) -> dict[str, str]:
+    """File settings under one of `mount_paths` point at an existing file instead (the mount
+    provides it at run time); the others are left for `Config.from_env` to check."""
+    env = dict(env)
+    for setting in FILE_SETTINGS:
+        path = env.get(SETTINGS[setting].env, "")
+        if path and any(path.startswith(m.rstrip("/") + "/") for m in mount_paths):
+            env[SETTINGS[setting].env] = str(ROOT / "Dockerfile")
+    return env
+
+
 def port_of(host_port: str) -> int:
     return int(host_port.rpartition(":")[2])
 
@@ -202,7 +229,15 @@ def compose_by_subcommand(subcommand: str) -> dict[str, dict[str, Any]]:
 
 
 def compose_image_env(service: dict[str, Any]) -> dict[str, str]:
-    return {**dockerfile()["env"], **compose_env(service)}
+    targets = []
+    for volume in service.get("volumes", []) + service.get("secrets", []):
+        if isinstance(volume, dict):
+            targets.append(str(volume.get("target", f"/run/secrets/{volume.get('source', '')}")))
+        elif ":" in str(volume):
+            targets.append(str(volume).split(":")[1])
+        else:
+            targets.append(f"/run/secrets/{volume}")
+    return with_stand_in_files({**dockerfile()["env"], **compose_env(service)}, targets)
 
 
 def option(argv: list[str], flag: str, default: str) -> str:
@@ -279,7 +314,7 @@ def test_compose_replicas_reach_their_dependencies_and_probe_grpc_health() -> No
     collector = next(n for n, s in services.items() if str(s.get("image", "")).startswith("otel/opentelemetry-collector"))
     collector_grpc = yaml_documents()[COLLECTOR][0]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"]
     for name, service in compose_by_subcommand("serve").items():
-        config = config_of(compose_image_env(service), f"compose service {name}")
+        config = serve_config_of(compose_image_env(service), f"compose service {name}")
         assert config.core_addr.rpartition(":")[0] == core_name and port_of(config.core_addr) == port_of(core_listen)
         assert re.match(rf"postgres(ql)?://[^@/]*@{re.escape(postgres)}(:\d+)?/", config.database_url), config.database_url
         depends = service.get("depends_on") or {}
@@ -296,6 +331,18 @@ def test_compose_replicas_reach_their_dependencies_and_probe_grpc_health() -> No
         grace = seconds(service.get("stop_grace_period", "10s"))
         assert grace > shutdown_budget(config), f"{name}: stop_grace_period {grace}s <= drain budget {shutdown_budget(config)}s"
         assert service.get("stop_signal", "SIGTERM") == "SIGTERM"
+
+
+def test_unauthenticated_compose_replicas_publish_on_loopback_only() -> None:
+    for name, service in compose_by_subcommand("serve").items():
+        config = serve_config_of(compose_image_env(service), f"compose service {name}")
+        if config.auth_file:
+            continue
+        for port in service.get("ports", []):
+            published = port if isinstance(port, str) else f"{port.get('host_ip', '')}:{port.get('published')}:{port['target']}"
+            assert published.count(":") == 2 and published.startswith("127.0.0.1:"), (
+                f"compose service {name} runs without QUEUE_AUTH_FILE but publishes {port!r} beyond 127.0.0.1"
+            )
 
 
 def test_the_dev_core_calls_back_to_a_replica_and_listens_beyond_localhost() -> None:
@@ -339,18 +386,21 @@ def pod_spec(kind: str) -> dict[str, Any]:
 
 
 def container_env(container: dict[str, Any], where: str) -> dict[str, str]:
-    """The container's environment as the service sees it (secrets as placeholders)."""
+    """The container's environment as the service sees it: secrets as placeholders, and file
+    settings pointing into a mounted volume as an existing stand-in file (a path that is not
+    mounted stays, and `Config.from_env` refuses it, as it would in the pod)."""
     configmap = k8s_one("ConfigMap")
     env: dict[str, str] = dict(dockerfile()["env"])
     refs = [e["configMapRef"]["name"] for e in container.get("envFrom", []) if "configMapRef" in e]
-    assert refs == [configmap["metadata"]["name"]], f"{where}: envFrom must be the ConfigMap, got {refs}"
-    env.update({k: str(v) for k, v in configmap["data"].items()})
+    assert refs in ([], [configmap["metadata"]["name"]]), f"{where}: envFrom may only be the ConfigMap, got {refs}"
+    if refs:
+        env.update({k: str(v) for k, v in configmap["data"].items()})
     for item in container.get("env", []):
         if "value" in item:
             env[item["name"]] = str(item["value"])
         elif "secretKeyRef" in item.get("valueFrom", {}):
             env[item["name"]] = "postgresql://from-the-secret/queue"
-    return env
+    return with_stand_in_files(env, [m["mountPath"] for m in container.get("volumeMounts", [])])
 
 
 def k8s_argv(container: dict[str, Any], where: str) -> list[str]:
@@ -384,6 +434,26 @@ def test_k8s_containers_run_a_real_subcommand_with_valid_settings_and_the_db_sec
     assert container["securityContext"].get("allowPrivilegeEscalation") is False
     resources = container.get("resources", {})
     assert {"cpu", "memory"} <= set(resources.get("requests", {})) and "memory" in resources.get("limits", {}), where
+
+
+def test_the_replicas_start_and_find_their_file_settings_on_mounted_secrets() -> None:
+    spec = pod_spec("Deployment")
+    (container,) = spec["containers"]
+    serve_config_of(container_env(container, "Deployment"), "Deployment")
+    configmap = k8s_one("ConfigMap")["data"]
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    mounts = {m["mountPath"].rstrip("/"): volumes[m["name"]] for m in container.get("volumeMounts", [])}
+    uid = dockerfile()["uid"]
+    for setting in FILE_SETTINGS:
+        env = SETTINGS[setting].env
+        path = next((e.get("value", "") for e in container.get("env", []) if e["name"] == env), configmap.get(env, ""))
+        if not path:
+            continue
+        volume = next((v for m, v in mounts.items() if path.startswith(m + "/")), None)
+        assert volume is not None and "secret" in volume, f"{env}={path} is not on a mounted Secret"
+        mode = volume["secret"].get("defaultMode", 0o644)
+        group_readable = mode & 0o040 and spec.get("securityContext", {}).get("fsGroup") == uid
+        assert mode & 0o004 or group_readable, f"{env}: uid {uid} cannot read {path} (defaultMode {mode:o})"
 
 
 def test_the_migrate_job_runs_once_to_completion() -> None:
