@@ -88,6 +88,7 @@ class Setting:
 # The order here is the order of the README's configuration table.
 SETTINGS: dict[str, Setting] = {
     "database_url": Setting("DATABASE_URL", "", _parse_text, "PostgreSQL DSN; unset: `dev` starts an embedded PostgreSQL"),
+    "listen_database_url": Setting("QUEUE_LISTEN_DATABASE_URL", "", _parse_text, "DSN for the LISTEN connection when DATABASE_URL goes through a transaction-mode pooler; default DATABASE_URL"),
     "listen_addr": Setting("QUEUE_LISTEN_ADDR", "127.0.0.1:50051", _parse_host_port, "host:port to serve gRPC on"),
     "core_addr": Setting("QUEUE_CORE_ADDR", "", _parse_optional_host_port, "host:port of the core's RunService; `dev` starts the dev core"),
     "max_active_per_user": Setting("QUEUE_MAX_ACTIVE_PER_USER", "1", _parse_int(1, 1000), "first-pass slots per user (the user_queue_limits table may raise it)"),
@@ -128,6 +129,7 @@ SETTINGS: dict[str, Setting] = {
 @dataclasses.dataclass(frozen=True)
 class Config:
     database_url: str
+    listen_database_url: str
     listen_addr: str
     core_addr: str
     max_active_per_user: int

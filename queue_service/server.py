@@ -45,6 +45,9 @@ SERVICE_NAMES = (
     credits_service_pb2.DESCRIPTOR.services_by_name["CreditsService"].full_name,
 )
 
+# How often health re-checks the database.
+_HEALTH_PROBE_SECONDS = 5.0
+
 # After the last in-flight call of a drain, how long late arrivals still get a clean UNAVAILABLE.
 _QUIET_SECONDS = 0.5
 
@@ -74,7 +77,7 @@ class QueueApp:
         timeouts = Timeouts(config.lock_timeout_ms, config.statement_timeout_ms)
         self.views = JobViews(self.pool, timeouts, config.max_active_per_user)
         self.hub = NotificationHub(
-            config.database_url,
+            config.listen_database_url or config.database_url,
             self.views,
             self.pool,
             timeouts,
@@ -93,6 +96,7 @@ class QueueApp:
             config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
         )
         self.server: grpc.aio.Server | None = None
+        self._health_watch: asyncio.Task[None] | None = None
         self.port = 0
 
     async def start(self) -> int:
@@ -135,6 +139,7 @@ class QueueApp:
         self.sweeper.start()
         await server.start()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self._health_watch = asyncio.create_task(self._watch_database(), name="health-watch")
         log.info("serving on %s (port %d)", self.config.listen_addr, self.port)
         return self.port
 
@@ -147,6 +152,24 @@ class QueueApp:
                 f"the database lacks migrations {pending}; run `queue-service migrate` (or set QUEUE_MIGRATE_ON_START=true)"
             )
 
+    async def _watch_database(self) -> None:
+        """Health follows the database: NOT_SERVING while it cannot be reached, so a load balancer
+        sends calls to replicas that can answer them."""
+        serving = True
+        while not self.draining.is_set():
+            await asyncio.sleep(_HEALTH_PROBE_SECONDS)
+            try:
+                async with self.pool.connection(timeout=_HEALTH_PROBE_SECONDS) as conn:
+                    await conn.execute("SELECT 1")
+                reachable = True
+            except Exception:
+                reachable = False
+            if reachable != serving and not self.draining.is_set():
+                serving = reachable
+                log.warning("database %s: health %s", "reachable again" if reachable else "unreachable", "SERVING" if reachable else "NOT_SERVING")
+                status = health_pb2.HealthCheckResponse.SERVING if reachable else health_pb2.HealthCheckResponse.NOT_SERVING
+                await self._set_health(status)
+
     async def _set_health(self, status: int) -> None:
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, status)
@@ -158,6 +181,8 @@ class QueueApp:
         started = time.monotonic()
         self.draining.set()  # WatchJobs streams end with UNAVAILABLE; clients reconnect elsewhere
         self.gate.close()
+        if self._health_watch is not None:
+            self._health_watch.cancel()
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         idle = await self.gate.wait_idle(grace)
         if idle and grace > 0:

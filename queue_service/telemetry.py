@@ -7,6 +7,7 @@ until then and tests can install in-memory readers.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -138,8 +139,9 @@ class JsonFormatter(logging.Formatter):
     _FIELDS = ("job_id", "user_id", "run_id", "status", "old_status", "reason", "attempt")
 
     def format(self, record: logging.LogRecord) -> str:
+        moment = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
         entry: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "time": moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),

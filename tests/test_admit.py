@@ -253,3 +253,23 @@ async def test_validation_reports_every_violation_and_limits(service) -> None:  
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await service.stubs.queue.Admit(too_many, timeout=5)
     assert [f for f, _ in error_info(raised.value)[3]] == ["sources"]
+
+
+async def test_lowering_a_users_limit_never_lets_more_jobs_run_than_the_new_limit(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    stubs = service.stubs
+    user = new_user()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO user_queue_limits (user_id, max_active) VALUES (%s, 2)", (user,))
+    await stubs.grant(user, 4)
+    first, second, third, fourth = [await stubs.admit(user) for _ in range(4)]
+    assert [first.status, second.status] == [S.JOB_STATUS_PENDING] * 2
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("UPDATE user_queue_limits SET max_active = 1 WHERE user_id = %s", (user,))
+    await stubs.wait_for(first.job_id, S.JOB_STATUS_RUNNING)
+    await service.core.finish(first.run_id)  # slot 1 frees while slot 2 is held: nothing may start
+    assert (await stubs.job(third.job_id)).status == S.JOB_STATUS_QUEUED
+    await stubs.wait_for(second.job_id, S.JOB_STATUS_RUNNING)
+    await service.core.finish(second.run_id)
+    await stubs.wait_for(third.job_id, S.JOB_STATUS_RUNNING)
+    assert (await stubs.job(fourth.job_id)).status == S.JOB_STATUS_QUEUED
+    assert InvariantChecker(database_url).i1_slot_limit() == []

@@ -83,3 +83,57 @@ async def test_a_hung_core_is_core_unavailable_before_the_callers_deadline(servi
     assert time.monotonic() - started < 2
     core.slow_seconds = 0
     assert await service.stubs.balance(user) == 1
+
+
+async def test_health_follows_the_database_and_the_pool_recovers_by_itself(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from grpc_health.v1 import health_pb2
+
+    from queue_service import migrations, server as server_module
+    from queue_service.embedded_db import EmbeddedPostgres
+    from tests.harness import ServiceFactory
+
+    monkeypatch.setattr(server_module, "_HEALTH_PROBE_SECONDS", 0.2)
+    database = EmbeddedPostgres(tmp_path / "pg", durable=False)
+    database.start()
+    factory = ServiceFactory(database.dsn())
+    try:
+        await migrations.migrate(database.dsn())
+        service = await factory.start(pool_timeout_seconds=0.5)
+        user = new_user()
+        await service.stubs.grant(user, 1)
+
+        async def health() -> int:
+            return (await service.stubs.health.Check(health_pb2.HealthCheckRequest(), timeout=2)).status
+
+        async def wait_health(expected: int) -> None:
+            for _ in range(100):
+                if await health() == expected:
+                    return
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"health never became {expected}")
+
+        await asyncio.to_thread(database.stop)
+        await wait_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        started = time.monotonic()
+        try:
+            await service.stubs.balance(user)
+            raise AssertionError("no database, no balance")
+        except grpc.aio.AioRpcError as exc:
+            assert error_info(exc)[:2] == (grpc.StatusCode.UNAVAILABLE, "DATABASE_UNAVAILABLE")
+        assert time.monotonic() - started < 3
+
+        await asyncio.to_thread(database.start)
+        await wait_health(health_pb2.HealthCheckResponse.SERVING)
+        for _ in range(50):  # the pool replaces its broken connections by itself
+            try:
+                assert await service.stubs.balance(user) == 1
+                break
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the pool did not recover")
+        job = await service.stubs.admit(user)
+        await service.stubs.wait_for(job.job_id, 3)
+    finally:
+        await factory.close()
+        database.stop(mode="immediate")
