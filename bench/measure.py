@@ -70,8 +70,17 @@ def peak_rss_mb(pid: int) -> float | None:
     return None
 
 
+def system_busy_seconds() -> float:
+    """CPU time the whole machine spent busy (all cores), from the first line of /proc/stat."""
+    with open("/proc/stat") as handle:
+        fields = [int(v) for v in handle.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / _TICKS
+
+
 class CpuMeter:
-    """CPU seconds spent by named process trees between `start` and `stop`."""
+    """CPU seconds spent by named process trees between `start` and `stop`, plus "system": the
+    whole machine's busy CPU over the same time (see `unattributed_cpu`)."""
 
     def __init__(self, roots: Mapping[str, int]) -> None:
         self._roots = dict(roots)
@@ -80,11 +89,19 @@ class CpuMeter:
 
     def start(self) -> CpuMeter:
         self._before = {name: tree_cpu_seconds(pid) for name, pid in self._roots.items()}
+        self._before["system"] = system_busy_seconds()
         return self
 
     def stop(self) -> dict[str, float]:
         self.seconds = {name: tree_cpu_seconds(pid) - self._before[name] for name, pid in self._roots.items()}
+        self.seconds["system"] = system_busy_seconds() - self._before["system"]
         return self.seconds
+
+
+def unattributed_cpu(cpu_seconds: Mapping[str, float]) -> float:
+    """Machine CPU not spent by any measured process: other programs on the box (a neighbour's
+    test run skews every figure), kernel threads and interrupts. Near zero on a quiet machine."""
+    return cpu_seconds.get("system", 0.0) - sum(v for k, v in cpu_seconds.items() if k != "system")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -117,21 +117,25 @@ class ManagedProcess:
 class Stack:
     """One service replica and one dev core for a scenario, fresh so peak RSS is the scenario's own.
 
-    The core starts manual (holds judging until `start_judging`) unless `judging_seconds` is set
-    and `manual` is false; `record_path` receives its timestamped events.
+    With `manual` the core holds judging until `start_judging` (SIGUSR1), which starts it for the
+    whole batch, spread over `judging_spread_seconds`; `record_path` receives its timestamped
+    events (written when the core stops).
     """
 
     def __init__(
         self,
         db: Database,
+        dsn: str,
         workdir: Path,
         name: str,
         *,
         service_env: dict[str, str] | None = None,
         judging_seconds: float = 1.0,
+        judging_spread_seconds: float = 0.0,
         manual: bool = True,
     ) -> None:
         self.db = db
+        self.dsn = dsn
         self.name = name
         self.service_port, self.core_port = free_port(), free_port()
         self.address = f"127.0.0.1:{self.service_port}"
@@ -141,12 +145,13 @@ class Stack:
             "--listen", f"127.0.0.1:{self.core_port}",
             "--callback", self.address,
             "--judging-seconds", str(judging_seconds),
+            "--judging-spread-seconds", str(judging_spread_seconds),
             "--record", str(self.record_path),
         ] + (["--manual"] if manual else [])
         self.core = ManagedProcess("core", core_args, _minimal_env({}), workdir / f"{name}.core.log")
         wait_port(self.core_port, self.core.process, self.core.log_path)
         env = {
-            "DATABASE_URL": db.dsn,
+            "DATABASE_URL": dsn,
             "QUEUE_CORE_ADDR": f"127.0.0.1:{self.core_port}",
             "QUEUE_LISTEN_ADDR": self.address,
             "QUEUE_MIGRATE_ON_START": "false",
@@ -175,11 +180,11 @@ class Stack:
 class MinimalServer:
     """bench/minimal_server.py as its own process: Admit doing only the admit transaction."""
 
-    def __init__(self, db: Database, workdir: Path, *, pool_max_size: int = 20) -> None:
+    def __init__(self, dsn: str, workdir: Path, *, pool_max_size: int = 20) -> None:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
-        args = [sys.executable, "-m", "bench.minimal_server", "--listen", self.address, "--dsn", db.dsn, "--pool-max-size", str(pool_max_size)]
-        self.proc = ManagedProcess("minimal", args, _minimal_env({}), workdir / "minimal-server.log")
+        args = [sys.executable, "-m", "bench.minimal_server", "--listen", self.address, "--dsn", dsn, "--pool-max-size", str(pool_max_size)]
+        self.proc = ManagedProcess("minimal", args, _minimal_env({}), workdir / f"minimal-server-{self.port}.log")
         wait_serving(self.address, self.proc.process, self.proc.log_path)
 
     @property
@@ -194,3 +199,49 @@ class MinimalServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def run_driver(task: str, params: dict, cpu_roots: dict[str, int], log_path: Path, timeout: float = 900) -> tuple[dict, dict[str, float]]:
+    """Runs `bench.driver <task>`; meters CPU of `cpu_roots` and of the driver itself between the
+    driver's "ready" and its result, so set-up and warm-up are not counted."""
+    import json
+
+    from bench.measure import CpuMeter
+
+    with open(log_path, "ab") as log:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "bench.driver", task, json.dumps(params)],
+            cwd=REPO_ROOT, env=_minimal_env({}), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+        )
+        try:
+            assert driver.stdin is not None and driver.stdout is not None
+            ready = driver.stdout.readline()
+            if not ready.strip():
+                driver.wait(30)
+                raise RuntimeError(f"driver {task} failed before ready (exit {driver.returncode}):\n{_tail(log_path)}")
+            meter = CpuMeter({**cpu_roots, "driver": driver.pid}).start()
+            driver.stdin.write("go\n")
+            driver.stdin.flush()
+            line = driver.stdout.readline()
+            cpu = meter.stop()
+            driver.wait(timeout)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait()
+    if not line.strip():
+        raise RuntimeError(f"driver {task} failed (exit {driver.returncode}):\n{_tail(log_path)}")
+    return json.loads(line)["result"], cpu
+
+
+def create_database(db: Database, name: str) -> str:
+    """A fresh, migrated database on the same server, so each measured run starts from an empty
+    schema (and the history scenario from a truly empty table)."""
+    import psycopg
+
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = db.embedded.dsn(name)
+    asyncio.run(migrations.migrate(dsn))
+    return dsn

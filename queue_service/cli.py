@@ -93,7 +93,7 @@ def cmd_core(args: argparse.Namespace) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         # A benchmark prepares a batch with --manual, then starts all its judging at one instant.
-        loop.add_signal_handler(signal.SIGUSR1, core.start_judging)
+        loop.add_signal_handler(signal.SIGUSR1, core.start_judging, args.judging_spread_seconds)
         await stop.wait()
         await core.stop()
 
@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     core.add_argument("--fail-releases", action="store_true")
     core.add_argument("--drop-callbacks", action="store_true")
     core.add_argument("--slow-seconds", type=float, default=0.0)
+    core.add_argument("--judging-spread-seconds", type=float, default=0.0, help="on SIGUSR1, spread the held batch's judging starts over this long")
     core.add_argument("--record", metavar="PATH", help="append a JSON line per run created, release received, completion sent/returned")
     core.set_defaults(func=cmd_core)
     args = parser.parse_args(argv)

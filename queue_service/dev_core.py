@@ -116,13 +116,14 @@ class DevCore(pb_grpc.RunServiceServicer):
             line = {"event": event, "run_id": run_id, "user_id": user_id, "mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
             self._record_file.write(json.dumps(line) + "\n")
 
-    def start_judging(self) -> None:
-        """Leaves manual mode: every run judging now completes `judging_seconds` from this call."""
+    def start_judging(self, spread_seconds: float = 0.0) -> None:
+        """Leaves manual mode: every run judging now completes `judging_seconds` from this call,
+        the i-th of n delayed by i/n x `spread_seconds` (0: all in step)."""
         self.manual = False
         self.record("judging_started")
-        for run in self.runs.values():
-            if run.state == pb.RUN_STATE_JUDGING and run.judge_task is None:
-                run.judge_task = asyncio.create_task(self._judge(run))
+        waiting = [run for run in self.runs.values() if run.state == pb.RUN_STATE_JUDGING and run.judge_task is None]
+        for index, run in enumerate(waiting):
+            run.judge_task = asyncio.create_task(self._judge(run, delay=spread_seconds * index / len(waiting)))
 
     def set_callback_addr(self, addr: str) -> None:
         self.callback_addr = addr
@@ -222,8 +223,8 @@ class DevCore(pb_grpc.RunServiceServicer):
     def _stop_judging(self, run: DevRun) -> None:
         self.judging_now.get(run.user_id, set()).discard(run.run_id)
 
-    async def _judge(self, run: DevRun) -> None:
-        await asyncio.sleep(self.judging_seconds)
+    async def _judge(self, run: DevRun, delay: float = 0.0) -> None:
+        await asyncio.sleep(delay + self.judging_seconds)
         await self.finish(run.run_id, succeeded="fail-judging" not in run.document_uri)
 
     async def finish(self, run_id: str, *, succeeded: bool = True, refund_credit: bool = False, message: str = "") -> callback_pb2.CompleteRunResponse | None:

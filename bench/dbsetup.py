@@ -1,0 +1,183 @@
+"""Direct SQL set-up of the bench's data (credits, history, in-flight rows) and the polls the
+scenarios wait on. Rows respect every constraint of `0001_queue_and_credits.sql`."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import psycopg
+
+
+def connect(dsn: str) -> psycopg.Connection:
+    return psycopg.connect(dsn, autocommit=True)
+
+
+def grant_credits(dsn: str, user_prefix: str, users: int, amount: int) -> None:
+    """A grant (ledger entry + balance) of `amount` for users `<prefix>0 .. <prefix>{users-1}`."""
+    key = f"bench-grant-{uuid.uuid4().hex}"
+    with connect(dsn) as conn:
+        conn.execute(
+            """
+            WITH u AS (SELECT %(prefix)s || g AS user_id FROM generate_series(0, %(users)s - 1) AS g),
+            entries AS (
+                INSERT INTO credit_ledger (user_id, kind, amount, idempotency_key)
+                SELECT user_id, 'grant', %(amount)s, %(key)s FROM u
+            )
+            INSERT INTO credit_accounts AS c (user_id, balance)
+            SELECT user_id, %(amount)s FROM u
+            ON CONFLICT (user_id) DO UPDATE SET balance = c.balance + EXCLUDED.balance
+            """,
+            {"prefix": user_prefix, "users": users, "amount": amount, "key": key},
+        )
+
+
+def load_history(dsn: str, *, jobs: int, users: int, user_prefix: str = "hist-u") -> float:
+    """`jobs` finished jobs spread over `users` users and the last 180 days, each charged once,
+    then VACUUM ANALYZE and a CHECKPOINT (what autovacuum and time would have done in
+    production). Triggers are off for the load (session_replication_role = replica): history
+    must not flood the change channel. Returns the seconds it took."""
+    started = time.perf_counter()
+    with connect(dsn) as conn:
+        with conn.transaction():
+            conn.execute("SET LOCAL session_replication_role = replica")
+            conn.execute(
+                """
+                INSERT INTO analysis_jobs (
+                    job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot,
+                    delta_of_job_id, price, release_attempts, last_error,
+                    create_time, promote_time, start_time, end_time)
+                SELECT gen_random_uuid(), %(prefix)s || (g %% %(users)s), gen_random_uuid(), 'history-' || g,
+                       sha256(g::text::bytea),
+                       CASE WHEN g %% 25 = 0 THEN 'failed' WHEN g %% 40 = 1 THEN 'canceled' ELSE 'succeeded' END,
+                       nextval('analysis_jobs_queue_seq'), NULL, NULL, 1, 1,
+                       CASE WHEN g %% 25 = 0 THEN 'the core reported a failure' ELSE '' END,
+                       t.created, t.created + interval '1 minute', t.created + interval '1 minute',
+                       t.created + interval '6 minutes'
+                  FROM generate_series(0, %(jobs)s - 1) AS g,
+                       LATERAL (SELECT now() - interval '180 days' + (g * interval '180 days') / %(jobs)s AS created) AS t
+                 ORDER BY g
+                """,
+                {"prefix": user_prefix, "users": users, "jobs": jobs},
+            )
+            conn.execute(
+                """
+                INSERT INTO credit_ledger (user_id, kind, amount, job_id, create_time)
+                SELECT user_id, 'charge', -price, job_id, create_time FROM analysis_jobs WHERE idempotency_key LIKE 'history-%%'
+                """
+            )
+            conn.execute(
+                """
+                INSERT INTO credit_ledger (user_id, kind, amount, job_id, create_time)
+                SELECT user_id, 'refund', price, job_id, end_time FROM analysis_jobs
+                 WHERE idempotency_key LIKE 'history-%%' AND status IN ('failed', 'canceled')
+                """
+            )
+            conn.execute(
+                """
+                INSERT INTO credit_accounts AS c (user_id, balance)
+                SELECT %(prefix)s || g, 5 FROM generate_series(0, %(users)s - 1) AS g
+                ON CONFLICT (user_id) DO NOTHING
+                """,
+                {"prefix": user_prefix, "users": users},
+            )
+        conn.execute("VACUUM ANALYZE analysis_jobs")
+        conn.execute("VACUUM ANALYZE credit_ledger")
+        conn.execute("VACUUM ANALYZE credit_accounts")
+        conn.execute("CHECKPOINT")
+    return time.perf_counter() - started
+
+
+def add_in_flight(dsn: str, *, users: int, queued_per_user: int, user_prefix: str) -> int:
+    """Per user: one RUNNING job holding slot 1 (reconciliation not due) and `queued_per_user`
+    QUEUED jobs behind it, as admitted jobs would be. Returns the number of jobs in flight."""
+    with connect(dsn) as conn:
+        with conn.transaction():
+            conn.execute("SET LOCAL session_replication_role = replica")
+            conn.execute(
+                """
+                INSERT INTO analysis_jobs (
+                    job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot, price,
+                    create_time, promote_time, start_time, next_reconcile_at)
+                SELECT gen_random_uuid(), %(prefix)s || u, gen_random_uuid(), 'inflight-' || u || '-' || k,
+                       sha256((u || '-' || k)::bytea),
+                       CASE WHEN k = 0 THEN 'running' ELSE 'queued' END,
+                       nextval('analysis_jobs_queue_seq'),
+                       CASE WHEN k = 0 THEN 1 END, 1,
+                       clock_timestamp(),
+                       CASE WHEN k = 0 THEN clock_timestamp() END,
+                       CASE WHEN k = 0 THEN clock_timestamp() END,
+                       CASE WHEN k = 0 THEN clock_timestamp() + interval '1 day' END
+                  FROM generate_series(0, %(users)s - 1) AS u, generate_series(0, %(queued)s) AS k
+                 ORDER BY u, k
+                """,
+                {"prefix": user_prefix, "users": users, "queued": queued_per_user},
+            )
+        conn.execute("ANALYZE analysis_jobs")
+    return users * (queued_per_user + 1)
+
+
+def finish_in_flight(dsn: str) -> int:
+    """Ends every job still in flight (so the next scenario starts from a known state)."""
+    with connect(dsn) as conn:
+        with conn.transaction():
+            conn.execute("SET LOCAL session_replication_role = replica")
+            cur = conn.execute(
+                "UPDATE analysis_jobs SET status = 'canceled', slot = NULL, end_time = clock_timestamp(),"
+                " next_release_at = NULL, next_reconcile_at = NULL WHERE status IN ('queued', 'pending', 'running')"
+            )
+            return cur.rowcount
+
+
+def count_by_status(dsn: str, user_prefix: str) -> dict[str, int]:
+    with connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT status, count(*) FROM analysis_jobs WHERE user_id LIKE %s GROUP BY status", (user_prefix + "%",)
+        ).fetchall()
+    return {status: n for status, n in rows}
+
+
+def wait_for(dsn: str, user_prefix: str, done, timeout: float, poll: float = 0.05) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """Polls the status counts of the users with this prefix until `done(counts)` or timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = count_by_status(dsn, user_prefix)
+        if done(counts) or time.monotonic() > deadline:
+            return counts
+        time.sleep(poll)
+
+
+def table_sizes(dsn: str) -> dict[str, int]:
+    with connect(dsn) as conn:
+        jobs = conn.execute("SELECT count(*) FROM analysis_jobs").fetchone()[0]
+        users = conn.execute("SELECT count(DISTINCT user_id) FROM analysis_jobs").fetchone()[0]
+        in_flight, busy_users = conn.execute(
+            "SELECT count(*), count(DISTINCT user_id) FROM analysis_jobs WHERE status IN ('queued','pending','running')"
+        ).fetchone()
+    return {"jobs": jobs, "users": users, "in_flight": in_flight, "idle_users": users - busy_users}
+
+
+def add_watched_user(dsn: str, user_id: str) -> str:
+    """A user with one RUNNING job (so every WatchJobs stream opens with a snapshot message) and
+    one finished job whose status the watch scenario flips. Returns the finished job's id."""
+    with connect(dsn) as conn:
+        conn.execute(
+            """
+            INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot, price,
+                                       promote_time, start_time, next_reconcile_at)
+            VALUES (gen_random_uuid(), %(user)s, gen_random_uuid(), 'watch-running', '\\x00', 'running',
+                    nextval('analysis_jobs_queue_seq'), 1, 1, now(), now(), now() + interval '1 day')
+            """,
+            {"user": user_id},
+        )
+        row = conn.execute(
+            """
+            INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, price,
+                                       promote_time, start_time, end_time)
+            VALUES (gen_random_uuid(), %(user)s, gen_random_uuid(), 'watch-finished', '\\x00', 'succeeded',
+                    nextval('analysis_jobs_queue_seq'), 1, now(), now(), now())
+            RETURNING job_id
+            """,
+            {"user": user_id},
+        ).fetchone()
+    return str(row[0])

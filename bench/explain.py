@@ -1,0 +1,203 @@
+"""EXPLAIN (ANALYZE, BUFFERS) of the service's hot and sweeper statements on the history database,
+and a check that each is index-driven (partial indexes over the rows in flight) rather than a
+sequential scan of the history.
+
+Each statement runs exactly as `repository.py` runs it (the named query from queries.sql, bound
+parameters) inside a transaction that is rolled back. Two details a plain EXPLAIN would miss:
+
+- `analysis_jobs_free_slot` is a SQL function: its body is planned separately, so auto_explain
+  (log_nested_statements, sent to this session as NOTICEs) captures the nested plans too;
+- the service's connections prepare a statement after 5 executions (psycopg's
+  prepare_threshold), after which PostgreSQL may switch to a generic plan; each statement is
+  also run prepared under plan_cache_mode = force_generic_plan and that plan is checked too.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from queue_service import repository as repo
+
+_SEQ_SCAN = re.compile(r"Seq Scan on (\w+)")
+_INDEX = re.compile(r"(?:Index Only Scan|Index Scan|Bitmap Index Scan)(?: Backward)? (?:using|on) (\w+)")
+_EXECUTION = re.compile(r"Execution Time: ([\d.]+) ms")
+_BUFFERS = re.compile(r"Buffers: shared (?:hit=(\d+))?\s*(?:read=(\d+))?")
+_HISTORY_TABLES = ("analysis_jobs", "credit_ledger")
+
+_AUTO_EXPLAIN = [
+    "LOAD 'auto_explain'",
+    "SET auto_explain.log_min_duration = 0",
+    "SET auto_explain.log_analyze = on",
+    "SET auto_explain.log_buffers = on",
+    "SET auto_explain.log_nested_statements = on",
+    "SET auto_explain.log_level = notice",
+]
+
+# (named query, what it is for); the first seven are the brief's list.
+STATEMENTS = [
+    ("insert_admitted_job", "admit: debit + INSERT deciding the status (an idle user, so the free-slot function runs)"),
+    ("promote_next_queued_job", "promotion right after the user's running job ended (same transaction)"),
+    ("claim_due_releases", "dispatcher: claim due PENDING jobs (FOR UPDATE SKIP LOCKED)"),
+    ("users_needing_promotion", "sweeper: users with queued work and a free slot"),
+    ("expired_pending_releases", "sweeper: releases past their window"),
+    ("claim_due_reconciliations", "sweeper: RUNNING jobs whose completion is overdue"),
+    ("list_job_views", "ListJobs: first page (10) of a user with history"),
+    ("admit_state", "admit: idempotency / queue length / balance read (twice per admit)"),
+    ("job_views_by_ids", "the view of one job (after every admit, for every WatchJobs change)"),
+]
+
+
+def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[str, tuple[dict[str, Any], Callable | None]]:
+    running = conn.execute(
+        "SELECT job_id FROM analysis_jobs WHERE user_id = %s AND status = 'running'", (busy_user,)
+    ).fetchone()["job_id"]
+    queued = conn.execute(
+        "SELECT job_id FROM analysis_jobs WHERE user_id = %s AND status = 'queued' ORDER BY queue_seq LIMIT 1", (busy_user,)
+    ).fetchone()["job_id"]
+
+    def end_running_job(c: psycopg.Connection) -> None:
+        c.execute(
+            repo.queries()["finish_job"],
+            {"job_id": running, "status": "succeeded", "from_statuses": ["pending", "running"], "last_error": "", "expected_attempts": None},
+        )
+
+    new_job = {
+        "job_id": uuid.uuid4(), "user_id": idle_user, "run_id": uuid.uuid4(), "idempotency_key": f"explain-{uuid.uuid4()}",
+        "request_digest": b"explain", "delta_of_job_id": None, "price": 1, "is_delta": False, "default_max_active": 1,
+        "release_window_seconds": 1800.0, "reconcile_after_seconds": 900.0,
+    }
+    return {
+        "insert_admitted_job": (new_job, None),
+        "promote_next_queued_job": ({"user_id": busy_user, "default_max_active": 1, "release_window_seconds": 1800.0}, end_running_job),
+        "claim_due_releases": ({"lease_seconds": 15.0, "batch_size": 64}, None),
+        "users_needing_promotion": ({"default_max_active": 1, "batch_size": 500}, None),
+        "expired_pending_releases": ({"batch_size": 500}, None),
+        "claim_due_reconciliations": ({"recheck_seconds": 900.0, "batch_size": 500}, None),
+        "list_job_views": ({"user_id": idle_user, "before_seq": None, "statuses": [], "limit": 11}, None),
+        "admit_state": ({"user_id": idle_user, "idempotency_key": "explain-none", "delta_of_job_id": None}, None),
+        "job_views_by_ids": ({"job_ids": [queued]}, None),
+    }
+
+
+def _nested(notices: list[str], top_level_sql: str) -> list[str]:
+    """auto_explain's plans of the statements run inside this one (function bodies)."""
+    head = top_level_sql.strip()[:60]
+    return [n for n in notices if "Query Text: EXPLAIN" not in n and head not in n]
+
+
+def _run(conn: psycopg.Connection, sql: str, values: dict[str, Any], prelude: Callable | None, notices: list[str], *, prepare: bool = False) -> list[dict]:
+    """Runs one statement (after its prelude) in a transaction that is rolled back; `notices`
+    then holds what auto_explain reported for this statement alone."""
+    with conn.transaction(force_rollback=True):
+        if prelude:
+            prelude(conn)
+        notices.clear()
+        cursor = conn.execute(sql, values, prepare=prepare)  # type: ignore[arg-type]
+        return cursor.fetchall() if cursor.description else []
+
+
+_QUERY_TEXT = re.compile(r"Query Text:(.*?)(?:Query Parameters:|\n[A-Z][a-zA-Z ]+ {2}\(cost)", re.DOTALL)
+
+
+def _dedupe(plans: list[str]) -> list[str]:
+    """One plan per distinct statement text (a function runs once per row), with its run count."""
+    first: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for text in plans:
+        match = _QUERY_TEXT.search(text)
+        key = match.group(1).strip() if match else text
+        counts[key] = counts.get(key, 0) + 1
+        first.setdefault(key, text)
+    return [f"[this statement ran {counts[key]} time(s); first run shown]\n{text}" for key, text in first.items()]
+
+
+def _nested_runs(nested: list[str]) -> int:
+    return sum(int(m.group(1)) for m in (re.match(r"\[this statement ran (\d+)", n) for n in nested) if m)
+
+
+def verdict(plan_text: str, partial_indexes: set[str]) -> dict[str, Any]:
+    seq = sorted(set(_SEQ_SCAN.findall(plan_text)))
+    indexes = sorted(set(_INDEX.findall(plan_text)))
+    return {
+        "index_driven": not any(table in _HISTORY_TABLES for table in seq),
+        "seq_scans": seq,
+        "indexes": indexes,
+        "partial_indexes": [i for i in indexes if i in partial_indexes],
+    }
+
+
+def explain_all(dsn: str, out_path: Path, *, idle_user: str, busy_user: str, header: str) -> dict[str, Any]:
+    notices: list[str] = []
+    sections, results = [header], {}
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        for statement in _AUTO_EXPLAIN:
+            conn.execute(statement)
+        partial = {
+            row["indexname"]
+            for row in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'analysis_jobs' AND indexdef LIKE '%% WHERE %%'")
+        }
+        params = _params(conn, idle_user, busy_user)
+        for name, purpose in STATEMENTS:
+            sql = repo.queries()[name]
+            values, prelude = params[name]
+            # 1) the plain EXPLAIN (ANALYZE, BUFFERS), auto_explain off so its timing is clean,
+            #    run twice and the second kept (warm caches, as on a serving replica);
+            conn.execute("SET auto_explain.log_min_duration = -1")
+            for _ in range(2):
+                plan = "\n".join(r["QUERY PLAN"] for r in _run(conn, "EXPLAIN (ANALYZE, BUFFERS) " + sql, values, prelude, notices))
+            conn.execute("SET auto_explain.log_min_duration = 0")
+            # 2) the same with auto_explain on, for the plans of the nested statements;
+            _run(conn, "EXPLAIN (ANALYZE, BUFFERS) " + sql, values, prelude, notices)
+            nested = _dedupe(_nested(notices, sql))
+            # 3) prepared, forced generic: the plan a long-lived service connection may end up with.
+            conn.execute("SET plan_cache_mode = force_generic_plan")
+            _run(conn, sql, values, prelude, notices, prepare=True)
+            conn.execute("RESET plan_cache_mode")
+            generic = "\n\n".join(_dedupe(notices))
+
+            custom_verdict = verdict(plan + "\n" + "\n".join(nested), partial)
+            generic_verdict = verdict(generic, partial)
+            execution = _EXECUTION.search(plan)
+            buffers = _BUFFERS.search(plan)
+            results[name] = {
+                "purpose": purpose,
+                **custom_verdict,
+                "generic_plan_index_driven": generic_verdict["index_driven"],
+                "generic_plan_seq_scans": generic_verdict["seq_scans"],
+                "execution_ms": float(execution.group(1)) if execution else None,
+                "top_buffers_hit": int(buffers.group(1) or 0) if buffers else None,
+                "top_buffers_read": int(buffers.group(2) or 0) if buffers else None,
+                "nested_statement_runs": _nested_runs(nested),
+            }
+            sections.append(_section(name, purpose, plan, nested, generic, results[name]))
+    sections.insert(1, _summary(results))
+    out_path.write_text("\n".join(sections))
+    return results
+
+
+def _summary(results: dict[str, Any]) -> str:
+    lines = ["SUMMARY (index_driven: no sequential scan of analysis_jobs or credit_ledger)", ""]
+    lines.append(f"{'statement':28} {'custom':8} {'generic':8} {'exec ms':>8}  partial indexes used / seq scans")
+    for name, r in results.items():
+        custom = "index" if r["index_driven"] else "SEQ"
+        generic = "index" if r["generic_plan_index_driven"] else "SEQ"
+        seq = f"  seq: {','.join(r['seq_scans'])}" if r["seq_scans"] else ""
+        lines.append(f"{name:28} {custom:8} {generic:8} {r['execution_ms'] or 0:8.3f}  {', '.join(r['partial_indexes']) or '-'}{seq}")
+    return "\n".join(lines) + "\n"
+
+
+def _section(name: str, purpose: str, plan: str, nested: list[str], generic: str, result: dict[str, Any]) -> str:
+    bar = "=" * 100
+    parts = [bar, f"{name}: {purpose}", f"verdict: {result}", bar, "", "-- EXPLAIN (ANALYZE, BUFFERS), custom plan --", plan]
+    for text in nested:
+        parts += ["", "-- nested statement (auto_explain) --", text]
+    parts += ["", "-- prepared, plan_cache_mode = force_generic_plan (auto_explain, nested statements included) --", generic, ""]
+    return "\n".join(parts)

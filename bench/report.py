@@ -1,0 +1,181 @@
+"""The report: targets evaluated PASS/MISS, a readable table, and the JSON document."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def _get(data: dict[str, Any], *path: str) -> Any:
+    for key in path:
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def _target(name: str, value: float | None, op: str, limit: float, detail: str) -> dict[str, Any]:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        verdict = "N/A"
+    else:
+        verdict = "PASS" if (value >= limit if op == ">=" else value <= limit) else "MISS"
+    return {"target": name, "value": value, "op": op, "limit": limit, "verdict": verdict, "detail": detail}
+
+
+def _exact_ratio(value: float | None, floor: float | None) -> float | None:
+    """Unrounded, so a target is judged on the measured figures, not on a rounded ratio."""
+    return None if value is None or not floor else round(value / floor, 4)
+
+
+def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    s1 = _get(results, "admit_many_users", "c16") or {}
+    history = results.get("history") or {}
+    rss = [r.get("service_peak_rss_mb") for r in (results.get("admit_many_users") or {}).values()]
+
+    def history_ratio(call: str) -> float | None:
+        return _exact_ratio(_get(history, "history", call, "latency_ms", "p99"), _get(history, "empty", call, "latency_ms", "p99"))
+
+    return [
+        _target("admit @16 callers: throughput >= 0.5 x minimal service floor",
+                _exact_ratio(_get(s1, "throughput_per_s"), _get(s1, "floors", "minimal", "throughput_per_s")), ">=", 0.5,
+                f"{_get(s1, 'throughput_per_s')}/s vs floor {_get(s1, 'floors', 'minimal', 'throughput_per_s')}/s"),
+        _target("admit @16 callers: p99 <= 3 x minimal service floor p99",
+                _exact_ratio(_get(s1, "latency_ms", "p99"), _get(s1, "floors", "minimal", "latency_ms", "p99")), "<=", 3,
+                f"{_get(s1, 'latency_ms', 'p99')} ms vs floor {_get(s1, 'floors', 'minimal', 'latency_ms', 'p99')} ms"),
+        _target("promotion gap p99 <= 20 ms (CompleteRun returned -> next ReleaseRun received)",
+                _get(results, "promotion_gap", "burst", "latency_ms", "p99"), "<=", 20,
+                f"burst of {_get(results, 'promotion_gap', 'burst', 'users')} users; light load "
+                f"({_get(results, 'promotion_gap', 'light', 'users')} users) p99 {_get(results, 'promotion_gap', 'light', 'latency_ms', 'p99')} ms"),
+        _target("admit p99 with history <= 1.5 x empty-table p99", history_ratio("admit"), "<=", 1.5,
+                f"{_get(results, 'history', 'history', 'admit', 'latency_ms', 'p99')} ms vs {_get(results, 'history', 'empty', 'admit', 'latency_ms', 'p99')} ms"),
+        _target("ListJobs p99 with history <= 1.5 x empty-table p99", history_ratio("list_jobs"), "<=", 1.5,
+                f"{_get(results, 'history', 'history', 'list_jobs', 'latency_ms', 'p99')} ms vs {_get(results, 'history', 'empty', 'list_jobs', 'latency_ms', 'p99')} ms"),
+        _target("sweeper pass (median) <= 50 ms at 100 000 idle users", _get(results, "sweeper", "pass_ms", "p50"), "<=", 50,
+                f"max {_get(results, 'sweeper', 'pass_ms', 'max')} ms over {_get(results, 'sweeper', 'passes')} passes, "
+                f"{_get(results, 'sweeper', 'idle_users')} idle users, {_get(results, 'sweeper', 'in_flight')} in flight"),
+        _target("peak RSS per replica <= 200 MB under scenario 1", max((r for r in rss if r is not None), default=None), "<=", 200,
+                "VmHWM of the service process, max over the concurrency levels"),
+    ]
+
+
+# -- the table ---------------------------------------------------------------------------------------
+
+_HEAD = f"{'':44} {'ok/s':>8} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8}  {'CPU ms/op svc  core    pg':>26} {'RSS MB':>7} {'other':>6}  errors"
+
+
+def _num(value: Any, width: int = 8, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return f"{'-':>{width}}"
+    return f"{value:>{width}.{digits}f}"
+
+
+def _row(label: str, record: dict[str, Any]) -> str:
+    lat, cpu = record.get("latency_ms", {}), record.get("cpu_ms_per_op", {})
+    errors = ",".join(f"{k}:{v}" for k, v in (record.get("errors") or {}).items())
+    return (
+        f"{label:44} {_num(record.get('throughput_per_s'))} {_num(lat.get('p50'), digits=2)} {_num(lat.get('p90'), digits=2)}"
+        f" {_num(lat.get('p99'), digits=2)} {_num(lat.get('max'), digits=2)}  {_num(cpu.get('service'), 7, 2)} {_num(cpu.get('core'), 6, 2)}"
+        f" {_num(cpu.get('postgres'), 6, 2)} {_num(record.get('service_peak_rss_mb'), 8)} {_num(record.get('unattributed_cpu_cores'), 6, 2)}  {errors}"
+    )
+
+
+def _ratio_row(label: str, ratios: dict[str, Any]) -> str:
+    def x(key: str, width: int = 8) -> str:
+        value = ratios.get(key)
+        return f"{'-':>{width}}" if value is None else f"{value:>{width - 1}.2f}x"
+
+    return f"{label:44} {x('throughput')} {x('p50')} {x('p90')} {x('p99')} {x('max')}  {x('cpu_service', 7)} {'':6} {x('cpu_postgres', 6)}"
+
+
+def _admit_block(title: str, run: dict[str, Any]) -> list[str]:
+    lines = [_row(title, run)]
+    labels = {"grpc": "floor: gRPC Health/Check, same server", "db": "floor: bare admit transaction (no gRPC)", "minimal": "floor: minimal gRPC Admit server"}
+    for name, floor in run.get("floors", {}).items():
+        lines.append(_row(f"  {labels[name]}", floor))
+    for name, ratios in run.get("ratios", {}).items():
+        lines.append(_ratio_row(f"  service / {name} floor", ratios))
+    return lines
+
+
+def render_table(report: dict[str, Any]) -> str:
+    results, lines = report["results"], []
+    meta = report["meta"]
+    lines.append(f"Acurio queue bench ({meta['size']}), PostgreSQL durable={meta['postgres_durable']} ({meta['postgres_settings']}), "
+                 f"{meta['cpus']} CPUs, {meta['duration_seconds']:.0f}s")
+    lines.append("latency in ms; CPU in ms per operation (svc = service process, core = dev core, pg = all PostgreSQL processes);")
+    lines.append("other = cores' worth of machine CPU used by nothing measured (neighbours, kernel): near 0 on a quiet machine")
+    lines.append("")
+    lines.append(_HEAD)
+    for key, run in (results.get("admit_many_users") or {}).items():
+        lines += _admit_block(f"1) admit, {run['users']} users, {run['callers']} callers", run)
+    if "admit_hot_user" in results:
+        run = results["admit_hot_user"]
+        lines += _admit_block(f"2) admit, one hot user, {run['callers']} callers", run)
+    for key, run in (results.get("promotion_gap") or {}).items():
+        lines.append(_row(f"3) promotion gap, {key}, {run['users']} users x {run['queue_per_user']}", run))
+        lines.append(f"{'':44} gap from CompleteRun sent: p50 {run['gap_from_send_ms']['p50']:.2f} p99 {run['gap_from_send_ms']['p99']:.2f} ms;"
+                     f" min gap {run['gap_min_ms']} ms; makespan {run['makespan_seconds']}s vs ideal {run['ideal_makespan_seconds']}s"
+                     f" ({run['makespan_ratio_to_ideal']}x); ops = completed jobs")
+    if "history" in results:
+        h = results["history"]
+        table = h["history_table"]
+        for phase in ("empty", "history"):
+            for call in ("admit", "list_jobs"):
+                lines.append(_row(f"4) {call} ({phase} table)", h[phase][call]))
+        for call, ratios in h["ratios_history_to_empty"].items():
+            lines.append(_ratio_row(f"  {call}: history / empty", ratios))
+        lines.append(f"{'':44} history table: {table['jobs']} jobs, {table['users']} users; loaded in {h['history_load_seconds']}s")
+    if "sweeper" in results:
+        s = results["sweeper"]
+        p = s["pass_ms"]
+        lines.append(f"{'5) sweeper pass (sweep_once)':44} {'':8} {p['p50']:8.2f} {p['p90']:8.2f} {p['p99']:8.2f} {p['max']:8.2f}  "
+                     f"pg {s['cpu_ms_per_pass'].get('postgres', 0):.2f} ms CPU/pass; {s['idle_users']} idle users, {s['in_flight']} in flight")
+        for name, stats in s["statement_ms"].items():
+            lines.append(f"{'  ' + name:44} {'':8} {stats['p50']:8.2f} {stats['p90']:8.2f} {stats['p99']:8.2f} {stats['max']:8.2f}")
+        deep = s.get("deep_queues")
+        if deep:
+            d, u = deep["pass_ms"], deep["statement_ms"]["users_needing_promotion"]
+            lines.append(f"{'  pass, deep queues (' + str(deep['in_flight']) + ' in flight)':44} {'':8} {d['p50']:8.2f} {d['p90']:8.2f} {d['p99']:8.2f} {d['max']:8.2f}"
+                         f"  of which users_needing_promotion p50 {u['p50']:.2f} ms")
+    if "watch_fanout" in results:
+        w = results["watch_fanout"]
+        lines.append(_row(f"6) WatchJobs: change -> last of {w['streams']} watchers", w))
+        f = w["first_watcher_ms"]
+        lines.append(f"{'  change -> first watcher':44} {'':8} {f['p50']:8.2f} {f['p90']:8.2f} {f['p99']:8.2f} {f['max']:8.2f}"
+                     f"  service {w['service_cpu_us_per_message']} us CPU per message; missing {w['missing_messages']}; ops = changes")
+    if report.get("explain"):
+        lines.append("")
+        lines.append(f"EXPLAIN (see {meta.get('explain_file')}):")
+        for name, r in report["explain"].items():
+            scans = "index-driven" if r["index_driven"] and r["generic_plan_index_driven"] else f"SEQ SCAN {r['seq_scans'] or r['generic_plan_seq_scans']}"
+            lines.append(f"  {name:28} {scans:14} {r['execution_ms']:7.3f} ms  partial: {', '.join(r['partial_indexes']) or '-'}"
+                         + (f"  (nested statement runs: {r['nested_statement_runs']})" if r.get("nested_statement_runs", 0) > 1 else ""))
+    lines.append("")
+    lines.append("TARGETS:")
+    for t in report["targets"]:
+        value = t["value"]
+        shown = "-" if value is None else f"{value:.4g}"
+        lines.append(f"  [{t['verdict']:4}] {t['target']}: {shown} ({t['op']} {t['limit']}); {t['detail']}")
+    return "\n".join(lines)
+
+
+def write_json(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+
+def main() -> None:
+    """`python -m bench.report [REPORT.json]`: re-evaluates the targets and prints the table."""
+    import sys
+
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "results" / "report.json"
+    document = json.loads(path.read_text())
+    document["targets"] = evaluate_targets(document["results"])
+    write_json(document, path)
+    print(render_table(document))
+
+
+if __name__ == "__main__":
+    main()

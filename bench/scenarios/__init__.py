@@ -1,0 +1,1 @@
+"""One module per scenario; each `run(ctx)` returns the scenario's JSON-ready results."""

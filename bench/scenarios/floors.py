@@ -1,0 +1,61 @@
+"""The three floors every admit figure is divided by, measured in the same run:
+
+- grpc: ghz against grpc.health.v1.Health/Check of the very service replica under test (what a
+  unary call through this server costs with no work behind it);
+- db: the bare admit transaction (user lock + insert_admitted_job + COMMIT) from the Python
+  driver, no gRPC at all;
+- minimal: bench/minimal_server.py, a gRPC Admit doing only that transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench import dbsetup
+from bench.context import Context, load_record
+from bench.ghz import ADMIT, HEALTH_CHECK, admit_data
+from bench.measure import ratio
+from bench.procs import MinimalServer, Stack
+
+
+def grpc_floor(ctx: Context, stack: Stack, callers: int, calls: int) -> dict[str, Any]:
+    ctx.ghz(stack.address, HEALTH_CHECK, {"service": ""}, concurrency=callers, total=min(calls, 500))
+    return ctx.measured_ghz(stack.address, HEALTH_CHECK, {"service": ""}, concurrency=callers, total=calls, cpu_roots={"service": stack.service.pid})
+
+
+def db_floor(ctx: Context, name: str, users: int, callers: int, calls: int) -> dict[str, Any]:
+    dsn = ctx.database(f"{name}_db_floor")
+    prefix = f"{name}-dbf-u"
+    warmup = ctx.sizes.warmup_calls
+    dbsetup.grant_credits(dsn, prefix, users, (calls + warmup) // users + 10)
+    params = {"dsn": dsn, "user_prefix": prefix, "users": users, "concurrency": callers, "total": calls, "warmup": warmup}
+    result, cpu = ctx.measured_driver("db_floor", params, {"postgres": ctx.db.pid})
+    return load_record(ok=result["count"], seconds=result["seconds"], latency_ms=result["latency_ms"], cpu_seconds=cpu)
+
+
+def minimal_floor(ctx: Context, name: str, users: int, callers: int, calls: int) -> dict[str, Any]:
+    dsn = ctx.database(f"{name}_minimal_floor")
+    prefix = f"{name}-min-u"
+    warmup = ctx.sizes.warmup_calls
+    dbsetup.grant_credits(dsn, prefix, users, (calls + warmup) // users + 10)
+    with MinimalServer(dsn, ctx.workdir) as server:
+        ctx.ghz(server.address, ADMIT, admit_data(prefix, users, "warm"), concurrency=callers, total=warmup)
+        return ctx.measured_ghz(
+            server.address, ADMIT, admit_data(prefix, users, "measure"), concurrency=callers, total=calls,
+            cpu_roots={"service": server.pid, "postgres": ctx.db.pid},
+        )
+
+
+def ratios_against(run: dict[str, Any], floors: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """run / floor for throughput, every latency percentile and CPU per call (the service's
+    process against the floor's server process; PostgreSQL against PostgreSQL)."""
+    out = {}
+    for name, floor in floors.items():
+        figures = {"throughput": ratio(run["throughput_per_s"], floor["throughput_per_s"])}
+        for key in ("p50", "p90", "p99", "max"):
+            figures[key] = ratio(run["latency_ms"][key], floor["latency_ms"][key])
+        for key in ("service", "postgres"):
+            if key in floor["cpu_ms_per_op"]:
+                figures[f"cpu_{key}"] = ratio(run["cpu_ms_per_op"].get(key), floor["cpu_ms_per_op"][key])
+        out[name] = figures
+    return out
