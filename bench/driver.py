@@ -30,7 +30,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from bench.measure import Latency
 from queue_service import repository as repo
-from queue_service.db import Timeouts
+from queue_service.db import Timeouts, create_pool
 from queue_service.locks import with_user_queue_lock
 
 TIMEOUTS = Timeouts(lock_timeout_ms=5000, statement_timeout_ms=10000)
@@ -46,8 +46,8 @@ async def _wait_for_go() -> None:
 
 
 async def _bare_pool(dsn: str, max_size: int) -> AsyncConnectionPool:
-    """Like the service's pool but without its per-lend ping: the floor is the bare transaction."""
-    pool = AsyncConnectionPool(dsn, min_size=max_size, max_size=max_size, open=False, kwargs={"row_factory": dict_row, "autocommit": True})
+    """The service's own pool (session timeouts, no per-lend ping), all connections open."""
+    pool = create_pool(dsn, timeouts=TIMEOUTS, min_size=max_size, max_size=max_size, timeout=10)
     await pool.open(wait=True)
     return pool
 
@@ -170,12 +170,12 @@ async def watch_fanout(
 async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     from queue_service.config import Config
     from queue_service.core_client import CoreClient
-    from queue_service.db import create_pool, transaction
+    from queue_service.db import connection
     from queue_service.engine import QueueEngine
     from queue_service.sweeper import Sweeper
 
     config = Config.from_env(environ={}, database_url=dsn, core_addr=core_addr)
-    pool = create_pool(dsn, min_size=2, max_size=4, timeout=10)
+    pool = create_pool(dsn, timeouts=TIMEOUTS, min_size=2, max_size=4, timeout=10)
     await pool.open(wait=True)
     core = CoreClient.connect(core_addr, deadline_seconds=5)
     engine = QueueEngine(pool, core, config)
@@ -201,7 +201,7 @@ async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     for name, run in statements.items():
         times = []
         for _ in range(passes):
-            async with transaction(pool, engine.timeouts) as conn:
+            async with connection(pool, engine.timeouts) as conn:
                 started = time.perf_counter()
                 await run(conn)
                 times.append(time.perf_counter() - started)

@@ -25,6 +25,7 @@ from psycopg_pool import AsyncConnectionPool
 from queue_service import repository as repo
 from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2, queue_service_pb2_grpc as queue_grpc
 from queue_service.db import Timeouts
+from queue_service.db import create_pool
 from queue_service.locks import with_user_queue_lock
 
 _STATUS = {"queued": job_pb2.JOB_STATUS_QUEUED, "pending": job_pb2.JOB_STATUS_PENDING, "running": job_pb2.JOB_STATUS_RUNNING}
@@ -58,9 +59,7 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
 
 
 async def serve(listen: str, dsn: str, pool_max_size: int) -> None:
-    pool = AsyncConnectionPool(
-        dsn, min_size=2, max_size=pool_max_size, open=False, kwargs={"row_factory": dict_row, "autocommit": True}
-    )
+    pool = create_pool(dsn, timeouts=_TIMEOUTS, min_size=2, max_size=pool_max_size, timeout=10)
     await pool.open(wait=True)
     server = grpc.aio.server()
     queue_grpc.add_AnalysisQueueServiceServicer_to_server(MinimalAdmit(pool), server)

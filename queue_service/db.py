@@ -64,28 +64,64 @@ def translated_errors() -> Iterator[None]:
 
 
 @asynccontextmanager
-async def transaction(
-    pool: AsyncConnectionPool, timeouts: Timeouts, *, set_timeouts: bool = True
-) -> AsyncIterator[AsyncConnection]:
-    """Yields a connection inside a transaction with lock and statement timeouts set."""
+async def connection(pool: AsyncConnectionPool, timeouts: Timeouts) -> AsyncIterator[AsyncConnection]:
+    """Yields a pooled connection in autocommit mode: each statement is its own transaction.
+
+    The pool's connections carry the configured lock and statement timeouts as session defaults,
+    so the common case costs no extra round trip. When a caller's deadline is shorter, the work
+    runs in a transaction with those timeouts lowered (SET LOCAL), so it stops when the caller
+    gives up.
+    """
     with translated_errors():
         async with pool.connection() as conn:
+            if timeouts == session_timeouts(pool):
+                yield conn
+                return
             async with conn.transaction():
-                if set_timeouts:
-                    await conn.execute(
-                        "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
-                        (f"{timeouts.lock_timeout_ms}ms", f"{timeouts.statement_timeout_ms}ms"),
-                    )
+                await _set_local_timeouts(conn, timeouts)
                 yield conn
 
 
-def create_pool(dsn: str, *, min_size: int, max_size: int, timeout: float, name: str = "queue") -> AsyncConnectionPool:
+@asynccontextmanager
+async def transaction(pool: AsyncConnectionPool, timeouts: Timeouts) -> AsyncIterator[AsyncConnection]:
+    """Yields a connection inside a transaction whose timeouts are `timeouts` (the session
+    defaults, or lowered by SET LOCAL)."""
+    with translated_errors():
+        async with pool.connection() as conn:
+            async with conn.transaction():
+                if timeouts != session_timeouts(pool):
+                    await _set_local_timeouts(conn, timeouts)
+                yield conn
+
+
+async def _set_local_timeouts(conn: AsyncConnection, timeouts: Timeouts) -> None:
+    await conn.execute(
+        "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+        (f"{timeouts.lock_timeout_ms}ms", f"{timeouts.statement_timeout_ms}ms"),
+    )
+
+
+def session_timeouts(pool: AsyncConnectionPool) -> Timeouts:
+    """The timeouts every connection of this pool starts its transactions with."""
+    return pool.session_timeouts  # type: ignore[attr-defined, no-any-return]
+
+
+def create_pool(dsn: str, *, timeouts: Timeouts, min_size: int, max_size: int, timeout: float, name: str = "queue") -> AsyncConnectionPool:
     """A pool opened explicitly by the caller (`await pool.open(wait=True)`), closed on shutdown.
 
-    `check` pings a connection before lending it, so a PostgreSQL restart costs callers one
-    UNAVAILABLE at most and the pool heals by itself.
+    Every new connection gets the lock and statement timeouts as session defaults. Connections
+    are not pinged before each loan (that would cost a round trip per transaction): after a
+    PostgreSQL restart a stale connection fails its first statement, the caller hears
+    UNAVAILABLE, and the pool discards it and opens a fresh one.
     """
-    return AsyncConnectionPool(
+
+    async def configure(conn: AsyncConnection) -> None:
+        await conn.execute(
+            "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
+            (f"{timeouts.lock_timeout_ms}ms", f"{timeouts.statement_timeout_ms}ms"),
+        )
+
+    pool = AsyncConnectionPool(
         dsn,
         min_size=min_size,
         max_size=max_size,
@@ -93,6 +129,8 @@ def create_pool(dsn: str, *, min_size: int, max_size: int, timeout: float, name:
         open=False,
         name=name,
         kwargs={"row_factory": dict_row, "autocommit": True},
-        check=AsyncConnectionPool.check_connection,
+        configure=configure,
         reconnect_timeout=3600,
     )
+    pool.session_timeouts = timeouts  # type: ignore[attr-defined]
+    return pool

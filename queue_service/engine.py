@@ -22,7 +22,7 @@ from tenacity import RetryCallState, wait_random_exponential
 from queue_service import errors, repository as repo, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient, ReleaseResult
-from queue_service.db import Timeouts, transaction
+from queue_service.db import Timeouts, connection
 from queue_service.locks import with_user_queue_lock
 from queue_service.repository import ClaimedRelease, NewJob
 
@@ -74,7 +74,7 @@ class QueueEngine:
         is_delta = item.delta_of_job_id is not None
         price = self.config.delta_price if is_delta else self.config.admit_price
 
-        async with transaction(self.pool, timeouts) as conn:
+        async with connection(self.pool, timeouts) as conn:
             state = await repo.admit_state(
                 conn, user_id=item.user_id, idempotency_key=item.idempotency_key, delta_of_job_id=item.delta_of_job_id
             )
@@ -266,7 +266,7 @@ class QueueEngine:
     async def complete_run(
         self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str, remaining: float | None
     ) -> uuid.UUID:
-        async with transaction(self.pool, self.timeouts.within(remaining)) as conn:
+        async with connection(self.pool, self.timeouts.within(remaining)) as conn:
             job = await repo.job_by_run_id(conn, run_id=run_id)
         if job is None:
             raise errors.RunNotFound(f"no job owns run {run_id}", metadata={"runId": str(run_id)})
@@ -288,7 +288,7 @@ class QueueEngine:
         return job.job_id
 
     async def cancel(self, job_id: uuid.UUID, user_id: str, *, remaining: float | None) -> uuid.UUID:
-        async with transaction(self.pool, self.timeouts.within(remaining)) as conn:
+        async with connection(self.pool, self.timeouts.within(remaining)) as conn:
             row = await repo.job_by_id(conn, job_id=job_id)
         if row is None or row["user_id"] != user_id:
             raise errors.JobNotFound(f"job {job_id} does not exist for this user", metadata={"jobId": str(job_id)})
@@ -316,7 +316,7 @@ class QueueEngine:
         )
         if ended is None:
             # It ended meanwhile (completed, or canceled by a concurrent call): report what it is.
-            async with transaction(self.pool, self.timeouts) as conn:
+            async with connection(self.pool, self.timeouts) as conn:
                 row = await repo.job_by_id(conn, job_id=job_id)
             if row is not None and row["status"] in ("succeeded", "failed"):
                 raise errors.JobAlreadyFinished(f"job {job_id} already {row['status']}", metadata={"jobId": str(job_id)})
@@ -354,7 +354,7 @@ class QueueEngine:
             outcome = await self.core.release_run(claim.run_id)
             telemetry.metrics.release_attempts.add(1, {"result": outcome.result.value})
             if outcome.result is ReleaseResult.RELEASED:
-                async with transaction(self.pool, self.timeouts) as conn:
+                async with connection(self.pool, self.timeouts) as conn:
                     marked = await repo.mark_released(
                         conn, job_id=claim.job_id, attempt=claim.attempt, reconcile_after_seconds=self.config.reconcile_after_seconds
                     )
@@ -373,7 +373,7 @@ class QueueEngine:
                 return "refused"
             backoff = self.backoff_seconds(claim.attempt)
             span.set_attribute("queue.release.backoff_s", backoff)
-            async with transaction(self.pool, self.timeouts) as conn:
+            async with connection(self.pool, self.timeouts) as conn:
                 retry = await repo.schedule_release_retry(
                     conn, job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=backoff, last_error=outcome.error
                 )

@@ -19,7 +19,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from queue_service import telemetry
-from queue_service.db import Timeouts, transaction
+from queue_service.db import Timeouts, session_timeouts, transaction
 
 # The timeouts go into the same statement as the lock so taking the lock costs one round trip.
 _TAKE_USER_QUEUE_LOCK = (
@@ -41,7 +41,8 @@ async def with_user_queue_lock(
 
     Commits when the block ends, rolls back (and so releases the lock) on any error.
     """
-    async with transaction(pool, timeouts, set_timeouts=False) as conn:
+    # The lock statement sets the timeouts itself (same round trip), so the transaction needn't.
+    async with transaction(pool, session_timeouts(pool)) as conn:
         started = time.perf_counter()
         with telemetry.tracer.start_as_current_span("lock.wait") as span:
             await conn.execute(

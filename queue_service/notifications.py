@@ -19,7 +19,7 @@ import psycopg
 
 from queue_service import errors, repository as repo, telemetry
 from queue_service._gen.acurio.queue.v1 import job_pb2
-from queue_service.db import Timeouts, transaction
+from queue_service.db import Timeouts, connection
 from queue_service.views import JobViews
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class NotificationHub:
             jobs = await self._views.by_ids([job_id])
             if change.get("old_status") == "queued" and change.get("status") != "queued":
                 # Everyone behind it moved up: send the new positions too.
-                async with transaction(self._pool, self._timeouts) as conn:
+                async with connection(self._pool, self._timeouts) as conn:
                     rows = await repo.queued_job_views_of_user(conn, user_id=user_id)
                     mean = await self._views.mean_judging_seconds(conn)
                 jobs += [self._views.to_proto(row, mean) for row in rows]

@@ -65,8 +65,10 @@ class QueueApp:
         core_credentials = auth.core_channel_credentials(
             config.core_tls_ca_file, config.core_tls_cert_file, config.core_tls_key_file
         )
+        timeouts = Timeouts(config.lock_timeout_ms, config.statement_timeout_ms)
         self.pool = create_pool(
             config.database_url,
+            timeouts=timeouts,
             min_size=config.pool_min_size,
             max_size=config.pool_max_size,
             timeout=config.pool_timeout_seconds,
@@ -74,7 +76,6 @@ class QueueApp:
         telemetry.metrics.pools.add(self.pool)
         self.core = CoreClient.connect(config.core_addr, deadline_seconds=config.core_deadline_seconds, credentials=core_credentials)
         self.engine = QueueEngine(self.pool, self.core, config)
-        timeouts = Timeouts(config.lock_timeout_ms, config.statement_timeout_ms)
         self.views = JobViews(self.pool, timeouts, config.max_active_per_user)
         self.hub = NotificationHub(
             config.listen_database_url or config.database_url,

@@ -26,7 +26,7 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
     queue_service_pb2_grpc as queue_grpc,
 )
-from queue_service.db import transaction
+from queue_service.db import connection
 from queue_service.engine import AdmitInput, QueueEngine, request_digest
 from queue_service.notifications import NotificationHub
 from queue_service.views import STATUS_NAMES, JobViews
@@ -90,7 +90,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
     async def Release(self, request: queue_pb2.ReleaseRequest, context: grpc.aio.ServicerContext) -> queue_pb2.ReleaseResponse:
         job_id = validation.validate_job_id(request.job_id)
         engine = self._engine
-        async with transaction(engine.pool, engine.timeouts.within(_remaining(context))) as conn:
+        async with connection(engine.pool, engine.timeouts.within(_remaining(context))) as conn:
             claim = await repo.claim_release_of_job(conn, job_id=job_id, lease_seconds=engine.config.release_lease_seconds)
             row = None if claim else await repo.job_by_id(conn, job_id=job_id)
         if claim is not None:
@@ -111,7 +111,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         statuses = _status_filter(request.statuses)
         filter_key = _filter_key(request.user_id, statuses)
         before_seq = _decode_page_token(request.page_token, filter_key)
-        async with transaction(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
+        async with connection(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
             rows = await repo.list_job_views(
                 conn, user_id=request.user_id, before_seq=before_seq, statuses=statuses, limit=page_size + 1
             )
@@ -165,7 +165,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
             self._hub.unsubscribe(stream)
 
     async def _snapshot(self, user_id: str) -> AsyncIterator[queue_pb2.WatchJobsResponse]:
-        async with transaction(self._engine.pool, self._engine.timeouts) as conn:
+        async with connection(self._engine.pool, self._engine.timeouts) as conn:
             rows = await repo.active_job_views_of_user(conn, user_id=user_id)
             mean = await self._views.mean_judging_seconds(conn)
         jobs = [self._views.to_proto(r, mean) for r in rows]
@@ -250,10 +250,10 @@ class CreditsServicer(credits_grpc.CreditsServiceServicer):
             v.add("amount", f"amount must be between 1 and {validation.MAX_GRANT}")
         v.raise_if_any()
         key = {"user_id": request.user_id, "idempotency_key": request.idempotency_key}
-        async with transaction(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
+        async with connection(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
             balance = await repo.grant_credits(conn, amount=request.amount, **key)
         if balance is None:
-            async with transaction(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
+            async with connection(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
                 earlier = await repo.grant_by_key(conn, **key)
                 balance = await repo.balance_of_user(conn, user_id=request.user_id)
             if earlier != request.amount:
@@ -265,6 +265,6 @@ class CreditsServicer(credits_grpc.CreditsServiceServicer):
 
     async def GetBalance(self, request: credits_pb2.GetBalanceRequest, context: grpc.aio.ServicerContext) -> credits_pb2.GetBalanceResponse:
         validation.validate_user_id(request.user_id)
-        async with transaction(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
+        async with connection(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
             balance = await repo.balance_of_user(conn, user_id=request.user_id)
         return credits_pb2.GetBalanceResponse(balance=balance)

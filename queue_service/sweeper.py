@@ -20,7 +20,7 @@ import grpc
 
 from queue_service import errors, repository as repo, telemetry
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
-from queue_service.db import transaction
+from queue_service.db import connection
 from queue_service.engine import ACTIVE, QueueEngine
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class Sweeper:
         report = SweepReport()
         started = time.perf_counter()
         with telemetry.tracer.start_as_current_span("sweep") as span:
-            async with transaction(engine.pool, engine.timeouts) as conn:
+            async with connection(engine.pool, engine.timeouts) as conn:
                 users = await repo.users_needing_promotion(
                     conn, default_max_active=engine.config.max_active_per_user, batch_size=_BATCH
                 )

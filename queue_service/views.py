@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from queue_service import repository as repo
 from queue_service._gen.acurio.queue.v1 import job_pb2
-from queue_service.db import Timeouts, transaction
+from queue_service.db import Timeouts, connection
 
 _STATUS = {
     "queued": job_pb2.JOB_STATUS_QUEUED,
@@ -46,7 +46,7 @@ class JobViews:
         return self._mean_judging
 
     async def by_ids(self, job_ids: list[uuid.UUID], remaining: float | None = None) -> list[job_pb2.Job]:
-        async with transaction(self._pool, self._timeouts.within(remaining)) as conn:
+        async with connection(self._pool, self._timeouts.within(remaining)) as conn:
             rows = await repo.job_views_by_ids(conn, job_ids=job_ids)
             mean = await self.mean_judging_seconds(conn)
         by_id = {row["job_id"]: row for row in rows}

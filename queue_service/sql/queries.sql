@@ -183,8 +183,10 @@ SELECT min(next_release_at) AS due_at FROM analysis_jobs WHERE status = 'pending
 
 -- name: users_needing_promotion
 -- Users with queued work and a free slot: what a lost tail call left behind.
+-- OFFSET 0 keeps the DISTINCT a subquery of its own, so the free-slot check runs once per user
+-- rather than once per queued job.
 SELECT u.user_id
-  FROM (SELECT DISTINCT user_id FROM analysis_jobs WHERE status = 'queued') AS u
+  FROM (SELECT DISTINCT user_id FROM analysis_jobs WHERE status = 'queued' OFFSET 0) AS u
  WHERE analysis_jobs_free_slot(u.user_id, %(default_max_active)s) IS NOT NULL
  LIMIT %(batch_size)s;
 
