@@ -70,7 +70,7 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
 
     new_job = {
         "job_id": uuid.uuid4(), "user_id": idle_user, "run_id": uuid.uuid4(), "idempotency_key": f"explain-{uuid.uuid4()}",
-        "request_digest": b"explain", "delta_of_job_id": None, "price": 1, "is_delta": False, "default_max_active": 1,
+        "request_digest": b"explain", "delta_of_job_id": None, "price": 1, "is_delta": False, "default_max_active": 1, "max_queued": 100,
         "release_window_seconds": 1800.0, "reconcile_after_seconds": 900.0,
     }
     return {

@@ -62,16 +62,21 @@ class CoreClient:
     async def _with_retry(self, method: str, call, request, budget_seconds: float):  # type: ignore[no-untyped-def]
         """Calls `call(request)` until it succeeds, fails for good, or the budget is spent."""
         give_up_at = time.monotonic() + budget_seconds
+        try:
+            return await call(request, timeout=budget_seconds)
+        except grpc.aio.AioRpcError as exc:
+            # The common case above costs no retry machinery; tenacity only after a failure.
+            if not _is_retryable(exc) or time.monotonic() >= give_up_at - 0.001:
+                raise
         retrying = AsyncRetrying(
             retry=retry_if_exception(_is_retryable),
-            stop=stop_after_delay(budget_seconds),
+            stop=stop_after_delay(max(0.0, give_up_at - time.monotonic())),
             wait=wait_random_exponential(multiplier=0.05, max=0.5),
             reraise=True,
         )
         async for attempt in retrying:
             with attempt:
-                if attempt.retry_state.attempt_number > 1:
-                    telemetry.metrics.core_retries.add(1, {"method": method})
+                telemetry.metrics.core_retries.add(1, {"method": method})
                 remaining = give_up_at - time.monotonic()
                 if remaining <= 0.001:
                     raise errors.CoreUnavailable("the core did not answer within the admit deadline; retry with the same idempotency key")

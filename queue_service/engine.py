@@ -15,6 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 from tenacity import RetryCallState, wait_random_exponential
@@ -48,6 +49,8 @@ class AdmitResult:
     job_id: uuid.UUID
     status: str
     duplicate: bool
+    # The new job's API view, read in the admit transaction itself (None for a duplicate).
+    view: dict[str, Any] | None = None
 
 
 def request_digest(payload: bytes) -> bytes:
@@ -135,14 +138,6 @@ class QueueEngine:
     ) -> AdmitResult:
         job_id = uuid.uuid4()
         async with with_user_queue_lock(self.pool, item.user_id, timeouts) as conn:
-            state = await repo.admit_state(
-                conn, user_id=item.user_id, idempotency_key=item.idempotency_key, delta_of_job_id=item.delta_of_job_id
-            )
-            duplicate = self._check_admit_state(state, item, price, is_delta)
-            if duplicate is not None:
-                # A concurrent admit with the same key won; ours is the spare held run.
-                await self._cancel_run_quietly(run_id)
-                return duplicate
             status = await repo.insert_admitted_job(
                 conn,
                 NewJob(
@@ -155,19 +150,27 @@ class QueueEngine:
                     price=price,
                 ),
                 default_max_active=self.config.max_active_per_user,
+                max_queued=self.config.max_queued_per_user,
                 release_window_seconds=self.config.release_window_seconds,
                 reconcile_after_seconds=self.config.reconcile_after_seconds,
             )
             if status is None:
-                balance = await repo.balance_of_user(conn, user_id=item.user_id)
-                raise errors.InsufficientCredits(
-                    f"insufficient credits: balance {balance}, required {price}",
-                    metadata={"balance": str(balance), "required": str(price)},
+                # Something changed since the pre-check: find out what, still under the lock.
+                state = await repo.admit_state(
+                    conn, user_id=item.user_id, idempotency_key=item.idempotency_key, delta_of_job_id=item.delta_of_job_id
                 )
+                duplicate = self._check_admit_state(state, item, price, is_delta)
+                if duplicate is None:
+                    raise errors.Conflict("the admit could not be placed; retry with the same idempotency key")
+                # A concurrent admit with the same key won; ours is the spare held run.
+                await self._cancel_run_quietly(run_id)
+                return duplicate
+            view = await repo.send_job_views_by_ids(conn, job_ids=[job_id])
         log.info("job admitted", extra={"job_id": job_id, "user_id": item.user_id, "run_id": run_id, "status": status})
         if status == "pending":
             self.on_pending()
-        return AdmitResult(job_id, status, duplicate=False)
+        rows = await view.fetchall()
+        return AdmitResult(job_id, status, duplicate=False, view=rows[0] if rows else None)
 
     async def _cancel_run_quietly(self, run_id: uuid.UUID) -> None:
         try:

@@ -14,7 +14,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 
 _BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n(?P<body>.*?)(?=^-- name: |\Z)", re.MULTILINE | re.DOTALL)
 
@@ -94,10 +94,12 @@ async def insert_admitted_job(
     job: NewJob,
     *,
     default_max_active: int,
+    max_queued: int,
     release_window_seconds: float,
     reconcile_after_seconds: float,
 ) -> str | None:
-    """Returns the new job's status, or None when the balance did not cover the price."""
+    """Returns the new job's status, or None when the key is taken, the balance is short or the
+    queue is full."""
     row = await _one(
         conn,
         "insert_admitted_job",
@@ -105,6 +107,7 @@ async def insert_admitted_job(
             **dataclasses.asdict(job),
             "is_delta": job.delta_of_job_id is not None,
             "default_max_active": default_max_active,
+            "max_queued": max_queued,
             "release_window_seconds": float(release_window_seconds),
             "reconcile_after_seconds": float(reconcile_after_seconds),
         },
@@ -243,6 +246,12 @@ async def claim_due_reconciliations(conn: AsyncConnection, *, recheck_seconds: f
 
 async def job_views_by_ids(conn: AsyncConnection, *, job_ids: list[uuid.UUID]) -> list[dict[str, Any]]:
     return await _all(conn, "job_views_by_ids", {"job_ids": job_ids})
+
+
+async def send_job_views_by_ids(conn: AsyncConnection, *, job_ids: list[uuid.UUID]) -> AsyncCursor[Any]:
+    """Sends job_views_by_ids without waiting for it: on a pipelined connection it travels with
+    the COMMIT. Fetch the cursor's rows after the transaction."""
+    return await conn.execute(queries()["job_views_by_ids"], {"job_ids": job_ids})  # type: ignore[arg-type]
 
 
 async def list_job_views(

@@ -70,7 +70,10 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
             request_digest=request_digest(payload.SerializeToString(deterministic=True)),
         )
         result = await self._engine.admit(item, remaining=_remaining(context))
-        job = await self._views.one(result.job_id, _remaining(context))
+        if result.view is not None:
+            job = await self._views.from_row(result.view)
+        else:
+            job = await self._views.one(result.job_id, _remaining(context))
         if job is None:  # canceled and gone cannot happen (rows are never deleted); be explicit
             raise errors.JobNotFound(f"job {result.job_id} vanished")
         span.set_attribute("queue.job_id", job.job_id)

@@ -52,6 +52,13 @@ class JobViews:
         by_id = {row["job_id"]: row for row in rows}
         return [self.to_proto(by_id[job_id], mean) for job_id in job_ids if job_id in by_id]
 
+    async def from_row(self, row: dict[str, Any]) -> job_pb2.Job:
+        """The proto of a view row read elsewhere (the estimate's mean refreshed if stale)."""
+        if time.monotonic() - self._mean_read_at > _ESTIMATE_CACHE_SECONDS:
+            async with connection(self._pool, self._timeouts) as conn:
+                await self.mean_judging_seconds(conn)
+        return self.to_proto(row, self._mean_judging)
+
     async def one(self, job_id: uuid.UUID, remaining: float | None = None) -> job_pb2.Job | None:
         jobs = await self.by_ids([job_id], remaining)
         return jobs[0] if jobs else None

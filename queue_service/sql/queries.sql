@@ -21,9 +21,10 @@ SELECT existing.job_id AS existing_job_id,
          ON base.job_id = %(delta_of_job_id)s;
 
 -- name: insert_admitted_job
--- Debits the price and inserts the job in one statement. The status is decided in the INSERT:
--- 'pending' with a slot when a slot is free and nobody is queued ahead, else 'queued'; a delta
--- starts 'running' and never takes a slot. No row comes back when the balance is short.
+-- Inserts the job, debits the price and writes the charge, in one statement. The status is
+-- decided in the INSERT: 'pending' with a slot when a slot is free and nobody is queued ahead,
+-- else 'queued'; a delta starts 'running' and never takes a slot. No row comes back when the key
+-- is taken, the balance is short or the user's queue is full (the caller asks admit_state why).
 WITH placement AS (
     SELECT clock_timestamp() AS now,
            CASE
@@ -32,12 +33,6 @@ WITH placement AS (
                              WHERE q.user_id = %(user_id)s AND q.status = 'queued') THEN NULL
                ELSE analysis_jobs_free_slot(%(user_id)s, %(default_max_active)s)
            END AS slot
-),
-debit AS (
-    UPDATE credit_accounts
-       SET balance = balance - %(price)s, updated_at = clock_timestamp()
-     WHERE user_id = %(user_id)s AND balance >= %(price)s AND %(price)s > 0
-    RETURNING balance
 ),
 job AS (
     INSERT INTO analysis_jobs (
@@ -57,8 +52,19 @@ job AS (
            CASE WHEN %(is_delta)s THEN p.now END,
            CASE WHEN %(is_delta)s THEN p.now + make_interval(secs => %(reconcile_after_seconds)s) END
       FROM placement p
-     WHERE %(price)s = 0 OR EXISTS (SELECT 1 FROM debit)
+     WHERE (%(price)s = 0 OR EXISTS (SELECT 1 FROM credit_accounts c
+                                      WHERE c.user_id = %(user_id)s AND c.balance >= %(price)s))
+       AND (%(is_delta)s OR (SELECT count(*) FROM analysis_jobs q
+                              WHERE q.user_id = %(user_id)s AND q.status = 'queued') < %(max_queued)s)
+    ON CONFLICT (user_id, idempotency_key) DO NOTHING
     RETURNING job_id, user_id, status, price
+),
+debit AS (
+    -- Under the user lock nothing else lowers this balance; its CHECK (balance >= 0) is the backstop.
+    UPDATE credit_accounts c
+       SET balance = c.balance - job.price, updated_at = clock_timestamp()
+      FROM job
+     WHERE c.user_id = job.user_id AND job.price > 0
 ),
 charge AS (
     INSERT INTO credit_ledger (user_id, kind, amount, job_id)
