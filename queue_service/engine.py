@@ -45,6 +45,13 @@ class AdmitInput:
 
 
 @dataclasses.dataclass(frozen=True)
+class EndedJob:
+    ref: repo.JobRef
+    # The job's API view, read in the ending transaction itself when asked for.
+    view: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class AdmitResult:
     job_id: uuid.UUID
     status: str
@@ -191,9 +198,10 @@ class QueueEngine:
                     default_max_active=self.config.max_active_per_user,
                     release_window_seconds=self.config.release_window_seconds,
                 )
-                if job is None:
+                if job is not None:
+                    promoted.append(job)
+                if job is None or not job.more_slots_free:
                     break
-                promoted.append(job)
             span.set_attribute("queue.trigger", trigger)
             span.set_attribute("queue.promoted", len(promoted))
         if promoted:
@@ -236,8 +244,13 @@ class QueueEngine:
         trigger: str,
         expected_attempts: int | None = None,
         remaining: float | None = None,
-    ) -> repo.JobRef | None:
-        """Ends the job, refunds when asked, and promotes the user's next job, in one transaction."""
+        read_view: bool = False,
+    ) -> EndedJob | None:
+        """Ends the job, refunds when asked, and promotes the user's next job, in one transaction.
+
+        With `read_view` the job's view is read in that transaction too (it travels with the
+        COMMIT), so the caller can answer without another query."""
+        view = None
         with telemetry.tracer.start_as_current_span("complete") as span:
             span.set_attribute("queue.job_id", str(job_id))
             span.set_attribute("queue.status", status)
@@ -254,6 +267,8 @@ class QueueEngine:
                     return None
                 refunded = await repo.refund_job_charge(conn, job_id=job_id) if refund else 0
                 promoted = await self._promote_locked(conn, user_id, trigger)
+                if read_view:
+                    view = await repo.send_job_views_by_ids(conn, job_ids=[job_id])
             span.set_attribute("queue.refunded", refunded)
         self._note_slot_freed(promoted)
         telemetry.metrics.completions.add(1, {"status": status})
@@ -264,11 +279,13 @@ class QueueEngine:
             extra={"job_id": job_id, "user_id": user_id, "run_id": ended.run_id, "status": status, "reason": trigger},
         )
         self._after_promotion(user_id, promoted, trigger)
-        return ended
+        rows = await view.fetchall() if view is not None else []
+        return EndedJob(ended, rows[0] if rows else None)
 
     async def complete_run(
         self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str, remaining: float | None
-    ) -> uuid.UUID:
+    ) -> tuple[uuid.UUID, dict[str, Any] | None]:
+        """Ends the run's job; returns its id and, when this call ended it, its view."""
         async with connection(self.pool, self.timeouts.within(remaining)) as conn:
             job = await repo.job_by_run_id(conn, run_id=run_id)
         if job is None:
@@ -278,7 +295,7 @@ class QueueEngine:
                 f"the job of run {run_id} is still queued; a held run cannot complete", metadata={"runId": str(run_id)}
             )
         if job.status in ACTIVE:
-            await self.end_job(
+            ended = await self.end_job(
                 job_id=job.job_id,
                 user_id=job.user_id,
                 status="succeeded" if succeeded else "failed",
@@ -287,8 +304,11 @@ class QueueEngine:
                 refund=refund,
                 trigger="completion",
                 remaining=remaining,
+                read_view=True,
             )
-        return job.job_id
+            if ended is not None:
+                return job.job_id, ended.view
+        return job.job_id, None
 
     async def cancel(self, job_id: uuid.UUID, user_id: str, *, remaining: float | None) -> uuid.UUID:
         async with connection(self.pool, self.timeouts.within(remaining)) as conn:

@@ -119,6 +119,7 @@ async def insert_admitted_job(
 class Promoted:
     job_id: uuid.UUID
     run_id: uuid.UUID
+    more_slots_free: bool
 
 
 async def promote_next_queued_job(
@@ -133,7 +134,7 @@ async def promote_next_queued_job(
             "release_window_seconds": float(release_window_seconds),
         },
     )
-    return None if row is None else Promoted(row["job_id"], row["run_id"])
+    return None if row is None else Promoted(row["job_id"], row["run_id"], row["more_slots_free"])
 
 
 async def finish_job(

@@ -231,14 +231,15 @@ class CoreCallbackServicer(callback_grpc.CoreCallbackServiceServicer):
         v.check_text("message", request.message, max_chars=validation.MAX_MESSAGE_CHARS)
         v.raise_if_any()
         assert run_id is not None
-        job_id = await self._engine.complete_run(
+        job_id, view = await self._engine.complete_run(
             run_id,
             succeeded=request.outcome == callback_pb2.RUN_OUTCOME_SUCCEEDED,
             refund=request.refund_credit,
             message=request.message,
             remaining=_remaining(context),
         )
-        return callback_pb2.CompleteRunResponse(job=await self._views.one(job_id, _remaining(context)))
+        job = await self._views.from_row(view) if view is not None else await self._views.one(job_id, _remaining(context))
+        return callback_pb2.CompleteRunResponse(job=job)
 
 
 class CreditsServicer(credits_grpc.CreditsServiceServicer):

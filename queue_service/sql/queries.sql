@@ -74,12 +74,20 @@ SELECT job_id, status FROM job;
 
 -- name: promote_next_queued_job
 -- Moves the user's oldest queued first-pass job into the lowest free slot, due for release now.
--- No row when no slot is free or nothing is queued. Run under the user lock.
+-- No row when no slot is free or nothing is queued; `more_slots_free` tells the caller whether
+-- another promotion could succeed. Run under the user lock.
 WITH next_job AS (
     SELECT job_id FROM analysis_jobs
      WHERE user_id = %(user_id)s AND status = 'queued'
      ORDER BY queue_seq
      LIMIT 1
+),
+capacity AS (
+    SELECT COALESCE((SELECT l.max_active FROM user_queue_limits l WHERE l.user_id = %(user_id)s),
+                    %(default_max_active)s) AS max_active,
+           (SELECT count(*) FROM analysis_jobs a
+             WHERE a.user_id = %(user_id)s AND a.status IN ('pending', 'running')
+               AND a.delta_of_job_id IS NULL) AS active
 ),
 free AS (
     SELECT analysis_jobs_free_slot(%(user_id)s, %(default_max_active)s) AS slot
@@ -91,9 +99,9 @@ UPDATE analysis_jobs j
        next_release_at = clock_timestamp(),
        release_deadline = clock_timestamp() + make_interval(secs => %(release_window_seconds)s),
        release_attempts = 0
-  FROM next_job, free
+  FROM next_job, free, capacity
  WHERE j.job_id = next_job.job_id AND free.slot IS NOT NULL AND j.status = 'queued'
-RETURNING j.job_id, j.user_id, j.run_id;
+RETURNING j.job_id, j.user_id, j.run_id, capacity.active + 1 < capacity.max_active AS more_slots_free;
 
 -- name: finish_job
 -- Ends a job (terminal status) if it is still in one of the expected statuses; optionally only
