@@ -218,10 +218,16 @@ def _decode_page_token(token: str, filter_key: str) -> int | None:
     return before_seq
 
 
+# Completions processed at once per replica. A burst of callbacks beyond this waits its turn
+# before doing any work, so the releases the finished ones start are not starved by the backlog.
+_CONCURRENT_COMPLETIONS = 8
+
+
 class CoreCallbackServicer(callback_grpc.CoreCallbackServiceServicer):
     def __init__(self, engine: QueueEngine, views: JobViews) -> None:
         self._engine = engine
         self._views = views
+        self._completion_slots = asyncio.Semaphore(_CONCURRENT_COMPLETIONS)
 
     async def CompleteRun(self, request: callback_pb2.CompleteRunRequest, context: grpc.aio.ServicerContext) -> callback_pb2.CompleteRunResponse:
         v = validation.Violations()
@@ -231,14 +237,15 @@ class CoreCallbackServicer(callback_grpc.CoreCallbackServiceServicer):
         v.check_text("message", request.message, max_chars=validation.MAX_MESSAGE_CHARS)
         v.raise_if_any()
         assert run_id is not None
-        job_id, view = await self._engine.complete_run(
-            run_id,
-            succeeded=request.outcome == callback_pb2.RUN_OUTCOME_SUCCEEDED,
-            refund=request.refund_credit,
-            message=request.message,
-            remaining=_remaining(context),
-        )
-        job = await self._views.from_row(view) if view is not None else await self._views.one(job_id, _remaining(context))
+        async with self._completion_slots:
+            job_id, view = await self._engine.complete_run(
+                run_id,
+                succeeded=request.outcome == callback_pb2.RUN_OUTCOME_SUCCEEDED,
+                refund=request.refund_credit,
+                message=request.message,
+                remaining=_remaining(context),
+            )
+            job = await self._views.from_row(view) if view is not None else await self._views.one(job_id, _remaining(context))
         return callback_pb2.CompleteRunResponse(job=job)
 
 
