@@ -63,7 +63,7 @@ async def db_floor(dsn: str, user_prefix: str, users: int, concurrency: int, tot
         job = repo.NewJob(uuid.uuid4(), user_id, uuid.uuid4(), key, digest, None, 1)
         started = time.perf_counter()
         async with with_user_queue_lock(pool, user_id, TIMEOUTS) as conn:
-            status = await repo.insert_admitted_job(conn, job, default_max_active=1, max_queued=100, release_window_seconds=1800, reconcile_after_seconds=900)
+            status = await repo.insert_admitted_job(conn, job, default_max_active=1, max_queued=2**31 - 1, release_window_seconds=1800, reconcile_after_seconds=900)
         if status is None:
             raise RuntimeError(f"{user_id} has no credit left")
         return time.perf_counter() - started

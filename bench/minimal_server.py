@@ -49,7 +49,7 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
         )
         async with with_user_queue_lock(self._pool, request.user_id, _TIMEOUTS) as conn:
             status = await repo.insert_admitted_job(
-                conn, job, default_max_active=1, max_queued=100, release_window_seconds=1800, reconcile_after_seconds=900
+                conn, job, default_max_active=1, max_queued=2**31 - 1, release_window_seconds=1800, reconcile_after_seconds=900
             )
         if status is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "insufficient credits")
