@@ -17,30 +17,27 @@ class ConfigError(ValueError):
     """A configuration variable has a value the service cannot run with."""
 
 
-def _parse_int(low: int, high: int) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
+def _parse_number(kind: type, low: float, high: float) -> Callable[[str], Any]:
+    noun = "an integer" if kind is int else "a number"
+
+    def parse(raw: str) -> Any:
         try:
-            value = int(raw.strip())
+            value = kind(raw.strip())
         except ValueError:
-            raise ValueError(f"expected an integer between {low} and {high}") from None
+            raise ValueError(f"expected {noun} between {low} and {high}") from None
         if not low <= value <= high:
-            raise ValueError(f"expected an integer between {low} and {high}")
+            raise ValueError(f"expected {noun} between {low} and {high}")
         return value
 
     return parse
+
+
+def _parse_int(low: int, high: int) -> Callable[[str], int]:
+    return _parse_number(int, low, high)
 
 
 def _parse_float(low: float, high: float) -> Callable[[str], float]:
-    def parse(raw: str) -> float:
-        try:
-            value = float(raw.strip())
-        except ValueError:
-            raise ValueError(f"expected a number between {low} and {high}") from None
-        if not low <= value <= high:
-            raise ValueError(f"expected a number between {low} and {high}")
-        return value
-
-    return parse
+    return _parse_number(float, low, high)
 
 
 def _parse_bool(raw: str) -> bool:

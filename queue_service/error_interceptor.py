@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
@@ -126,45 +127,36 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return handler._replace(stream_stream=self._wrap_stream(handler.stream_stream, method))
         return handler
 
-    async def _admit_call(self, method: str, context: grpc.aio.ServicerContext) -> None:
-        if self._authorize is not None:
-            await self._authorize(method, context)
+    @asynccontextmanager
+    async def _road(self, method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        """Gate, authorization and error mapping around one call, unary or streaming."""
+        entered = False
+        try:
+            entered = self._gate.enter(method)
+            if self._authorize is not None:
+                await self._authorize(method, context)
+            yield
+        except QueueError as error:
+            await context.abort_with_status(status_for(error))
+        except (grpc.aio.AbortError, GeneratorExit):
+            raise
+        except Exception:
+            await context.abort_with_status(_internal_status(method))
+        finally:
+            if entered:
+                self._gate.exit()
 
     def _wrap_unary(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            entered = False
-            try:
-                entered = self._gate.enter(method)
-                await self._admit_call(method, context)
+            async with self._road(method, context):
                 return await behavior(request, context)
-            except QueueError as error:
-                await context.abort_with_status(status_for(error))
-            except (grpc.aio.AbortError, GeneratorExit):
-                raise
-            except Exception:
-                await context.abort_with_status(_internal_status(method))
-            finally:
-                if entered:
-                    self._gate.exit()
 
         return wrapped
 
     def _wrap_stream(self, behavior: Callable[..., AsyncIterator[Any]], method: str) -> Callable[..., Any]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            entered = False
-            try:
-                entered = self._gate.enter(method)
-                await self._admit_call(method, context)
+            async with self._road(method, context):
                 async for message in behavior(request, context):
                     yield message
-            except QueueError as error:
-                await context.abort_with_status(status_for(error))
-            except (grpc.aio.AbortError, GeneratorExit):
-                raise
-            except Exception:
-                await context.abort_with_status(_internal_status(method))
-            finally:
-                if entered:
-                    self._gate.exit()
 
         return wrapped
