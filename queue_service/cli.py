@@ -78,6 +78,7 @@ def cmd_core(args: argparse.Namespace) -> int:
     async def run() -> None:
         core = DevCore(
             callback_addr=args.callback,
+            callback_token=os.environ.get("QUEUE_DEV_CORE_CALLBACK_TOKEN", ""),
             judging_seconds=args.judging_seconds,
             manual=args.manual,
             daily_budget=args.daily_budget,

@@ -10,6 +10,9 @@ Fault switches (attributes, flipped by tests; flags when run as a process): `una
 (every call UNAVAILABLE), `slow_seconds` (every call sleeps first), `fail_releases`
 (ReleaseRun UNAVAILABLE), `refuse_releases` (ReleaseRun NOT_FOUND), `drop_callbacks` (judge but
 never call back). Unreleased held runs expire after `hold_expiry_seconds`, like the real core.
+The completion callback carries the trace context of the release that started the run, and a
+bearer token when `callback_token` is set (QUEUE_DEV_CORE_CALLBACK_TOKEN for the process); the
+dev core serves gRPC health too.
 
 For benchmarks, `record_path` appends one JSON line per run created, ReleaseRun received and
 CompleteRun sent and returned, stamped with `time.monotonic_ns()` (CLOCK_MONOTONIC, comparable
@@ -28,6 +31,7 @@ import time
 import uuid
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as pb, run_service_pb2_grpc as pb_grpc
 from queue_service._gen.acurio.queue.v1 import (
@@ -38,6 +42,7 @@ from queue_service._gen.acurio.queue.v1 import (
 log = logging.getLogger(__name__)
 
 UNREGISTERED_DOI_PREFIX = "10.9999/"
+_TRACE_HEADERS = ("traceparent", "tracestate")
 _FINISHED = (pb.RUN_STATE_SUCCEEDED, pb.RUN_STATE_FAILED, pb.RUN_STATE_CANCELED)
 
 
@@ -50,6 +55,7 @@ class DevRun:
     created_at: float
     message: str = ""
     judge_task: asyncio.Task[None] | None = None
+    trace_headers: tuple[tuple[str, str], ...] = ()
 
 
 class DevCore(pb_grpc.RunServiceServicer):
@@ -57,6 +63,7 @@ class DevCore(pb_grpc.RunServiceServicer):
         self,
         *,
         callback_addr: str = "",
+        callback_token: str = "",
         judging_seconds: float = 1.0,
         manual: bool = False,
         daily_budget: int = 1_000_000,
@@ -64,6 +71,7 @@ class DevCore(pb_grpc.RunServiceServicer):
         record_path: str | None = None,
     ) -> None:
         self.callback_addr = callback_addr
+        self.callback_token = callback_token  # sent as a bearer token when the queue authenticates
         self.judging_seconds = judging_seconds
         self.manual = manual
         self.daily_budget = daily_budget
@@ -91,6 +99,9 @@ class DevCore(pb_grpc.RunServiceServicer):
     async def start(self, listen_addr: str = "127.0.0.1:0", credentials: grpc.ServerCredentials | None = None) -> int:
         self._server = grpc.aio.server()
         pb_grpc.add_RunServiceServicer_to_server(self, self._server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self._server)
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         if credentials is not None:
             self.port = self._server.add_secure_port(listen_addr, credentials)
         else:
@@ -185,6 +196,10 @@ class DevCore(pb_grpc.RunServiceServicer):
         if run.state == pb.RUN_STATE_CANCELED:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"run {run.run_id} was canceled")
         if run.state == pb.RUN_STATE_HELD:
+            # Like the real core: the completion callback continues the trace of the release.
+            run.trace_headers = tuple(
+                (key, value) for key, value in (context.invocation_metadata() or ()) if key in _TRACE_HEADERS
+            )
             run.state = pb.RUN_STATE_JUDGING
             self._begin_judging(run)
         return pb.ReleaseRunResponse(run=self._run_message(run))
@@ -249,10 +264,13 @@ class DevCore(pb_grpc.RunServiceServicer):
             refund_credit=refund_credit,
             message=run.message,
         )
+        metadata = list(run.trace_headers)
+        if self.callback_token:
+            metadata.append(("authorization", f"Bearer {self.callback_token}"))
         for attempt in range(5):
             try:
                 self.record("complete_sent", run.run_id, run.user_id)
-                response = await self._callback.CompleteRun(request, timeout=5)
+                response = await self._callback.CompleteRun(request, timeout=5, metadata=metadata or None)
                 self.completion_log.append((run.run_id, time.monotonic()))
                 self.record("complete_returned", run.run_id, run.user_id)
                 return response

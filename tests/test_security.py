@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from pathlib import Path
@@ -170,6 +171,35 @@ async def test_mutual_tls_identifies_callers_by_certificate(services, pki) -> No
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_the_dev_core_reports_completions_with_its_token(services, pki) -> None:  # type: ignore[no-untyped-def]
+    core = await services.core(callback_token=TOKENS["core"])
+    service = await services.start(core, auth_file=str(pki["auth"]))
+    user = new_user()
+    grant = credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key="g")
+    await service.stubs.credits.GrantCredits(grant, timeout=5, metadata=_token("operator"))
+    first = (await service.stubs.queue.Admit(_admit_request(user), timeout=5, metadata=_token("web"))).job
+    second_request = _admit_request(user)
+    second_request.idempotency_key = "k2"
+    second = (await service.stubs.queue.Admit(second_request, timeout=5, metadata=_token("web"))).job
+
+    async def released(run_id: str) -> None:
+        for _ in range(200):
+            if core.runs[run_id].state == 2:  # RUN_STATE_JUDGING: the queue released it
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"run {run_id} was never released")
+
+    await released(first.run_id)
+    response = await core.finish(first.run_id)
+    assert response is not None and response.job.status == job_pb2.JOB_STATUS_SUCCEEDED
+
+    await released(second.run_id)
+    core.callback_token = TOKENS["web"]  # the wrong role: the callback is refused
+    assert await core.finish(second.run_id) is None
+    job = (await service.stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=second.job_id), timeout=5, metadata=_token("web"))).job
+    assert job.status == job_pb2.JOB_STATUS_RUNNING
 
 
 async def test_reflection_can_be_turned_off(services) -> None:  # type: ignore[no-untyped-def]

@@ -105,6 +105,18 @@ async def test_a_full_cycle_emits_spans_metrics_and_job_log_lines(otel, services
     rpc = by_name["/acurio.queue.v1.AnalysisQueueService/Admit"][0]
     assert any(s.context.trace_id == rpc.context.trace_id for s in admits)
 
+    # Trace context travels to the core and back: the completion continues the release's trace.
+    release_call = next(
+        s for s in by_name["/acurio.core.v1.RunService/ReleaseRun"]
+        if s.kind == trace.SpanKind.CLIENT and s.attributes.get("rpc.method") == "ReleaseRun"
+    )
+    carried = dict(core.runs[first.run_id].trace_headers)["traceparent"]
+    completions = [s for s in by_name["/acurio.queue.v1.CoreCallbackService/CompleteRun"] if s.kind == trace.SpanKind.SERVER]
+    release_traces = {s.context.trace_id for s in by_name["release"]}
+    assert int(carried.split("-")[1], 16) in release_traces
+    assert {s.context.trace_id for s in completions} <= release_traces
+    assert release_call.context.trace_id in release_traces
+
     # Metrics of the cycle.
     for name in (
         "queue.admits", "queue.lock.wait", "queue.promotions", "queue.promotion.gap", "queue.release.attempts",
