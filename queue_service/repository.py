@@ -21,9 +21,17 @@ _BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n(?P<body>.*?)(?=^-- name: |\Z)", 
 
 @cache
 def queries() -> dict[str, str]:
-    """The named queries, loaded once."""
+    """The named queries, loaded once, without their leading description comments (so a span
+    or a log of the statement starts with its verb)."""
     text = resources.files("queue_service").joinpath("sql/queries.sql").read_text()
-    return {m["name"]: m["body"].strip() for m in _BLOCK.finditer(text)}
+    return {m["name"]: _without_leading_comments(m["body"]) for m in _BLOCK.finditer(text)}
+
+
+def _without_leading_comments(body: str) -> str:
+    lines = body.strip().splitlines()
+    while lines and lines[0].lstrip().startswith("--"):
+        lines.pop(0)
+    return "\n".join(lines).strip()
 
 
 async def _all(conn: AsyncConnection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:

@@ -41,6 +41,8 @@ CLEAN = {
 }
 EXAMPLES = int(os.environ.get("QUEUE_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
+# A long run (QUEUE_FUZZ_EXAMPLES=2000) takes minutes per test, beyond the suite's default timeout.
+FUZZ_TIMEOUT = pytest.mark.timeout(max(300, EXAMPLES))
 
 odd_text = st.one_of(
     st.text(max_size=40),
@@ -57,14 +59,15 @@ class Target:
         self.credits = credits_grpc.CreditsServiceStub(self.channel)
         self.callback = callback_grpc.CoreCallbackServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
-        self.database_url = database_url
+        self.database = psycopg.connect(database_url, autocommit=True)
         self.calls: dict[str, int] = {}
 
     def footprint(self) -> tuple[int, int]:
-        with psycopg.connect(self.database_url) as conn:
-            jobs = conn.execute("SELECT count(*) FROM analysis_jobs").fetchone()[0]
-            entries = conn.execute("SELECT count(*) FROM credit_ledger").fetchone()[0]
-        return jobs, entries
+        row = self.database.execute(
+            "SELECT (SELECT count(*) FROM analysis_jobs), (SELECT count(*) FROM credit_ledger)"
+        ).fetchone()
+        assert row is not None
+        return row[0], row[1]
 
     def call(self, name: str, method, request, *, streaming: bool = False) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
         """Calls once; asserts a clean status and, for a refusal, no new rows."""
@@ -117,6 +120,7 @@ def target(database_url: str) -> Iterator[Target]:
         except grpc.RpcError:
             time.sleep(0.1)
     yield probe
+    probe.database.close()
     alive = service.poll() is None
     service.terminate()
     core.terminate()
@@ -131,6 +135,7 @@ sources = st.lists(st.builds(job_pb2.Source, doi=odd_text, citation=odd_text), m
 documents = st.builds(job_pb2.Document, uri=odd_text, title=odd_text)
 
 
+@FUZZ_TIMEOUT
 @FUZZ
 @given(user_id=odd_text, key=odd_text, document=documents, sources=sources, delta=uuidish)
 def test_admit_answers_cleanly(target: Target, user_id: str, key: str, document: job_pb2.Document, sources: list, delta: str) -> None:
@@ -138,6 +143,7 @@ def test_admit_answers_cleanly(target: Target, user_id: str, key: str, document:
     target.call("Admit", target.queue.Admit, request)
 
 
+@FUZZ_TIMEOUT
 @FUZZ
 @given(user_id=odd_text, page_size=st.integers(min_value=-(2**31), max_value=2**31 - 1), token=odd_text,
        statuses=st.lists(st.integers(min_value=-5, max_value=20), max_size=8))
@@ -146,6 +152,7 @@ def test_list_jobs_answers_cleanly(target: Target, user_id: str, page_size: int,
     target.call("ListJobs", target.queue.ListJobs, request)
 
 
+@FUZZ_TIMEOUT
 @FUZZ
 @given(job_id=uuidish, user_id=odd_text, run_id=uuidish, outcome=st.integers(min_value=-3, max_value=5), message=odd_text,
        refund=st.booleans(), amount=st.integers(min_value=-(2**63), max_value=2**63 - 1), key=odd_text)

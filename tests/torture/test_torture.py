@@ -314,6 +314,7 @@ def _final_checks(database_url: str, admitted: dict[str, str], users: list[UserS
     return counts
 
 
+@pytest.mark.timeout(SECONDS + 240)
 async def test_torture(tmp_path: Path) -> None:
     state_dir = Path(tempfile.mkdtemp(prefix="acurio-queue-torture-"))
     database = EmbeddedPostgres(state_dir / "pg", durable=False, max_connections=300)
