@@ -47,11 +47,20 @@ def free_port() -> int:
 
 
 class EmbeddedPostgres:
-    def __init__(self, data_dir: Path, *, port: int | None = None, durable: bool = True, max_connections: int = 300) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        durable: bool = True,
+        max_connections: int = 300,
+        shared_buffers: str = "128MB",
+    ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.durable = durable
         self.max_connections = max_connections
+        self.shared_buffers = shared_buffers
         self._run_as = self._prepare_user()
 
     def dsn(self, database: str = "postgres") -> str:
@@ -120,7 +129,7 @@ class EmbeddedPostgres:
             f"-p {self.port}",
             f"-k {self.data_dir}",
             f"-c max_connections={self.max_connections}",
-            "-c shared_buffers=128MB",
+            f"-c shared_buffers={self.shared_buffers}",
         ]
         if not self.durable:
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
