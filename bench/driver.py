@@ -62,7 +62,7 @@ async def db_floor(dsn: str, user_prefix: str, users: int, concurrency: int, tot
     async def admit(user_id: str, key: str) -> float:
         job = repo.NewJob(uuid.uuid4(), user_id, uuid.uuid4(), key, digest, None, 1)
         started = time.perf_counter()
-        async with with_user_queue_lock(pool, user_id, TIMEOUTS) as conn:
+        async with with_user_queue_lock(pool, user_id) as conn:
             status = await repo.insert_admitted_job(conn, job, default_max_active=1, max_queued=2**31 - 1, release_window_seconds=1800, reconcile_after_seconds=900)
         if status is None:
             raise RuntimeError(f"{user_id} has no credit left")
@@ -201,7 +201,7 @@ async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     for name, run in statements.items():
         times = []
         for _ in range(passes):
-            async with connection(pool, engine.timeouts) as conn:
+            async with connection(pool) as conn:
                 started = time.perf_counter()
                 await run(conn)
                 times.append(time.perf_counter() - started)

@@ -47,7 +47,7 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
             delta_of_job_id=None,
             price=_PRICE,
         )
-        async with with_user_queue_lock(self._pool, request.user_id, _TIMEOUTS) as conn:
+        async with with_user_queue_lock(self._pool, request.user_id) as conn:
             status = await repo.insert_admitted_job(
                 conn, job, default_max_active=1, max_queued=2**31 - 1, release_window_seconds=1800, reconcile_after_seconds=900
             )

@@ -28,17 +28,6 @@ class Timeouts:
     lock_timeout_ms: int
     statement_timeout_ms: int
 
-    def within(self, remaining_seconds: float | None) -> Timeouts:
-        """Shrinks the statement timeout to a caller's remaining deadline, so a caller who gives
-        up also stops the database work done for them."""
-        if remaining_seconds is None:
-            return self
-        remaining_ms = max(1, int(remaining_seconds * 1000))
-        return Timeouts(
-            lock_timeout_ms=min(self.lock_timeout_ms, remaining_ms),
-            statement_timeout_ms=min(self.statement_timeout_ms, remaining_ms),
-        )
-
 
 @contextmanager
 def translated_errors() -> Iterator[None]:
@@ -64,46 +53,17 @@ def translated_errors() -> Iterator[None]:
 
 
 @asynccontextmanager
-async def connection(pool: AsyncConnectionPool, timeouts: Timeouts) -> AsyncIterator[AsyncConnection]:
+async def connection(pool: AsyncConnectionPool) -> AsyncIterator[AsyncConnection]:
     """Yields a pooled connection in autocommit mode: each statement is its own transaction.
 
-    The pool's connections carry the configured lock and statement timeouts as session defaults,
-    so the common case costs no extra round trip. When a caller's deadline is shorter, the work
-    runs in a transaction with those timeouts lowered (SET LOCAL), so it stops when the caller
-    gives up.
+    The pool's connections carry the configured lock and statement timeouts as session defaults.
+    A caller's deadline needs nothing here: gRPC cancels the handler when the caller gives up, and
+    psycopg cancels the running statement on the server when its task is cancelled
+    (tests/test_bounds.py proves nobody is left waiting).
     """
     with translated_errors():
         async with pool.connection() as conn:
-            if timeouts == session_timeouts(pool):
-                yield conn
-                return
-            async with conn.transaction():
-                await _set_local_timeouts(conn, timeouts)
-                yield conn
-
-
-@asynccontextmanager
-async def transaction(pool: AsyncConnectionPool, timeouts: Timeouts) -> AsyncIterator[AsyncConnection]:
-    """Yields a connection inside a transaction whose timeouts are `timeouts` (the session
-    defaults, or lowered by SET LOCAL)."""
-    with translated_errors():
-        async with pool.connection() as conn:
-            async with conn.transaction():
-                if timeouts != session_timeouts(pool):
-                    await _set_local_timeouts(conn, timeouts)
-                yield conn
-
-
-async def _set_local_timeouts(conn: AsyncConnection, timeouts: Timeouts) -> None:
-    await conn.execute(
-        "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
-        (f"{timeouts.lock_timeout_ms}ms", f"{timeouts.statement_timeout_ms}ms"),
-    )
-
-
-def session_timeouts(pool: AsyncConnectionPool) -> Timeouts:
-    """The timeouts every connection of this pool starts its transactions with."""
-    return pool.session_timeouts  # type: ignore[attr-defined, no-any-return]
+            yield conn
 
 
 def create_pool(dsn: str, *, timeouts: Timeouts, min_size: int, max_size: int, timeout: float, name: str = "queue") -> AsyncConnectionPool:
@@ -121,7 +81,7 @@ def create_pool(dsn: str, *, timeouts: Timeouts, min_size: int, max_size: int, t
             (f"{timeouts.lock_timeout_ms}ms", f"{timeouts.statement_timeout_ms}ms"),
         )
 
-    pool = AsyncConnectionPool(
+    return AsyncConnectionPool(
         dsn,
         min_size=min_size,
         max_size=max_size,
@@ -132,5 +92,3 @@ def create_pool(dsn: str, *, timeouts: Timeouts, min_size: int, max_size: int, t
         configure=configure,
         reconnect_timeout=3600,
     )
-    pool.session_timeouts = timeouts  # type: ignore[attr-defined]
-    return pool

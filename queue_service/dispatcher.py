@@ -71,7 +71,7 @@ class ReleaseDispatcher:
 
     async def _claim_and_start(self) -> int:
         engine = self._engine
-        async with connection(engine.pool, engine.timeouts) as conn:
+        async with connection(engine.pool) as conn:
             claims = await repo.claim_due_releases(
                 conn, lease_seconds=engine.config.release_lease_seconds, batch_size=_BATCH
             )
@@ -96,7 +96,7 @@ class ReleaseDispatcher:
 
     async def _seconds_until_next_due(self) -> float:
         engine = self._engine
-        async with connection(engine.pool, engine.timeouts) as conn:
+        async with connection(engine.pool) as conn:
             due_at = await repo.next_release_due_at(conn)
         if due_at is None:
             return _MAX_IDLE_SECONDS

@@ -23,7 +23,7 @@ from tenacity import RetryCallState, wait_random_exponential
 from queue_service import errors, repository as repo, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient, ReleaseResult
-from queue_service.db import Timeouts, connection
+from queue_service.db import connection
 from queue_service.locks import with_user_queue_lock
 from queue_service.repository import ClaimedRelease, NewJob
 
@@ -69,7 +69,6 @@ class QueueEngine:
         self.pool = pool
         self.core = core
         self.config = config
-        self.timeouts = Timeouts(config.lock_timeout_ms, config.statement_timeout_ms)
         # Called after a commit that made jobs PENDING, so this replica releases them at once.
         self.on_pending: Callable[[], None] = lambda: None
         # When the slot a promoted job took was freed (monotonic), for the promotion-gap
@@ -79,12 +78,11 @@ class QueueEngine:
 
     # -- admit -------------------------------------------------------------------------------
 
-    async def admit(self, item: AdmitInput, *, remaining: float | None) -> AdmitResult:
-        timeouts = self.timeouts.within(remaining)
+    async def admit(self, item: AdmitInput) -> AdmitResult:
         is_delta = item.delta_of_job_id is not None
         price = self.config.delta_price if is_delta else self.config.admit_price
 
-        async with connection(self.pool, timeouts) as conn:
+        async with connection(self.pool) as conn:
             state = await repo.admit_state(
                 conn, user_id=item.user_id, idempotency_key=item.idempotency_key, delta_of_job_id=item.delta_of_job_id
             )
@@ -102,7 +100,7 @@ class QueueEngine:
             delta_of_run_id=state.base_run_id if is_delta else None,
         )
         try:
-            return await self._admit_under_lock(item, run_id, price, is_delta, timeouts)
+            return await self._admit_under_lock(item, run_id, price, is_delta)
         except BaseException:
             # The held run must not outlive a failed admit (I5); the core also expires it.
             await self._cancel_run_quietly(run_id)
@@ -141,10 +139,10 @@ class QueueEngine:
         return None
 
     async def _admit_under_lock(
-        self, item: AdmitInput, run_id: uuid.UUID, price: int, is_delta: bool, timeouts: Timeouts
+        self, item: AdmitInput, run_id: uuid.UUID, price: int, is_delta: bool
     ) -> AdmitResult:
         job_id = uuid.uuid4()
-        async with with_user_queue_lock(self.pool, item.user_id, timeouts) as conn:
+        async with with_user_queue_lock(self.pool, item.user_id) as conn:
             status = await repo.insert_admitted_job(
                 conn,
                 NewJob(
@@ -208,8 +206,8 @@ class QueueEngine:
             telemetry.metrics.promotions.add(len(promoted), {"trigger": trigger})
         return promoted
 
-    async def promote(self, user_id: str, *, trigger: str, remaining: float | None = None) -> list[repo.Promoted]:
-        async with with_user_queue_lock(self.pool, user_id, self.timeouts.within(remaining)) as conn:
+    async def promote(self, user_id: str, *, trigger: str) -> list[repo.Promoted]:
+        async with with_user_queue_lock(self.pool, user_id) as conn:
             promoted = await self._promote_locked(conn, user_id, trigger)
         self._after_promotion(user_id, promoted, trigger)
         return promoted
@@ -243,7 +241,6 @@ class QueueEngine:
         refund: bool,
         trigger: str,
         expected_attempts: int | None = None,
-        remaining: float | None = None,
         read_view: bool = False,
     ) -> EndedJob | None:
         """Ends the job, refunds when asked, and promotes the user's next job, in one transaction.
@@ -254,7 +251,7 @@ class QueueEngine:
         with telemetry.tracer.start_as_current_span("complete") as span:
             span.set_attribute("queue.job_id", str(job_id))
             span.set_attribute("queue.status", status)
-            async with with_user_queue_lock(self.pool, user_id, self.timeouts.within(remaining)) as conn:
+            async with with_user_queue_lock(self.pool, user_id) as conn:
                 ended = await repo.finish_job(
                     conn,
                     job_id=job_id,
@@ -283,10 +280,10 @@ class QueueEngine:
         return EndedJob(ended, rows[0] if rows else None)
 
     async def complete_run(
-        self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str, remaining: float | None
+        self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str
     ) -> tuple[uuid.UUID, dict[str, Any] | None]:
         """Ends the run's job; returns its id and, when this call ended it, its view."""
-        async with connection(self.pool, self.timeouts.within(remaining)) as conn:
+        async with connection(self.pool) as conn:
             job = await repo.job_by_run_id(conn, run_id=run_id)
         if job is None:
             raise errors.RunNotFound(f"no job owns run {run_id}", metadata={"runId": str(run_id)})
@@ -303,15 +300,14 @@ class QueueEngine:
                 last_error="" if succeeded else (message or "the core reported a failure"),
                 refund=refund,
                 trigger="completion",
-                remaining=remaining,
                 read_view=True,
             )
             if ended is not None:
                 return job.job_id, ended.view
         return job.job_id, None
 
-    async def cancel(self, job_id: uuid.UUID, user_id: str, *, remaining: float | None) -> uuid.UUID:
-        async with connection(self.pool, self.timeouts.within(remaining)) as conn:
+    async def cancel(self, job_id: uuid.UUID, user_id: str) -> uuid.UUID:
+        async with connection(self.pool) as conn:
             row = await repo.job_by_id(conn, job_id=job_id)
         if row is None or row["user_id"] != user_id:
             raise errors.JobNotFound(f"job {job_id} does not exist for this user", metadata={"jobId": str(job_id)})
@@ -335,11 +331,10 @@ class QueueEngine:
             last_error="canceled by the user",
             refund=True,
             trigger="cancel",
-            remaining=remaining,
         )
         if ended is None:
             # It ended meanwhile (completed, or canceled by a concurrent call): report what it is.
-            async with connection(self.pool, self.timeouts) as conn:
+            async with connection(self.pool) as conn:
                 row = await repo.job_by_id(conn, job_id=job_id)
             if row is not None and row["status"] in ("succeeded", "failed"):
                 raise errors.JobAlreadyFinished(f"job {job_id} already {row['status']}", metadata={"jobId": str(job_id)})
@@ -377,7 +372,7 @@ class QueueEngine:
             outcome = await self.core.release_run(claim.run_id)
             telemetry.metrics.release_attempts.add(1, {"result": outcome.result.value})
             if outcome.result is ReleaseResult.RELEASED:
-                async with connection(self.pool, self.timeouts) as conn:
+                async with connection(self.pool) as conn:
                     marked = await repo.mark_released(
                         conn, job_id=claim.job_id, attempt=claim.attempt, reconcile_after_seconds=self.config.reconcile_after_seconds
                     )
@@ -396,7 +391,7 @@ class QueueEngine:
                 return "refused"
             backoff = self.backoff_seconds(claim.attempt)
             span.set_attribute("queue.release.backoff_s", backoff)
-            async with connection(self.pool, self.timeouts) as conn:
+            async with connection(self.pool) as conn:
                 retry = await repo.schedule_release_retry(
                     conn, job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=backoff, last_error=outcome.error
                 )

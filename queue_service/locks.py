@@ -19,15 +19,13 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from queue_service import telemetry
-from queue_service.db import Timeouts, translated_errors
+from queue_service.db import translated_errors
 
-# The timeouts go into the same statement as the lock, and the statement reports how long the
-# server waited for the lock, so taking it costs no round trip of its own (see below).
+# The statement reports how long the server waited for the lock, so measuring the wait costs no
+# round trip of its own (see below). lock_timeout bounds the wait: a session default of the pool.
 _TAKE_USER_QUEUE_LOCK = (
     "SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds"
-    " FROM (SELECT set_config('lock_timeout', %(lock_timeout)s, true),"
-    " set_config('statement_timeout', %(statement_timeout)s, true),"
-    " pg_advisory_xact_lock(hashtextextended('analysis_queue:' || %(user_id)s, 0)) OFFSET 0) AS locked"
+    " FROM (SELECT pg_advisory_xact_lock(hashtextextended('analysis_queue:' || %(user_id)s, 0)) OFFSET 0) AS locked"
 )
 
 # A fixed key of its own (the namespace is hashed the same way) so migrations from replicas that
@@ -37,8 +35,7 @@ _TAKE_MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('analysis_
 
 @asynccontextmanager
 async def with_user_queue_lock(
-    pool: AsyncConnectionPool, user_id: str, timeouts: Timeouts
-) -> AsyncIterator[AsyncConnection]:
+    pool: AsyncConnectionPool, user_id: str) -> AsyncIterator[AsyncConnection]:
     """Opens a transaction holding the user's queue lock and yields its connection.
 
     Commits when the block ends, rolls back (and so releases the lock) on any error. The
@@ -51,14 +48,7 @@ async def with_user_queue_lock(
             async with conn.pipeline():
                 async with conn.transaction():
                     sent_ns = time.time_ns()
-                    lock = await conn.execute(
-                        _TAKE_USER_QUEUE_LOCK,
-                        {
-                            "lock_timeout": f"{timeouts.lock_timeout_ms}ms",
-                            "statement_timeout": f"{timeouts.statement_timeout_ms}ms",
-                            "user_id": user_id,
-                        },
-                    )
+                    lock = await conn.execute(_TAKE_USER_QUEUE_LOCK, {"user_id": user_id})
                     yield conn
                     row = await lock.fetchone()
                     _record_lock_wait(float(row["waited_seconds"]) if row else 0.0, sent_ns)  # type: ignore[index, call-overload]

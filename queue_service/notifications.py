@@ -19,7 +19,7 @@ import psycopg
 
 from queue_service import errors, repository as repo, telemetry
 from queue_service._gen.acurio.queue.v1 import job_pb2
-from queue_service.db import Timeouts, connection
+from queue_service.db import connection
 from queue_service.views import JobViews
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,6 @@ class NotificationHub:
         dsn: str,
         views: JobViews,
         pool,  # type: ignore[no-untyped-def]
-        timeouts: Timeouts,
         *,
         max_streams: int,
         max_streams_per_user: int,
@@ -59,7 +58,6 @@ class NotificationHub:
         self._dsn = dsn
         self._views = views
         self._pool = pool
-        self._timeouts = timeouts
         self._max_streams = max_streams
         self._max_streams_per_user = max_streams_per_user
         self._streams: dict[str, set[WatchStream]] = defaultdict(set)
@@ -148,7 +146,7 @@ class NotificationHub:
             jobs = await self._views.by_ids([job_id])
             if change.get("old_status") == "queued" and change.get("status") != "queued":
                 # Everyone behind it moved up: send the new positions too.
-                async with connection(self._pool, self._timeouts) as conn:
+                async with connection(self._pool) as conn:
                     rows = await repo.queued_job_views_of_user(conn, user_id=user_id)
                     mean = await self._views.mean_judging_seconds(conn)
                 jobs += [self._views.to_proto(row, mean) for row in rows]

@@ -76,12 +76,11 @@ class QueueApp:
         telemetry.metrics.pools.add(self.pool)
         self.core = CoreClient.connect(config.core_addr, deadline_seconds=config.core_deadline_seconds, credentials=core_credentials)
         self.engine = QueueEngine(self.pool, self.core, config)
-        self.views = JobViews(self.pool, timeouts, config.max_active_per_user)
+        self.views = JobViews(self.pool, config.max_active_per_user)
         self.hub = NotificationHub(
             config.listen_database_url or config.database_url,
             self.views,
             self.pool,
-            timeouts,
             max_streams=config.max_streams,
             max_streams_per_user=config.max_streams_per_user,
         )

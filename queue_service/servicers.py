@@ -1,8 +1,8 @@
 """The gRPC servicers: thin adapters from requests to the engine and views, and back.
 
 Handlers validate, call the domain, and build responses. They raise domain errors only;
-`error_interceptor` turns those into statuses. A caller's remaining deadline is passed down so
-the database work stops when the caller gives up.
+`error_interceptor` turns those into statuses. When a caller gives up, gRPC cancels the
+handler and psycopg cancels its running statement, so the database work stops too.
 """
 
 from __future__ import annotations
@@ -31,9 +31,6 @@ from queue_service.engine import AdmitInput, QueueEngine, request_digest
 from queue_service.notifications import NotificationHub
 from queue_service.views import STATUS_NAMES, JobViews
 
-
-def _remaining(context: grpc.aio.ServicerContext) -> float | None:
-    return context.time_remaining()
 
 
 class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
@@ -69,11 +66,11 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
             delta_of_job_id=delta_of,
             request_digest=request_digest(payload.SerializeToString(deterministic=True)),
         )
-        result = await self._engine.admit(item, remaining=_remaining(context))
+        result = await self._engine.admit(item)
         if result.view is not None:
             job = await self._views.from_row(result.view)
         else:
-            job = await self._views.one(result.job_id, _remaining(context))
+            job = await self._views.one(result.job_id)
         if job is None:  # canceled and gone cannot happen (rows are never deleted); be explicit
             raise errors.JobNotFound(f"job {result.job_id} vanished")
         span.set_attribute("queue.job_id", job.job_id)
@@ -84,16 +81,16 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
 
     async def Promote(self, request: queue_pb2.PromoteRequest, context: grpc.aio.ServicerContext) -> queue_pb2.PromoteResponse:
         validation.validate_user_id(request.user_id)
-        promoted = await self._engine.promote(request.user_id, trigger="tooling", remaining=_remaining(context))
+        promoted = await self._engine.promote(request.user_id, trigger="tooling")
         if not promoted:
             return queue_pb2.PromoteResponse()
-        job = await self._views.one(promoted[0].job_id, _remaining(context))
+        job = await self._views.one(promoted[0].job_id)
         return queue_pb2.PromoteResponse(job=job)
 
     async def Release(self, request: queue_pb2.ReleaseRequest, context: grpc.aio.ServicerContext) -> queue_pb2.ReleaseResponse:
         job_id = validation.validate_job_id(request.job_id)
         engine = self._engine
-        async with connection(engine.pool, engine.timeouts.within(_remaining(context))) as conn:
+        async with connection(engine.pool) as conn:
             claim = await repo.claim_release_of_job(conn, job_id=job_id, lease_seconds=engine.config.release_lease_seconds)
             row = None if claim else await repo.job_by_id(conn, job_id=job_id)
         if claim is not None:
@@ -106,7 +103,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
                 metadata={"jobId": str(job_id), "status": row["status"].upper()},
             )
         # else: another replica is releasing it right now; report the job as it is.
-        return queue_pb2.ReleaseResponse(job=await self._views.one(job_id, _remaining(context)))
+        return queue_pb2.ReleaseResponse(job=await self._views.one(job_id))
 
     async def ListJobs(self, request: queue_pb2.ListJobsRequest, context: grpc.aio.ServicerContext) -> queue_pb2.ListJobsResponse:
         validation.validate_user_id(request.user_id)
@@ -114,7 +111,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         statuses = _status_filter(request.statuses)
         filter_key = _filter_key(request.user_id, statuses)
         before_seq = _decode_page_token(request.page_token, filter_key)
-        async with connection(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
+        async with connection(self._engine.pool) as conn:
             rows = await repo.list_job_views(
                 conn, user_id=request.user_id, before_seq=before_seq, statuses=statuses, limit=page_size + 1
             )
@@ -125,7 +122,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
 
     async def GetJob(self, request: queue_pb2.GetJobRequest, context: grpc.aio.ServicerContext) -> queue_pb2.GetJobResponse:
         job_id = validation.validate_job_id(request.job_id)
-        job = await self._views.one(job_id, _remaining(context))
+        job = await self._views.one(job_id)
         if job is None:
             raise errors.JobNotFound(f"job {job_id} does not exist", metadata={"jobId": str(job_id)})
         return queue_pb2.GetJobResponse(job=job)
@@ -136,8 +133,8 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         v.check_id("user_id", request.user_id)
         v.raise_if_any()
         assert job_id is not None
-        await self._engine.cancel(job_id, request.user_id, remaining=_remaining(context))
-        return queue_pb2.CancelJobResponse(job=await self._views.one(job_id, _remaining(context)))
+        await self._engine.cancel(job_id, request.user_id)
+        return queue_pb2.CancelJobResponse(job=await self._views.one(job_id))
 
     async def WatchJobs(self, request: queue_pb2.WatchJobsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[queue_pb2.WatchJobsResponse]:
         validation.validate_user_id(request.user_id)
@@ -168,7 +165,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
             self._hub.unsubscribe(stream)
 
     async def _snapshot(self, user_id: str) -> AsyncIterator[queue_pb2.WatchJobsResponse]:
-        async with connection(self._engine.pool, self._engine.timeouts) as conn:
+        async with connection(self._engine.pool) as conn:
             rows = await repo.active_job_views_of_user(conn, user_id=user_id)
             mean = await self._views.mean_judging_seconds(conn)
         jobs = [self._views.to_proto(r, mean) for r in rows]
@@ -243,9 +240,8 @@ class CoreCallbackServicer(callback_grpc.CoreCallbackServiceServicer):
                 succeeded=request.outcome == callback_pb2.RUN_OUTCOME_SUCCEEDED,
                 refund=request.refund_credit,
                 message=request.message,
-                remaining=_remaining(context),
             )
-            job = await self._views.from_row(view) if view is not None else await self._views.one(job_id, _remaining(context))
+            job = await self._views.from_row(view) if view is not None else await self._views.one(job_id)
         return callback_pb2.CompleteRunResponse(job=job)
 
 
@@ -261,10 +257,10 @@ class CreditsServicer(credits_grpc.CreditsServiceServicer):
             v.add("amount", f"amount must be between 1 and {validation.MAX_GRANT}")
         v.raise_if_any()
         key = {"user_id": request.user_id, "idempotency_key": request.idempotency_key}
-        async with connection(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
+        async with connection(self._engine.pool) as conn:
             balance = await repo.grant_credits(conn, amount=request.amount, **key)
         if balance is None:
-            async with connection(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
+            async with connection(self._engine.pool) as conn:
                 earlier = await repo.grant_by_key(conn, **key)
                 balance = await repo.balance_of_user(conn, user_id=request.user_id)
             if earlier != request.amount:
@@ -276,6 +272,6 @@ class CreditsServicer(credits_grpc.CreditsServiceServicer):
 
     async def GetBalance(self, request: credits_pb2.GetBalanceRequest, context: grpc.aio.ServicerContext) -> credits_pb2.GetBalanceResponse:
         validation.validate_user_id(request.user_id)
-        async with connection(self._engine.pool, self._engine.timeouts.within(_remaining(context))) as conn:
+        async with connection(self._engine.pool) as conn:
             balance = await repo.balance_of_user(conn, user_id=request.user_id)
         return credits_pb2.GetBalanceResponse(balance=balance)

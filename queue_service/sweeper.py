@@ -64,7 +64,7 @@ class Sweeper:
         report = SweepReport()
         started = time.perf_counter()
         with telemetry.tracer.start_as_current_span("sweep") as span:
-            async with connection(engine.pool, engine.timeouts) as conn:
+            async with connection(engine.pool) as conn:
                 users = await repo.users_needing_promotion(
                     conn, default_max_active=engine.config.max_active_per_user, batch_size=_BATCH
                 )

@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from queue_service import repository as repo
 from queue_service._gen.acurio.queue.v1 import job_pb2
-from queue_service.db import Timeouts, connection
+from queue_service.db import connection
 
 _STATUS = {
     "queued": job_pb2.JOB_STATUS_QUEUED,
@@ -32,9 +32,8 @@ _ESTIMATE_CACHE_SECONDS = 10.0
 
 
 class JobViews:
-    def __init__(self, pool: AsyncConnectionPool, timeouts: Timeouts, default_max_active: int) -> None:
+    def __init__(self, pool: AsyncConnectionPool, default_max_active: int) -> None:
         self._pool = pool
-        self._timeouts = timeouts
         self._default_max_active = default_max_active
         self._mean_judging: float | None = None
         self._mean_read_at = float("-inf")
@@ -45,8 +44,8 @@ class JobViews:
             self._mean_read_at = time.monotonic()
         return self._mean_judging
 
-    async def by_ids(self, job_ids: list[uuid.UUID], remaining: float | None = None) -> list[job_pb2.Job]:
-        async with connection(self._pool, self._timeouts.within(remaining)) as conn:
+    async def by_ids(self, job_ids: list[uuid.UUID]) -> list[job_pb2.Job]:
+        async with connection(self._pool) as conn:
             rows = await repo.job_views_by_ids(conn, job_ids=job_ids)
             mean = await self.mean_judging_seconds(conn)
         by_id = {row["job_id"]: row for row in rows}
@@ -55,12 +54,12 @@ class JobViews:
     async def from_row(self, row: dict[str, Any]) -> job_pb2.Job:
         """The proto of a view row read elsewhere (the estimate's mean refreshed if stale)."""
         if time.monotonic() - self._mean_read_at > _ESTIMATE_CACHE_SECONDS:
-            async with connection(self._pool, self._timeouts) as conn:
+            async with connection(self._pool) as conn:
                 await self.mean_judging_seconds(conn)
         return self.to_proto(row, self._mean_judging)
 
-    async def one(self, job_id: uuid.UUID, remaining: float | None = None) -> job_pb2.Job | None:
-        jobs = await self.by_ids([job_id], remaining)
+    async def one(self, job_id: uuid.UUID) -> job_pb2.Job | None:
+        jobs = await self.by_ids([job_id])
         return jobs[0] if jobs else None
 
     def to_proto(self, row: dict[str, Any], mean_judging: float | None) -> job_pb2.Job:

@@ -23,7 +23,7 @@ def _lock_waiters(database_url: str) -> int:
 async def test_a_callers_deadline_cancels_the_database_wait(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
     user = new_user()
     await service.stubs.grant(user, 1)
-    async with with_user_queue_lock(service.app.pool, user, Timeouts(60_000, 60_000)):
+    async with with_user_queue_lock(service.app.pool, user):
         started = time.monotonic()
         try:
             await service.stubs.admit(user, timeout=0.8)
@@ -41,7 +41,7 @@ async def test_a_stuck_user_lock_is_lock_timeout_not_a_hang(services) -> None:  
     service = await services.start(lock_timeout_ms=300)
     user = new_user()
     await service.stubs.grant(user, 1)
-    async with with_user_queue_lock(service.app.pool, user, Timeouts(60_000, 60_000)):
+    async with with_user_queue_lock(service.app.pool, user):
         try:
             await service.stubs.admit(user, timeout=10)
             raise AssertionError("the admit should time out on the lock")
