@@ -25,7 +25,6 @@ from typing import Any
 
 import grpc
 import psycopg
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from bench.measure import Latency

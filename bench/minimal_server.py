@@ -19,7 +19,6 @@ import uuid
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from queue_service import repository as repo

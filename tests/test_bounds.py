@@ -8,7 +8,6 @@ import time
 import grpc
 import psycopg
 
-from queue_service.db import Timeouts
 from queue_service.locks import with_user_queue_lock
 from tests.harness import error_info, new_user
 
