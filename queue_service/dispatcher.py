@@ -13,7 +13,9 @@ import asyncio
 import datetime as dt
 import logging
 
-from queue_service import errors, repository as repo
+from queue_service import errors
+from queue_service import repository as repo
+from queue_service.background import cancel_and_wait
 from queue_service.db import connection
 from queue_service.engine import QueueEngine
 
@@ -39,9 +41,7 @@ class ReleaseDispatcher:
         self._runner = asyncio.create_task(self._run(), name="release-dispatcher")
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            self._runner.cancel()
-            await asyncio.gather(self._runner, return_exceptions=True)
+        await cancel_and_wait(self._runner)
         # In-flight releases finish (bounded by the core deadline) so no lease is left dangling.
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self._engine.config.core_deadline_seconds + 1)

@@ -17,8 +17,10 @@ from collections.abc import Callable
 
 import psycopg
 
-from queue_service import errors, repository as repo, telemetry
+from queue_service import errors, telemetry
+from queue_service import repository as repo
 from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service.background import cancel_and_wait
 from queue_service.db import connection
 from queue_service.views import JobViews
 
@@ -70,9 +72,7 @@ class NotificationHub:
         self._runner = asyncio.create_task(self._run(), name="notification-hub")
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            self._runner.cancel()
-            await asyncio.gather(self._runner, return_exceptions=True)
+        await cancel_and_wait(self._runner)
         for streams in self._streams.values():
             for stream in streams:
                 stream.offer(None)

@@ -17,7 +17,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from queue_service import auth, migrations, telemetry
-from queue_service.auth import Authorizer
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2,
     core_callback_service_pb2_grpc,
@@ -26,6 +25,8 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2,
     queue_service_pb2_grpc,
 )
+from queue_service.auth import Authorizer
+from queue_service.background import cancel_and_wait
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.db import Timeouts, create_pool, translated_errors
@@ -33,7 +34,11 @@ from queue_service.dispatcher import ReleaseDispatcher
 from queue_service.engine import QueueEngine
 from queue_service.error_interceptor import CallGate, ErrorInterceptor
 from queue_service.notifications import NotificationHub
-from queue_service.servicers import AnalysisQueueServicer, CoreCallbackServicer, CreditsServicer
+from queue_service.servicers import (
+    AnalysisQueueServicer,
+    CoreCallbackServicer,
+    CreditsServicer,
+)
 from queue_service.sweeper import Sweeper
 from queue_service.views import JobViews
 
@@ -181,8 +186,7 @@ class QueueApp:
         started = time.monotonic()
         self.draining.set()  # WatchJobs streams end with UNAVAILABLE; clients reconnect elsewhere
         self.gate.close()
-        if self._health_watch is not None:
-            self._health_watch.cancel()
+        await cancel_and_wait(self._health_watch)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         idle = await self.gate.wait_idle(grace)
         if idle and grace > 0:

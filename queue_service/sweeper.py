@@ -18,8 +18,10 @@ import time
 
 import grpc
 
-from queue_service import errors, repository as repo, telemetry
+from queue_service import errors, telemetry
+from queue_service import repository as repo
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
+from queue_service.background import cancel_and_wait
 from queue_service.db import connection
 from queue_service.engine import ACTIVE, QueueEngine
 
@@ -46,9 +48,7 @@ class Sweeper:
             self._runner = asyncio.create_task(self._run(), name="sweeper")
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            self._runner.cancel()
-            await asyncio.gather(self._runner, return_exceptions=True)
+        await cancel_and_wait(self._runner)
 
     async def _run(self) -> None:
         interval = self._engine.config.sweep_interval_seconds

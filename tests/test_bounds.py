@@ -136,3 +136,28 @@ async def test_health_follows_the_database_and_the_pool_recovers_by_itself(tmp_p
     finally:
         await factory.close()
         database.stop(mode="immediate")
+
+
+async def test_a_loop_that_survives_one_cancellation_is_still_stopped() -> None:
+    """psycopg reports a statement it cancelled as QueryCanceled; a loop that handles errors would
+    survive a single cancel, and a drain would then wait forever."""
+    from queue_service.background import cancel_and_wait
+
+    swallowed = 0
+
+    async def stubborn_loop() -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed += 1  # what a translated QueryCanceled looks like to the loop
+
+    task = asyncio.create_task(stubborn_loop())
+    await asyncio.sleep(0)
+    started = time.monotonic()
+    await cancel_and_wait(task, timeout=5)
+    assert task.done() and swallowed == 1
+    assert time.monotonic() - started < 1

@@ -147,7 +147,12 @@ class Cluster:
         _log_event(f"drain {old.stubs.address}")
         self.point_core_at_a_live_replica()
         old.process.send_signal(signal.SIGTERM)
-        code = await asyncio.to_thread(old.process.wait, 20)
+        try:
+            code = await asyncio.to_thread(old.process.wait, 20)
+        except subprocess.TimeoutExpired:
+            old.process.kill()
+            code = await asyncio.to_thread(old.process.wait, 10)
+            self.summary.violations.append(f"drained replica {old.name} did not exit within 20 s of SIGTERM")
         if code != 0:
             self.summary.violations.append(f"drained replica {old.name} exited {code}")
         self.summary.drains += 1
