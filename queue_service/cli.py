@@ -16,6 +16,10 @@ from queue_service.config import Config, ConfigError
 
 log = logging.getLogger("queue_service")
 
+# Time a drain may take beyond the grace period (stopping loops, closing the pool) before the
+# process gives up on it.
+_DRAIN_MARGIN_SECONDS = 15
+
 
 def _load_config(**overrides: object) -> Config:
     try:
@@ -43,7 +47,13 @@ async def _serve_until_signal(config: Config, *, on_serving=None) -> None:  # ty
         on_serving(app)
     await stop.wait()
     log.info("draining (grace %.1fs)", config.grace_period_seconds)
-    await app.stop()
+    try:
+        # Every step of a drain is bounded; this is the backstop should one of them not be.
+        await asyncio.wait_for(app.stop(), config.grace_period_seconds + _DRAIN_MARGIN_SECONDS)
+    except TimeoutError:
+        log.error("drain did not finish within the grace period plus %ss; exiting anyway", _DRAIN_MARGIN_SECONDS)
+        logging.shutdown()
+        os._exit(1)
 
 
 def cmd_serve(_: argparse.Namespace) -> int:
