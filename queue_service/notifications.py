@@ -143,13 +143,13 @@ class NotificationHub:
         if not streams:
             return
         try:
-            jobs = await self._views.by_ids([job_id])
-            if change.get("old_status") == "queued" and change.get("status") != "queued":
-                # Everyone behind it moved up: send the new positions too.
-                async with connection(self._pool) as conn:
-                    rows = await repo.queued_job_views_of_user(conn, user_id=user_id)
-                    mean = await self._views.mean_judging_seconds(conn)
-                jobs += [self._views.to_proto(row, mean) for row in rows]
+            async with connection(self._pool) as conn:
+                rows = await repo.job_views_by_ids(conn, job_ids=[job_id])
+                if change.get("old_status") == "queued" and change.get("status") != "queued":
+                    # Everyone behind it moved up: send the new positions too.
+                    rows += await repo.queued_job_views_of_user(conn, user_id=user_id)
+                mean = await self._views.mean_judging_seconds(conn)
+            jobs = [self._views.to_proto(row, mean) for row in rows]
         except errors.QueueError:
             for stream in list(streams):
                 stream.offer(None)

@@ -15,6 +15,7 @@ import json
 from collections.abc import AsyncIterator
 
 import grpc
+from opentelemetry import trace
 
 from queue_service import errors, repository as repo, telemetry, validation
 from queue_service._gen.acurio.queue.v1 import (
@@ -43,7 +44,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
     async def Admit(self, request: queue_pb2.AdmitRequest, context: grpc.aio.ServicerContext) -> queue_pb2.AdmitResponse:
         with telemetry.tracer.start_as_current_span("admit") as span:
             try:
-                job = await self._admit(request, context, span)
+                job = await self._admit(request, span)
             except errors.QueueError as error:
                 span.set_attribute("queue.admit.reason", error.reason)
                 telemetry.metrics.admits.add(1, {"outcome": "rejected", "reason": error.reason})
@@ -52,7 +53,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
             telemetry.metrics.admits.add(1, {"outcome": outcome, "reason": "OK"})
             return queue_pb2.AdmitResponse(job=job)
 
-    async def _admit(self, request: queue_pb2.AdmitRequest, context: grpc.aio.ServicerContext, span) -> job_pb2.Job:  # type: ignore[no-untyped-def]
+    async def _admit(self, request: queue_pb2.AdmitRequest, span: trace.Span) -> job_pb2.Job:
         delta_of = validation.validate_admit(request)
         span.set_attribute("queue.user_id", request.user_id)
         payload = queue_pb2.AdmitRequest()

@@ -29,9 +29,7 @@ class _Instruments:
     def __init__(self) -> None:
         self.depth: dict[str, int] = {}
         self.pools: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.rebind(_meter)
-
-    def rebind(self, meter: Any) -> None:
+        meter = _meter
         self.admits = meter.create_counter("queue.admits", unit="{admit}", description="Admit calls by outcome and reason")
         self.lock_wait = meter.create_histogram(
             "queue.lock.wait", unit="s", description="Time spent waiting for a user's queue lock",

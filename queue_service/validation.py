@@ -39,7 +39,7 @@ class Violations:
     def add(self, field: str, description: str) -> None:
         self.items.append((field, description))
 
-    def check_id(self, field: str, value: str, *, what: str = "an id") -> None:
+    def check_id(self, field: str, value: str) -> None:
         if not value:
             self.add(field, f"{field} is required")
         elif len(value) > MAX_ID_CHARS:
