@@ -92,6 +92,7 @@ SETTINGS: dict[str, Setting] = {
     "max_queued_per_user": Setting("QUEUE_MAX_QUEUED_PER_USER", "100", _parse_int(1, 100_000), "queued jobs per user before USER_QUEUE_FULL"),
     "release_window_seconds": Setting("QUEUE_RELEASE_WINDOW_SECONDS", "1800", _parse_float(0.1, 7 * 86400), "how long release is retried after promotion"),
     "sweep_interval_seconds": Setting("QUEUE_SWEEP_INTERVAL_SECONDS", "30", _parse_float(0.0, 86400), "sweeper period (jittered); 0 disables the sweeper"),
+    "max_active_deltas_per_user": Setting("QUEUE_MAX_ACTIVE_DELTAS_PER_USER", "4", _parse_int(1, 10_000), "delta re-checks running at once per user before USER_DELTA_LIMIT"),
     "admit_price": Setting("QUEUE_ADMIT_PRICE", "1", _parse_int(0, 1_000_000), "credits charged per first-pass job"),
     "delta_price": Setting("QUEUE_DELTA_PRICE", "0", _parse_int(0, 1_000_000), "credits charged per delta re-check"),
     "core_deadline_seconds": Setting("QUEUE_CORE_DEADLINE_SECONDS", "5", _parse_float(0.05, 120), "deadline of the admit path's calls to the core, retries included"),
@@ -105,6 +106,7 @@ SETTINGS: dict[str, Setting] = {
     "pool_max_size": Setting("QUEUE_DB_POOL_MAX_SIZE", "20", _parse_int(1, 1000), "database connections at most"),
     "pool_timeout_seconds": Setting("QUEUE_DB_POOL_TIMEOUT_SECONDS", "5", _parse_float(0.05, 600), "wait for a free connection before UNAVAILABLE"),
     "migrate_on_start": Setting("QUEUE_MIGRATE_ON_START", "true", _parse_bool, "`serve` applies pending migrations first"),
+    "max_concurrent_calls": Setting("QUEUE_MAX_CONCURRENT_CALLS", "16", _parse_int(1, 100_000), "unary calls one replica works on at once; more wait their turn, as long as their deadline allows (else QUEUE_DB_POOL_TIMEOUT_SECONDS), then hear UNAVAILABLE REPLICA_BUSY"),
     "max_streams_per_user": Setting("QUEUE_MAX_STREAMS_PER_USER", "16", _parse_int(1, 100_000), "open WatchJobs streams per user and replica"),
     "max_streams": Setting("QUEUE_MAX_STREAMS", "2000", _parse_int(1, 1_000_000), "open WatchJobs streams per replica"),
     "reflection": Setting("QUEUE_REFLECTION", "true", _parse_bool, "serve gRPC server reflection"),
@@ -131,6 +133,7 @@ class Config:
     core_addr: str
     max_active_per_user: int
     max_queued_per_user: int
+    max_active_deltas_per_user: int
     release_window_seconds: float
     sweep_interval_seconds: float
     admit_price: int
@@ -146,6 +149,7 @@ class Config:
     pool_max_size: int
     pool_timeout_seconds: float
     migrate_on_start: bool
+    max_concurrent_calls: int
     max_streams_per_user: int
     max_streams: int
     reflection: bool

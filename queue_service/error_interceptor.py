@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,7 +20,8 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from opentelemetry import trace
 
-from queue_service.errors import ERROR_DOMAIN, QueueError, ShuttingDown
+from queue_service import deadline
+from queue_service.errors import ERROR_DOMAIN, QueueError, ReplicaBusy, ShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -62,29 +64,73 @@ _ALWAYS_OPEN = "/grpc.health.v1.Health/"
 
 
 class CallGate:
-    """Counts calls in flight and, once closed for a drain, refuses new ones with UNAVAILABLE.
+    """Counts calls in flight; refuses new ones with UNAVAILABLE once closed for a drain; lets at
+    most `max_unary` unary calls work at once, the others waiting their turn in order.
 
     Refusing in our own handler (rather than letting the server shut down under a call that is
     just arriving) gives late callers a clean UNAVAILABLE they can retry on another replica.
+
+    The cap keeps an overloaded replica's event loop responsive: without it, every call shares
+    the CPU with every other until all of them miss their deadlines. A waiting call costs nothing,
+    and waits no longer than half of what is left of its deadline (else `max_wait`): then it hears
+    REPLICA_BUSY, in time to retry on another replica. Streams have caps of their own. A drain waits
+    for the waiting calls too: each is refused with SHUTTING_DOWN when its turn comes.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_unary: int = 1_000_000, max_wait: float = 5.0) -> None:
         self.in_flight = 0
+        self._max_unary = max_unary
+        self._max_wait = max_wait
+        self._unary_slots = asyncio.Semaphore(max_unary)
         self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def enter(self, method: str) -> bool:
-        if self._closed and not method.startswith(_ALWAYS_OPEN):
+    async def enter(self, method: str, *, unary: bool = True) -> bool:
+        """Admits the call (True: counted, call `exit`), or raises SHUTTING_DOWN / REPLICA_BUSY."""
+        if method.startswith(_ALWAYS_OPEN):
+            return False
+        if self._closed:
             raise ShuttingDown("this replica is draining; retry on another replica")
+        # Counted from here, so a drain also waits for calls waiting their turn.
         self.in_flight += 1
         self._idle.clear()
+        if unary:
+            try:
+                await self._take_unary_slot()
+            except BaseException:
+                self._leave()
+                raise
+            if self._closed:
+                self._unary_slots.release()
+                self._leave()
+                raise ShuttingDown("this replica is draining; retry on another replica")
         return True
 
-    def exit(self) -> None:
+    def _leave(self) -> None:
         self.in_flight -= 1
         if self.in_flight == 0:
             self._idle.set()
+
+    async def _take_unary_slot(self) -> None:
+        if not self._unary_slots.locked():
+            await self._unary_slots.acquire()
+            return
+        try:
+            # At most half of what is left: a call refused then still has time to retry elsewhere,
+            # even from a replica whose event loop is running late.
+            await asyncio.wait_for(self._unary_slots.acquire(), timeout=deadline.bound(self._max_wait, share=0.5))
+        except TimeoutError:
+            raise ReplicaBusy(
+                f"this replica is working on {self._max_unary} calls (the maximum) and had no turn for this one "
+                "within its deadline; retry, ideally on another replica",
+                metadata={"maxConcurrentCalls": str(self._max_unary)},
+            ) from None
+
+    def exit(self, *, unary: bool = True) -> None:
+        if unary:
+            self._unary_slots.release()
+        self._leave()
 
     def close(self) -> None:
         self._closed = True
@@ -128,14 +174,19 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
     @asynccontextmanager
-    async def _road(self, method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    async def _road(self, method: str, context: grpc.aio.ServicerContext, *, unary: bool) -> AsyncIterator[None]:
         """Gate, authorization and error mapping around one call, unary or streaming."""
         entered = False
+        time_remaining = context.time_remaining()
+        started = time.monotonic()
         try:
-            entered = self._gate.enter(method)
-            if self._authorize is not None:
-                await self._authorize(method, context)
-            yield
+            # Every wait inside the call, its turn at the gate included, is bounded by the
+            # caller's deadline (see `deadline`).
+            with deadline.call_budget(time_remaining):
+                entered = await self._gate.enter(method, unary=unary)
+                if self._authorize is not None:
+                    await self._authorize(method, context)
+                yield
         except QueueError as error:
             await context.abort_with_status(status_for(error))
         except (grpc.aio.AbortError, GeneratorExit):
@@ -144,18 +195,24 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             await context.abort_with_status(_internal_status(method))
         finally:
             if entered:
-                self._gate.exit()
+                self._gate.exit(unary=unary)
+            if time_remaining is not None and time.monotonic() - started > time_remaining:
+                # The caller heard DEADLINE_EXCEEDED, not our answer: a sign of an overloaded replica.
+                log.warning(
+                    "%s answered after the caller's deadline (%.3fs left at the start, took %.3fs)",
+                    method, time_remaining, time.monotonic() - started,
+                )
 
     def _wrap_unary(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            async with self._road(method, context):
+            async with self._road(method, context, unary=True):
                 return await behavior(request, context)
 
         return wrapped
 
     def _wrap_stream(self, behavior: Callable[..., AsyncIterator[Any]], method: str) -> Callable[..., Any]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            async with self._road(method, context):
+            async with self._road(method, context, unary=False):
                 async for message in behavior(request, context):
                     yield message
 

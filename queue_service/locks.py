@@ -18,8 +18,8 @@ from contextlib import asynccontextmanager
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from queue_service import telemetry
-from queue_service.db import translated_errors
+from queue_service import deadline, telemetry
+from queue_service.db import QueuePool, checkout, translated_errors
 
 # The statement reports how long the server waited for the lock, so measuring the wait costs no
 # round trip of its own (see below). lock_timeout bounds the wait: a session default of the pool.
@@ -27,6 +27,10 @@ _TAKE_USER_QUEUE_LOCK = (
     "SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds"
     " FROM (SELECT pg_advisory_xact_lock(hashtextextended('analysis_queue:' || %(user_id)s, 0)) OFFSET 0) AS locked"
 )
+
+# Inside a call whose deadline comes before the session's limits, this transaction's lock and
+# statement timeouts are lowered to what is left (sent in the same pipeline: no extra round trip).
+_SHORTEN_TIMEOUTS = "SELECT set_config('lock_timeout', %(lock_ms)s, true), set_config('statement_timeout', %(statement_ms)s, true)"
 
 # A fixed key of its own (the namespace is hashed the same way) so migrations from replicas that
 # start together run one after another.
@@ -42,16 +46,37 @@ async def with_user_queue_lock(
     connection is in pipeline mode: BEGIN and the lock travel with the block's first statement,
     and COMMIT needs no extra wait, so the locked section costs two round trips, not four. A lock
     timeout surfaces at the block's first result.
+
+    Inside a call with a deadline, the wait for a connection, for the lock and for each statement
+    is bounded by what is left of it (LOCK_TIMEOUT / DATABASE_UNAVAILABLE before the caller gives up).
     """
     with translated_errors():
-        async with pool.connection() as conn:
+        async with checkout(pool) as conn:
             async with conn.pipeline():
                 async with conn.transaction():
                     sent_ns = time.time_ns()
+                    await _shorten_timeouts_to_deadline(conn, pool)
                     lock = await conn.execute(_TAKE_USER_QUEUE_LOCK, {"user_id": user_id})
                     yield conn
                     row = await lock.fetchone()
                     _record_lock_wait(float(row["waited_seconds"]) if row else 0.0, sent_ns)  # type: ignore[index, call-overload]
+
+
+async def _shorten_timeouts_to_deadline(conn: AsyncConnection, pool: AsyncConnectionPool) -> None:
+    left = deadline.remaining()
+    if left is None or not isinstance(pool, QueuePool):
+        return
+    left_ms = max(1, int(left * 1000))
+    configured = pool.timeouts
+    if left_ms < max(configured.lock_timeout_ms, configured.statement_timeout_ms):
+        await conn.execute(
+            _SHORTEN_TIMEOUTS,
+            {
+                # The lock gives up first, so a busy user queue is named as such (LOCK_TIMEOUT).
+                "lock_ms": f"{min(max(1, left_ms * 9 // 10), configured.lock_timeout_ms)}ms",
+                "statement_ms": f"{min(left_ms, configured.statement_timeout_ms)}ms",
+            },
+        )
 
 
 def _record_lock_wait(waited: float, sent_ns: int) -> None:

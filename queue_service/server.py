@@ -95,7 +95,7 @@ class QueueApp:
         self.hub.on_pending = self.dispatcher.wake
         self.draining = asyncio.Event()
         self.health = health.aio.HealthServicer()
-        self.gate = CallGate()
+        self.gate = CallGate(max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds)
         self._interceptors = [ErrorInterceptor(authorizer.authorize if authorizer else None, self.gate)]
         self._server_credentials = auth.server_credentials(
             config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
@@ -196,6 +196,7 @@ class QueueApp:
             await self.server.stop(max(0.0, grace - (time.monotonic() - started)))
         await self.sweeper.stop()
         await self.dispatcher.stop()
+        await self.engine.stop()
         await self.hub.stop()
         await self.core.close()
         await self.pool.close()
