@@ -1,9 +1,14 @@
 """Calls to the core's RunService, with deadlines and the design's reading of its status codes.
 
-The admit path's CreateRun gets one overall deadline (QUEUE_CORE_DEADLINE_SECONDS) inside
-which UNAVAILABLE is retried briefly with tenacity; past it the caller hears CORE_UNAVAILABLE
-(nothing charged; retrying with the same key is safe). Release attempts are single calls: their
-retries outlive processes, so they are state in the job row (see `dispatcher`).
+Every call has three outcomes, not two: the core answered (a `RunReport` says what it knows of
+the run), the core refused (a domain error), or the outcome is unknown: the call may have been
+applied and its answer lost or late. Unknown outcomes raise `CoreUnavailable`; the engine treats
+them as *maybe applied* (see docs/design.md, "Settled runs").
+
+Each call's deadline is QUEUE_CORE_DEADLINE_SECONDS, shortened to fit the caller's own deadline
+(see `deadline`). CreateRun and CancelRun retry UNAVAILABLE briefly (tenacity) inside that
+deadline; release attempts are single calls whose retries outlive processes, so they are state in
+the job row (see `dispatcher`).
 """
 
 from __future__ import annotations
@@ -17,27 +22,69 @@ from collections.abc import Sequence
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
-from queue_service import errors, telemetry
+from queue_service import deadline, errors, telemetry
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.core.v1 import run_service_pb2_grpc as core_grpc
 
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+# The admit path's CreateRun may use at most this share of what is left of the caller's deadline:
+# the locked transaction after it needs time too.
+_CREATE_SHARE_OF_CALL = 0.6
 
 
 def _is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _RETRYABLE
 
 
-class ReleaseResult(enum.Enum):
-    RELEASED = "released"
-    TRANSIENT_FAILURE = "transient_failure"
-    PERMANENT_FAILURE = "permanent_failure"
+class RunFate(enum.Enum):
+    """What the core's answer says about a run."""
+
+    HELD = "held"
+    JUDGING = "judging"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    UNKNOWN_TO_CORE = "unknown_to_core"
+
+    @property
+    def settled(self) -> bool:
+        """True when the run is not judging and never will (it cannot take a user's slot)."""
+        return self not in (RunFate.HELD, RunFate.JUDGING)
+
+
+_FATE_OF_STATE = {
+    core_pb2.RUN_STATE_HELD: RunFate.HELD,
+    core_pb2.RUN_STATE_JUDGING: RunFate.JUDGING,
+    core_pb2.RUN_STATE_SUCCEEDED: RunFate.SUCCEEDED,
+    core_pb2.RUN_STATE_FAILED: RunFate.FAILED,
+    core_pb2.RUN_STATE_CANCELED: RunFate.CANCELED,
+}
 
 
 @dataclasses.dataclass(frozen=True)
-class ReleaseOutcome:
-    result: ReleaseResult
-    error: str = ""
+class RunReport:
+    """The core's confirmed view of a run (from an answer, never from a lost call)."""
+
+    fate: RunFate
+    message: str = ""
+
+    @classmethod
+    def of(cls, run: core_pb2.Run) -> RunReport:
+        fate = _FATE_OF_STATE.get(run.state)
+        if fate is None:
+            raise errors.CoreUnavailable(
+                f"the core answered with run state {run.state}, which the queue does not know",
+                metadata={"coreCode": "OK"},
+            )
+        return cls(fate, run.message)
+
+
+def _unknown_outcome(method: str, exc: grpc.aio.AioRpcError) -> errors.CoreUnavailable:
+    return errors.CoreUnavailable(
+        f"core {method} gave no answer ({exc.code().name}); it may have been applied",
+        metadata={"coreCode": exc.code().name, "coreMethod": method},
+    )
 
 
 class CoreClient:
@@ -60,7 +107,13 @@ class CoreClient:
         await self._channel.close()
 
     async def _with_retry(self, method: str, call, request, budget_seconds: float):  # type: ignore[no-untyped-def]
-        """Calls `call(request)` until it succeeds, fails for good, or the budget is spent."""
+        """Calls `call(request)` until it succeeds, fails for good, or the budget is spent.
+        Raises the last AioRpcError, or CoreUnavailable when no time is left to try."""
+        if budget_seconds <= 0.001:
+            raise errors.CoreUnavailable(
+                f"no time was left in the call's deadline to ask the core ({method}); retry",
+                metadata={"coreCode": "DEADLINE_EXCEEDED", "coreMethod": method},
+            )
         give_up_at = time.monotonic() + budget_seconds
         try:
             return await call(request, timeout=budget_seconds)
@@ -77,10 +130,13 @@ class CoreClient:
         async for attempt in retrying:
             with attempt:
                 telemetry.metrics.core_retries.add(1, {"method": method})
-                remaining = give_up_at - time.monotonic()
-                if remaining <= 0.001:
-                    raise errors.CoreUnavailable("the core did not answer within the admit deadline; retry with the same idempotency key")
-                return await call(request, timeout=remaining)
+                left = give_up_at - time.monotonic()
+                if left <= 0.001:
+                    raise errors.CoreUnavailable(
+                        f"the core did not answer {method} within the deadline; retry",
+                        metadata={"coreCode": "DEADLINE_EXCEEDED", "coreMethod": method},
+                    )
+                return await call(request, timeout=left)
         raise AssertionError("unreachable")
 
     async def create_run(
@@ -92,7 +148,9 @@ class CoreClient:
         sources: Sequence[tuple[str, str]],
         hold: bool,
         delta_of_run_id: uuid.UUID | None,
-    ) -> None:
+    ) -> RunReport:
+        """Creates the run. Raises CoreRejected / ProviderBudgetExhausted for the core's refusals
+        and CoreUnavailable when the outcome is unknown (the run may exist)."""
         request = core_pb2.CreateRunRequest(
             run_id=str(run_id),
             user_id=user_id,
@@ -101,41 +159,50 @@ class CoreClient:
             hold=hold,
             delta_of_run_id=str(delta_of_run_id) if delta_of_run_id else "",
         )
+        budget = deadline.bound(self._deadline, _CREATE_SHARE_OF_CALL)
         try:
-            await self._with_retry("CreateRun", self._stub.CreateRun, request, self._deadline)
+            response = await self._with_retry("CreateRun", self._stub.CreateRun, request, budget)
         except grpc.aio.AioRpcError as exc:
             raise _admit_error(exc) from exc
+        return RunReport.of(response.run)
 
-    async def release_run(self, run_id: uuid.UUID) -> ReleaseOutcome:
+    async def release_run(self, run_id: uuid.UUID) -> RunReport:
+        """Releases a held run. NOT_FOUND reads as UNKNOWN_TO_CORE, FAILED_PRECONDITION (the core
+        refuses to release a canceled run) as CANCELED; no answer raises CoreUnavailable."""
+        request = core_pb2.ReleaseRunRequest(run_id=str(run_id))
         try:
-            await self._stub.ReleaseRun(core_pb2.ReleaseRunRequest(run_id=str(run_id)), timeout=self._deadline)
-        except grpc.aio.AioRpcError as exc:
-            detail = f"core ReleaseRun: {exc.code().name}: {exc.details() or ''}".strip()
-            if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
-                return ReleaseOutcome(ReleaseResult.PERMANENT_FAILURE, detail)
-            return ReleaseOutcome(ReleaseResult.TRANSIENT_FAILURE, detail)
-        return ReleaseOutcome(ReleaseResult.RELEASED)
-
-    async def cancel_run(self, run_id: uuid.UUID) -> None:
-        """Cancels a run; an unknown run counts as canceled. Raises CoreUnavailable otherwise."""
-        try:
-            await self._with_retry("CancelRun", self._stub.CancelRun, core_pb2.CancelRunRequest(run_id=str(run_id)), self._deadline)
+            response = await self._stub.ReleaseRun(request, timeout=deadline.bound(self._deadline))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
-                return
-            raise errors.CoreUnavailable(
-                f"the core could not cancel the run ({exc.code().name}); retry", metadata={"coreCode": exc.code().name}
-            ) from exc
+                return RunReport(RunFate.UNKNOWN_TO_CORE, f"core ReleaseRun: NOT_FOUND: {exc.details() or ''}".strip())
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                return RunReport(RunFate.CANCELED, f"core ReleaseRun: FAILED_PRECONDITION: {exc.details() or ''}".strip())
+            raise _unknown_outcome("ReleaseRun", exc) from exc
+        return RunReport.of(response.run)
 
-    async def get_run(self, run_id: uuid.UUID) -> core_pb2.Run | None:
-        """The run at the core, or None when the core does not know it. Raises AioRpcError."""
+    async def cancel_run(self, run_id: uuid.UUID) -> RunReport:
+        """Cancels a run. The answer says what the run is now (CANCELED, or how it had finished
+        before the cancel); NOT_FOUND reads as UNKNOWN_TO_CORE. No answer raises CoreUnavailable."""
+        request = core_pb2.CancelRunRequest(run_id=str(run_id))
         try:
-            response = await self._stub.GetRun(core_pb2.GetRunRequest(run_id=str(run_id)), timeout=self._deadline)
+            response = await self._with_retry("CancelRun", self._stub.CancelRun, request, deadline.bound(self._deadline))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
-                return None
-            raise
-        return response.run
+                return RunReport(RunFate.UNKNOWN_TO_CORE)
+            raise _unknown_outcome("CancelRun", exc) from exc
+        return RunReport.of(response.run)
+
+    async def get_run(self, run_id: uuid.UUID) -> RunReport:
+        """The run as the core sees it; NOT_FOUND reads as UNKNOWN_TO_CORE. No answer raises
+        CoreUnavailable."""
+        request = core_pb2.GetRunRequest(run_id=str(run_id))
+        try:
+            response = await self._stub.GetRun(request, timeout=deadline.bound(self._deadline))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return RunReport(RunFate.UNKNOWN_TO_CORE)
+            raise _unknown_outcome("GetRun", exc) from exc
+        return RunReport.of(response.run)
 
 
 def _admit_error(exc: grpc.aio.AioRpcError) -> errors.QueueError:

@@ -10,7 +10,6 @@ replica claims the job when the lease runs out.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 
 from queue_service import errors
@@ -97,8 +96,5 @@ class ReleaseDispatcher:
     async def _seconds_until_next_due(self) -> float:
         engine = self._engine
         async with connection(engine.pool) as conn:
-            due_at = await repo.next_release_due_at(conn)
-        if due_at is None:
-            return _MAX_IDLE_SECONDS
-        wait = (due_at - dt.datetime.now(dt.timezone.utc)).total_seconds()
-        return min(_MAX_IDLE_SECONDS, max(0.0, wait))
+            due_in = await repo.next_release_due_in(conn)
+        return _MAX_IDLE_SECONDS if due_in is None else min(_MAX_IDLE_SECONDS, due_in)

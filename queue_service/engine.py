@@ -1,8 +1,14 @@
-"""The queue engine: admit, promote, end (complete, cancel, give up), release.
+"""The queue engine: admit, promote, end (complete, cancel, give up), release, settle.
 
 Every change that can free or take a user's slot runs under `with_user_queue_lock`; every state
 change is fenced (`repository.finish_job` names the statuses it expects), so duplicates from
-retries, racing replicas or old code versions are harmless no-ops.
+retries, racing replicas or old code versions are harmless no-ops. No call to the core is ever
+made while the user lock is held.
+
+Every call to the core has three outcomes: answered, refused, or unknown (maybe applied). A run
+whose outcome is unknown is never assumed stopped: the job that owned it keeps its slot until the
+core confirms the run settled (docs/design.md, "Settled runs"); a run reserved for an admit that
+failed is canceled until the core confirms it.
 """
 
 from __future__ import annotations
@@ -14,24 +20,27 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 from tenacity import RetryCallState, wait_random_exponential
 
-from queue_service import errors, repository as repo, telemetry
+from queue_service import deadline, errors, repository as repo, telemetry
 from queue_service.config import Config
-from queue_service.core_client import CoreClient, ReleaseResult
+from queue_service.core_client import CoreClient, RunFate, RunReport
 from queue_service.db import connection
 from queue_service.locks import with_user_queue_lock
-from queue_service.repository import ClaimedRelease, NewJob
+from queue_service.repository import ClaimedRelease, ClaimedReservation, ClaimedSettlement, JobRef, NewJob
 
 log = logging.getLogger(__name__)
 
 ACTIVE = ["pending", "running"]
+FINISHED = ("succeeded", "failed")
 _GAP_TRACKING_LIMIT = 10_000
-CANCELABLE = ["queued", "pending", "running"]
+# How long stopping waits for background clean-ups (they are durable: the sweeper finishes any
+# that do not get done).
+_BACKGROUND_STOP_SECONDS = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +69,29 @@ class AdmitResult:
     view: dict[str, Any] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Ending:
+    """How a job ends, as read from what the core confirmed about its run."""
+
+    status: str
+    last_error: str
+    refund: bool
+    # The core has not confirmed that the run stopped: keep the slot until it does.
+    run_unsettled: bool = False
+
+    @classmethod
+    def from_report(cls, report: RunReport) -> Ending:
+        if report.fate is RunFate.SUCCEEDED:
+            return cls("succeeded", "", refund=False)
+        if report.fate is RunFate.FAILED:
+            return cls("failed", report.message or "the core reported a failure", refund=True)
+        if report.fate is RunFate.CANCELED:
+            return cls("canceled", report.message or "the run was canceled at the core", refund=True)
+        if report.fate is RunFate.UNKNOWN_TO_CORE:
+            return cls("failed", report.message or "the core does not know this run", refund=True, run_unsettled=True)
+        raise ValueError(f"a {report.fate.value} run has not ended")
+
+
 def request_digest(payload: bytes) -> bytes:
     return hashlib.sha256(payload).digest()
 
@@ -75,36 +107,101 @@ class QueueEngine:
         # histogram; bounded, since another replica may release the job and never tell us.
         self._slot_freed_at: collections.OrderedDict[uuid.UUID, float] = collections.OrderedDict()
         self._backoff = wait_random_exponential(multiplier=1.0, max=config.release_backoff_max_seconds)
+        self._background: set[asyncio.Task[Any]] = set()
+
+    @property
+    def reservation_grace_seconds(self) -> float:
+        """How long a reserved run belongs to its admit before the sweeper may cancel it: longer
+        than any admit can take (its waits are each bounded)."""
+        config = self.config
+        return 2 * config.core_deadline_seconds + 2 * config.pool_timeout_seconds + config.lock_timeout_ms / 1000 + 1
+
+    def in_background(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[None]:
+        """Runs clean-up work detached from the current call (its deadline, its cancellation)."""
+        task = deadline.spawn_detached(self._logged(work, name), name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _abandon_run_before_answering(self, run_id: uuid.UUID) -> None:
+        """Cancels a spare or failed admit's run, waiting for it as long as the caller's deadline
+        allows: usually the run is gone when the caller hears the answer (I5), and if the core is
+        slow the cancel goes on in the background (and the sweeper's, durably)."""
+        task = self.in_background(self._abandon_reserved_run(run_id), name=f"abandon-run-{run_id}")
+        wait = deadline.bound(self.config.core_deadline_seconds)
+        if wait > 0:
+            await asyncio.wait({task}, timeout=wait)
+
+    @staticmethod
+    async def _logged(work: Coroutine[Any, Any, Any], name: str) -> None:
+        try:
+            await work
+        except errors.QueueError as exc:
+            log.warning("%s did not finish (%s); the sweeper retries it", name, exc.message)
+        except Exception:
+            log.exception("%s failed; the sweeper retries it", name)
+
+    async def stop(self) -> None:
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=_BACKGROUND_STOP_SECONDS)
+        for task in list(self._background):
+            task.cancel()
 
     # -- admit -------------------------------------------------------------------------------
 
     async def admit(self, item: AdmitInput) -> AdmitResult:
         is_delta = item.delta_of_job_id is not None
         price = self.config.delta_price if is_delta else self.config.admit_price
+        run_id = uuid.uuid4()
 
         async with connection(self.pool) as conn:
-            state = await repo.admit_state(
-                conn, user_id=item.user_id, idempotency_key=item.idempotency_key, delta_of_job_id=item.delta_of_job_id
-            )
-        duplicate = self._check_admit_state(state, item, price, is_delta)
+            async with conn.pipeline():
+                # The reservation travels with the state read: no extra round trip.
+                reservation = await repo.reserve_run(
+                    conn,
+                    run_id=run_id,
+                    user_id=item.user_id,
+                    idempotency_key=item.idempotency_key,
+                    grace_seconds=self.reservation_grace_seconds,
+                )
+                state = await repo.admit_state(
+                    conn, user_id=item.user_id, idempotency_key=item.idempotency_key, delta_of_job_id=item.delta_of_job_id
+                )
+                reserved = await reservation.fetchone() is not None
+        try:
+            duplicate = self._check_admit_state(state, item, price, is_delta)
+            if duplicate is None and not reserved:
+                raise errors.Conflict("a concurrent admit with this idempotency key won; retry with the same key")
+        except errors.QueueError:
+            if reserved:
+                self.in_background(self._drop_reservation(run_id), name=f"drop-reservation-{run_id}")
+            raise
         if duplicate is not None:
             return duplicate
 
-        run_id = uuid.uuid4()
-        await self.core.create_run(
-            run_id=run_id,
-            user_id=item.user_id,
-            document_uri=item.document_uri,
-            sources=item.sources,
-            hold=not is_delta,
-            delta_of_run_id=state.base_run_id if is_delta else None,
-        )
         try:
-            return await self._admit_under_lock(item, run_id, price, is_delta)
-        except BaseException:
-            # The held run must not outlive a failed admit (I5); the core also expires it.
-            await self._cancel_run_quietly(run_id)
+            await self.core.create_run(
+                run_id=run_id,
+                user_id=item.user_id,
+                document_uri=item.document_uri,
+                sources=item.sources,
+                hold=not is_delta,
+                delta_of_run_id=state.base_run_id if is_delta else None,
+            )
+            result = await self._admit_under_lock(item, run_id, price, is_delta)
+        except asyncio.CancelledError:
+            # The caller gave up: clean up without it.
+            self.in_background(self._abandon_reserved_run(run_id), name=f"abandon-run-{run_id}")
             raise
+        except Exception:
+            # The run may exist at the core (even when CreateRun's answer never came): it must not
+            # outlive the failed admit (I5). The reservation makes the cancel durable.
+            await self._abandon_run_before_answering(run_id)
+            raise
+        if result.duplicate:
+            # A concurrent admit with the same key won; ours is a spare run.
+            await self._abandon_run_before_answering(run_id)
+        return result
 
     def _check_admit_state(self, state: repo.AdmitState, item: AdmitInput, price: int, is_delta: bool) -> AdmitResult | None:
         """Raises the admit errors the state shows; returns the earlier job for a repeated key."""
@@ -125,6 +222,12 @@ class QueueEngine:
                 raise errors.DeltaBaseNotFinished(
                     f"delta base job {item.delta_of_job_id} is {state.base_status}; only a succeeded job can be re-checked",
                     metadata={"deltaOfJobId": str(item.delta_of_job_id), "baseStatus": state.base_status.upper()},
+                )
+            limit = self.config.max_active_deltas_per_user
+            if state.running_deltas >= limit:
+                raise errors.UserDeltaLimit(
+                    f"the user already has {state.running_deltas} delta re-checks running (the maximum); wait for one to finish",
+                    metadata={"maxActiveDeltas": str(limit), "activeDeltas": str(state.running_deltas)},
                 )
         elif state.queued_count >= self.config.max_queued_per_user:
             raise errors.UserQueueFull(
@@ -156,6 +259,7 @@ class QueueEngine:
                 ),
                 default_max_active=self.config.max_active_per_user,
                 max_queued=self.config.max_queued_per_user,
+                max_running_deltas=self.config.max_active_deltas_per_user,
                 release_window_seconds=self.config.release_window_seconds,
                 reconcile_after_seconds=self.config.reconcile_after_seconds,
             )
@@ -166,9 +270,9 @@ class QueueEngine:
                 )
                 duplicate = self._check_admit_state(state, item, price, is_delta)
                 if duplicate is None:
-                    raise errors.Conflict("the admit could not be placed; retry with the same idempotency key")
-                # A concurrent admit with the same key won; ours is the spare held run.
-                await self._cancel_run_quietly(run_id)
+                    raise errors.Conflict(
+                        "the admit took too long and its run was given up; retry with the same idempotency key"
+                    )
                 return duplicate
             view = await repo.send_job_views_by_ids(conn, job_ids=[job_id])
         log.info("job admitted", extra={"job_id": job_id, "user_id": item.user_id, "run_id": run_id, "status": status})
@@ -177,11 +281,39 @@ class QueueEngine:
         rows = await view.fetchall()
         return AdmitResult(job_id, status, duplicate=False, view=rows[0] if rows else None)
 
-    async def _cancel_run_quietly(self, run_id: uuid.UUID) -> None:
-        try:
-            await asyncio.shield(self.core.cancel_run(run_id))
-        except Exception:
-            log.warning("could not cancel held run; the core expires it", extra={"run_id": run_id})
+    async def _drop_reservation(self, run_id: uuid.UUID) -> None:
+        """The admit was refused before the core heard of the run: nothing to cancel."""
+        async with connection(self.pool) as conn:
+            await repo.drop_run_reservation(conn, run_id=run_id)
+
+    async def _abandon_reserved_run(self, run_id: uuid.UUID) -> None:
+        """Cancels the run of a failed admit, unless the admit committed after all."""
+        async with connection(self.pool) as conn:
+            claim = await repo.claim_run_reservation(conn, run_id=run_id, lease_seconds=self.config.release_lease_seconds)
+        if claim is not None:
+            await self.cancel_reserved_run(claim)
+
+    async def cancel_reserved_run(self, claim: ClaimedReservation) -> bool:
+        """Cancels a reserved run whose admit is gone; forgets it once the core confirms."""
+        with telemetry.tracer.start_as_current_span("run.cancel_orphan") as span:
+            span.set_attribute("queue.run_id", str(claim.run_id))
+            try:
+                report = await self.core.cancel_run(claim.run_id)
+            except errors.CoreUnavailable as exc:
+                report = None
+                log.warning("could not cancel an orphaned run; retrying later", extra={"run_id": claim.run_id, "reason": exc.message})
+            if report is None or not report.fate.settled:
+                async with connection(self.pool) as conn:
+                    await repo.schedule_run_reservation_retry(
+                        conn, run_id=claim.run_id, attempt=claim.attempt, backoff_seconds=self.backoff_seconds(claim.attempt)
+                    )
+                telemetry.metrics.run_settlements.add(1, {"kind": "orphan", "result": "retry"})
+                return False
+            async with connection(self.pool) as conn:
+                await repo.drop_run_reservation(conn, run_id=claim.run_id)
+            telemetry.metrics.run_settlements.add(1, {"kind": "orphan", "result": "settled"})
+            log.info("orphaned run canceled", extra={"run_id": claim.run_id, "status": report.fate.value})
+            return True
 
     # -- promotion ---------------------------------------------------------------------------
 
@@ -235,47 +367,52 @@ class QueueEngine:
         *,
         job_id: uuid.UUID,
         user_id: str,
-        status: str,
+        ending: Ending,
         from_statuses: list[str],
-        last_error: str,
-        refund: bool,
         trigger: str,
         expected_attempts: int | None = None,
         read_view: bool = False,
     ) -> EndedJob | None:
-        """Ends the job, refunds when asked, and promotes the user's next job, in one transaction.
+        """Ends the job, refunds when asked, and (when its run is settled) promotes the user's
+        next job, in one transaction. An unsettled run keeps the slot: `settle_run` frees it.
 
         With `read_view` the job's view is read in that transaction too (it travels with the
         COMMIT), so the caller can answer without another query."""
         view = None
+        promoted: list[repo.Promoted] = []
         with telemetry.tracer.start_as_current_span("complete") as span:
             span.set_attribute("queue.job_id", str(job_id))
-            span.set_attribute("queue.status", status)
+            span.set_attribute("queue.status", ending.status)
+            span.set_attribute("queue.run_unsettled", ending.run_unsettled)
             async with with_user_queue_lock(self.pool, user_id) as conn:
                 ended = await repo.finish_job(
                     conn,
                     job_id=job_id,
-                    status=status,
+                    status=ending.status,
                     from_statuses=from_statuses,
-                    last_error=last_error,
+                    last_error=ending.last_error,
                     expected_attempts=expected_attempts,
+                    run_unsettled=ending.run_unsettled,
                 )
                 if ended is None:
                     return None
-                refunded = await repo.refund_job_charge(conn, job_id=job_id) if refund else 0
-                promoted = await self._promote_locked(conn, user_id, trigger)
+                refunded = await repo.refund_job_charge(conn, job_id=job_id) if ending.refund else 0
+                if not ending.run_unsettled:
+                    promoted = await self._promote_locked(conn, user_id, trigger)
                 if read_view:
                     view = await repo.send_job_views_by_ids(conn, job_ids=[job_id])
             span.set_attribute("queue.refunded", refunded)
         self._note_slot_freed(promoted)
-        telemetry.metrics.completions.add(1, {"status": status})
+        telemetry.metrics.completions.add(1, {"status": ending.status})
         if refunded:
             telemetry.metrics.refunds.add(refunded, {"cause": trigger})
         log.info(
             "job ended",
-            extra={"job_id": job_id, "user_id": user_id, "run_id": ended.run_id, "status": status, "reason": trigger},
+            extra={"job_id": job_id, "user_id": user_id, "run_id": ended.run_id, "status": ending.status, "reason": trigger},
         )
         self._after_promotion(user_id, promoted, trigger)
+        if ending.run_unsettled:
+            self.in_background(self._settle_now(ended), name=f"settle-run-{ended.run_id}")
         rows = await view.fetchall() if view is not None else []
         return EndedJob(ended, rows[0] if rows else None)
 
@@ -284,76 +421,145 @@ class QueueEngine:
     ) -> tuple[uuid.UUID, dict[str, Any] | None]:
         """Ends the run's job; returns its id and, when this call ended it, its view."""
         async with connection(self.pool) as conn:
-            job = await repo.job_by_run_id(conn, run_id=run_id)
+            owner = await repo.run_owner(conn, run_id=run_id)
+        job = owner.job
         if job is None:
+            if owner.reserved:
+                raise errors.RunNotYetAdmitted(
+                    f"the admit of run {run_id} has not committed yet; retry the completion shortly",
+                    metadata={"runId": str(run_id)},
+                )
             raise errors.RunNotFound(f"no job owns run {run_id}", metadata={"runId": str(run_id)})
         if job.status == "queued":
             raise errors.RunNotReleased(
                 f"the job of run {run_id} is still queued; a held run cannot complete", metadata={"runId": str(run_id)}
             )
         if job.status in ACTIVE:
+            ending = (
+                Ending("succeeded", "", refund=refund)
+                if succeeded
+                else Ending("failed", message or "the core reported a failure", refund=refund)
+            )
             ended = await self.end_job(
                 job_id=job.job_id,
                 user_id=job.user_id,
-                status="succeeded" if succeeded else "failed",
+                ending=ending,
                 from_statuses=ACTIVE,
-                last_error="" if succeeded else (message or "the core reported a failure"),
-                refund=refund,
                 trigger="completion",
                 read_view=True,
             )
             if ended is not None:
                 return job.job_id, ended.view
+        elif job.run_unsettled:
+            # The job ended while its run's fate was unknown; the core's callback settles it.
+            await self.settle_run(job.job_id, job.user_id, cause="completion")
         return job.job_id, None
 
-    async def cancel(self, job_id: uuid.UUID, user_id: str) -> uuid.UUID:
-        async with connection(self.pool) as conn:
-            row = await repo.job_by_id(conn, job_id=job_id)
-        if row is None or row["user_id"] != user_id:
-            raise errors.JobNotFound(f"job {job_id} does not exist for this user", metadata={"jobId": str(job_id)})
-        if row["status"] == "canceled":
-            return job_id
-        if row["status"] in ("succeeded", "failed"):
-            raise errors.JobAlreadyFinished(
-                f"job {job_id} already {row['status']}; only queued, pending or running jobs can be canceled",
-                metadata={"jobId": str(job_id), "status": row["status"].upper()},
-            )
-        if row["status"] == "queued":
-            # The held run is harmless (the core expires it); a core outage must not block this.
-            await self._cancel_run_quietly(row["run_id"])
-        else:
-            await self.core.cancel_run(row["run_id"])
-        ended = await self.end_job(
-            job_id=job_id,
-            user_id=user_id,
-            status="canceled",
-            from_statuses=CANCELABLE,
-            last_error="canceled by the user",
-            refund=True,
-            trigger="cancel",
-        )
-        if ended is None:
-            # It ended meanwhile (completed, or canceled by a concurrent call): report what it is.
+    async def cancel(self, job_id: uuid.UUID, user_id: str) -> None:
+        """Cancels a job; the core's answer decides how an active job ends (see docs/design.md).
+
+        A QUEUED job ends at once (its held run is canceled afterwards, durably). For a PENDING or
+        RUNNING job the core is asked first: CANCELED (or an unknown run) ends the job CANCELED
+        and refunded; a run that had already finished ends the job as it finished and the caller
+        hears JOB_ALREADY_FINISHED; no answer changes nothing and the caller may retry."""
+        for _ in range(3):
             async with connection(self.pool) as conn:
-                row = await repo.job_by_id(conn, job_id=job_id)
-            if row is not None and row["status"] in ("succeeded", "failed"):
-                raise errors.JobAlreadyFinished(f"job {job_id} already {row['status']}", metadata={"jobId": str(job_id)})
-        return job_id
+                job = await repo.job_by_id(conn, job_id=job_id)
+            if job is None or job.user_id != user_id:
+                raise errors.JobNotFound(f"job {job_id} does not exist for this user", metadata={"jobId": str(job_id)})
+            if job.status == "canceled":
+                return
+            if job.status in FINISHED:
+                raise _already_finished(job_id, job.status)
+            if job.status == "queued":
+                ending = Ending("canceled", "canceled by the user", refund=True, run_unsettled=True)
+                if await self.end_job(job_id=job_id, user_id=user_id, ending=ending, from_statuses=["queued"], trigger="cancel"):
+                    return
+                continue  # promoted meanwhile: cancel it as an active job
+            report = await self.core.cancel_run(job.run_id)
+            if report.fate in (RunFate.CANCELED, RunFate.UNKNOWN_TO_CORE):
+                ending = Ending("canceled", "canceled by the user", refund=True)
+            elif report.fate in (RunFate.SUCCEEDED, RunFate.FAILED):
+                ending = Ending.from_report(report)
+            else:
+                raise errors.CoreUnavailable(
+                    f"the core did not cancel run {job.run_id} (it is {report.fate.value}); retry",
+                    metadata={"coreCode": "OK", "runState": report.fate.value.upper()},
+                )
+            await self.end_job(job_id=job_id, user_id=user_id, ending=ending, from_statuses=ACTIVE, trigger="cancel")
+            # Ended by us or meanwhile (a completion, or a release that met the canceled run):
+            # the next pass reports what it is now.
+        raise errors.Conflict(f"job {job_id} kept changing during the cancel; retry", metadata={"jobId": str(job_id)})
 
     async def give_up_release(self, job_id: uuid.UUID, user_id: str, reason: str, *, expected_attempts: int) -> bool:
-        """Fails a pending job whose release cannot succeed (fenced by its attempt counter)."""
+        """Fails and refunds a pending job whose release did not succeed in its window (fenced by
+        its attempt counter). Its run may judge after all (a release applied, its answer lost),
+        so the slot stays taken until the core confirms the run canceled."""
         ended = await self.end_job(
             job_id=job_id,
             user_id=user_id,
-            status="failed",
+            ending=Ending("failed", reason, refund=True, run_unsettled=True),
             from_statuses=["pending"],
-            last_error=reason,
-            refund=True,
             trigger="release_give_up",
             expected_attempts=expected_attempts,
         )
         if ended is not None:
             telemetry.metrics.release_give_ups.add(1)
+        return ended is not None
+
+    # -- settling runs -----------------------------------------------------------------------
+
+    async def settle_run(self, job_id: uuid.UUID, user_id: str, *, cause: str) -> None:
+        """The core confirmed the ended job's run settled: free its slot and promote."""
+        async with with_user_queue_lock(self.pool, user_id) as conn:
+            was_unsettled = await repo.settle_job_run(conn, job_id=job_id)
+            promoted = await self._promote_locked(conn, user_id, cause)
+        if not was_unsettled:
+            return
+        self._note_slot_freed(promoted)
+        telemetry.metrics.run_settlements.add(1, {"kind": "job", "result": "settled"})
+        log.info("run settled", extra={"job_id": job_id, "user_id": user_id, "reason": cause})
+        self._after_promotion(user_id, promoted, cause)
+
+    async def _settle_now(self, job: JobRef) -> None:
+        """One immediate attempt after a job ended unsettled; the sweeper retries with backoff."""
+        report = await self.core.cancel_run(job.run_id)
+        if report.fate.settled:
+            await self.settle_run(job.job_id, job.user_id, cause="run_settled")
+
+    async def attempt_run_settlement(self, claim: ClaimedSettlement) -> bool:
+        """Asks the core to cancel a claimed unsettled run; settles the job when it confirms."""
+        with telemetry.tracer.start_as_current_span("run.settle") as span:
+            span.set_attribute("queue.job_id", str(claim.job_id))
+            span.set_attribute("queue.run.settle.attempt", claim.attempt)
+            try:
+                report: RunReport | None = await self.core.cancel_run(claim.run_id)
+            except errors.CoreUnavailable as exc:
+                report = None
+                log.warning("run not yet confirmed settled; retrying later", extra={"job_id": claim.job_id, "run_id": claim.run_id, "reason": exc.message})
+            if report is None or not report.fate.settled:
+                async with connection(self.pool) as conn:
+                    await repo.schedule_run_settle_retry(
+                        conn, job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=self.backoff_seconds(claim.attempt)
+                    )
+                telemetry.metrics.run_settlements.add(1, {"kind": "job", "result": "retry"})
+                return False
+            await self.settle_run(claim.job_id, claim.user_id, cause="run_settled")
+            return True
+
+    async def reconcile(self, job_id: uuid.UUID, user_id: str, run_id: uuid.UUID) -> bool:
+        """Asks the core about a RUNNING job whose completion never arrived; returns whether the
+        job ended."""
+        report = await self.core.get_run(run_id)
+        if report.fate is RunFate.HELD:
+            # A release we saw confirmed did not take (the core lost it): release it again.
+            report = await self.core.release_run(run_id)
+        if not report.fate.settled:
+            return False
+        log.info("reconciling a run whose completion never arrived", extra={"job_id": job_id, "run_id": run_id, "status": report.fate.value})
+        ended = await self.end_job(
+            job_id=job_id, user_id=user_id, ending=Ending.from_report(report), from_statuses=["running"], trigger="reconcile"
+        )
         return ended is not None
 
     # -- release -----------------------------------------------------------------------------
@@ -369,45 +575,69 @@ class QueueEngine:
         with telemetry.tracer.start_as_current_span("release") as span:
             span.set_attribute("queue.job_id", str(claim.job_id))
             span.set_attribute("queue.release.attempt", claim.attempt)
-            outcome = await self.core.release_run(claim.run_id)
-            telemetry.metrics.release_attempts.add(1, {"result": outcome.result.value})
-            if outcome.result is ReleaseResult.RELEASED:
-                async with connection(self.pool) as conn:
-                    marked = await repo.mark_released(
-                        conn, job_id=claim.job_id, attempt=claim.attempt, reconcile_after_seconds=self.config.reconcile_after_seconds
-                    )
-                freed_at = self._slot_freed_at.pop(claim.job_id, None)
-                if freed_at is not None:
-                    telemetry.metrics.promotion_gap.record(time.monotonic() - freed_at)
-                if marked:
-                    log.info("job released", extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "status": "running", "attempt": claim.attempt})
-                span.set_attribute("queue.release.result", "released")
-                return "released"
-            if outcome.result is ReleaseResult.PERMANENT_FAILURE:
-                await self.give_up_release(
-                    claim.job_id, claim.user_id, f"release refused by the core: {outcome.error}", expected_attempts=claim.attempt
-                )
-                span.set_attribute("queue.release.result", "refused")
-                return "refused"
-            backoff = self.backoff_seconds(claim.attempt)
-            span.set_attribute("queue.release.backoff_s", backoff)
+            try:
+                report: RunReport | None = await self.core.release_run(claim.run_id)
+                error = ""
+            except errors.CoreUnavailable as exc:
+                report, error = None, exc.message
+            result = await self._record_release(claim, report, error)
+            telemetry.metrics.release_attempts.add(1, {"result": result})
+            span.set_attribute("queue.release.result", result)
+            return result
+
+    async def _record_release(self, claim: ClaimedRelease, report: RunReport | None, error: str) -> str:
+        if report is not None and report.fate is RunFate.JUDGING:
             async with connection(self.pool) as conn:
-                retry = await repo.schedule_release_retry(
-                    conn, job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=backoff, last_error=outcome.error
+                marked = await repo.mark_released(
+                    conn, job_id=claim.job_id, attempt=claim.attempt, reconcile_after_seconds=self.config.reconcile_after_seconds
                 )
-            if retry is not None and retry.window_over:
-                window = self.config.release_window_seconds
-                await self.give_up_release(
-                    claim.job_id,
-                    claim.user_id,
-                    f"release gave up after {claim.attempt} attempts over {window:g}s: {outcome.error}",
-                    expected_attempts=claim.attempt,
-                )
-                span.set_attribute("queue.release.result", "gave_up")
-                return "gave_up"
-            log.warning(
-                "release failed; retrying",
-                extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt, "reason": outcome.error},
+            freed_at = self._slot_freed_at.pop(claim.job_id, None)
+            if freed_at is not None:
+                telemetry.metrics.promotion_gap.record(time.monotonic() - freed_at)
+            if marked:
+                log.info("job released", extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "status": "running", "attempt": claim.attempt})
+            return "released"
+        if report is not None and report.fate.settled:
+            # The run had ended already (canceled, finished after an earlier release whose answer
+            # was lost) or the core does not know it: the core's answer decides how the job ends.
+            refused = report.fate in (RunFate.CANCELED, RunFate.UNKNOWN_TO_CORE)
+            ending = Ending.from_report(report)
+            if refused:
+                ending = dataclasses.replace(ending, last_error=f"release refused by the core: {report.message}")
+            await self.end_job(
+                job_id=claim.job_id,
+                user_id=claim.user_id,
+                ending=ending,
+                from_statuses=["pending"],
+                trigger="release",
+                expected_attempts=claim.attempt,
             )
-            span.set_attribute("queue.release.result", "retry")
-            return "retry"
+            return "refused" if refused else "finished"
+        # No answer (the release may have been applied) or a run still held: retry later.
+        error = error or "core ReleaseRun: the run is still held"
+        backoff = self.backoff_seconds(claim.attempt)
+        async with connection(self.pool) as conn:
+            retry = await repo.schedule_release_retry(
+                conn, job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=backoff, last_error=error
+            )
+        if retry is not None and retry.window_over:
+            window = self.config.release_window_seconds
+            await self.give_up_release(
+                claim.job_id,
+                claim.user_id,
+                f"release gave up after {claim.attempt} attempts over {window:g}s: {error}",
+                expected_attempts=claim.attempt,
+            )
+            return "gave_up"
+        log.warning(
+            "release failed; retrying",
+            extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt, "reason": error},
+        )
+        return "retry"
+
+
+def _already_finished(job_id: uuid.UUID, status: str) -> errors.QueueError:
+    return errors.JobAlreadyFinished(
+        f"job {job_id} already {status}; only queued, pending or running jobs can be canceled",
+        metadata={"jobId": str(job_id), "status": status.upper()},
+    )

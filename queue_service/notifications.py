@@ -2,13 +2,16 @@
 
 The table's trigger announces every status change on channel `analysis_job_changes`, whichever
 replica (or code version) made it. The hub reads each job's view once per change and hands it
-to every stream of that user on this replica. When the listening connection drops, the hub
-reconnects and re-sends each stream a snapshot, since changes may have been missed meanwhile.
+to every stream of that user on this replica. When the listening connection drops (or a slow
+reader's backlog is dropped), changes may have been missed: each stream then resyncs, re-reading
+every job it may have missed, ended ones included, so that a stream's last message for a job is
+what GetJob returns (I11).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import uuid
@@ -30,16 +33,41 @@ CHANNEL = "analysis_job_changes"
 _STREAM_BUFFER = 256
 
 
+_ACTIVE_STATUSES = (job_pb2.JOB_STATUS_QUEUED, job_pb2.JOB_STATUS_PENDING, job_pb2.JOB_STATUS_RUNNING)
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchItem:
+    """A job's view to send, with its queue_seq (where the stream's knowledge of the user ends)."""
+
+    seq: int
+    job: job_pb2.Job
+
+
 class WatchStream:
-    """What one WatchJobs call reads from: jobs to send, or None when it must resync."""
+    """What one WatchJobs call reads from: jobs to send, or None when it must resync; and what
+    it has told its caller, so a resync can cover exactly what may have been missed."""
 
     def __init__(self, user_id: str) -> None:
         self.user_id = user_id
-        self.queue: asyncio.Queue[job_pb2.Job | None] = asyncio.Queue(maxsize=_STREAM_BUFFER)
+        self.queue: asyncio.Queue[WatchItem | None] = asyncio.Queue(maxsize=_STREAM_BUFFER)
+        # Jobs last reported active: after a gap they may have ended.
+        self.active_job_ids: set[uuid.UUID] = set()
+        # The newest queue_seq reported: jobs after it were admitted during a gap.
+        self.newest_seq = 0
 
-    def offer(self, job: job_pb2.Job | None) -> None:
+    def saw(self, item: WatchItem) -> None:
+        """Records that the caller is told of this job's state."""
+        job_id = uuid.UUID(item.job.job_id)
+        if item.job.status in _ACTIVE_STATUSES:
+            self.active_job_ids.add(job_id)
+        else:
+            self.active_job_ids.discard(job_id)
+        self.newest_seq = max(self.newest_seq, item.seq)
+
+    def offer(self, item: WatchItem | None) -> None:
         try:
-            self.queue.put_nowait(job)
+            self.queue.put_nowait(item)
         except asyncio.QueueFull:
             # A slow reader: drop its backlog and make it resync from a fresh snapshot.
             while not self.queue.empty():
@@ -149,11 +177,11 @@ class NotificationHub:
                     # Everyone behind it moved up: send the new positions too.
                     rows += await repo.queued_job_views_of_user(conn, user_id=user_id)
                 mean = await self._views.mean_judging_seconds(conn)
-            jobs = [self._views.to_proto(row, mean) for row in rows]
+            items = [WatchItem(row["queue_seq"], self._views.to_proto(row, mean)) for row in rows]
         except errors.QueueError:
             for stream in list(streams):
                 stream.offer(None)
             return
         for stream in list(streams):
-            for job in jobs:
-                stream.offer(job)
+            for item in items:
+                stream.offer(item)

@@ -49,6 +49,7 @@ class AdmitState:
     existing_job_id: uuid.UUID | None
     existing_digest: bytes | None
     queued_count: int
+    running_deltas: int
     balance: int
     base_user_id: str | None
     base_status: str | None
@@ -83,6 +84,45 @@ class JobRef:
     run_id: uuid.UUID
     status: str
     delta_of_job_id: uuid.UUID | None
+    # The job has ended but the core has not yet confirmed its run settled (see finish_job).
+    run_unsettled: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOwner:
+    """Who owns a run: a job, or (no job yet) an admit that reserved the run and has not committed."""
+
+    job: JobRef | None
+    reserved: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedSettlement:
+    """An ended job whose run must be confirmed settled, claimed for one attempt."""
+
+    job_id: uuid.UUID
+    user_id: str
+    run_id: uuid.UUID
+    attempt: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedReservation:
+    """A reserved run whose admit is gone, claimed for one CancelRun attempt."""
+
+    run_id: uuid.UUID
+    attempt: int
+
+
+async def reserve_run(
+    conn: AsyncConnection, *, run_id: uuid.UUID, user_id: str, idempotency_key: str, grace_seconds: float
+) -> AsyncCursor[Any]:
+    """Sends reserve_run without waiting (pipelined with admit_state); fetch to learn whether
+    the run was reserved."""
+    return await conn.execute(
+        queries()["reserve_run"],  # type: ignore[arg-type]
+        {"run_id": run_id, "user_id": user_id, "idempotency_key": idempotency_key, "grace_seconds": float(grace_seconds)},
+    )
 
 
 async def admit_state(
@@ -103,11 +143,12 @@ async def insert_admitted_job(
     *,
     default_max_active: int,
     max_queued: int,
+    max_running_deltas: int,
     release_window_seconds: float,
     reconcile_after_seconds: float,
 ) -> str | None:
-    """Returns the new job's status, or None when the key is taken, the balance is short or the
-    queue is full."""
+    """Returns the new job's status, or None when the key is taken, the balance is short, the
+    queue or delta limit is full, or the run's reservation is gone."""
     row = await _one(
         conn,
         "insert_admitted_job",
@@ -116,6 +157,7 @@ async def insert_admitted_job(
             "is_delta": job.delta_of_job_id is not None,
             "default_max_active": default_max_active,
             "max_queued": max_queued,
+            "max_running_deltas": max_running_deltas,
             "release_window_seconds": float(release_window_seconds),
             "reconcile_after_seconds": float(reconcile_after_seconds),
         },
@@ -153,6 +195,7 @@ async def finish_job(
     from_statuses: list[str],
     last_error: str = "",
     expected_attempts: int | None = None,
+    run_unsettled: bool = False,
 ) -> JobRef | None:
     row = await _one(
         conn,
@@ -163,9 +206,48 @@ async def finish_job(
             "from_statuses": from_statuses,
             "last_error": last_error,
             "expected_attempts": expected_attempts,
+            "run_unsettled": run_unsettled,
         },
     )
     return None if row is None else JobRef(**row)
+
+
+async def settle_job_run(conn: AsyncConnection, *, job_id: uuid.UUID) -> bool:
+    """Marks an ended job's run settled; False when it already was."""
+    return await _one(conn, "settle_job_run", {"job_id": job_id}) is not None
+
+
+async def claim_due_run_settlements(conn: AsyncConnection, *, lease_seconds: float, batch_size: int) -> list[ClaimedSettlement]:
+    rows = await _all(conn, "claim_due_run_settlements", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
+    return [ClaimedSettlement(r["job_id"], r["user_id"], r["run_id"], r["run_settle_attempts"]) for r in rows]
+
+
+async def schedule_run_settle_retry(conn: AsyncConnection, *, job_id: uuid.UUID, attempt: int, backoff_seconds: float) -> None:
+    await conn.execute(
+        queries()["schedule_run_settle_retry"],  # type: ignore[arg-type]
+        {"job_id": job_id, "attempt": attempt, "backoff_seconds": float(backoff_seconds)},
+    )
+
+
+async def claim_run_reservation(conn: AsyncConnection, *, run_id: uuid.UUID, lease_seconds: float) -> ClaimedReservation | None:
+    row = await _one(conn, "claim_run_reservation", {"run_id": run_id, "lease_seconds": float(lease_seconds)})
+    return None if row is None else ClaimedReservation(row["run_id"], row["cancel_attempts"])
+
+
+async def claim_due_run_reservations(conn: AsyncConnection, *, lease_seconds: float, batch_size: int) -> list[ClaimedReservation]:
+    rows = await _all(conn, "claim_due_run_reservations", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
+    return [ClaimedReservation(r["run_id"], r["cancel_attempts"]) for r in rows]
+
+
+async def schedule_run_reservation_retry(conn: AsyncConnection, *, run_id: uuid.UUID, attempt: int, backoff_seconds: float) -> None:
+    await conn.execute(
+        queries()["schedule_run_reservation_retry"],  # type: ignore[arg-type]
+        {"run_id": run_id, "attempt": attempt, "backoff_seconds": float(backoff_seconds)},
+    )
+
+
+async def drop_run_reservation(conn: AsyncConnection, *, run_id: uuid.UUID) -> None:
+    await conn.execute(queries()["drop_run_reservation"], {"run_id": run_id})  # type: ignore[arg-type]
 
 
 async def refund_job_charge(conn: AsyncConnection, *, job_id: uuid.UUID) -> int:
@@ -174,13 +256,16 @@ async def refund_job_charge(conn: AsyncConnection, *, job_id: uuid.UUID) -> int:
     return 0 if row is None else int(row["amount"])
 
 
-async def job_by_id(conn: AsyncConnection, *, job_id: uuid.UUID) -> dict[str, Any] | None:
-    return await _one(conn, "job_by_id", {"job_id": job_id})
-
-
-async def job_by_run_id(conn: AsyncConnection, *, run_id: uuid.UUID) -> JobRef | None:
-    row = await _one(conn, "job_by_run_id", {"run_id": run_id})
+async def job_by_id(conn: AsyncConnection, *, job_id: uuid.UUID) -> JobRef | None:
+    row = await _one(conn, "job_by_id", {"job_id": job_id})
     return None if row is None else JobRef(**row)
+
+
+async def run_owner(conn: AsyncConnection, *, run_id: uuid.UUID) -> RunOwner:
+    row = await _one(conn, "job_by_run_id", {"run_id": run_id})
+    assert row is not None
+    reserved = bool(row.pop("reserved"))
+    return RunOwner(job=JobRef(**row) if row["job_id"] is not None else None, reserved=reserved)
 
 
 def _claims(rows: list[dict[str, Any]]) -> list[ClaimedRelease]:
@@ -235,9 +320,10 @@ async def schedule_release_retry(
     return None if row is None else ScheduledRetry(**row)
 
 
-async def next_release_due_at(conn: AsyncConnection) -> dt.datetime | None:
-    row = await _one(conn, "next_release_due_at", {})
-    return None if row is None else row["due_at"]
+async def next_release_due_in(conn: AsyncConnection) -> float | None:
+    """Seconds until the earliest pending release is due, in the database's clock (None: none)."""
+    row = await _one(conn, "next_release_due_in", {})
+    return None if row is None or row["seconds"] is None else float(row["seconds"])
 
 
 async def users_needing_promotion(conn: AsyncConnection, *, default_max_active: int, batch_size: int) -> list[str]:
@@ -264,11 +350,31 @@ async def send_job_views_by_ids(conn: AsyncConnection, *, job_ids: list[uuid.UUI
 
 
 async def list_job_views(
-    conn: AsyncConnection, *, user_id: str, before_seq: int | None, statuses: list[str], limit: int
+    conn: AsyncConnection,
+    *,
+    user_id: str,
+    after_job_id: uuid.UUID | None,
+    before_seq: int | None,
+    statuses: list[str],
+    limit: int,
 ) -> list[dict[str, Any]]:
     return await _all(
-        conn, "list_job_views", {"user_id": user_id, "before_seq": before_seq, "statuses": statuses, "limit": limit}
+        conn,
+        "list_job_views",
+        {"user_id": user_id, "after_job_id": after_job_id, "before_seq": before_seq, "statuses": statuses, "limit": limit},
     )
+
+
+async def watch_resync_views(
+    conn: AsyncConnection, *, user_id: str, job_ids: list[uuid.UUID], after_seq: int
+) -> list[dict[str, Any]]:
+    return await _all(conn, "watch_resync_views", {"user_id": user_id, "job_ids": job_ids, "after_seq": after_seq})
+
+
+async def newest_seq_of_user(conn: AsyncConnection, *, user_id: str) -> int:
+    row = await _one(conn, "newest_seq_of_user", {"user_id": user_id})
+    assert row is not None
+    return int(row["seq"])
 
 
 async def active_job_views_of_user(conn: AsyncConnection, *, user_id: str) -> list[dict[str, Any]]:

@@ -12,12 +12,13 @@ import base64
 import binascii
 import hashlib
 import json
+import uuid
 from collections.abc import AsyncIterator
 
 import grpc
 from opentelemetry import trace
 
-from queue_service import errors, repository as repo, telemetry, validation
+from queue_service import deadline, errors, repository as repo, telemetry, validation
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2 as callback_pb2,
     core_callback_service_pb2_grpc as callback_grpc,
@@ -29,7 +30,7 @@ from queue_service._gen.acurio.queue.v1 import (
 )
 from queue_service.db import connection
 from queue_service.engine import AdmitInput, QueueEngine, request_digest
-from queue_service.notifications import NotificationHub
+from queue_service.notifications import NotificationHub, WatchItem, WatchStream
 from queue_service.views import STATUS_NAMES, JobViews
 
 
@@ -98,10 +99,10 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
             await engine.release(claim)
         elif row is None:
             raise errors.JobNotFound(f"job {job_id} does not exist", metadata={"jobId": str(job_id)})
-        elif row["status"] != "pending":
+        elif row.status != "pending":
             raise errors.JobNotPending(
-                f"job {job_id} is {row['status']}; only a PENDING job can be released",
-                metadata={"jobId": str(job_id), "status": row["status"].upper()},
+                f"job {job_id} is {row.status}; only a PENDING job can be released",
+                metadata={"jobId": str(job_id), "status": row.status.upper()},
             )
         # else: another replica is releasing it right now; report the job as it is.
         return queue_pb2.ReleaseResponse(job=await self._views.one(job_id))
@@ -111,14 +112,19 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         page_size = validation.validate_page_size(request.page_size)
         statuses = _status_filter(request.statuses)
         filter_key = _filter_key(request.user_id, statuses)
-        before_seq = _decode_page_token(request.page_token, filter_key)
+        after_job_id, before_seq = _decode_page_token(request.page_token, filter_key)
         async with connection(self._engine.pool) as conn:
             rows = await repo.list_job_views(
-                conn, user_id=request.user_id, before_seq=before_seq, statuses=statuses, limit=page_size + 1
+                conn,
+                user_id=request.user_id,
+                after_job_id=after_job_id,
+                before_seq=before_seq,
+                statuses=statuses,
+                limit=page_size + 1,
             )
             mean = await self._views.mean_judging_seconds(conn)
         page, more = rows[:page_size], len(rows) > page_size
-        token = _encode_page_token(page[-1]["queue_seq"], filter_key) if more else ""
+        token = _encode_page_token(page[-1]["job_id"], filter_key) if more else ""
         return queue_pb2.ListJobsResponse(jobs=[self._views.to_proto(r, mean) for r in page], next_page_token=token)
 
     async def GetJob(self, request: queue_pb2.GetJobRequest, context: grpc.aio.ServicerContext) -> queue_pb2.GetJobResponse:
@@ -145,19 +151,20 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         drain = asyncio.ensure_future(self._draining.wait())
         getter: asyncio.Future | None = None
         try:
-            async for message in self._snapshot(request.user_id):
+            for message in await self._catch_up(stream, resync=False):
                 yield message
             while True:
                 getter = asyncio.ensure_future(stream.queue.get())
                 done, _ = await asyncio.wait({getter, drain}, return_when=asyncio.FIRST_COMPLETED)
                 if getter not in done:
                     raise errors.ShuttingDown("this replica is draining; reconnect to another")
-                job = getter.result()
-                if job is None:
-                    async for message in self._snapshot(request.user_id):
+                item = getter.result()
+                if item is None:
+                    for message in await self._catch_up(stream, resync=True):
                         yield message
                 else:
-                    yield queue_pb2.WatchJobsResponse(job=job)
+                    stream.saw(item)
+                    yield queue_pb2.WatchJobsResponse(job=item.job)
         finally:
             # A caller who hangs up cancels this generator mid-wait: no task may outlive it.
             for pending in (drain, getter):
@@ -165,15 +172,29 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
                     pending.cancel()
             self._hub.unsubscribe(stream)
 
-    async def _snapshot(self, user_id: str) -> AsyncIterator[queue_pb2.WatchJobsResponse]:
+    async def _catch_up(self, stream: WatchStream, *, resync: bool) -> list[queue_pb2.WatchJobsResponse]:
+        """The first snapshot (the user's active jobs) or, after a gap in the stream's changes,
+        a resync: every job that may have changed meanwhile, ended ones included (I11)."""
+        user_id = stream.user_id
         async with connection(self._engine.pool) as conn:
-            rows = await repo.active_job_views_of_user(conn, user_id=user_id)
+            if resync:
+                rows = await repo.watch_resync_views(
+                    conn, user_id=user_id, job_ids=sorted(stream.active_job_ids), after_seq=stream.newest_seq
+                )
+            else:
+                rows = await repo.active_job_views_of_user(conn, user_id=user_id)
+            newest_seq = await repo.newest_seq_of_user(conn, user_id=user_id)
             mean = await self._views.mean_judging_seconds(conn)
-        jobs = [self._views.to_proto(r, mean) for r in rows]
-        for index, job in enumerate(jobs):
-            yield queue_pb2.WatchJobsResponse(job=job, snapshot_complete=index == len(jobs) - 1)
-        if not jobs:
-            yield queue_pb2.WatchJobsResponse(snapshot_complete=True)
+        items = [WatchItem(row["queue_seq"], self._views.to_proto(row, mean)) for row in rows]
+        for item in items:
+            stream.saw(item)
+        stream.newest_seq = max(stream.newest_seq, newest_seq)
+        messages = [queue_pb2.WatchJobsResponse(job=item.job) for item in items] or [queue_pb2.WatchJobsResponse()]
+        if resync:
+            messages[-1].resync_complete = True
+        else:
+            messages[-1].snapshot_complete = True
+        return messages
 
 
 def _status_filter(statuses: list[int]) -> list[str]:
@@ -192,14 +213,17 @@ def _filter_key(user_id: str, statuses: list[str]) -> str:
     return hashlib.sha256(json.dumps([user_id, statuses]).encode()).hexdigest()[:16]
 
 
-def _encode_page_token(before_seq: int, filter_key: str) -> str:
-    raw = json.dumps({"b": before_seq, "f": filter_key}, separators=(",", ":")).encode()
+def _encode_page_token(last_job_id: uuid.UUID, filter_key: str) -> str:
+    """Opaque to callers (AIP-158): the page's last job (the caller's own) and the filter it was
+    issued for; nothing about other users' activity."""
+    raw = json.dumps({"a": str(last_job_id), "f": filter_key}, separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _decode_page_token(token: str, filter_key: str) -> int | None:
+def _decode_page_token(token: str, filter_key: str) -> tuple[uuid.UUID | None, int | None]:
+    """(after_job_id, before_seq); tokens of earlier versions carry before_seq."""
     if not token:
-        return None
+        return None, None
     invalid = errors.InvalidRequest(
         "page_token is not valid for this request; pass the next_page_token of a ListJobs call with the same user_id and statuses",
         field_violations=[("page_token", "unknown or issued for another user_id or statuses")],
@@ -208,12 +232,19 @@ def _decode_page_token(token: str, filter_key: str) -> int | None:
         raise invalid
     try:
         data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        before_seq, key = data["b"], data["f"]
-    except (binascii.Error, ValueError, KeyError, TypeError, UnicodeDecodeError):
+        key = data["f"]
+        if "a" in data:
+            return_value: tuple[uuid.UUID | None, int | None] = (uuid.UUID(data["a"]), None)
+        else:
+            before_seq = data["b"]
+            if not isinstance(before_seq, int) or isinstance(before_seq, bool) or not 0 < before_seq < 2**63:
+                raise invalid
+            return_value = (None, before_seq)
+    except (binascii.Error, ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError):
         raise invalid from None
-    if key != filter_key or not isinstance(before_seq, int) or isinstance(before_seq, bool) or not 0 < before_seq < 2**63:
+    if key != filter_key:
         raise invalid
-    return before_seq
+    return return_value
 
 
 # Completions processed at once per replica. A burst of callbacks beyond this waits its turn
@@ -235,7 +266,8 @@ class CoreCallbackServicer(callback_grpc.CoreCallbackServiceServicer):
         v.check_text("message", request.message, max_chars=validation.MAX_MESSAGE_CHARS)
         v.raise_if_any()
         assert run_id is not None
-        async with self._completion_slots:
+        await _acquire_within_deadline(self._completion_slots)
+        try:
             job_id, view = await self._engine.complete_run(
                 run_id,
                 succeeded=request.outcome == callback_pb2.RUN_OUTCOME_SUCCEEDED,
@@ -243,7 +275,19 @@ class CoreCallbackServicer(callback_grpc.CoreCallbackServiceServicer):
                 message=request.message,
             )
             job = await self._views.from_row(view) if view is not None else await self._views.one(job_id)
+        finally:
+            self._completion_slots.release()
         return callback_pb2.CompleteRunResponse(job=job)
+
+
+async def _acquire_within_deadline(slots: asyncio.Semaphore) -> None:
+    """Waits for a slot no longer than the caller's deadline allows: past it, the caller hears a
+    retryable UNAVAILABLE instead of timing out."""
+    left = deadline.remaining()
+    try:
+        await asyncio.wait_for(slots.acquire(), timeout=None if left is None else max(0.0, left))
+    except TimeoutError:
+        raise errors.ReplicaBusy("this replica is busy finishing other completions; retry the call") from None
 
 
 class CreditsServicer(credits_grpc.CreditsServiceServicer):

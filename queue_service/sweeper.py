@@ -2,7 +2,9 @@
 
 Each pass (every QUEUE_SWEEP_INTERVAL_SECONDS, jittered so replicas spread out) promotes users
 with a free slot and queued work, wakes the dispatcher for due releases, fails releases past
-their window, and reconciles RUNNING jobs whose completion never came by asking the core. It is
+their window, reconciles RUNNING jobs whose completion never came by asking the core, confirms
+with the core that the runs of ended jobs are settled (which frees their slots), and cancels runs
+reserved by admits that failed or died. It is
 safe on every replica at once (promotions take the user lock, claims skip locked rows, every
 transition is fenced), touches only rows in flight (partial indexes), works in bounded batches,
 and one failure never stops the loop.
@@ -15,19 +17,19 @@ import dataclasses
 import logging
 import random
 import time
-
-import grpc
+from collections.abc import Coroutine
+from typing import Any
 
 from queue_service import errors, telemetry
 from queue_service import repository as repo
-from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service.background import cancel_and_wait
 from queue_service.db import connection
-from queue_service.engine import ACTIVE, QueueEngine
+from queue_service.engine import QueueEngine
 
 log = logging.getLogger(__name__)
 
 _BATCH = 500
+_CORE_CALLS_AT_ONCE = 16
 
 
 @dataclasses.dataclass
@@ -35,6 +37,8 @@ class SweepReport:
     promoted: int = 0
     gave_up: int = 0
     reconciled: int = 0
+    runs_settled: int = 0
+    orphans_canceled: int = 0
 
 
 class Sweeper:
@@ -56,6 +60,8 @@ class Sweeper:
             await asyncio.sleep(interval * random.uniform(0.5, 1.0))
             try:
                 await self.sweep_once()
+            except errors.QueueError as exc:
+                log.warning("sweeper pass failed (%s); the next pass retries", exc.message)
             except Exception:
                 log.exception("sweeper pass failed; the next pass retries")
 
@@ -72,6 +78,9 @@ class Sweeper:
                 overdue = await repo.claim_due_reconciliations(
                     conn, recheck_seconds=engine.config.reconcile_after_seconds, batch_size=_BATCH
                 )
+                lease = engine.config.release_lease_seconds
+                unsettled = await repo.claim_due_run_settlements(conn, lease_seconds=lease, batch_size=_BATCH)
+                orphans = await repo.claim_due_run_reservations(conn, lease_seconds=lease, batch_size=_BATCH)
                 telemetry.metrics.depth = await repo.queue_depth(conn)
             for user_id in users:
                 report.promoted += await self._guarded(engine.promote(user_id, trigger="sweeper"), 0, len)
@@ -82,8 +91,13 @@ class Sweeper:
                     expected_attempts=row["release_attempts"],
                 )
                 report.gave_up += await self._guarded(gave_up, False, int)
-            for row in overdue:
-                report.reconciled += await self._guarded(self._reconcile(row), False, int)
+            # Steps that ask the core run side by side (bounded), so a slow core costs one
+            # deadline per pass, not one per row.
+            report.reconciled += await self._each_asking_core(
+                [engine.reconcile(row["job_id"], row["user_id"], row["run_id"]) for row in overdue]
+            )
+            report.runs_settled += await self._each_asking_core([engine.attempt_run_settlement(c) for c in unsettled])
+            report.orphans_canceled += await self._each_asking_core([engine.cancel_reserved_run(o) for o in orphans])
             self._wake_dispatcher()
             span.set_attribute("queue.sweep.promoted", report.promoted)
             span.set_attribute("queue.sweep.gave_up", report.gave_up)
@@ -94,37 +108,21 @@ class Sweeper:
                 telemetry.metrics.sweep_rows.add(count, {"action": action})
         return report
 
+    async def _each_asking_core(self, steps: list[Coroutine[Any, Any, bool]]) -> int:
+        """Runs the steps at most _CORE_CALLS_AT_ONCE at a time; returns how many succeeded."""
+        gate = asyncio.Semaphore(_CORE_CALLS_AT_ONCE)
+
+        async def gated(step: Coroutine[Any, Any, bool]) -> int:
+            async with gate:
+                return int(await self._guarded(step, False, bool))
+
+        return sum(await asyncio.gather(*(gated(step) for step in steps)))
+
     @staticmethod
     async def _guarded(step, default, count):  # type: ignore[no-untyped-def]
         """Runs one row's step; a failure is logged and the pass goes on."""
         try:
             return count(await step)
-        except (errors.QueueError, grpc.aio.AioRpcError) as exc:
-            log.warning("sweeper step failed: %s", exc)
+        except errors.QueueError as exc:
+            log.warning("sweeper step failed: %s", exc.message)
             return count(default)
-
-    async def _reconcile(self, row: dict) -> bool:
-        """Asks the core about a RUNNING job whose completion never arrived."""
-        engine = self._engine
-        run = await engine.core.get_run(row["run_id"])
-        if run is not None and run.state in (core_pb2.RUN_STATE_HELD, core_pb2.RUN_STATE_JUDGING):
-            return False
-        if run is None:
-            status, message, refund = "failed", "the core no longer knows this run", True
-        elif run.state == core_pb2.RUN_STATE_SUCCEEDED:
-            status, message, refund = "succeeded", "", False
-        elif run.state == core_pb2.RUN_STATE_CANCELED:
-            status, message, refund = "canceled", run.message or "canceled at the core", True
-        else:
-            status, message, refund = "failed", run.message or "the core reported a failure", True
-        log.info("reconciling a run whose completion never arrived", extra={"job_id": row["job_id"], "run_id": row["run_id"], "status": status})
-        ended = await engine.end_job(
-            job_id=row["job_id"],
-            user_id=row["user_id"],
-            status=status,
-            from_statuses=ACTIVE,
-            last_error=message,
-            refund=refund,
-            trigger="reconcile",
-        )
-        return ended is not None

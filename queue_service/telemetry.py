@@ -50,6 +50,10 @@ class _Instruments:
         )
         self.sweep_rows = meter.create_counter("queue.sweep.rows", unit="{row}", description="Rows the sweeper acted on, by action")
         self.watch_streams = meter.create_up_down_counter("queue.watch.streams", unit="{stream}", description="Open WatchJobs streams")
+        self.run_settlements = meter.create_counter(
+            "queue.run.settlements", unit="{attempt}",
+            description="Attempts to confirm with the core that a run is settled (kind: job or orphan; result: settled or retry)",
+        )
         self.core_retries = meter.create_counter("queue.core.retries", unit="{retry}", description="Retried calls to the core, by method")
         meter.create_observable_gauge(
             "queue.depth", callbacks=[self._observe_depth], unit="{job}",

@@ -36,9 +36,10 @@ async def test_release_gives_up_after_the_window_refunds_once_and_promotes_the_n
     assert failed.release_attempts >= 2
     assert failed.refunded
     assert _ledger(database_url, first.job_id) == [("charge", -1), ("refund", 1)]
-    # The next job was promoted (and, the core still failing, retries in its own window).
-    promoted = await stubs.job(second.job_id)
-    assert promoted.status in (S.JOB_STATUS_PENDING, S.JOB_STATUS_FAILED)
+    # The next job is promoted once the core confirms the first run canceled (and, the core still
+    # failing releases, retries in its own window).
+    promoted = await stubs.wait_for(second.job_id, S.JOB_STATUS_PENDING, S.JOB_STATUS_FAILED)
+    assert core.runs[first.run_id].state == 5  # RUN_STATE_CANCELED
     assert promoted.promote_time.seconds > 0
     core.fail_releases = False
     assert InvariantChecker(database_url).all_violations() == []

@@ -3,13 +3,26 @@
 -- State changes are fenced: each UPDATE names the status (and attempt) it expects, so a late
 -- duplicate is a harmless no-op.
 
+-- name: reserve_run
+-- Records a run id before the admit hands it to the core's CreateRun, unless the idempotency key
+-- already has a job (a repeated click needs no new run). Sent in the same round trip as
+-- admit_state. No row when nothing was recorded.
+INSERT INTO run_reservations (run_id, user_id, cancel_after)
+SELECT %(run_id)s, %(user_id)s, clock_timestamp() + make_interval(secs => %(grace_seconds)s)
+ WHERE NOT EXISTS (SELECT 1 FROM analysis_jobs
+                    WHERE user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s)
+RETURNING run_id;
+
 -- name: admit_state
--- What admit decides on: the job already holding this idempotency key, the user's queue length
--- and balance, and the delta base. Read before the core call and again under the user lock.
+-- What admit decides on: the job already holding this idempotency key, the user's queue length,
+-- running deltas and balance, and the delta base. Read before the core call and again under the
+-- user lock.
 SELECT existing.job_id AS existing_job_id,
        existing.request_digest AS existing_digest,
        (SELECT count(*) FROM analysis_jobs q
          WHERE q.user_id = %(user_id)s AND q.status = 'queued') AS queued_count,
+       (SELECT count(*) FROM analysis_jobs d
+         WHERE d.user_id = %(user_id)s AND d.status = 'running' AND d.delta_of_job_id IS NOT NULL) AS running_deltas,
        COALESCE((SELECT c.balance FROM credit_accounts c WHERE c.user_id = %(user_id)s), 0) AS balance,
        base.user_id AS base_user_id,
        base.status AS base_status,
@@ -23,9 +36,16 @@ SELECT existing.job_id AS existing_job_id,
 -- name: insert_admitted_job
 -- Inserts the job, debits the price and writes the charge, in one statement. The status is
 -- decided in the INSERT: 'pending' with a slot when a slot is free and nobody is queued ahead,
--- else 'queued'; a delta starts 'running' and never takes a slot. No row comes back when the key
--- is taken, the balance is short or the user's queue is full (the caller asks admit_state why).
-WITH placement AS (
+-- else 'queued'; a delta starts 'running' and never takes a slot. The run's reservation is
+-- consumed in the same statement; a reservation the sweeper has started to cancel fences the
+-- insert out. No row comes back when the key is taken, the balance is short, the user's queue or
+-- delta limit is full, or the reservation is gone (the caller asks admit_state why).
+WITH reservation AS (
+    SELECT run_id FROM run_reservations
+     WHERE run_id = %(run_id)s AND NOT canceling
+       FOR UPDATE
+),
+placement AS (
     SELECT clock_timestamp() AS now,
            CASE
                WHEN %(is_delta)s THEN NULL
@@ -51,13 +71,19 @@ job AS (
            CASE WHEN p.slot IS NOT NULL THEN p.now + make_interval(secs => %(release_window_seconds)s) END,
            CASE WHEN %(is_delta)s THEN p.now END,
            CASE WHEN %(is_delta)s THEN p.now + make_interval(secs => %(reconcile_after_seconds)s) END
-      FROM placement p
+      FROM placement p, reservation r
      WHERE (%(price)s = 0 OR EXISTS (SELECT 1 FROM credit_accounts c
                                       WHERE c.user_id = %(user_id)s AND c.balance >= %(price)s))
        AND (%(is_delta)s OR (SELECT count(*) FROM analysis_jobs q
                               WHERE q.user_id = %(user_id)s AND q.status = 'queued') < %(max_queued)s)
+       AND (NOT %(is_delta)s OR (SELECT count(*) FROM analysis_jobs d
+                                  WHERE d.user_id = %(user_id)s AND d.status = 'running'
+                                    AND d.delta_of_job_id IS NOT NULL) < %(max_running_deltas)s)
     ON CONFLICT (user_id, idempotency_key) DO NOTHING
-    RETURNING job_id, user_id, status, price
+    RETURNING job_id, user_id, run_id, status, price
+),
+consumed AS (
+    DELETE FROM run_reservations WHERE run_id IN (SELECT run_id FROM job)
 ),
 debit AS (
     -- Under the user lock nothing else lowers this balance; its CHECK (balance >= 0) is the backstop.
@@ -105,17 +131,83 @@ RETURNING j.job_id, j.user_id, j.run_id, capacity.active + 1 < capacity.max_acti
 
 -- name: finish_job
 -- Ends a job (terminal status) if it is still in one of the expected statuses; optionally only
--- if its release attempt counter is still the one the caller saw.
+-- if its release attempt counter is still the one the caller saw. With `run_unsettled` the job
+-- keeps its slot (if it has one) until the core confirms its run settled, and a CancelRun is due
+-- at once.
 UPDATE analysis_jobs
    SET status = %(status)s,
        end_time = clock_timestamp(),
        last_error = CASE WHEN %(last_error)s <> '' THEN %(last_error)s ELSE last_error END,
        next_release_at = NULL,
-       next_reconcile_at = NULL
+       next_reconcile_at = NULL,
+       run_settle_due_at = CASE WHEN %(run_unsettled)s THEN clock_timestamp() END
  WHERE job_id = %(job_id)s
    AND status = ANY(%(from_statuses)s::text[])
    AND (%(expected_attempts)s::integer IS NULL OR release_attempts = %(expected_attempts)s::integer)
-RETURNING job_id, user_id, run_id, status, delta_of_job_id;
+RETURNING job_id, user_id, run_id, status, delta_of_job_id, run_settle_due_at IS NOT NULL AS run_unsettled;
+
+-- name: settle_job_run
+-- The core confirmed an ended job's run settled: the job lets go of its slot. No row when it was
+-- already settled. Run under the user lock, followed by a promotion.
+UPDATE analysis_jobs
+   SET run_settle_due_at = NULL
+ WHERE job_id = %(job_id)s AND run_settle_due_at IS NOT NULL
+RETURNING job_id;
+
+-- name: claim_due_run_settlements
+-- Ended jobs whose run still has to be confirmed settled, due now; claimed for the lease (pushed
+-- ahead, attempt counted) so one replica asks the core at a time.
+UPDATE analysis_jobs j
+   SET run_settle_due_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+       run_settle_attempts = j.run_settle_attempts + 1
+  FROM (SELECT job_id FROM analysis_jobs
+         WHERE run_settle_due_at <= clock_timestamp()
+         ORDER BY run_settle_due_at
+         LIMIT %(batch_size)s
+         FOR UPDATE SKIP LOCKED) AS due
+ WHERE j.job_id = due.job_id
+RETURNING j.job_id, j.user_id, j.run_id, j.run_settle_attempts;
+
+-- name: schedule_run_settle_retry
+-- The core gave no answer: ask again after the backoff (fenced by the attempt that failed).
+UPDATE analysis_jobs
+   SET run_settle_due_at = clock_timestamp() + make_interval(secs => %(backoff_seconds)s)
+ WHERE job_id = %(job_id)s AND run_settle_due_at IS NOT NULL AND run_settle_attempts = %(attempt)s;
+
+-- name: claim_run_reservation
+-- A failed admit claims its own reservation before canceling the run, unless the admit did commit
+-- after all (the reservation is gone) or the sweeper got there first. No row: cancel nothing.
+UPDATE run_reservations
+   SET canceling = true,
+       cancel_after = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+       cancel_attempts = cancel_attempts + 1
+ WHERE run_id = %(run_id)s AND NOT canceling
+RETURNING run_id, cancel_attempts;
+
+-- name: claim_due_run_reservations
+-- Reservations whose admit is gone (its grace or the last cancel's lease has passed), claimed so
+-- one replica cancels each run at a time; an admit can no longer commit a claimed run.
+UPDATE run_reservations r
+   SET canceling = true,
+       cancel_after = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+       cancel_attempts = r.cancel_attempts + 1
+  FROM (SELECT run_id FROM run_reservations
+         WHERE cancel_after <= clock_timestamp()
+         ORDER BY cancel_after
+         LIMIT %(batch_size)s
+         FOR UPDATE SKIP LOCKED) AS due
+ WHERE r.run_id = due.run_id
+RETURNING r.run_id, r.cancel_attempts;
+
+-- name: schedule_run_reservation_retry
+-- The core gave no answer to the reservation's CancelRun: try again after the backoff.
+UPDATE run_reservations
+   SET cancel_after = clock_timestamp() + make_interval(secs => %(backoff_seconds)s)
+ WHERE run_id = %(run_id)s AND canceling AND cancel_attempts = %(attempt)s;
+
+-- name: drop_run_reservation
+-- The reserved run is confirmed settled at the core (or was never created): forget it.
+DELETE FROM run_reservations WHERE run_id = %(run_id)s;
 
 -- name: refund_job_charge
 -- Gives a job's charge back, at most once (the ledger's unique (job, kind) makes a second refund
@@ -136,13 +228,16 @@ RETURNING refund.amount;
 
 -- name: job_by_id
 -- One job's row fields the lifecycle needs.
-SELECT job_id, user_id, run_id, status, delta_of_job_id, release_attempts, release_deadline
+SELECT job_id, user_id, run_id, status, delta_of_job_id, run_settle_due_at IS NOT NULL AS run_unsettled
   FROM analysis_jobs WHERE job_id = %(job_id)s;
 
 -- name: job_by_run_id
--- The job that owns a run.
-SELECT job_id, user_id, run_id, status, delta_of_job_id
-  FROM analysis_jobs WHERE run_id = %(run_id)s;
+-- The job that owns a run, or (no job) whether an admit has reserved the run and not committed yet.
+SELECT j.job_id, j.user_id, j.run_id, j.status, j.delta_of_job_id,
+       j.run_settle_due_at IS NOT NULL AS run_unsettled,
+       EXISTS (SELECT 1 FROM run_reservations r WHERE r.run_id = %(run_id)s) AS reserved
+  FROM (SELECT 1) AS one
+  LEFT JOIN analysis_jobs j ON j.run_id = %(run_id)s;
 
 -- name: claim_due_releases
 -- Claims pending jobs due for release, skipping rows another replica is claiming, and reserves
@@ -191,9 +286,12 @@ UPDATE analysis_jobs
  WHERE job_id = %(job_id)s AND status = 'pending' AND release_attempts = %(attempt)s
 RETURNING next_release_at, release_deadline <= clock_timestamp() AS window_over;
 
--- name: next_release_due_at
--- When the earliest pending release is due (so the dispatcher sleeps exactly that long).
-SELECT min(next_release_at) AS due_at FROM analysis_jobs WHERE status = 'pending';
+-- name: next_release_due_in
+-- Seconds until the earliest pending release is due (so the dispatcher sleeps exactly that long),
+-- measured in the database's clock, the one next_release_at was set in: a replica whose own clock
+-- is off still waits the right time. NULL when nothing is pending.
+SELECT GREATEST(0, extract(epoch FROM min(next_release_at) - clock_timestamp()))::float8 AS seconds
+  FROM analysis_jobs WHERE status = 'pending';
 
 -- name: users_needing_promotion
 -- Users with queued work and a free slot: what a lost tail call left behind.
@@ -229,10 +327,15 @@ RETURNING j.job_id, j.user_id, j.run_id;
 SELECT * FROM analysis_job_views WHERE job_id = ANY(%(job_ids)s::uuid[]);
 
 -- name: list_job_views
--- One page of a user's jobs, newest first (keyset on queue_seq), optionally by status.
+-- One page of a user's jobs, newest first (keyset on queue_seq), optionally by status. The page
+-- starts after `after_job_id` (the last job of the previous page, one of this user's own), or
+-- below `before_seq` (page tokens of earlier versions).
 SELECT * FROM analysis_job_views
  WHERE user_id = %(user_id)s
    AND (%(before_seq)s::bigint IS NULL OR queue_seq < %(before_seq)s::bigint)
+   AND (%(after_job_id)s::uuid IS NULL
+        OR queue_seq < (SELECT a.queue_seq FROM analysis_jobs a
+                         WHERE a.job_id = %(after_job_id)s::uuid AND a.user_id = %(user_id)s))
    AND (cardinality(%(statuses)s::text[]) = 0 OR status = ANY(%(statuses)s::text[]))
  ORDER BY queue_seq DESC
  LIMIT %(limit)s;
@@ -242,6 +345,24 @@ SELECT * FROM analysis_job_views
 SELECT * FROM analysis_job_views
  WHERE user_id = %(user_id)s AND status IN ('queued', 'pending', 'running')
  ORDER BY queue_seq;
+
+-- name: watch_resync_views
+-- What a WatchJobs stream missed during a gap: the user's active jobs, the jobs it last reported
+-- as active (they may have ended meanwhile), and every job admitted since the newest it knew.
+SELECT v.* FROM analysis_job_views v
+ WHERE v.user_id = %(user_id)s
+   AND v.job_id IN (SELECT a.job_id FROM analysis_jobs a
+                     WHERE a.user_id = %(user_id)s AND a.status IN ('queued', 'pending', 'running')
+                    UNION ALL
+                    SELECT unnest(%(job_ids)s::uuid[])
+                    UNION ALL
+                    SELECT n.job_id FROM analysis_jobs n
+                     WHERE n.user_id = %(user_id)s AND n.queue_seq > %(after_seq)s)
+ ORDER BY v.queue_seq;
+
+-- name: newest_seq_of_user
+-- The queue_seq of the user's newest job (0 without jobs): where a WatchJobs stream's knowledge ends.
+SELECT COALESCE(max(queue_seq), 0) AS seq FROM analysis_jobs WHERE user_id = %(user_id)s;
 
 -- name: queued_job_views_of_user
 -- A user's queued jobs in queue order (their positions shift when one leaves the queue).

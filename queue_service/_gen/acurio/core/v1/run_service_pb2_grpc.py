@@ -28,6 +28,18 @@ if _version_not_supported:
 class RunServiceStub:
     """The core's run lifecycle, implemented by the Rust core (and by the queue's dev core).
     A run created held is validated but does not judge until it is released.
+
+    The queue treats every call whose answer it did not get (UNAVAILABLE, DEADLINE_EXCEEDED, a
+    lost connection) as *maybe applied*, and relies on these guarantees to make that safe:
+    - every method is idempotent by `run_id` (a repeat of an applied call answers as the first did,
+    with the run's current state);
+    - a canceled run stays canceled: ReleaseRun on it answers FAILED_PRECONDITION, never judges;
+    - CancelRun answers with the run's state after the cancel, so a run that had already finished
+    answers SUCCEEDED or FAILED (not CANCELED);
+    - the core calls `acurio.queue.v1.CoreCallbackService.CompleteRun` for every run that finishes
+    judging, and retries it on UNAVAILABLE, DEADLINE_EXCEEDED and ABORTED for at least 60 seconds.
+    A user's slot is freed for the next run only once the core has confirmed the previous run is
+    not judging (an answer, a CompleteRun, or GetRun/CancelRun showing it settled).
     """
 
     def __init__(self, channel):
@@ -61,10 +73,23 @@ class RunServiceStub:
 class RunServiceServicer:
     """The core's run lifecycle, implemented by the Rust core (and by the queue's dev core).
     A run created held is validated but does not judge until it is released.
+
+    The queue treats every call whose answer it did not get (UNAVAILABLE, DEADLINE_EXCEEDED, a
+    lost connection) as *maybe applied*, and relies on these guarantees to make that safe:
+    - every method is idempotent by `run_id` (a repeat of an applied call answers as the first did,
+    with the run's current state);
+    - a canceled run stays canceled: ReleaseRun on it answers FAILED_PRECONDITION, never judges;
+    - CancelRun answers with the run's state after the cancel, so a run that had already finished
+    answers SUCCEEDED or FAILED (not CANCELED);
+    - the core calls `acurio.queue.v1.CoreCallbackService.CompleteRun` for every run that finishes
+    judging, and retries it on UNAVAILABLE, DEADLINE_EXCEEDED and ABORTED for at least 60 seconds.
+    A user's slot is freed for the next run only once the core has confirmed the previous run is
+    not judging (an answer, a CompleteRun, or GetRun/CancelRun showing it settled).
     """
 
     def CreateRun(self, request, context):
-        """Creates a run. Idempotent by `run_id`: a repeated call returns the existing run.
+        """Creates a run. Idempotent by `run_id`: a repeated call returns the existing run (and does not
+        charge the provider budget again).
         With `hold` the run is validated and waits in RUN_STATE_HELD; without, it starts judging.
         Errors: INVALID_ARGUMENT when the document cannot be parsed or a source is invalid
         (for example an unregistered DOI); RESOURCE_EXHAUSTED when the daily provider budget is
@@ -133,6 +158,18 @@ def add_RunServiceServicer_to_server(servicer, server):
 class RunService:
     """The core's run lifecycle, implemented by the Rust core (and by the queue's dev core).
     A run created held is validated but does not judge until it is released.
+
+    The queue treats every call whose answer it did not get (UNAVAILABLE, DEADLINE_EXCEEDED, a
+    lost connection) as *maybe applied*, and relies on these guarantees to make that safe:
+    - every method is idempotent by `run_id` (a repeat of an applied call answers as the first did,
+    with the run's current state);
+    - a canceled run stays canceled: ReleaseRun on it answers FAILED_PRECONDITION, never judges;
+    - CancelRun answers with the run's state after the cancel, so a run that had already finished
+    answers SUCCEEDED or FAILED (not CANCELED);
+    - the core calls `acurio.queue.v1.CoreCallbackService.CompleteRun` for every run that finishes
+    judging, and retries it on UNAVAILABLE, DEADLINE_EXCEEDED and ABORTED for at least 60 seconds.
+    A user's slot is freed for the next run only once the core has confirmed the previous run is
+    not judging (an answer, a CompleteRun, or GetRun/CancelRun showing it settled).
     """
 
     @staticmethod

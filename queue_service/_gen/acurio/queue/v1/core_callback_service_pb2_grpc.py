@@ -51,10 +51,19 @@ class CoreCallbackServiceServicer:
         `refund_credit` is set) and, in the same transaction, promotes the user's next queued job,
         whose release starts at once.
 
-        Idempotent: a repeated call for an already finished job returns the job unchanged.
-        Errors: NOT_FOUND `RUN_NOT_FOUND` for an unknown run id; INVALID_ARGUMENT `INVALID_REQUEST`
-        for a malformed run id or an unspecified outcome; FAILED_PRECONDITION `RUN_NOT_RELEASED`
-        when the job is still QUEUED (its run was never released).
+        Idempotent: a repeated call for an already finished job returns the job unchanged. A job
+        that ended while its run's fate was unknown (its release given up, say) keeps its user's slot
+        until the core confirms the run stopped; this call is such a confirmation and frees the slot.
+
+        The core must retry this call on UNAVAILABLE, DEADLINE_EXCEEDED and ABORTED, with backoff,
+        for at least 60 seconds: an unanswered completion is lost until the queue reconciles the run
+        with GetRun (QUEUE_RECONCILE_AFTER_SECONDS later).
+        Errors: NOT_FOUND `RUN_NOT_FOUND` for an unknown run id (final); INVALID_ARGUMENT
+        `INVALID_REQUEST` for a malformed run id or an unspecified outcome; FAILED_PRECONDITION
+        `RUN_NOT_RELEASED` when the job is still QUEUED (its run was never released); UNAVAILABLE
+        `RUN_NOT_YET_ADMITTED` when the run's admit has not committed yet (a delta judged faster than
+        its admit committed: retry); UNAVAILABLE `REPLICA_BUSY` when this replica could not take the
+        call within its deadline (retry).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -104,9 +104,11 @@ class WatchJobsRequest(_message.Message):
     def __init__(self, user_id: _Optional[str] = ...) -> None: ...
 
 class WatchJobsResponse(_message.Message):
-    __slots__ = ("job", "snapshot_complete")
+    __slots__ = ("job", "snapshot_complete", "resync_complete")
     JOB_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     job: _job_pb2.Job
     snapshot_complete: bool
-    def __init__(self, job: _Optional[_Union[_job_pb2.Job, _Mapping]] = ..., snapshot_complete: _Optional[bool] = ...) -> None: ...
+    resync_complete: bool
+    def __init__(self, job: _Optional[_Union[_job_pb2.Job, _Mapping]] = ..., snapshot_complete: _Optional[bool] = ..., resync_complete: _Optional[bool] = ...) -> None: ...

@@ -105,7 +105,14 @@ class AnalysisQueueServiceServicer:
         - RESOURCE_EXHAUSTED `PROVIDER_BUDGET_EXHAUSTED`: the core's provider budget is used up.
         - RESOURCE_EXHAUSTED `USER_QUEUE_FULL`: the user has the maximum of queued jobs
         (metadata `maxQueued`).
+        - RESOURCE_EXHAUSTED `USER_DELTA_LIMIT`: the user has QUEUE_MAX_ACTIVE_DELTAS_PER_USER
+        (default 4) delta re-checks running (metadata `maxActiveDeltas`, `activeDeltas`); added
+        in v1, additive.
         - UNAVAILABLE `CORE_UNAVAILABLE`: the core did not answer within the admit deadline.
+        - UNAVAILABLE `DATABASE_UNAVAILABLE` / `LOCK_TIMEOUT`: the database or the user's queue lock
+        did not answer in time. Every wait inside the call is bounded by the caller's deadline, so
+        these arrive before it passes rather than as DEADLINE_EXCEEDED.
+        - ABORTED `CONFLICT`: a concurrent change won; retry with the same key.
         Any error leaves no job, no charge and no live held run.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -149,10 +156,14 @@ class AnalysisQueueServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CancelJob(self, request, context):
-        """Cancels a QUEUED, PENDING or RUNNING job: the run is canceled at the core, the charge is
-        refunded and the user's next queued job is promoted. Idempotent for a CANCELED job.
+        """Cancels a QUEUED, PENDING or RUNNING job and refunds its charge; a canceled job is always
+        refunded. A QUEUED job ends at once (its held run is canceled at the core afterwards). For a
+        PENDING or RUNNING job the core is asked first and its answer decides: canceled there, the
+        job ends CANCELED and the user's next job is promoted; already finished there (its completion
+        had not arrived yet), the job ends as it finished and the call answers JOB_ALREADY_FINISHED.
+        Idempotent for a CANCELED job.
         Errors: NOT_FOUND `JOB_NOT_FOUND` (unknown or another user's job);
-        FAILED_PRECONDITION `JOB_ALREADY_FINISHED` for a SUCCEEDED or FAILED job;
+        FAILED_PRECONDITION `JOB_ALREADY_FINISHED` for a SUCCEEDED or FAILED job (metadata `status`);
         UNAVAILABLE `CORE_UNAVAILABLE` when a PENDING or RUNNING job's run could not be canceled
         at the core (nothing changed; retry).
         """
@@ -163,7 +174,11 @@ class AnalysisQueueServiceServicer:
     def WatchJobs(self, request, context):
         """Streams a user's job changes: first the user's QUEUED, PENDING and RUNNING jobs (the
         snapshot, ending with a message whose `snapshot_complete` is true), then every change made
-        through any replica. A dashboard needs no polling.
+        through any replica. A dashboard needs no polling. After a gap in the changes (the replica's
+        database listener reconnected, or the caller read too slowly and its backlog was dropped) the
+        stream sends a resync batch ending with `resync_complete`: every job of the user that may have
+        changed during the gap, ended ones included, so the last message for each job always equals
+        what GetJob returns. A client may treat a resync batch as a fresh snapshot of the active jobs.
         Errors: INVALID_ARGUMENT `INVALID_REQUEST`; RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` when the
         user or this replica has too many open streams; UNAVAILABLE when the replica drains.
         """
