@@ -9,7 +9,11 @@ manual mode, where a test calls `finish`). A document uri containing `fail-judgi
 Fault switches (attributes, flipped by tests; flags when run as a process): `unavailable`
 (every call UNAVAILABLE), `slow_seconds` (every call sleeps first), `fail_releases`
 (ReleaseRun UNAVAILABLE), `refuse_releases` (ReleaseRun NOT_FOUND), `drop_callbacks` (judge but
-never call back). Unreleased held runs expire after `hold_expiry_seconds`, like the real core.
+never call back), and per method `answer_faults` (an `AnswerFault`: the call is applied but its
+answer lost, or late, or the request itself arrives late), counted in `faults_injected`.
+`max_concurrent_judging` records the most first-pass runs of each user ever judging at once (the
+core's own view of I1, checked as I9). Unreleased held runs expire after `hold_expiry_seconds`,
+like the real core. A failed CompleteRun is retried for a minute, as the core contract asks.
 The completion callback carries the trace context of the release that started the run, and a
 bearer token when `callback_token` is set (QUEUE_DEV_CORE_CALLBACK_TOKEN for the process); the
 dev core serves gRPC health too.
@@ -23,12 +27,16 @@ automatic so a whole prepared batch starts judging at one instant.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import datetime as dt
 import json
 import logging
+import random
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -44,6 +52,7 @@ log = logging.getLogger(__name__)
 UNREGISTERED_DOI_PREFIX = "10.9999/"
 _TRACE_HEADERS = ("traceparent", "tracestate")
 _FINISHED = (pb.RUN_STATE_SUCCEEDED, pb.RUN_STATE_FAILED, pb.RUN_STATE_CANCELED)
+_COMPLETION_RETRY_SECONDS = 60.0
 
 
 @dataclasses.dataclass
@@ -56,6 +65,30 @@ class DevRun:
     message: str = ""
     judge_task: asyncio.Task[None] | None = None
     trace_headers: tuple[tuple[str, str], ...] = ()
+    # A first-pass run takes one of the user's slots; a delta re-check does not.
+    first_pass: bool = True
+
+
+@dataclasses.dataclass
+class AnswerFault:
+    """What the network does to one method's calls (a share of them, `probability`):
+    `lose`: applied, then the answer is lost (the caller hears UNAVAILABLE);
+    `late`: applied at once, answered `seconds` later (usually after the caller's deadline);
+    `late_arrival`: the request arrives `seconds` late and is applied then, even if the caller
+    has given up meanwhile."""
+
+    kind: str
+    seconds: float = 0.0
+    probability: float = 1.0
+
+
+class _Refusal(Exception):
+    """The core refuses a call (a status code and message for the caller)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 class DevCore(pb_grpc.RunServiceServicer):
@@ -81,10 +114,18 @@ class DevCore(pb_grpc.RunServiceServicer):
         self.fail_releases = False
         self.refuse_releases = False
         self.drop_callbacks = False
+        # Per method (CreateRun, ReleaseRun, CancelRun, GetRun): applied-but-unanswered and late calls.
+        self.answer_faults: dict[str, AnswerFault] = {}
+        self.faults_injected: collections.Counter[str] = collections.Counter()
+        self._late_applications: set[asyncio.Future[Any]] = set()
+        # Judging time of delta re-checks (None: judging_seconds); 0 completes them at once.
+        self.delta_judging_seconds: float | None = None
         self.runs: dict[str, DevRun] = {}
         self.release_log: list[tuple[str, float]] = []  # (run_id, monotonic time received)
         self.completion_log: list[tuple[str, float]] = []  # (run_id, monotonic time CompleteRun returned)
-        self.judging_now: dict[str, set[str]] = {}  # user_id -> runs judging (for I1 checks)
+        # user_id -> first-pass runs judging now, and the most ever judging at once (I9, the
+        # core's own view of I1).
+        self.judging_now: dict[str, set[str]] = {}
         self.max_concurrent_judging: dict[str, int] = {}
         self._budget_day = dt.date.today()
         self._budget_used = 0
@@ -110,6 +151,8 @@ class DevCore(pb_grpc.RunServiceServicer):
         return self.port
 
     async def stop(self) -> None:
+        for applying in list(self._late_applications):
+            applying.cancel()
         for run in self.runs.values():
             if run.judge_task is not None:
                 run.judge_task.cancel()
@@ -137,6 +180,8 @@ class DevCore(pb_grpc.RunServiceServicer):
             run.judge_task = asyncio.create_task(self._judge(run, delay=spread_seconds * index / len(waiting)))
 
     def set_callback_addr(self, addr: str) -> None:
+        """Where completions go: one host:port, or several separated by commas (spread round-robin,
+        as a load balancer in front of the queue's replicas would)."""
         self.callback_addr = addr
         self._callback = None
 
@@ -151,24 +196,74 @@ class DevCore(pb_grpc.RunServiceServicer):
     def _run_message(self, run: DevRun) -> pb.Run:
         return pb.Run(run_id=run.run_id, state=run.state, message=run.message)
 
-    async def CreateRun(self, request: pb.CreateRunRequest, context: grpc.aio.ServicerContext) -> pb.CreateRunResponse:
+    async def _serve(self, method: str, apply: Callable[[Any, tuple[tuple[str, str], ...]], Any], request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Applies one call, with the answer fault set for `method`, if any (see AnswerFault)."""
         await self._enter(context)
+        metadata = tuple((key, value) for key, value in (context.invocation_metadata() or ()) if key in _TRACE_HEADERS)
+        fault = self.answer_faults.get(method)
+        if fault is None or random.random() >= fault.probability:
+            return await self._answer(apply, request, metadata, context)
+        self.faults_injected[f"{method}:{fault.kind}"] += 1
+        if fault.kind == "late_arrival":
+            # The request reaches the core late: it is applied even if the caller gave up meanwhile.
+            applying = asyncio.ensure_future(self._apply_later(fault.seconds, apply, request, metadata))
+            self._late_applications.add(applying)
+            applying.add_done_callback(self._late_applications.discard)
+            try:
+                response = await asyncio.shield(applying)
+            except _Refusal as refusal:
+                await context.abort(refusal.code, refusal.message)
+            return response
+        response = await self._answer(apply, request, metadata, context)
+        if fault.kind == "lose":
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"dev core: {method} was applied, its answer lost")
+        await asyncio.sleep(fault.seconds)  # "late": applied now, answered after the caller's deadline
+        return response
+
+    @staticmethod
+    async def _answer(apply, request, metadata, context):  # type: ignore[no-untyped-def]
+        try:
+            return apply(request, metadata)
+        except _Refusal as refusal:
+            await context.abort(refusal.code, refusal.message)
+
+    @staticmethod
+    async def _apply_later(seconds, apply, request, metadata):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(seconds)
+        return apply(request, metadata)
+
+    async def CreateRun(self, request: pb.CreateRunRequest, context: grpc.aio.ServicerContext) -> pb.CreateRunResponse:
+        return await self._serve("CreateRun", self._create_run, request, context)
+
+    async def ReleaseRun(self, request: pb.ReleaseRunRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseRunResponse:
+        self.release_log.append((request.run_id, time.monotonic()))
+        known = self.runs.get(request.run_id)
+        self.record("release_received", request.run_id, known.user_id if known is not None else "")
+        return await self._serve("ReleaseRun", self._release_run, request, context)
+
+    async def CancelRun(self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext) -> pb.CancelRunResponse:
+        return await self._serve("CancelRun", self._cancel_run, request, context)
+
+    async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.GetRunResponse:
+        return await self._serve("GetRun", self._get_run, request, context)
+
+    def _create_run(self, request: pb.CreateRunRequest, _metadata: tuple[tuple[str, str], ...]) -> pb.CreateRunResponse:
         existing = self.runs.get(request.run_id)
         if existing is not None:
             return pb.CreateRunResponse(run=self._run_message(existing))
         try:
             uuid.UUID(request.run_id)
         except ValueError:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "run_id must be a UUID")
+            raise _Refusal(grpc.StatusCode.INVALID_ARGUMENT, "run_id must be a UUID") from None
         if "unparseable" in request.document_uri:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the document could not be parsed")
+            raise _Refusal(grpc.StatusCode.INVALID_ARGUMENT, "the document could not be parsed")
         for index, source in enumerate(request.sources):
             if source.doi.startswith(UNREGISTERED_DOI_PREFIX):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sources[{index}]: DOI {source.doi} is not registered")
+                raise _Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"sources[{index}]: DOI {source.doi} is not registered")
         if dt.date.today() != self._budget_day:
             self._budget_day, self._budget_used = dt.date.today(), 0
         if self._budget_used >= self.daily_budget:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the provider budget for today is used up")
+            raise _Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, "the provider budget for today is used up")
         self._budget_used += 1
         run = DevRun(
             run_id=request.run_id,
@@ -176,6 +271,7 @@ class DevCore(pb_grpc.RunServiceServicer):
             document_uri=request.document_uri,
             state=pb.RUN_STATE_HELD if request.hold else pb.RUN_STATE_JUDGING,
             created_at=time.monotonic(),
+            first_pass=not request.delta_of_run_id,
         )
         self.runs[run.run_id] = run
         self.record("create", run.run_id, run.user_id)
@@ -183,32 +279,25 @@ class DevCore(pb_grpc.RunServiceServicer):
             self._begin_judging(run)
         return pb.CreateRunResponse(run=self._run_message(run))
 
-    async def ReleaseRun(self, request: pb.ReleaseRunRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseRunResponse:
-        self.release_log.append((request.run_id, time.monotonic()))
-        known = self.runs.get(request.run_id)
-        self.record("release_received", request.run_id, known.user_id if known is not None else "")
-        await self._enter(context)
+    def _release_run(self, request: pb.ReleaseRunRequest, metadata: tuple[tuple[str, str], ...]) -> pb.ReleaseRunResponse:
         run = self.runs.get(request.run_id)
         if self.refuse_releases or run is None or self._expired(run):
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown or expired")
+            raise _Refusal(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown or expired")
         if self.fail_releases:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "dev core switched to fail releases")
+            raise _Refusal(grpc.StatusCode.UNAVAILABLE, "dev core switched to fail releases")
         if run.state == pb.RUN_STATE_CANCELED:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"run {run.run_id} was canceled")
+            raise _Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"run {run.run_id} was canceled")
         if run.state == pb.RUN_STATE_HELD:
             # Like the real core: the completion callback continues the trace of the release.
-            run.trace_headers = tuple(
-                (key, value) for key, value in (context.invocation_metadata() or ()) if key in _TRACE_HEADERS
-            )
+            run.trace_headers = metadata
             run.state = pb.RUN_STATE_JUDGING
             self._begin_judging(run)
         return pb.ReleaseRunResponse(run=self._run_message(run))
 
-    async def CancelRun(self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext) -> pb.CancelRunResponse:
-        await self._enter(context)
+    def _cancel_run(self, request: pb.CancelRunRequest, _metadata: tuple[tuple[str, str], ...]) -> pb.CancelRunResponse:
         run = self.runs.get(request.run_id)
         if run is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown")
+            raise _Refusal(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown")
         if run.state not in _FINISHED:
             self._stop_judging(run)
             run.state = pb.RUN_STATE_CANCELED
@@ -216,12 +305,17 @@ class DevCore(pb_grpc.RunServiceServicer):
                 run.judge_task.cancel()
         return pb.CancelRunResponse(run=self._run_message(run))
 
-    async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.GetRunResponse:
-        await self._enter(context)
+    def _get_run(self, request: pb.GetRunRequest, _metadata: tuple[tuple[str, str], ...]) -> pb.GetRunResponse:
         run = self.runs.get(request.run_id)
         if run is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown")
+            raise _Refusal(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown")
         return pb.GetRunResponse(run=self._run_message(run))
+
+    # -- what the core holds, for invariant checks ---------------------------------------------
+
+    def live_runs(self) -> dict[str, DevRun]:
+        """Runs held or judging right now (I10: after quiescence each belongs to a live job)."""
+        return {run_id: run for run_id, run in self.runs.items() if run.state in (pb.RUN_STATE_HELD, pb.RUN_STATE_JUDGING)}
 
     # -- judging ---------------------------------------------------------------------------------
 
@@ -229,9 +323,10 @@ class DevCore(pb_grpc.RunServiceServicer):
         return run.state == pb.RUN_STATE_HELD and time.monotonic() - run.created_at > self.hold_expiry_seconds
 
     def _begin_judging(self, run: DevRun) -> None:
-        judging = self.judging_now.setdefault(run.user_id, set())
-        judging.add(run.run_id)
-        self.max_concurrent_judging[run.user_id] = max(self.max_concurrent_judging.get(run.user_id, 0), len(judging))
+        if run.first_pass:
+            judging = self.judging_now.setdefault(run.user_id, set())
+            judging.add(run.run_id)
+            self.max_concurrent_judging[run.user_id] = max(self.max_concurrent_judging.get(run.user_id, 0), len(judging))
         if not self.manual:
             run.judge_task = asyncio.create_task(self._judge(run))
 
@@ -239,7 +334,8 @@ class DevCore(pb_grpc.RunServiceServicer):
         self.judging_now.get(run.user_id, set()).discard(run.run_id)
 
     async def _judge(self, run: DevRun, delay: float = 0.0) -> None:
-        await asyncio.sleep(delay + self.judging_seconds)
+        seconds = self.judging_seconds if run.first_pass or self.delta_judging_seconds is None else self.delta_judging_seconds
+        await asyncio.sleep(delay + seconds)
         await self.finish(run.run_id, succeeded="fail-judging" not in run.document_uri)
 
     async def finish(self, run_id: str, *, succeeded: bool = True, refund_credit: bool = False, message: str = "") -> callback_pb2.CompleteRunResponse | None:
@@ -256,7 +352,9 @@ class DevCore(pb_grpc.RunServiceServicer):
 
     async def _report(self, run: DevRun, refund_credit: bool) -> callback_pb2.CompleteRunResponse | None:
         if self._callback is None:
-            self._channel = grpc.aio.insecure_channel(self.callback_addr)
+            addresses = self.callback_addr.split(",")
+            target = self.callback_addr if len(addresses) == 1 else "ipv4:" + ",".join(addresses)
+            self._channel = grpc.aio.insecure_channel(target, options=[("grpc.lb_policy_name", "round_robin")])
             self._callback = callback_grpc.CoreCallbackServiceStub(self._channel)
         request = callback_pb2.CompleteRunRequest(
             run_id=run.run_id,
@@ -267,7 +365,10 @@ class DevCore(pb_grpc.RunServiceServicer):
         metadata = list(run.trace_headers)
         if self.callback_token:
             metadata.append(("authorization", f"Bearer {self.callback_token}"))
-        for attempt in range(5):
+        # Like the real core must: retry what may not have arrived, for at least a minute.
+        give_up_at = time.monotonic() + _COMPLETION_RETRY_SECONDS
+        attempt = 0
+        while True:
             try:
                 self.record("complete_sent", run.run_id, run.user_id)
                 response = await self._callback.CompleteRun(request, timeout=5, metadata=metadata or None)
@@ -278,6 +379,10 @@ class DevCore(pb_grpc.RunServiceServicer):
                 if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED):
                     log.warning("CompleteRun for %s refused: %s", run.run_id, exc.code().name)
                     return None
-                await asyncio.sleep(0.2 * 2**attempt)
+            pause = min(2.0, 0.1 * 2**attempt) * random.uniform(0.5, 1.0)
+            attempt += 1
+            if time.monotonic() + pause > give_up_at:
+                break
+            await asyncio.sleep(pause)
         log.warning("CompleteRun for %s never got through; the queue's sweeper reconciles it", run.run_id)
         return None
