@@ -37,7 +37,7 @@ from queue_service import migrations
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.dev_core import DevCore
 from queue_service.embedded_db import EmbeddedPostgres, free_port
-from tests.harness import REPO_ROOT, S, InvariantChecker, Stubs, wait_serving
+from tests.harness import REPO_ROOT, S, InvariantChecker, Stubs, error_info, wait_serving
 
 pytestmark = pytest.mark.torture
 
@@ -70,6 +70,7 @@ class Replica:
 class Summary:
     operations: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     codes: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    reasons: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     kills: int = 0
     restarts: int = 0
     drains: int = 0
@@ -79,6 +80,8 @@ class Summary:
     checks: int = 0
     violations: list[str] = dataclasses.field(default_factory=list)
     slow_calls: int = 0
+    # How late this process's own event loop ran (it drives the users and the dev core).
+    max_loop_lag: float = 0.0
 
 
 class Cluster:
@@ -119,15 +122,15 @@ class Cluster:
         replica = Replica(f"replica-{self._counter}", port, process, Stubs(f"127.0.0.1:{port}"))
         await wait_serving(replica.stubs, process=process, log_path=str(self.logs / f"replica-{self._counter}.log"), timeout=60)
         self.replicas.append(replica)
-        if not self.core.callback_addr or self.core.callback_addr.endswith(f":{self.replicas[0].port}"):
-            self.core.set_callback_addr(self.replicas[0].stubs.address)
+        self.point_core_at_live_replicas()
         return replica
 
     def pick(self) -> Stubs:
         return random.choice(self.replicas).stubs
 
-    def point_core_at_a_live_replica(self) -> None:
-        self.core.set_callback_addr(self.replicas[0].stubs.address)
+    def point_core_at_live_replicas(self) -> None:
+        """Completions are spread over the live replicas, as a load balancer in front would."""
+        self.core.set_callback_addr(",".join(r.stubs.address for r in self.replicas))
 
     async def kill_and_restart(self) -> None:
         victim = random.choice(self.replicas)
@@ -136,7 +139,7 @@ class Cluster:
         victim.process.send_signal(signal.SIGKILL)
         await asyncio.to_thread(victim.process.wait, 10)
         self.summary.kills += 1
-        self.point_core_at_a_live_replica()
+        self.point_core_at_live_replicas()
         await asyncio.sleep(1.0)
         await self.start_replica()
         self.summary.restarts += 1
@@ -145,7 +148,7 @@ class Cluster:
         await self.start_replica()  # the "new version"
         old = self.replicas.pop(0)
         _log_event(f"drain {old.stubs.address}")
-        self.point_core_at_a_live_replica()
+        self.point_core_at_live_replicas()
         old.process.send_signal(signal.SIGTERM)
         try:
             code = await asyncio.to_thread(old.process.wait, 20)
@@ -189,6 +192,7 @@ async def _call(summary: Summary, name: str, coro, address: str = ""):  # type: 
         return result
     except grpc.aio.AioRpcError as exc:
         summary.codes[exc.code().name] += 1
+        summary.reasons[f"{exc.code().name}/{error_info(exc)[1] or '-'}"] += 1
         if exc.code() not in ALLOWED:
             summary.violations.append(f"{name} answered {exc.code().name} at {started - EPOCH:.1f}s from {address}: {exc.details()}")
         return None
@@ -232,6 +236,13 @@ async def simulate_user(cluster: Cluster, state: UserState, stop: asyncio.Event,
             balance = await _call(summary, "GrantCredits", stubs.grant(state.user_id, 5))
             if balance is not None:
                 state.granted += 5
+
+
+async def watch_loop_lag(summary: Summary, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        planned = time.monotonic() + 0.1
+        await asyncio.sleep(0.1)
+        summary.max_loop_lag = max(summary.max_loop_lag, time.monotonic() - planned)
 
 
 async def check_continuously(checker: InvariantChecker, summary: Summary, stop: asyncio.Event) -> None:
@@ -342,6 +353,7 @@ async def test_torture(tmp_path: Path) -> None:
         checker = InvariantChecker(database_url)
         tasks = [asyncio.create_task(simulate_user(cluster, u, stop, admitted)) for u in users]
         tasks.append(asyncio.create_task(check_continuously(checker, summary, stop)))
+        tasks.append(asyncio.create_task(watch_loop_lag(summary, stop)))
         chaos_task = asyncio.create_task(chaos(cluster, database, stop))
         started = time.monotonic()
         await asyncio.sleep(SECONDS)
@@ -351,7 +363,7 @@ async def test_torture(tmp_path: Path) -> None:
 
         # Heal and let the queue drain: every admitted job must reach a terminal status.
         core.unavailable = core.fail_releases = core.drop_callbacks = False
-        cluster.point_core_at_a_live_replica()
+        cluster.point_core_at_live_replicas()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             active = checker.count("SELECT count(*) FROM analysis_jobs WHERE status IN ('queued', 'pending', 'running')")
@@ -368,6 +380,7 @@ async def test_torture(tmp_path: Path) -> None:
             "users": USERS,
             "operations": dict(summary.operations),
             "answers": dict(summary.codes),
+            "refusals_by_reason": dict(summary.reasons),
             "jobs_by_status": counts,
             "kills": summary.kills,
             "restarts": summary.restarts,
@@ -376,6 +389,7 @@ async def test_torture(tmp_path: Path) -> None:
             "core_outages": summary.core_outages,
             "lost_callback_spells": summary.lost_callback_spells,
             "invariant_checks": summary.checks,
+            "harness_max_loop_lag_seconds": round(summary.max_loop_lag, 3),
             "violations": len(summary.violations),
         }
         print("\ntorture summary:", json.dumps(report, indent=2))
