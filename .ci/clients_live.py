@@ -166,7 +166,14 @@ async def rust_core_story(procs: Processes, database_url: str, core_bin: str) ->
         await stubs.close()
         assert procs.stop(queue) == 0, procs.log("serve-rust")[-3000:]
         down_since = time.monotonic()
-        await asyncio.sleep(3)  # judging takes 1.5 s: the callback is refused while we are down
+
+        async def judged() -> bool:
+            run = (await core_stub.GetRun(core_pb2.GetRunRequest(run_id=outage_job.run_id), timeout=5)).run
+            return run.state == core_pb2.RUN_STATE_SUCCEEDED
+
+        # The core marks the run judged, then calls CompleteRun: refused while we are down.
+        await wait_until("the Rust core to finish judging during the outage", judged, timeout=60)
+        await asyncio.sleep(1)  # let a few refused attempts pass before the service returns
         queue = procs.start("serve-rust", QUEUE_SERVICE + ["serve"], env)
         stubs = Stubs(queue_addr)
         await wait_serving(stubs, process=queue, log_path=str(procs.state / "serve-rust.log"), timeout=90)
