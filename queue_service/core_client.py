@@ -20,6 +20,8 @@ import uuid
 from collections.abc import Sequence
 
 import grpc
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from queue_service import deadline, errors, telemetry
@@ -209,10 +211,29 @@ def _admit_error(exc: grpc.aio.AioRpcError) -> errors.QueueError:
     code = exc.code()
     detail = exc.details() or ""
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return errors.CoreRejected(f"the core rejected the analysis: {detail}", metadata={"coreMessage": detail})
+        # The core's per-field reasons (google.rpc.BadRequest) reach the caller as they are.
+        violations = _bad_request_violations(exc)
+        return errors.CoreRejected(f"the core rejected the analysis: {detail}", metadata={"coreMessage": detail}, field_violations=violations)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return errors.ProviderBudgetExhausted(f"the provider budget is exhausted: {detail}", metadata={"coreMessage": detail})
     return errors.CoreUnavailable(
         f"the core did not accept the run ({code.name}); retry with the same idempotency key",
         metadata={"coreCode": code.name},
     )
+
+
+def _bad_request_violations(exc: grpc.aio.AioRpcError) -> list[tuple[str, str]]:
+    """The (field, description) pairs of a google.rpc.BadRequest in the status details, if any."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == "grpc-status-details-bin" and isinstance(value, bytes):
+            try:
+                status = status_pb2.Status.FromString(value)
+            except DecodeError:
+                return []  # a malformed detail must not hide the rejection itself
+            violations = []
+            for detail in status.details:
+                bad_request = error_details_pb2.BadRequest()
+                if detail.Unpack(bad_request):
+                    violations.extend((v.field, v.description) for v in bad_request.field_violations)
+            return violations
+    return []

@@ -30,6 +30,10 @@ def status_for(error: QueueError) -> grpc.Status:
     details = []
     info = error_details_pb2.ErrorInfo(reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata)
     details.append(info)
+    if error.retry_delay_seconds is not None:
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromMilliseconds(round(error.retry_delay_seconds * 1000))
+        details.append(retry)
     if error.field_violations:
         details.append(
             error_details_pb2.BadRequest(

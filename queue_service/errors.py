@@ -19,6 +19,9 @@ class QueueError(Exception):
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     reason: str = "INTERNAL"
+    # When set, the status carries google.rpc.RetryInfo with this delay: the same request (same
+    # idempotency key) may be sent again after it.
+    retry_delay_seconds: float | None = None
 
     def __init__(
         self,
@@ -33,8 +36,9 @@ class QueueError(Exception):
         self.field_violations = list(field_violations)
 
 
-def _error(name: str, code: grpc.StatusCode, reason: str, doc: str) -> type[QueueError]:
-    return type(name, (QueueError,), {"code": code, "reason": reason, "__doc__": doc})
+def _error(name: str, code: grpc.StatusCode, reason: str, doc: str, retry_delay_seconds: float | None = None) -> type[QueueError]:
+    attributes = {"code": code, "reason": reason, "__doc__": doc, "retry_delay_seconds": retry_delay_seconds}
+    return type(name, (QueueError,), attributes)
 
 
 InvalidRequest = _error("InvalidRequest", grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", "The request is malformed; see the field violations.")
@@ -45,19 +49,19 @@ DeltaBaseNotFound = _error("DeltaBaseNotFound", grpc.StatusCode.NOT_FOUND, "DELT
 DeltaBaseNotFinished = _error("DeltaBaseNotFinished", grpc.StatusCode.FAILED_PRECONDITION, "DELTA_BASE_NOT_FINISHED", "The delta base job has not succeeded.")
 ProviderBudgetExhausted = _error("ProviderBudgetExhausted", grpc.StatusCode.RESOURCE_EXHAUSTED, "PROVIDER_BUDGET_EXHAUSTED", "The core's provider budget is used up.")
 UserQueueFull = _error("UserQueueFull", grpc.StatusCode.RESOURCE_EXHAUSTED, "USER_QUEUE_FULL", "The user has the maximum number of queued jobs.")
-CoreUnavailable = _error("CoreUnavailable", grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE", "The core did not answer in time.")
+CoreUnavailable = _error("CoreUnavailable", grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE", "The core did not answer in time.", retry_delay_seconds=1.0)
 JobNotFound = _error("JobNotFound", grpc.StatusCode.NOT_FOUND, "JOB_NOT_FOUND", "No such job (for this user).")
 JobNotPending = _error("JobNotPending", grpc.StatusCode.FAILED_PRECONDITION, "JOB_NOT_PENDING", "The job is not PENDING.")
 JobAlreadyFinished = _error("JobAlreadyFinished", grpc.StatusCode.FAILED_PRECONDITION, "JOB_ALREADY_FINISHED", "The job already succeeded or failed.")
 RunNotFound = _error("RunNotFound", grpc.StatusCode.NOT_FOUND, "RUN_NOT_FOUND", "No job owns this run.")
-RunNotYetAdmitted = _error("RunNotYetAdmitted", grpc.StatusCode.UNAVAILABLE, "RUN_NOT_YET_ADMITTED", "The run's admit has not committed yet; retry the completion.")
+RunNotYetAdmitted = _error("RunNotYetAdmitted", grpc.StatusCode.UNAVAILABLE, "RUN_NOT_YET_ADMITTED", "The run's admit has not committed yet; retry the completion.", retry_delay_seconds=0.2)
 UserDeltaLimit = _error("UserDeltaLimit", grpc.StatusCode.RESOURCE_EXHAUSTED, "USER_DELTA_LIMIT", "The user has the maximum number of delta re-checks running.")
 RunNotReleased = _error("RunNotReleased", grpc.StatusCode.FAILED_PRECONDITION, "RUN_NOT_RELEASED", "The run's job is still queued.")
 TooManyStreams = _error("TooManyStreams", grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_STREAMS", "Too many WatchJobs streams are open.")
-DatabaseUnavailable = _error("DatabaseUnavailable", grpc.StatusCode.UNAVAILABLE, "DATABASE_UNAVAILABLE", "The database cannot be reached or is busy; retry.")
-LockTimeout = _error("LockTimeout", grpc.StatusCode.UNAVAILABLE, "LOCK_TIMEOUT", "The user's queue is busy; retry.")
-Conflict = _error("Conflict", grpc.StatusCode.ABORTED, "CONFLICT", "A concurrent change won; retry.")
-ReplicaBusy = _error("ReplicaBusy", grpc.StatusCode.UNAVAILABLE, "REPLICA_BUSY", "This replica cannot take the call in time; retry.")
-ShuttingDown = _error("ShuttingDown", grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN", "This replica is draining; retry on another.")
+DatabaseUnavailable = _error("DatabaseUnavailable", grpc.StatusCode.UNAVAILABLE, "DATABASE_UNAVAILABLE", "The database cannot be reached or is busy; retry.", retry_delay_seconds=1.0)
+LockTimeout = _error("LockTimeout", grpc.StatusCode.UNAVAILABLE, "LOCK_TIMEOUT", "The user's queue is busy; retry.", retry_delay_seconds=0.2)
+Conflict = _error("Conflict", grpc.StatusCode.ABORTED, "CONFLICT", "A concurrent change won; retry.", retry_delay_seconds=0.05)
+ShuttingDown = _error("ShuttingDown", grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN", "This replica is draining; retry on another.", retry_delay_seconds=0.1)
+ReplicaBusy = _error("ReplicaBusy", grpc.StatusCode.UNAVAILABLE, "REPLICA_BUSY", "This replica cannot take the call in time; retry, ideally on another.", retry_delay_seconds=0.1)
 Unauthenticated = _error("Unauthenticated", grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED", "No valid credentials.")
 PermissionDenied = _error("PermissionDenied", grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED", "The caller's role may not call this method.")

@@ -1,10 +1,15 @@
-//! Rust client for the Acurio analysis queue.
+//! Rust client for the Acurio analysis queue, and the server side a Rust core implements.
 //!
+//! - [`CallbackClient`] (built with [`CallbackClient::builder`]): what the core calls when a run
+//!   has finished (`CompleteRun`), with TLS/mTLS (features `tls-ring` / `tls-aws-lc`, plus
+//!   `tls-native-roots` / `tls-webpki-roots`), a bearer token, keepalive, lazy connect, and
+//!   retries with jittered backoff inside an overall budget ([`RetryPolicy`]).
+//! - [`run_service_server`]: the `RunService` server trait the core implements for the queue;
+//!   [`core_errors`] builds the rich errors it answers with (per-source violations, RetryInfo).
+//! - [`Error`]: every failure as one enum (`RunNotFound`, `InvalidRequest { violations }`,
+//!   `Unavailable { retry_delay }`, ...), decoded from the status details.
 //! - [`acurio::queue::v1`] and [`acurio::core::v1`]: every message, client and server generated
-//!   at build time from `protos/` (the same contract the Python service serves).
-//! - [`CallbackClient`]: what the core calls when a run has finished (`CompleteRun`).
-//! - [`run_service_server`]: the `RunService` server trait the core implements for the queue.
-//! - [`error_info`]: the `google.rpc.ErrorInfo` (reason, domain, metadata) of a failed call.
+//!   at build time from the contract (the same protos the Python service serves).
 
 mod callback;
 mod errors;
@@ -33,8 +38,10 @@ pub mod acurio {
 
 pub use acurio::core::v1::run_service_server;
 pub use acurio::queue::v1::core_callback_service_client::CoreCallbackServiceClient;
-pub use callback::CallbackClient;
-pub use errors::{ERROR_DOMAIN, error_info};
+pub use callback::{CallbackClient, CallbackClientBuilder, Completion, RetryPolicy};
+pub use errors::{ERROR_DOMAIN, Error, ErrorInfo, FieldViolation, core_errors, error_info};
 
 /// The tonic version this crate was generated against, so callers need not match it by hand.
 pub use tonic;
+/// The rich-error types (`ErrorDetails`, `StatusExt`) this crate builds and reads errors with.
+pub use tonic_types;

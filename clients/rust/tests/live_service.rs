@@ -2,55 +2,105 @@
 //! `127.0.0.1:50051`, as started by `queue-service dev`). Without `QUEUE_ADDR` every test fails:
 //! a skipped contract check must not look like a passing one.
 
-use acurio_queue_client::acurio::queue::v1::RunOutcome;
+use std::time::{Duration, Instant};
+
 use acurio_queue_client::tonic::Code;
-use acurio_queue_client::{CallbackClient, ERROR_DOMAIN, error_info};
+use acurio_queue_client::{
+    CallbackClient, Completion, ERROR_DOMAIN, Error, RetryPolicy, error_info,
+};
 use uuid::Uuid;
 
-/// Connects to the service named by `QUEUE_ADDR`, failing the test with the reason if it cannot.
-async fn callback_client() -> CallbackClient {
-    let addr = match std::env::var("QUEUE_ADDR") {
+fn queue_addr() -> String {
+    match std::env::var("QUEUE_ADDR") {
         Ok(addr) if !addr.trim().is_empty() => addr,
         _ => panic!(
             "QUEUE_ADDR is not set: these tests need a live queue service. Start one \
              (e.g. `QUEUE_LISTEN_ADDR=127.0.0.1:50051 queue-service dev`) and run \
              `QUEUE_ADDR=127.0.0.1:50051 cargo test`."
         ),
-    };
-    CallbackClient::connect(&addr)
+    }
+}
+
+/// Connects to the service named by `QUEUE_ADDR`, failing the test with the reason if it cannot.
+async fn callback_client() -> CallbackClient {
+    let addr = queue_addr();
+    CallbackClient::connect(addr.clone())
         .await
         .unwrap_or_else(|err| panic!("cannot connect to the queue at QUEUE_ADDR={addr}: {err:?}"))
 }
 
 #[tokio::test]
 async fn complete_run_for_a_never_admitted_run_is_run_not_found() {
-    let mut client = callback_client().await;
+    let client = callback_client().await;
     let run_id = Uuid::new_v4().to_string();
 
-    let status = client
-        .complete_run(&run_id, RunOutcome::Succeeded, false, "")
+    let error = client
+        .complete_run(&run_id, Completion::succeeded())
         .await
         .expect_err("CompleteRun for a run that was never admitted must fail");
 
-    assert_eq!(status.code(), Code::NotFound, "run_id={run_id}: {status:?}");
-    let (reason, domain, _metadata) =
-        error_info(&status).unwrap_or_else(|| panic!("no ErrorInfo in {status:?}"));
-    assert_eq!(reason, "RUN_NOT_FOUND", "{status:?}");
-    assert_eq!(domain, ERROR_DOMAIN, "{status:?}");
+    assert!(
+        matches!(error, Error::RunNotFound { .. }),
+        "run_id={run_id}: {error:?}"
+    );
+    assert!(!error.is_retryable());
+    let status = error.status().expect("an RPC error keeps its status");
+    assert_eq!(status.code(), Code::NotFound);
+    let info = error_info(status).unwrap_or_else(|| panic!("no ErrorInfo in {status:?}"));
+    assert_eq!(info.reason, "RUN_NOT_FOUND");
+    assert_eq!(info.domain, ERROR_DOMAIN);
+    assert_eq!(info.metadata.get("runId"), Some(&run_id));
 }
 
 #[tokio::test]
-async fn complete_run_with_a_malformed_run_id_is_invalid_request() {
-    let mut client = callback_client().await;
+async fn complete_run_with_a_malformed_run_id_is_invalid_request_with_its_violation() {
+    let client = callback_client().await;
 
-    let status = client
-        .complete_run("not-a-uuid", RunOutcome::Succeeded, false, "")
+    let error = client
+        .complete_run("not-a-uuid", Completion::failed("boom").refunded())
         .await
         .expect_err("CompleteRun with a malformed run id must fail");
 
-    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    let (reason, domain, _metadata) =
-        error_info(&status).unwrap_or_else(|| panic!("no ErrorInfo in {status:?}"));
-    assert_eq!(reason, "INVALID_REQUEST", "{status:?}");
-    assert_eq!(domain, ERROR_DOMAIN, "{status:?}");
+    match &error {
+        Error::InvalidRequest { violations, .. } => {
+            assert!(
+                violations.iter().any(|v| v.field == "run_id"),
+                "{violations:?}"
+            );
+        }
+        other => panic!("expected InvalidRequest, got {other:?}"),
+    }
+    assert_eq!(error.reason(), "INVALID_REQUEST");
+}
+
+#[tokio::test]
+async fn a_call_to_a_closed_port_is_retried_until_the_budget_and_then_unavailable() {
+    // A port nothing listens on: every attempt is refused, the budget decides.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = listener.local_addr().unwrap();
+    drop(listener);
+    let budget = Duration::from_millis(1500);
+    let client = CallbackClient::builder(closed.to_string())
+        .retry_policy(RetryPolicy {
+            max_attempts: 100,
+            budget,
+            ..RetryPolicy::default()
+        })
+        .connect_lazy()
+        .unwrap();
+    let started = Instant::now();
+    let error = client
+        .complete_run(Uuid::new_v4().to_string(), Completion::succeeded())
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(error.is_retryable(), "{error:?}");
+    assert!(
+        took >= Duration::from_millis(500),
+        "gave up after {took:?}: not retried"
+    );
+    assert!(
+        took <= budget + Duration::from_secs(2),
+        "overran the budget: {took:?}"
+    );
 }

@@ -5,6 +5,7 @@ import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-no
 import { CoreCallbackService } from "./gen/acurio/queue/v1/core_callback_service_pb.js";
 import { CreditsService } from "./gen/acurio/queue/v1/credits_service_pb.js";
 import { AnalysisQueueService } from "./gen/acurio/queue/v1/queue_service_pb.js";
+import { retryInterceptor, type RetryOptions } from "./retry.js";
 
 /** Options for {@link createQueueClients}. */
 export interface QueueClientOptions {
@@ -28,7 +29,21 @@ export interface QueueClientOptions {
   tls?: boolean | http2.SecureClientSessionOptions;
   /** Sent on every call as `authorization: Bearer <token>`. */
   bearerToken?: string;
-  /** Extra interceptors, run after the bearer-token interceptor. */
+  /**
+   * Retries of unary calls on UNAVAILABLE / ABORTED inside the call's deadline (see
+   * {@link retryInterceptor}). Default on (5 attempts); `false` turns them off.
+   */
+  retry?: RetryOptions | false;
+  /**
+   * HTTP/2 PING every this many ms on an open connection, which is closed (failing its calls
+   * and streams with UNAVAILABLE) when a PING goes unanswered for 15 s: a half-open connection
+   * never hangs a WatchJobs stream. Default 30000; `false` turns keepalive off.
+   */
+  keepaliveMs?: number | false;
+  /**
+   * Extra interceptors, run inside the retry and bearer-token interceptors (so they see every
+   * attempt).
+   */
   interceptors?: Interceptor[];
 }
 
@@ -80,13 +95,18 @@ export function createQueueClients(options: QueueClientOptions): QueueClients {
   const nodeOptions = typeof options.tls === "object" ? options.tls : {};
 
   const interceptors: Interceptor[] = [];
+  if (options.retry !== false) {
+    interceptors.push(retryInterceptor(options.retry ?? {}));
+  }
   if (options.bearerToken !== undefined && options.bearerToken !== "") {
     interceptors.push(bearerTokenInterceptor(options.bearerToken));
   }
   interceptors.push(...(options.interceptors ?? []));
 
   // Our own session manager, so close() can end the connection.
-  const sessionManager = new Http2SessionManager(baseUrl, {}, nodeOptions);
+  const keepaliveMs = options.keepaliveMs ?? 30_000;
+  const pingOptions = keepaliveMs === false ? {} : { pingIntervalMs: keepaliveMs, pingTimeoutMs: 15_000 };
+  const sessionManager = new Http2SessionManager(baseUrl, pingOptions, nodeOptions);
   const grpc = createGrpcTransport({ baseUrl, sessionManager, interceptors });
 
   const defaultTimeoutMs = options.timeoutMs;

@@ -1,9 +1,7 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 
 import { BadRequestSchema, ErrorInfoSchema } from "./gen/google/rpc/error_details_pb.js";
-
-/** The `google.rpc.ErrorInfo` domain of every error the queue service reports. */
-export const QUEUE_ERROR_DOMAIN = "queue.acurio.app";
+import { isRetryable, QUEUE_ERROR_DOMAIN, type QueueReason, retryDelayMs } from "./reasons.js";
 
 /** One `google.rpc.BadRequest` field violation. */
 export interface FieldViolation {
@@ -22,13 +20,18 @@ export interface DescribedError {
   /** The status message as the service sent it (without Connect's `[code]` prefix). */
   message: string;
   /** `ErrorInfo.reason` (for example `INSUFFICIENT_CREDITS`); empty when there is none. */
-  reason: string;
+  reason: QueueReason | "" | (string & {});
   /** `ErrorInfo.domain` (`queue.acurio.app` for the queue's own errors); empty when none. */
   domain: string;
   /** `ErrorInfo.metadata` (for example `balance` and `required`, as decimal strings). */
   metadata: Record<string, string>;
-  /** Every `BadRequest` field violation (set for `INVALID_REQUEST`). */
+  /** Every `BadRequest` field violation (set for `INVALID_REQUEST`, and for `CORE_REJECTED`
+   * when the core named the offending sources). */
   fieldViolations: FieldViolation[];
+  /** True when the same request may be sent again (see `isRetryable`). */
+  retryable: boolean;
+  /** The delay the service asked for before a retry (`google.rpc.RetryInfo`), in ms. */
+  retryDelayMs: number | undefined;
 }
 
 const CODE_NAMES: Readonly<Record<Code, string>> = {
@@ -77,6 +80,8 @@ export function describeError(err: unknown): DescribedError {
     domain: info?.domain ?? "",
     metadata: { ...(info?.metadata ?? {}) },
     fieldViolations,
+    retryable: isRetryable(error),
+    retryDelayMs: retryDelayMs(error),
   };
 }
 

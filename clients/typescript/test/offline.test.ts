@@ -124,6 +124,8 @@ describe("typed layer (in-process gRPC server, no QUEUE_ADDR needed)", () => {
         domain: QUEUE_ERROR_DOMAIN,
         metadata: { balance: "0", required: "1" },
         fieldViolations: [],
+        retryable: false,
+        retryDelayMs: undefined,
       });
       assert.equal(formatError(err), "insufficient credits: balance 0, required 1");
     } finally {

@@ -31,7 +31,55 @@ class AnalysisQueueServiceStub:
 
     Errors carry a `google.rpc.ErrorInfo` in the status details with domain `queue.acurio.app`
     and an UPPER_SNAKE_CASE `reason`; request validation errors also carry a
-    `google.rpc.BadRequest` listing every field violation.
+    `google.rpc.BadRequest` listing every field violation. Every reason, on every service of
+    this package (metadata keys in parentheses, values are strings):
+
+    Retryable: send the same request again (for Admit and GrantCredits with the same
+    idempotency key, which is what makes the retry safe). Each carries `google.rpc.RetryInfo`
+    with the delay to wait at least; back off further on repeats.
+    - UNAVAILABLE `CORE_UNAVAILABLE` (`coreCode`: the core's status code): the core did not
+    answer in time; nothing was charged or changed. RetryInfo 1 s.
+    - UNAVAILABLE `SHUTTING_DOWN`: this replica is draining; retry (or reconnect a WatchJobs
+    stream) on another replica. RetryInfo 0.1 s.
+    - UNAVAILABLE `DATABASE_UNAVAILABLE`: the database is unreachable or busy. RetryInfo 1 s.
+    - UNAVAILABLE `LOCK_TIMEOUT`: the user's queue is busy with another call. RetryInfo 0.2 s.
+    - UNAVAILABLE `REPLICA_BUSY` (`maxConcurrentCalls`): this replica had no turn for the call
+    within its deadline; retry, ideally on another replica. RetryInfo 0.1 s.
+    - UNAVAILABLE `RUN_NOT_YET_ADMITTED` (`runId`, CompleteRun only): the run's admit has not
+    committed yet. RetryInfo 0.2 s.
+    Every wait inside a call is bounded by the caller's deadline, so these arrive before it passes
+    rather than as DEADLINE_EXCEEDED.
+    - ABORTED `CONFLICT` (`constraint`, when a unique constraint decided): a concurrent change
+    won. RetryInfo 0.05 s.
+    An UNAVAILABLE status without ErrorInfo comes from the transport (connection refused or
+    reset) and is retryable the same way.
+
+    Not retryable as they are (the request or the state must change first):
+    - INVALID_ARGUMENT `INVALID_REQUEST`: BadRequest lists every offending field.
+    - INVALID_ARGUMENT `CORE_REJECTED` (`coreMessage`: the core's message): the core rejected
+    the document or a source. When the core names the offending fields (a BadRequest on its
+    CreateRun answer, e.g. `sources[2].doi`), that BadRequest is passed through as it is.
+    - FAILED_PRECONDITION `INSUFFICIENT_CREDITS` (`balance`, `required`).
+    - FAILED_PRECONDITION `IDEMPOTENCY_KEY_REUSED`: Admit: (`jobId`: the job the key admitted);
+    GrantCredits: (`grantedAmount`: the amount the key granted).
+    - NOT_FOUND `DELTA_BASE_NOT_FOUND` (`deltaOfJobId`).
+    - FAILED_PRECONDITION `DELTA_BASE_NOT_FINISHED` (`deltaOfJobId`, `baseStatus`).
+    - RESOURCE_EXHAUSTED `PROVIDER_BUDGET_EXHAUSTED` (`coreMessage`).
+    - RESOURCE_EXHAUSTED `USER_QUEUE_FULL` (`maxQueued`, `queued`).
+    - RESOURCE_EXHAUSTED `USER_DELTA_LIMIT` (`maxActiveDeltas`, `activeDeltas`).
+    - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, or
+    `maxStreamsPerUser` for the user).
+    - NOT_FOUND `JOB_NOT_FOUND` (`jobId`).
+    - FAILED_PRECONDITION `JOB_NOT_PENDING` (`jobId`, `status`: the job's status, e.g. RUNNING).
+    - FAILED_PRECONDITION `JOB_ALREADY_FINISHED` (`jobId`, `status`).
+    - NOT_FOUND `RUN_NOT_FOUND` (`runId`); FAILED_PRECONDITION `RUN_NOT_RELEASED` (`runId`).
+    - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
+    - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may
+    not call this method.
+    - INTERNAL `INTERNAL` (`traceId`): a bug; the trace id finds it in the logs.
+
+    Reasons and metadata keys are only ever added (never renamed or removed); a client must
+    treat an unknown reason by its status code.
     """
 
     def __init__(self, channel):
@@ -83,7 +131,55 @@ class AnalysisQueueServiceServicer:
 
     Errors carry a `google.rpc.ErrorInfo` in the status details with domain `queue.acurio.app`
     and an UPPER_SNAKE_CASE `reason`; request validation errors also carry a
-    `google.rpc.BadRequest` listing every field violation.
+    `google.rpc.BadRequest` listing every field violation. Every reason, on every service of
+    this package (metadata keys in parentheses, values are strings):
+
+    Retryable: send the same request again (for Admit and GrantCredits with the same
+    idempotency key, which is what makes the retry safe). Each carries `google.rpc.RetryInfo`
+    with the delay to wait at least; back off further on repeats.
+    - UNAVAILABLE `CORE_UNAVAILABLE` (`coreCode`: the core's status code): the core did not
+    answer in time; nothing was charged or changed. RetryInfo 1 s.
+    - UNAVAILABLE `SHUTTING_DOWN`: this replica is draining; retry (or reconnect a WatchJobs
+    stream) on another replica. RetryInfo 0.1 s.
+    - UNAVAILABLE `DATABASE_UNAVAILABLE`: the database is unreachable or busy. RetryInfo 1 s.
+    - UNAVAILABLE `LOCK_TIMEOUT`: the user's queue is busy with another call. RetryInfo 0.2 s.
+    - UNAVAILABLE `REPLICA_BUSY` (`maxConcurrentCalls`): this replica had no turn for the call
+    within its deadline; retry, ideally on another replica. RetryInfo 0.1 s.
+    - UNAVAILABLE `RUN_NOT_YET_ADMITTED` (`runId`, CompleteRun only): the run's admit has not
+    committed yet. RetryInfo 0.2 s.
+    Every wait inside a call is bounded by the caller's deadline, so these arrive before it passes
+    rather than as DEADLINE_EXCEEDED.
+    - ABORTED `CONFLICT` (`constraint`, when a unique constraint decided): a concurrent change
+    won. RetryInfo 0.05 s.
+    An UNAVAILABLE status without ErrorInfo comes from the transport (connection refused or
+    reset) and is retryable the same way.
+
+    Not retryable as they are (the request or the state must change first):
+    - INVALID_ARGUMENT `INVALID_REQUEST`: BadRequest lists every offending field.
+    - INVALID_ARGUMENT `CORE_REJECTED` (`coreMessage`: the core's message): the core rejected
+    the document or a source. When the core names the offending fields (a BadRequest on its
+    CreateRun answer, e.g. `sources[2].doi`), that BadRequest is passed through as it is.
+    - FAILED_PRECONDITION `INSUFFICIENT_CREDITS` (`balance`, `required`).
+    - FAILED_PRECONDITION `IDEMPOTENCY_KEY_REUSED`: Admit: (`jobId`: the job the key admitted);
+    GrantCredits: (`grantedAmount`: the amount the key granted).
+    - NOT_FOUND `DELTA_BASE_NOT_FOUND` (`deltaOfJobId`).
+    - FAILED_PRECONDITION `DELTA_BASE_NOT_FINISHED` (`deltaOfJobId`, `baseStatus`).
+    - RESOURCE_EXHAUSTED `PROVIDER_BUDGET_EXHAUSTED` (`coreMessage`).
+    - RESOURCE_EXHAUSTED `USER_QUEUE_FULL` (`maxQueued`, `queued`).
+    - RESOURCE_EXHAUSTED `USER_DELTA_LIMIT` (`maxActiveDeltas`, `activeDeltas`).
+    - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, or
+    `maxStreamsPerUser` for the user).
+    - NOT_FOUND `JOB_NOT_FOUND` (`jobId`).
+    - FAILED_PRECONDITION `JOB_NOT_PENDING` (`jobId`, `status`: the job's status, e.g. RUNNING).
+    - FAILED_PRECONDITION `JOB_ALREADY_FINISHED` (`jobId`, `status`).
+    - NOT_FOUND `RUN_NOT_FOUND` (`runId`); FAILED_PRECONDITION `RUN_NOT_RELEASED` (`runId`).
+    - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
+    - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may
+    not call this method.
+    - INTERNAL `INTERNAL` (`traceId`): a bug; the trace id finds it in the logs.
+
+    Reasons and metadata keys are only ever added (never renamed or removed); a client must
+    treat an unknown reason by its status code.
     """
 
     def Admit(self, request, context):
@@ -97,7 +193,8 @@ class AnalysisQueueServiceServicer:
 
         Errors (reason in ErrorInfo):
         - INVALID_ARGUMENT `INVALID_REQUEST`: malformed request; BadRequest lists the fields.
-        - INVALID_ARGUMENT `CORE_REJECTED`: the core rejected the document or a source.
+        - INVALID_ARGUMENT `CORE_REJECTED`: the core rejected the document or a source (with the
+        core's BadRequest, when it sent one).
         - FAILED_PRECONDITION `INSUFFICIENT_CREDITS`: metadata `balance` and `required`.
         - FAILED_PRECONDITION `IDEMPOTENCY_KEY_REUSED`: the key was used with another payload.
         - NOT_FOUND `DELTA_BASE_NOT_FOUND`: the delta base is unknown or another user's.
@@ -109,10 +206,10 @@ class AnalysisQueueServiceServicer:
         (default 4) delta re-checks running (metadata `maxActiveDeltas`, `activeDeltas`); added
         in v1, additive.
         - UNAVAILABLE `CORE_UNAVAILABLE`: the core did not answer within the admit deadline.
-        - UNAVAILABLE `DATABASE_UNAVAILABLE` / `LOCK_TIMEOUT`: the database or the user's queue lock
-        did not answer in time. Every wait inside the call is bounded by the caller's deadline, so
-        these arrive before it passes rather than as DEADLINE_EXCEEDED.
-        - ABORTED `CONFLICT`: a concurrent change won; retry with the same key.
+        - UNAVAILABLE `SHUTTING_DOWN`, `REPLICA_BUSY`, `DATABASE_UNAVAILABLE`, `LOCK_TIMEOUT`; ABORTED
+        `CONFLICT`: transient; retry with the same key (see the service comment). Every wait inside
+        the call is bounded by the caller's deadline, so these arrive before it passes rather than
+        as DEADLINE_EXCEEDED.
         Any error leaves no job, no charge and no live held run.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -180,7 +277,9 @@ class AnalysisQueueServiceServicer:
         changed during the gap, ended ones included, so the last message for each job always equals
         what GetJob returns. A client may treat a resync batch as a fresh snapshot of the active jobs.
         Errors: INVALID_ARGUMENT `INVALID_REQUEST`; RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` when the
-        user or this replica has too many open streams; UNAVAILABLE when the replica drains.
+        user or this replica has too many open streams; UNAVAILABLE `SHUTTING_DOWN` when the
+        replica drains (the stream ends with it: reconnect, and treat the new snapshot as the
+        whole truth).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -238,7 +337,55 @@ class AnalysisQueueService:
 
     Errors carry a `google.rpc.ErrorInfo` in the status details with domain `queue.acurio.app`
     and an UPPER_SNAKE_CASE `reason`; request validation errors also carry a
-    `google.rpc.BadRequest` listing every field violation.
+    `google.rpc.BadRequest` listing every field violation. Every reason, on every service of
+    this package (metadata keys in parentheses, values are strings):
+
+    Retryable: send the same request again (for Admit and GrantCredits with the same
+    idempotency key, which is what makes the retry safe). Each carries `google.rpc.RetryInfo`
+    with the delay to wait at least; back off further on repeats.
+    - UNAVAILABLE `CORE_UNAVAILABLE` (`coreCode`: the core's status code): the core did not
+    answer in time; nothing was charged or changed. RetryInfo 1 s.
+    - UNAVAILABLE `SHUTTING_DOWN`: this replica is draining; retry (or reconnect a WatchJobs
+    stream) on another replica. RetryInfo 0.1 s.
+    - UNAVAILABLE `DATABASE_UNAVAILABLE`: the database is unreachable or busy. RetryInfo 1 s.
+    - UNAVAILABLE `LOCK_TIMEOUT`: the user's queue is busy with another call. RetryInfo 0.2 s.
+    - UNAVAILABLE `REPLICA_BUSY` (`maxConcurrentCalls`): this replica had no turn for the call
+    within its deadline; retry, ideally on another replica. RetryInfo 0.1 s.
+    - UNAVAILABLE `RUN_NOT_YET_ADMITTED` (`runId`, CompleteRun only): the run's admit has not
+    committed yet. RetryInfo 0.2 s.
+    Every wait inside a call is bounded by the caller's deadline, so these arrive before it passes
+    rather than as DEADLINE_EXCEEDED.
+    - ABORTED `CONFLICT` (`constraint`, when a unique constraint decided): a concurrent change
+    won. RetryInfo 0.05 s.
+    An UNAVAILABLE status without ErrorInfo comes from the transport (connection refused or
+    reset) and is retryable the same way.
+
+    Not retryable as they are (the request or the state must change first):
+    - INVALID_ARGUMENT `INVALID_REQUEST`: BadRequest lists every offending field.
+    - INVALID_ARGUMENT `CORE_REJECTED` (`coreMessage`: the core's message): the core rejected
+    the document or a source. When the core names the offending fields (a BadRequest on its
+    CreateRun answer, e.g. `sources[2].doi`), that BadRequest is passed through as it is.
+    - FAILED_PRECONDITION `INSUFFICIENT_CREDITS` (`balance`, `required`).
+    - FAILED_PRECONDITION `IDEMPOTENCY_KEY_REUSED`: Admit: (`jobId`: the job the key admitted);
+    GrantCredits: (`grantedAmount`: the amount the key granted).
+    - NOT_FOUND `DELTA_BASE_NOT_FOUND` (`deltaOfJobId`).
+    - FAILED_PRECONDITION `DELTA_BASE_NOT_FINISHED` (`deltaOfJobId`, `baseStatus`).
+    - RESOURCE_EXHAUSTED `PROVIDER_BUDGET_EXHAUSTED` (`coreMessage`).
+    - RESOURCE_EXHAUSTED `USER_QUEUE_FULL` (`maxQueued`, `queued`).
+    - RESOURCE_EXHAUSTED `USER_DELTA_LIMIT` (`maxActiveDeltas`, `activeDeltas`).
+    - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, or
+    `maxStreamsPerUser` for the user).
+    - NOT_FOUND `JOB_NOT_FOUND` (`jobId`).
+    - FAILED_PRECONDITION `JOB_NOT_PENDING` (`jobId`, `status`: the job's status, e.g. RUNNING).
+    - FAILED_PRECONDITION `JOB_ALREADY_FINISHED` (`jobId`, `status`).
+    - NOT_FOUND `RUN_NOT_FOUND` (`runId`); FAILED_PRECONDITION `RUN_NOT_RELEASED` (`runId`).
+    - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
+    - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may
+    not call this method.
+    - INTERNAL `INTERNAL` (`traceId`): a bug; the trace id finds it in the logs.
+
+    Reasons and metadata keys are only ever added (never renamed or removed); a client must
+    treat an unknown reason by its status code.
     """
 
     @staticmethod

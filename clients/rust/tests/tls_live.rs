@@ -1,0 +1,58 @@
+//! TLS against a LIVE TLS-enabled queue: `QUEUE_TLS_ADDR` (host:port) and `QUEUE_TLS_CA_FILE`
+//! (its CA, PEM). Built without a TLS feature it checks the refusal of `https://`; built with
+//! `--features tls-ring` it checks a verified TLS connection (and that plaintext gets nowhere).
+
+use acurio_queue_client::{CallbackClient, Error};
+#[cfg(feature = "_tls")]
+use {
+    acurio_queue_client::{Completion, RetryPolicy},
+    uuid::Uuid,
+};
+
+#[tokio::test]
+async fn an_https_address_without_tls_is_refused_and_with_tls_reaches_a_tls_service() {
+    // CI sets QUEUE_TLS_ADDR (a TLS-enabled `queue-service dev`) and QUEUE_TLS_CA_FILE.
+    let tls_addr = std::env::var("QUEUE_TLS_ADDR")
+        .expect("QUEUE_TLS_ADDR (host:port of a TLS-enabled queue) is not set");
+    let ca_file = std::env::var("QUEUE_TLS_CA_FILE")
+        .expect("QUEUE_TLS_CA_FILE (PEM CA of that queue) is not set");
+    let https = format!("https://{tls_addr}");
+
+    #[cfg(not(feature = "_tls"))]
+    {
+        let _ = ca_file;
+        let error = CallbackClient::builder(&https).connect_lazy().unwrap_err();
+        assert!(matches!(error, Error::TlsNotEnabled { .. }), "{error:?}");
+    }
+    #[cfg(feature = "_tls")]
+    {
+        let ca = std::fs::read(&ca_file).unwrap_or_else(|e| panic!("{ca_file}: {e}"));
+        let client = CallbackClient::builder(&https)
+            .ca_certificate_pem(ca)
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("TLS connect to {https}: {e:?}"));
+        let error = client
+            .complete_run(Uuid::new_v4().to_string(), Completion::succeeded())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::RunNotFound { .. }),
+            "over TLS: {error:?}"
+        );
+        // Plaintext to a TLS listener gets no answer from the service, only a transport error
+        // (which one varies: a refused handshake, a broken pipe).
+        let plain = CallbackClient::builder(&tls_addr)
+            .retry_policy(RetryPolicy::none())
+            .connect_lazy()
+            .unwrap();
+        let error = plain
+            .complete_run(Uuid::new_v4().to_string(), Completion::succeeded())
+            .await
+            .unwrap_err();
+        assert!(
+            error.reason().is_empty(),
+            "plaintext to TLS got a service answer: {error:?}"
+        );
+    }
+}
