@@ -326,11 +326,26 @@ def test_compose_replicas_reach_their_dependencies_and_probe_grpc_health() -> No
         endpoint = compose_env(service).get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
         assert re.fullmatch(rf"https?://{re.escape(collector)}:{port_of(collector_grpc)}/?", endpoint), endpoint
         probe = service.get("healthcheck", {}).get("test")
-        assert isinstance(probe, list) and probe[0] == "CMD" and "grpc-health-probe" in probe[1], f"{name}: {probe}"
-        assert f"-addr=127.0.0.1:{port_of(config.listen_addr)}" in probe, f"{name} probes {probe}, listens on {config.listen_addr}"
+        assert isinstance(probe, list) and probe[:3] == ["CMD", "queue-service", "probe"], f"{name}: {probe}"
+        probed = option(probe[2:], "--addr", config.listen_addr)
+        assert port_of(probed) == port_of(config.listen_addr), f"{name} probes {probe}, listens on {config.listen_addr}"
         grace = seconds(service.get("stop_grace_period", "10s"))
         assert grace > shutdown_budget(config), f"{name}: stop_grace_period {grace}s <= drain budget {shutdown_budget(config)}s"
         assert service.get("stop_signal", "SIGTERM") == "SIGTERM"
+
+
+def test_the_image_builds_from_the_local_debian_base_and_checks_its_own_health() -> None:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    bases = re.findall(r"^FROM\s+(\S+)", text, re.MULTILINE)
+    # No registry image: every stage starts from the base deploy/build-image makes with mmdebstrap.
+    assert bases and set(bases) == {"${BASE_IMAGE}"}, bases
+    assert re.search(r"^ARG BASE_IMAGE=acurio-queue-base:bookworm$", text, re.MULTILINE)
+    final = re.split(r"^FROM\s", text, flags=re.MULTILINE)[-1]
+    healthcheck = re.search(r"^HEALTHCHECK\s.*CMD\s+(\[.*\])\s*$", final, re.MULTILINE)
+    assert healthcheck, "the final stage needs a HEALTHCHECK"
+    check_argv(json.loads(healthcheck.group(1)), "Dockerfile HEALTHCHECK")
+    assert json.loads(healthcheck.group(1))[:2] == ["queue-service", "probe"]
+    assert dockerfile()["uid"] != 0
 
 
 def test_unauthenticated_compose_replicas_publish_on_loopback_only() -> None:
