@@ -57,7 +57,10 @@ def yaml_documents() -> dict[Path, list[Any]]:
 
 @cache
 def compose() -> dict[str, Any]:
-    return yaml_documents()[COMPOSE][0]
+    """The compose file as compose reads it with no variables set: `${NAME:-default}` and
+    `${NAME-default}` become their defaults."""
+    text = re.sub(r"\$\{\w+:?-([^}]*)\}", r"\1", COMPOSE.read_text())
+    return yaml.safe_load(text)
 
 
 @cache
@@ -201,6 +204,8 @@ def built_images() -> frozenset[str]:
             continue
         context = (DEPLOY / (build if isinstance(build, str) else build.get("context", "."))).resolve()
         dockerfile_path = context / (build.get("dockerfile", "Dockerfile") if isinstance(build, dict) else "Dockerfile")
+        if dockerfile_path == ROOT / "deploy" / "postgres" / "Dockerfile":
+            continue  # the PostgreSQL image, not the service's
         assert dockerfile_path == ROOT / "Dockerfile", f"compose service {name} builds {dockerfile_path}, not the repo's Dockerfile"
         images.add(service.get("image", name))
     return frozenset(images)
@@ -208,7 +213,7 @@ def built_images() -> frozenset[str]:
 
 def compose_queue_services() -> dict[str, dict[str, Any]]:
     """Services that run the repository's image, keyed by name."""
-    return {n: s for n, s in compose()["services"].items() if "build" in s or s.get("image") in built_images()}
+    return {n: s for n, s in compose()["services"].items() if s.get("image") in built_images()}
 
 
 def compose_argv(name: str, service: dict[str, Any]) -> list[str]:
@@ -284,13 +289,14 @@ def test_the_cli_parser_is_read_for_real() -> None:
 def test_compose_runs_postgres_migrate_two_replicas_the_core_and_a_collector() -> None:
     services = compose()["services"]
     images = {n: str(s.get("image", "")) for n, s in services.items()}
-    assert any(i.startswith("postgres:17") for i in images.values()), "PostgreSQL 17"
+    assert images.get("postgres") == "acurio-queue-postgres:15", "PostgreSQL from Debian's package (deploy/postgres)"
+    assert services["postgres"]["build"]["context"] == "postgres" and (COMPOSE.parent / "postgres" / "Dockerfile").exists()
     assert any(i.startswith("otel/opentelemetry-collector") for i in images.values()), "an OTel collector"
     assert len(compose_by_subcommand("migrate")) == 1
     assert len(compose_by_subcommand("serve")) >= 2
     assert len(compose_by_subcommand("core")) == 1
     for name, service in services.items():
-        assert name in compose_queue_services() or not images[name].startswith("acurio"), name
+        assert name in compose_queue_services() or not images[name].startswith("acurio-queue-service"), name
 
 
 def test_every_compose_queue_container_runs_a_real_subcommand_with_known_settings() -> None:
@@ -310,7 +316,7 @@ def test_compose_replicas_reach_their_dependencies_and_probe_grpc_health() -> No
     (migrate_name,) = compose_by_subcommand("migrate")
     ((core_name, core),) = compose_by_subcommand("core").items()
     core_listen = option(compose_argv(core_name, core), "--listen", "127.0.0.1:50061")
-    postgres = next(n for n, s in services.items() if str(s.get("image", "")).startswith("postgres:"))
+    postgres = next(n for n, s in services.items() if str(s.get("image", "")).startswith("acurio-queue-postgres:"))
     collector = next(n for n, s in services.items() if str(s.get("image", "")).startswith("otel/opentelemetry-collector"))
     collector_grpc = yaml_documents()[COLLECTOR][0]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"]
     for name, service in compose_by_subcommand("serve").items():

@@ -13,9 +13,9 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
   printf 'host all all 0.0.0.0/0 scram-sha-256\nhost all all ::/0 scram-sha-256\n' >>"$PGDATA/pg_hba.conf"
   database=${POSTGRES_DB:-$user}
   if [ "$database" != postgres ]; then
-    pg_ctl -D "$PGDATA" -o "-c listen_addresses='' -k /tmp" -w start >/dev/null
-    psql -v ON_ERROR_STOP=1 -h /tmp -U "$user" -d postgres -qc "CREATE DATABASE \"$database\""
+    pg_ctl -D "$PGDATA" -o "-c listen_addresses='' -k /var/run/postgresql" -w start >/dev/null
+    psql -v ON_ERROR_STOP=1 -h /var/run/postgresql -U "$user" -d postgres -qc "CREATE DATABASE \"$database\""
     pg_ctl -D "$PGDATA" -w stop >/dev/null
   fi
 fi
-exec postgres -D "$PGDATA" -c listen_addresses='*' -k /tmp "$@"
+exec postgres -D "$PGDATA" -c listen_addresses='*' -k /var/run/postgresql "$@"
