@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -76,8 +77,13 @@ def explain_start_failure(exc: BaseException, database_url: str = "") -> Startup
             EXIT_DATABASE_UNREACHABLE,
             f"cannot reach the database{where}: {_first_line(cause)}; check DATABASE_URL and that PostgreSQL is running",
         )
-    if isinstance(exc, RuntimeError) and "Failed to bind" in str(exc):
-        return StartupFailure(EXIT_ALREADY_RUNNING, f"{_first_line(exc)}: another program listens there; stop it or set QUEUE_LISTEN_ADDR")
+    bind = re.match(r"Failed to bind to address (\S+?);", str(exc)) if isinstance(exc, RuntimeError) else None
+    if bind:
+        return StartupFailure(
+            EXIT_ALREADY_RUNNING,
+            f"cannot listen on {bind.group(1)}: another program listens there; stop it or choose another address "
+            "(QUEUE_LISTEN_ADDR; `core --listen`)",
+        )
     return None
 
 
@@ -192,7 +198,10 @@ def cmd_core(args: argparse.Namespace) -> int:
         core.fail_releases = args.fail_releases
         core.drop_callbacks = args.drop_callbacks
         core.slow_seconds = args.slow_seconds
-        port = await core.start(args.listen)
+        try:
+            port = await core.start(args.listen)
+        except RuntimeError as exc:
+            raise explain_start_failure(exc) or exc from None
         print(f"dev core listening on port {port}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -480,7 +489,7 @@ def cmd_hash_token(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="on a failed start, print the traceback too")
-    parser = argparse.ArgumentParser(prog="queue-service", description=__doc__, parents=[common])
+    parser = argparse.ArgumentParser(prog="queue-service", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", parents=[common], help="run the gRPC service against DATABASE_URL and QUEUE_CORE_ADDR").set_defaults(func=cmd_serve)
     sub.add_parser("migrate", parents=[common], help="apply pending migrations to DATABASE_URL").set_defaults(func=cmd_migrate)

@@ -258,6 +258,9 @@ def test_a_taken_listen_address_is_one_line_and_debug_adds_the_traceback(databas
         completed = run_cli("serve", env=env)
         assert completed.returncode == cli.EXIT_ALREADY_RUNNING
         assert f"127.0.0.1:{port} is in use" in one_line(completed)
+        core = run_cli("core", "--listen", f"127.0.0.1:{port}", env=_env())
+        assert core.returncode == cli.EXIT_ALREADY_RUNNING and "Traceback" not in core.stderr
+        assert core.stderr.strip().splitlines()[-1].startswith(f"queue-service core: cannot listen on 127.0.0.1:{port}")
     unreachable = _env(DATABASE_URL=f"postgresql://queue@127.0.0.1:{_closed_port()}/queue", QUEUE_CORE_ADDR="127.0.0.1:1")
     debug = run_cli("serve", "--debug", env=unreachable)
     assert debug.returncode == cli.EXIT_DATABASE_UNREACHABLE
