@@ -20,9 +20,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from queue_service.config import Config, ConfigError, DevConfig, redact_dsn
+
+if TYPE_CHECKING:
+    from queue_service.dev_core import DevCore
 
 log = logging.getLogger("queue_service")
 
@@ -249,7 +252,18 @@ def cmd_dev(args: argparse.Namespace) -> int:
         return _run_dev(args, base, dev, state_dir, claim, callback_token, auth_file, started)
 
 
-def _run_dev(args, base, dev, state_dir, claim, callback_token, auth_file, started) -> int:  # type: ignore[no-untyped-def]
+def _run_dev(
+    args: argparse.Namespace,
+    base: Config,
+    dev: DevConfig,
+    state_dir: Path,
+    claim: _StateClaim,
+    callback_token: str,
+    auth_file: Path | None,
+    started: float,
+) -> int:
+    """Starts the embedded PostgreSQL (unless DATABASE_URL), the dev core (unless QUEUE_CORE_ADDR)
+    and the service, all checks passed; stops them again on SIGTERM or Ctrl-C."""
     from queue_service.dev_core import DevCore
 
     database_url = base.database_url
@@ -315,7 +329,7 @@ def _run_dev(args, base, dev, state_dir, claim, callback_token, auth_file, start
     return 0
 
 
-async def _save_runs_periodically(core, path: Path) -> None:  # type: ignore[no-untyped-def]
+async def _save_runs_periodically(core: DevCore, path: Path) -> None:
     while True:
         await asyncio.sleep(1.0)
         try:
