@@ -35,7 +35,7 @@ ENV PATH=/opt/venv/bin:$PATH \
 USER 10001:10001
 EXPOSE 50051
 # The probe reads QUEUE_LISTEN_ADDR (a wildcard host is checked on 127.0.0.1).
-HEALTHCHECK --interval=5s --timeout=3s --start-period=30s --retries=3 CMD ["queue-service", "probe"]
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 CMD ["queue-service", "probe"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["queue-service"]
 CMD ["serve"]
