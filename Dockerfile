@@ -1,30 +1,41 @@
-# syntax=docker/dockerfile:1
-# The Acurio analysis queue: `queue-service serve` as a non-root user, with a gRPC health probe.
+# The Acurio analysis queue: `queue-service serve` as a non-root user, health-checked by
+# `queue-service probe` (grpc.health.v1, so no separate probe binary).
+#
+# The base is Debian bookworm made from Debian's own packages (python3, python3-venv,
+# ca-certificates) with mmdebstrap and `docker import`: no registry image is needed.
+# `deploy/build-image` makes the base when it is missing, then builds, runs and checks this image.
+# No init process: `queue-service` handles SIGTERM itself as PID 1 and starts no children.
+ARG BASE_IMAGE=acurio-queue-base:bookworm
 
-FROM python:3.11-slim AS build
+FROM ${BASE_IMAGE} AS build
+# PEM certificates the build machine needs to reach the package index (a TLS-inspecting proxy);
+# used by this stage only, never part of the final image.
+ARG EXTRA_CA_PEM=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY queue_service ./queue_service
-RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install --upgrade pip \
- && /opt/venv/bin/pip install .
+RUN if [ -n "$EXTRA_CA_PEM" ]; then \
+      cat /etc/ssl/certs/ca-certificates.crt > /tmp/ca.pem && printf '%s\n' "$EXTRA_CA_PEM" >> /tmp/ca.pem \
+      && export PIP_CERT=/tmp/ca.pem; \
+    fi \
+ && python3 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --quiet . \
+ && rm -f /tmp/ca.pem
 
-FROM golang:1.24-bookworm AS probe
-RUN CGO_ENABLED=0 go install github.com/grpc-ecosystem/grpc-health-probe@v0.4.39
-
-FROM python:3.11-slim
-RUN groupadd --system --gid 10001 queue && useradd --system --uid 10001 --gid queue --no-create-home queue
+FROM ${BASE_IMAGE}
+RUN echo 'queue:x:10001:10001:acurio queue:/nonexistent:/usr/sbin/nologin' >> /etc/passwd \
+ && echo 'queue:x:10001:' >> /etc/group
 COPY --from=build /opt/venv /opt/venv
-COPY --from=probe /go/bin/grpc-health-probe /usr/local/bin/grpc-health-probe
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
     QUEUE_LISTEN_ADDR=0.0.0.0:50051 \
     QUEUE_LOG_FORMAT=json
 USER 10001:10001
 EXPOSE 50051
-HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
-  CMD ["grpc-health-probe", "-addr=127.0.0.1:50051"]
+# The probe reads QUEUE_LISTEN_ADDR (a wildcard host is checked on 127.0.0.1).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 CMD ["queue-service", "probe"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["queue-service"]
 CMD ["serve"]

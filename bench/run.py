@@ -26,6 +26,7 @@ from typing import Any
 
 from bench import dbsetup, explain, report
 from bench.context import FULL, QUICK, Context
+from bench.ghz import GHZ
 from bench.procs import REPO_ROOT, Database
 from bench.protoset import write_protoset
 from bench.scenarios import admit, history, promotion, sweeper, watch
@@ -46,7 +47,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-durable", dest="durable", action="store_false",
                         help="PostgreSQL with fsync/synchronous_commit off (default: durable, as in production)")
     parser.add_argument("--only", nargs="+", choices=SCENARIOS, help="run only these scenarios (development aid)")
-    parser.add_argument("--keep-workdir", action="store_true", help="keep the temp folder (database, logs, core event files)")
+    parser.add_argument("--keep-workdir", action="store_true", help="keep the temp folder (database, logs, core event files); removed otherwise, also after a failure")
     return parser.parse_args(argv)
 
 
@@ -122,6 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     explain_path = args.explain_out or RESULTS / ("quick-explain.txt" if args.quick else "explain.txt")
     explain_path.parent.mkdir(parents=True, exist_ok=True)
     selected = tuple(args.only or SCENARIOS)
+    if not os.access(GHZ, os.X_OK):  # checked before anything starts
+        print(
+            "bench.run: ghz is not installed (looked on PATH and in ~/go/bin); install the version CI runs: "
+            "go install github.com/bojand/ghz/cmd/ghz@v0.120.0",
+            file=sys.stderr,
+        )
+        return 2
     workdir = Path(tempfile.mkdtemp(prefix="acurio-bench-"))
     started = time.monotonic()
     db = Database(workdir, durable=args.durable)
@@ -135,10 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         succeeded = True
     finally:
         db.stop()
-        if succeeded and not args.keep_workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
+        if args.keep_workdir:
             print(f"logs and data kept in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+            if not succeeded:
+                print("the run failed; run again with --keep-workdir to keep its logs and data", file=sys.stderr)
     document = {
         "meta": {
             "size": "quick" if args.quick else "full",

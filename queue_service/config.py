@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -74,6 +75,38 @@ def _parse_text(raw: str) -> str:
     return raw.strip()
 
 
+def _parse_dsn(raw: str) -> str:
+    """A libpq connection string or URI, checked for syntax only (reachability is a start-up check)."""
+    from psycopg import conninfo
+
+    value = raw.strip()
+    if value:
+        try:
+            params = conninfo.conninfo_to_dict(value)
+        except Exception as exc:  # psycopg.ProgrammingError: libpq's own words on what is wrong
+            raise ValueError(f"not a PostgreSQL connection string ({str(exc).strip()}), expected e.g. postgresql://user:password@host:5432/dbname") from None
+        ports = str(params.get("port") or "5432").split(",")
+        if not all(port.strip().isdigit() for port in ports):
+            raise ValueError(f"port {params.get('port')!r} is not a number")
+    return value
+
+
+def _parse_optional_port(raw: str) -> int:
+    return _parse_int(1, 65535)(raw) if raw.strip() else 0
+
+
+def _parse_required_text(raw: str) -> str:
+    if not raw.strip():
+        raise ValueError("expected a non-empty value")
+    return raw.strip()
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN with its password replaced by ***, for messages and logs."""
+    dsn = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+    return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", dsn)
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
     env: str
@@ -84,8 +117,8 @@ class Setting:
 
 # The order here is the order of the README's configuration table.
 SETTINGS: dict[str, Setting] = {
-    "database_url": Setting("DATABASE_URL", "", _parse_text, "PostgreSQL DSN; unset: `dev` starts an embedded PostgreSQL"),
-    "listen_database_url": Setting("QUEUE_LISTEN_DATABASE_URL", "", _parse_text, "DSN for the LISTEN connection when DATABASE_URL goes through a transaction-mode pooler; default DATABASE_URL"),
+    "database_url": Setting("DATABASE_URL", "", _parse_dsn, "PostgreSQL DSN; unset: `dev` starts an embedded PostgreSQL"),
+    "listen_database_url": Setting("QUEUE_LISTEN_DATABASE_URL", "", _parse_dsn, "DSN for the LISTEN connection when DATABASE_URL goes through a transaction-mode pooler; default DATABASE_URL"),
     "listen_addr": Setting("QUEUE_LISTEN_ADDR", "127.0.0.1:50051", _parse_host_port, "host:port to serve gRPC on"),
     "core_addr": Setting("QUEUE_CORE_ADDR", "", _parse_optional_host_port, "host:port of the core's RunService; `dev` starts the dev core"),
     "max_active_per_user": Setting("QUEUE_MAX_ACTIVE_PER_USER", "1", _parse_int(1, 1000), "first-pass slots per user (the user_queue_limits table may raise it)"),
@@ -123,6 +156,43 @@ SETTINGS: dict[str, Setting] = {
     "core_tls_cert_file": Setting("QUEUE_CORE_TLS_CERT_FILE", "", _parse_text, "PEM client certificate for the core (mutual TLS)"),
     "core_tls_key_file": Setting("QUEUE_CORE_TLS_KEY_FILE", "", _parse_text, "PEM client key for the core"),
 }
+
+
+# Settings only `queue-service dev` reads (the README lists them under its own heading).
+DEV_SETTINGS: dict[str, Setting] = {
+    "state_dir": Setting("QUEUE_STATE_DIR", ".state", _parse_required_text, "folder of the embedded PostgreSQL's data and the dev core's runs"),
+    "pg_port": Setting("QUEUE_DEV_PG_PORT", "", _parse_optional_port, "port of the embedded PostgreSQL; unset: 54329, or a free port when that is taken"),
+    "core_judging_seconds": Setting("QUEUE_DEV_CORE_JUDGING_SECONDS", "5", _parse_float(0.0, 86400), "how long the dev core judges a run"),
+    "core_callback_token": Setting("QUEUE_DEV_CORE_CALLBACK_TOKEN", "", _parse_text, "bearer token the dev core sends with CompleteRun when QUEUE_AUTH_FILE is set; unset: `dev` makes one"),
+}
+
+
+def _parse_settings(settings: Mapping[str, Setting], environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for field, setting in settings.items():
+        raw = environ.get(setting.env, setting.default)
+        try:
+            values[field] = setting.parse(raw)
+        except ValueError as exc:
+            shown = redact_dsn(raw) if setting.parse is _parse_dsn else raw
+            problems.append(f"{setting.env}={shown!r}: {exc}")
+    return values, problems
+
+
+@dataclasses.dataclass(frozen=True)
+class DevConfig:
+    state_dir: str
+    pg_port: int
+    core_judging_seconds: float
+    core_callback_token: str
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DevConfig:
+        values, problems = _parse_settings(DEV_SETTINGS, os.environ if environ is None else environ)
+        if problems:
+            raise ConfigError("invalid configuration: " + "; ".join(problems))
+        return cls(**values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,15 +239,7 @@ class Config:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         """Reads every setting; collects all bad values into one ConfigError."""
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        problems: list[str] = []
-        for field, setting in SETTINGS.items():
-            raw = environ.get(setting.env, setting.default)
-            try:
-                values[field] = setting.parse(raw)
-            except ValueError as exc:
-                problems.append(f"{setting.env}={raw!r}: {exc}")
+        values, problems = _parse_settings(SETTINGS, os.environ if environ is None else environ)
         if not problems and values["pool_min_size"] > values["pool_max_size"]:
             problems.append("QUEUE_DB_POOL_MIN_SIZE must not exceed QUEUE_DB_POOL_MAX_SIZE")
         for first, second in (("tls_cert_file", "tls_key_file"), ("core_tls_cert_file", "core_tls_key_file")):
@@ -204,6 +266,10 @@ class Config:
         missing = [s.env for f, s in SETTINGS.items() if f in ("database_url", "core_addr") and not getattr(self, f)]
         if missing:
             raise ConfigError(f"invalid configuration: {', '.join(missing)} must be set for `serve` (or use `queue-service dev`)")
+        self.require_safe_listener()
+
+    def require_safe_listener(self) -> None:
+        """A listener other machines can reach must authenticate its callers."""
         if not self.auth_file and not self.allow_unauthenticated and not self.listens_on_loopback:
             raise ConfigError(
                 f"invalid configuration: QUEUE_LISTEN_ADDR={self.listen_addr} is not a loopback address, so callers must be "

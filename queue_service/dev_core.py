@@ -36,6 +36,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
+from os import PathLike
 from typing import Any
 
 import grpc
@@ -386,3 +387,51 @@ class DevCore(pb_grpc.RunServiceServicer):
             await asyncio.sleep(pause)
         log.warning("CompleteRun for %s never got through; the queue's sweeper reconciles it", run.run_id)
         return None
+
+    # -- remembering runs across restarts (`queue-service dev`) ----------------------------------
+
+    def save_runs(self, path: str | PathLike[str]) -> None:
+        """Writes (atomically) every run the queue may still ask about: all but finished runs
+        whose completion the queue has acknowledged."""
+        import os as _os
+
+        delivered = {run_id for run_id, _ in self.completion_log}
+        runs = [
+            {"run_id": r.run_id, "user_id": r.user_id, "document_uri": r.document_uri, "state": r.state, "message": r.message, "first_pass": r.first_pass}
+            for r in self.runs.values()
+            if not (r.state in _FINISHED and r.run_id in delivered)
+        ]
+        temporary = f"{_os.fspath(path)}.tmp"
+        with open(temporary, "w") as out:
+            json.dump(runs, out)
+        _os.replace(temporary, path)
+
+    def load_runs(self, path: str | PathLike[str]) -> int:
+        """Restores runs saved by `save_runs` (none when the file is missing); returns how many.
+
+        Held runs stay held (their jobs can still be released). A run that was judging judges
+        again from the start, and a succeeded or failed run whose completion was never
+        acknowledged is judged and reported again (CompleteRun is idempotent), so the user's
+        queue moves on as soon as the core is back. Restored judging runs start judging at
+        `start_judging()`: call it once the queue can take their completions.
+        """
+        try:
+            with open(path) as saved:
+                entries = json.load(saved)
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            state = entry["state"]
+            if state in (pb.RUN_STATE_SUCCEEDED, pb.RUN_STATE_FAILED):
+                state = pb.RUN_STATE_JUDGING
+            run = DevRun(
+                run_id=entry["run_id"],
+                user_id=entry["user_id"],
+                document_uri=entry["document_uri"],
+                state=state,
+                created_at=time.monotonic(),
+                message=entry.get("message", ""),
+                first_pass=entry.get("first_pass", True),
+            )
+            self.runs[run.run_id] = run
+        return len(entries)

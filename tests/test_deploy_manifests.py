@@ -57,7 +57,10 @@ def yaml_documents() -> dict[Path, list[Any]]:
 
 @cache
 def compose() -> dict[str, Any]:
-    return yaml_documents()[COMPOSE][0]
+    """The compose file as compose reads it with no variables set: `${NAME:-default}` and
+    `${NAME-default}` become their defaults."""
+    text = re.sub(r"\$\{\w+:?-([^}]*)\}", r"\1", COMPOSE.read_text())
+    return yaml.safe_load(text)
 
 
 @cache
@@ -201,6 +204,8 @@ def built_images() -> frozenset[str]:
             continue
         context = (DEPLOY / (build if isinstance(build, str) else build.get("context", "."))).resolve()
         dockerfile_path = context / (build.get("dockerfile", "Dockerfile") if isinstance(build, dict) else "Dockerfile")
+        if dockerfile_path == ROOT / "deploy" / "postgres" / "Dockerfile":
+            continue  # the PostgreSQL image, not the service's
         assert dockerfile_path == ROOT / "Dockerfile", f"compose service {name} builds {dockerfile_path}, not the repo's Dockerfile"
         images.add(service.get("image", name))
     return frozenset(images)
@@ -208,7 +213,7 @@ def built_images() -> frozenset[str]:
 
 def compose_queue_services() -> dict[str, dict[str, Any]]:
     """Services that run the repository's image, keyed by name."""
-    return {n: s for n, s in compose()["services"].items() if "build" in s or s.get("image") in built_images()}
+    return {n: s for n, s in compose()["services"].items() if s.get("image") in built_images()}
 
 
 def compose_argv(name: str, service: dict[str, Any]) -> list[str]:
@@ -284,13 +289,14 @@ def test_the_cli_parser_is_read_for_real() -> None:
 def test_compose_runs_postgres_migrate_two_replicas_the_core_and_a_collector() -> None:
     services = compose()["services"]
     images = {n: str(s.get("image", "")) for n, s in services.items()}
-    assert any(i.startswith("postgres:17") for i in images.values()), "PostgreSQL 17"
+    assert images.get("postgres") == "acurio-queue-postgres:15", "PostgreSQL from Debian's package (deploy/postgres)"
+    assert services["postgres"]["build"]["context"] == "postgres" and (COMPOSE.parent / "postgres" / "Dockerfile").exists()
     assert any(i.startswith("otel/opentelemetry-collector") for i in images.values()), "an OTel collector"
     assert len(compose_by_subcommand("migrate")) == 1
     assert len(compose_by_subcommand("serve")) >= 2
     assert len(compose_by_subcommand("core")) == 1
     for name, service in services.items():
-        assert name in compose_queue_services() or not images[name].startswith("acurio"), name
+        assert name in compose_queue_services() or not images[name].startswith("acurio-queue-service"), name
 
 
 def test_every_compose_queue_container_runs_a_real_subcommand_with_known_settings() -> None:
@@ -310,7 +316,7 @@ def test_compose_replicas_reach_their_dependencies_and_probe_grpc_health() -> No
     (migrate_name,) = compose_by_subcommand("migrate")
     ((core_name, core),) = compose_by_subcommand("core").items()
     core_listen = option(compose_argv(core_name, core), "--listen", "127.0.0.1:50061")
-    postgres = next(n for n, s in services.items() if str(s.get("image", "")).startswith("postgres:"))
+    postgres = next(n for n, s in services.items() if str(s.get("image", "")).startswith("acurio-queue-postgres:"))
     collector = next(n for n, s in services.items() if str(s.get("image", "")).startswith("otel/opentelemetry-collector"))
     collector_grpc = yaml_documents()[COLLECTOR][0]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"]
     for name, service in compose_by_subcommand("serve").items():
@@ -326,11 +332,26 @@ def test_compose_replicas_reach_their_dependencies_and_probe_grpc_health() -> No
         endpoint = compose_env(service).get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
         assert re.fullmatch(rf"https?://{re.escape(collector)}:{port_of(collector_grpc)}/?", endpoint), endpoint
         probe = service.get("healthcheck", {}).get("test")
-        assert isinstance(probe, list) and probe[0] == "CMD" and "grpc-health-probe" in probe[1], f"{name}: {probe}"
-        assert f"-addr=127.0.0.1:{port_of(config.listen_addr)}" in probe, f"{name} probes {probe}, listens on {config.listen_addr}"
+        assert isinstance(probe, list) and probe[:3] == ["CMD", "queue-service", "probe"], f"{name}: {probe}"
+        probed = option(probe[2:], "--addr", config.listen_addr)
+        assert port_of(probed) == port_of(config.listen_addr), f"{name} probes {probe}, listens on {config.listen_addr}"
         grace = seconds(service.get("stop_grace_period", "10s"))
         assert grace > shutdown_budget(config), f"{name}: stop_grace_period {grace}s <= drain budget {shutdown_budget(config)}s"
         assert service.get("stop_signal", "SIGTERM") == "SIGTERM"
+
+
+def test_the_image_builds_from_the_local_debian_base_and_checks_its_own_health() -> None:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    bases = re.findall(r"^FROM\s+(\S+)", text, re.MULTILINE)
+    # No registry image: every stage starts from the base deploy/build-image makes with mmdebstrap.
+    assert bases and set(bases) == {"${BASE_IMAGE}"}, bases
+    assert re.search(r"^ARG BASE_IMAGE=acurio-queue-base:bookworm$", text, re.MULTILINE)
+    final = re.split(r"^FROM\s", text, flags=re.MULTILINE)[-1]
+    healthcheck = re.search(r"^HEALTHCHECK\s.*CMD\s+(\[.*\])\s*$", final, re.MULTILINE)
+    assert healthcheck, "the final stage needs a HEALTHCHECK"
+    check_argv(json.loads(healthcheck.group(1)), "Dockerfile HEALTHCHECK")
+    assert json.loads(healthcheck.group(1))[:2] == ["queue-service", "probe"]
+    assert dockerfile()["uid"] != 0
 
 
 def test_unauthenticated_compose_replicas_publish_on_loopback_only() -> None:
