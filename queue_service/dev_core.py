@@ -115,6 +115,9 @@ class DevCore(pb_grpc.RunServiceServicer):
         self.fail_releases = False
         self.refuse_releases = False
         self.drop_callbacks = False
+        # A judging run asked to cancel ends FAILED (no refund), reported by CompleteRun before
+        # the CancelRun answer: a core that treats cancels as failures.
+        self.fail_canceled_runs = False
         # Per method (CreateRun, ReleaseRun, CancelRun, GetRun): applied-but-unanswered and late calls.
         self.answer_faults: dict[str, AnswerFault] = {}
         self.faults_injected: collections.Counter[str] = collections.Counter()
@@ -215,10 +218,15 @@ class DevCore(pb_grpc.RunServiceServicer):
             except _Refusal as refusal:
                 await context.abort(refusal.code, refusal.message)
             return response
-        response = await self._answer(apply, request, metadata, context)
+        try:
+            response, refusal = apply(request, metadata), None
+        except _Refusal as refused:
+            response, refusal = None, refused
         if fault.kind == "lose":
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"dev core: {method} was applied, its answer lost")
         await asyncio.sleep(fault.seconds)  # "late": applied now, answered after the caller's deadline
+        if refusal is not None:
+            await context.abort(refusal.code, refusal.message)
         return response
 
     @staticmethod
@@ -243,6 +251,10 @@ class DevCore(pb_grpc.RunServiceServicer):
         return await self._serve("ReleaseRun", self._release_run, request, context)
 
     async def CancelRun(self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext) -> pb.CancelRunResponse:
+        run = self.runs.get(request.run_id)
+        if self.fail_canceled_runs and run is not None and run.state == pb.RUN_STATE_JUDGING:
+            # Like a core that ends a run it is asked to cancel as failed, reporting that first.
+            await self.finish(run.run_id, succeeded=False, refund_credit=False, message="canceled at the core")
         return await self._serve("CancelRun", self._cancel_run, request, context)
 
     async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.GetRunResponse:

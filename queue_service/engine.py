@@ -486,10 +486,22 @@ class QueueEngine:
                     f"the core did not cancel run {job.run_id} (it is {report.fate.value}); retry",
                     metadata={"coreCode": "OK", "runState": report.fate.value.upper()},
                 )
-            await self.end_job(job_id=job_id, user_id=user_id, ending=ending, from_statuses=ACTIVE, trigger="cancel")
+            ended = await self.end_job(job_id=job_id, user_id=user_id, ending=ending, from_statuses=ACTIVE, trigger="cancel")
+            if ended is None and report.fate is not RunFate.SUCCEEDED:
+                # A completion won the race: the core may have reported the run it canceled for
+                # us as FAILED without a refund. A job the user canceled is never charged.
+                await self._refund_if_failed(job_id, user_id)
             # Ended by us or meanwhile (a completion, or a release that met the canceled run):
             # the next pass reports what it is now.
         raise errors.Conflict(f"job {job_id} kept changing during the cancel; retry", metadata={"jobId": str(job_id)})
+
+    async def _refund_if_failed(self, job_id: uuid.UUID, user_id: str) -> None:
+        async with with_user_queue_lock(self.pool, user_id) as conn:
+            job = await repo.job_by_id(conn, job_id=job_id)
+            refunded = await repo.refund_job_charge(conn, job_id=job_id) if job is not None and job.status == "failed" else 0
+        if refunded:
+            telemetry.metrics.refunds.add(refunded, {"cause": "cancel"})
+            log.info("refunded a job the core failed while the user canceled it", extra={"job_id": job_id, "user_id": user_id})
 
     async def give_up_release(self, job_id: uuid.UUID, user_id: str, reason: str, *, expected_attempts: int) -> bool:
         """Fails and refunds a pending job whose release did not succeed in its window (fenced by
