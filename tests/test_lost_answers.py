@@ -263,7 +263,7 @@ def _last_per_job(messages, into):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.skipif(shutil.which("faketime") is None, reason="needs Debian's faketime (CI installs it)")
-async def test_a_replica_whose_clock_runs_ahead_does_not_spin(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_a_replica_whose_clock_runs_ahead_does_not_spin(services, database_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Defect 7: the dispatcher waits for the next due release in the database's clock. A replica
     whose own clock runs 30 s ahead sleeps like any other, instead of claiming in a busy loop."""
     core = await services.core()
@@ -279,7 +279,7 @@ async def test_a_replica_whose_clock_runs_ahead_does_not_spin(services, database
         "QUEUE_LOG_LEVEL": "warning",
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
     }
-    log_path = os.path.join(REPO_ROOT, ".pytest-faketime-replica.log") if False else f"/tmp/faketime-replica-{port}.log"
+    log_path = str(tmp_path / "replica.log")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             ["faketime", "-f", "+30s", sys.executable, "-m", "queue_service.cli", "serve"], env=env, cwd=REPO_ROOT, stdout=log, stderr=log
