@@ -139,7 +139,10 @@ def cmd_dev(args: argparse.Namespace) -> int:
         core: DevCore | None = None
         core_addr = base.core_addr
         if not core_addr:
-            core = DevCore(judging_seconds=float(os.environ.get("QUEUE_DEV_CORE_JUDGING_SECONDS", "5")))
+            core = DevCore(
+                judging_seconds=float(os.environ.get("QUEUE_DEV_CORE_JUDGING_SECONDS", "5")),
+                callback_token=os.environ.get("QUEUE_DEV_CORE_CALLBACK_TOKEN", ""),
+            )
             core_port = await core.start("127.0.0.1:0")
             core_addr = f"127.0.0.1:{core_port}"
             log.info("dev core on %s (judging %.1fs)", core_addr, core.judging_seconds)
@@ -148,6 +151,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
             core_addr=core_addr,
             log_format=base.log_format,
             sweep_interval_seconds=base.sweep_interval_seconds,
+            http_addr=base.http_addr or _dev_http_addr(),
         )
 
         def announce(app) -> None:  # type: ignore[no-untyped-def]
@@ -156,6 +160,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
             if core is not None:
                 core.set_callback_addr(address)
             print(_banner(address, time.monotonic() - started), flush=True)
+            if app.http_port:
+                http_host = config.http_addr.rpartition(":")[0]
+                print(f"Web console: http://{http_host}:{app.http_port}/\n", flush=True)
 
         try:
             await _serve_until_signal(config, on_serving=announce)
@@ -179,6 +186,13 @@ def _dev_pg_port() -> int:
     if configured:
         return int(configured)
     return 54329 if port_is_free(54329) else free_port()
+
+
+def _dev_http_addr() -> str:
+    """The console's address for `dev`: 127.0.0.1:8080, or any free port when it is taken."""
+    from queue_service.embedded_db import free_port, port_is_free
+
+    return f"127.0.0.1:{8080 if port_is_free(8080) else free_port()}"
 
 
 def _banner(address: str, seconds: float) -> str:
