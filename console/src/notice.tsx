@@ -1,7 +1,7 @@
 // One line at the top of the page for the outcome of an action: what went wrong (with the
 // ErrorInfo reason, e.g. PERMISSION_DENIED) or what was done.
 import { createContext, type ComponentChildren } from "preact";
-import { useContext, useState } from "preact/hooks";
+import { useContext, useEffect, useState } from "preact/hooks";
 
 import { describeError } from "./api.js";
 
@@ -17,6 +17,12 @@ const NoticeContext = createContext<{ notice: NoticeState | null; set: (n: Notic
 
 export function NoticeProvider({ children }: { children: ComponentChildren }) {
   const [notice, set] = useState<NoticeState | null>(null);
+  // A notice belongs to the page it was raised on.
+  useEffect(() => {
+    const clear = () => set(null);
+    window.addEventListener("hashchange", clear);
+    return () => window.removeEventListener("hashchange", clear);
+  }, []);
   return <NoticeContext.Provider value={{ notice, set }}>{children}</NoticeContext.Provider>;
 }
 
