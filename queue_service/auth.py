@@ -1,8 +1,8 @@
 """Who may call what: bearer tokens or client-certificate names, mapped to roles.
 
 Roles follow the callers we have: the web backend (`web`) uses AnalysisQueueService, the core
-(`core`) only CoreCallbackService, operators (`operator`) CreditsService, the tooling RPCs
-(Promote, Release) and the read RPCs. Health stays open to everyone (load balancers and
+(`core`) only CoreCallbackService, operators (`operator`) CreditsService, OperatorService, the
+tooling RPCs (Promote, Release), the read RPCs and CancelJob (the console cancels any user's job). Health stays open to everyone (load balancers and
 probes); reflection needs any authenticated caller when authentication is on.
 
 The auth file (QUEUE_AUTH_FILE) is JSON; tokens are stored as SHA-256 hex digests, never in
