@@ -289,7 +289,9 @@ SELECT COALESCE((SELECT balance FROM credit_accounts WHERE user_id = %(user_id)s
 
 -- name: operator_overview
 -- The operator's overview: active jobs from the partial indexes over the rows in flight, ended
--- jobs and admits within the window from the time indexes (migration 0003).
+-- jobs and admits within the window from the time indexes (migration 0003). `now()`, not
+-- clock_timestamp(): a volatile bound cannot be an index condition (the statement runs alone in
+-- its transaction, so both are the same instant).
 SELECT (SELECT count(*) FROM analysis_jobs WHERE status = 'queued') AS queued,
        (SELECT count(*) FROM analysis_jobs WHERE status = 'pending') AS pending,
        (SELECT count(*) FROM analysis_jobs WHERE status = 'running') AS running,
@@ -299,15 +301,19 @@ SELECT (SELECT count(*) FROM analysis_jobs WHERE status = 'queued') AS queued,
          WHERE status = 'pending' AND release_attempts > 0 AND last_error <> '') AS releases_retrying,
        (SELECT count(*) FROM analysis_jobs
          WHERE status = 'running'
-           AND start_time < clock_timestamp() - make_interval(secs => %(reconcile_after_seconds)s)) AS runs_reconciling,
+           AND start_time < now() - make_interval(secs => %(reconcile_after_seconds)s)) AS runs_reconciling,
        ended.succeeded_in_window, ended.failed_in_window, ended.canceled_in_window,
        clock_timestamp() AS read_time
   FROM (SELECT count(*) FILTER (WHERE status = 'succeeded') AS succeeded_in_window,
                count(*) FILTER (WHERE status = 'failed') AS failed_in_window,
                count(*) FILTER (WHERE status = 'canceled') AS canceled_in_window
-          FROM analysis_jobs
-         WHERE end_time IS NOT NULL
-           AND end_time >= clock_timestamp() - make_interval(mins => %(window_minutes)s)) AS ended;
+          FROM (SELECT status FROM analysis_jobs
+                 WHERE end_time IS NOT NULL
+                   AND end_time >= now() - make_interval(mins => %(window_minutes)s)
+                 -- The order and the cap keep a prepared (generic) plan on the end_time index
+                 -- whatever the window; a window with more ended jobs counts its newest 100000.
+                 ORDER BY end_time DESC
+                 LIMIT 100000) AS recent) AS ended;
 
 -- name: admits_per_minute
 -- Admits per minute over the window, oldest minute first, empty minutes included.
@@ -362,7 +368,8 @@ SELECT * FROM analysis_job_views
 -- status index of 0003: only the rows in flight are read).
 SELECT job_id, user_id
   FROM analysis_jobs
- WHERE status = ANY(%(statuses)s::text[])
+ WHERE status IN ('queued', 'pending', 'running')  -- lets a prepared (generic) plan see how few rows that is
+   AND status = ANY(%(statuses)s::text[])
    AND (%(user_id)s::text = '' OR user_id = %(user_id)s::text)
    AND create_time >= COALESCE(%(created_after)s::timestamptz, '-infinity')
    AND create_time < COALESCE(%(created_before)s::timestamptz, 'infinity')

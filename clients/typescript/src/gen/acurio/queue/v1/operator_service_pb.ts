@@ -135,7 +135,8 @@ export type Overview = Message<"acurio.queue.v1.Overview"> & {
   running: bigint;
 
   /**
-   * Jobs that ended SUCCEEDED within the window.
+   * Jobs that ended SUCCEEDED within the window. The three `*_in_window` figures count the
+   * window's newest 100000 ended jobs at most.
    *
    * @generated from field: int64 succeeded_in_window = 4;
    */
