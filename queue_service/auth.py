@@ -1,8 +1,8 @@
 """Who may call what: bearer tokens or client-certificate names, mapped to roles.
 
 Roles follow the callers we have: the web backend (`web`) uses AnalysisQueueService, the core
-(`core`) only CoreCallbackService, operators (`operator`) CreditsService, the tooling RPCs
-(Promote, Release) and the read RPCs. Health stays open to everyone (load balancers and
+(`core`) only CoreCallbackService, operators (`operator`) CreditsService, OperatorService, the
+tooling RPCs (Promote, Release), the read RPCs and CancelJob (the console cancels any user's job). Health stays open to everyone (load balancers and
 probes); reflection needs any authenticated caller when authentication is on.
 
 The auth file (QUEUE_AUTH_FILE) is JSON; tokens are stored as SHA-256 hex digests, never in
@@ -26,6 +26,7 @@ from queue_service import errors
 _QUEUE = "/acurio.queue.v1.AnalysisQueueService/"
 _CALLBACK = "/acurio.queue.v1.CoreCallbackService/"
 _CREDITS = "/acurio.queue.v1.CreditsService/"
+_OPERATOR = "/acurio.queue.v1.OperatorService/"
 
 ROLE_METHODS: dict[str, frozenset[str]] = {
     "web": frozenset(_QUEUE + m for m in ("Admit", "ListJobs", "GetJob", "CancelJob", "WatchJobs")),
@@ -33,6 +34,9 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
     "operator": frozenset(
         [_CREDITS + "GrantCredits", _CREDITS + "GetBalance"]
         + [_QUEUE + m for m in ("Promote", "Release", "ListJobs", "GetJob", "WatchJobs")]
+        # The web console's operator view: its RPCs, and cancel (single and bulk) on any user's job.
+        + [_OPERATOR + m for m in ("GetOverview", "SearchJobs", "WatchOverview", "CancelJobs")]
+        + [_QUEUE + "CancelJob"]
     ),
 }
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)

@@ -302,6 +302,7 @@ def _run_dev(
             log_format=base.log_format,
             sweep_interval_seconds=base.sweep_interval_seconds,
             auth_file=str(auth_file) if auth_file is not None else base.auth_file,
+            http_addr=base.http_addr or _dev_http_addr(),
         )
 
         def announce(app) -> None:  # type: ignore[no-untyped-def]
@@ -311,6 +312,9 @@ def _run_dev(
                 core.start_judging()  # the restored runs that were judging
             claim.update(listen=address)
             print(_banner(address, time.monotonic() - started, config), flush=True)
+            if app.http_port:
+                http_host = _reachable(config.http_addr).rpartition(":")[0]
+                print(f"Web console: http://{http_host}:{app.http_port}/\n", flush=True)
 
         try:
             await _serve_until_signal(config, on_serving=announce)
@@ -430,6 +434,13 @@ def _dev_pg_port(dev: DevConfig) -> int:
     if dev.pg_port:
         return dev.pg_port
     return 54329 if port_is_free(54329) else free_port()
+
+
+def _dev_http_addr() -> str:
+    """The console's address for `dev`: 127.0.0.1:8080, or any free port when it is taken."""
+    from queue_service.embedded_db import free_port, port_is_free
+
+    return f"127.0.0.1:{8080 if port_is_free(8080) else free_port()}"
 
 
 def _reachable(listen_addr: str) -> str:

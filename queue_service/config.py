@@ -120,6 +120,7 @@ SETTINGS: dict[str, Setting] = {
     "database_url": Setting("DATABASE_URL", "", _parse_dsn, "PostgreSQL DSN; unset: `dev` starts an embedded PostgreSQL"),
     "listen_database_url": Setting("QUEUE_LISTEN_DATABASE_URL", "", _parse_dsn, "DSN for the LISTEN connection when DATABASE_URL goes through a transaction-mode pooler; default DATABASE_URL"),
     "listen_addr": Setting("QUEUE_LISTEN_ADDR", "127.0.0.1:50051", _parse_host_port, "host:port to serve gRPC on"),
+    "http_addr": Setting("QUEUE_HTTP_ADDR", "", _parse_optional_host_port, "host:port to serve the web console and the Connect/gRPC-Web endpoint on; empty: none (`dev`: 127.0.0.1:8080)"),
     "core_addr": Setting("QUEUE_CORE_ADDR", "", _parse_optional_host_port, "host:port of the core's RunService; `dev` starts the dev core"),
     "max_active_per_user": Setting("QUEUE_MAX_ACTIVE_PER_USER", "1", _parse_int(1, 1000), "first-pass slots per user (the user_queue_limits table may raise it)"),
     "max_queued_per_user": Setting("QUEUE_MAX_QUEUED_PER_USER", "100", _parse_int(1, 100_000), "queued jobs per user before USER_QUEUE_FULL"),
@@ -200,6 +201,7 @@ class Config:
     database_url: str
     listen_database_url: str
     listen_addr: str
+    http_addr: str
     core_addr: str
     max_active_per_user: int
     max_queued_per_user: int
@@ -275,3 +277,13 @@ class Config:
                 f"invalid configuration: QUEUE_LISTEN_ADDR={self.listen_addr} is not a loopback address, so callers must be "
                 "authenticated: set QUEUE_AUTH_FILE (or QUEUE_ALLOW_UNAUTHENTICATED=true behind a trusted proxy)"
             )
+        if self.http_addr and not self.auth_file and not self.allow_unauthenticated and not _is_loopback(self.http_addr):
+            raise ConfigError(
+                f"invalid configuration: QUEUE_HTTP_ADDR={self.http_addr} is not a loopback address, so callers must be "
+                "authenticated: set QUEUE_AUTH_FILE (or QUEUE_ALLOW_UNAUTHENTICATED=true behind a trusted proxy)"
+            )
+
+
+def _is_loopback(addr: str) -> bool:
+    host = addr.rpartition(":")[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")

@@ -27,6 +27,12 @@ log = logging.getLogger(__name__)
 
 
 def status_for(error: QueueError) -> grpc.Status:
+    return rpc_status.to_status(status_proto_for(error))
+
+
+def status_proto_for(error: QueueError) -> status_pb2.Status:
+    """The google.rpc.Status of a domain error: its code, message, ErrorInfo and BadRequest
+    (shared by gRPC and the browser endpoint, so both carry the same details)."""
     details = []
     info = error_details_pb2.ErrorInfo(reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata)
     details.append(info)
@@ -48,18 +54,22 @@ def status_for(error: QueueError) -> grpc.Status:
         holder = any_pb2.Any()
         holder.Pack(detail)
         packed.append(holder)
-    proto = status_pb2.Status(code=error.code.value[0], message=error.message, details=packed)
-    return rpc_status.to_status(proto)
+    return status_pb2.Status(code=error.code.value[0], message=error.message, details=packed)
 
 
 def _internal_status(method: str) -> grpc.Status:
+    return rpc_status.to_status(internal_status_proto(method))
+
+
+def internal_status_proto(method: str) -> status_pb2.Status:
+    """INTERNAL for an unexpected exception (call from its `except`): logged with the trace id,
+    which the caller gets too, and nothing else of the exception."""
     trace_id = format(trace.get_current_span().get_span_context().trace_id, "032x")
     log.exception("unexpected error in %s", method, extra={"trace_id": trace_id})
     info = error_details_pb2.ErrorInfo(reason="INTERNAL", domain=ERROR_DOMAIN, metadata={"traceId": trace_id})
     holder = any_pb2.Any()
     holder.Pack(info)
-    proto = status_pb2.Status(code=code_pb2.INTERNAL, message=f"internal error (trace {trace_id})", details=[holder])
-    return rpc_status.to_status(proto)
+    return status_pb2.Status(code=code_pb2.INTERNAL, message=f"internal error (trace {trace_id})", details=[holder])
 
 
 Authorize = Callable[[str, grpc.aio.ServicerContext], Awaitable[None]]

@@ -411,3 +411,64 @@ async def balance_of_user(conn: AsyncConnection, *, user_id: str) -> int:
     row = await _one(conn, "balance_of_user", {"user_id": user_id})
     assert row is not None
     return int(row["balance"])
+
+
+async def operator_overview(conn: AsyncConnection, *, window_minutes: int, reconcile_after_seconds: float) -> dict[str, Any]:
+    row = await _one(
+        conn,
+        "operator_overview",
+        {"window_minutes": window_minutes, "reconcile_after_seconds": float(reconcile_after_seconds)},
+    )
+    assert row is not None
+    return row
+
+
+async def admits_per_minute(conn: AsyncConnection, *, window_minutes: int) -> list[int]:
+    rows = await _all(conn, "admits_per_minute", {"window_minutes": window_minutes})
+    return [int(r["admits"]) for r in rows]
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSearch:
+    """A job search across users; `upper_*` is the keyset position to continue below."""
+
+    user_id: str
+    statuses: list[str]
+    created_after: dt.datetime | None
+    upper_time: dt.datetime | None
+    upper_job_id: uuid.UUID | None
+    has_error: bool
+
+
+async def search_job_views(conn: AsyncConnection, search: JobSearch, *, limit: int) -> list[dict[str, Any]]:
+    """Picks the query shape whose index fits the filter: one user, one status, or all."""
+    params: dict[str, Any] = {**dataclasses.asdict(search), "limit": limit}
+    if search.user_id:
+        return await _all(conn, "search_job_views_of_user", params)
+    if len(search.statuses) == 1:
+        return await _all(conn, "search_job_views_in_status", {**params, "status": search.statuses[0]})
+    return await _all(conn, "search_job_views", params)
+
+
+async def active_jobs_matching(
+    conn: AsyncConnection,
+    *,
+    statuses: list[str],
+    user_id: str,
+    created_after: dt.datetime | None,
+    created_before: dt.datetime | None,
+    has_error: bool,
+    limit: int,
+) -> list[dict[str, Any]]:
+    return await _all(
+        conn,
+        "active_jobs_matching",
+        {
+            "statuses": statuses,
+            "user_id": user_id,
+            "created_after": created_after,
+            "created_before": created_before,
+            "has_error": has_error,
+            "limit": limit,
+        },
+    )

@@ -22,6 +22,8 @@ from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2_grpc,
     credits_service_pb2,
     credits_service_pb2_grpc,
+    operator_service_pb2,
+    operator_service_pb2_grpc,
     queue_service_pb2,
     queue_service_pb2_grpc,
 )
@@ -34,6 +36,7 @@ from queue_service.dispatcher import ReleaseDispatcher
 from queue_service.engine import QueueEngine
 from queue_service.error_interceptor import CallGate, ErrorInterceptor
 from queue_service.notifications import NotificationHub
+from queue_service.operator_servicer import OperatorServicer
 from queue_service.servicers import (
     AnalysisQueueServicer,
     CoreCallbackServicer,
@@ -41,6 +44,7 @@ from queue_service.servicers import (
 )
 from queue_service.sweeper import Sweeper
 from queue_service.views import JobViews
+from queue_service.web import WebEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,7 @@ SERVICE_NAMES = (
     queue_service_pb2.DESCRIPTOR.services_by_name["AnalysisQueueService"].full_name,
     core_callback_service_pb2.DESCRIPTOR.services_by_name["CoreCallbackService"].full_name,
     credits_service_pb2.DESCRIPTOR.services_by_name["CreditsService"].full_name,
+    operator_service_pb2.DESCRIPTOR.services_by_name["OperatorService"].full_name,
 )
 
 # How often health re-checks the database.
@@ -97,12 +102,21 @@ class QueueApp:
         self.health = health.aio.HealthServicer()
         self.gate = CallGate(max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds)
         self._interceptors = [ErrorInterceptor(authorizer.authorize if authorizer else None, self.gate)]
+        # One instance of each servicer, shared by gRPC and the browser endpoint (QUEUE_HTTP_ADDR).
+        self.servicers = {
+            "AnalysisQueueService": AnalysisQueueServicer(self.engine, self.views, self.hub, self.draining),
+            "CoreCallbackService": CoreCallbackServicer(self.engine, self.views),
+            "CreditsService": CreditsServicer(self.engine),
+            "OperatorService": OperatorServicer(self.engine, self.views, self.draining),
+        }
+        self.web = WebEndpoint(self.servicers, authorizer, self.gate, config) if config.http_addr else None
         self._server_credentials = auth.server_credentials(
             config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
         )
         self.server: grpc.aio.Server | None = None
         self._health_watch: asyncio.Task[None] | None = None
         self.port = 0
+        self.http_port = 0
 
     async def start(self) -> int:
         if self.config.migrate_on_start:
@@ -119,13 +133,10 @@ class QueueApp:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        queue_service_pb2_grpc.add_AnalysisQueueServiceServicer_to_server(
-            AnalysisQueueServicer(self.engine, self.views, self.hub, self.draining), server
-        )
-        core_callback_service_pb2_grpc.add_CoreCallbackServiceServicer_to_server(
-            CoreCallbackServicer(self.engine, self.views), server
-        )
-        credits_service_pb2_grpc.add_CreditsServiceServicer_to_server(CreditsServicer(self.engine), server)
+        queue_service_pb2_grpc.add_AnalysisQueueServiceServicer_to_server(self.servicers["AnalysisQueueService"], server)
+        core_callback_service_pb2_grpc.add_CoreCallbackServiceServicer_to_server(self.servicers["CoreCallbackService"], server)
+        credits_service_pb2_grpc.add_CreditsServiceServicer_to_server(self.servicers["CreditsService"], server)
+        operator_service_pb2_grpc.add_OperatorServiceServicer_to_server(self.servicers["OperatorService"], server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if self.config.reflection:
             reflection.enable_server_reflection(
@@ -143,6 +154,8 @@ class QueueApp:
         self.dispatcher.start()
         self.sweeper.start()
         await server.start()
+        if self.web is not None:
+            self.http_port = await self.web.start()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self._health_watch = asyncio.create_task(self._watch_database(), name="health-watch")
         log.info("serving on %s (port %d)", self.config.listen_addr, self.port)
@@ -194,6 +207,8 @@ class QueueApp:
             await asyncio.sleep(min(_QUIET_SECONDS, max(0.0, grace - (time.monotonic() - started))))
         if self.server is not None:
             await self.server.stop(max(0.0, grace - (time.monotonic() - started)))
+        if self.web is not None:
+            await self.web.stop()
         await self.sweeper.stop()
         await self.dispatcher.stop()
         await self.engine.stop()

@@ -407,3 +407,93 @@ SELECT amount FROM credit_ledger
 -- name: balance_of_user
 -- A user's balance (0 without an account).
 SELECT COALESCE((SELECT balance FROM credit_accounts WHERE user_id = %(user_id)s), 0) AS balance;
+
+-- name: operator_overview
+-- The operator's overview: active jobs from the partial indexes over the rows in flight, ended
+-- jobs and admits within the window from the time indexes (migration 0003). `now()`, not
+-- clock_timestamp(): a volatile bound cannot be an index condition (the statement runs alone in
+-- its transaction, so both are the same instant).
+SELECT (SELECT count(*) FROM analysis_jobs WHERE status = 'queued') AS queued,
+       (SELECT count(*) FROM analysis_jobs WHERE status = 'pending') AS pending,
+       (SELECT count(*) FROM analysis_jobs WHERE status = 'running') AS running,
+       (SELECT count(DISTINCT user_id) FROM analysis_jobs WHERE status = 'queued') AS users_waiting,
+       (SELECT min(create_time) FROM analysis_jobs WHERE status = 'queued') AS oldest_queued_create_time,
+       (SELECT count(*) FROM analysis_jobs
+         WHERE status = 'pending' AND release_attempts > 0 AND last_error <> '') AS releases_retrying,
+       (SELECT count(*) FROM analysis_jobs
+         WHERE status = 'running'
+           AND start_time < now() - make_interval(secs => %(reconcile_after_seconds)s)) AS runs_reconciling,
+       ended.succeeded_in_window, ended.failed_in_window, ended.canceled_in_window,
+       clock_timestamp() AS read_time
+  FROM (SELECT count(*) FILTER (WHERE status = 'succeeded') AS succeeded_in_window,
+               count(*) FILTER (WHERE status = 'failed') AS failed_in_window,
+               count(*) FILTER (WHERE status = 'canceled') AS canceled_in_window
+          FROM (SELECT status FROM analysis_jobs
+                 WHERE end_time IS NOT NULL
+                   AND end_time >= now() - make_interval(mins => %(window_minutes)s)
+                 -- The order and the cap keep a prepared (generic) plan on the end_time index
+                 -- whatever the window; a window with more ended jobs counts its newest 100000.
+                 ORDER BY end_time DESC
+                 LIMIT 100000) AS recent) AS ended;
+
+-- name: admits_per_minute
+-- Admits per minute over the window, oldest minute first, empty minutes included.
+SELECT count(j.job_id) AS admits
+  FROM generate_series(date_trunc('minute', clock_timestamp()) - make_interval(mins => %(window_minutes)s - 1),
+                       date_trunc('minute', clock_timestamp()),
+                       interval '1 minute') AS minute
+  LEFT JOIN analysis_jobs j
+         ON j.create_time >= minute AND j.create_time < minute + interval '1 minute'
+ GROUP BY minute
+ ORDER BY minute;
+
+-- name: search_job_views_of_user
+-- One page of the operator's job search within one user, newest admitted first. The upper
+-- bound is the page token's keyset position or `created_before`, whichever is lower, so the
+-- walk over the user index (migration 0003) starts right there; one query shape per index keeps
+-- the plan index-driven when the statement is prepared.
+SELECT * FROM analysis_job_views
+ WHERE user_id = %(user_id)s
+   AND (cardinality(%(statuses)s::text[]) = 0 OR status = ANY(%(statuses)s::text[]))
+   AND (create_time, job_id) < (COALESCE(%(upper_time)s::timestamptz, 'infinity'),
+                                COALESCE(%(upper_job_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+   AND create_time >= COALESCE(%(created_after)s::timestamptz, '-infinity')
+   AND (NOT %(has_error)s OR last_error <> '')
+ ORDER BY create_time DESC, job_id DESC
+ LIMIT %(limit)s;
+
+-- name: search_job_views_in_status
+-- One page of the job search within one status across users (the status index of 0003).
+SELECT * FROM analysis_job_views
+ WHERE status = %(status)s
+   AND (create_time, job_id) < (COALESCE(%(upper_time)s::timestamptz, 'infinity'),
+                                COALESCE(%(upper_job_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+   AND create_time >= COALESCE(%(created_after)s::timestamptz, '-infinity')
+   AND (NOT %(has_error)s OR last_error <> '')
+ ORDER BY create_time DESC, job_id DESC
+ LIMIT %(limit)s;
+
+-- name: search_job_views
+-- One page of the job search across users and statuses (the admit-time index of 0003).
+SELECT * FROM analysis_job_views
+ WHERE (cardinality(%(statuses)s::text[]) = 0 OR status = ANY(%(statuses)s::text[]))
+   AND (create_time, job_id) < (COALESCE(%(upper_time)s::timestamptz, 'infinity'),
+                                COALESCE(%(upper_job_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+   AND create_time >= COALESCE(%(created_after)s::timestamptz, '-infinity')
+   AND (NOT %(has_error)s OR last_error <> '')
+ ORDER BY create_time DESC, job_id DESC
+ LIMIT %(limit)s;
+
+-- name: active_jobs_matching
+-- The QUEUED, PENDING and RUNNING jobs a bulk cancel would touch, oldest admitted first (the
+-- status index of 0003: only the rows in flight are read).
+SELECT job_id, user_id
+  FROM analysis_jobs
+ WHERE status IN ('queued', 'pending', 'running')  -- lets a prepared (generic) plan see how few rows that is
+   AND status = ANY(%(statuses)s::text[])
+   AND (%(user_id)s::text = '' OR user_id = %(user_id)s::text)
+   AND create_time >= COALESCE(%(created_after)s::timestamptz, '-infinity')
+   AND create_time < COALESCE(%(created_before)s::timestamptz, 'infinity')
+   AND (NOT %(has_error)s OR last_error <> '')
+ ORDER BY create_time, job_id
+ LIMIT %(limit)s;

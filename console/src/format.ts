@@ -1,0 +1,33 @@
+import { JobStatus } from "./gen/acurio/queue/v1/job_pb.js";
+
+export const STATUS_LABELS: Record<JobStatus, string> = {
+  [JobStatus.UNSPECIFIED]: "unspecified",
+  [JobStatus.QUEUED]: "queued",
+  [JobStatus.PENDING]: "pending",
+  [JobStatus.RUNNING]: "running",
+  [JobStatus.SUCCEEDED]: "succeeded",
+  [JobStatus.FAILED]: "failed",
+  [JobStatus.CANCELED]: "canceled",
+};
+
+export const ACTIVE = new Set([JobStatus.QUEUED, JobStatus.PENDING, JobStatus.RUNNING]);
+
+export function shortId(id: string): string {
+  return id.slice(0, 8);
+}
+
+/** "4s", "3m 05s", "2h 10m": a duration at a glance. */
+export function duration(ms: number): string {
+  const s = Math.max(0, Math.round(ms / 1000));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${String(s % 60).padStart(2, "0")}s`;
+  return `${Math.floor(s / 3600)}h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+}
+
+export function clock(d: Date | undefined): string {
+  return d === undefined ? "—" : d.toLocaleTimeString(undefined, { hour12: false });
+}
+
+export function dateTime(d: Date | undefined): string {
+  return d === undefined ? "—" : `${d.toLocaleDateString()} ${clock(d)}`;
+}

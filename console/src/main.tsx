@@ -1,0 +1,119 @@
+import { render } from "preact";
+import { useLayoutEffect, useState } from "preact/hooks";
+
+import { setToken, token } from "./api.js";
+import { go, useRoute, useVisible } from "./hooks.js";
+import { JobDetail, JobsPage } from "./jobs.js";
+import { OverviewPage } from "./overview.js";
+import { Notice, NoticeProvider } from "./notice.js";
+import { UserQueuePage } from "./user-queue.js";
+
+const PAGES = [
+  { key: "1", path: "", label: "Overview" },
+  { key: "2", path: "jobs", label: "Jobs" },
+  { key: "3", path: "users", label: "User queue" },
+];
+
+function TokenDialog({ onClose }: { onClose: () => void }) {
+  const [value, setValue] = useState(token());
+  return (
+    <div class="dialog-backdrop" role="presentation" onClick={onClose}>
+      <form
+        class="dialog"
+        role="dialog"
+        aria-label="Bearer token"
+        onClick={(e) => e.stopPropagation()}
+        onSubmit={(e) => {
+          e.preventDefault();
+          setToken(value);
+          onClose();
+          window.location.reload();
+        }}
+      >
+        <h2>Bearer token</h2>
+        <p class="muted">
+          Sent as <code>authorization: Bearer …</code> on every call, kept for this tab only. The token's role decides what
+          you may do, exactly as over gRPC. Leave empty when the service runs without authentication.
+        </p>
+        <input
+          name="token"
+          type="password"
+          autoFocus
+          autoComplete="off"
+          value={value}
+          onInput={(e) => setValue(e.currentTarget.value)}
+          placeholder="token"
+        />
+        <div class="actions">
+          <button type="button" onClick={onClose}>
+            Close
+          </button>
+          <button type="submit" class="primary">
+            Use token
+          </button>
+        </div>
+      </form>
+    </div>
+  );
+}
+
+function App() {
+  const route = useRoute();
+  const visible = useVisible();
+  const [tokenOpen, setTokenOpen] = useState(false);
+  const page = route.parts[0] ?? "";
+
+  // A layout effect: the shortcuts work from the first paint (a plain effect runs later).
+  useLayoutEffect(() => {
+    const onKey = (e: KeyboardEvent) => {
+      const target = e.target as HTMLElement;
+      if (e.ctrlKey || e.metaKey || e.altKey || ["INPUT", "SELECT", "TEXTAREA"].includes(target.tagName)) return;
+      const match = PAGES.find((p) => p.key === e.key);
+      if (match) go(match.path);
+      else if (e.key === "t") setTokenOpen(true);
+      else if (e.key === "/") {
+        const search = document.querySelector<HTMLInputElement>("[data-search]");
+        if (search) {
+          e.preventDefault();
+          search.focus();
+        }
+      }
+    };
+    window.addEventListener("keydown", onKey);
+    return () => window.removeEventListener("keydown", onKey);
+  }, []);
+
+  let content;
+  if (page === "jobs" && route.parts[1]) content = <JobDetail jobId={route.parts[1]} />;
+  else if (page === "jobs") content = <JobsPage params={route.params} live={visible} />;
+  else if (page === "users") content = <UserQueuePage userId={route.parts[1] ?? ""} live={visible} />;
+  else content = <OverviewPage live={visible} />;
+
+  return (
+    <NoticeProvider>
+      <header class="top">
+        <a class="brand" href="#/">
+          Acurio <span>queue</span>
+        </a>
+        <nav>
+          {PAGES.map((p) => (
+            <a href={`#/${p.path}`} class={page === p.path ? "current" : ""} title={`Press ${p.key}`}>
+              {p.label} <kbd>{p.key}</kbd>
+            </a>
+          ))}
+        </nav>
+        <span class={`live ${visible ? "on" : "off"}`} data-testid="live-state">
+          {visible ? "live" : "paused"}
+        </span>
+        <button class="token" onClick={() => setTokenOpen(true)} title="Press t">
+          {token() ? "Token set" : "Set token"} <kbd>t</kbd>
+        </button>
+      </header>
+      <Notice />
+      <main>{content}</main>
+      {tokenOpen && <TokenDialog onClose={() => setTokenOpen(false)} />}
+    </NoticeProvider>
+  );
+}
+
+render(<App />, document.getElementById("app")!);

@@ -1,0 +1,198 @@
+import { useEffect, useState } from "preact/hooks";
+
+import { credits, date, queue } from "./api.js";
+import { ACTIVE, clock, duration, shortId, STATUS_LABELS } from "./format.js";
+import { go, useNow } from "./hooks.js";
+import { useAction } from "./notice.js";
+import { useLiveStream } from "./stream.js";
+import { StatusBadge } from "./jobs.js";
+import { type Job, JobStatus } from "./gen/acurio/queue/v1/job_pb.js";
+
+function Countdown({ at, now }: { at: Date | undefined; now: number }) {
+  if (at === undefined) return <span class="muted">no estimate yet</span>;
+  const left = at.getTime() - now;
+  return <span title={`estimated at ${clock(at)}`}>{left > 0 ? `starts in ~${duration(left)}` : "starting any moment"}</span>;
+}
+
+function UserPicker({ userId }: { userId: string }) {
+  const [value, setValue] = useState(userId);
+  return (
+    <form
+      class="filters"
+      onSubmit={(e) => {
+        e.preventDefault();
+        if (value.trim()) go(`users/${encodeURIComponent(value.trim())}`);
+      }}
+    >
+      <label>
+        User
+        <input data-search name="user" placeholder="user id  (press /)" value={value} onInput={(e) => setValue(e.currentTarget.value)} />
+      </label>
+      <button type="submit">Watch</button>
+    </form>
+  );
+}
+
+function Credits({ userId }: { userId: string }) {
+  const [balance, setBalance] = useState<bigint | null>(null);
+  const [amount, setAmount] = useState("5");
+  const { run, busy } = useAction();
+  const load = () => credits.getBalance({ userId }).then((r) => setBalance(r.balance), () => setBalance(null));
+  useEffect(() => {
+    load();
+  }, [userId]);
+  return (
+    <form
+      class="credits"
+      onSubmit={(e) => {
+        e.preventDefault();
+        run(async () => {
+          const r = await credits.grantCredits({ userId, amount: BigInt(amount), idempotencyKey: `console-${crypto.randomUUID()}` });
+          setBalance(r.balance);
+          return `Granted ${amount} credits to ${userId}: balance ${r.balance}`;
+        });
+      }}
+    >
+      <span data-testid="balance">Balance: {balance === null ? "—" : String(balance)}</span>
+      <input type="number" min="1" max="1000000" value={amount} onInput={(e) => setAmount(e.currentTarget.value)} aria-label="Credits to grant" />
+      <button type="submit" disabled={busy}>
+        Grant credits
+      </button>
+    </form>
+  );
+}
+
+export function UserQueuePage({ userId, live }: { userId: string; live: boolean }) {
+  const [jobs, setJobs] = useState<Map<string, Job>>(new Map());
+  const [finished, setFinished] = useState<Job[]>([]);
+  const [balanceVersion, setBalanceVersion] = useState(0);
+  const now = useNow();
+  const { run, busy } = useAction();
+
+  useEffect(() => {
+    setJobs(new Map());
+    setFinished([]);
+  }, [userId]);
+
+  const problem = useLiveStream(
+    (signal) => queue.watchJobs({ userId }, { signal }),
+    (message, first) => {
+      const job = message.job;
+      setJobs((old) => {
+        // A (re)opened stream starts with a fresh snapshot: forget what it replaces.
+        const next = new Map(first ? [] : old);
+        if (job) {
+          if (ACTIVE.has(job.status)) next.set(job.jobId, job);
+          else next.delete(job.jobId);
+        }
+        return next;
+      });
+      if (job && !ACTIVE.has(job.status)) {
+        setFinished((old) => [job, ...old.filter((j) => j.jobId !== job.jobId)].slice(0, 5));
+        setBalanceVersion((v) => v + 1);
+      }
+    },
+    [userId],
+    live && userId !== "",
+  );
+
+  if (userId === "") {
+    return (
+      <section class="page">
+        <h1>A user's queue</h1>
+        <p class="muted">What a lecturer sees: the running analysis, the queued ones with their position, what each waits for and when it should start.</p>
+        <UserPicker userId="" />
+      </section>
+    );
+  }
+
+  const active = [...jobs.values()];
+  const running = active.filter((j) => j.status !== JobStatus.QUEUED).sort((a, b) => Number(a.createTime!.seconds - b.createTime!.seconds));
+  const waiting = active.filter((j) => j.status === JobStatus.QUEUED).sort((a, b) => a.queuePosition - b.queuePosition);
+  const cancel = (job: Job) =>
+    run(async () => {
+      await queue.cancelJob({ jobId: job.jobId, userId });
+      setBalanceVersion((v) => v + 1);
+      return `Canceled job ${shortId(job.jobId)}; its credit is refunded`;
+    });
+
+  return (
+    <section class="page" data-testid="user-queue">
+      <UserPicker userId={userId} />
+      <h1>
+        Queue of <span class="mono">{userId}</span>
+      </h1>
+      {problem && <p class="problem">{problem}</p>}
+      <div class="toolbar">
+        <Credits userId={userId} key={`${userId}-${balanceVersion}`} />
+        <button
+          disabled={busy}
+          data-testid="promote"
+          onClick={() =>
+            run(async () => {
+              const r = await queue.promote({ userId });
+              return r.job ? `Promoted job ${shortId(r.job.jobId)}` : "Nothing to promote: no free slot, or nothing queued";
+            })
+          }
+        >
+          Promote next
+        </button>
+        <a href={`#/jobs?user=${encodeURIComponent(userId)}`}>All of this user's jobs →</a>
+      </div>
+      <ol class="queue">
+        {running.map((job) => (
+          <li class="queue-row running" data-testid="queue-row" data-position={job.queuePosition} data-job-id={job.jobId}>
+            <span class="position">▶</span>
+            <a class="mono" href={`#/jobs/${job.jobId}`}>
+              {shortId(job.jobId)}
+            </a>
+            <StatusBadge status={job.status} />
+            <span>
+              {job.status === JobStatus.RUNNING && job.startTime
+                ? `running for ${duration(now - date(job.startTime)!.getTime())}`
+                : job.lastError
+                  ? `release retrying: ${job.lastError}`
+                  : "starting"}
+            </span>
+            <button class="small danger" disabled={busy} onClick={() => cancel(job)} data-testid="cancel">
+              Cancel
+            </button>
+          </li>
+        ))}
+        {waiting.map((job) => (
+          <li class="queue-row" data-testid="queue-row" data-position={job.queuePosition} data-job-id={job.jobId}>
+            <span class="position" data-testid="position">
+              {job.queuePosition}
+            </span>
+            <a class="mono" href={`#/jobs/${job.jobId}`}>
+              {shortId(job.jobId)}
+            </a>
+            <StatusBadge status={job.status} />
+            <span class="muted">
+              waiting for <span class="mono">{shortId(job.waitingForJobId)}</span> · <Countdown at={date(job.estimatedStartTime)} now={now} />
+            </span>
+            <button class="small danger" disabled={busy} onClick={() => cancel(job)} data-testid="cancel">
+              Cancel
+            </button>
+          </li>
+        ))}
+      </ol>
+      {active.length === 0 && <p class="muted">Nothing queued or running for this user.</p>}
+      {finished.length > 0 && (
+        <>
+          <h2>Just finished</h2>
+          <ul class="finished">
+            {finished.map((job) => (
+              <li>
+                <a class="mono" href={`#/jobs/${job.jobId}`}>
+                  {shortId(job.jobId)}
+                </a>{" "}
+                {STATUS_LABELS[job.status]} {job.refunded ? "(refunded)" : ""} at {clock(date(job.endTime))}
+              </li>
+            ))}
+          </ul>
+        </>
+      )}
+    </section>
+  );
+}

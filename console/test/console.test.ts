@@ -1,0 +1,161 @@
+// The console in a real browser (Debian's Chromium through playwright-core) against a live
+// `queue-service dev`, started by .ci/console-browser-test, which passes its addresses and
+// tokens in the environment. Five jobs are admitted over gRPC; the page must show them at
+// positions 0-4, move everyone up after a completion without a reload, refund a cancel made in
+// the page, and show PERMISSION_DENIED when a web-role token tries an operator action.
+import assert from "node:assert/strict";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { after, before, test } from "node:test";
+
+import { createClient, type Interceptor } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { chromium, type Browser, type Page } from "playwright-core";
+
+import { CoreCallbackService, RunOutcome } from "../src/gen/acurio/queue/v1/core_callback_service_pb.js";
+import { CreditsService } from "../src/gen/acurio/queue/v1/credits_service_pb.js";
+import { JobStatus } from "../src/gen/acurio/queue/v1/job_pb.js";
+import { AnalysisQueueService } from "../src/gen/acurio/queue/v1/queue_service_pb.js";
+
+const env = (name: string): string => {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set (run .ci/console-browser-test)`);
+  return value;
+};
+const CONSOLE_URL = env("CONSOLE_URL");
+const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN"), core: env("CORE_TOKEN") };
+const SHOTS = env("SCREENSHOT_DIR");
+// Generous waits for a machine several times slower than ours: conditions, never sleeps.
+const WAIT_MS = 30_000;
+
+const bearer = (token: string): Interceptor => (next) => (req) => {
+  req.header.set("authorization", `Bearer ${token}`);
+  return next(req);
+};
+const grpc = (token: string) =>
+  createGrpcTransport({ baseUrl: `http://${env("QUEUE_ADDR")}`, interceptors: [bearer(token)] });
+const asWeb = createClient(AnalysisQueueService, grpc(TOKENS.web));
+const asOperator = createClient(CreditsService, grpc(TOKENS.operator));
+const asCore = createClient(CoreCallbackService, grpc(TOKENS.core));
+
+let browser: Browser;
+let page: Page;
+const user = `lecturer-${Date.now().toString(36)}`;
+const timings: string[] = [];
+
+async function timed<T>(name: string, step: () => Promise<T>): Promise<T> {
+  const started = performance.now();
+  const result = await step();
+  timings.push(`${name}: ${Math.round(performance.now() - started)} ms`);
+  return result;
+}
+
+async function shot(name: string): Promise<void> {
+  await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
+}
+
+async function useToken(token: string): Promise<void> {
+  await page.keyboard.press("t");
+  const input = page.getByRole("dialog", { name: "Bearer token" }).locator("input");
+  await input.fill(token);
+  await Promise.all([page.waitForEvent("load"), input.press("Enter")]);
+}
+
+async function waitForPositions(expected: number[]): Promise<void> {
+  await page.waitForFunction(
+    (want) =>
+      JSON.stringify([...document.querySelectorAll('[data-testid="queue-row"]')].map((r) => Number(r.getAttribute("data-position")))) ===
+      JSON.stringify(want),
+    expected,
+    { timeout: WAIT_MS },
+  );
+}
+
+before(async () => {
+  mkdirSync(SHOTS, { recursive: true });
+  browser = await timed("launch chromium", () =>
+    chromium.launch({ executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium", args: ["--no-sandbox"] }),
+  );
+  page = await browser.newPage({ viewport: { width: 1280, height: 860 } });
+  page.on("pageerror", (error) => console.error(`page error: ${error.message}`));
+  page.on("console", (message) => message.type() === "error" && console.error(`page console: ${message.text()}`));
+  await timed("open the console", () => page.goto(CONSOLE_URL));
+  await useToken(TOKENS.operator);
+});
+
+after(async () => {
+  await browser?.close();
+  console.log(`browser test timings:\n  ${timings.join("\n  ")}`);
+  console.log(`screenshots in ${SHOTS}`);
+});
+
+test("five admitted jobs appear at positions 0-4 and move up on a completion, without a reload", async () => {
+  await asOperator.grantCredits({ userId: user, amount: 5n, idempotencyKey: "browser-test" });
+  const jobs = [];
+  for (let click = 0; click < 5; click += 1) {
+    const response = await asWeb.admit({
+      userId: user,
+      idempotencyKey: `click-${click}`,
+      document: { uri: `s3://theses/${user}.pdf`, title: "A thesis" },
+      sources: [{ doi: "10.1234/abc" }],
+    });
+    jobs.push(response.job!);
+  }
+  await page.goto(`${CONSOLE_URL}#/users/${user}`);
+  await timed("five positions shown", () => waitForPositions([0, 1, 2, 3, 4]));
+  await page.evaluate(() => ((window as unknown as { marker: string }).marker = "same page"));
+  await shot("user-queue");
+
+  const first = (await asWeb.getJob({ jobId: jobs[0].jobId })).job!;
+  assert.notEqual(first.status, JobStatus.QUEUED);
+  // The core reports the first run finished: the next job takes the slot, everyone moves up.
+  await asCore.completeRun({ runId: first.runId, outcome: RunOutcome.SUCCEEDED });
+  await timed("positions moved up live", () => waitForPositions([0, 1, 2, 3]));
+  assert.equal(await page.evaluate(() => (window as unknown as { marker?: string }).marker), "same page");
+  await shot("user-queue-after-completion");
+});
+
+test("cancel in the page cancels the job and refunds its credit", async () => {
+  const before = (await asOperator.getBalance({ userId: user })).balance;
+  const last = page.locator('[data-testid="queue-row"][data-position="3"]');
+  const jobId = await last.getAttribute("data-job-id");
+  await timed("cancel from the page", async () => {
+    await last.getByTestId("cancel").click();
+    await waitForPositions([0, 1, 2]);
+  });
+  await page.getByTestId("notice").filter({ hasText: "refunded" }).waitFor({ timeout: WAIT_MS });
+  const job = (await asWeb.getJob({ jobId: jobId! })).job!;
+  assert.equal(job.status, JobStatus.CANCELED);
+  assert.equal(job.refunded, true);
+  assert.equal((await asOperator.getBalance({ userId: user })).balance, before + 1n);
+  await page.getByTestId("balance").filter({ hasText: `Balance: ${before + 1n}` }).waitFor({ timeout: WAIT_MS });
+  await shot("user-queue-after-cancel");
+});
+
+test("overview, jobs and job detail pages render the live queue", async () => {
+  await page.keyboard.press("1");
+  await page.getByTestId("figure-queued").waitFor({ timeout: WAIT_MS });
+  await page.waitForFunction(() => Number(document.querySelector('[data-testid="figure-queued"] .value')?.textContent) >= 2, null, {
+    timeout: WAIT_MS,
+  });
+  await shot("overview");
+
+  await page.goto(`${CONSOLE_URL}#/jobs?user=${user}`);
+  await page.waitForFunction(() => document.querySelectorAll('[data-testid="job-row"]').length === 5, null, { timeout: WAIT_MS });
+  await shot("jobs");
+
+  await page.locator('[data-testid="job-row"] a.mono').last().click();
+  await page.getByTestId("job-detail").getByText("Ended succeeded").waitFor({ timeout: WAIT_MS });
+  await shot("job-detail");
+});
+
+test("an operator action with a web-role token shows PERMISSION_DENIED", async () => {
+  await useToken(TOKENS.web);
+  await page.goto(`${CONSOLE_URL}#/users/${user}`);
+  await waitForPositions([0, 1, 2]); // the web role may watch the queue
+  await page.getByTestId("promote").click();
+  const notice = page.getByTestId("notice");
+  await notice.filter({ hasText: "PERMISSION_DENIED" }).waitFor({ timeout: WAIT_MS });
+  assert.match(await notice.innerText(), /role web\) may not call \/acurio\.queue\.v1\.AnalysisQueueService\/Promote/);
+  await shot("permission-denied");
+});

@@ -1,0 +1,294 @@
+"""OperatorService over gRPC, and every service over the browser endpoint (Connect protocol),
+with the same roles and the same ErrorInfo/BadRequest details, against real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import hashlib
+import http.client
+import json
+import struct
+import uuid
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+
+from queue_service._gen.acurio.queue.v1 import (
+    job_pb2,
+    operator_service_pb2 as op_pb2,
+    operator_service_pb2_grpc as op_grpc,
+)
+from tests.harness import error_info, new_user
+
+S = job_pb2
+TOKENS = {"web": "web-console-test-token", "operator": "operator-console-test-token", "core": "core-console-test-token"}
+
+
+@pytest.fixture(scope="module")
+def auth_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("auth") / "auth.json"
+    tokens = [{"name": f"{role}-caller", "role": role, "sha256": hashlib.sha256(t.encode()).hexdigest()} for role, t in TOKENS.items()]
+    path.write_text(json.dumps({"tokens": tokens}))
+    return str(path)
+
+
+def _operator(service) -> op_grpc.OperatorServiceStub:  # type: ignore[no-untyped-def]
+    return op_grpc.OperatorServiceStub(service.stubs.channel)
+
+
+async def test_overview_counts_active_jobs_waiting_users_and_admits(service) -> None:  # type: ignore[no-untyped-def]
+    stubs, operator = service.stubs, _operator(service)
+    before = (await operator.GetOverview(op_pb2.GetOverviewRequest(), timeout=10)).overview
+    first, second = new_user(), new_user()
+    for user in (first, second):
+        await stubs.grant(user, 10)
+    jobs = [await stubs.admit(first) for _ in range(3)] + [await stubs.admit(second) for _ in range(2)]
+    overview = (await operator.GetOverview(op_pb2.GetOverviewRequest(window_minutes=5), timeout=10)).overview
+    assert overview.queued - before.queued == 3  # two of first's, one of second's wait
+    assert overview.pending + overview.running - before.pending - before.running == 2
+    assert overview.users_waiting - before.users_waiting == 2
+    assert overview.window_minutes == 5 and len(overview.admits_per_minute) == 5
+    assert sum(overview.admits_per_minute) - sum(before.admits_per_minute[-5:]) >= 5
+    assert overview.HasField("oldest_queued_create_time")
+    assert overview.oldest_queued_create_time.ToDatetime() <= jobs[1].create_time.ToDatetime()
+
+    running = await stubs.wait_for(jobs[0].job_id, S.JOB_STATUS_RUNNING)
+    await stubs.complete(running.run_id, succeeded=False)
+    after = (await operator.GetOverview(op_pb2.GetOverviewRequest(window_minutes=5), timeout=10)).overview
+    assert after.failed_in_window - overview.failed_in_window == 1
+    assert after.queued == overview.queued - 1  # first's next job took the freed slot
+
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await operator.GetOverview(op_pb2.GetOverviewRequest(window_minutes=5000), timeout=10)
+    code, reason, _, violations = error_info(raised.value)
+    assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
+    assert [field for field, _ in violations] == ["window_minutes"]
+
+
+async def test_search_pages_newest_first_across_users_by_every_filter(service) -> None:  # type: ignore[no-untyped-def]
+    stubs, operator = service.stubs, _operator(service)
+    first, second = new_user(), new_user()
+    for user in (first, second):
+        await stubs.grant(user, 10)
+    started = dt.datetime.now(dt.timezone.utc)
+    admitted = []
+    for index in range(6):
+        admitted.append(await stubs.admit(first if index % 2 == 0 else second))
+    ids = [job.job_id for job in admitted]
+
+    async def search_all(job_filter: op_pb2.JobFilter, page_size: int = 2) -> list[job_pb2.Job]:
+        found, token = [], ""
+        while True:
+            page = await operator.SearchJobs(op_pb2.SearchJobsRequest(filter=job_filter, page_size=page_size, page_token=token), timeout=10)
+            found.extend(page.jobs)
+            token = page.next_page_token
+            if not token:
+                return found
+
+    window = op_pb2.JobFilter()
+    window.created_after.FromDatetime(started)
+    everything = await search_all(window)
+    assert [job.job_id for job in everything] == list(reversed(ids))  # newest admitted first, no page repeats
+
+    of_first = await search_all(op_pb2.JobFilter(user_id=first))
+    assert [job.job_id for job in of_first] == [ids[4], ids[2], ids[0]]
+
+    queued = op_pb2.JobFilter(statuses=[S.JOB_STATUS_QUEUED])
+    queued.created_after.FromDatetime(started)
+    assert {job.job_id for job in await search_all(queued)} == {ids[2], ids[3], ids[4], ids[5]}
+
+    before = op_pb2.JobFilter(user_id=second)
+    before.created_before.FromDatetime(admitted[3].create_time.ToDatetime(dt.timezone.utc))
+    assert [job.job_id for job in await search_all(before)] == [ids[1]]
+
+    running = await stubs.wait_for(ids[0], S.JOB_STATUS_RUNNING)
+    await stubs.complete(running.run_id, succeeded=False)
+    with_error = op_pb2.JobFilter(user_id=first, has_error=True)
+    assert [job.job_id for job in await search_all(with_error)] == [ids[0]]
+
+    page = await operator.SearchJobs(op_pb2.SearchJobsRequest(filter=op_pb2.JobFilter(user_id=first), page_size=1), timeout=10)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await operator.SearchJobs(op_pb2.SearchJobsRequest(filter=op_pb2.JobFilter(user_id=second), page_token=page.next_page_token), timeout=10)
+    code, reason, _, violations = error_info(raised.value)
+    assert (code, reason, violations[0][0]) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", "page_token")
+
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await operator.SearchJobs(op_pb2.SearchJobsRequest(filter=op_pb2.JobFilter(statuses=[99])), timeout=10)
+    assert error_info(raised.value)[3][0][0] == "filter.statuses[0]"
+
+
+async def test_bulk_cancel_counts_then_cancels_at_most_the_confirmed_number_and_refunds(service) -> None:  # type: ignore[no-untyped-def]
+    stubs, operator = service.stubs, _operator(service)
+    user = new_user()
+    await stubs.grant(user, 5)
+    jobs = [await stubs.admit(user) for _ in range(5)]
+    assert await stubs.balance(user) == 0
+    only_user = op_pb2.JobFilter(user_id=user)
+
+    counted = await operator.CancelJobs(op_pb2.CancelJobsRequest(filter=only_user, dry_run=True), timeout=10)
+    assert (counted.matched, counted.canceled, counted.more_than_counted) == (5, 0, False)
+    assert await stubs.balance(user) == 0
+
+    done = await operator.CancelJobs(op_pb2.CancelJobsRequest(filter=only_user, max_jobs=3), timeout=30)
+    assert (done.matched, done.canceled, list(done.failures)) == (5, 3, [])
+    statuses = [(await stubs.job(job.job_id)).status for job in jobs]
+    assert statuses[:3] == [S.JOB_STATUS_CANCELED] * 3  # oldest first
+    assert S.JOB_STATUS_CANCELED not in statuses[3:]
+    assert await stubs.balance(user) == 3
+
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await operator.CancelJobs(op_pb2.CancelJobsRequest(filter=only_user), timeout=10)
+    assert error_info(raised.value)[3] and error_info(raised.value)[3][0][0] == "max_jobs"
+    ended_only = op_pb2.JobFilter(user_id=user, statuses=[S.JOB_STATUS_SUCCEEDED])
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await operator.CancelJobs(op_pb2.CancelJobsRequest(filter=ended_only, dry_run=True), timeout=10)
+    assert error_info(raised.value)[3][0][0] == "filter.statuses"
+
+
+async def test_watch_overview_sends_a_new_overview_when_a_figure_changes(service) -> None:  # type: ignore[no-untyped-def]
+    stubs, operator = service.stubs, _operator(service)
+    user = new_user()
+    await stubs.grant(user, 5)
+    await stubs.admit(user)  # holds the slot
+    call = operator.WatchOverview(op_pb2.WatchOverviewRequest(interval_ms=250), timeout=30)
+    first = (await asyncio.wait_for(call.read(), 10)).overview
+    await stubs.admit(user)  # waits
+    second = (await asyncio.wait_for(call.read(), 10)).overview
+    assert second.queued == first.queued + 1
+    call.cancel()
+
+
+# -- the browser endpoint: Connect over HTTP/1.1 --------------------------------------------
+
+
+def _post(port: int, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+    try:
+        connection.request("POST", path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        connection.close()
+
+
+async def connect_unary(port: int, method: str, message: dict[str, Any], token: str | None = None) -> tuple[int, dict[str, Any]]:
+    headers = {"content-type": "application/json", "connect-protocol-version": "1"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    status, _, body = await asyncio.to_thread(_post, port, f"/acurio.queue.v1.{method}", json.dumps(message).encode(), headers)
+    return status, json.loads(body)
+
+
+def _details(error: dict[str, Any]) -> tuple[str, list[str]]:
+    """(ErrorInfo reason, BadRequest fields) of a Connect error body."""
+    reason, fields = "", []
+    for detail in error.get("details", []):
+        raw = base64.b64decode(detail["value"] + "=" * (-len(detail["value"]) % 4))
+        if detail["type"] == "google.rpc.ErrorInfo":
+            info = error_details_pb2.ErrorInfo.FromString(raw)
+            assert info.domain == "queue.acurio.app"
+            reason = info.reason
+        elif detail["type"] == "google.rpc.BadRequest":
+            fields = [v.field for v in error_details_pb2.BadRequest.FromString(raw).field_violations]
+    return reason, fields
+
+
+def _envelopes(body: bytes) -> list[tuple[int, dict[str, Any]]]:
+    found, offset = [], 0
+    while offset < len(body):
+        flags, length = struct.unpack(">BI", body[offset : offset + 5])
+        found.append((flags, json.loads(body[offset + 5 : offset + 5 + length] or b"{}")))
+        offset += 5 + length
+    return found
+
+
+@pytest.fixture
+async def web_service(services, auth_file):  # type: ignore[no-untyped-def]
+    core = await services.core(callback_token=TOKENS["core"])
+    return await services.start(core, auth_file=auth_file, http_addr="127.0.0.1:0")
+
+
+async def test_connect_endpoint_applies_the_same_roles_and_error_details(web_service) -> None:  # type: ignore[no-untyped-def]
+    port, user = web_service.app.http_port, new_user()
+    assert port > 0
+
+    status, error = await connect_unary(port, "OperatorService/GetOverview", {})
+    assert (status, error["code"], _details(error)[0]) == (401, "unauthenticated", "UNAUTHENTICATED")
+    status, error = await connect_unary(port, "OperatorService/GetOverview", {}, TOKENS["web"])
+    assert (status, error["code"], _details(error)[0]) == (403, "permission_denied", "PERMISSION_DENIED")
+    assert "may not call /acurio.queue.v1.OperatorService/GetOverview" in error["message"]
+
+    status, granted = await connect_unary(port, "CreditsService/GrantCredits", {"userId": user, "amount": 2, "idempotencyKey": "g"}, TOKENS["operator"])
+    assert (status, granted) == (200, {"balance": "2"})
+    admit = {"userId": user, "idempotencyKey": "k1", "document": {"uri": "s3://t/1.pdf"}, "sources": [{"doi": "10.1234/a"}]}
+    status, admitted = await connect_unary(port, "AnalysisQueueService/Admit", admit, TOKENS["web"])
+    assert status == 200 and admitted["job"]["status"] == "JOB_STATUS_PENDING"
+    status, error = await connect_unary(port, "AnalysisQueueService/Admit", {**admit, "idempotencyKey": "", "sources": []}, TOKENS["web"])
+    assert (status, error["code"]) == (400, "invalid_argument")
+    assert _details(error) == ("INVALID_REQUEST", ["idempotency_key", "sources"])
+
+    status, overview = await connect_unary(port, "OperatorService/GetOverview", {}, TOKENS["operator"])
+    assert status == 200 and int(overview["overview"].get("pending", 0)) + int(overview["overview"].get("running", 0)) >= 1
+    status, found = await connect_unary(port, "OperatorService/SearchJobs", {"filter": {"userId": user}}, TOKENS["operator"])
+    assert [job["jobId"] for job in found["jobs"]] == [admitted["job"]["jobId"]]
+
+    # The operator cancels the user's job from the console: refunded, as over gRPC.
+    cancel = {"jobId": admitted["job"]["jobId"], "userId": user}
+    status, canceled = await connect_unary(port, "AnalysisQueueService/CancelJob", cancel, TOKENS["operator"])
+    assert status == 200 and canceled["job"]["status"] == "JOB_STATUS_CANCELED" and canceled["job"]["refunded"]
+    status, balance = await connect_unary(port, "CreditsService/GetBalance", {"userId": user}, TOKENS["operator"])
+    assert balance == {"balance": "2"}
+
+
+async def test_watch_jobs_streams_over_http_1_1(web_service) -> None:  # type: ignore[no-untyped-def]
+    port, user = web_service.app.http_port, new_user()
+    await connect_unary(port, "CreditsService/GrantCredits", {"userId": user, "amount": 2, "idempotencyKey": "g"}, TOKENS["operator"])
+    for key in ("a", "b"):
+        admit = {"userId": user, "idempotencyKey": key, "document": {"uri": "s3://t/1.pdf"}, "sources": [{"doi": "10.1234/a"}]}
+        await connect_unary(port, "AnalysisQueueService/Admit", admit, TOKENS["web"])
+    request = json.dumps({"userId": user}).encode()
+    headers = {
+        "content-type": "application/connect+json",
+        "connect-protocol-version": "1",
+        "connect-timeout-ms": "1500",
+        "authorization": f"Bearer {TOKENS['web']}",
+    }
+    status, response_headers, body = await asyncio.to_thread(
+        _post, port, "/acurio.queue.v1.AnalysisQueueService/WatchJobs", struct.pack(">BI", 0, len(request)) + request, headers
+    )
+    assert status == 200 and response_headers["content-type"] == "application/connect+json"
+    messages = _envelopes(body)
+    snapshot = [m for flags, m in messages if flags == 0]
+    assert [m["job"].get("queuePosition", 0) for m in snapshot] == [0, 1]
+    assert snapshot[-1]["snapshotComplete"] is True
+    flags, end = messages[-1]
+    assert flags == 2 and end["error"]["code"] == "deadline_exceeded"  # the stream stayed open until the caller's deadline
+
+    unauthenticated = {**headers, "authorization": "Bearer wrong"}
+    _, _, body = await asyncio.to_thread(
+        _post, port, "/acurio.queue.v1.AnalysisQueueService/WatchJobs", struct.pack(">BI", 0, len(request)) + request, unauthenticated
+    )
+    flags, end = _envelopes(body)[-1]
+    assert flags == 2 and end["error"]["code"] == "unauthenticated" and _details(end["error"])[0] == "UNAUTHENTICATED"
+
+
+async def test_the_console_is_served_with_a_strict_content_policy(web_service) -> None:  # type: ignore[no-untyped-def]
+    def get(path: str) -> tuple[int, dict[str, str], bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", web_service.app.http_port, timeout=10)
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        finally:
+            connection.close()
+
+    status, headers, body = await asyncio.to_thread(get, "/")
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    assert "default-src 'self'" in headers["content-security-policy"]
+    assert b"<title>" in body
+    for path in ("/assets/../web.py", "/nothing-here", f"/assets/{uuid.uuid4().hex}.js"):
+        assert (await asyncio.to_thread(get, path))[0] == 404
