@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -281,8 +283,10 @@ async def test_a_replica_whose_clock_runs_ahead_does_not_spin(services, database
     }
     log_path = str(tmp_path / "replica.log")
     with open(log_path, "wb") as log:
+        # faketime runs the replica as its child: a session of its own lets us stop both.
         process = subprocess.Popen(
-            ["faketime", "-f", "+30s", sys.executable, "-m", "queue_service.cli", "serve"], env=env, cwd=REPO_ROOT, stdout=log, stderr=log
+            ["faketime", "-f", "+30s", sys.executable, "-m", "queue_service.cli", "serve"],
+            env=env, cwd=REPO_ROOT, stdout=log, stderr=log, start_new_session=True,
         )
     stubs = services.stubs(f"127.0.0.1:{port}")
     try:
@@ -301,8 +305,12 @@ async def test_a_replica_whose_clock_runs_ahead_does_not_spin(services, database
         # A spinning dispatcher commits thousands of claims in 2 s; a waiting one a handful.
         assert after - before < 50, f"{after - before} transactions in 2 s"
     finally:
-        process.terminate()
-        process.wait(20)
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(20)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
 
 
 # -- 8. no core call under the user lock -------------------------------------------------------
