@@ -131,11 +131,11 @@ class WebEndpoint:
         return endpoints
 
     @asynccontextmanager
-    async def _road(self, method: str, ctx: RequestContext) -> AsyncIterator[None]:
+    async def _road(self, method: str, ctx: RequestContext, *, unary: bool) -> AsyncIterator[None]:
         """Gate, authorization and error mapping, as `ErrorInterceptor._road` does for gRPC."""
         entered = False
         try:
-            entered = self._gate.enter(method)
+            entered = await self._gate.enter(method, unary=unary)
             if self._authorize is not None:
                 await self._authorize(method, _HttpCallContext(ctx))  # type: ignore[arg-type]
             yield
@@ -147,18 +147,18 @@ class WebEndpoint:
             raise _connect_error(internal_status_proto(method)) from None
         finally:
             if entered:
-                self._gate.exit()
+                self._gate.exit(unary=unary)
 
     def _unary(self, method: str, handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def call(request: Any, ctx: RequestContext) -> Any:
-            async with self._road(method, ctx):
+            async with self._road(method, ctx, unary=True):
                 return await handler(request, None)
 
         return call
 
     def _stream(self, method: str, handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
         async def call(request: Any, ctx: RequestContext) -> AsyncIterator[Any]:
-            async with self._road(method, ctx):
+            async with self._road(method, ctx, unary=False):
                 async for message in handler(request, None):
                     yield message
 
