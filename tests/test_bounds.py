@@ -8,6 +8,7 @@ import time
 import grpc
 import psycopg
 
+from queue_service._gen.acurio.queue.v1 import credits_service_pb2
 from queue_service.locks import with_user_queue_lock
 from tests.harness import error_info, new_user
 
@@ -163,3 +164,60 @@ async def test_a_loop_that_survives_one_cancellation_is_still_stopped() -> None:
     await cancel_and_wait(task, timeout=5)
     assert task.done() and swallowed == 1
     assert time.monotonic() - started < 1
+
+
+# -- every wait inside a call is bounded by the caller's deadline (CI was red on a slower machine)
+
+
+async def test_a_hung_core_answers_before_a_callers_deadline_shorter_than_the_core_deadline(services) -> None:  # type: ignore[no-untyped-def]
+    """The core deadline (5 s) is longer than the caller's (1 s): CreateRun may use only part of
+    what is left, so the caller hears CORE_UNAVAILABLE in time, not DEADLINE_EXCEEDED, and
+    nothing is charged."""
+    core = await services.core()
+    service = await services.start(core, core_deadline_seconds=5.0)
+    user = new_user()
+    await service.stubs.grant(user, 1)
+    core.slow_seconds = 3
+    started = time.monotonic()
+    try:
+        await service.stubs.admit(user, timeout=1.0)
+        raise AssertionError("a hung core must not admit")
+    except grpc.aio.AioRpcError as exc:
+        assert error_info(exc)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
+    assert time.monotonic() - started < 1.0
+    assert await service.stubs.balance(user) == 1
+
+
+async def test_a_pool_checkout_is_bounded_by_the_callers_deadline(services) -> None:  # type: ignore[no-untyped-def]
+    service = await services.start(pool_min_size=1, pool_max_size=1, pool_timeout_seconds=5.0)
+    user = new_user()
+    async with service.app.pool.connection():  # the only connection is busy for longer than the caller waits
+        started = time.monotonic()
+        try:
+            await service.stubs.credits.GetBalance(credits_service_pb2.GetBalanceRequest(user_id=user), timeout=0.6)
+            raise AssertionError("the call should not find a connection")
+        except grpc.aio.AioRpcError as exc:
+            assert error_info(exc)[:2] == (grpc.StatusCode.UNAVAILABLE, "DATABASE_UNAVAILABLE")
+        assert time.monotonic() - started < 0.6
+
+
+async def test_calls_beyond_the_replicas_cap_wait_their_turn_or_hear_replica_busy_in_time(services) -> None:  # type: ignore[no-untyped-def]
+    """One call at a time: a second call waits while its deadline allows (at most half of it),
+    then hears REPLICA_BUSY, in time to retry elsewhere; a patient one gets its turn."""
+    core = await services.core()
+    service = await services.start(core, max_concurrent_calls=1, core_deadline_seconds=5.0)
+    user, other = new_user(), new_user()
+    await service.stubs.grant(user, 1)
+    core.slow_seconds = 1.5
+    first = asyncio.create_task(service.stubs.admit(user, timeout=10))
+    await asyncio.sleep(0.3)  # the first admit holds the only turn, waiting for the slow core
+    started = time.monotonic()
+    try:
+        await service.stubs.credits.GetBalance(credits_service_pb2.GetBalanceRequest(user_id=other), timeout=1.0)
+        raise AssertionError("no turn within the deadline")
+    except grpc.aio.AioRpcError as exc:
+        assert error_info(exc)[:2] == (grpc.StatusCode.UNAVAILABLE, "REPLICA_BUSY")
+    assert time.monotonic() - started < 0.7
+    patient = await service.stubs.credits.GetBalance(credits_service_pb2.GetBalanceRequest(user_id=other), timeout=10)
+    assert patient.balance == 0
+    assert (await first).status == 2  # JOB_STATUS_PENDING
