@@ -297,23 +297,31 @@ class QueueEngine:
         """Cancels a reserved run whose admit is gone; forgets it once the core confirms."""
         with telemetry.tracer.start_as_current_span("run.cancel_orphan") as span:
             span.set_attribute("queue.run_id", str(claim.run_id))
-            try:
-                report = await self.core.cancel_run(claim.run_id)
-            except errors.CoreUnavailable as exc:
-                report = None
-                log.warning("could not cancel an orphaned run; retrying later", extra={"run_id": claim.run_id, "reason": exc.message})
-            if report is None or not report.fate.settled:
+            report = await self._cancel_until_confirmed(claim.run_id, kind="orphan")
+            if report is None:
                 async with connection(self.pool) as conn:
                     await repo.schedule_run_reservation_retry(
                         conn, run_id=claim.run_id, attempt=claim.attempt, backoff_seconds=self.backoff_seconds(claim.attempt)
                     )
-                telemetry.metrics.run_settlements.add(1, {"kind": "orphan", "result": "retry"})
                 return False
             async with connection(self.pool) as conn:
                 await repo.drop_run_reservation(conn, run_id=claim.run_id)
             telemetry.metrics.run_settlements.add(1, {"kind": "orphan", "result": "settled"})
             log.info("orphaned run canceled", extra={"run_id": claim.run_id, "status": report.fate.value})
             return True
+
+    async def _cancel_until_confirmed(self, run_id: uuid.UUID, *, kind: str) -> RunReport | None:
+        """One CancelRun attempt: the core's report when it confirms the run settled, else None
+        (no answer, or a run still held or judging), and the caller schedules the next attempt."""
+        try:
+            report = await self.core.cancel_run(run_id)
+        except errors.CoreUnavailable as exc:
+            log.warning("run not yet confirmed settled; retrying later", extra={"run_id": run_id, "reason": exc.message})
+            report = None
+        if report is None or not report.fate.settled:
+            telemetry.metrics.run_settlements.add(1, {"kind": kind, "result": "retry"})
+            return None
+        return report
 
     # -- promotion ---------------------------------------------------------------------------
 
@@ -544,17 +552,11 @@ class QueueEngine:
         with telemetry.tracer.start_as_current_span("run.settle") as span:
             span.set_attribute("queue.job_id", str(claim.job_id))
             span.set_attribute("queue.run.settle.attempt", claim.attempt)
-            try:
-                report: RunReport | None = await self.core.cancel_run(claim.run_id)
-            except errors.CoreUnavailable as exc:
-                report = None
-                log.warning("run not yet confirmed settled; retrying later", extra={"job_id": claim.job_id, "run_id": claim.run_id, "reason": exc.message})
-            if report is None or not report.fate.settled:
+            if await self._cancel_until_confirmed(claim.run_id, kind="job") is None:
                 async with connection(self.pool) as conn:
                     await repo.schedule_run_settle_retry(
                         conn, job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=self.backoff_seconds(claim.attempt)
                     )
-                telemetry.metrics.run_settlements.add(1, {"kind": "job", "result": "retry"})
                 return False
             await self.settle_run(claim.job_id, claim.user_id, cause="run_settled")
             return True

@@ -1,7 +1,7 @@
 """OperatorService: the overview, the job search across users, live overview and bulk cancel.
 
 The same adapters as the other servicers: validate, read through the repository (index-driven
-queries of migration 0003), build responses, raise domain errors only. Bulk cancel goes
+queries of migration 0005), build responses, raise domain errors only. Bulk cancel goes
 through `QueueEngine.cancel`, one job at a time, so each job is canceled, refunded and its
 user's next job promoted exactly as a single CancelJob does.
 """

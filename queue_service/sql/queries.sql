@@ -410,7 +410,7 @@ SELECT COALESCE((SELECT balance FROM credit_accounts WHERE user_id = %(user_id)s
 
 -- name: operator_overview
 -- The operator's overview: active jobs from the partial indexes over the rows in flight, ended
--- jobs and admits within the window from the time indexes (migration 0003). `now()`, not
+-- jobs and admits within the window from the time indexes (migration 0005). `now()`, not
 -- clock_timestamp(): a volatile bound cannot be an index condition (the statement runs alone in
 -- its transaction, so both are the same instant).
 SELECT (SELECT count(*) FROM analysis_jobs WHERE status = 'queued') AS queued,
@@ -450,7 +450,7 @@ SELECT count(j.job_id) AS admits
 -- name: search_job_views_of_user
 -- One page of the operator's job search within one user, newest admitted first. The upper
 -- bound is the page token's keyset position or `created_before`, whichever is lower, so the
--- walk over the user index (migration 0003) starts right there; one query shape per index keeps
+-- walk over the user index (migration 0005) starts right there; one query shape per index keeps
 -- the plan index-driven when the statement is prepared.
 SELECT * FROM analysis_job_views
  WHERE user_id = %(user_id)s
@@ -463,7 +463,7 @@ SELECT * FROM analysis_job_views
  LIMIT %(limit)s;
 
 -- name: search_job_views_in_status
--- One page of the job search within one status across users (the status index of 0003).
+-- One page of the job search within one status across users (the status index of 0005).
 SELECT * FROM analysis_job_views
  WHERE status = %(status)s
    AND (create_time, job_id) < (COALESCE(%(upper_time)s::timestamptz, 'infinity'),
@@ -474,7 +474,7 @@ SELECT * FROM analysis_job_views
  LIMIT %(limit)s;
 
 -- name: search_job_views
--- One page of the job search across users and statuses (the admit-time index of 0003).
+-- One page of the job search across users and statuses (the admit-time index of 0005).
 SELECT * FROM analysis_job_views
  WHERE (cardinality(%(statuses)s::text[]) = 0 OR status = ANY(%(statuses)s::text[]))
    AND (create_time, job_id) < (COALESCE(%(upper_time)s::timestamptz, 'infinity'),
@@ -486,7 +486,7 @@ SELECT * FROM analysis_job_views
 
 -- name: active_jobs_matching
 -- The QUEUED, PENDING and RUNNING jobs a bulk cancel would touch, oldest admitted first (the
--- status index of 0003: only the rows in flight are read).
+-- status index of 0005: only the rows in flight are read).
 SELECT job_id, user_id
   FROM analysis_jobs
  WHERE status IN ('queued', 'pending', 'running')  -- lets a prepared (generic) plan see how few rows that is
