@@ -212,7 +212,7 @@ class DevCore(pb_grpc.RunServiceServicer):
             # The request reaches the core late: it is applied even if the caller gave up meanwhile.
             applying = asyncio.ensure_future(self._apply_later(fault.seconds, apply, request, metadata))
             self._late_applications.add(applying)
-            applying.add_done_callback(self._late_applications.discard)
+            applying.add_done_callback(self._forget_late_application)
             try:
                 response = await asyncio.shield(applying)
             except _Refusal as refusal:
@@ -228,6 +228,11 @@ class DevCore(pb_grpc.RunServiceServicer):
         if refusal is not None:
             await context.abort(refusal.code, refusal.message)
         return response
+
+    def _forget_late_application(self, applying: asyncio.Future[Any]) -> None:
+        self._late_applications.discard(applying)
+        if not applying.cancelled():
+            applying.exception()  # read: a refusal nobody waits for any more is not an error
 
     @staticmethod
     async def _answer(apply, request, metadata, context):  # type: ignore[no-untyped-def]
@@ -310,7 +315,12 @@ class DevCore(pb_grpc.RunServiceServicer):
     def _cancel_run(self, request: pb.CancelRunRequest, _metadata: tuple[tuple[str, str], ...]) -> pb.CancelRunResponse:
         run = self.runs.get(request.run_id)
         if run is None:
-            raise _Refusal(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown")
+            # The contract: a cancel of a run id never seen leaves it canceled, so a CreateRun that
+            # arrives later (its caller long gone) finds the canceled run instead of creating one.
+            run = self.runs[request.run_id] = DevRun(
+                run_id=request.run_id, user_id="", document_uri="", state=pb.RUN_STATE_CANCELED, created_at=time.monotonic()
+            )
+            return pb.CancelRunResponse(run=self._run_message(run))
         if run.state not in _FINISHED:
             self._stop_judging(run)
             run.state = pb.RUN_STATE_CANCELED

@@ -180,7 +180,7 @@ class QueueEngine:
             return duplicate
 
         try:
-            await self.core.create_run(
+            created = await self.core.create_run(
                 run_id=run_id,
                 user_id=item.user_id,
                 document_uri=item.document_uri,
@@ -188,6 +188,9 @@ class QueueEngine:
                 hold=not is_delta,
                 delta_of_run_id=state.base_run_id if is_delta else None,
             )
+            if created.fate is RunFate.CANCELED:
+                # The run was canceled before this admit got to it (its reservation given up).
+                raise errors.Conflict("the admit took too long and its run was given up; retry with the same idempotency key")
             result = await self._admit_under_lock(item, run_id, price, is_delta)
         except asyncio.CancelledError:
             # The caller gave up: clean up without it.

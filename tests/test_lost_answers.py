@@ -191,6 +191,24 @@ async def test_a_create_run_whose_answer_never_came_leaves_no_held_run(services,
     assert await stubs.balance(user) == 0
 
 
+async def test_a_create_run_arriving_after_its_cancel_never_becomes_a_live_run(services) -> None:  # type: ignore[no-untyped-def]
+    """Defect 4, the request itself late: CreateRun reaches the core after the admit gave up and
+    after the admit's CancelRun. The core keeps the canceled id (the contract), so the late
+    CreateRun finds the canceled run instead of creating a live one: nothing is left held."""
+    core = await services.core()
+    core.answer_faults["CreateRun"] = AnswerFault("late_arrival", seconds=1.5)
+    service = await services.start(core, core_deadline_seconds=0.5, sweep_interval_seconds=0.2, release_lease_seconds=0.3)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 1)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stubs.admit(user, "click-1")
+    assert error_info(refused.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
+    core.answer_faults.clear()
+    await eventually(lambda: not core._late_applications, what="the late CreateRun to arrive")
+    assert _live_runs_of(core, user) == []
+    assert await stubs.balance(user) == 1
+
+
 # -- 5. a delta judged before its admit commits ------------------------------------------------
 
 

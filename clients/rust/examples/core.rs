@@ -184,13 +184,23 @@ impl RunService for Core {
         request: Request<CancelRunRequest>,
     ) -> Result<Response<CancelRunResponse>, Status> {
         let run_id = request.into_inner().run_id;
+        // A cancel of a run id never seen leaves it canceled, so a CreateRun that arrives later
+        // (its caller long gone) finds the canceled run instead of creating a live one.
         let (run, canceled) = self
             .transition(
                 &run_id,
                 &[RunState::Held, RunState::Judging],
                 RunState::Canceled,
             )
-            .ok_or_else(|| core_errors::run_not_found(&run_id))?;
+            .unwrap_or_else(|| {
+                let mut tombstone = Run {
+                    run_id: run_id.clone(),
+                    ..Default::default()
+                };
+                tombstone.set_state(RunState::Canceled);
+                self.runs.lock().unwrap().insert(run_id.clone(), tombstone.clone());
+                (tombstone, false)
+            });
         if canceled {
             println!("run {run_id}: canceled");
         }

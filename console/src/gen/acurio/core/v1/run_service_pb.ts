@@ -342,6 +342,9 @@ export const RunStateSchema: GenEnum<RunState> = /*@__PURE__*/
  * - every method is idempotent by `run_id` (a repeat of an applied call answers as the first did,
  *   with the run's current state);
  * - a canceled run stays canceled: ReleaseRun on it answers FAILED_PRECONDITION, never judges;
+ * - CancelRun of a run id the core has never seen records that id as canceled and answers
+ *   CANCELED: a CreateRun for it that arrives later (its answer long given up) then returns the
+ *   canceled run instead of creating a live one, so a late CreateRun can never outlive its cancel;
  * - CancelRun answers with the run's state after the cancel, so a run that had already finished
  *   answers SUCCEEDED or FAILED (not CANCELED);
  * - the core calls `acurio.queue.v1.CoreCallbackService.CompleteRun` for every run that finishes
@@ -381,7 +384,9 @@ export const RunService: GenService<{
   },
   /**
    * Cancels a held or judging run. Idempotent: canceling a canceled or finished run returns it
-   * unchanged. Errors: NOT_FOUND for an unknown run.
+   * unchanged. A run id the core has never seen is recorded as canceled (answered CANCELED), so a
+   * CreateRun with that id arriving later does not create a run. NOT_FOUND from an older core is
+   * read as "not judging" too.
    *
    * @generated from rpc acurio.core.v1.RunService.CancelRun
    */
