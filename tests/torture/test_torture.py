@@ -105,6 +105,7 @@ class Summary:
     i10_checks: int = 0
     i11_checks: int = 0
     stream_reconnects: int = 0
+    stream_ends: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     violations: list[str] = dataclasses.field(default_factory=list)
     slow_calls: int = 0
     # How late this process's own event loop ran (it drives the users and the dev core).
@@ -308,9 +309,9 @@ async def watch_user(cluster: Cluster, watched: WatchedUser) -> None:
                     watched.last[message.job.job_id] = message.job
                 if message.snapshot_complete:
                     watched.snapshot_done = True
-            summary.reasons["WatchJobs ended/OK"] += 1
+            summary.stream_ends["OK"] += 1
         except grpc.aio.AioRpcError as exc:
-            summary.reasons[f"WatchJobs ended/{exc.code().name}/{error_info(exc)[1] or '-'}"] += 1
+            summary.stream_ends[f"{exc.code().name}/{error_info(exc)[1] or '-'}"] += 1
             if exc.code() not in ALLOWED:
                 summary.violations.append(f"WatchJobs on {replica.name} ended {exc.code().name}: {exc.details()}")
         except asyncio.CancelledError:
@@ -586,6 +587,7 @@ async def test_torture(tmp_path: Path) -> None:
             "i10_checks": summary.i10_checks,
             "i11_checks": summary.i11_checks,
             "stream_reconnects": summary.stream_reconnects,
+            "stream_ends": dict(summary.stream_ends),
             "harness_max_loop_lag_seconds": round(summary.max_loop_lag, 3),
             "violations": len(summary.violations),
         }
@@ -595,6 +597,8 @@ async def test_torture(tmp_path: Path) -> None:
         assert summary.violations == [], "\n".join(summary.violations[:30])
         assert sum(summary.operations.values()) > USERS
         assert summary.kills >= 1 and summary.drains >= 1 and summary.database_restarts >= 1
+        assert summary.chaos["listener_kill"] >= 1 and sum(core.faults_injected.values()) > 0
+        assert summary.i9_checks > 0 and summary.i10_checks > 0
     finally:
         for watcher in watchers:
             watcher.cancel()
