@@ -77,6 +77,23 @@ ALLOWED = {
 }
 
 
+def skewed_clock_environment() -> dict[str, str]:
+    """What Debian's `faketime` sets for a program whose wall clock runs CLOCK_SKEW ahead (its
+    monotonic clock untouched), to be set on the replica itself: a replica run under the
+    `faketime` wrapper would be the wrapper's child, and SIGTERM (a drain) would reach only
+    the wrapper."""
+    listing = subprocess.run(
+        ["faketime", "-m", "--exclude-monotonic", "-f", CLOCK_SKEW, "env", "-0"], check=True, capture_output=True, text=True
+    ).stdout
+    wanted = {}
+    for entry in listing.split("\0"):
+        name, _, value = entry.partition("=")
+        # FAKETIME_SHARED names shared memory that lives only as long as the wrapper.
+        if name == "LD_PRELOAD" or (name.startswith("FAKETIME") and name != "FAKETIME_SHARED"):
+            wanted[name] = value
+    return wanted
+
+
 @dataclasses.dataclass
 class Replica:
     name: str
@@ -143,12 +160,13 @@ class Cluster:
             "QUEUE_LOG_LEVEL": "warning",
         }
         log = open(self.logs / f"replica-{self._counter}.log", "wb")
-        command = [sys.executable, "-m", "queue_service.cli", "serve"]
         if skewed_clock:
-            # The replica's clock runs ahead of the database's (and of its peers').
-            command = ["faketime", "-f", CLOCK_SKEW, *command]
+            # The replica's wall clock runs ahead of the database's (and of its peers').
+            env.update(skewed_clock_environment())
             self.summary.chaos["skewed_clock_replica"] += 1
-        process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=log, stderr=log, start_new_session=True)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "queue_service.cli", "serve"], env=env, cwd=REPO_ROOT, stdout=log, stderr=log, start_new_session=True
+        )
         log.close()
         replica = Replica(f"replica-{self._counter}", port, process, Stubs(f"127.0.0.1:{port}"), skewed_clock)
         await wait_serving(replica.stubs, process=process, log_path=str(self.logs / f"replica-{self._counter}.log"), timeout=60)
