@@ -338,6 +338,14 @@ async def watch_user(cluster: Cluster, watched: WatchedUser) -> None:
         await asyncio.sleep(random.uniform(0.05, 0.3))
 
 
+def _shown(job: job_pb2.Job, field: str) -> str:
+    if field == "status":
+        return job_pb2.JobStatus.Name(job.status)
+    if field == "end_time":
+        return job.end_time.ToJsonString() if job.HasField("end_time") else "unset"
+    return repr(getattr(job, field))
+
+
 async def check_streams_match_get_job(cluster: Cluster, watched_users: list[WatchedUser], quiet_seconds: float, timeout: float) -> None:
     """I11, after quiescence: once every stream has its snapshot and is quiet, each stream's last
     message per job equals what GetJob returns."""
@@ -357,7 +365,7 @@ async def check_streams_match_get_job(cluster: Cluster, watched_users: list[Watc
             summary.i11_checks += 1
             current = await stubs.job(job_id)
             differences = [
-                f"{field} {getattr(streamed, field)!r} != {getattr(current, field)!r}"
+                f"{field} {_shown(streamed, field)} but GetJob {_shown(current, field)}"
                 for field in ("status", "queue_position", "release_attempts", "last_error", "end_time")
                 if getattr(streamed, field) != getattr(current, field)
             ]
@@ -418,7 +426,7 @@ async def check_continuously(checker: InvariantChecker, core: DevCore, summary: 
 
 async def chaos(cluster: Cluster, database: EmbeddedPostgres, stop: asyncio.Event) -> None:
     summary, core = cluster.summary, cluster.core
-    actions = ["kill", "listener_kill", "deploy", "database", "short_outage", "long_outage", "lost_callbacks"]
+    actions = ["kill", "deploy", "database", "short_outage", "long_outage", "lost_callbacks"]
     while not stop.is_set():
         for action in actions:
             if stop.is_set():
@@ -428,8 +436,6 @@ async def chaos(cluster: Cluster, database: EmbeddedPostgres, stop: asyncio.Even
             summary.chaos[action] += 1
             if action == "kill":
                 await cluster.kill_and_restart()
-            elif action == "listener_kill":
-                summary.chaos["listener_connections_terminated"] += await asyncio.to_thread(cluster.kill_listeners)
             elif action == "deploy":
                 await cluster.rolling_deploy()
             elif action == "database":
@@ -457,6 +463,21 @@ async def _sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stop.wait(), seconds)
     except TimeoutError:
         pass
+
+
+async def listener_kills(cluster: Cluster, stop: asyncio.Event) -> None:
+    """Every few seconds, all through the run (so some come after the last replica restart and
+    the streams' last resync is tested): the replicas lose their LISTEN connections."""
+    summary = cluster.summary
+    while not stop.is_set():
+        await _sleep_unless_stopped(stop, random.uniform(2.0, 4.0))
+        if stop.is_set():
+            return
+        try:
+            summary.chaos["listener_connections_terminated"] += await asyncio.to_thread(cluster.kill_listeners)
+            summary.chaos["listener_kill"] += 1
+        except psycopg.OperationalError:
+            pass  # PostgreSQL is restarting: every connection is going anyway
 
 
 async def answer_fault_spells(core: DevCore, summary: Summary, stop: asyncio.Event) -> None:
@@ -547,7 +568,11 @@ async def test_torture(tmp_path: Path) -> None:
         tasks.append(asyncio.create_task(watch_loop_lag(summary, stop)))
         watched_users = [WatchedUser(u.user_id) for u in users[:WATCHED_USERS]]
         watchers += [asyncio.create_task(watch_user(cluster, w)) for w in watched_users]
-        chaos_tasks = [asyncio.create_task(chaos(cluster, database, stop)), asyncio.create_task(answer_fault_spells(core, summary, stop))]
+        chaos_tasks = [
+            asyncio.create_task(chaos(cluster, database, stop)),
+            asyncio.create_task(answer_fault_spells(core, summary, stop)),
+            asyncio.create_task(listener_kills(cluster, stop)),
+        ]
         started = time.monotonic()
         await asyncio.sleep(SECONDS)
         stop.set()
