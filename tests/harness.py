@@ -303,6 +303,10 @@ class InvariantChecker:
         with psycopg.connect(self.database_url, autocommit=True) as conn:
             return conn.execute(sql).fetchall()  # type: ignore[arg-type]
 
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:
+        """Rows of any read-only query, for checks a test adds of its own."""
+        return self._rows(sql)
+
     def i1_slot_limit(self) -> list[str]:
         self.checks_run += 1
         rows = self._rows(

@@ -8,8 +8,17 @@ shows it) and written to QUEUE_TORTURE_REPORT when set.
 
 During the run: kill -9 of a random replica (restarted a second later), a rolling deploy (a new
 replica starts, an old one is drained with SIGTERM while calls are in flight), a PostgreSQL
-restart, a core outage shorter and one longer than the release window, and a spell of lost
-completion callbacks healed by the sweeper's reconciliation.
+restart, a core outage shorter and one longer than the release window, a spell of lost
+completion callbacks healed by the sweeper's reconciliation, and kills of the replicas' LISTEN
+connections. Meanwhile, spells of ambiguous core answers hit every core method (CreateRun,
+ReleaseRun, CancelRun, GetRun): applied but the answer lost, applied but answered after the
+replica's core deadline, and applied late after the caller gave up. Deltas complete at once, and
+one replica runs with its clock 30 s ahead (Debian's `faketime`, when installed).
+
+Besides I1-I7 from the database, the checker asks the dev core (I9: it never judged two
+first-pass runs of one user at once; I10: after quiescence it holds or judges no run, since no job
+is live) and ten users' WatchJobs streams, kept open through the whole run over random replicas
+(I11: each stream's last message per job equals GetJob once everything is quiet).
 """
 
 from __future__ import annotations
@@ -34,8 +43,9 @@ import psycopg
 import pytest
 
 from queue_service import migrations
-from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
-from queue_service.dev_core import DevCore
+from queue_service._gen.acurio.core.v1 import run_service_pb2 as run_pb
+from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2
+from queue_service.dev_core import AnswerFault, DevCore
 from queue_service.embedded_db import EmbeddedPostgres, free_port
 from tests.harness import REPO_ROOT, S, InvariantChecker, Stubs, error_info, wait_serving
 
@@ -47,6 +57,15 @@ RELEASE_WINDOW = 3.0
 SWEEP_INTERVAL = 1.0
 RECONCILE_AFTER = 2.0
 CALL_DEADLINE = 5.0
+# The replicas' QUEUE_CORE_DEADLINE_SECONDS: late answers come after it.
+CORE_DEADLINE = 1.0
+CORE_METHODS = ("CreateRun", "ReleaseRun", "CancelRun", "GetRun")
+ANSWER_FAULT_KINDS = ("lose", "late", "late_arrival")
+# The longest an answer fault delays a call: after the chaos, a late arrival may still be applied
+# this long afterwards, so quiescence is not judged before.
+LONGEST_FAULT_SECONDS = 3 * CORE_DEADLINE
+CLOCK_SKEW = "+30s"
+WATCHED_USERS = 10
 # What a caller may hear while replicas die, PostgreSQL restarts and the core is down.
 ALLOWED = {
     grpc.StatusCode.OK,
@@ -58,12 +77,30 @@ ALLOWED = {
 }
 
 
+def skewed_clock_environment() -> dict[str, str]:
+    """What Debian's `faketime` sets for a program whose wall clock runs CLOCK_SKEW ahead (its
+    monotonic clock untouched), to be set on the replica itself: a replica run under the
+    `faketime` wrapper would be the wrapper's child, and SIGTERM (a drain) would reach only
+    the wrapper."""
+    listing = subprocess.run(
+        ["faketime", "-m", "--exclude-monotonic", "-f", CLOCK_SKEW, "env", "-0"], check=True, capture_output=True, text=True
+    ).stdout
+    wanted = {}
+    for entry in listing.split("\0"):
+        name, _, value = entry.partition("=")
+        # FAKETIME_SHARED names shared memory that lives only as long as the wrapper.
+        if name == "LD_PRELOAD" or (name.startswith("FAKETIME") and name != "FAKETIME_SHARED"):
+            wanted[name] = value
+    return wanted
+
+
 @dataclasses.dataclass
 class Replica:
     name: str
     port: int
     process: subprocess.Popen[bytes]
     stubs: Stubs
+    skewed_clock: bool = False
 
 
 @dataclasses.dataclass
@@ -77,7 +114,15 @@ class Summary:
     database_restarts: int = 0
     core_outages: int = 0
     lost_callback_spells: int = 0
+    # Chaos actions taken, by kind (answer-fault spells per method:kind, listener kills, ...).
+    chaos: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     checks: int = 0
+    # Checks of the core's view (I9, I10) and of the WatchJobs streams (I11).
+    i9_checks: int = 0
+    i10_checks: int = 0
+    i11_checks: int = 0
+    stream_reconnects: int = 0
+    stream_ends: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     violations: list[str] = dataclasses.field(default_factory=list)
     slow_calls: int = 0
     # How late this process's own event loop ran (it drives the users and the dev core).
@@ -93,7 +138,7 @@ class Cluster:
         self.replicas: list[Replica] = []
         self._counter = 0
 
-    async def start_replica(self) -> Replica:
+    async def start_replica(self, *, skewed_clock: bool = False) -> Replica:
         self._counter += 1
         port = free_port()
         env = {
@@ -115,11 +160,15 @@ class Cluster:
             "QUEUE_LOG_LEVEL": "warning",
         }
         log = open(self.logs / f"replica-{self._counter}.log", "wb")
+        if skewed_clock:
+            # The replica's wall clock runs ahead of the database's (and of its peers').
+            env.update(skewed_clock_environment())
+            self.summary.chaos["skewed_clock_replica"] += 1
         process = subprocess.Popen(
             [sys.executable, "-m", "queue_service.cli", "serve"], env=env, cwd=REPO_ROOT, stdout=log, stderr=log, start_new_session=True
         )
         log.close()
-        replica = Replica(f"replica-{self._counter}", port, process, Stubs(f"127.0.0.1:{port}"))
+        replica = Replica(f"replica-{self._counter}", port, process, Stubs(f"127.0.0.1:{port}"), skewed_clock)
         await wait_serving(replica.stubs, process=process, log_path=str(self.logs / f"replica-{self._counter}.log"), timeout=60)
         self.replicas.append(replica)
         self.point_core_at_live_replicas()
@@ -141,11 +190,11 @@ class Cluster:
         self.summary.kills += 1
         self.point_core_at_live_replicas()
         await asyncio.sleep(1.0)
-        await self.start_replica()
+        await self.start_replica(skewed_clock=victim.skewed_clock)
         self.summary.restarts += 1
 
     async def rolling_deploy(self) -> None:
-        await self.start_replica()  # the "new version"
+        await self.start_replica(skewed_clock=self.replicas[0].skewed_clock)  # the "new version"
         old = self.replicas.pop(0)
         _log_event(f"drain {old.stubs.address}")
         self.point_core_at_live_replicas()
@@ -159,6 +208,16 @@ class Cluster:
         if code != 0:
             self.summary.violations.append(f"drained replica {old.name} exited {code}")
         self.summary.drains += 1
+
+    def kill_listeners(self) -> int:
+        """Terminates the replicas' LISTEN connections (as a proxy or failover would): each
+        replica reconnects and its WatchJobs streams resync."""
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            rows = conn.execute(
+                """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                    WHERE query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()"""
+            ).fetchall()
+        return sum(1 for (terminated,) in rows if terminated)
 
     async def stop(self) -> None:
         for replica in self.replicas:
@@ -238,6 +297,82 @@ async def simulate_user(cluster: Cluster, state: UserState, stop: asyncio.Event,
                 state.granted += 5
 
 
+@dataclasses.dataclass
+class WatchedUser:
+    """One user's WatchJobs stream, reconnected (to a random live replica) whenever it ends."""
+
+    user_id: str
+    # The current stream's last message per job id. A new stream's snapshot is the whole truth
+    # (the contract), so each reconnect starts afresh.
+    last: dict[str, job_pb2.Job] = dataclasses.field(default_factory=dict)
+    snapshot_done: bool = False
+    last_message_at: float = 0.0
+
+
+async def watch_user(cluster: Cluster, watched: WatchedUser) -> None:
+    """Runs until cancelled."""
+    summary = cluster.summary
+    connects = 0
+    while True:
+        replica = random.choice(cluster.replicas)
+        connects += 1
+        if connects > 1:
+            summary.stream_reconnects += 1
+        watched.last, watched.snapshot_done = {}, False
+        call = replica.stubs.queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id=watched.user_id))
+        try:
+            async for message in call:
+                watched.last_message_at = time.monotonic()
+                if message.HasField("job"):
+                    watched.last[message.job.job_id] = message.job
+                if message.snapshot_complete:
+                    watched.snapshot_done = True
+            summary.stream_ends["OK"] += 1
+        except grpc.aio.AioRpcError as exc:
+            summary.stream_ends[f"{exc.code().name}/{error_info(exc)[1] or '-'}"] += 1
+            if exc.code() not in ALLOWED:
+                summary.violations.append(f"WatchJobs on {replica.name} ended {exc.code().name}: {exc.details()}")
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        await asyncio.sleep(random.uniform(0.05, 0.3))
+
+
+def _shown(job: job_pb2.Job, field: str) -> str:
+    if field == "status":
+        return job_pb2.JobStatus.Name(job.status)
+    if field == "end_time":
+        return job.end_time.ToJsonString() if job.HasField("end_time") else "unset"
+    return repr(getattr(job, field))
+
+
+async def check_streams_match_get_job(cluster: Cluster, watched_users: list[WatchedUser], quiet_seconds: float, timeout: float) -> None:
+    """I11, after quiescence: once every stream has its snapshot and is quiet, each stream's last
+    message per job equals what GetJob returns."""
+    summary = cluster.summary
+    deadline = time.monotonic() + timeout
+    while True:
+        now = time.monotonic()
+        if all(w.snapshot_done and now - w.last_message_at >= quiet_seconds for w in watched_users):
+            break
+        if now > deadline:
+            summary.violations.append(f"I11: the WatchJobs streams did not settle within {timeout:.0f} s of quiescence")
+            return
+        await asyncio.sleep(0.2)
+    stubs = cluster.pick()
+    for watched in watched_users:
+        for job_id, streamed in list(watched.last.items()):
+            summary.i11_checks += 1
+            current = await stubs.job(job_id)
+            differences = [
+                f"{field} {_shown(streamed, field)} but GetJob {_shown(current, field)}"
+                for field in ("status", "queue_position", "release_attempts", "last_error", "end_time")
+                if getattr(streamed, field) != getattr(current, field)
+            ]
+            if differences:
+                summary.violations.append(f"I11: job {job_id} of {watched.user_id}: stream says " + "; ".join(differences))
+
+
 async def watch_loop_lag(summary: Summary, stop: asyncio.Event) -> None:
     while not stop.is_set():
         planned = time.monotonic() + 0.1
@@ -245,12 +380,34 @@ async def watch_loop_lag(summary: Summary, stop: asyncio.Event) -> None:
         summary.max_loop_lag = max(summary.max_loop_lag, time.monotonic() - planned)
 
 
-async def check_continuously(checker: InvariantChecker, summary: Summary, stop: asyncio.Event) -> None:
+def check_core_judges_one_run_per_user(core: DevCore, summary: Summary, reported: set[str]) -> None:
+    """I9: the dev core never judged two first-pass runs of one user at once (limit 1)."""
+    summary.i9_checks += 1
+    for user, most in core.max_concurrent_judging.items():
+        if most > 1 and user not in reported:
+            reported.add(user)
+            summary.violations.append(f"I9: the core judged {most} first-pass runs of user {user} at once")
+
+
+def check_live_jobs_known_to_core(checker: InvariantChecker, core: DevCore, summary: Summary) -> None:
+    """I10, while running: every live job's run is known to the core (an admit commits a job only
+    after the core confirmed its run; the dev core forgets no run)."""
+    summary.i10_checks += 1
+    rows = checker.rows("SELECT job_id, run_id, status FROM analysis_jobs WHERE status IN ('queued', 'pending', 'running')")
+    for job_id, run_id, status in rows:
+        if str(run_id) not in core.runs:
+            summary.violations.append(f"I10: {status} job {job_id} has run {run_id}, unknown to the core")
+
+
+async def check_continuously(checker: InvariantChecker, core: DevCore, summary: Summary, stop: asyncio.Event) -> None:
     waiting_since: dict[str, float] = {}
     grace = 3 * SWEEP_INTERVAL + 2.0
+    i9_reported: set[str] = set()
     while not stop.is_set():
+        check_core_judges_one_run_per_user(core, summary, i9_reported)
         try:
             summary.violations.extend(await asyncio.to_thread(checker.all_violations))
+            await asyncio.to_thread(check_live_jobs_known_to_core, checker, core, summary)
             now = time.monotonic()
             waiting = await asyncio.to_thread(checker.users_waiting_with_free_slot)
             for user in list(waiting_since):
@@ -276,6 +433,7 @@ async def chaos(cluster: Cluster, database: EmbeddedPostgres, stop: asyncio.Even
                 return
             await asyncio.sleep(random.uniform(1.0, 2.5))
             _log_event(f"chaos: {action}")
+            summary.chaos[action] += 1
             if action == "kill":
                 await cluster.kill_and_restart()
             elif action == "deploy":
@@ -298,6 +456,54 @@ async def chaos(cluster: Cluster, database: EmbeddedPostgres, stop: asyncio.Even
                 await asyncio.sleep(1.5)
                 core.drop_callbacks = False
                 summary.lost_callback_spells += 1
+
+
+async def _sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        pass
+
+
+async def listener_kills(cluster: Cluster, stop: asyncio.Event) -> None:
+    """Every few seconds, all through the run (so some come after the last replica restart and
+    the streams' last resync is tested): the replicas lose their LISTEN connections."""
+    summary = cluster.summary
+    while not stop.is_set():
+        await _sleep_unless_stopped(stop, random.uniform(2.0, 4.0))
+        if stop.is_set():
+            return
+        try:
+            summary.chaos["listener_connections_terminated"] += await asyncio.to_thread(cluster.kill_listeners)
+            summary.chaos["listener_kill"] += 1
+        except psycopg.OperationalError:
+            pass  # PostgreSQL is restarting: every connection is going anyway
+
+
+async def answer_fault_spells(core: DevCore, summary: Summary, stop: asyncio.Event) -> None:
+    """Spells of ambiguous answers on every core method at once: the call is applied but its
+    answer lost, or answered after the replica's core deadline, or applied late (after the caller
+    gave up). Kinds rotate over the methods, so every three spells cover every (method, kind); a
+    share of the calls gets through."""
+    spell = 0
+    while not stop.is_set():
+        await _sleep_unless_stopped(stop, random.uniform(0.5, 1.5))
+        if stop.is_set():
+            return
+        for index, method in enumerate(CORE_METHODS):
+            kind = ANSWER_FAULT_KINDS[(spell + index) % len(ANSWER_FAULT_KINDS)]
+            if kind == "late":
+                seconds = random.uniform(1.2 * CORE_DEADLINE, LONGEST_FAULT_SECONDS)
+            elif kind == "late_arrival":
+                seconds = random.uniform(0.3 * CORE_DEADLINE, LONGEST_FAULT_SECONDS)
+            else:
+                seconds = 0.0
+            core.answer_faults[method] = AnswerFault(kind, seconds, probability=random.uniform(0.3, 0.5))
+            summary.chaos[f"answer_fault_spell:{method}:{kind}"] += 1
+        _log_event(f"chaos: answer faults {core.answer_faults}")
+        spell += 1
+        await _sleep_unless_stopped(stop, random.uniform(1.0, 3.0))
+        core.answer_faults.clear()
 
 
 def _final_checks(database_url: str, admitted: dict[str, str], users: list[UserState], summary: Summary) -> dict[str, int]:
@@ -337,13 +543,19 @@ async def test_torture(tmp_path: Path) -> None:
     database.start()
     summary = Summary()
     core = DevCore(judging_seconds=0.2)
+    core.delta_judging_seconds = 0  # deltas complete at once: their CompleteRun races the admit's commit
+    summary.chaos["instant_deltas"] += 1
     await core.start("127.0.0.1:0")
+    skew_available = shutil.which("faketime") is not None
+    if os.environ.get("CI") and not skew_available:
+        pytest.fail("CI must install Debian's faketime for the torture run's skewed-clock replica")
     database_url = database.dsn()
     await migrations.migrate(database_url)
     cluster = Cluster(database_url, core, summary, tmp_path)
+    watchers: list[asyncio.Task[None]] = []
     try:
-        for _ in range(3):
-            await cluster.start_replica()
+        for index in range(3):
+            await cluster.start_replica(skewed_clock=skew_available and index == 2)
         users = [UserState(f"torture-{i}-{uuid.uuid4().hex[:6]}") for i in range(USERS)]
         await asyncio.gather(*[cluster.replicas[0].stubs.grant(u.user_id, 30) for u in users])
         for u in users:
@@ -352,27 +564,50 @@ async def test_torture(tmp_path: Path) -> None:
         stop = asyncio.Event()
         checker = InvariantChecker(database_url)
         tasks = [asyncio.create_task(simulate_user(cluster, u, stop, admitted)) for u in users]
-        tasks.append(asyncio.create_task(check_continuously(checker, summary, stop)))
+        tasks.append(asyncio.create_task(check_continuously(checker, core, summary, stop)))
         tasks.append(asyncio.create_task(watch_loop_lag(summary, stop)))
-        chaos_task = asyncio.create_task(chaos(cluster, database, stop))
+        watched_users = [WatchedUser(u.user_id) for u in users[:WATCHED_USERS]]
+        watchers += [asyncio.create_task(watch_user(cluster, w)) for w in watched_users]
+        chaos_tasks = [
+            asyncio.create_task(chaos(cluster, database, stop)),
+            asyncio.create_task(answer_fault_spells(core, summary, stop)),
+            asyncio.create_task(listener_kills(cluster, stop)),
+        ]
         started = time.monotonic()
         await asyncio.sleep(SECONDS)
         stop.set()
-        await chaos_task
+        await asyncio.gather(*chaos_tasks)
         await asyncio.gather(*tasks)
 
-        # Heal and let the queue drain: every admitted job must reach a terminal status.
+        # Heal and let the queue drain: every admitted job must reach a terminal status, every
+        # ended job's run must be settled, and every reserved run of a failed admit canceled.
         core.unavailable = core.fail_releases = core.drop_callbacks = False
+        core.answer_faults.clear()
         cluster.point_core_at_live_replicas()
-        deadline = time.monotonic() + 60
+        healed_at = time.monotonic()
+        deadline = healed_at + 60
         while time.monotonic() < deadline:
             active = checker.count("SELECT count(*) FROM analysis_jobs WHERE status IN ('queued', 'pending', 'running')")
-            if active == 0:
+            unsettled = checker.count("SELECT count(*) FROM analysis_jobs WHERE run_settle_due_at IS NOT NULL")
+            reserved = checker.count("SELECT count(*) FROM run_reservations")
+            # A late arrival sent during the chaos may still be applied until LONGEST_FAULT_SECONDS after it.
+            if active == 0 and unsettled == 0 and reserved == 0 and time.monotonic() > healed_at + LONGEST_FAULT_SECONDS:
                 break
             await asyncio.sleep(0.5)
         else:
-            summary.violations.append(f"{active} jobs still active 60 s after the chaos ended")
+            summary.violations.append(
+                f"not quiet 60 s after the chaos ended: {active} jobs active, {unsettled} runs unsettled, {reserved} runs reserved"
+            )
         summary.violations.extend(checker.all_violations())
+        check_core_judges_one_run_per_user(core, summary, set())
+        # I10: no job is live, so the core may hold or judge no run at all.
+        summary.i10_checks += 1
+        orphans = core.live_runs()
+        if orphans:
+            jobs = dict(checker.rows("SELECT run_id::text, status || CASE WHEN delta_of_job_id IS NULL THEN '' ELSE ' delta' END FROM analysis_jobs"))
+            described = [f"{run_id} ({'held' if run.state == run_pb.RUN_STATE_HELD else 'judging'}, user {run.user_id}, job {jobs.get(run_id, 'none')})" for run_id, run in orphans.items()]
+            summary.violations.append(f"I10: the core still holds or judges {len(orphans)} runs with no live job: " + ", ".join(described[:10]))
+        await check_streams_match_get_job(cluster, watched_users, quiet_seconds=2.0, timeout=30)
         counts = _final_checks(database_url, admitted, users, summary)
         summary.checks = checker.checks_run
         report = {
@@ -388,7 +623,14 @@ async def test_torture(tmp_path: Path) -> None:
             "database_restarts": summary.database_restarts,
             "core_outages": summary.core_outages,
             "lost_callback_spells": summary.lost_callback_spells,
+            "chaos_actions": dict(sorted(summary.chaos.items())),
+            "core_faults_injected": dict(sorted(core.faults_injected.items())),
             "invariant_checks": summary.checks,
+            "i9_checks": summary.i9_checks,
+            "i10_checks": summary.i10_checks,
+            "i11_checks": summary.i11_checks,
+            "stream_reconnects": summary.stream_reconnects,
+            "stream_ends": dict(summary.stream_ends),
             "harness_max_loop_lag_seconds": round(summary.max_loop_lag, 3),
             "violations": len(summary.violations),
         }
@@ -398,7 +640,12 @@ async def test_torture(tmp_path: Path) -> None:
         assert summary.violations == [], "\n".join(summary.violations[:30])
         assert sum(summary.operations.values()) > USERS
         assert summary.kills >= 1 and summary.drains >= 1 and summary.database_restarts >= 1
+        assert summary.chaos["listener_kill"] >= 1 and sum(core.faults_injected.values()) > 0
+        assert summary.i9_checks > 0 and summary.i10_checks > 0
     finally:
+        for watcher in watchers:
+            watcher.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
         await cluster.stop()
         await core.stop()
         database.stop(mode="immediate")
