@@ -220,10 +220,16 @@ class Cluster:
         return sum(1 for (terminated,) in rows if terminated)
 
     async def stop(self) -> None:
+        """Drains every replica; one that does not exit in time is killed, so none outlives the run."""
         for replica in self.replicas:
             replica.process.send_signal(signal.SIGTERM)
         for replica in self.replicas:
-            await asyncio.to_thread(replica.process.wait, 20)
+            try:
+                await asyncio.to_thread(replica.process.wait, 20)
+            except subprocess.TimeoutExpired:
+                self.summary.violations.append(f"replica {replica.name} did not exit within 20 s of SIGTERM at the end")
+                replica.process.kill()
+                await asyncio.to_thread(replica.process.wait, 10)
             await replica.stubs.close()
 
 
