@@ -198,6 +198,12 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
 
 
 def _status_filter(statuses: list[int]) -> list[str]:
+    if len(statuses) > validation.MAX_STATUS_FILTERS:
+        raise errors.InvalidRequest(
+            f"statuses lists {len(statuses)} entries; at most {validation.MAX_STATUS_FILTERS} (there are six statuses)",
+            metadata={"maxStatuses": str(validation.MAX_STATUS_FILTERS)},
+            field_violations=[("statuses", f"at most {validation.MAX_STATUS_FILTERS} entries")],
+        )
     names = []
     for index, status in enumerate(statuses):
         if status not in STATUS_NAMES:

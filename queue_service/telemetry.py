@@ -11,6 +11,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import sys
 import weakref
 from typing import Any
@@ -176,13 +177,23 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         fields = " ".join(
-            f"{name}={getattr(record, name)}" for name in JsonFormatter._FIELDS if getattr(record, name, None) is not None
+            f"{name}={_text_value(getattr(record, name))}" for name in JsonFormatter._FIELDS if getattr(record, name, None) is not None
         )
         line = f"{self.formatTime(record, '%H:%M:%S')} {record.levelname.lower():7} {record.getMessage()}"
         line = f"{line}  {fields}" if fields else line
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
+
+
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9_.:/@+-]+")
+
+
+def _text_value(value: object) -> str:
+    """A field value as one token: anything but plain characters is quoted and escaped, so a
+    caller's `user_id` cannot add fake fields (`eve status=succeeded`) or lines to a text log."""
+    text = str(value)
+    return text if _PLAIN_VALUE.fullmatch(text) else json.dumps(text)
 
 
 def configure_logging(*, log_format: str, level: str) -> None:

@@ -21,6 +21,11 @@ MAX_MESSAGE_CHARS = 1024
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 20
 MAX_GRANT = 1_000_000
+# A BadRequest lists at most this many violations (a trailer of thousands would exceed a client's
+# header limit, and the caller would hear RESOURCE_EXHAUSTED instead of INVALID_ARGUMENT).
+MAX_LISTED_VIOLATIONS = 50
+# ListJobs' status filter: there are six statuses; a longer list is a mistake or an attack.
+MAX_STATUS_FILTERS = 16
 
 # Registrant code after "10.", a slash, and a suffix without whitespace or control characters.
 _DOI = re.compile(r"^10\.\d{4,9}(\.\d+)*/[^\s\x00-\x1f\x7f]+$")
@@ -74,7 +79,11 @@ class Violations:
         if self.items:
             fields = ", ".join(field for field, _ in self.items[:10])
             more = f" and {len(self.items) - 10} more" if len(self.items) > 10 else ""
-            raise errors.InvalidRequest(f"invalid request: {fields}{more}", field_violations=self.items)
+            listed = self.items[:MAX_LISTED_VIOLATIONS]
+            metadata = {"violations": str(len(self.items))}
+            if len(self.items) > MAX_LISTED_VIOLATIONS:
+                metadata["violationsNotListed"] = str(len(self.items) - MAX_LISTED_VIOLATIONS)
+            raise errors.InvalidRequest(f"invalid request: {fields}{more}", metadata=metadata, field_violations=listed)
 
 
 def validate_admit(request: object) -> uuid.UUID | None:

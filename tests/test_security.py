@@ -230,3 +230,37 @@ def test_a_public_listener_without_authentication_is_refused(pki) -> None:  # ty
         Config.from_env({"QUEUE_TLS_CERT_FILE": str(pki["server_cert"])})
     with pytest.raises(ConfigError, match="no such file"):
         Config.from_env({"QUEUE_AUTH_FILE": "/nonexistent/auth.json"})
+
+
+async def test_a_request_with_a_thousand_bad_dois_is_invalid_argument_with_a_bounded_bad_request(service) -> None:  # type: ignore[no-untyped-def]
+    """1 000 invalid DOIs once made a 156 KB error trailer, which a default client refused with
+    RESOURCE_EXHAUSTED. The BadRequest lists 50 violations and says how many it left out."""
+    user = new_user()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await service.stubs.admit(user, dois=tuple(f"not-a-doi-{i}" for i in range(1000)))
+    code, reason, metadata, violations = error_info(refused.value)
+    assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
+    assert len(violations) == 50
+    assert metadata == {"violations": "1000", "violationsNotListed": "950"}
+
+
+async def test_list_jobs_refuses_a_status_filter_longer_than_there_are_statuses(service) -> None:  # type: ignore[no-untyped-def]
+    from queue_service._gen.acurio.queue.v1 import queue_service_pb2
+
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await service.stubs.queue.ListJobs(queue_service_pb2.ListJobsRequest(user_id="u", statuses=[1] * 100_000), timeout=5)
+    code, reason, metadata, violations = error_info(refused.value)
+    assert (code, reason, [f for f, _ in violations]) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", ["statuses"])
+
+
+def test_text_logs_quote_values_so_a_user_id_cannot_forge_fields() -> None:
+    import logging
+
+    from queue_service.telemetry import TextFormatter
+
+    record = logging.LogRecord("queue_service", logging.INFO, __file__, 1, "job admitted", None, None)
+    record.user_id = "eve status=succeeded\nforged line"
+    record.status = "queued"
+    line = TextFormatter().format(record)
+    assert 'user_id="eve status=succeeded\\nforged line"' in line
+    assert "\n" not in line and line.count("status=") == 2  # the real field, and the quoted text
