@@ -6,7 +6,8 @@ Protocol with the orchestrator (bench.run): the driver sets up (pools, streams, 
 `{"ready": true}`, waits for a line on stdin (the orchestrator starts its CPU meters then), runs
 the measured part and prints one JSON result line. Tasks:
 
-- db_floor: the bare admit transaction (user lock + insert_admitted_job + COMMIT), no service.
+- db_floor: the bare admit's database work (the run reservation, then user lock +
+  insert_admitted_job + COMMIT), no service.
 - watch_fanout: N WatchJobs streams on one user; a committed change of one of its jobs; time
   from the change to the first and to the last watcher's message.
 - sweeper: `Sweeper.sweep_once()` in process against the database, and each of its statements.
@@ -61,8 +62,13 @@ async def db_floor(dsn: str, user_prefix: str, users: int, concurrency: int, tot
     async def admit(user_id: str, key: str) -> float:
         job = repo.NewJob(uuid.uuid4(), user_id, uuid.uuid4(), key, digest, None, 1)
         started = time.perf_counter()
+        async with pool.connection() as conn:
+            await repo.reserve_run(conn, run_id=job.run_id, user_id=user_id, idempotency_key=key, grace_seconds=60)
         async with with_user_queue_lock(pool, user_id) as conn:
-            status = await repo.insert_admitted_job(conn, job, default_max_active=1, max_queued=2**31 - 1, release_window_seconds=1800, reconcile_after_seconds=900)
+            status = await repo.insert_admitted_job(
+                conn, job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
+                release_window_seconds=1800, reconcile_after_seconds=900,
+            )
         if status is None:
             raise RuntimeError(f"{user_id} has no credit left")
         return time.perf_counter() - started

@@ -65,22 +65,29 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
     def end_running_job(c: psycopg.Connection) -> None:
         c.execute(
             repo.queries()["finish_job"],
-            {"job_id": running, "status": "succeeded", "from_statuses": ["pending", "running"], "last_error": "", "expected_attempts": None},
+            {"job_id": running, "status": "succeeded", "from_statuses": ["pending", "running"], "last_error": "", "expected_attempts": None, "run_unsettled": False},
         )
 
     new_job = {
         "job_id": uuid.uuid4(), "user_id": idle_user, "run_id": uuid.uuid4(), "idempotency_key": f"explain-{uuid.uuid4()}",
         "request_digest": b"explain", "delta_of_job_id": None, "price": 1, "is_delta": False, "default_max_active": 1, "max_queued": 100,
-        "release_window_seconds": 1800.0, "reconcile_after_seconds": 900.0,
+        "max_running_deltas": 4, "release_window_seconds": 1800.0, "reconcile_after_seconds": 900.0,
     }
+
+    def reserve_the_run(c: psycopg.Connection) -> None:
+        c.execute(
+            repo.queries()["reserve_run"],
+            {"run_id": new_job["run_id"], "user_id": idle_user, "idempotency_key": new_job["idempotency_key"], "grace_seconds": 60.0},
+        )
+
     return {
-        "insert_admitted_job": (new_job, None),
+        "insert_admitted_job": (new_job, reserve_the_run),
         "promote_next_queued_job": ({"user_id": busy_user, "default_max_active": 1, "release_window_seconds": 1800.0}, end_running_job),
         "claim_due_releases": ({"lease_seconds": 15.0, "batch_size": 64}, None),
         "users_needing_promotion": ({"default_max_active": 1, "batch_size": 500}, None),
         "expired_pending_releases": ({"batch_size": 500}, None),
         "claim_due_reconciliations": ({"recheck_seconds": 900.0, "batch_size": 500}, None),
-        "list_job_views": ({"user_id": idle_user, "before_seq": None, "statuses": [], "limit": 11}, None),
+        "list_job_views": ({"user_id": idle_user, "after_job_id": None, "before_seq": None, "statuses": [], "limit": 11}, None),
         "admit_state": ({"user_id": idle_user, "idempotency_key": "explain-none", "delta_of_job_id": None}, None),
         "job_views_by_ids": ({"job_ids": [queued]}, None),
     }

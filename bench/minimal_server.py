@@ -46,9 +46,14 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
             delta_of_job_id=None,
             price=_PRICE,
         )
+        async with self._pool.connection() as conn:
+            await repo.reserve_run(
+                conn, run_id=job.run_id, user_id=job.user_id, idempotency_key=job.idempotency_key, grace_seconds=60
+            )
         async with with_user_queue_lock(self._pool, request.user_id) as conn:
             status = await repo.insert_admitted_job(
-                conn, job, default_max_active=1, max_queued=2**31 - 1, release_window_seconds=1800, reconcile_after_seconds=900
+                conn, job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
+                release_window_seconds=1800, reconcile_after_seconds=900,
             )
         if status is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "insufficient credits")
