@@ -90,7 +90,7 @@ export function OverviewPage({ live }: { live: boolean }) {
       <h1>Overview</h1>
       {problem && <p class="problem">{problem}</p>}
       <div class="figures">
-        <Figure label="Queued" value={String(overview.queued)} hint={`${overview.usersWaiting} users waiting`} />
+        <Figure label="Queued" value={String(overview.queued)} hint={`${overview.usersWaiting} ${overview.usersWaiting === 1n ? "user" : "users"} waiting`} />
         <Figure label="Pending" value={String(overview.pending)} hint="being released" />
         <Figure label="Running" value={String(overview.running)} hint="judged by the core" />
         <Figure label="Oldest wait" value={oldest ? duration(now - oldest.getTime()) : "—"} hint="since admit" />
