@@ -118,3 +118,19 @@ def test_the_reference_check_catches_a_path_outside_and_a_missing_file(tmp_path:
     assert _problem(outside, "design.md#9-invariants") is None
     assert _problem(outside, "design.md#no-such-heading") is not None
     assert _MACHINE_PATH.search("see ../shared/design/queue-design.md")
+
+
+def test_no_tracked_file_names_a_path_of_a_developers_machine() -> None:
+    """The repository stands alone: no file points into a developer's machine or a folder
+    beside the checkout (this file spells the patterns, so it is left out)."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    offenders = []
+    for name in tracked:
+        path = ROOT / name
+        if path == Path(__file__).resolve() or name.endswith((".lock", "-lock.json", ".png")) or not path.is_file():
+            continue
+        text = path.read_text(errors="ignore")
+        offenders += [f"{name}: {match.group(0)}" for match in _MACHINE_PATH.finditer(text)]
+    assert offenders == []

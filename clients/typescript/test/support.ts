@@ -12,7 +12,7 @@ export function queueAddr(): string {
   if (addr === "") {
     throw new Error(
       "QUEUE_ADDR is not set: these tests need a live queue service. " +
-        "Start one (cd /work/main && QUEUE_LISTEN_ADDR=127.0.0.1:50071 .venv/bin/queue-service dev) " +
+        "Start one from the repository root (QUEUE_LISTEN_ADDR=127.0.0.1:50071 .venv/bin/queue-service dev) " +
         "and run: QUEUE_ADDR=127.0.0.1:50071 npm test",
     );
   }
