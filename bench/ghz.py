@@ -15,6 +15,10 @@ GHZ = shutil.which("ghz") or os.path.expanduser("~/go/bin/ghz")
 ADMIT = "acurio.queue.v1.AnalysisQueueService/Admit"
 LIST_JOBS = "acurio.queue.v1.AnalysisQueueService/ListJobs"
 HEALTH_CHECK = "grpc.health.v1.Health/Check"
+GET_OVERVIEW = "acurio.queue.v1.OperatorService/GetOverview"
+SEARCH_JOBS = "acurio.queue.v1.OperatorService/SearchJobs"
+# The console's reads: the overview of the last hour, and a first page of the job search.
+OVERVIEW_DATA: dict[str, Any] = {"window_minutes": 60}
 
 
 def admit_data(user_prefix: str, users: int, key_prefix: str) -> dict[str, Any]:
@@ -26,6 +30,13 @@ def admit_data(user_prefix: str, users: int, key_prefix: str) -> dict[str, Any]:
         "document": {"uri": "s3://theses/bench.pdf", "title": "bench"},
         "sources": [{"doi": "10.1234/bench", "citation": "Bench et al. 2024"}],
     }
+
+
+def search_jobs_data(user_prefix: str | None, users: int, page_size: int) -> dict[str, Any]:
+    """SearchJobs: the newest jobs of all users (`user_prefix` None), or of one user each call."""
+    if user_prefix is None:
+        return {"filter": {}, "page_size": page_size}
+    return {"filter": {"user_id": f"{user_prefix}{{{{mod .RequestNumber {users}}}}}"}, "page_size": page_size}
 
 
 def list_jobs_data(user_prefix: str, users: int, page_size: int) -> dict[str, Any]:

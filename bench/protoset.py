@@ -13,7 +13,12 @@ from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import FileDescriptor
 from grpc_health.v1 import health_pb2
 
-from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2, credits_service_pb2, queue_service_pb2
+from queue_service._gen.acurio.queue.v1 import (
+    core_callback_service_pb2,
+    credits_service_pb2,
+    operator_service_pb2,
+    queue_service_pb2,
+)
 
 
 def _with_dependencies(roots: list[FileDescriptor]) -> list[FileDescriptor]:
@@ -34,7 +39,13 @@ def _with_dependencies(roots: list[FileDescriptor]) -> list[FileDescriptor]:
 
 
 def write_protoset(path: Path) -> Path:
-    roots = [queue_service_pb2.DESCRIPTOR, credits_service_pb2.DESCRIPTOR, core_callback_service_pb2.DESCRIPTOR, health_pb2.DESCRIPTOR]
+    roots = [
+        queue_service_pb2.DESCRIPTOR,
+        credits_service_pb2.DESCRIPTOR,
+        core_callback_service_pb2.DESCRIPTOR,
+        operator_service_pb2.DESCRIPTOR,
+        health_pb2.DESCRIPTOR,
+    ]
     descriptor_set = descriptor_pb2.FileDescriptorSet()
     for fd in _with_dependencies(roots):
         fd.CopyToProto(descriptor_set.file.add())

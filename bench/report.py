@@ -122,7 +122,7 @@ def render_table(report: dict[str, Any]) -> str:
         h = results["history"]
         table = h["history_table"]
         for phase in ("empty", "history"):
-            for call in ("admit", "list_jobs"):
+            for call in h[phase]:
                 lines.append(_row(f"4) {call} ({phase} table)", h[phase][call]))
         for call, ratios in h["ratios_history_to_empty"].items():
             lines.append(_ratio_row(f"  {call}: history / empty", ratios))
