@@ -4,6 +4,7 @@ import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-no
 
 import { CoreCallbackService } from "./gen/acurio/queue/v1/core_callback_service_pb.js";
 import { CreditsService } from "./gen/acurio/queue/v1/credits_service_pb.js";
+import { OperatorService } from "./gen/acurio/queue/v1/operator_service_pb.js";
 import { AnalysisQueueService } from "./gen/acurio/queue/v1/queue_service_pb.js";
 import { retryInterceptor, type RetryOptions } from "./retry.js";
 
@@ -47,7 +48,7 @@ export interface QueueClientOptions {
   interceptors?: Interceptor[];
 }
 
-/** Typed clients for the three queue services, sharing one HTTP/2 connection. */
+/** Typed clients for the queue's services, sharing one HTTP/2 connection. */
 export interface QueueClients {
   /** AnalysisQueueService: Admit, ListJobs, GetJob, CancelJob, WatchJobs, Promote, Release. */
   queue: Client<typeof AnalysisQueueService>;
@@ -55,6 +56,11 @@ export interface QueueClients {
   credits: Client<typeof CreditsService>;
   /** CoreCallbackService: CompleteRun (called by the core; exposed for tooling and tests). */
   coreCallback: Client<typeof CoreCallbackService>;
+  /**
+   * OperatorService (operator role only): GetOverview, SearchJobs, WatchOverview, CancelJobs
+   * (the web console's reads and bulk cancel).
+   */
+  operator: Client<typeof OperatorService>;
   /** The underlying gRPC transport, for creating further clients. */
   transport: Transport;
   /**
@@ -123,6 +129,7 @@ export function createQueueClients(options: QueueClientOptions): QueueClients {
     queue: createClient(AnalysisQueueService, transport),
     credits: createClient(CreditsService, transport),
     coreCallback: createClient(CoreCallbackService, transport),
+    operator: createClient(OperatorService, transport),
     transport,
     close() {
       sessionManager.abort();

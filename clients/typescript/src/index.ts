@@ -25,6 +25,7 @@ export * from "./gen/acurio/queue/v1/job_pb.js";
 export * from "./gen/acurio/queue/v1/queue_service_pb.js";
 export * from "./gen/acurio/queue/v1/credits_service_pb.js";
 export * from "./gen/acurio/queue/v1/core_callback_service_pb.js";
+export * from "./gen/acurio/queue/v1/operator_service_pb.js";
 export { BadRequestSchema, ErrorInfoSchema, RetryInfoSchema } from "./gen/google/rpc/error_details_pb.js";
 export type { BadRequest, BadRequest_FieldViolation, ErrorInfo, RetryInfo } from "./gen/google/rpc/error_details_pb.js";
 export { Code, ConnectError } from "@connectrpc/connect";

@@ -1,4 +1,4 @@
-// Every RPC of the three services against the live service (QUEUE_ADDR), through the public API.
+// Every RPC of the queue's services against the live service (QUEUE_ADDR), through the public API.
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
@@ -133,6 +133,25 @@ describe("every RPC", () => {
       const reused = await failure(() => c.credits.grantCredits({ userId, amount: 5n, idempotencyKey: "once" }));
       assert.equal(reused.reason, "IDEMPOTENCY_KEY_REUSED");
       assert.equal(reused.metadata["grantedAmount"], "4");
+    }));
+
+  test("operator: GetOverview counts the queue; SearchJobs finds a user's jobs across the queue", () =>
+    withClients(async (c) => {
+      const userId = uniqueUser("operator");
+      await c.credits.grantCredits({ userId, amount: 2n, idempotencyKey: `grant-${userId}` });
+      const first = (await c.queue.admit(admitRequest(userId, "click-1"))).job;
+      const second = (await c.queue.admit(admitRequest(userId, "click-2"))).job;
+      assert.ok(first && second);
+      const overview = (await c.operator.getOverview({ windowMinutes: 15 })).overview;
+      assert.ok(overview);
+      assert.ok(overview.queued >= 1n, "the second click waits");
+      assert.ok(overview.usersWaiting >= 1n);
+      const found = await c.operator.searchJobs({ filter: { userId }, pageSize: 10 });
+      assert.deepEqual(
+        found.jobs.map((j) => j.jobId),
+        [second.jobId, first.jobId],
+        "newest admitted first",
+      );
     }));
 
   test("listAllJobs walks every page; toJobJson survives JSON.stringify", () =>
