@@ -8,6 +8,7 @@ a message naming the variable, the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -260,8 +261,7 @@ class Config:
 
     @property
     def listens_on_loopback(self) -> bool:
-        host = self.listen_addr.rpartition(":")[0].strip("[]")
-        return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+        return _is_loopback(self.listen_addr)
 
     def require_service_targets(self) -> None:
         """`serve` needs a database and a core; `dev` fills both in itself."""
@@ -285,5 +285,13 @@ class Config:
 
 
 def _is_loopback(addr: str) -> bool:
+    """True for a literal loopback address (127.0.0.0/8, ::1) or `localhost`. Any other name is
+    not loopback, whatever it starts with: `127.attacker.example` or `127.0.0.1.nip.io` resolve
+    wherever their owner likes."""
     host = addr.rpartition(":")[0].strip("[]")
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

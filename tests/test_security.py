@@ -264,3 +264,27 @@ def test_text_logs_quote_values_so_a_user_id_cannot_forge_fields() -> None:
     line = TextFormatter().format(record)
     assert 'user_id="eve status=succeeded\\nforged line"' in line
     assert "\n" not in line and line.count("status=") == 2  # the real field, and the quoted text
+
+
+@pytest.mark.parametrize(
+    ("address", "loopback"),
+    [
+        ("127.0.0.1:50051", True),
+        ("127.8.9.10:50051", True),
+        ("localhost:50051", True),
+        ("[::1]:50051", True),
+        ("127.attacker.example:50051", False),
+        ("127.0.0.1.nip.io:50051", False),
+        ("0.0.0.0:50051", False),
+        ("10.0.0.5:50051", False),
+    ],
+)
+def test_only_literal_loopback_addresses_may_serve_without_authentication(address: str, loopback: bool) -> None:
+    """A name that merely starts with 127. is resolved wherever its owner likes: it needs auth."""
+    config = Config.from_env({}, database_url="postgresql://x", core_addr="127.0.0.1:1", listen_addr=address)
+    assert config.listens_on_loopback is loopback
+    if loopback:
+        config.require_service_targets()
+    else:
+        with pytest.raises(ConfigError, match="not a loopback address"):
+            config.require_service_targets()
