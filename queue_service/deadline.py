@@ -62,6 +62,24 @@ def bound(limit: float, share: float = 1.0) -> float:
     return limit if left is None else max(0.0, min(limit, left * share))
 
 
+async def acquire(slots: asyncio.Semaphore, *, limit: float | None = None, share: float = 1.0) -> bool:
+    """Takes one of `slots`, waiting no longer than `limit` seconds nor `share` of what is left of
+    the caller's deadline (without either, as long as it takes); False when no slot came in time."""
+    if not slots.locked():
+        await slots.acquire()
+        return True
+    left = remaining()
+    if left is None:
+        wait = limit
+    else:
+        wait = max(0.0, min(left * share, limit if limit is not None else left))
+    try:
+        await asyncio.wait_for(slots.acquire(), timeout=wait)
+    except TimeoutError:
+        return False
+    return True
+
+
 def spawn_detached(coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
     """Starts background work that must not inherit the current call's deadline."""
     context = contextvars.copy_context()

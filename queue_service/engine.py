@@ -546,8 +546,7 @@ class QueueEngine:
 
     async def _settle_now(self, job: JobRef) -> None:
         """One immediate attempt after a job ended unsettled; the sweeper retries with backoff."""
-        report = await self.core.cancel_run(job.run_id)
-        if report.fate.settled:
+        if await self._cancel_until_confirmed(job.run_id, kind="job") is not None:
             await self.settle_run(job.job_id, job.user_id, cause="run_settled")
 
     async def attempt_run_settlement(self, claim: ClaimedSettlement) -> bool:

@@ -127,19 +127,14 @@ class CallGate:
             self._idle.set()
 
     async def _take_unary_slot(self) -> None:
-        if not self._unary_slots.locked():
-            await self._unary_slots.acquire()
-            return
-        try:
-            # At most half of what is left: a call refused then still has time to retry elsewhere,
-            # even from a replica whose event loop is running late.
-            await asyncio.wait_for(self._unary_slots.acquire(), timeout=deadline.bound(self._max_wait, share=0.5))
-        except TimeoutError:
+        # At most half of what is left: a call refused then still has time to retry elsewhere, even
+        # from a replica whose event loop is running late.
+        if not await deadline.acquire(self._unary_slots, limit=self._max_wait, share=0.5):
             raise ReplicaBusy(
                 f"this replica is working on {self._max_unary} calls (the maximum) and had no turn for this one "
                 "within its deadline; retry, ideally on another replica",
                 metadata={"maxConcurrentCalls": str(self._max_unary)},
-            ) from None
+            )
 
     def exit(self, *, unary: bool = True) -> None:
         if unary:

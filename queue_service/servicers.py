@@ -272,7 +272,10 @@ class CoreCallbackServicer(callback_grpc.CoreCallbackServiceServicer):
         v.check_text("message", request.message, max_chars=validation.MAX_MESSAGE_CHARS)
         v.raise_if_any()
         assert run_id is not None
-        await _acquire_within_deadline(self._completion_slots)
+        # Waits for a turn no longer than the caller's deadline allows: past it, the caller (the
+        # core) hears a retryable UNAVAILABLE instead of timing out.
+        if not await deadline.acquire(self._completion_slots):
+            raise errors.ReplicaBusy("this replica is busy finishing other completions; retry the call")
         try:
             job_id, view = await self._engine.complete_run(
                 run_id,
@@ -284,16 +287,6 @@ class CoreCallbackServicer(callback_grpc.CoreCallbackServiceServicer):
         finally:
             self._completion_slots.release()
         return callback_pb2.CompleteRunResponse(job=job)
-
-
-async def _acquire_within_deadline(slots: asyncio.Semaphore) -> None:
-    """Waits for a slot no longer than the caller's deadline allows: past it, the caller hears a
-    retryable UNAVAILABLE instead of timing out."""
-    left = deadline.remaining()
-    try:
-        await asyncio.wait_for(slots.acquire(), timeout=None if left is None else max(0.0, left))
-    except TimeoutError:
-        raise errors.ReplicaBusy("this replica is busy finishing other completions; retry the call") from None
 
 
 class CreditsServicer(credits_grpc.CreditsServiceServicer):
