@@ -387,10 +387,14 @@ impl CallbackClient {
                 Error::Unavailable { retry_delay, .. } => *retry_delay,
                 _ => None,
             };
-            let pause = self.retry.backoff(attempt, floor);
-            if started.elapsed() + pause >= self.retry.budget {
+            let remaining = self.retry.budget.saturating_sub(started.elapsed());
+            // A jittered pause longer than what is left of the budget is cut short (to half of
+            // it), so the budget is spent on attempts instead of given up early; a RetryInfo delay
+            // the budget cannot honour ends the retries.
+            if remaining < Duration::from_millis(10) || floor.is_some_and(|delay| delay >= remaining) {
                 return Err(Error::from_status(status));
             }
+            let pause = self.retry.backoff(attempt, floor).min(remaining / 2).max(floor.unwrap_or_default());
             tokio::time::sleep(pause).await;
         }
     }
