@@ -38,7 +38,7 @@ from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2  # noq
 from queue_service._gen.acurio.core.v1 import run_service_pb2_grpc as core_grpc  # noqa: E402
 from queue_service._gen.acurio.queue.v1 import job_pb2  # noqa: E402
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2  # noqa: E402
-from queue_service.embedded_db import EmbeddedPostgres, free_port  # noqa: E402
+from queue_service.dev.embedded_postgres import EmbeddedPostgres, free_port  # noqa: E402
 from tests.harness import Stubs, new_user, wait_serving  # noqa: E402
 
 S = job_pb2

@@ -29,9 +29,9 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from bench.measure import Latency
-from queue_service import repository as repo
-from queue_service.db import Timeouts, create_pool
-from queue_service.locks import with_user_queue_lock
+from queue_service.store import store as repo
+from queue_service.store.pool import Timeouts, create_pool
+from queue_service.store.locks import with_user_queue_lock
 
 TIMEOUTS = Timeouts(lock_timeout_ms=5000, statement_timeout_ms=10000)
 
@@ -175,9 +175,9 @@ async def watch_fanout(
 async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     from queue_service.config import Config
     from queue_service.core_client import CoreClient
-    from queue_service.db import connection
-    from queue_service.engine import QueueEngine
-    from queue_service.sweeper import Sweeper
+    from queue_service.store.pool import connection
+    from queue_service.engine.engine import QueueEngine
+    from queue_service.engine.sweeper import Sweeper
 
     config = Config.from_env(environ={}, database_url=dsn, core_addr=core_addr)
     pool = create_pool(dsn, timeouts=TIMEOUTS, min_size=2, max_size=4, timeout=10)

@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from queue_service import repository as repo
+from queue_service.store import store as repo
 
 _SEQ_SCAN = re.compile(r"Seq Scan on (\w+)")
 _INDEX = re.compile(r"(?:Index Only Scan|Index Scan|Bitmap Index Scan)(?: Backward)? (?:using|on) (\w+)")

@@ -21,11 +21,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from psycopg_pool import AsyncConnectionPool
 
-from queue_service import repository as repo
+from queue_service.store import store as repo
 from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2, queue_service_pb2_grpc as queue_grpc
-from queue_service.db import Timeouts
-from queue_service.db import create_pool
-from queue_service.locks import with_user_queue_lock
+from queue_service.store.pool import Timeouts
+from queue_service.store.pool import create_pool
+from queue_service.store.locks import with_user_queue_lock
 
 _STATUS = {"queued": job_pb2.JOB_STATUS_QUEUED, "pending": job_pb2.JOB_STATUS_PENDING, "running": job_pb2.JOB_STATUS_RUNNING}
 _TIMEOUTS = Timeouts(lock_timeout_ms=5000, statement_timeout_ms=10000)

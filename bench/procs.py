@@ -15,8 +15,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from queue_service import migrations
-from queue_service.embedded_db import EmbeddedPostgres, free_port
+from queue_service.store import migrations
+from queue_service.dev.embedded_postgres import EmbeddedPostgres, free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -25,7 +25,7 @@ from typing import IO, TYPE_CHECKING
 from queue_service.config import Config, ConfigError, DevConfig, redact_dsn
 
 if TYPE_CHECKING:
-    from queue_service.dev_core import DevCore
+    from queue_service.dev.core import DevCore
 
 log = logging.getLogger("queue_service")
 
@@ -62,8 +62,9 @@ def explain_start_failure(exc: BaseException, database_url: str = "") -> Startup
     import psycopg
     from psycopg_pool import PoolTimeout
 
-    from queue_service import errors, migrations
-    from queue_service.auth import AuthConfigError
+    from queue_service import errors
+    from queue_service.store import migrations
+    from queue_service.api.auth import AuthConfigError
 
     where = f" at {redact_dsn(database_url)}" if database_url else ""
     if isinstance(exc, StartupFailure):
@@ -166,7 +167,8 @@ def cmd_serve(_: argparse.Namespace) -> int:
 
 
 def cmd_migrate(_: argparse.Namespace) -> int:
-    from queue_service import migrations, telemetry
+    from queue_service import telemetry
+    from queue_service.store import migrations
 
     config = _load_config()
     if not config.database_url:
@@ -185,7 +187,7 @@ def cmd_migrate(_: argparse.Namespace) -> int:
 
 def cmd_core(args: argparse.Namespace) -> int:
     from queue_service import telemetry
-    from queue_service.dev_core import DevCore
+    from queue_service.dev.core import DevCore
 
     telemetry.configure_logging(log_format="text", level="info")
 
@@ -264,12 +266,12 @@ def _run_dev(
 ) -> int:
     """Starts the embedded PostgreSQL (unless DATABASE_URL), the dev core (unless QUEUE_CORE_ADDR)
     and the service, all checks passed; stops them again on SIGTERM or Ctrl-C."""
-    from queue_service.dev_core import DevCore
+    from queue_service.dev.core import DevCore
 
     database_url = base.database_url
     embedded = None
     if not database_url:
-        from queue_service.embedded_db import EmbeddedPostgres, EmbeddedPostgresError
+        from queue_service.dev.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 
         embedded = EmbeddedPostgres(state_dir / "postgres", port=_dev_pg_port(dev))
         try:
@@ -344,7 +346,7 @@ async def _save_runs_periodically(core: DevCore, path: Path) -> None:
 
 def _check_dev_core_token(base: Config, dev: DevConfig) -> None:
     """The auth file parses and, when QUEUE_DEV_CORE_CALLBACK_TOKEN is given, has it as a `core` token."""
-    from queue_service.auth import AuthConfigError, Authorizer
+    from queue_service.api.auth import AuthConfigError, Authorizer
 
     if not base.auth_file:
         return
@@ -429,7 +431,7 @@ def _hold_state_dir(state_dir: Path):  # type: ignore[no-untyped-def]
 
 def _dev_pg_port(dev: DevConfig) -> int:
     """QUEUE_DEV_PG_PORT when set; else 54329, or any free port when another program holds it."""
-    from queue_service.embedded_db import free_port, port_is_free
+    from queue_service.dev.embedded_postgres import free_port, port_is_free
 
     if dev.pg_port:
         return dev.pg_port
@@ -438,7 +440,7 @@ def _dev_pg_port(dev: DevConfig) -> int:
 
 def _dev_http_addr() -> str:
     """The console's address for `dev`: 127.0.0.1:8080, or any free port when it is taken."""
-    from queue_service.embedded_db import free_port, port_is_free
+    from queue_service.dev.embedded_postgres import free_port, port_is_free
 
     return f"127.0.0.1:{8080 if port_is_free(8080) else free_port()}"
 
@@ -495,7 +497,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def cmd_hash_token(args: argparse.Namespace) -> int:
     """Prints an auth-file entry for a token read from stdin (or made up with --generate)."""
-    from queue_service.auth import ROLE_METHODS
+    from queue_service.api.auth import ROLE_METHODS
 
     if args.role not in ROLE_METHODS:
         raise StartupFailure(EXIT_CONFIG, f"--role {args.role!r}: expected one of {', '.join(sorted(ROLE_METHODS))}")

@@ -16,7 +16,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from queue_service import auth, migrations, telemetry
+from queue_service import telemetry
+from queue_service.api import auth
+from queue_service.store import migrations
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2,
     core_callback_service_pb2_grpc,
@@ -27,24 +29,24 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2,
     queue_service_pb2_grpc,
 )
-from queue_service.auth import Authorizer
+from queue_service.api.auth import Authorizer
 from queue_service.background import cancel_and_wait
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
-from queue_service.db import Timeouts, create_pool, translated_errors
-from queue_service.dispatcher import ReleaseDispatcher
-from queue_service.engine import QueueEngine
-from queue_service.error_interceptor import CallGate, ErrorInterceptor
-from queue_service.notifications import NotificationHub
-from queue_service.operator_servicer import OperatorServicer
-from queue_service.servicers import (
+from queue_service.store.pool import Timeouts, create_pool, translated_errors
+from queue_service.engine.dispatcher import ReleaseDispatcher
+from queue_service.engine.engine import QueueEngine
+from queue_service.api.interceptor import CallGate, ErrorInterceptor
+from queue_service.engine.watch import NotificationHub
+from queue_service.api.operator import OperatorServicer
+from queue_service.api.queue import (
     AnalysisQueueServicer,
     CoreCallbackServicer,
     CreditsServicer,
 )
-from queue_service.sweeper import Sweeper
-from queue_service.views import JobViews
-from queue_service.web import WebEndpoint
+from queue_service.engine.sweeper import Sweeper
+from queue_service.engine.job_reads import JobViews
+from queue_service.api.web import WebEndpoint
 
 log = logging.getLogger(__name__)
 

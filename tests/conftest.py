@@ -63,7 +63,7 @@ def postgres() -> Iterator[PostgresServer]:
         with PostgresContainer(POSTGRES_IMAGE, driver=None) as container:
             yield PostgresServer(admin_dsn=container.get_connection_url(), embedded=None)
         return
-    from queue_service.embedded_db import EmbeddedPostgres
+    from queue_service.dev.embedded_postgres import EmbeddedPostgres
 
     state = Path(tempfile.mkdtemp(prefix="acurio-queue-test-pg-"))
     embedded = EmbeddedPostgres(state / "data", durable=False, max_connections=500)
@@ -78,7 +78,7 @@ def postgres() -> Iterator[PostgresServer]:
 @pytest.fixture(scope="session")
 def template_database(postgres: PostgresServer) -> str:
     """A database migrated once per session; test modules clone it."""
-    from queue_service import migrations
+    from queue_service.store import migrations
 
     name = f"queue_template_{uuid.uuid4().hex[:8]}"
     postgres.execute_admin(f'CREATE DATABASE "{name}"')

@@ -30,8 +30,8 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2_grpc as queue_grpc,
 )
 from queue_service.config import Config
-from queue_service.dev_core import DevCore
-from queue_service.embedded_db import EmbeddedPostgres, free_port
+from queue_service.dev.core import DevCore
+from queue_service.dev.embedded_postgres import EmbeddedPostgres, free_port
 from queue_service.server import QueueApp
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ import grpc
 import psycopg
 
 from queue_service._gen.acurio.queue.v1 import credits_service_pb2
-from queue_service.locks import with_user_queue_lock
+from queue_service.store.locks import with_user_queue_lock
 from tests.harness import error_info, new_user
 
 
@@ -90,8 +90,9 @@ async def test_a_hung_core_is_core_unavailable_before_the_callers_deadline(servi
 async def test_health_follows_the_database_and_the_pool_recovers_by_itself(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from grpc_health.v1 import health_pb2
 
-    from queue_service import migrations, server as server_module
-    from queue_service.embedded_db import EmbeddedPostgres
+    from queue_service import server as server_module
+    from queue_service.store import migrations
+    from queue_service.dev.embedded_postgres import EmbeddedPostgres
     from tests.harness import ServiceFactory
 
     monkeypatch.setattr(server_module, "_HEALTH_PROBE_SECONDS", 0.2)

@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from queue_service import cli
 from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb2, queue_service_pb2 as queue_pb2
-from queue_service.embedded_db import free_port
+from queue_service.dev.embedded_postgres import free_port
 from tests.harness import REPO_ROOT, S, Stubs, new_user
 
 
@@ -307,7 +307,7 @@ async def test_probe_answers_zero_only_for_a_serving_service(service) -> None:  
 
 
 def test_hash_token_prints_an_entry_the_authorizer_accepts(tmp_path: Path) -> None:
-    from queue_service.auth import Authorizer
+    from queue_service.api.auth import Authorizer
 
     completed = run_cli("hash-token", "--name", "web-backend", "--role", "web", env=_env(), stdin="s3cret\n")
     assert completed.returncode == 0, completed.stderr

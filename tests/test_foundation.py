@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from queue_service import migrations
+from queue_service.store import migrations
 from tests.harness import REPO_ROOT, PostgresServer, new_user, wait_serving
 
 

@@ -28,7 +28,7 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
     queue_service_pb2_grpc as queue_grpc,
 )
-from queue_service.embedded_db import free_port
+from queue_service.dev.embedded_postgres import free_port
 from tests.harness import REPO_ROOT
 
 # Codes a well-behaved service may answer with for garbage; INTERNAL and UNKNOWN are bugs.

@@ -11,7 +11,7 @@ import pytest
 
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
-from queue_service.sweeper import Sweeper
+from queue_service.engine.sweeper import Sweeper
 from tests.harness import S, InvariantChecker, error_info, new_user
 
 

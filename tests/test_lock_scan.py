@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 SERVICE_ROOT = Path(__file__).resolve().parent.parent / "queue_service"
-LOCK_OWNER = SERVICE_ROOT / "locks.py"
+LOCK_OWNER = SERVICE_ROOT / "store" / "locks.py"
 ADVISORY = re.compile(r"pg_(try_)?advisory", re.IGNORECASE)
 # The namespace, and near-miss spellings of it that would split the lock.
 NAMESPACE = re.compile(r"analysis[-_ ]?queue\s*[:/-]", re.IGNORECASE)

@@ -27,8 +27,8 @@ import pytest
 
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
-from queue_service.dev_core import AnswerFault
-from queue_service.embedded_db import free_port
+from queue_service.dev.core import AnswerFault
+from queue_service.dev.embedded_postgres import free_port
 from tests.harness import REPO_ROOT, S, InvariantChecker, Stubs, error_info, new_user, wait_serving
 
 HELD, JUDGING, CANCELED = core_pb2.RUN_STATE_HELD, core_pb2.RUN_STATE_JUDGING, core_pb2.RUN_STATE_CANCELED

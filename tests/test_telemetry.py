@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from queue_service import telemetry
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
-from queue_service.sweeper import Sweeper
+from queue_service.engine.sweeper import Sweeper
 from tests.harness import S, new_user
 
 
@@ -142,7 +142,7 @@ async def test_serve_exposes_prometheus_metrics_and_prints_spans_on_request(serv
     import asyncio
     import urllib.request
 
-    from queue_service.embedded_db import free_port
+    from queue_service.dev.embedded_postgres import free_port
 
     metrics_port = free_port()
     core = await services.core()

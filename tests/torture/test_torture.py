@@ -42,11 +42,11 @@ import grpc
 import psycopg
 import pytest
 
-from queue_service import migrations
+from queue_service.store import migrations
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as run_pb
 from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2
-from queue_service.dev_core import AnswerFault, DevCore
-from queue_service.embedded_db import EmbeddedPostgres, free_port
+from queue_service.dev.core import AnswerFault, DevCore
+from queue_service.dev.embedded_postgres import EmbeddedPostgres, free_port
 from tests.harness import REPO_ROOT, S, InvariantChecker, Stubs, error_info, wait_serving
 
 pytestmark = pytest.mark.torture

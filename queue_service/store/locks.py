@@ -19,7 +19,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from queue_service import deadline, telemetry
-from queue_service.db import QueuePool, checkout, translated_errors
+from queue_service.store.pool import QueuePool, checkout, translated_errors
 
 # The statement reports how long the server waited for the lock, so measuring the wait costs no
 # round trip of its own (see below). lock_timeout bounds the wait: a session default of the pool.

@@ -14,9 +14,9 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from queue_service import repository as repo
+from queue_service.store import store as repo
 from queue_service._gen.acurio.queue.v1 import job_pb2
-from queue_service.db import connection
+from queue_service.store.pool import connection
 
 _STATUS = {
     "queued": job_pb2.JOB_STATUS_QUEUED,

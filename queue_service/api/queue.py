@@ -18,7 +18,9 @@ from collections.abc import AsyncIterator
 import grpc
 from opentelemetry import trace
 
-from queue_service import deadline, errors, repository as repo, telemetry, validation
+from queue_service import deadline, errors, telemetry
+from queue_service.store import store as repo
+from queue_service.api import validation
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2 as callback_pb2,
     core_callback_service_pb2_grpc as callback_grpc,
@@ -28,10 +30,10 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
     queue_service_pb2_grpc as queue_grpc,
 )
-from queue_service.db import connection
-from queue_service.engine import AdmitInput, QueueEngine, request_digest
-from queue_service.notifications import NotificationHub, WatchItem, WatchStream
-from queue_service.views import STATUS_NAMES, JobViews
+from queue_service.store.pool import connection
+from queue_service.engine.engine import AdmitInput, QueueEngine, request_digest
+from queue_service.engine.watch import NotificationHub, WatchItem, WatchStream
+from queue_service.engine.job_reads import STATUS_NAMES, JobViews
 
 
 

@@ -26,12 +26,13 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 from tenacity import RetryCallState, wait_random_exponential
 
-from queue_service import deadline, errors, repository as repo, telemetry
+from queue_service import deadline, errors, telemetry
+from queue_service.store import store as repo
 from queue_service.config import Config
 from queue_service.core_client import CoreClient, RunFate, RunReport
-from queue_service.db import connection
-from queue_service.locks import with_user_queue_lock
-from queue_service.repository import ClaimedRelease, ClaimedReservation, ClaimedSettlement, JobRef, NewJob
+from queue_service.store.pool import connection
+from queue_service.store.locks import with_user_queue_lock
+from queue_service.store.store import ClaimedRelease, ClaimedReservation, ClaimedSettlement, JobRef, NewJob
 
 log = logging.getLogger(__name__)
 

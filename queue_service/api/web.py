@@ -35,9 +35,9 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 from protobuf.wkt import Any as AnyDetail
 
-from queue_service.auth import Authorizer
+from queue_service.api.auth import Authorizer
 from queue_service.config import Config
-from queue_service.error_interceptor import CallGate, internal_status_proto, status_proto_for
+from queue_service.api.interceptor import CallGate, internal_status_proto, status_proto_for
 from queue_service.errors import QueueError
 
 log = logging.getLogger(__name__)

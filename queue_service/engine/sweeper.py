@@ -21,10 +21,10 @@ from collections.abc import Coroutine
 from typing import Any
 
 from queue_service import errors, telemetry
-from queue_service import repository as repo
+from queue_service.store import store as repo
 from queue_service.background import cancel_and_wait
-from queue_service.db import connection
-from queue_service.engine import QueueEngine
+from queue_service.store.pool import connection
+from queue_service.engine.engine import QueueEngine
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from collections.abc import Callable
 import psycopg
 
 from queue_service import errors, telemetry
-from queue_service import repository as repo
+from queue_service.store import store as repo
 from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service.background import cancel_and_wait
-from queue_service.db import connection
-from queue_service.views import JobViews
+from queue_service.store.pool import connection
+from queue_service.engine.job_reads import JobViews
 
 log = logging.getLogger(__name__)
 

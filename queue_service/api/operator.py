@@ -19,12 +19,14 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from queue_service import errors, repository as repo, validation
+from queue_service import errors
+from queue_service.store import store as repo
+from queue_service.api import validation
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as pb, operator_service_pb2_grpc as pb_grpc
-from queue_service.db import connection
-from queue_service.engine import QueueEngine
-from queue_service.servicers import _status_filter
-from queue_service.views import JobViews
+from queue_service.store.pool import connection
+from queue_service.engine.engine import QueueEngine
+from queue_service.api.queue import _status_filter
+from queue_service.engine.job_reads import JobViews
 
 _DEFAULT_WINDOW_MINUTES = 60
 _MAX_WINDOW_MINUTES = 1440

@@ -23,7 +23,7 @@ _BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n(?P<body>.*?)(?=^-- name: |\Z)", 
 def queries() -> dict[str, str]:
     """The named queries, loaded once, without their leading description comments (so a span
     or a log of the statement starts with its verb)."""
-    text = resources.files("queue_service").joinpath("sql/queries.sql").read_text()
+    text = resources.files("queue_service.store").joinpath("sql/queries.sql").read_text()
     return {m["name"]: _without_leading_comments(m["body"]) for m in _BLOCK.finditer(text)}
 
 

@@ -21,7 +21,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-from queue_service.locks import with_migration_lock
+from queue_service.store.locks import with_migration_lock
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class Migration:
 
 
 def available_migrations() -> list[Migration]:
-    folder = resources.files("queue_service").joinpath("sql/migrations")
+    folder = resources.files("queue_service.store").joinpath("sql/migrations")
     found = []
     for entry in folder.iterdir():
         match = _FILE.match(entry.name)
