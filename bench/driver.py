@@ -29,9 +29,9 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from bench.measure import Latency
-from queue_service.store import store as repo
+from queue_service.model import NewJob
+from queue_service.store import Store
 from queue_service.store.pool import Timeouts, create_pool
-from queue_service.store.locks import with_user_queue_lock
 
 TIMEOUTS = Timeouts(lock_timeout_ms=5000, statement_timeout_ms=10000)
 
@@ -57,16 +57,17 @@ async def _bare_pool(dsn: str, max_size: int) -> AsyncConnectionPool:
 
 async def db_floor(dsn: str, user_prefix: str, users: int, concurrency: int, total: int, warmup: int, pool_max_size: int = 20) -> dict[str, Any]:
     pool = await _bare_pool(dsn, pool_max_size)
+    store = Store(pool, database_url=dsn)
     digest = hashlib.sha256(b"bench").digest()
 
     async def admit(user_id: str, key: str) -> float:
-        job = repo.NewJob(uuid.uuid4(), user_id, uuid.uuid4(), key, digest, None, 1)
+        job = NewJob(uuid.uuid4(), user_id, uuid.uuid4(), key, digest, None, 1)
         started = time.perf_counter()
-        async with pool.connection() as conn:
-            await repo.reserve_run(conn, run_id=job.run_id, user_id=user_id, idempotency_key=key, grace_seconds=60)
-        async with with_user_queue_lock(pool, user_id) as conn:
-            status = await repo.insert_admitted_job(
-                conn, job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
+        async with store.statements() as db:
+            await db.reserve_run(run_id=job.run_id, user_id=user_id, idempotency_key=key, grace_seconds=60)
+        async with store.user_queue(user_id) as locked:
+            status = await locked.insert_admitted_job(
+                job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
                 release_window_seconds=1800, reconcile_after_seconds=900,
             )
         if status is None:
@@ -175,7 +176,6 @@ async def watch_fanout(
 async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     from queue_service.config import Config
     from queue_service.core_client import CoreClient
-    from queue_service.store.pool import connection
     from queue_service.engine.engine import QueueEngine
     from queue_service.engine.sweeper import Sweeper
 
@@ -183,8 +183,9 @@ async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     pool = create_pool(dsn, timeouts=TIMEOUTS, min_size=2, max_size=4, timeout=10)
     await pool.open(wait=True)
     core = CoreClient.connect(core_addr, deadline_seconds=5)
-    engine = QueueEngine(pool, core, config)
-    sweep = Sweeper(engine, wake_dispatcher=lambda: None)
+    store = Store(pool, database_url=dsn)
+    engine = QueueEngine(store, core, config, on_pending=lambda: None)
+    sweep = Sweeper(engine, store, config, wake_dispatcher=lambda: None)
     await sweep.sweep_once()  # warm: connections, prepared plans, caches
     _emit({"ready": True})
     await _wait_for_go()
@@ -198,17 +199,17 @@ async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
 
     # Each statement of the pass on its own, to see which one the pass's time goes to.
     statements = {
-        "users_needing_promotion": lambda c: repo.users_needing_promotion(c, default_max_active=config.max_active_per_user, batch_size=500),
-        "expired_pending_releases": lambda c: repo.expired_pending_releases(c, batch_size=500),
-        "claim_due_reconciliations": lambda c: repo.claim_due_reconciliations(c, recheck_seconds=config.reconcile_after_seconds, batch_size=500),
+        "users_needing_promotion": lambda db: db.users_needing_promotion(default_max_active=config.max_active_per_user, batch_size=500),
+        "expired_pending_releases": lambda db: db.expired_pending_releases(batch_size=500),
+        "claim_due_reconciliations": lambda db: db.claim_due_reconciliations(recheck_seconds=config.reconcile_after_seconds, batch_size=500),
     }
     per_statement = {}
     for name, run in statements.items():
         times = []
         for _ in range(passes):
-            async with connection(pool) as conn:
+            async with store.statements() as db:
                 started = time.perf_counter()
-                await run(conn)
+                await run(db)
                 times.append(time.perf_counter() - started)
         per_statement[name] = Latency.from_seconds(times).as_dict()
     await core.close()

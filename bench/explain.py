@@ -2,7 +2,7 @@
 and a check that each is index-driven (partial indexes over the rows in flight) rather than a
 sequential scan of the history.
 
-Each statement runs exactly as `repository.py` runs it (the named query from queries.sql, bound
+Each statement runs exactly as the store (`queue_service/store/store.py`) runs it (the named query from queries.sql, bound
 parameters) inside a transaction that is rolled back. Two details a plain EXPLAIN would miss:
 
 - `analysis_jobs_free_slot` is a SQL function: its body is planned separately, so auto_explain
@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from queue_service.store import store as repo
+from queue_service.store.store import queries
 
 _SEQ_SCAN = re.compile(r"Seq Scan on (\w+)")
 _INDEX = re.compile(r"(?:Index Only Scan|Index Scan|Bitmap Index Scan)(?: Backward)? (?:using|on) (\w+)")
@@ -64,7 +64,7 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
 
     def end_running_job(c: psycopg.Connection) -> None:
         c.execute(
-            repo.queries()["finish_job"],
+            queries()["finish_job"],
             {"job_id": running, "status": "succeeded", "from_statuses": ["pending", "running"], "last_error": "", "expected_attempts": None, "run_unsettled": False},
         )
 
@@ -76,7 +76,7 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
 
     def reserve_the_run(c: psycopg.Connection) -> None:
         c.execute(
-            repo.queries()["reserve_run"],
+            queries()["reserve_run"],
             {"run_id": new_job["run_id"], "user_id": idle_user, "idempotency_key": new_job["idempotency_key"], "grace_seconds": 60.0},
         )
 
@@ -153,7 +153,7 @@ def explain_all(dsn: str, out_path: Path, *, idle_user: str, busy_user: str, hea
         }
         params = _params(conn, idle_user, busy_user)
         for name, purpose in STATEMENTS:
-            sql = repo.queries()[name]
+            sql = queries()[name]
             values, prelude = params[name]
             # 1) the plain EXPLAIN (ANALYZE, BUFFERS), auto_explain off so its timing is clean,
             #    run twice and the second kept (warm caches, as on a serving replica);

@@ -1,7 +1,7 @@
 """The minimal service floor: a gRPC Admit that runs only the admit transaction.
 
 Same generated service and request as the real one (so ghz sends the identical call), same
-helpers for the transaction (`with_user_queue_lock` + `repository.insert_admitted_job`), and
+store methods for the transaction (`Store.user_queue` + `insert_admitted_job`), and
 nothing else: no validation, no idempotency read, no core call, no view read, no telemetry, no
 pool ping. What the real Admit costs beyond this is the service's own overhead.
 
@@ -19,25 +19,23 @@ import uuid
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from psycopg_pool import AsyncConnectionPool
 
-from queue_service.store import store as repo
 from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2, queue_service_pb2_grpc as queue_grpc
-from queue_service.store.pool import Timeouts
-from queue_service.store.pool import create_pool
-from queue_service.store.locks import with_user_queue_lock
+from queue_service.api.convert import PROTO_OF_STATUS
+from queue_service.model import NewJob
+from queue_service.store import Store
+from queue_service.store.pool import Timeouts, create_pool
 
-_STATUS = {"queued": job_pb2.JOB_STATUS_QUEUED, "pending": job_pb2.JOB_STATUS_PENDING, "running": job_pb2.JOB_STATUS_RUNNING}
 _TIMEOUTS = Timeouts(lock_timeout_ms=5000, statement_timeout_ms=10000)
 _PRICE = 1
 
 
 class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
-    def __init__(self, pool: AsyncConnectionPool) -> None:
-        self._pool = pool
+    def __init__(self, store: Store) -> None:
+        self._store = store
 
     async def Admit(self, request: queue_pb2.AdmitRequest, context: grpc.aio.ServicerContext) -> queue_pb2.AdmitResponse:
-        job = repo.NewJob(
+        job = NewJob(
             job_id=uuid.uuid4(),
             user_id=request.user_id,
             run_id=uuid.uuid4(),
@@ -46,19 +44,17 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
             delta_of_job_id=None,
             price=_PRICE,
         )
-        async with self._pool.connection() as conn:
-            await repo.reserve_run(
-                conn, run_id=job.run_id, user_id=job.user_id, idempotency_key=job.idempotency_key, grace_seconds=60
-            )
-        async with with_user_queue_lock(self._pool, request.user_id) as conn:
-            status = await repo.insert_admitted_job(
-                conn, job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
+        async with self._store.statements() as db:
+            await db.reserve_run(run_id=job.run_id, user_id=job.user_id, idempotency_key=job.idempotency_key, grace_seconds=60)
+        async with self._store.user_queue(request.user_id) as locked:
+            status = await locked.insert_admitted_job(
+                job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
                 release_window_seconds=1800, reconcile_after_seconds=900,
             )
         if status is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "insufficient credits")
         return queue_pb2.AdmitResponse(
-            job=job_pb2.Job(job_id=str(job.job_id), user_id=job.user_id, run_id=str(job.run_id), status=_STATUS[status])
+            job=job_pb2.Job(job_id=str(job.job_id), user_id=job.user_id, run_id=str(job.run_id), status=PROTO_OF_STATUS[status])
         )
 
 
@@ -66,7 +62,7 @@ async def serve(listen: str, dsn: str, pool_max_size: int) -> None:
     pool = create_pool(dsn, timeouts=_TIMEOUTS, min_size=2, max_size=pool_max_size, timeout=10)
     await pool.open(wait=True)
     server = grpc.aio.server()
-    queue_grpc.add_AnalysisQueueServiceServicer_to_server(MinimalAdmit(pool), server)
+    queue_grpc.add_AnalysisQueueServiceServicer_to_server(MinimalAdmit(Store(pool, database_url=dsn)), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

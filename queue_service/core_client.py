@@ -13,8 +13,6 @@ the job row (see `dispatcher`).
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import time
 import uuid
 from collections.abc import Sequence
@@ -27,6 +25,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_r
 from queue_service import deadline, errors, telemetry
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.core.v1 import run_service_pb2_grpc as core_grpc
+from queue_service.model import RunFate, RunReport
 
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -39,22 +38,6 @@ def _is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _RETRYABLE
 
 
-class RunFate(enum.Enum):
-    """What the core's answer says about a run."""
-
-    HELD = "held"
-    JUDGING = "judging"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELED = "canceled"
-    UNKNOWN_TO_CORE = "unknown_to_core"
-
-    @property
-    def settled(self) -> bool:
-        """True when the run is not judging and never will (it cannot take a user's slot)."""
-        return self not in (RunFate.HELD, RunFate.JUDGING)
-
-
 _FATE_OF_STATE = {
     core_pb2.RUN_STATE_HELD: RunFate.HELD,
     core_pb2.RUN_STATE_JUDGING: RunFate.JUDGING,
@@ -64,22 +47,15 @@ _FATE_OF_STATE = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class RunReport:
-    """The core's confirmed view of a run (from an answer, never from a lost call)."""
-
-    fate: RunFate
-    message: str = ""
-
-    @classmethod
-    def of(cls, run: core_pb2.Run) -> RunReport:
-        fate = _FATE_OF_STATE.get(run.state)
-        if fate is None:
-            raise errors.CoreUnavailable(
-                f"the core answered with run state {run.state}, which the queue does not know",
-                metadata={"coreCode": "OK"},
-            )
-        return cls(fate, run.message)
+def _report_of(run: core_pb2.Run) -> RunReport:
+    """The core's answer about a run, as the queue reads it."""
+    fate = _FATE_OF_STATE.get(run.state)
+    if fate is None:
+        raise errors.CoreUnavailable(
+            f"the core answered with run state {run.state}, which the queue does not know",
+            metadata={"coreCode": "OK"},
+        )
+    return RunReport(fate, run.message)
 
 
 def _unknown_outcome(method: str, exc: grpc.aio.AioRpcError) -> errors.CoreUnavailable:
@@ -166,7 +142,7 @@ class CoreClient:
             response = await self._with_retry("CreateRun", self._stub.CreateRun, request, budget)
         except grpc.aio.AioRpcError as exc:
             raise _admit_error(exc) from exc
-        return RunReport.of(response.run)
+        return _report_of(response.run)
 
     async def release_run(self, run_id: uuid.UUID) -> RunReport:
         """Releases a held run. NOT_FOUND reads as UNKNOWN_TO_CORE, FAILED_PRECONDITION (the core
@@ -180,7 +156,7 @@ class CoreClient:
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 return RunReport(RunFate.CANCELED, f"core ReleaseRun: FAILED_PRECONDITION: {exc.details() or ''}".strip())
             raise _unknown_outcome("ReleaseRun", exc) from exc
-        return RunReport.of(response.run)
+        return _report_of(response.run)
 
     async def cancel_run(self, run_id: uuid.UUID) -> RunReport:
         """Cancels a run. The answer says what the run is now (CANCELED, or how it had finished
@@ -192,7 +168,7 @@ class CoreClient:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 return RunReport(RunFate.UNKNOWN_TO_CORE)
             raise _unknown_outcome("CancelRun", exc) from exc
-        return RunReport.of(response.run)
+        return _report_of(response.run)
 
     async def get_run(self, run_id: uuid.UUID) -> RunReport:
         """The run as the core sees it; NOT_FOUND reads as UNKNOWN_TO_CORE. No answer raises
@@ -204,7 +180,7 @@ class CoreClient:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 return RunReport(RunFate.UNKNOWN_TO_CORE)
             raise _unknown_outcome("GetRun", exc) from exc
-        return RunReport.of(response.run)
+        return _report_of(response.run)
 
 
 def _admit_error(exc: grpc.aio.AioRpcError) -> errors.QueueError:

@@ -1,15 +1,14 @@
 """Domain errors: one root type carrying everything a caller needs to act.
 
-The domain raises these; `error_interceptor` alone turns them into a gRPC status with
-`google.rpc.ErrorInfo` (and `BadRequest` for field violations). Reasons are a stable
-vocabulary: callers in other languages branch on them.
+The domain raises these with a reason (a stable vocabulary: callers in other languages branch on
+it), a message and metadata. The table from reason to status code lives at the edge
+(`api/status.py`), which alone turns them into a gRPC status with `google.rpc.ErrorInfo` (and
+`BadRequest` for field violations).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-
-import grpc
 
 ERROR_DOMAIN = "queue.acurio.app"
 
@@ -17,7 +16,6 @@ ERROR_DOMAIN = "queue.acurio.app"
 class QueueError(Exception):
     """A failure the caller is told about as a status code plus an ErrorInfo reason."""
 
-    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     reason: str = "INTERNAL"
     # When set, the status carries google.rpc.RetryInfo with this delay: the same request (same
     # idempotency key) may be sent again after it.
@@ -36,32 +34,158 @@ class QueueError(Exception):
         self.field_violations = list(field_violations)
 
 
-def _error(name: str, code: grpc.StatusCode, reason: str, doc: str, retry_delay_seconds: float | None = None) -> type[QueueError]:
-    attributes = {"code": code, "reason": reason, "__doc__": doc, "retry_delay_seconds": retry_delay_seconds}
-    return type(name, (QueueError,), attributes)
+class InvalidRequest(QueueError):
+    """The request is malformed; see the field violations."""
+
+    reason = "INVALID_REQUEST"
 
 
-InvalidRequest = _error("InvalidRequest", grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", "The request is malformed; see the field violations.")
-CoreRejected = _error("CoreRejected", grpc.StatusCode.INVALID_ARGUMENT, "CORE_REJECTED", "The core rejected the document or a source.")
-InsufficientCredits = _error("InsufficientCredits", grpc.StatusCode.FAILED_PRECONDITION, "INSUFFICIENT_CREDITS", "The balance does not cover the price.")
-IdempotencyKeyReused = _error("IdempotencyKeyReused", grpc.StatusCode.FAILED_PRECONDITION, "IDEMPOTENCY_KEY_REUSED", "The key was used with another payload.")
-DeltaBaseNotFound = _error("DeltaBaseNotFound", grpc.StatusCode.NOT_FOUND, "DELTA_BASE_NOT_FOUND", "The delta base job is unknown or another user's.")
-DeltaBaseNotFinished = _error("DeltaBaseNotFinished", grpc.StatusCode.FAILED_PRECONDITION, "DELTA_BASE_NOT_FINISHED", "The delta base job has not succeeded.")
-ProviderBudgetExhausted = _error("ProviderBudgetExhausted", grpc.StatusCode.RESOURCE_EXHAUSTED, "PROVIDER_BUDGET_EXHAUSTED", "The core's provider budget is used up.")
-UserQueueFull = _error("UserQueueFull", grpc.StatusCode.RESOURCE_EXHAUSTED, "USER_QUEUE_FULL", "The user has the maximum number of queued jobs.")
-CoreUnavailable = _error("CoreUnavailable", grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE", "The core did not answer in time.", retry_delay_seconds=1.0)
-JobNotFound = _error("JobNotFound", grpc.StatusCode.NOT_FOUND, "JOB_NOT_FOUND", "No such job (for this user).")
-JobNotPending = _error("JobNotPending", grpc.StatusCode.FAILED_PRECONDITION, "JOB_NOT_PENDING", "The job is not PENDING.")
-JobAlreadyFinished = _error("JobAlreadyFinished", grpc.StatusCode.FAILED_PRECONDITION, "JOB_ALREADY_FINISHED", "The job already succeeded or failed.")
-RunNotFound = _error("RunNotFound", grpc.StatusCode.NOT_FOUND, "RUN_NOT_FOUND", "No job owns this run.")
-RunNotYetAdmitted = _error("RunNotYetAdmitted", grpc.StatusCode.UNAVAILABLE, "RUN_NOT_YET_ADMITTED", "The run's admit has not committed yet; retry the completion.", retry_delay_seconds=0.2)
-UserDeltaLimit = _error("UserDeltaLimit", grpc.StatusCode.RESOURCE_EXHAUSTED, "USER_DELTA_LIMIT", "The user has the maximum number of delta re-checks running.")
-RunNotReleased = _error("RunNotReleased", grpc.StatusCode.FAILED_PRECONDITION, "RUN_NOT_RELEASED", "The run's job is still queued.")
-TooManyStreams = _error("TooManyStreams", grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_STREAMS", "Too many WatchJobs streams are open.")
-DatabaseUnavailable = _error("DatabaseUnavailable", grpc.StatusCode.UNAVAILABLE, "DATABASE_UNAVAILABLE", "The database cannot be reached or is busy; retry.", retry_delay_seconds=1.0)
-LockTimeout = _error("LockTimeout", grpc.StatusCode.UNAVAILABLE, "LOCK_TIMEOUT", "The user's queue is busy; retry.", retry_delay_seconds=0.2)
-Conflict = _error("Conflict", grpc.StatusCode.ABORTED, "CONFLICT", "A concurrent change won; retry.", retry_delay_seconds=0.05)
-ShuttingDown = _error("ShuttingDown", grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN", "This replica is draining; retry on another.", retry_delay_seconds=0.1)
-ReplicaBusy = _error("ReplicaBusy", grpc.StatusCode.UNAVAILABLE, "REPLICA_BUSY", "This replica cannot take the call in time; retry, ideally on another.", retry_delay_seconds=0.1)
-Unauthenticated = _error("Unauthenticated", grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED", "No valid credentials.")
-PermissionDenied = _error("PermissionDenied", grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED", "The caller's role may not call this method.")
+class CoreRejected(QueueError):
+    """The core rejected the document or a source."""
+
+    reason = "CORE_REJECTED"
+
+
+class InsufficientCredits(QueueError):
+    """The balance does not cover the price."""
+
+    reason = "INSUFFICIENT_CREDITS"
+
+
+class IdempotencyKeyReused(QueueError):
+    """The key was used with another payload."""
+
+    reason = "IDEMPOTENCY_KEY_REUSED"
+
+
+class DeltaBaseNotFound(QueueError):
+    """The delta base job is unknown or another user's."""
+
+    reason = "DELTA_BASE_NOT_FOUND"
+
+
+class DeltaBaseNotFinished(QueueError):
+    """The delta base job has not succeeded."""
+
+    reason = "DELTA_BASE_NOT_FINISHED"
+
+
+class ProviderBudgetExhausted(QueueError):
+    """The core's provider budget is used up."""
+
+    reason = "PROVIDER_BUDGET_EXHAUSTED"
+
+
+class UserQueueFull(QueueError):
+    """The user has the maximum number of queued jobs."""
+
+    reason = "USER_QUEUE_FULL"
+
+
+class CoreUnavailable(QueueError):
+    """The core did not answer in time."""
+
+    reason = "CORE_UNAVAILABLE"
+    retry_delay_seconds = 1.0
+
+
+class JobNotFound(QueueError):
+    """No such job (for this user)."""
+
+    reason = "JOB_NOT_FOUND"
+
+
+class JobNotPending(QueueError):
+    """The job is not PENDING."""
+
+    reason = "JOB_NOT_PENDING"
+
+
+class JobAlreadyFinished(QueueError):
+    """The job already succeeded or failed."""
+
+    reason = "JOB_ALREADY_FINISHED"
+
+
+class RunNotFound(QueueError):
+    """No job owns this run."""
+
+    reason = "RUN_NOT_FOUND"
+
+
+class RunNotYetAdmitted(QueueError):
+    """The run's admit has not committed yet; retry the completion."""
+
+    reason = "RUN_NOT_YET_ADMITTED"
+    retry_delay_seconds = 0.2
+
+
+class UserDeltaLimit(QueueError):
+    """The user has the maximum number of delta re-checks running."""
+
+    reason = "USER_DELTA_LIMIT"
+
+
+class RunNotReleased(QueueError):
+    """The run's job is still queued."""
+
+    reason = "RUN_NOT_RELEASED"
+
+
+class TooManyStreams(QueueError):
+    """Too many WatchJobs streams are open."""
+
+    reason = "TOO_MANY_STREAMS"
+
+
+class DatabaseUnavailable(QueueError):
+    """The database cannot be reached or is busy; retry."""
+
+    reason = "DATABASE_UNAVAILABLE"
+    retry_delay_seconds = 1.0
+
+
+class LockTimeout(QueueError):
+    """The user's queue is busy; retry."""
+
+    reason = "LOCK_TIMEOUT"
+    retry_delay_seconds = 0.2
+
+
+class Conflict(QueueError):
+    """A concurrent change won; retry."""
+
+    reason = "CONFLICT"
+    retry_delay_seconds = 0.05
+
+
+class ShuttingDown(QueueError):
+    """This replica is draining; retry on another."""
+
+    reason = "SHUTTING_DOWN"
+    retry_delay_seconds = 0.1
+
+
+class ReplicaBusy(QueueError):
+    """This replica cannot take the call in time; retry, ideally on another."""
+
+    reason = "REPLICA_BUSY"
+    retry_delay_seconds = 0.1
+
+
+class Unauthenticated(QueueError):
+    """No valid credentials."""
+
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(QueueError):
+    """The caller's role may not call this method."""
+
+    reason = "PERMISSION_DENIED"
+
+
+class Internal(QueueError):
+    """A state the queue should never reach; a bug, reported as INTERNAL."""
+
+    reason = "INTERNAL"

@@ -17,8 +17,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from queue_service import telemetry
-from queue_service.api import auth
-from queue_service.store import migrations
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2,
     core_callback_service_pb2_grpc,
@@ -29,24 +27,27 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2,
     queue_service_pb2_grpc,
 )
+from queue_service.api import auth
 from queue_service.api.auth import Authorizer
+from queue_service.api.callbacks import CoreCallbackServicer
+from queue_service.api.credits import CreditsServicer
+from queue_service.api.gate import CallGate
+from queue_service.api.interceptor import ErrorInterceptor
+from queue_service.api.operator import OperatorServicer
+from queue_service.api.queue import AnalysisQueueServicer
+from queue_service.api.web import WebEndpoint
 from queue_service.background import cancel_and_wait
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
-from queue_service.store.pool import Timeouts, create_pool, translated_errors
+from queue_service.engine.credits import Credits
 from queue_service.engine.dispatcher import ReleaseDispatcher
 from queue_service.engine.engine import QueueEngine
-from queue_service.api.interceptor import CallGate, ErrorInterceptor
-from queue_service.engine.watch import NotificationHub
-from queue_service.api.operator import OperatorServicer
-from queue_service.api.queue import (
-    AnalysisQueueServicer,
-    CoreCallbackServicer,
-    CreditsServicer,
-)
+from queue_service.engine.job_reads import JobReads
 from queue_service.engine.sweeper import Sweeper
-from queue_service.engine.job_reads import JobViews
-from queue_service.api.web import WebEndpoint
+from queue_service.engine.watch import NotificationHub
+from queue_service.store import Store
+from queue_service.store.migrations import MigrationError
+from queue_service.store.pool import Timeouts, create_pool
 
 log = logging.getLogger(__name__)
 
@@ -77,39 +78,48 @@ class QueueApp:
         core_credentials = auth.core_channel_credentials(
             config.core_tls_ca_file, config.core_tls_cert_file, config.core_tls_key_file
         )
-        timeouts = Timeouts(config.lock_timeout_ms, config.statement_timeout_ms)
-        self.pool = create_pool(
-            config.database_url,
-            timeouts=timeouts,
-            min_size=config.pool_min_size,
-            max_size=config.pool_max_size,
-            timeout=config.pool_timeout_seconds,
+        self.store = Store(
+            create_pool(
+                config.database_url,
+                timeouts=Timeouts(config.lock_timeout_ms, config.statement_timeout_ms),
+                min_size=config.pool_min_size,
+                max_size=config.pool_max_size,
+                timeout=config.pool_timeout_seconds,
+            ),
+            database_url=config.database_url,
+            listen_database_url=config.listen_database_url,
         )
-        telemetry.metrics.pools.add(self.pool)
+        telemetry.metrics.pools.add(self.store.pool)
         self.core = CoreClient.connect(config.core_addr, deadline_seconds=config.core_deadline_seconds, credentials=core_credentials)
-        self.engine = QueueEngine(self.pool, self.core, config)
-        self.views = JobViews(self.pool, config.max_active_per_user)
+        # Set when jobs became PENDING (here or, through NOTIFY, on another replica): the
+        # dispatcher releases them at once.
+        releases_due = asyncio.Event()
+        self.engine = QueueEngine(self.store, self.core, config, on_pending=releases_due.set)
+        self.reads = JobReads(self.store, default_max_active=config.max_active_per_user, reconcile_after_seconds=config.reconcile_after_seconds)
         self.hub = NotificationHub(
-            config.listen_database_url or config.database_url,
-            self.views,
-            self.pool,
+            self.store,
+            self.reads,
+            on_pending=releases_due.set,
             max_streams=config.max_streams,
             max_streams_per_user=config.max_streams_per_user,
         )
-        self.dispatcher = ReleaseDispatcher(self.engine)
-        self.sweeper = Sweeper(self.engine, self.dispatcher.wake)
-        self.engine.on_pending = self.dispatcher.wake
-        self.hub.on_pending = self.dispatcher.wake
-        self.draining = asyncio.Event()
+        self.dispatcher = ReleaseDispatcher(
+            self.engine,
+            self.store,
+            wake=releases_due,
+            lease_seconds=config.release_lease_seconds,
+            core_deadline_seconds=config.core_deadline_seconds,
+        )
+        self.sweeper = Sweeper(self.engine, self.store, config, wake_dispatcher=releases_due.set)
         self.health = health.aio.HealthServicer()
         self.gate = CallGate(max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds)
         self._interceptors = [ErrorInterceptor(authorizer.authorize if authorizer else None, self.gate)]
         # One instance of each servicer, shared by gRPC and the browser endpoint (QUEUE_HTTP_ADDR).
         self.servicers = {
-            "AnalysisQueueService": AnalysisQueueServicer(self.engine, self.views, self.hub, self.draining),
-            "CoreCallbackService": CoreCallbackServicer(self.engine, self.views),
-            "CreditsService": CreditsServicer(self.engine),
-            "OperatorService": OperatorServicer(self.engine, self.views, self.draining),
+            "AnalysisQueueService": AnalysisQueueServicer(self.engine, self.reads, self.hub, self.gate.draining),
+            "CoreCallbackService": CoreCallbackServicer(self.engine, self.reads),
+            "CreditsService": CreditsServicer(Credits(self.store)),
+            "OperatorService": OperatorServicer(self.engine, self.reads, self.gate.draining),
         }
         self.web = WebEndpoint(self.servicers, authorizer, self.gate, config) if config.http_addr else None
         self._server_credentials = auth.server_credentials(
@@ -122,9 +132,8 @@ class QueueApp:
 
     async def start(self) -> int:
         if self.config.migrate_on_start:
-            with translated_errors():
-                await migrations.migrate(self.config.database_url)
-        await self.pool.open(wait=True, timeout=max(10.0, self.config.pool_timeout_seconds))
+            await self.store.migrate()
+        await self.store.open(timeout=max(10.0, self.config.pool_timeout_seconds))
         await self._check_schema()
 
         server = grpc.aio.server(
@@ -164,11 +173,9 @@ class QueueApp:
         return self.port
 
     async def _check_schema(self) -> None:
-        with translated_errors():
-            async with self.pool.connection() as conn:
-                pending = await migrations.pending_migrations(conn)
+        pending = await self.store.pending_migrations()
         if pending:
-            raise migrations.MigrationError(
+            raise MigrationError(
                 f"the database lacks migrations {pending}; run `queue-service migrate` (or set QUEUE_MIGRATE_ON_START=true)"
             )
 
@@ -176,15 +183,10 @@ class QueueApp:
         """Health follows the database: NOT_SERVING while it cannot be reached, so a load balancer
         sends calls to replicas that can answer them."""
         serving = True
-        while not self.draining.is_set():
+        while not self.gate.draining.is_set():
             await asyncio.sleep(_HEALTH_PROBE_SECONDS)
-            try:
-                async with self.pool.connection(timeout=_HEALTH_PROBE_SECONDS) as conn:
-                    await conn.execute("SELECT 1")
-                reachable = True
-            except Exception:
-                reachable = False
-            if reachable != serving and not self.draining.is_set():
+            reachable = await self.store.reachable(timeout=_HEALTH_PROBE_SECONDS)
+            if reachable != serving and not self.gate.draining.is_set():
                 serving = reachable
                 log.warning("database %s: health %s", "reachable again" if reachable else "unreachable", "SERVING" if reachable else "NOT_SERVING")
                 status = health_pb2.HealthCheckResponse.SERVING if reachable else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -199,8 +201,7 @@ class QueueApp:
         within the grace period, then stop the server, the loops and the pool."""
         grace = self.config.grace_period_seconds if grace is None else grace
         started = time.monotonic()
-        self.draining.set()  # WatchJobs streams end with UNAVAILABLE; clients reconnect elsewhere
-        self.gate.close()
+        self.gate.close()  # WatchJobs streams end with UNAVAILABLE; clients reconnect elsewhere
         await cancel_and_wait(self._health_watch)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         idle = await self.gate.wait_idle(grace)
@@ -216,7 +217,7 @@ class QueueApp:
         await self.engine.stop()
         await self.hub.stop()
         await self.core.close()
-        await self.pool.close()
+        await self.store.close()
         log.info("stopped")
 
     async def wait(self) -> None:

@@ -71,7 +71,7 @@ async def test_queued_jobs_estimate_their_start_from_recent_judging_times(servic
     second = await stubs.admit(user)
     third = await stubs.admit(user)
     assert third.status == S.JOB_STATUS_QUEUED
-    service.app.views._mean_read_at = float("-inf")  # skip the estimate cache
+    service.app.reads._mean_read_at = float("-inf")  # skip the estimate cache
     third = await stubs.job(third.job_id)
     assert third.HasField("estimated_start_time")
     assert third.estimated_start_time.ToDatetime() >= second.create_time.ToDatetime()

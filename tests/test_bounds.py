@@ -9,7 +9,6 @@ import grpc
 import psycopg
 
 from queue_service._gen.acurio.queue.v1 import credits_service_pb2
-from queue_service.store.locks import with_user_queue_lock
 from tests.harness import error_info, new_user
 
 
@@ -25,7 +24,7 @@ async def test_a_callers_deadline_bounds_the_lock_wait_and_is_answered_before_it
     on the lock in time to say why (LOCK_TIMEOUT), instead of leaving the caller to time out."""
     user = new_user()
     await service.stubs.grant(user, 1)
-    async with with_user_queue_lock(service.app.pool, user):
+    async with service.app.store.user_queue(user):
         started = time.monotonic()
         try:
             await service.stubs.admit(user, timeout=0.8)
@@ -43,7 +42,7 @@ async def test_a_stuck_user_lock_is_lock_timeout_not_a_hang(services) -> None:  
     service = await services.start(lock_timeout_ms=300)
     user = new_user()
     await service.stubs.grant(user, 1)
-    async with with_user_queue_lock(service.app.pool, user):
+    async with service.app.store.user_queue(user):
         try:
             await service.stubs.admit(user, timeout=10)
             raise AssertionError("the admit should time out on the lock")
@@ -59,7 +58,7 @@ async def test_a_stuck_user_lock_is_lock_timeout_not_a_hang(services) -> None:  
 async def test_an_exhausted_pool_is_unavailable_quickly(services) -> None:  # type: ignore[no-untyped-def]
     service = await services.start(pool_min_size=1, pool_max_size=1, pool_timeout_seconds=0.3)
     user = new_user()
-    async with service.app.pool.connection():  # the only connection is busy
+    async with service.app.store.pool.connection():  # the only connection is busy
         started = time.monotonic()
         try:
             await service.stubs.balance(user)
@@ -192,7 +191,7 @@ async def test_a_hung_core_answers_before_a_callers_deadline_shorter_than_the_co
 async def test_a_pool_checkout_is_bounded_by_the_callers_deadline(services) -> None:  # type: ignore[no-untyped-def]
     service = await services.start(pool_min_size=1, pool_max_size=1, pool_timeout_seconds=5.0)
     user = new_user()
-    async with service.app.pool.connection():  # the only connection is busy for longer than the caller waits
+    async with service.app.store.pool.connection():  # the only connection is busy for longer than the caller waits
         started = time.monotonic()
         try:
             await service.stubs.credits.GetBalance(credits_service_pb2.GetBalanceRequest(user_id=user), timeout=0.6)

@@ -11,7 +11,6 @@ import pytest
 
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
-from queue_service.engine.sweeper import Sweeper
 from tests.harness import S, InvariantChecker, error_info, new_user
 
 
@@ -183,7 +182,7 @@ async def test_sweeper_promotes_what_a_lost_tail_call_left_and_reconciles_lost_c
     service.core.runs[first.run_id].state = core_pb2.RUN_STATE_SUCCEEDED
     checker = InvariantChecker(database_url)
     assert user in checker.users_waiting_with_free_slot()
-    sweeper = Sweeper(service.app.engine, service.app.dispatcher.wake)
+    sweeper = service.app.sweeper
     report = await sweeper.sweep_once()
     assert report.promoted >= 1
     await stubs.wait_for(second.job_id, S.JOB_STATUS_RUNNING)
@@ -229,7 +228,7 @@ async def test_sweeper_fails_pending_releases_whose_window_passed_while_no_repli
                 WHERE job_id = %s""",
             (second.job_id,),
         )
-    report = await Sweeper(service.app.engine, lambda: None).sweep_once()
+    report = await service.app.sweeper.sweep_once()
     assert report.gave_up == 1
     failed = await stubs.job(second.job_id)
     assert failed.status == S.JOB_STATUS_FAILED and "release window" in failed.last_error and failed.refunded

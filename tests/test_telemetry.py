@@ -18,7 +18,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from queue_service import telemetry
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
-from queue_service.engine.sweeper import Sweeper
 from tests.harness import S, new_user
 
 
@@ -73,7 +72,7 @@ async def test_a_full_cycle_emits_spans_metrics_and_job_log_lines(otel, services
         await stream.read()
         assert second.status == S.JOB_STATUS_QUEUED
         await service.stubs.wait_for(second.job_id, S.JOB_STATUS_SUCCEEDED)
-        await Sweeper(service.app.engine, service.app.dispatcher.wake).sweep_once()
+        await service.app.sweeper.sweep_once()
         points = _metric_points(reader)
         stream.cancel()
     finally:
@@ -89,7 +88,7 @@ async def test_a_full_cycle_emits_spans_metrics_and_job_log_lines(otel, services
     assert {s.attributes["queue.admit.decision"] for s in admits} == {"pending", "queued"}
     assert {s.attributes["queue.position"] for s in admits} == {0, 1}
     assert all(s.attributes["queue.lock_wait_ms"] >= 0 for s in by_name["lock.wait"])
-    assert any(s.attributes["queue.promoted"] == 1 and s.attributes["queue.trigger"] == "completion" for s in by_name["promote"])
+    assert any(s.attributes["queue.promoted"] == 1 and s.attributes["queue.cause"] == "completion" for s in by_name["promote"])
     releases = by_name["release"]
     assert {s.attributes["queue.release.result"] for s in releases} == {"released"}
     assert all(s.attributes["queue.release.attempt"] == 1 for s in releases)

@@ -1,13 +1,8 @@
-"""The one road from a domain error to a gRPC status.
-
-A `QueueError` becomes its code plus `google.rpc.ErrorInfo` (and `BadRequest` when it lists
-field violations). Anything else is a bug: INTERNAL, logged with the trace id, never dressed up
-as a plausible code.
-"""
+"""The gRPC road every call takes: the gate, authorization, the caller's deadline as the call's
+budget, and the mapping of domain errors to statuses (`status`)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,141 +10,16 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
-from google.protobuf import any_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
-from grpc_status import rpc_status
-from opentelemetry import trace
 
 from queue_service import deadline
-from queue_service.errors import ERROR_DOMAIN, QueueError, ReplicaBusy, ShuttingDown
+from queue_service.api.gate import CallGate
+from queue_service.api.status import internal_status, status_for
+from queue_service.errors import QueueError
 
 log = logging.getLogger(__name__)
 
 
-def status_for(error: QueueError) -> grpc.Status:
-    return rpc_status.to_status(status_proto_for(error))
-
-
-def status_proto_for(error: QueueError) -> status_pb2.Status:
-    """The google.rpc.Status of a domain error: its code, message, ErrorInfo and BadRequest
-    (shared by gRPC and the browser endpoint, so both carry the same details)."""
-    details = []
-    info = error_details_pb2.ErrorInfo(reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata)
-    details.append(info)
-    if error.retry_delay_seconds is not None:
-        retry = error_details_pb2.RetryInfo()
-        retry.retry_delay.FromMilliseconds(round(error.retry_delay_seconds * 1000))
-        details.append(retry)
-    if error.field_violations:
-        details.append(
-            error_details_pb2.BadRequest(
-                field_violations=[
-                    error_details_pb2.BadRequest.FieldViolation(field=field, description=description)
-                    for field, description in error.field_violations
-                ]
-            )
-        )
-    packed = []
-    for detail in details:
-        holder = any_pb2.Any()
-        holder.Pack(detail)
-        packed.append(holder)
-    return status_pb2.Status(code=error.code.value[0], message=error.message, details=packed)
-
-
-def _internal_status(method: str) -> grpc.Status:
-    return rpc_status.to_status(internal_status_proto(method))
-
-
-def internal_status_proto(method: str) -> status_pb2.Status:
-    """INTERNAL for an unexpected exception (call from its `except`): logged with the trace id,
-    which the caller gets too, and nothing else of the exception."""
-    trace_id = format(trace.get_current_span().get_span_context().trace_id, "032x")
-    log.exception("unexpected error in %s", method, extra={"trace_id": trace_id})
-    info = error_details_pb2.ErrorInfo(reason="INTERNAL", domain=ERROR_DOMAIN, metadata={"traceId": trace_id})
-    holder = any_pb2.Any()
-    holder.Pack(info)
-    return status_pb2.Status(code=code_pb2.INTERNAL, message=f"internal error (trace {trace_id})", details=[holder])
-
-
 Authorize = Callable[[str, grpc.aio.ServicerContext], Awaitable[None]]
-
-_ALWAYS_OPEN = "/grpc.health.v1.Health/"
-
-
-class CallGate:
-    """Counts calls in flight; refuses new ones with UNAVAILABLE once closed for a drain; lets at
-    most `max_unary` unary calls work at once, the others waiting their turn in order.
-
-    Refusing in our own handler (rather than letting the server shut down under a call that is
-    just arriving) gives late callers a clean UNAVAILABLE they can retry on another replica.
-
-    The cap keeps an overloaded replica's event loop responsive: without it, every call shares
-    the CPU with every other until all of them miss their deadlines. A waiting call costs nothing,
-    and waits no longer than half of what is left of its deadline (else `max_wait`): then it hears
-    REPLICA_BUSY, in time to retry on another replica. Streams have caps of their own. A drain waits
-    for the waiting calls too: each is refused with SHUTTING_DOWN when its turn comes.
-    """
-
-    def __init__(self, max_unary: int = 1_000_000, max_wait: float = 5.0) -> None:
-        self.in_flight = 0
-        self._max_unary = max_unary
-        self._max_wait = max_wait
-        self._unary_slots = asyncio.Semaphore(max_unary)
-        self._closed = False
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    async def enter(self, method: str, *, unary: bool = True) -> bool:
-        """Admits the call (True: counted, call `exit`), or raises SHUTTING_DOWN / REPLICA_BUSY."""
-        if method.startswith(_ALWAYS_OPEN):
-            return False
-        if self._closed:
-            raise ShuttingDown("this replica is draining; retry on another replica")
-        # Counted from here, so a drain also waits for calls waiting their turn.
-        self.in_flight += 1
-        self._idle.clear()
-        if unary:
-            try:
-                await self._take_unary_slot()
-            except BaseException:
-                self._leave()
-                raise
-            if self._closed:
-                self._unary_slots.release()
-                self._leave()
-                raise ShuttingDown("this replica is draining; retry on another replica")
-        return True
-
-    def _leave(self) -> None:
-        self.in_flight -= 1
-        if self.in_flight == 0:
-            self._idle.set()
-
-    async def _take_unary_slot(self) -> None:
-        # At most half of what is left: a call refused then still has time to retry elsewhere, even
-        # from a replica whose event loop is running late.
-        if not await deadline.acquire(self._unary_slots, limit=self._max_wait, share=0.5):
-            raise ReplicaBusy(
-                f"this replica is working on {self._max_unary} calls (the maximum) and had no turn for this one "
-                "within its deadline; retry, ideally on another replica",
-                metadata={"maxConcurrentCalls": str(self._max_unary)},
-            )
-
-    def exit(self, *, unary: bool = True) -> None:
-        if unary:
-            self._unary_slots.release()
-        self._leave()
-
-    def close(self) -> None:
-        self._closed = True
-
-    async def wait_idle(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
@@ -201,7 +71,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         except (grpc.aio.AbortError, GeneratorExit):
             raise
         except Exception:
-            await context.abort_with_status(_internal_status(method))
+            await context.abort_with_status(internal_status(method))
         finally:
             if entered:
                 self._gate.exit(unary=unary)

@@ -24,8 +24,6 @@ MAX_GRANT = 1_000_000
 # A BadRequest lists at most this many violations (a trailer of thousands would exceed a client's
 # header limit, and the caller would hear RESOURCE_EXHAUSTED instead of INVALID_ARGUMENT).
 MAX_LISTED_VIOLATIONS = 50
-# ListJobs' status filter: there are six statuses; a longer list is a mistake or an attack.
-MAX_STATUS_FILTERS = 16
 
 # Registrant code after "10.", a slash, and a suffix without whitespace or control characters.
 _DOI = re.compile(r"^10\.\d{4,9}(\.\d+)*/[^\s\x00-\x1f\x7f]+$")

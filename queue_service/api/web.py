@@ -4,7 +4,7 @@ gRPC-Web), plus the web console's static files, on one HTTP/1.1 and HTTP/2 liste
 Browsers cannot speak gRPC (they cannot read HTTP/2 trailers), so the `connectrpc` library
 serves Connect and gRPC-Web as an ASGI application, run by Hypercorn on this replica's event
 loop. Its endpoints call the very servicer instances the gRPC server uses, through the same road
-as `error_interceptor`: the drain gate, the `Authorizer` (bearer tokens from the
+as the gRPC interceptor: the gate (`gate`), the `Authorizer` (bearer tokens from the
 `authorization` header, so the same roles apply; client certificates are a gRPC-listener
 feature), and the same mapping of domain errors to a status with ErrorInfo and BadRequest
 details. WatchJobs and WatchOverview stream over HTTP/1.1.
@@ -37,7 +37,8 @@ from protobuf.wkt import Any as AnyDetail
 
 from queue_service.api.auth import Authorizer
 from queue_service.config import Config
-from queue_service.api.interceptor import CallGate, internal_status_proto, status_proto_for
+from queue_service.api.gate import CallGate
+from queue_service.api.status import internal_status_proto, status_proto_for
 from queue_service.errors import QueueError
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ import asyncio
 import logging
 
 from queue_service import errors
-from queue_service.store import store as repo
 from queue_service.background import cancel_and_wait
-from queue_service.store.pool import connection
 from queue_service.engine.engine import QueueEngine
+from queue_service.model import ClaimedRelease
+from queue_service.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -26,15 +26,18 @@ _MAX_CONCURRENT_RELEASES = 64
 
 
 class ReleaseDispatcher:
-    def __init__(self, engine: QueueEngine) -> None:
+    def __init__(
+        self, engine: QueueEngine, store: Store, *, wake: asyncio.Event, lease_seconds: float, core_deadline_seconds: float
+    ) -> None:
         self._engine = engine
-        self._wake = asyncio.Event()
+        self._store = store
+        # Set by whoever learns that jobs became PENDING (the engine, the watch hub, the sweeper).
+        self._wake = wake
+        self._lease_seconds = lease_seconds
+        self._core_deadline_seconds = core_deadline_seconds
         self._slots = asyncio.Semaphore(_MAX_CONCURRENT_RELEASES)
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
-
-    def wake(self) -> None:
-        self._wake.set()
 
     def start(self) -> None:
         self._runner = asyncio.create_task(self._run(), name="release-dispatcher")
@@ -43,7 +46,7 @@ class ReleaseDispatcher:
         await cancel_and_wait(self._runner)
         # In-flight releases finish (bounded by the core deadline) so no lease is left dangling.
         if self._tasks:
-            await asyncio.wait(self._tasks, timeout=self._engine.config.core_deadline_seconds + 1)
+            await asyncio.wait(self._tasks, timeout=self._core_deadline_seconds + 1)
 
     async def _run(self) -> None:
         failures = 0
@@ -69,11 +72,8 @@ class ReleaseDispatcher:
                 pass
 
     async def _claim_and_start(self) -> int:
-        engine = self._engine
-        async with connection(engine.pool) as conn:
-            claims = await repo.claim_due_releases(
-                conn, lease_seconds=engine.config.release_lease_seconds, batch_size=_BATCH
-            )
+        async with self._store.statements() as db:
+            claims = await db.claim_due_releases(lease_seconds=self._lease_seconds, batch_size=_BATCH)
         for claim in claims:
             await self._slots.acquire()
             task = asyncio.create_task(self._release(claim), name=f"release-{claim.job_id}")
@@ -81,7 +81,7 @@ class ReleaseDispatcher:
             task.add_done_callback(self._tasks.discard)
         return len(claims)
 
-    async def _release(self, claim: repo.ClaimedRelease) -> None:
+    async def _release(self, claim: ClaimedRelease) -> None:
         try:
             await self._engine.release(claim)
         except errors.QueueError as exc:
@@ -94,7 +94,6 @@ class ReleaseDispatcher:
             self._slots.release()
 
     async def _seconds_until_next_due(self) -> float:
-        engine = self._engine
-        async with connection(engine.pool) as conn:
-            due_in = await repo.next_release_due_in(conn)
+        async with self._store.statements() as db:
+            due_in = await db.next_release_due_in()
         return _MAX_IDLE_SECONDS if due_in is None else min(_MAX_IDLE_SECONDS, due_in)

@@ -1,7 +1,7 @@
 """The queue engine: admit, promote, end (complete, cancel, give up), release, settle.
 
 Every change that can free or take a user's slot runs under `with_user_queue_lock`; every state
-change is fenced (`repository.finish_job` names the statuses it expects), so duplicates from
+change is a named, fenced `Transition` (the store applies it only from the statuses it names), so duplicates from
 retries, racing replicas or old code versions are harmless no-ops. No call to the core is ever
 made while the user lock is held.
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import hashlib
 import logging
 import time
@@ -23,74 +22,37 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
 from tenacity import RetryCallState, wait_random_exponential
 
 from queue_service import deadline, errors, telemetry
-from queue_service.store import store as repo
 from queue_service.config import Config
-from queue_service.core_client import CoreClient, RunFate, RunReport
-from queue_service.store.pool import connection
-from queue_service.store.locks import with_user_queue_lock
-from queue_service.store.store import ClaimedRelease, ClaimedReservation, ClaimedSettlement, JobRef, NewJob
+from queue_service.core_client import CoreClient
+from queue_service.model import (
+    AdmitRequest,
+    AdmitResult,
+    AdmitState,
+    Cause,
+    ClaimedRelease,
+    ClaimedReservation,
+    ClaimedSettlement,
+    EndedJob,
+    JobRef,
+    JobStatus,
+    NewJob,
+    Promoted,
+    ReleaseResult,
+    RunFate,
+    RunReport,
+    Transition,
+)
+from queue_service.store import LockedStatements, Store
 
 log = logging.getLogger(__name__)
 
-ACTIVE = ["pending", "running"]
-FINISHED = ("succeeded", "failed")
 _GAP_TRACKING_LIMIT = 10_000
 # How long stopping waits for background clean-ups (they are durable: the sweeper finishes any
 # that do not get done).
 _BACKGROUND_STOP_SECONDS = 2.0
-
-
-@dataclasses.dataclass(frozen=True)
-class AdmitInput:
-    user_id: str
-    idempotency_key: str
-    document_uri: str
-    sources: tuple[tuple[str, str], ...]
-    delta_of_job_id: uuid.UUID | None
-    request_digest: bytes
-
-
-@dataclasses.dataclass(frozen=True)
-class EndedJob:
-    ref: repo.JobRef
-    # The job's API view, read in the ending transaction itself when asked for.
-    view: dict[str, Any] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class AdmitResult:
-    job_id: uuid.UUID
-    status: str
-    duplicate: bool
-    # The new job's API view, read in the admit transaction itself (None for a duplicate).
-    view: dict[str, Any] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Ending:
-    """How a job ends, as read from what the core confirmed about its run."""
-
-    status: str
-    last_error: str
-    refund: bool
-    # The core has not confirmed that the run stopped: keep the slot until it does.
-    run_unsettled: bool = False
-
-    @classmethod
-    def from_report(cls, report: RunReport) -> Ending:
-        if report.fate is RunFate.SUCCEEDED:
-            return cls("succeeded", "", refund=False)
-        if report.fate is RunFate.FAILED:
-            return cls("failed", report.message or "the core reported a failure", refund=True)
-        if report.fate is RunFate.CANCELED:
-            return cls("canceled", report.message or "the run was canceled at the core", refund=True)
-        if report.fate is RunFate.UNKNOWN_TO_CORE:
-            return cls("failed", report.message or "the core does not know this run", refund=True, run_unsettled=True)
-        raise ValueError(f"a {report.fate.value} run has not ended")
 
 
 def request_digest(payload: bytes) -> bytes:
@@ -98,12 +60,12 @@ def request_digest(payload: bytes) -> bytes:
 
 
 class QueueEngine:
-    def __init__(self, pool: AsyncConnectionPool, core: CoreClient, config: Config) -> None:
-        self.pool = pool
-        self.core = core
+    def __init__(self, store: Store, core: CoreClient, config: Config, *, on_pending: Callable[[], None]) -> None:
+        self._store = store
+        self._core = core
         self.config = config
         # Called after a commit that made jobs PENDING, so this replica releases them at once.
-        self.on_pending: Callable[[], None] = lambda: None
+        self._on_pending = on_pending
         # When the slot a promoted job took was freed (monotonic), for the promotion-gap
         # histogram; bounded, since another replica may release the job and never tell us.
         self._slot_freed_at: collections.OrderedDict[uuid.UUID, float] = collections.OrderedDict()
@@ -150,25 +112,20 @@ class QueueEngine:
 
     # -- admit -------------------------------------------------------------------------------
 
-    async def admit(self, item: AdmitInput) -> AdmitResult:
+    async def admit(self, item: AdmitRequest) -> AdmitResult:
         is_delta = item.delta_of_job_id is not None
         price = self.config.delta_price if is_delta else self.config.admit_price
         run_id = uuid.uuid4()
 
-        async with connection(self.pool) as conn:
-            async with conn.pipeline():
-                # The reservation travels with the state read: no extra round trip.
-                reservation = await repo.reserve_run(
-                    conn,
-                    run_id=run_id,
-                    user_id=item.user_id,
-                    idempotency_key=item.idempotency_key,
-                    grace_seconds=self.reservation_grace_seconds,
-                )
-                state = await repo.admit_state(
-                    conn, user_id=item.user_id, idempotency_key=item.idempotency_key, delta_of_job_id=item.delta_of_job_id
-                )
-                reserved = await reservation.fetchone() is not None
+        async with self._store.statements() as db:
+            # The reservation travels with the state read: no extra round trip.
+            reserved, state = await db.reserve_run_and_read_admit_state(
+                run_id=run_id,
+                user_id=item.user_id,
+                idempotency_key=item.idempotency_key,
+                delta_of_job_id=item.delta_of_job_id,
+                grace_seconds=self.reservation_grace_seconds,
+            )
         try:
             duplicate = self._check_admit_state(state, item, price, is_delta)
             if duplicate is None and not reserved:
@@ -181,7 +138,7 @@ class QueueEngine:
             return duplicate
 
         try:
-            created = await self.core.create_run(
+            created = await self._core.create_run(
                 run_id=run_id,
                 user_id=item.user_id,
                 document_uri=item.document_uri,
@@ -207,7 +164,7 @@ class QueueEngine:
             await self._abandon_run_before_answering(run_id)
         return result
 
-    def _check_admit_state(self, state: repo.AdmitState, item: AdmitInput, price: int, is_delta: bool) -> AdmitResult | None:
+    def _check_admit_state(self, state: AdmitState, item: AdmitRequest, price: int, is_delta: bool) -> AdmitResult | None:
         """Raises the admit errors the state shows; returns the earlier job for a repeated key."""
         if state.existing_job_id is not None:
             if state.existing_digest != item.request_digest:
@@ -215,14 +172,14 @@ class QueueEngine:
                     "this idempotency key was already used with another request; use a new key per click",
                     metadata={"jobId": str(state.existing_job_id)},
                 )
-            return AdmitResult(state.existing_job_id, "", duplicate=True)
+            return AdmitResult(state.existing_job_id, duplicate=True)
         if is_delta:
             if state.base_status is None or state.base_user_id != item.user_id:
                 raise errors.DeltaBaseNotFound(
                     f"delta base job {item.delta_of_job_id} does not exist for this user",
                     metadata={"deltaOfJobId": str(item.delta_of_job_id)},
                 )
-            if state.base_status != "succeeded":
+            if state.base_status is not JobStatus.SUCCEEDED:
                 raise errors.DeltaBaseNotFinished(
                     f"delta base job {item.delta_of_job_id} is {state.base_status}; only a succeeded job can be re-checked",
                     metadata={"deltaOfJobId": str(item.delta_of_job_id), "baseStatus": state.base_status.upper()},
@@ -246,13 +203,11 @@ class QueueEngine:
         return None
 
     async def _admit_under_lock(
-        self, item: AdmitInput, run_id: uuid.UUID, price: int, is_delta: bool
+        self, item: AdmitRequest, run_id: uuid.UUID, price: int, is_delta: bool
     ) -> AdmitResult:
         job_id = uuid.uuid4()
-        async with with_user_queue_lock(self.pool, item.user_id) as conn:
-            status = await repo.insert_admitted_job(
-                conn,
-                NewJob(
+        async with self._store.user_queue(item.user_id) as db:
+            status = await db.insert_admitted_job(NewJob(
                     job_id=job_id,
                     user_id=item.user_id,
                     run_id=run_id,
@@ -269,8 +224,7 @@ class QueueEngine:
             )
             if status is None:
                 # Something changed since the pre-check: find out what, still under the lock.
-                state = await repo.admit_state(
-                    conn, user_id=item.user_id, idempotency_key=item.idempotency_key, delta_of_job_id=item.delta_of_job_id
+                state = await db.admit_state(user_id=item.user_id, idempotency_key=item.idempotency_key, delta_of_job_id=item.delta_of_job_id
                 )
                 duplicate = self._check_admit_state(state, item, price, is_delta)
                 if duplicate is None:
@@ -278,22 +232,21 @@ class QueueEngine:
                         "the admit took too long and its run was given up; retry with the same idempotency key"
                     )
                 return duplicate
-            view = await repo.send_job_views_by_ids(conn, job_ids=[job_id])
+            read = await db.view_at_commit(job_id)
         log.info("job admitted", extra={"job_id": job_id, "user_id": item.user_id, "run_id": run_id, "status": status})
-        if status == "pending":
-            self.on_pending()
-        rows = await view.fetchall()
-        return AdmitResult(job_id, status, duplicate=False, view=rows[0] if rows else None)
+        if status is JobStatus.PENDING:
+            self._on_pending()
+        return AdmitResult(job_id, duplicate=False, view=read.view)
 
     async def _drop_reservation(self, run_id: uuid.UUID) -> None:
         """The admit was refused before the core heard of the run: nothing to cancel."""
-        async with connection(self.pool) as conn:
-            await repo.drop_run_reservation(conn, run_id=run_id)
+        async with self._store.statements() as db:
+            await db.drop_run_reservation(run_id=run_id)
 
     async def _abandon_reserved_run(self, run_id: uuid.UUID) -> None:
         """Cancels the run of a failed admit, unless the admit committed after all."""
-        async with connection(self.pool) as conn:
-            claim = await repo.claim_run_reservation(conn, run_id=run_id, lease_seconds=self.config.release_lease_seconds)
+        async with self._store.statements() as db:
+            claim = await db.claim_run_reservation(run_id=run_id, lease_seconds=self.config.release_lease_seconds)
         if claim is not None:
             await self.cancel_reserved_run(claim)
 
@@ -303,13 +256,12 @@ class QueueEngine:
             span.set_attribute("queue.run_id", str(claim.run_id))
             report = await self._cancel_until_confirmed(claim.run_id, kind="orphan")
             if report is None:
-                async with connection(self.pool) as conn:
-                    await repo.schedule_run_reservation_retry(
-                        conn, run_id=claim.run_id, attempt=claim.attempt, backoff_seconds=self.backoff_seconds(claim.attempt)
+                async with self._store.statements() as db:
+                    await db.schedule_run_reservation_retry(run_id=claim.run_id, attempt=claim.attempt, backoff_seconds=self.backoff_seconds(claim.attempt)
                     )
                 return False
-            async with connection(self.pool) as conn:
-                await repo.drop_run_reservation(conn, run_id=claim.run_id)
+            async with self._store.statements() as db:
+                await db.drop_run_reservation(run_id=claim.run_id)
             telemetry.metrics.run_settlements.add(1, {"kind": "orphan", "result": "settled"})
             log.info("orphaned run canceled", extra={"run_id": claim.run_id, "status": report.fate.value})
             return True
@@ -318,7 +270,7 @@ class QueueEngine:
         """One CancelRun attempt: the core's report when it confirms the run settled, else None
         (no answer, or a run still held or judging), and the caller schedules the next attempt."""
         try:
-            report = await self.core.cancel_run(run_id)
+            report = await self._core.cancel_run(run_id)
         except errors.CoreUnavailable as exc:
             log.warning("run not yet confirmed settled; retrying later", extra={"run_id": run_id, "reason": exc.message})
             report = None
@@ -329,13 +281,12 @@ class QueueEngine:
 
     # -- promotion ---------------------------------------------------------------------------
 
-    async def _promote_locked(self, conn, user_id: str, trigger: str) -> list[repo.Promoted]:  # type: ignore[no-untyped-def]
+    async def _promote_locked(self, db: LockedStatements, user_id: str, cause: Cause) -> list[Promoted]:
         """Fills every free slot of the user from the queue, oldest first (inside the lock)."""
         promoted = []
         with telemetry.tracer.start_as_current_span("promote") as span:
             while True:
-                job = await repo.promote_next_queued_job(
-                    conn,
+                job = await db.promote_next_queued_job(
                     user_id=user_id,
                     default_max_active=self.config.max_active_per_user,
                     release_window_seconds=self.config.release_window_seconds,
@@ -344,28 +295,28 @@ class QueueEngine:
                     promoted.append(job)
                 if job is None or not job.more_slots_free:
                     break
-            span.set_attribute("queue.trigger", trigger)
+            span.set_attribute("queue.cause", str(cause))
             span.set_attribute("queue.promoted", len(promoted))
         if promoted:
-            telemetry.metrics.promotions.add(len(promoted), {"trigger": trigger})
+            telemetry.metrics.promotions.add(len(promoted), {"cause": str(cause)})
         return promoted
 
-    async def promote(self, user_id: str, *, trigger: str) -> list[repo.Promoted]:
-        async with with_user_queue_lock(self.pool, user_id) as conn:
-            promoted = await self._promote_locked(conn, user_id, trigger)
-        self._after_promotion(user_id, promoted, trigger)
+    async def promote(self, user_id: str, *, cause: Cause) -> list[Promoted]:
+        async with self._store.user_queue(user_id) as db:
+            promoted = await self._promote_locked(db, user_id, cause)
+        self._after_promotion(user_id, promoted, cause)
         return promoted
 
-    def _after_promotion(self, user_id: str, promoted: list[repo.Promoted], trigger: str) -> None:
+    def _after_promotion(self, user_id: str, promoted: list[Promoted], cause: Cause) -> None:
         for job in promoted:
             log.info(
                 "job promoted",
-                extra={"job_id": job.job_id, "user_id": user_id, "run_id": job.run_id, "status": "pending", "reason": trigger},
+                extra={"job_id": job.job_id, "user_id": user_id, "run_id": job.run_id, "status": JobStatus.PENDING, "cause": cause},
             )
         if promoted:
-            self.on_pending()
+            self._on_pending()
 
-    def _note_slot_freed(self, promoted: list[repo.Promoted]) -> None:
+    def _note_slot_freed(self, promoted: list[Promoted]) -> None:
         now = time.monotonic()
         for job in promoted:
             self._slot_freed_at[job.job_id] = now
@@ -374,66 +325,48 @@ class QueueEngine:
 
     # -- ending a job ------------------------------------------------------------------------
 
-    async def end_job(
-        self,
-        *,
-        job_id: uuid.UUID,
-        user_id: str,
-        ending: Ending,
-        from_statuses: list[str],
-        trigger: str,
-        expected_attempts: int | None = None,
-        read_view: bool = False,
-    ) -> EndedJob | None:
-        """Ends the job, refunds when asked, and (when its run is settled) promotes the user's
-        next job, in one transaction. An unsettled run keeps the slot: `settle_run` frees it.
+    async def end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition, *, read_view: bool = False) -> EndedJob | None:
+        """Applies the transition, refunds when it says so, and (when the run is settled) promotes
+        the user's next job, in one transaction; None when the job was not in a status the
+        transition starts from (fenced). An unsettled run keeps the slot: `settle_run` frees it.
 
         With `read_view` the job's view is read in that transaction too (it travels with the
         COMMIT), so the caller can answer without another query."""
-        view = None
-        promoted: list[repo.Promoted] = []
+        read = None
+        promoted: list[Promoted] = []
+        cause = transition.cause
         with telemetry.tracer.start_as_current_span("complete") as span:
             span.set_attribute("queue.job_id", str(job_id))
-            span.set_attribute("queue.status", ending.status)
-            span.set_attribute("queue.run_unsettled", ending.run_unsettled)
-            async with with_user_queue_lock(self.pool, user_id) as conn:
-                ended = await repo.finish_job(
-                    conn,
-                    job_id=job_id,
-                    status=ending.status,
-                    from_statuses=from_statuses,
-                    last_error=ending.last_error,
-                    expected_attempts=expected_attempts,
-                    run_unsettled=ending.run_unsettled,
-                )
+            span.set_attribute("queue.status", str(transition.to))
+            span.set_attribute("queue.cause", str(cause))
+            span.set_attribute("queue.run_unsettled", transition.run_unsettled)
+            async with self._store.user_queue(user_id) as db:
+                ended = await db.finish_job(job_id, transition)
                 if ended is None:
                     return None
-                refunded = await repo.refund_job_charge(conn, job_id=job_id) if ending.refund else 0
-                if not ending.run_unsettled:
-                    promoted = await self._promote_locked(conn, user_id, trigger)
+                refunded = await db.refund_job_charge(job_id=job_id) if transition.refund else 0
+                if not transition.run_unsettled:
+                    promoted = await self._promote_locked(db, user_id, cause)
                 if read_view:
-                    view = await repo.send_job_views_by_ids(conn, job_ids=[job_id])
+                    read = await db.view_at_commit(job_id)
             span.set_attribute("queue.refunded", refunded)
         self._note_slot_freed(promoted)
-        telemetry.metrics.completions.add(1, {"status": ending.status})
+        telemetry.metrics.completions.add(1, {"status": str(transition.to)})
         if refunded:
-            telemetry.metrics.refunds.add(refunded, {"cause": trigger})
+            telemetry.metrics.refunds.add(refunded, {"cause": str(cause)})
         log.info(
             "job ended",
-            extra={"job_id": job_id, "user_id": user_id, "run_id": ended.run_id, "status": ending.status, "reason": trigger},
+            extra={"job_id": job_id, "user_id": user_id, "run_id": ended.run_id, "status": transition.to, "cause": cause},
         )
-        self._after_promotion(user_id, promoted, trigger)
-        if ending.run_unsettled:
+        self._after_promotion(user_id, promoted, cause)
+        if transition.run_unsettled:
             self.in_background(self._settle_now(ended), name=f"settle-run-{ended.run_id}")
-        rows = await view.fetchall() if view is not None else []
-        return EndedJob(ended, rows[0] if rows else None)
+        return EndedJob(ended, read.view if read is not None else None)
 
-    async def complete_run(
-        self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str
-    ) -> tuple[uuid.UUID, dict[str, Any] | None]:
-        """Ends the run's job; returns its id and, when this call ended it, its view."""
-        async with connection(self.pool) as conn:
-            owner = await repo.run_owner(conn, run_id=run_id)
+    async def complete_run(self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str) -> EndedJob:
+        """Ends the run's job as the core reports; the job's view is set when this call ended it."""
+        async with self._store.statements() as db:
+            owner = await db.run_owner(run_id=run_id)
         job = owner.job
         if job is None:
             if owner.reserved:
@@ -442,30 +375,19 @@ class QueueEngine:
                     metadata={"runId": str(run_id)},
                 )
             raise errors.RunNotFound(f"no job owns run {run_id}", metadata={"runId": str(run_id)})
-        if job.status == "queued":
+        if job.status is JobStatus.QUEUED:
             raise errors.RunNotReleased(
                 f"the job of run {run_id} is still queued; a held run cannot complete", metadata={"runId": str(run_id)}
             )
-        if job.status in ACTIVE:
-            ending = (
-                Ending("succeeded", "", refund=refund)
-                if succeeded
-                else Ending("failed", message or "the core reported a failure", refund=refund)
-            )
-            ended = await self.end_job(
-                job_id=job.job_id,
-                user_id=job.user_id,
-                ending=ending,
-                from_statuses=ACTIVE,
-                trigger="completion",
-                read_view=True,
-            )
+        if job.status.is_active:
+            transition = Transition.completed(succeeded=succeeded, refund=refund, message=message)
+            ended = await self.end_job(job.job_id, job.user_id, transition, read_view=True)
             if ended is not None:
-                return job.job_id, ended.view
+                return ended
         elif job.run_unsettled:
             # The job ended while its run's fate was unknown; the core's callback settles it.
-            await self.settle_run(job.job_id, job.user_id, cause="completion")
-        return job.job_id, None
+            await self.settle_run(job.job_id, job.user_id, cause=Cause.COMPLETION)
+        return EndedJob(job)
 
     async def cancel(self, job_id: uuid.UUID, user_id: str) -> None:
         """Cancels a job; the core's answer decides how an active job ends (see docs/design.md).
@@ -475,30 +397,25 @@ class QueueEngine:
         and refunded; a run that had already finished ends the job as it finished and the caller
         hears JOB_ALREADY_FINISHED; no answer changes nothing and the caller may retry."""
         for _ in range(3):
-            async with connection(self.pool) as conn:
-                job = await repo.job_by_id(conn, job_id=job_id)
+            async with self._store.statements() as db:
+                job = await db.job_by_id(job_id=job_id)
             if job is None or job.user_id != user_id:
                 raise errors.JobNotFound(f"job {job_id} does not exist for this user", metadata={"jobId": str(job_id)})
-            if job.status == "canceled":
+            if job.status is JobStatus.CANCELED:
                 return
-            if job.status in FINISHED:
+            if job.status.is_finished:
                 raise _already_finished(job_id, job.status)
-            if job.status == "queued":
-                ending = Ending("canceled", "canceled by the user", refund=True, run_unsettled=True)
-                if await self.end_job(job_id=job_id, user_id=user_id, ending=ending, from_statuses=["queued"], trigger="cancel"):
+            if job.status is JobStatus.QUEUED:
+                if await self.end_job(job_id, user_id, Transition.canceled_while_queued()):
                     return
                 continue  # promoted meanwhile: cancel it as an active job
-            report = await self.core.cancel_run(job.run_id)
-            if report.fate in (RunFate.CANCELED, RunFate.UNKNOWN_TO_CORE):
-                ending = Ending("canceled", "canceled by the user", refund=True)
-            elif report.fate in (RunFate.SUCCEEDED, RunFate.FAILED):
-                ending = Ending.from_report(report)
-            else:
+            report = await self._core.cancel_run(job.run_id)
+            if not report.fate.settled:
                 raise errors.CoreUnavailable(
                     f"the core did not cancel run {job.run_id} (it is {report.fate.value}); retry",
                     metadata={"coreCode": "OK", "runState": report.fate.value.upper()},
                 )
-            ended = await self.end_job(job_id=job_id, user_id=user_id, ending=ending, from_statuses=ACTIVE, trigger="cancel")
+            ended = await self.end_job(job_id, user_id, Transition.canceled(report))
             if ended is None and report.fate is not RunFate.SUCCEEDED:
                 # A completion won the race: the core may have reported the run it canceled for
                 # us as FAILED without a refund. A job the user canceled is never charged.
@@ -508,47 +425,39 @@ class QueueEngine:
         raise errors.Conflict(f"job {job_id} kept changing during the cancel; retry", metadata={"jobId": str(job_id)})
 
     async def _refund_if_failed(self, job_id: uuid.UUID, user_id: str) -> None:
-        async with with_user_queue_lock(self.pool, user_id) as conn:
-            job = await repo.job_by_id(conn, job_id=job_id)
-            refunded = await repo.refund_job_charge(conn, job_id=job_id) if job is not None and job.status == "failed" else 0
+        async with self._store.user_queue(user_id) as db:
+            job = await db.job_by_id(job_id=job_id)
+            refunded = await db.refund_job_charge(job_id=job_id) if job is not None and job.status is JobStatus.FAILED else 0
         if refunded:
-            telemetry.metrics.refunds.add(refunded, {"cause": "cancel"})
+            telemetry.metrics.refunds.add(refunded, {"cause": str(Cause.CANCEL)})
             log.info("refunded a job the core failed while the user canceled it", extra={"job_id": job_id, "user_id": user_id})
 
-    async def give_up_release(self, job_id: uuid.UUID, user_id: str, reason: str, *, expected_attempts: int) -> bool:
+    async def give_up_release(self, job_id: uuid.UUID, user_id: str, reason: str, *, attempts: int) -> bool:
         """Fails and refunds a pending job whose release did not succeed in its window (fenced by
-        its attempt counter). Its run may judge after all (a release applied, its answer lost),
-        so the slot stays taken until the core confirms the run canceled."""
-        ended = await self.end_job(
-            job_id=job_id,
-            user_id=user_id,
-            ending=Ending("failed", reason, refund=True, run_unsettled=True),
-            from_statuses=["pending"],
-            trigger="release_give_up",
-            expected_attempts=expected_attempts,
-        )
+        its attempt counter); see `Transition.given_up`."""
+        ended = await self.end_job(job_id, user_id, Transition.given_up(reason, attempts=attempts))
         if ended is not None:
             telemetry.metrics.release_give_ups.add(1)
         return ended is not None
 
     # -- settling runs -----------------------------------------------------------------------
 
-    async def settle_run(self, job_id: uuid.UUID, user_id: str, *, cause: str) -> None:
+    async def settle_run(self, job_id: uuid.UUID, user_id: str, *, cause: Cause) -> None:
         """The core confirmed the ended job's run settled: free its slot and promote."""
-        async with with_user_queue_lock(self.pool, user_id) as conn:
-            was_unsettled = await repo.settle_job_run(conn, job_id=job_id)
-            promoted = await self._promote_locked(conn, user_id, cause)
+        async with self._store.user_queue(user_id) as db:
+            was_unsettled = await db.settle_job_run(job_id=job_id)
+            promoted = await self._promote_locked(db, user_id, cause)
         if not was_unsettled:
             return
         self._note_slot_freed(promoted)
         telemetry.metrics.run_settlements.add(1, {"kind": "job", "result": "settled"})
-        log.info("run settled", extra={"job_id": job_id, "user_id": user_id, "reason": cause})
+        log.info("run settled", extra={"job_id": job_id, "user_id": user_id, "cause": cause})
         self._after_promotion(user_id, promoted, cause)
 
     async def _settle_now(self, job: JobRef) -> None:
         """One immediate attempt after a job ended unsettled; the sweeper retries with backoff."""
         if await self._cancel_until_confirmed(job.run_id, kind="job") is not None:
-            await self.settle_run(job.job_id, job.user_id, cause="run_settled")
+            await self.settle_run(job.job_id, job.user_id, cause=Cause.RUN_SETTLED)
 
     async def attempt_run_settlement(self, claim: ClaimedSettlement) -> bool:
         """Asks the core to cancel a claimed unsettled run; settles the job when it confirms."""
@@ -556,28 +465,25 @@ class QueueEngine:
             span.set_attribute("queue.job_id", str(claim.job_id))
             span.set_attribute("queue.run.settle.attempt", claim.attempt)
             if await self._cancel_until_confirmed(claim.run_id, kind="job") is None:
-                async with connection(self.pool) as conn:
-                    await repo.schedule_run_settle_retry(
-                        conn, job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=self.backoff_seconds(claim.attempt)
+                async with self._store.statements() as db:
+                    await db.schedule_run_settle_retry(
+                        job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=self.backoff_seconds(claim.attempt)
                     )
                 return False
-            await self.settle_run(claim.job_id, claim.user_id, cause="run_settled")
+            await self.settle_run(claim.job_id, claim.user_id, cause=Cause.RUN_SETTLED)
             return True
 
     async def reconcile(self, job_id: uuid.UUID, user_id: str, run_id: uuid.UUID) -> bool:
         """Asks the core about a RUNNING job whose completion never arrived; returns whether the
         job ended."""
-        report = await self.core.get_run(run_id)
+        report = await self._core.get_run(run_id)
         if report.fate is RunFate.HELD:
             # A release we saw confirmed did not take (the core lost it): release it again.
-            report = await self.core.release_run(run_id)
+            report = await self._core.release_run(run_id)
         if not report.fate.settled:
             return False
         log.info("reconciling a run whose completion never arrived", extra={"job_id": job_id, "run_id": run_id, "status": report.fate.value})
-        ended = await self.end_job(
-            job_id=job_id, user_id=user_id, ending=Ending.from_report(report), from_statuses=["running"], trigger="reconcile"
-        )
-        return ended is not None
+        return await self.end_job(job_id, user_id, Transition.reconciled(report)) is not None
 
     # -- release -----------------------------------------------------------------------------
 
@@ -587,73 +493,77 @@ class QueueEngine:
         state.attempt_number = max(1, attempt)
         return float(self._backoff(state))
 
-    async def release(self, claim: ClaimedRelease) -> str:
+    async def release_now(self, job_id: uuid.UUID) -> None:
+        """Releases a PENDING job at once (tooling): claims it like the dispatcher does. A job
+        another replica is releasing right now is left to it."""
+        async with self._store.statements() as db:
+            claim = await db.claim_release_of_job(job_id=job_id, lease_seconds=self.config.release_lease_seconds)
+            job = None if claim else await db.job_by_id(job_id=job_id)
+        if claim is not None:
+            await self.release(claim)
+        elif job is None:
+            raise errors.JobNotFound(f"job {job_id} does not exist", metadata={"jobId": str(job_id)})
+        elif job.status is not JobStatus.PENDING:
+            raise errors.JobNotPending(
+                f"job {job_id} is {job.status}; only a PENDING job can be released",
+                metadata={"jobId": str(job_id), "status": job.status.upper()},
+            )
+
+    async def release(self, claim: ClaimedRelease) -> ReleaseResult:
         """Attempts one claimed release and records the result; returns what happened."""
         with telemetry.tracer.start_as_current_span("release") as span:
             span.set_attribute("queue.job_id", str(claim.job_id))
             span.set_attribute("queue.release.attempt", claim.attempt)
             try:
-                report: RunReport | None = await self.core.release_run(claim.run_id)
+                report: RunReport | None = await self._core.release_run(claim.run_id)
                 error = ""
             except errors.CoreUnavailable as exc:
                 report, error = None, exc.message
             result = await self._record_release(claim, report, error)
-            telemetry.metrics.release_attempts.add(1, {"result": result})
-            span.set_attribute("queue.release.result", result)
+            telemetry.metrics.release_attempts.add(1, {"result": str(result)})
+            span.set_attribute("queue.release.result", str(result))
             return result
 
-    async def _record_release(self, claim: ClaimedRelease, report: RunReport | None, error: str) -> str:
+    async def _record_release(self, claim: ClaimedRelease, report: RunReport | None, error: str) -> ReleaseResult:
         if report is not None and report.fate is RunFate.JUDGING:
-            async with connection(self.pool) as conn:
-                marked = await repo.mark_released(
-                    conn, job_id=claim.job_id, attempt=claim.attempt, reconcile_after_seconds=self.config.reconcile_after_seconds
+            async with self._store.statements() as db:
+                marked = await db.mark_released(
+                    job_id=claim.job_id, attempt=claim.attempt, reconcile_after_seconds=self.config.reconcile_after_seconds
                 )
             freed_at = self._slot_freed_at.pop(claim.job_id, None)
             if freed_at is not None:
                 telemetry.metrics.promotion_gap.record(time.monotonic() - freed_at)
             if marked:
-                log.info("job released", extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "status": "running", "attempt": claim.attempt})
-            return "released"
+                log.info("job released", extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "status": JobStatus.RUNNING, "attempt": claim.attempt})
+            return ReleaseResult.RELEASED
         if report is not None and report.fate.settled:
             # The run had ended already (canceled, finished after an earlier release whose answer
             # was lost) or the core does not know it: the core's answer decides how the job ends.
+            await self.end_job(claim.job_id, claim.user_id, Transition.release_answered(report, attempt=claim.attempt))
             refused = report.fate in (RunFate.CANCELED, RunFate.UNKNOWN_TO_CORE)
-            ending = Ending.from_report(report)
-            if refused:
-                ending = dataclasses.replace(ending, last_error=f"release refused by the core: {report.message}")
-            await self.end_job(
-                job_id=claim.job_id,
-                user_id=claim.user_id,
-                ending=ending,
-                from_statuses=["pending"],
-                trigger="release",
-                expected_attempts=claim.attempt,
-            )
-            return "refused" if refused else "finished"
+            return ReleaseResult.REFUSED if refused else ReleaseResult.FINISHED
         # No answer (the release may have been applied) or a run still held: retry later.
         error = error or "core ReleaseRun: the run is still held"
         backoff = self.backoff_seconds(claim.attempt)
-        async with connection(self.pool) as conn:
-            retry = await repo.schedule_release_retry(
-                conn, job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=backoff, last_error=error
-            )
+        async with self._store.statements() as db:
+            retry = await db.schedule_release_retry(job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=backoff, last_error=error)
         if retry is not None and retry.window_over:
             window = self.config.release_window_seconds
             await self.give_up_release(
                 claim.job_id,
                 claim.user_id,
                 f"release gave up after {claim.attempt} attempts over {window:g}s: {error}",
-                expected_attempts=claim.attempt,
+                attempts=claim.attempt,
             )
-            return "gave_up"
+            return ReleaseResult.GAVE_UP
         log.warning(
             "release failed; retrying",
             extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt, "reason": error},
         )
-        return "retry"
+        return ReleaseResult.RETRY
 
 
-def _already_finished(job_id: uuid.UUID, status: str) -> errors.QueueError:
+def _already_finished(job_id: uuid.UUID, status: JobStatus) -> errors.QueueError:
     return errors.JobAlreadyFinished(
         f"job {job_id} already {status}; only queued, pending or running jobs can be canceled",
         metadata={"jobId": str(job_id), "status": status.upper()},

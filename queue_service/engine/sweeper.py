@@ -17,14 +17,17 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from queue_service import errors, telemetry
-from queue_service.store import store as repo
 from queue_service.background import cancel_and_wait
-from queue_service.store.pool import connection
+from queue_service.config import Config
 from queue_service.engine.engine import QueueEngine
+from queue_service.model import Cause
+from queue_service.store import Store
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -42,20 +45,22 @@ class SweepReport:
 
 
 class Sweeper:
-    def __init__(self, engine: QueueEngine, wake_dispatcher) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, engine: QueueEngine, store: Store, config: Config, *, wake_dispatcher: Callable[[], None]) -> None:
         self._engine = engine
+        self._store = store
+        self._config = config
         self._wake_dispatcher = wake_dispatcher
         self._runner: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        if self._engine.config.sweep_interval_seconds > 0:
+        if self._config.sweep_interval_seconds > 0:
             self._runner = asyncio.create_task(self._run(), name="sweeper")
 
     async def stop(self) -> None:
         await cancel_and_wait(self._runner)
 
     async def _run(self) -> None:
-        interval = self._engine.config.sweep_interval_seconds
+        interval = self._config.sweep_interval_seconds
         while True:
             await asyncio.sleep(interval * random.uniform(0.5, 1.0))
             try:
@@ -66,35 +71,31 @@ class Sweeper:
                 log.exception("sweeper pass failed; the next pass retries")
 
     async def sweep_once(self) -> SweepReport:
-        engine = self._engine
+        engine, config = self._engine, self._config
         report = SweepReport()
         started = time.perf_counter()
         with telemetry.tracer.start_as_current_span("sweep") as span:
-            async with connection(engine.pool) as conn:
-                users = await repo.users_needing_promotion(
-                    conn, default_max_active=engine.config.max_active_per_user, batch_size=_BATCH
-                )
-                expired = await repo.expired_pending_releases(conn, batch_size=_BATCH)
-                overdue = await repo.claim_due_reconciliations(
-                    conn, recheck_seconds=engine.config.reconcile_after_seconds, batch_size=_BATCH
-                )
-                lease = engine.config.release_lease_seconds
-                unsettled = await repo.claim_due_run_settlements(conn, lease_seconds=lease, batch_size=_BATCH)
-                orphans = await repo.claim_due_run_reservations(conn, lease_seconds=lease, batch_size=_BATCH)
-                telemetry.metrics.depth = await repo.queue_depth(conn)
+            lease = config.release_lease_seconds
+            async with self._store.statements() as db:
+                users = await db.users_needing_promotion(default_max_active=config.max_active_per_user, batch_size=_BATCH)
+                expired = await db.expired_pending_releases(batch_size=_BATCH)
+                overdue = await db.claim_due_reconciliations(recheck_seconds=config.reconcile_after_seconds, batch_size=_BATCH)
+                unsettled = await db.claim_due_run_settlements(lease_seconds=lease, batch_size=_BATCH)
+                orphans = await db.claim_due_run_reservations(lease_seconds=lease, batch_size=_BATCH)
+                telemetry.metrics.depth = await db.queue_depth()
             for user_id in users:
-                report.promoted += await self._guarded(engine.promote(user_id, trigger="sweeper"), 0, len)
-            for row in expired:
-                window = engine.config.release_window_seconds
+                report.promoted += len(await self._guarded(engine.promote(user_id, cause=Cause.SWEEPER), []))
+            window = config.release_window_seconds
+            for release in expired:
                 gave_up = engine.give_up_release(
-                    row["job_id"], row["user_id"], f"release window of {window:g}s passed without a successful release",
-                    expected_attempts=row["release_attempts"],
+                    release.job_id, release.user_id, f"release window of {window:g}s passed without a successful release",
+                    attempts=release.attempts,
                 )
-                report.gave_up += await self._guarded(gave_up, False, int)
+                report.gave_up += int(await self._guarded(gave_up, False))
             # Steps that ask the core run side by side (bounded), so a slow core costs one
             # deadline per pass, not one per row.
             report.reconciled += await self._each_asking_core(
-                [engine.reconcile(row["job_id"], row["user_id"], row["run_id"]) for row in overdue]
+                [engine.reconcile(run.job_id, run.user_id, run.run_id) for run in overdue]
             )
             report.runs_settled += await self._each_asking_core([engine.attempt_run_settlement(c) for c in unsettled])
             report.orphans_canceled += await self._each_asking_core([engine.cancel_reserved_run(o) for o in orphans])
@@ -114,15 +115,15 @@ class Sweeper:
 
         async def gated(step: Coroutine[Any, Any, bool]) -> int:
             async with gate:
-                return int(await self._guarded(step, False, bool))
+                return int(await self._guarded(step, False))
 
         return sum(await asyncio.gather(*(gated(step) for step in steps)))
 
     @staticmethod
-    async def _guarded(step, default, count):  # type: ignore[no-untyped-def]
+    async def _guarded(step: Coroutine[Any, Any, T], default: T) -> T:
         """Runs one row's step; a failure is logged and the pass goes on."""
         try:
-            return count(await step)
+            return await step
         except errors.QueueError as exc:
             log.warning("sweeper step failed: %s", exc.message)
-            return count(default)
+            return default

@@ -1,4 +1,5 @@
-"""One LISTEN connection per replica, fanned out to the dispatcher and to WatchJobs streams.
+"""The watch hub: one LISTEN connection per replica, fanned out to the dispatcher and to WatchJobs
+streams.
 
 The table's trigger announces every status change on channel `analysis_job_changes`, whichever
 replica (or code version) made it. The hub reads each job's view once per change and hands it
@@ -18,30 +19,22 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable
 
-import psycopg
-
 from queue_service import errors, telemetry
-from queue_service.store import store as repo
-from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service.background import cancel_and_wait
-from queue_service.store.pool import connection
-from queue_service.engine.job_reads import JobViews
+from queue_service.engine.job_reads import JobReads
+from queue_service.model import JobStatus, JobView
+from queue_service.store import Store
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "analysis_job_changes"
 _STREAM_BUFFER = 256
-
-
-_ACTIVE_STATUSES = (job_pb2.JOB_STATUS_QUEUED, job_pb2.JOB_STATUS_PENDING, job_pb2.JOB_STATUS_RUNNING)
 
 
 @dataclasses.dataclass(frozen=True)
 class WatchItem:
-    """A job's view to send, with its queue_seq (where the stream's knowledge of the user ends)."""
+    """A job's view to send; its queue_seq marks where the stream's knowledge of the user ends."""
 
-    seq: int
-    job: job_pb2.Job
+    job: JobView
 
 
 class WatchStream:
@@ -58,12 +51,12 @@ class WatchStream:
 
     def saw(self, item: WatchItem) -> None:
         """Records that the caller is told of this job's state."""
-        job_id = uuid.UUID(item.job.job_id)
-        if item.job.status in _ACTIVE_STATUSES:
-            self.active_job_ids.add(job_id)
+        job = item.job
+        if job.status.is_live:
+            self.active_job_ids.add(job.job_id)
         else:
-            self.active_job_ids.discard(job_id)
-        self.newest_seq = max(self.newest_seq, item.seq)
+            self.active_job_ids.discard(job.job_id)
+        self.newest_seq = max(self.newest_seq, job.queue_seq)
 
     def offer(self, item: WatchItem | None) -> None:
         try:
@@ -77,23 +70,17 @@ class WatchStream:
 
 class NotificationHub:
     def __init__(
-        self,
-        dsn: str,
-        views: JobViews,
-        pool,  # type: ignore[no-untyped-def]
-        *,
-        max_streams: int,
-        max_streams_per_user: int,
+        self, store: Store, reads: JobReads, *, on_pending: Callable[[], None], max_streams: int, max_streams_per_user: int
     ) -> None:
-        self._dsn = dsn
-        self._views = views
-        self._pool = pool
+        self._store = store
+        self._reads = reads
         self._max_streams = max_streams
         self._max_streams_per_user = max_streams_per_user
         self._streams: dict[str, set[WatchStream]] = defaultdict(set)
         self._stream_count = 0
         self._runner: asyncio.Task[None] | None = None
-        self.on_pending: Callable[[], None] = lambda: None
+        # Another replica made a job PENDING: this replica's dispatcher may release it too.
+        self._on_pending = on_pending
         self.listening = asyncio.Event()
 
     def start(self) -> None:
@@ -135,15 +122,14 @@ class NotificationHub:
         failures = 0
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self._dsn, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
+                async with self._store.job_changes() as changes:
                     if failures:
                         self._resync_all()
-                        self.on_pending()
+                        self._on_pending()
                     failures = 0
                     self.listening.set()
-                    async for notice in conn.notifies():
-                        await self._dispatch(notice.payload)
+                    async for payload in changes:
+                        await self._dispatch(payload)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -166,18 +152,17 @@ class NotificationHub:
             log.warning("ignoring a malformed job change notice")
             return
         if change.get("status") == "pending":
-            self.on_pending()
+            self._on_pending()
         streams = self._streams.get(user_id)
         if not streams:
             return
         try:
-            async with connection(self._pool) as conn:
-                rows = await repo.job_views_by_ids(conn, job_ids=[job_id])
-                if change.get("old_status") == "queued" and change.get("status") != "queued":
+            async with self._store.statements() as db:
+                views = await db.job_views_by_ids(job_ids=[job_id])
+                if change.get("old_status") == JobStatus.QUEUED and change.get("status") != JobStatus.QUEUED:
                     # Everyone behind it moved up: send the new positions too.
-                    rows += await repo.queued_job_views_of_user(conn, user_id=user_id)
-                mean = await self._views.mean_judging_seconds(conn)
-            items = [WatchItem(row["queue_seq"], self._views.to_proto(row, mean)) for row in rows]
+                    views += await db.queued_job_views_of_user(user_id=user_id)
+                items = [WatchItem(view) for view in await self._reads.estimated(views, db)]
         except errors.QueueError:
             for stream in list(streams):
                 stream.offer(None)
@@ -185,3 +170,20 @@ class NotificationHub:
         for stream in list(streams):
             for item in items:
                 stream.offer(item)
+
+    async def catch_up(self, stream: WatchStream, *, resync: bool) -> list[WatchItem]:
+        """The first snapshot (the user's active jobs) or, after a gap in the stream's changes,
+        a resync: every job that may have changed meanwhile, ended ones included (I11). Marks
+        them seen."""
+        user_id = stream.user_id
+        async with self._store.statements() as db:
+            if resync:
+                views = await db.watch_resync_views(user_id=user_id, job_ids=sorted(stream.active_job_ids), after_seq=stream.newest_seq)
+            else:
+                views = await db.active_job_views_of_user(user_id=user_id)
+            newest_seq = await db.newest_seq_of_user(user_id=user_id)
+            items = [WatchItem(view) for view in await self._reads.estimated(views, db)]
+        for item in items:
+            stream.saw(item)
+        stream.newest_seq = max(stream.newest_seq, newest_seq)
+        return items

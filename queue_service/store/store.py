@@ -1,7 +1,10 @@
-"""The repository: one method per named query of `sql/queries.sql`.
+"""The store: the only code that runs SQL. One typed method per named query of `sql/queries.sql`.
 
-Handlers and the queue logic call these with typed arguments on a connection that `db` or
-`locks` opened; nothing else in the service runs SQL.
+`Store.statements()` yields `Statements` on a pooled connection in autocommit mode (each
+statement its own transaction); `Store.user_queue(user_id)` yields `LockedStatements` inside a
+transaction holding the user's queue lock (`locks`). Methods take and return model types
+(`queue_service.model`); no cursor, row or connection leaves this package. Driver errors become
+domain errors in `pool.translated_errors`.
 """
 
 from __future__ import annotations
@@ -10,13 +13,43 @@ import dataclasses
 import datetime as dt
 import re
 import uuid
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, LiteralString, cast
 
-from psycopg import AsyncConnection, AsyncCursor
+from psycopg import AsyncConnection, AsyncCursor, sql
+
+from queue_service.model import (
+    AdmitState,
+    ClaimedRelease,
+    ClaimedReservation,
+    ClaimedSettlement,
+    ExpiredRelease,
+    GrantOutcome,
+    JobRef,
+    JobSearch,
+    JobStatus,
+    JobView,
+    NewJob,
+    OverdueRun,
+    Overview,
+    Promoted,
+    RunOwner,
+    ScheduledRetry,
+    Transition,
+)
+from queue_service.store import migrations
+from queue_service.store.locks import with_user_queue_lock
+from queue_service.store.pool import QueuePool, connection, translated_errors
 
 _BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n(?P<body>.*?)(?=^-- name: |\Z)", re.MULTILINE | re.DOTALL)
+
+Row = dict[str, Any]
+
+# Announced by the trigger of migration 0001 on every status change.
+JOB_CHANGES_CHANNEL = "analysis_job_changes"
 
 
 @cache
@@ -27,6 +60,12 @@ def queries() -> dict[str, str]:
     return {m["name"]: _without_leading_comments(m["body"]) for m in _BLOCK.finditer(text)}
 
 
+@cache
+def _statement(name: str) -> sql.SQL:
+    # The file ships with the package: its text is as trusted as a literal in this module.
+    return sql.SQL(cast(LiteralString, queries()[name]))
+
+
 def _without_leading_comments(body: str) -> str:
     lines = body.strip().splitlines()
     while lines and lines[0].lstrip().startswith("--"):
@@ -34,441 +73,439 @@ def _without_leading_comments(body: str) -> str:
     return "\n".join(lines).strip()
 
 
-async def _all(conn: AsyncConnection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    cursor = await conn.execute(queries()[name], params)  # type: ignore[arg-type]
-    return await cursor.fetchall()  # type: ignore[return-value]
+def _statuses(statuses: Iterable[JobStatus]) -> list[str]:
+    return sorted(str(status) for status in statuses)
 
 
-async def _one(conn: AsyncConnection, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    rows = await _all(conn, name, params)
-    return rows[0] if rows else None
-
-
-@dataclasses.dataclass(frozen=True)
-class AdmitState:
-    existing_job_id: uuid.UUID | None
-    existing_digest: bytes | None
-    queued_count: int
-    running_deltas: int
-    balance: int
-    base_user_id: str | None
-    base_status: str | None
-    base_run_id: uuid.UUID | None
-
-
-@dataclasses.dataclass(frozen=True)
-class NewJob:
-    job_id: uuid.UUID
-    user_id: str
-    run_id: uuid.UUID
-    idempotency_key: str
-    request_digest: bytes
-    delta_of_job_id: uuid.UUID | None
-    price: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ClaimedRelease:
-    job_id: uuid.UUID
-    user_id: str
-    run_id: uuid.UUID
-    attempt: int
-    release_deadline: dt.datetime
-    promote_time: dt.datetime | None
-
-
-@dataclasses.dataclass(frozen=True)
-class JobRef:
-    job_id: uuid.UUID
-    user_id: str
-    run_id: uuid.UUID
-    status: str
-    delta_of_job_id: uuid.UUID | None
-    # The job has ended but the core has not yet confirmed its run settled (see finish_job).
-    run_unsettled: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class RunOwner:
-    """Who owns a run: a job, or (no job yet) an admit that reserved the run and has not committed."""
-
-    job: JobRef | None
-    reserved: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class ClaimedSettlement:
-    """An ended job whose run must be confirmed settled, claimed for one attempt."""
-
-    job_id: uuid.UUID
-    user_id: str
-    run_id: uuid.UUID
-    attempt: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ClaimedReservation:
-    """A reserved run whose admit is gone, claimed for one CancelRun attempt."""
-
-    run_id: uuid.UUID
-    attempt: int
-
-
-async def reserve_run(
-    conn: AsyncConnection, *, run_id: uuid.UUID, user_id: str, idempotency_key: str, grace_seconds: float
-) -> AsyncCursor[Any]:
-    """Sends reserve_run without waiting (pipelined with admit_state); fetch to learn whether
-    the run was reserved."""
-    return await conn.execute(
-        queries()["reserve_run"],  # type: ignore[arg-type]
-        {"run_id": run_id, "user_id": user_id, "idempotency_key": idempotency_key, "grace_seconds": float(grace_seconds)},
+def _job_ref(row: Row) -> JobRef:
+    return JobRef(
+        job_id=row["job_id"],
+        user_id=row["user_id"],
+        run_id=row["run_id"],
+        status=JobStatus(row["status"]),
+        delta_of_job_id=row["delta_of_job_id"],
+        run_unsettled=bool(row.get("run_unsettled", False)),
     )
 
 
-async def admit_state(
-    conn: AsyncConnection, *, user_id: str, idempotency_key: str, delta_of_job_id: uuid.UUID | None
-) -> AdmitState:
-    row = await _one(
-        conn,
-        "admit_state",
-        {"user_id": user_id, "idempotency_key": idempotency_key, "delta_of_job_id": delta_of_job_id},
-    )
-    assert row is not None
-    return AdmitState(**row)
-
-
-async def insert_admitted_job(
-    conn: AsyncConnection,
-    job: NewJob,
-    *,
-    default_max_active: int,
-    max_queued: int,
-    max_running_deltas: int,
-    release_window_seconds: float,
-    reconcile_after_seconds: float,
-) -> str | None:
-    """Returns the new job's status, or None when the key is taken, the balance is short, the
-    queue or delta limit is full, or the run's reservation is gone."""
-    row = await _one(
-        conn,
-        "insert_admitted_job",
-        {
-            **dataclasses.asdict(job),
-            "is_delta": job.delta_of_job_id is not None,
-            "default_max_active": default_max_active,
-            "max_queued": max_queued,
-            "max_running_deltas": max_running_deltas,
-            "release_window_seconds": float(release_window_seconds),
-            "reconcile_after_seconds": float(reconcile_after_seconds),
-        },
-    )
-    return None if row is None else row["status"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Promoted:
-    job_id: uuid.UUID
-    run_id: uuid.UUID
-    more_slots_free: bool
-
-
-async def promote_next_queued_job(
-    conn: AsyncConnection, *, user_id: str, default_max_active: int, release_window_seconds: float
-) -> Promoted | None:
-    row = await _one(
-        conn,
-        "promote_next_queued_job",
-        {
-            "user_id": user_id,
-            "default_max_active": default_max_active,
-            "release_window_seconds": float(release_window_seconds),
-        },
-    )
-    return None if row is None else Promoted(row["job_id"], row["run_id"], row["more_slots_free"])
-
-
-async def finish_job(
-    conn: AsyncConnection,
-    *,
-    job_id: uuid.UUID,
-    status: str,
-    from_statuses: list[str],
-    last_error: str = "",
-    expected_attempts: int | None = None,
-    run_unsettled: bool = False,
-) -> JobRef | None:
-    row = await _one(
-        conn,
-        "finish_job",
-        {
-            "job_id": job_id,
-            "status": status,
-            "from_statuses": from_statuses,
-            "last_error": last_error,
-            "expected_attempts": expected_attempts,
-            "run_unsettled": run_unsettled,
-        },
-    )
-    return None if row is None else JobRef(**row)
-
-
-async def settle_job_run(conn: AsyncConnection, *, job_id: uuid.UUID) -> bool:
-    """Marks an ended job's run settled; False when it already was."""
-    return await _one(conn, "settle_job_run", {"job_id": job_id}) is not None
-
-
-async def claim_due_run_settlements(conn: AsyncConnection, *, lease_seconds: float, batch_size: int) -> list[ClaimedSettlement]:
-    rows = await _all(conn, "claim_due_run_settlements", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
-    return [ClaimedSettlement(r["job_id"], r["user_id"], r["run_id"], r["run_settle_attempts"]) for r in rows]
-
-
-async def schedule_run_settle_retry(conn: AsyncConnection, *, job_id: uuid.UUID, attempt: int, backoff_seconds: float) -> None:
-    await conn.execute(
-        queries()["schedule_run_settle_retry"],  # type: ignore[arg-type]
-        {"job_id": job_id, "attempt": attempt, "backoff_seconds": float(backoff_seconds)},
+def _claimed_release(row: Row) -> ClaimedRelease:
+    return ClaimedRelease(
+        job_id=row["job_id"],
+        user_id=row["user_id"],
+        run_id=row["run_id"],
+        attempt=row["release_attempts"],
+        release_deadline=row["release_deadline"],
+        promote_time=row["promote_time"],
     )
 
 
-async def claim_run_reservation(conn: AsyncConnection, *, run_id: uuid.UUID, lease_seconds: float) -> ClaimedReservation | None:
-    row = await _one(conn, "claim_run_reservation", {"run_id": run_id, "lease_seconds": float(lease_seconds)})
-    return None if row is None else ClaimedReservation(row["run_id"], row["cancel_attempts"])
+class Statements:
+    """The named queries, run on one connection that the store opened."""
 
+    def __init__(self, conn: AsyncConnection[Row]) -> None:
+        self._conn = conn
 
-async def claim_due_run_reservations(conn: AsyncConnection, *, lease_seconds: float, batch_size: int) -> list[ClaimedReservation]:
-    rows = await _all(conn, "claim_due_run_reservations", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
-    return [ClaimedReservation(r["run_id"], r["cancel_attempts"]) for r in rows]
+    async def _send(self, name: str, params: Row) -> AsyncCursor[Row]:
+        return await self._conn.execute(_statement(name), params)
 
+    async def _all(self, name: str, params: Row) -> list[Row]:
+        cursor = await self._send(name, params)
+        return await cursor.fetchall()
 
-async def schedule_run_reservation_retry(conn: AsyncConnection, *, run_id: uuid.UUID, attempt: int, backoff_seconds: float) -> None:
-    await conn.execute(
-        queries()["schedule_run_reservation_retry"],  # type: ignore[arg-type]
-        {"run_id": run_id, "attempt": attempt, "backoff_seconds": float(backoff_seconds)},
-    )
+    async def _one(self, name: str, params: Row) -> Row | None:
+        rows = await self._all(name, params)
+        return rows[0] if rows else None
 
+    async def _views(self, name: str, params: Row) -> list[JobView]:
+        return [JobView.from_row(row) for row in await self._all(name, params)]
 
-async def drop_run_reservation(conn: AsyncConnection, *, run_id: uuid.UUID) -> None:
-    await conn.execute(queries()["drop_run_reservation"], {"run_id": run_id})  # type: ignore[arg-type]
+    # -- admit ---------------------------------------------------------------------------------
 
+    async def reserve_run_and_read_admit_state(
+        self, *, run_id: uuid.UUID, user_id: str, idempotency_key: str, delta_of_job_id: uuid.UUID | None, grace_seconds: float
+    ) -> tuple[bool, AdmitState]:
+        """Reserves the run for this admit and reads what the admit checks, in one round trip
+        (pipelined). Returns whether the run was reserved (False: the key's run is reserved by a
+        concurrent admit) and the state."""
+        async with self._conn.pipeline():
+            reservation = await self._send(
+                "reserve_run",
+                {"run_id": run_id, "user_id": user_id, "idempotency_key": idempotency_key, "grace_seconds": float(grace_seconds)},
+            )
+            state = await self._send(
+                "admit_state", {"user_id": user_id, "idempotency_key": idempotency_key, "delta_of_job_id": delta_of_job_id}
+            )
+            reserved = await reservation.fetchone() is not None
+            row = await state.fetchone()
+        assert row is not None
+        return reserved, _admit_state(row)
 
-async def refund_job_charge(conn: AsyncConnection, *, job_id: uuid.UUID) -> int:
-    """Returns the refunded amount (0 when there was no charge or it was already refunded)."""
-    row = await _one(conn, "refund_job_charge", {"job_id": job_id})
-    return 0 if row is None else int(row["amount"])
+    async def reserve_run(self, *, run_id: uuid.UUID, user_id: str, idempotency_key: str, grace_seconds: float) -> bool:
+        """Reserves the run for an admit with this key; False when a concurrent admit holds it."""
+        params = {"run_id": run_id, "user_id": user_id, "idempotency_key": idempotency_key, "grace_seconds": float(grace_seconds)}
+        return await self._one("reserve_run", params) is not None
 
-
-async def job_by_id(conn: AsyncConnection, *, job_id: uuid.UUID) -> JobRef | None:
-    row = await _one(conn, "job_by_id", {"job_id": job_id})
-    return None if row is None else JobRef(**row)
-
-
-async def run_owner(conn: AsyncConnection, *, run_id: uuid.UUID) -> RunOwner:
-    row = await _one(conn, "job_by_run_id", {"run_id": run_id})
-    assert row is not None
-    reserved = bool(row.pop("reserved"))
-    return RunOwner(job=JobRef(**row) if row["job_id"] is not None else None, reserved=reserved)
-
-
-def _claims(rows: list[dict[str, Any]]) -> list[ClaimedRelease]:
-    return [
-        ClaimedRelease(
-            job_id=r["job_id"],
-            user_id=r["user_id"],
-            run_id=r["run_id"],
-            attempt=r["release_attempts"],
-            release_deadline=r["release_deadline"],
-            promote_time=r["promote_time"],
+    async def admit_state(self, *, user_id: str, idempotency_key: str, delta_of_job_id: uuid.UUID | None) -> AdmitState:
+        row = await self._one(
+            "admit_state", {"user_id": user_id, "idempotency_key": idempotency_key, "delta_of_job_id": delta_of_job_id}
         )
-        for r in rows
-    ]
+        assert row is not None
+        return _admit_state(row)
+
+    async def insert_admitted_job(
+        self,
+        job: NewJob,
+        *,
+        default_max_active: int,
+        max_queued: int,
+        max_running_deltas: int,
+        release_window_seconds: float,
+        reconcile_after_seconds: float,
+    ) -> JobStatus | None:
+        """Returns the new job's status, or None when the key is taken, the balance is short, the
+        queue or delta limit is full, or the run's reservation is gone."""
+        row = await self._one(
+            "insert_admitted_job",
+            {
+                **dataclasses.asdict(job),
+                "is_delta": job.delta_of_job_id is not None,
+                "default_max_active": default_max_active,
+                "max_queued": max_queued,
+                "max_running_deltas": max_running_deltas,
+                "release_window_seconds": float(release_window_seconds),
+                "reconcile_after_seconds": float(reconcile_after_seconds),
+            },
+        )
+        return None if row is None else JobStatus(row["status"])
+
+    # -- promotion and ending ------------------------------------------------------------------
+
+    async def promote_next_queued_job(
+        self, *, user_id: str, default_max_active: int, release_window_seconds: float
+    ) -> Promoted | None:
+        row = await self._one(
+            "promote_next_queued_job",
+            {"user_id": user_id, "default_max_active": default_max_active, "release_window_seconds": float(release_window_seconds)},
+        )
+        return None if row is None else Promoted(row["job_id"], row["run_id"], row["more_slots_free"])
+
+    async def finish_job(self, job_id: uuid.UUID, transition: Transition) -> JobRef | None:
+        """Applies a named transition if the job is still in one of its statuses (and, when it
+        names one, still at its release attempt); None when it is not (fenced)."""
+        row = await self._one(
+            "finish_job",
+            {
+                "job_id": job_id,
+                "status": str(transition.to),
+                "from_statuses": _statuses(transition.from_statuses),
+                "last_error": transition.last_error,
+                "expected_attempts": transition.expected_attempts,
+                "run_unsettled": transition.run_unsettled,
+            },
+        )
+        return None if row is None else _job_ref(row)
+
+    async def refund_job_charge(self, *, job_id: uuid.UUID) -> int:
+        """Returns the refunded amount (0 when there was no charge or it was already refunded)."""
+        row = await self._one("refund_job_charge", {"job_id": job_id})
+        return 0 if row is None else int(row["amount"])
+
+    async def settle_job_run(self, *, job_id: uuid.UUID) -> bool:
+        """Marks an ended job's run settled; False when it already was."""
+        return await self._one("settle_job_run", {"job_id": job_id}) is not None
+
+    # -- settling runs and reservations --------------------------------------------------------
+
+    async def claim_due_run_settlements(self, *, lease_seconds: float, batch_size: int) -> list[ClaimedSettlement]:
+        rows = await self._all("claim_due_run_settlements", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
+        return [ClaimedSettlement(r["job_id"], r["user_id"], r["run_id"], r["run_settle_attempts"]) for r in rows]
+
+    async def schedule_run_settle_retry(self, *, job_id: uuid.UUID, attempt: int, backoff_seconds: float) -> None:
+        await self._send("schedule_run_settle_retry", {"job_id": job_id, "attempt": attempt, "backoff_seconds": float(backoff_seconds)})
+
+    async def claim_run_reservation(self, *, run_id: uuid.UUID, lease_seconds: float) -> ClaimedReservation | None:
+        row = await self._one("claim_run_reservation", {"run_id": run_id, "lease_seconds": float(lease_seconds)})
+        return None if row is None else ClaimedReservation(row["run_id"], row["cancel_attempts"])
+
+    async def claim_due_run_reservations(self, *, lease_seconds: float, batch_size: int) -> list[ClaimedReservation]:
+        rows = await self._all("claim_due_run_reservations", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
+        return [ClaimedReservation(r["run_id"], r["cancel_attempts"]) for r in rows]
+
+    async def schedule_run_reservation_retry(self, *, run_id: uuid.UUID, attempt: int, backoff_seconds: float) -> None:
+        await self._send(
+            "schedule_run_reservation_retry", {"run_id": run_id, "attempt": attempt, "backoff_seconds": float(backoff_seconds)}
+        )
+
+    async def drop_run_reservation(self, *, run_id: uuid.UUID) -> None:
+        await self._send("drop_run_reservation", {"run_id": run_id})
+
+    # -- jobs and runs -------------------------------------------------------------------------
+
+    async def job_by_id(self, *, job_id: uuid.UUID) -> JobRef | None:
+        row = await self._one("job_by_id", {"job_id": job_id})
+        return None if row is None else _job_ref(row)
+
+    async def run_owner(self, *, run_id: uuid.UUID) -> RunOwner:
+        row = await self._one("job_by_run_id", {"run_id": run_id})
+        assert row is not None
+        return RunOwner(job=_job_ref(row) if row["job_id"] is not None else None, reserved=bool(row["reserved"]))
+
+    # -- releases ------------------------------------------------------------------------------
+
+    async def claim_due_releases(self, *, lease_seconds: float, batch_size: int) -> list[ClaimedRelease]:
+        rows = await self._all("claim_due_releases", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
+        return [_claimed_release(row) for row in rows]
+
+    async def claim_release_of_job(self, *, job_id: uuid.UUID, lease_seconds: float) -> ClaimedRelease | None:
+        row = await self._one("claim_release_of_job", {"job_id": job_id, "lease_seconds": float(lease_seconds)})
+        return None if row is None else _claimed_release(row)
+
+    async def mark_released(self, *, job_id: uuid.UUID, attempt: int, reconcile_after_seconds: float) -> bool:
+        row = await self._one(
+            "mark_released", {"job_id": job_id, "attempt": attempt, "reconcile_after_seconds": float(reconcile_after_seconds)}
+        )
+        return row is not None
+
+    async def schedule_release_retry(
+        self, *, job_id: uuid.UUID, attempt: int, backoff_seconds: float, last_error: str
+    ) -> ScheduledRetry | None:
+        """None when the job is no longer this attempt's (fenced)."""
+        row = await self._one(
+            "schedule_release_retry",
+            {"job_id": job_id, "attempt": attempt, "backoff_seconds": float(backoff_seconds), "last_error": last_error},
+        )
+        return None if row is None else ScheduledRetry(next_release_at=row["next_release_at"], window_over=row["window_over"])
+
+    async def next_release_due_in(self) -> float | None:
+        """Seconds until the earliest pending release is due, in the database's clock (None: none)."""
+        row = await self._one("next_release_due_in", {})
+        return None if row is None or row["seconds"] is None else float(row["seconds"])
+
+    # -- the sweeper's finds -------------------------------------------------------------------
+
+    async def users_needing_promotion(self, *, default_max_active: int, batch_size: int) -> list[str]:
+        rows = await self._all("users_needing_promotion", {"default_max_active": default_max_active, "batch_size": batch_size})
+        return [r["user_id"] for r in rows]
+
+    async def expired_pending_releases(self, *, batch_size: int) -> list[ExpiredRelease]:
+        rows = await self._all("expired_pending_releases", {"batch_size": batch_size})
+        return [ExpiredRelease(r["job_id"], r["user_id"], r["release_attempts"]) for r in rows]
+
+    async def claim_due_reconciliations(self, *, recheck_seconds: float, batch_size: int) -> list[OverdueRun]:
+        rows = await self._all("claim_due_reconciliations", {"recheck_seconds": float(recheck_seconds), "batch_size": batch_size})
+        return [OverdueRun(r["job_id"], r["user_id"], r["run_id"]) for r in rows]
+
+    async def queue_depth(self) -> dict[str, int]:
+        row = await self._one("queue_depth", {})
+        assert row is not None
+        return {name: int(value) for name, value in row.items()}
+
+    # -- job views -----------------------------------------------------------------------------
+
+    async def job_views_by_ids(self, *, job_ids: list[uuid.UUID]) -> list[JobView]:
+        return await self._views("job_views_by_ids", {"job_ids": job_ids})
+
+    async def list_job_views(
+        self, *, user_id: str, after_job_id: uuid.UUID | None, before_seq: int | None, statuses: Iterable[JobStatus], limit: int
+    ) -> list[JobView]:
+        return await self._views(
+            "list_job_views",
+            {"user_id": user_id, "after_job_id": after_job_id, "before_seq": before_seq, "statuses": _statuses(statuses), "limit": limit},
+        )
+
+    async def watch_resync_views(self, *, user_id: str, job_ids: list[uuid.UUID], after_seq: int) -> list[JobView]:
+        return await self._views("watch_resync_views", {"user_id": user_id, "job_ids": job_ids, "after_seq": after_seq})
+
+    async def newest_seq_of_user(self, *, user_id: str) -> int:
+        row = await self._one("newest_seq_of_user", {"user_id": user_id})
+        assert row is not None
+        return int(row["seq"])
+
+    async def active_job_views_of_user(self, *, user_id: str) -> list[JobView]:
+        return await self._views("active_job_views_of_user", {"user_id": user_id})
+
+    async def queued_job_views_of_user(self, *, user_id: str) -> list[JobView]:
+        return await self._views("queued_job_views_of_user", {"user_id": user_id})
+
+    async def recent_judging_seconds(self) -> float | None:
+        row = await self._one("recent_judging_seconds", {})
+        return None if row is None or row["seconds"] is None else float(row["seconds"])
+
+    # -- credits -------------------------------------------------------------------------------
+
+    async def grant_credits(self, *, user_id: str, amount: int, idempotency_key: str) -> GrantOutcome:
+        """Grants once per key: a repeated key grants nothing and reports the earlier amount."""
+        key = {"user_id": user_id, "idempotency_key": idempotency_key}
+        row = await self._one("grant_credits", {**key, "amount": amount})
+        if row is not None:
+            return GrantOutcome(balance=int(row["balance"]), granted_now=True)
+        earlier = await self._one("grant_by_key", key)
+        return GrantOutcome(
+            balance=await self.balance_of_user(user_id=user_id),
+            granted_now=False,
+            earlier_amount=None if earlier is None else int(earlier["amount"]),
+        )
+
+    async def balance_of_user(self, *, user_id: str) -> int:
+        row = await self._one("balance_of_user", {"user_id": user_id})
+        assert row is not None
+        return int(row["balance"])
+
+    # -- the operator's reads ------------------------------------------------------------------
+
+    async def operator_overview(self, *, window_minutes: int, reconcile_after_seconds: float) -> Overview:
+        params = {"window_minutes": window_minutes, "reconcile_after_seconds": float(reconcile_after_seconds)}
+        row = await self._one("operator_overview", params)
+        admits = await self._all("admits_per_minute", {"window_minutes": window_minutes})
+        assert row is not None
+        return Overview(
+            queued=row["queued"],
+            pending=row["pending"],
+            running=row["running"],
+            succeeded_in_window=row["succeeded_in_window"],
+            failed_in_window=row["failed_in_window"],
+            canceled_in_window=row["canceled_in_window"],
+            users_waiting=row["users_waiting"],
+            releases_retrying=row["releases_retrying"],
+            runs_reconciling=row["runs_reconciling"],
+            oldest_queued_create_time=row["oldest_queued_create_time"],
+            read_time=row["read_time"],
+            admits_per_minute=tuple(int(r["admits"]) for r in admits),
+            window_minutes=window_minutes,
+        )
+
+    async def search_job_views(self, search: JobSearch, *, limit: int) -> list[JobView]:
+        """Picks the query shape whose index fits the filter: one user, one status, or all."""
+        params: Row = {**dataclasses.asdict(search), "statuses": _statuses(search.statuses), "limit": limit}
+        if search.user_id:
+            return await self._views("search_job_views_of_user", params)
+        if len(search.statuses) == 1:
+            return await self._views("search_job_views_in_status", {**params, "status": str(search.statuses[0])})
+        return await self._views("search_job_views", params)
+
+    async def live_jobs_matching(
+        self,
+        *,
+        statuses: Iterable[JobStatus],
+        user_id: str,
+        created_after: dt.datetime | None,
+        created_before: dt.datetime | None,
+        has_error: bool,
+        limit: int,
+    ) -> list[tuple[uuid.UUID, str]]:
+        """(job_id, user_id) of the queued, pending or running jobs a bulk cancel matches."""
+        rows = await self._all(
+            "active_jobs_matching",
+            {
+                "statuses": _statuses(statuses),
+                "user_id": user_id,
+                "created_after": created_after,
+                "created_before": created_before,
+                "has_error": has_error,
+                "limit": limit,
+            },
+        )
+        return [(r["job_id"], r["user_id"]) for r in rows]
 
 
-async def claim_due_releases(conn: AsyncConnection, *, lease_seconds: float, batch_size: int) -> list[ClaimedRelease]:
-    rows = await _all(conn, "claim_due_releases", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
-    return _claims(rows)
-
-
-async def claim_release_of_job(conn: AsyncConnection, *, job_id: uuid.UUID, lease_seconds: float) -> ClaimedRelease | None:
-    rows = await _all(conn, "claim_release_of_job", {"job_id": job_id, "lease_seconds": float(lease_seconds)})
-    claims = _claims(rows)
-    return claims[0] if claims else None
-
-
-async def mark_released(conn: AsyncConnection, *, job_id: uuid.UUID, attempt: int, reconcile_after_seconds: float) -> bool:
-    row = await _one(
-        conn,
-        "mark_released",
-        {"job_id": job_id, "attempt": attempt, "reconcile_after_seconds": float(reconcile_after_seconds)},
+def _admit_state(row: Row) -> AdmitState:
+    return AdmitState(
+        existing_job_id=row["existing_job_id"],
+        existing_digest=row["existing_digest"],
+        queued_count=int(row["queued_count"]),
+        running_deltas=int(row["running_deltas"]),
+        balance=int(row["balance"]),
+        base_user_id=row["base_user_id"],
+        base_status=None if row["base_status"] is None else JobStatus(row["base_status"]),
+        base_run_id=row["base_run_id"],
     )
-    return row is not None
 
 
-@dataclasses.dataclass(frozen=True)
-class ScheduledRetry:
-    next_release_at: dt.datetime
-    window_over: bool
+class ViewAtCommit:
+    """A job's view read in a locked transaction, travelling with its COMMIT (no extra round
+    trip); `view` is set once the transaction has committed."""
+
+    def __init__(self, job_id: uuid.UUID) -> None:
+        self.job_id = job_id
+        self.view: JobView | None = None
 
 
-async def schedule_release_retry(
-    conn: AsyncConnection, *, job_id: uuid.UUID, attempt: int, backoff_seconds: float, last_error: str
-) -> ScheduledRetry | None:
-    """None when the job is no longer this attempt's (fenced)."""
-    row = await _one(
-        conn,
-        "schedule_release_retry",
-        {"job_id": job_id, "attempt": attempt, "backoff_seconds": float(backoff_seconds), "last_error": last_error},
-    )
-    return None if row is None else ScheduledRetry(**row)
+class LockedStatements(Statements):
+    """The named queries inside a transaction that holds one user's queue lock."""
+
+    def __init__(self, conn: AsyncConnection[Row]) -> None:
+        super().__init__(conn)
+        self._after_commit: list[tuple[AsyncCursor[Row], ViewAtCommit]] = []
+
+    async def view_at_commit(self, job_id: uuid.UUID) -> ViewAtCommit:
+        """Sends the job's view read without waiting: it is answered with the COMMIT."""
+        holder = ViewAtCommit(job_id)
+        self._after_commit.append((await self._send("job_views_by_ids", {"job_ids": [job_id]}), holder))
+        return holder
+
+    async def _read_after_commit(self) -> None:
+        for cursor, holder in self._after_commit:
+            rows = await cursor.fetchall()
+            holder.view = JobView.from_row(rows[0]) if rows else None
 
 
-async def next_release_due_in(conn: AsyncConnection) -> float | None:
-    """Seconds until the earliest pending release is due, in the database's clock (None: none)."""
-    row = await _one(conn, "next_release_due_in", {})
-    return None if row is None or row["seconds"] is None else float(row["seconds"])
+class Store:
+    """The database, as the rest of the service sees it."""
+
+    def __init__(self, pool: QueuePool, *, database_url: str, listen_database_url: str = "") -> None:
+        self.pool = pool
+        self._database_url = database_url
+        self._listen_database_url = listen_database_url or database_url
+
+    @asynccontextmanager
+    async def statements(self) -> AsyncIterator[Statements]:
+        """Statements on a pooled connection, each its own transaction; inside a call, the
+        checkout and each statement are bounded by what is left of the caller's deadline."""
+        async with connection(self.pool) as conn:
+            yield Statements(conn)
+
+    @asynccontextmanager
+    async def user_queue(self, user_id: str) -> AsyncIterator[LockedStatements]:
+        """A transaction holding the user's queue lock: commits when the block ends, rolls back
+        (and so releases the lock) on any error. Views asked for with `view_at_commit` are read
+        once it has committed."""
+        async with with_user_queue_lock(self.pool, user_id) as conn:
+            locked = LockedStatements(conn)
+            yield locked
+        with translated_errors():
+            await locked._read_after_commit()
+
+    async def open(self, *, timeout: float) -> None:
+        await self.pool.open(wait=True, timeout=timeout)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def migrate(self) -> list[int]:
+        """Applies every pending migration; returns the versions this call applied."""
+        with translated_errors():
+            return await migrations.migrate(self._database_url)
+
+    async def pending_migrations(self) -> list[int]:
+        with translated_errors():
+            async with self.pool.connection() as conn:
+                return await migrations.pending_migrations(conn)
+
+    async def reachable(self, *, timeout: float) -> bool:
+        """Whether the database answers a trivial statement within `timeout` (for health)."""
+        try:
+            async with self.pool.connection(timeout=timeout) as conn:
+                await conn.execute("SELECT 1")
+        except Exception:
+            return False
+        return True
 
 
-async def users_needing_promotion(conn: AsyncConnection, *, default_max_active: int, batch_size: int) -> list[str]:
-    rows = await _all(conn, "users_needing_promotion", {"default_max_active": default_max_active, "batch_size": batch_size})
-    return [r["user_id"] for r in rows]
-
-
-async def expired_pending_releases(conn: AsyncConnection, *, batch_size: int) -> list[dict[str, Any]]:
-    return await _all(conn, "expired_pending_releases", {"batch_size": batch_size})
-
-
-async def claim_due_reconciliations(conn: AsyncConnection, *, recheck_seconds: float, batch_size: int) -> list[dict[str, Any]]:
-    return await _all(conn, "claim_due_reconciliations", {"recheck_seconds": float(recheck_seconds), "batch_size": batch_size})
-
-
-async def job_views_by_ids(conn: AsyncConnection, *, job_ids: list[uuid.UUID]) -> list[dict[str, Any]]:
-    return await _all(conn, "job_views_by_ids", {"job_ids": job_ids})
-
-
-async def send_job_views_by_ids(conn: AsyncConnection, *, job_ids: list[uuid.UUID]) -> AsyncCursor[Any]:
-    """Sends job_views_by_ids without waiting for it: on a pipelined connection it travels with
-    the COMMIT. Fetch the cursor's rows after the transaction."""
-    return await conn.execute(queries()["job_views_by_ids"], {"job_ids": job_ids})  # type: ignore[arg-type]
-
-
-async def list_job_views(
-    conn: AsyncConnection,
-    *,
-    user_id: str,
-    after_job_id: uuid.UUID | None,
-    before_seq: int | None,
-    statuses: list[str],
-    limit: int,
-) -> list[dict[str, Any]]:
-    return await _all(
-        conn,
-        "list_job_views",
-        {"user_id": user_id, "after_job_id": after_job_id, "before_seq": before_seq, "statuses": statuses, "limit": limit},
-    )
-
-
-async def watch_resync_views(
-    conn: AsyncConnection, *, user_id: str, job_ids: list[uuid.UUID], after_seq: int
-) -> list[dict[str, Any]]:
-    return await _all(conn, "watch_resync_views", {"user_id": user_id, "job_ids": job_ids, "after_seq": after_seq})
-
-
-async def newest_seq_of_user(conn: AsyncConnection, *, user_id: str) -> int:
-    row = await _one(conn, "newest_seq_of_user", {"user_id": user_id})
-    assert row is not None
-    return int(row["seq"])
-
-
-async def active_job_views_of_user(conn: AsyncConnection, *, user_id: str) -> list[dict[str, Any]]:
-    return await _all(conn, "active_job_views_of_user", {"user_id": user_id})
-
-
-async def queued_job_views_of_user(conn: AsyncConnection, *, user_id: str) -> list[dict[str, Any]]:
-    return await _all(conn, "queued_job_views_of_user", {"user_id": user_id})
-
-
-async def recent_judging_seconds(conn: AsyncConnection) -> float | None:
-    row = await _one(conn, "recent_judging_seconds", {})
-    return None if row is None else row["seconds"]
-
-
-async def queue_depth(conn: AsyncConnection) -> dict[str, int]:
-    row = await _one(conn, "queue_depth", {})
-    assert row is not None
-    return {name: int(value) for name, value in row.items()}
-
-
-async def grant_credits(conn: AsyncConnection, *, user_id: str, amount: int, idempotency_key: str) -> int | None:
-    """Returns the new balance, or None when the key was used before."""
-    row = await _one(conn, "grant_credits", {"user_id": user_id, "amount": amount, "idempotency_key": idempotency_key})
-    return None if row is None else int(row["balance"])
-
-
-async def grant_by_key(conn: AsyncConnection, *, user_id: str, idempotency_key: str) -> int | None:
-    row = await _one(conn, "grant_by_key", {"user_id": user_id, "idempotency_key": idempotency_key})
-    return None if row is None else int(row["amount"])
-
-
-async def balance_of_user(conn: AsyncConnection, *, user_id: str) -> int:
-    row = await _one(conn, "balance_of_user", {"user_id": user_id})
-    assert row is not None
-    return int(row["balance"])
-
-
-async def operator_overview(conn: AsyncConnection, *, window_minutes: int, reconcile_after_seconds: float) -> dict[str, Any]:
-    row = await _one(
-        conn,
-        "operator_overview",
-        {"window_minutes": window_minutes, "reconcile_after_seconds": float(reconcile_after_seconds)},
-    )
-    assert row is not None
-    return row
-
-
-async def admits_per_minute(conn: AsyncConnection, *, window_minutes: int) -> list[int]:
-    rows = await _all(conn, "admits_per_minute", {"window_minutes": window_minutes})
-    return [int(r["admits"]) for r in rows]
-
-
-@dataclasses.dataclass(frozen=True)
-class JobSearch:
-    """A job search across users; `upper_*` is the keyset position to continue below."""
-
-    user_id: str
-    statuses: list[str]
-    created_after: dt.datetime | None
-    upper_time: dt.datetime | None
-    upper_job_id: uuid.UUID | None
-    has_error: bool
-
-
-async def search_job_views(conn: AsyncConnection, search: JobSearch, *, limit: int) -> list[dict[str, Any]]:
-    """Picks the query shape whose index fits the filter: one user, one status, or all."""
-    params: dict[str, Any] = {**dataclasses.asdict(search), "limit": limit}
-    if search.user_id:
-        return await _all(conn, "search_job_views_of_user", params)
-    if len(search.statuses) == 1:
-        return await _all(conn, "search_job_views_in_status", {**params, "status": search.statuses[0]})
-    return await _all(conn, "search_job_views", params)
-
-
-async def active_jobs_matching(
-    conn: AsyncConnection,
-    *,
-    statuses: list[str],
-    user_id: str,
-    created_after: dt.datetime | None,
-    created_before: dt.datetime | None,
-    has_error: bool,
-    limit: int,
-) -> list[dict[str, Any]]:
-    return await _all(
-        conn,
-        "active_jobs_matching",
-        {
-            "statuses": statuses,
-            "user_id": user_id,
-            "created_after": created_after,
-            "created_before": created_before,
-            "has_error": has_error,
-            "limit": limit,
-        },
-    )
+    @asynccontextmanager
+    async def job_changes(self) -> AsyncIterator[AsyncIterator[str]]:
+        """A dedicated connection LISTENing to the job-change channel (every status change, from
+        any replica, announced by the table's trigger); yields the notices' payloads. The caller
+        reconnects when it drops."""
+        async with await AsyncConnection.connect(self._listen_database_url, autocommit=True) as conn:
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(JOB_CHANGES_CHANNEL)))
+            yield (notice.payload async for notice in conn.notifies())

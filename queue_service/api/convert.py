@@ -1,0 +1,90 @@
+"""Model values to protos and back: job statuses, job views, the operator's overview."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from queue_service._gen.acurio.queue.v1 import job_pb2, operator_service_pb2 as operator_pb2
+from queue_service.errors import InvalidRequest
+from queue_service.model import JobStatus, JobView, Overview
+
+PROTO_OF_STATUS: dict[JobStatus, job_pb2.JobStatus.ValueType] = {
+    JobStatus.QUEUED: job_pb2.JOB_STATUS_QUEUED,
+    JobStatus.PENDING: job_pb2.JOB_STATUS_PENDING,
+    JobStatus.RUNNING: job_pb2.JOB_STATUS_RUNNING,
+    JobStatus.SUCCEEDED: job_pb2.JOB_STATUS_SUCCEEDED,
+    JobStatus.FAILED: job_pb2.JOB_STATUS_FAILED,
+    JobStatus.CANCELED: job_pb2.JOB_STATUS_CANCELED,
+}
+STATUS_OF_PROTO = {value: status for status, value in PROTO_OF_STATUS.items()}
+
+# A status filter has at most this many entries: there are six statuses; a longer list is a
+# mistake or an attack (each entry costs event-loop time).
+MAX_STATUS_FILTERS = 16
+
+
+def status_filter(statuses: Iterable[int], *, field: str = "statuses") -> tuple[JobStatus, ...]:
+    """The statuses a request filters by (sorted, without repeats); INVALID_ARGUMENT names the
+    entry that is not a status."""
+    given = list(statuses)
+    if len(given) > MAX_STATUS_FILTERS:
+        raise InvalidRequest(
+            f"{field} lists {len(given)} entries; at most {MAX_STATUS_FILTERS} (there are six statuses)",
+            metadata={"maxStatuses": str(MAX_STATUS_FILTERS)},
+            field_violations=[(field, f"at most {MAX_STATUS_FILTERS} entries")],
+        )
+    chosen = set()
+    for index, value in enumerate(given):
+        status = STATUS_OF_PROTO.get(value)  # type: ignore[call-overload]  # any int may arrive on the wire
+        if status is None:
+            raise InvalidRequest(
+                f"{field}[{index}] is not a job status",
+                field_violations=[(f"{field}[{index}]", "use JOB_STATUS_QUEUED .. JOB_STATUS_CANCELED")],
+            )
+        chosen.add(status)
+    return tuple(sorted(chosen))
+
+
+def job_to_proto(view: JobView) -> job_pb2.Job:
+    job = job_pb2.Job(
+        job_id=str(view.job_id),
+        user_id=view.user_id,
+        run_id=str(view.run_id),
+        status=PROTO_OF_STATUS[view.status],
+        queue_position=view.queue_position,
+        delta_of_job_id=str(view.delta_of_job_id) if view.delta_of_job_id else "",
+        release_attempts=view.release_attempts,
+        last_error=view.last_error,
+        price=view.price,
+        refunded=view.refunded,
+    )
+    job.create_time.FromDatetime(view.create_time)
+    for field, moment in (("promote_time", view.promote_time), ("start_time", view.start_time), ("end_time", view.end_time)):
+        if moment is not None:
+            getattr(job, field).FromDatetime(moment)
+    if view.status is JobStatus.QUEUED:
+        if view.waiting_for_job_id is not None:
+            job.waiting_for_job_id = str(view.waiting_for_job_id)
+        if view.estimated_start_time is not None:
+            job.estimated_start_time.FromDatetime(view.estimated_start_time)
+    return job
+
+
+def overview_to_proto(overview: Overview) -> operator_pb2.Overview:
+    message = operator_pb2.Overview(
+        queued=overview.queued,
+        pending=overview.pending,
+        running=overview.running,
+        succeeded_in_window=overview.succeeded_in_window,
+        failed_in_window=overview.failed_in_window,
+        canceled_in_window=overview.canceled_in_window,
+        users_waiting=overview.users_waiting,
+        releases_retrying=overview.releases_retrying,
+        runs_reconciling=overview.runs_reconciling,
+        admits_per_minute=overview.admits_per_minute,
+        window_minutes=overview.window_minutes,
+    )
+    if overview.oldest_queued_create_time is not None:
+        message.oldest_queued_create_time.FromDatetime(overview.oldest_queued_create_time)
+    message.read_time.FromDatetime(overview.read_time)
+    return message

@@ -1,0 +1,406 @@
+"""The queue's model: job statuses, what the core says about a run, named transitions, and the
+typed values that travel between the store, the engine and the edge.
+
+Nothing here does I/O or knows gRPC or SQL: the store builds these from rows, the edge turns them
+into protos. See docs/design.md for the lifecycle and docs/architecture.md for who uses what.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+
+class JobStatus(enum.StrEnum):
+    """A job's status; the values are the database's (the `analysis_jobs.status` check)."""
+
+    QUEUED = "queued"
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+    @property
+    def is_active(self) -> bool:
+        """Holds one of the user's slots (released or about to be)."""
+        return self in ACTIVE
+
+    @property
+    def is_live(self) -> bool:
+        """Not ended yet: queued, pending or running."""
+        return self in LIVE
+
+    @property
+    def is_finished(self) -> bool:
+        """Ended by the core's judgement (not by a cancel)."""
+        return self in FINISHED
+
+
+ACTIVE = frozenset({JobStatus.PENDING, JobStatus.RUNNING})
+LIVE = frozenset({JobStatus.QUEUED, JobStatus.PENDING, JobStatus.RUNNING})
+FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED})
+
+
+class Cause(enum.StrEnum):
+    """Why the queue moved: the label of promotions, endings and refunds in spans, metrics and logs."""
+
+    ADMIT = "admit"
+    COMPLETION = "completion"
+    CANCEL = "cancel"
+    RELEASE = "release"
+    RELEASE_GIVE_UP = "release_give_up"
+    RECONCILE = "reconcile"
+    RUN_SETTLED = "run_settled"
+    SWEEPER = "sweeper"
+    TOOLING = "tooling"
+
+
+class ReleaseResult(enum.StrEnum):
+    """What one release attempt came to."""
+
+    RELEASED = "released"  # the core is judging the run: the job is RUNNING
+    REFUSED = "refused"  # the core canceled or does not know the run: the job failed, refunded
+    FINISHED = "finished"  # the run had already finished (an earlier release's answer was lost)
+    GAVE_UP = "gave_up"  # the release window passed without a confirmed release
+    RETRY = "retry"  # no answer (maybe applied) or the run is still held: try again later
+
+
+class RunFate(enum.Enum):
+    """What the core's answer says about a run."""
+
+    HELD = "held"
+    JUDGING = "judging"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    UNKNOWN_TO_CORE = "unknown_to_core"
+
+    @property
+    def settled(self) -> bool:
+        """True when the run is not judging and never will (it cannot take a user's slot)."""
+        return self not in (RunFate.HELD, RunFate.JUDGING)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunReport:
+    """The core's confirmed view of a run (from an answer, never from a lost call)."""
+
+    fate: RunFate
+    message: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+    """A named way for a job to end: from which statuses, to which, and what it does to the
+    credit and the slot. Built only by the constructors below, so every ending has a name."""
+
+    cause: Cause
+    from_statuses: frozenset[JobStatus]
+    to: JobStatus
+    last_error: str = ""
+    refund: bool = False
+    # The core has not confirmed that the run stopped: the job keeps its slot until it does.
+    run_unsettled: bool = False
+    # Fences a release's outcome to the attempt that claimed it.
+    expected_attempts: int | None = None
+
+    @classmethod
+    def completed(cls, *, succeeded: bool, refund: bool, message: str) -> Transition:
+        """The core's CompleteRun callback for a PENDING or RUNNING job."""
+        if succeeded:
+            return cls(Cause.COMPLETION, ACTIVE, JobStatus.SUCCEEDED, refund=refund)
+        return cls(Cause.COMPLETION, ACTIVE, JobStatus.FAILED, message or "the core reported a failure", refund=refund)
+
+    @classmethod
+    def canceled_while_queued(cls) -> Transition:
+        """A cancel of a QUEUED job: refunded at once; its held run is canceled afterwards."""
+        return cls(Cause.CANCEL, frozenset({JobStatus.QUEUED}), JobStatus.CANCELED, "canceled by the user", refund=True, run_unsettled=True)
+
+    @classmethod
+    def canceled(cls, report: RunReport) -> Transition:
+        """A cancel of an active job, ended as the core's answer to CancelRun says."""
+        if report.fate in (RunFate.SUCCEEDED, RunFate.FAILED):
+            return cls._as_reported(Cause.CANCEL, ACTIVE, report)
+        return cls(Cause.CANCEL, ACTIVE, JobStatus.CANCELED, "canceled by the user", refund=True)
+
+    @classmethod
+    def given_up(cls, reason: str, *, attempts: int) -> Transition:
+        """A PENDING job whose release did not succeed in its window: failed and refunded. Its run
+        may judge after all (a release applied, its answer lost), so the slot stays taken."""
+        return cls(
+            Cause.RELEASE_GIVE_UP, frozenset({JobStatus.PENDING}), JobStatus.FAILED, reason,
+            refund=True, run_unsettled=True, expected_attempts=attempts,
+        )
+
+    @classmethod
+    def release_answered(cls, report: RunReport, *, attempt: int) -> Transition:
+        """A release met a run that had ended already (or that the core does not know)."""
+        transition = cls._as_reported(Cause.RELEASE, frozenset({JobStatus.PENDING}), report)
+        if report.fate in (RunFate.CANCELED, RunFate.UNKNOWN_TO_CORE):
+            transition = dataclasses.replace(transition, last_error=f"release refused by the core: {report.message}")
+        return dataclasses.replace(transition, expected_attempts=attempt)
+
+    @classmethod
+    def reconciled(cls, report: RunReport) -> Transition:
+        """A RUNNING job whose completion never arrived, ended as the core reports its run."""
+        return cls._as_reported(Cause.RECONCILE, frozenset({JobStatus.RUNNING}), report)
+
+    @classmethod
+    def _as_reported(cls, cause: Cause, from_statuses: frozenset[JobStatus], report: RunReport) -> Transition:
+        if report.fate is RunFate.SUCCEEDED:
+            return cls(cause, from_statuses, JobStatus.SUCCEEDED)
+        if report.fate is RunFate.FAILED:
+            return cls(cause, from_statuses, JobStatus.FAILED, report.message or "the core reported a failure", refund=True)
+        if report.fate is RunFate.CANCELED:
+            return cls(cause, from_statuses, JobStatus.CANCELED, report.message or "the run was canceled at the core", refund=True)
+        if report.fate is RunFate.UNKNOWN_TO_CORE:
+            # The core may learn of the run late (a CreateRun still in flight): not yet settled.
+            return cls(
+                cause, from_statuses, JobStatus.FAILED, report.message or "the core does not know this run",
+                refund=True, run_unsettled=True,
+            )
+        raise ValueError(f"a {report.fate.value} run has not ended")
+
+
+# -- what the store reads and writes -----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRef:
+    """A job's identity and status (what the engine decides on)."""
+
+    job_id: uuid.UUID
+    user_id: str
+    run_id: uuid.UUID
+    status: JobStatus
+    delta_of_job_id: uuid.UUID | None
+    # The job has ended but the core has not yet confirmed its run settled.
+    run_unsettled: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOwner:
+    """Who owns a run: a job, or (no job yet) an admit that reserved the run and has not committed."""
+
+    job: JobRef | None
+    reserved: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmitRequest:
+    """A validated admit, as the engine takes it."""
+
+    user_id: str
+    idempotency_key: str
+    document_uri: str
+    sources: tuple[tuple[str, str], ...]
+    delta_of_job_id: uuid.UUID | None
+    request_digest: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmitState:
+    """What an admit checks before it asks the core: the key, the limits, the balance, the base."""
+
+    existing_job_id: uuid.UUID | None
+    existing_digest: bytes | None
+    queued_count: int
+    running_deltas: int
+    balance: int
+    base_user_id: str | None
+    base_status: JobStatus | None
+    base_run_id: uuid.UUID | None
+
+
+@dataclasses.dataclass(frozen=True)
+class NewJob:
+    job_id: uuid.UUID
+    user_id: str
+    run_id: uuid.UUID
+    idempotency_key: str
+    request_digest: bytes
+    delta_of_job_id: uuid.UUID | None
+    price: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Promoted:
+    job_id: uuid.UUID
+    run_id: uuid.UUID
+    more_slots_free: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedRelease:
+    job_id: uuid.UUID
+    user_id: str
+    run_id: uuid.UUID
+    attempt: int
+    release_deadline: dt.datetime
+    promote_time: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedSettlement:
+    """An ended job whose run must be confirmed settled, claimed for one attempt."""
+
+    job_id: uuid.UUID
+    user_id: str
+    run_id: uuid.UUID
+    attempt: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedReservation:
+    """A reserved run whose admit is gone, claimed for one CancelRun attempt."""
+
+    run_id: uuid.UUID
+    attempt: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledRetry:
+    next_release_at: dt.datetime
+    window_over: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpiredRelease:
+    """A PENDING job past its release window."""
+
+    job_id: uuid.UUID
+    user_id: str
+    attempts: int
+
+
+@dataclasses.dataclass(frozen=True)
+class OverdueRun:
+    """A RUNNING job whose completion is overdue, claimed for one question to the core."""
+
+    job_id: uuid.UUID
+    user_id: str
+    run_id: uuid.UUID
+
+
+@dataclasses.dataclass(frozen=True)
+class JobView:
+    """A job as callers see it: the row, its place in the user's queue, and its refund."""
+
+    job_id: uuid.UUID
+    user_id: str
+    run_id: uuid.UUID
+    status: JobStatus
+    delta_of_job_id: uuid.UUID | None
+    release_attempts: int
+    last_error: str
+    create_time: dt.datetime
+    promote_time: dt.datetime | None
+    start_time: dt.datetime | None
+    end_time: dt.datetime | None
+    price: int
+    refunded: bool
+    queue_seq: int
+    queue_position: int
+    waiting_for_job_id: uuid.UUID | None
+    # The earliest start of the user's active first-pass jobs (queued jobs only).
+    active_since: dt.datetime | None
+    max_active_override: int | None
+    # Filled in by the engine for queued jobs when a recent mean judging time is known.
+    estimated_start_time: dt.datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> JobView:
+        """From a row of `analysis_job_views`, by name: a column a newer schema adds is ignored."""
+        return cls(
+            job_id=row["job_id"],
+            user_id=row["user_id"],
+            run_id=row["run_id"],
+            status=JobStatus(row["status"]),
+            delta_of_job_id=row["delta_of_job_id"],
+            release_attempts=int(row["release_attempts"]),
+            last_error=row["last_error"],
+            create_time=row["create_time"],
+            promote_time=row["promote_time"],
+            start_time=row["start_time"],
+            end_time=row["end_time"],
+            price=int(row["price"]),
+            refunded=bool(row["refunded"]),
+            queue_seq=int(row["queue_seq"]),
+            queue_position=int(row["queue_position"]),
+            waiting_for_job_id=row["waiting_for_job_id"],
+            active_since=row["active_since"],
+            max_active_override=row["max_active_override"],
+        )
+
+
+def estimate_start(view: JobView, *, mean_judging_seconds: float | None, default_max_active: int, now: dt.datetime) -> dt.datetime | None:
+    """When a queued job is expected to start: the active job's expected end, plus one mean
+    judging time per full round of the user's slots ahead of it. None without a recent mean."""
+    if view.status is not JobStatus.QUEUED or mean_judging_seconds is None:
+        return None
+    mean = dt.timedelta(seconds=mean_judging_seconds)
+    first_free = max(now, view.active_since + mean) if view.active_since is not None else now
+    slots = view.max_active_override or default_max_active
+    rounds_ahead = (max(1, view.queue_position) - 1) // max(1, slots)
+    return first_free + rounds_ahead * mean
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmitResult:
+    job_id: uuid.UUID
+    duplicate: bool
+    # The job's view, read in the admit transaction itself (None for a duplicate: read it anew).
+    view: JobView | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EndedJob:
+    ref: JobRef
+    # The job's view, read in the ending transaction itself when asked for.
+    view: JobView | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSearch:
+    """A job search across users; `upper_*` is the keyset position to continue below."""
+
+    user_id: str
+    statuses: tuple[JobStatus, ...]
+    created_after: dt.datetime | None
+    upper_time: dt.datetime | None
+    upper_job_id: uuid.UUID | None
+    has_error: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Overview:
+    """The operator's figures: the queue now and the endings of the last window."""
+
+    queued: int
+    pending: int
+    running: int
+    succeeded_in_window: int
+    failed_in_window: int
+    canceled_in_window: int
+    users_waiting: int
+    releases_retrying: int
+    runs_reconciling: int
+    oldest_queued_create_time: dt.datetime | None
+    read_time: dt.datetime
+    admits_per_minute: tuple[int, ...]
+    window_minutes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GrantOutcome:
+    """A credit grant: the balance after it, and whether this call granted (False: the key had
+    granted before)."""
+
+    balance: int
+    granted_now: bool
+    earlier_amount: int | None = None

@@ -1,0 +1,122 @@
+"""The layers of `queue_service` (docs/architecture.md), enforced on the imports of every module.
+
+Each room may import only the rooms listed for it; the database driver only in the store, gRPC
+only at the edges. A module that breaks a rule fails this test with the line that does it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "queue_service"
+
+FOUNDATION = {"model", "errors", "config", "deadline", "background", "telemetry"}
+
+# Room -> the rooms of the package it may import (a room is a top-level module or subpackage).
+ALLOWED: dict[str, set[str]] = {
+    "model": set(),
+    "errors": set(),
+    "deadline": set(),
+    "background": set(),
+    "config": set(),
+    "telemetry": set(),
+    "store": FOUNDATION,
+    "core_client": FOUNDATION | {"_gen"},
+    "engine": FOUNDATION | {"store", "core_client"},
+    "api": FOUNDATION | {"engine", "_gen"},
+    "dev": FOUNDATION | {"_gen"},
+    "server": FOUNDATION | {"store", "core_client", "engine", "api", "_gen"},
+    "cli": FOUNDATION | {"store", "engine", "api", "server", "dev", "_gen"},
+}
+
+# Third-party libraries that belong to one layer: the driver to the store, gRPC to the edges.
+LIBRARY_ROOMS: dict[str, set[str]] = {
+    "psycopg": {"store", "config", "telemetry", "cli"},  # config parses a DSN; telemetry instruments; cli explains start failures
+    "psycopg_pool": {"store", "cli"},
+    "grpc": {"api", "core_client", "server", "cli", "dev", "telemetry"},
+    "google.rpc": {"api", "core_client", "dev"},
+}
+
+
+def _room(path: Path) -> str:
+    relative = path.relative_to(PACKAGE)
+    return relative.parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted module) of every import in the file, relative ones resolved."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(("queue_service", *path.relative_to(PACKAGE).parts[: -node.level]))
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            found.append((node.lineno, module))
+            if module == "queue_service":
+                found.extend((node.lineno, f"queue_service.{alias.name}") for alias in node.names)
+    return found
+
+
+def _sources() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "_gen" not in p.relative_to(PACKAGE).parts)
+
+
+def violations() -> list[str]:
+    found = []
+    for path in _sources():
+        room = _room(path)
+        if room == "__init__":
+            continue
+        allowed = ALLOWED.get(room)
+        where = path.relative_to(PACKAGE.parent)
+        if allowed is None:
+            found.append(f"{where}: room {room!r} has no rules in this test (add it to ALLOWED and docs/architecture.md)")
+            continue
+        for line, module in _imports(path):
+            parts = module.split(".")
+            if parts[0] == "queue_service" and len(parts) > 1:
+                target = parts[1]
+                if target != room and target not in allowed:
+                    found.append(f"{where}:{line}: {room} may not import {module}")
+            for library, rooms in LIBRARY_ROOMS.items():
+                if (module == library or module.startswith(library + ".")) and room not in rooms:
+                    found.append(f"{where}:{line}: {room} may not import {module} (only {sorted(rooms)})")
+    return found
+
+
+def test_every_module_keeps_to_its_layer() -> None:
+    assert violations() == []
+
+
+def test_no_servicer_reaches_the_store() -> None:
+    """Stated on its own: the gRPC edge talks to the engine, never to the database."""
+    api = [path for path in _sources() if _room(path) == "api"]
+    assert api, "the edge moved; update this test"
+    for path in api:
+        assert not [m for _, m in _imports(path) if m.startswith(("queue_service.store", "psycopg"))], path
+
+
+@pytest.mark.parametrize(
+    ("room", "source", "expected"),
+    [
+        ("api", "from queue_service.store import Store\n", "api may not import queue_service.store"),
+        ("engine", "import grpc\n", "engine may not import grpc"),
+        ("model", "from queue_service import errors\n", "model may not import queue_service.errors"),
+        ("engine", "from queue_service.api import convert\n", "engine may not import queue_service.api"),
+    ],
+)
+def test_the_scan_catches_a_broken_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, room: str, source: str, expected: str) -> None:
+    package = tmp_path / "queue_service"
+    (package / room).mkdir(parents=True) if room in ("api", "engine") else package.mkdir(parents=True)
+    target = package / room / "bad.py" if room in ("api", "engine") else package / f"{room}.py"
+    target.write_text(source)
+    monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", package)
+    assert any(expected in line for line in violations())
