@@ -224,12 +224,33 @@ def test_a_public_listener_without_authentication_is_refused(pki) -> None:  # ty
     base = {"database_url": "postgresql://x/y", "core_addr": "127.0.0.1:1"}
     with pytest.raises(ConfigError, match="QUEUE_AUTH_FILE"):
         Config.from_env({"QUEUE_LISTEN_ADDR": "0.0.0.0:50051"}, **base).require_service_targets()
-    Config.from_env({"QUEUE_LISTEN_ADDR": "0.0.0.0:50051", "QUEUE_AUTH_FILE": str(pki["auth"])}, **base).require_service_targets()
+    tls = {"QUEUE_TLS_CERT_FILE": str(pki["server_cert"]), "QUEUE_TLS_KEY_FILE": str(pki["server_key"])}
+    Config.from_env({"QUEUE_LISTEN_ADDR": "0.0.0.0:50051", "QUEUE_AUTH_FILE": str(pki["auth"]), **tls}, **base).require_service_targets()
     Config.from_env({"QUEUE_LISTEN_ADDR": "0.0.0.0:50051", "QUEUE_ALLOW_UNAUTHENTICATED": "true"}, **base).require_service_targets()
     with pytest.raises(ConfigError, match="must be set together"):
         Config.from_env({"QUEUE_TLS_CERT_FILE": str(pki["server_cert"])})
     with pytest.raises(ConfigError, match="no such file"):
         Config.from_env({"QUEUE_AUTH_FILE": "/nonexistent/auth.json"})
+
+
+@pytest.mark.parametrize("listener", ["QUEUE_LISTEN_ADDR", "QUEUE_HTTP_ADDR"])
+def test_bearer_tokens_are_never_served_in_plaintext_beyond_loopback(pki, listener: str) -> None:  # type: ignore[no-untyped-def]
+    """With an auth file, a non-loopback listener without TLS of its own would carry tokens
+    readable on the wire: refused, unless the operator says TLS ends in front of it."""
+    base = {"database_url": "postgresql://x/y", "core_addr": "127.0.0.1:1"}
+    public = {"QUEUE_LISTEN_ADDR": "127.0.0.1:50051", listener: "0.0.0.0:50051", "QUEUE_AUTH_FILE": str(pki["auth"])}
+    with pytest.raises(ConfigError, match=rf"{listener}=0.0.0.0:50051 is not a loopback address and serves plaintext.*QUEUE_TLS_TERMINATED_UPSTREAM=true"):
+        Config.from_env(public, **base).require_service_targets()
+    with pytest.raises(ConfigError, match="QUEUE_TLS_TERMINATED_UPSTREAM"):
+        Config.from_env({**public, "QUEUE_TLS_TERMINATED_UPSTREAM": "false"}, **base).require_service_targets()
+    # TLS of its own (one certificate serves both listeners).
+    tls = {"QUEUE_TLS_CERT_FILE": str(pki["server_cert"]), "QUEUE_TLS_KEY_FILE": str(pki["server_key"])}
+    Config.from_env({**public, **tls}, **base).require_service_targets()
+    # TLS terminated by a mesh or ingress in front, stated explicitly.
+    Config.from_env({**public, "QUEUE_TLS_TERMINATED_UPSTREAM": "true"}, **base).require_service_targets()
+    # Loopback only: tokens never leave the machine.
+    Config.from_env({**public, listener: "[::1]:50051"}, **base).require_service_targets()
+    Config.from_env({**public, listener: "localhost:50051"}, **base).require_service_targets()
 
 
 async def test_a_request_with_a_thousand_bad_dois_is_invalid_argument_with_a_bounded_bad_request(service) -> None:  # type: ignore[no-untyped-def]
