@@ -144,6 +144,8 @@ SETTINGS: dict[str, Setting] = {
     "max_concurrent_calls": Setting("QUEUE_MAX_CONCURRENT_CALLS", "16", _parse_int(1, 100_000), "unary calls one replica works on at once; more wait their turn, as long as their deadline allows (else QUEUE_DB_POOL_TIMEOUT_SECONDS), then hear UNAVAILABLE REPLICA_BUSY"),
     "max_streams_per_user": Setting("QUEUE_MAX_STREAMS_PER_USER", "16", _parse_int(1, 100_000), "open WatchJobs streams per user and replica"),
     "max_streams": Setting("QUEUE_MAX_STREAMS", "2000", _parse_int(1, 1_000_000), "open WatchJobs streams per replica"),
+    "max_health_watches": Setting("QUEUE_MAX_HEALTH_WATCHES", "256", _parse_int(1, 100_000), "open Health.Watch streams per replica (health needs no credentials); more are refused with RESOURCE_EXHAUSTED TOO_MANY_STREAMS"),
+    "max_streams_per_connection": Setting("QUEUE_MAX_STREAMS_PER_CONNECTION", "4096", _parse_int(1, 1_000_000), "calls one client connection may have open at once (HTTP/2 max concurrent streams); a client beyond it waits, so keep it above one web backend's WatchJobs streams plus its calls in flight"),
     "reflection": Setting("QUEUE_REFLECTION", "true", _parse_bool, "serve gRPC server reflection"),
     "log_format": Setting("QUEUE_LOG_FORMAT", "json", _parse_choice("json", "text"), "log lines as JSON or readable text"),
     "log_level": Setting("QUEUE_LOG_LEVEL", "info", _parse_choice("debug", "info", "warning", "error"), "log level"),
@@ -226,6 +228,8 @@ class Config:
     max_concurrent_calls: int
     max_streams_per_user: int
     max_streams: int
+    max_health_watches: int
+    max_streams_per_connection: int
     reflection: bool
     log_format: str
     log_level: str

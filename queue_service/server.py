@@ -13,7 +13,7 @@ import logging
 import time
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from queue_service import telemetry
@@ -30,6 +30,8 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2_grpc,
 )
 from queue_service.api.auth import Authorizer
+from queue_service.api.connection_limits import connection_options
+from queue_service.api.health_service import HealthService
 from queue_service.background import cancel_and_wait
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
@@ -101,7 +103,7 @@ class QueueApp:
         self.engine.on_pending = self.dispatcher.wake
         self.hub.on_pending = self.dispatcher.wake
         self.draining = asyncio.Event()
-        self.health = health.aio.HealthServicer()
+        self.health = HealthService(max_watches=config.max_health_watches)
         self.gate = CallGate(max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds)
         self._interceptors = [ErrorInterceptor(authorizer.authorize if authorizer else None, self.gate)]
         # One instance of each servicer, shared by gRPC and the browser endpoint (QUEUE_HTTP_ADDR).
@@ -133,6 +135,7 @@ class QueueApp:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.so_reuseport", 0),
+                *connection_options(self.config.max_streams_per_connection),
             ],
         )
         queue_service_pb2_grpc.add_AnalysisQueueServiceServicer_to_server(self.servicers["AnalysisQueueService"], server)
