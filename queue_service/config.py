@@ -144,6 +144,8 @@ SETTINGS: dict[str, Setting] = {
     "max_concurrent_calls": Setting("QUEUE_MAX_CONCURRENT_CALLS", "16", _parse_int(1, 100_000), "unary calls one replica works on at once; more wait their turn, as long as their deadline allows (else QUEUE_DB_POOL_TIMEOUT_SECONDS), then hear UNAVAILABLE REPLICA_BUSY"),
     "max_streams_per_user": Setting("QUEUE_MAX_STREAMS_PER_USER", "16", _parse_int(1, 100_000), "open WatchJobs streams per user and replica"),
     "max_streams": Setting("QUEUE_MAX_STREAMS", "2000", _parse_int(1, 1_000_000), "open WatchJobs streams per replica"),
+    "max_health_watches": Setting("QUEUE_MAX_HEALTH_WATCHES", "256", _parse_int(1, 100_000), "open Health.Watch streams per replica (health needs no credentials); more are refused with RESOURCE_EXHAUSTED TOO_MANY_STREAMS"),
+    "max_streams_per_connection": Setting("QUEUE_MAX_STREAMS_PER_CONNECTION", "4096", _parse_int(1, 1_000_000), "calls one client connection may have open at once (HTTP/2 max concurrent streams); a client beyond it waits, so keep it above one web backend's WatchJobs streams plus its calls in flight"),
     "reflection": Setting("QUEUE_REFLECTION", "true", _parse_bool, "serve gRPC server reflection"),
     "log_format": Setting("QUEUE_LOG_FORMAT", "json", _parse_choice("json", "text"), "log lines as JSON or readable text"),
     "log_level": Setting("QUEUE_LOG_LEVEL", "info", _parse_choice("debug", "info", "warning", "error"), "log level"),
@@ -154,6 +156,7 @@ SETTINGS: dict[str, Setting] = {
     "tls_client_ca_file": Setting("QUEUE_TLS_CLIENT_CA_FILE", "", _parse_text, "PEM CA bundle; set to require client certificates (mutual TLS)"),
     "auth_file": Setting("QUEUE_AUTH_FILE", "", _parse_text, "JSON file mapping bearer tokens (sha256) and client-certificate names to roles; set: every call is authenticated"),
     "allow_unauthenticated": Setting("QUEUE_ALLOW_UNAUTHENTICATED", "false", _parse_bool, "serve without QUEUE_AUTH_FILE on a non-loopback address (behind a trusted proxy only)"),
+    "tls_terminated_upstream": Setting("QUEUE_TLS_TERMINATED_UPSTREAM", "false", _parse_bool, "with QUEUE_AUTH_FILE and no QUEUE_TLS_CERT_FILE: a mesh or ingress terminates TLS in front of every non-loopback listener, so bearer tokens never cross the network in plaintext; unset, such a listener is refused"),
     "core_tls_ca_file": Setting("QUEUE_CORE_TLS_CA_FILE", "", _parse_text, "PEM CA bundle; set to call the core over TLS"),
     "core_tls_cert_file": Setting("QUEUE_CORE_TLS_CERT_FILE", "", _parse_text, "PEM client certificate for the core (mutual TLS)"),
     "core_tls_key_file": Setting("QUEUE_CORE_TLS_KEY_FILE", "", _parse_text, "PEM client key for the core"),
@@ -225,6 +228,8 @@ class Config:
     max_concurrent_calls: int
     max_streams_per_user: int
     max_streams: int
+    max_health_watches: int
+    max_streams_per_connection: int
     reflection: bool
     log_format: str
     log_level: str
@@ -235,6 +240,7 @@ class Config:
     tls_client_ca_file: str
     auth_file: str
     allow_unauthenticated: bool
+    tls_terminated_upstream: bool
     core_tls_ca_file: str
     core_tls_cert_file: str
     core_tls_key_file: str
@@ -271,7 +277,9 @@ class Config:
         self.require_safe_listener()
 
     def require_safe_listener(self) -> None:
-        """A listener other machines can reach must authenticate its callers."""
+        """A listener other machines can reach must authenticate its callers, and bearer tokens
+        must not reach it in plaintext."""
+        self._require_tls_for_tokens()
         if not self.auth_file and not self.allow_unauthenticated and not self.listens_on_loopback:
             raise ConfigError(
                 f"invalid configuration: QUEUE_LISTEN_ADDR={self.listen_addr} is not a loopback address, so callers must be "
@@ -282,6 +290,22 @@ class Config:
                 f"invalid configuration: QUEUE_HTTP_ADDR={self.http_addr} is not a loopback address, so callers must be "
                 "authenticated: set QUEUE_AUTH_FILE (or QUEUE_ALLOW_UNAUTHENTICATED=true behind a trusted proxy)"
             )
+
+    def _require_tls_for_tokens(self) -> None:
+        """With QUEUE_AUTH_FILE, callers send bearer tokens: a non-loopback listener serving
+        plaintext would let anyone on the path read them. Either this process serves TLS
+        (QUEUE_TLS_CERT_FILE, which covers both listeners) or the operator states that TLS ends
+        in front of it (QUEUE_TLS_TERMINATED_UPSTREAM)."""
+        if not self.auth_file or self.tls_cert_file or self.tls_terminated_upstream:
+            return
+        for env, addr in (("QUEUE_LISTEN_ADDR", self.listen_addr), ("QUEUE_HTTP_ADDR", self.http_addr)):
+            if addr and not _is_loopback(addr):
+                raise ConfigError(
+                    f"invalid configuration: {env}={addr} is not a loopback address and serves plaintext, so the bearer "
+                    "tokens of QUEUE_AUTH_FILE would cross the network readable: set QUEUE_TLS_CERT_FILE and "
+                    "QUEUE_TLS_KEY_FILE, or QUEUE_TLS_TERMINATED_UPSTREAM=true when a mesh or ingress terminates TLS "
+                    "in front of this listener"
+                )
 
 
 def _is_loopback(addr: str) -> bool:

@@ -13,7 +13,7 @@ import logging
 import time
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from queue_service import telemetry
@@ -30,8 +30,10 @@ from queue_service._gen.acurio.queue.v1 import (
 from queue_service.api import auth
 from queue_service.api.auth import Authorizer
 from queue_service.api.callbacks import CoreCallbackServicer
+from queue_service.api.connection_limits import connection_options
 from queue_service.api.credits import CreditsServicer
 from queue_service.api.gate import CallGate
+from queue_service.api.health_service import HealthService
 from queue_service.api.interceptor import ErrorInterceptor
 from queue_service.api.operator import OperatorServicer
 from queue_service.api.queue import AnalysisQueueServicer
@@ -111,7 +113,7 @@ class QueueApp:
             core_deadline_seconds=config.core_deadline_seconds,
         )
         self.sweeper = Sweeper(self.engine, self.store, config, wake_dispatcher=releases_due.set)
-        self.health = health.aio.HealthServicer()
+        self.health = HealthService(max_watches=config.max_health_watches)
         self.gate = CallGate(max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds)
         self._interceptors = [ErrorInterceptor(authorizer.authorize if authorizer else None, self.gate)]
         # One instance of each servicer, shared by gRPC and the browser endpoint (QUEUE_HTTP_ADDR).
@@ -142,6 +144,7 @@ class QueueApp:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.so_reuseport", 0),
+                *connection_options(self.config.max_streams_per_connection),
             ],
         )
         queue_service_pb2_grpc.add_AnalysisQueueServiceServicer_to_server(self.servicers["AnalysisQueueService"], server)

@@ -235,6 +235,15 @@ def _closed_port() -> int:
         ("dev", {"QUEUE_DEV_PG_PORT": "abc"}, cli.EXIT_CONFIG, "QUEUE_DEV_PG_PORT='abc'"),
         ("dev", {"QUEUE_DEV_CORE_JUDGING_SECONDS": "abc"}, cli.EXIT_CONFIG, "QUEUE_DEV_CORE_JUDGING_SECONDS='abc'"),
         ("dev", {"QUEUE_LISTEN_ADDR": "0.0.0.0:{closed}"}, cli.EXIT_CONFIG, "QUEUE_AUTH_FILE"),
+        # Tokens on a routable plaintext listener: refused before the auth file is even read
+        # (any existing file stands in for it).
+        (
+            "serve",
+            {"DATABASE_URL": "postgresql://queue@127.0.0.1:{closed}/queue", "QUEUE_CORE_ADDR": "127.0.0.1:1",
+             "QUEUE_LISTEN_ADDR": "0.0.0.0:{closed}", "QUEUE_AUTH_FILE": os.path.join(REPO_ROOT, "pyproject.toml")},
+            cli.EXIT_CONFIG,
+            "QUEUE_TLS_TERMINATED_UPSTREAM=true",
+        ),
     ],
 )
 def test_a_failed_start_is_one_line_with_its_exit_code_and_touches_nothing(

@@ -28,6 +28,39 @@ from tests.harness import error_info, new_user
 TOKENS = {"web": "web-secret-token", "core": "core-secret-token", "operator": "operator-secret-token"}
 
 
+OPERATOR_URI = "spiffe://acurio.example/ns/ops/sa/operator"
+
+
+def _issue_with_uri_san(ca: trustme.CA, *, common_name: str, uri: str) -> tuple[bytes, bytes]:
+    """A client certificate signed by `ca` whose only SAN is a URI (trustme issues DNS, IP and
+    e-mail SANs only)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem.bytes())
+    ca_key = serialization.load_pem_private_key(ca.private_key_pem.bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri)]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("pki")
@@ -40,14 +73,35 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for pem in server.cert_chain_pems[1:]:
         pem.write_to_path(str(files["server_cert"]), append=True)
     server.private_key_pem.write_to_path(str(files["server_key"]))
-    for name in ("web-backend", "rust-core", "stranger"):
-        client = ca.issue_cert(name, common_name=name)
+    # file name: (subject common name, DNS subject alternative names)
+    clients = {
+        "web-backend": ("web-backend", ["web-backend"]),
+        "rust-core": ("rust-core", ["rust-core"]),
+        "stranger": ("stranger", ["stranger"]),
+        # The identity that counts is the SAN: this one is the core, whatever its CN says ...
+        "cn-stranger-san-rust-core": ("stranger", ["rust-core"]),
+        # ... and this one is a stranger, although its CN names the core.
+        "cn-rust-core-san-stranger": ("rust-core", ["stranger"]),
+        # Names two identities of the auth file: refused, not resolved by order.
+        "two-identities": ("two", ["rust-core", "web-backend"]),
+    }
+    for name, (common_name, sans) in clients.items():
+        client = ca.issue_cert(*sans, common_name=common_name)
         files[f"{name}_cert"], files[f"{name}_key"] = folder / f"{name}.pem", folder / f"{name}.key"
         client.cert_chain_pems[0].write_to_path(str(files[f"{name}_cert"]))
         client.private_key_pem.write_to_path(str(files[f"{name}_key"]))
+    # A workload identity as a URI SAN (SPIFFE style), with a CN that names nobody.
+    cert_pem, key_pem = _issue_with_uri_san(ca, common_name="operator-workload", uri=OPERATOR_URI)
+    files["spiffe-operator_cert"], files["spiffe-operator_key"] = folder / "spiffe-operator.pem", folder / "spiffe-operator.key"
+    files["spiffe-operator_cert"].write_bytes(cert_pem)
+    files["spiffe-operator_key"].write_bytes(key_pem)
     auth = {
         "tokens": [{"name": f"{role}-caller", "role": role, "sha256": hashlib.sha256(t.encode()).hexdigest()} for role, t in TOKENS.items()],
-        "certificates": [{"common_name": "web-backend", "role": "web"}, {"common_name": "rust-core", "role": "core"}],
+        "certificates": [
+            {"san": "web-backend", "role": "web"},
+            {"san": "rust-core", "role": "core"},
+            {"san": OPERATOR_URI, "role": "operator"},
+        ],
     }
     files["auth"] = folder / "auth.json"
     files["auth"].write_text(json.dumps(auth))
@@ -173,6 +227,63 @@ async def test_mutual_tls_identifies_callers_by_certificate(services, pki) -> No
         assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
+async def test_a_client_certificate_is_identified_by_its_subject_alternative_name_never_its_common_name(services, pki) -> None:  # type: ignore[no-untyped-def]
+    """CN `stranger` with SAN `rust-core` is the core; CN `rust-core` with SAN `stranger` is nobody
+    (it was once authorized as the core through its CN). A URI SAN identifies as well as a DNS
+    SAN; a certificate naming two identities of the file is refused."""
+    service = await services.start(
+        tls_cert_file=str(pki["server_cert"]),
+        tls_key_file=str(pki["server_key"]),
+        tls_client_ca_file=str(pki["ca"]),
+        auth_file=str(pki["auth"]),
+    )
+    unknown_run = callback_pb2.CompleteRunRequest(run_id="00000000-0000-4000-8000-000000000000", outcome=callback_pb2.RUN_OUTCOME_FAILED)
+
+    async def complete_run(client: str) -> tuple[grpc.StatusCode, str, dict[str, str]]:
+        async with _channel(service.address, pki, client) as channel:
+            return await _refusal(callback_grpc.CoreCallbackServiceStub(channel).CompleteRun(unknown_run, timeout=5))
+
+    # Authorized as `core`: the call reaches the handler, which knows no such run.
+    assert (await complete_run("cn-stranger-san-rust-core"))[:2] == (grpc.StatusCode.NOT_FOUND, "RUN_NOT_FOUND")
+    assert (await complete_run("cn-rust-core-san-stranger"))[:2] == (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED")
+    code, reason, metadata = await complete_run("two-identities")
+    assert (code, reason, metadata["subjectAlternativeNames"]) == (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED", "rust-core,web-backend")
+
+    async with _channel(service.address, pki, "spiffe-operator") as channel:
+        balance = await credits_grpc.CreditsServiceStub(channel).GetBalance(credits_pb2.GetBalanceRequest(user_id=new_user()), timeout=5)
+        assert balance.balance == 0
+        code, reason, metadata = await _refusal(callback_grpc.CoreCallbackServiceStub(channel).CompleteRun(unknown_run, timeout=5))
+        assert (code, metadata["role"], metadata["caller"]) == (grpc.StatusCode.PERMISSION_DENIED, "operator", OPERATOR_URI)
+
+
+def test_certificate_entries_name_one_subject_alternative_name(tmp_path: Path) -> None:
+    from queue_service.api.auth import AuthConfigError, Authorizer
+
+    def load(*entries: dict[str, str]) -> Authorizer:
+        path = tmp_path / "auth.json"
+        path.write_text(json.dumps({"certificates": list(entries)}))
+        return Authorizer.from_file(str(path))
+
+    def identify(authorizer: Authorizer, **auth_context: str):  # type: ignore[no-untyped-def]
+        """The caller for a verified certificate gRPC describes with these auth-context properties."""
+        return authorizer._identify_certificate({name: [value.encode()] for name, value in auth_context.items()})
+
+    authorizer = load({"san": "rust-core", "role": "core"})
+    assert identify(authorizer, peer_dns="rust-core").role == "core"
+    assert identify(authorizer, x509_common_name="rust-core") is None
+    assert identify(authorizer, peer_dns="Rust-Core") is None  # exact, no case folding
+    # The old spelling means the same thing (a SAN), so existing files keep working.
+    legacy = load({"common_name": "rust-core", "role": "core"})
+    assert identify(legacy, peer_dns="rust-core").role == "core"
+    assert identify(legacy, x509_common_name="rust-core", peer_dns="stranger") is None
+    with pytest.raises(AuthConfigError, match="both `san` and `common_name`"):
+        load({"san": "rust-core", "common_name": "rust-core", "role": "core"})
+    with pytest.raises(AuthConfigError, match="appears twice"):
+        load({"san": "rust-core", "role": "core"}, {"san": "rust-core", "role": "operator"})
+    with pytest.raises(AuthConfigError, match=r"certificates\[0\]\.san is required"):
+        load({"role": "core"})
+
+
 async def test_the_dev_core_reports_completions_with_its_token(services, pki) -> None:  # type: ignore[no-untyped-def]
     core = await services.core(callback_token=TOKENS["core"])
     service = await services.start(core, auth_file=str(pki["auth"]))
@@ -224,12 +335,33 @@ def test_a_public_listener_without_authentication_is_refused(pki) -> None:  # ty
     base = {"database_url": "postgresql://x/y", "core_addr": "127.0.0.1:1"}
     with pytest.raises(ConfigError, match="QUEUE_AUTH_FILE"):
         Config.from_env({"QUEUE_LISTEN_ADDR": "0.0.0.0:50051"}, **base).require_service_targets()
-    Config.from_env({"QUEUE_LISTEN_ADDR": "0.0.0.0:50051", "QUEUE_AUTH_FILE": str(pki["auth"])}, **base).require_service_targets()
+    tls = {"QUEUE_TLS_CERT_FILE": str(pki["server_cert"]), "QUEUE_TLS_KEY_FILE": str(pki["server_key"])}
+    Config.from_env({"QUEUE_LISTEN_ADDR": "0.0.0.0:50051", "QUEUE_AUTH_FILE": str(pki["auth"]), **tls}, **base).require_service_targets()
     Config.from_env({"QUEUE_LISTEN_ADDR": "0.0.0.0:50051", "QUEUE_ALLOW_UNAUTHENTICATED": "true"}, **base).require_service_targets()
     with pytest.raises(ConfigError, match="must be set together"):
         Config.from_env({"QUEUE_TLS_CERT_FILE": str(pki["server_cert"])})
     with pytest.raises(ConfigError, match="no such file"):
         Config.from_env({"QUEUE_AUTH_FILE": "/nonexistent/auth.json"})
+
+
+@pytest.mark.parametrize("listener", ["QUEUE_LISTEN_ADDR", "QUEUE_HTTP_ADDR"])
+def test_bearer_tokens_are_never_served_in_plaintext_beyond_loopback(pki, listener: str) -> None:  # type: ignore[no-untyped-def]
+    """With an auth file, a non-loopback listener without TLS of its own would carry tokens
+    readable on the wire: refused, unless the operator says TLS ends in front of it."""
+    base = {"database_url": "postgresql://x/y", "core_addr": "127.0.0.1:1"}
+    public = {"QUEUE_LISTEN_ADDR": "127.0.0.1:50051", listener: "0.0.0.0:50051", "QUEUE_AUTH_FILE": str(pki["auth"])}
+    with pytest.raises(ConfigError, match=rf"{listener}=0.0.0.0:50051 is not a loopback address and serves plaintext.*QUEUE_TLS_TERMINATED_UPSTREAM=true"):
+        Config.from_env(public, **base).require_service_targets()
+    with pytest.raises(ConfigError, match="QUEUE_TLS_TERMINATED_UPSTREAM"):
+        Config.from_env({**public, "QUEUE_TLS_TERMINATED_UPSTREAM": "false"}, **base).require_service_targets()
+    # TLS of its own (one certificate serves both listeners).
+    tls = {"QUEUE_TLS_CERT_FILE": str(pki["server_cert"]), "QUEUE_TLS_KEY_FILE": str(pki["server_key"])}
+    Config.from_env({**public, **tls}, **base).require_service_targets()
+    # TLS terminated by a mesh or ingress in front, stated explicitly.
+    Config.from_env({**public, "QUEUE_TLS_TERMINATED_UPSTREAM": "true"}, **base).require_service_targets()
+    # Loopback only: tokens never leave the machine.
+    Config.from_env({**public, listener: "[::1]:50051"}, **base).require_service_targets()
+    Config.from_env({**public, listener: "localhost:50051"}, **base).require_service_targets()
 
 
 async def test_a_request_with_a_thousand_bad_dois_is_invalid_argument_with_a_bounded_bad_request(service) -> None:  # type: ignore[no-untyped-def]

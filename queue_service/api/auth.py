@@ -9,7 +9,14 @@ The auth file (QUEUE_AUTH_FILE) is JSON; tokens are stored as SHA-256 hex digest
 clear:
 
     {"tokens": [{"name": "web-backend", "role": "web", "sha256": "<hex of sha256(token)>"}],
-     "certificates": [{"common_name": "rust-core", "role": "core"}]}
+     "certificates": [{"san": "rust-core", "role": "core"}]}
+
+A client certificate (mutual TLS) is identified by its subject alternative names, DNS names and
+URIs (a SPIFFE ID such as `spiffe://acurio.example/core`), never by its subject's common name:
+RFC 6125 retired the CN as an identity, one certificate can carry a CN and SANs that disagree,
+and a CA constrains SANs (name constraints), not CNs. An entry's `san` must equal one of them
+exactly (byte for byte, no wildcard expansion, no case folding). `common_name` is read as the old
+spelling of `san`, with the same meaning and a warning; an entry with both is refused.
 """
 
 from __future__ import annotations
@@ -17,11 +24,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 import grpc
 
 from queue_service import errors
+
+log = logging.getLogger(__name__)
 
 _QUEUE = "/acurio.queue.v1.AnalysisQueueService/"
 _CALLBACK = "/acurio.queue.v1.CoreCallbackService/"
@@ -41,6 +51,10 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
 }
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 _ANY_CALLER_PREFIXES = ("/grpc.reflection.",)
+# The auth-context properties gRPC fills from a verified client certificate's subject
+# alternative names: DNS names and URIs. Not `x509_subject_alternative_name` (every SAN type
+# mixed, IP addresses and e-mail addresses included) and never `x509_common_name`.
+_CERTIFICATE_IDENTITY_PROPERTIES = ("peer_dns", "peer_uri")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,10 +85,10 @@ class Authorizer:
                 raise AuthConfigError(f"tokens[{index}].sha256 must be 64 hex digits (sha256 of the token)")
             tokens[digest] = caller
         for index, entry in enumerate(data.get("certificates", [])):
-            name = str(entry.get("common_name", ""))
-            if not name:
-                raise AuthConfigError(f"certificates[{index}].common_name is required")
-            certificates[name] = _caller(entry, f"certificates[{index}]")
+            san = _certificate_san(entry, f"certificates[{index}]")
+            if san in certificates:
+                raise AuthConfigError(f"certificates[{index}].san {san!r} appears twice; one identity has one role")
+            certificates[san] = _caller(entry, f"certificates[{index}]")
         return cls(tokens, certificates)
 
     def identify(self, context: grpc.aio.ServicerContext) -> Caller | None:
@@ -83,13 +97,24 @@ class Authorizer:
                 caller = self._tokens.get(hashlib.sha256(value[7:].strip().encode()).hexdigest())
                 if caller is not None:
                     return caller
-        auth_context = context.auth_context() or {}
-        names = auth_context.get("x509_common_name", []) + auth_context.get("x509_subject_alternative_name", [])
-        for name in names:
-            caller = self._certificates.get(name.decode() if isinstance(name, bytes) else name)
-            if caller is not None:
-                return caller
-        return None
+        return self._identify_certificate(context.auth_context() or {})
+
+    def _identify_certificate(self, auth_context: dict) -> Caller | None:
+        """The caller whose `san` is one of the certificate's DNS or URI SANs. A certificate naming
+        several callers of the file is refused rather than resolved by order."""
+        matched = {}
+        for prop in _CERTIFICATE_IDENTITY_PROPERTIES:
+            for value in auth_context.get(prop, []):
+                san = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+                if san in self._certificates:
+                    matched[san] = self._certificates[san]
+        if len(matched) > 1:
+            raise errors.Unauthenticated(
+                f"the client certificate names {len(matched)} identities of the auth file ({', '.join(sorted(matched))}); "
+                "issue it with one of them",
+                metadata={"subjectAlternativeNames": ",".join(sorted(matched))},
+            )
+        return next(iter(matched.values()), None)
 
     async def authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
         """Raises Unauthenticated or PermissionDenied; returns when the call may proceed."""
@@ -113,7 +138,27 @@ def _caller(entry: dict, where: str) -> Caller:
     role = entry.get("role")
     if role not in ROLE_METHODS:
         raise AuthConfigError(f"{where}.role must be one of {', '.join(sorted(ROLE_METHODS))} (got {role!r})")
-    return Caller(name=str(entry.get("name") or entry.get("common_name") or role), role=role)
+    return Caller(name=str(entry.get("name") or entry.get("san") or entry.get("common_name") or role), role=role)
+
+
+def _certificate_san(entry: dict, where: str) -> str:
+    """The SAN a certificate entry names; `common_name` is accepted as its old spelling only when
+    it is the entry's one identity field."""
+    if "san" in entry and "common_name" in entry:
+        raise AuthConfigError(
+            f"{where} has both `san` and `common_name`; certificates are identified by their subject alternative "
+            "names only, so keep `san` and remove `common_name`"
+        )
+    if "common_name" in entry:
+        log.warning(
+            "QUEUE_AUTH_FILE %s: `common_name` is read as `san` (matched against the certificate's DNS and URI "
+            "subject alternative names, never its common name); rename the field to `san`",
+            where,
+        )
+    san = str(entry.get("san", entry.get("common_name", ""))).strip()
+    if not san:
+        raise AuthConfigError(f"{where}.san is required: a DNS name or URI among the client certificate's subject alternative names")
+    return san
 
 
 def _read(path: str) -> bytes:
