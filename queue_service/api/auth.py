@@ -17,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any, Protocol
 
 import grpc
 
@@ -41,6 +43,15 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
 }
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 _ANY_CALLER_PREFIXES = ("/grpc.reflection.",)
+
+
+class CallCredentialsSource(Protocol):
+    """What `Authorizer.identify` reads from a call: a grpc.aio context, or the browser
+    endpoint's request (`api.web`), which has headers but no client certificate."""
+
+    def invocation_metadata(self) -> Iterable[tuple[str, str | bytes]] | None: ...
+
+    def auth_context(self) -> Mapping[str, Iterable[bytes]]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,21 +88,21 @@ class Authorizer:
             certificates[name] = _caller(entry, f"certificates[{index}]")
         return cls(tokens, certificates)
 
-    def identify(self, context: grpc.aio.ServicerContext) -> Caller | None:
+    def identify(self, context: CallCredentialsSource) -> Caller | None:
         for key, value in context.invocation_metadata() or ():
             if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
                 caller = self._tokens.get(hashlib.sha256(value[7:].strip().encode()).hexdigest())
                 if caller is not None:
                     return caller
         auth_context = context.auth_context() or {}
-        names = auth_context.get("x509_common_name", []) + auth_context.get("x509_subject_alternative_name", [])
+        names = [*auth_context.get("x509_common_name", []), *auth_context.get("x509_subject_alternative_name", [])]
         for name in names:
             caller = self._certificates.get(name.decode() if isinstance(name, bytes) else name)
             if caller is not None:
                 return caller
         return None
 
-    async def authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
+    async def authorize(self, method: str, context: CallCredentialsSource) -> None:
         """Raises Unauthenticated or PermissionDenied; returns when the call may proceed."""
         if method.startswith(_OPEN_PREFIXES):
             return
@@ -109,7 +120,7 @@ class Authorizer:
         )
 
 
-def _caller(entry: dict, where: str) -> Caller:
+def _caller(entry: dict[str, Any], where: str) -> Caller:
     role = entry.get("role")
     if role not in ROLE_METHODS:
         raise AuthConfigError(f"{where}.role must be one of {', '.join(sorted(ROLE_METHODS))} (got {role!r})")
