@@ -136,7 +136,7 @@ async def _serve_until_signal(config: Config, *, on_serving: Callable[[QueueApp]
     except Exception as exc:
         failure = explain_start_failure(exc, config.database_url)
         with contextlib.suppress(Exception):  # nothing was serving yet: close what start opened
-            await asyncio.wait_for(asyncio.gather(app.pool.close(), app.core.close()), 10)
+            await asyncio.wait_for(asyncio.gather(app.store.close(), app.core.close()), 10)
         if failure is None:
             raise
         raise failure from exc
