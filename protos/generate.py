@@ -1,5 +1,8 @@
 """Regenerates the Python code (messages, gRPC stubs, .pyi stubs) from the protos.
 
+The .pyi stubs (messages and gRPC services, sync and grpc.aio) come from mypy-protobuf's protoc
+plugins, pinned in the `dev` extra: mypy reads them instead of the untyped generated modules.
+
 Run `python protos/generate.py` after changing a .proto; CI runs it and fails on any
 difference. The output lands in `queue_service/_gen/` and is never edited by hand.
 
@@ -29,14 +32,17 @@ def main() -> int:
     OUT.mkdir(parents=True)
     protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
     well_known = Path(protoc.__file__).parent / "_proto"
+    plugins = [f"--plugin=protoc-gen-{name}={_plugin(name)}" for name in ("mypy", "mypy_grpc")]
     status = protoc.main(
         [
             "protoc",
             f"-I{PROTO_ROOT}",
             f"-I{well_known}",
             f"--python_out={OUT}",
-            f"--pyi_out={OUT}",
             f"--grpc_python_out={OUT}",
+            *plugins,
+            f"--mypy_out=quiet:{OUT}",
+            f"--mypy_grpc_out=quiet:{OUT}",
             *protos,
         ]
     )
@@ -49,6 +55,15 @@ def main() -> int:
     for folder in [OUT, *[p for p in OUT.rglob("*") if p.is_dir()]]:
         (folder / "__init__.py").write_text("")
     return 0
+
+
+def _plugin(name: str) -> str:
+    """The path of a protoc plugin installed beside this Python (the venv's bin/), else on PATH."""
+    beside = Path(sys.executable).parent / f"protoc-gen-{name}"
+    found = str(beside) if beside.exists() else shutil.which(f"protoc-gen-{name}")
+    if found is None:
+        raise SystemExit(f"protoc-gen-{name} not found: pip install -e '.[dev]' (it comes with mypy-protobuf)")
+    return found
 
 
 if __name__ == "__main__":

@@ -19,13 +19,15 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from queue_service.config import Config, ConfigError, DevConfig, redact_dsn
 
 if TYPE_CHECKING:
     from queue_service.dev.core import DevCore
+    from queue_service.server import QueueApp
 
 log = logging.getLogger("queue_service")
 
@@ -50,7 +52,7 @@ class StartupFailure(Exception):
 _DRAIN_MARGIN_SECONDS = 15
 
 
-def _load_config(**overrides: object) -> Config:
+def _load_config(**overrides: Any) -> Config:
     try:
         return Config.from_env(**overrides)
     except ConfigError as exc:
@@ -118,7 +120,7 @@ def require_free_listen_addr(listen_addr: str) -> None:
             ) from None
 
 
-async def _serve_until_signal(config: Config, *, on_serving=None) -> None:  # type: ignore[no-untyped-def]
+async def _serve_until_signal(config: Config, *, on_serving: Callable[[QueueApp], None] | None = None) -> None:
     from queue_service.server import QueueApp
 
     try:
@@ -134,7 +136,7 @@ async def _serve_until_signal(config: Config, *, on_serving=None) -> None:  # ty
     except Exception as exc:
         failure = explain_start_failure(exc, config.database_url)
         with contextlib.suppress(Exception):  # nothing was serving yet: close what start opened
-            await asyncio.wait_for(asyncio.gather(app.pool.close(), app.core.close()), 10)
+            await asyncio.wait_for(asyncio.gather(app.store.close(), app.core.close()), 10)
         if failure is None:
             raise
         raise failure from exc
@@ -307,7 +309,7 @@ def _run_dev(
             http_addr=base.http_addr or _dev_http_addr(),
         )
 
-        def announce(app) -> None:  # type: ignore[no-untyped-def]
+        def announce(app: QueueApp) -> None:
             address = f"{_reachable(config.listen_addr).rpartition(':')[0]}:{app.port}"
             if core is not None:
                 core.set_callback_addr(address)
@@ -403,7 +405,7 @@ class _StateClaim:
 
 
 @contextlib.contextmanager
-def _hold_state_dir(state_dir: Path):  # type: ignore[no-untyped-def]
+def _hold_state_dir(state_dir: Path) -> Iterator[_StateClaim]:
     """One `dev` per state folder: an exclusive lock on `dev.lock` for the process's life (the
     kernel drops it however the process ends). A second `dev` refuses without touching anything."""
     lock_path = state_dir / "dev.lock"
@@ -486,9 +488,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
         channel = grpc.insecure_channel(address)
     with channel:
         try:
-            response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
+            # typeshed's grpc_health stubs declare HealthStub without its methods.
+            response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)  # type: ignore[attr-defined]
         except grpc.RpcError as exc:
-            print(f"{address}: {exc.code().name}: {exc.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+            print(f"{address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
     print(f"{address}: {status}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
+from typing import TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -26,6 +27,9 @@ from queue_service import deadline, errors, telemetry
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.core.v1 import run_service_pb2_grpc as core_grpc
 from queue_service.model import RunFate, RunReport
+
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
 
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -84,7 +88,9 @@ class CoreClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def _with_retry(self, method: str, call, request, budget_seconds: float):  # type: ignore[no-untyped-def]
+    async def _with_retry(
+        self, method: str, call: grpc.aio.UnaryUnaryMultiCallable[_Request, _Response], request: _Request, budget_seconds: float
+    ) -> _Response:
         """Calls `call(request)` until it succeeds, fails for good, or the budget is spent.
         Raises the last AioRpcError, or CoreUnavailable when no time is left to try."""
         if budget_seconds <= 0.001:
@@ -206,7 +212,7 @@ def _bad_request_violations(exc: grpc.aio.AioRpcError) -> list[tuple[str, str]]:
                 status = status_pb2.Status.FromString(value)
             except DecodeError:
                 return []  # a malformed detail must not hide the rejection itself
-            violations = []
+            violations: list[tuple[str, str]] = []
             for detail in status.details:
                 bad_request = error_details_pb2.BadRequest()
                 if detail.Unpack(bad_request):

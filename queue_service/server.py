@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TypedDict
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -70,6 +71,15 @@ _QUIET_SECONDS = 0.5
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
+class Servicers(TypedDict):
+    """One instance of each servicer, by service name (as the browser endpoint routes them)."""
+
+    AnalysisQueueService: AnalysisQueueServicer
+    CoreCallbackService: CoreCallbackServicer
+    CreditsService: CreditsServicer
+    OperatorService: OperatorServicer
+
+
 class QueueApp:
     """One replica of the service; `start` returns the bound port."""
 
@@ -117,7 +127,7 @@ class QueueApp:
         self.gate = CallGate(max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds)
         self._interceptors = [ErrorInterceptor(authorizer.authorize if authorizer else None, self.gate)]
         # One instance of each servicer, shared by gRPC and the browser endpoint (QUEUE_HTTP_ADDR).
-        self.servicers = {
+        self.servicers: Servicers = {
             "AnalysisQueueService": AnalysisQueueServicer(self.engine, self.reads, self.hub, self.gate.draining),
             "CoreCallbackService": CoreCallbackServicer(self.engine, self.reads),
             "CreditsService": CreditsServicer(Credits(self.store)),

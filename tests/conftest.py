@@ -107,6 +107,6 @@ async def services(database_url: str) -> AsyncIterator[ServiceFactory]:
 
 
 @pytest.fixture
-async def service(services: ServiceFactory):  # type: ignore[no-untyped-def]
+async def service(services: ServiceFactory):
     """One in-process replica with a manual dev core (tests finish runs themselves)."""
     return await services.start()

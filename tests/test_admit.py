@@ -23,13 +23,13 @@ def _rows_for(database_url: str, user_id: str) -> tuple[int, int]:
     return jobs, entries
 
 
-def _live_orphan_held_runs(service, database_url: str) -> list[str]:  # type: ignore[no-untyped-def]
+def _live_orphan_held_runs(service, database_url: str) -> list[str]:
     with psycopg.connect(database_url) as conn:
         owned = {str(r) for (r,) in conn.execute("SELECT run_id FROM analysis_jobs")}
     return [run.run_id for run in service.core.runs.values() if run.state == core_pb2.RUN_STATE_HELD and run.run_id not in owned]
 
 
-async def test_five_clicks_one_runs_four_queue_and_each_completion_starts_the_next(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_five_clicks_one_runs_four_queue_and_each_completion_starts_the_next(service, database_url: str) -> None:
     stubs = service.stubs
     user = new_user()
     await stubs.grant(user, 7)
@@ -61,7 +61,7 @@ async def test_five_clicks_one_runs_four_queue_and_each_completion_starts_the_ne
     assert service.core.max_concurrent_judging[user] == 1
 
 
-async def test_queued_jobs_estimate_their_start_from_recent_judging_times(service) -> None:  # type: ignore[no-untyped-def]
+async def test_queued_jobs_estimate_their_start_from_recent_judging_times(service) -> None:
     stubs = service.stubs
     user = new_user()
     await stubs.grant(user, 5)
@@ -97,7 +97,7 @@ async def test_queued_jobs_estimate_their_start_from_recent_judging_times(servic
 )
 async def test_every_admit_error_has_its_code_and_reason_and_leaves_nothing_behind(
     services, database_url: str, case: str, code: grpc.StatusCode, reason: str
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     core = await services.core(daily_budget=0 if case == "budget" else 1_000_000)
     service = await services.start(core, max_queued_per_user=2, core_deadline_seconds=1.0)
     stubs = service.stubs
@@ -163,7 +163,7 @@ async def test_every_admit_error_has_its_code_and_reason_and_leaves_nothing_behi
     assert _live_orphan_held_runs(service, database_url) == []
 
 
-async def test_insufficient_credit_found_under_the_lock_cancels_the_held_run(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_insufficient_credit_found_under_the_lock_cancels_the_held_run(service, database_url: str) -> None:
     """Two concurrent admits with credit for one: both pass the pre-check, one loses under the lock."""
     stubs = service.stubs
     user = new_user()
@@ -179,7 +179,7 @@ async def test_insufficient_credit_found_under_the_lock_cancels_the_held_run(ser
     assert _live_orphan_held_runs(service, database_url) == []
 
 
-async def test_same_key_same_payload_returns_the_same_job_and_charges_once(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_same_key_same_payload_returns_the_same_job_and_charges_once(service, database_url: str) -> None:
     stubs = service.stubs
     user = new_user()
     await stubs.grant(user, 5)
@@ -196,7 +196,7 @@ async def test_same_key_same_payload_returns_the_same_job_and_charges_once(servi
     assert _live_orphan_held_runs(service, database_url) == []
 
 
-async def test_grants_are_idempotent_by_key_and_refuse_a_reused_key(service) -> None:  # type: ignore[no-untyped-def]
+async def test_grants_are_idempotent_by_key_and_refuse_a_reused_key(service) -> None:
     stubs = service.stubs
     user = new_user()
     assert await stubs.grant(user, 3, key="grant-a") == 3
@@ -213,7 +213,7 @@ async def test_grants_are_idempotent_by_key_and_refuse_a_reused_key(service) -> 
     assert await stubs.balance(new_user()) == 0
 
 
-async def test_plan_tier_override_gives_a_user_more_slots_in_fifo_order(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_plan_tier_override_gives_a_user_more_slots_in_fifo_order(service, database_url: str) -> None:
     stubs = service.stubs
     user = new_user()
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -231,7 +231,7 @@ async def test_plan_tier_override_gives_a_user_more_slots_in_fifo_order(service,
     assert service.core.max_concurrent_judging[user] == 2
 
 
-async def test_validation_reports_every_violation_and_limits(service) -> None:  # type: ignore[no-untyped-def]
+async def test_validation_reports_every_violation_and_limits(service) -> None:
     request = queue_pb2.AdmitRequest(
         user_id="u" * 129,
         idempotency_key="key\x00",
@@ -255,7 +255,7 @@ async def test_validation_reports_every_violation_and_limits(service) -> None:  
     assert [f for f, _ in error_info(raised.value)[3]] == ["sources"]
 
 
-async def test_lowering_a_users_limit_never_lets_more_jobs_run_than_the_new_limit(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_lowering_a_users_limit_never_lets_more_jobs_run_than_the_new_limit(service, database_url: str) -> None:
     stubs = service.stubs
     user = new_user()
     with psycopg.connect(database_url, autocommit=True) as conn:

@@ -19,7 +19,7 @@ def _lock_waiters(database_url: str) -> int:
         ).fetchone()[0]
 
 
-async def test_a_callers_deadline_bounds_the_lock_wait_and_is_answered_before_it_passes(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_a_callers_deadline_bounds_the_lock_wait_and_is_answered_before_it_passes(service, database_url: str) -> None:
     """The caller's deadline (0.8 s) is shorter than the lock timeout (5 s): the service gives up
     on the lock in time to say why (LOCK_TIMEOUT), instead of leaving the caller to time out."""
     user = new_user()
@@ -38,7 +38,7 @@ async def test_a_callers_deadline_bounds_the_lock_wait_and_is_answered_before_it
     assert await service.stubs.jobs(user) == []
 
 
-async def test_a_stuck_user_lock_is_lock_timeout_not_a_hang(services) -> None:  # type: ignore[no-untyped-def]
+async def test_a_stuck_user_lock_is_lock_timeout_not_a_hang(services) -> None:
     service = await services.start(lock_timeout_ms=300)
     user = new_user()
     await service.stubs.grant(user, 1)
@@ -55,7 +55,7 @@ async def test_a_stuck_user_lock_is_lock_timeout_not_a_hang(services) -> None:  
     assert held == []
 
 
-async def test_an_exhausted_pool_is_unavailable_quickly(services) -> None:  # type: ignore[no-untyped-def]
+async def test_an_exhausted_pool_is_unavailable_quickly(services) -> None:
     service = await services.start(pool_min_size=1, pool_max_size=1, pool_timeout_seconds=0.3)
     user = new_user()
     async with service.app.store.pool.connection():  # the only connection is busy
@@ -69,7 +69,7 @@ async def test_an_exhausted_pool_is_unavailable_quickly(services) -> None:  # ty
     assert await service.stubs.balance(user) == 0
 
 
-async def test_a_hung_core_is_core_unavailable_before_the_callers_deadline(services) -> None:  # type: ignore[no-untyped-def]
+async def test_a_hung_core_is_core_unavailable_before_the_callers_deadline(services) -> None:
     core = await services.core()
     service = await services.start(core, core_deadline_seconds=0.5)
     user = new_user()
@@ -86,7 +86,7 @@ async def test_a_hung_core_is_core_unavailable_before_the_callers_deadline(servi
     assert await service.stubs.balance(user) == 1
 
 
-async def test_health_follows_the_database_and_the_pool_recovers_by_itself(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+async def test_health_follows_the_database_and_the_pool_recovers_by_itself(tmp_path, monkeypatch) -> None:
     from grpc_health.v1 import health_pb2
 
     from queue_service import server as server_module
@@ -169,7 +169,7 @@ async def test_a_loop_that_survives_one_cancellation_is_still_stopped() -> None:
 # -- every wait inside a call is bounded by the caller's deadline (CI was red on a slower machine)
 
 
-async def test_a_hung_core_answers_before_a_callers_deadline_shorter_than_the_core_deadline(services) -> None:  # type: ignore[no-untyped-def]
+async def test_a_hung_core_answers_before_a_callers_deadline_shorter_than_the_core_deadline(services) -> None:
     """The core deadline (5 s) is longer than the caller's (1 s): CreateRun may use only part of
     what is left, so the caller hears CORE_UNAVAILABLE in time, not DEADLINE_EXCEEDED, and
     nothing is charged."""
@@ -188,7 +188,7 @@ async def test_a_hung_core_answers_before_a_callers_deadline_shorter_than_the_co
     assert await service.stubs.balance(user) == 1
 
 
-async def test_a_pool_checkout_is_bounded_by_the_callers_deadline(services) -> None:  # type: ignore[no-untyped-def]
+async def test_a_pool_checkout_is_bounded_by_the_callers_deadline(services) -> None:
     service = await services.start(pool_min_size=1, pool_max_size=1, pool_timeout_seconds=5.0)
     user = new_user()
     async with service.app.store.pool.connection():  # the only connection is busy for longer than the caller waits
@@ -201,7 +201,7 @@ async def test_a_pool_checkout_is_bounded_by_the_callers_deadline(services) -> N
         assert time.monotonic() - started < 0.6
 
 
-async def test_calls_beyond_the_replicas_cap_wait_their_turn_or_hear_replica_busy_in_time(services) -> None:  # type: ignore[no-untyped-def]
+async def test_calls_beyond_the_replicas_cap_wait_their_turn_or_hear_replica_busy_in_time(services) -> None:
     """One call at a time: a second call waits while its deadline allows (at most half of it),
     then hears REPLICA_BUSY, in time to retry elsewhere; a patient one gets its turn."""
     core = await services.core()

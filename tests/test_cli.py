@@ -276,7 +276,7 @@ def test_a_taken_listen_address_is_one_line_and_debug_adds_the_traceback(databas
     assert "Traceback" in debug.stderr and debug.stderr.strip().splitlines()[-1].startswith("queue-service serve: cannot reach")
 
 
-def test_a_database_without_the_schema_is_one_line_naming_the_fix(postgres) -> None:  # type: ignore[no-untyped-def]
+def test_a_database_without_the_schema_is_one_line_naming_the_fix(postgres) -> None:
     name = f"t_empty_{uuid.uuid4().hex[:8]}"
     postgres.execute_admin(f'CREATE DATABASE "{name}"')
     try:
@@ -301,7 +301,7 @@ def test_dev_without_the_dev_extra_names_the_extra(tmp_path: Path) -> None:
 # -- probe and hash-token -----------------------------------------------------------------------
 
 
-async def test_probe_answers_zero_only_for_a_serving_service(service) -> None:  # type: ignore[no-untyped-def]
+async def test_probe_answers_zero_only_for_a_serving_service(service) -> None:
     async def probe(address: str) -> int:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "queue_service.cli", "probe", "--addr", address, "--timeout", "2",

@@ -21,7 +21,7 @@ def _retry_delay_seconds(exc: grpc.aio.AioRpcError) -> float | None:
     return None
 
 
-async def test_core_unavailable_carries_retry_info_and_invalid_request_does_not(services) -> None:  # type: ignore[no-untyped-def]
+async def test_core_unavailable_carries_retry_info_and_invalid_request_does_not(services) -> None:
     core = await services.core()
     service = await services.start(core, core_deadline_seconds=0.5)
     user = new_user()
@@ -42,7 +42,7 @@ async def test_core_unavailable_carries_retry_info_and_invalid_request_does_not(
         assert _retry_delay_seconds(exc) is None
 
 
-async def test_a_draining_replica_answers_shutting_down_with_retry_info(services) -> None:  # type: ignore[no-untyped-def]
+async def test_a_draining_replica_answers_shutting_down_with_retry_info(services) -> None:
     service = await services.start()
     service.app.gate.close()  # what a drain does first
     try:
@@ -56,7 +56,7 @@ async def test_a_draining_replica_answers_shutting_down_with_retry_info(services
 class _RejectingCore(core_grpc.RunServiceServicer):
     """A core that rejects every CreateRun with one violation per unregistered source."""
 
-    async def CreateRun(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+    async def CreateRun(self, request, context):  # noqa: N802
         bad_request = error_details_pb2.BadRequest(
             field_violations=[
                 error_details_pb2.BadRequest.FieldViolation(field=f"sources[{index}].doi", description=f"DOI {source.doi} is not registered")
@@ -69,7 +69,7 @@ class _RejectingCore(core_grpc.RunServiceServicer):
         await context.abort_with_status(rpc_status.to_status(status))
 
 
-async def test_the_cores_per_source_violations_reach_the_admit_caller(services) -> None:  # type: ignore[no-untyped-def]
+async def test_the_cores_per_source_violations_reach_the_admit_caller(services) -> None:
     server = grpc.aio.server()
     core_grpc.add_RunServiceServicer_to_server(_RejectingCore(), server)
     port = server.add_insecure_port("127.0.0.1:0")

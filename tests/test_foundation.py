@@ -30,7 +30,7 @@ def _run_cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess
 
 
 @pytest.fixture
-def empty_database(postgres: PostgresServer):  # type: ignore[no-untyped-def]
+def empty_database(postgres: PostgresServer):
     name = f"empty_{uuid.uuid4().hex[:8]}"
     postgres.execute_admin(f'CREATE DATABASE "{name}"')
     yield postgres.dsn_for(name)
@@ -67,7 +67,7 @@ async def test_an_edited_applied_migration_is_refused(empty_database: str) -> No
         await migrations.migrate(empty_database)
 
 
-async def test_health_is_serving_and_reflection_lists_our_services(service) -> None:  # type: ignore[no-untyped-def]
+async def test_health_is_serving_and_reflection_lists_our_services(service) -> None:
     response = await service.stubs.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
     assert response.status == health_pb2.HealthCheckResponse.SERVING
     queue_health = await service.stubs.health.Check(
@@ -113,7 +113,7 @@ def test_serve_without_a_database_says_what_to_set() -> None:
     assert "DATABASE_URL, QUEUE_CORE_ADDR must be set" in result.stderr
 
 
-async def test_sigterm_drains_in_flight_calls_reports_not_serving_and_exits_zero(services) -> None:  # type: ignore[no-untyped-def]
+async def test_sigterm_drains_in_flight_calls_reports_not_serving_and_exits_zero(services) -> None:
     core = await services.core()
     replica = await services.start_process(core)
     user = new_user()
@@ -129,7 +129,7 @@ async def test_sigterm_drains_in_flight_calls_reports_not_serving_and_exits_zero
     assert '"draining' in replica.log()
 
 
-async def test_subprocess_replica_serves_health(services) -> None:  # type: ignore[no-untyped-def]
+async def test_subprocess_replica_serves_health(services) -> None:
     core = await services.core()
     replica = await services.start_process(core)
     await wait_serving(replica.stubs)

@@ -69,7 +69,7 @@ class Target:
         assert row is not None
         return row[0], row[1]
 
-    def call(self, name: str, method, request, *, streaming: bool = False) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
+    def call(self, name: str, method, request, *, streaming: bool = False) -> grpc.StatusCode:
         """Calls once; asserts a clean status and, for a refusal, no new rows."""
         before = self.footprint()
         self.calls[name] = self.calls.get(name, 0) + 1
@@ -185,7 +185,7 @@ def test_every_other_rpc_answers_cleanly(
         ("NUL bytes everywhere", lambda: queue_pb2.AdmitRequest(user_id="u\x00", idempotency_key="\x00", document=job_pb2.Document(uri="\x00"), sources=[job_pb2.Source(doi="10.1234/\x00", citation="\x00")]), grpc.StatusCode.INVALID_ARGUMENT),
     ],
 )
-def test_named_hostile_inputs(target: Target, label: str, request_factory, expected: grpc.StatusCode) -> None:  # type: ignore[no-untyped-def]
+def test_named_hostile_inputs(target: Target, label: str, request_factory, expected: grpc.StatusCode) -> None:
     assert target.call(label, target.queue.Admit, request_factory()) == expected
 
 

@@ -21,7 +21,7 @@ def _ledger(database_url: str, job_id: str) -> list[tuple[str, int]]:
         ).fetchall()
 
 
-async def test_release_gives_up_after_the_window_refunds_once_and_promotes_the_next(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_release_gives_up_after_the_window_refunds_once_and_promotes_the_next(services, database_url: str) -> None:
     core = await services.core()
     core.fail_releases = True
     service = await services.start(core, release_window_seconds=1.0, release_backoff_max_seconds=0.2)
@@ -44,7 +44,7 @@ async def test_release_gives_up_after_the_window_refunds_once_and_promotes_the_n
     assert InvariantChecker(database_url).all_violations() == []
 
 
-async def test_release_recovers_when_the_core_heals_inside_the_window(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_release_recovers_when_the_core_heals_inside_the_window(services, database_url: str) -> None:
     core = await services.core()
     core.fail_releases = True
     service = await services.start(core, release_window_seconds=30.0, release_backoff_max_seconds=0.2)
@@ -62,7 +62,7 @@ async def test_release_recovers_when_the_core_heals_inside_the_window(services, 
     assert _ledger(database_url, job.job_id) == [("charge", -1)]
 
 
-async def test_a_release_refused_for_good_fails_at_once_and_refunds(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_a_release_refused_for_good_fails_at_once_and_refunds(services, database_url: str) -> None:
     core = await services.core()
     core.refuse_releases = True
     service = await services.start(core)
@@ -75,7 +75,7 @@ async def test_a_release_refused_for_good_fails_at_once_and_refunds(services, da
     assert await service.stubs.balance(user) == 1
 
 
-async def test_completion_is_idempotent_refunds_on_request_and_rejects_unknown_runs(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_completion_is_idempotent_refunds_on_request_and_rejects_unknown_runs(service, database_url: str) -> None:
     stubs = service.stubs
     user = new_user()
     await stubs.grant(user, 2)
@@ -100,7 +100,7 @@ async def test_completion_is_idempotent_refunds_on_request_and_rejects_unknown_r
     assert error_info(raised.value)[:2] == (grpc.StatusCode.FAILED_PRECONDITION, "RUN_NOT_RELEASED")
 
 
-async def test_cancel_refunds_queued_and_running_jobs_and_promotes_the_next(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_cancel_refunds_queued_and_running_jobs_and_promotes_the_next(service, database_url: str) -> None:
     stubs = service.stubs
     user = new_user()
     await stubs.grant(user, 3)
@@ -131,7 +131,7 @@ async def test_cancel_refunds_queued_and_running_jobs_and_promotes_the_next(serv
     assert InvariantChecker(database_url).all_violations() == []
 
 
-async def test_cancel_of_a_running_job_needs_the_core(service) -> None:  # type: ignore[no-untyped-def]
+async def test_cancel_of_a_running_job_needs_the_core(service) -> None:
     stubs = service.stubs
     user = new_user()
     await stubs.grant(user, 1)
@@ -146,7 +146,7 @@ async def test_cancel_of_a_running_job_needs_the_core(service) -> None:  # type:
     assert await stubs.balance(user) == 0
 
 
-async def test_deltas_start_at_once_beside_a_queue_and_never_hold_a_slot(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_deltas_start_at_once_beside_a_queue_and_never_hold_a_slot(services, database_url: str) -> None:
     service = await services.start(delta_price=2)
     stubs = service.stubs
     user = new_user()
@@ -169,7 +169,7 @@ async def test_deltas_start_at_once_beside_a_queue_and_never_hold_a_slot(service
     assert InvariantChecker(database_url).all_violations() == []
 
 
-async def test_sweeper_promotes_what_a_lost_tail_call_left_and_reconciles_lost_completions(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_sweeper_promotes_what_a_lost_tail_call_left_and_reconciles_lost_completions(services, database_url: str) -> None:
     service = await services.start(reconcile_after_seconds=0.2)
     stubs = service.stubs
     user = new_user()
@@ -207,7 +207,7 @@ async def test_sweeper_promotes_what_a_lost_tail_call_left_and_reconciles_lost_c
     assert checker.all_violations() == []
 
 
-async def test_sweeper_fails_pending_releases_whose_window_passed_while_no_replica_tried(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_sweeper_fails_pending_releases_whose_window_passed_while_no_replica_tried(services, database_url: str) -> None:
     service = await services.start(release_window_seconds=0.5)
     stubs = service.stubs
     user = new_user()
@@ -234,7 +234,7 @@ async def test_sweeper_fails_pending_releases_whose_window_passed_while_no_repli
     assert failed.status == S.JOB_STATUS_FAILED and "release window" in failed.last_error and failed.refunded
 
 
-async def test_promote_and_release_rpcs_for_tooling(services) -> None:  # type: ignore[no-untyped-def]
+async def test_promote_and_release_rpcs_for_tooling(services) -> None:
     core = await services.core()
     core.fail_releases = True
     service = await services.start(core, release_window_seconds=60, release_backoff_max_seconds=30)
@@ -270,7 +270,7 @@ async def test_promote_and_release_rpcs_for_tooling(services) -> None:  # type: 
     assert promoted.job_id == second.job_id and promoted.status in (S.JOB_STATUS_PENDING, S.JOB_STATUS_RUNNING)
 
 
-async def test_a_replica_killed_between_promotion_and_release_is_covered_by_another(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_a_replica_killed_between_promotion_and_release_is_covered_by_another(services, database_url: str) -> None:
     core = await services.core()
     lease = {"QUEUE_RELEASE_LEASE_SECONDS": "1"}
     doomed = await services.start_process(core, **lease)

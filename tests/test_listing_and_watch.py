@@ -12,7 +12,7 @@ from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from tests.harness import S, error_info, new_user
 
 
-async def test_list_jobs_pages_newest_first_with_keyset_tokens_and_filters(service) -> None:  # type: ignore[no-untyped-def]
+async def test_list_jobs_pages_newest_first_with_keyset_tokens_and_filters(service) -> None:
     stubs = service.stubs
     user = new_user()
     await stubs.grant(user, 7)
@@ -47,7 +47,7 @@ async def test_list_jobs_pages_newest_first_with_keyset_tokens_and_filters(servi
     "token",
     ["garbage", base64.urlsafe_b64encode(b'{"b": -1, "f": "x"}').decode(), "A" * 500, base64.urlsafe_b64encode(b"[1,2]").decode()],
 )
-async def test_forged_page_tokens_are_invalid_argument(service, token: str) -> None:  # type: ignore[no-untyped-def]
+async def test_forged_page_tokens_are_invalid_argument(service, token: str) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await service.stubs.queue.ListJobs(queue_pb2.ListJobsRequest(user_id="u", page_token=token), timeout=5)
     code, reason, _, violations = error_info(raised.value)
@@ -55,13 +55,13 @@ async def test_forged_page_tokens_are_invalid_argument(service, token: str) -> N
 
 
 @pytest.mark.parametrize(("page_size", "statuses"), [(-1, []), (101, []), (10, [0]), (10, [42])])
-async def test_bad_page_sizes_and_status_filters_are_invalid_argument(service, page_size: int, statuses: list[int]) -> None:  # type: ignore[no-untyped-def]
+async def test_bad_page_sizes_and_status_filters_are_invalid_argument(service, page_size: int, statuses: list[int]) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await service.stubs.queue.ListJobs(queue_pb2.ListJobsRequest(user_id="u", page_size=page_size, statuses=statuses), timeout=5)
     assert error_info(raised.value)[:2] == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
 
 
-async def test_get_job_unknown_and_malformed(service) -> None:  # type: ignore[no-untyped-def]
+async def test_get_job_unknown_and_malformed(service) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await service.stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id="00000000-0000-4000-8000-000000000000"), timeout=5)
     assert error_info(raised.value)[:2] == (grpc.StatusCode.NOT_FOUND, "JOB_NOT_FOUND")
@@ -70,8 +70,8 @@ async def test_get_job_unknown_and_malformed(service) -> None:  # type: ignore[n
     assert error_info(raised.value)[:2] == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
 
 
-async def _next_matching(stream, predicate, timeout: float = 10):  # type: ignore[no-untyped-def]
-    async def scan():  # type: ignore[no-untyped-def]
+async def _next_matching(stream, predicate, timeout: float = 10):
+    async def scan():
         async for message in stream:
             if predicate(message):
                 return message
@@ -80,7 +80,7 @@ async def _next_matching(stream, predicate, timeout: float = 10):  # type: ignor
     return await asyncio.wait_for(scan(), timeout)
 
 
-async def test_watch_jobs_snapshot_then_changes_made_through_another_replica(services) -> None:  # type: ignore[no-untyped-def]
+async def test_watch_jobs_snapshot_then_changes_made_through_another_replica(services) -> None:
     core = await services.core()
     watched = await services.start(core)
     other = await services.start(core)
@@ -111,7 +111,7 @@ async def test_watch_jobs_snapshot_then_changes_made_through_another_replica(ser
     assert ended.job.status == S.JOB_STATUS_SUCCEEDED
     seen: list = []
 
-    def both_seen(message) -> bool:  # type: ignore[no-untyped-def]
+    def both_seen(message) -> bool:
         seen.append(message.job)
         return any(j.job_id == second.job_id and j.status == S.JOB_STATUS_RUNNING for j in seen) and any(
             j.job_id == third.job_id and j.queue_position == 1 for j in seen
@@ -123,7 +123,7 @@ async def test_watch_jobs_snapshot_then_changes_made_through_another_replica(ser
     stream.cancel()
 
 
-async def test_watch_jobs_stream_caps_and_drain(services) -> None:  # type: ignore[no-untyped-def]
+async def test_watch_jobs_stream_caps_and_drain(services) -> None:
     service = await services.start(max_streams_per_user=2)
     user = new_user()
     streams = [service.stubs.queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id=user), timeout=30) for _ in range(2)]

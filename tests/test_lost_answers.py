@@ -34,7 +34,7 @@ from tests.harness import REPO_ROOT, S, InvariantChecker, Stubs, error_info, new
 HELD, JUDGING, CANCELED = core_pb2.RUN_STATE_HELD, core_pb2.RUN_STATE_JUDGING, core_pb2.RUN_STATE_CANCELED
 
 
-async def eventually(check, timeout: float = 10.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+async def eventually(check, timeout: float = 10.0, what: str = "condition"):
     """Polls `check()` (sync or async) until it returns a truthy value."""
     give_up_at = time.monotonic() + timeout
     while True:
@@ -48,18 +48,18 @@ async def eventually(check, timeout: float = 10.0, what: str = "condition"):  # 
         await asyncio.sleep(0.02)
 
 
-def _live_runs_of(core, user: str) -> list[str]:  # type: ignore[no-untyped-def]
+def _live_runs_of(core, user: str) -> list[str]:
     return [r.run_id for r in core.live_runs().values() if r.user_id == user]
 
 
-async def cancel(stubs: Stubs, job_id: str, user: str):  # type: ignore[no-untyped-def]
+async def cancel(stubs: Stubs, job_id: str, user: str):
     return (await stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=job_id, user_id=user), timeout=10)).job
 
 
 # -- 1. a release given up after lost answers -------------------------------------------------
 
 
-async def test_a_release_given_up_after_lost_answers_cancels_the_run_before_the_next_job_starts(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_a_release_given_up_after_lost_answers_cancels_the_run_before_the_next_job_starts(services, database_url: str) -> None:
     """Defect 1: ReleaseRun applied, every answer lost until the window closed. The job fails and
     is refunded at once, its run is canceled at the core, and only then does the next job start:
     the core never judges two of the user's runs."""
@@ -81,7 +81,7 @@ async def test_a_release_given_up_after_lost_answers_cancels_the_run_before_the_
     assert InvariantChecker(database_url).all_violations() == []
 
 
-async def test_the_next_job_waits_until_the_core_confirms_the_given_up_run(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_the_next_job_waits_until_the_core_confirms_the_given_up_run(services, database_url: str) -> None:
     """Defect 1, the core also losing CancelRun's answers: the next job stays QUEUED (the slot is
     not free while the first run may judge) until a CancelRun answer confirms, then starts."""
     core = await services.core()
@@ -108,7 +108,7 @@ async def test_the_next_job_waits_until_the_core_confirms_the_given_up_run(servi
 # -- 2. cancelling a pending job whose release is in flight ------------------------------------
 
 
-async def test_cancelling_a_pending_job_whose_release_is_in_flight_ends_it_canceled(services) -> None:  # type: ignore[no-untyped-def]
+async def test_cancelling_a_pending_job_whose_release_is_in_flight_ends_it_canceled(services) -> None:
     """Defect 2: the release reaches the core just after the cancel did, and the core's refusal
     (FAILED_PRECONDITION, canceled) is read before the cancel's own answer arrives. The job ends
     CANCELED, refunded, and CancelJob returns it (not JOB_ALREADY_FINISHED, not FAILED)."""
@@ -133,7 +133,7 @@ async def test_cancelling_a_pending_job_whose_release_is_in_flight_ends_it_cance
 # -- 3. cancelling a queued job while the core cannot cancel -----------------------------------
 
 
-async def test_cancelling_a_queued_job_the_core_cannot_cancel_never_starts_it(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_cancelling_a_queued_job_the_core_cannot_cancel_never_starts_it(services, database_url: str) -> None:
     """Defect 3: CancelRun's answers are lost; the job ahead completes meanwhile. The canceled job
     is never promoted or released (its run never judges), the next job starts, and the held run is
     canceled once the core answers."""
@@ -166,7 +166,7 @@ async def test_cancelling_a_queued_job_the_core_cannot_cancel_never_starts_it(se
 
 
 @pytest.mark.parametrize("fault", [AnswerFault("lose"), AnswerFault("late", seconds=1.5)], ids=["lost", "late"])
-async def test_a_create_run_whose_answer_never_came_leaves_no_held_run(services, database_url: str, fault: AnswerFault) -> None:  # type: ignore[no-untyped-def]
+async def test_a_create_run_whose_answer_never_came_leaves_no_held_run(services, database_url: str, fault: AnswerFault) -> None:
     """Defect 4 (I5): the core created the run but its answer was lost or came after the deadline.
     Admit answers CORE_UNAVAILABLE, the run is canceled, and a retry with the same key admits one
     job with one live run."""
@@ -191,7 +191,7 @@ async def test_a_create_run_whose_answer_never_came_leaves_no_held_run(services,
     assert await stubs.balance(user) == 0
 
 
-async def test_a_create_run_arriving_after_its_cancel_never_becomes_a_live_run(services) -> None:  # type: ignore[no-untyped-def]
+async def test_a_create_run_arriving_after_its_cancel_never_becomes_a_live_run(services) -> None:
     """Defect 4, the request itself late: CreateRun reaches the core after the admit gave up and
     after the admit's CancelRun. The core keeps the canceled id (the contract), so the late
     CreateRun finds the canceled run instead of creating a live one: nothing is left held."""
@@ -212,7 +212,7 @@ async def test_a_create_run_arriving_after_its_cancel_never_becomes_a_live_run(s
 # -- 5. a delta judged before its admit commits ------------------------------------------------
 
 
-async def test_deltas_judged_faster_than_their_admit_commits_all_complete(services) -> None:  # type: ignore[no-untyped-def]
+async def test_deltas_judged_faster_than_their_admit_commits_all_complete(services) -> None:
     """Defect 5: deltas start judging at CreateRun; with instant judging the core calls back
     before the admit has committed. The completion answers RUN_NOT_YET_ADMITTED, the core retries,
     and every delta ends SUCCEEDED long before reconciliation would notice."""
@@ -231,7 +231,7 @@ async def test_deltas_judged_faster_than_their_admit_commits_all_complete(servic
 # -- 6. WatchJobs after a gap ------------------------------------------------------------------
 
 
-async def test_a_watch_stream_reports_jobs_that_ended_while_its_listener_was_away(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_a_watch_stream_reports_jobs_that_ended_while_its_listener_was_away(services, database_url: str) -> None:
     """Defect 6 (I11): the replica's LISTEN connection drops; a job ends meanwhile. After the
     reconnect the stream resyncs with that job's terminal state (marked `resync_complete`), the
     snapshot marker is sent once, and the last message per job equals GetJob."""
@@ -272,7 +272,7 @@ async def test_a_watch_stream_reports_jobs_that_ended_while_its_listener_was_awa
     assert last_messages[first.job_id].status == S.JOB_STATUS_SUCCEEDED
 
 
-def _last_per_job(messages, into):  # type: ignore[no-untyped-def]
+def _last_per_job(messages, into):
     for message in messages:
         if message.HasField("job"):
             into[message.job.job_id] = message.job.status
@@ -283,7 +283,7 @@ def _last_per_job(messages, into):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.skipif(shutil.which("faketime") is None, reason="needs Debian's faketime (CI installs it)")
-async def test_a_replica_whose_clock_runs_ahead_does_not_spin(services, database_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_replica_whose_clock_runs_ahead_does_not_spin(services, database_url: str, tmp_path) -> None:
     """Defect 7: the dispatcher waits for the next due release in the database's clock. A replica
     whose own clock runs 30 s ahead sleeps like any other, instead of claiming in a busy loop."""
     core = await services.core()
@@ -334,7 +334,7 @@ async def test_a_replica_whose_clock_runs_ahead_does_not_spin(services, database
 # -- 8. no core call under the user lock -------------------------------------------------------
 
 
-async def test_a_slow_cancel_of_a_spare_run_does_not_hold_the_users_queue(services) -> None:  # type: ignore[no-untyped-def]
+async def test_a_slow_cancel_of_a_spare_run_does_not_hold_the_users_queue(services) -> None:
     """Defect 8: two admits with one key race; the loser cancels its spare held run, and the core
     answers that cancel slowly. That never happens under the user's lock: the user's CompleteRun
     meanwhile succeeds instead of answering LOCK_TIMEOUT."""
@@ -358,7 +358,7 @@ async def test_a_slow_cancel_of_a_spare_run_does_not_hold_the_users_queue(servic
 # -- also reported: reconciliation, cancel races, page tokens, the delta limit -----------------
 
 
-async def test_a_run_the_core_no_longer_knows_frees_the_slot_only_once_cancel_confirms(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_a_run_the_core_no_longer_knows_frees_the_slot_only_once_cancel_confirms(services, database_url: str) -> None:
     """A single NOT_FOUND from GetRun no longer frees the slot: the job fails and is refunded,
     and the next job starts once CancelRun confirms (NOT_FOUND there counts: the core has no such run)."""
     core = await services.core()
@@ -380,7 +380,7 @@ async def test_a_run_the_core_no_longer_knows_frees_the_slot_only_once_cancel_co
     assert InvariantChecker(database_url).all_violations() == []
 
 
-async def test_a_running_job_whose_run_the_core_still_holds_is_released_again(services) -> None:  # type: ignore[no-untyped-def]
+async def test_a_running_job_whose_run_the_core_still_holds_is_released_again(services) -> None:
     """Reconciliation of a RUNNING job whose run the core reports HELD (it lost the release)
     releases it again instead of leaving it held forever."""
     core = await services.core()
@@ -396,7 +396,7 @@ async def test_a_running_job_whose_run_the_core_still_holds_is_released_again(se
     await stubs.wait_for(job.job_id, S.JOB_STATUS_SUCCEEDED)
 
 
-async def test_a_cancel_the_core_reports_as_a_failure_is_still_refunded(services) -> None:  # type: ignore[no-untyped-def]
+async def test_a_cancel_the_core_reports_as_a_failure_is_still_refunded(services) -> None:
     """The core ends a run it was asked to cancel with CompleteRun(FAILED, refund_credit=false),
     before answering the cancel. A job the user canceled is refunded all the same."""
     core = await services.core()
@@ -414,7 +414,7 @@ async def test_a_cancel_the_core_reports_as_a_failure_is_still_refunded(services
     assert await stubs.balance(user) == 1
 
 
-async def test_cancelling_a_job_the_core_already_finished_keeps_its_charge(services) -> None:  # type: ignore[no-untyped-def]
+async def test_cancelling_a_job_the_core_already_finished_keeps_its_charge(services) -> None:
     """The completion callback was lost; the run had SUCCEEDED at the core. CancelJob learns that
     from the core's answer: the job ends SUCCEEDED, keeps its charge, and the caller hears
     JOB_ALREADY_FINISHED."""
@@ -436,7 +436,7 @@ async def test_cancelling_a_job_the_core_already_finished_keeps_its_charge(servi
     assert await stubs.balance(user) == 0
 
 
-async def test_page_tokens_carry_no_global_sequence(service) -> None:  # type: ignore[no-untyped-def]
+async def test_page_tokens_carry_no_global_sequence(service) -> None:
     stubs, user = service.stubs, new_user()
     await stubs.grant(user, 3)
     jobs = [await stubs.admit(user) for _ in range(3)]
@@ -447,7 +447,7 @@ async def test_page_tokens_carry_no_global_sequence(service) -> None:  # type: i
     assert [j.job_id for j in rest.jobs] == [jobs[0].job_id] and rest.next_page_token == ""
 
 
-async def test_deltas_beyond_the_users_limit_are_refused(services) -> None:  # type: ignore[no-untyped-def]
+async def test_deltas_beyond_the_users_limit_are_refused(services) -> None:
     core = await services.core()
     service = await services.start(core, max_active_deltas_per_user=2)
     stubs, user = service.stubs, new_user()

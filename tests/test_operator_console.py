@@ -36,11 +36,11 @@ def auth_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def _operator(service) -> op_grpc.OperatorServiceStub:  # type: ignore[no-untyped-def]
+def _operator(service) -> op_grpc.OperatorServiceStub:
     return op_grpc.OperatorServiceStub(service.stubs.channel)
 
 
-async def test_overview_counts_active_jobs_waiting_users_and_admits(service) -> None:  # type: ignore[no-untyped-def]
+async def test_overview_counts_active_jobs_waiting_users_and_admits(service) -> None:
     stubs, operator = service.stubs, _operator(service)
     before = (await operator.GetOverview(op_pb2.GetOverviewRequest(), timeout=10)).overview
     first, second = new_user(), new_user()
@@ -69,7 +69,7 @@ async def test_overview_counts_active_jobs_waiting_users_and_admits(service) -> 
     assert [field for field, _ in violations] == ["window_minutes"]
 
 
-async def test_search_pages_newest_first_across_users_by_every_filter(service) -> None:  # type: ignore[no-untyped-def]
+async def test_search_pages_newest_first_across_users_by_every_filter(service) -> None:
     stubs, operator = service.stubs, _operator(service)
     first, second = new_user(), new_user()
     for user in (first, second):
@@ -121,7 +121,7 @@ async def test_search_pages_newest_first_across_users_by_every_filter(service) -
     assert error_info(raised.value)[3][0][0] == "filter.statuses[0]"
 
 
-async def test_bulk_cancel_counts_then_cancels_at_most_the_confirmed_number_and_refunds(service) -> None:  # type: ignore[no-untyped-def]
+async def test_bulk_cancel_counts_then_cancels_at_most_the_confirmed_number_and_refunds(service) -> None:
     stubs, operator = service.stubs, _operator(service)
     user = new_user()
     await stubs.grant(user, 5)
@@ -149,7 +149,7 @@ async def test_bulk_cancel_counts_then_cancels_at_most_the_confirmed_number_and_
     assert error_info(raised.value)[3][0][0] == "filter.statuses"
 
 
-async def test_watch_overview_sends_a_new_overview_when_a_figure_changes(service) -> None:  # type: ignore[no-untyped-def]
+async def test_watch_overview_sends_a_new_overview_when_a_figure_changes(service) -> None:
     stubs, operator = service.stubs, _operator(service)
     user = new_user()
     await stubs.grant(user, 5)
@@ -207,12 +207,12 @@ def _envelopes(body: bytes) -> list[tuple[int, dict[str, Any]]]:
 
 
 @pytest.fixture
-async def web_service(services, auth_file):  # type: ignore[no-untyped-def]
+async def web_service(services, auth_file):
     core = await services.core(callback_token=TOKENS["core"])
     return await services.start(core, auth_file=auth_file, http_addr="127.0.0.1:0")
 
 
-async def test_connect_endpoint_applies_the_same_roles_and_error_details(web_service) -> None:  # type: ignore[no-untyped-def]
+async def test_connect_endpoint_applies_the_same_roles_and_error_details(web_service) -> None:
     port, user = web_service.app.http_port, new_user()
     assert port > 0
 
@@ -244,7 +244,7 @@ async def test_connect_endpoint_applies_the_same_roles_and_error_details(web_ser
     assert balance == {"balance": "2"}
 
 
-async def test_watch_jobs_streams_over_http_1_1(web_service) -> None:  # type: ignore[no-untyped-def]
+async def test_watch_jobs_streams_over_http_1_1(web_service) -> None:
     port, user = web_service.app.http_port, new_user()
     await connect_unary(port, "CreditsService/GrantCredits", {"userId": user, "amount": 2, "idempotencyKey": "g"}, TOKENS["operator"])
     for key in ("a", "b"):
@@ -276,7 +276,7 @@ async def test_watch_jobs_streams_over_http_1_1(web_service) -> None:  # type: i
     assert flags == 2 and end["error"]["code"] == "unauthenticated" and _details(end["error"])[0] == "UNAUTHENTICATED"
 
 
-async def test_the_console_is_served_with_a_strict_content_policy(web_service) -> None:  # type: ignore[no-untyped-def]
+async def test_the_console_is_served_with_a_strict_content_policy(web_service) -> None:
     def get(path: str) -> tuple[int, dict[str, str], bytes]:
         connection = http.client.HTTPConnection("127.0.0.1", web_service.app.http_port, timeout=10)
         try:

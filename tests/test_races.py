@@ -14,7 +14,7 @@ async def _sample_invariants(checker: InvariantChecker, stop: asyncio.Event, fou
         await asyncio.sleep(0.01)
 
 
-async def test_fifty_concurrent_admits_for_one_user_across_three_processes(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_fifty_concurrent_admits_for_one_user_across_three_processes(services, database_url: str) -> None:
     core = await services.core()
     replicas = [await services.start_process(core) for _ in range(3)]
     user = new_user()
@@ -39,7 +39,7 @@ async def test_fifty_concurrent_admits_for_one_user_across_three_processes(servi
     assert checker.all_violations() == []
 
 
-async def test_a_hundred_users_times_three_concurrent_admits_start_one_each(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_a_hundred_users_times_three_concurrent_admits_start_one_each(services, database_url: str) -> None:
     core = await services.core()
     replicas = [await services.start_process(core) for _ in range(2)]
     users = [new_user() for _ in range(100)]
@@ -64,7 +64,7 @@ async def test_a_hundred_users_times_three_concurrent_admits_start_one_each(serv
     assert checker.all_violations() == []
 
 
-async def test_completions_and_admits_racing_keep_one_active_per_user(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_completions_and_admits_racing_keep_one_active_per_user(services, database_url: str) -> None:
     core = await services.core(manual=False, judging_seconds=0.02)
     replicas = [await services.start_process(core) for _ in range(2)]
     users = [new_user() for _ in range(10)]

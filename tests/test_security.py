@@ -128,20 +128,20 @@ def _admit_request(user: str) -> queue_pb2.AdmitRequest:
 
 
 @pytest.fixture
-async def tls_service(services, pki):  # type: ignore[no-untyped-def]
+async def tls_service(services, pki):
     return await services.start(
         tls_cert_file=str(pki["server_cert"]), tls_key_file=str(pki["server_key"]), auth_file=str(pki["auth"])
     )
 
 
-async def _refusal(call) -> tuple[grpc.StatusCode, str, dict[str, str]]:  # type: ignore[no-untyped-def]
+async def _refusal(call) -> tuple[grpc.StatusCode, str, dict[str, str]]:
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await call
     code, reason, metadata, _ = error_info(raised.value)
     return code, reason, metadata
 
 
-async def test_each_role_may_call_its_methods_and_is_refused_the_others(tls_service, pki) -> None:  # type: ignore[no-untyped-def]
+async def test_each_role_may_call_its_methods_and_is_refused_the_others(tls_service, pki) -> None:
     async with _channel(tls_service.address, pki) as channel:
         queue = queue_grpc.AnalysisQueueServiceStub(channel)
         credits = credits_grpc.CreditsServiceStub(channel)
@@ -191,7 +191,7 @@ async def test_each_role_may_call_its_methods_and_is_refused_the_others(tls_serv
         assert "acurio.queue.v1.AnalysisQueueService" in await _list_services(channel, _token("web"))
 
 
-async def _list_services(channel: grpc.aio.Channel, metadata=None):  # type: ignore[no-untyped-def]
+async def _list_services(channel: grpc.aio.Channel, metadata=None):
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
     call = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5, metadata=metadata)
     try:
@@ -202,7 +202,7 @@ async def _list_services(channel: grpc.aio.Channel, metadata=None):  # type: ign
     return []
 
 
-async def test_mutual_tls_identifies_callers_by_certificate(services, pki) -> None:  # type: ignore[no-untyped-def]
+async def test_mutual_tls_identifies_callers_by_certificate(services, pki) -> None:
     service = await services.start(
         tls_cert_file=str(pki["server_cert"]),
         tls_key_file=str(pki["server_key"]),
@@ -227,7 +227,7 @@ async def test_mutual_tls_identifies_callers_by_certificate(services, pki) -> No
         assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-async def test_a_client_certificate_is_identified_by_its_subject_alternative_name_never_its_common_name(services, pki) -> None:  # type: ignore[no-untyped-def]
+async def test_a_client_certificate_is_identified_by_its_subject_alternative_name_never_its_common_name(services, pki) -> None:
     """CN `stranger` with SAN `rust-core` is the core; CN `rust-core` with SAN `stranger` is nobody
     (it was once authorized as the core through its CN). A URI SAN identifies as well as a DNS
     SAN; a certificate naming two identities of the file is refused."""
@@ -264,7 +264,7 @@ def test_certificate_entries_name_one_subject_alternative_name(tmp_path: Path) -
         path.write_text(json.dumps({"certificates": list(entries)}))
         return Authorizer.from_file(str(path))
 
-    def identify(authorizer: Authorizer, **auth_context: str):  # type: ignore[no-untyped-def]
+    def identify(authorizer: Authorizer, **auth_context: str):
         """The caller for a verified certificate gRPC describes with these auth-context properties."""
         return authorizer._identify_certificate({name: [value.encode()] for name, value in auth_context.items()})
 
@@ -284,7 +284,7 @@ def test_certificate_entries_name_one_subject_alternative_name(tmp_path: Path) -
         load({"role": "core"})
 
 
-async def test_the_dev_core_reports_completions_with_its_token(services, pki) -> None:  # type: ignore[no-untyped-def]
+async def test_the_dev_core_reports_completions_with_its_token(services, pki) -> None:
     core = await services.core(callback_token=TOKENS["core"])
     service = await services.start(core, auth_file=str(pki["auth"]))
     user = new_user()
@@ -313,12 +313,12 @@ async def test_the_dev_core_reports_completions_with_its_token(services, pki) ->
     assert job.status == job_pb2.JOB_STATUS_RUNNING
 
 
-async def test_reflection_can_be_turned_off(services) -> None:  # type: ignore[no-untyped-def]
+async def test_reflection_can_be_turned_off(services) -> None:
     service = await services.start(reflection=False)
     assert await _list_services(service.stubs.channel) == grpc.StatusCode.UNIMPLEMENTED
 
 
-async def test_the_core_can_be_called_over_tls(services, pki) -> None:  # type: ignore[no-untyped-def]
+async def test_the_core_can_be_called_over_tls(services, pki) -> None:
     core = await services.core()
     await core.stop()
     credentials = grpc.ssl_server_credentials([(pki["server_key"].read_bytes(), pki["server_cert"].read_bytes())])
@@ -331,7 +331,7 @@ async def test_the_core_can_be_called_over_tls(services, pki) -> None:  # type: 
     await service.stubs.wait_for(job.job_id, job_pb2.JOB_STATUS_RUNNING)
 
 
-def test_a_public_listener_without_authentication_is_refused(pki) -> None:  # type: ignore[no-untyped-def]
+def test_a_public_listener_without_authentication_is_refused(pki) -> None:
     base = {"database_url": "postgresql://x/y", "core_addr": "127.0.0.1:1"}
     with pytest.raises(ConfigError, match="QUEUE_AUTH_FILE"):
         Config.from_env({"QUEUE_LISTEN_ADDR": "0.0.0.0:50051"}, **base).require_service_targets()
@@ -345,7 +345,7 @@ def test_a_public_listener_without_authentication_is_refused(pki) -> None:  # ty
 
 
 @pytest.mark.parametrize("listener", ["QUEUE_LISTEN_ADDR", "QUEUE_HTTP_ADDR"])
-def test_bearer_tokens_are_never_served_in_plaintext_beyond_loopback(pki, listener: str) -> None:  # type: ignore[no-untyped-def]
+def test_bearer_tokens_are_never_served_in_plaintext_beyond_loopback(pki, listener: str) -> None:
     """With an auth file, a non-loopback listener without TLS of its own would carry tokens
     readable on the wire: refused, unless the operator says TLS ends in front of it."""
     base = {"database_url": "postgresql://x/y", "core_addr": "127.0.0.1:1"}
@@ -364,7 +364,7 @@ def test_bearer_tokens_are_never_served_in_plaintext_beyond_loopback(pki, listen
     Config.from_env({**public, listener: "localhost:50051"}, **base).require_service_targets()
 
 
-async def test_a_request_with_a_thousand_bad_dois_is_invalid_argument_with_a_bounded_bad_request(service) -> None:  # type: ignore[no-untyped-def]
+async def test_a_request_with_a_thousand_bad_dois_is_invalid_argument_with_a_bounded_bad_request(service) -> None:
     """1 000 invalid DOIs once made a 156 KB error trailer, which a default client refused with
     RESOURCE_EXHAUSTED. The BadRequest lists 50 violations and says how many it left out."""
     user = new_user()
@@ -376,7 +376,7 @@ async def test_a_request_with_a_thousand_bad_dois_is_invalid_argument_with_a_bou
     assert metadata == {"violations": "1000", "violationsNotListed": "950"}
 
 
-async def test_list_jobs_refuses_a_status_filter_longer_than_there_are_statuses(service) -> None:  # type: ignore[no-untyped-def]
+async def test_list_jobs_refuses_a_status_filter_longer_than_there_are_statuses(service) -> None:
     from queue_service._gen.acurio.queue.v1 import queue_service_pb2
 
     with pytest.raises(grpc.aio.AioRpcError) as refused:

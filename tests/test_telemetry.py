@@ -53,7 +53,7 @@ def _metric_points(reader: InMemoryMetricReader) -> dict[str, list]:
     return found
 
 
-async def test_a_full_cycle_emits_spans_metrics_and_job_log_lines(otel, services) -> None:  # type: ignore[no-untyped-def]
+async def test_a_full_cycle_emits_spans_metrics_and_job_log_lines(otel, services) -> None:
     spans, reader = otel
     spans.clear()
     log_lines = io.StringIO()
@@ -137,7 +137,7 @@ async def test_a_full_cycle_emits_spans_metrics_and_job_log_lines(otel, services
     assert first.job_id in {r.get("job_id") for r in records}
 
 
-async def test_serve_exposes_prometheus_metrics_and_prints_spans_on_request(services) -> None:  # type: ignore[no-untyped-def]
+async def test_serve_exposes_prometheus_metrics_and_prints_spans_on_request(services) -> None:
     import asyncio
     import urllib.request
 

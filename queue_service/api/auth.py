@@ -24,8 +24,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+<<<<<<< HEAD
 import logging
+=======
+from collections.abc import Iterable, Mapping
+>>>>>>> types-11
 from pathlib import Path
+from typing import Any, Protocol
 
 import grpc
 
@@ -55,6 +60,15 @@ _ANY_CALLER_PREFIXES = ("/grpc.reflection.",)
 # alternative names: DNS names and URIs. Not `x509_subject_alternative_name` (every SAN type
 # mixed, IP addresses and e-mail addresses included) and never `x509_common_name`.
 _CERTIFICATE_IDENTITY_PROPERTIES = ("peer_dns", "peer_uri")
+
+
+class CallCredentialsSource(Protocol):
+    """What `Authorizer.identify` reads from a call: a grpc.aio context, or the browser
+    endpoint's request (`api.web`), which has headers but no client certificate."""
+
+    def invocation_metadata(self) -> Iterable[tuple[str, str | bytes]] | None: ...
+
+    def auth_context(self) -> Mapping[str, Iterable[bytes]]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +105,13 @@ class Authorizer:
             certificates[san] = _caller(entry, f"certificates[{index}]")
         return cls(tokens, certificates)
 
-    def identify(self, context: grpc.aio.ServicerContext) -> Caller | None:
+    def identify(self, context: CallCredentialsSource) -> Caller | None:
         for key, value in context.invocation_metadata() or ():
             if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
                 caller = self._tokens.get(hashlib.sha256(value[7:].strip().encode()).hexdigest())
                 if caller is not None:
                     return caller
+<<<<<<< HEAD
         return self._identify_certificate(context.auth_context() or {})
 
     def _identify_certificate(self, auth_context: dict) -> Caller | None:
@@ -115,8 +130,17 @@ class Authorizer:
                 metadata={"subjectAlternativeNames": ",".join(sorted(matched))},
             )
         return next(iter(matched.values()), None)
+=======
+        auth_context = context.auth_context() or {}
+        names = [*auth_context.get("x509_common_name", []), *auth_context.get("x509_subject_alternative_name", [])]
+        for name in names:
+            caller = self._certificates.get(name.decode() if isinstance(name, bytes) else name)
+            if caller is not None:
+                return caller
+        return None
+>>>>>>> types-11
 
-    async def authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
+    async def authorize(self, method: str, context: CallCredentialsSource) -> None:
         """Raises Unauthenticated or PermissionDenied; returns when the call may proceed."""
         if method.startswith(_OPEN_PREFIXES):
             return
@@ -134,7 +158,7 @@ class Authorizer:
         )
 
 
-def _caller(entry: dict, where: str) -> Caller:
+def _caller(entry: dict[str, Any], where: str) -> Caller:
     role = entry.get("role")
     if role not in ROLE_METHODS:
         raise AuthConfigError(f"{where}.role must be one of {', '.join(sorted(ROLE_METHODS))} (got {role!r})")

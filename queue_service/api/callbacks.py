@@ -24,7 +24,7 @@ class CoreCallbackServicer(callback_grpc.CoreCallbackServiceServicer):
         self._reads = reads
         self._completion_slots = asyncio.Semaphore(_CONCURRENT_COMPLETIONS)
 
-    async def CompleteRun(self, request: callback_pb2.CompleteRunRequest, context: grpc.aio.ServicerContext) -> callback_pb2.CompleteRunResponse:
+    async def CompleteRun(self, request: callback_pb2.CompleteRunRequest, context: grpc.aio.ServicerContext[callback_pb2.CompleteRunRequest, callback_pb2.CompleteRunResponse]) -> callback_pb2.CompleteRunResponse:
         v = validation.Violations()
         run_id = v.check_uuid("run_id", request.run_id)
         if request.outcome not in (callback_pb2.RUN_OUTCOME_SUCCEEDED, callback_pb2.RUN_OUTCOME_FAILED):

@@ -16,7 +16,8 @@ PROTO_OF_STATUS: dict[JobStatus, job_pb2.JobStatus.ValueType] = {
     JobStatus.FAILED: job_pb2.JOB_STATUS_FAILED,
     JobStatus.CANCELED: job_pb2.JOB_STATUS_CANCELED,
 }
-STATUS_OF_PROTO = {value: status for status, value in PROTO_OF_STATUS.items()}
+# Keyed by plain int: any int may arrive on the wire, so a lookup must accept one.
+STATUS_OF_PROTO: dict[int, JobStatus] = {value: status for status, value in PROTO_OF_STATUS.items()}
 
 # A status filter has at most this many entries: there are six statuses; a longer list is a
 # mistake or an attack (each entry costs event-loop time).
@@ -35,7 +36,7 @@ def status_filter(statuses: Iterable[int], *, field: str = "statuses") -> tuple[
         )
     chosen = set()
     for index, value in enumerate(given):
-        status = STATUS_OF_PROTO.get(value)  # type: ignore[call-overload]  # any int may arrive on the wire
+        status = STATUS_OF_PROTO.get(value)
         if status is None:
             raise InvalidRequest(
                 f"{field}[{index}] is not a job status",

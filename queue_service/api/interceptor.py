@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol, TypeVar, cast
 
 import grpc
 
@@ -19,7 +19,20 @@ from queue_service.errors import QueueError
 log = logging.getLogger(__name__)
 
 
-Authorize = Callable[[str, grpc.aio.ServicerContext], Awaitable[None]]
+Authorize = Callable[[str, grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
+
+
+class _MethodHandlerTuple(Protocol):
+    """grpc builds every method handler as a namedtuple (`grpc.*_rpc_method_handler`); the type
+    stubs declare only the abstract `grpc.RpcMethodHandler`, without the namedtuple's `_replace`."""
+
+    def _replace(self, **behavior: Callable[..., Any]) -> grpc.RpcMethodHandler[Any, Any]: ...
+
+
+def _with_behavior(handler: grpc.RpcMethodHandler[_Request, _Response], **behavior: Callable[..., Any]) -> grpc.RpcMethodHandler[_Request, _Response]:
+    return cast(_MethodHandlerTuple, handler)._replace(**behavior)
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
@@ -35,25 +48,25 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Request, _Response] | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[_Request, _Response] | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
         method = handler_call_details.method
         if handler.unary_unary is not None:
-            return handler._replace(unary_unary=self._wrap_unary(handler.unary_unary, method))
+            return _with_behavior(handler, unary_unary=self._wrap_unary(handler.unary_unary, method))
         if handler.unary_stream is not None:
-            return handler._replace(unary_stream=self._wrap_stream(handler.unary_stream, method))
+            return _with_behavior(handler, unary_stream=self._wrap_stream(handler.unary_stream, method))
         if handler.stream_unary is not None:
-            return handler._replace(stream_unary=self._wrap_unary(handler.stream_unary, method))
+            return _with_behavior(handler, stream_unary=self._wrap_unary(handler.stream_unary, method))
         if handler.stream_stream is not None:
-            return handler._replace(stream_stream=self._wrap_stream(handler.stream_stream, method))
+            return _with_behavior(handler, stream_stream=self._wrap_stream(handler.stream_stream, method))
         return handler
 
     @asynccontextmanager
-    async def _road(self, method: str, context: grpc.aio.ServicerContext, *, unary: bool) -> AsyncIterator[None]:
+    async def _road(self, method: str, context: grpc.aio.ServicerContext[Any, Any], *, unary: bool) -> AsyncIterator[None]:
         """Gate, authorization and error mapping around one call, unary or streaming."""
         entered = False
         time_remaining = context.time_remaining()
@@ -82,15 +95,17 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                     method, time_remaining, time.monotonic() - started,
                 )
 
+    # grpc.aio's behaviors are coroutines and async generators, but the stubs type a handler's
+    # behaviors as the sync server's (returning a message or an Iterator): hence Callable[..., Any].
     def _wrap_unary(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
-        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             async with self._road(method, context, unary=True):
                 return await behavior(request, context)
 
         return wrapped
 
-    def _wrap_stream(self, behavior: Callable[..., AsyncIterator[Any]], method: str) -> Callable[..., Any]:
-        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    def _wrap_stream(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             async with self._road(method, context, unary=False):
                 async for message in behavior(request, context):
                     yield message

@@ -14,7 +14,8 @@ import datetime as dt
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+
+import grpc
 
 from queue_service import errors
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as pb, operator_service_pb2_grpc as pb_grpc
@@ -42,14 +43,14 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         self._reads = reads
         self._draining = draining
 
-    async def GetOverview(self, request: pb.GetOverviewRequest, context: Any) -> pb.GetOverviewResponse:
+    async def GetOverview(self, request: pb.GetOverviewRequest, context: grpc.aio.ServicerContext[pb.GetOverviewRequest, pb.GetOverviewResponse]) -> pb.GetOverviewResponse:
         window = _window(request.window_minutes)
         return pb.GetOverviewResponse(overview=await self._overview(window))
 
     async def _overview(self, window_minutes: int) -> pb.Overview:
         return overview_to_proto(await self._reads.overview(window_minutes))
 
-    async def WatchOverview(self, request: pb.WatchOverviewRequest, context: Any) -> AsyncIterator[pb.WatchOverviewResponse]:
+    async def WatchOverview(self, request: pb.WatchOverviewRequest, context: grpc.aio.ServicerContext[pb.WatchOverviewRequest, pb.WatchOverviewResponse]) -> AsyncIterator[pb.WatchOverviewResponse]:
         v = validation.Violations()
         window = _window(request.window_minutes, v)
         interval_ms = request.interval_ms or _DEFAULT_INTERVAL_MS
@@ -72,7 +73,7 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
                 continue
             raise errors.ShuttingDown("this replica is draining; reconnect to another")
 
-    async def SearchJobs(self, request: pb.SearchJobsRequest, context: Any) -> pb.SearchJobsResponse:
+    async def SearchJobs(self, request: pb.SearchJobsRequest, context: grpc.aio.ServicerContext[pb.SearchJobsRequest, pb.SearchJobsResponse]) -> pb.SearchJobsResponse:
         page_size = validation.validate_page_size(request.page_size)
         search, filter_key = _search(request.filter)
         position = page_tokens.decode_search_token(request.page_token, filter_key)
@@ -83,7 +84,7 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         token = page_tokens.encode_search_token(page[-1].create_time, page[-1].job_id, filter_key) if more else ""
         return pb.SearchJobsResponse(jobs=[job_to_proto(view) for view in page], next_page_token=token)
 
-    async def CancelJobs(self, request: pb.CancelJobsRequest, context: Any) -> pb.CancelJobsResponse:
+    async def CancelJobs(self, request: pb.CancelJobsRequest, context: grpc.aio.ServicerContext[pb.CancelJobsRequest, pb.CancelJobsResponse]) -> pb.CancelJobsResponse:
         search, _ = _search(request.filter)
         statuses = search.statuses or tuple(sorted(LIVE))
         v = validation.Violations()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from opentelemetry import trace
@@ -63,7 +63,7 @@ def status_for(error: QueueError) -> grpc.Status:
 def status_proto_for(error: QueueError) -> status_pb2.Status:
     """The google.rpc.Status of a domain error: its code, message, ErrorInfo and BadRequest
     (shared by gRPC and the browser endpoint, so both carry the same details)."""
-    details = []
+    details: list[message.Message] = []
     info = error_details_pb2.ErrorInfo(reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata)
     details.append(info)
     if error.retry_delay_seconds is not None:

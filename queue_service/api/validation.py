@@ -10,6 +10,7 @@ import re
 import uuid
 
 from queue_service import errors
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 
 MAX_ID_CHARS = 128
 MAX_URI_CHARS = 2048
@@ -84,16 +85,16 @@ class Violations:
             raise errors.InvalidRequest(f"invalid request: {fields}{more}", metadata=metadata, field_violations=listed)
 
 
-def validate_admit(request: object) -> uuid.UUID | None:
+def validate_admit(request: queue_pb2.AdmitRequest) -> uuid.UUID | None:
     """Validates an AdmitRequest; returns the parsed delta_of_job_id (None for first-pass)."""
     v = Violations()
-    v.check_id("user_id", request.user_id)  # type: ignore[attr-defined]
-    v.check_id("idempotency_key", request.idempotency_key)  # type: ignore[attr-defined]
-    delta_of = v.check_uuid("delta_of_job_id", request.delta_of_job_id, required=False)  # type: ignore[attr-defined]
-    if not request.delta_of_job_id:  # type: ignore[attr-defined]
-        v.check_text("document.uri", request.document.uri, max_chars=MAX_URI_CHARS, required=True)  # type: ignore[attr-defined]
-    v.check_text("document.title", request.document.title, max_chars=MAX_TITLE_CHARS)  # type: ignore[attr-defined]
-    sources = request.sources  # type: ignore[attr-defined]
+    v.check_id("user_id", request.user_id)
+    v.check_id("idempotency_key", request.idempotency_key)
+    delta_of = v.check_uuid("delta_of_job_id", request.delta_of_job_id, required=False)
+    if not request.delta_of_job_id:
+        v.check_text("document.uri", request.document.uri, max_chars=MAX_URI_CHARS, required=True)
+    v.check_text("document.title", request.document.title, max_chars=MAX_TITLE_CHARS)
+    sources = request.sources
     if not sources:
         v.add("sources", "at least one source is required")
     elif len(sources) > MAX_SOURCES:

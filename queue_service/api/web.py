@@ -21,7 +21,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from connectrpc.code import Code
 from connectrpc.compat import google_protobuf_codecs
@@ -41,6 +41,11 @@ from queue_service.api.gate import CallGate
 from queue_service.api.status import internal_status_proto, status_proto_for
 from queue_service.errors import QueueError
 
+if TYPE_CHECKING:
+    # The two endpoint kinds we build; connectrpc's public `Endpoint` is their common base, but
+    # the application is typed to take their union (connectrpc._server_async.Endpoint).
+    from connectrpc._server_shared import EndpointServerStream, EndpointUnary
+
 log = logging.getLogger(__name__)
 
 # Same bound as the gRPC listener's (server.MAX_MESSAGE_BYTES).
@@ -59,7 +64,7 @@ _SECURITY_HEADERS = [
 class _HttpCallContext:
     """What `Authorizer.identify` reads from a gRPC context, taken from an HTTP request."""
 
-    def __init__(self, ctx: RequestContext) -> None:
+    def __init__(self, ctx: RequestContext[Any, Any]) -> None:
         self._metadata = tuple((key, value) for key, value in ctx.request_headers.allitems() if key == "authorization")
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
@@ -110,8 +115,8 @@ class WebEndpoint:
 
     # -- the Connect side -----------------------------------------------------------------
 
-    def _endpoints(self, servicers: Mapping[str, Any]) -> dict[str, Endpoint]:
-        endpoints: dict[str, Endpoint] = {}
+    def _endpoints(self, servicers: Mapping[str, Any]) -> dict[str, EndpointUnary[Any, Any] | EndpointServerStream[Any, Any]]:
+        endpoints: dict[str, EndpointUnary[Any, Any] | EndpointServerStream[Any, Any]] = {}
         for service_name, servicer in servicers.items():
             service = descriptor_pool.Default().FindServiceByName(f"{_PACKAGE}.{service_name}")
             for method in service.methods:
@@ -132,13 +137,13 @@ class WebEndpoint:
         return endpoints
 
     @asynccontextmanager
-    async def _road(self, method: str, ctx: RequestContext, *, unary: bool) -> AsyncIterator[None]:
+    async def _road(self, method: str, ctx: RequestContext[Any, Any], *, unary: bool) -> AsyncIterator[None]:
         """Gate, authorization and error mapping, as `ErrorInterceptor._road` does for gRPC."""
         entered = False
         try:
             entered = await self._gate.enter(method, unary=unary)
             if self._authorize is not None:
-                await self._authorize(method, _HttpCallContext(ctx))  # type: ignore[arg-type]
+                await self._authorize(method, _HttpCallContext(ctx))
             yield
         except QueueError as error:
             raise _connect_error(status_proto_for(error)) from None
@@ -151,14 +156,14 @@ class WebEndpoint:
                 self._gate.exit(unary=unary)
 
     def _unary(self, method: str, handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        async def call(request: Any, ctx: RequestContext) -> Any:
+        async def call(request: Any, ctx: RequestContext[Any, Any]) -> Any:
             async with self._road(method, ctx, unary=True):
                 return await handler(request, None)
 
         return call
 
     def _stream(self, method: str, handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
-        async def call(request: Any, ctx: RequestContext) -> AsyncIterator[Any]:
+        async def call(request: Any, ctx: RequestContext[Any, Any]) -> AsyncIterator[Any]:
             async with self._road(method, ctx, unary=False):
                 async for message in handler(request, None):
                     yield message
@@ -167,7 +172,7 @@ class WebEndpoint:
 
     # -- ASGI ------------------------------------------------------------------------------
 
-    async def __call__(self, scope: dict, receive: Callable[..., Awaitable[dict]], send: Callable[..., Awaitable[None]]) -> None:
+    async def __call__(self, scope: Mapping[str, Any], receive: Callable[..., Awaitable[Mapping[str, Any]]], send: Callable[..., Awaitable[None]]) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
@@ -179,11 +184,11 @@ class WebEndpoint:
         if scope["type"] != "http":
             return
         if scope["path"].startswith(f"/{_PACKAGE}."):
-            await self._connect(scope, receive, send)  # type: ignore[arg-type]
+            await self._connect(scope, receive, send)
             return
         await self._static(scope, send)
 
-    async def _static(self, scope: dict, send: Callable[..., Awaitable[None]]) -> None:
+    async def _static(self, scope: Mapping[str, Any], send: Callable[..., Awaitable[None]]) -> None:
         path = scope["path"]
         name = "index.html" if path in ("/", "/index.html") else path.removeprefix("/assets/") if path.startswith("/assets/") else ""
         body = _asset(name) if name and "/" not in name and not name.startswith(".") else None
@@ -209,7 +214,7 @@ class WebEndpoint:
             listener.close()
             raise OSError(f"could not listen on QUEUE_HTTP_ADDR={self._config.http_addr}: {exc.strerror}") from None
         listener.listen(128)
-        bound = listener.getsockname()[1]
+        bound: int = listener.getsockname()[1]
         hypercorn = HypercornConfig()
         # Bound here so a port of 0 is known at once; Hypercorn owns (and closes) the socket.
         hypercorn.bind = [f"fd://{listener.detach()}"]
@@ -218,7 +223,7 @@ class WebEndpoint:
         hypercorn.graceful_timeout = 1.0
         if self._config.tls_cert_file:
             hypercorn.certfile, hypercorn.keyfile = self._config.tls_cert_file, self._config.tls_key_file
-        self._task = asyncio.create_task(serve(self, hypercorn, shutdown_trigger=self._stop.wait), name="http-endpoint")  # type: ignore[arg-type]
+        self._task = asyncio.create_task(serve(self, hypercorn, shutdown_trigger=self._stop.wait), name="http-endpoint")
         log.info("web console and Connect endpoint on %s (port %d)", self._config.http_addr, bound)
         return bound
 

@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 from os import PathLike
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 
 UNREGISTERED_DOI_PREFIX = "10.9999/"
 _TRACE_HEADERS = ("traceparent", "tracestate")
+# The trace headers of a call, as grpc hands over invocation metadata.
+_TraceHeaders = tuple[tuple[str, str | bytes], ...]
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
 _FINISHED = (pb.RUN_STATE_SUCCEEDED, pb.RUN_STATE_FAILED, pb.RUN_STATE_CANCELED)
 _COMPLETION_RETRY_SECONDS = 60.0
 
@@ -61,11 +65,11 @@ class DevRun:
     run_id: str
     user_id: str
     document_uri: str
-    state: int
+    state: pb.RunState.ValueType
     created_at: float
     message: str = ""
     judge_task: asyncio.Task[None] | None = None
-    trace_headers: tuple[tuple[str, str], ...] = ()
+    trace_headers: _TraceHeaders = ()
     # A first-pass run takes one of the user's slots; a delta re-check does not.
     first_pass: bool = True
 
@@ -134,7 +138,7 @@ class DevCore(pb_grpc.RunServiceServicer):
         self._budget_day = dt.date.today()
         self._budget_used = 0
         self._channel: grpc.aio.Channel | None = None
-        self._callback: callback_grpc.CoreCallbackServiceStub | None = None
+        self._callback: callback_grpc.CoreCallbackServiceAsyncStub | None = None
         self._server: grpc.aio.Server | None = None
         self.port = 0
         self._record_file = open(record_path, "a", buffering=1 << 16) if record_path else None  # noqa: SIM115
@@ -191,7 +195,7 @@ class DevCore(pb_grpc.RunServiceServicer):
 
     # -- the contract ----------------------------------------------------------------------------
 
-    async def _enter(self, context: grpc.aio.ServicerContext) -> None:
+    async def _enter(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         if self.slow_seconds:
             await asyncio.sleep(self.slow_seconds)
         if self.unavailable:
@@ -200,7 +204,13 @@ class DevCore(pb_grpc.RunServiceServicer):
     def _run_message(self, run: DevRun) -> pb.Run:
         return pb.Run(run_id=run.run_id, state=run.state, message=run.message)
 
-    async def _serve(self, method: str, apply: Callable[[Any, tuple[tuple[str, str], ...]], Any], request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def _serve(
+        self,
+        method: str,
+        apply: Callable[[_Request, _TraceHeaders], _Response],
+        request: _Request,
+        context: grpc.aio.ServicerContext[_Request, _Response],
+    ) -> _Response:
         """Applies one call, with the answer fault set for `method`, if any (see AnswerFault)."""
         await self._enter(context)
         metadata = tuple((key, value) for key, value in (context.invocation_metadata() or ()) if key in _TRACE_HEADERS)
@@ -218,16 +228,17 @@ class DevCore(pb_grpc.RunServiceServicer):
             except _Refusal as refusal:
                 await context.abort(refusal.code, refusal.message)
             return response
+        outcome: _Response | _Refusal
         try:
-            response, refusal = apply(request, metadata), None
+            outcome = apply(request, metadata)
         except _Refusal as refused:
-            response, refusal = None, refused
+            outcome = refused
         if fault.kind == "lose":
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"dev core: {method} was applied, its answer lost")
         await asyncio.sleep(fault.seconds)  # "late": applied now, answered after the caller's deadline
-        if refusal is not None:
-            await context.abort(refusal.code, refusal.message)
-        return response
+        if isinstance(outcome, _Refusal):
+            await context.abort(outcome.code, outcome.message)
+        return outcome
 
     def _forget_late_application(self, applying: asyncio.Future[Any]) -> None:
         self._late_applications.discard(applying)
@@ -235,37 +246,42 @@ class DevCore(pb_grpc.RunServiceServicer):
             applying.exception()  # read: a refusal nobody waits for any more is not an error
 
     @staticmethod
-    async def _answer(apply, request, metadata, context):  # type: ignore[no-untyped-def]
+    async def _answer(
+        apply: Callable[[_Request, _TraceHeaders], _Response],
+        request: _Request,
+        metadata: _TraceHeaders,
+        context: grpc.aio.ServicerContext[_Request, _Response],
+    ) -> _Response:
         try:
             return apply(request, metadata)
         except _Refusal as refusal:
             await context.abort(refusal.code, refusal.message)
 
     @staticmethod
-    async def _apply_later(seconds, apply, request, metadata):  # type: ignore[no-untyped-def]
+    async def _apply_later(seconds: float, apply: Callable[[_Request, _TraceHeaders], _Response], request: _Request, metadata: _TraceHeaders) -> _Response:
         await asyncio.sleep(seconds)
         return apply(request, metadata)
 
-    async def CreateRun(self, request: pb.CreateRunRequest, context: grpc.aio.ServicerContext) -> pb.CreateRunResponse:
+    async def CreateRun(self, request: pb.CreateRunRequest, context: grpc.aio.ServicerContext[pb.CreateRunRequest, pb.CreateRunResponse]) -> pb.CreateRunResponse:
         return await self._serve("CreateRun", self._create_run, request, context)
 
-    async def ReleaseRun(self, request: pb.ReleaseRunRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseRunResponse:
+    async def ReleaseRun(self, request: pb.ReleaseRunRequest, context: grpc.aio.ServicerContext[pb.ReleaseRunRequest, pb.ReleaseRunResponse]) -> pb.ReleaseRunResponse:
         self.release_log.append((request.run_id, time.monotonic()))
         known = self.runs.get(request.run_id)
         self.record("release_received", request.run_id, known.user_id if known is not None else "")
         return await self._serve("ReleaseRun", self._release_run, request, context)
 
-    async def CancelRun(self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext) -> pb.CancelRunResponse:
+    async def CancelRun(self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext[pb.CancelRunRequest, pb.CancelRunResponse]) -> pb.CancelRunResponse:
         run = self.runs.get(request.run_id)
         if self.fail_canceled_runs and run is not None and run.state == pb.RUN_STATE_JUDGING:
             # Like a core that ends a run it is asked to cancel as failed, reporting that first.
             await self.finish(run.run_id, succeeded=False, refund_credit=False, message="canceled at the core")
         return await self._serve("CancelRun", self._cancel_run, request, context)
 
-    async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.GetRunResponse:
+    async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext[pb.GetRunRequest, pb.GetRunResponse]) -> pb.GetRunResponse:
         return await self._serve("GetRun", self._get_run, request, context)
 
-    def _create_run(self, request: pb.CreateRunRequest, _metadata: tuple[tuple[str, str], ...]) -> pb.CreateRunResponse:
+    def _create_run(self, request: pb.CreateRunRequest, _metadata: _TraceHeaders) -> pb.CreateRunResponse:
         existing = self.runs.get(request.run_id)
         if existing is not None:
             return pb.CreateRunResponse(run=self._run_message(existing))
@@ -297,7 +313,7 @@ class DevCore(pb_grpc.RunServiceServicer):
             self._begin_judging(run)
         return pb.CreateRunResponse(run=self._run_message(run))
 
-    def _release_run(self, request: pb.ReleaseRunRequest, metadata: tuple[tuple[str, str], ...]) -> pb.ReleaseRunResponse:
+    def _release_run(self, request: pb.ReleaseRunRequest, metadata: _TraceHeaders) -> pb.ReleaseRunResponse:
         run = self.runs.get(request.run_id)
         if self.refuse_releases or run is None or self._expired(run):
             raise _Refusal(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown or expired")
@@ -312,7 +328,7 @@ class DevCore(pb_grpc.RunServiceServicer):
             self._begin_judging(run)
         return pb.ReleaseRunResponse(run=self._run_message(run))
 
-    def _cancel_run(self, request: pb.CancelRunRequest, _metadata: tuple[tuple[str, str], ...]) -> pb.CancelRunResponse:
+    def _cancel_run(self, request: pb.CancelRunRequest, _metadata: _TraceHeaders) -> pb.CancelRunResponse:
         run = self.runs.get(request.run_id)
         if run is None:
             # The contract: a cancel of a run id never seen leaves it canceled, so a CreateRun that
@@ -328,7 +344,7 @@ class DevCore(pb_grpc.RunServiceServicer):
                 run.judge_task.cancel()
         return pb.CancelRunResponse(run=self._run_message(run))
 
-    def _get_run(self, request: pb.GetRunRequest, _metadata: tuple[tuple[str, str], ...]) -> pb.GetRunResponse:
+    def _get_run(self, request: pb.GetRunRequest, _metadata: _TraceHeaders) -> pb.GetRunResponse:
         run = self.runs.get(request.run_id)
         if run is None:
             raise _Refusal(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown")

@@ -489,6 +489,7 @@ class QueueEngine:
 
     def backoff_seconds(self, attempt: int) -> float:
         """Capped exponential backoff with full jitter (tenacity's wait strategy)."""
+        # Wait strategies read only attempt_number; no Retrying exists here to pass as retry_object.
         state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
         state.attempt_number = max(1, attempt)
         return float(self._backoff(state))

@@ -14,12 +14,13 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any, TypeVar
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from queue_service import deadline, telemetry
-from queue_service.store.pool import QueuePool, checkout, translated_errors
+from queue_service.store.pool import DictConnection, QueuePool, checkout, translated_errors
 
 # The statement reports how long the server waited for the lock, so measuring the wait costs no
 # round trip of its own (see below). lock_timeout bounds the wait: a session default of the pool.
@@ -36,10 +37,12 @@ _SHORTEN_TIMEOUTS = "SELECT set_config('lock_timeout', %(lock_ms)s, true), set_c
 # start together run one after another.
 _TAKE_MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('analysis_queue_migrations', 0))"
 
+_Connection = TypeVar("_Connection", bound=AsyncConnection[Any])
+
 
 @asynccontextmanager
 async def with_user_queue_lock(
-    pool: AsyncConnectionPool, user_id: str) -> AsyncIterator[AsyncConnection]:
+    pool: AsyncConnectionPool[DictConnection], user_id: str) -> AsyncIterator[DictConnection]:
     """Opens a transaction holding the user's queue lock and yields its connection.
 
     Commits when the block ends, rolls back (and so releases the lock) on any error. The
@@ -59,10 +62,10 @@ async def with_user_queue_lock(
                     lock = await conn.execute(_TAKE_USER_QUEUE_LOCK, {"user_id": user_id})
                     yield conn
                     row = await lock.fetchone()
-                    _record_lock_wait(float(row["waited_seconds"]) if row else 0.0, sent_ns)  # type: ignore[index, call-overload]
+                    _record_lock_wait(float(row["waited_seconds"]) if row else 0.0, sent_ns)
 
 
-async def _shorten_timeouts_to_deadline(conn: AsyncConnection, pool: AsyncConnectionPool) -> None:
+async def _shorten_timeouts_to_deadline(conn: DictConnection, pool: AsyncConnectionPool[DictConnection]) -> None:
     left = deadline.remaining()
     if left is None or not isinstance(pool, QueuePool):
         return
@@ -88,7 +91,7 @@ def _record_lock_wait(waited: float, sent_ns: int) -> None:
 
 
 @asynccontextmanager
-async def with_migration_lock(conn: AsyncConnection) -> AsyncIterator[AsyncConnection]:
+async def with_migration_lock(conn: _Connection) -> AsyncIterator[_Connection]:
     """Holds the migration lock for the duration of one transaction on `conn`."""
     async with conn.transaction():
         await conn.execute(_TAKE_MIGRATION_LOCK)

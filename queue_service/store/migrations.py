@@ -16,6 +16,7 @@ import hashlib
 import logging
 import re
 from importlib import resources
+from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
@@ -83,7 +84,7 @@ async def migrate(dsn: str) -> list[int]:
                         )
                     continue
                 log.info("applying migration %04d_%s", migration.version, migration.name)
-                await conn.execute(migration.sql)  # type: ignore[arg-type]
+                await conn.execute(migration.sql)
                 await conn.execute(
                     "INSERT INTO queue_schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
                     (migration.version, migration.name, migration.checksum),
@@ -97,7 +98,7 @@ async def migrate(dsn: str) -> list[int]:
     return newly_applied
 
 
-async def pending_migrations(conn: AsyncConnection) -> list[int]:
+async def pending_migrations(conn: AsyncConnection[Any]) -> list[int]:
     """Versions not yet applied (empty when the schema is current); used by the health check."""
     cursor = conn.cursor(row_factory=dict_row)
     await cursor.execute("SELECT to_regclass('queue_schema_migrations') IS NOT NULL AS present")
@@ -106,7 +107,7 @@ async def pending_migrations(conn: AsyncConnection) -> list[int]:
     return [m.version for m in available_migrations() if m.version not in applied]
 
 
-async def _applied(conn: AsyncConnection) -> dict[int, str]:
+async def _applied(conn: AsyncConnection[Any]) -> dict[int, str]:
     cursor = conn.cursor(row_factory=dict_row)
     await cursor.execute("SELECT version, checksum FROM queue_schema_migrations")
     return {row["version"]: row["checksum"] for row in await cursor.fetchall()}

@@ -16,15 +16,19 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any, TypeAlias
 
 import psycopg
 from psycopg import AsyncConnection, errors as pg_errors
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from queue_service import deadline, errors
 
 log = logging.getLogger(__name__)
+
+# The pool's connections return rows as dicts (`row_factory=dict_row`, see `create_pool`).
+DictConnection: TypeAlias = AsyncConnection[DictRow]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,17 +63,17 @@ def translated_errors() -> Iterator[None]:
         raise errors.DatabaseUnavailable(f"the database is unavailable: {exc.__class__.__name__}") from exc
 
 
-class QueuePool(AsyncConnectionPool):
+class QueuePool(AsyncConnectionPool[DictConnection]):
     """The service's pool: knows the timeouts its connections carry, so a call's deadline can
     shorten them."""
 
-    def __init__(self, *args: object, timeouts: Timeouts, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *args: Any, timeouts: Timeouts, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.timeouts = timeouts
 
 
 @asynccontextmanager
-async def checkout(pool: AsyncConnectionPool) -> AsyncIterator[AsyncConnection]:
+async def checkout(pool: AsyncConnectionPool[DictConnection]) -> AsyncIterator[DictConnection]:
     """A pooled connection, waiting for one no longer than the pool's timeout or what is left of
     the caller's deadline."""
     wait = deadline.bound(pool.timeout)
@@ -93,7 +97,7 @@ async def statements_within_deadline() -> AsyncIterator[None]:
 
 
 @asynccontextmanager
-async def connection(pool: AsyncConnectionPool) -> AsyncIterator[AsyncConnection]:
+async def connection(pool: AsyncConnectionPool[DictConnection]) -> AsyncIterator[DictConnection]:
     """Yields a pooled connection in autocommit mode: each statement is its own transaction.
 
     The pool's connections carry the configured lock and statement timeouts as session defaults;
@@ -113,7 +117,7 @@ def create_pool(dsn: str, *, timeouts: Timeouts, min_size: int, max_size: int, t
     UNAVAILABLE, and the pool discards it and opens a fresh one.
     """
 
-    async def configure(conn: AsyncConnection) -> None:
+    async def configure(conn: DictConnection) -> None:
         await conn.execute(
             "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
             (f"{timeouts.lock_timeout_ms}ms", f"{timeouts.statement_timeout_ms}ms"),

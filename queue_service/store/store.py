@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from functools import cache
 from importlib import resources
-from typing import Any, LiteralString, cast
+from typing import Any
 
 from psycopg import AsyncConnection, AsyncCursor, sql
 
@@ -63,7 +63,7 @@ def queries() -> dict[str, str]:
 @cache
 def _statement(name: str) -> sql.SQL:
     # The file ships with the package: its text is as trusted as a literal in this module.
-    return sql.SQL(cast(LiteralString, queries()[name]))
+    return sql.SQL(queries()[name])
 
 
 def _without_leading_comments(body: str) -> str:

@@ -248,7 +248,7 @@ def _log_event(event: str) -> None:
         print(f"{time.monotonic() - EPOCH:7.2f}s {event}", flush=True)
 
 
-async def _call(summary: Summary, name: str, coro, address: str = ""):  # type: ignore[no-untyped-def]
+async def _call(summary: Summary, name: str, coro, address: str = ""):
     started = time.monotonic()
     summary.operations[name] += 1
     try:
