@@ -19,11 +19,12 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import psycopg
 import pytest
 
-from tests.harness import PostgresServer, ServiceFactory
+if TYPE_CHECKING:  # imported in the fixtures, so `pytest tests/unit` loads no server or driver
+    from tests.harness import PostgresServer, ServiceFactory
 
 
 POSTGRES_IMAGE = os.environ.get("QUEUE_TEST_POSTGRES_IMAGE", "postgres:17")
@@ -52,6 +53,8 @@ def _docker_has_postgres() -> bool:
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
+    from tests.harness import PostgresServer
+
     url = os.environ.get("TEST_DATABASE_URL")
     if url:
         yield PostgresServer(admin_dsn=url, embedded=None)
@@ -92,6 +95,8 @@ def database_url(request: pytest.FixtureRequest, postgres: PostgresServer, templ
     name = f"t_{module}_{uuid.uuid4().hex[:6]}"
     postgres.execute_admin(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
     yield postgres.dsn_for(name)
+    import psycopg
+
     with contextlib.suppress(psycopg.Error):
         postgres.execute_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -99,6 +104,8 @@ def database_url(request: pytest.FixtureRequest, postgres: PostgresServer, templ
 @pytest.fixture
 async def services(database_url: str) -> AsyncIterator[ServiceFactory]:
     """Starts service replicas (in process or as subprocesses) and dev cores; stops them all."""
+    from tests.harness import ServiceFactory
+
     factory = ServiceFactory(database_url)
     try:
         yield factory

@@ -3,7 +3,7 @@
 `with_user_queue_lock` owns the key `analysis_queue:<user_id>`: every admit, promotion,
 completion, give-up and cancel of a user runs inside it, so they serialize per user across every
 replica and code version. A typo in the namespace would silently split the lock in two, so
-`tests/test_lock_scan.py` fails if any other file spells the namespace or takes an advisory lock.
+`tests/unit/test_lock_scan.py` fails if any other file spells the namespace or takes an advisory lock.
 
 Both locks are transaction-scoped (`pg_advisory_xact_lock`): an error mid-transaction can never
 leak one, and they are safe behind a transaction-mode connection pooler.

@@ -29,7 +29,7 @@ import yaml
 from queue_service import cli
 from queue_service.config import SETTINGS, Config, ConfigError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 COMPOSE = DEPLOY / "compose.yaml"
 COLLECTOR = DEPLOY / "otel-collector.yaml"

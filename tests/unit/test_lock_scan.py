@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-SERVICE_ROOT = Path(__file__).resolve().parent.parent / "queue_service"
+SERVICE_ROOT = Path(__file__).resolve().parents[2] / "queue_service"
 LOCK_OWNER = SERVICE_ROOT / "store" / "locks.py"
 ADVISORY = re.compile(r"pg_(try_)?advisory", re.IGNORECASE)
 # The namespace, and near-miss spellings of it that would split the lock.

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from queue_service.config import DEV_SETTINGS, SETTINGS
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
 
 
 def test_every_setting_is_documented_with_its_default() -> None:
@@ -30,7 +31,7 @@ def test_every_setting_is_documented_with_its_default() -> None:
 def test_the_readme_test_command_is_the_one_ci_runs() -> None:
     command = "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && .venv/bin/pytest"
     assert command in README
-    ci = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
     assert command in ci
 
 
@@ -48,7 +49,6 @@ def test_every_dev_setting_is_documented_with_its_default() -> None:
 
 # -- the repository stands alone: every reference in its Markdown resolves inside it -------------
 
-ROOT = Path(__file__).resolve().parent.parent
 _SKIP_DIRS = {".git", ".venv", "node_modules", "target", ".state", ".pytest_cache", ".hypothesis", "build", "dist"}
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 _CODE = re.compile(r"`([^`\s]+)`")

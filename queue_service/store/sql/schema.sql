@@ -1,0 +1,198 @@
+-- The schema that the migrations in migrations/ produce, dumped from PostgreSQL's catalog.
+-- Read this file to know the schema; change it only through a new migration, then regenerate it
+-- with `python -m tests.integration.schema_tool` (tests/integration/test_schema.py fails while it is stale).
+-- Every object appears once, as the last migration that touched it left it: a function or view
+-- that a later migration replaces shows its final definition. In the order it applies in:
+-- sequences, tables (with their indexes), functions, views, triggers; each sorted by name.
+-- Dumped on PostgreSQL 18.
+
+CREATE SEQUENCE public.analysis_jobs_queue_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
+
+CREATE TABLE public.analysis_jobs (
+    job_id              uuid NOT NULL,
+    user_id             text NOT NULL,
+    run_id              uuid NOT NULL,
+    idempotency_key     text NOT NULL,
+    request_digest      bytea NOT NULL,
+    status              text NOT NULL,
+    queue_seq           bigint NOT NULL,
+    slot                integer,
+    delta_of_job_id     uuid,
+    price               bigint NOT NULL,
+    release_attempts    integer DEFAULT 0 NOT NULL,
+    next_release_at     timestamp with time zone,
+    release_deadline    timestamp with time zone,
+    next_reconcile_at   timestamp with time zone,
+    last_error          text DEFAULT ''::text NOT NULL,
+    create_time         timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    promote_time        timestamp with time zone,
+    start_time          timestamp with time zone,
+    end_time            timestamp with time zone,
+    run_settle_due_at   timestamp with time zone,
+    run_settle_attempts integer DEFAULT 0 NOT NULL,
+    CONSTRAINT analysis_jobs_active_first_pass_has_slot CHECK ((status <> ALL (ARRAY['pending'::text, 'running'::text])) OR delta_of_job_id IS NOT NULL OR slot IS NOT NULL),
+    CONSTRAINT analysis_jobs_delta_of_job_id_fkey FOREIGN KEY (delta_of_job_id) REFERENCES analysis_jobs(job_id),
+    CONSTRAINT analysis_jobs_idempotency UNIQUE (user_id, idempotency_key),
+    CONSTRAINT analysis_jobs_only_ended_jobs_settle CHECK (run_settle_due_at IS NULL OR (status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text]))),
+    CONSTRAINT analysis_jobs_pkey PRIMARY KEY (job_id),
+    CONSTRAINT analysis_jobs_price_check CHECK (price >= 0),
+    CONSTRAINT analysis_jobs_run_id_key UNIQUE (run_id),
+    CONSTRAINT analysis_jobs_slot_check CHECK (slot >= 1),
+    CONSTRAINT analysis_jobs_slot_first_pass_only CHECK (slot IS NULL OR delta_of_job_id IS NULL),
+    CONSTRAINT analysis_jobs_status_check CHECK (status = ANY (ARRAY['queued'::text, 'pending'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text]))
+);
+CREATE INDEX analysis_jobs_delta_base ON public.analysis_jobs USING btree (delta_of_job_id) WHERE (delta_of_job_id IS NOT NULL);
+CREATE INDEX analysis_jobs_newest_admitted ON public.analysis_jobs USING btree (create_time DESC, job_id DESC);
+CREATE UNIQUE INDEX analysis_jobs_one_holder_per_slot ON public.analysis_jobs USING btree (user_id, slot) WHERE (((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)) AND (delta_of_job_id IS NULL));
+CREATE INDEX analysis_jobs_queued_in_order ON public.analysis_jobs USING btree (user_id, queue_seq) WHERE (status = 'queued'::text);
+CREATE INDEX analysis_jobs_recent_first_pass_durations ON public.analysis_jobs USING btree (end_time DESC) WHERE ((status = 'succeeded'::text) AND (delta_of_job_id IS NULL));
+CREATE INDEX analysis_jobs_recently_ended ON public.analysis_jobs USING btree (end_time DESC) WHERE (end_time IS NOT NULL);
+CREATE INDEX analysis_jobs_reconcile_due ON public.analysis_jobs USING btree (next_reconcile_at) WHERE (status = 'running'::text);
+CREATE INDEX analysis_jobs_release_due ON public.analysis_jobs USING btree (next_release_at) WHERE (status = 'pending'::text);
+CREATE INDEX analysis_jobs_run_settle_due ON public.analysis_jobs USING btree (run_settle_due_at) WHERE (run_settle_due_at IS NOT NULL);
+CREATE INDEX analysis_jobs_running_deltas ON public.analysis_jobs USING btree (user_id) WHERE ((status = 'running'::text) AND (delta_of_job_id IS NOT NULL));
+CREATE INDEX analysis_jobs_status_newest_admitted ON public.analysis_jobs USING btree (status, create_time DESC, job_id DESC);
+CREATE INDEX analysis_jobs_user_newest_admitted ON public.analysis_jobs USING btree (user_id, create_time DESC, job_id DESC);
+CREATE INDEX analysis_jobs_user_newest_first ON public.analysis_jobs USING btree (user_id, queue_seq DESC);
+
+CREATE TABLE public.credit_accounts (
+    user_id    text NOT NULL,
+    balance    bigint NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT credit_accounts_balance_check CHECK (balance >= 0),
+    CONSTRAINT credit_accounts_pkey PRIMARY KEY (user_id)
+);
+
+CREATE TABLE public.credit_ledger (
+    entry_id        bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    user_id         text NOT NULL,
+    kind            text NOT NULL,
+    amount          bigint NOT NULL,
+    job_id          uuid,
+    idempotency_key text,
+    create_time     timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT credit_ledger_grant_key CHECK ((kind = 'grant'::text) = (idempotency_key IS NOT NULL)),
+    CONSTRAINT credit_ledger_job_entries CHECK ((kind = 'grant'::text) = (job_id IS NULL)),
+    CONSTRAINT credit_ledger_job_id_fkey FOREIGN KEY (job_id) REFERENCES analysis_jobs(job_id),
+    CONSTRAINT credit_ledger_kind_check CHECK (kind = ANY (ARRAY['grant'::text, 'charge'::text, 'refund'::text])),
+    CONSTRAINT credit_ledger_once_per_job UNIQUE (job_id, kind),
+    CONSTRAINT credit_ledger_pkey PRIMARY KEY (entry_id),
+    CONSTRAINT credit_ledger_sign CHECK (kind = 'charge'::text AND amount < 0 OR (kind = ANY (ARRAY['grant'::text, 'refund'::text])) AND amount > 0)
+);
+CREATE INDEX credit_ledger_by_user ON public.credit_ledger USING btree (user_id);
+CREATE UNIQUE INDEX credit_ledger_grant_idempotency ON public.credit_ledger USING btree (user_id, idempotency_key) WHERE (kind = 'grant'::text);
+
+CREATE TABLE public.queue_schema_migrations (
+    version    integer NOT NULL,
+    name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT queue_schema_migrations_pkey PRIMARY KEY (version)
+);
+
+CREATE TABLE public.run_reservations (
+    run_id          uuid NOT NULL,
+    user_id         text NOT NULL,
+    create_time     timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    cancel_after    timestamp with time zone NOT NULL,
+    canceling       boolean DEFAULT false NOT NULL,
+    cancel_attempts integer DEFAULT 0 NOT NULL,
+    CONSTRAINT run_reservations_pkey PRIMARY KEY (run_id)
+);
+CREATE INDEX run_reservations_cancel_due ON public.run_reservations USING btree (cancel_after);
+
+CREATE TABLE public.user_queue_limits (
+    user_id    text NOT NULL,
+    max_active integer NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT user_queue_limits_max_active_check CHECK (max_active >= 1 AND max_active <= 1000),
+    CONSTRAINT user_queue_limits_pkey PRIMARY KEY (user_id)
+);
+
+CREATE OR REPLACE FUNCTION public.analysis_jobs_announce_change()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM pg_notify(
+        'analysis_job_changes',
+        json_build_object(
+            'user_id', NEW.user_id,
+            'job_id', NEW.job_id,
+            'status', NEW.status,
+            'old_status', CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END
+        )::text);
+    RETURN NULL;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.analysis_jobs_free_slot(p_user_id text, p_default_max_active integer)
+ RETURNS integer
+ LANGUAGE sql
+ STABLE
+AS $function$
+    WITH lim AS (
+        SELECT COALESCE((SELECT l.max_active FROM user_queue_limits l WHERE l.user_id = p_user_id),
+                        p_default_max_active) AS max_active
+    ),
+    holders AS (
+        SELECT a.slot FROM analysis_jobs a
+         WHERE a.user_id = p_user_id AND a.delta_of_job_id IS NULL AND a.slot IS NOT NULL
+           AND (a.status IN ('pending', 'running') OR a.run_settle_due_at IS NOT NULL)
+    )
+    SELECT s
+      FROM lim, generate_series(1, lim.max_active) AS s
+     WHERE (SELECT count(*) FROM holders) < lim.max_active
+       AND s NOT IN (SELECT slot FROM holders)
+     ORDER BY s
+     LIMIT 1
+$function$;
+
+CREATE VIEW public.analysis_job_views AS
+ SELECT job_id,
+    user_id,
+    run_id,
+    status,
+    delta_of_job_id,
+    release_attempts,
+    last_error,
+    create_time,
+    promote_time,
+    start_time,
+    end_time,
+    price,
+    queue_seq,
+        CASE
+            WHEN status = 'queued'::text THEN ( SELECT count(*) AS count
+               FROM analysis_jobs q
+              WHERE q.user_id = j.user_id AND q.status = 'queued'::text AND q.queue_seq <= j.queue_seq)
+            ELSE 0::bigint
+        END AS queue_position,
+        CASE
+            WHEN status = 'queued'::text THEN COALESCE(( SELECT q.job_id
+               FROM analysis_jobs q
+              WHERE q.user_id = j.user_id AND q.status = 'queued'::text AND q.queue_seq < j.queue_seq
+              ORDER BY q.queue_seq DESC
+             LIMIT 1), ( SELECT a.job_id
+               FROM analysis_jobs a
+              WHERE a.user_id = j.user_id AND (a.status = ANY (ARRAY['pending'::text, 'running'::text])) AND a.delta_of_job_id IS NULL
+              ORDER BY a.promote_time, a.queue_seq
+             LIMIT 1))
+            ELSE NULL::uuid
+        END AS waiting_for_job_id,
+        CASE
+            WHEN status = 'queued'::text THEN ( SELECT min(COALESCE(a.start_time, a.promote_time)) AS min
+               FROM analysis_jobs a
+              WHERE a.user_id = j.user_id AND (a.status = ANY (ARRAY['pending'::text, 'running'::text])) AND a.delta_of_job_id IS NULL)
+            ELSE NULL::timestamp with time zone
+        END AS active_since,
+    ( SELECT l.max_active
+           FROM user_queue_limits l
+          WHERE l.user_id = j.user_id) AS max_active_override,
+    COALESCE(( SELECT true
+           FROM credit_ledger r
+          WHERE r.job_id = j.job_id AND r.kind = 'refund'::text), false) AS refunded
+   FROM analysis_jobs j;
+
+CREATE TRIGGER analysis_jobs_announce_insert AFTER INSERT ON analysis_jobs FOR EACH ROW EXECUTE FUNCTION analysis_jobs_announce_change();
+CREATE TRIGGER analysis_jobs_announce_update AFTER UPDATE ON analysis_jobs FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR old.last_error IS DISTINCT FROM new.last_error) EXECUTE FUNCTION analysis_jobs_announce_change();
