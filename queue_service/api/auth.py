@@ -24,11 +24,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-<<<<<<< HEAD
 import logging
-=======
 from collections.abc import Iterable, Mapping
->>>>>>> types-11
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -111,13 +108,12 @@ class Authorizer:
                 caller = self._tokens.get(hashlib.sha256(value[7:].strip().encode()).hexdigest())
                 if caller is not None:
                     return caller
-<<<<<<< HEAD
         return self._identify_certificate(context.auth_context() or {})
 
-    def _identify_certificate(self, auth_context: dict) -> Caller | None:
+    def _identify_certificate(self, auth_context: Mapping[str, Iterable[bytes]]) -> Caller | None:
         """The caller whose `san` is one of the certificate's DNS or URI SANs. A certificate naming
         several callers of the file is refused rather than resolved by order."""
-        matched = {}
+        matched: dict[str, Caller] = {}
         for prop in _CERTIFICATE_IDENTITY_PROPERTIES:
             for value in auth_context.get(prop, []):
                 san = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
@@ -130,15 +126,6 @@ class Authorizer:
                 metadata={"subjectAlternativeNames": ",".join(sorted(matched))},
             )
         return next(iter(matched.values()), None)
-=======
-        auth_context = context.auth_context() or {}
-        names = [*auth_context.get("x509_common_name", []), *auth_context.get("x509_subject_alternative_name", [])]
-        for name in names:
-            caller = self._certificates.get(name.decode() if isinstance(name, bytes) else name)
-            if caller is not None:
-                return caller
-        return None
->>>>>>> types-11
 
     async def authorize(self, method: str, context: CallCredentialsSource) -> None:
         """Raises Unauthenticated or PermissionDenied; returns when the call may proceed."""
@@ -165,7 +152,7 @@ def _caller(entry: dict[str, Any], where: str) -> Caller:
     return Caller(name=str(entry.get("name") or entry.get("san") or entry.get("common_name") or role), role=role)
 
 
-def _certificate_san(entry: dict, where: str) -> str:
+def _certificate_san(entry: dict[str, Any], where: str) -> str:
     """The SAN a certificate entry names; `common_name` is accepted as its old spelling only when
     it is the entry's one identity field."""
     if "san" in entry and "common_name" in entry:

@@ -39,13 +39,13 @@ class HealthService(health_pb2_grpc.HealthServicer):
             self._statuses[service] = status
             self._changed.notify_all()
 
-    async def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext) -> health_pb2.HealthCheckResponse:
+    async def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse]) -> health_pb2.HealthCheckResponse:
         status = self._statuses.get(request.service)
         if status is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
         return health_pb2.HealthCheckResponse(status=status)
 
-    async def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse]) -> AsyncIterator[health_pb2.HealthCheckResponse]:
         """The current status at once, then every change (SERVICE_UNKNOWN for a name not set)."""
         if self.open_watches >= self._max_watches:
             raise errors.TooManyStreams(
