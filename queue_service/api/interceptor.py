@@ -20,18 +20,23 @@ log = logging.getLogger(__name__)
 
 
 Authorize = Callable[[str, grpc.aio.ServicerContext], Awaitable[None]]
+# A check that needs the request message (authorization runs before it is read): the per-user
+# assertions of `user_assertions`. Raises a QueueError to refuse the call.
+CheckRequest = Callable[[str, Any, grpc.aio.ServicerContext], None]
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Maps domain errors raised by any handler to statuses with rich details.
 
     The gate and `authorize`, when given, run first inside the same road, so SHUTTING_DOWN,
-    UNAUTHENTICATED and PERMISSION_DENIED carry an ErrorInfo like every other error.
+    UNAUTHENTICATED and PERMISSION_DENIED carry an ErrorInfo like every other error;
+    `check_request`, when given, runs on the request message before the handler does.
     """
 
-    def __init__(self, authorize: Authorize | None = None, gate: CallGate | None = None) -> None:
+    def __init__(self, authorize: Authorize | None = None, gate: CallGate | None = None, check_request: CheckRequest | None = None) -> None:
         self._authorize = authorize
         self._gate = gate or CallGate()
+        self._check_request = check_request
 
     async def intercept_service(
         self,
@@ -85,6 +90,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def _wrap_unary(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             async with self._road(method, context, unary=True):
+                if self._check_request is not None:
+                    self._check_request(method, request, context)
                 return await behavior(request, context)
 
         return wrapped
@@ -92,6 +99,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def _wrap_stream(self, behavior: Callable[..., AsyncIterator[Any]], method: str) -> Callable[..., Any]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             async with self._road(method, context, unary=False):
+                if self._check_request is not None:
+                    self._check_request(method, request, context)
                 async for message in behavior(request, context):
                     yield message
 
