@@ -25,7 +25,7 @@ from queue_service._gen.acurio.queue.v1 import (
     job_pb2,
     queue_service_pb2 as queue_pb2,
 )
-from queue_service.api.user_assertions import AssertionVerifier, load_key
+from queue_service.api.user_assertions import AssertionVerifier, load_keys
 from queue_service.config import Config, ConfigError
 from queue_service.errors import UserAssertionInvalid
 from tests.harness import error_info, new_user
@@ -233,7 +233,8 @@ async def test_the_browser_endpoint_checks_assertions_like_grpc(asserting_servic
 
 
 def test_key_files_choose_one_algorithm_and_bad_ones_stop_start(tmp_path: Path, files: dict[str, Path]) -> None:
-    """Ed25519, P-256 and RSA public keys and HS256 secrets verify with their own algorithm only;
+    """Ed25519, P-256 and RSA public keys and HS256 secrets verify with their own algorithm only,
+    several public keys (a rotation) each verify;
     a private key, a short secret, a weak RSA key or a key without an auth file stop start-up."""
 
     def write(name: str, data: bytes) -> str:
@@ -241,7 +242,7 @@ def test_key_files_choose_one_algorithm_and_bad_ones_stop_start(tmp_path: Path, 
         return str(tmp_path / name)
 
     def verifier(path: str) -> AssertionVerifier:
-        return AssertionVerifier(load_key(path), audience=AUDIENCE, issuer="", max_age_seconds=300, leeway_seconds=30)
+        return AssertionVerifier(load_keys(path), audience=AUDIENCE, issuer="", max_age_seconds=300, leeway_seconds=30)
 
     rsa_key, p256_key = rsa.generate_private_key(65537, 2048), ec.generate_private_key(ec.SECP256R1())
     secret = base64.b64encode(uuid.uuid4().bytes * 2)
@@ -252,17 +253,25 @@ def test_key_files_choose_one_algorithm_and_bad_ones_stop_start(tmp_path: Path, 
         (str(files["key"]), SIGNING_KEY, "EdDSA"),
     ]
     for path, signing_key, algorithm in cases:
-        assert load_key(path).algorithm == algorithm
+        assert [key.algorithm for key in load_keys(path)] == [algorithm]
         assert verifier(path).subject(mint("u-1", key=signing_key, algorithm=algorithm), "m") == "u-1"
         with pytest.raises(UserAssertionInvalid) as refused:
             verifier(path).subject(mint("u-1", key=SIGNING_KEY if algorithm != "EdDSA" else p256_key, algorithm="EdDSA" if algorithm != "EdDSA" else "ES256"), "m")
         assert refused.value.metadata["problem"] == "wrong_algorithm"
 
+    # A rotation: the file holds the old and the new public key; either verifies, a third does not.
+    new_key = ed25519.Ed25519PrivateKey.generate()
+    rotating = verifier(write("rotation.pem", _public_pem(SIGNING_KEY) + _public_pem(new_key)))
+    assert [rotating.subject(mint(user, key=key), "m") for user, key in (("old", SIGNING_KEY), ("new", new_key))] == ["old", "new"]
+    with pytest.raises(UserAssertionInvalid) as refused:
+        rotating.subject(mint("u-1", key=ed25519.Ed25519PrivateKey.generate()), "m")
+    assert refused.value.metadata["problem"] == "bad_signature"
+
     private = SIGNING_KEY.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     weak_rsa = _public_pem(rsa.generate_private_key(65537, 1024))
     for data, message in ((private, "holds a private key"), (b"short", "at least 32 bytes"), (weak_rsa, "at least 2048 bits"), (b"-----BEGIN PUBLIC KEY-----\nnope\n", "not a PEM public key")):
         with pytest.raises(ConfigError, match=message):
-            load_key(write("bad", data))
+            load_keys(write("bad", data))
     with pytest.raises(ConfigError, match="QUEUE_USER_ASSERTION_KEY_FILE needs QUEUE_AUTH_FILE"):
         Config.from_env({"QUEUE_USER_ASSERTION_KEY_FILE": str(files["key"])})
     with pytest.raises(ConfigError, match="QUEUE_USER_ASSERTION_AUDIENCE"):

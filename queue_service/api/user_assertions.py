@@ -12,15 +12,18 @@ No assertion, or one that does not verify: UNAUTHENTICATED `USER_ASSERTION_INVAL
 `method` and `problem`). A valid assertion for another user: PERMISSION_DENIED `USER_MISMATCH`
 (metadata `method`, `userId`, `assertionSubject`). Other roles are not affected.
 
-The key file decides the algorithm, and only that one is accepted (no `alg: none`, no RSA key
-read as an HMAC secret): a PEM public key is Ed25519 (EdDSA), ECDSA P-256 (ES256) or RSA of at
-least 2048 bits (RS256); any other file is an HS256 secret of at least 32 bytes. Asymmetric keys
-are the recommended choice: the queue then holds nothing that can mint an assertion.
+The key file decides the algorithms, and only those are accepted (no `alg: none`, no RSA key
+read as an HMAC secret): each PEM public key in it is Ed25519 (EdDSA), ECDSA P-256 (ES256) or RSA
+of at least 2048 bits (RS256), and an assertion verified by any of them is valid (several keys:
+a key rotation in progress); a file without PEM is one HS256 secret of at least 32 bytes.
+Asymmetric keys are the recommended choice: the queue then holds nothing that can mint an
+assertion.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,8 @@ _MIN_SECRET_BYTES = 32
 # A compact JWS larger than this is not an assertion we would issue; refuse before parsing.
 _MAX_TOKEN_CHARS = 4096
 
+_PEM_BLOCK = re.compile(rb"-----BEGIN [A-Z0-9 ]+-----.+?-----END [A-Z0-9 ]+-----", re.DOTALL)
+
 Identify = Callable[[grpc.aio.ServicerContext], Caller | None]
 
 
@@ -54,8 +59,8 @@ class AssertionKey:
     algorithm: str
 
 
-def load_key(path: str) -> AssertionKey:
-    """The verification key of QUEUE_USER_ASSERTION_KEY_FILE; ConfigError names what is wrong."""
+def load_keys(path: str) -> list[AssertionKey]:
+    """The verification keys of QUEUE_USER_ASSERTION_KEY_FILE; ConfigError names what is wrong."""
     where = f"QUEUE_USER_ASSERTION_KEY_FILE={path!r}"
     try:
         data = Path(path).read_bytes()
@@ -68,14 +73,21 @@ def load_key(path: str) -> AssertionKey:
                 f"invalid configuration: {where} is neither a PEM public key nor an HS256 secret of at least "
                 f"{_MIN_SECRET_BYTES} bytes (it has {len(secret)}); prefer an Ed25519 public key"
             )
-        return AssertionKey(secret, "HS256")
+        return [AssertionKey(secret, "HS256")]
     if b"PRIVATE KEY" in data:
         raise ConfigError(
             f"invalid configuration: {where} holds a private key; give the queue the public key only "
             "(the web backend keeps the private one to sign assertions)"
         )
+    blocks = _PEM_BLOCK.findall(data)
+    if not blocks:
+        raise ConfigError(f"invalid configuration: {where} is not a PEM public key (no complete PEM block)")
+    return [_public_key(block, f"{where} (key {index + 1} of {len(blocks)})") for index, block in enumerate(blocks)]
+
+
+def _public_key(block: bytes, where: str) -> AssertionKey:
     try:
-        key = serialization.load_pem_public_key(data)
+        key = serialization.load_pem_public_key(block)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"invalid configuration: {where} is not a PEM public key: {exc}") from None
     if isinstance(key, ed25519.Ed25519PublicKey):
@@ -93,8 +105,8 @@ def load_key(path: str) -> AssertionKey:
 class AssertionVerifier:
     """Verifies one assertion and returns the user it vouches for."""
 
-    def __init__(self, key: AssertionKey, *, audience: str, issuer: str, max_age_seconds: float, leeway_seconds: float) -> None:
-        self._key = key
+    def __init__(self, keys: list[AssertionKey], *, audience: str, issuer: str, max_age_seconds: float, leeway_seconds: float) -> None:
+        self._keys = keys
         self._audience = audience
         self._issuer = issuer
         self._max_age = max_age_seconds
@@ -106,10 +118,38 @@ class AssertionVerifier:
         if len(token) > _MAX_TOKEN_CHARS:
             raise _invalid(method, "malformed", f"is {len(token)} characters long (at most {_MAX_TOKEN_CHARS})")
         try:
-            claims = jwt.decode(
+            algorithm = jwt.get_unverified_header(token).get("alg")
+        except jwt.InvalidTokenError as exc:
+            raise _invalid(method, "malformed", f"is not a valid JWT ({exc})") from None
+        candidates = [key for key in self._keys if key.algorithm == algorithm]
+        if not candidates:
+            allowed = ", ".join(sorted({key.algorithm for key in self._keys}))
+            raise _invalid(method, "wrong_algorithm", f"is signed with {str(algorithm)[:16]!r}; the configured keys verify {allowed} only")
+        for key in candidates:
+            try:
+                claims = self._verified_claims(token, key, method)
+                break
+            except jwt.InvalidSignatureError:
+                continue  # another key of the file (a rotation) may verify it
+        else:
+            raise _invalid(method, "bad_signature", "has a signature no configured key verifies")
+        subject, lifetime = claims["sub"], claims["exp"] - claims["iat"]
+        if lifetime > self._max_age:
+            raise _invalid(
+                method, "too_long_lived",
+                f"lives {lifetime:.0f}s (`exp` - `iat`), longer than the {self._max_age:.0f}s allowed (QUEUE_USER_ASSERTION_MAX_AGE_SECONDS)",
+            )
+        if not isinstance(subject, str) or not subject:
+            raise _invalid(method, "missing_claim", "has an empty `sub`; it must be the user id the call acts for")
+        return subject
+
+    def _verified_claims(self, token: str, key: AssertionKey, method: str) -> dict[str, Any]:
+        """The claims once `key` verifies the signature; InvalidSignatureError when it does not."""
+        try:
+            return jwt.decode(
                 token,
-                self._key.key,
-                algorithms=[self._key.algorithm],
+                key.key,
+                algorithms=[key.algorithm],
                 audience=self._audience,
                 issuer=self._issuer or None,
                 leeway=self._leeway,
@@ -125,21 +165,10 @@ class AssertionVerifier:
             raise _invalid(method, "wrong_audience", f"is not for this service (`aud` must be {self._audience!r})") from None
         except jwt.InvalidIssuerError:
             raise _invalid(method, "wrong_issuer", f"is from another issuer (`iss` must be {self._issuer!r})") from None
-        except jwt.InvalidAlgorithmError:
-            raise _invalid(method, "wrong_algorithm", f"is not signed with {self._key.algorithm}, the algorithm of the configured key") from None
         except jwt.InvalidSignatureError:
-            raise _invalid(method, "bad_signature", "has a signature the configured key does not verify") from None
+            raise
         except jwt.InvalidTokenError as exc:  # DecodeError and the claim-type checks
             raise _invalid(method, "malformed", f"is not a valid JWT ({exc})") from None
-        subject, lifetime = claims["sub"], claims["exp"] - claims["iat"]
-        if lifetime > self._max_age:
-            raise _invalid(
-                method, "too_long_lived",
-                f"lives {lifetime:.0f}s (`exp` - `iat`), longer than the {self._max_age:.0f}s allowed (QUEUE_USER_ASSERTION_MAX_AGE_SECONDS)",
-            )
-        if not isinstance(subject, str) or not subject:
-            raise _invalid(method, "missing_claim", "has an empty `sub`; it must be the user id the call acts for")
-        return subject
 
 
 def _invalid(method: str, problem: str, what: str) -> errors.UserAssertionInvalid:
@@ -162,7 +191,7 @@ class UserAssertions:
         if identify is None:
             raise ConfigError("invalid configuration: QUEUE_USER_ASSERTION_KEY_FILE needs QUEUE_AUTH_FILE (without it no caller has a role)")
         verifier = AssertionVerifier(
-            load_key(config.user_assertion_key_file),
+            load_keys(config.user_assertion_key_file),
             audience=config.user_assertion_audience,
             issuer=config.user_assertion_issuer,
             max_age_seconds=config.user_assertion_max_age_seconds,
