@@ -6,8 +6,9 @@ PostgreSQL, the way a Rust core team and a TypeScript backend team would run the
    re-check completes, a cancel reaches it (its GetRun says CANCELED), and its CompleteRun is
    retried across a brief outage of the service (the replica stopped while a run judges).
 2. The Rust crate's TLS test against a TLS-enabled replica (certificates made with trustme).
-3. The TypeScript live tests that need replicas of their own (drain, restart): they start and
-   stop `queue-service serve` themselves on the database and dev core given here.
+3. The TypeScript live tests that need replicas of their own (drain, restart, a replica that
+   checks per-user assertions): they start and stop `queue-service serve` themselves on the
+   database and dev core given here.
 
 Usage (from the repository root, with the project's venv):
   .venv/bin/python .ci/clients_live.py --rust-core clients/rust/target/debug/examples/core \

@@ -157,6 +157,11 @@ SETTINGS: dict[str, Setting] = {
     "auth_file": Setting("QUEUE_AUTH_FILE", "", _parse_text, "JSON file mapping bearer tokens (sha256) and client-certificate names to roles; set: every call is authenticated"),
     "allow_unauthenticated": Setting("QUEUE_ALLOW_UNAUTHENTICATED", "false", _parse_bool, "serve without QUEUE_AUTH_FILE on a non-loopback address (behind a trusted proxy only)"),
     "tls_terminated_upstream": Setting("QUEUE_TLS_TERMINATED_UPSTREAM", "false", _parse_bool, "with QUEUE_AUTH_FILE and no QUEUE_TLS_CERT_FILE: a mesh or ingress terminates TLS in front of every non-loopback listener, so bearer tokens never cross the network in plaintext; unset, such a listener is refused"),
+    "user_assertion_key_file": Setting("QUEUE_USER_ASSERTION_KEY_FILE", "", _parse_text, "per-user assertions: the web backend's Ed25519, ECDSA P-256 or RSA public key (PEM, recommended; several during a rotation) or an HS256 secret file; set (with QUEUE_AUTH_FILE): every `web` call that acts for a user must carry a JWT in `x-user-assertion` whose `sub` is its user_id"),
+    "user_assertion_issuer": Setting("QUEUE_USER_ASSERTION_ISSUER", "", _parse_text, "the `iss` every user assertion must carry; empty: not checked"),
+    "user_assertion_audience": Setting("QUEUE_USER_ASSERTION_AUDIENCE", "acurio-queue", _parse_required_text, "the `aud` every user assertion must carry"),
+    "user_assertion_max_age_seconds": Setting("QUEUE_USER_ASSERTION_MAX_AGE_SECONDS", "300", _parse_float(1, 86400), "longest lifetime (`exp` - `iat`) of a user assertion; a longer-lived one is refused"),
+    "user_assertion_leeway_seconds": Setting("QUEUE_USER_ASSERTION_LEEWAY_SECONDS", "30", _parse_float(0, 600), "clock skew allowed on a user assertion's `exp`, `iat` and `nbf`"),
     "core_tls_ca_file": Setting("QUEUE_CORE_TLS_CA_FILE", "", _parse_text, "PEM CA bundle; set to call the core over TLS"),
     "core_tls_cert_file": Setting("QUEUE_CORE_TLS_CERT_FILE", "", _parse_text, "PEM client certificate for the core (mutual TLS)"),
     "core_tls_key_file": Setting("QUEUE_CORE_TLS_KEY_FILE", "", _parse_text, "PEM client key for the core"),
@@ -241,6 +246,11 @@ class Config:
     auth_file: str
     allow_unauthenticated: bool
     tls_terminated_upstream: bool
+    user_assertion_key_file: str
+    user_assertion_issuer: str
+    user_assertion_audience: str
+    user_assertion_max_age_seconds: float
+    user_assertion_leeway_seconds: float
     core_tls_ca_file: str
     core_tls_cert_file: str
     core_tls_key_file: str
@@ -256,7 +266,12 @@ class Config:
                 problems.append(f"{SETTINGS[first].env} and {SETTINGS[second].env} must be set together")
         if values.get("tls_client_ca_file") and not values.get("tls_cert_file"):
             problems.append("QUEUE_TLS_CLIENT_CA_FILE needs QUEUE_TLS_CERT_FILE and QUEUE_TLS_KEY_FILE (mutual TLS is TLS first)")
-        for field in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_file", "core_tls_ca_file", "core_tls_cert_file", "core_tls_key_file"):
+        if values.get("user_assertion_key_file") and not values.get("auth_file"):
+            problems.append(
+                "QUEUE_USER_ASSERTION_KEY_FILE needs QUEUE_AUTH_FILE: assertions bind the `web` role's calls to a user, "
+                "and without an auth file no caller has a role"
+            )
+        for field in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_file", "user_assertion_key_file", "core_tls_ca_file", "core_tls_cert_file", "core_tls_key_file"):
             path = values.get(field)
             if path and not os.path.isfile(path):
                 problems.append(f"{SETTINGS[field].env}={path!r}: no such file")

@@ -185,6 +185,19 @@ class PermissionDenied(QueueError):
     reason = "PERMISSION_DENIED"
 
 
+class UserAssertionInvalid(QueueError):
+    """A `web` call that acts for a user carries no valid per-user assertion (missing, malformed,
+    wrongly signed, expired, or for another audience or issuer)."""
+
+    reason = "USER_ASSERTION_INVALID"
+
+
+class UserMismatch(QueueError):
+    """The per-user assertion vouches for another user than the request's user_id."""
+
+    reason = "USER_MISMATCH"
+
+
 class Internal(QueueError):
     """A state the queue should never reach; a bug, reported as INTERNAL."""
 

@@ -38,6 +38,7 @@ from queue_service.api.health_service import HealthService
 from queue_service.api.interceptor import ErrorInterceptor
 from queue_service.api.operator import OperatorServicer
 from queue_service.api.queue import AnalysisQueueServicer
+from queue_service.api.user_assertions import UserAssertions
 from queue_service.api.web import WebEndpoint
 from queue_service.background import cancel_and_wait
 from queue_service.config import Config
@@ -87,6 +88,8 @@ class QueueApp:
         config.require_service_targets()
         self.config = config
         authorizer = Authorizer.from_file(config.auth_file) if config.auth_file else None
+        assertions = UserAssertions.from_config(config, authorizer.identify if authorizer else None)
+        check_request = assertions.check if assertions else None
         core_credentials = auth.core_channel_credentials(
             config.core_tls_ca_file, config.core_tls_cert_file, config.core_tls_key_file
         )
@@ -125,7 +128,7 @@ class QueueApp:
         self.sweeper = Sweeper(self.engine, self.store, config, wake_dispatcher=releases_due.set)
         self.health = HealthService(max_watches=config.max_health_watches)
         self.gate = CallGate(max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds)
-        self._interceptors = [ErrorInterceptor(authorizer.authorize if authorizer else None, self.gate)]
+        self._interceptors = [ErrorInterceptor(authorizer.authorize if authorizer else None, self.gate, check_request)]
         # One instance of each servicer, shared by gRPC and the browser endpoint (QUEUE_HTTP_ADDR).
         self.servicers: Servicers = {
             "AnalysisQueueService": AnalysisQueueServicer(self.engine, self.reads, self.hub, self.gate.draining),
@@ -133,7 +136,7 @@ class QueueApp:
             "CreditsService": CreditsServicer(Credits(self.store)),
             "OperatorService": OperatorServicer(self.engine, self.reads, self.gate.draining),
         }
-        self.web = WebEndpoint(self.servicers, authorizer, self.gate, config) if config.http_addr else None
+        self.web = WebEndpoint(self.servicers, authorizer, self.gate, config, check_request) if config.http_addr else None
         self._server_credentials = auth.server_credentials(
             config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
         )

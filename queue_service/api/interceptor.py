@@ -12,6 +12,7 @@ from typing import Any, Protocol, TypeVar, cast
 import grpc
 
 from queue_service import deadline
+from queue_service.api.auth import CallCredentialsSource
 from queue_service.api.gate import CallGate
 from queue_service.api.status import internal_status, status_for
 from queue_service.errors import QueueError
@@ -33,18 +34,23 @@ class _MethodHandlerTuple(Protocol):
 
 def _with_behavior(handler: grpc.RpcMethodHandler[_Request, _Response], **behavior: Callable[..., Any]) -> grpc.RpcMethodHandler[_Request, _Response]:
     return cast(_MethodHandlerTuple, handler)._replace(**behavior)
+# A check that needs the request message (authorization runs before it is read): the per-user
+# assertions of `user_assertions`. Raises a QueueError to refuse the call.
+CheckRequest = Callable[[str, Any, CallCredentialsSource], None]
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Maps domain errors raised by any handler to statuses with rich details.
 
     The gate and `authorize`, when given, run first inside the same road, so SHUTTING_DOWN,
-    UNAUTHENTICATED and PERMISSION_DENIED carry an ErrorInfo like every other error.
+    UNAUTHENTICATED and PERMISSION_DENIED carry an ErrorInfo like every other error;
+    `check_request`, when given, runs on the request message before the handler does.
     """
 
-    def __init__(self, authorize: Authorize | None = None, gate: CallGate | None = None) -> None:
+    def __init__(self, authorize: Authorize | None = None, gate: CallGate | None = None, check_request: CheckRequest | None = None) -> None:
         self._authorize = authorize
         self._gate = gate or CallGate()
+        self._check_request = check_request
 
     async def intercept_service(
         self,
@@ -100,6 +106,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def _wrap_unary(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             async with self._road(method, context, unary=True):
+                if self._check_request is not None:
+                    self._check_request(method, request, context)
                 return await behavior(request, context)
 
         return wrapped
@@ -107,6 +115,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def _wrap_stream(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             async with self._road(method, context, unary=False):
+                if self._check_request is not None:
+                    self._check_request(method, request, context)
                 async for message in behavior(request, context):
                     yield message
 

@@ -104,9 +104,14 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         return queue_pb2.ListJobsResponse(jobs=[job_to_proto(view) for view in page], next_page_token=token)
 
     async def GetJob(self, request: queue_pb2.GetJobRequest, context: grpc.aio.ServicerContext[queue_pb2.GetJobRequest, queue_pb2.GetJobResponse]) -> queue_pb2.GetJobResponse:
-        job_id = validation.validate_job_id(request.job_id)
+        v = validation.Violations()
+        job_id = v.check_uuid("job_id", request.job_id)
+        if request.user_id:  # optional: scopes the read to one user, as CancelJob's does
+            v.check_id("user_id", request.user_id)
+        v.raise_if_any()
+        assert job_id is not None
         view = await self._reads.one(job_id)
-        if view is None:
+        if view is None or (request.user_id and view.user_id != request.user_id):
             raise errors.JobNotFound(f"job {job_id} does not exist", metadata={"jobId": str(job_id)})
         return queue_pb2.GetJobResponse(job=job_to_proto(view))
 

@@ -47,6 +47,8 @@ CODE_OF_REASON: dict[str, grpc.StatusCode] = {
     "REPLICA_BUSY": grpc.StatusCode.UNAVAILABLE,
     "UNAUTHENTICATED": grpc.StatusCode.UNAUTHENTICATED,
     "PERMISSION_DENIED": grpc.StatusCode.PERMISSION_DENIED,
+    "USER_ASSERTION_INVALID": grpc.StatusCode.UNAUTHENTICATED,
+    "USER_MISMATCH": grpc.StatusCode.PERMISSION_DENIED,
     "INTERNAL": grpc.StatusCode.INTERNAL,
 }
 

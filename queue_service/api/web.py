@@ -36,6 +36,8 @@ from hypercorn.config import Config as HypercornConfig
 from protobuf.wkt import Any as AnyDetail
 
 from queue_service.api.auth import Authorizer
+from queue_service.api.interceptor import CheckRequest
+from queue_service.api.user_assertions import USER_ASSERTION_HEADER
 from queue_service.config import Config
 from queue_service.api.gate import CallGate
 from queue_service.api.status import internal_status_proto, status_proto_for
@@ -65,7 +67,9 @@ class _HttpCallContext:
     """What `Authorizer.identify` reads from a gRPC context, taken from an HTTP request."""
 
     def __init__(self, ctx: RequestContext[Any, Any]) -> None:
-        self._metadata = tuple((key, value) for key, value in ctx.request_headers.allitems() if key == "authorization")
+        self._metadata = tuple(
+            (key, value) for key, value in ctx.request_headers.allitems() if key in ("authorization", USER_ASSERTION_HEADER)
+        )
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._metadata
@@ -99,9 +103,12 @@ class _QueueConnectApplication(ConnectASGIApplication[Mapping[str, Any]]):
 class WebEndpoint:
     """Serves Connect/gRPC-Web and the console on `config.http_addr`; `start` returns the port."""
 
-    def __init__(self, servicers: Mapping[str, Any], authorizer: Authorizer | None, gate: CallGate, config: Config) -> None:
+    def __init__(
+        self, servicers: Mapping[str, Any], authorizer: Authorizer | None, gate: CallGate, config: Config, check_request: CheckRequest | None = None
+    ) -> None:
         self._servicers = servicers
         self._authorize = authorizer.authorize if authorizer is not None else None
+        self._check_request = check_request
         self._gate = gate
         self._config = config
         self._connect = _QueueConnectApplication(
@@ -155,9 +162,15 @@ class WebEndpoint:
             if entered:
                 self._gate.exit(unary=unary)
 
+    def _check(self, method: str, request: Any, ctx: RequestContext[Any, Any]) -> None:
+        """The checks that need the request (per-user assertions), as the gRPC interceptor runs them."""
+        if self._check_request is not None:
+            self._check_request(method, request, _HttpCallContext(ctx))
+
     def _unary(self, method: str, handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def call(request: Any, ctx: RequestContext[Any, Any]) -> Any:
             async with self._road(method, ctx, unary=True):
+                self._check(method, request, ctx)
                 return await handler(request, None)
 
         return call
@@ -165,6 +178,7 @@ class WebEndpoint:
     def _stream(self, method: str, handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
         async def call(request: Any, ctx: RequestContext[Any, Any]) -> AsyncIterator[Any]:
             async with self._road(method, ctx, unary=False):
+                self._check(method, request, ctx)
                 async for message in handler(request, None):
                     yield message
 

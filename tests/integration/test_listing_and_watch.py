@@ -70,6 +70,25 @@ async def test_get_job_unknown_and_malformed(service) -> None:
     assert error_info(raised.value)[:2] == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
 
 
+
+async def test_get_job_with_a_user_id_reads_only_that_users_job(service) -> None:
+    """`user_id` on GetJob (additive) scopes the read: another user's job is NOT_FOUND, exactly as
+    an unknown one, so the answer tells nothing about other users' jobs. Without it, GetJob reads
+    any job, as before."""
+    owner, other = new_user(), new_user()
+    await service.stubs.grant(owner, 1)
+    job = await service.stubs.admit(owner)
+    get = service.stubs.queue.GetJob
+    assert (await get(queue_pb2.GetJobRequest(job_id=job.job_id, user_id=owner), timeout=5)).job.job_id == job.job_id
+    assert (await get(queue_pb2.GetJobRequest(job_id=job.job_id), timeout=5)).job.user_id == owner
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await get(queue_pb2.GetJobRequest(job_id=job.job_id, user_id=other), timeout=5)
+    assert error_info(raised.value)[:3] == (grpc.StatusCode.NOT_FOUND, "JOB_NOT_FOUND", {"jobId": job.job_id})
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await get(queue_pb2.GetJobRequest(job_id=job.job_id, user_id="x" * 129), timeout=5)
+    code, reason, _, violations = error_info(raised.value)
+    assert (code, reason, [f for f, _ in violations]) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", ["user_id"])
+
 async def _next_matching(stream, predicate, timeout: float = 10):
     async def scan():
         async for message in stream:

@@ -38,6 +38,7 @@ LIBRARY_ROOMS: dict[str, set[str]] = {
     "psycopg_pool": {"store", "cli"},
     "grpc": {"api", "core_client", "server", "cli", "dev", "telemetry"},
     "google.rpc": {"api", "core_client", "dev"},
+    "jwt": {"api"},  # per-user assertions are verified at the edge
 }
 
 

@@ -6,6 +6,12 @@ export {
   type QueueClientOptions,
   type QueueClients,
 } from "./clients.js";
+export {
+  USER_ASSERTION_HEADER,
+  userAssertionInterceptor,
+  withUserAssertion,
+  type MintUserAssertion,
+} from "./assertions.js";
 export { codeName, describeError, formatError, type DescribedError, type FieldViolation } from "./errors.js";
 export {
   isQueueReason,

@@ -30,19 +30,30 @@ export async function freePort(): Promise<number> {
   return port;
 }
 
+/** What a replica runs with beyond the shared database and core. */
+export interface ReplicaOptions {
+  /** Extra environment of `queue-service serve` (for example QUEUE_AUTH_FILE). */
+  env?: Record<string, string>;
+  /** The token the readiness probe sends (GetBalance: an `operator` token) when the replica authenticates. */
+  probeToken?: string;
+}
+
 /** One `queue-service serve` process on a fixed port (so a restart comes back at the same address). */
 export class Replica {
   private process: ChildProcess | undefined;
   private output = "";
 
-  private constructor(readonly port: number) {}
+  private constructor(
+    readonly port: number,
+    private readonly options: ReplicaOptions = {},
+  ) {}
 
   get address(): string {
     return `127.0.0.1:${this.port}`;
   }
 
-  static async start(port?: number): Promise<Replica> {
-    const replica = new Replica(port ?? (await freePort()));
+  static async start(port?: number, options: ReplicaOptions = {}): Promise<Replica> {
+    const replica = new Replica(port ?? (await freePort()), options);
     await replica.start();
     return replica;
   }
@@ -59,13 +70,14 @@ export class Replica {
         QUEUE_MIGRATE_ON_START: "false",
         QUEUE_GRACE_PERIOD_SECONDS: "5",
         QUEUE_LOG_FORMAT: "text",
+        ...this.options.env,
       },
       stdio: ["ignore", "pipe", "pipe"],
     });
     child.stdout?.on("data", (chunk: Buffer) => (this.output += chunk.toString()));
     child.stderr?.on("data", (chunk: Buffer) => (this.output += chunk.toString()));
     this.process = child;
-    const probe = createQueueClients({ address: this.address, timeoutMs: 1_000, retry: false });
+    const probe = createQueueClients({ address: this.address, timeoutMs: 1_000, retry: false, bearerToken: this.options.probeToken });
     try {
       const deadline = Date.now() + 90_000;
       for (;;) {

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from queue_service._gen.acurio.queue.v1 import job_pb2 as acurio_dot_queue_dot_v1_dot_job__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#acurio/queue/v1/queue_service.proto\x12\x0f\x61\x63urio.queue.v1\x1a\x19\x61\x63urio/queue/v1/job.proto\"\xa8\x01\n\x0c\x41\x64mitRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12+\n\x08\x64ocument\x18\x03 \x01(\x0b\x32\x19.acurio.queue.v1.Document\x12(\n\x07sources\x18\x04 \x03(\x0b\x32\x17.acurio.queue.v1.Source\x12\x17\n\x0f\x64\x65lta_of_job_id\x18\x05 \x01(\t\"2\n\rAdmitResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.acurio.queue.v1.Job\"!\n\x0ePromoteRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"4\n\x0fPromoteResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.acurio.queue.v1.Job\" \n\x0eReleaseRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"4\n\x0fReleaseResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.acurio.queue.v1.Job\"w\n\x0fListJobsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12,\n\x08statuses\x18\x04 \x03(\x0e\x32\x1a.acurio.queue.v1.JobStatus\"O\n\x10ListJobsResponse\x12\"\n\x04jobs\x18\x01 \x03(\x0b\x32\x14.acurio.queue.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"3\n\x0eGetJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.acurio.queue.v1.Job\"3\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\"6\n\x11\x43\x61ncelJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.acurio.queue.v1.Job\"#\n\x10WatchJobsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"j\n\x11WatchJobsResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.acurio.queue.v1.Job\x12\x19\n\x11snapshot_complete\x18\x02 \x01(\x08\x12\x17\n\x0fresync_complete\x18\x03 \x01(\x08\x32\xc0\x04\n\x14\x41nalysisQueueService\x12\x46\n\x05\x41\x64mit\x12\x1d.acurio.queue.v1.AdmitRequest\x1a\x1e.acurio.queue.v1.AdmitResponse\x12L\n\x07Promote\x12\x1f.acurio.queue.v1.PromoteRequest\x1a .acurio.queue.v1.PromoteResponse\x12L\n\x07Release\x12\x1f.acurio.queue.v1.ReleaseRequest\x1a .acurio.queue.v1.ReleaseResponse\x12O\n\x08ListJobs\x12 .acurio.queue.v1.ListJobsRequest\x1a!.acurio.queue.v1.ListJobsResponse\x12I\n\x06GetJob\x12\x1e.acurio.queue.v1.GetJobRequest\x1a\x1f.acurio.queue.v1.GetJobResponse\x12R\n\tCancelJob\x12!.acurio.queue.v1.CancelJobRequest\x1a\".acurio.queue.v1.CancelJobResponse\x12T\n\tWatchJobs\x12!.acurio.queue.v1.WatchJobsRequest\x1a\".acurio.queue.v1.WatchJobsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#acurio/queue/v1/queue_service.proto\x12\x0f\x61\x63urio.queue.v1\x1a\x19\x61\x63urio/queue/v1/job.proto\"\xa8\x01\n\x0c\x41\x64mitRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12+\n\x08\x64ocument\x18\x03 \x01(\x0b\x32\x19.acurio.queue.v1.Document\x12(\n\x07sources\x18\x04 \x03(\x0b\x32\x17.acurio.queue.v1.Source\x12\x17\n\x0f\x64\x65lta_of_job_id\x18\x05 \x01(\t\"2\n\rAdmitResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.acurio.queue.v1.Job\"!\n\x0ePromoteRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"4\n\x0fPromoteResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.acurio.queue.v1.Job\" \n\x0eReleaseRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"4\n\x0fReleaseResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.acurio.queue.v1.Job\"w\n\x0fListJobsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12,\n\x08statuses\x18\x04 \x03(\x0e\x32\x1a.acurio.queue.v1.JobStatus\"O\n\x10ListJobsResponse\x12\"\n\x04jobs\x18\x01 \x03(\x0b\x32\x14.acurio.queue.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"0\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\"3\n\x0eGetJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.acurio.queue.v1.Job\"3\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\"6\n\x11\x43\x61ncelJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.acurio.queue.v1.Job\"#\n\x10WatchJobsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"j\n\x11WatchJobsResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.acurio.queue.v1.Job\x12\x19\n\x11snapshot_complete\x18\x02 \x01(\x08\x12\x17\n\x0fresync_complete\x18\x03 \x01(\x08\x32\xc0\x04\n\x14\x41nalysisQueueService\x12\x46\n\x05\x41\x64mit\x12\x1d.acurio.queue.v1.AdmitRequest\x1a\x1e.acurio.queue.v1.AdmitResponse\x12L\n\x07Promote\x12\x1f.acurio.queue.v1.PromoteRequest\x1a .acurio.queue.v1.PromoteResponse\x12L\n\x07Release\x12\x1f.acurio.queue.v1.ReleaseRequest\x1a .acurio.queue.v1.ReleaseResponse\x12O\n\x08ListJobs\x12 .acurio.queue.v1.ListJobsRequest\x1a!.acurio.queue.v1.ListJobsResponse\x12I\n\x06GetJob\x12\x1e.acurio.queue.v1.GetJobRequest\x1a\x1f.acurio.queue.v1.GetJobResponse\x12R\n\tCancelJob\x12!.acurio.queue.v1.CancelJobRequest\x1a\".acurio.queue.v1.CancelJobResponse\x12T\n\tWatchJobs\x12!.acurio.queue.v1.WatchJobsRequest\x1a\".acurio.queue.v1.WatchJobsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,17 +49,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTJOBSRESPONSE']._serialized_start=604
   _globals['_LISTJOBSRESPONSE']._serialized_end=683
   _globals['_GETJOBREQUEST']._serialized_start=685
-  _globals['_GETJOBREQUEST']._serialized_end=716
-  _globals['_GETJOBRESPONSE']._serialized_start=718
-  _globals['_GETJOBRESPONSE']._serialized_end=769
-  _globals['_CANCELJOBREQUEST']._serialized_start=771
-  _globals['_CANCELJOBREQUEST']._serialized_end=822
-  _globals['_CANCELJOBRESPONSE']._serialized_start=824
-  _globals['_CANCELJOBRESPONSE']._serialized_end=878
-  _globals['_WATCHJOBSREQUEST']._serialized_start=880
-  _globals['_WATCHJOBSREQUEST']._serialized_end=915
-  _globals['_WATCHJOBSRESPONSE']._serialized_start=917
-  _globals['_WATCHJOBSRESPONSE']._serialized_end=1023
-  _globals['_ANALYSISQUEUESERVICE']._serialized_start=1026
-  _globals['_ANALYSISQUEUESERVICE']._serialized_end=1602
+  _globals['_GETJOBREQUEST']._serialized_end=733
+  _globals['_GETJOBRESPONSE']._serialized_start=735
+  _globals['_GETJOBRESPONSE']._serialized_end=786
+  _globals['_CANCELJOBREQUEST']._serialized_start=788
+  _globals['_CANCELJOBREQUEST']._serialized_end=839
+  _globals['_CANCELJOBRESPONSE']._serialized_start=841
+  _globals['_CANCELJOBRESPONSE']._serialized_end=895
+  _globals['_WATCHJOBSREQUEST']._serialized_start=897
+  _globals['_WATCHJOBSREQUEST']._serialized_end=932
+  _globals['_WATCHJOBSRESPONSE']._serialized_start=934
+  _globals['_WATCHJOBSRESPONSE']._serialized_end=1040
+  _globals['_ANALYSISQUEUESERVICE']._serialized_start=1043
+  _globals['_ANALYSISQUEUESERVICE']._serialized_end=1619
 # @@protoc_insertion_point(module_scope)

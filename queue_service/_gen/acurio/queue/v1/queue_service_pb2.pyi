@@ -250,16 +250,24 @@ class GetJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job's id (a UUID)."""
+    user_id: _builtins.str
+    """The user the job belongs to (added in v1, additive). Optional: when set, a job of another
+    user is NOT_FOUND, as for CancelJob. Required for the `web` role when the service checks
+    per-user assertions (QUEUE_USER_ASSERTION_KEY_FILE): it must then equal the assertion's
+    subject.
+    """
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
+        user_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

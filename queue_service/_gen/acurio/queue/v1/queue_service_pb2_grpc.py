@@ -76,6 +76,13 @@ class AnalysisQueueServiceStub:
     - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
     - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may
     not call this method.
+    - UNAUTHENTICATED `USER_ASSERTION_INVALID` (`method`, `problem`): per-user assertions are on
+    (QUEUE_USER_ASSERTION_KEY_FILE) and a call of the `web` role that acts for a user carries no
+    valid `x-user-assertion` (missing, malformed, wrongly signed, expired, for another audience
+    or issuer, or living longer than allowed; `problem` says which). Mint a fresh one and retry.
+    Added in v1, additive.
+    - PERMISSION_DENIED `USER_MISMATCH` (`method`, `userId`, `assertionSubject`): the assertion
+    vouches for another user than the request's `user_id`. Added in v1, additive.
     - INTERNAL `INTERNAL` (`traceId`): a bug; the trace id finds it in the logs.
 
     Reasons and metadata keys are only ever added (never renamed or removed); a client must
@@ -176,6 +183,13 @@ class AnalysisQueueServiceServicer:
     - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
     - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may
     not call this method.
+    - UNAUTHENTICATED `USER_ASSERTION_INVALID` (`method`, `problem`): per-user assertions are on
+    (QUEUE_USER_ASSERTION_KEY_FILE) and a call of the `web` role that acts for a user carries no
+    valid `x-user-assertion` (missing, malformed, wrongly signed, expired, for another audience
+    or issuer, or living longer than allowed; `problem` says which). Mint a fresh one and retry.
+    Added in v1, additive.
+    - PERMISSION_DENIED `USER_MISMATCH` (`method`, `userId`, `assertionSubject`): the assertion
+    vouches for another user than the request's `user_id`. Added in v1, additive.
     - INTERNAL `INTERNAL` (`traceId`): a bug; the trace id finds it in the logs.
 
     Reasons and metadata keys are only ever added (never renamed or removed); a client must
@@ -246,7 +260,8 @@ class AnalysisQueueServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetJob(self, request, context):
-        """Returns one job. Errors: NOT_FOUND `JOB_NOT_FOUND`; INVALID_ARGUMENT `INVALID_REQUEST`.
+        """Returns one job; with `user_id`, only a job of that user. Errors: NOT_FOUND `JOB_NOT_FOUND`
+        (unknown, or another user's when `user_id` is given); INVALID_ARGUMENT `INVALID_REQUEST`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -382,6 +397,13 @@ class AnalysisQueueService:
     - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
     - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may
     not call this method.
+    - UNAUTHENTICATED `USER_ASSERTION_INVALID` (`method`, `problem`): per-user assertions are on
+    (QUEUE_USER_ASSERTION_KEY_FILE) and a call of the `web` role that acts for a user carries no
+    valid `x-user-assertion` (missing, malformed, wrongly signed, expired, for another audience
+    or issuer, or living longer than allowed; `problem` says which). Mint a fresh one and retry.
+    Added in v1, additive.
+    - PERMISSION_DENIED `USER_MISMATCH` (`method`, `userId`, `assertionSubject`): the assertion
+    vouches for another user than the request's `user_id`. Added in v1, additive.
     - INTERNAL `INTERNAL` (`traceId`): a bug; the trace id finds it in the logs.
 
     Reasons and metadata keys are only ever added (never renamed or removed); a client must

@@ -77,6 +77,13 @@ class AnalysisQueueServiceStub:
     - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
     - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may
       not call this method.
+    - UNAUTHENTICATED `USER_ASSERTION_INVALID` (`method`, `problem`): per-user assertions are on
+      (QUEUE_USER_ASSERTION_KEY_FILE) and a call of the `web` role that acts for a user carries no
+      valid `x-user-assertion` (missing, malformed, wrongly signed, expired, for another audience
+      or issuer, or living longer than allowed; `problem` says which). Mint a fresh one and retry.
+      Added in v1, additive.
+    - PERMISSION_DENIED `USER_MISMATCH` (`method`, `userId`, `assertionSubject`): the assertion
+      vouches for another user than the request's `user_id`. Added in v1, additive.
     - INTERNAL `INTERNAL` (`traceId`): a bug; the trace id finds it in the logs.
 
     Reasons and metadata keys are only ever added (never renamed or removed); a client must
@@ -135,7 +142,9 @@ class AnalysisQueueServiceStub:
     token that is malformed or was issued for another user or filter.
     """
     GetJob: _grpc.UnaryUnaryMultiCallable[_queue_service_pb2.GetJobRequest, _queue_service_pb2.GetJobResponse]
-    """Returns one job. Errors: NOT_FOUND `JOB_NOT_FOUND`; INVALID_ARGUMENT `INVALID_REQUEST`."""
+    """Returns one job; with `user_id`, only a job of that user. Errors: NOT_FOUND `JOB_NOT_FOUND`
+    (unknown, or another user's when `user_id` is given); INVALID_ARGUMENT `INVALID_REQUEST`.
+    """
     CancelJob: _grpc.UnaryUnaryMultiCallable[_queue_service_pb2.CancelJobRequest, _queue_service_pb2.CancelJobResponse]
     """Cancels a QUEUED, PENDING or RUNNING job and refunds its charge; a canceled job is always
     refunded. A QUEUED job ends at once (its held run is canceled at the core afterwards). For a
@@ -214,6 +223,13 @@ class AnalysisQueueServiceAsyncStub(AnalysisQueueServiceStub):
     - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
     - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may
       not call this method.
+    - UNAUTHENTICATED `USER_ASSERTION_INVALID` (`method`, `problem`): per-user assertions are on
+      (QUEUE_USER_ASSERTION_KEY_FILE) and a call of the `web` role that acts for a user carries no
+      valid `x-user-assertion` (missing, malformed, wrongly signed, expired, for another audience
+      or issuer, or living longer than allowed; `problem` says which). Mint a fresh one and retry.
+      Added in v1, additive.
+    - PERMISSION_DENIED `USER_MISMATCH` (`method`, `userId`, `assertionSubject`): the assertion
+      vouches for another user than the request's `user_id`. Added in v1, additive.
     - INTERNAL `INTERNAL` (`traceId`): a bug; the trace id finds it in the logs.
 
     Reasons and metadata keys are only ever added (never renamed or removed); a client must
@@ -269,7 +285,9 @@ class AnalysisQueueServiceAsyncStub(AnalysisQueueServiceStub):
     token that is malformed or was issued for another user or filter.
     """
     GetJob: _aio.UnaryUnaryMultiCallable[_queue_service_pb2.GetJobRequest, _queue_service_pb2.GetJobResponse]  # type: ignore[assignment]
-    """Returns one job. Errors: NOT_FOUND `JOB_NOT_FOUND`; INVALID_ARGUMENT `INVALID_REQUEST`."""
+    """Returns one job; with `user_id`, only a job of that user. Errors: NOT_FOUND `JOB_NOT_FOUND`
+    (unknown, or another user's when `user_id` is given); INVALID_ARGUMENT `INVALID_REQUEST`.
+    """
     CancelJob: _aio.UnaryUnaryMultiCallable[_queue_service_pb2.CancelJobRequest, _queue_service_pb2.CancelJobResponse]  # type: ignore[assignment]
     """Cancels a QUEUED, PENDING or RUNNING job and refunds its charge; a canceled job is always
     refunded. A QUEUED job ends at once (its held run is canceled at the core afterwards). For a
@@ -347,6 +365,13 @@ class AnalysisQueueServiceServicer(metaclass=_abc_1.ABCMeta):
     - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
     - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may
       not call this method.
+    - UNAUTHENTICATED `USER_ASSERTION_INVALID` (`method`, `problem`): per-user assertions are on
+      (QUEUE_USER_ASSERTION_KEY_FILE) and a call of the `web` role that acts for a user carries no
+      valid `x-user-assertion` (missing, malformed, wrongly signed, expired, for another audience
+      or issuer, or living longer than allowed; `problem` says which). Mint a fresh one and retry.
+      Added in v1, additive.
+    - PERMISSION_DENIED `USER_MISMATCH` (`method`, `userId`, `assertionSubject`): the assertion
+      vouches for another user than the request's `user_id`. Added in v1, additive.
     - INTERNAL `INTERNAL` (`traceId`): a bug; the trace id finds it in the logs.
 
     Reasons and metadata keys are only ever added (never renamed or removed); a client must
@@ -430,7 +455,9 @@ class AnalysisQueueServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _queue_service_pb2.GetJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_queue_service_pb2.GetJobResponse, _abc.Awaitable[_queue_service_pb2.GetJobResponse]]:
-        """Returns one job. Errors: NOT_FOUND `JOB_NOT_FOUND`; INVALID_ARGUMENT `INVALID_REQUEST`."""
+        """Returns one job; with `user_id`, only a job of that user. Errors: NOT_FOUND `JOB_NOT_FOUND`
+        (unknown, or another user's when `user_id` is given); INVALID_ARGUMENT `INVALID_REQUEST`.
+        """
 
     @_abc_1.abstractmethod
     def CancelJob(

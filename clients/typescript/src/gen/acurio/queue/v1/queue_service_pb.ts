@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/queue_service.proto.
  */
 export const file_acurio_queue_v1_queue_service: GenFile = /*@__PURE__*/
-  fileDesc("CiNhY3VyaW8vcXVldWUvdjEvcXVldWVfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIqgBCgxBZG1pdFJlcXVlc3QSDwoHdXNlcl9pZBgBIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYAiABKAkSKwoIZG9jdW1lbnQYAyABKAsyGS5hY3VyaW8ucXVldWUudjEuRG9jdW1lbnQSKAoHc291cmNlcxgEIAMoCzIXLmFjdXJpby5xdWV1ZS52MS5Tb3VyY2USFwoPZGVsdGFfb2Zfam9iX2lkGAUgASgJIjIKDUFkbWl0UmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYiIhCg5Qcm9tb3RlUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJIjQKD1Byb21vdGVSZXNwb25zZRIhCgNqb2IYASABKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iIiAKDlJlbGVhc2VSZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCSI0Cg9SZWxlYXNlUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYiJ3Cg9MaXN0Sm9ic1JlcXVlc3QSDwoHdXNlcl9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCRIsCghzdGF0dXNlcxgEIAMoDjIaLmFjdXJpby5xdWV1ZS52MS5Kb2JTdGF0dXMiTwoQTGlzdEpvYnNSZXNwb25zZRIiCgRqb2JzGAEgAygLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiHwoNR2V0Sm9iUmVxdWVzdBIOCgZqb2JfaWQYASABKAkiMwoOR2V0Sm9iUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYiIzChBDYW5jZWxKb2JSZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCRIPCgd1c2VyX2lkGAIgASgJIjYKEUNhbmNlbEpvYlJlc3BvbnNlEiEKA2pvYhgBIAEoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2IiIwoQV2F0Y2hKb2JzUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJImoKEVdhdGNoSm9ic1Jlc3BvbnNlEiEKA2pvYhgBIAEoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISGQoRc25hcHNob3RfY29tcGxldGUYAiABKAgSFwoPcmVzeW5jX2NvbXBsZXRlGAMgASgIMsAEChRBbmFseXNpc1F1ZXVlU2VydmljZRJGCgVBZG1pdBIdLmFjdXJpby5xdWV1ZS52MS5BZG1pdFJlcXVlc3QaHi5hY3VyaW8ucXVldWUudjEuQWRtaXRSZXNwb25zZRJMCgdQcm9tb3RlEh8uYWN1cmlvLnF1ZXVlLnYxLlByb21vdGVSZXF1ZXN0GiAuYWN1cmlvLnF1ZXVlLnYxLlByb21vdGVSZXNwb25zZRJMCgdSZWxlYXNlEh8uYWN1cmlvLnF1ZXVlLnYxLlJlbGVhc2VSZXF1ZXN0GiAuYWN1cmlvLnF1ZXVlLnYxLlJlbGVhc2VSZXNwb25zZRJPCghMaXN0Sm9icxIgLmFjdXJpby5xdWV1ZS52MS5MaXN0Sm9ic1JlcXVlc3QaIS5hY3VyaW8ucXVldWUudjEuTGlzdEpvYnNSZXNwb25zZRJJCgZHZXRKb2ISHi5hY3VyaW8ucXVldWUudjEuR2V0Sm9iUmVxdWVzdBofLmFjdXJpby5xdWV1ZS52MS5HZXRKb2JSZXNwb25zZRJSCglDYW5jZWxKb2ISIS5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9iUmVxdWVzdBoiLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JSZXNwb25zZRJUCglXYXRjaEpvYnMSIS5hY3VyaW8ucXVldWUudjEuV2F0Y2hKb2JzUmVxdWVzdBoiLmFjdXJpby5xdWV1ZS52MS5XYXRjaEpvYnNSZXNwb25zZTABYgZwcm90bzM", [file_acurio_queue_v1_job]);
+  fileDesc("CiNhY3VyaW8vcXVldWUvdjEvcXVldWVfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIqgBCgxBZG1pdFJlcXVlc3QSDwoHdXNlcl9pZBgBIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYAiABKAkSKwoIZG9jdW1lbnQYAyABKAsyGS5hY3VyaW8ucXVldWUudjEuRG9jdW1lbnQSKAoHc291cmNlcxgEIAMoCzIXLmFjdXJpby5xdWV1ZS52MS5Tb3VyY2USFwoPZGVsdGFfb2Zfam9iX2lkGAUgASgJIjIKDUFkbWl0UmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYiIhCg5Qcm9tb3RlUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJIjQKD1Byb21vdGVSZXNwb25zZRIhCgNqb2IYASABKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iIiAKDlJlbGVhc2VSZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCSI0Cg9SZWxlYXNlUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYiJ3Cg9MaXN0Sm9ic1JlcXVlc3QSDwoHdXNlcl9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCRIsCghzdGF0dXNlcxgEIAMoDjIaLmFjdXJpby5xdWV1ZS52MS5Kb2JTdGF0dXMiTwoQTGlzdEpvYnNSZXNwb25zZRIiCgRqb2JzGAEgAygLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiMAoNR2V0Sm9iUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSDwoHdXNlcl9pZBgCIAEoCSIzCg5HZXRKb2JSZXNwb25zZRIhCgNqb2IYASABKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iIjMKEENhbmNlbEpvYlJlcXVlc3QSDgoGam9iX2lkGAEgASgJEg8KB3VzZXJfaWQYAiABKAkiNgoRQ2FuY2VsSm9iUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYiIjChBXYXRjaEpvYnNSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkiagoRV2F0Y2hKb2JzUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIZChFzbmFwc2hvdF9jb21wbGV0ZRgCIAEoCBIXCg9yZXN5bmNfY29tcGxldGUYAyABKAgywAQKFEFuYWx5c2lzUXVldWVTZXJ2aWNlEkYKBUFkbWl0Eh0uYWN1cmlvLnF1ZXVlLnYxLkFkbWl0UmVxdWVzdBoeLmFjdXJpby5xdWV1ZS52MS5BZG1pdFJlc3BvbnNlEkwKB1Byb21vdGUSHy5hY3VyaW8ucXVldWUudjEuUHJvbW90ZVJlcXVlc3QaIC5hY3VyaW8ucXVldWUudjEuUHJvbW90ZVJlc3BvbnNlEkwKB1JlbGVhc2USHy5hY3VyaW8ucXVldWUudjEuUmVsZWFzZVJlcXVlc3QaIC5hY3VyaW8ucXVldWUudjEuUmVsZWFzZVJlc3BvbnNlEk8KCExpc3RKb2JzEiAuYWN1cmlvLnF1ZXVlLnYxLkxpc3RKb2JzUmVxdWVzdBohLmFjdXJpby5xdWV1ZS52MS5MaXN0Sm9ic1Jlc3BvbnNlEkkKBkdldEpvYhIeLmFjdXJpby5xdWV1ZS52MS5HZXRKb2JSZXF1ZXN0Gh8uYWN1cmlvLnF1ZXVlLnYxLkdldEpvYlJlc3BvbnNlElIKCUNhbmNlbEpvYhIhLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JSZXF1ZXN0GiIuYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEpvYlJlc3BvbnNlElQKCVdhdGNoSm9icxIhLmFjdXJpby5xdWV1ZS52MS5XYXRjaEpvYnNSZXF1ZXN0GiIuYWN1cmlvLnF1ZXVlLnYxLldhdGNoSm9ic1Jlc3BvbnNlMAFiBnByb3RvMw", [file_acurio_queue_v1_job]);
 
 /**
  * Request for AnalysisQueueService.Admit.
@@ -420,6 +420,16 @@ export type GetJobRequest = Message<"acurio.queue.v1.GetJobRequest"> & {
    * @generated from field: string job_id = 1;
    */
   jobId: string;
+
+  /**
+   * The user the job belongs to (added in v1, additive). Optional: when set, a job of another
+   * user is NOT_FOUND, as for CancelJob. Required for the `web` role when the service checks
+   * per-user assertions (QUEUE_USER_ASSERTION_KEY_FILE): it must then equal the assertion's
+   * subject.
+   *
+   * @generated from field: string user_id = 2;
+   */
+  userId: string;
 };
 
 /**
@@ -434,6 +444,16 @@ export type GetJobRequestJson = {
    * @generated from field: string job_id = 1;
    */
   jobId?: string;
+
+  /**
+   * The user the job belongs to (added in v1, additive). Optional: when set, a job of another
+   * user is NOT_FOUND, as for CancelJob. Required for the `web` role when the service checks
+   * per-user assertions (QUEUE_USER_ASSERTION_KEY_FILE): it must then equal the assertion's
+   * subject.
+   *
+   * @generated from field: string user_id = 2;
+   */
+  userId?: string;
 };
 
 /**
@@ -715,6 +735,13 @@ export const WatchJobsResponseSchema: GenMessage<WatchJobsResponse, {jsonType: W
  * - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
  * - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may
  *   not call this method.
+ * - UNAUTHENTICATED `USER_ASSERTION_INVALID` (`method`, `problem`): per-user assertions are on
+ *   (QUEUE_USER_ASSERTION_KEY_FILE) and a call of the `web` role that acts for a user carries no
+ *   valid `x-user-assertion` (missing, malformed, wrongly signed, expired, for another audience
+ *   or issuer, or living longer than allowed; `problem` says which). Mint a fresh one and retry.
+ *   Added in v1, additive.
+ * - PERMISSION_DENIED `USER_MISMATCH` (`method`, `userId`, `assertionSubject`): the assertion
+ *   vouches for another user than the request's `user_id`. Added in v1, additive.
  * - INTERNAL `INTERNAL` (`traceId`): a bug; the trace id finds it in the logs.
  *
  * Reasons and metadata keys are only ever added (never renamed or removed); a client must
@@ -799,7 +826,8 @@ export const AnalysisQueueService: GenService<{
     output: typeof ListJobsResponseSchema;
   },
   /**
-   * Returns one job. Errors: NOT_FOUND `JOB_NOT_FOUND`; INVALID_ARGUMENT `INVALID_REQUEST`.
+   * Returns one job; with `user_id`, only a job of that user. Errors: NOT_FOUND `JOB_NOT_FOUND`
+   * (unknown, or another user's when `user_id` is given); INVALID_ARGUMENT `INVALID_REQUEST`.
    *
    * @generated from rpc acurio.queue.v1.AnalysisQueueService.GetJob
    */
