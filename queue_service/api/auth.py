@@ -29,7 +29,7 @@ from pathlib import Path
 
 import grpc
 
-from queue_service import errors
+from queue_service import audit, errors
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
         [_CREDITS + "GrantCredits", _CREDITS + "GetBalance"]
         + [_QUEUE + m for m in ("Promote", "Release", "ListJobs", "GetJob", "WatchJobs")]
         # The web console's operator view: its RPCs, and cancel (single and bulk) on any user's job.
-        + [_OPERATOR + m for m in ("GetOverview", "SearchJobs", "WatchOverview", "CancelJobs")]
+        + [_OPERATOR + m for m in ("GetOverview", "SearchJobs", "WatchOverview", "CancelJobs", "ListLedgerEntries")]
         + [_QUEUE + "CancelJob"]
     ),
 }
@@ -127,6 +127,7 @@ class Authorizer:
                 metadata={"method": method},
             )
         if method.startswith(_ANY_CALLER_PREFIXES) or method in ROLE_METHODS[caller.role]:
+            audit.identify(audit.caller_actor(caller.role, caller.name))
             return
         raise errors.PermissionDenied(
             f"{caller.name} (role {caller.role}) may not call {method}",
