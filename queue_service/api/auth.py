@@ -117,7 +117,8 @@ class Authorizer:
         return next(iter(matched.values()), None)
 
     async def authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
-        """Raises Unauthenticated or PermissionDenied; returns when the call may proceed."""
+        """Raises Unauthenticated or PermissionDenied; returns when the call may proceed, with the
+        caller marked as the call's actor (`audit`: the roads await this in the call's context)."""
         if method.startswith(_OPEN_PREFIXES):
             return
         caller = self.identify(context)

@@ -3,12 +3,24 @@ import datetime
 from queue_service._gen.acurio.queue.v1 import job_pb2 as _job_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class LedgerEntryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LEDGER_ENTRY_KIND_UNSPECIFIED: _ClassVar[LedgerEntryKind]
+    LEDGER_ENTRY_KIND_GRANT: _ClassVar[LedgerEntryKind]
+    LEDGER_ENTRY_KIND_CHARGE: _ClassVar[LedgerEntryKind]
+    LEDGER_ENTRY_KIND_REFUND: _ClassVar[LedgerEntryKind]
+LEDGER_ENTRY_KIND_UNSPECIFIED: LedgerEntryKind
+LEDGER_ENTRY_KIND_GRANT: LedgerEntryKind
+LEDGER_ENTRY_KIND_CHARGE: LedgerEntryKind
+LEDGER_ENTRY_KIND_REFUND: LedgerEntryKind
 
 class JobFilter(_message.Message):
     __slots__ = ("statuses", "user_id", "created_after", "created_before", "has_error")
@@ -129,3 +141,45 @@ class CancelFailure(_message.Message):
     reason: str
     message: str
     def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ListLedgerEntriesRequest(_message.Message):
+    __slots__ = ("user_id", "job_id", "page_size", "page_token")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    job_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, user_id: _Optional[str] = ..., job_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListLedgerEntriesResponse(_message.Message):
+    __slots__ = ("entries", "next_page_token")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[LedgerEntry]
+    next_page_token: str
+    def __init__(self, entries: _Optional[_Iterable[_Union[LedgerEntry, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class LedgerEntry(_message.Message):
+    __slots__ = ("entry_id", "create_time", "user_id", "kind", "amount", "job_id", "idempotency_key", "actor", "reason")
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    AMOUNT_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    entry_id: int
+    create_time: _timestamp_pb2.Timestamp
+    user_id: str
+    kind: LedgerEntryKind
+    amount: int
+    job_id: str
+    idempotency_key: str
+    actor: str
+    reason: str
+    def __init__(self, entry_id: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., user_id: _Optional[str] = ..., kind: _Optional[_Union[LedgerEntryKind, str]] = ..., amount: _Optional[int] = ..., job_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., actor: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
