@@ -580,8 +580,9 @@ export type LedgerEntry = Message<"acurio.queue.v1.LedgerEntry"> & {
 
   /**
    * Why: `grant`, `admit`, `cancel`, `completion` (the core's CompleteRun), `release` (a
-   * release the core answered with an ended run), `release_give_up`, `reconcile`, or `unknown`
-   * for entries written before the trail existed.
+   * release the core answered with an ended run), `release_give_up`, `reconcile`,
+   * `manual_refund` (the runbook's refund by hand), or `unknown` for entries written before the
+   * trail existed.
    *
    * @generated from field: string reason = 9;
    */
