@@ -51,6 +51,7 @@ STATEMENTS = [
     ("list_job_views", "ListJobs: first page (10) of a user with history"),
     ("admit_state", "admit: idempotency / queue length / balance read (twice per admit)"),
     ("job_views_by_ids", "the view of one job (after every admit, for every WatchJobs change)"),
+    ("ledger_entries_of_user", "ListLedgerEntries: first page (20) of a user's audit trail"),
 ]
 
 
@@ -72,6 +73,7 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
         "job_id": uuid.uuid4(), "user_id": idle_user, "run_id": uuid.uuid4(), "idempotency_key": f"explain-{uuid.uuid4()}",
         "request_digest": b"explain", "delta_of_job_id": None, "price": 1, "is_delta": False, "default_max_active": 1, "max_queued": 100,
         "max_running_deltas": 4, "release_window_seconds": 1800.0, "reconcile_after_seconds": 900.0,
+        "actor": "web:explain", "reason": "admit",
     }
 
     def reserve_the_run(c: psycopg.Connection) -> None:
@@ -90,6 +92,7 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
         "list_job_views": ({"user_id": idle_user, "after_job_id": None, "before_seq": None, "statuses": [], "limit": 11}, None),
         "admit_state": ({"user_id": idle_user, "idempotency_key": "explain-none", "delta_of_job_id": None}, None),
         "job_views_by_ids": ({"job_ids": [queued]}, None),
+        "ledger_entries_of_user": ({"user_id": idle_user, "job_id": None, "before_entry_id": None, "limit": 21}, None),
     }
 
 

@@ -58,6 +58,7 @@ class Cause(enum.StrEnum):
     RUN_SETTLED = "run_settled"
     SWEEPER = "sweeper"
     TOOLING = "tooling"
+    GRANT = "grant"  # an operator's credit grant (only ever a ledger entry's reason)
 
 
 class ReleaseResult(enum.StrEnum):
@@ -404,3 +405,38 @@ class GrantOutcome:
     balance: int
     granted_now: bool
     earlier_amount: int | None = None
+
+
+class LedgerKind(enum.StrEnum):
+    """How a ledger entry moves credits; the values are the database's (`credit_ledger.kind`)."""
+
+    GRANT = "grant"
+    CHARGE = "charge"
+    REFUND = "refund"
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerEntry:
+    """One credit movement as the audit trail shows it: who (`actor`) moved what, when and why."""
+
+    entry_id: int
+    create_time: dt.datetime
+    user_id: str
+    kind: LedgerKind
+    # Signed: a charge is negative, a grant or refund positive.
+    amount: int
+    job_id: uuid.UUID | None
+    # Grants only: the grant's idempotency key.
+    idempotency_key: str | None
+    actor: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerQuery:
+    """Which ledger entries an operator reads: by user and/or job (empty: every one), below the
+    keyset position `before_entry_id` (None: from the newest)."""
+
+    user_id: str
+    job_id: uuid.UUID | None
+    before_entry_id: int | None

@@ -129,12 +129,13 @@ class QueueApp:
         self.health = HealthService(max_watches=config.max_health_watches)
         self.gate = CallGate(max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds)
         self._interceptors = [ErrorInterceptor(authorizer.authorize if authorizer else None, self.gate, check_request)]
+        credits = Credits(self.store)
         # One instance of each servicer, shared by gRPC and the browser endpoint (QUEUE_HTTP_ADDR).
         self.servicers: Servicers = {
             "AnalysisQueueService": AnalysisQueueServicer(self.engine, self.reads, self.hub, self.gate.draining),
             "CoreCallbackService": CoreCallbackServicer(self.engine, self.reads),
-            "CreditsService": CreditsServicer(Credits(self.store)),
-            "OperatorService": OperatorServicer(self.engine, self.reads, self.gate.draining),
+            "CreditsService": CreditsServicer(credits),
+            "OperatorService": OperatorServicer(self.engine, self.reads, self.gate.draining, credits),
         }
         self.web = WebEndpoint(self.servicers, authorizer, self.gate, config, check_request) if config.http_addr else None
         self._server_credentials = auth.server_credentials(

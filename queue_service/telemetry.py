@@ -150,7 +150,7 @@ def current_trace_id() -> str:
 class JsonFormatter(logging.Formatter):
     """One JSON object per line, with the trace id and any job fields passed in `extra`."""
 
-    _FIELDS = ("job_id", "user_id", "run_id", "status", "old_status", "cause", "reason", "attempt")
+    _FIELDS = ("job_id", "user_id", "run_id", "status", "old_status", "cause", "reason", "attempt", "kind", "amount", "actor")
 
     def format(self, record: logging.LogRecord) -> str:
         moment = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from queue_service import errors
+from queue_service import audit, errors
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
         [_CREDITS + "GrantCredits", _CREDITS + "GetBalance"]
         + [_QUEUE + m for m in ("Promote", "Release", "ListJobs", "GetJob", "WatchJobs")]
         # The web console's operator view: its RPCs, and cancel (single and bulk) on any user's job.
-        + [_OPERATOR + m for m in ("GetOverview", "SearchJobs", "WatchOverview", "CancelJobs")]
+        + [_OPERATOR + m for m in ("GetOverview", "SearchJobs", "WatchOverview", "CancelJobs", "ListLedgerEntries")]
         + [_QUEUE + "CancelJob"]
     ),
 }
@@ -128,7 +128,8 @@ class Authorizer:
         return next(iter(matched.values()), None)
 
     async def authorize(self, method: str, context: CallCredentialsSource) -> None:
-        """Raises Unauthenticated or PermissionDenied; returns when the call may proceed."""
+        """Raises Unauthenticated or PermissionDenied; returns when the call may proceed, with the
+        caller marked as the call's actor (`audit`: the roads await this in the call's context)."""
         if method.startswith(_OPEN_PREFIXES):
             return
         caller = self.identify(context)
@@ -138,6 +139,7 @@ class Authorizer:
                 metadata={"method": method},
             )
         if method.startswith(_ANY_CALLER_PREFIXES) or method in ROLE_METHODS[caller.role]:
+            audit.identify(audit.caller_actor(caller.role, caller.name))
             return
         raise errors.PermissionDenied(
             f"{caller.name} (role {caller.role}) may not call {method}",

@@ -1,4 +1,4 @@
-"""Model values to protos and back: job statuses, job views, the operator's overview."""
+"""Model values to protos and back: job statuses, job views, the operator's overview, ledger entries."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from queue_service._gen.acurio.queue.v1 import job_pb2, operator_service_pb2 as operator_pb2
 from queue_service.errors import InvalidRequest
-from queue_service.model import JobStatus, JobView, Overview
+from queue_service.model import JobStatus, JobView, LedgerEntry, LedgerKind, Overview
 
 PROTO_OF_STATUS: dict[JobStatus, job_pb2.JobStatus.ValueType] = {
     JobStatus.QUEUED: job_pb2.JOB_STATUS_QUEUED,
@@ -88,4 +88,26 @@ def overview_to_proto(overview: Overview) -> operator_pb2.Overview:
     if overview.oldest_queued_create_time is not None:
         message.oldest_queued_create_time.FromDatetime(overview.oldest_queued_create_time)
     message.read_time.FromDatetime(overview.read_time)
+    return message
+
+
+PROTO_OF_LEDGER_KIND: dict[LedgerKind, operator_pb2.LedgerEntryKind.ValueType] = {
+    LedgerKind.GRANT: operator_pb2.LEDGER_ENTRY_KIND_GRANT,
+    LedgerKind.CHARGE: operator_pb2.LEDGER_ENTRY_KIND_CHARGE,
+    LedgerKind.REFUND: operator_pb2.LEDGER_ENTRY_KIND_REFUND,
+}
+
+
+def ledger_entry_to_proto(entry: LedgerEntry) -> operator_pb2.LedgerEntry:
+    message = operator_pb2.LedgerEntry(
+        entry_id=entry.entry_id,
+        user_id=entry.user_id,
+        kind=PROTO_OF_LEDGER_KIND[entry.kind],
+        amount=entry.amount,
+        job_id=str(entry.job_id) if entry.job_id is not None else "",
+        idempotency_key=entry.idempotency_key or "",
+        actor=entry.actor,
+        reason=entry.reason,
+    )
+    message.create_time.FromDatetime(entry.create_time)
     return message

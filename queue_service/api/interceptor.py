@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 import grpc
 
-from queue_service import deadline
+from queue_service import audit, deadline
 from queue_service.api.auth import CallCredentialsSource
 from queue_service.api.gate import CallGate
 from queue_service.api.status import internal_status, status_for
@@ -79,8 +79,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         started = time.monotonic()
         try:
             # Every wait inside the call, its turn at the gate included, is bounded by the
-            # caller's deadline (see `deadline`).
-            with deadline.call_budget(time_remaining):
+            # caller's deadline (see `deadline`); credits it moves record its caller (`audit`).
+            with deadline.call_budget(time_remaining), audit.acting_for_call():
                 entered = await self._gate.enter(method, unary=unary)
                 if self._authorize is not None:
                     await self._authorize(method, context)

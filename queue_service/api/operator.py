@@ -1,4 +1,5 @@
-"""OperatorService: the overview, the job search across users, live overview and bulk cancel.
+"""OperatorService: the overview, the job search across users, live overview, bulk cancel and
+the credits' audit trail (ledger entries with their actor and reason).
 
 The same adapters as the other servicers: validate, read through the engine's reads (index-driven
 queries of migration 0005), build responses, raise domain errors only. Bulk cancel goes
@@ -20,10 +21,11 @@ import grpc
 from queue_service import errors
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as pb, operator_service_pb2_grpc as pb_grpc
 from queue_service.api import page_tokens, validation
-from queue_service.api.convert import job_to_proto, overview_to_proto, status_filter
+from queue_service.api.convert import job_to_proto, ledger_entry_to_proto, overview_to_proto, status_filter
+from queue_service.engine.credits import Credits
 from queue_service.engine.engine import QueueEngine
 from queue_service.engine.job_reads import JobReads
-from queue_service.model import LIVE, JobSearch
+from queue_service.model import LIVE, JobSearch, LedgerQuery
 
 _DEFAULT_WINDOW_MINUTES = 60
 _MAX_WINDOW_MINUTES = 1440
@@ -38,10 +40,11 @@ _CANCEL_CONCURRENCY = 8
 
 
 class OperatorServicer(pb_grpc.OperatorServiceServicer):
-    def __init__(self, engine: QueueEngine, reads: JobReads, draining: asyncio.Event) -> None:
+    def __init__(self, engine: QueueEngine, reads: JobReads, draining: asyncio.Event, credits: Credits) -> None:
         self._engine = engine
         self._reads = reads
         self._draining = draining
+        self._credits = credits
 
     async def GetOverview(self, request: pb.GetOverviewRequest, context: grpc.aio.ServicerContext[pb.GetOverviewRequest, pb.GetOverviewResponse]) -> pb.GetOverviewResponse:
         window = _window(request.window_minutes)
@@ -123,6 +126,24 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         response.canceled = len(outcomes) - len(failures)
         response.failures.extend(failures)
         return response
+
+
+    async def ListLedgerEntries(
+        self, request: pb.ListLedgerEntriesRequest, context: grpc.aio.ServicerContext[pb.ListLedgerEntriesRequest, pb.ListLedgerEntriesResponse]
+    ) -> pb.ListLedgerEntriesResponse:
+        v = validation.Violations()
+        if request.user_id:
+            v.check_id("user_id", request.user_id)
+        job_id = v.check_uuid("job_id", request.job_id, required=False)
+        v.raise_if_any()
+        page_size = validation.validate_page_size(request.page_size)
+        key = page_tokens.filter_key("ledger", request.user_id, str(job_id or ""))
+        before = page_tokens.decode_ledger_token(request.page_token, key)
+        query = LedgerQuery(user_id=request.user_id, job_id=job_id, before_entry_id=before)
+        entries = await self._credits.ledger_entries(query, limit=page_size + 1)
+        page, more = entries[:page_size], len(entries) > page_size
+        token = page_tokens.encode_ledger_token(page[-1].entry_id, key) if more else ""
+        return pb.ListLedgerEntriesResponse(entries=[ledger_entry_to_proto(entry) for entry in page], next_page_token=token)
 
 
 def _window(window_minutes: int, v: validation.Violations | None = None) -> int:

@@ -95,3 +95,27 @@ def decode_search_token(token: str, key: str) -> tuple[dt.datetime, uuid.UUID] |
     except (binascii.Error, ValueError, KeyError, TypeError, UnicodeDecodeError, OverflowError, AttributeError):
         raise invalid from None
     return moment, job_id
+
+
+def encode_ledger_token(last_entry_id: int, key: str) -> str:
+    return _encode({"e": last_entry_id, "f": key})
+
+
+def decode_ledger_token(token: str, key: str) -> int | None:
+    """The entry id to continue below; None for the first page."""
+    if not token:
+        return None
+    invalid = InvalidRequest(
+        "page_token is not valid for this request; pass the next_page_token of a ListLedgerEntries call with the same user_id and job_id",
+        field_violations=[("page_token", "unknown or issued for another user_id or job_id")],
+    )
+    if len(token) > _MAX_LIST_TOKEN_CHARS:
+        raise invalid
+    try:
+        data = _decode(token)
+        entry_id, issued_for = data["e"], data["f"]
+    except (binascii.Error, ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError):
+        raise invalid from None
+    if issued_for != key or not isinstance(entry_id, int) or isinstance(entry_id, bool) or not 0 < entry_id < 2**63:
+        raise invalid
+    return entry_id

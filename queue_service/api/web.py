@@ -35,6 +35,7 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 from protobuf.wkt import Any as AnyDetail
 
+from queue_service import audit
 from queue_service.api.auth import Authorizer
 from queue_service.api.interceptor import CheckRequest
 from queue_service.api.user_assertions import USER_ASSERTION_HEADER
@@ -148,10 +149,11 @@ class WebEndpoint:
         """Gate, authorization and error mapping, as `ErrorInterceptor._road` does for gRPC."""
         entered = False
         try:
-            entered = await self._gate.enter(method, unary=unary)
-            if self._authorize is not None:
-                await self._authorize(method, _HttpCallContext(ctx))
-            yield
+            with audit.acting_for_call():
+                entered = await self._gate.enter(method, unary=unary)
+                if self._authorize is not None:
+                    await self._authorize(method, _HttpCallContext(ctx))
+                yield
         except QueueError as error:
             raise _connect_error(status_proto_for(error)) from None
         except (ConnectError, asyncio.CancelledError, GeneratorExit):

@@ -1,8 +1,9 @@
-"""Credits: grants (once per idempotency key) and balances."""
+"""Credits: grants (once per idempotency key), balances, and the ledger's audit trail."""
 
 from __future__ import annotations
 
 from queue_service import errors
+from queue_service.model import LedgerEntry, LedgerQuery
 from queue_service.store import Store
 
 
@@ -26,3 +27,8 @@ class Credits:
     async def balance(self, user_id: str) -> int:
         async with self._store.statements() as db:
             return await db.balance_of_user(user_id=user_id)
+
+    async def ledger_entries(self, query: LedgerQuery, *, limit: int) -> list[LedgerEntry]:
+        """Ledger entries newest first, with who moved each credit and why."""
+        async with self._store.statements() as db:
+            return await db.ledger_entries(query, limit=limit)

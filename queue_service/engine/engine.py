@@ -24,7 +24,7 @@ from typing import Any
 
 from tenacity import RetryCallState, wait_random_exponential
 
-from queue_service import deadline, errors, telemetry
+from queue_service import audit, deadline, errors, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.model import (
@@ -80,8 +80,9 @@ class QueueEngine:
         return 2 * config.core_deadline_seconds + 2 * config.pool_timeout_seconds + config.lock_timeout_ms / 1000 + 1
 
     def in_background(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[None]:
-        """Runs clean-up work detached from the current call (its deadline, its cancellation)."""
-        task = deadline.spawn_detached(self._logged(work, name), name=name)
+        """Runs clean-up work detached from the current call (its deadline, its cancellation, its
+        caller: what it does is the system's own, `audit`)."""
+        task = deadline.spawn_detached(audit.as_system(self._logged(work, name)), name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
@@ -344,7 +345,7 @@ class QueueEngine:
                 ended = await db.finish_job(job_id, transition)
                 if ended is None:
                     return None
-                refunded = await db.refund_job_charge(job_id=job_id) if transition.refund else 0
+                refunded = await db.refund_job_charge(job_id=job_id, reason=cause) if transition.refund else 0
                 if not transition.run_unsettled:
                     promoted = await self._promote_locked(db, user_id, cause)
                 if read_view:
@@ -427,7 +428,7 @@ class QueueEngine:
     async def _refund_if_failed(self, job_id: uuid.UUID, user_id: str) -> None:
         async with self._store.user_queue(user_id) as db:
             job = await db.job_by_id(job_id=job_id)
-            refunded = await db.refund_job_charge(job_id=job_id) if job is not None and job.status is JobStatus.FAILED else 0
+            refunded = await db.refund_job_charge(job_id=job_id, reason=Cause.CANCEL) if job is not None and job.status is JobStatus.FAILED else 0
         if refunded:
             telemetry.metrics.refunds.add(refunded, {"cause": str(Cause.CANCEL)})
             log.info("refunded a job the core failed while the user canceled it", extra={"job_id": job_id, "user_id": user_id})

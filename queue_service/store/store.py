@@ -21,8 +21,10 @@ from typing import Any
 
 from psycopg import AsyncConnection, AsyncCursor, sql
 
+from queue_service import audit
 from queue_service.model import (
     AdmitState,
+    Cause,
     ClaimedRelease,
     ClaimedReservation,
     ClaimedSettlement,
@@ -32,6 +34,9 @@ from queue_service.model import (
     JobSearch,
     JobStatus,
     JobView,
+    LedgerEntry,
+    LedgerKind,
+    LedgerQuery,
     NewJob,
     OverdueRun,
     Overview,
@@ -119,6 +124,10 @@ class Statements:
     async def _views(self, name: str, params: Row) -> list[JobView]:
         return [JobView.from_row(row) for row in await self._all(name, params)]
 
+    def _moved(self, **movement: Any) -> None:
+        """A ledger entry this connection wrote; autocommitted, so it is logged now."""
+        audit.log_movement(**movement)
+
     # -- admit ---------------------------------------------------------------------------------
 
     async def reserve_run_and_read_admit_state(
@@ -163,11 +172,15 @@ class Statements:
         reconcile_after_seconds: float,
     ) -> JobStatus | None:
         """Returns the new job's status, or None when the key is taken, the balance is short, the
-        queue or delta limit is full, or the run's reservation is gone."""
+        queue or delta limit is full, or the run's reservation is gone. The charge records the
+        current actor (`audit`)."""
+        actor = audit.actor_for(Cause.ADMIT)
         row = await self._one(
             "insert_admitted_job",
             {
                 **dataclasses.asdict(job),
+                "actor": actor,
+                "reason": str(Cause.ADMIT),
                 "is_delta": job.delta_of_job_id is not None,
                 "default_max_active": default_max_active,
                 "max_queued": max_queued,
@@ -176,7 +189,11 @@ class Statements:
                 "reconcile_after_seconds": float(reconcile_after_seconds),
             },
         )
-        return None if row is None else JobStatus(row["status"])
+        if row is None:
+            return None
+        if job.price > 0:
+            self._moved(kind=LedgerKind.CHARGE, user_id=job.user_id, amount=-job.price, job_id=job.job_id, actor=actor, reason=Cause.ADMIT)
+        return JobStatus(row["status"])
 
     # -- promotion and ending ------------------------------------------------------------------
 
@@ -205,10 +222,15 @@ class Statements:
         )
         return None if row is None else _job_ref(row)
 
-    async def refund_job_charge(self, *, job_id: uuid.UUID) -> int:
-        """Returns the refunded amount (0 when there was no charge or it was already refunded)."""
-        row = await self._one("refund_job_charge", {"job_id": job_id})
-        return 0 if row is None else int(row["amount"])
+    async def refund_job_charge(self, *, job_id: uuid.UUID, reason: Cause) -> int:
+        """Returns the refunded amount (0 when there was no charge or it was already refunded).
+        The refund records the current actor (`audit`) and `reason`."""
+        actor = audit.actor_for(reason)
+        row = await self._one("refund_job_charge", {"job_id": job_id, "actor": actor, "reason": str(reason)})
+        if row is None:
+            return 0
+        self._moved(kind=LedgerKind.REFUND, user_id=row["user_id"], amount=int(row["amount"]), job_id=job_id, actor=actor, reason=reason)
+        return int(row["amount"])
 
     async def settle_job_run(self, *, job_id: uuid.UUID) -> bool:
         """Marks an ended job's run settled; False when it already was."""
@@ -334,10 +356,13 @@ class Statements:
     # -- credits -------------------------------------------------------------------------------
 
     async def grant_credits(self, *, user_id: str, amount: int, idempotency_key: str) -> GrantOutcome:
-        """Grants once per key: a repeated key grants nothing and reports the earlier amount."""
+        """Grants once per key: a repeated key grants nothing and reports the earlier amount. The
+        grant records the current actor (`audit`)."""
         key = {"user_id": user_id, "idempotency_key": idempotency_key}
-        row = await self._one("grant_credits", {**key, "amount": amount})
+        actor = audit.actor_for(Cause.GRANT)
+        row = await self._one("grant_credits", {**key, "amount": amount, "actor": actor, "reason": str(Cause.GRANT)})
         if row is not None:
+            self._moved(kind=LedgerKind.GRANT, user_id=user_id, amount=amount, actor=actor, reason=Cause.GRANT)
             return GrantOutcome(balance=int(row["balance"]), granted_now=True)
         earlier = await self._one("grant_by_key", key)
         return GrantOutcome(
@@ -350,6 +375,12 @@ class Statements:
         row = await self._one("balance_of_user", {"user_id": user_id})
         assert row is not None
         return int(row["balance"])
+
+    async def ledger_entries(self, query: LedgerQuery, *, limit: int) -> list[LedgerEntry]:
+        """Newest first; picks the query shape whose index fits: one job, one user, or all."""
+        params: Row = {**dataclasses.asdict(query), "limit": limit}
+        name = "ledger_entries_of_job" if query.job_id else "ledger_entries_of_user" if query.user_id else "ledger_entries"
+        return [_ledger_entry(row) for row in await self._all(name, params)]
 
     # -- the operator's reads ------------------------------------------------------------------
 
@@ -408,6 +439,20 @@ class Statements:
         return [(r["job_id"], r["user_id"]) for r in rows]
 
 
+def _ledger_entry(row: Row) -> LedgerEntry:
+    return LedgerEntry(
+        entry_id=int(row["entry_id"]),
+        create_time=row["create_time"],
+        user_id=row["user_id"],
+        kind=LedgerKind(row["kind"]),
+        amount=int(row["amount"]),
+        job_id=row["job_id"],
+        idempotency_key=row["idempotency_key"],
+        actor=row["actor"],
+        reason=row["reason"],
+    )
+
+
 def _admit_state(row: Row) -> AdmitState:
     return AdmitState(
         existing_job_id=row["existing_job_id"],
@@ -436,6 +481,15 @@ class LockedStatements(Statements):
     def __init__(self, conn: AsyncConnection[Row]) -> None:
         super().__init__(conn)
         self._after_commit: list[tuple[AsyncCursor[Row], ViewAtCommit]] = []
+        self._movements: list[dict[str, Any]] = []
+
+    def _moved(self, **movement: Any) -> None:
+        """Logged once the transaction has committed: a rolled-back movement never happened."""
+        self._movements.append(movement)
+
+    def _log_movements(self) -> None:
+        for movement in self._movements:
+            audit.log_movement(**movement)
 
     async def view_at_commit(self, job_id: uuid.UUID) -> ViewAtCommit:
         """Sends the job's view read without waiting: it is answered with the COMMIT."""
@@ -472,6 +526,7 @@ class Store:
         async with with_user_queue_lock(self.pool, user_id) as conn:
             locked = LockedStatements(conn)
             yield locked
+        locked._log_movements()
         with translated_errors():
             await locked._read_after_commit()
 

@@ -130,10 +130,15 @@ async def test_a_full_cycle_emits_spans_metrics_and_job_log_lines(otel, services
 
     # One JSON log line per state change, with job, user, run and trace ids.
     records = [json.loads(line) for line in log_lines.getvalue().splitlines()]
-    changes = [r for r in records if r.get("job_id") == second.job_id]
+    changes = [r for r in records if r.get("job_id") == second.job_id and r["logger"] != "queue_service.credits"]
     assert [r["message"] for r in changes] == ["job admitted", "job promoted", "job released", "job ended"]
     for record in changes:
         assert record["user_id"] == user and record["run_id"] == second.run_id and len(record["trace_id"]) == 32
+    # And one per credit movement, with who moved it (no tokens here: the anonymous caller).
+    [charge] = [r for r in records if r.get("job_id") == second.job_id and r["logger"] == "queue_service.credits"]
+    assert {k: charge[k] for k in ("message", "kind", "amount", "user_id", "actor", "reason")} == {
+        "message": "credits moved", "kind": "charge", "amount": "-1", "user_id": user, "actor": "anonymous", "reason": "admit",
+    }
     assert first.job_id in {r.get("job_id") for r in records}
 
 

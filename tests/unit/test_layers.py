@@ -13,7 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "queue_service"
 
-FOUNDATION = {"model", "errors", "config", "deadline", "background", "telemetry"}
+FOUNDATION = {"model", "errors", "config", "deadline", "background", "telemetry", "audit"}
 
 # Room -> the rooms of the package it may import (a room is a top-level module or subpackage).
 ALLOWED: dict[str, set[str]] = {
@@ -23,6 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "background": set(),
     "config": set(),
     "telemetry": set(),
+    "audit": set(),
     "store": FOUNDATION,
     "core_client": FOUNDATION | {"_gen"},
     "engine": FOUNDATION | {"store", "core_client"},

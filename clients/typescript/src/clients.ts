@@ -58,7 +58,7 @@ export interface QueueClients {
   coreCallback: Client<typeof CoreCallbackService>;
   /**
    * OperatorService (operator role only): GetOverview, SearchJobs, WatchOverview, CancelJobs
-   * (the web console's reads and bulk cancel).
+   * (the web console's reads and bulk cancel), ListLedgerEntries (the credits' audit trail).
    */
   operator: Client<typeof OperatorService>;
   /** The underlying gRPC transport, for creating further clients. */

@@ -93,8 +93,8 @@ debit AS (
      WHERE c.user_id = job.user_id AND job.price > 0
 ),
 charge AS (
-    INSERT INTO credit_ledger (user_id, kind, amount, job_id)
-    SELECT user_id, 'charge', -price, job_id FROM job WHERE price > 0
+    INSERT INTO credit_ledger (user_id, kind, amount, job_id, actor, reason)
+    SELECT user_id, 'charge', -price, job_id, %(actor)s, %(reason)s FROM job WHERE price > 0
 )
 SELECT job_id, status FROM job;
 
@@ -211,10 +211,10 @@ DELETE FROM run_reservations WHERE run_id = %(run_id)s;
 
 -- name: refund_job_charge
 -- Gives a job's charge back, at most once (the ledger's unique (job, kind) makes a second refund
--- a no-op). Returns the refunded amount, or no row.
+-- a no-op), recording who and why. Returns the refunded amount and its user, or no row.
 WITH refund AS (
-    INSERT INTO credit_ledger (user_id, kind, amount, job_id)
-    SELECT user_id, 'refund', -amount, job_id
+    INSERT INTO credit_ledger (user_id, kind, amount, job_id, actor, reason)
+    SELECT user_id, 'refund', -amount, job_id, %(actor)s, %(reason)s
       FROM credit_ledger
      WHERE job_id = %(job_id)s AND kind = 'charge'
     ON CONFLICT (job_id, kind) DO NOTHING
@@ -224,7 +224,7 @@ UPDATE credit_accounts c
    SET balance = c.balance + refund.amount, updated_at = clock_timestamp()
   FROM refund
  WHERE c.user_id = refund.user_id
-RETURNING refund.amount;
+RETURNING refund.user_id, refund.amount;
 
 -- name: job_by_id
 -- One job's row fields the lifecycle needs.
@@ -388,8 +388,8 @@ SELECT (SELECT count(*) FROM analysis_jobs WHERE status = 'queued') AS queued,
 -- name: grant_credits
 -- Adds a grant to the ledger and the balance, once per (user, key). No row for a repeated key.
 WITH grant_entry AS (
-    INSERT INTO credit_ledger (user_id, kind, amount, idempotency_key)
-    VALUES (%(user_id)s, 'grant', %(amount)s, %(idempotency_key)s)
+    INSERT INTO credit_ledger (user_id, kind, amount, idempotency_key, actor, reason)
+    VALUES (%(user_id)s, 'grant', %(amount)s, %(idempotency_key)s, %(actor)s, %(reason)s)
     ON CONFLICT (user_id, idempotency_key) WHERE kind = 'grant' DO NOTHING
     RETURNING user_id, amount
 )
@@ -398,6 +398,34 @@ SELECT user_id, amount FROM grant_entry
 ON CONFLICT (user_id) DO UPDATE
    SET balance = c.balance + EXCLUDED.balance, updated_at = clock_timestamp()
 RETURNING c.balance;
+
+-- name: ledger_entries_of_job
+-- One page of a job's ledger entries (its charge and refund), newest first, optionally within
+-- one user; the unique (job_id, kind) index finds them.
+SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason
+  FROM credit_ledger
+ WHERE job_id = %(job_id)s
+   AND (%(user_id)s::text = '' OR user_id = %(user_id)s::text)
+   AND entry_id < COALESCE(%(before_entry_id)s::bigint, 9223372036854775807)
+ ORDER BY entry_id DESC
+ LIMIT %(limit)s;
+
+-- name: ledger_entries_of_user
+-- One page of a user's ledger entries, newest first (keyset on entry_id, migration 0007's index).
+SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason
+  FROM credit_ledger
+ WHERE user_id = %(user_id)s
+   AND entry_id < COALESCE(%(before_entry_id)s::bigint, 9223372036854775807)
+ ORDER BY entry_id DESC
+ LIMIT %(limit)s;
+
+-- name: ledger_entries
+-- One page of every user's ledger entries, newest first (the primary key, read backwards).
+SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason
+  FROM credit_ledger
+ WHERE entry_id < COALESCE(%(before_entry_id)s::bigint, 9223372036854775807)
+ ORDER BY entry_id DESC
+ LIMIT %(limit)s;
 
 -- name: grant_by_key
 -- The earlier grant made with this key.

@@ -9,6 +9,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -19,6 +20,34 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _LedgerEntryKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _LedgerEntryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_LedgerEntryKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    LEDGER_ENTRY_KIND_UNSPECIFIED: _LedgerEntryKind.ValueType  # 0
+    """Not set; never sent."""
+    LEDGER_ENTRY_KIND_GRANT: _LedgerEntryKind.ValueType  # 1
+    """Credits an operator added (CreditsService.GrantCredits)."""
+    LEDGER_ENTRY_KIND_CHARGE: _LedgerEntryKind.ValueType  # 2
+    """A job's price, taken when it was admitted."""
+    LEDGER_ENTRY_KIND_REFUND: _LedgerEntryKind.ValueType  # 3
+    """A job's charge given back (at most once per job)."""
+
+class LedgerEntryKind(_LedgerEntryKind, metaclass=_LedgerEntryKindEnumTypeWrapper):
+    """How a ledger entry moves credits."""
+
+LEDGER_ENTRY_KIND_UNSPECIFIED: LedgerEntryKind.ValueType  # 0
+"""Not set; never sent."""
+LEDGER_ENTRY_KIND_GRANT: LedgerEntryKind.ValueType  # 1
+"""Credits an operator added (CreditsService.GrantCredits)."""
+LEDGER_ENTRY_KIND_CHARGE: LedgerEntryKind.ValueType  # 2
+"""A job's price, taken when it was admitted."""
+LEDGER_ENTRY_KIND_REFUND: LedgerEntryKind.ValueType  # 3
+"""A job's charge given back (at most once per job)."""
+Global___LedgerEntryKind: _TypeAlias = LedgerEntryKind  # noqa: Y015
 
 @_typing.final
 class JobFilter(_message.Message):
@@ -403,3 +432,132 @@ class CancelFailure(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelFailure: _TypeAlias = CancelFailure  # noqa: Y015
+
+@_typing.final
+class ListLedgerEntriesRequest(_message.Message):
+    """Request for OperatorService.ListLedgerEntries."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """Only this user's entries (exact id); empty means every user."""
+    job_id: _builtins.str
+    """Only this job's entries (its charge and refund; a UUID); empty means every job and grants."""
+    page_size: _builtins.int
+    """At most this many entries per page: 1-100; 0 means 20."""
+    page_token: _builtins.str
+    """The `next_page_token` of the previous page; empty for the first page. Only valid with the
+    same `user_id` and `job_id`.
+    """
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLedgerEntriesRequest: _TypeAlias = ListLedgerEntriesRequest  # noqa: Y015
+
+@_typing.final
+class ListLedgerEntriesResponse(_message.Message):
+    """Response for OperatorService.ListLedgerEntries."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass as `page_token` for the next page; empty on the last page."""
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___LedgerEntry]:
+        """The entries, newest first."""
+
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___LedgerEntry] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLedgerEntriesResponse: _TypeAlias = ListLedgerEntriesResponse  # noqa: Y015
+
+@_typing.final
+class LedgerEntry(_message.Message):
+    """One credit movement: who moved what, when and why. Balances are the sum of a user's entries."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRY_ID_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    AMOUNT_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    entry_id: _builtins.int
+    """The entry's number: unique, and larger for a later entry of the same database."""
+    user_id: _builtins.str
+    """Whose balance moved."""
+    kind: Global___LedgerEntryKind.ValueType
+    """Grant, charge or refund."""
+    amount: _builtins.int
+    """Credits moved, signed: negative for a charge, positive for a grant or refund."""
+    job_id: _builtins.str
+    """The job charged or refunded; empty for a grant."""
+    idempotency_key: _builtins.str
+    """A grant's idempotency key; empty for charges and refunds."""
+    actor: _builtins.str
+    """Who moved the credit: `<role>:<name>` of the authenticated caller (`operator:alice`,
+    `web:web-backend`, `core:rust-core`, the names of the auth file), `anonymous` when the
+    service runs without authentication, `system:<reason>` when the service itself moved it
+    (a release given up, a run reconciled), or `unknown` for entries written before the trail
+    existed.
+    """
+    reason: _builtins.str
+    """Why: `grant`, `admit`, `cancel`, `completion` (the core's CompleteRun), `release` (a
+    release the core answered with an ended run), `release_give_up`, `reconcile`,
+    `manual_refund` (the runbook's refund by hand), or `unknown` for entries written before the
+    trail existed.
+    """
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the entry was written."""
+
+    def __init__(
+        self,
+        *,
+        entry_id: _builtins.int = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        user_id: _builtins.str = ...,
+        kind: Global___LedgerEntryKind.ValueType = ...,
+        amount: _builtins.int = ...,
+        job_id: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
+        actor: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "amount", b"amount", "create_time", b"create_time", "entry_id", b"entry_id", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "kind", b"kind", "reason", b"reason", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LedgerEntry: _TypeAlias = LedgerEntry  # noqa: Y015

@@ -60,6 +60,11 @@ class OperatorServiceStub:
                 request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.CancelJobsRequest.SerializeToString,
                 response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.CancelJobsResponse.FromString,
                 _registered_method=True)
+        self.ListLedgerEntries = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/ListLedgerEntries',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListLedgerEntriesRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListLedgerEntriesResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServiceServicer:
@@ -115,6 +120,18 @@ class OperatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLedgerEntries(self, request, context):
+        """The audit trail of credits: ledger entries (grants, admit charges, refunds), newest first,
+        each with who moved the credit (`actor`) and why (`reason`). Filter by user, by job, or
+        both; with neither, every user's entries. Pages by keyset (`next_page_token`), so a page
+        costs the same however long the history. Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id, job id (not a UUID) or page
+        size, or a page token that is malformed or was issued for another filter.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +154,11 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.CancelJobs,
                     request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.CancelJobsRequest.FromString,
                     response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.CancelJobsResponse.SerializeToString,
+            ),
+            'ListLedgerEntries': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLedgerEntries,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListLedgerEntriesRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListLedgerEntriesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -253,6 +275,33 @@ class OperatorService:
             '/acurio.queue.v1.OperatorService/CancelJobs',
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.CancelJobsRequest.SerializeToString,
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.CancelJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLedgerEntries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/ListLedgerEntries',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListLedgerEntriesRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListLedgerEntriesResponse.FromString,
             options,
             channel_credentials,
             insecure,

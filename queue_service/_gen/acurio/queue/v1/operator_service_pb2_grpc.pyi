@@ -67,6 +67,14 @@ class OperatorServiceStub:
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad filter, `max_jobs` outside 1-1000
     on a real call, or a filter that names only ended statuses.
     """
+    ListLedgerEntries: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.ListLedgerEntriesRequest, _operator_service_pb2.ListLedgerEntriesResponse]
+    """The audit trail of credits: ledger entries (grants, admit charges, refunds), newest first,
+    each with who moved the credit (`actor`) and why (`reason`). Filter by user, by job, or
+    both; with neither, every user's entries. Pages by keyset (`next_page_token`), so a page
+    costs the same however long the history. Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id, job id (not a UUID) or page
+    size, or a page token that is malformed or was issued for another filter.
+    """
 
 @_typing.type_check_only
 class OperatorServiceAsyncStub(OperatorServiceStub):
@@ -106,6 +114,14 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     it canceled and which ones failed.
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad filter, `max_jobs` outside 1-1000
     on a real call, or a filter that names only ended statuses.
+    """
+    ListLedgerEntries: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.ListLedgerEntriesRequest, _operator_service_pb2.ListLedgerEntriesResponse]  # type: ignore[assignment]
+    """The audit trail of credits: ledger entries (grants, admit charges, refunds), newest first,
+    each with who moved the credit (`actor`) and why (`reason`). Filter by user, by job, or
+    both; with neither, every user's entries. Pages by keyset (`next_page_token`), so a page
+    costs the same however long the history. Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id, job id (not a UUID) or page
+    size, or a page token that is malformed or was issued for another filter.
     """
 
 class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -167,6 +183,20 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         it canceled and which ones failed.
         Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad filter, `max_jobs` outside 1-1000
         on a real call, or a filter that names only ended statuses.
+        """
+
+    @_abc_1.abstractmethod
+    def ListLedgerEntries(
+        self,
+        request: _operator_service_pb2.ListLedgerEntriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.ListLedgerEntriesResponse, _abc.Awaitable[_operator_service_pb2.ListLedgerEntriesResponse]]:
+        """The audit trail of credits: ledger entries (grants, admit charges, refunds), newest first,
+        each with who moved the credit (`actor`) and why (`reason`). Filter by user, by job, or
+        both; with neither, every user's entries. Pages by keyset (`next_page_token`), so a page
+        costs the same however long the history. Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id, job id (not a UUID) or page
+        size, or a page token that is malformed or was issued for another filter.
         """
 
 def add_OperatorServiceServicer_to_server(servicer: OperatorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

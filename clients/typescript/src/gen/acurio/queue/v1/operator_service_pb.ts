@@ -2,8 +2,8 @@
 // @generated from file acurio/queue/v1/operator_service.proto (package acurio.queue.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Job, JobJson, JobStatus, JobStatusJson } from "./job_pb.js";
 import { file_acurio_queue_v1_job } from "./job_pb.js";
 import type { Timestamp, TimestampJson } from "@bufbuild/protobuf/wkt";
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/operator_service.proto.
  */
 export const file_acurio_queue_v1_operator_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyL8AgoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wImYKEVNlYXJjaEpvYnNSZXF1ZXN0EioKBmZpbHRlchgBIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Kb2JGaWx0ZXISEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiUQoSU2VhcmNoSm9ic1Jlc3BvbnNlEiIKBGpvYnMYASADKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJDChRXYXRjaE92ZXJ2aWV3UmVxdWVzdBIWCg53aW5kb3dfbWludXRlcxgBIAEoBRITCgtpbnRlcnZhbF9tcxgCIAEoBSJEChVXYXRjaE92ZXJ2aWV3UmVzcG9uc2USKwoIb3ZlcnZpZXcYASABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciYgoRQ2FuY2VsSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIPCgdkcnlfcnVuGAIgASgIEhAKCG1heF9qb2JzGAMgASgFIoQBChJDYW5jZWxKb2JzUmVzcG9uc2USDwoHbWF0Y2hlZBgBIAEoBRIZChFtb3JlX3RoYW5fY291bnRlZBgCIAEoCBIQCghjYW5jZWxlZBgDIAEoBRIwCghmYWlsdXJlcxgEIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxGYWlsdXJlIkAKDUNhbmNlbEZhaWx1cmUSDgoGam9iX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIPCgdtZXNzYWdlGAMgASgJMvsCCg9PcGVyYXRvclNlcnZpY2USWAoLR2V0T3ZlcnZpZXcSIy5hY3VyaW8ucXVldWUudjEuR2V0T3ZlcnZpZXdSZXF1ZXN0GiQuYWN1cmlvLnF1ZXVlLnYxLkdldE92ZXJ2aWV3UmVzcG9uc2USVQoKU2VhcmNoSm9icxIiLmFjdXJpby5xdWV1ZS52MS5TZWFyY2hKb2JzUmVxdWVzdBojLmFjdXJpby5xdWV1ZS52MS5TZWFyY2hKb2JzUmVzcG9uc2USYAoNV2F0Y2hPdmVydmlldxIlLmFjdXJpby5xdWV1ZS52MS5XYXRjaE92ZXJ2aWV3UmVxdWVzdBomLmFjdXJpby5xdWV1ZS52MS5XYXRjaE92ZXJ2aWV3UmVzcG9uc2UwARJVCgpDYW5jZWxKb2JzEiIuYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEpvYnNSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEpvYnNSZXNwb25zZWIGcHJvdG8z", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
+  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyL8AgoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wImYKEVNlYXJjaEpvYnNSZXF1ZXN0EioKBmZpbHRlchgBIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Kb2JGaWx0ZXISEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiUQoSU2VhcmNoSm9ic1Jlc3BvbnNlEiIKBGpvYnMYASADKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJDChRXYXRjaE92ZXJ2aWV3UmVxdWVzdBIWCg53aW5kb3dfbWludXRlcxgBIAEoBRITCgtpbnRlcnZhbF9tcxgCIAEoBSJEChVXYXRjaE92ZXJ2aWV3UmVzcG9uc2USKwoIb3ZlcnZpZXcYASABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciYgoRQ2FuY2VsSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIPCgdkcnlfcnVuGAIgASgIEhAKCG1heF9qb2JzGAMgASgFIoQBChJDYW5jZWxKb2JzUmVzcG9uc2USDwoHbWF0Y2hlZBgBIAEoBRIZChFtb3JlX3RoYW5fY291bnRlZBgCIAEoCBIQCghjYW5jZWxlZBgDIAEoBRIwCghmYWlsdXJlcxgEIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxGYWlsdXJlIkAKDUNhbmNlbEZhaWx1cmUSDgoGam9iX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIPCgdtZXNzYWdlGAMgASgJImIKGExpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSJjChlMaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEi0KB2VudHJpZXMYASADKAsyHC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIukBCgtMZWRnZXJFbnRyeRIQCghlbnRyeV9pZBgBIAEoAxIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHdXNlcl9pZBgDIAEoCRIuCgRraW5kGAQgASgOMiAuYWN1cmlvLnF1ZXVlLnYxLkxlZGdlckVudHJ5S2luZBIOCgZhbW91bnQYBSABKAMSDgoGam9iX2lkGAYgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgHIAEoCRINCgVhY3RvchgIIAEoCRIOCgZyZWFzb24YCSABKAkqjQEKD0xlZGdlckVudHJ5S2luZBIhCh1MRURHRVJfRU5UUllfS0lORF9VTlNQRUNJRklFRBAAEhsKF0xFREdFUl9FTlRSWV9LSU5EX0dSQU5UEAESHAoYTEVER0VSX0VOVFJZX0tJTkRfQ0hBUkdFEAISHAoYTEVER0VSX0VOVFJZX0tJTkRfUkVGVU5EEAMy5wMKD09wZXJhdG9yU2VydmljZRJYCgtHZXRPdmVydmlldxIjLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1JlcXVlc3QaJC5hY3VyaW8ucXVldWUudjEuR2V0T3ZlcnZpZXdSZXNwb25zZRJVCgpTZWFyY2hKb2JzEiIuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXNwb25zZRJgCg1XYXRjaE92ZXJ2aWV3EiUuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXF1ZXN0GiYuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXNwb25zZTABElUKCkNhbmNlbEpvYnMSIi5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1Jlc3BvbnNlEmoKEUxpc3RMZWRnZXJFbnRyaWVzEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlYgZwcm90bzM", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
 
 /**
  * Which jobs a search or a bulk cancel is about. Every set field narrows the match.
@@ -790,6 +790,343 @@ export const CancelFailureSchema: GenMessage<CancelFailure, {jsonType: CancelFai
   messageDesc(file_acurio_queue_v1_operator_service, 10);
 
 /**
+ * Request for OperatorService.ListLedgerEntries.
+ *
+ * @generated from message acurio.queue.v1.ListLedgerEntriesRequest
+ */
+export type ListLedgerEntriesRequest = Message<"acurio.queue.v1.ListLedgerEntriesRequest"> & {
+  /**
+   * Only this user's entries (exact id); empty means every user.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId: string;
+
+  /**
+   * Only this job's entries (its charge and refund; a UUID); empty means every job and grants.
+   *
+   * @generated from field: string job_id = 2;
+   */
+  jobId: string;
+
+  /**
+   * At most this many entries per page: 1-100; 0 means 20.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  pageSize: number;
+
+  /**
+   * The `next_page_token` of the previous page; empty for the first page. Only valid with the
+   * same `user_id` and `job_id`.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  pageToken: string;
+};
+
+/**
+ * Request for OperatorService.ListLedgerEntries.
+ *
+ * @generated from message acurio.queue.v1.ListLedgerEntriesRequest
+ */
+export type ListLedgerEntriesRequestJson = {
+  /**
+   * Only this user's entries (exact id); empty means every user.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId?: string;
+
+  /**
+   * Only this job's entries (its charge and refund; a UUID); empty means every job and grants.
+   *
+   * @generated from field: string job_id = 2;
+   */
+  jobId?: string;
+
+  /**
+   * At most this many entries per page: 1-100; 0 means 20.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  pageSize?: number;
+
+  /**
+   * The `next_page_token` of the previous page; empty for the first page. Only valid with the
+   * same `user_id` and `job_id`.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  pageToken?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.ListLedgerEntriesRequest.
+ * Use `create(ListLedgerEntriesRequestSchema)` to create a new message.
+ */
+export const ListLedgerEntriesRequestSchema: GenMessage<ListLedgerEntriesRequest, {jsonType: ListLedgerEntriesRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 11);
+
+/**
+ * Response for OperatorService.ListLedgerEntries.
+ *
+ * @generated from message acurio.queue.v1.ListLedgerEntriesResponse
+ */
+export type ListLedgerEntriesResponse = Message<"acurio.queue.v1.ListLedgerEntriesResponse"> & {
+  /**
+   * The entries, newest first.
+   *
+   * @generated from field: repeated acurio.queue.v1.LedgerEntry entries = 1;
+   */
+  entries: LedgerEntry[];
+
+  /**
+   * Pass as `page_token` for the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Response for OperatorService.ListLedgerEntries.
+ *
+ * @generated from message acurio.queue.v1.ListLedgerEntriesResponse
+ */
+export type ListLedgerEntriesResponseJson = {
+  /**
+   * The entries, newest first.
+   *
+   * @generated from field: repeated acurio.queue.v1.LedgerEntry entries = 1;
+   */
+  entries?: LedgerEntryJson[];
+
+  /**
+   * Pass as `page_token` for the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.ListLedgerEntriesResponse.
+ * Use `create(ListLedgerEntriesResponseSchema)` to create a new message.
+ */
+export const ListLedgerEntriesResponseSchema: GenMessage<ListLedgerEntriesResponse, {jsonType: ListLedgerEntriesResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 12);
+
+/**
+ * One credit movement: who moved what, when and why. Balances are the sum of a user's entries.
+ *
+ * @generated from message acurio.queue.v1.LedgerEntry
+ */
+export type LedgerEntry = Message<"acurio.queue.v1.LedgerEntry"> & {
+  /**
+   * The entry's number: unique, and larger for a later entry of the same database.
+   *
+   * @generated from field: int64 entry_id = 1;
+   */
+  entryId: bigint;
+
+  /**
+   * When the entry was written.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 2;
+   */
+  createTime?: Timestamp | undefined;
+
+  /**
+   * Whose balance moved.
+   *
+   * @generated from field: string user_id = 3;
+   */
+  userId: string;
+
+  /**
+   * Grant, charge or refund.
+   *
+   * @generated from field: acurio.queue.v1.LedgerEntryKind kind = 4;
+   */
+  kind: LedgerEntryKind;
+
+  /**
+   * Credits moved, signed: negative for a charge, positive for a grant or refund.
+   *
+   * @generated from field: int64 amount = 5;
+   */
+  amount: bigint;
+
+  /**
+   * The job charged or refunded; empty for a grant.
+   *
+   * @generated from field: string job_id = 6;
+   */
+  jobId: string;
+
+  /**
+   * A grant's idempotency key; empty for charges and refunds.
+   *
+   * @generated from field: string idempotency_key = 7;
+   */
+  idempotencyKey: string;
+
+  /**
+   * Who moved the credit: `<role>:<name>` of the authenticated caller (`operator:alice`,
+   * `web:web-backend`, `core:rust-core`, the names of the auth file), `anonymous` when the
+   * service runs without authentication, `system:<reason>` when the service itself moved it
+   * (a release given up, a run reconciled), or `unknown` for entries written before the trail
+   * existed.
+   *
+   * @generated from field: string actor = 8;
+   */
+  actor: string;
+
+  /**
+   * Why: `grant`, `admit`, `cancel`, `completion` (the core's CompleteRun), `release` (a
+   * release the core answered with an ended run), `release_give_up`, `reconcile`,
+   * `manual_refund` (the runbook's refund by hand), or `unknown` for entries written before the
+   * trail existed.
+   *
+   * @generated from field: string reason = 9;
+   */
+  reason: string;
+};
+
+/**
+ * One credit movement: who moved what, when and why. Balances are the sum of a user's entries.
+ *
+ * @generated from message acurio.queue.v1.LedgerEntry
+ */
+export type LedgerEntryJson = {
+  /**
+   * The entry's number: unique, and larger for a later entry of the same database.
+   *
+   * @generated from field: int64 entry_id = 1;
+   */
+  entryId?: string;
+
+  /**
+   * When the entry was written.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 2;
+   */
+  createTime?: TimestampJson;
+
+  /**
+   * Whose balance moved.
+   *
+   * @generated from field: string user_id = 3;
+   */
+  userId?: string;
+
+  /**
+   * Grant, charge or refund.
+   *
+   * @generated from field: acurio.queue.v1.LedgerEntryKind kind = 4;
+   */
+  kind?: LedgerEntryKindJson;
+
+  /**
+   * Credits moved, signed: negative for a charge, positive for a grant or refund.
+   *
+   * @generated from field: int64 amount = 5;
+   */
+  amount?: string;
+
+  /**
+   * The job charged or refunded; empty for a grant.
+   *
+   * @generated from field: string job_id = 6;
+   */
+  jobId?: string;
+
+  /**
+   * A grant's idempotency key; empty for charges and refunds.
+   *
+   * @generated from field: string idempotency_key = 7;
+   */
+  idempotencyKey?: string;
+
+  /**
+   * Who moved the credit: `<role>:<name>` of the authenticated caller (`operator:alice`,
+   * `web:web-backend`, `core:rust-core`, the names of the auth file), `anonymous` when the
+   * service runs without authentication, `system:<reason>` when the service itself moved it
+   * (a release given up, a run reconciled), or `unknown` for entries written before the trail
+   * existed.
+   *
+   * @generated from field: string actor = 8;
+   */
+  actor?: string;
+
+  /**
+   * Why: `grant`, `admit`, `cancel`, `completion` (the core's CompleteRun), `release` (a
+   * release the core answered with an ended run), `release_give_up`, `reconcile`,
+   * `manual_refund` (the runbook's refund by hand), or `unknown` for entries written before the
+   * trail existed.
+   *
+   * @generated from field: string reason = 9;
+   */
+  reason?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.LedgerEntry.
+ * Use `create(LedgerEntrySchema)` to create a new message.
+ */
+export const LedgerEntrySchema: GenMessage<LedgerEntry, {jsonType: LedgerEntryJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 13);
+
+/**
+ * How a ledger entry moves credits.
+ *
+ * @generated from enum acurio.queue.v1.LedgerEntryKind
+ */
+export enum LedgerEntryKind {
+  /**
+   * Not set; never sent.
+   *
+   * @generated from enum value: LEDGER_ENTRY_KIND_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Credits an operator added (CreditsService.GrantCredits).
+   *
+   * @generated from enum value: LEDGER_ENTRY_KIND_GRANT = 1;
+   */
+  GRANT = 1,
+
+  /**
+   * A job's price, taken when it was admitted.
+   *
+   * @generated from enum value: LEDGER_ENTRY_KIND_CHARGE = 2;
+   */
+  CHARGE = 2,
+
+  /**
+   * A job's charge given back (at most once per job).
+   *
+   * @generated from enum value: LEDGER_ENTRY_KIND_REFUND = 3;
+   */
+  REFUND = 3,
+}
+
+/**
+ * How a ledger entry moves credits.
+ *
+ * @generated from enum acurio.queue.v1.LedgerEntryKind
+ */
+export type LedgerEntryKindJson = "LEDGER_ENTRY_KIND_UNSPECIFIED" | "LEDGER_ENTRY_KIND_GRANT" | "LEDGER_ENTRY_KIND_CHARGE" | "LEDGER_ENTRY_KIND_REFUND";
+
+/**
+ * Describes the enum acurio.queue.v1.LedgerEntryKind.
+ */
+export const LedgerEntryKindSchema: GenEnum<LedgerEntryKind, LedgerEntryKindJson> = /*@__PURE__*/
+  enumDesc(file_acurio_queue_v1_operator_service, 0);
+
+/**
  * What an operator (and the web console) sees across all users: the queue's overview, a job
  * search over the whole history, live overview updates and bulk cancel. Operator role only.
  *
@@ -855,6 +1192,21 @@ export const OperatorService: GenService<{
     methodKind: "unary";
     input: typeof CancelJobsRequestSchema;
     output: typeof CancelJobsResponseSchema;
+  },
+  /**
+   * The audit trail of credits: ledger entries (grants, admit charges, refunds), newest first,
+   * each with who moved the credit (`actor`) and why (`reason`). Filter by user, by job, or
+   * both; with neither, every user's entries. Pages by keyset (`next_page_token`), so a page
+   * costs the same however long the history. Added to the contract additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id, job id (not a UUID) or page
+   * size, or a page token that is malformed or was issued for another filter.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.ListLedgerEntries
+   */
+  listLedgerEntries: {
+    methodKind: "unary";
+    input: typeof ListLedgerEntriesRequestSchema;
+    output: typeof ListLedgerEntriesResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_acurio_queue_v1_operator_service, 0);
