@@ -71,6 +71,8 @@ CREATE TABLE public.credit_ledger (
     job_id          uuid,
     idempotency_key text,
     create_time     timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    actor           text DEFAULT 'unknown'::text NOT NULL,
+    reason          text DEFAULT 'unknown'::text NOT NULL,
     CONSTRAINT credit_ledger_grant_key CHECK ((kind = 'grant'::text) = (idempotency_key IS NOT NULL)),
     CONSTRAINT credit_ledger_job_entries CHECK ((kind = 'grant'::text) = (job_id IS NULL)),
     CONSTRAINT credit_ledger_job_id_fkey FOREIGN KEY (job_id) REFERENCES analysis_jobs(job_id),
@@ -79,8 +81,8 @@ CREATE TABLE public.credit_ledger (
     CONSTRAINT credit_ledger_pkey PRIMARY KEY (entry_id),
     CONSTRAINT credit_ledger_sign CHECK (kind = 'charge'::text AND amount < 0 OR (kind = ANY (ARRAY['grant'::text, 'refund'::text])) AND amount > 0)
 );
-CREATE INDEX credit_ledger_by_user ON public.credit_ledger USING btree (user_id);
 CREATE UNIQUE INDEX credit_ledger_grant_idempotency ON public.credit_ledger USING btree (user_id, idempotency_key) WHERE (kind = 'grant'::text);
+CREATE INDEX credit_ledger_user_newest_first ON public.credit_ledger USING btree (user_id, entry_id DESC);
 
 CREATE TABLE public.queue_schema_migrations (
     version    integer NOT NULL,
