@@ -29,7 +29,7 @@ from queue_service.api.user_assertions import AssertionVerifier, load_keys
 from queue_service.config import Config, ConfigError
 from queue_service.errors import UserAssertionInvalid
 from tests.harness import error_info, new_user
-from tests.test_operator_console import _details, _envelopes, _post
+from tests.integration.test_operator_console import _details, _envelopes, _post
 
 TOKENS = {"web": "web-token-for-assertions", "core": "core-token-for-assertions", "operator": "operator-token-for-assertions"}
 ISSUER = "https://web.acurio.example"
