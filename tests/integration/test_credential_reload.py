@@ -302,3 +302,42 @@ def test_a_bad_certificate_at_start_is_a_configuration_error(tmp_path: Path) -> 
         read_tls_files(str(cert), str(key), str(key))
     with pytest.raises(ConfigError, match="not readable"):
         read_tls_files(str(tmp_path / "missing.pem"), str(key), "")
+
+
+async def test_a_reload_swaps_the_client_ca_for_new_mutual_tls_connections(services, tmp_path: Path) -> None:
+    """Moving clients to a new CA: after the reload, a client certificate of the old CA no longer
+    completes a handshake and one of the new CA (same SAN) is the same caller."""
+    server_ca, old_client_ca, new_client_ca = trustme.CA(), trustme.CA(), trustme.CA()
+    cert, key = _issue_server_certificate(server_ca, tmp_path, "server")
+    client_ca_file = tmp_path / "client-ca.pem"
+    client_ca_file.write_bytes(old_client_ca.cert_pem.bytes())
+    auth = tmp_path / "auth.json"
+    auth.write_text(json.dumps({"certificates": [{"san": "ops-tool", "role": "operator"}]}))
+    service = await services.start(
+        tls_cert_file=str(cert), tls_key_file=str(key), tls_client_ca_file=str(client_ca_file),
+        auth_file=str(auth), credentials_reload_seconds=0,
+    )
+    channels: list[grpc.aio.Channel] = []
+
+    async def balance_with_certificate_of(ca: trustme.CA) -> grpc.StatusCode:
+        issued = ca.issue_cert("ops-tool")
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=server_ca.cert_pem.bytes(),
+            private_key=issued.private_key_pem.bytes(),
+            certificate_chain=issued.cert_chain_pems[0].bytes(),
+        )
+        channel = grpc.aio.secure_channel(service.address, credentials, options=[("grpc.use_local_subchannel_pool", 1)])
+        channels.append(channel)
+        stub = credits_grpc.CreditsServiceStub(channel)
+        return await _code_of(stub.GetBalance(credits_pb2.GetBalanceRequest(user_id="u"), timeout=3))
+
+    try:
+        assert await balance_with_certificate_of(old_client_ca) == grpc.StatusCode.OK
+        assert await balance_with_certificate_of(new_client_ca) == grpc.StatusCode.UNAVAILABLE
+        client_ca_file.write_bytes(new_client_ca.cert_pem.bytes())
+        assert service.app.reload_credentials() is True
+        assert await balance_with_certificate_of(new_client_ca) == grpc.StatusCode.OK
+        assert await balance_with_certificate_of(old_client_ca) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        for channel in channels:
+            await channel.close()
