@@ -13,14 +13,19 @@ FROM ${BASE_IMAGE} AS build
 ARG EXTRA_CA_PEM=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# The dependencies, pip and the build backend come from the hash-locked requirements.lock
+# (deploy/lock-dependencies writes it): exact versions, each file checked against its hash,
+# nothing unpinned fetched. The project itself then goes in without resolving anything.
+COPY requirements.lock pyproject.toml README.md ./
 COPY queue_service ./queue_service
 RUN if [ -n "$EXTRA_CA_PEM" ]; then \
       cat /etc/ssl/certs/ca-certificates.crt > /tmp/ca.pem && printf '%s\n' "$EXTRA_CA_PEM" >> /tmp/ca.pem \
       && export PIP_CERT=/tmp/ca.pem; \
     fi \
  && python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --quiet . \
+ && /opt/venv/bin/pip install --quiet --require-hashes -r requirements.lock \
+ && /opt/venv/bin/pip install --quiet --no-deps --no-build-isolation . \
+ && /opt/venv/bin/pip check \
  && rm -f /tmp/ca.pem
 
 FROM ${BASE_IMAGE}

@@ -131,6 +131,8 @@ async def _serve_until_signal(config: Config, *, on_serving: Callable[[QueueApp]
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    # SIGHUP re-reads the credential files (auth file, TLS, assertion keys) without a restart.
+    loop.add_signal_handler(signal.SIGHUP, app.reload_credentials)
     try:
         await app.start()
     except Exception as exc:

@@ -155,6 +155,7 @@ SETTINGS: dict[str, Setting] = {
     "tls_key_file": Setting("QUEUE_TLS_KEY_FILE", "", _parse_text, "PEM private key of the listener"),
     "tls_client_ca_file": Setting("QUEUE_TLS_CLIENT_CA_FILE", "", _parse_text, "PEM CA bundle; set to require client certificates (mutual TLS)"),
     "auth_file": Setting("QUEUE_AUTH_FILE", "", _parse_text, "JSON file mapping bearer tokens (sha256) and client-certificate names to roles; set: every call is authenticated"),
+    "credentials_reload_seconds": Setting("QUEUE_CREDENTIALS_RELOAD_SECONDS", "60", _parse_float(0.0, 86400), "how often the auth file, the listener's TLS files and the user assertion key file are checked for changes and re-read without a restart (SIGHUP re-reads them at once); 0: on SIGHUP only"),
     "allow_unauthenticated": Setting("QUEUE_ALLOW_UNAUTHENTICATED", "false", _parse_bool, "serve without QUEUE_AUTH_FILE on a non-loopback address (behind a trusted proxy only)"),
     "tls_terminated_upstream": Setting("QUEUE_TLS_TERMINATED_UPSTREAM", "false", _parse_bool, "with QUEUE_AUTH_FILE and no QUEUE_TLS_CERT_FILE: a mesh or ingress terminates TLS in front of every non-loopback listener, so bearer tokens never cross the network in plaintext; unset, such a listener is refused"),
     "user_assertion_key_file": Setting("QUEUE_USER_ASSERTION_KEY_FILE", "", _parse_text, "per-user assertions: the web backend's Ed25519, ECDSA P-256 or RSA public key (PEM, recommended; several during a rotation) or an HS256 secret file; set (with QUEUE_AUTH_FILE): every `web` call that acts for a user must carry a JWT in `x-user-assertion` whose `sub` is its user_id"),
@@ -244,6 +245,7 @@ class Config:
     tls_key_file: str
     tls_client_ca_file: str
     auth_file: str
+    credentials_reload_seconds: float
     allow_unauthenticated: bool
     tls_terminated_upstream: bool
     user_assertion_key_file: str

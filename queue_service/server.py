@@ -32,12 +32,14 @@ from queue_service.api import auth
 from queue_service.api.auth import Authorizer
 from queue_service.api.callbacks import CoreCallbackServicer
 from queue_service.api.connection_limits import connection_options
+from queue_service.api.credential_reload import CredentialReloader
 from queue_service.api.credits import CreditsServicer
 from queue_service.api.gate import CallGate
 from queue_service.api.health_service import HealthService
 from queue_service.api.interceptor import ErrorInterceptor
 from queue_service.api.operator import OperatorServicer
 from queue_service.api.queue import AnalysisQueueServicer
+from queue_service.api.server_tls import ServerTls
 from queue_service.api.user_assertions import UserAssertions
 from queue_service.api.web import WebEndpoint
 from queue_service.background import cancel_and_wait
@@ -138,9 +140,17 @@ class QueueApp:
             "OperatorService": OperatorServicer(self.engine, self.reads, self.gate.draining, credits),
         }
         self.web = WebEndpoint(self.servicers, authorizer, self.gate, config, check_request) if config.http_addr else None
-        self._server_credentials = auth.server_credentials(
-            config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
+        tls = ServerTls(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file) if config.tls_cert_file else None
+        self._server_credentials = tls.grpc_credentials() if tls is not None else None
+        self.credentials = CredentialReloader(
+            authorizer=authorizer,
+            auth_file=config.auth_file,
+            tls=tls,
+            assertions=assertions,
+            assertion_key_file=config.user_assertion_key_file,
+            on_new_certificate=self.web.reload_certificate if self.web is not None else None,
         )
+        self._credentials_watch: asyncio.Task[None] | None = None
         self.server: grpc.aio.Server | None = None
         self._health_watch: asyncio.Task[None] | None = None
         self.port = 0
@@ -186,8 +196,17 @@ class QueueApp:
             self.http_port = await self.web.start()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self._health_watch = asyncio.create_task(self._watch_database(), name="health-watch")
+        if self.config.credentials_reload_seconds > 0 and self.credentials.paths:
+            self._credentials_watch = asyncio.create_task(
+                self.credentials.watch(self.config.credentials_reload_seconds), name="credentials-watch"
+            )
         log.info("serving on %s (port %d)", self.config.listen_addr, self.port)
         return self.port
+
+    def reload_credentials(self) -> bool:
+        """Re-reads the auth file, the listener's TLS files and the assertion key file (SIGHUP);
+        False when one was refused and kept as it was (`CredentialReloader`)."""
+        return self.credentials.reload()
 
     async def _check_schema(self) -> None:
         pending = await self.store.pending_migrations()
@@ -220,6 +239,7 @@ class QueueApp:
         started = time.monotonic()
         self.gate.close()  # WatchJobs streams end with UNAVAILABLE; clients reconnect elsewhere
         await cancel_and_wait(self._health_watch)
+        await cancel_and_wait(self._credentials_watch)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         idle = await self.gate.wait_idle(grace)
         if idle and grace > 0:

@@ -78,54 +78,41 @@ class AuthConfigError(ValueError):
     """The auth file cannot be used; the message says which entry is wrong."""
 
 
+@dataclasses.dataclass(frozen=True)
+class _Callers:
+    """One reading of the auth file: who each token digest and each certificate SAN is."""
+
+    tokens: Mapping[str, Caller]
+    certificates: Mapping[str, Caller]
+
+
 class Authorizer:
+    """Who a call's credentials name. `reload` swaps in a new reading of the auth file at once:
+    a call sees either the old file or the new one, never a mix."""
+
     def __init__(self, tokens: dict[str, Caller], certificates: dict[str, Caller]) -> None:
-        self._tokens = tokens
-        self._certificates = certificates
+        self._callers = _Callers(tokens, certificates)
 
     @classmethod
     def from_file(cls, path: str) -> Authorizer:
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise AuthConfigError(f"QUEUE_AUTH_FILE={path!r} is not readable JSON: {exc}") from None
-        tokens, certificates = {}, {}
-        for index, entry in enumerate(data.get("tokens", [])):
-            digest, caller = str(entry.get("sha256", "")).lower(), _caller(entry, f"tokens[{index}]")
-            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-                raise AuthConfigError(f"tokens[{index}].sha256 must be 64 hex digits (sha256 of the token)")
-            tokens[digest] = caller
-        for index, entry in enumerate(data.get("certificates", [])):
-            san = _certificate_san(entry, f"certificates[{index}]")
-            if san in certificates:
-                raise AuthConfigError(f"certificates[{index}].san {san!r} appears twice; one identity has one role")
-            certificates[san] = _caller(entry, f"certificates[{index}]")
-        return cls(tokens, certificates)
+        callers = _read_auth_file(path)
+        return cls(dict(callers.tokens), dict(callers.certificates))
+
+    def reload(self, path: str) -> tuple[int, int]:
+        """Reads `path` again and serves from it; AuthConfigError (and the old file kept) when it
+        cannot be used. Returns how many tokens and certificate entries it holds."""
+        callers = _read_auth_file(path)
+        self._callers = callers  # one reference swap: no call sees half of each file
+        return len(callers.tokens), len(callers.certificates)
 
     def identify(self, context: CallCredentialsSource) -> Caller | None:
+        callers = self._callers  # the same reading for the whole call, whatever a reload does
         for key, value in context.invocation_metadata() or ():
             if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-                caller = self._tokens.get(hashlib.sha256(value[7:].strip().encode()).hexdigest())
+                caller = callers.tokens.get(hashlib.sha256(value[7:].strip().encode()).hexdigest())
                 if caller is not None:
                     return caller
-        return self._identify_certificate(context.auth_context() or {})
-
-    def _identify_certificate(self, auth_context: Mapping[str, Iterable[bytes]]) -> Caller | None:
-        """The caller whose `san` is one of the certificate's DNS or URI SANs. A certificate naming
-        several callers of the file is refused rather than resolved by order."""
-        matched: dict[str, Caller] = {}
-        for prop in _CERTIFICATE_IDENTITY_PROPERTIES:
-            for value in auth_context.get(prop, []):
-                san = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-                if san in self._certificates:
-                    matched[san] = self._certificates[san]
-        if len(matched) > 1:
-            raise errors.Unauthenticated(
-                f"the client certificate names {len(matched)} identities of the auth file ({', '.join(sorted(matched))}); "
-                "issue it with one of them",
-                metadata={"subjectAlternativeNames": ",".join(sorted(matched))},
-            )
-        return next(iter(matched.values()), None)
+        return _identify_certificate(callers.certificates, context.auth_context() or {})
 
     async def authorize(self, method: str, context: CallCredentialsSource) -> None:
         """Raises Unauthenticated or PermissionDenied; returns when the call may proceed, with the
@@ -145,6 +132,52 @@ class Authorizer:
             f"{caller.name} (role {caller.role}) may not call {method}",
             metadata={"method": method, "role": caller.role, "caller": caller.name},
         )
+
+
+def _read_auth_file(path: str) -> _Callers:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise AuthConfigError(f"QUEUE_AUTH_FILE={path!r} is not readable JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise AuthConfigError(f"QUEUE_AUTH_FILE={path!r} must hold a JSON object with `tokens` and `certificates`")
+    tokens, certificates = {}, {}
+    for index, entry in enumerate(_entries(data, "tokens")):
+        digest, caller = str(entry.get("sha256", "")).lower(), _caller(entry, f"tokens[{index}]")
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise AuthConfigError(f"tokens[{index}].sha256 must be 64 hex digits (sha256 of the token)")
+        tokens[digest] = caller
+    for index, entry in enumerate(_entries(data, "certificates")):
+        san = _certificate_san(entry, f"certificates[{index}]")
+        if san in certificates:
+            raise AuthConfigError(f"certificates[{index}].san {san!r} appears twice; one identity has one role")
+        certificates[san] = _caller(entry, f"certificates[{index}]")
+    return _Callers(tokens, certificates)
+
+
+def _entries(data: dict[str, Any], field: str) -> list[dict[str, Any]]:
+    entries = data.get(field, [])
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        raise AuthConfigError(f"QUEUE_AUTH_FILE: `{field}` must be a list of objects")
+    return entries
+
+
+def _identify_certificate(certificates: Mapping[str, Caller], auth_context: Mapping[str, Iterable[bytes]]) -> Caller | None:
+    """The caller whose `san` is one of the certificate's DNS or URI SANs. A certificate naming
+    several callers of the file is refused rather than resolved by order."""
+    matched: dict[str, Caller] = {}
+    for prop in _CERTIFICATE_IDENTITY_PROPERTIES:
+        for value in auth_context.get(prop, []):
+            san = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+            if san in certificates:
+                matched[san] = certificates[san]
+    if len(matched) > 1:
+        raise errors.Unauthenticated(
+            f"the client certificate names {len(matched)} identities of the auth file ({', '.join(sorted(matched))}); "
+            "issue it with one of them",
+            metadata={"subjectAlternativeNames": ",".join(sorted(matched))},
+        )
+    return next(iter(matched.values()), None)
 
 
 def _caller(entry: dict[str, Any], where: str) -> Caller:
@@ -176,17 +209,6 @@ def _certificate_san(entry: dict[str, Any], where: str) -> str:
 
 def _read(path: str) -> bytes:
     return Path(path).read_bytes()
-
-
-def server_credentials(cert_file: str, key_file: str, client_ca_file: str) -> grpc.ServerCredentials | None:
-    """TLS for the listener; mutual TLS (client certificate required) when a client CA is set."""
-    if not cert_file:
-        return None
-    return grpc.ssl_server_credentials(
-        [(_read(key_file), _read(cert_file))],
-        root_certificates=_read(client_ca_file) if client_ca_file else None,
-        require_client_auth=bool(client_ca_file),
-    )
 
 
 def core_channel_credentials(ca_file: str, cert_file: str, key_file: str) -> grpc.ChannelCredentials | None:

@@ -13,6 +13,7 @@ import grpc
 
 from queue_service import audit, deadline
 from queue_service.api.auth import CallCredentialsSource
+from queue_service.api.call_spans import aborts_stay_inside, record_handler_abort, record_outcome
 from queue_service.api.gate import CallGate
 from queue_service.api.status import internal_status, status_for
 from queue_service.errors import QueueError
@@ -85,12 +86,20 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 if self._authorize is not None:
                     await self._authorize(method, context)
                 yield
+        # The server span records a refusal's status and reason, not a stack trace (`call_spans`).
         except QueueError as error:
-            await context.abort_with_status(status_for(error))
-        except (grpc.aio.AbortError, GeneratorExit):
+            status = status_for(error)
+            record_outcome(status.code, error.reason, error.message, error)
+            await context.abort_with_status(status)
+        except grpc.aio.AbortError:
+            record_handler_abort(context)
             raise
-        except Exception:
-            await context.abort_with_status(internal_status(method))
+        except GeneratorExit:
+            raise
+        except Exception as unexpected:
+            status = internal_status(method)
+            record_outcome(status.code, "INTERNAL", status.details, unexpected)
+            await context.abort_with_status(status)
         finally:
             if entered:
                 self._gate.exit(unary=unary)
@@ -105,19 +114,21 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     # behaviors as the sync server's (returning a message or an Iterator): hence Callable[..., Any].
     def _wrap_unary(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            async with self._road(method, context, unary=True):
-                if self._check_request is not None:
-                    self._check_request(method, request, context)
-                return await behavior(request, context)
+            with aborts_stay_inside():
+                async with self._road(method, context, unary=True):
+                    if self._check_request is not None:
+                        self._check_request(method, request, context)
+                    return await behavior(request, context)
 
         return wrapped
 
     def _wrap_stream(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-            async with self._road(method, context, unary=False):
-                if self._check_request is not None:
-                    self._check_request(method, request, context)
-                async for message in behavior(request, context):
-                    yield message
+            with aborts_stay_inside():
+                async with self._road(method, context, unary=False):
+                    if self._check_request is not None:
+                        self._check_request(method, request, context)
+                    async for message in behavior(request, context):
+                        yield message
 
         return wrapped

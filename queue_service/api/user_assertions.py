@@ -112,6 +112,10 @@ class AssertionVerifier:
         self._leeway = leeway_seconds
         self._required = ["sub", "aud", "iat", "exp"] + (["iss"] if issuer else [])
 
+    def use_keys(self, keys: list[AssertionKey]) -> None:
+        """Verifies with `keys` from now on (a reload of the key file); one reference swap."""
+        self._keys = keys
+
     def subject(self, token: str, method: str) -> str:
         """The assertion's `sub`; UserAssertionInvalid (with the problem named) when it does not verify."""
         if len(token) > _MAX_TOKEN_CHARS:
@@ -197,6 +201,13 @@ class UserAssertions:
             leeway_seconds=config.user_assertion_leeway_seconds,
         )
         return cls(verifier, identify)
+
+    def reload(self, key_file: str) -> int:
+        """Reads the key file again and verifies with it; ConfigError (the old keys kept) when it
+        cannot be used. Returns how many keys it holds."""
+        keys = load_keys(key_file)
+        self._verifier.use_keys(keys)
+        return len(keys)
 
     def check(self, method: str, request: Any, context: CallCredentialsSource) -> None:
         """Returns when the call may go on; raises InvalidRequest, UserAssertionInvalid or UserMismatch."""

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import mimetypes
 import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -101,6 +102,17 @@ class _QueueConnectApplication(ConnectASGIApplication[Mapping[str, Any]]):
         return "/"
 
 
+class _HypercornConfig(HypercornConfig):
+    """Keeps the TLS context Hypercorn makes once at start, so a reload can load a new
+    certificate into it."""
+
+    ssl_context: ssl.SSLContext | None = None
+
+    def create_ssl_context(self) -> ssl.SSLContext | None:
+        self.ssl_context = super().create_ssl_context()
+        return self.ssl_context
+
+
 class WebEndpoint:
     """Serves Connect/gRPC-Web and the console on `config.http_addr`; `start` returns the port."""
 
@@ -120,6 +132,7 @@ class WebEndpoint:
         )
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._hypercorn: _HypercornConfig | None = None
 
     # -- the Connect side -----------------------------------------------------------------
 
@@ -231,7 +244,7 @@ class WebEndpoint:
             raise OSError(f"could not listen on QUEUE_HTTP_ADDR={self._config.http_addr}: {exc.strerror}") from None
         listener.listen(128)
         bound: int = listener.getsockname()[1]
-        hypercorn = HypercornConfig()
+        hypercorn = _HypercornConfig()
         # Bound here so a port of 0 is known at once; Hypercorn owns (and closes) the socket.
         hypercorn.bind = [f"fd://{listener.detach()}"]
         hypercorn.accesslog = None
@@ -239,9 +252,17 @@ class WebEndpoint:
         hypercorn.graceful_timeout = 1.0
         if self._config.tls_cert_file:
             hypercorn.certfile, hypercorn.keyfile = self._config.tls_cert_file, self._config.tls_key_file
+        self._hypercorn = hypercorn
         self._task = asyncio.create_task(serve(self, hypercorn, shutdown_trigger=self._stop.wait), name="http-endpoint")
         log.info("web console and Connect endpoint on %s (port %d)", self._config.http_addr, bound)
         return bound
+
+    def reload_certificate(self) -> None:
+        """Loads the listener's certificate and key again into the TLS context Hypercorn serves
+        with: handshakes from now on present the new certificate (a credentials reload)."""
+        context = self._hypercorn.ssl_context if self._hypercorn is not None else None
+        if context is not None:
+            context.load_cert_chain(self._config.tls_cert_file, self._config.tls_key_file)
 
     async def stop(self) -> None:
         self._stop.set()

@@ -324,6 +324,6 @@ def test_hash_token_prints_an_entry_the_authorizer_accepts(tmp_path: Path) -> No
     assert entry["name"] == "web-backend" and entry["role"] == "web"
     auth_file = tmp_path / "auth.json"
     auth_file.write_text(json.dumps({"tokens": [entry]}))
-    assert Authorizer.from_file(str(auth_file))._tokens[entry["sha256"]].role == "web"
+    assert Authorizer.from_file(str(auth_file))._callers.tokens[entry["sha256"]].role == "web"
     wrong_role = run_cli("hash-token", "--name", "x", "--role", "admin", env=_env(), stdin="s3cret\n")
     assert wrong_role.returncode == cli.EXIT_CONFIG and "web" in one_line(wrong_role)

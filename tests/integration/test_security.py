@@ -257,7 +257,7 @@ async def test_a_client_certificate_is_identified_by_its_subject_alternative_nam
 
 
 def test_certificate_entries_name_one_subject_alternative_name(tmp_path: Path) -> None:
-    from queue_service.api.auth import AuthConfigError, Authorizer
+    from queue_service.api.auth import AuthConfigError, Authorizer, _identify_certificate
 
     def load(*entries: dict[str, str]) -> Authorizer:
         path = tmp_path / "auth.json"
@@ -266,7 +266,7 @@ def test_certificate_entries_name_one_subject_alternative_name(tmp_path: Path) -
 
     def identify(authorizer: Authorizer, **auth_context: str):
         """The caller for a verified certificate gRPC describes with these auth-context properties."""
-        return authorizer._identify_certificate({name: [value.encode()] for name, value in auth_context.items()})
+        return _identify_certificate(authorizer._callers.certificates, {name: [value.encode()] for name, value in auth_context.items()})
 
     authorizer = load({"san": "rust-core", "role": "core"})
     assert identify(authorizer, peer_dns="rust-core").role == "core"

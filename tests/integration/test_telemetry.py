@@ -172,3 +172,74 @@ async def test_serve_exposes_prometheus_metrics_and_prints_spans_on_request(serv
     await asyncio.to_thread(replica.process.wait, 15)
     log = replica.log()
     assert '"name": "admit"' in log and '"name": "lock.wait"' in log
+
+
+async def test_refused_calls_record_their_status_and_reason_not_a_stack_trace(otel, services, tmp_path) -> None:
+    """Refusals anyone who reaches the port can cause (no token, the wrong role, bad input, an
+    unknown job, health for an unknown service) leave the server span without an exception event,
+    with the status code and reason as attributes; a bug (INTERNAL) keeps its exception."""
+    import hashlib
+    import uuid
+
+    import grpc
+    from grpc_health.v1 import health_pb2
+
+    from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb2
+
+    spans, _ = otel
+    auth_file = tmp_path / "auth.json"
+    auth_file.write_text(json.dumps({"tokens": [
+        {"name": "web-backend", "role": "web", "sha256": hashlib.sha256(b"web-token").hexdigest()},
+    ]}))
+    service = await services.start(auth_file=str(auth_file))
+    web = (("authorization", "Bearer web-token"),)
+    stubs = service.stubs
+    missing_job = str(uuid.uuid4())
+    # Each call starts when made: one at a time, so each has its span alone.
+    refusals = {
+        "GetJob-no-token": (lambda: stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=missing_job), timeout=5), grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED"),
+        "GrantCredits-as-web": (
+            lambda: stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id="u", amount=1, idempotency_key="k"), metadata=web, timeout=5),
+            grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED",
+        ),
+        "GetJob-bad-id": (lambda: stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id="not-a-uuid"), metadata=web, timeout=5), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"),
+        "GetJob-unknown": (lambda: stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=missing_job), metadata=web, timeout=5), grpc.StatusCode.NOT_FOUND, "JOB_NOT_FOUND"),
+        "Health-unknown-service": (lambda: stubs.health.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=5), grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
+    }
+    for label, (call, code, reason) in refusals.items():
+        spans.clear()
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await call()
+        assert raised.value.code() == code, label
+        server_spans = [s for s in spans.get_finished_spans() if s.kind == trace.SpanKind.SERVER]
+        assert len(server_spans) == 1, label
+        span = server_spans[0]
+        assert [event.name for event in span.events] == [], f"{label}: {[e.attributes for e in span.events]}"
+        assert span.attributes["rpc.grpc.status_code"] == code.value[0], label
+        assert span.attributes["queue.error.reason"] == reason, label
+        assert span.status.status_code == trace.StatusCode.UNSET, label
+
+    # A refused stream too: WatchJobs without credentials.
+    spans.clear()
+    stream = stubs.queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id="u"), timeout=5)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stream.read()
+    assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    watch = next(s for s in spans.get_finished_spans() if s.kind == trace.SpanKind.SERVER and s.name.endswith("/WatchJobs"))
+    assert list(watch.events) == []
+    assert watch.attributes["rpc.grpc.status_code"] == grpc.StatusCode.UNAUTHENTICATED.value[0]
+
+    # A bug is another matter: INTERNAL, the span an error with the exception that caused it.
+    async def broken_read(job_id: object) -> None:
+        raise RuntimeError("a bug in the read path")
+
+    service.app.reads.one = broken_read  # type: ignore[method-assign]
+    spans.clear()
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=missing_job), metadata=web, timeout=5)
+    assert raised.value.code() == grpc.StatusCode.INTERNAL
+    span = next(s for s in spans.get_finished_spans() if s.kind == trace.SpanKind.SERVER)
+    assert span.status.status_code == trace.StatusCode.ERROR
+    assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.INTERNAL.value[0]
+    assert [e.attributes["exception.type"] for e in span.events] == ["RuntimeError"]
+    assert "a bug in the read path" in span.events[0].attributes["exception.message"]

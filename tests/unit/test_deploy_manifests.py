@@ -9,7 +9,9 @@ selectors (Deployment, Services, PodDisruptionBudget) pick the replicas' pods an
 A `serve` container must also pass `Config.require_service_targets` (a database, a core, and
 authentication or an explicit QUEUE_ALLOW_UNAUTHENTICATED), find every file setting
 (QUEUE_AUTH_FILE, QUEUE_TLS_*) on a Secret it mounts readably, and an unauthenticated stack
-may publish ports on loopback only.
+may publish ports on loopback only. The replicas' NetworkPolicy opens exactly the gRPC and
+metrics ports to named namespaces and lets them reach only DNS, PostgreSQL, the core and the
+collector; the manifests turn reflection off.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ K8S_API_VERSIONS = {
     "ConfigMap": "v1",
     "Job": "batch/v1",
     "PodDisruptionBudget": "policy/v1",
+    "NetworkPolicy": "networking.k8s.io/v1",
 }
 PROBE_KINDS = ("startupProbe", "readinessProbe", "livenessProbe")
 
@@ -537,3 +540,70 @@ def test_services_expose_grpc_and_the_metrics_port() -> None:
         metrics_port = port_of(config.metrics_addr)
         assert metrics_port in container_ports.values(), "the container must declare the metrics port"
         assert any(metrics_port in [target(p) for p in s["spec"]["ports"]] for s in services), "no Service exposes metrics"
+
+
+# -- network exposure ------------------------------------------------------------------------
+
+
+def network_policies_selecting(labels: dict[str, str]) -> list[dict[str, Any]]:
+    return [o for o in k8s_objects() if o["kind"] == "NetworkPolicy" and selects(o["spec"]["podSelector"]["matchLabels"], labels)]
+
+
+def policy_ports(rule: dict[str, Any], container_ports: dict[str, int]) -> set[tuple[int, str]]:
+    """A rule's ports as (number, protocol), named container ports resolved."""
+    ports = set()
+    for port in rule.get("ports", []):
+        assert "port" in port, f"a rule without a port opens every port: {rule}"
+        number = container_ports[port["port"]] if isinstance(port["port"], str) else port["port"]
+        ports.add((number, port.get("protocol", "TCP")))
+    return ports
+
+
+def test_a_network_policy_confines_the_replicas_to_their_callers_and_dependencies() -> None:
+    """Ingress: the gRPC port from the callers' namespaces only, the metrics port from monitoring
+    only; egress: DNS, PostgreSQL, the core and the OTLP collector, each on its own port; no rule
+    open to every peer or every port."""
+    pod_labels = k8s_one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    job_labels = k8s_one("Job")["spec"]["template"]["metadata"]["labels"]
+    (policy,) = network_policies_selecting(pod_labels)
+    assert policy not in network_policies_selecting(job_labels)
+    spec = policy["spec"]
+    assert set(spec["policyTypes"]) == {"Ingress", "Egress"}
+    (container,) = pod_spec("Deployment")["containers"]
+    container_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    config = config_of(container_env(container, "Deployment"), "Deployment")
+
+    allowed_in: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for rule in spec["ingress"]:
+        assert rule.get("from"), f"an ingress rule without `from` admits everyone: {rule}"
+        for peer in rule["from"]:
+            assert "namespaceSelector" in peer and peer["namespaceSelector"].get("matchLabels"), f"every peer names its namespace: {peer}"
+        for port in policy_ports(rule, container_ports):
+            allowed_in.setdefault(port, []).extend(rule["from"])
+    listen, metrics = (port_of(config.listen_addr), "TCP"), (port_of(config.metrics_addr), "TCP")
+    assert set(allowed_in) == {listen, metrics}, "only the gRPC and the metrics port are reachable"
+    namespaces = lambda peers: {p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for p in peers}  # noqa: E731
+    assert namespaces(allowed_in[metrics]) == {"monitoring"}
+    assert "monitoring" not in namespaces(allowed_in[listen]) and len(allowed_in[listen]) == 3, "web backend, core, operators"
+
+    allowed_out: set[tuple[int, str]] = set()
+    for rule in spec["egress"]:
+        assert rule.get("to"), f"an egress rule without `to` reaches everyone: {rule}"
+        allowed_out |= policy_ports(rule, container_ports)
+    otlp_port = int(re.search(r":(\d+)/?$", container_env(container, "Deployment")["OTEL_EXPORTER_OTLP_ENDPOINT"]).group(1))
+    assert allowed_out == {(53, "UDP"), (53, "TCP"), (5432, "TCP"), (port_of(config.core_addr), "TCP"), (otlp_port, "TCP")}
+
+
+def test_the_migrate_job_has_its_own_closed_network_policy() -> None:
+    job_labels = k8s_one("Job")["spec"]["template"]["metadata"]["labels"]
+    (policy,) = network_policies_selecting(job_labels)
+    spec = policy["spec"]
+    assert set(spec["policyTypes"]) == {"Ingress", "Egress"} and not spec.get("ingress"), "nothing calls the migrate Job"
+    assert all(rule.get("to") for rule in spec["egress"])
+    assert set().union(*(policy_ports(rule, {}) for rule in spec["egress"])) == {(53, "UDP"), (53, "TCP"), (5432, "TCP")}
+
+
+def test_the_manifests_turn_reflection_off() -> None:
+    """Reflection describes every service, operator RPCs included, to any authenticated caller."""
+    (container,) = pod_spec("Deployment")["containers"]
+    assert config_of(container_env(container, "Deployment"), "Deployment").reflection is False
