@@ -66,10 +66,11 @@ async def db_floor(dsn: str, user_prefix: str, users: int, concurrency: int, tot
         async with store.statements() as db:
             await db.reserve_run(run_id=job.run_id, user_id=user_id, idempotency_key=key, grace_seconds=60)
         async with store.user_queue(user_id) as locked:
-            status = await locked.insert_admitted_job(
+            inserting = await locked.insert_admitted_job_at_commit(
                 job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
                 release_window_seconds=1800, reconcile_after_seconds=900,
             )
+        status = inserting.value
         if status is None:
             raise RuntimeError(f"{user_id} has no credit left")
         return time.perf_counter() - started

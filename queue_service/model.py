@@ -231,9 +231,10 @@ class NewJob:
 
 @dataclasses.dataclass(frozen=True)
 class Promoted:
+    """A queued job moved into a free slot: PENDING, due for release now."""
+
     job_id: uuid.UUID
     run_id: uuid.UUID
-    more_slots_free: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,6 +358,16 @@ class AdmitResult:
     duplicate: bool
     # The job's view, read in the admit transaction itself (None for a duplicate: read it anew).
     view: JobView | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobEnding:
+    """What ending a job did under the user's lock: the job as it ended, the credit given back,
+    and the jobs promoted into the freed slot."""
+
+    ref: JobRef
+    refunded: int
+    promoted: tuple[Promoted, ...]
 
 
 @dataclasses.dataclass(frozen=True)
