@@ -185,7 +185,7 @@ async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     await pool.open(wait=True)
     core = CoreClient.connect(core_addr, deadline_seconds=5)
     store = Store(pool, database_url=dsn)
-    engine = QueueEngine(store, core, config, on_pending=lambda: None)
+    engine = QueueEngine(store, core, config, hand_over=lambda claim: None)
     sweep = Sweeper(engine, store, config, wake_dispatcher=lambda: None)
     await sweep.sweep_once()  # warm: connections, prepared plans, caches
     _emit({"ready": True})

@@ -231,20 +231,25 @@ class NewJob:
 
 @dataclasses.dataclass(frozen=True)
 class Promoted:
-    """A queued job moved into a free slot: PENDING, due for release now."""
+    """A queued job moved into a free slot: PENDING, its first release claimed for this replica."""
 
     job_id: uuid.UUID
+    user_id: str
     run_id: uuid.UUID
+
+    @property
+    def first_release(self) -> ClaimedRelease:
+        return ClaimedRelease(self.job_id, self.user_id, self.run_id, attempt=1)
 
 
 @dataclasses.dataclass(frozen=True)
 class ClaimedRelease:
+    """A PENDING job's release, claimed by this replica for one attempt (leased)."""
+
     job_id: uuid.UUID
     user_id: str
     run_id: uuid.UUID
     attempt: int
-    release_deadline: dt.datetime
-    promote_time: dt.datetime | None
 
 
 @dataclasses.dataclass(frozen=True)

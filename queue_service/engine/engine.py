@@ -60,12 +60,13 @@ def request_digest(payload: bytes) -> bytes:
 
 
 class QueueEngine:
-    def __init__(self, store: Store, core: CoreClient, config: Config, *, on_pending: Callable[[], None]) -> None:
+    def __init__(self, store: Store, core: CoreClient, config: Config, *, hand_over: Callable[[ClaimedRelease], None]) -> None:
         self._store = store
         self._core = core
         self.config = config
-        # Called after a commit that made jobs PENDING, so this replica releases them at once.
-        self._on_pending = on_pending
+        # Takes the first release of each job this replica made PENDING (claimed in the same
+        # transaction): the dispatcher starts it at once, with no claim of its own.
+        self._hand_over = hand_over
         # When the slot a promoted job took was freed (monotonic), for the promotion-gap
         # histogram; bounded, since another replica may release the job and never tell us.
         self._slot_freed_at: collections.OrderedDict[uuid.UUID, float] = collections.OrderedDict()
@@ -222,6 +223,7 @@ class QueueEngine:
                 max_queued=self.config.max_queued_per_user,
                 max_running_deltas=self.config.max_active_deltas_per_user,
                 release_window_seconds=self.config.release_window_seconds,
+                release_lease_seconds=self.config.release_lease_seconds,
                 reconcile_after_seconds=self.config.reconcile_after_seconds,
             )
             read = await db.view_at_commit(job_id)
@@ -238,7 +240,7 @@ class QueueEngine:
             return duplicate
         log.info("job admitted", extra={"job_id": job_id, "user_id": item.user_id, "run_id": run_id, "status": status})
         if status is JobStatus.PENDING:
-            self._on_pending()
+            self._hand_over(ClaimedRelease(job_id, item.user_id, run_id, attempt=1))
         return AdmitResult(job_id, duplicate=False, view=read.value)
 
     async def _drop_reservation(self, run_id: uuid.UUID) -> None:
@@ -291,6 +293,7 @@ class QueueEngine:
                 user_id=user_id,
                 default_max_active=self.config.max_active_per_user,
                 release_window_seconds=self.config.release_window_seconds,
+                release_lease_seconds=self.config.release_lease_seconds,
             )
         self._after_promotion(user_id, promoting.value, cause)
         return promoting.value
@@ -307,8 +310,8 @@ class QueueEngine:
                 "job promoted",
                 extra={"job_id": job.job_id, "user_id": user_id, "run_id": job.run_id, "status": JobStatus.PENDING, "cause": cause},
             )
-        if promoted:
-            self._on_pending()
+        for job in promoted:
+            self._hand_over(job.first_release)
 
     def _note_slot_freed(self, promoted: tuple[Promoted, ...]) -> None:
         now = time.monotonic()
@@ -340,6 +343,7 @@ class QueueEngine:
                     transition,
                     default_max_active=self.config.max_active_per_user,
                     release_window_seconds=self.config.release_window_seconds,
+                    release_lease_seconds=self.config.release_lease_seconds,
                 )
                 read = await db.view_at_commit(job_id) if read_view else None
             outcome = ending.value
@@ -447,6 +451,7 @@ class QueueEngine:
                 user_id=user_id,
                 default_max_active=self.config.max_active_per_user,
                 release_window_seconds=self.config.release_window_seconds,
+                release_lease_seconds=self.config.release_lease_seconds,
             )
         promoted = promoting.value
         if not settling.value:

@@ -100,8 +100,6 @@ def _claimed_release(row: Row) -> ClaimedRelease:
         user_id=row["user_id"],
         run_id=row["run_id"],
         attempt=row["release_attempts"],
-        release_deadline=row["release_deadline"],
-        promote_time=row["promote_time"],
     )
 
 
@@ -471,6 +469,7 @@ class LockedStatements(Statements):
         max_queued: int,
         max_running_deltas: int,
         release_window_seconds: float,
+        release_lease_seconds: float,
         reconcile_after_seconds: float,
     ) -> AtCommit[JobStatus | None]:
         """The new job's status, or None when the key is taken, the balance is short, the queue
@@ -494,6 +493,7 @@ class LockedStatements(Statements):
             "max_queued": max_queued,
             "max_running_deltas": max_running_deltas,
             "release_window_seconds": float(release_window_seconds),
+            "release_lease_seconds": float(release_lease_seconds),
             "reconcile_after_seconds": float(reconcile_after_seconds),
         }
         return await self._at_commit("insert_admitted_job", params, read)
@@ -503,7 +503,7 @@ class LockedStatements(Statements):
         return await self._at_commit("job_views_by_ids", {"job_ids": [job_id]}, lambda rows: JobView.from_row(rows[0]) if rows else None)
 
     async def end_job_at_commit(
-        self, job_id: uuid.UUID, transition: Transition, *, default_max_active: int, release_window_seconds: float
+        self, job_id: uuid.UUID, transition: Transition, *, default_max_active: int, release_window_seconds: float, release_lease_seconds: float
     ) -> AtCommit[JobEnding | None]:
         """Applies a named transition if the job is still in one of its statuses (and, when it
         names one, still at its release attempt), refunds when it says so, and promotes the user's
@@ -527,7 +527,7 @@ class LockedStatements(Statements):
             refunded = int(row["out_refunded"])
             if refunded:
                 self._moved(kind=LedgerKind.REFUND, user_id=ref.user_id, amount=refunded, job_id=ref.job_id, actor=actor, reason=transition.cause)
-            promoted = tuple(Promoted(r["out_job_id"], r["out_run_id"]) for r in rows if r["row_kind"] == "promoted")
+            promoted = tuple(Promoted(r["out_job_id"], ref.user_id, r["out_run_id"]) for r in rows if r["row_kind"] == "promoted")
             return JobEnding(ref, refunded, promoted)
 
         params = {
@@ -542,13 +542,22 @@ class LockedStatements(Statements):
             "reason": str(transition.cause),
             "default_max_active": default_max_active,
             "release_window_seconds": float(release_window_seconds),
+            "release_lease_seconds": float(release_lease_seconds),
         }
         return await self._at_commit("end_job", params, read)
 
-    async def promote_at_commit(self, *, user_id: str, default_max_active: int, release_window_seconds: float) -> AtCommit[tuple[Promoted, ...]]:
-        """Fills every free slot of the user from the queue, oldest first."""
-        params = {"user_id": user_id, "default_max_active": default_max_active, "release_window_seconds": float(release_window_seconds)}
-        return await self._at_commit("promote_queued_jobs", params, lambda rows: tuple(Promoted(r["job_id"], r["run_id"]) for r in rows))
+    async def promote_at_commit(
+        self, *, user_id: str, default_max_active: int, release_window_seconds: float, release_lease_seconds: float
+    ) -> AtCommit[tuple[Promoted, ...]]:
+        """Fills every free slot of the user from the queue, oldest first, each promoted job's first
+        release claimed for this replica."""
+        params = {
+            "user_id": user_id,
+            "default_max_active": default_max_active,
+            "release_window_seconds": float(release_window_seconds),
+            "release_lease_seconds": float(release_lease_seconds),
+        }
+        return await self._at_commit("promote_queued_jobs", params, lambda rows: tuple(Promoted(r["job_id"], user_id, r["run_id"]) for r in rows))
 
     async def settle_job_run_at_commit(self, *, job_id: uuid.UUID) -> AtCommit[bool]:
         """Marks an ended job's run settled; False when it already was."""

@@ -36,7 +36,9 @@ SELECT existing.job_id AS existing_job_id,
 -- name: insert_admitted_job
 -- Inserts the job, debits the price and writes the charge, in one statement. The status is
 -- decided in the INSERT: 'pending' with a slot when a slot is free and nobody is queued ahead,
--- else 'queued'; a delta starts 'running' and never takes a slot. The run's reservation is
+-- else 'queued'; a delta starts 'running' and never takes a slot. A 'pending' job's first release
+-- is claimed for this replica at once (attempt 1, leased), as a promotion's is (migration 0008).
+-- The run's reservation is
 -- consumed in the same statement; a reservation the sweeper has started to cancel fences the
 -- insert out. No row comes back when the key is taken, the balance is short, the user's queue or
 -- delta limit is full, or the reservation is gone (the caller asks admit_state why).
@@ -57,8 +59,8 @@ placement AS (
 job AS (
     INSERT INTO analysis_jobs (
         job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot,
-        delta_of_job_id, price, create_time, promote_time, next_release_at, release_deadline,
-        start_time, next_reconcile_at)
+        delta_of_job_id, price, create_time, promote_time, next_release_at, release_attempts,
+        release_deadline, start_time, next_reconcile_at)
     SELECT %(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
            CASE WHEN %(is_delta)s THEN 'running' WHEN p.slot IS NOT NULL THEN 'pending' ELSE 'queued' END,
            nextval('analysis_jobs_queue_seq'),
@@ -67,7 +69,8 @@ job AS (
            %(price)s,
            p.now,
            CASE WHEN %(is_delta)s OR p.slot IS NOT NULL THEN p.now END,
-           CASE WHEN p.slot IS NOT NULL THEN p.now END,
+           CASE WHEN p.slot IS NOT NULL THEN p.now + make_interval(secs => %(release_lease_seconds)s) END,
+           CASE WHEN p.slot IS NOT NULL THEN 1 ELSE 0 END,
            CASE WHEN p.slot IS NOT NULL THEN p.now + make_interval(secs => %(release_window_seconds)s) END,
            CASE WHEN %(is_delta)s THEN p.now END,
            CASE WHEN %(is_delta)s THEN p.now + make_interval(secs => %(reconcile_after_seconds)s) END
@@ -175,13 +178,16 @@ SELECT j.user_id, queue_refund_job_charge(j.job_id, %(actor)s, %(reason)s) AS am
 -- 'promoted' row per promoted job.
 SELECT * FROM queue_end_job(%(job_id)s, %(status)s, %(from_statuses)s::text[], %(last_error)s,
                             %(expected_attempts)s::integer, %(run_unsettled)s, %(refund)s, %(actor)s,
-                            %(reason)s, %(default_max_active)s, %(release_window_seconds)s);
+                            %(reason)s, %(default_max_active)s, %(release_window_seconds)s,
+                            %(release_lease_seconds)s);
 
 -- name: promote_queued_jobs
--- Fills every free slot of the user from the queue, oldest first, each promoted job due for
--- release now (`queue_promote_queued_jobs`, migration 0008). Run under the user lock.
+-- Fills every free slot of the user from the queue, oldest first, each promoted job's first
+-- release claimed for this replica (`queue_promote_queued_jobs`, migration 0008). Run under the
+-- user lock.
 SELECT promoted_job_id AS job_id, promoted_run_id AS run_id
-  FROM queue_promote_queued_jobs(%(user_id)s, %(default_max_active)s, %(release_window_seconds)s);
+  FROM queue_promote_queued_jobs(%(user_id)s, %(default_max_active)s, %(release_window_seconds)s,
+                                 %(release_lease_seconds)s);
 
 -- name: job_by_id
 -- One job's row fields the lifecycle needs.
@@ -208,7 +214,7 @@ UPDATE analysis_jobs j
          LIMIT %(batch_size)s
          FOR UPDATE SKIP LOCKED) AS due
  WHERE j.job_id = due.job_id
-RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.release_deadline, j.promote_time;
+RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts;
 
 -- name: claim_release_of_job
 -- Claims one pending job for an immediate release attempt (the Release RPC), unless another
@@ -220,7 +226,7 @@ UPDATE analysis_jobs j
          WHERE job_id = %(job_id)s AND status = 'pending'
          FOR UPDATE SKIP LOCKED) AS target
  WHERE j.job_id = target.job_id
-RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.release_deadline, j.promote_time;
+RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts;
 
 -- name: mark_released
 -- The core accepted the release: the job is RUNNING (fenced by the attempt that released it).

@@ -122,7 +122,8 @@ BEGIN
             'user_id', NEW.user_id,
             'job_id', NEW.job_id,
             'status', NEW.status,
-            'old_status', CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END
+            'old_status', CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END,
+            'release_claimed', NEW.status = 'pending' AND NEW.release_attempts > 0
         )::text);
     RETURN NULL;
 END;
@@ -150,7 +151,7 @@ AS $function$
      LIMIT 1
 $function$;
 
-CREATE OR REPLACE FUNCTION public.queue_end_job(p_job_id uuid, p_status text, p_from_statuses text[], p_last_error text, p_expected_attempts integer, p_run_unsettled boolean, p_refund boolean, p_actor text, p_reason text, p_default_max_active integer, p_release_window_seconds double precision)
+CREATE OR REPLACE FUNCTION public.queue_end_job(p_job_id uuid, p_status text, p_from_statuses text[], p_last_error text, p_expected_attempts integer, p_run_unsettled boolean, p_refund boolean, p_actor text, p_reason text, p_default_max_active integer, p_release_window_seconds double precision, p_lease_seconds double precision)
  RETURNS TABLE(row_kind text, out_job_id uuid, out_user_id text, out_run_id uuid, out_status text, out_delta_of_job_id uuid, out_run_unsettled boolean, out_refunded integer)
  LANGUAGE plpgsql
 AS $function$
@@ -177,12 +178,12 @@ BEGIN
     IF NOT p_run_unsettled THEN
         RETURN QUERY SELECT 'promoted', p.promoted_job_id, ended.user_id, p.promoted_run_id, 'pending'::text,
                             NULL::uuid, false, 0
-                       FROM queue_promote_queued_jobs(ended.user_id, p_default_max_active, p_release_window_seconds) AS p;
+                       FROM queue_promote_queued_jobs(ended.user_id, p_default_max_active, p_release_window_seconds, p_lease_seconds) AS p;
     END IF;
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION public.queue_promote_queued_jobs(p_user_id text, p_default_max_active integer, p_release_window_seconds double precision)
+CREATE OR REPLACE FUNCTION public.queue_promote_queued_jobs(p_user_id text, p_default_max_active integer, p_release_window_seconds double precision, p_lease_seconds double precision)
  RETURNS TABLE(promoted_job_id uuid, promoted_run_id uuid)
  LANGUAGE plpgsql
 AS $function$
@@ -196,9 +197,9 @@ BEGIN
            SET status = 'pending',
                slot = v_slot,
                promote_time = clock_timestamp(),
-               next_release_at = clock_timestamp(),
+               next_release_at = clock_timestamp() + make_interval(secs => p_lease_seconds),
                release_deadline = clock_timestamp() + make_interval(secs => p_release_window_seconds),
-               release_attempts = 0
+               release_attempts = 1
          WHERE j.job_id = (SELECT q.job_id FROM analysis_jobs q
                             WHERE q.user_id = p_user_id AND q.status = 'queued'
                             ORDER BY q.queue_seq

@@ -27,9 +27,12 @@ LANGUAGE sql AS $$
     SELECT COALESCE((SELECT amount FROM credited), 0)
 $$;
 
--- Fills every free slot of the user from the queue, oldest first, each promoted job due for
--- release now. Returns the promoted jobs in order.
-CREATE FUNCTION queue_promote_queued_jobs(p_user_id text, p_default_max_active integer, p_release_window_seconds double precision)
+-- Fills every free slot of the user from the queue, oldest first. Each promoted job's first
+-- release is claimed for the calling replica at once (attempt 1, leased for `p_lease_seconds`),
+-- which releases it right after COMMIT; if it cannot, the lease runs out and any replica's
+-- dispatcher claims the release. Returns the promoted jobs in order.
+CREATE FUNCTION queue_promote_queued_jobs(
+    p_user_id text, p_default_max_active integer, p_release_window_seconds double precision, p_lease_seconds double precision)
 RETURNS TABLE (promoted_job_id uuid, promoted_run_id uuid)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -42,9 +45,9 @@ BEGIN
            SET status = 'pending',
                slot = v_slot,
                promote_time = clock_timestamp(),
-               next_release_at = clock_timestamp(),
+               next_release_at = clock_timestamp() + make_interval(secs => p_lease_seconds),
                release_deadline = clock_timestamp() + make_interval(secs => p_release_window_seconds),
-               release_attempts = 0
+               release_attempts = 1
          WHERE j.job_id = (SELECT q.job_id FROM analysis_jobs q
                             WHERE q.user_id = p_user_id AND q.status = 'queued'
                             ORDER BY q.queue_seq
@@ -73,7 +76,8 @@ CREATE FUNCTION queue_end_job(
     p_actor text,
     p_reason text,
     p_default_max_active integer,
-    p_release_window_seconds double precision
+    p_release_window_seconds double precision,
+    p_lease_seconds double precision
 )
 RETURNS TABLE (row_kind text, out_job_id uuid, out_user_id text, out_run_id uuid, out_status text,
                out_delta_of_job_id uuid, out_run_unsettled boolean, out_refunded integer)
@@ -101,7 +105,27 @@ BEGIN
     IF NOT p_run_unsettled THEN
         RETURN QUERY SELECT 'promoted', p.promoted_job_id, ended.user_id, p.promoted_run_id, 'pending'::text,
                             NULL::uuid, false, 0
-                       FROM queue_promote_queued_jobs(ended.user_id, p_default_max_active, p_release_window_seconds) AS p;
+                       FROM queue_promote_queued_jobs(ended.user_id, p_default_max_active, p_release_window_seconds, p_lease_seconds) AS p;
     END IF;
 END
+$$;
+
+-- Change notices say whether a PENDING job's release is already claimed (by the replica that
+-- promoted or admitted it, which releases it itself): other replicas' dispatchers then need not
+-- wake. Notices of replicas that do not claim (earlier versions) carry no such field and wake
+-- every dispatcher, as before.
+CREATE OR REPLACE FUNCTION analysis_jobs_announce_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(
+        'analysis_job_changes',
+        json_build_object(
+            'user_id', NEW.user_id,
+            'job_id', NEW.job_id,
+            'status', NEW.status,
+            'old_status', CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END,
+            'release_claimed', NEW.status = 'pending' AND NEW.release_attempts > 0
+        )::text);
+    RETURN NULL;
+END;
 $$;
