@@ -68,7 +68,7 @@ async def db_floor(dsn: str, user_prefix: str, users: int, concurrency: int, tot
         async with store.user_queue(user_id) as locked:
             inserting = await locked.insert_admitted_job_at_commit(
                 job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
-                release_window_seconds=1800, reconcile_after_seconds=900,
+                release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
             )
         status = inserting.value
         if status is None:
