@@ -66,10 +66,11 @@ async def db_floor(dsn: str, user_prefix: str, users: int, concurrency: int, tot
         async with store.statements() as db:
             await db.reserve_run(run_id=job.run_id, user_id=user_id, idempotency_key=key, grace_seconds=60)
         async with store.user_queue(user_id) as locked:
-            status = await locked.insert_admitted_job(
+            inserting = await locked.insert_admitted_job_at_commit(
                 job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
-                release_window_seconds=1800, reconcile_after_seconds=900,
+                release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
             )
+        status = inserting.value
         if status is None:
             raise RuntimeError(f"{user_id} has no credit left")
         return time.perf_counter() - started
@@ -184,7 +185,7 @@ async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     await pool.open(wait=True)
     core = CoreClient.connect(core_addr, deadline_seconds=5)
     store = Store(pool, database_url=dsn)
-    engine = QueueEngine(store, core, config, on_pending=lambda: None)
+    engine = QueueEngine(store, core, config, hand_over=lambda claim: None)
     sweep = Sweeper(engine, store, config, wake_dispatcher=lambda: None)
     await sweep.sweep_once()  # warm: connections, prepared plans, caches
     _emit({"ready": True})

@@ -43,7 +43,7 @@ _AUTO_EXPLAIN = [
 # (named query, what it is for); the first seven are the brief's list.
 STATEMENTS = [
     ("insert_admitted_job", "admit: debit + INSERT deciding the status (an idle user, so the free-slot function runs)"),
-    ("promote_next_queued_job", "promotion right after the user's running job ended (same transaction)"),
+    ("end_job", "completion: end the running job and promote the next queued one (one call, queue_end_job)"),
     ("claim_due_releases", "dispatcher: claim due PENDING jobs (FOR UPDATE SKIP LOCKED)"),
     ("users_needing_promotion", "sweeper: users with queued work and a free slot"),
     ("expired_pending_releases", "sweeper: releases past their window"),
@@ -63,11 +63,11 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
         "SELECT job_id FROM analysis_jobs WHERE user_id = %s AND status = 'queued' ORDER BY queue_seq LIMIT 1", (busy_user,)
     ).fetchone()["job_id"]
 
-    def end_running_job(c: psycopg.Connection) -> None:
-        c.execute(
-            queries()["finish_job"],
-            {"job_id": running, "status": "succeeded", "from_statuses": ["pending", "running"], "last_error": "", "expected_attempts": None, "run_unsettled": False},
-        )
+    end_running_job = {
+        "job_id": running, "status": "succeeded", "from_statuses": ["pending", "running"], "last_error": "", "expected_attempts": None,
+        "run_unsettled": False, "refund": False, "actor": "core:explain", "reason": "completion", "default_max_active": 1,
+        "release_window_seconds": 1800.0,
+    }
 
     new_job = {
         "job_id": uuid.uuid4(), "user_id": idle_user, "run_id": uuid.uuid4(), "idempotency_key": f"explain-{uuid.uuid4()}",
@@ -84,7 +84,7 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
 
     return {
         "insert_admitted_job": (new_job, reserve_the_run),
-        "promote_next_queued_job": ({"user_id": busy_user, "default_max_active": 1, "release_window_seconds": 1800.0}, end_running_job),
+        "end_job": (end_running_job, None),
         "claim_due_releases": ({"lease_seconds": 15.0, "batch_size": 64}, None),
         "users_needing_promotion": ({"default_max_active": 1, "batch_size": 500}, None),
         "expired_pending_releases": ({"batch_size": 500}, None),

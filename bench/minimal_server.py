@@ -47,10 +47,11 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
         async with self._store.statements() as db:
             await db.reserve_run(run_id=job.run_id, user_id=job.user_id, idempotency_key=job.idempotency_key, grace_seconds=60)
         async with self._store.user_queue(request.user_id) as locked:
-            status = await locked.insert_admitted_job(
+            inserting = await locked.insert_admitted_job_at_commit(
                 job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
-                release_window_seconds=1800, reconcile_after_seconds=900,
+                release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
             )
+        status = inserting.value
         if status is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "insufficient credits")
         return queue_pb2.AdmitResponse(

@@ -231,19 +231,25 @@ class NewJob:
 
 @dataclasses.dataclass(frozen=True)
 class Promoted:
+    """A queued job moved into a free slot: PENDING, its first release claimed for this replica."""
+
     job_id: uuid.UUID
+    user_id: str
     run_id: uuid.UUID
-    more_slots_free: bool
+
+    @property
+    def first_release(self) -> ClaimedRelease:
+        return ClaimedRelease(self.job_id, self.user_id, self.run_id, attempt=1)
 
 
 @dataclasses.dataclass(frozen=True)
 class ClaimedRelease:
+    """A PENDING job's release, claimed by this replica for one attempt (leased)."""
+
     job_id: uuid.UUID
     user_id: str
     run_id: uuid.UUID
     attempt: int
-    release_deadline: dt.datetime
-    promote_time: dt.datetime | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,6 +363,16 @@ class AdmitResult:
     duplicate: bool
     # The job's view, read in the admit transaction itself (None for a duplicate: read it anew).
     view: JobView | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobEnding:
+    """What ending a job did under the user's lock: the job as it ended, the credit given back,
+    and the jobs promoted into the freed slot."""
+
+    ref: JobRef
+    refunded: int
+    promoted: tuple[Promoted, ...]
 
 
 @dataclasses.dataclass(frozen=True)

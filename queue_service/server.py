@@ -51,6 +51,7 @@ from queue_service.engine.engine import QueueEngine
 from queue_service.engine.job_reads import JobReads
 from queue_service.engine.sweeper import Sweeper
 from queue_service.engine.watch import NotificationHub
+from queue_service.model import ClaimedRelease
 from queue_service.store import Store
 from queue_service.store.migrations import MigrationError
 from queue_service.store.pool import Timeouts, create_pool
@@ -111,7 +112,10 @@ class QueueApp:
         # Set when jobs became PENDING (here or, through NOTIFY, on another replica): the
         # dispatcher releases them at once.
         releases_due = asyncio.Event()
-        self.engine = QueueEngine(self.store, self.core, config, on_pending=releases_due.set)
+        # The first release of each job this replica makes PENDING, claimed in that transaction:
+        # the engine hands it over, the dispatcher starts it at once.
+        claimed_releases: asyncio.Queue[ClaimedRelease] = asyncio.Queue()
+        self.engine = QueueEngine(self.store, self.core, config, hand_over=claimed_releases.put_nowait)
         self.reads = JobReads(self.store, default_max_active=config.max_active_per_user, reconcile_after_seconds=config.reconcile_after_seconds)
         self.hub = NotificationHub(
             self.store,
@@ -124,6 +128,7 @@ class QueueApp:
             self.engine,
             self.store,
             wake=releases_due,
+            handed_over=claimed_releases,
             lease_seconds=config.release_lease_seconds,
             core_deadline_seconds=config.core_deadline_seconds,
         )

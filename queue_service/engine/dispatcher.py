@@ -1,10 +1,13 @@
 """The release dispatcher: one per replica, releasing PENDING jobs the moment they are due.
 
-It claims due jobs with `FOR UPDATE SKIP LOCKED` (so replicas never release the same job at
-once), leases them for QUEUE_RELEASE_LEASE_SECONDS, and releases each in its own task. It wakes
-on a local signal right after a commit that made a job PENDING, on a NOTIFY from any replica,
-and otherwise exactly when the earliest retry is due. The lease makes a crash harmless: another
-replica claims the job when the lease runs out.
+A job this replica makes PENDING (an admit into a free slot, a promotion) has its first release
+claimed in that same transaction; the engine hands the claim over and the dispatcher starts it at
+once, with no claim of its own. Every other release (retries, leases that ran out, jobs of
+replicas of earlier versions) is claimed here with `FOR UPDATE SKIP LOCKED` (so replicas never
+release the same job at once), leased for QUEUE_RELEASE_LEASE_SECONDS, and released in its own
+task. The claiming loop wakes on a NOTIFY of a PENDING job whose release nobody claimed, on the
+sweeper's pass, and otherwise exactly when the earliest retry or lease is due. The lease makes a
+crash harmless: another replica claims the job when the lease runs out.
 """
 
 from __future__ import annotations
@@ -27,12 +30,22 @@ _MAX_CONCURRENT_RELEASES = 64
 
 class ReleaseDispatcher:
     def __init__(
-        self, engine: QueueEngine, store: Store, *, wake: asyncio.Event, lease_seconds: float, core_deadline_seconds: float
+        self,
+        engine: QueueEngine,
+        store: Store,
+        *,
+        wake: asyncio.Event,
+        handed_over: asyncio.Queue[ClaimedRelease],
+        lease_seconds: float,
+        core_deadline_seconds: float,
     ) -> None:
         self._engine = engine
         self._store = store
-        # Set by whoever learns that jobs became PENDING (the engine, the watch hub, the sweeper).
+        # Set by the watch hub (a PENDING job nobody claimed) and the sweeper (every pass).
         self._wake = wake
+        # Releases this replica claimed when it made their jobs PENDING: started without a claim.
+        self._handed_over = handed_over
+        self._taker: asyncio.Task[None] | None = None
         self._lease_seconds = lease_seconds
         self._core_deadline_seconds = core_deadline_seconds
         self._slots = asyncio.Semaphore(_MAX_CONCURRENT_RELEASES)
@@ -41,8 +54,10 @@ class ReleaseDispatcher:
 
     def start(self) -> None:
         self._runner = asyncio.create_task(self._run(), name="release-dispatcher")
+        self._taker = asyncio.create_task(self._take_handed_over(), name="release-hand-over")
 
     async def stop(self) -> None:
+        await cancel_and_wait(self._taker)
         await cancel_and_wait(self._runner)
         # In-flight releases finish (bounded by the core deadline) so no lease is left dangling.
         if self._tasks:
@@ -71,15 +86,24 @@ class ReleaseDispatcher:
             except TimeoutError:
                 pass
 
+    async def _take_handed_over(self) -> None:
+        """Starts the releases the engine claimed in the transactions that made their jobs PENDING."""
+        while True:
+            claim = await self._handed_over.get()
+            await self._start(claim)
+
     async def _claim_and_start(self) -> int:
         async with self._store.statements() as db:
             claims = await db.claim_due_releases(lease_seconds=self._lease_seconds, batch_size=_BATCH)
         for claim in claims:
-            await self._slots.acquire()
-            task = asyncio.create_task(self._release(claim), name=f"release-{claim.job_id}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            await self._start(claim)
         return len(claims)
+
+    async def _start(self, claim: ClaimedRelease) -> None:
+        await self._slots.acquire()
+        task = asyncio.create_task(self._release(claim), name=f"release-{claim.job_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _release(self, claim: ClaimedRelease) -> None:
         try:

@@ -45,7 +45,7 @@ from queue_service.model import (
     RunReport,
     Transition,
 )
-from queue_service.store import LockedStatements, Store
+from queue_service.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +60,13 @@ def request_digest(payload: bytes) -> bytes:
 
 
 class QueueEngine:
-    def __init__(self, store: Store, core: CoreClient, config: Config, *, on_pending: Callable[[], None]) -> None:
+    def __init__(self, store: Store, core: CoreClient, config: Config, *, hand_over: Callable[[ClaimedRelease], None]) -> None:
         self._store = store
         self._core = core
         self.config = config
-        # Called after a commit that made jobs PENDING, so this replica releases them at once.
-        self._on_pending = on_pending
+        # Takes the first release of each job this replica made PENDING (claimed in the same
+        # transaction): the dispatcher starts it at once, with no claim of its own.
+        self._hand_over = hand_over
         # When the slot a promoted job took was freed (monotonic), for the promotion-gap
         # histogram; bounded, since another replica may release the job and never tell us.
         self._slot_freed_at: collections.OrderedDict[uuid.UUID, float] = collections.OrderedDict()
@@ -207,8 +208,9 @@ class QueueEngine:
         self, item: AdmitRequest, run_id: uuid.UUID, price: int, is_delta: bool
     ) -> AdmitResult:
         job_id = uuid.uuid4()
+        # One round trip: BEGIN, the lock, the INSERT, the view read and COMMIT travel together.
         async with self._store.user_queue(item.user_id) as db:
-            status = await db.insert_admitted_job(NewJob(
+            inserted = await db.insert_admitted_job_at_commit(NewJob(
                     job_id=job_id,
                     user_id=item.user_id,
                     run_id=run_id,
@@ -221,23 +223,25 @@ class QueueEngine:
                 max_queued=self.config.max_queued_per_user,
                 max_running_deltas=self.config.max_active_deltas_per_user,
                 release_window_seconds=self.config.release_window_seconds,
+                release_lease_seconds=self.config.release_lease_seconds,
                 reconcile_after_seconds=self.config.reconcile_after_seconds,
             )
-            if status is None:
-                # Something changed since the pre-check: find out what, still under the lock.
-                state = await db.admit_state(user_id=item.user_id, idempotency_key=item.idempotency_key, delta_of_job_id=item.delta_of_job_id
-                )
-                duplicate = self._check_admit_state(state, item, price, is_delta)
-                if duplicate is None:
-                    raise errors.Conflict(
-                        "the admit took too long and its run was given up; retry with the same idempotency key"
-                    )
-                return duplicate
             read = await db.view_at_commit(job_id)
+        status = inserted.value
+        if status is None:
+            # Something changed since the pre-check (nothing was written): find out what.
+            async with self._store.statements() as db:
+                state = await db.admit_state(
+                    user_id=item.user_id, idempotency_key=item.idempotency_key, delta_of_job_id=item.delta_of_job_id
+                )
+            duplicate = self._check_admit_state(state, item, price, is_delta)
+            if duplicate is None:
+                raise errors.Conflict("the admit took too long and its run was given up; retry with the same idempotency key")
+            return duplicate
         log.info("job admitted", extra={"job_id": job_id, "user_id": item.user_id, "run_id": run_id, "status": status})
         if status is JobStatus.PENDING:
-            self._on_pending()
-        return AdmitResult(job_id, duplicate=False, view=read.view)
+            self._hand_over(ClaimedRelease(job_id, item.user_id, run_id, attempt=1))
+        return AdmitResult(job_id, duplicate=False, view=read.value)
 
     async def _drop_reservation(self, run_id: uuid.UUID) -> None:
         """The admit was refused before the core heard of the run: nothing to cancel."""
@@ -282,42 +286,34 @@ class QueueEngine:
 
     # -- promotion ---------------------------------------------------------------------------
 
-    async def _promote_locked(self, db: LockedStatements, user_id: str, cause: Cause) -> list[Promoted]:
-        """Fills every free slot of the user from the queue, oldest first (inside the lock)."""
-        promoted = []
+    async def promote(self, user_id: str, *, cause: Cause) -> tuple[Promoted, ...]:
+        """Fills every free slot of the user from the queue, oldest first."""
+        async with self._store.user_queue(user_id) as db:
+            promoting = await db.promote_at_commit(
+                user_id=user_id,
+                default_max_active=self.config.max_active_per_user,
+                release_window_seconds=self.config.release_window_seconds,
+                release_lease_seconds=self.config.release_lease_seconds,
+            )
+        self._after_promotion(user_id, promoting.value, cause)
+        return promoting.value
+
+    def _after_promotion(self, user_id: str, promoted: tuple[Promoted, ...], cause: Cause) -> None:
+        """Records the promotions a committed transaction made and wakes the dispatcher."""
         with telemetry.tracer.start_as_current_span("promote") as span:
-            while True:
-                job = await db.promote_next_queued_job(
-                    user_id=user_id,
-                    default_max_active=self.config.max_active_per_user,
-                    release_window_seconds=self.config.release_window_seconds,
-                )
-                if job is not None:
-                    promoted.append(job)
-                if job is None or not job.more_slots_free:
-                    break
             span.set_attribute("queue.cause", str(cause))
             span.set_attribute("queue.promoted", len(promoted))
         if promoted:
             telemetry.metrics.promotions.add(len(promoted), {"cause": str(cause)})
-        return promoted
-
-    async def promote(self, user_id: str, *, cause: Cause) -> list[Promoted]:
-        async with self._store.user_queue(user_id) as db:
-            promoted = await self._promote_locked(db, user_id, cause)
-        self._after_promotion(user_id, promoted, cause)
-        return promoted
-
-    def _after_promotion(self, user_id: str, promoted: list[Promoted], cause: Cause) -> None:
         for job in promoted:
             log.info(
                 "job promoted",
                 extra={"job_id": job.job_id, "user_id": user_id, "run_id": job.run_id, "status": JobStatus.PENDING, "cause": cause},
             )
-        if promoted:
-            self._on_pending()
+        for job in promoted:
+            self._hand_over(job.first_release)
 
-    def _note_slot_freed(self, promoted: list[Promoted]) -> None:
+    def _note_slot_freed(self, promoted: tuple[Promoted, ...]) -> None:
         now = time.monotonic()
         for job in promoted:
             self._slot_freed_at[job.job_id] = now
@@ -333,24 +329,28 @@ class QueueEngine:
 
         With `read_view` the job's view is read in that transaction too (it travels with the
         COMMIT), so the caller can answer without another query."""
-        read = None
-        promoted: list[Promoted] = []
         cause = transition.cause
         with telemetry.tracer.start_as_current_span("complete") as span:
             span.set_attribute("queue.job_id", str(job_id))
             span.set_attribute("queue.status", str(transition.to))
             span.set_attribute("queue.cause", str(cause))
             span.set_attribute("queue.run_unsettled", transition.run_unsettled)
+            # One round trip: BEGIN, the lock, the ending (with its refund and promotions: one
+            # call), the view read and COMMIT travel together.
             async with self._store.user_queue(user_id) as db:
-                ended = await db.finish_job(job_id, transition)
-                if ended is None:
-                    return None
-                refunded = await db.refund_job_charge(job_id=job_id, reason=cause) if transition.refund else 0
-                if not transition.run_unsettled:
-                    promoted = await self._promote_locked(db, user_id, cause)
-                if read_view:
-                    read = await db.view_at_commit(job_id)
-            span.set_attribute("queue.refunded", refunded)
+                ending = await db.end_job_at_commit(
+                    job_id,
+                    transition,
+                    default_max_active=self.config.max_active_per_user,
+                    release_window_seconds=self.config.release_window_seconds,
+                    release_lease_seconds=self.config.release_lease_seconds,
+                )
+                read = await db.view_at_commit(job_id) if read_view else None
+            outcome = ending.value
+            if outcome is None:
+                return None
+            span.set_attribute("queue.refunded", outcome.refunded)
+        ended, refunded, promoted = outcome.ref, outcome.refunded, outcome.promoted
         self._note_slot_freed(promoted)
         telemetry.metrics.completions.add(1, {"status": str(transition.to)})
         if refunded:
@@ -362,7 +362,7 @@ class QueueEngine:
         self._after_promotion(user_id, promoted, cause)
         if transition.run_unsettled:
             self.in_background(self._settle_now(ended), name=f"settle-run-{ended.run_id}")
-        return EndedJob(ended, read.view if read is not None else None)
+        return EndedJob(ended, read.value if read is not None else None)
 
     async def complete_run(self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str) -> EndedJob:
         """Ends the run's job as the core reports; the job's view is set when this call ended it."""
@@ -446,9 +446,15 @@ class QueueEngine:
     async def settle_run(self, job_id: uuid.UUID, user_id: str, *, cause: Cause) -> None:
         """The core confirmed the ended job's run settled: free its slot and promote."""
         async with self._store.user_queue(user_id) as db:
-            was_unsettled = await db.settle_job_run(job_id=job_id)
-            promoted = await self._promote_locked(db, user_id, cause)
-        if not was_unsettled:
+            settling = await db.settle_job_run_at_commit(job_id=job_id)
+            promoting = await db.promote_at_commit(
+                user_id=user_id,
+                default_max_active=self.config.max_active_per_user,
+                release_window_seconds=self.config.release_window_seconds,
+                release_lease_seconds=self.config.release_lease_seconds,
+            )
+        promoted = promoting.value
+        if not settling.value:
             return
         self._note_slot_freed(promoted)
         telemetry.metrics.run_settlements.add(1, {"kind": "job", "result": "settled"})

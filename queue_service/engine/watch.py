@@ -79,7 +79,8 @@ class NotificationHub:
         self._streams: dict[str, set[WatchStream]] = defaultdict(set)
         self._stream_count = 0
         self._runner: asyncio.Task[None] | None = None
-        # Another replica made a job PENDING: this replica's dispatcher may release it too.
+        # A job became PENDING without its release claimed (by a replica of an earlier version):
+        # this replica's dispatcher may release it too.
         self._on_pending = on_pending
         self.listening = asyncio.Event()
 
@@ -151,7 +152,7 @@ class NotificationHub:
         except (ValueError, KeyError, TypeError):
             log.warning("ignoring a malformed job change notice")
             return
-        if change.get("status") == "pending":
+        if change.get("status") == "pending" and not change.get("release_claimed", False):
             self._on_pending()
         streams = self._streams.get(user_id)
         if not streams:

@@ -13,11 +13,11 @@ import dataclasses
 import datetime as dt
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 from psycopg import AsyncConnection, AsyncCursor, sql
 
@@ -30,6 +30,7 @@ from queue_service.model import (
     ClaimedSettlement,
     ExpiredRelease,
     GrantOutcome,
+    JobEnding,
     JobRef,
     JobSearch,
     JobStatus,
@@ -99,8 +100,6 @@ def _claimed_release(row: Row) -> ClaimedRelease:
         user_id=row["user_id"],
         run_id=row["run_id"],
         attempt=row["release_attempts"],
-        release_deadline=row["release_deadline"],
-        promote_time=row["promote_time"],
     )
 
 
@@ -161,73 +160,14 @@ class Statements:
         assert row is not None
         return _admit_state(row)
 
-    async def insert_admitted_job(
-        self,
-        job: NewJob,
-        *,
-        default_max_active: int,
-        max_queued: int,
-        max_running_deltas: int,
-        release_window_seconds: float,
-        reconcile_after_seconds: float,
-    ) -> JobStatus | None:
-        """Returns the new job's status, or None when the key is taken, the balance is short, the
-        queue or delta limit is full, or the run's reservation is gone. The charge records the
-        current actor (`audit`)."""
-        actor = audit.actor_for(Cause.ADMIT)
-        row = await self._one(
-            "insert_admitted_job",
-            {
-                **dataclasses.asdict(job),
-                "actor": actor,
-                "reason": str(Cause.ADMIT),
-                "is_delta": job.delta_of_job_id is not None,
-                "default_max_active": default_max_active,
-                "max_queued": max_queued,
-                "max_running_deltas": max_running_deltas,
-                "release_window_seconds": float(release_window_seconds),
-                "reconcile_after_seconds": float(reconcile_after_seconds),
-            },
-        )
-        if row is None:
-            return None
-        if job.price > 0:
-            self._moved(kind=LedgerKind.CHARGE, user_id=job.user_id, amount=-job.price, job_id=job.job_id, actor=actor, reason=Cause.ADMIT)
-        return JobStatus(row["status"])
-
     # -- promotion and ending ------------------------------------------------------------------
-
-    async def promote_next_queued_job(
-        self, *, user_id: str, default_max_active: int, release_window_seconds: float
-    ) -> Promoted | None:
-        row = await self._one(
-            "promote_next_queued_job",
-            {"user_id": user_id, "default_max_active": default_max_active, "release_window_seconds": float(release_window_seconds)},
-        )
-        return None if row is None else Promoted(row["job_id"], row["run_id"], row["more_slots_free"])
-
-    async def finish_job(self, job_id: uuid.UUID, transition: Transition) -> JobRef | None:
-        """Applies a named transition if the job is still in one of its statuses (and, when it
-        names one, still at its release attempt); None when it is not (fenced)."""
-        row = await self._one(
-            "finish_job",
-            {
-                "job_id": job_id,
-                "status": str(transition.to),
-                "from_statuses": _statuses(transition.from_statuses),
-                "last_error": transition.last_error,
-                "expected_attempts": transition.expected_attempts,
-                "run_unsettled": transition.run_unsettled,
-            },
-        )
-        return None if row is None else _job_ref(row)
 
     async def refund_job_charge(self, *, job_id: uuid.UUID, reason: Cause) -> int:
         """Returns the refunded amount (0 when there was no charge or it was already refunded).
         The refund records the current actor (`audit`) and `reason`."""
         actor = audit.actor_for(reason)
         row = await self._one("refund_job_charge", {"job_id": job_id, "actor": actor, "reason": str(reason)})
-        if row is None:
+        if row is None or not row["amount"]:
             return 0
         self._moved(kind=LedgerKind.REFUND, user_id=row["user_id"], amount=int(row["amount"]), job_id=job_id, actor=actor, reason=reason)
         return int(row["amount"])
@@ -466,21 +406,37 @@ def _admit_state(row: Row) -> AdmitState:
     )
 
 
-class ViewAtCommit:
-    """A job's view read in a locked transaction, travelling with its COMMIT (no extra round
-    trip); `view` is set once the transaction has committed."""
+T = TypeVar("T")
 
-    def __init__(self, job_id: uuid.UUID) -> None:
-        self.job_id = job_id
-        self.view: JobView | None = None
+
+class AtCommit(Generic[T]):
+    """What a statement sent inside a locked transaction returns, read once the transaction has
+    committed: the statement travels with the COMMIT, so it costs no round trip of its own."""
+
+    def __init__(self) -> None:
+        self._value: T | None = None
+        self._ready = False
+
+    @property
+    def value(self) -> T:
+        if not self._ready:
+            raise RuntimeError("read before the transaction committed")
+        return cast(T, self._value)
+
+    def _set(self, value: T) -> None:
+        self._value, self._ready = value, True
 
 
 class LockedStatements(Statements):
-    """The named queries inside a transaction that holds one user's queue lock."""
+    """The named queries inside a transaction that holds one user's queue lock.
+
+    The `*_at_commit` methods send their statement without waiting for it: BEGIN, the lock, the
+    statements and COMMIT reach the server as one batch (one round trip), and their results are
+    read once the transaction has committed."""
 
     def __init__(self, conn: AsyncConnection[Row]) -> None:
         super().__init__(conn)
-        self._after_commit: list[tuple[AsyncCursor[Row], ViewAtCommit]] = []
+        self._after_commit: list[Callable[[], Awaitable[None]]] = []
         self._movements: list[dict[str, Any]] = []
 
     def _moved(self, **movement: Any) -> None:
@@ -491,16 +447,121 @@ class LockedStatements(Statements):
         for movement in self._movements:
             audit.log_movement(**movement)
 
-    async def view_at_commit(self, job_id: uuid.UUID) -> ViewAtCommit:
-        """Sends the job's view read without waiting: it is answered with the COMMIT."""
-        holder = ViewAtCommit(job_id)
-        self._after_commit.append((await self._send("job_views_by_ids", {"job_ids": [job_id]}), holder))
+    async def _at_commit(self, name: str, params: Row, read: Callable[[list[Row]], T]) -> AtCommit[T]:
+        cursor = await self._send(name, params)
+        holder: AtCommit[T] = AtCommit()
+
+        async def fill() -> None:
+            holder._set(read(await cursor.fetchall()))
+
+        self._after_commit.append(fill)
         return holder
 
     async def _read_after_commit(self) -> None:
-        for cursor, holder in self._after_commit:
-            rows = await cursor.fetchall()
-            holder.view = JobView.from_row(rows[0]) if rows else None
+        for fill in self._after_commit:
+            await fill()
+
+    async def insert_admitted_job_at_commit(
+        self,
+        job: NewJob,
+        *,
+        default_max_active: int,
+        max_queued: int,
+        max_running_deltas: int,
+        release_window_seconds: float,
+        release_lease_seconds: float,
+        reconcile_after_seconds: float,
+    ) -> AtCommit[JobStatus | None]:
+        """The new job's status, or None when the key is taken, the balance is short, the queue
+        or delta limit is full, or the run's reservation is gone. The charge records the current
+        actor (`audit`)."""
+        actor = audit.actor_for(Cause.ADMIT)
+
+        def read(rows: list[Row]) -> JobStatus | None:
+            if not rows:
+                return None
+            if job.price > 0:
+                self._moved(kind=LedgerKind.CHARGE, user_id=job.user_id, amount=-job.price, job_id=job.job_id, actor=actor, reason=Cause.ADMIT)
+            return JobStatus(rows[0]["status"])
+
+        params = {
+            **dataclasses.asdict(job),
+            "actor": actor,
+            "reason": str(Cause.ADMIT),
+            "is_delta": job.delta_of_job_id is not None,
+            "default_max_active": default_max_active,
+            "max_queued": max_queued,
+            "max_running_deltas": max_running_deltas,
+            "release_window_seconds": float(release_window_seconds),
+            "release_lease_seconds": float(release_lease_seconds),
+            "reconcile_after_seconds": float(reconcile_after_seconds),
+        }
+        return await self._at_commit("insert_admitted_job", params, read)
+
+    async def view_at_commit(self, job_id: uuid.UUID) -> AtCommit[JobView | None]:
+        """The job's view as the transaction leaves it."""
+        return await self._at_commit("job_views_by_ids", {"job_ids": [job_id]}, lambda rows: JobView.from_row(rows[0]) if rows else None)
+
+    async def end_job_at_commit(
+        self, job_id: uuid.UUID, transition: Transition, *, default_max_active: int, release_window_seconds: float, release_lease_seconds: float
+    ) -> AtCommit[JobEnding | None]:
+        """Applies a named transition if the job is still in one of its statuses (and, when it
+        names one, still at its release attempt), refunds when it says so, and promotes the user's
+        next jobs when the run is settled, in one call (`queue_end_job`). None when the job was
+        not in a status the transition starts from (fenced)."""
+        actor = audit.actor_for(transition.cause)
+
+        def read(rows: list[Row]) -> JobEnding | None:
+            ended = [row for row in rows if row["row_kind"] == "ended"]
+            if not ended:
+                return None
+            row = ended[0]
+            ref = JobRef(
+                job_id=row["out_job_id"],
+                user_id=row["out_user_id"],
+                run_id=row["out_run_id"],
+                status=JobStatus(row["out_status"]),
+                delta_of_job_id=row["out_delta_of_job_id"],
+                run_unsettled=bool(row["out_run_unsettled"]),
+            )
+            refunded = int(row["out_refunded"])
+            if refunded:
+                self._moved(kind=LedgerKind.REFUND, user_id=ref.user_id, amount=refunded, job_id=ref.job_id, actor=actor, reason=transition.cause)
+            promoted = tuple(Promoted(r["out_job_id"], ref.user_id, r["out_run_id"]) for r in rows if r["row_kind"] == "promoted")
+            return JobEnding(ref, refunded, promoted)
+
+        params = {
+            "job_id": job_id,
+            "status": str(transition.to),
+            "from_statuses": _statuses(transition.from_statuses),
+            "last_error": transition.last_error,
+            "expected_attempts": transition.expected_attempts,
+            "run_unsettled": transition.run_unsettled,
+            "refund": transition.refund,
+            "actor": actor,
+            "reason": str(transition.cause),
+            "default_max_active": default_max_active,
+            "release_window_seconds": float(release_window_seconds),
+            "release_lease_seconds": float(release_lease_seconds),
+        }
+        return await self._at_commit("end_job", params, read)
+
+    async def promote_at_commit(
+        self, *, user_id: str, default_max_active: int, release_window_seconds: float, release_lease_seconds: float
+    ) -> AtCommit[tuple[Promoted, ...]]:
+        """Fills every free slot of the user from the queue, oldest first, each promoted job's first
+        release claimed for this replica."""
+        params = {
+            "user_id": user_id,
+            "default_max_active": default_max_active,
+            "release_window_seconds": float(release_window_seconds),
+            "release_lease_seconds": float(release_lease_seconds),
+        }
+        return await self._at_commit("promote_queued_jobs", params, lambda rows: tuple(Promoted(r["job_id"], user_id, r["run_id"]) for r in rows))
+
+    async def settle_job_run_at_commit(self, *, job_id: uuid.UUID) -> AtCommit[bool]:
+        """Marks an ended job's run settled; False when it already was."""
+        return await self._at_commit("settle_job_run", {"job_id": job_id}, bool)
 
 
 class Store:
@@ -521,14 +582,14 @@ class Store:
     @asynccontextmanager
     async def user_queue(self, user_id: str) -> AsyncIterator[LockedStatements]:
         """A transaction holding the user's queue lock: commits when the block ends, rolls back
-        (and so releases the lock) on any error. Views asked for with `view_at_commit` are read
-        once it has committed."""
+        (and so releases the lock) on any error. What the `*_at_commit` methods return is read once
+        it has committed."""
         async with with_user_queue_lock(self.pool, user_id) as conn:
             locked = LockedStatements(conn)
             yield locked
-        locked._log_movements()
         with translated_errors():
             await locked._read_after_commit()
+        locked._log_movements()
 
     async def open(self, *, timeout: float) -> None:
         await self.pool.open(wait=True, timeout=timeout)

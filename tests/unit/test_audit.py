@@ -16,7 +16,7 @@ async def _actor() -> str:
 
 async def test_a_call_s_caller_reaches_its_tasks_but_not_detached_clean_up() -> None:
     config = Config.from_env({}, database_url="postgresql://localhost/unused", core_addr="127.0.0.1:1")
-    engine = QueueEngine(None, None, config, on_pending=lambda: None)  # type: ignore[arg-type]  # in_background needs neither
+    engine = QueueEngine(None, None, config, hand_over=lambda claim: None)  # type: ignore[arg-type]  # in_background needs neither
     assert await _actor() == "system:probe"  # no call: the service's own work
     with audit.acting_for_call():
         assert await _actor() == audit.ANONYMOUS  # a call before (or without) authentication

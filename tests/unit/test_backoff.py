@@ -27,7 +27,7 @@ class Unreachable:
 
 def engine(cap: float = CAP) -> QueueEngine:
     config = Config.from_env({}, release_backoff_max_seconds=cap)
-    return QueueEngine(cast(Any, Unreachable()), cast(Any, Unreachable()), config, on_pending=lambda: None)
+    return QueueEngine(cast(Any, Unreachable()), cast(Any, Unreachable()), config, hand_over=lambda claim: None)
 
 
 def window(attempt: int, cap: float = CAP) -> float:

@@ -36,7 +36,9 @@ SELECT existing.job_id AS existing_job_id,
 -- name: insert_admitted_job
 -- Inserts the job, debits the price and writes the charge, in one statement. The status is
 -- decided in the INSERT: 'pending' with a slot when a slot is free and nobody is queued ahead,
--- else 'queued'; a delta starts 'running' and never takes a slot. The run's reservation is
+-- else 'queued'; a delta starts 'running' and never takes a slot. A 'pending' job's first release
+-- is claimed for this replica at once (attempt 1, leased), as a promotion's is (migration 0008).
+-- The run's reservation is
 -- consumed in the same statement; a reservation the sweeper has started to cancel fences the
 -- insert out. No row comes back when the key is taken, the balance is short, the user's queue or
 -- delta limit is full, or the reservation is gone (the caller asks admit_state why).
@@ -57,8 +59,8 @@ placement AS (
 job AS (
     INSERT INTO analysis_jobs (
         job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot,
-        delta_of_job_id, price, create_time, promote_time, next_release_at, release_deadline,
-        start_time, next_reconcile_at)
+        delta_of_job_id, price, create_time, promote_time, next_release_at, release_attempts,
+        release_deadline, start_time, next_reconcile_at)
     SELECT %(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
            CASE WHEN %(is_delta)s THEN 'running' WHEN p.slot IS NOT NULL THEN 'pending' ELSE 'queued' END,
            nextval('analysis_jobs_queue_seq'),
@@ -67,7 +69,8 @@ job AS (
            %(price)s,
            p.now,
            CASE WHEN %(is_delta)s OR p.slot IS NOT NULL THEN p.now END,
-           CASE WHEN p.slot IS NOT NULL THEN p.now END,
+           CASE WHEN p.slot IS NOT NULL THEN p.now + make_interval(secs => %(release_lease_seconds)s) END,
+           CASE WHEN p.slot IS NOT NULL THEN 1 ELSE 0 END,
            CASE WHEN p.slot IS NOT NULL THEN p.now + make_interval(secs => %(release_window_seconds)s) END,
            CASE WHEN %(is_delta)s THEN p.now END,
            CASE WHEN %(is_delta)s THEN p.now + make_interval(secs => %(reconcile_after_seconds)s) END
@@ -97,54 +100,6 @@ charge AS (
     SELECT user_id, 'charge', -price, job_id, %(actor)s, %(reason)s FROM job WHERE price > 0
 )
 SELECT job_id, status FROM job;
-
--- name: promote_next_queued_job
--- Moves the user's oldest queued first-pass job into the lowest free slot, due for release now.
--- No row when no slot is free or nothing is queued; `more_slots_free` tells the caller whether
--- another promotion could succeed. Run under the user lock.
-WITH next_job AS (
-    SELECT job_id FROM analysis_jobs
-     WHERE user_id = %(user_id)s AND status = 'queued'
-     ORDER BY queue_seq
-     LIMIT 1
-),
-capacity AS (
-    SELECT COALESCE((SELECT l.max_active FROM user_queue_limits l WHERE l.user_id = %(user_id)s),
-                    %(default_max_active)s) AS max_active,
-           (SELECT count(*) FROM analysis_jobs a
-             WHERE a.user_id = %(user_id)s AND a.status IN ('pending', 'running')
-               AND a.delta_of_job_id IS NULL) AS active
-),
-free AS (
-    SELECT analysis_jobs_free_slot(%(user_id)s, %(default_max_active)s) AS slot
-)
-UPDATE analysis_jobs j
-   SET status = 'pending',
-       slot = free.slot,
-       promote_time = clock_timestamp(),
-       next_release_at = clock_timestamp(),
-       release_deadline = clock_timestamp() + make_interval(secs => %(release_window_seconds)s),
-       release_attempts = 0
-  FROM next_job, free, capacity
- WHERE j.job_id = next_job.job_id AND free.slot IS NOT NULL AND j.status = 'queued'
-RETURNING j.job_id, j.user_id, j.run_id, capacity.active + 1 < capacity.max_active AS more_slots_free;
-
--- name: finish_job
--- Ends a job (terminal status) if it is still in one of the expected statuses; optionally only
--- if its release attempt counter is still the one the caller saw. With `run_unsettled` the job
--- keeps its slot (if it has one) until the core confirms its run settled, and a CancelRun is due
--- at once.
-UPDATE analysis_jobs
-   SET status = %(status)s,
-       end_time = clock_timestamp(),
-       last_error = CASE WHEN %(last_error)s <> '' THEN %(last_error)s ELSE last_error END,
-       next_release_at = NULL,
-       next_reconcile_at = NULL,
-       run_settle_due_at = CASE WHEN %(run_unsettled)s THEN clock_timestamp() END
- WHERE job_id = %(job_id)s
-   AND status = ANY(%(from_statuses)s::text[])
-   AND (%(expected_attempts)s::integer IS NULL OR release_attempts = %(expected_attempts)s::integer)
-RETURNING job_id, user_id, run_id, status, delta_of_job_id, run_settle_due_at IS NOT NULL AS run_unsettled;
 
 -- name: settle_job_run
 -- The core confirmed an ended job's run settled: the job lets go of its slot. No row when it was
@@ -210,21 +165,29 @@ UPDATE run_reservations
 DELETE FROM run_reservations WHERE run_id = %(run_id)s;
 
 -- name: refund_job_charge
--- Gives a job's charge back, at most once (the ledger's unique (job, kind) makes a second refund
--- a no-op), recording who and why. Returns the refunded amount and its user, or no row.
-WITH refund AS (
-    INSERT INTO credit_ledger (user_id, kind, amount, job_id, actor, reason)
-    SELECT user_id, 'refund', -amount, job_id, %(actor)s, %(reason)s
-      FROM credit_ledger
-     WHERE job_id = %(job_id)s AND kind = 'charge'
-    ON CONFLICT (job_id, kind) DO NOTHING
-    RETURNING user_id, amount
-)
-UPDATE credit_accounts c
-   SET balance = c.balance + refund.amount, updated_at = clock_timestamp()
-  FROM refund
- WHERE c.user_id = refund.user_id
-RETURNING refund.user_id, refund.amount;
+-- Gives a job's charge back, at most once, recording who and why (`queue_refund_job_charge`,
+-- migration 0008). Returns the job's user and the refunded amount (0: none, or already refunded).
+SELECT j.user_id, queue_refund_job_charge(j.job_id, %(actor)s, %(reason)s) AS amount
+  FROM analysis_jobs j
+ WHERE j.job_id = %(job_id)s;
+
+-- name: end_job
+-- Ends a job by a named transition, refunds it when asked and, when its run is settled, fills
+-- the freed slots, in one call (`queue_end_job`, migration 0008). Run under the user lock. No
+-- rows when the job was not in an expected status (fenced); else an 'ended' row, then one
+-- 'promoted' row per promoted job.
+SELECT * FROM queue_end_job(%(job_id)s, %(status)s, %(from_statuses)s::text[], %(last_error)s,
+                            %(expected_attempts)s::integer, %(run_unsettled)s, %(refund)s, %(actor)s,
+                            %(reason)s, %(default_max_active)s, %(release_window_seconds)s,
+                            %(release_lease_seconds)s);
+
+-- name: promote_queued_jobs
+-- Fills every free slot of the user from the queue, oldest first, each promoted job's first
+-- release claimed for this replica (`queue_promote_queued_jobs`, migration 0008). Run under the
+-- user lock.
+SELECT promoted_job_id AS job_id, promoted_run_id AS run_id
+  FROM queue_promote_queued_jobs(%(user_id)s, %(default_max_active)s, %(release_window_seconds)s,
+                                 %(release_lease_seconds)s);
 
 -- name: job_by_id
 -- One job's row fields the lifecycle needs.
@@ -251,7 +214,7 @@ UPDATE analysis_jobs j
          LIMIT %(batch_size)s
          FOR UPDATE SKIP LOCKED) AS due
  WHERE j.job_id = due.job_id
-RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.release_deadline, j.promote_time;
+RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts;
 
 -- name: claim_release_of_job
 -- Claims one pending job for an immediate release attempt (the Release RPC), unless another
@@ -263,7 +226,7 @@ UPDATE analysis_jobs j
          WHERE job_id = %(job_id)s AND status = 'pending'
          FOR UPDATE SKIP LOCKED) AS target
  WHERE j.job_id = target.job_id
-RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.release_deadline, j.promote_time;
+RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts;
 
 -- name: mark_released
 -- The core accepted the release: the job is RUNNING (fenced by the attempt that released it).

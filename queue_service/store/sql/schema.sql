@@ -122,7 +122,8 @@ BEGIN
             'user_id', NEW.user_id,
             'job_id', NEW.job_id,
             'status', NEW.status,
-            'old_status', CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END
+            'old_status', CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END,
+            'release_claimed', NEW.status = 'pending' AND NEW.release_attempts > 0
         )::text);
     RETURN NULL;
 END;
@@ -148,6 +149,88 @@ AS $function$
        AND s NOT IN (SELECT slot FROM holders)
      ORDER BY s
      LIMIT 1
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_end_job(p_job_id uuid, p_status text, p_from_statuses text[], p_last_error text, p_expected_attempts integer, p_run_unsettled boolean, p_refund boolean, p_actor text, p_reason text, p_default_max_active integer, p_release_window_seconds double precision, p_lease_seconds double precision)
+ RETURNS TABLE(row_kind text, out_job_id uuid, out_user_id text, out_run_id uuid, out_status text, out_delta_of_job_id uuid, out_run_unsettled boolean, out_refunded integer)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    ended analysis_jobs%ROWTYPE;
+BEGIN
+    UPDATE analysis_jobs a
+       SET status = p_status,
+           end_time = clock_timestamp(),
+           last_error = CASE WHEN p_last_error <> '' THEN p_last_error ELSE a.last_error END,
+           next_release_at = NULL,
+           next_reconcile_at = NULL,
+           run_settle_due_at = CASE WHEN p_run_unsettled THEN clock_timestamp() END
+     WHERE a.job_id = p_job_id
+       AND a.status = ANY(p_from_statuses)
+       AND (p_expected_attempts IS NULL OR a.release_attempts = p_expected_attempts)
+    RETURNING a.* INTO ended;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT 'ended', ended.job_id, ended.user_id, ended.run_id, ended.status, ended.delta_of_job_id,
+                        ended.run_settle_due_at IS NOT NULL,
+                        CASE WHEN p_refund THEN queue_refund_job_charge(ended.job_id, p_actor, p_reason) ELSE 0 END;
+    IF NOT p_run_unsettled THEN
+        RETURN QUERY SELECT 'promoted', p.promoted_job_id, ended.user_id, p.promoted_run_id, 'pending'::text,
+                            NULL::uuid, false, 0
+                       FROM queue_promote_queued_jobs(ended.user_id, p_default_max_active, p_release_window_seconds, p_lease_seconds) AS p;
+    END IF;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_promote_queued_jobs(p_user_id text, p_default_max_active integer, p_release_window_seconds double precision, p_lease_seconds double precision)
+ RETURNS TABLE(promoted_job_id uuid, promoted_run_id uuid)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_slot integer;
+BEGIN
+    LOOP
+        v_slot := analysis_jobs_free_slot(p_user_id, p_default_max_active);
+        EXIT WHEN v_slot IS NULL;
+        UPDATE analysis_jobs j
+           SET status = 'pending',
+               slot = v_slot,
+               promote_time = clock_timestamp(),
+               next_release_at = clock_timestamp() + make_interval(secs => p_lease_seconds),
+               release_deadline = clock_timestamp() + make_interval(secs => p_release_window_seconds),
+               release_attempts = 1
+         WHERE j.job_id = (SELECT q.job_id FROM analysis_jobs q
+                            WHERE q.user_id = p_user_id AND q.status = 'queued'
+                            ORDER BY q.queue_seq
+                            LIMIT 1)
+        RETURNING j.job_id, j.run_id INTO promoted_job_id, promoted_run_id;
+        EXIT WHEN NOT FOUND;
+        RETURN NEXT;
+    END LOOP;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_refund_job_charge(p_job_id uuid, p_actor text, p_reason text)
+ RETURNS integer
+ LANGUAGE sql
+AS $function$
+    WITH refund AS (
+        INSERT INTO credit_ledger (user_id, kind, amount, job_id, actor, reason)
+        SELECT user_id, 'refund', -amount, job_id, p_actor, p_reason
+          FROM credit_ledger
+         WHERE job_id = p_job_id AND kind = 'charge'
+        ON CONFLICT (job_id, kind) DO NOTHING
+        RETURNING user_id, amount
+    ),
+    credited AS (
+        UPDATE credit_accounts c
+           SET balance = c.balance + refund.amount, updated_at = clock_timestamp()
+          FROM refund
+         WHERE c.user_id = refund.user_id
+        RETURNING refund.amount
+    )
+    SELECT COALESCE((SELECT amount FROM credited), 0)
 $function$;
 
 CREATE VIEW public.analysis_job_views AS
