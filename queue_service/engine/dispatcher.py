@@ -18,7 +18,7 @@ import logging
 from queue_service import errors
 from queue_service.background import cancel_and_wait
 from queue_service.engine.engine import QueueEngine
-from queue_service.model import ClaimedRelease
+from queue_service.model import ClaimedRelease, ReleaseResult
 from queue_service.store import Store
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,8 @@ class ReleaseDispatcher:
     ) -> None:
         self._engine = engine
         self._store = store
-        # Set by the watch hub (a PENDING job nobody claimed) and the sweeper (every pass).
+        # Set by the watch hub (a PENDING job nobody claimed), the sweeper (every pass) and a
+        # release attempt that scheduled a retry.
         self._wake = wake
         # Releases this replica claimed when it made their jobs PENDING: started without a claim.
         self._handed_over = handed_over
@@ -107,7 +108,10 @@ class ReleaseDispatcher:
 
     async def _release(self, claim: ClaimedRelease) -> None:
         try:
-            await self._engine.release(claim)
+            if await self._engine.release(claim) is ReleaseResult.RETRY:
+                # Its retry is due after a backoff shorter than the loop may be asleep for: the
+                # loop re-reads the earliest due time (no NOTIFY wakes it for a claimed job).
+                self._wake.set()
         except errors.QueueError as exc:
             # The database went away mid-release: the lease runs out and any replica retries.
             log.warning("release attempt interrupted: %s", exc.message, extra={"job_id": claim.job_id, "attempt": claim.attempt})
