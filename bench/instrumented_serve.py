@@ -10,6 +10,8 @@ Environment (besides the service's own settings):
   more, event-loop lag of 20 ms or more (a task that sleeps 5 ms and measures how late it wakes),
   the pool's grow/shrink/discard events and its waiting requests, each refresh of the queued-job
   estimate (`recent_judging_seconds`) and each sweeper pass, with their durations.
+- `BENCH_GC_FREEZE=1` (or `0`) freezes (or unfreezes) the garbage collector's objects once the
+  replica serves, for an A/B of `gc.freeze()`.
 """
 
 from __future__ import annotations
@@ -131,8 +133,16 @@ def install_probes(path: str) -> None:
         pool_logger.setLevel(logging.INFO)  # after the service's logging set-up, which quiets it
         probes = [asyncio.create_task(_lag_probe(events)), asyncio.create_task(_pool_probe(events, pools))]
         events.write("serving", loop=type(asyncio.get_running_loop()).__module__)
+        def on_serving(app: Any) -> None:
+            # BENCH_GC_FREEZE=1/0: start-up objects out of (1) or back into (0) the collector's reach.
+            if os.environ.get("BENCH_GC_FREEZE") == "1":
+                gc.freeze()
+            elif os.environ.get("BENCH_GC_FREEZE") == "0":
+                gc.unfreeze()
+            events.write("gc_state", frozen=gc.get_freeze_count(), tracked=len(gc.get_objects()))
+
         try:
-            await original_serve(config, **kwargs)
+            await original_serve(config, on_serving=on_serving, **kwargs)
         finally:
             for probe in probes:
                 probe.cancel()

@@ -285,6 +285,7 @@ def main() -> int:
     parser.add_argument("--print-admit-ms", type=float, default=300.0, help="print admit stalls from this long")
     parser.add_argument("--no-durable", action="store_true")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="a service setting for every round")
+    parser.add_argument("--alternate-env", metavar="KEY=VALUE", help="a service setting for odd rounds only (an A/B in one run)")
     parser.add_argument("--out", type=Path, default=RESULTS / "stall-probe.json")
     args = parser.parse_args()
     env = dict(item.split("=", 1) for item in args.env)
@@ -297,11 +298,16 @@ def main() -> int:
         ctx = Context(db, workdir, FULL, write_protoset(workdir / "queue.protoset"))
         rounds = []
         for index in range(args.rounds):
-            result = run_round(ctx, index, args, env)
+            round_env = dict(env)
+            if args.alternate_env and index % 2 == 1:
+                key, _, value = args.alternate_env.partition("=")
+                round_env[key] = value
+            result = run_round(ctx, index, args, round_env)
+            result["service_env"] = round_env
             rounds.append(result)
             lj, ad = result["list_jobs"]["latency_ms"], result["admit"]["latency_ms"]
             print(
-                f"round {index}: load {result['loadavg_at_start']}  admit p99/max {ad['p99']}/{ad['max']} ms  "
+                f"round {index} {round_env or ''}: load {result['loadavg_at_start']}  admit p99/max {ad['p99']}/{ad['max']} ms  "
                 f"ListJobs p50/p99/max {lj['p50']}/{lj['p99']}/{lj['max']} ms  stalls {len(result['stalls'])}  "
                 f"gc max {result['gc_max_ms']} ms  loop lag max {result['loop_lag_max_ms']} ms",
                 flush=True,
@@ -314,7 +320,7 @@ def main() -> int:
         db.stop()
     report = {
         "meta": {"date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "durable": not args.no_durable,
-                 "rounds": args.rounds, "calls": args.calls, "slow_ms": args.slow_ms, "service_env": env,
+                 "rounds": args.rounds, "calls": args.calls, "slow_ms": args.slow_ms, "service_env": env, "alternate_env": args.alternate_env,
                  "duration_seconds": round(time.time() - started, 1), "loadavg_at_end": loadavg()},
         "rounds": rounds,
     }
