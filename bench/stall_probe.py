@@ -257,12 +257,14 @@ def run_round(ctx: Context, index: int, args: argparse.Namespace, env: dict[str,
     for load, report in (("admit", admit_report), ("list_jobs", list_report)):
         for group in stalls(call_spans(report), args.slow_ms):
             near = overlapping(group, events)
+            detail = load == "list_jobs"  # every sample only for ListJobs: admit stalls are many and long
             found.append({"load": load, **group, "overlapping": digest([e for e in near if e["kind"] not in ("psi", "pg_active")]),
                           "psi_during": psi_during(group, events),
                           "pg_waits_during": _wait_counts(e for e in near if e["kind"] == "pg_active"),
-                          "pg_active": [e for e in near if e["kind"] == "pg_active"],
-                          "service_events": [e for e in near if e["kind"] not in ("postgres", "psi", "pg_active")],
-                          "postgres_events": [e for e in near if e["kind"] == "postgres" and pg_category(e["text"]) not in (None, "pg_slow_commit")]})
+                          **({"pg_active": [e for e in near if e["kind"] == "pg_active"],
+                              "service_events": [e for e in near if e["kind"] not in ("postgres", "psi", "pg_active")],
+                              "postgres_events": [e for e in near if e["kind"] == "postgres" and pg_category(e["text"]) not in (None, "pg_slow_commit")]}
+                             if detail else {})})
     probe_counts: dict[str, int] = {}
     for event in events:
         probe_counts[event["kind"]] = probe_counts.get(event["kind"], 0) + 1
