@@ -1,5 +1,5 @@
 """The service on asyncio's default event loop against uvloop, under the admit load of scenario 1
-(1 000 users round-robin, 16 callers by default). Not part of `bench.run`; uvloop comes from PyPI
+(1 000 users round-robin, 16 callers by default). Not part of `bench.run`; uvloop is installed apart
 (`.venv/bin/pip install uvloop`), and the service runs through `bench.instrumented_serve` with
 `BENCH_EVENT_LOOP` (no probes).
 
