@@ -72,6 +72,14 @@ def run_ghz(
     cpus: int = 1,
 ) -> GhzResult:
     """One ghz run; `cpus` caps ghz's own Go threads so it leaves the 2 cores to what is measured."""
+    report = ghz_report(target, call, data, protoset=protoset, concurrency=concurrency, total=total, connections=connections, cpus=cpus)
+    return summarize_report(report)
+
+
+def ghz_report(
+    target: str, call: str, data: dict[str, Any], *, protoset: Path, concurrency: int, total: int, connections: int = 1, cpus: int = 1
+) -> dict[str, Any]:
+    """ghz's whole JSON report, with `details`: each call's start (`timestamp`), latency (ns) and status."""
     args = [
         GHZ, "--insecure", "--protoset", str(protoset), "--call", call, "--format", "json",
         "-c", str(concurrency), "-n", str(total), "--connections", str(connections),
@@ -80,7 +88,10 @@ def run_ghz(
     completed = subprocess.run(args, capture_output=True, text=True, check=False)
     if completed.returncode != 0 and not completed.stdout.strip():
         raise RuntimeError(f"ghz failed ({completed.returncode}): {completed.stderr[-2000:]}")
-    report = json.loads(completed.stdout)
+    return json.loads(completed.stdout)
+
+
+def summarize_report(report: dict[str, Any]) -> GhzResult:
     percentiles = {int(p["percentage"]): p["latency"] / 1e6 for p in report.get("latencyDistribution") or []}
     codes = report.get("statusCodeDistribution") or {}
     errors = dict(report.get("errorDistribution") or {})

@@ -121,7 +121,8 @@ class Stack:
 
     With `manual` the core holds judging until `start_judging` (SIGUSR1), which starts it for the
     whole batch, spread over `judging_spread_seconds`; `record_path` receives its timestamped
-    events (written when the core stops).
+    events (written when the core stops). `service_command` replaces `queue-service serve` (the
+    probes of `bench.instrumented_serve`).
     """
 
     def __init__(
@@ -135,6 +136,7 @@ class Stack:
         judging_seconds: float = 1.0,
         judging_spread_seconds: float = 0.0,
         manual: bool = True,
+        service_command: list[str] | None = None,
     ) -> None:
         self.db = db
         self.dsn = dsn
@@ -159,7 +161,7 @@ class Stack:
             "QUEUE_MIGRATE_ON_START": "false",
             **(service_env or {}),
         }
-        self.service = ManagedProcess("service", [QUEUE_SERVICE, "serve"], _minimal_env(env), workdir / f"{name}.service.log")
+        self.service = ManagedProcess("service", service_command or [QUEUE_SERVICE, "serve"], _minimal_env(env), workdir / f"{name}.service.log")
         wait_serving(self.address, self.service.process, self.service.log_path)
 
     def cpu_roots(self) -> dict[str, int]:

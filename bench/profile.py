@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import re
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench import dbsetup
 from bench.context import QUICK, Context
@@ -58,6 +60,49 @@ def _category(file: str) -> str:
     return "other: " + Path(file).name
 
 
+# Inclusive shares: protobuf's own code, Python (google/protobuf) or native (the upb extension,
+# `_message*.so`, whose C functions are named upb_*; seen with --native).
+_INCLUSIVE = {
+    "protobuf (python + upb)": re.compile(r"/google/protobuf/|_message\.|\bupb_|_upb"),
+}
+
+
+def _inclusive(collapsed: Path) -> dict[str, int]:
+    counts = dict.fromkeys(_INCLUSIVE, 0)
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or stack.rsplit(";", 1)[-1].startswith(("epoll_wait", "poll ", "select ")):
+            continue
+        for name, pattern in _INCLUSIVE.items():
+            if pattern.search(stack):
+                counts[name] += int(count_text)
+    return counts
+
+
+def shares(collapsed: Path) -> dict[str, Any]:
+    """The summary as data (bench/results/profile-<call>.json): busy samples, share per package
+    (innermost Python frame) and the inclusive shares, with the protobuf backend in use."""
+    from google.protobuf.internal import api_implementation
+
+    by_category: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        frames = [m for m in (_FRAME.match(f) for f in stack.split(";")) if m] if stack else []
+        if not frames or frames[-1]["func"] in ("epoll_wait", "poll", "select"):
+            continue
+        python = [f for f in frames if f["file"].endswith(".py") or f["file"].startswith("<")]
+        by_category[_category((python[-1] if python else frames[-1])["file"])] += int(count_text)
+        total += int(count_text)
+    return {
+        "protobuf_backend": api_implementation.Type(),
+        "busy_samples": total,
+        "share_by_package": {name: round(n / total, 4) for name, n in by_category.most_common() if n / total >= 0.001},
+        "inclusive_share": {name: round(n / total, 4) for name, n in _inclusive(collapsed).items()},
+        "loadavg": [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]],
+    }
+
+
 def summarize(collapsed: Path, top: int) -> str:
     by_category: collections.Counter[str] = collections.Counter()
     exclusive: collections.Counter[str] = collections.Counter()
@@ -78,6 +123,8 @@ def summarize(collapsed: Path, top: int) -> str:
         exclusive[f"{frames[-1]['func']} ({Path(frames[-1]['file']).name})"] += count
     lines = [f"{total} busy samples ({idle} idle in epoll not counted)", "", "by package (innermost Python frame):"]
     lines += [f"  {n / total:6.1%}  {name}" for name, n in by_category.most_common()]
+    lines += ["", "inclusive (a sample counts when any frame of its stack matches):"]
+    lines += [f"  {n / total:6.1%}  {name}" for name, n in _inclusive(collapsed).items()]
     lines += ["", "hottest frames (exclusive):"]
     lines += [f"  {n / total:6.1%}  {label}" for label, n in exclusive.most_common(top)]
     return "\n".join(lines)
@@ -108,6 +155,9 @@ def profile(ctx: Context, args: argparse.Namespace) -> None:
         raise RuntimeError(f"py-spy wrote nothing: {spy.stderr.read().decode()[-2000:] if spy.stderr else ''}")
     print(f"{args.call}: {result.ok} ok, {result.ok / result.seconds:.0f}/s under py-spy, p50 {result.p50_ms:.1f} ms")
     print(summarize(out, args.top))
+    summary = {"call": args.call, "callers": args.callers, "native": args.native, "ok": result.ok,
+               "throughput_per_s_under_py_spy": round(result.ok / result.seconds, 1), **shares(out)}
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"\ncollapsed stacks: {out}")
 
 

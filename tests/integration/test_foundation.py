@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -134,3 +135,19 @@ async def test_subprocess_replica_serves_health(services) -> None:
     replica = await services.start_process(core)
     await wait_serving(replica.stubs)
     assert replica.process.poll() is None
+
+
+async def test_a_serving_replica_freezes_its_start_up_objects_out_of_garbage_collection(services) -> None:
+    # Full collections would otherwise walk every module and descriptor with the event loop
+    # stopped (docs/scaling.md, "Latency stalls"); the count comes from gc.get_freeze_count().
+    core = await services.core()
+    replica = await services.start_process(core)
+    frozen = None
+    for _ in range(100):  # the line follows SERVING by one collection
+        frozen = re.search(r"start-up objects frozen out of garbage collection: (\d+)", replica.log())
+        if frozen:
+            break
+        await asyncio.sleep(0.1)
+    assert frozen is not None, replica.log()[-2000:]
+    assert int(frozen[1]) > 10_000
+    await replica.stubs.grant(new_user(), 1)  # still serving after the freeze

@@ -1,0 +1,215 @@
+"""The NOTIFY commit ceiling: commits per second of a trivial UPDATE on `analysis_jobs` whose
+status trigger sends a NOTIFY, against the same UPDATE with the trigger's NOTIFY suppressed.
+
+    .venv/bin/python -m bench.notify_ceiling [--seconds 5] [--repeats 3] [--clients 1 8 32]
+
+A committing transaction that has called NOTIFY holds a cluster-wide lock from queueing its
+notifications to the end of its commit (WAL flush included), so notifying commits cannot share a
+WAL flush (group commit) and run one at a time. This measures what that costs.
+
+For each PostgreSQL (durable: fsync and synchronous_commit on, as in production; then with
+fsync and synchronous_commit off), each client count and each repeat, two pgbench runs back to
+back (same conditions, so their ratio is fair):
+
+- `notify`: each client updates its own row's `last_error` (a new value each time, so the
+  trigger `analysis_jobs_announce_update` fires and sends one NOTIFY per commit; `last_error` is in
+  no index, so the update is HOT and nothing else is costly);
+- `no_notify`: the same statement in sessions with `session_replication_role = replica`, where
+  ordinary triggers do not fire: no NOTIFY, nothing else changes.
+
+One listener (as every replica keeps one) LISTENs and drains the channel throughout; the run
+checks that it received one notification per committed `notify` update and none from
+`no_notify`. pgbench is PostgreSQL's own (the embedded server's), in prepared mode, one thread
+per client up to the machine's cores. The machine's load average is recorded with each figure.
+
+Prints a table and writes bench/results/notify-ceiling.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.procs import Database
+from queue_service.dev.embedded_postgres import POSTGRES_BIN_PATH
+from queue_service.store import JOB_CHANGES_CHANNEL
+
+RESULTS = Path(__file__).resolve().parent / "results"
+_ROW_KEY = "notify-ceiling-"
+# Each client updates its own row (no row-lock waits), with a new last_error (the trigger fires).
+_SCRIPT = (
+    "UPDATE analysis_jobs SET last_error = md5(random()::text) "
+    f"WHERE job_id = md5('{_ROW_KEY}' || :client_id)::uuid;\n"
+)
+
+
+def loadavg() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def seed_rows(dsn: str, rows: int) -> None:
+    """One finished job per pgbench client (`client_id` 0..rows-1), inserted without triggers."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET session_replication_role = replica")
+        conn.execute(
+            """
+            INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, price, end_time)
+            SELECT md5(%(key)s || i)::uuid, 'notify-ceiling-user-' || i, gen_random_uuid(), 'k' || i, '\\x00', 'succeeded',
+                   nextval('analysis_jobs_queue_seq'), 0, clock_timestamp()
+              FROM generate_series(0, %(rows)s - 1) AS i
+            ON CONFLICT DO NOTHING
+            """,
+            {"key": _ROW_KEY, "rows": rows},
+        )
+        conn.execute("VACUUM ANALYZE analysis_jobs")
+
+
+class Listener(threading.Thread):
+    """A LISTEN connection that drains the job-change channel and counts what it hears."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(daemon=True)
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.conn.execute(f"LISTEN {JOB_CHANGES_CHANNEL}")
+        self.received = 0
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            for _ in self.conn.notifies(timeout=0.2):
+                self.received += 1
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(5)
+        self.conn.close()
+
+
+def pgbench(dsn: str, script: Path, *, clients: int, seconds: float, suppress_notify: bool) -> dict[str, float]:
+    env = dict(os.environ)
+    if suppress_notify:
+        env["PGOPTIONS"] = "-c session_replication_role=replica"
+    args = [
+        str(POSTGRES_BIN_PATH / "pgbench"), "--no-vacuum", "--protocol=prepared", f"--time={int(seconds)}",
+        f"--client={clients}", f"--jobs={min(clients, os.cpu_count() or 1)}", f"--file={script}", dsn,
+    ]
+    completed = subprocess.run(args, capture_output=True, text=True, env=env, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(f"pgbench failed: {completed.stderr[-2000:]}")
+    tps = re.search(r"tps = ([\d.]+) \(without initial connection time\)", completed.stdout)
+    latency = re.search(r"latency average = ([\d.]+) ms", completed.stdout)
+    processed = re.search(r"number of transactions actually processed: (\d+)", completed.stdout)
+    if not (tps and latency and processed):
+        raise RuntimeError(f"unexpected pgbench output:\n{completed.stdout[-2000:]}")
+    return {"commits_per_s": float(tps[1]), "latency_ms": float(latency[1]), "commits": int(processed[1])}
+
+
+def measure(db: Database, *, clients: list[int], seconds: float, repeats: int, workdir: Path) -> dict[str, Any]:
+    dsn = db.dsn
+    seed_rows(dsn, max(clients))
+    script = workdir / "update-last-error.sql"
+    script.write_text(_SCRIPT)
+    listener = Listener(dsn)
+    listener.start()
+    runs: list[dict[str, Any]] = []
+    try:
+        for repeat in range(repeats):
+            for count in clients:
+                for mode in ("notify", "no_notify"):
+                    before = listener.received
+                    load = loadavg()
+                    result = pgbench(dsn, script, clients=count, seconds=seconds, suppress_notify=mode == "no_notify")
+                    time.sleep(0.3)  # let the listener drain what was committed last
+                    heard = listener.received - before
+                    expected = result["commits"] if mode == "notify" else 0
+                    # pgbench counts the transactions it finished; a commit it did not wait out
+                    # at the end may still have notified, hence the small tolerance.
+                    if abs(heard - expected) > count:
+                        raise RuntimeError(f"{mode}, {count} clients: {result['commits']} commits but {heard} notifications")
+                    runs.append({"repeat": repeat, "clients": count, "mode": mode, "loadavg": load, "notifications": heard, **result})
+                    print(
+                        f"  repeat {repeat} clients {count:2} {mode:9} {result['commits_per_s']:8.0f} commits/s  "
+                        f"latency {result['latency_ms']:6.2f} ms  load {load[0]}",
+                        flush=True,
+                    )
+    finally:
+        listener.stop()
+    summary = {}
+    for count in clients:
+        by_mode = {mode: [r["commits_per_s"] for r in runs if r["clients"] == count and r["mode"] == mode] for mode in ("notify", "no_notify")}
+        ratios = [
+            n["commits_per_s"] / o["commits_per_s"]
+            for n, o in zip(
+                [r for r in runs if r["clients"] == count and r["mode"] == "notify"],
+                [r for r in runs if r["clients"] == count and r["mode"] == "no_notify"],
+            )
+        ]
+        summary[str(count)] = {
+            "notify_commits_per_s": {"median": round(statistics.median(by_mode["notify"])), "range": [round(min(by_mode["notify"])), round(max(by_mode["notify"]))]},
+            "no_notify_commits_per_s": {"median": round(statistics.median(by_mode["no_notify"])), "range": [round(min(by_mode["no_notify"])), round(max(by_mode["no_notify"]))]},
+            "notify_over_no_notify": {"median": round(statistics.median(ratios), 2), "range": [round(min(ratios), 2), round(max(ratios), 2)]},
+        }
+    return {"runs": runs, "summary": summary}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--out", type=Path, default=RESULTS / "notify-ceiling.json")
+    args = parser.parse_args()
+    started = time.time()
+    report: dict[str, Any] = {
+        "meta": {
+            "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
+            "seconds_per_run": args.seconds, "repeats": args.repeats, "statement": _SCRIPT.strip(),
+            "loadavg_at_start": loadavg(),
+        }
+    }
+    for durable in (True, False):
+        label = "durable" if durable else "fsync_off"
+        workdir = Path(tempfile.mkdtemp(prefix=f"acurio-notify-{label}-"))
+        db = Database(workdir, durable=durable)
+        try:
+            db.start()
+            with psycopg.connect(db.dsn) as conn:
+                settings = conn.execute(
+                    "SELECT string_agg(name || '=' || setting, ', ' ORDER BY name) FROM pg_settings"
+                    " WHERE name IN ('server_version', 'fsync', 'synchronous_commit', 'wal_sync_method', 'commit_delay')"
+                ).fetchone()
+            print(f"{label}: {settings[0] if settings else ''}", flush=True)
+            report[label] = {"postgres_settings": settings[0] if settings else "", **measure(db, clients=args.clients, seconds=args.seconds, repeats=args.repeats, workdir=workdir)}
+        finally:
+            db.stop()
+            shutil.rmtree(workdir, ignore_errors=True)
+    report["meta"]["loadavg_at_end"] = loadavg()
+    report["meta"]["duration_seconds"] = round(time.time() - started, 1)
+    print()
+    print(f"{'':10} {'clients':>7} {'notify/s':>10} {'no notify/s':>12} {'ratio':>6}   (median of {args.repeats}; range)")
+    for label in ("durable", "fsync_off"):
+        for count, row in report[label]["summary"].items():
+            n, o, r = row["notify_commits_per_s"], row["no_notify_commits_per_s"], row["notify_over_no_notify"]
+            print(f"{label:10} {count:>7} {n['median']:>10} {o['median']:>12} {r['median']:>6}   ({n['range']}, {o['range']}, {r['range']})")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"\nreport: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
