@@ -144,6 +144,7 @@ SETTINGS: dict[str, Setting] = {
     "max_concurrent_calls": Setting("QUEUE_MAX_CONCURRENT_CALLS", "16", _parse_int(1, 100_000), "unary calls one replica works on at once; more wait their turn, as long as their deadline allows (else QUEUE_DB_POOL_TIMEOUT_SECONDS), then hear UNAVAILABLE REPLICA_BUSY"),
     "max_streams_per_user": Setting("QUEUE_MAX_STREAMS_PER_USER", "16", _parse_int(1, 100_000), "open WatchJobs streams per user and replica"),
     "max_streams": Setting("QUEUE_MAX_STREAMS", "2000", _parse_int(1, 1_000_000), "open WatchJobs streams per replica"),
+    "watch_backlog_bytes": Setting("QUEUE_WATCH_BACKLOG_BYTES", "65536", _parse_int(4096, 1 << 30), "changes one WatchJobs stream may hold for a slow reader, in estimated bytes (about 1 KB a job plus its error text); beyond it they are dropped and the stream resyncs (re-reads its user's jobs, a page at a time). Part of a stream's memory budget (docs/operations.md)"),
     "max_health_watches": Setting("QUEUE_MAX_HEALTH_WATCHES", "256", _parse_int(1, 100_000), "open Health.Watch streams per replica (health needs no credentials); more are refused with RESOURCE_EXHAUSTED TOO_MANY_STREAMS"),
     "max_streams_per_connection": Setting("QUEUE_MAX_STREAMS_PER_CONNECTION", "4096", _parse_int(1, 1_000_000), "calls one client connection may have open at once (HTTP/2 max concurrent streams); a client beyond it waits, so keep it above one web backend's WatchJobs streams plus its calls in flight"),
     "reflection": Setting("QUEUE_REFLECTION", "true", _parse_bool, "serve gRPC server reflection"),
@@ -234,6 +235,7 @@ class Config:
     max_concurrent_calls: int
     max_streams_per_user: int
     max_streams: int
+    watch_backlog_bytes: int
     max_health_watches: int
     max_streams_per_connection: int
     reflection: bool

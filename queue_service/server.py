@@ -123,6 +123,7 @@ class QueueApp:
             on_pending=releases_due.set,
             max_streams=config.max_streams,
             max_streams_per_user=config.max_streams_per_user,
+            backlog_bytes=config.watch_backlog_bytes,
         )
         self.dispatcher = ReleaseDispatcher(
             self.engine,

@@ -8,6 +8,7 @@ handler and psycopg cancels its running statement, so the database work stops to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
@@ -132,16 +133,16 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         drain = asyncio.ensure_future(self._draining.wait())
         getter: asyncio.Future[WatchItem | None] | None = None
         try:
-            for message in await self._catch_up(stream, resync=False):
+            async for message in self._catch_up(stream, resync=False):
                 yield message
             while True:
-                getter = asyncio.ensure_future(stream.queue.get())
+                getter = asyncio.ensure_future(stream.next())
                 done, _ = await asyncio.wait({getter, drain}, return_when=asyncio.FIRST_COMPLETED)
                 if getter not in done:
                     raise errors.ShuttingDown("this replica is draining; reconnect to another")
                 item = getter.result()
                 if item is None:
-                    for message in await self._catch_up(stream, resync=True):
+                    async for message in self._catch_up(stream, resync=True):
                         yield message
                 else:
                     stream.saw(item)
@@ -153,12 +154,25 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
                     pending.cancel()
             self._hub.unsubscribe(stream)
 
-    async def _catch_up(self, stream: WatchStream, *, resync: bool) -> list[queue_pb2.WatchJobsResponse]:
-        """The snapshot or resync as messages; the last one is marked as its end."""
-        items = await self._hub.catch_up(stream, resync=resync)
-        messages = [queue_pb2.WatchJobsResponse(job=job_to_proto(item.job)) for item in items] or [queue_pb2.WatchJobsResponse()]
-        if resync:
-            messages[-1].resync_complete = True
-        else:
-            messages[-1].snapshot_complete = True
-        return messages
+    async def _catch_up(self, stream: WatchStream, *, resync: bool) -> AsyncIterator[queue_pb2.WatchJobsResponse]:
+        """The snapshot or resync as messages, the last one marked as its end. Read a page at a
+        time and converted a message at a time: gRPC takes the next message only once the
+        client's HTTP/2 window has room, so a stalled client holds one page here."""
+        async with contextlib.aclosing(self._hub.catch_up(stream, resync=resync)) as pages:
+            async for page in pages:
+                for index, item in enumerate(page.items):
+                    message = queue_pb2.WatchJobsResponse(job=job_to_proto(item.job))
+                    if page.last and index == len(page.items) - 1:
+                        _mark_end(message, resync=resync)
+                    yield message
+                if page.last and not page.items:
+                    message = queue_pb2.WatchJobsResponse()
+                    _mark_end(message, resync=resync)
+                    yield message
+
+
+def _mark_end(message: queue_pb2.WatchJobsResponse, *, resync: bool) -> None:
+    if resync:
+        message.resync_complete = True
+    else:
+        message.snapshot_complete = True

@@ -7,17 +7,26 @@ to every stream of that user on this replica. When the listening connection drop
 reader's backlog is dropped), changes may have been missed: each stream then resyncs, re-reading
 every job it may have missed, ended ones included, so that a stream's last message for a job is
 what GetJob returns (I11).
+
+What one stream holds is bounded whatever its user's jobs and however slowly its client reads
+(docs/operations.md, section 11): the snapshot and a resync are read and sent a
+page (`CATCH_UP_PAGE` jobs) at a time; the changes waiting for a slow reader are capped in
+estimated bytes, beyond which they are dropped for a resync; and what a stream remembers of the
+jobs it reported active is their queue_seq, 8 bytes each.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import collections
 import dataclasses
 import json
 import logging
 import uuid
+from array import array
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 
 from queue_service import errors, telemetry
 from queue_service.background import cancel_and_wait
@@ -27,7 +36,16 @@ from queue_service.store import Store
 
 log = logging.getLogger(__name__)
 
-_STREAM_BUFFER = 256
+# Jobs per page of a snapshot or resync: what a stream holds while its client is slow to take them.
+CATCH_UP_PAGE = 50
+# What a job waiting in a stream's backlog costs beyond its error text: the view (a dataclass of
+# some twenty fields, its UUIDs and timestamps; ~0.8 KB measured) and its place in the backlog.
+_ITEM_BYTES = 1024
+
+
+def estimated_bytes(job: JobView) -> int:
+    """What a view waiting in a backlog costs, roughly; its error text is the one unbounded part."""
+    return _ITEM_BYTES + len(job.last_error) + len(job.user_id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,15 +55,51 @@ class WatchItem:
     job: JobView
 
 
+@dataclasses.dataclass(frozen=True)
+class WatchPage:
+    """One page of a snapshot or resync; `last` ends it."""
+
+    items: list[WatchItem]
+    last: bool
+
+
+class SeqSet:
+    """A set of queue_seqs kept as a sorted array: 8 bytes a job, where a set of UUIDs costs ~130."""
+
+    def __init__(self) -> None:
+        self._seqs = array("q")
+
+    def add(self, seq: int) -> None:
+        at = bisect.bisect_left(self._seqs, seq)
+        if at == len(self._seqs) or self._seqs[at] != seq:
+            self._seqs.insert(at, seq)
+
+    def discard(self, seq: int) -> None:
+        at = bisect.bisect_left(self._seqs, seq)
+        if at < len(self._seqs) and self._seqs[at] == seq:
+            del self._seqs[at]
+
+    def tolist(self) -> list[int]:
+        return self._seqs.tolist()
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+
 class WatchStream:
     """What one WatchJobs call reads from: jobs to send, or None when it must resync; and what
     it has told its caller, so a resync can cover exactly what may have been missed."""
 
-    def __init__(self, user_id: str) -> None:
+    def __init__(self, user_id: str, *, backlog_bytes: int) -> None:
         self.user_id = user_id
-        self.queue: asyncio.Queue[WatchItem | None] = asyncio.Queue(maxsize=_STREAM_BUFFER)
-        # Jobs last reported active: after a gap they may have ended.
-        self.active_job_ids: set[uuid.UUID] = set()
+        self._backlog: collections.deque[tuple[WatchItem, int]] = collections.deque()
+        self._backlog_bytes = 0
+        self._max_backlog_bytes = backlog_bytes
+        self._resync_due = False
+        self._ready = asyncio.Event()
+        # Jobs last reported active (by queue_seq, which names a job within its user's queue):
+        # after a gap they may have ended.
+        self.active_seqs = SeqSet()
         # The newest queue_seq reported: jobs after it were admitted during a gap.
         self.newest_seq = 0
 
@@ -53,27 +107,57 @@ class WatchStream:
         """Records that the caller is told of this job's state."""
         job = item.job
         if job.status.is_live:
-            self.active_job_ids.add(job.job_id)
+            self.active_seqs.add(job.queue_seq)
         else:
-            self.active_job_ids.discard(job.job_id)
+            self.active_seqs.discard(job.queue_seq)
         self.newest_seq = max(self.newest_seq, job.queue_seq)
 
-    def offer(self, item: WatchItem | None) -> None:
-        try:
-            self.queue.put_nowait(item)
-        except asyncio.QueueFull:
-            # A slow reader: drop its backlog and make it resync from a fresh snapshot.
-            while not self.queue.empty():
-                self.queue.get_nowait()
-            self.queue.put_nowait(None)
+    def offer(self, item: WatchItem) -> None:
+        cost = estimated_bytes(item.job)
+        if self._backlog_bytes + cost > self._max_backlog_bytes:
+            # A slow reader: drop its backlog and make it resync from a fresh read instead.
+            self.resync()
+            return
+        self._backlog.append((item, cost))
+        self._backlog_bytes += cost
+        self._ready.set()
+
+    def resync(self) -> None:
+        """Changes may have been missed: the reader re-reads what it may have missed. What waits
+        in the backlog is dropped, since that read comes later and covers it."""
+        self._backlog.clear()
+        self._backlog_bytes = 0
+        self._resync_due = True
+        self._ready.set()
+
+    async def next(self) -> WatchItem | None:
+        """The next job to send, or None: resync first."""
+        while True:
+            if self._resync_due:
+                self._resync_due = False
+                return None
+            if self._backlog:
+                item, cost = self._backlog.popleft()
+                self._backlog_bytes -= cost
+                return item
+            self._ready.clear()
+            await self._ready.wait()
 
 
 class NotificationHub:
     def __init__(
-        self, store: Store, reads: JobReads, *, on_pending: Callable[[], None], max_streams: int, max_streams_per_user: int
+        self,
+        store: Store,
+        reads: JobReads,
+        *,
+        on_pending: Callable[[], None],
+        max_streams: int,
+        max_streams_per_user: int,
+        backlog_bytes: int,
     ) -> None:
         self._store = store
         self._reads = reads
+        self._backlog_bytes = backlog_bytes
         self._max_streams = max_streams
         self._max_streams_per_user = max_streams_per_user
         self._streams: dict[str, set[WatchStream]] = defaultdict(set)
@@ -89,9 +173,7 @@ class NotificationHub:
 
     async def stop(self) -> None:
         await cancel_and_wait(self._runner)
-        for streams in self._streams.values():
-            for stream in streams:
-                stream.offer(None)
+        self._resync_all()
 
     def subscribe(self, user_id: str) -> WatchStream:
         if self._stream_count >= self._max_streams:
@@ -104,7 +186,7 @@ class NotificationHub:
                 f"this user has {self._max_streams_per_user} open WatchJobs streams (the maximum); close one",
                 metadata={"maxStreamsPerUser": str(self._max_streams_per_user)},
             )
-        stream = WatchStream(user_id)
+        stream = WatchStream(user_id, backlog_bytes=self._backlog_bytes)
         self._streams[user_id].add(stream)
         self._stream_count += 1
         telemetry.metrics.watch_streams.add(1)
@@ -142,7 +224,7 @@ class NotificationHub:
     def _resync_all(self) -> None:
         for streams in self._streams.values():
             for stream in streams:
-                stream.offer(None)
+                stream.resync()
 
     async def _dispatch(self, payload: str) -> None:
         try:
@@ -166,25 +248,47 @@ class NotificationHub:
                 items = [WatchItem(view) for view in await self._reads.estimated(views, db)]
         except errors.QueueError:
             for stream in list(streams):
-                stream.offer(None)
+                stream.resync()
             return
         for stream in list(streams):
             for item in items:
                 stream.offer(item)
 
-    async def catch_up(self, stream: WatchStream, *, resync: bool) -> list[WatchItem]:
+    async def catch_up(self, stream: WatchStream, *, resync: bool) -> AsyncGenerator[WatchPage, None]:
         """The first snapshot (the user's active jobs) or, after a gap in the stream's changes,
-        a resync: every job that may have changed meanwhile, ended ones included (I11). Marks
-        them seen."""
+        a resync: every job that may have changed meanwhile, ended ones included (I11). Read a
+        page at a time in queue order, each on a connection of its own that is back in the pool
+        before the page is handed on, so a slow reader holds one page and no connection. Marks
+        the jobs seen as it goes.
+
+        Pages are read at different moments; what changes between them reaches the stream as
+        changes after the last page (the stream is subscribed before the first read)."""
         user_id = stream.user_id
-        async with self._store.statements() as db:
-            if resync:
-                views = await db.watch_resync_views(user_id=user_id, job_ids=sorted(stream.active_job_ids), after_seq=stream.newest_seq)
-            else:
-                views = await db.active_job_views_of_user(user_id=user_id)
-            newest_seq = await db.newest_seq_of_user(user_id=user_id)
-            items = [WatchItem(view) for view in await self._reads.estimated(views, db)]
-        for item in items:
-            stream.saw(item)
-        stream.newest_seq = max(stream.newest_seq, newest_seq)
-        return items
+        active_seqs = stream.active_seqs.tolist() if resync else []
+        newest_known_seq = stream.newest_seq
+        newest_seq = 0
+        after_seq = 0
+        first = True
+        while True:
+            async with self._store.statements() as db:
+                if first:
+                    # Read before the jobs: those admitted after it come in later pages, or as changes.
+                    newest_seq = await db.newest_seq_of_user(user_id=user_id)
+                    first = False
+                if resync:
+                    views = await db.watch_resync_views(
+                        user_id=user_id, seqs=active_seqs, newest_known_seq=newest_known_seq, after_seq=after_seq, limit=CATCH_UP_PAGE + 1
+                    )
+                else:
+                    views = await db.active_job_views_of_user(user_id=user_id, after_seq=after_seq, limit=CATCH_UP_PAGE + 1)
+                views = await self._reads.estimated(views, db)
+            last = len(views) <= CATCH_UP_PAGE
+            items = [WatchItem(view) for view in views[:CATCH_UP_PAGE]]
+            for item in items:
+                stream.saw(item)
+            if last:
+                stream.newest_seq = max(stream.newest_seq, newest_seq)
+            yield WatchPage(items, last)
+            if last:
+                return
+            after_seq = items[-1].job.queue_seq

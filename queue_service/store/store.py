@@ -275,16 +275,21 @@ class Statements:
             {"user_id": user_id, "after_job_id": after_job_id, "before_seq": before_seq, "statuses": _statuses(statuses), "limit": limit},
         )
 
-    async def watch_resync_views(self, *, user_id: str, job_ids: list[uuid.UUID], after_seq: int) -> list[JobView]:
-        return await self._views("watch_resync_views", {"user_id": user_id, "job_ids": job_ids, "after_seq": after_seq})
+    async def watch_resync_views(
+        self, *, user_id: str, seqs: list[int], newest_known_seq: int, after_seq: int, limit: int
+    ) -> list[JobView]:
+        return await self._views(
+            "watch_resync_views",
+            {"user_id": user_id, "seqs": seqs, "newest_known_seq": newest_known_seq, "after_seq": after_seq, "limit": limit},
+        )
 
     async def newest_seq_of_user(self, *, user_id: str) -> int:
         row = await self._one("newest_seq_of_user", {"user_id": user_id})
         assert row is not None
         return int(row["seq"])
 
-    async def active_job_views_of_user(self, *, user_id: str) -> list[JobView]:
-        return await self._views("active_job_views_of_user", {"user_id": user_id})
+    async def active_job_views_of_user(self, *, user_id: str, after_seq: int, limit: int) -> list[JobView]:
+        return await self._views("active_job_views_of_user", {"user_id": user_id, "after_seq": after_seq, "limit": limit})
 
     async def queued_job_views_of_user(self, *, user_id: str) -> list[JobView]:
         return await self._views("queued_job_views_of_user", {"user_id": user_id})

@@ -304,24 +304,32 @@ SELECT * FROM analysis_job_views
  LIMIT %(limit)s;
 
 -- name: active_job_views_of_user
--- A user's queued, pending and running jobs, oldest first (the WatchJobs snapshot).
+-- One page of a user's queued, pending and running jobs in queue order: those after queue_seq
+-- `after_seq` (the WatchJobs snapshot, read a page at a time).
 SELECT * FROM analysis_job_views
- WHERE user_id = %(user_id)s AND status IN ('queued', 'pending', 'running')
- ORDER BY queue_seq;
+ WHERE user_id = %(user_id)s AND status IN ('queued', 'pending', 'running') AND queue_seq > %(after_seq)s
+ ORDER BY queue_seq
+ LIMIT %(limit)s;
 
 -- name: watch_resync_views
--- What a WatchJobs stream missed during a gap: the user's active jobs, the jobs it last reported
--- as active (they may have ended meanwhile), and every job admitted since the newest it knew.
+-- One page (after queue_seq `after_seq`, in queue order) of what a WatchJobs stream missed during
+-- a gap: the user's active jobs, the jobs it last reported as active (by queue_seq; they may have
+-- ended meanwhile), and every job admitted after the newest it knew.
 SELECT v.* FROM analysis_job_views v
  WHERE v.user_id = %(user_id)s
+   AND v.queue_seq > %(after_seq)s
    AND v.job_id IN (SELECT a.job_id FROM analysis_jobs a
-                     WHERE a.user_id = %(user_id)s AND a.status IN ('queued', 'pending', 'running')
+                     WHERE a.user_id = %(user_id)s AND a.queue_seq > %(after_seq)s
+                       AND a.status IN ('queued', 'pending', 'running')
                     UNION ALL
-                    SELECT unnest(%(job_ids)s::uuid[])
+                    SELECT r.job_id FROM analysis_jobs r
+                     WHERE r.user_id = %(user_id)s AND r.queue_seq = ANY(%(seqs)s::bigint[])
+                       AND r.queue_seq > %(after_seq)s
                     UNION ALL
                     SELECT n.job_id FROM analysis_jobs n
-                     WHERE n.user_id = %(user_id)s AND n.queue_seq > %(after_seq)s)
- ORDER BY v.queue_seq;
+                     WHERE n.user_id = %(user_id)s AND n.queue_seq > GREATEST(%(newest_known_seq)s, %(after_seq)s))
+ ORDER BY v.queue_seq
+ LIMIT %(limit)s;
 
 -- name: newest_seq_of_user
 -- The queue_seq of the user's newest job (0 without jobs): where a WatchJobs stream's knowledge ends.
