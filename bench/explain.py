@@ -66,13 +66,13 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
     end_running_job = {
         "job_id": running, "status": "succeeded", "from_statuses": ["pending", "running"], "last_error": "", "expected_attempts": None,
         "run_unsettled": False, "refund": False, "actor": "core:explain", "reason": "completion", "default_max_active": 1,
-        "release_window_seconds": 1800.0,
+        "release_window_seconds": 1800.0, "release_lease_seconds": 15.0,
     }
 
     new_job = {
         "job_id": uuid.uuid4(), "user_id": idle_user, "run_id": uuid.uuid4(), "idempotency_key": f"explain-{uuid.uuid4()}",
         "request_digest": b"explain", "delta_of_job_id": None, "price": 1, "is_delta": False, "default_max_active": 1, "max_queued": 100,
-        "max_running_deltas": 4, "release_window_seconds": 1800.0, "reconcile_after_seconds": 900.0,
+        "max_running_deltas": 4, "release_window_seconds": 1800.0, "release_lease_seconds": 15.0, "reconcile_after_seconds": 900.0,
         "actor": "web:explain", "reason": "admit",
     }
 
