@@ -230,6 +230,16 @@ class NewJob:
 
 
 @dataclasses.dataclass(frozen=True)
+class PromotionLimits:
+    """What a promotion needs to know: a user's slots unless overridden, how long a promoted job
+    may take to be released, and the lease on the first release it claims."""
+
+    default_max_active: int
+    release_window_seconds: float
+    release_lease_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Promoted:
     """A queued job moved into a free slot: PENDING, its first release claimed for this replica."""
 

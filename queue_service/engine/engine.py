@@ -40,6 +40,7 @@ from queue_service.model import (
     JobStatus,
     NewJob,
     Promoted,
+    PromotionLimits,
     ReleaseResult,
     RunFate,
     RunReport,
@@ -67,6 +68,9 @@ class QueueEngine:
         # Takes the first release of each job this replica made PENDING (claimed in the same
         # transaction): the dispatcher starts it at once, with no claim of its own.
         self._hand_over = hand_over
+        self._promotion_limits = PromotionLimits(
+            config.max_active_per_user, config.release_window_seconds, config.release_lease_seconds
+        )
         # When the slot a promoted job took was freed (monotonic), for the promotion-gap
         # histogram; bounded, since another replica may release the job and never tell us.
         self._slot_freed_at: collections.OrderedDict[uuid.UUID, float] = collections.OrderedDict()
@@ -289,12 +293,7 @@ class QueueEngine:
     async def promote(self, user_id: str, *, cause: Cause) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first."""
         async with self._store.user_queue(user_id) as db:
-            promoting = await db.promote_at_commit(
-                user_id=user_id,
-                default_max_active=self.config.max_active_per_user,
-                release_window_seconds=self.config.release_window_seconds,
-                release_lease_seconds=self.config.release_lease_seconds,
-            )
+            promoting = await db.promote_at_commit(user_id, self._promotion_limits)
         self._after_promotion(user_id, promoting.value, cause)
         return promoting.value
 
@@ -338,13 +337,7 @@ class QueueEngine:
             # One round trip: BEGIN, the lock, the ending (with its refund and promotions: one
             # call), the view read and COMMIT travel together.
             async with self._store.user_queue(user_id) as db:
-                ending = await db.end_job_at_commit(
-                    job_id,
-                    transition,
-                    default_max_active=self.config.max_active_per_user,
-                    release_window_seconds=self.config.release_window_seconds,
-                    release_lease_seconds=self.config.release_lease_seconds,
-                )
+                ending = await db.end_job_at_commit(job_id, transition, self._promotion_limits)
                 read = await db.view_at_commit(job_id) if read_view else None
             outcome = ending.value
             if outcome is None:
@@ -359,9 +352,11 @@ class QueueEngine:
             "job ended",
             extra={"job_id": job_id, "user_id": user_id, "run_id": ended.run_id, "status": transition.to, "cause": cause},
         )
-        self._after_promotion(user_id, promoted, cause)
         if transition.run_unsettled:
+            # The slot stays taken, so nothing was promoted: the settlement promotes later.
             self.in_background(self._settle_now(ended), name=f"settle-run-{ended.run_id}")
+        else:
+            self._after_promotion(user_id, promoted, cause)
         return EndedJob(ended, read.value if read is not None else None)
 
     async def complete_run(self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str) -> EndedJob:
@@ -447,12 +442,7 @@ class QueueEngine:
         """The core confirmed the ended job's run settled: free its slot and promote."""
         async with self._store.user_queue(user_id) as db:
             settling = await db.settle_job_run_at_commit(job_id=job_id)
-            promoting = await db.promote_at_commit(
-                user_id=user_id,
-                default_max_active=self.config.max_active_per_user,
-                release_window_seconds=self.config.release_window_seconds,
-                release_lease_seconds=self.config.release_lease_seconds,
-            )
+            promoting = await db.promote_at_commit(user_id, self._promotion_limits)
         promoted = promoting.value
         if not settling.value:
             return

@@ -42,6 +42,7 @@ from queue_service.model import (
     OverdueRun,
     Overview,
     Promoted,
+    PromotionLimits,
     RunOwner,
     ScheduledRetry,
     Transition,
@@ -92,6 +93,14 @@ def _job_ref(row: Row) -> JobRef:
         delta_of_job_id=row["delta_of_job_id"],
         run_unsettled=bool(row.get("run_unsettled", False)),
     )
+
+
+def _limit_params(limits: PromotionLimits) -> Row:
+    return {
+        "default_max_active": limits.default_max_active,
+        "release_window_seconds": float(limits.release_window_seconds),
+        "release_lease_seconds": float(limits.release_lease_seconds),
+    }
 
 
 def _claimed_release(row: Row) -> ClaimedRelease:
@@ -508,7 +517,7 @@ class LockedStatements(Statements):
         return await self._at_commit("job_views_by_ids", {"job_ids": [job_id]}, lambda rows: JobView.from_row(rows[0]) if rows else None)
 
     async def end_job_at_commit(
-        self, job_id: uuid.UUID, transition: Transition, *, default_max_active: int, release_window_seconds: float, release_lease_seconds: float
+        self, job_id: uuid.UUID, transition: Transition, limits: PromotionLimits
     ) -> AtCommit[JobEnding | None]:
         """Applies a named transition if the job is still in one of its statuses (and, when it
         names one, still at its release attempt), refunds when it says so, and promotes the user's
@@ -520,19 +529,11 @@ class LockedStatements(Statements):
             ended = [row for row in rows if row["row_kind"] == "ended"]
             if not ended:
                 return None
-            row = ended[0]
-            ref = JobRef(
-                job_id=row["out_job_id"],
-                user_id=row["out_user_id"],
-                run_id=row["out_run_id"],
-                status=JobStatus(row["out_status"]),
-                delta_of_job_id=row["out_delta_of_job_id"],
-                run_unsettled=bool(row["out_run_unsettled"]),
-            )
-            refunded = int(row["out_refunded"])
+            ref = _job_ref(ended[0])
+            refunded = int(ended[0]["refunded"])
             if refunded:
                 self._moved(kind=LedgerKind.REFUND, user_id=ref.user_id, amount=refunded, job_id=ref.job_id, actor=actor, reason=transition.cause)
-            promoted = tuple(Promoted(r["out_job_id"], ref.user_id, r["out_run_id"]) for r in rows if r["row_kind"] == "promoted")
+            promoted = tuple(Promoted(r["job_id"], ref.user_id, r["run_id"]) for r in rows if r["row_kind"] == "promoted")
             return JobEnding(ref, refunded, promoted)
 
         params = {
@@ -545,23 +546,14 @@ class LockedStatements(Statements):
             "refund": transition.refund,
             "actor": actor,
             "reason": str(transition.cause),
-            "default_max_active": default_max_active,
-            "release_window_seconds": float(release_window_seconds),
-            "release_lease_seconds": float(release_lease_seconds),
+            **_limit_params(limits),
         }
         return await self._at_commit("end_job", params, read)
 
-    async def promote_at_commit(
-        self, *, user_id: str, default_max_active: int, release_window_seconds: float, release_lease_seconds: float
-    ) -> AtCommit[tuple[Promoted, ...]]:
+    async def promote_at_commit(self, user_id: str, limits: PromotionLimits) -> AtCommit[tuple[Promoted, ...]]:
         """Fills every free slot of the user from the queue, oldest first, each promoted job's first
         release claimed for this replica."""
-        params = {
-            "user_id": user_id,
-            "default_max_active": default_max_active,
-            "release_window_seconds": float(release_window_seconds),
-            "release_lease_seconds": float(release_lease_seconds),
-        }
+        params = {"user_id": user_id, **_limit_params(limits)}
         return await self._at_commit("promote_queued_jobs", params, lambda rows: tuple(Promoted(r["job_id"], user_id, r["run_id"]) for r in rows))
 
     async def settle_job_run_at_commit(self, *, job_id: uuid.UUID) -> AtCommit[bool]:

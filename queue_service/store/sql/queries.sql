@@ -176,7 +176,9 @@ SELECT j.user_id, queue_refund_job_charge(j.job_id, %(actor)s, %(reason)s) AS am
 -- the freed slots, in one call (`queue_end_job`, migration 0008). Run under the user lock. No
 -- rows when the job was not in an expected status (fenced); else an 'ended' row, then one
 -- 'promoted' row per promoted job.
-SELECT * FROM queue_end_job(%(job_id)s, %(status)s, %(from_statuses)s::text[], %(last_error)s,
+SELECT row_kind, out_job_id AS job_id, out_user_id AS user_id, out_run_id AS run_id, out_status AS status,
+       out_delta_of_job_id AS delta_of_job_id, out_run_unsettled AS run_unsettled, out_refunded AS refunded
+  FROM queue_end_job(%(job_id)s, %(status)s, %(from_statuses)s::text[], %(last_error)s,
                             %(expected_attempts)s::integer, %(run_unsettled)s, %(refund)s, %(actor)s,
                             %(reason)s, %(default_max_active)s, %(release_window_seconds)s,
                             %(release_lease_seconds)s);
