@@ -1,4 +1,4 @@
-import { useEffect, useState } from "preact/hooks";
+import { useEffect, useLayoutEffect, useMemo, useState } from "preact/hooks";
 
 /** The current time, re-rendered every `ms` (countdowns, ages). */
 export function useNow(ms = 1000): number {
@@ -13,9 +13,11 @@ export function useNow(ms = 1000): number {
 /** False while the tab is hidden: live streams close then, and reopen (resync) when it shows. */
 export function useVisible(): boolean {
   const [visible, setVisible] = useState(document.visibilityState !== "hidden");
-  useEffect(() => {
+  // As in useRoute: subscribe, then read again, so a change before the subscription counts.
+  useLayoutEffect(() => {
     const update = () => setVisible(document.visibilityState !== "hidden");
     document.addEventListener("visibilitychange", update);
+    update();
     return () => document.removeEventListener("visibilitychange", update);
   }, []);
   return visible;
@@ -27,19 +29,23 @@ export interface Route {
   params: URLSearchParams;
 }
 
-function parse(): Route {
-  const [path, query] = window.location.hash.replace(/^#\/?/, "").split("?", 2);
+function parse(hash: string): Route {
+  const [path, query] = hash.replace(/^#\/?/, "").split("?", 2);
   return { parts: path.split("/").filter((p) => p !== "").map(decodeURIComponent), params: new URLSearchParams(query ?? "") };
 }
 
 export function useRoute(): Route {
-  const [route, setRoute] = useState(parse());
-  useEffect(() => {
-    const update = () => setRoute(parse());
+  const [hash, setHash] = useState(window.location.hash);
+  // Subscribed in a layout effect (a plain effect waits for a paint, which a busy or headless
+  // browser may delay), then read once more: a hash that changed between the first render and
+  // the subscription fired its hashchange before anyone listened, and would be missed for good.
+  useLayoutEffect(() => {
+    const update = () => setHash(window.location.hash);
     window.addEventListener("hashchange", update);
+    update();
     return () => window.removeEventListener("hashchange", update);
   }, []);
-  return route;
+  return useMemo(() => parse(hash), [hash]);
 }
 
 export function go(path: string): void {

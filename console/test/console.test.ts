@@ -2,7 +2,8 @@
 // `queue-service dev`, started by .ci/console-browser-test, which passes its addresses and
 // tokens in the environment. Five jobs are admitted over gRPC; the page must show them at
 // positions 0-4, move everyone up after a completion without a reload, refund a cancel made in
-// the page, and show PERMISSION_DENIED when a web-role token tries an operator action.
+// the page, show PERMISSION_DENIED when a web-role token tries an operator action, and follow
+// an address that changes while the page starts.
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
@@ -61,14 +62,29 @@ async function useToken(token: string): Promise<void> {
   await Promise.all([page.waitForEvent("load"), input.press("Enter")]);
 }
 
+const shownPositions = () =>
+  page.evaluate(() => [...document.querySelectorAll('[data-testid="queue-row"]')].map((r) => Number(r.getAttribute("data-position"))));
+
 async function waitForPositions(expected: number[]): Promise<void> {
-  await page.waitForFunction(
-    (want) =>
-      JSON.stringify([...document.querySelectorAll('[data-testid="queue-row"]')].map((r) => Number(r.getAttribute("data-position")))) ===
-      JSON.stringify(want),
-    expected,
-    { timeout: WAIT_MS },
-  );
+  try {
+    await page.waitForFunction(
+      (want) =>
+        JSON.stringify([...document.querySelectorAll('[data-testid="queue-row"]')].map((r) => Number(r.getAttribute("data-position")))) ===
+        JSON.stringify(want),
+      expected,
+      { timeout: WAIT_MS },
+    );
+  } catch (error) {
+    // Say what the page showed instead: the rows, the stream's problem line, the address.
+    await shot(`positions-${expected.join("")}-timeout`).catch(() => undefined);
+    const problem = await page.locator(".problem").allInnerTexts().catch(() => []);
+    const notice = await page.getByTestId("notice").allInnerTexts().catch(() => []);
+    throw new Error(
+      `positions ${JSON.stringify(expected)} not shown within ${WAIT_MS} ms at ${page.url()}: rows ${JSON.stringify(await shownPositions())}, ` +
+        `problem ${JSON.stringify(problem)}, notice ${JSON.stringify(notice)}`,
+      { cause: error },
+    );
+  }
 }
 
 before(async () => {
@@ -158,4 +174,23 @@ test("an operator action with a web-role token shows PERMISSION_DENIED", async (
   await notice.filter({ hasText: "PERMISSION_DENIED" }).waitFor({ timeout: WAIT_MS });
   assert.match(await notice.innerText(), /role web\) may not call \/acurio\.queue\.v1\.AnalysisQueueService\/Promote/);
   await shot("permission-denied");
+});
+
+test("an address changed while the console starts is followed, not missed", async () => {
+  // The moment the page's script has rendered its first route but before a deferred effect
+  // could listen: the hash moves on then, as when a test or a person navigates right after a
+  // reload. The console must show the new address's page.
+  const fresh = await browser.newPage({ viewport: { width: 1280, height: 860 } });
+  try {
+    await fresh.addInitScript((target) => {
+      document.addEventListener("DOMContentLoaded", () => {
+        window.location.hash = target;
+      });
+    }, `#/users/${user}`);
+    await fresh.goto(`${CONSOLE_URL}#/jobs`);
+    await fresh.getByTestId("user-queue").waitFor({ timeout: WAIT_MS });
+    assert.match(await fresh.locator("h1").innerText(), new RegExp(`Queue of ${user}`));
+  } finally {
+    await fresh.close();
+  }
 });
