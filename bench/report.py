@@ -33,6 +33,7 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     s1 = _get(results, "admit_many_users", "c16") or {}
     history = results.get("history") or {}
     rss = [r.get("service_peak_rss_mb") for r in (results.get("admit_many_users") or {}).values()]
+    burst = _get(results, "promotion_gap", "burst") or {}
 
     def history_ratio(call: str) -> float | None:
         return _exact_ratio(_get(history, "history", call, "latency_ms", "p99"), _get(history, "empty", call, "latency_ms", "p99"))
@@ -57,6 +58,22 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 f"{_get(results, 'sweeper', 'idle_users')} idle users, {_get(results, 'sweeper', 'in_flight')} in flight"),
         _target("peak RSS per replica <= 200 MB under scenario 1", max((r for r in rss if r is not None), default=None), "<=", 200,
                 "VmHWM of the service process, max over the concurrency levels"),
+        # Round two: the cost of each job.
+        _target("PostgreSQL CPU per admit <= 0.6 ms (16 callers)", _get(s1, "cpu_ms_per_op", "postgres"), "<=", 0.6,
+                "CPU seconds of every PostgreSQL process over the run / admits"),
+        _target("PostgreSQL CPU per completed job <= 1.0 ms (burst: completion + promotion + release)",
+                _get(burst, "cpu_ms_per_op", "postgres"), "<=", 1.0, f"{_get(burst, 'ops')} jobs of {_get(burst, 'users')} users"),
+        _target("service CPU per admit <= 1.0 ms (16 callers)", _get(s1, "cpu_ms_per_op", "service"), "<=", 1.0,
+                "CPU seconds of the service process over the run / admits"),
+        _target("admit @16 callers: throughput >= 0.7 x minimal service floor",
+                _exact_ratio(_get(s1, "throughput_per_s"), _get(s1, "floors", "minimal", "throughput_per_s")), ">=", 0.7,
+                f"{_get(s1, 'throughput_per_s')}/s vs floor {_get(s1, 'floors', 'minimal', 'throughput_per_s')}/s"),
+        _target("burst promotion gap p99 <= 10 ms from CompleteRun returned", _get(burst, "latency_ms", "p99"), "<=", 10,
+                f"p50 {_get(burst, 'latency_ms', 'p50')} ms"),
+        _target("burst promotion gap p99 <= 100 ms from CompleteRun sent", _get(burst, "gap_from_send_ms", "p99"), "<=", 100,
+                f"p50 {_get(burst, 'gap_from_send_ms', 'p50')} ms"),
+        _target("burst makespan <= 1.5 x ideal", _get(burst, "makespan_ratio_to_ideal"), "<=", 1.5,
+                f"{_get(burst, 'makespan_seconds')} s vs ideal {_get(burst, 'ideal_makespan_seconds')} s"),
     ]
 
 
