@@ -8,7 +8,7 @@ import resource
 from pathlib import Path
 from typing import Any
 
-from bench import procs
+from bench import procs, statements
 from bench.ghz import GhzResult, run_ghz
 from bench.measure import CpuMeter, peak_rss_mb, unattributed_cpu
 
@@ -88,6 +88,17 @@ class Context:
 
     def ghz(self, target: str, call: str, data: dict[str, Any], *, concurrency: int, total: int) -> GhzResult:
         return run_ghz(target, call, data, protoset=self.protoset, concurrency=concurrency, total=total)
+
+    def statements_reset(self) -> None:
+        """Starts a statement breakdown (`--statement-stats`); a no-op without it."""
+        if self.db.statement_stats:
+            statements.reset(self.db.dsn)
+
+    def statements_since_reset(self, database: str, ops: int) -> dict[str, Any]:
+        """{"statements": per-operation breakdown} of `database`, or {} without `--statement-stats`."""
+        if not self.db.statement_stats or not ops:
+            return {}
+        return {"statements": statements.per_operation(self.db.dsn, database, ops)}
 
     def measured_ghz(
         self, target: str, call: str, data: dict[str, Any], *, concurrency: int, total: int, cpu_roots: dict[str, int]

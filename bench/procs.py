@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench import statements
 from queue_service.store import migrations
 from queue_service.dev.embedded_postgres import EmbeddedPostgres, free_port
 
@@ -26,16 +27,22 @@ QUEUE_SERVICE = str(BIN / "queue-service")
 class Database:
     """An embedded PostgreSQL in the run's temp folder, migrated once."""
 
-    def __init__(self, workdir: Path, *, durable: bool) -> None:
+    def __init__(self, workdir: Path, *, durable: bool, statement_stats: bool = False) -> None:
         self.durable = durable
+        self.statement_stats = statement_stats
         # Buffers sized for the 1M-row history (about 400 MB with indexes), as a production
         # server would be; 128 MB made ListJobs on the history table evict dirty pages mid-run.
-        self.embedded = EmbeddedPostgres(workdir / "pgdata", durable=durable, max_connections=400, shared_buffers="1GB")
+        self.embedded = EmbeddedPostgres(
+            workdir / "pgdata", durable=durable, max_connections=400, shared_buffers="1GB",
+            settings=statements.SERVER_SETTINGS if statement_stats else None,
+        )
         self.dsn = ""
 
     def start(self) -> str:
         self.dsn = self.embedded.start()
         asyncio.run(migrations.migrate(self.dsn))
+        if self.statement_stats:
+            statements.install(self.dsn)
         return self.dsn
 
     @property

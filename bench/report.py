@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bench import statements
+
 
 def _get(data: dict[str, Any], *path: str) -> Any:
     for key in path:
@@ -162,6 +164,15 @@ def render_table(report: dict[str, Any]) -> str:
         f = w["first_watcher_ms"]
         lines.append(f"{'  change -> first watcher':44} {'':8} {f['p50']:8.2f} {f['p90']:8.2f} {f['p99']:8.2f} {f['max']:8.2f}"
                      f"  service {w['service_cpu_us_per_message']} us CPU per message; missing {w['missing_messages']}; ops = changes")
+    breakdowns = [(f"1) admit, {run['callers']} callers: per admit", run) for run in (results.get("admit_many_users") or {}).values()]
+    breakdowns += [(f"3) promotion gap, {key}: per completed job", run) for key, run in (results.get("promotion_gap") or {}).items()]
+    if any("statements" in run for _, run in breakdowns):
+        lines.append("")
+        lines.append("PostgreSQL time per statement (pg_stat_statements, track = all: a function's call and its nested statements overlap):")
+        for title, run in breakdowns:
+            if "statements" in run:
+                lines.append(f"  {title}")
+                lines += statements.table(run["statements"])
     if report.get("explain"):
         lines.append("")
         lines.append(f"EXPLAIN (see {meta.get('explain_file')}):")

@@ -46,6 +46,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--explain-out", type=Path, help="EXPLAIN text path (default bench/results/explain.txt, --quick: quick-explain.txt)")
     parser.add_argument("--no-durable", dest="durable", action="store_false",
                         help="PostgreSQL with fsync/synchronous_commit off (default: durable, as in production)")
+    parser.add_argument("--statement-stats", action="store_true",
+                        help="load pg_stat_statements (track = all) and add a per-statement breakdown to the admit and promotion runs; "
+                        "it costs a few per cent, so judge the targets on runs without it")
     parser.add_argument("--only", nargs="+", choices=SCENARIOS, help="run only these scenarios (development aid)")
     parser.add_argument("--keep-workdir", action="store_true", help="keep the temp folder (database, logs, core event files); removed otherwise, also after a failure")
     return parser.parse_args(argv)
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="acurio-bench-"))
     started = time.monotonic()
-    db = Database(workdir, durable=args.durable)
+    db = Database(workdir, durable=args.durable, statement_stats=args.statement_stats)
     succeeded = False
     try:
         db.start()

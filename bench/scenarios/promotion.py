@@ -53,11 +53,13 @@ def promotion_batch(ctx: Context, name: str, *, users: int, spread: float) -> di
         ready = dbsetup.wait_for(dsn, prefix, lambda c: c.get("running", 0) == users, timeout=60)
         if ready.get("running", 0) != users:
             raise RuntimeError(f"{name}: first jobs not all running: {ready}")
+        ctx.statements_reset()
         meter = CpuMeter(stack.cpu_roots()).start()
         stack.start_judging()
         timeout = 60 + jobs * judging + spread
         done = dbsetup.wait_for(dsn, prefix, lambda c: c.get("succeeded", 0) == jobs, timeout=timeout, poll=0.02)
         cpu = meter.stop()
+        statement_breakdown = ctx.statements_since_reset(name, jobs)
         peak_rss = with_peak_rss({}, stack.service.pid)["service_peak_rss_mb"]
     # The core writes its event file when it stops.
     if done.get("succeeded", 0) != jobs:
@@ -78,6 +80,7 @@ def promotion_batch(ctx: Context, name: str, *, users: int, spread: float) -> di
         gap_min_ms=gaps["gap_min_ms"],
         gaps_counted=gaps["count"],
         service_peak_rss_mb=peak_rss,
+        **statement_breakdown,
     )
     result["latency_note"] = "latency_ms is the promotion gap (CompleteRun returned -> next ReleaseRun received)"
     return result

@@ -17,6 +17,7 @@ import pwd
 import socket
 import subprocess
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 with warnings.catch_warnings():
@@ -60,12 +61,14 @@ class EmbeddedPostgres:
         durable: bool = True,
         max_connections: int = 300,
         shared_buffers: str = "128MB",
+        settings: Mapping[str, str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.durable = durable
         self.max_connections = max_connections
         self.shared_buffers = shared_buffers
+        self.settings = dict(settings or {})
         self._run_as = self._prepare_user()
 
     def dsn(self, database: str = "postgres") -> str:
@@ -138,6 +141,7 @@ class EmbeddedPostgres:
         ]
         if not self.durable:
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+        options += [f"-c {name}={value}" for name, value in self.settings.items()]
         self._pg(
             "pg_ctl", "-D", str(self.data_dir), "-w", "-t", "60", "-l", str(self.data_dir / "server.log"),
             "-o", " ".join(options), "start", timeout=90,
