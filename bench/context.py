@@ -71,6 +71,7 @@ class Context:
     workdir: Path
     sizes: Sizes
     protoset: Path
+    _process_cpu: statements.PostgresCpuByProcess | None = None
 
     def database(self, name: str) -> str:
         return procs.create_database(self.db, name)
@@ -89,16 +90,22 @@ class Context:
     def ghz(self, target: str, call: str, data: dict[str, Any], *, concurrency: int, total: int) -> GhzResult:
         return run_ghz(target, call, data, protoset=self.protoset, concurrency=concurrency, total=total)
 
-    def statements_reset(self) -> None:
-        """Starts a statement breakdown (`--statement-stats`); a no-op without it."""
+    def statements_reset(self, database: str) -> None:
+        """Starts a breakdown of PostgreSQL's work on `database` (`--statement-stats`); a no-op without it."""
         if self.db.statement_stats:
             statements.reset(self.db.dsn)
+            self._process_cpu = statements.PostgresCpuByProcess(self.db.dsn, database, self.db.pid).start()
 
     def statements_since_reset(self, database: str, ops: int) -> dict[str, Any]:
-        """{"statements": per-operation breakdown} of `database`, or {} without `--statement-stats`."""
+        """The breakdown since `statements_reset`, per operation: each statement's time, and each
+        kind of PostgreSQL process's CPU; {} without `--statement-stats`."""
         if not self.db.statement_stats or not ops:
             return {}
-        return {"statements": statements.per_operation(self.db.dsn, database, ops)}
+        by_process = self._process_cpu.stop() if self._process_cpu is not None else {}
+        return {
+            "statements": statements.per_operation(self.db.dsn, database, ops),
+            "postgres_cpu_ms_per_op_by_process": {label: round(seconds * 1000 / ops, 3) for label, seconds in by_process.items()},
+        }
 
     def measured_ghz(
         self, target: str, call: str, data: dict[str, Any], *, concurrency: int, total: int, cpu_roots: dict[str, int]

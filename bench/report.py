@@ -173,6 +173,8 @@ def render_table(report: dict[str, Any]) -> str:
             if "statements" in run:
                 lines.append(f"  {title}")
                 lines += statements.table(run["statements"])
+                by_process = run.get("postgres_cpu_ms_per_op_by_process") or {}
+                lines.append("      CPU ms per op by PostgreSQL process: " + ", ".join(f"{k} {v}" for k, v in by_process.items()))
     if report.get("explain"):
         lines.append("")
         lines.append(f"EXPLAIN (see {meta.get('explain_file')}):")

@@ -1,4 +1,4 @@
-"""Where PostgreSQL's time goes, statement by statement (`--statement-stats`).
+"""Where PostgreSQL's time goes (`--statement-stats`): statement by statement, and CPU by process.
 
 pg_stat_statements with `track = all` counts the statements inside our PL/pgSQL functions too,
 so a locked section shows both as one call of its function (top level) and as the statements the
@@ -11,9 +11,12 @@ without it.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import psycopg
+
+from bench.measure import process_tree
 
 SERVER_SETTINGS = {
     "shared_preload_libraries": "pg_stat_statements",
@@ -79,3 +82,83 @@ def table(entries: list[dict[str, Any]]) -> list[str]:
             f"{e['wal_records_per_call'] if e['wal_records_per_call'] is not None else '-':>5}  {e['query'][:90]}"
         )
     return lines
+
+
+# -- CPU by process -----------------------------------------------------------------------------
+#
+# Statement execution is only part of PostgreSQL's CPU: parsing and binding, the protocol, the
+# commit and its WAL, the NOTIFY delivery to each LISTEN connection, autovacuum and the
+# checkpointer are not in pg_stat_statements. So PostgreSQL's processes are metered one by one,
+# each labelled by pg_stat_activity.
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _ticks(pid: int) -> int:
+    """utime + stime of one process (fields 14 and 15 of stat(5)), in clock ticks."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def _labels(dsn: str, database: str) -> dict[int, str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid, backend_type, datname, query FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+        ).fetchall()
+    labels = {}
+    for pid, backend_type, datname, query in rows:
+        if backend_type != "client backend":
+            labels[pid] = backend_type
+        elif (query or "").lstrip().upper().startswith("LISTEN"):
+            labels[pid] = "client: LISTEN connection"
+        elif datname == database:
+            labels[pid] = "client: service pool"
+        else:
+            labels[pid] = "client: other"
+    return labels
+
+
+class PostgresCpuByProcess:
+    """CPU seconds of each kind of PostgreSQL process between `start` and `stop`. Processes that
+    ended in between (closed connections, autovacuum workers) are counted as "exited" (their CPU
+    lands in the postmaster's children's time when it reaps them)."""
+
+    def __init__(self, dsn: str, database: str, postmaster_pid: int) -> None:
+        self._dsn, self._database, self._postmaster = dsn, database, postmaster_pid
+        self._before: dict[int, int] = {}
+        self._labels: dict[int, str] = {}
+        self._reaped_before = 0
+
+    def _sample(self) -> dict[int, int]:
+        return {pid: _ticks(pid) for pid in process_tree(self._postmaster)}
+
+    def start(self) -> PostgresCpuByProcess:
+        self._labels = _labels(self._dsn, self._database)
+        self._reaped_before = self._reaped()
+        self._before = self._sample()
+        return self
+
+    def _reaped(self) -> int:
+        """cutime + cstime of the postmaster (fields 16 and 17): its reaped children's CPU."""
+        try:
+            with open(f"/proc/{self._postmaster}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            return 0
+        return int(fields[13]) + int(fields[14])
+
+    def stop(self) -> dict[str, float]:
+        after = self._sample()
+        reaped = self._reaped() - self._reaped_before
+        labels = {**self._labels, **_labels(self._dsn, self._database)}
+        labels[self._postmaster] = "postmaster"
+        seconds: dict[str, float] = {}
+        for pid, ticks in after.items():
+            label = labels.get(pid, "other")
+            seconds[label] = seconds.get(label, 0.0) + (ticks - self._before.get(pid, 0)) / _TICKS
+        seconds["exited"] = reaped / _TICKS
+        return {label: round(value, 3) for label, value in sorted(seconds.items(), key=lambda item: -item[1]) if value > 0}

@@ -51,7 +51,7 @@ def admit_run(ctx: Context, name: str, *, users: int, callers: int, admits: int,
     with ctx.stack(dsn, name, env=env) as stack:
         ctx.ghz(stack.address, ADMIT, admit_data(warm_prefix, warm_users, "warm"), concurrency=callers, total=sizes.warmup_calls)
         floors["grpc"] = grpc_floor(ctx, stack, callers, sizes.floor_calls)
-        ctx.statements_reset()
+        ctx.statements_reset(name)
         run = ctx.measured_ghz(
             stack.address, ADMIT, admit_data(prefix, users, "measure"), concurrency=callers, total=admits, cpu_roots=stack.cpu_roots()
         )

@@ -53,7 +53,7 @@ def promotion_batch(ctx: Context, name: str, *, users: int, spread: float) -> di
         ready = dbsetup.wait_for(dsn, prefix, lambda c: c.get("running", 0) == users, timeout=60)
         if ready.get("running", 0) != users:
             raise RuntimeError(f"{name}: first jobs not all running: {ready}")
-        ctx.statements_reset()
+        ctx.statements_reset(name)
         meter = CpuMeter(stack.cpu_roots()).start()
         stack.start_judging()
         timeout = 60 + jobs * judging + spread
