@@ -14,7 +14,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 
-_TICKS = os.sysconf("SC_CLK_TCK")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -25,6 +25,18 @@ def _stat_fields(pid: int) -> list[str] | None:
         return None
     # The command name may hold spaces and parentheses; the fields start after the last ')'.
     return text[text.rfind(")") + 2 :].split()
+
+
+def own_cpu_ticks(pid: int) -> int:
+    """utime + stime of one process (fields 14-15 of stat(5)), in clock ticks; 0 once it is gone."""
+    fields = _stat_fields(pid)
+    return 0 if fields is None else int(fields[11]) + int(fields[12])
+
+
+def reaped_children_cpu_ticks(pid: int) -> int:
+    """cutime + cstime (fields 16-17): the CPU of the children it has reaped, in clock ticks."""
+    fields = _stat_fields(pid)
+    return 0 if fields is None else int(fields[13]) + int(fields[14])
 
 
 def _children_by_parent() -> dict[int, list[int]]:
@@ -55,7 +67,7 @@ def tree_cpu_seconds(root_pid: int) -> float:
         if fields is not None:
             # utime, stime, cutime, cstime are fields 14..17 of stat(5); index 11..14 here.
             total_ticks += sum(int(value) for value in fields[11:15])
-    return total_ticks / _TICKS
+    return total_ticks / CLOCK_TICKS
 
 
 def peak_rss_mb(pid: int) -> float | None:
@@ -75,7 +87,7 @@ def system_busy_seconds() -> float:
     with open("/proc/stat") as handle:
         fields = [int(v) for v in handle.readline().split()[1:]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
-    return (user + nice + system + irq + softirq + steal) / _TICKS
+    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
 
 
 class CpuMeter:

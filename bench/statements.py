@@ -11,12 +11,11 @@ without it.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import psycopg
 
-from bench.measure import process_tree
+from bench.measure import CLOCK_TICKS, own_cpu_ticks, process_tree, reaped_children_cpu_ticks
 
 SERVER_SETTINGS = {
     "shared_preload_libraries": "pg_stat_statements",
@@ -91,18 +90,6 @@ def table(entries: list[dict[str, Any]]) -> list[str]:
 # checkpointer are not in pg_stat_statements. So PostgreSQL's processes are metered one by one,
 # each labelled by pg_stat_activity.
 
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _ticks(pid: int) -> int:
-    """utime + stime of one process (fields 14 and 15 of stat(5)), in clock ticks."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return 0
-    return int(fields[11]) + int(fields[12])
-
 
 def _labels(dsn: str, database: str) -> dict[int, str]:
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -134,31 +121,22 @@ class PostgresCpuByProcess:
         self._reaped_before = 0
 
     def _sample(self) -> dict[int, int]:
-        return {pid: _ticks(pid) for pid in process_tree(self._postmaster)}
+        return {pid: own_cpu_ticks(pid) for pid in process_tree(self._postmaster)}
 
     def start(self) -> PostgresCpuByProcess:
         self._labels = _labels(self._dsn, self._database)
-        self._reaped_before = self._reaped()
+        self._reaped_before = reaped_children_cpu_ticks(self._postmaster)
         self._before = self._sample()
         return self
 
-    def _reaped(self) -> int:
-        """cutime + cstime of the postmaster (fields 16 and 17): its reaped children's CPU."""
-        try:
-            with open(f"/proc/{self._postmaster}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            return 0
-        return int(fields[13]) + int(fields[14])
-
     def stop(self) -> dict[str, float]:
         after = self._sample()
-        reaped = self._reaped() - self._reaped_before
+        reaped = reaped_children_cpu_ticks(self._postmaster) - self._reaped_before
         labels = {**self._labels, **_labels(self._dsn, self._database)}
         labels[self._postmaster] = "postmaster"
         seconds: dict[str, float] = {}
         for pid, ticks in after.items():
             label = labels.get(pid, "other")
-            seconds[label] = seconds.get(label, 0.0) + (ticks - self._before.get(pid, 0)) / _TICKS
-        seconds["exited"] = reaped / _TICKS
+            seconds[label] = seconds.get(label, 0.0) + (ticks - self._before.get(pid, 0)) / CLOCK_TICKS
+        seconds["exited"] = reaped / CLOCK_TICKS
         return {label: round(value, 3) for label, value in sorted(seconds.items(), key=lambda item: -item[1]) if value > 0}
