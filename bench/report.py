@@ -166,6 +166,8 @@ def render_table(report: dict[str, Any]) -> str:
                      f"  service {w['service_cpu_us_per_message']} us CPU per message; missing {w['missing_messages']}; ops = changes")
     breakdowns = [(f"1) admit, {run['callers']} callers: per admit", run) for run in (results.get("admit_many_users") or {}).values()]
     breakdowns += [(f"3) promotion gap, {key}: per completed job", run) for key, run in (results.get("promotion_gap") or {}).items()]
+    for phase in ("empty", "history"):
+        breakdowns += [(f"4) {call} ({phase} table): per call", run) for call, run in (_get(results, "history", phase) or {}).items()]
     if any("statements" in run for _, run in breakdowns):
         lines.append("")
         lines.append("PostgreSQL time per statement (pg_stat_statements, track = all: a function's call and its nested statements overlap):")

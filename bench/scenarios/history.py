@@ -52,9 +52,12 @@ def probe(ctx: Context, dsn: str, name: str, prefix: str) -> dict[str, Any]:
         admit = ctx.measured_ghz(
             stack.address, ADMIT, admit_data(prefix, users, name), concurrency=_CALLERS, total=calls, cpu_roots=stack.cpu_roots()
         )
+        database = dsn.rsplit("/", 1)[-1]
+        ctx.statements_reset(database)
         listing = ctx.measured_ghz(
             stack.address, LIST_JOBS, list_jobs_data(prefix, users, _PAGE_SIZE), concurrency=_CALLERS, total=calls, cpu_roots=stack.cpu_roots()
         )
+        listing.update(ctx.statements_since_reset(database, listing["ops"]))
         # The console's operator reads, over the whole table (not one user's rows).
         overview = ctx.measured_ghz(
             stack.address, GET_OVERVIEW, OVERVIEW_DATA, concurrency=_CALLERS, total=calls, cpu_roots=stack.cpu_roots()
@@ -62,8 +65,10 @@ def probe(ctx: Context, dsn: str, name: str, prefix: str) -> dict[str, Any]:
         search_all = ctx.measured_ghz(
             stack.address, SEARCH_JOBS, search_jobs_data(None, users, _PAGE_SIZE), concurrency=_CALLERS, total=calls, cpu_roots=stack.cpu_roots()
         )
+        ctx.statements_reset(database)
         search_user = ctx.measured_ghz(
             stack.address, SEARCH_JOBS, search_jobs_data(prefix, users, _PAGE_SIZE), concurrency=_CALLERS, total=calls, cpu_roots=stack.cpu_roots()
         )
+        search_user.update(ctx.statements_since_reset(database, search_user["ops"]))
         with_peak_rss(listing, stack.service.pid)
     return {"admit": admit, "list_jobs": listing, "get_overview": overview, "search_jobs_all_users": search_all, "search_jobs_one_user": search_user}
