@@ -20,6 +20,8 @@ from bench.measure import CLOCK_TICKS, own_cpu_ticks, process_tree, reaped_child
 SERVER_SETTINGS = {
     "shared_preload_libraries": "pg_stat_statements",
     "pg_stat_statements.track": "all",
+    # Planning is part of the cost: a statement re-planned on every call shows it here.
+    "pg_stat_statements.track_planning": "on",
     "pg_stat_statements.max": "5000",
     "compute_query_id": "on",
 }
