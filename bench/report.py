@@ -36,20 +36,21 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     history = results.get("history") or {}
     rss = [r.get("service_peak_rss_mb") for r in (results.get("admit_many_users") or {}).values()]
     burst = _get(results, "promotion_gap", "burst") or {}
+    # Judged twice: against round one's 0.5 and round two's 0.7.
+    admit_vs_floor = _exact_ratio(_get(s1, "throughput_per_s"), _get(s1, "floors", "minimal", "throughput_per_s"))
+    admit_vs_floor_detail = f"{_get(s1, 'throughput_per_s')}/s vs floor {_get(s1, 'floors', 'minimal', 'throughput_per_s')}/s"
 
     def history_ratio(call: str) -> float | None:
         return _exact_ratio(_get(history, "history", call, "latency_ms", "p99"), _get(history, "empty", call, "latency_ms", "p99"))
 
     return [
-        _target("admit @16 callers: throughput >= 0.5 x minimal service floor",
-                _exact_ratio(_get(s1, "throughput_per_s"), _get(s1, "floors", "minimal", "throughput_per_s")), ">=", 0.5,
-                f"{_get(s1, 'throughput_per_s')}/s vs floor {_get(s1, 'floors', 'minimal', 'throughput_per_s')}/s"),
+        _target("admit @16 callers: throughput >= 0.5 x minimal service floor", admit_vs_floor, ">=", 0.5, admit_vs_floor_detail),
         _target("admit @16 callers: p99 <= 3 x minimal service floor p99",
                 _exact_ratio(_get(s1, "latency_ms", "p99"), _get(s1, "floors", "minimal", "latency_ms", "p99")), "<=", 3,
                 f"{_get(s1, 'latency_ms', 'p99')} ms vs floor {_get(s1, 'floors', 'minimal', 'latency_ms', 'p99')} ms"),
         _target("promotion gap p99 <= 20 ms (CompleteRun returned -> next ReleaseRun received)",
-                _get(results, "promotion_gap", "burst", "latency_ms", "p99"), "<=", 20,
-                f"burst of {_get(results, 'promotion_gap', 'burst', 'users')} users; light load "
+                _get(burst, "latency_ms", "p99"), "<=", 20,
+                f"burst of {_get(burst, 'users')} users; light load "
                 f"({_get(results, 'promotion_gap', 'light', 'users')} users) p99 {_get(results, 'promotion_gap', 'light', 'latency_ms', 'p99')} ms"),
         _target("admit p99 with history <= 1.5 x empty-table p99", history_ratio("admit"), "<=", 1.5,
                 f"{_get(results, 'history', 'history', 'admit', 'latency_ms', 'p99')} ms vs {_get(results, 'history', 'empty', 'admit', 'latency_ms', 'p99')} ms"),
@@ -67,9 +68,7 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 _get(burst, "cpu_ms_per_op", "postgres"), "<=", 1.0, f"{_get(burst, 'ops')} jobs of {_get(burst, 'users')} users"),
         _target("service CPU per admit <= 1.0 ms (16 callers)", _get(s1, "cpu_ms_per_op", "service"), "<=", 1.0,
                 "CPU seconds of the service process over the run / admits"),
-        _target("admit @16 callers: throughput >= 0.7 x minimal service floor",
-                _exact_ratio(_get(s1, "throughput_per_s"), _get(s1, "floors", "minimal", "throughput_per_s")), ">=", 0.7,
-                f"{_get(s1, 'throughput_per_s')}/s vs floor {_get(s1, 'floors', 'minimal', 'throughput_per_s')}/s"),
+        _target("admit @16 callers: throughput >= 0.7 x minimal service floor", admit_vs_floor, ">=", 0.7, admit_vs_floor_detail),
         _target("burst promotion gap p99 <= 10 ms from CompleteRun returned", _get(burst, "latency_ms", "p99"), "<=", 10,
                 f"p50 {_get(burst, 'latency_ms', 'p50')} ms"),
         _target("burst promotion gap p99 <= 100 ms from CompleteRun sent", _get(burst, "gap_from_send_ms", "p99"), "<=", 100,
