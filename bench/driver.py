@@ -6,8 +6,8 @@ Protocol with the orchestrator (bench.run): the driver sets up (pools, streams, 
 `{"ready": true}`, waits for a line on stdin (the orchestrator starts its CPU meters then), runs
 the measured part and prints one JSON result line. Tasks:
 
-- db_floor: the bare admit's database work (the run reservation, then user lock +
-  insert_admitted_job + COMMIT), no service.
+- db_floor: the bare admit's database work (the run reservation with the state read, then the
+  locked admit statement), no service.
 - watch_fanout: N WatchJobs streams on one user; a committed change of one of its jobs; time
   from the change to the first and to the last watcher's message.
 - sweeper: `Sweeper.sweep_once()` in process against the database, and each of its statements.
@@ -64,14 +64,14 @@ async def db_floor(dsn: str, user_prefix: str, users: int, concurrency: int, tot
         job = NewJob(uuid.uuid4(), user_id, uuid.uuid4(), key, digest, None, 1)
         started = time.perf_counter()
         async with store.statements() as db:
-            await db.reserve_run(run_id=job.run_id, user_id=user_id, idempotency_key=key, grace_seconds=60)
-        async with store.user_queue(user_id) as locked:
-            inserting = await locked.insert_admitted_job_at_commit(
-                job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
-                release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
+            await db.reserve_run_and_read_admit_state(
+                run_id=job.run_id, user_id=user_id, idempotency_key=key, delta_of_job_id=None, grace_seconds=60
             )
-        status = inserting.value
-        if status is None:
+        view = await store.admit_job(
+            job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
+            release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
+        )
+        if view is None:
             raise RuntimeError(f"{user_id} has no credit left")
         return time.perf_counter() - started
 

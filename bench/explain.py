@@ -42,15 +42,15 @@ _AUTO_EXPLAIN = [
 
 # (named query, what it is for); the first seven are the brief's list.
 STATEMENTS = [
-    ("insert_admitted_job", "admit: debit + INSERT deciding the status (an idle user, so the free-slot function runs)"),
-    ("end_job", "completion: end the running job and promote the next queued one (one call, queue_end_job)"),
+    ("admit_job", "admit: INSERT deciding the status + debit + the view (one call, queue_admit_job; an idle user, so the free-slot function runs)"),
+    ("end_job", "completion: end the running job, promote the next queued one, the views (one call, queue_end_job_viewed)"),
     ("claim_due_releases", "dispatcher: claim due PENDING jobs (FOR UPDATE SKIP LOCKED)"),
     ("users_needing_promotion", "sweeper: users with queued work and a free slot"),
     ("expired_pending_releases", "sweeper: releases past their window"),
     ("claim_due_reconciliations", "sweeper: RUNNING jobs whose completion is overdue"),
     ("list_job_views", "ListJobs: first page (10) of a user with history"),
-    ("admit_state", "admit: idempotency / queue length / balance read (twice per admit)"),
-    ("job_views_by_ids", "the view of one job (after every admit, for every WatchJobs change)"),
+    ("reserve_run_and_read_admit_state", "admit: the run reservation with the idempotency / queue length / balance read"),
+    ("job_views_by_ids", "the view of one job (for every WatchJobs change)"),
     ("ledger_entries_of_user", "ListLedgerEntries: first page (20) of a user's audit trail"),
 ]
 
@@ -78,19 +78,23 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
 
     def reserve_the_run(c: psycopg.Connection) -> None:
         c.execute(
-            queries()["reserve_run"],
-            {"run_id": new_job["run_id"], "user_id": idle_user, "idempotency_key": new_job["idempotency_key"], "grace_seconds": 60.0},
+            queries()["reserve_run_and_read_admit_state"],
+            {"run_id": new_job["run_id"], "user_id": idle_user, "idempotency_key": new_job["idempotency_key"], "delta_of_job_id": None,
+             "grace_seconds": 60.0},
         )
 
     return {
-        "insert_admitted_job": (new_job, reserve_the_run),
+        "admit_job": (new_job, reserve_the_run),
         "end_job": (end_running_job, None),
         "claim_due_releases": ({"lease_seconds": 15.0, "batch_size": 64}, None),
         "users_needing_promotion": ({"default_max_active": 1, "batch_size": 500}, None),
         "expired_pending_releases": ({"batch_size": 500}, None),
         "claim_due_reconciliations": ({"recheck_seconds": 900.0, "batch_size": 500}, None),
         "list_job_views": ({"user_id": idle_user, "after_job_id": None, "before_seq": None, "statuses": [], "limit": 11}, None),
-        "admit_state": ({"user_id": idle_user, "idempotency_key": "explain-none", "delta_of_job_id": None}, None),
+        "reserve_run_and_read_admit_state": (
+            {"run_id": uuid.uuid4(), "user_id": idle_user, "idempotency_key": "explain-none", "delta_of_job_id": None, "grace_seconds": 60.0},
+            None,
+        ),
         "job_views_by_ids": ({"job_ids": [queued]}, None),
         "ledger_entries_of_user": ({"user_id": idle_user, "job_id": None, "before_entry_id": None, "limit": 21}, None),
     }

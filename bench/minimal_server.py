@@ -1,9 +1,8 @@
 """The minimal service floor: a gRPC Admit that runs only the admit transaction.
 
 Same generated service and request as the real one (so ghz sends the identical call), same
-store methods for the transaction (`Store.user_queue` + `insert_admitted_job`), and
-nothing else: no validation, no idempotency read, no core call, no view read, no telemetry, no
-pool ping. What the real Admit costs beyond this is the service's own overhead.
+store methods for the transaction (`reserve_run_and_read_admit_state` + `Store.admit_job`), and
+nothing else: no validation, no core call, no telemetry, no pool ping. What the real Admit costs beyond this is the service's own overhead.
 
     python -m bench.minimal_server --listen 127.0.0.1:50071 --dsn postgresql://...
 """
@@ -45,17 +44,17 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
             price=_PRICE,
         )
         async with self._store.statements() as db:
-            await db.reserve_run(run_id=job.run_id, user_id=job.user_id, idempotency_key=job.idempotency_key, grace_seconds=60)
-        async with self._store.user_queue(request.user_id) as locked:
-            inserting = await locked.insert_admitted_job_at_commit(
-                job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
-                release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
+            await db.reserve_run_and_read_admit_state(
+                run_id=job.run_id, user_id=job.user_id, idempotency_key=job.idempotency_key, delta_of_job_id=None, grace_seconds=60
             )
-        status = inserting.value
-        if status is None:
+        view = await self._store.admit_job(
+            job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
+            release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
+        )
+        if view is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "insufficient credits")
         return queue_pb2.AdmitResponse(
-            job=job_pb2.Job(job_id=str(job.job_id), user_id=job.user_id, run_id=str(job.run_id), status=PROTO_OF_STATUS[status])
+            job=job_pb2.Job(job_id=str(job.job_id), user_id=job.user_id, run_id=str(job.run_id), status=PROTO_OF_STATUS[view.status])
         )
 
 

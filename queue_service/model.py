@@ -377,11 +377,21 @@ class AdmitResult:
 
 @dataclasses.dataclass(frozen=True)
 class JobEnding:
-    """What ending a job did under the user's lock: the job as it ended, the credit given back,
-    and the jobs promoted into the freed slot."""
+    """What ending a job did under the user's lock: the job as it ended (and its view), the
+    credit given back, and the jobs promoted into the freed slot."""
 
     ref: JobRef
+    view: JobView
     refunded: int
+    promoted: tuple[Promoted, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettlement:
+    """What settling an ended job's run did under the user's lock: whether the run was unsettled
+    until now (False: already settled), and the jobs promoted into the freed slots."""
+
+    settled: bool
     promoted: tuple[Promoted, ...]
 
 

@@ -2,7 +2,7 @@
 
 - grpc: ghz against grpc.health.v1.Health/Check of the very service replica under test (what a
   unary call through this server costs with no work behind it);
-- db: the bare admit transaction (user lock + insert_admitted_job + COMMIT) from the Python
+- db: the bare admit's database work (reservation with state read + the locked admit statement) from the Python
   driver, no gRPC at all;
 - minimal: bench/minimal_server.py, a gRPC Admit doing only that transaction.
 """

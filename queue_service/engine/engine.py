@@ -1,7 +1,7 @@
 """The queue engine: admit, promote, end (complete, cancel, give up), release, settle.
 
-Every change that can free or take a user's slot runs under `with_user_queue_lock`; every state
-change is a named, fenced `Transition` (the store applies it only from the statuses it names), so duplicates from
+Every change that can free or take a user's slot is one statement under the user's queue lock
+(`store.locks.locked_section`); every state change is a named, fenced `Transition` (the store applies it only from the statuses it names), so duplicates from
 retries, racing replicas or old code versions are harmless no-ops. No call to the core is ever
 made while the user lock is held.
 
@@ -212,27 +212,25 @@ class QueueEngine:
         self, item: AdmitRequest, run_id: uuid.UUID, price: int, is_delta: bool
     ) -> AdmitResult:
         job_id = uuid.uuid4()
-        # One round trip: BEGIN, the lock, the INSERT, the view read and COMMIT travel together.
-        async with self._store.user_queue(item.user_id) as db:
-            inserted = await db.insert_admitted_job_at_commit(NewJob(
-                    job_id=job_id,
-                    user_id=item.user_id,
-                    run_id=run_id,
-                    idempotency_key=item.idempotency_key,
-                    request_digest=item.request_digest,
-                    delta_of_job_id=item.delta_of_job_id,
-                    price=price,
-                ),
-                default_max_active=self.config.max_active_per_user,
-                max_queued=self.config.max_queued_per_user,
-                max_running_deltas=self.config.max_active_deltas_per_user,
-                release_window_seconds=self.config.release_window_seconds,
-                release_lease_seconds=self.config.release_lease_seconds,
-                reconcile_after_seconds=self.config.reconcile_after_seconds,
-            )
-            read = await db.view_at_commit(job_id)
-        status = inserted.value
-        if status is None:
+        # One statement under the user lock: the placement, the debit and the job's view.
+        view = await self._store.admit_job(
+            NewJob(
+                job_id=job_id,
+                user_id=item.user_id,
+                run_id=run_id,
+                idempotency_key=item.idempotency_key,
+                request_digest=item.request_digest,
+                delta_of_job_id=item.delta_of_job_id,
+                price=price,
+            ),
+            default_max_active=self.config.max_active_per_user,
+            max_queued=self.config.max_queued_per_user,
+            max_running_deltas=self.config.max_active_deltas_per_user,
+            release_window_seconds=self.config.release_window_seconds,
+            release_lease_seconds=self.config.release_lease_seconds,
+            reconcile_after_seconds=self.config.reconcile_after_seconds,
+        )
+        if view is None:
             # Something changed since the pre-check (nothing was written): find out what.
             async with self._store.statements() as db:
                 state = await db.admit_state(
@@ -242,10 +240,10 @@ class QueueEngine:
             if duplicate is None:
                 raise errors.Conflict("the admit took too long and its run was given up; retry with the same idempotency key")
             return duplicate
-        log.info("job admitted", extra={"job_id": job_id, "user_id": item.user_id, "run_id": run_id, "status": status})
-        if status is JobStatus.PENDING:
+        log.info("job admitted", extra={"job_id": job_id, "user_id": item.user_id, "run_id": run_id, "status": view.status})
+        if view.status is JobStatus.PENDING:
             self._hand_over(ClaimedRelease(job_id, item.user_id, run_id, attempt=1))
-        return AdmitResult(job_id, duplicate=False, view=read.value)
+        return AdmitResult(job_id, duplicate=False, view=view)
 
     async def _drop_reservation(self, run_id: uuid.UUID) -> None:
         """The admit was refused before the core heard of the run: nothing to cancel."""
@@ -292,10 +290,9 @@ class QueueEngine:
 
     async def promote(self, user_id: str, *, cause: Cause) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first."""
-        async with self._store.user_queue(user_id) as db:
-            promoting = await db.promote_at_commit(user_id, self._promotion_limits)
-        self._after_promotion(user_id, promoting.value, cause)
-        return promoting.value
+        promoted = await self._store.promote(user_id, self._promotion_limits)
+        self._after_promotion(user_id, promoted, cause)
+        return promoted
 
     def _after_promotion(self, user_id: str, promoted: tuple[Promoted, ...], cause: Cause) -> None:
         """Records the promotions a committed transaction made and wakes the dispatcher."""
@@ -321,25 +318,19 @@ class QueueEngine:
 
     # -- ending a job ------------------------------------------------------------------------
 
-    async def end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition, *, read_view: bool = False) -> EndedJob | None:
+    async def end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition) -> EndedJob | None:
         """Applies the transition, refunds when it says so, and (when the run is settled) promotes
-        the user's next job, in one transaction; None when the job was not in a status the
-        transition starts from (fenced). An unsettled run keeps the slot: `settle_run` frees it.
-
-        With `read_view` the job's view is read in that transaction too (it travels with the
-        COMMIT), so the caller can answer without another query."""
+        the user's next job, in one statement that also returns the job's view; None when the job
+        was not in a status the transition starts from (fenced). An unsettled run keeps the slot:
+        `settle_run` frees it."""
         cause = transition.cause
         with telemetry.tracer.start_as_current_span("complete") as span:
             span.set_attribute("queue.job_id", str(job_id))
             span.set_attribute("queue.status", str(transition.to))
             span.set_attribute("queue.cause", str(cause))
             span.set_attribute("queue.run_unsettled", transition.run_unsettled)
-            # One round trip: BEGIN, the lock, the ending (with its refund and promotions: one
-            # call), the view read and COMMIT travel together.
-            async with self._store.user_queue(user_id) as db:
-                ending = await db.end_job_at_commit(job_id, transition, self._promotion_limits)
-                read = await db.view_at_commit(job_id) if read_view else None
-            outcome = ending.value
+            # One statement under the user lock: the ending, its refund, the promotions and the view.
+            outcome = await self._store.end_job(job_id, user_id, transition, self._promotion_limits)
             if outcome is None:
                 return None
             span.set_attribute("queue.refunded", outcome.refunded)
@@ -357,7 +348,7 @@ class QueueEngine:
             self.in_background(self._settle_now(ended), name=f"settle-run-{ended.run_id}")
         else:
             self._after_promotion(user_id, promoted, cause)
-        return EndedJob(ended, read.value if read is not None else None)
+        return EndedJob(ended, outcome.view)
 
     async def complete_run(self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str) -> EndedJob:
         """Ends the run's job as the core reports; the job's view is set when this call ended it."""
@@ -377,7 +368,7 @@ class QueueEngine:
             )
         if job.status.is_active:
             transition = Transition.completed(succeeded=succeeded, refund=refund, message=message)
-            ended = await self.end_job(job.job_id, job.user_id, transition, read_view=True)
+            ended = await self.end_job(job.job_id, job.user_id, transition)
             if ended is not None:
                 return ended
         elif job.run_unsettled:
@@ -421,9 +412,7 @@ class QueueEngine:
         raise errors.Conflict(f"job {job_id} kept changing during the cancel; retry", metadata={"jobId": str(job_id)})
 
     async def _refund_if_failed(self, job_id: uuid.UUID, user_id: str) -> None:
-        async with self._store.user_queue(user_id) as db:
-            job = await db.job_by_id(job_id=job_id)
-            refunded = await db.refund_job_charge(job_id=job_id, reason=Cause.CANCEL) if job is not None and job.status is JobStatus.FAILED else 0
+        refunded = await self._store.refund_failed_job(job_id, user_id, reason=Cause.CANCEL)
         if refunded:
             telemetry.metrics.refunds.add(refunded, {"cause": str(Cause.CANCEL)})
             log.info("refunded a job the core failed while the user canceled it", extra={"job_id": job_id, "user_id": user_id})
@@ -440,15 +429,13 @@ class QueueEngine:
 
     async def settle_run(self, job_id: uuid.UUID, user_id: str, *, cause: Cause) -> None:
         """The core confirmed the ended job's run settled: free its slot and promote."""
-        async with self._store.user_queue(user_id) as db:
-            settling = await db.settle_job_run_at_commit(job_id=job_id)
-            promoting = await db.promote_at_commit(user_id, self._promotion_limits)
-        promoted = promoting.value
-        if not settling.value:
-            return
-        self._note_slot_freed(promoted)
-        telemetry.metrics.run_settlements.add(1, {"kind": "job", "result": "settled"})
-        log.info("run settled", extra={"job_id": job_id, "user_id": user_id, "cause": cause})
+        settlement = await self._store.settle_job_run(job_id, user_id, self._promotion_limits)
+        promoted = settlement.promoted
+        if settlement.settled:
+            self._note_slot_freed(promoted)
+            telemetry.metrics.run_settlements.add(1, {"kind": "job", "result": "settled"})
+            log.info("run settled", extra={"job_id": job_id, "user_id": user_id, "cause": cause})
+        # Promotions made anyway (a slot freed by someone else) are released too.
         self._after_promotion(user_id, promoted, cause)
 
     async def _settle_now(self, job: JobRef) -> None:

@@ -1,7 +1,7 @@
 """The only code that takes PostgreSQL advisory locks.
 
-`with_user_queue_lock` owns the key `analysis_queue:<user_id>`: every admit, promotion,
-completion, give-up and cancel of a user runs inside it, so they serialize per user across every
+`locked_section` owns the key `analysis_queue:<user_id>`: every admit, promotion, completion,
+give-up, cancel and settlement of a user runs under it, so they serialize per user across every
 replica and code version. A typo in the namespace would silently split the lock in two, so
 `tests/unit/test_lock_scan.py` fails if any other file spells the namespace or takes an advisory lock.
 
@@ -16,29 +16,44 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
 from queue_service import deadline, telemetry
-from queue_service.store.pool import DictConnection, QueuePool, checkout, translated_errors
+from queue_service.store.pool import DictConnection, QueuePool, connection
 
-# The statement reports how long the server waited for the lock, so measuring the wait costs no
-# round trip of its own (see below). lock_timeout bounds the wait: a session default of the pool.
+_USER_QUEUE_KEY = "hashtextextended('analysis_queue:' || %(user_id)s, 0)"
+
+# A locked section is one autocommit statement: the statement is the transaction. Its FROM
+# takes the lock first (each `OFFSET 0` keeps a subquery from being merged into its parent, so
+# the order holds); the section's query is a LATERAL subquery that reads the lock's row, so it
+# can only run once the lock is granted. Sections call VOLATILE PL/pgSQL functions (migration
+# 0009), whose statements each take a fresh snapshot: they see what the previous holder committed.
 #
-# It also makes the rest of the locked transaction run prepared statements on their generic plan.
-# PostgreSQL's default keeps re-planning a statement whose generic plan it estimates dearer than
-# the custom ones: the view read of `job_id = ANY($1)` was planned afresh on every admit, 0.9 ms
-# of PostgreSQL CPU against 0.1 ms to run it (bench --statement-stats). The generic plans of the
-# locked sections' statements are checked to be index-driven by bench/explain.py.
-_TAKE_USER_QUEUE_LOCK = (
-    "SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds,"
-    " set_config('plan_cache_mode', 'force_generic_plan', true) AS plan_cache_mode"
-    " FROM (SELECT pg_advisory_xact_lock(hashtextextended('analysis_queue:' || %(user_id)s, 0)) OFFSET 0) AS locked"
+# Before the lock, the statement sets for itself:
+# - lock_timeout: the session's, or less inside a call whose deadline comes sooner, so a busy user
+#   queue is named as such (LOCK_TIMEOUT) before the caller gives up. The rest of the statement is
+#   bounded by the deadline itself (`pool.statements_within_deadline`).
+# - plan_cache_mode: the sections' statements run on their generic plans. PostgreSQL's default
+#   kept re-planning a statement whose generic plan it estimated dearer than the custom ones
+#   (the view read was planned afresh on every admit: 0.9 ms of PostgreSQL CPU against 0.1 ms to
+#   run it). Those generic plans are checked to be index-driven by bench/explain.py.
+#
+# The lock's row reports how long the server waited for it, so measuring the wait costs nothing.
+_LOCKED_SECTION = (
+    "SELECT locked.waited_seconds, section.*"
+    " FROM (SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds"
+    "        FROM (SELECT pg_advisory_xact_lock(" + _USER_QUEUE_KEY + ")"
+    "                FROM (SELECT set_config('lock_timeout', coalesce(%(lock_timeout)s, current_setting('lock_timeout')), true),"
+    "                             set_config('plan_cache_mode', 'force_generic_plan', true)"
+    "                      OFFSET 0) AS settings"
+    "              OFFSET 0) AS lock"
+    "      OFFSET 0) AS locked"
+    " LEFT JOIN LATERAL (SELECT * FROM ({section}) AS s WHERE locked.waited_seconds IS NOT NULL OFFSET 0) AS section ON true"
 )
 
-# Inside a call whose deadline comes before the session's limits, this transaction's lock and
-# statement timeouts are lowered to what is left (sent in the same pipeline: no extra round trip).
-_SHORTEN_TIMEOUTS = "SELECT set_config('lock_timeout', %(lock_ms)s, true), set_config('statement_timeout', %(statement_ms)s, true)"
+# Holds the lock for a whole transaction: only for holding a user's queue still (tests, tools).
+_TAKE_USER_QUEUE_LOCK = "SELECT pg_advisory_xact_lock(" + _USER_QUEUE_KEY + ")"
 
 # A fixed key of its own (the namespace is hashed the same way) so migrations from replicas that
 # start together run one after another.
@@ -47,46 +62,35 @@ _TAKE_MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('analysis_
 _Connection = TypeVar("_Connection", bound=AsyncConnection[Any])
 
 
-@asynccontextmanager
-async def with_user_queue_lock(
-    pool: AsyncConnectionPool[DictConnection], user_id: str) -> AsyncIterator[DictConnection]:
-    """Opens a transaction holding the user's queue lock and yields its connection.
+async def locked_section(
+    pool: AsyncConnectionPool[DictConnection], user_id: str, section: sql.Composable, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Runs `section` (a query over one of migration 0009's functions) holding the user's queue
+    lock, as one statement and one round trip; returns its rows once committed (none when the
+    section returned none).
 
-    Commits when the block ends, rolls back (and so releases the lock) on any error. The
-    connection is in pipeline mode: BEGIN and the lock travel with the block's first statement,
-    and COMMIT needs no extra wait, so the locked section costs two round trips, not four. A lock
-    timeout surfaces at the block's first result.
-
-    Inside a call with a deadline, the wait for a connection, for the lock and for each statement
-    is bounded by what is left of it (LOCK_TIMEOUT / DATABASE_UNAVAILABLE before the caller gives up).
-    """
-    with translated_errors():
-        async with checkout(pool) as conn:
-            async with conn.pipeline():
-                async with conn.transaction():
-                    sent_ns = time.time_ns()
-                    await _shorten_timeouts_to_deadline(conn, pool)
-                    lock = await conn.execute(_TAKE_USER_QUEUE_LOCK, {"user_id": user_id})
-                    yield conn
-                    row = await lock.fetchone()
-                    _record_lock_wait(float(row["waited_seconds"]) if row else 0.0, sent_ns)
+    Inside a call with a deadline, the wait for a connection, for the lock and for the statement
+    is bounded by what is left of it (LOCK_TIMEOUT / DATABASE_UNAVAILABLE before the caller gives up)."""
+    statement = sql.SQL(_LOCKED_SECTION).format(section=section)
+    async with connection(pool) as conn:
+        sent_ns = time.time_ns()
+        cursor = await conn.execute(statement, {**params, "user_id": user_id, "lock_timeout": _lock_timeout_within_deadline(pool)})
+        rows = await cursor.fetchall()
+    _record_lock_wait(float(rows[0]["waited_seconds"]) if rows else 0.0, sent_ns)
+    return [row for row in rows if row["row_kind"] is not None]
 
 
-async def _shorten_timeouts_to_deadline(conn: DictConnection, pool: AsyncConnectionPool[DictConnection]) -> None:
+def _lock_timeout_within_deadline(pool: AsyncConnectionPool[DictConnection]) -> str | None:
+    """The lock timeout for this statement: the session's (None), or less when the call's
+    deadline comes sooner. The lock gives up first, so a busy user queue is named as such."""
     left = deadline.remaining()
     if left is None or not isinstance(pool, QueuePool):
-        return
+        return None
     left_ms = max(1, int(left * 1000))
-    configured = pool.timeouts
-    if left_ms < max(configured.lock_timeout_ms, configured.statement_timeout_ms):
-        await conn.execute(
-            _SHORTEN_TIMEOUTS,
-            {
-                # The lock gives up first, so a busy user queue is named as such (LOCK_TIMEOUT).
-                "lock_ms": f"{min(max(1, left_ms * 9 // 10), configured.lock_timeout_ms)}ms",
-                "statement_ms": f"{min(left_ms, configured.statement_timeout_ms)}ms",
-            },
-        )
+    configured = pool.timeouts.lock_timeout_ms
+    if left_ms >= configured:
+        return None
+    return f"{min(max(1, left_ms * 9 // 10), configured)}ms"
 
 
 def _record_lock_wait(waited: float, sent_ns: int) -> None:
@@ -95,6 +99,15 @@ def _record_lock_wait(waited: float, sent_ns: int) -> None:
     span.set_attribute("queue.lock_wait_ms", waited * 1000)
     span.end(end_time=sent_ns + int(waited * 1e9))
     telemetry.metrics.lock_wait.record(waited)
+
+
+@asynccontextmanager
+async def holding_user_queue_lock(pool: AsyncConnectionPool[DictConnection], user_id: str) -> AsyncIterator[None]:
+    """Holds the user's queue lock until the block ends (a transaction doing nothing else), so
+    that every section of that user waits: for tests and tools that need a user's queue still."""
+    async with connection(pool) as conn, conn.transaction():
+        await conn.execute(_TAKE_USER_QUEUE_LOCK, {"user_id": user_id})
+        yield
 
 
 @asynccontextmanager

@@ -1,8 +1,9 @@
 """The store: the only code that runs SQL. One typed method per named query of `sql/queries.sql`.
 
 `Store.statements()` yields `Statements` on a pooled connection in autocommit mode (each
-statement its own transaction); `Store.user_queue(user_id)` yields `LockedStatements` inside a
-transaction holding the user's queue lock (`locks`). Methods take and return model types
+statement its own transaction). The locked sections (`Store.admit_job`, `end_job`, `promote`,
+`settle_job_run`, `refund_failed_job`) each run as one statement holding the user's queue lock
+(`locks.locked_section`). Methods take and return model types
 (`queue_service.model`); no cursor, row or connection leaves this package. Driver errors become
 domain errors in `pool.translated_errors`.
 """
@@ -43,12 +44,13 @@ from queue_service.model import (
     Overview,
     Promoted,
     PromotionLimits,
+    RunSettlement,
     RunOwner,
     ScheduledRetry,
     Transition,
 )
 from queue_service.store import migrations
-from queue_service.store.locks import with_user_queue_lock
+from queue_service.store.locks import holding_user_queue_lock, locked_section
 from queue_service.store.pool import QueuePool, connection, translated_errors
 
 _BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n(?P<body>.*?)(?=^-- name: |\Z)", re.MULTILINE | re.DOTALL)
@@ -103,6 +105,10 @@ def _limit_params(limits: PromotionLimits) -> Row:
     }
 
 
+def _promoted(rows: list[Row]) -> tuple[Promoted, ...]:
+    return tuple(Promoted(row["job_id"], row["user_id"], row["run_id"]) for row in rows if row["row_kind"] == "promoted")
+
+
 def _claimed_release(row: Row) -> ClaimedRelease:
     return ClaimedRelease(
         job_id=row["job_id"],
@@ -141,26 +147,20 @@ class Statements:
     async def reserve_run_and_read_admit_state(
         self, *, run_id: uuid.UUID, user_id: str, idempotency_key: str, delta_of_job_id: uuid.UUID | None, grace_seconds: float
     ) -> tuple[bool, AdmitState]:
-        """Reserves the run for this admit and reads what the admit checks, in one round trip
-        (pipelined). Returns whether the run was reserved (False: the key's run is reserved by a
-        concurrent admit) and the state."""
-        async with self._conn.pipeline():
-            reservation = await self._send(
-                "reserve_run",
-                {"run_id": run_id, "user_id": user_id, "idempotency_key": idempotency_key, "grace_seconds": float(grace_seconds)},
-            )
-            state = await self._send(
-                "admit_state", {"user_id": user_id, "idempotency_key": idempotency_key, "delta_of_job_id": delta_of_job_id}
-            )
-            reserved = await reservation.fetchone() is not None
-            row = await state.fetchone()
+        """Reserves the run for this admit and reads what the admit checks, in one statement.
+        Returns whether the run was reserved (False: the key already has a job) and the state."""
+        row = await self._one(
+            "reserve_run_and_read_admit_state",
+            {
+                "run_id": run_id,
+                "user_id": user_id,
+                "idempotency_key": idempotency_key,
+                "delta_of_job_id": delta_of_job_id,
+                "grace_seconds": float(grace_seconds),
+            },
+        )
         assert row is not None
-        return reserved, _admit_state(row)
-
-    async def reserve_run(self, *, run_id: uuid.UUID, user_id: str, idempotency_key: str, grace_seconds: float) -> bool:
-        """Reserves the run for an admit with this key; False when a concurrent admit holds it."""
-        params = {"run_id": run_id, "user_id": user_id, "idempotency_key": idempotency_key, "grace_seconds": float(grace_seconds)}
-        return await self._one("reserve_run", params) is not None
+        return bool(row["reserved"]), _admit_state(row)
 
     async def admit_state(self, *, user_id: str, idempotency_key: str, delta_of_job_id: uuid.UUID | None) -> AdmitState:
         row = await self._one(
@@ -170,20 +170,6 @@ class Statements:
         return _admit_state(row)
 
     # -- promotion and ending ------------------------------------------------------------------
-
-    async def refund_job_charge(self, *, job_id: uuid.UUID, reason: Cause) -> int:
-        """Returns the refunded amount (0 when there was no charge or it was already refunded).
-        The refund records the current actor (`audit`) and `reason`."""
-        actor = audit.actor_for(reason)
-        row = await self._one("refund_job_charge", {"job_id": job_id, "actor": actor, "reason": str(reason)})
-        if row is None or not row["amount"]:
-            return 0
-        self._moved(kind=LedgerKind.REFUND, user_id=row["user_id"], amount=int(row["amount"]), job_id=job_id, actor=actor, reason=reason)
-        return int(row["amount"])
-
-    async def settle_job_run(self, *, job_id: uuid.UUID) -> bool:
-        """Marks an ended job's run settled; False when it already was."""
-        return await self._one("settle_job_run", {"job_id": job_id}) is not None
 
     # -- settling runs and reservations --------------------------------------------------------
 
@@ -420,147 +406,6 @@ def _admit_state(row: Row) -> AdmitState:
     )
 
 
-T = TypeVar("T")
-
-
-class AtCommit(Generic[T]):
-    """What a statement sent inside a locked transaction returns, read once the transaction has
-    committed: the statement travels with the COMMIT, so it costs no round trip of its own."""
-
-    def __init__(self) -> None:
-        self._value: T | None = None
-        self._ready = False
-
-    @property
-    def value(self) -> T:
-        if not self._ready:
-            raise RuntimeError("read before the transaction committed")
-        return cast(T, self._value)
-
-    def _set(self, value: T) -> None:
-        self._value, self._ready = value, True
-
-
-class LockedStatements(Statements):
-    """The named queries inside a transaction that holds one user's queue lock.
-
-    The `*_at_commit` methods send their statement without waiting for it: BEGIN, the lock, the
-    statements and COMMIT reach the server as one batch (one round trip), and their results are
-    read once the transaction has committed."""
-
-    def __init__(self, conn: AsyncConnection[Row]) -> None:
-        super().__init__(conn)
-        self._after_commit: list[Callable[[], Awaitable[None]]] = []
-        self._movements: list[dict[str, Any]] = []
-
-    def _moved(self, **movement: Any) -> None:
-        """Logged once the transaction has committed: a rolled-back movement never happened."""
-        self._movements.append(movement)
-
-    def _log_movements(self) -> None:
-        for movement in self._movements:
-            audit.log_movement(**movement)
-
-    async def _at_commit(self, name: str, params: Row, read: Callable[[list[Row]], T]) -> AtCommit[T]:
-        cursor = await self._send(name, params)
-        holder: AtCommit[T] = AtCommit()
-
-        async def fill() -> None:
-            holder._set(read(await cursor.fetchall()))
-
-        self._after_commit.append(fill)
-        return holder
-
-    async def _read_after_commit(self) -> None:
-        for fill in self._after_commit:
-            await fill()
-
-    async def insert_admitted_job_at_commit(
-        self,
-        job: NewJob,
-        *,
-        default_max_active: int,
-        max_queued: int,
-        max_running_deltas: int,
-        release_window_seconds: float,
-        release_lease_seconds: float,
-        reconcile_after_seconds: float,
-    ) -> AtCommit[JobStatus | None]:
-        """The new job's status, or None when the key is taken, the balance is short, the queue
-        or delta limit is full, or the run's reservation is gone. The charge records the current
-        actor (`audit`)."""
-        actor = audit.actor_for(Cause.ADMIT)
-
-        def read(rows: list[Row]) -> JobStatus | None:
-            if not rows:
-                return None
-            if job.price > 0:
-                self._moved(kind=LedgerKind.CHARGE, user_id=job.user_id, amount=-job.price, job_id=job.job_id, actor=actor, reason=Cause.ADMIT)
-            return JobStatus(rows[0]["status"])
-
-        params = {
-            **dataclasses.asdict(job),
-            "actor": actor,
-            "reason": str(Cause.ADMIT),
-            "is_delta": job.delta_of_job_id is not None,
-            "default_max_active": default_max_active,
-            "max_queued": max_queued,
-            "max_running_deltas": max_running_deltas,
-            "release_window_seconds": float(release_window_seconds),
-            "release_lease_seconds": float(release_lease_seconds),
-            "reconcile_after_seconds": float(reconcile_after_seconds),
-        }
-        return await self._at_commit("insert_admitted_job", params, read)
-
-    async def view_at_commit(self, job_id: uuid.UUID) -> AtCommit[JobView | None]:
-        """The job's view as the transaction leaves it."""
-        return await self._at_commit("job_views_by_ids", {"job_ids": [job_id]}, lambda rows: JobView.from_row(rows[0]) if rows else None)
-
-    async def end_job_at_commit(
-        self, job_id: uuid.UUID, transition: Transition, limits: PromotionLimits
-    ) -> AtCommit[JobEnding | None]:
-        """Applies a named transition if the job is still in one of its statuses (and, when it
-        names one, still at its release attempt), refunds when it says so, and promotes the user's
-        next jobs when the run is settled, in one call (`queue_end_job`). None when the job was
-        not in a status the transition starts from (fenced)."""
-        actor = audit.actor_for(transition.cause)
-
-        def read(rows: list[Row]) -> JobEnding | None:
-            ended = [row for row in rows if row["row_kind"] == "ended"]
-            if not ended:
-                return None
-            ref = _job_ref(ended[0])
-            refunded = int(ended[0]["refunded"])
-            if refunded:
-                self._moved(kind=LedgerKind.REFUND, user_id=ref.user_id, amount=refunded, job_id=ref.job_id, actor=actor, reason=transition.cause)
-            promoted = tuple(Promoted(r["job_id"], ref.user_id, r["run_id"]) for r in rows if r["row_kind"] == "promoted")
-            return JobEnding(ref, refunded, promoted)
-
-        params = {
-            "job_id": job_id,
-            "status": str(transition.to),
-            "from_statuses": _statuses(transition.from_statuses),
-            "last_error": transition.last_error,
-            "expected_attempts": transition.expected_attempts,
-            "run_unsettled": transition.run_unsettled,
-            "refund": transition.refund,
-            "actor": actor,
-            "reason": str(transition.cause),
-            **_limit_params(limits),
-        }
-        return await self._at_commit("end_job", params, read)
-
-    async def promote_at_commit(self, user_id: str, limits: PromotionLimits) -> AtCommit[tuple[Promoted, ...]]:
-        """Fills every free slot of the user from the queue, oldest first, each promoted job's first
-        release claimed for this replica."""
-        params = {"user_id": user_id, **_limit_params(limits)}
-        return await self._at_commit("promote_queued_jobs", params, lambda rows: tuple(Promoted(r["job_id"], user_id, r["run_id"]) for r in rows))
-
-    async def settle_job_run_at_commit(self, *, job_id: uuid.UUID) -> AtCommit[bool]:
-        """Marks an ended job's run settled; False when it already was."""
-        return await self._at_commit("settle_job_run", {"job_id": job_id}, bool)
-
-
 class Store:
     """The database, as the rest of the service sees it."""
 
@@ -577,16 +422,99 @@ class Store:
             yield Statements(conn)
 
     @asynccontextmanager
-    async def user_queue(self, user_id: str) -> AsyncIterator[LockedStatements]:
-        """A transaction holding the user's queue lock: commits when the block ends, rolls back
-        (and so releases the lock) on any error. What the `*_at_commit` methods return is read once
-        it has committed."""
-        async with with_user_queue_lock(self.pool, user_id) as conn:
-            locked = LockedStatements(conn)
-            yield locked
-        with translated_errors():
-            await locked._read_after_commit()
-        locked._log_movements()
+    async def holding_user_queue_lock(self, user_id: str) -> AsyncIterator[None]:
+        """Holds the user's queue lock until the block ends, so every section of that user
+        waits (tests and tools)."""
+        async with holding_user_queue_lock(self.pool, user_id):
+            yield
+
+    # -- locked sections: each one statement under the user's queue lock (`locks.locked_section`)
+
+    async def _locked(self, user_id: str, name: str, params: Row) -> list[Row]:
+        return await locked_section(self.pool, user_id, _statement(name), params)
+
+    async def admit_job(
+        self,
+        job: NewJob,
+        *,
+        default_max_active: int,
+        max_queued: int,
+        max_running_deltas: int,
+        release_window_seconds: float,
+        release_lease_seconds: float,
+        reconcile_after_seconds: float,
+    ) -> JobView | None:
+        """Admits the job under its user's lock; its view, or None when the key is taken, the
+        balance is short, the queue or delta limit is full, or the run's reservation is gone.
+        The charge records the current actor (`audit`)."""
+        actor = audit.actor_for(Cause.ADMIT)
+        params = {
+            **dataclasses.asdict(job),
+            "actor": actor,
+            "reason": str(Cause.ADMIT),
+            "default_max_active": default_max_active,
+            "max_queued": max_queued,
+            "max_running_deltas": max_running_deltas,
+            "release_window_seconds": float(release_window_seconds),
+            "release_lease_seconds": float(release_lease_seconds),
+            "reconcile_after_seconds": float(reconcile_after_seconds),
+        }
+        rows = await self._locked(job.user_id, "admit_job", params)
+        if not rows:
+            return None
+        if job.price > 0:
+            audit.log_movement(kind=LedgerKind.CHARGE, user_id=job.user_id, amount=-job.price, job_id=job.job_id, actor=actor, reason=Cause.ADMIT)
+        return JobView.from_row(rows[0])
+
+    async def end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition, limits: PromotionLimits) -> JobEnding | None:
+        """Applies a named transition under the user's lock if the job is still in one of its
+        statuses (and, when it names one, still at its release attempt), refunds when it says so,
+        and promotes the user's next jobs when the run is settled. None when the job was not in a
+        status the transition starts from (fenced)."""
+        actor = audit.actor_for(transition.cause)
+        params = {
+            "job_id": job_id,
+            "status": str(transition.to),
+            "from_statuses": _statuses(transition.from_statuses),
+            "last_error": transition.last_error,
+            "expected_attempts": transition.expected_attempts,
+            "run_unsettled": transition.run_unsettled,
+            "refund": transition.refund,
+            "actor": actor,
+            "reason": str(transition.cause),
+            **_limit_params(limits),
+        }
+        rows = await self._locked(user_id, "end_job", params)
+        ended = [row for row in rows if row["row_kind"] == "ended"]
+        if not ended:
+            return None
+        row = ended[0]
+        view = JobView.from_row(row)
+        ref = JobRef(view.job_id, view.user_id, view.run_id, view.status, view.delta_of_job_id, run_unsettled=bool(row["run_unsettled"]))
+        refunded = int(row["refunded_amount"])
+        if refunded:
+            audit.log_movement(kind=LedgerKind.REFUND, user_id=ref.user_id, amount=refunded, job_id=ref.job_id, actor=actor, reason=transition.cause)
+        return JobEnding(ref, view, refunded, _promoted(rows))
+
+    async def promote(self, user_id: str, limits: PromotionLimits) -> tuple[Promoted, ...]:
+        """Fills every free slot of the user from the queue, oldest first, each promoted job's
+        first release claimed for this replica."""
+        return _promoted(await self._locked(user_id, "promote", {"promote_user_id": user_id, **_limit_params(limits)}))
+
+    async def settle_job_run(self, job_id: uuid.UUID, user_id: str, limits: PromotionLimits) -> RunSettlement:
+        """Marks an ended job's run settled, freeing its slot, and fills the user's free slots."""
+        rows = await self._locked(user_id, "settle_job_run", {"job_id": job_id, **_limit_params(limits)})
+        return RunSettlement(settled=any(row["row_kind"] == "settled" for row in rows), promoted=_promoted(rows))
+
+    async def refund_failed_job(self, job_id: uuid.UUID, user_id: str, *, reason: Cause) -> int:
+        """Refunds the job if it ended FAILED; the refunded amount (0: it did not fail, had no
+        charge, or was already refunded). The refund records the current actor (`audit`)."""
+        actor = audit.actor_for(reason)
+        rows = await self._locked(user_id, "refund_failed_job", {"job_id": job_id, "actor": actor, "reason": str(reason)})
+        refunded = int(rows[0]["refunded_amount"]) if rows else 0
+        if refunded:
+            audit.log_movement(kind=LedgerKind.REFUND, user_id=user_id, amount=refunded, job_id=job_id, actor=actor, reason=reason)
+        return refunded
 
     async def open(self, *, timeout: float) -> None:
         await self.pool.open(wait=True, timeout=timeout)

@@ -50,7 +50,8 @@ HEADER = f"""\
 -- with `{REGENERATE}` (tests/integration/test_schema.py fails while it is stale).
 -- Every object appears once, as the last migration that touched it left it: a function or view
 -- that a later migration replaces shows its final definition. In the order it applies in:
--- sequences, tables (with their indexes), functions, views, triggers; each sorted by name.
+-- sequences, tables (with their indexes), functions, views, functions over views, triggers; each
+-- sorted by name.
 """
 # The last header line: the major whose deparse wrote the text (other majors print some
 # expressions differently; see the module docstring).
@@ -239,25 +240,30 @@ def dump(conn: psycopg.Connection[dict[str, Any]]) -> str:
         """,
     )
     sections += [_table(conn, relation) for relation in relations if relation["relkind"] == "r"]
-    # Functions after the tables their SQL bodies read, views after both, then the triggers.
-    sections += [
-        row["definition"].strip() + ";"
-        for row in _rows(
-            conn,
-            f"""
-            SELECT pg_get_functiondef(p.oid) AS definition
-              FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-             WHERE {_SYSTEM_SCHEMAS} AND {_NOT_FROM_EXTENSION.format(oid="p.oid")}
-             ORDER BY n.nspname, p.proname, pg_get_function_identity_arguments(p.oid)
-            """,
-        )
-    ]
+    # Functions after the tables their SQL bodies read, views after both, then the functions whose
+    # signature names a view's row type (migration 0009's locked sections), then the triggers.
+    functions = _rows(
+        conn,
+        f"""
+        SELECT pg_get_functiondef(p.oid) AS definition,
+               EXISTS (SELECT 1
+                         FROM unnest(coalesce(p.proallargtypes, p.proargtypes::oid[]) || p.prorettype) AS t(oid)
+                         JOIN pg_type ty ON ty.oid = t.oid
+                         JOIN pg_class vc ON vc.oid = ty.typrelid
+                        WHERE vc.relkind IN ('v', 'm')) AS names_a_view_type
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE {_SYSTEM_SCHEMAS} AND {_NOT_FROM_EXTENSION.format(oid="p.oid")}
+         ORDER BY n.nspname, p.proname, pg_get_function_identity_arguments(p.oid)
+        """,
+    )
+    sections += [row["definition"].strip() + ";" for row in functions if not row["names_a_view_type"]]
     for relation in relations:
         if relation["relkind"] == "r":
             continue
         (view,) = _rows(conn, "SELECT pg_get_viewdef(%s::oid, true) AS definition", (relation["oid"],))
         kind = "VIEW" if relation["relkind"] == "v" else "MATERIALIZED VIEW"
         sections.append(f"CREATE {kind} {relation['name']} AS\n{view['definition'].rstrip().removesuffix(';')};")
+    sections += [row["definition"].strip() + ";" for row in functions if row["names_a_view_type"]]
     triggers = _triggers(conn)
     if triggers:
         sections.append("\n".join(triggers))

@@ -24,7 +24,7 @@ async def test_a_callers_deadline_bounds_the_lock_wait_and_is_answered_before_it
     on the lock in time to say why (LOCK_TIMEOUT), instead of leaving the caller to time out."""
     user = new_user()
     await service.stubs.grant(user, 1)
-    async with service.app.store.user_queue(user):
+    async with service.app.store.holding_user_queue_lock(user):
         started = time.monotonic()
         try:
             await service.stubs.admit(user, timeout=0.8)
@@ -42,7 +42,7 @@ async def test_a_stuck_user_lock_is_lock_timeout_not_a_hang(services) -> None:
     service = await services.start(lock_timeout_ms=300)
     user = new_user()
     await service.stubs.grant(user, 1)
-    async with service.app.store.user_queue(user):
+    async with service.app.store.holding_user_queue_lock(user):
         try:
             await service.stubs.admit(user, timeout=10)
             raise AssertionError("the admit should time out on the lock")

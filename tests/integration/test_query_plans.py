@@ -1,31 +1,79 @@
-"""What PostgreSQL plans for our hot path: a locked section's statements are planned once per
-connection, not on every call (planning the job view read cost nine times its execution)."""
+"""A locked section is one statement: the lock first, then the section's call, which must see
+what the previous holder of the lock committed and run its statements on generic plans
+(PostgreSQL's default re-planned the job view read on every admit: nine times its execution)."""
 
 from __future__ import annotations
 
-from tests.harness import S, new_user
+import asyncio
 
-_VIEW_READ = "%analysis_job_views WHERE job_id = ANY%"
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from queue_service import deadline
+from queue_service.store import locks
+from queue_service.store.pool import Timeouts, create_pool
+from tests.harness import new_user
+
+# A section the way migration 0009's functions are written: VOLATILE PL/pgSQL, rows with a kind.
+_PROBE_FUNCTION = """
+CREATE OR REPLACE FUNCTION test_locked_section_probe(p_user_id text)
+RETURNS TABLE (row_kind text, balance bigint, plan_cache_mode text, lock_timeout text)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT 'probe'::text,
+                        (SELECT c.balance::bigint FROM credit_accounts c WHERE c.user_id = p_user_id),
+                        current_setting('plan_cache_mode'), current_setting('lock_timeout');
+END
+$$"""
+_PROBE = sql.SQL("SELECT * FROM test_locked_section_probe(%(probe_user_id)s)")
 
 
-async def test_a_locked_sections_view_read_runs_its_generic_plan_instead_of_being_planned_every_call(services) -> None:
-    # One connection, so every admit's statements are prepared on the same session we then read.
-    service = await services.start(pool_min_size=1, pool_max_size=1)
-    stubs = service.stubs
-    user = new_user()
-    admits = 15
-    await stubs.grant(user, admits)
-    jobs = [await stubs.admit(user, f"click-{i}") for i in range(admits)]
-    assert [j.status for j in jobs[1:]] == [S.JOB_STATUS_QUEUED] * (admits - 1)
-
-    async with service.app.store.pool.connection() as conn:
-        rows = await (
-            await conn.execute(
-                "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s", (_VIEW_READ,)
-            )
-        ).fetchall()
-    # psycopg prepares a statement after its fifth run on a connection; from then on each admit's
-    # view read must reuse the generic plan. PostgreSQL's default chose a fresh custom plan each time.
+async def _probe(pool, user: str) -> dict:
+    rows = await locks.locked_section(pool, user, _PROBE, {"probe_user_id": user})
     assert len(rows) == 1, rows
-    assert rows[0]["custom_plans"] == 0, rows
-    assert rows[0]["generic_plans"] >= admits - 6, rows
+    return rows[0]
+
+
+async def test_a_locked_section_runs_after_its_lock_and_sees_what_the_previous_holder_committed(database_url: str) -> None:
+    user = new_user()
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(_PROBE_FUNCTION)
+        admin.execute("INSERT INTO credit_accounts (user_id, balance) VALUES (%s, 1)", (user,))
+    pool = create_pool(database_url, timeouts=Timeouts(5000, 10000), min_size=1, max_size=2, timeout=5)
+    await pool.open(wait=True)
+    try:
+        async with await psycopg.AsyncConnection.connect(database_url, row_factory=dict_row) as holder:
+            await holder.execute(locks._TAKE_USER_QUEUE_LOCK, {"user_id": user})
+            section = asyncio.create_task(_probe(pool, user))
+            await asyncio.sleep(0.3)
+            assert not section.done()  # it waits for the lock
+            await holder.execute("UPDATE credit_accounts SET balance = 7 WHERE user_id = %s", (user,))
+            await holder.commit()
+            probed = await asyncio.wait_for(section, 5)
+        # Taken after the lock, not when the statement started: it sees the holder's commit.
+        assert probed["balance"] == 7
+        assert probed["waited_seconds"] >= 0.25
+        # Set for the statement only, before the call: generic plans inside, the session's lock timeout.
+        assert probed["plan_cache_mode"] == "force_generic_plan"
+        assert probed["lock_timeout"] == "5s"
+        async with pool.connection() as conn:
+            after = await (await conn.execute("SELECT current_setting('plan_cache_mode') AS mode")).fetchone()
+        assert after["mode"] == "auto"
+    finally:
+        await pool.close()
+
+
+async def test_a_callers_deadline_shortens_the_lock_timeout_inside_the_section(database_url: str) -> None:
+    user = new_user()
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(_PROBE_FUNCTION)
+    pool = create_pool(database_url, timeouts=Timeouts(5000, 10000), min_size=1, max_size=1, timeout=5)
+    await pool.open(wait=True)
+    try:
+        with deadline.call_budget(2.0):
+            probed = await _probe(pool, user)
+        shortened_ms = int(probed["lock_timeout"].removesuffix("ms"))
+        assert 1000 <= shortened_ms < 2000, probed  # 90% of what is left, below the session's 5 s
+    finally:
+        await pool.close()

@@ -1,22 +1,41 @@
--- Every runtime query of the service, by name. `repository.py` loads this file once and is the
--- only code that runs these. Blocks start with `-- name: <query_name>` and a description line.
+-- Every runtime query of the service, by name. `store.py` loads this file once and is the only
+-- code that runs these. Blocks start with `-- name: <query_name>` and a description line.
 -- State changes are fenced: each UPDATE names the status (and attempt) it expects, so a late
 -- duplicate is a harmless no-op.
 
--- name: reserve_run
+-- name: reserve_run_and_read_admit_state
 -- Records a run id before the admit hands it to the core's CreateRun, unless the idempotency key
--- already has a job (a repeated click needs no new run). Sent in the same round trip as
--- admit_state. No row when nothing was recorded.
-INSERT INTO run_reservations (run_id, user_id, cancel_after)
-SELECT %(run_id)s, %(user_id)s, clock_timestamp() + make_interval(secs => %(grace_seconds)s)
- WHERE NOT EXISTS (SELECT 1 FROM analysis_jobs
-                    WHERE user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s)
-RETURNING run_id;
+-- already has a job (a repeated click needs no new run), and reads what admit decides on: the job
+-- already holding the key, the user's queue length, running deltas and balance, and the delta
+-- base. One statement, one snapshot: `reserved` is false exactly when the key's job exists.
+WITH reserved AS (
+    INSERT INTO run_reservations (run_id, user_id, cancel_after)
+    SELECT %(run_id)s, %(user_id)s, clock_timestamp() + make_interval(secs => %(grace_seconds)s)
+     WHERE NOT EXISTS (SELECT 1 FROM analysis_jobs
+                        WHERE user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s)
+    RETURNING run_id
+)
+SELECT EXISTS (SELECT 1 FROM reserved) AS reserved,
+       existing.job_id AS existing_job_id,
+       existing.request_digest AS existing_digest,
+       (SELECT count(*) FROM analysis_jobs q
+         WHERE q.user_id = %(user_id)s AND q.status = 'queued') AS queued_count,
+       (SELECT count(*) FROM analysis_jobs d
+         WHERE d.user_id = %(user_id)s AND d.status = 'running' AND d.delta_of_job_id IS NOT NULL) AS running_deltas,
+       COALESCE((SELECT c.balance FROM credit_accounts c WHERE c.user_id = %(user_id)s), 0) AS balance,
+       base.user_id AS base_user_id,
+       base.status AS base_status,
+       base.run_id AS base_run_id
+  FROM (SELECT 1) AS one
+  LEFT JOIN analysis_jobs existing
+         ON existing.user_id = %(user_id)s AND existing.idempotency_key = %(idempotency_key)s
+  LEFT JOIN analysis_jobs base
+         ON base.job_id = %(delta_of_job_id)s;
 
 -- name: admit_state
 -- What admit decides on: the job already holding this idempotency key, the user's queue length,
--- running deltas and balance, and the delta base. Read before the core call and again under the
--- user lock.
+-- running deltas and balance, and the delta base. Read again after an admit placed nothing, to
+-- say why.
 SELECT existing.job_id AS existing_job_id,
        existing.request_digest AS existing_digest,
        (SELECT count(*) FROM analysis_jobs q
@@ -33,81 +52,25 @@ SELECT existing.job_id AS existing_job_id,
   LEFT JOIN analysis_jobs base
          ON base.job_id = %(delta_of_job_id)s;
 
--- name: insert_admitted_job
--- Inserts the job, debits the price and writes the charge, in one statement. The status is
--- decided in the INSERT: 'pending' with a slot when a slot is free and nobody is queued ahead,
--- else 'queued'; a delta starts 'running' and never takes a slot. A 'pending' job's first release
--- is claimed for this replica at once (attempt 1, leased), as a promotion's is (migration 0008).
--- The run's reservation is
--- consumed in the same statement; a reservation the sweeper has started to cancel fences the
--- insert out. No row comes back when the key is taken, the balance is short, the user's queue or
--- delta limit is full, or the reservation is gone (the caller asks admit_state why).
-WITH reservation AS (
-    SELECT run_id FROM run_reservations
-     WHERE run_id = %(run_id)s AND NOT canceling
-       FOR UPDATE
-),
-placement AS (
-    SELECT clock_timestamp() AS now,
-           CASE
-               WHEN %(is_delta)s THEN NULL
-               WHEN EXISTS (SELECT 1 FROM analysis_jobs q
-                             WHERE q.user_id = %(user_id)s AND q.status = 'queued') THEN NULL
-               ELSE analysis_jobs_free_slot(%(user_id)s, %(default_max_active)s)
-           END AS slot
-),
-job AS (
-    INSERT INTO analysis_jobs (
-        job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot,
-        delta_of_job_id, price, create_time, promote_time, next_release_at, release_attempts,
-        release_deadline, start_time, next_reconcile_at)
-    SELECT %(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
-           CASE WHEN %(is_delta)s THEN 'running' WHEN p.slot IS NOT NULL THEN 'pending' ELSE 'queued' END,
-           nextval('analysis_jobs_queue_seq'),
-           p.slot,
-           %(delta_of_job_id)s,
-           %(price)s,
-           p.now,
-           CASE WHEN %(is_delta)s OR p.slot IS NOT NULL THEN p.now END,
-           CASE WHEN p.slot IS NOT NULL THEN p.now + make_interval(secs => %(release_lease_seconds)s) END,
-           CASE WHEN p.slot IS NOT NULL THEN 1 ELSE 0 END,
-           CASE WHEN p.slot IS NOT NULL THEN p.now + make_interval(secs => %(release_window_seconds)s) END,
-           CASE WHEN %(is_delta)s THEN p.now END,
-           CASE WHEN %(is_delta)s THEN p.now + make_interval(secs => %(reconcile_after_seconds)s) END
-      FROM placement p, reservation r
-     WHERE (%(price)s = 0 OR EXISTS (SELECT 1 FROM credit_accounts c
-                                      WHERE c.user_id = %(user_id)s AND c.balance >= %(price)s))
-       AND (%(is_delta)s OR (SELECT count(*) FROM analysis_jobs q
-                              WHERE q.user_id = %(user_id)s AND q.status = 'queued') < %(max_queued)s)
-       AND (NOT %(is_delta)s OR (SELECT count(*) FROM analysis_jobs d
-                                  WHERE d.user_id = %(user_id)s AND d.status = 'running'
-                                    AND d.delta_of_job_id IS NOT NULL) < %(max_running_deltas)s)
-    ON CONFLICT (user_id, idempotency_key) DO NOTHING
-    RETURNING job_id, user_id, run_id, status, price
-),
-consumed AS (
-    DELETE FROM run_reservations WHERE run_id IN (SELECT run_id FROM job)
-),
-debit AS (
-    -- Under the user lock nothing else lowers this balance; its CHECK (balance >= 0) is the backstop.
-    UPDATE credit_accounts c
-       SET balance = c.balance - job.price, updated_at = clock_timestamp()
-      FROM job
-     WHERE c.user_id = job.user_id AND job.price > 0
-),
-charge AS (
-    INSERT INTO credit_ledger (user_id, kind, amount, job_id, actor, reason)
-    SELECT user_id, 'charge', -price, job_id, %(actor)s, %(reason)s FROM job WHERE price > 0
-)
-SELECT job_id, status FROM job;
+-- name: admit_job
+-- A locked section (`locks.locked_section`): inserts the job deciding its status, claims a
+-- 'pending' job's first release for this replica, consumes the run's reservation, debits the
+-- price and writes the charge (`queue_admit_job`, migration 0009). One 'admitted' row with the
+-- job's view; none when the key is taken, the balance is short, the user's queue or delta limit
+-- is full, or the reservation is gone.
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+  FROM queue_admit_job(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
+                       %(delta_of_job_id)s::uuid, %(price)s, %(actor)s, %(reason)s, %(default_max_active)s,
+                       %(max_queued)s, %(max_running_deltas)s, %(release_window_seconds)s,
+                       %(release_lease_seconds)s, %(reconcile_after_seconds)s) AS s
 
 -- name: settle_job_run
--- The core confirmed an ended job's run settled: the job lets go of its slot. No row when it was
--- already settled. Run under the user lock, followed by a promotion.
-UPDATE analysis_jobs
-   SET run_settle_due_at = NULL
- WHERE job_id = %(job_id)s AND run_settle_due_at IS NOT NULL
-RETURNING job_id;
+-- A locked section: the core confirmed an ended job's run settled, so the job lets go of its slot
+-- and the user's free slots are filled (`queue_settle_job_run`, migration 0009). A 'settled' row
+-- when the run was unsettled until now, then a 'promoted' row per promoted job.
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+  FROM queue_settle_job_run(%(job_id)s, %(default_max_active)s, %(release_window_seconds)s,
+                            %(release_lease_seconds)s) AS s
 
 -- name: claim_due_run_settlements
 -- Ended jobs whose run still has to be confirmed settled, due now; claimed for the lease (pushed
@@ -164,32 +127,31 @@ UPDATE run_reservations
 -- The reserved run is confirmed settled at the core (or was never created): forget it.
 DELETE FROM run_reservations WHERE run_id = %(run_id)s;
 
--- name: refund_job_charge
--- Gives a job's charge back, at most once, recording who and why (`queue_refund_job_charge`,
--- migration 0008). Returns the job's user and the refunded amount (0: none, or already refunded).
-SELECT j.user_id, queue_refund_job_charge(j.job_id, %(actor)s, %(reason)s) AS amount
-  FROM analysis_jobs j
- WHERE j.job_id = %(job_id)s;
+-- name: refund_failed_job
+-- A locked section: refunds a job that ended FAILED while its user canceled it
+-- (`queue_refund_failed_job`, migration 0009). A 'refunded' row with the amount; none when the job
+-- did not fail.
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+  FROM queue_refund_failed_job(%(job_id)s, %(actor)s, %(reason)s) AS s
 
 -- name: end_job
--- Ends a job by a named transition, refunds it when asked and, when its run is settled, fills
--- the freed slots, in one call (`queue_end_job`, migration 0008). Run under the user lock. No
--- rows when the job was not in an expected status (fenced); else an 'ended' row, then one
+-- A locked section: ends a job by a named transition, refunds it when asked and, when its run is
+-- settled, fills the freed slots (`queue_end_job_viewed`, migration 0009). No rows when the job
+-- was not in an expected status (fenced); else an 'ended' row with the job's view, then a
 -- 'promoted' row per promoted job.
-SELECT row_kind, out_job_id AS job_id, out_user_id AS user_id, out_run_id AS run_id, out_status AS status,
-       out_delta_of_job_id AS delta_of_job_id, out_run_unsettled AS run_unsettled, out_refunded AS refunded
-  FROM queue_end_job(%(job_id)s, %(status)s, %(from_statuses)s::text[], %(last_error)s,
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+  FROM queue_end_job_viewed(%(job_id)s, %(status)s, %(from_statuses)s::text[], %(last_error)s,
                             %(expected_attempts)s::integer, %(run_unsettled)s, %(refund)s, %(actor)s,
                             %(reason)s, %(default_max_active)s, %(release_window_seconds)s,
-                            %(release_lease_seconds)s);
+                            %(release_lease_seconds)s) AS s
 
--- name: promote_queued_jobs
--- Fills every free slot of the user from the queue, oldest first, each promoted job's first
--- release claimed for this replica (`queue_promote_queued_jobs`, migration 0008). Run under the
--- user lock.
-SELECT promoted_job_id AS job_id, promoted_run_id AS run_id
-  FROM queue_promote_queued_jobs(%(user_id)s, %(default_max_active)s, %(release_window_seconds)s,
-                                 %(release_lease_seconds)s);
+-- name: promote
+-- A locked section: fills every free slot of the user from the queue, oldest first, each promoted
+-- job's first release claimed for this replica (`queue_promote_viewed`, migration 0009). A
+-- 'promoted' row per promoted job, in order.
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+  FROM queue_promote_viewed(%(promote_user_id)s, %(default_max_active)s, %(release_window_seconds)s,
+                            %(release_lease_seconds)s) AS s
 
 -- name: job_by_id
 -- One job's row fields the lifecycle needs.

@@ -3,7 +3,8 @@
 -- with `python -m tests.integration.schema_tool` (tests/integration/test_schema.py fails while it is stale).
 -- Every object appears once, as the last migration that touched it left it: a function or view
 -- that a later migration replaces shows its final definition. In the order it applies in:
--- sequences, tables (with their indexes), functions, views, triggers; each sorted by name.
+-- sequences, tables (with their indexes), functions, views, functions over views, triggers; each
+-- sorted by name.
 -- Dumped on PostgreSQL 18.
 
 CREATE SEQUENCE public.analysis_jobs_queue_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
@@ -278,6 +279,168 @@ CREATE VIEW public.analysis_job_views AS
            FROM credit_ledger r
           WHERE r.job_id = j.job_id AND r.kind = 'refund'::text), false) AS refunded
    FROM analysis_jobs j;
+
+CREATE OR REPLACE FUNCTION public.queue_admit_job(p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea, p_delta_of_job_id uuid, p_price integer, p_actor text, p_reason text, p_default_max_active integer, p_max_queued integer, p_max_running_deltas integer, p_release_window_seconds double precision, p_release_lease_seconds double precision, p_reconcile_after_seconds double precision)
+ RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_is_delta constant boolean := p_delta_of_job_id IS NOT NULL;
+    v_admitted uuid;
+BEGIN
+    WITH reservation AS (
+        SELECT r.run_id FROM run_reservations r
+         WHERE r.run_id = p_run_id AND NOT r.canceling
+           FOR UPDATE
+    ),
+    placement AS (
+        SELECT clock_timestamp() AS now,
+               CASE
+                   WHEN v_is_delta THEN NULL
+                   WHEN EXISTS (SELECT 1 FROM analysis_jobs q
+                                 WHERE q.user_id = p_user_id AND q.status = 'queued') THEN NULL
+                   ELSE analysis_jobs_free_slot(p_user_id, p_default_max_active)
+               END AS slot
+    ),
+    inserted AS (
+        INSERT INTO analysis_jobs (
+            job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot,
+            delta_of_job_id, price, create_time, promote_time, next_release_at, release_attempts,
+            release_deadline, start_time, next_reconcile_at)
+        SELECT p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest,
+               CASE WHEN v_is_delta THEN 'running' WHEN pl.slot IS NOT NULL THEN 'pending' ELSE 'queued' END,
+               nextval('analysis_jobs_queue_seq'),
+               pl.slot,
+               p_delta_of_job_id,
+               p_price,
+               pl.now,
+               CASE WHEN v_is_delta OR pl.slot IS NOT NULL THEN pl.now END,
+               CASE WHEN pl.slot IS NOT NULL THEN pl.now + make_interval(secs => p_release_lease_seconds) END,
+               CASE WHEN pl.slot IS NOT NULL THEN 1 ELSE 0 END,
+               CASE WHEN pl.slot IS NOT NULL THEN pl.now + make_interval(secs => p_release_window_seconds) END,
+               CASE WHEN v_is_delta THEN pl.now END,
+               CASE WHEN v_is_delta THEN pl.now + make_interval(secs => p_reconcile_after_seconds) END
+          FROM placement pl, reservation r
+         WHERE (p_price = 0 OR EXISTS (SELECT 1 FROM credit_accounts c
+                                        WHERE c.user_id = p_user_id AND c.balance >= p_price))
+           AND (v_is_delta OR (SELECT count(*) FROM analysis_jobs q
+                                WHERE q.user_id = p_user_id AND q.status = 'queued') < p_max_queued)
+           AND (NOT v_is_delta OR (SELECT count(*) FROM analysis_jobs d
+                                    WHERE d.user_id = p_user_id AND d.status = 'running'
+                                      AND d.delta_of_job_id IS NOT NULL) < p_max_running_deltas)
+        ON CONFLICT (user_id, idempotency_key) DO NOTHING
+        RETURNING analysis_jobs.job_id, analysis_jobs.user_id, analysis_jobs.price
+    ),
+    consumed AS (
+        DELETE FROM run_reservations r WHERE r.run_id = p_run_id AND EXISTS (SELECT 1 FROM inserted)
+    ),
+    debit AS (
+        -- Under the user lock nothing else lowers this balance; its CHECK (balance >= 0) is the backstop.
+        UPDATE credit_accounts c
+           SET balance = c.balance - i.price, updated_at = clock_timestamp()
+          FROM inserted i
+         WHERE c.user_id = i.user_id AND i.price > 0
+    ),
+    charge AS (
+        INSERT INTO credit_ledger (user_id, kind, amount, job_id, actor, reason)
+        SELECT i.user_id, 'charge', -i.price, i.job_id, p_actor, p_reason FROM inserted i WHERE i.price > 0
+    )
+    SELECT i.job_id INTO v_admitted FROM inserted i;
+    IF v_admitted IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT 'admitted'::text, 0, false, v FROM analysis_job_views v WHERE v.job_id = v_admitted;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_end_job_viewed(p_job_id uuid, p_status text, p_from_statuses text[], p_last_error text, p_expected_attempts integer, p_run_unsettled boolean, p_refund boolean, p_actor text, p_reason text, p_default_max_active integer, p_release_window_seconds double precision, p_lease_seconds double precision)
+ RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_ending record;
+    v_ended_refund integer;
+    v_ended_unsettled boolean;
+    v_promoted uuid[] := '{}';
+BEGIN
+    FOR v_ending IN
+        SELECT * FROM queue_end_job(p_job_id, p_status, p_from_statuses, p_last_error, p_expected_attempts,
+                                    p_run_unsettled, p_refund, p_actor, p_reason, p_default_max_active,
+                                    p_release_window_seconds, p_lease_seconds)
+    LOOP
+        IF v_ending.row_kind = 'ended' THEN
+            v_ended_refund := v_ending.out_refunded;
+            v_ended_unsettled := v_ending.out_run_unsettled;
+        ELSE
+            v_promoted := v_promoted || v_ending.out_job_id;
+        END IF;
+    END LOOP;
+    IF v_ended_refund IS NULL THEN
+        RETURN;
+    END IF;
+    -- Each RETURN QUERY is a statement of its own: it sees the ending and the promotions.
+    RETURN QUERY SELECT 'ended'::text, v_ended_refund, v_ended_unsettled, v
+                   FROM analysis_job_views v WHERE v.job_id = p_job_id;
+    RETURN QUERY SELECT 'promoted'::text, 0, false, v
+                   FROM unnest(v_promoted) WITH ORDINALITY AS p(job_id, n)
+                   JOIN analysis_job_views v ON v.job_id = p.job_id
+                  ORDER BY p.n;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_promote_viewed(p_user_id text, p_default_max_active integer, p_release_window_seconds double precision, p_lease_seconds double precision)
+ RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_promoted uuid[];
+BEGIN
+    SELECT coalesce(array_agg(p.promoted_job_id), '{}') INTO v_promoted
+      FROM queue_promote_queued_jobs(p_user_id, p_default_max_active, p_release_window_seconds, p_lease_seconds) AS p;
+    RETURN QUERY SELECT 'promoted'::text, 0, false, v
+                   FROM unnest(v_promoted) WITH ORDINALITY AS p(job_id, n)
+                   JOIN analysis_job_views v ON v.job_id = p.job_id
+                  ORDER BY p.n;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_refund_failed_job(p_job_id uuid, p_actor text, p_reason text)
+ RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_amount integer;
+BEGIN
+    PERFORM 1 FROM analysis_jobs a WHERE a.job_id = p_job_id AND a.status = 'failed';
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    v_amount := queue_refund_job_charge(p_job_id, p_actor, p_reason);
+    RETURN QUERY SELECT 'refunded'::text, v_amount, false, v FROM analysis_job_views v WHERE v.job_id = p_job_id;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_settle_job_run(p_job_id uuid, p_default_max_active integer, p_release_window_seconds double precision, p_lease_seconds double precision)
+ RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_user_id text;
+BEGIN
+    UPDATE analysis_jobs a
+       SET run_settle_due_at = NULL
+     WHERE a.job_id = p_job_id AND a.run_settle_due_at IS NOT NULL
+    RETURNING a.user_id INTO v_user_id;
+    IF FOUND THEN
+        RETURN QUERY SELECT 'settled'::text, 0, false, v FROM analysis_job_views v WHERE v.job_id = p_job_id;
+    ELSE
+        SELECT a.user_id INTO v_user_id FROM analysis_jobs a WHERE a.job_id = p_job_id;
+    END IF;
+    IF v_user_id IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM queue_promote_viewed(v_user_id, p_default_max_active, p_release_window_seconds, p_lease_seconds);
+    END IF;
+END
+$function$;
 
 CREATE TRIGGER analysis_jobs_announce_insert AFTER INSERT ON analysis_jobs FOR EACH ROW EXECUTE FUNCTION analysis_jobs_announce_change();
 CREATE TRIGGER analysis_jobs_announce_update AFTER UPDATE ON analysis_jobs FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR old.last_error IS DISTINCT FROM new.last_error) EXECUTE FUNCTION analysis_jobs_announce_change();
