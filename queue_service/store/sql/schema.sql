@@ -293,14 +293,19 @@ BEGIN
          WHERE r.run_id = p_run_id AND NOT r.canceling
            FOR UPDATE
     ),
+    queue AS (
+        -- The user's queue length, counted once: it decides the placement and guards the cap.
+        SELECT CASE WHEN v_is_delta THEN 0 ELSE (SELECT count(*) FROM analysis_jobs q
+                                                   WHERE q.user_id = p_user_id AND q.status = 'queued') END AS queued
+    ),
     placement AS (
         SELECT clock_timestamp() AS now,
+               queue.queued,
                CASE
-                   WHEN v_is_delta THEN NULL
-                   WHEN EXISTS (SELECT 1 FROM analysis_jobs q
-                                 WHERE q.user_id = p_user_id AND q.status = 'queued') THEN NULL
+                   WHEN v_is_delta OR queue.queued > 0 THEN NULL
                    ELSE analysis_jobs_free_slot(p_user_id, p_default_max_active)
                END AS slot
+          FROM queue
     ),
     inserted AS (
         INSERT INTO analysis_jobs (
@@ -323,8 +328,7 @@ BEGIN
           FROM placement pl, reservation r
          WHERE (p_price = 0 OR EXISTS (SELECT 1 FROM credit_accounts c
                                         WHERE c.user_id = p_user_id AND c.balance >= p_price))
-           AND (v_is_delta OR (SELECT count(*) FROM analysis_jobs q
-                                WHERE q.user_id = p_user_id AND q.status = 'queued') < p_max_queued)
+           AND (v_is_delta OR pl.queued < p_max_queued)
            AND (NOT v_is_delta OR (SELECT count(*) FROM analysis_jobs d
                                     WHERE d.user_id = p_user_id AND d.status = 'running'
                                       AND d.delta_of_job_id IS NOT NULL) < p_max_running_deltas)
@@ -362,6 +366,7 @@ DECLARE
     v_ended_refund integer;
     v_ended_unsettled boolean;
     v_promoted uuid[] := '{}';
+    v_promoted_job uuid;
 BEGIN
     FOR v_ending IN
         SELECT * FROM queue_end_job(p_job_id, p_status, p_from_statuses, p_last_error, p_expected_attempts,
@@ -381,10 +386,10 @@ BEGIN
     -- Each RETURN QUERY is a statement of its own: it sees the ending and the promotions.
     RETURN QUERY SELECT 'ended'::text, v_ended_refund, v_ended_unsettled, v
                    FROM analysis_job_views v WHERE v.job_id = p_job_id;
-    RETURN QUERY SELECT 'promoted'::text, 0, false, v
-                   FROM unnest(v_promoted) WITH ORDINALITY AS p(job_id, n)
-                   JOIN analysis_job_views v ON v.job_id = p.job_id
-                  ORDER BY p.n;
+    FOREACH v_promoted_job IN ARRAY v_promoted LOOP
+        -- One primary-key read per job: a join with the array planned generically cost 20 times more.
+        RETURN QUERY SELECT 'promoted'::text, 0, false, v FROM analysis_job_views v WHERE v.job_id = v_promoted_job;
+    END LOOP;
 END
 $function$;
 
@@ -394,13 +399,14 @@ CREATE OR REPLACE FUNCTION public.queue_promote_viewed(p_user_id text, p_default
 AS $function$
 DECLARE
     v_promoted uuid[];
+    v_promoted_job uuid;
 BEGIN
     SELECT coalesce(array_agg(p.promoted_job_id), '{}') INTO v_promoted
       FROM queue_promote_queued_jobs(p_user_id, p_default_max_active, p_release_window_seconds, p_lease_seconds) AS p;
-    RETURN QUERY SELECT 'promoted'::text, 0, false, v
-                   FROM unnest(v_promoted) WITH ORDINALITY AS p(job_id, n)
-                   JOIN analysis_job_views v ON v.job_id = p.job_id
-                  ORDER BY p.n;
+    FOREACH v_promoted_job IN ARRAY v_promoted LOOP
+        -- Each read is a statement of its own (it sees the promotions), by primary key.
+        RETURN QUERY SELECT 'promoted'::text, 0, false, v FROM analysis_job_views v WHERE v.job_id = v_promoted_job;
+    END LOOP;
 END
 $function$;
 
