@@ -112,10 +112,13 @@ class QueueApp:
         # Set when jobs became PENDING (here or, through NOTIFY, on another replica): the
         # dispatcher releases them at once.
         releases_due = asyncio.Event()
-        # The first release of each job this replica makes PENDING, claimed in that transaction:
-        # the engine hands it over, the dispatcher starts it at once.
-        claimed_releases: asyncio.Queue[ClaimedRelease] = asyncio.Queue()
-        self.engine = QueueEngine(self.store, self.core, config, hand_over=claimed_releases.put_nowait)
+        # The first release of each job this replica makes PENDING, claimed in that statement:
+        # the engine hands it to the dispatcher, which starts it at once. Called only once the
+        # replica serves, when the dispatcher (built below, around the engine) exists.
+        def hand_over(claim: ClaimedRelease) -> None:
+            self.dispatcher.start_claimed(claim)
+
+        self.engine = QueueEngine(self.store, self.core, config, hand_over=hand_over)
         self.reads = JobReads(self.store, default_max_active=config.max_active_per_user, reconcile_after_seconds=config.reconcile_after_seconds)
         self.hub = NotificationHub(
             self.store,
@@ -129,7 +132,6 @@ class QueueApp:
             self.engine,
             self.store,
             wake=releases_due,
-            handed_over=claimed_releases,
             lease_seconds=config.release_lease_seconds,
             core_deadline_seconds=config.core_deadline_seconds,
         )

@@ -13,6 +13,7 @@ crash harmless: another replica claims the job when the lease runs out.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 
 from queue_service import errors
@@ -35,7 +36,6 @@ class ReleaseDispatcher:
         store: Store,
         *,
         wake: asyncio.Event,
-        handed_over: asyncio.Queue[ClaimedRelease],
         lease_seconds: float,
         core_deadline_seconds: float,
     ) -> None:
@@ -44,22 +44,21 @@ class ReleaseDispatcher:
         # Set by the watch hub (a PENDING job nobody claimed), the sweeper (every pass) and a
         # release attempt that scheduled a retry.
         self._wake = wake
-        # Releases this replica claimed when it made their jobs PENDING: started without a claim.
-        self._handed_over = handed_over
-        self._taker: asyncio.Task[None] | None = None
         self._lease_seconds = lease_seconds
         self._core_deadline_seconds = core_deadline_seconds
-        self._slots = asyncio.Semaphore(_MAX_CONCURRENT_RELEASES)
+        # Releases this replica claimed when it made their jobs PENDING, waiting for a free slot.
+        self._claimed_waiting: collections.deque[ClaimedRelease] = collections.deque()
+        self._slot_freed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._runner = asyncio.create_task(self._run(), name="release-dispatcher")
-        self._taker = asyncio.create_task(self._take_handed_over(), name="release-hand-over")
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._taker)
         await cancel_and_wait(self._runner)
+        # Claims still waiting for a slot are left to their leases: any replica claims them then.
+        self._claimed_waiting.clear()
         # In-flight releases finish (bounded by the core deadline) so no lease is left dangling.
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self._core_deadline_seconds + 1)
@@ -87,11 +86,14 @@ class ReleaseDispatcher:
             except TimeoutError:
                 pass
 
-    async def _take_handed_over(self) -> None:
-        """Starts the releases the engine claimed in the transactions that made their jobs PENDING."""
-        while True:
-            claim = await self._handed_over.get()
-            await self._start(claim)
+    def start_claimed(self, claim: ClaimedRelease) -> None:
+        """Starts a release this replica claimed in the transaction that made its job PENDING:
+        its task is created right here (no claim query, no hand-off through a queue and a taker
+        task), or as soon as one of the releases in flight ends."""
+        if len(self._tasks) < _MAX_CONCURRENT_RELEASES:
+            self._spawn(claim)
+        else:
+            self._claimed_waiting.append(claim)
 
     async def _claim_and_start(self) -> int:
         async with self._store.statements() as db:
@@ -101,10 +103,22 @@ class ReleaseDispatcher:
         return len(claims)
 
     async def _start(self, claim: ClaimedRelease) -> None:
-        await self._slots.acquire()
+        while len(self._tasks) >= _MAX_CONCURRENT_RELEASES:
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
+        self._spawn(claim)
+
+    def _spawn(self, claim: ClaimedRelease) -> None:
         task = asyncio.create_task(self._release(claim), name=f"release-{claim.job_id}")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._release_ended)
+
+    def _release_ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if self._claimed_waiting:
+            self._spawn(self._claimed_waiting.popleft())
+        else:
+            self._slot_freed.set()
 
     async def _release(self, claim: ClaimedRelease) -> None:
         try:
@@ -118,8 +132,6 @@ class ReleaseDispatcher:
         except Exception:
             # The lease runs out and any replica retries; nothing is lost.
             log.exception("release attempt failed", extra={"job_id": claim.job_id, "attempt": claim.attempt})
-        finally:
-            self._slots.release()
 
     async def _seconds_until_next_due(self) -> float:
         async with self._store.statements() as db:
