@@ -14,11 +14,11 @@ import dataclasses
 import datetime as dt
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from functools import cache
 from importlib import resources
-from typing import Any, Generic, TypeVar, cast
+from typing import Any
 
 from psycopg import AsyncConnection, AsyncCursor, sql
 
