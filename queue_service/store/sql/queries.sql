@@ -426,7 +426,8 @@ SELECT * FROM analysis_job_views
  LIMIT %(limit)s;
 
 -- name: search_job_views_in_status
--- One page of the job search within one status across users (the status index of 0005).
+-- One page of the job search within one status across users (an ended status: the status index of
+-- 0010; an active one: that status's partial index).
 SELECT * FROM analysis_job_views
  WHERE status = %(status)s
    AND (create_time, job_id) < (COALESCE(%(upper_time)s::timestamptz, 'infinity'),

@@ -43,6 +43,7 @@ CREATE TABLE public.analysis_jobs (
     CONSTRAINT analysis_jobs_status_check CHECK (status = ANY (ARRAY['queued'::text, 'pending'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text]))
 );
 CREATE INDEX analysis_jobs_delta_base ON public.analysis_jobs USING btree (delta_of_job_id) WHERE (delta_of_job_id IS NOT NULL);
+CREATE INDEX analysis_jobs_ended_status_newest_admitted ON public.analysis_jobs USING btree (status, create_time DESC, job_id DESC) WHERE (status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text]));
 CREATE INDEX analysis_jobs_newest_admitted ON public.analysis_jobs USING btree (create_time DESC, job_id DESC);
 CREATE UNIQUE INDEX analysis_jobs_one_holder_per_slot ON public.analysis_jobs USING btree (user_id, slot) WHERE (((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)) AND (delta_of_job_id IS NULL));
 CREATE INDEX analysis_jobs_queued_in_order ON public.analysis_jobs USING btree (user_id, queue_seq) WHERE (status = 'queued'::text);
@@ -52,7 +53,6 @@ CREATE INDEX analysis_jobs_reconcile_due ON public.analysis_jobs USING btree (ne
 CREATE INDEX analysis_jobs_release_due ON public.analysis_jobs USING btree (next_release_at) WHERE (status = 'pending'::text);
 CREATE INDEX analysis_jobs_run_settle_due ON public.analysis_jobs USING btree (run_settle_due_at) WHERE (run_settle_due_at IS NOT NULL);
 CREATE INDEX analysis_jobs_running_deltas ON public.analysis_jobs USING btree (user_id) WHERE ((status = 'running'::text) AND (delta_of_job_id IS NOT NULL));
-CREATE INDEX analysis_jobs_status_newest_admitted ON public.analysis_jobs USING btree (status, create_time DESC, job_id DESC);
 CREATE INDEX analysis_jobs_user_newest_admitted ON public.analysis_jobs USING btree (user_id, create_time DESC, job_id DESC);
 CREATE INDEX analysis_jobs_user_newest_first ON public.analysis_jobs USING btree (user_id, queue_seq DESC);
 
