@@ -366,7 +366,6 @@ DECLARE
     v_ended_refund integer;
     v_ended_unsettled boolean;
     v_promoted uuid[] := '{}';
-    v_promoted_job uuid;
 BEGIN
     FOR v_ending IN
         SELECT * FROM queue_end_job(p_job_id, p_status, p_from_statuses, p_last_error, p_expected_attempts,
@@ -386,10 +385,7 @@ BEGIN
     -- Each RETURN QUERY is a statement of its own: it sees the ending and the promotions.
     RETURN QUERY SELECT 'ended'::text, v_ended_refund, v_ended_unsettled, v
                    FROM analysis_job_views v WHERE v.job_id = p_job_id;
-    FOREACH v_promoted_job IN ARRAY v_promoted LOOP
-        -- One primary-key read per job: a join with the array planned generically cost 20 times more.
-        RETURN QUERY SELECT 'promoted'::text, 0, false, v FROM analysis_job_views v WHERE v.job_id = v_promoted_job;
-    END LOOP;
+    RETURN QUERY SELECT * FROM queue_promoted_views(v_promoted);
 END
 $function$;
 
@@ -399,13 +395,22 @@ CREATE OR REPLACE FUNCTION public.queue_promote_viewed(p_user_id text, p_default
 AS $function$
 DECLARE
     v_promoted uuid[];
-    v_promoted_job uuid;
 BEGIN
     SELECT coalesce(array_agg(p.promoted_job_id), '{}') INTO v_promoted
       FROM queue_promote_queued_jobs(p_user_id, p_default_max_active, p_release_window_seconds, p_lease_seconds) AS p;
-    FOREACH v_promoted_job IN ARRAY v_promoted LOOP
-        -- Each read is a statement of its own (it sees the promotions), by primary key.
-        RETURN QUERY SELECT 'promoted'::text, 0, false, v FROM analysis_job_views v WHERE v.job_id = v_promoted_job;
+    RETURN QUERY SELECT * FROM queue_promoted_views(v_promoted);
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_promoted_views(p_job_ids uuid[])
+ RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_job_id uuid;
+BEGIN
+    FOREACH v_job_id IN ARRAY p_job_ids LOOP
+        RETURN QUERY SELECT 'promoted'::text, 0, false, v FROM analysis_job_views v WHERE v.job_id = v_job_id;
     END LOOP;
 END
 $function$;
