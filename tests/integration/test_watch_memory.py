@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+import urllib.request
 
 import h2.config
 import h2.connection
@@ -23,6 +24,7 @@ import h2.settings
 import psycopg
 
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service.dev.embedded_postgres import free_port
 from tests.harness import S, new_user
 
 STALLED_WINDOW = 4096
@@ -180,13 +182,24 @@ async def _user_with_running_deltas(stubs, core, database_url: str, count: int) 
     return user
 
 
-async def _warm_up(stubs, user: str) -> None:  # type: ignore[no-untyped-def]
+def _open_watch_streams(metrics_port: int) -> float:
+    """The replica's own count of open WatchJobs streams (its `queue.watch.streams` gauge)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+        exposition = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in exposition.splitlines() if line.startswith("queue_watch_streams"))
+
+
+async def _warm_up(stubs, user: str, metrics_port: int) -> None:  # type: ignore[no-untyped-def]
     """One stream served and closed, so the baseline includes what any first stream loads."""
     call = stubs.queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id=user), timeout=30)
     async for message in call:
         if message.snapshot_complete:
             break
+    assert _open_watch_streams(metrics_port) == 1  # the gauge this wait reads does count the stream
     call.cancel()
+    # The replica lets go of a canceled stream a moment later; until then it still counts against
+    # the user's cap of 16, and the 16th stalled stream would be refused.
+    await _until(lambda: _open_watch_streams(metrics_port) == 0, "the replica to close the warm-up stream")
 
 
 async def _user_with_queue(stubs, database_url: str, queued: int) -> tuple[str, list[str]]:  # type: ignore[no-untyped-def]
@@ -224,10 +237,13 @@ async def test_stalled_watch_streams_of_a_user_with_1500_running_deltas_hold_a_p
     """16 streams (the per-user cap) of a user with 1 500 running delta re-checks, none read past
     the first 4 KB. Unbounded, each held the whole snapshot: 2.6 MB each, +41 MiB in all."""
     core = await services.core()
-    replica = await services.start_process(core, QUEUE_MAX_ACTIVE_DELTAS_PER_USER="2000", QUEUE_LOG_LEVEL="warning")
+    metrics_port = free_port()
+    replica = await services.start_process(
+        core, QUEUE_MAX_ACTIVE_DELTAS_PER_USER="2000", QUEUE_LOG_LEVEL="warning", QUEUE_METRICS_ADDR=f"127.0.0.1:{metrics_port}"
+    )
     stubs = replica.stubs
     user = await _user_with_running_deltas(stubs, core, database_url, 1500)
-    await _warm_up(stubs, user)
+    await _warm_up(stubs, user, metrics_port)
     baseline = rss_bytes(replica.process.pid)
 
     connection = await _stall(replica, [user] * 16)
@@ -250,10 +266,11 @@ async def test_stalled_watch_streams_of_users_whose_queues_move_hold_a_bounded_b
     whose reader then resumes catches up: after its resync, its last message for each job says
     what ListJobs says (I11), the canceled jobs included."""
     core = await services.core()
-    replica = await services.start_process(core, QUEUE_LOG_LEVEL="warning")
+    metrics_port = free_port()
+    replica = await services.start_process(core, QUEUE_LOG_LEVEL="warning", QUEUE_METRICS_ADDR=f"127.0.0.1:{metrics_port}")
     stubs = replica.stubs
     users = [await _user_with_queue(stubs, database_url, 100) for _ in range(24)]
-    await _warm_up(stubs, users[0][0])
+    await _warm_up(stubs, users[0][0], metrics_port)
     baseline = rss_bytes(replica.process.pid)
 
     connection = await _stall(replica, [user for user, _ in users])
