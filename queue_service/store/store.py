@@ -138,10 +138,6 @@ class Statements:
     async def _views(self, name: str, params: Row) -> list[JobView]:
         return [JobView.from_row(row) for row in await self._all(name, params)]
 
-    def _moved(self, **movement: Any) -> None:
-        """A ledger entry this connection wrote; autocommitted, so it is logged now."""
-        audit.log_movement(**movement)
-
     # -- admit ---------------------------------------------------------------------------------
 
     async def reserve_run_and_read_admit_state(
@@ -302,7 +298,7 @@ class Statements:
         actor = audit.actor_for(Cause.GRANT)
         row = await self._one("grant_credits", {**key, "amount": amount, "actor": actor, "reason": str(Cause.GRANT)})
         if row is not None:
-            self._moved(kind=LedgerKind.GRANT, user_id=user_id, amount=amount, actor=actor, reason=Cause.GRANT)
+            audit.log_movement(kind=LedgerKind.GRANT, user_id=user_id, amount=amount, actor=actor, reason=Cause.GRANT)
             return GrantOutcome(balance=int(row["balance"]), granted_now=True)
         earlier = await self._one("grant_by_key", key)
         return GrantOutcome(
@@ -503,7 +499,7 @@ class Store:
 
     async def settle_job_run(self, job_id: uuid.UUID, user_id: str, limits: PromotionLimits) -> RunSettlement:
         """Marks an ended job's run settled, freeing its slot, and fills the user's free slots."""
-        rows = await self._locked(user_id, "settle_job_run", {"job_id": job_id, **_limit_params(limits)})
+        rows = await self._locked(user_id, "settle_job_run", {"job_id": job_id, "settle_user_id": user_id, **_limit_params(limits)})
         return RunSettlement(settled=any(row["row_kind"] == "settled" for row in rows), promoted=_promoted(rows))
 
     async def refund_failed_job(self, job_id: uuid.UUID, user_id: str, *, reason: Cause) -> int:

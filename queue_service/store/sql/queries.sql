@@ -69,7 +69,7 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
 -- and the user's free slots are filled (`queue_settle_job_run`, migration 0009). A 'settled' row
 -- when the run was unsettled until now, then a 'promoted' row per promoted job.
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
-  FROM queue_settle_job_run(%(job_id)s, %(default_max_active)s, %(release_window_seconds)s,
+  FROM queue_settle_job_run(%(job_id)s, %(settle_user_id)s, %(default_max_active)s, %(release_window_seconds)s,
                             %(release_lease_seconds)s) AS s
 
 -- name: claim_due_run_settlements

@@ -431,25 +431,18 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION public.queue_settle_job_run(p_job_id uuid, p_default_max_active integer, p_release_window_seconds double precision, p_lease_seconds double precision)
+CREATE OR REPLACE FUNCTION public.queue_settle_job_run(p_job_id uuid, p_user_id text, p_default_max_active integer, p_release_window_seconds double precision, p_lease_seconds double precision)
  RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
  LANGUAGE plpgsql
 AS $function$
-DECLARE
-    v_user_id text;
 BEGIN
     UPDATE analysis_jobs a
        SET run_settle_due_at = NULL
-     WHERE a.job_id = p_job_id AND a.run_settle_due_at IS NOT NULL
-    RETURNING a.user_id INTO v_user_id;
+     WHERE a.job_id = p_job_id AND a.user_id = p_user_id AND a.run_settle_due_at IS NOT NULL;
     IF FOUND THEN
         RETURN QUERY SELECT 'settled'::text, 0, false, v FROM analysis_job_views v WHERE v.job_id = p_job_id;
-    ELSE
-        SELECT a.user_id INTO v_user_id FROM analysis_jobs a WHERE a.job_id = p_job_id;
     END IF;
-    IF v_user_id IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM queue_promote_viewed(v_user_id, p_default_max_active, p_release_window_seconds, p_lease_seconds);
-    END IF;
+    RETURN QUERY SELECT * FROM queue_promote_viewed(p_user_id, p_default_max_active, p_release_window_seconds, p_lease_seconds);
 END
 $function$;
 
