@@ -42,6 +42,10 @@ class _Instruments:
             explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
         )
         self.release_attempts = meter.create_counter("queue.release.attempts", unit="{attempt}", description="Release attempts by result")
+        self.release_claim_passes = meter.create_counter(
+            "queue.release.claim_passes", unit="{pass}",
+            description="Passes of the release dispatcher's claiming loop, by what started them (woken_by: start; event: a PENDING job nobody claimed, a sweep, a retry; timer: the earliest due release; full_batch)",
+        )
         self.release_give_ups = meter.create_counter("queue.release.give_ups", unit="{job}", description="Jobs failed because release gave up")
         self.refunds = meter.create_counter("queue.refunds", unit="{credit}", description="Credits refunded, by cause")
         self.completions = meter.create_counter("queue.completions", unit="{job}", description="Jobs ended, by status")

@@ -21,6 +21,7 @@ from queue_service.background import cancel_and_wait
 from queue_service.engine.engine import QueueEngine
 from queue_service.model import ClaimedRelease, ReleaseResult
 from queue_service.store import Store
+from queue_service.telemetry import metrics
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,15 @@ class ReleaseDispatcher:
 
     async def _run(self) -> None:
         failures = 0
+        woken_by = "start"
         while True:
+            metrics.release_claim_passes.add(1, {"woken_by": woken_by})
             try:
                 self._wake.clear()
                 claimed = await self._claim_and_start()
                 failures = 0
                 if claimed == _BATCH:
+                    woken_by = "full_batch"
                     continue
                 delay = await self._seconds_until_next_due()
             except (errors.QueueError, OSError) as exc:
@@ -83,8 +87,9 @@ class ReleaseDispatcher:
                 log.exception("release dispatcher pass failed")
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                woken_by = "event"
             except TimeoutError:
-                pass
+                woken_by = "timer"
 
     def start_claimed(self, claim: ClaimedRelease) -> None:
         """Starts a release this replica claimed in the transaction that made its job PENDING:

@@ -232,7 +232,7 @@ class Statements:
     async def next_release_due_in(self) -> float | None:
         """Seconds until the earliest pending release is due, in the database's clock (None: none)."""
         row = await self._one("next_release_due_in", {})
-        return None if row is None or row["seconds"] is None else float(row["seconds"])
+        return None if row is None or row["seconds"] is None else max(0.0, float(row["seconds"]))
 
     # -- the sweeper's finds -------------------------------------------------------------------
 

@@ -216,8 +216,9 @@ RETURNING next_release_at, release_deadline <= clock_timestamp() AS window_over;
 -- name: next_release_due_in
 -- Seconds until the earliest pending release is due (so the dispatcher sleeps exactly that long),
 -- measured in the database's clock, the one next_release_at was set in: a replica whose own clock
--- is off still waits the right time. NULL when nothing is pending.
-SELECT GREATEST(0, extract(epoch FROM min(next_release_at) - clock_timestamp()))::float8 AS seconds
+-- is off still waits the right time; negative when one is overdue. NULL when nothing is pending
+-- (not GREATEST(0, ...): GREATEST skips a NULL and said 0, so an idle dispatcher never slept).
+SELECT extract(epoch FROM min(next_release_at) - clock_timestamp())::float8 AS seconds
   FROM analysis_jobs WHERE status = 'pending';
 
 -- name: users_needing_promotion
