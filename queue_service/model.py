@@ -387,6 +387,16 @@ class JobEnding:
 
 
 @dataclasses.dataclass(frozen=True)
+class RunCompletion:
+    """What a completion found under the lock of its run's user: the run's owner, the job's view
+    (when a job owns the run) and, when the job was active, the ending it made."""
+
+    owner: RunOwner
+    view: JobView | None = None
+    ending: JobEnding | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSettlement:
     """What settling an ended job's run did under the user's lock: whether the run was unsettled
     until now (False: already settled), and the jobs promoted into the freed slots."""

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
+from opentelemetry.trace import Span
 from tenacity import RetryCallState, wait_random_exponential
 
 from queue_service import audit, deadline, errors, telemetry
@@ -36,6 +38,7 @@ from queue_service.model import (
     ClaimedReservation,
     ClaimedSettlement,
     EndedJob,
+    JobEnding,
     JobRef,
     JobStatus,
     NewJob,
@@ -323,17 +326,27 @@ class QueueEngine:
         the user's next job, in one statement that also returns the job's view; None when the job
         was not in a status the transition starts from (fenced). An unsettled run keeps the slot:
         `settle_run` frees it."""
-        cause = transition.cause
-        with telemetry.tracer.start_as_current_span("complete") as span:
+        with self._ending_span(transition) as span:
             span.set_attribute("queue.job_id", str(job_id))
-            span.set_attribute("queue.status", str(transition.to))
-            span.set_attribute("queue.cause", str(cause))
-            span.set_attribute("queue.run_unsettled", transition.run_unsettled)
             # One statement under the user lock: the ending, its refund, the promotions and the view.
             outcome = await self._store.end_job(job_id, user_id, transition, self._promotion_limits)
             if outcome is None:
                 return None
             span.set_attribute("queue.refunded", outcome.refunded)
+        return self._after_ending(outcome, transition)
+
+    @contextlib.contextmanager
+    def _ending_span(self, transition: Transition) -> Iterator[Span]:
+        with telemetry.tracer.start_as_current_span("complete") as span:
+            span.set_attribute("queue.status", str(transition.to))
+            span.set_attribute("queue.cause", str(transition.cause))
+            span.set_attribute("queue.run_unsettled", transition.run_unsettled)
+            yield span
+
+    def _after_ending(self, outcome: JobEnding, transition: Transition) -> EndedJob:
+        """Records a committed ending and starts what follows it: the run's settlement when it is
+        unsettled, else the releases of the jobs promoted into the freed slot."""
+        cause = transition.cause
         ended, refunded, promoted = outcome.ref, outcome.refunded, outcome.promoted
         self._note_slot_freed(promoted)
         telemetry.metrics.completions.add(1, {"status": str(transition.to)})
@@ -341,22 +354,30 @@ class QueueEngine:
             telemetry.metrics.refunds.add(refunded, {"cause": str(cause)})
         log.info(
             "job ended",
-            extra={"job_id": job_id, "user_id": user_id, "run_id": ended.run_id, "status": transition.to, "cause": cause},
+            extra={"job_id": ended.job_id, "user_id": ended.user_id, "run_id": ended.run_id, "status": transition.to, "cause": cause},
         )
         if transition.run_unsettled:
             # The slot stays taken, so nothing was promoted: the settlement promotes later.
             self.in_background(self._settle_now(ended), name=f"settle-run-{ended.run_id}")
         else:
-            self._after_promotion(user_id, promoted, cause)
+            self._after_promotion(ended.user_id, promoted, cause)
         return EndedJob(ended, outcome.view)
 
     async def complete_run(self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str) -> EndedJob:
-        """Ends the run's job as the core reports; the job's view is set when this call ended it."""
-        async with self._store.statements() as db:
-            owner = await db.run_owner(run_id=run_id)
-        job = owner.job
+        """Ends the run's job as the core reports, in one statement that finds the job under its
+        user's lock; the job's view as this call left it."""
+        transition = Transition.completed(succeeded=succeeded, refund=refund, message=message)
+        with self._ending_span(transition) as span:
+            span.set_attribute("queue.run_id", str(run_id))
+            found = await self._store.end_run(run_id, transition, self._promotion_limits)
+            if found.ending is not None:
+                span.set_attribute("queue.job_id", str(found.ending.ref.job_id))
+                span.set_attribute("queue.refunded", found.ending.refunded)
+        if found.ending is not None:
+            return self._after_ending(found.ending, transition)
+        job = found.owner.job
         if job is None:
-            if owner.reserved:
+            if found.owner.reserved:
                 raise errors.RunNotYetAdmitted(
                     f"the admit of run {run_id} has not committed yet; retry the completion shortly",
                     metadata={"runId": str(run_id)},
@@ -366,15 +387,10 @@ class QueueEngine:
             raise errors.RunNotReleased(
                 f"the job of run {run_id} is still queued; a held run cannot complete", metadata={"runId": str(run_id)}
             )
-        if job.status.is_active:
-            transition = Transition.completed(succeeded=succeeded, refund=refund, message=message)
-            ended = await self.end_job(job.job_id, job.user_id, transition)
-            if ended is not None:
-                return ended
-        elif job.run_unsettled:
+        if job.run_unsettled:
             # The job ended while its run's fate was unknown; the core's callback settles it.
             await self.settle_run(job.job_id, job.user_id, cause=Cause.COMPLETION)
-        return EndedJob(job)
+        return EndedJob(job, found.view)
 
     async def cancel(self, job_id: uuid.UUID, user_id: str) -> None:
         """Cancels a job; the core's answer decides how an active job ends (see docs/design.md).

@@ -12,6 +12,7 @@ leak one, and they are safe behind a transaction-mode connection pooler.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -22,7 +23,10 @@ from psycopg_pool import AsyncConnectionPool
 from queue_service import deadline, telemetry
 from queue_service.store.pool import DictConnection, QueuePool, connection
 
-_USER_QUEUE_KEY = "hashtextextended('analysis_queue:' || %(user_id)s, 0)"
+def _user_queue_key(user_id: str) -> str:
+    """The lock key of the user whose id the SQL expression `user_id` gives."""
+    return "hashtextextended('analysis_queue:' || " + user_id + ", 0)"
+
 
 # A locked section is one autocommit statement: the statement is the transaction. Its FROM
 # takes the lock first (each `OFFSET 0` keeps a subquery from being merged into its parent, so
@@ -40,20 +44,32 @@ _USER_QUEUE_KEY = "hashtextextended('analysis_queue:' || %(user_id)s, 0)"
 #   run it). Those generic plans are checked to be index-driven by bench/explain.py.
 #
 # The lock's row reports how long the server waited for it, so measuring the wait costs nothing.
-_LOCKED_SECTION = (
-    "SELECT locked.waited_seconds, section.*"
-    " FROM (SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds"
-    "        FROM (SELECT pg_advisory_xact_lock(" + _USER_QUEUE_KEY + ")"
-    "                FROM (SELECT set_config('lock_timeout', coalesce(%(lock_timeout)s, current_setting('lock_timeout')), true),"
-    "                             set_config('plan_cache_mode', 'force_generic_plan', true)"
-    "                      OFFSET 0) AS settings"
-    "              OFFSET 0) AS lock"
-    "      OFFSET 0) AS locked"
-    " LEFT JOIN LATERAL (SELECT * FROM ({section}) AS s WHERE locked.waited_seconds IS NOT NULL OFFSET 0) AS section ON true"
-)
+def _locked_section_sql(owner: str) -> str:
+    """The wrapper for a section whose user is `owner` (a query of one row and one column, the
+    user's id; NULL takes no lock). The lock's row also names the user it locked
+    (`locked.locked_user_id`), so a section keyed by something else can check it."""
+    return (
+        "SELECT locked.waited_seconds, section.*"
+        " FROM (SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds,"
+        "              lock.user_id AS locked_user_id"
+        "        FROM (SELECT owner.user_id, pg_advisory_xact_lock(" + _user_queue_key("owner.user_id") + ")"
+        "                FROM (SELECT set_config('lock_timeout', coalesce(%(lock_timeout)s, current_setting('lock_timeout')), true),"
+        "                             set_config('plan_cache_mode', 'force_generic_plan', true)"
+        "                      OFFSET 0) AS settings,"
+        "                     (" + owner + " OFFSET 0) AS owner"
+        "              OFFSET 0) AS lock"
+        "      OFFSET 0) AS locked"
+        " LEFT JOIN LATERAL (SELECT * FROM ({section}) AS s WHERE locked.waited_seconds IS NOT NULL OFFSET 0) AS section ON true"
+    )
+
+
+_LOCKED_SECTION = _locked_section_sql("SELECT %(user_id)s::text AS user_id")
+# A run's section: the user is the run's job's (a job's user never changes, so reading it before
+# the lock is safe). A run with no job yet takes no lock; the section sees NULL as the locked user.
+_RUN_OWNER_LOCKED_SECTION = _locked_section_sql("SELECT (SELECT j.user_id FROM analysis_jobs j WHERE j.run_id = %(run_id)s) AS user_id")
 
 # Holds the lock for a whole transaction: only for holding a user's queue still (tests, tools).
-_TAKE_USER_QUEUE_LOCK = "SELECT pg_advisory_xact_lock(" + _USER_QUEUE_KEY + ")"
+_TAKE_USER_QUEUE_LOCK = "SELECT pg_advisory_xact_lock(" + _user_queue_key("%(user_id)s") + ")"
 
 # A fixed key of its own (the namespace is hashed the same way) so migrations from replicas that
 # start together run one after another.
@@ -71,10 +87,25 @@ async def locked_section(
 
     Inside a call with a deadline, the wait for a connection, for the lock and for the statement
     is bounded by what is left of it (LOCK_TIMEOUT / DATABASE_UNAVAILABLE before the caller gives up)."""
-    statement = sql.SQL(_LOCKED_SECTION).format(section=section)
+    return await _run_locked(pool, _LOCKED_SECTION, section, {**params, "user_id": user_id})
+
+
+async def locked_section_of_run(
+    pool: AsyncConnectionPool[DictConnection], run_id: uuid.UUID, section: sql.Composable, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """`locked_section` for the user whose job owns `run_id`, found in the same statement (no
+    round trip to look the owner up first). The section reads `locked.locked_user_id`: NULL when
+    no job owned the run as the statement began, so no lock is held and it must change nothing."""
+    return await _run_locked(pool, _RUN_OWNER_LOCKED_SECTION, section, {**params, "run_id": run_id})
+
+
+async def _run_locked(
+    pool: AsyncConnectionPool[DictConnection], wrapper: str, section: sql.Composable, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    statement = sql.SQL(wrapper).format(section=section)
     async with connection(pool) as conn:
         sent_ns = time.time_ns()
-        cursor = await conn.execute(statement, {**params, "user_id": user_id, "lock_timeout": _lock_timeout_within_deadline(pool)})
+        cursor = await conn.execute(statement, {**params, "lock_timeout": _lock_timeout_within_deadline(pool)})
         rows = await cursor.fetchall()
     _record_lock_wait(float(rows[0]["waited_seconds"]) if rows else 0.0, sent_ns)
     return [row for row in rows if row["row_kind"] is not None]

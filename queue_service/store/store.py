@@ -44,13 +44,14 @@ from queue_service.model import (
     Overview,
     Promoted,
     PromotionLimits,
-    RunSettlement,
+    RunCompletion,
     RunOwner,
+    RunSettlement,
     ScheduledRetry,
     Transition,
 )
 from queue_service.store import migrations
-from queue_service.store.locks import holding_user_queue_lock, locked_section
+from queue_service.store.locks import holding_user_queue_lock, locked_section, locked_section_of_run
 from queue_service.store.pool import QueuePool, connection, translated_errors
 
 _BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n(?P<body>.*?)(?=^-- name: |\Z)", re.MULTILINE | re.DOTALL)
@@ -103,6 +104,22 @@ def _limit_params(limits: PromotionLimits) -> Row:
         "release_window_seconds": float(limits.release_window_seconds),
         "release_lease_seconds": float(limits.release_lease_seconds),
     }
+
+
+def _view_ref(view: JobView, row: Row) -> JobRef:
+    return JobRef(view.job_id, view.user_id, view.run_id, view.status, view.delta_of_job_id, run_unsettled=bool(row["run_unsettled"]))
+
+
+def _ending(rows: list[Row], transition: Transition, actor: str) -> JobEnding:
+    """The JobEnding of a section's rows: its 'ended' row first, then 'promoted' rows."""
+    row = rows[0]
+    assert row["row_kind"] == "ended", row["row_kind"]
+    view = JobView.from_row(row)
+    ref = _view_ref(view, row)
+    refunded = int(row["refunded_amount"])
+    if refunded:
+        audit.log_movement(kind=LedgerKind.REFUND, user_id=ref.user_id, amount=refunded, job_id=ref.job_id, actor=actor, reason=transition.cause)
+    return JobEnding(ref, view, refunded, _promoted(rows))
 
 
 def _promoted(rows: list[Row]) -> tuple[Promoted, ...]:
@@ -197,11 +214,6 @@ class Statements:
     async def job_by_id(self, *, job_id: uuid.UUID) -> JobRef | None:
         row = await self._one("job_by_id", {"job_id": job_id})
         return None if row is None else _job_ref(row)
-
-    async def run_owner(self, *, run_id: uuid.UUID) -> RunOwner:
-        row = await self._one("job_by_run_id", {"run_id": run_id})
-        assert row is not None
-        return RunOwner(job=_job_ref(row) if row["job_id"] is not None else None, reserved=bool(row["reserved"]))
 
     # -- releases ------------------------------------------------------------------------------
 
@@ -481,16 +493,30 @@ class Store:
             **_limit_params(limits),
         }
         rows = await self._locked(user_id, "end_job", params)
-        ended = [row for row in rows if row["row_kind"] == "ended"]
-        if not ended:
-            return None
-        row = ended[0]
-        view = JobView.from_row(row)
-        ref = JobRef(view.job_id, view.user_id, view.run_id, view.status, view.delta_of_job_id, run_unsettled=bool(row["run_unsettled"]))
-        refunded = int(row["refunded_amount"])
-        if refunded:
-            audit.log_movement(kind=LedgerKind.REFUND, user_id=ref.user_id, amount=refunded, job_id=ref.job_id, actor=actor, reason=transition.cause)
-        return JobEnding(ref, view, refunded, _promoted(rows))
+        return _ending(rows, transition, actor) if rows else None
+
+    async def end_run(self, run_id: uuid.UUID, transition: Transition, limits: PromotionLimits) -> RunCompletion:
+        """Applies the core's report of a run under the lock of the user whose job owns it, in one
+        statement that also finds the job: ends the job (refund when asked, promotions) if it was
+        PENDING or RUNNING. Else reports the job as it is, or that no job owns the run yet."""
+        actor = audit.actor_for(transition.cause)
+        params = {
+            "status": str(transition.to),
+            "last_error": transition.last_error,
+            "refund": transition.refund,
+            "actor": actor,
+            "reason": str(transition.cause),
+            **_limit_params(limits),
+        }
+        rows = await locked_section_of_run(self.pool, run_id, _statement("end_run"), params)
+        kind = rows[0]["row_kind"]
+        if kind in ("reserved", "unknown"):
+            return RunCompletion(RunOwner(None, reserved=kind == "reserved"))
+        if kind == "ended":
+            ending = _ending(rows, transition, actor)
+            return RunCompletion(RunOwner(ending.ref, reserved=False), ending.view, ending)
+        view = JobView.from_row(rows[0])
+        return RunCompletion(RunOwner(_view_ref(view, rows[0]), reserved=False), view)
 
     async def promote(self, user_id: str, limits: PromotionLimits) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first, each promoted job's

@@ -13,7 +13,7 @@ from psycopg.rows import dict_row
 from queue_service import deadline
 from queue_service.store import locks
 from queue_service.store.pool import Timeouts, create_pool
-from tests.harness import new_user
+from tests.harness import S, new_user
 
 # A section the way migration 0009's functions are written: VOLATILE PL/pgSQL, rows with a kind.
 _PROBE_FUNCTION = """
@@ -77,3 +77,26 @@ async def test_a_callers_deadline_shortens_the_lock_timeout_inside_the_section(d
         assert 1000 <= shortened_ms < 2000, probed  # 90% of what is left, below the session's 5 s
     finally:
         await pool.close()
+
+
+async def test_a_completion_finds_its_runs_user_and_waits_for_that_users_lock(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    """CompleteRun knows only the run: its one statement reads the run's user, locks that user's
+    queue and ends the job under it, so it waits for whoever holds the lock and then sees what
+    they committed (here: the queued job canceled, so nothing is promoted)."""
+    stubs = service.stubs
+    user = new_user()
+    await stubs.grant(user, 2)
+    running = await stubs.admit(user)
+    queued = await stubs.admit(user)
+    await stubs.wait_for(running.job_id, S.JOB_STATUS_RUNNING)
+    async with await psycopg.AsyncConnection.connect(database_url, row_factory=dict_row) as holder:
+        await holder.execute(locks._TAKE_USER_QUEUE_LOCK, {"user_id": user})
+        completion = asyncio.create_task(stubs.complete(running.run_id))
+        await asyncio.sleep(0.3)
+        assert not completion.done()  # it waits for the user's lock
+        await holder.execute("UPDATE analysis_jobs SET status = 'canceled', end_time = clock_timestamp() WHERE job_id = %s", (queued.job_id,))
+        await holder.commit()
+        ended = await asyncio.wait_for(completion, 10)
+    assert ended.status == S.JOB_STATUS_SUCCEEDED
+    # Read after the holder's commit: the canceled job was not promoted into the freed slot.
+    assert (await stubs.job(queued.job_id)).status == S.JOB_STATUS_CANCELED

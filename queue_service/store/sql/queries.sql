@@ -158,14 +158,6 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
 SELECT job_id, user_id, run_id, status, delta_of_job_id, run_settle_due_at IS NOT NULL AS run_unsettled
   FROM analysis_jobs WHERE job_id = %(job_id)s;
 
--- name: job_by_run_id
--- The job that owns a run, or (no job) whether an admit has reserved the run and not committed yet.
-SELECT j.job_id, j.user_id, j.run_id, j.status, j.delta_of_job_id,
-       j.run_settle_due_at IS NOT NULL AS run_unsettled,
-       EXISTS (SELECT 1 FROM run_reservations r WHERE r.run_id = %(run_id)s) AS reserved
-  FROM (SELECT 1) AS one
-  LEFT JOIN analysis_jobs j ON j.run_id = %(run_id)s;
-
 -- name: claim_due_releases
 -- Claims pending jobs due for release, skipping rows another replica is claiming, and reserves
 -- them for this replica for the lease (pushes next_release_at ahead, counts the attempt).
@@ -462,3 +454,13 @@ SELECT job_id, user_id
    AND (NOT %(has_error)s OR last_error <> '')
  ORDER BY create_time, job_id
  LIMIT %(limit)s;
+
+-- name: end_run
+-- A locked section keyed by the run's job's user (`locks.locked_section_of_run`): ends that job as
+-- the core reported, refunds when asked and fills the freed slots (`queue_end_run_viewed`,
+-- migration 0011). An 'ended' row then 'promoted' rows; an 'owner' row (the job was not active);
+-- or a 'reserved' / 'unknown' row without a job.
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+  FROM queue_end_run_viewed(%(run_id)s, locked.locked_user_id, %(status)s, %(last_error)s, %(refund)s,
+                            %(actor)s, %(reason)s, %(default_max_active)s, %(release_window_seconds)s,
+                            %(release_lease_seconds)s) AS s
