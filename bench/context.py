@@ -39,6 +39,7 @@ class Sizes:
     watch_channels: int = 10
     watch_ticks: int = 20
     watch_interval_seconds: float = 0.5
+    idle_seconds: float = 10.0
 
 
 FULL = Sizes()
@@ -56,6 +57,7 @@ QUICK = Sizes(
     sweeper_passes=10,
     watch_streams=100,
     watch_channels=4,
+    idle_seconds=3.0,
     watch_ticks=10,
     watch_interval_seconds=0.3,
 )

@@ -40,6 +40,9 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     admit_vs_floor = _exact_ratio(_get(s1, "throughput_per_s"), _get(s1, "floors", "minimal", "throughput_per_s"))
     admit_vs_floor_detail = f"{_get(s1, 'throughput_per_s')}/s vs floor {_get(s1, 'floors', 'minimal', 'throughput_per_s')}/s"
 
+    idle_phases = [_get(results, "idle_replica", phase, "cpu_ms_per_second") for phase in ("empty", "in_flight")]
+    idle_cost = max((cpu["service"] + cpu["postgres"] for cpu in idle_phases if cpu), default=None)
+
     def history_ratio(call: str) -> float | None:
         return _exact_ratio(_get(history, "history", call, "latency_ms", "p99"), _get(history, "empty", call, "latency_ms", "p99"))
 
@@ -75,6 +78,9 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 f"p50 {_get(burst, 'gap_from_send_ms', 'p50')} ms"),
         _target("burst makespan <= 1.5 x ideal", _get(burst, "makespan_ratio_to_ideal"), "<=", 1.5,
                 f"{_get(burst, 'makespan_seconds')} s vs ideal {_get(burst, 'ideal_makespan_seconds')} s"),
+        # An idle replica polls nothing it does not need: about 1% of a core at most.
+        _target("idle replica: service + PostgreSQL CPU <= 10 ms per second", idle_cost, "<=", 10,
+                "the dearer of its two phases (no job; jobs in flight, none due)"),
     ]
 
 
@@ -163,6 +169,12 @@ def render_table(report: dict[str, Any]) -> str:
         f = w["first_watcher_ms"]
         lines.append(f"{'  change -> first watcher':44} {'':8} {f['p50']:8.2f} {f['p90']:8.2f} {f['p99']:8.2f} {f['max']:8.2f}"
                      f"  service {w['service_cpu_us_per_message']} us CPU per message; missing {w['missing_messages']}; ops = changes")
+    if "idle_replica" in results:
+        idle = results["idle_replica"]
+        for phase, label in (("empty", "no job"), ("in_flight", "jobs in flight, none due")):
+            cpu = idle[phase]["cpu_ms_per_second"]
+            lines.append(f"{'7) idle replica, ' + label:44} CPU ms per second: service {cpu.get('service')}, core {cpu.get('core')}, "
+                         f"PostgreSQL {cpu.get('postgres')} (over {idle['idle_seconds']} s)")
     breakdowns = [(f"1) admit, {run['callers']} callers: per admit", run) for run in (results.get("admit_many_users") or {}).values()]
     breakdowns += [(f"3) promotion gap, {key}: per completed job", run) for key, run in (results.get("promotion_gap") or {}).items()]
     for phase in ("empty", "history"):

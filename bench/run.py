@@ -29,10 +29,10 @@ from bench.context import FULL, QUICK, Context
 from bench.ghz import GHZ
 from bench.procs import REPO_ROOT, Database
 from bench.protoset import write_protoset
-from bench.scenarios import admit, history, promotion, sweeper, watch
+from bench.scenarios import admit, history, idle, promotion, sweeper, watch
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SCENARIOS = ("admit_many_users", "admit_hot_user", "promotion_gap", "history", "sweeper", "explain", "watch_fanout")
+SCENARIOS = ("admit_many_users", "admit_hot_user", "promotion_gap", "history", "sweeper", "explain", "watch_fanout", "idle_replica")
 
 
 def _log(started: float, message: str) -> None:
@@ -103,6 +103,9 @@ def run_scenarios(ctx: Context, selected: tuple[str, ...], explain_path: Path, s
     if "watch_fanout" in selected:
         _log(started, "6) WatchJobs fan-out")
         results["watch_fanout"] = watch.run(ctx)
+    if "idle_replica" in selected:
+        _log(started, "7) an idle replica")
+        results["idle_replica"] = idle.run(ctx)
     return results, explained
 
 
