@@ -23,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 from queue_service import deadline, telemetry
 from queue_service.store.pool import DictConnection, QueuePool, connection
 
+
 def _user_queue_key(user_id: str) -> str:
     """The lock key of the user whose id the SQL expression `user_id` gives."""
     return "hashtextextended('analysis_queue:' || " + user_id + ", 0)"
