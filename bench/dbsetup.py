@@ -129,11 +129,6 @@ def finish_in_flight(dsn: str) -> int:
             return cur.rowcount
 
 
-def count_by_status(dsn: str, user_prefix: str) -> dict[str, int]:
-    with connect(dsn) as conn:
-        return _count_by_status(conn, user_prefix)
-
-
 def _count_by_status(conn: psycopg.Connection, user_prefix: str) -> dict[str, int]:
     rows = conn.execute(
         "SELECT status, count(*) FROM analysis_jobs WHERE user_id LIKE %s GROUP BY status", (user_prefix + "%",), prepare=True
