@@ -185,14 +185,6 @@ class JobRef:
 
 
 @dataclasses.dataclass(frozen=True)
-class RunOwner:
-    """Who owns a run: a job, or (no job yet) an admit that reserved the run and has not committed."""
-
-    job: JobRef | None
-    reserved: bool
-
-
-@dataclasses.dataclass(frozen=True)
 class AdmitRequest:
     """A validated admit, as the engine takes it."""
 
@@ -388,10 +380,12 @@ class JobEnding:
 
 @dataclasses.dataclass(frozen=True)
 class RunCompletion:
-    """What a completion found under the lock of its run's user: the run's owner, the job's view
-    (when a job owns the run) and, when the job was active, the ending it made."""
+    """What a completion found under the lock of its run's user: the job that owns the run (None:
+    no job yet; `reserved` when an admit has reserved the run and not committed), its view and,
+    when the job was active, the ending it made."""
 
-    owner: RunOwner
+    job: JobRef | None
+    reserved: bool = False
     view: JobView | None = None
     ending: JobEnding | None = None
 

@@ -375,9 +375,9 @@ class QueueEngine:
                 span.set_attribute("queue.refunded", found.ending.refunded)
         if found.ending is not None:
             return self._after_ending(found.ending, transition)
-        job = found.owner.job
+        job = found.job
         if job is None:
-            if found.owner.reserved:
+            if found.reserved:
                 raise errors.RunNotYetAdmitted(
                     f"the admit of run {run_id} has not committed yet; retry the completion shortly",
                     metadata={"runId": str(run_id)},

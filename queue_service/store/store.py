@@ -45,7 +45,6 @@ from queue_service.model import (
     Promoted,
     PromotionLimits,
     RunCompletion,
-    RunOwner,
     RunSettlement,
     ScheduledRetry,
     Transition,
@@ -103,6 +102,18 @@ def _limit_params(limits: PromotionLimits) -> Row:
         "default_max_active": limits.default_max_active,
         "release_window_seconds": float(limits.release_window_seconds),
         "release_lease_seconds": float(limits.release_lease_seconds),
+    }
+
+
+def _ending_params(transition: Transition, actor: str, limits: PromotionLimits) -> Row:
+    """The parameters every ending section takes from its transition."""
+    return {
+        "status": str(transition.to),
+        "last_error": transition.last_error,
+        "refund": transition.refund,
+        "actor": actor,
+        "reason": str(transition.cause),
+        **_limit_params(limits),
     }
 
 
@@ -481,16 +492,11 @@ class Store:
         status the transition starts from (fenced)."""
         actor = audit.actor_for(transition.cause)
         params = {
+            **_ending_params(transition, actor, limits),
             "job_id": job_id,
-            "status": str(transition.to),
             "from_statuses": _statuses(transition.from_statuses),
-            "last_error": transition.last_error,
             "expected_attempts": transition.expected_attempts,
             "run_unsettled": transition.run_unsettled,
-            "refund": transition.refund,
-            "actor": actor,
-            "reason": str(transition.cause),
-            **_limit_params(limits),
         }
         rows = await self._locked(user_id, "end_job", params)
         return _ending(rows, transition, actor) if rows else None
@@ -500,23 +506,15 @@ class Store:
         statement that also finds the job: ends the job (refund when asked, promotions) if it was
         PENDING or RUNNING. Else reports the job as it is, or that no job owns the run yet."""
         actor = audit.actor_for(transition.cause)
-        params = {
-            "status": str(transition.to),
-            "last_error": transition.last_error,
-            "refund": transition.refund,
-            "actor": actor,
-            "reason": str(transition.cause),
-            **_limit_params(limits),
-        }
-        rows = await locked_section_of_run(self.pool, run_id, _statement("end_run"), params)
+        rows = await locked_section_of_run(self.pool, run_id, _statement("end_run"), _ending_params(transition, actor, limits))
         kind = rows[0]["row_kind"]
         if kind in ("reserved", "unknown"):
-            return RunCompletion(RunOwner(None, reserved=kind == "reserved"))
+            return RunCompletion(None, reserved=kind == "reserved")
         if kind == "ended":
             ending = _ending(rows, transition, actor)
-            return RunCompletion(RunOwner(ending.ref, reserved=False), ending.view, ending)
+            return RunCompletion(ending.ref, view=ending.view, ending=ending)
         view = JobView.from_row(rows[0])
-        return RunCompletion(RunOwner(_view_ref(view, rows[0]), reserved=False), view)
+        return RunCompletion(_view_ref(view, rows[0]), view=view)
 
     async def promote(self, user_id: str, limits: PromotionLimits) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first, each promoted job's
