@@ -52,6 +52,7 @@ STATEMENTS = [
     ("reserve_run_and_read_admit_state", "admit: the run reservation with the idempotency / queue length / balance read"),
     ("job_views_by_ids", "the view of one job (for every WatchJobs change)"),
     ("ledger_entries_of_user", "ListLedgerEntries: first page (20) of a user's audit trail"),
+    ("mark_released", "release accepted: mark the jobs RUNNING, one statement for those accepted together (a queued job here: no row changes)"),
 ]
 
 
@@ -97,6 +98,7 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
         ),
         "job_views_by_ids": ({"job_ids": [queued]}, None),
         "ledger_entries_of_user": ({"user_id": idle_user, "job_id": None, "before_entry_id": None, "limit": 21}, None),
+        "mark_released": ({"job_ids": [queued], "attempts": [1], "reconcile_after_seconds": 900.0}, None),
     }
 
 

@@ -29,6 +29,7 @@ from tenacity import RetryCallState, wait_random_exponential
 from queue_service import audit, deadline, errors, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
+from queue_service.engine.coalescer import Coalescer
 from queue_service.model import (
     AdmitRequest,
     AdmitResult,
@@ -57,6 +58,8 @@ _GAP_TRACKING_LIMIT = 10_000
 # How long stopping waits for background clean-ups (they are durable: the sweeper finishes any
 # that do not get done).
 _BACKGROUND_STOP_SECONDS = 2.0
+# As many as the dispatcher releases at once.
+_MAX_MARKS_PER_STATEMENT = 64
 
 
 def request_digest(payload: bytes) -> bytes:
@@ -79,6 +82,11 @@ class QueueEngine:
         self._slot_freed_at: collections.OrderedDict[uuid.UUID, float] = collections.OrderedDict()
         self._backoff = wait_random_exponential(multiplier=1.0, max=config.release_backoff_max_seconds)
         self._background: set[asyncio.Task[Any]] = set()
+        # Releases the core accepted while the previous ones were being marked RUNNING are marked
+        # together: a burst of completions costs one statement and one commit for its releases.
+        self._release_marks: Coalescer[ClaimedRelease, bool] = Coalescer(
+            self._mark_released, max_batch=_MAX_MARKS_PER_STATEMENT, spawn=self.in_background, name="mark-released"
+        )
 
     @property
     def reservation_grace_seconds(self) -> float:
@@ -527,10 +535,7 @@ class QueueEngine:
 
     async def _record_release(self, claim: ClaimedRelease, report: RunReport | None, error: str) -> ReleaseResult:
         if report is not None and report.fate is RunFate.JUDGING:
-            async with self._store.statements() as db:
-                marked = await db.mark_released(
-                    job_id=claim.job_id, attempt=claim.attempt, reconcile_after_seconds=self.config.reconcile_after_seconds
-                )
+            marked = await self._release_marks.submit(claim)
             freed_at = self._slot_freed_at.pop(claim.job_id, None)
             if freed_at is not None:
                 telemetry.metrics.promotion_gap.record(time.monotonic() - freed_at)
@@ -562,6 +567,12 @@ class QueueEngine:
             extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt, "reason": error},
         )
         return ReleaseResult.RETRY
+
+    async def _mark_released(self, claims: list[ClaimedRelease]) -> dict[ClaimedRelease, bool]:
+        async with self._store.statements() as db:
+            marked = await db.mark_released(claims, reconcile_after_seconds=self.config.reconcile_after_seconds)
+        telemetry.metrics.release_marks.record(len(claims))
+        return {claim: claim.job_id in marked for claim in claims}
 
 
 def _already_finished(job_id: uuid.UUID, status: JobStatus) -> errors.QueueError:

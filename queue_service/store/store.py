@@ -236,11 +236,19 @@ class Statements:
         row = await self._one("claim_release_of_job", {"job_id": job_id, "lease_seconds": float(lease_seconds)})
         return None if row is None else _claimed_release(row)
 
-    async def mark_released(self, *, job_id: uuid.UUID, attempt: int, reconcile_after_seconds: float) -> bool:
-        row = await self._one(
-            "mark_released", {"job_id": job_id, "attempt": attempt, "reconcile_after_seconds": float(reconcile_after_seconds)}
+    async def mark_released(self, releases: Iterable[ClaimedRelease], *, reconcile_after_seconds: float) -> set[uuid.UUID]:
+        """Marks RUNNING every job whose release the core accepted, in one statement; returns
+        those it marked (a job released again by a later attempt meanwhile is left to it)."""
+        in_lock_order = sorted(releases, key=lambda release: release.job_id)
+        rows = await self._all(
+            "mark_released",
+            {
+                "job_ids": [release.job_id for release in in_lock_order],
+                "attempts": [release.attempt for release in in_lock_order],
+                "reconcile_after_seconds": float(reconcile_after_seconds),
+            },
         )
-        return row is not None
+        return {row["job_id"] for row in rows}
 
     async def schedule_release_retry(
         self, *, job_id: uuid.UUID, attempt: int, backoff_seconds: float, last_error: str

@@ -185,15 +185,19 @@ UPDATE analysis_jobs j
 RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts;
 
 -- name: mark_released
--- The core accepted the release: the job is RUNNING (fenced by the attempt that released it).
-UPDATE analysis_jobs
+-- The core accepted these releases: each job is RUNNING (fenced by the attempt that released it).
+-- One statement for every release whose answer came while the previous one ran (the engine's
+-- `Coalescer`): one commit and one WAL flush for a burst. The caller sorts the job ids, so two
+-- such statements lock their rows in the same order.
+UPDATE analysis_jobs j
    SET status = 'running',
        start_time = clock_timestamp(),
        next_release_at = NULL,
        last_error = '',
        next_reconcile_at = clock_timestamp() + make_interval(secs => %(reconcile_after_seconds)s)
- WHERE job_id = %(job_id)s AND status = 'pending' AND release_attempts = %(attempt)s
-RETURNING job_id;
+  FROM unnest(%(job_ids)s::uuid[], %(attempts)s::integer[]) AS released(job_id, attempt)
+ WHERE j.job_id = released.job_id AND j.status = 'pending' AND j.release_attempts = released.attempt
+RETURNING j.job_id;
 
 -- name: schedule_release_retry
 -- A transient release failure: remember it and when to try again (never past the deadline);

@@ -1,0 +1,80 @@
+"""Coalescing of one kind of statement: requests that arrive while one runs go out together next.
+
+A lone request is sent at once (no timer, no added wait); under a burst, every request that
+arrived while the previous statement ran shares the next one: one round trip, one commit and one
+WAL flush for all of them. This is group commit done by the caller, for statements that each
+touch their own rows and need no lock of their user's queue (marking releases RUNNING).
+
+No library fits: DataLoader-style batchers (aiodataloader) collect for one turn of the event
+loop and cache by key; here a batch is whatever waited for the statement in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
+from typing import Any, Generic, TypeVar
+
+Item = TypeVar("Item", bound=Hashable)
+Result = TypeVar("Result")
+
+Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
+
+
+class Coalescer(Generic[Item, Result]):
+    """Runs `run_batch` over the items submitted while the previous batch ran (at most
+    `max_batch` at a time, in arrival order). `run_batch` answers every item of its batch or
+    raises; an error goes to the items of that batch only.
+
+    The batches run in a task of their own, started with `spawn` (the caller's background work,
+    outside any call's deadline): a caller that gives up neither fails nor withdraws its item."""
+
+    def __init__(
+        self, run_batch: Callable[[list[Item]], Awaitable[dict[Item, Result]]], *, max_batch: int, spawn: Spawn, name: str
+    ) -> None:
+        self._run_batch = run_batch
+        self._max_batch = max_batch
+        self._spawn = spawn
+        self._name = name
+        self._waiting: list[tuple[Item, asyncio.Future[Result]]] = []
+        self._draining = False
+
+    async def submit(self, item: Item) -> Result:
+        """The item's result once the statement of its batch returned."""
+        answer: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._waiting.append((item, answer))
+        if not self._draining:
+            self._draining = True
+            self._spawn(self._drain(), self._name)
+        return await answer
+
+    async def _drain(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting[: self._max_batch], self._waiting[self._max_batch :]
+                await self._answer(batch)
+        finally:
+            self._draining = False
+            # Stopped with items still waiting (the service is shutting down): their callers
+            # hear it instead of waiting for ever.
+            stranded, self._waiting = self._waiting, []
+            for _, answer in stranded:
+                answer.cancel()
+
+    async def _answer(self, batch: list[tuple[Item, asyncio.Future[Result]]]) -> None:
+        try:
+            results = await self._run_batch([item for item, _ in batch])
+        except BaseException as exc:  # the items of this batch hear it; the next batch still runs
+            for _, answer in batch:
+                if answer.done():
+                    continue
+                if isinstance(exc, Exception):
+                    answer.set_exception(exc)
+                else:
+                    answer.cancel()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for item, answer in batch:
+            if not answer.done():  # a caller that gave up cancelled its future
+                answer.set_result(results[item])

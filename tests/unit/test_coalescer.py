@@ -1,0 +1,128 @@
+"""The coalescer sends a lone request at once, and every request that arrived while a batch ran
+in the next one; an error reaches the items of its own batch only; a caller that gives up does
+not withdraw its item or fail the others."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+
+from queue_service.engine.coalescer import Coalescer
+
+
+class _Statements:
+    """A statement per batch that runs until the test lets it return."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.may_return: asyncio.Queue[Exception | None] = asyncio.Queue()
+
+    async def run(self, items: list[int]) -> dict[int, int]:
+        self.batches.append(items)
+        failure = await self.may_return.get()
+        if failure is not None:
+            raise failure
+        return {item: item * 10 for item in items}
+
+
+def _coalescer(statements: _Statements, tasks: set[asyncio.Task[None]], max_batch: int = 64) -> Coalescer[int, int]:
+    def spawn(work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(work, name=name)
+        tasks.add(task)
+        return task
+
+    return Coalescer(statements.run, max_batch=max_batch, spawn=spawn, name="test")
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_lone_request_goes_out_at_once_and_a_burst_waits_for_the_next_statement() -> None:
+    statements, tasks = _Statements(), set[asyncio.Task[None]]()
+    coalescer = _coalescer(statements, tasks)
+
+    first = asyncio.create_task(coalescer.submit(1))
+    await _settle()
+    assert statements.batches == [[1]]  # sent without waiting for company
+
+    burst = [asyncio.create_task(coalescer.submit(item)) for item in (2, 3, 4)]
+    await _settle()
+    assert statements.batches == [[1]]  # the burst waits for the statement in flight
+
+    statements.may_return.put_nowait(None)
+    assert await first == 10
+    await _settle()
+    assert statements.batches == [[1], [2, 3, 4]]  # the whole burst in one statement
+    statements.may_return.put_nowait(None)
+    assert await asyncio.gather(*burst) == [20, 30, 40]
+
+    later = asyncio.create_task(coalescer.submit(5))
+    await _settle()
+    assert statements.batches[-1] == [5]  # idle again: sent at once
+    statements.may_return.put_nowait(None)
+    assert await later == 50
+
+
+async def test_batches_are_bounded_and_keep_arrival_order() -> None:
+    statements, tasks = _Statements(), set[asyncio.Task[None]]()
+    coalescer = _coalescer(statements, tasks, max_batch=2)
+    submitted = [asyncio.create_task(coalescer.submit(item)) for item in range(5)]
+    for _ in range(3):
+        await _settle()
+        statements.may_return.put_nowait(None)
+    assert await asyncio.gather(*submitted) == [0, 10, 20, 30, 40]
+    assert statements.batches == [[0, 1], [2, 3], [4]]
+
+
+async def test_an_error_reaches_its_own_batch_only() -> None:
+    statements, tasks = _Statements(), set[asyncio.Task[None]]()
+    coalescer = _coalescer(statements, tasks)
+    first = asyncio.create_task(coalescer.submit(1))
+    await _settle()
+    second = [asyncio.create_task(coalescer.submit(item)) for item in (2, 3)]
+    await _settle()
+
+    statements.may_return.put_nowait(RuntimeError("the database went away"))
+    with pytest.raises(RuntimeError, match="went away"):
+        await first
+    statements.may_return.put_nowait(None)
+    assert await asyncio.gather(*second) == [20, 30]
+
+
+async def test_a_caller_that_gives_up_neither_withdraws_its_item_nor_fails_the_others() -> None:
+    statements, tasks = _Statements(), set[asyncio.Task[None]]()
+    coalescer = _coalescer(statements, tasks)
+    blocker = asyncio.create_task(coalescer.submit(0))
+    await _settle()
+    impatient = asyncio.create_task(coalescer.submit(1))
+    patient = asyncio.create_task(coalescer.submit(2))
+    await _settle()
+    impatient.cancel()
+    statements.may_return.put_nowait(None)
+    await blocker
+    await _settle()
+    statements.may_return.put_nowait(None)
+    assert await patient == 20
+    assert statements.batches == [[0], [1, 2]]  # the item still ran: its work is the system's
+    assert impatient.cancelled()
+
+
+async def test_stopping_the_batches_cancels_the_callers_still_waiting() -> None:
+    statements, tasks = _Statements(), set[asyncio.Task[None]]()
+    coalescer = _coalescer(statements, tasks)
+    in_flight = asyncio.create_task(coalescer.submit(1))
+    await _settle()
+    waiting = asyncio.create_task(coalescer.submit(2))
+    await _settle()
+    for task in tasks:
+        task.cancel()
+    await asyncio.wait(tasks)
+    with pytest.raises(asyncio.CancelledError):
+        await in_flight
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
