@@ -378,6 +378,16 @@ class JobEnding:
     promoted: tuple[Promoted, ...]
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class RunReportToApply:
+    """The core's report of a run, to apply as `transition` for the call's `actor`. Each one is
+    its own (compared by identity): a report the core repeats is applied again, not merged."""
+
+    run_id: uuid.UUID
+    transition: Transition
+    actor: str
+
+
 @dataclasses.dataclass(frozen=True)
 class RunCompletion:
     """What a completion found under the lock of its run's user: the job that owns the run (None:

@@ -46,10 +46,14 @@ class _Instruments:
             "queue.release.claim_passes", unit="{pass}",
             description="Passes of the release dispatcher's claiming loop, by what started them (woken_by: start; event: a PENDING job nobody claimed, a sweep, a retry; timer: the earliest due release; full_batch)",
         )
-        self.release_marks = meter.create_histogram(
-            "queue.release.marks_per_statement", unit="{job}",
-            description="Jobs marked RUNNING by one statement: the releases the core accepted while the previous such statement ran",
+        self.statement_batch_size = meter.create_histogram(
+            "queue.statement.batch_size", unit="{item}",
+            description="Items one coalesced statement applied (statement: mark_released, releases the core accepted; end_runs, completions): those that arrived while the previous such statement ran",
             explicit_bucket_boundaries_advisory=[1, 2, 4, 8, 16, 32, 64],
+        )
+        self.statement_batch_failures = meter.create_counter(
+            "queue.statement.batch_failures", unit="{batch}",
+            description="Coalesced statements of several items that failed as a whole (statement: mark_released, end_runs); each item was then applied alone",
         )
         self.release_give_ups = meter.create_counter("queue.release.give_ups", unit="{job}", description="Jobs failed because release gave up")
         self.refunds = meter.create_counter("queue.refunds", unit="{credit}", description="Credits refunded, by cause")

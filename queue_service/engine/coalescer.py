@@ -1,9 +1,8 @@
 """Coalescing of one kind of statement: requests that arrive while one runs go out together next.
 
-A lone request is sent at once (no timer, no added wait); under a burst, every request that
-arrived while the previous statement ran shares the next one: one round trip, one commit and one
-WAL flush for all of them. This is group commit done by the caller, for statements that each
-touch their own rows and need no lock of their user's queue (marking releases RUNNING).
+A lone request runs at once, in its caller's own task (its deadline, its context); under a
+burst, every request that arrived while a statement ran shares the next one: one round trip, one
+commit and one WAL flush for all of them. This is group commit done by the caller.
 
 No library fits: DataLoader-style batchers (aiodataloader) collect for one turn of the event
 loop and cache by key; here a batch is whatever waited for the statement in flight.
@@ -21,13 +20,20 @@ Result = TypeVar("Result")
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 
 
-class Coalescer(Generic[Item, Result]):
-    """Runs `run_batch` over the items submitted while the previous batch ran (at most
-    `max_batch` at a time, in arrival order). `run_batch` answers every item of its batch or
-    raises; an error goes to the items of that batch only.
+class BatchFailed(Exception):
+    """The statement of a batch of several items failed (its cause is chained): each caller may
+    try its own item alone, within its own deadline."""
 
-    The batches run in a task of their own, started with `spawn` (the caller's background work,
-    outside any call's deadline): a caller that gives up neither fails nor withdraws its item."""
+
+class Coalescer(Generic[Item, Result]):
+    """Runs `run_batch` over one item at once when nothing is in flight, else over the items
+    submitted while the previous batch ran (at most `max_batch`, in arrival order). `run_batch`
+    answers every item of its batch or raises; an error goes to the items of that batch only, as
+    `BatchFailed` when the batch had several.
+
+    The batches of waiting items run in a task of their own, started with `spawn` (the caller's
+    background work, outside any call's deadline): a caller that gives up neither fails the
+    others nor withdraws its item."""
 
     def __init__(
         self, run_batch: Callable[[list[Item]], Awaitable[dict[Item, Result]]], *, max_batch: int, spawn: Spawn, name: str
@@ -37,16 +43,25 @@ class Coalescer(Generic[Item, Result]):
         self._spawn = spawn
         self._name = name
         self._waiting: list[tuple[Item, asyncio.Future[Result]]] = []
-        self._draining = False
+        self._busy = False
 
     async def submit(self, item: Item) -> Result:
         """The item's result once the statement of its batch returned."""
-        answer: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        self._waiting.append((item, answer))
-        if not self._draining:
-            self._draining = True
+        if self._busy:
+            answer: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+            self._waiting.append((item, answer))
+            return await answer
+        self._busy = True
+        try:
+            return (await self._run_batch([item]))[item]
+        finally:
+            self._hand_on()
+
+    def _hand_on(self) -> None:
+        if self._waiting:
             self._spawn(self._drain(), self._name)
-        return await answer
+        else:
+            self._busy = False
 
     async def _drain(self) -> None:
         try:
@@ -54,7 +69,7 @@ class Coalescer(Generic[Item, Result]):
                 batch, self._waiting = self._waiting[: self._max_batch], self._waiting[self._max_batch :]
                 await self._answer(batch)
         finally:
-            self._draining = False
+            self._busy = False
             # Stopped with items still waiting (the service is shutting down): their callers
             # hear it instead of waiting for ever.
             stranded, self._waiting = self._waiting, []
@@ -69,7 +84,12 @@ class Coalescer(Generic[Item, Result]):
                 if answer.done():
                     continue
                 if isinstance(exc, Exception):
-                    answer.set_exception(exc)
+                    if len(batch) > 1:
+                        failed = BatchFailed(f"a batch of {len(batch)} failed: {exc}")
+                        failed.__cause__ = exc
+                        answer.set_exception(failed)
+                    else:
+                        answer.set_exception(exc)
                 else:
                     answer.cancel()
             if not isinstance(exc, Exception):

@@ -29,7 +29,7 @@ from tenacity import RetryCallState, wait_random_exponential
 from queue_service import audit, deadline, errors, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
-from queue_service.engine.coalescer import Coalescer
+from queue_service.engine.coalescer import BatchFailed, Coalescer
 from queue_service.model import (
     AdmitRequest,
     AdmitResult,
@@ -46,8 +46,10 @@ from queue_service.model import (
     Promoted,
     PromotionLimits,
     ReleaseResult,
+    RunCompletion,
     RunFate,
     RunReport,
+    RunReportToApply,
     Transition,
 )
 from queue_service.store import Store
@@ -60,6 +62,8 @@ _GAP_TRACKING_LIMIT = 10_000
 _BACKGROUND_STOP_SECONDS = 2.0
 # As many as the dispatcher releases at once.
 _MAX_MARKS_PER_STATEMENT = 64
+# Every user in a batch waits for the whole batch's commit: a few milliseconds at most.
+_MAX_COMPLETIONS_PER_STATEMENT = 16
 
 
 def request_digest(payload: bytes) -> bytes:
@@ -86,6 +90,11 @@ class QueueEngine:
         # together: a burst of completions costs one statement and one commit for its releases.
         self._release_marks: Coalescer[ClaimedRelease, bool] = Coalescer(
             self._mark_released, max_batch=_MAX_MARKS_PER_STATEMENT, spawn=self.in_background, name="mark-released"
+        )
+        # Completions that arrive while one is being applied are applied together, in one statement
+        # that holds each of their users' locks (a burst of completions: one commit for many).
+        self._completions: Coalescer[RunReportToApply, RunCompletion] = Coalescer(
+            self._end_runs, max_batch=_MAX_COMPLETIONS_PER_STATEMENT, spawn=self.in_background, name="end-runs"
         )
 
     @property
@@ -375,9 +384,15 @@ class QueueEngine:
         """Ends the run's job as the core reports, in one statement that finds the job under its
         user's lock; the job's view as this call left it."""
         transition = Transition.completed(succeeded=succeeded, refund=refund, message=message)
+        report = RunReportToApply(run_id, transition, audit.actor_for(transition.cause))
         with self._ending_span(transition) as span:
             span.set_attribute("queue.run_id", str(run_id))
-            found = await self._store.end_run(run_id, transition, self._promotion_limits)
+            try:
+                found = await self._completions.submit(report)
+            except BatchFailed:
+                # The batch it shared failed (a user's lock was busy, say): alone, within this
+                # call's own deadline.
+                found = await self._store.end_run(report, self._promotion_limits)
             if found.ending is not None:
                 span.set_attribute("queue.job_id", str(found.ending.ref.job_id))
                 span.set_attribute("queue.refunded", found.ending.refunded)
@@ -535,7 +550,10 @@ class QueueEngine:
 
     async def _record_release(self, claim: ClaimedRelease, report: RunReport | None, error: str) -> ReleaseResult:
         if report is not None and report.fate is RunFate.JUDGING:
-            marked = await self._release_marks.submit(claim)
+            try:
+                marked = await self._release_marks.submit(claim)
+            except BatchFailed:
+                marked = (await self._mark_released([claim]))[claim]  # alone, as the batch failed as a whole
             freed_at = self._slot_freed_at.pop(claim.job_id, None)
             if freed_at is not None:
                 telemetry.metrics.promotion_gap.record(time.monotonic() - freed_at)
@@ -569,10 +587,30 @@ class QueueEngine:
         return ReleaseResult.RETRY
 
     async def _mark_released(self, claims: list[ClaimedRelease]) -> dict[ClaimedRelease, bool]:
-        async with self._store.statements() as db:
-            marked = await db.mark_released(claims, reconcile_after_seconds=self.config.reconcile_after_seconds)
-        telemetry.metrics.release_marks.record(len(claims))
+        with _counting_batch("mark_released", len(claims)):
+            async with self._store.statements() as db:
+                marked = await db.mark_released(claims, reconcile_after_seconds=self.config.reconcile_after_seconds)
         return {claim: claim.job_id in marked for claim in claims}
+
+    async def _end_runs(self, reports: list[RunReportToApply]) -> dict[RunReportToApply, RunCompletion]:
+        with _counting_batch("end_runs", len(reports)):
+            if len(reports) == 1:
+                completions = [await self._store.end_run(reports[0], self._promotion_limits)]
+            else:
+                completions = await self._store.end_runs(reports, self._promotion_limits)
+        return dict(zip(reports, completions, strict=True))
+
+
+@contextlib.contextmanager
+def _counting_batch(statement: str, items: int) -> Iterator[None]:
+    """Counts a coalesced statement that applied its items, or one of several that failed."""
+    try:
+        yield
+    except Exception:
+        if items > 1:
+            telemetry.metrics.statement_batch_failures.add(1, {"statement": statement})
+        raise
+    telemetry.metrics.statement_batch_size.record(items, {"statement": statement})
 
 
 def _already_finished(job_id: uuid.UUID, status: JobStatus) -> errors.QueueError:

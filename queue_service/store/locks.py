@@ -64,10 +64,43 @@ def _locked_section_sql(owner: str) -> str:
     )
 
 
+def _locked_sections_sql(owners: str) -> str:
+    """The wrapper for sections of several users: `owners` is a query of their distinct ids (one
+    column, user_id). Every lock is granted before any section runs, and they are taken in the
+    order of their keys: two such statements never wait for each other in a cycle, and a single
+    section takes one lock and waits for no other. The lock timeout is the caller's
+    (`_BATCH_LOCK_TIMEOUT`): one user's busy queue fails the batch quickly instead of holding
+    up every other user in it."""
+    return (
+        "SELECT locked.waited_seconds, section.*"
+        " FROM (SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds"
+        "        FROM (SELECT count(*) AS locks"
+        "                FROM (SELECT pg_advisory_xact_lock(" + _user_queue_key("owner.user_id") + ")"
+        "                        FROM (SELECT set_config('lock_timeout', %(lock_timeout)s, true),"
+        "                                     set_config('plan_cache_mode', 'force_generic_plan', true)"
+        "                              OFFSET 0) AS settings,"
+        "                             (SELECT owner.user_id FROM (" + owners + ") AS owner"
+        "                               ORDER BY " + _user_queue_key("owner.user_id") + " OFFSET 0) AS owner"
+        "                      OFFSET 0) AS lock"
+        "             ) AS taken"
+        "      OFFSET 0) AS locked"
+        " LEFT JOIN LATERAL (SELECT * FROM ({section}) AS s WHERE locked.waited_seconds IS NOT NULL OFFSET 0) AS section ON true"
+    )
+
+
 _LOCKED_SECTION = _locked_section_sql("SELECT %(user_id)s::text AS user_id")
 # A run's section: the user is the run's job's (a job's user never changes, so reading it before
 # the lock is safe). A run with no job yet takes no lock; the section sees NULL as the locked user.
 _RUN_OWNER_LOCKED_SECTION = _locked_section_sql("SELECT (SELECT j.user_id FROM analysis_jobs j WHERE j.run_id = %(run_id)s) AS user_id")
+
+# Several runs' sections: the users are those of the runs' jobs as the statement began (the
+# sections read each run's owner in the same snapshot).
+_RUN_OWNERS_LOCKED_SECTIONS = _locked_sections_sql(
+    "SELECT DISTINCT j.user_id FROM analysis_jobs j WHERE j.run_id = ANY(%(run_ids)s::uuid[])"
+)
+# A batch waits this long at most for any one user's lock; then its callers run their sections
+# one by one, each within its own deadline.
+_BATCH_LOCK_TIMEOUT = "100ms"
 
 # Holds the lock for a whole transaction: only for holding a user's queue still (tests, tools).
 _TAKE_USER_QUEUE_LOCK = "SELECT pg_advisory_xact_lock(" + _user_queue_key("%(user_id)s") + ")"
@@ -98,6 +131,21 @@ async def locked_section_of_run(
     round trip to look the owner up first). The section reads `locked.locked_user_id`: NULL when
     no job owned the run as the statement began, so no lock is held and it must change nothing."""
     return await _run_locked(pool, _RUN_OWNER_LOCKED_SECTION, section, {**params, "run_id": run_id})
+
+
+async def locked_sections_of_runs(
+    pool: AsyncConnectionPool[DictConnection], run_ids: list[uuid.UUID], section: sql.Composable, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """`locked_section_of_run` for several runs in one statement, holding the locks of all
+    their users (taken in key order, each within `_BATCH_LOCK_TIMEOUT`). The section reads each
+    run's owner itself, in the statement's snapshot: the users locked here."""
+    statement = sql.SQL(_RUN_OWNERS_LOCKED_SECTIONS).format(section=section)
+    async with connection(pool) as conn:
+        sent_ns = time.time_ns()
+        cursor = await conn.execute(statement, {**params, "run_ids": run_ids, "lock_timeout": _BATCH_LOCK_TIMEOUT})
+        rows = await cursor.fetchall()
+    _record_lock_wait(float(rows[0]["waited_seconds"]) if rows else 0.0, sent_ns)
+    return [row for row in rows if row["row_kind"] is not None]
 
 
 async def _run_locked(

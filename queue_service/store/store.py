@@ -14,7 +14,7 @@ import dataclasses
 import datetime as dt
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from functools import cache
 from importlib import resources
@@ -45,12 +45,13 @@ from queue_service.model import (
     Promoted,
     PromotionLimits,
     RunCompletion,
+    RunReportToApply,
     RunSettlement,
     ScheduledRetry,
     Transition,
 )
 from queue_service.store import migrations
-from queue_service.store.locks import holding_user_queue_lock, locked_section, locked_section_of_run
+from queue_service.store.locks import holding_user_queue_lock, locked_section, locked_section_of_run, locked_sections_of_runs
 from queue_service.store.pool import QueuePool, connection, translated_errors
 
 _BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n(?P<body>.*?)(?=^-- name: |\Z)", re.MULTILINE | re.DOTALL)
@@ -131,6 +132,18 @@ def _ending(rows: list[Row], transition: Transition, actor: str) -> JobEnding:
     if refunded:
         audit.log_movement(kind=LedgerKind.REFUND, user_id=ref.user_id, amount=refunded, job_id=ref.job_id, actor=actor, reason=transition.cause)
     return JobEnding(ref, view, refunded, _promoted(rows))
+
+
+def _run_completion(rows: list[Row], transition: Transition, actor: str) -> RunCompletion:
+    """A run's completion from its section's rows (`queue_end_run_viewed`)."""
+    kind = rows[0]["row_kind"]
+    if kind in ("reserved", "unknown"):
+        return RunCompletion(None, reserved=kind == "reserved")
+    if kind == "ended":
+        ending = _ending(rows, transition, actor)
+        return RunCompletion(ending.ref, view=ending.view, ending=ending)
+    view = JobView.from_row(rows[0])
+    return RunCompletion(_view_ref(view, rows[0]), view=view)
 
 
 def _promoted(rows: list[Row]) -> tuple[Promoted, ...]:
@@ -509,20 +522,32 @@ class Store:
         rows = await self._locked(user_id, "end_job", params)
         return _ending(rows, transition, actor) if rows else None
 
-    async def end_run(self, run_id: uuid.UUID, transition: Transition, limits: PromotionLimits) -> RunCompletion:
+    async def end_run(self, report: RunReportToApply, limits: PromotionLimits) -> RunCompletion:
         """Applies the core's report of a run under the lock of the user whose job owns it, in one
         statement that also finds the job: ends the job (refund when asked, promotions) if it was
         PENDING or RUNNING. Else reports the job as it is, or that no job owns the run yet."""
-        actor = audit.actor_for(transition.cause)
-        rows = await locked_section_of_run(self.pool, run_id, _statement("end_run"), _ending_params(transition, actor, limits))
-        kind = rows[0]["row_kind"]
-        if kind in ("reserved", "unknown"):
-            return RunCompletion(None, reserved=kind == "reserved")
-        if kind == "ended":
-            ending = _ending(rows, transition, actor)
-            return RunCompletion(ending.ref, view=ending.view, ending=ending)
-        view = JobView.from_row(rows[0])
-        return RunCompletion(_view_ref(view, rows[0]), view=view)
+        params = _ending_params(report.transition, report.actor, limits)
+        rows = await locked_section_of_run(self.pool, report.run_id, _statement("end_run"), params)
+        return _run_completion(rows, report.transition, report.actor)
+
+    async def end_runs(self, reports: Sequence[RunReportToApply], limits: PromotionLimits) -> list[RunCompletion]:
+        """`end_run` for several runs in one statement holding all their users' locks, each
+        report with the actor of the call it came from; the completions in the reports' order.
+        Raises LOCK_TIMEOUT when a user's lock is not granted soon (`locks._BATCH_LOCK_TIMEOUT`)."""
+        params = {
+            "run_ids": [report.run_id for report in reports],
+            "statuses": [str(report.transition.to) for report in reports],
+            "last_errors": [report.transition.last_error for report in reports],
+            "refunds": [report.transition.refund for report in reports],
+            "actors": [report.actor for report in reports],
+            "reasons": [str(report.transition.cause) for report in reports],
+            **_limit_params(limits),
+        }
+        rows = await locked_sections_of_runs(self.pool, params["run_ids"], _statement("end_runs"), params)
+        rows_of: dict[int, list[Row]] = {index: [] for index in range(1, len(reports) + 1)}
+        for row in rows:
+            rows_of[row["batch_index"]].append(row)
+        return [_run_completion(rows_of[index], report.transition, report.actor) for index, report in enumerate(reports, start=1)]
 
     async def promote(self, user_id: str, limits: PromotionLimits) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first, each promoted job's

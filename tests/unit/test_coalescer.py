@@ -1,16 +1,20 @@
-"""The coalescer sends a lone request at once, and every request that arrived while a batch ran
-in the next one; an error reaches the items of its own batch only; a caller that gives up does
-not withdraw its item or fail the others."""
+"""The coalescer runs a lone request at once in its caller's task, and every request that arrived
+while a batch ran in the next one; an error reaches the items of its own batch only; a caller
+that gives up does not withdraw its item or fail the others."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Coroutine
 from typing import Any
 
 import pytest
 
-from queue_service.engine.coalescer import Coalescer
+from queue_service.engine.coalescer import BatchFailed, Coalescer
+
+
+_CALLER = contextvars.ContextVar("caller", default="")
 
 
 class _Statements:
@@ -18,10 +22,12 @@ class _Statements:
 
     def __init__(self) -> None:
         self.batches: list[list[int]] = []
+        self.run_for: list[str] = []  # whose context each batch ran in
         self.may_return: asyncio.Queue[Exception | None] = asyncio.Queue()
 
     async def run(self, items: list[int]) -> dict[int, int]:
         self.batches.append(items)
+        self.run_for.append(_CALLER.get())
         failure = await self.may_return.get()
         if failure is not None:
             raise failure
@@ -30,7 +36,7 @@ class _Statements:
 
 def _coalescer(statements: _Statements, tasks: set[asyncio.Task[None]], max_batch: int = 64) -> Coalescer[int, int]:
     def spawn(work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.create_task(work, name=name)
+        task = asyncio.create_task(work, name=name, context=contextvars.Context())
         tasks.add(task)
         return task
 
@@ -46,9 +52,11 @@ async def test_a_lone_request_goes_out_at_once_and_a_burst_waits_for_the_next_st
     statements, tasks = _Statements(), set[asyncio.Task[None]]()
     coalescer = _coalescer(statements, tasks)
 
+    _CALLER.set("first caller")
     first = asyncio.create_task(coalescer.submit(1))
     await _settle()
     assert statements.batches == [[1]]  # sent without waiting for company
+    assert statements.run_for == ["first caller"]  # in the caller's own task: its deadline holds
 
     burst = [asyncio.create_task(coalescer.submit(item)) for item in (2, 3, 4)]
     await _settle()
@@ -58,6 +66,7 @@ async def test_a_lone_request_goes_out_at_once_and_a_burst_waits_for_the_next_st
     assert await first == 10
     await _settle()
     assert statements.batches == [[1], [2, 3, 4]]  # the whole burst in one statement
+    assert statements.run_for[1] == ""  # the system's own work, not the first waiter's call
     statements.may_return.put_nowait(None)
     assert await asyncio.gather(*burst) == [20, 30, 40]
 
@@ -71,12 +80,12 @@ async def test_a_lone_request_goes_out_at_once_and_a_burst_waits_for_the_next_st
 async def test_batches_are_bounded_and_keep_arrival_order() -> None:
     statements, tasks = _Statements(), set[asyncio.Task[None]]()
     coalescer = _coalescer(statements, tasks, max_batch=2)
-    submitted = [asyncio.create_task(coalescer.submit(item)) for item in range(5)]
-    for _ in range(3):
+    submitted = [asyncio.create_task(coalescer.submit(item)) for item in range(6)]
+    for _ in range(4):
         await _settle()
         statements.may_return.put_nowait(None)
-    assert await asyncio.gather(*submitted) == [0, 10, 20, 30, 40]
-    assert statements.batches == [[0, 1], [2, 3], [4]]
+    assert await asyncio.gather(*submitted) == [0, 10, 20, 30, 40, 50]
+    assert statements.batches == [[0], [1, 2], [3, 4], [5]]  # the first alone: nothing was in flight
 
 
 async def test_an_error_reaches_its_own_batch_only() -> None:
@@ -89,9 +98,23 @@ async def test_an_error_reaches_its_own_batch_only() -> None:
 
     statements.may_return.put_nowait(RuntimeError("the database went away"))
     with pytest.raises(RuntimeError, match="went away"):
-        await first
+        await first  # alone: its own error
     statements.may_return.put_nowait(None)
     assert await asyncio.gather(*second) == [20, 30]
+
+    third = asyncio.create_task(coalescer.submit(4))
+    await _settle()
+    fourth = [asyncio.create_task(coalescer.submit(item)) for item in (5, 6)]
+    await _settle()
+    statements.may_return.put_nowait(None)
+    assert await third == 40
+    await _settle()
+    statements.may_return.put_nowait(RuntimeError("lock timeout"))
+    for waiter in fourth:
+        # Several shared the statement: each hears the batch failed and may try alone.
+        with pytest.raises(BatchFailed) as failed:
+            await waiter
+        assert isinstance(failed.value.__cause__, RuntimeError)
 
 
 async def test_a_caller_that_gives_up_neither_withdraws_its_item_nor_fails_the_others() -> None:
@@ -114,11 +137,16 @@ async def test_a_caller_that_gives_up_neither_withdraws_its_item_nor_fails_the_o
 
 async def test_stopping_the_batches_cancels_the_callers_still_waiting() -> None:
     statements, tasks = _Statements(), set[asyncio.Task[None]]()
-    coalescer = _coalescer(statements, tasks)
-    in_flight = asyncio.create_task(coalescer.submit(1))
+    coalescer = _coalescer(statements, tasks, max_batch=1)
+    alone = asyncio.create_task(coalescer.submit(1))
     await _settle()
-    waiting = asyncio.create_task(coalescer.submit(2))
+    in_flight = asyncio.create_task(coalescer.submit(2))
+    waiting = asyncio.create_task(coalescer.submit(3))
     await _settle()
+    statements.may_return.put_nowait(None)
+    assert await alone == 10
+    await _settle()
+    assert statements.batches == [[1], [2]]
     for task in tasks:
         task.cancel()
     await asyncio.wait(tasks)

@@ -32,11 +32,11 @@ def test_only_the_lock_helper_takes_advisory_locks_or_spells_the_namespace() -> 
 def test_the_lock_helper_builds_the_key_exactly_once() -> None:
     text = LOCK_OWNER.read_text()
     assert text.count("'analysis_queue:' || ") == 1
-    # The locked sections and the plain hold build the key with that one function; the migration
-    # lock has its own.
-    assert text.count('pg_advisory_xact_lock(" + _user_queue_key(') == 2
+    # The locked sections (one user's, several users'), and the plain hold build the key with that
+    # one function; the migration lock has its own.
+    assert text.count('pg_advisory_xact_lock(" + _user_queue_key(') == 3
     assert text.count("pg_advisory_xact_lock(hashtextextended('analysis_queue_migrations', 0))") == 1
-    assert len(re.findall(r"pg_advisory_xact_lock\(", text)) == 3
+    assert len(re.findall(r"pg_advisory_xact_lock\(", text)) == 4
     assert "pg_advisory_lock(" not in text  # transaction-scoped only, never session locks
 
 

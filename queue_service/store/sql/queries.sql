@@ -459,6 +459,18 @@ SELECT job_id, user_id
  ORDER BY create_time, job_id
  LIMIT %(limit)s;
 
+-- name: end_runs
+-- `end_run` for several runs in one statement (`locks.locked_sections_of_runs`: every run's user
+-- locked first). Each run's rows carry its 1-based place in the arrays (`batch_index`); each
+-- run's owner is read in the statement's snapshot, the one its lock was chosen from.
+SELECT r.batch_index, s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+  FROM unnest(%(run_ids)s::uuid[], %(statuses)s::text[], %(last_errors)s::text[], %(refunds)s::boolean[],
+              %(actors)s::text[], %(reasons)s::text[])
+       WITH ORDINALITY AS r(run_id, status, last_error, refund, actor, reason, batch_index),
+       LATERAL queue_end_run_viewed(r.run_id, (SELECT j.user_id FROM analysis_jobs j WHERE j.run_id = r.run_id),
+                                    r.status, r.last_error, r.refund, r.actor, r.reason, %(default_max_active)s,
+                                    %(release_window_seconds)s, %(release_lease_seconds)s) AS s
+
 -- name: end_run
 -- A locked section keyed by the run's job's user (`locks.locked_section_of_run`): ends that job as
 -- the core reported, refunds when asked and fills the freed slots (`queue_end_run_viewed`,
