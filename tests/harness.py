@@ -56,6 +56,17 @@ def new_user() -> str:
     return f"user-{uuid.uuid4().hex[:12]}"
 
 
+async def running_with_one_queued(stubs: Stubs) -> tuple[str, job_pb2.Job, job_pb2.Job]:
+    """A new user with a RUNNING job (its run judging at a manual core) and a QUEUED one behind it."""
+    user = new_user()
+    await stubs.grant(user, 2)
+    running = await stubs.admit(user)
+    queued = await stubs.admit(user)
+    assert queued.status == S.JOB_STATUS_QUEUED
+    await stubs.wait_for(running.job_id, S.JOB_STATUS_RUNNING)
+    return user, running, queued
+
+
 def error_info(exc: grpc.aio.AioRpcError) -> tuple[grpc.StatusCode, str, dict[str, str], list[tuple[str, str]]]:
     """(code, ErrorInfo reason, ErrorInfo metadata, BadRequest field violations) of a failed call."""
     status = rpc_status.from_call(exc)  # type: ignore[arg-type]

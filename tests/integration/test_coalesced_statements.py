@@ -20,7 +20,7 @@ import psycopg
 from queue_service.dev.core import AnswerFault
 from queue_service.dev.embedded_postgres import free_port
 from queue_service.model import JobStatus, PromotionLimits, RunReportToApply, Transition
-from tests.harness import InvariantChecker, S, new_user
+from tests.harness import InvariantChecker, S, new_user, running_with_one_queued
 
 
 def _batches(metrics_port: int, statement: str) -> tuple[float, float]:
@@ -96,23 +96,12 @@ async def test_releases_accepted_while_a_mark_runs_are_marked_running_in_the_nex
     assert statements == 2, f"{statements:.0f} statements marked 21 releases"
 
 
-async def _running_with_one_queued(replica: Any, core: Any) -> tuple[str, Any, Any]:  # type: ignore[misc]
-    """A user with a RUNNING job (its run judging at the manual core) and a QUEUED one behind it."""
-    user = new_user()
-    await replica.stubs.grant(user, 2)
-    running = await replica.stubs.admit(user)
-    queued = await replica.stubs.admit(user)
-    assert queued.status == S.JOB_STATUS_QUEUED
-    await replica.stubs.wait_for(running.job_id, S.JOB_STATUS_RUNNING)
-    return user, running, queued
-
-
 async def test_completions_sent_while_one_is_applied_end_their_jobs_in_one_statement(services, database_url) -> None:  # type: ignore[no-untyped-def]
     core = await services.core()
     metrics_port = free_port()
     replica = await services.start_process(core, QUEUE_LOG_LEVEL="warning", QUEUE_METRICS_ADDR=f"127.0.0.1:{metrics_port}")
-    first = await _running_with_one_queued(replica, core)
-    others = [await _running_with_one_queued(replica, core) for _ in range(6)]
+    first = await running_with_one_queued(replica.stubs)
+    others = [await running_with_one_queued(replica.stubs) for _ in range(6)]
 
     async with await psycopg.AsyncConnection.connect(database_url) as holder:
         async with holder.transaction():
@@ -151,9 +140,9 @@ async def test_a_busy_user_in_a_batch_of_completions_holds_up_only_its_own(servi
     replica = await services.start_process(core, QUEUE_LOG_LEVEL="warning", QUEUE_METRICS_ADDR=f"127.0.0.1:{metrics_port}")
     # A replica of another version, say, holds one user's queue lock for a long time.
     other_version = await services.start(core)
-    first = await _running_with_one_queued(replica, core)
-    busy = await _running_with_one_queued(replica, core)
-    others = [await _running_with_one_queued(replica, core) for _ in range(3)]
+    first = await running_with_one_queued(replica.stubs)
+    busy = await running_with_one_queued(replica.stubs)
+    others = [await running_with_one_queued(replica.stubs) for _ in range(3)]
 
     async with other_version.app.store.holding_user_queue_lock(busy[0]):
         async with await psycopg.AsyncConnection.connect(database_url) as holder:

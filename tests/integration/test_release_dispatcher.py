@@ -12,7 +12,7 @@ import asyncio
 import urllib.request
 
 from queue_service.dev.embedded_postgres import free_port
-from tests.harness import S, new_user
+from tests.harness import running_with_one_queued
 
 
 def _claim_passes(metrics_port: int) -> float:
@@ -39,12 +39,7 @@ async def test_an_idle_replica_does_not_poll_the_database_for_releases(services)
 
     # Work exists, but nothing is PENDING: a job released and held RUNNING by the manual core, and
     # another QUEUED behind it. No release can come due until something wakes the dispatcher.
-    user = new_user()
-    await replica.stubs.grant(user, 2)
-    first = await replica.stubs.admit(user)
-    second = await replica.stubs.admit(user)
-    assert second.status == S.JOB_STATUS_QUEUED
-    await replica.stubs.wait_for(first.job_id, S.JOB_STATUS_RUNNING)
+    await running_with_one_queued(replica.stubs)
     before = _claim_passes(metrics_port)
     await asyncio.sleep(6.0)
     passes = _claim_passes(metrics_port) - before
