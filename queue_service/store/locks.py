@@ -45,6 +45,15 @@ def _user_queue_key(user_id: str) -> str:
 #   run it). Those generic plans are checked to be index-driven by bench/explain.py.
 #
 # The lock's row reports how long the server waited for it, so measuring the wait costs nothing.
+_SETTINGS = (
+    "(SELECT set_config('lock_timeout', coalesce(%(lock_timeout)s, current_setting('lock_timeout')), true),"
+    "        set_config('plan_cache_mode', 'force_generic_plan', true)"
+    " OFFSET 0) AS settings"
+)
+# The section: a LATERAL subquery over the lock's row, so it runs once the locks are granted.
+_SECTION_AFTER_LOCK = " LEFT JOIN LATERAL (SELECT * FROM ({section}) AS s WHERE locked.waited_seconds IS NOT NULL OFFSET 0) AS section ON true"
+
+
 def _locked_section_sql(owner: str) -> str:
     """The wrapper for a section whose user is `owner` (a query of one row and one column, the
     user's id; NULL takes no lock). The lock's row also names the user it locked
@@ -54,13 +63,9 @@ def _locked_section_sql(owner: str) -> str:
         " FROM (SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds,"
         "              lock.user_id AS locked_user_id"
         "        FROM (SELECT owner.user_id, pg_advisory_xact_lock(" + _user_queue_key("owner.user_id") + ")"
-        "                FROM (SELECT set_config('lock_timeout', coalesce(%(lock_timeout)s, current_setting('lock_timeout')), true),"
-        "                             set_config('plan_cache_mode', 'force_generic_plan', true)"
-        "                      OFFSET 0) AS settings,"
-        "                     (" + owner + " OFFSET 0) AS owner"
+        "                FROM " + _SETTINGS + ", (" + owner + " OFFSET 0) AS owner"
         "              OFFSET 0) AS lock"
-        "      OFFSET 0) AS locked"
-        " LEFT JOIN LATERAL (SELECT * FROM ({section}) AS s WHERE locked.waited_seconds IS NOT NULL OFFSET 0) AS section ON true"
+        "      OFFSET 0) AS locked" + _SECTION_AFTER_LOCK
     )
 
 
@@ -76,15 +81,12 @@ def _locked_sections_sql(owners: str) -> str:
         " FROM (SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds"
         "        FROM (SELECT count(*) AS locks"
         "                FROM (SELECT pg_advisory_xact_lock(" + _user_queue_key("owner.user_id") + ")"
-        "                        FROM (SELECT set_config('lock_timeout', %(lock_timeout)s, true),"
-        "                                     set_config('plan_cache_mode', 'force_generic_plan', true)"
-        "                              OFFSET 0) AS settings,"
+        "                        FROM " + _SETTINGS + ","
         "                             (SELECT owner.user_id FROM (" + owners + ") AS owner"
         "                               ORDER BY " + _user_queue_key("owner.user_id") + " OFFSET 0) AS owner"
         "                      OFFSET 0) AS lock"
         "             ) AS taken"
-        "      OFFSET 0) AS locked"
-        " LEFT JOIN LATERAL (SELECT * FROM ({section}) AS s WHERE locked.waited_seconds IS NOT NULL OFFSET 0) AS section ON true"
+        "      OFFSET 0) AS locked" + _SECTION_AFTER_LOCK
     )
 
 
@@ -139,22 +141,23 @@ async def locked_sections_of_runs(
     """`locked_section_of_run` for several runs in one statement, holding the locks of all
     their users (taken in key order, each within `_BATCH_LOCK_TIMEOUT`). The section reads each
     run's owner itself, in the statement's snapshot: the users locked here."""
-    statement = sql.SQL(_RUN_OWNERS_LOCKED_SECTIONS).format(section=section)
-    async with connection(pool) as conn:
-        sent_ns = time.time_ns()
-        cursor = await conn.execute(statement, {**params, "run_ids": run_ids, "lock_timeout": _BATCH_LOCK_TIMEOUT})
-        rows = await cursor.fetchall()
-    _record_lock_wait(float(rows[0]["waited_seconds"]) if rows else 0.0, sent_ns)
-    return [row for row in rows if row["row_kind"] is not None]
+    return await _run_locked(pool, _RUN_OWNERS_LOCKED_SECTIONS, section, {**params, "run_ids": run_ids}, lock_timeout=_BATCH_LOCK_TIMEOUT)
 
 
 async def _run_locked(
-    pool: AsyncConnectionPool[DictConnection], wrapper: str, section: sql.Composable, params: dict[str, Any]
+    pool: AsyncConnectionPool[DictConnection],
+    wrapper: str,
+    section: sql.Composable,
+    params: dict[str, Any],
+    *,
+    lock_timeout: str | None = None,
 ) -> list[dict[str, Any]]:
+    """Runs the wrapped section; the lock timeout is `lock_timeout` if given, else the session's
+    or less within the call's deadline."""
     statement = sql.SQL(wrapper).format(section=section)
     async with connection(pool) as conn:
         sent_ns = time.time_ns()
-        cursor = await conn.execute(statement, {**params, "lock_timeout": _lock_timeout_within_deadline(pool)})
+        cursor = await conn.execute(statement, {**params, "lock_timeout": lock_timeout or _lock_timeout_within_deadline(pool)})
         rows = await cursor.fetchall()
     _record_lock_wait(float(rows[0]["waited_seconds"]) if rows else 0.0, sent_ns)
     return [row for row in rows if row["row_kind"] is not None]
