@@ -20,16 +20,17 @@ Result = TypeVar("Result")
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 
 
-class BatchFailed(Exception):
-    """The statement of a batch of several items failed (its cause is chained): each caller may
-    try its own item alone, within its own deadline."""
+class _SharedStatementFailed(Exception):
+    """The statement of a batch of several items failed as a whole (its cause is chained)."""
 
 
 class Coalescer(Generic[Item, Result]):
     """Runs `run_batch` over one item at once when nothing is in flight, else over the items
     submitted while the previous batch ran (at most `max_batch`, in arrival order). `run_batch`
-    answers every item of its batch or raises; an error goes to the items of that batch only, as
-    `BatchFailed` when the batch had several.
+    answers every item of its batch or raises. An error goes to the items of that batch only: a
+    lone item's caller hears it; when the batch had several, each caller runs `run_batch` over its
+    own item alone, in its own task and within its own deadline, so one item that cannot be
+    applied (a user's lock held elsewhere, say) fails or waits for itself only.
 
     The batches of waiting items run in a task of their own, started with `spawn` (the caller's
     background work, outside any call's deadline): a caller that gives up neither fails the
@@ -50,7 +51,10 @@ class Coalescer(Generic[Item, Result]):
         if self._busy:
             answer: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
             self._waiting.append((item, answer))
-            return await answer
+            try:
+                return await answer
+            except _SharedStatementFailed:
+                return (await self._run_batch([item]))[item]
         self._busy = True
         try:
             return (await self._run_batch([item]))[item]
@@ -85,7 +89,7 @@ class Coalescer(Generic[Item, Result]):
                     continue
                 if isinstance(exc, Exception):
                     if len(batch) > 1:
-                        failed = BatchFailed(f"a batch of {len(batch)} failed: {exc}")
+                        failed = _SharedStatementFailed(f"a batch of {len(batch)} failed: {exc}")
                         failed.__cause__ = exc
                         answer.set_exception(failed)
                     else:

@@ -29,7 +29,7 @@ from tenacity import RetryCallState, wait_random_exponential
 from queue_service import audit, deadline, errors, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
-from queue_service.engine.coalescer import BatchFailed, Coalescer
+from queue_service.engine.coalescer import Coalescer
 from queue_service.model import (
     AdmitRequest,
     AdmitResult,
@@ -387,12 +387,7 @@ class QueueEngine:
         report = RunReportToApply(run_id, transition, audit.actor_for(transition.cause))
         with self._ending_span(transition) as span:
             span.set_attribute("queue.run_id", str(run_id))
-            try:
-                found = await self._completions.submit(report)
-            except BatchFailed:
-                # The batch it shared failed (a user's lock was busy, say): alone, within this
-                # call's own deadline.
-                found = await self._store.end_run(report, self._promotion_limits)
+            found = await self._completions.submit(report)
             if found.ending is not None:
                 span.set_attribute("queue.job_id", str(found.ending.ref.job_id))
                 span.set_attribute("queue.refunded", found.ending.refunded)
@@ -550,10 +545,7 @@ class QueueEngine:
 
     async def _record_release(self, claim: ClaimedRelease, report: RunReport | None, error: str) -> ReleaseResult:
         if report is not None and report.fate is RunFate.JUDGING:
-            try:
-                marked = await self._release_marks.submit(claim)
-            except BatchFailed:
-                marked = (await self._mark_released([claim]))[claim]  # alone, as the batch failed as a whole
+            marked = await self._release_marks.submit(claim)
             freed_at = self._slot_freed_at.pop(claim.job_id, None)
             if freed_at is not None:
                 telemetry.metrics.promotion_gap.record(time.monotonic() - freed_at)

@@ -163,8 +163,8 @@ async def test_a_busy_user_in_a_batch_of_completions_holds_up_only_its_own(servi
     response = await asyncio.wait_for(busy_completion, timeout=10)
     assert response.job.status == S.JOB_STATUS_SUCCEEDED
     # The first alone; then the batch of four failed as a whole, and each of its completions ran
-    # alone, outside the coalescer.
-    assert _batches(metrics_port, "end_runs") == (1, 1)
+    # alone: five statements that applied five completions.
+    assert _batches(metrics_port, "end_runs") == (5, 5)
     assert _counter(metrics_port, "queue_statement_batch_failures_total", 'statement="end_runs"') == 1
     assert InvariantChecker(database_url).all_violations() == []
 

@@ -1,6 +1,7 @@
 """The coalescer runs a lone request at once in its caller's task, and every request that arrived
-while a batch ran in the next one; an error reaches the items of its own batch only; a caller
-that gives up does not withdraw its item or fail the others."""
+while a batch ran in the next one; an error reaches the items of its own batch only, and the
+callers of a failed shared statement each apply their item alone; a caller that gives up does not
+withdraw its item or fail the others."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from queue_service.engine.coalescer import BatchFailed, Coalescer
+from queue_service.engine.coalescer import Coalescer
 
 
 _CALLER = contextvars.ContextVar("caller", default="")
@@ -104,17 +105,22 @@ async def test_an_error_reaches_its_own_batch_only() -> None:
 
     third = asyncio.create_task(coalescer.submit(4))
     await _settle()
+    _CALLER.set("a caller of a shared statement")
     fourth = [asyncio.create_task(coalescer.submit(item)) for item in (5, 6)]
     await _settle()
     statements.may_return.put_nowait(None)
     assert await third == 40
     await _settle()
     statements.may_return.put_nowait(RuntimeError("lock timeout"))
-    for waiter in fourth:
-        # Several shared the statement: each hears the batch failed and may try alone.
-        with pytest.raises(BatchFailed) as failed:
-            await waiter
-        assert isinstance(failed.value.__cause__, RuntimeError)
+    await _settle()
+    # Several shared the failed statement: each caller runs its own item alone, in its own task.
+    assert statements.batches[-3:] == [[5, 6], [5], [6]]
+    assert statements.run_for[-2:] == ["a caller of a shared statement"] * 2
+    statements.may_return.put_nowait(None)
+    statements.may_return.put_nowait(RuntimeError("the user's lock is still busy"))
+    assert await fourth[0] == 50
+    with pytest.raises(RuntimeError, match="still busy"):
+        await fourth[1]  # alone, it hears its own error
 
 
 async def test_a_caller_that_gives_up_neither_withdraws_its_item_nor_fails_the_others() -> None:
