@@ -34,6 +34,7 @@ from queue_service.store import Store
 from queue_service.store.pool import Timeouts, create_pool
 
 TIMEOUTS = Timeouts(lock_timeout_ms=5000, statement_timeout_ms=10000)
+_DIGEST = hashlib.sha256(b"bench").digest()
 
 
 def _emit(payload: dict[str, Any]) -> None:
@@ -55,24 +56,29 @@ async def _bare_pool(dsn: str, max_size: int) -> AsyncConnectionPool:
 # -- db_floor --------------------------------------------------------------------------------------
 
 
+async def bare_admit(store: Store, user_id: str, key: str) -> None:
+    """The admit's database work and nothing else: the run reservation with the state read, then
+    the locked admit statement (`Store.admit_job`), as the service runs them."""
+    job = NewJob(uuid.uuid4(), user_id, uuid.uuid4(), key, _DIGEST, None, 1)
+    async with store.statements() as db:
+        await db.reserve_run_and_read_admit_state(
+            run_id=job.run_id, user_id=user_id, idempotency_key=key, delta_of_job_id=None, grace_seconds=60
+        )
+    view = await store.admit_job(
+        job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
+        release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
+    )
+    if view is None:
+        raise RuntimeError(f"{user_id} has no credit left")
+
+
 async def db_floor(dsn: str, user_prefix: str, users: int, concurrency: int, total: int, warmup: int, pool_max_size: int = 20) -> dict[str, Any]:
     pool = await _bare_pool(dsn, pool_max_size)
     store = Store(pool, database_url=dsn)
-    digest = hashlib.sha256(b"bench").digest()
 
     async def admit(user_id: str, key: str) -> float:
-        job = NewJob(uuid.uuid4(), user_id, uuid.uuid4(), key, digest, None, 1)
         started = time.perf_counter()
-        async with store.statements() as db:
-            await db.reserve_run_and_read_admit_state(
-                run_id=job.run_id, user_id=user_id, idempotency_key=key, delta_of_job_id=None, grace_seconds=60
-            )
-        view = await store.admit_job(
-            job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
-            release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
-        )
-        if view is None:
-            raise RuntimeError(f"{user_id} has no credit left")
+        await bare_admit(store, user_id, key)
         return time.perf_counter() - started
 
     async def run(count: int, key_prefix: str) -> tuple[list[float], float]:
