@@ -50,7 +50,7 @@ from queue_service.model import (
     ScheduledRetry,
     Transition,
 )
-from queue_service.store import migrations
+from queue_service.store import migrations, notices
 from queue_service.store.locks import holding_user_queue_lock, locked_section, locked_section_of_run, locked_sections_of_runs
 from queue_service.store.pool import QueuePool, connection, translated_errors
 
@@ -600,6 +600,5 @@ class Store:
         """A dedicated connection LISTENing to the job-change channel (every status change, from
         any replica, announced by the table's trigger); yields the notices' payloads. The caller
         reconnects when it drops."""
-        async with await AsyncConnection.connect(self._listen_database_url, autocommit=True) as conn:
-            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(JOB_CHANGES_CHANNEL)))
-            yield (notice.payload async for notice in conn.notifies())
+        async with notices.listening(self._listen_database_url, JOB_CHANGES_CHANNEL) as payloads:
+            yield payloads
