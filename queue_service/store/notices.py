@@ -32,6 +32,9 @@ class NoticeReader:
         self._encoding = conn.info.encoding
         self._payloads = deque(received_while_listening)
         self._readable = asyncio.Event()
+        # A first pass without waiting: what libpq had read behind the LISTEN's own answer is in
+        # its buffer, not on the socket, so no readiness would announce it.
+        self._readable.set()
         self._loop = asyncio.get_running_loop()
         self._socket = self._pgconn.socket
         self._loop.add_reader(self._socket, self._readable.set)
