@@ -8,7 +8,8 @@ export const QUEUE_ERROR_DOMAIN = "queue.acurio.app";
 /**
  * Every `ErrorInfo.reason` the queue sends (see the comment on `AnalysisQueueService` in
  * `queue_service.proto` for each one's code and metadata). Reasons are only ever added; treat an
- * unknown one by its status code.
+ * unknown one by its status code. The service's own table (`queue_service/api/status.py`) is the
+ * source: `tests/unit/test_reason_vocabulary.py` fails when this list differs from it.
  */
 export const QUEUE_REASONS = [
   "INVALID_REQUEST",
@@ -19,14 +20,17 @@ export const QUEUE_REASONS = [
   "DELTA_BASE_NOT_FINISHED",
   "PROVIDER_BUDGET_EXHAUSTED",
   "USER_QUEUE_FULL",
+  "USER_DELTA_LIMIT",
   "TOO_MANY_STREAMS",
   "JOB_NOT_FOUND",
   "JOB_NOT_PENDING",
   "JOB_ALREADY_FINISHED",
   "RUN_NOT_FOUND",
+  "RUN_NOT_YET_ADMITTED",
   "RUN_NOT_RELEASED",
   "CORE_UNAVAILABLE",
   "SHUTTING_DOWN",
+  "REPLICA_BUSY",
   "DATABASE_UNAVAILABLE",
   "LOCK_TIMEOUT",
   "CONFLICT",
@@ -56,7 +60,8 @@ export function reasonOf(err: unknown): QueueReason | "" | (string & {}) {
 
 /**
  * True when the same request may be sent again: UNAVAILABLE (CORE_UNAVAILABLE, SHUTTING_DOWN,
- * DATABASE_UNAVAILABLE, LOCK_TIMEOUT, or a transport failure without ErrorInfo) and ABORTED
+ * DATABASE_UNAVAILABLE, LOCK_TIMEOUT, REPLICA_BUSY, RUN_NOT_YET_ADMITTED, or a transport failure
+ * without ErrorInfo) and ABORTED
  * (CONFLICT). For Admit and GrantCredits only with the same idempotency key.
  * DEADLINE_EXCEEDED is not: the caller's own deadline has passed.
  */
