@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("queue_service")
 
-# Exit codes of a start that fails (README, "Start-up failures"); 1 is anything unforeseen.
+# Exit codes of a start that fails (docs/operations.md, "Start-up failures and exit codes"); 1 is anything unforeseen.
 EXIT_CONFIG = 2  # a setting or the auth file is wrong
 EXIT_ALREADY_RUNNING = 3  # the listen address is taken, or another `dev` holds the state folder
 EXIT_DATABASE_UNREACHABLE = 4  # no connection to DATABASE_URL (refused, unknown host, bad password)

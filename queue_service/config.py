@@ -116,37 +116,37 @@ class Setting:
     meaning: str
 
 
-# The order here is the order of the README's configuration table.
+# The order here is the order of docs/configuration.md, which is generated from these tables.
 SETTINGS: dict[str, Setting] = {
     "database_url": Setting("DATABASE_URL", "", _parse_dsn, "PostgreSQL DSN; unset: `dev` starts an embedded PostgreSQL"),
-    "listen_database_url": Setting("QUEUE_LISTEN_DATABASE_URL", "", _parse_dsn, "DSN for the LISTEN connection when DATABASE_URL goes through a transaction-mode pooler; default DATABASE_URL"),
+    "listen_database_url": Setting("QUEUE_LISTEN_DATABASE_URL", "", _parse_dsn, "DSN for the one LISTEN connection per replica when `DATABASE_URL` goes through a transaction-mode pooler (LISTEN needs a session)"),
     "listen_addr": Setting("QUEUE_LISTEN_ADDR", "127.0.0.1:50051", _parse_host_port, "host:port to serve gRPC on"),
-    "http_addr": Setting("QUEUE_HTTP_ADDR", "", _parse_optional_host_port, "host:port to serve the web console and the Connect/gRPC-Web endpoint on; empty: none (`dev`: 127.0.0.1:8080)"),
-    "core_addr": Setting("QUEUE_CORE_ADDR", "", _parse_optional_host_port, "host:port of the core's RunService; `dev` starts the dev core"),
-    "max_active_per_user": Setting("QUEUE_MAX_ACTIVE_PER_USER", "1", _parse_int(1, 1000), "first-pass slots per user (the user_queue_limits table may raise it)"),
-    "max_queued_per_user": Setting("QUEUE_MAX_QUEUED_PER_USER", "100", _parse_int(1, 100_000), "queued jobs per user before USER_QUEUE_FULL"),
+    "http_addr": Setting("QUEUE_HTTP_ADDR", "", _parse_optional_host_port, "host:port of the web console and the Connect / gRPC-Web endpoint (same services, roles and errors as gRPC); empty: none (`dev`: `127.0.0.1:8080`, or a free port when taken)"),
+    "core_addr": Setting("QUEUE_CORE_ADDR", "", _parse_optional_host_port, "host:port of the core's RunService; unset: `dev` starts the dev core"),
+    "max_active_per_user": Setting("QUEUE_MAX_ACTIVE_PER_USER", "1", _parse_int(1, 1000), "first-pass slots per user (table `user_queue_limits` may raise it per user)"),
+    "max_queued_per_user": Setting("QUEUE_MAX_QUEUED_PER_USER", "100", _parse_int(1, 100_000), "queued jobs per user before `USER_QUEUE_FULL`"),
     "release_window_seconds": Setting("QUEUE_RELEASE_WINDOW_SECONDS", "1800", _parse_float(0.1, 7 * 86400), "how long release is retried after promotion"),
-    "sweep_interval_seconds": Setting("QUEUE_SWEEP_INTERVAL_SECONDS", "30", _parse_float(0.0, 86400), "sweeper period (jittered); 0 disables the sweeper"),
-    "max_active_deltas_per_user": Setting("QUEUE_MAX_ACTIVE_DELTAS_PER_USER", "4", _parse_int(1, 10_000), "delta re-checks running at once per user before USER_DELTA_LIMIT"),
-    "admit_price": Setting("QUEUE_ADMIT_PRICE", "1", _parse_int(0, 1_000_000), "credits charged per first-pass job"),
-    "delta_price": Setting("QUEUE_DELTA_PRICE", "0", _parse_int(0, 1_000_000), "credits charged per delta re-check"),
-    "core_deadline_seconds": Setting("QUEUE_CORE_DEADLINE_SECONDS", "5", _parse_float(0.05, 120), "deadline of the admit path's calls to the core, retries included"),
-    "release_lease_seconds": Setting("QUEUE_RELEASE_LEASE_SECONDS", "15", _parse_float(0.1, 3600), "how long a claimed release is reserved for its replica before another may retry it"),
-    "release_backoff_max_seconds": Setting("QUEUE_RELEASE_BACKOFF_MAX_SECONDS", "60", _parse_float(0.01, 3600), "cap of the release retry backoff (full jitter)"),
-    "reconcile_after_seconds": Setting("QUEUE_RECONCILE_AFTER_SECONDS", "900", _parse_float(0.1, 7 * 86400), "a RUNNING job with no completion for this long is checked with the core's GetRun"),
+    "sweep_interval_seconds": Setting("QUEUE_SWEEP_INTERVAL_SECONDS", "30", _parse_float(0.0, 86400), "sweeper period (jittered); `0` disables it"),
+    "max_active_deltas_per_user": Setting("QUEUE_MAX_ACTIVE_DELTAS_PER_USER", "4", _parse_int(1, 10_000), "delta re-checks running at once per user before `USER_DELTA_LIMIT` (`RESOURCE_EXHAUSTED`)"),
+    "admit_price": Setting("QUEUE_ADMIT_PRICE", "1", _parse_int(0, 1_000_000), "credits per first-pass job"),
+    "delta_price": Setting("QUEUE_DELTA_PRICE", "0", _parse_int(0, 1_000_000), "credits per delta re-check"),
+    "core_deadline_seconds": Setting("QUEUE_CORE_DEADLINE_SECONDS", "5", _parse_float(0.05, 120), "deadline of calls to the core (admit retries included)"),
+    "release_lease_seconds": Setting("QUEUE_RELEASE_LEASE_SECONDS", "15", _parse_float(0.1, 3600), "a claimed release is reserved this long before another replica may retry it"),
+    "release_backoff_max_seconds": Setting("QUEUE_RELEASE_BACKOFF_MAX_SECONDS", "60", _parse_float(0.01, 3600), "cap of the release retry backoff"),
+    "reconcile_after_seconds": Setting("QUEUE_RECONCILE_AFTER_SECONDS", "900", _parse_float(0.1, 7 * 86400), "a RUNNING job without completion this long is checked with `GetRun`"),
     "grace_period_seconds": Setting("QUEUE_GRACE_PERIOD_SECONDS", "10", _parse_float(0.0, 600), "on SIGTERM: time for in-flight calls to finish"),
-    "lock_timeout_ms": Setting("QUEUE_LOCK_TIMEOUT_MS", "5000", _parse_int(1, 600_000), "lock_timeout of every transaction"),
-    "statement_timeout_ms": Setting("QUEUE_STATEMENT_TIMEOUT_MS", "10000", _parse_int(1, 600_000), "statement_timeout of every transaction"),
+    "lock_timeout_ms": Setting("QUEUE_LOCK_TIMEOUT_MS", "5000", _parse_int(1, 600_000), "`lock_timeout` of every transaction"),
+    "statement_timeout_ms": Setting("QUEUE_STATEMENT_TIMEOUT_MS", "10000", _parse_int(1, 600_000), "`statement_timeout` of every transaction"),
     "pool_min_size": Setting("QUEUE_DB_POOL_MIN_SIZE", "2", _parse_int(1, 1000), "database connections kept open"),
     "pool_max_size": Setting("QUEUE_DB_POOL_MAX_SIZE", "20", _parse_int(1, 1000), "database connections at most"),
-    "pool_timeout_seconds": Setting("QUEUE_DB_POOL_TIMEOUT_SECONDS", "5", _parse_float(0.05, 600), "wait for a free connection before UNAVAILABLE"),
+    "pool_timeout_seconds": Setting("QUEUE_DB_POOL_TIMEOUT_SECONDS", "5", _parse_float(0.05, 600), "wait for a free connection before `UNAVAILABLE`"),
     "migrate_on_start": Setting("QUEUE_MIGRATE_ON_START", "true", _parse_bool, "`serve` applies pending migrations first"),
-    "max_concurrent_calls": Setting("QUEUE_MAX_CONCURRENT_CALLS", "16", _parse_int(1, 100_000), "unary calls one replica works on at once; more wait their turn, as long as their deadline allows (else QUEUE_DB_POOL_TIMEOUT_SECONDS), then hear UNAVAILABLE REPLICA_BUSY"),
+    "max_concurrent_calls": Setting("QUEUE_MAX_CONCURRENT_CALLS", "16", _parse_int(1, 100_000), "unary calls one replica works on at once; more wait their turn as long as their deadline allows (without one, `QUEUE_DB_POOL_TIMEOUT_SECONDS`), then hear `UNAVAILABLE` `REPLICA_BUSY`; keeps an overloaded replica answering within deadlines; raise it when the core answers slowly and the replica has CPU to spare"),
     "max_streams_per_user": Setting("QUEUE_MAX_STREAMS_PER_USER", "16", _parse_int(1, 100_000), "open WatchJobs streams per user and replica"),
     "max_streams": Setting("QUEUE_MAX_STREAMS", "2000", _parse_int(1, 1_000_000), "open WatchJobs streams per replica"),
-    "watch_backlog_bytes": Setting("QUEUE_WATCH_BACKLOG_BYTES", "65536", _parse_int(4096, 1 << 30), "changes one WatchJobs stream may hold for a slow reader, in estimated bytes (about 1 KB a job plus its error text); beyond it they are dropped and the stream resyncs (re-reads its user's jobs, a page at a time). Part of a stream's memory budget (docs/operations.md)"),
-    "max_health_watches": Setting("QUEUE_MAX_HEALTH_WATCHES", "256", _parse_int(1, 100_000), "open Health.Watch streams per replica (health needs no credentials); more are refused with RESOURCE_EXHAUSTED TOO_MANY_STREAMS"),
-    "max_streams_per_connection": Setting("QUEUE_MAX_STREAMS_PER_CONNECTION", "4096", _parse_int(1, 1_000_000), "calls one client connection may have open at once (HTTP/2 max concurrent streams); a client beyond it waits, so keep it above one web backend's WatchJobs streams plus its calls in flight"),
+    "watch_backlog_bytes": Setting("QUEUE_WATCH_BACKLOG_BYTES", "65536", _parse_int(4096, 1 << 30), "changes one WatchJobs stream may hold for a slow reader, in estimated bytes (about 1 KB a job plus its error text); beyond it they are dropped and the stream resyncs. Part of a stream's memory budget ([operations.md](operations.md#11-memory-per-watchjobs-stream))"),
+    "max_health_watches": Setting("QUEUE_MAX_HEALTH_WATCHES", "256", _parse_int(1, 100_000), "open `Health.Watch` streams per replica (health needs no credentials); more are refused with `RESOURCE_EXHAUSTED` `TOO_MANY_STREAMS`"),
+    "max_streams_per_connection": Setting("QUEUE_MAX_STREAMS_PER_CONNECTION", "4096", _parse_int(1, 1_000_000), "calls one client connection may have open at once (HTTP/2 max concurrent streams); a client beyond it waits for a free stream, so keep it above what one web backend multiplexes (its WatchJobs streams plus its calls in flight). Keepalive and connection-age limits: `queue_service/api/connection_limits.py`"),
     "reflection": Setting("QUEUE_REFLECTION", "true", _parse_bool, "serve gRPC server reflection"),
     "log_format": Setting("QUEUE_LOG_FORMAT", "json", _parse_choice("json", "text"), "log lines as JSON or readable text"),
     "log_level": Setting("QUEUE_LOG_LEVEL", "info", _parse_choice("debug", "info", "warning", "error"), "log level"),
@@ -154,28 +154,28 @@ SETTINGS: dict[str, Setting] = {
     "trace_console": Setting("QUEUE_TRACE_CONSOLE", "false", _parse_bool, "print spans to the console (for `dev`)"),
     "tls_cert_file": Setting("QUEUE_TLS_CERT_FILE", "", _parse_text, "PEM certificate chain of the listener; set with the key to serve TLS"),
     "tls_key_file": Setting("QUEUE_TLS_KEY_FILE", "", _parse_text, "PEM private key of the listener"),
-    "tls_client_ca_file": Setting("QUEUE_TLS_CLIENT_CA_FILE", "", _parse_text, "PEM CA bundle; set to require client certificates (mutual TLS)"),
-    "auth_file": Setting("QUEUE_AUTH_FILE", "", _parse_text, "JSON file mapping bearer tokens (sha256) and client-certificate names to roles; set: every call is authenticated"),
-    "credentials_reload_seconds": Setting("QUEUE_CREDENTIALS_RELOAD_SECONDS", "60", _parse_float(0.0, 86400), "how often the auth file, the listener's TLS files and the user assertion key file are checked for changes and re-read without a restart (SIGHUP re-reads them at once); 0: on SIGHUP only"),
-    "allow_unauthenticated": Setting("QUEUE_ALLOW_UNAUTHENTICATED", "false", _parse_bool, "serve without QUEUE_AUTH_FILE on a non-loopback address (behind a trusted proxy only)"),
-    "tls_terminated_upstream": Setting("QUEUE_TLS_TERMINATED_UPSTREAM", "false", _parse_bool, "with QUEUE_AUTH_FILE and no QUEUE_TLS_CERT_FILE: a mesh or ingress terminates TLS in front of every non-loopback listener, so bearer tokens never cross the network in plaintext; unset, such a listener is refused"),
-    "user_assertion_key_file": Setting("QUEUE_USER_ASSERTION_KEY_FILE", "", _parse_text, "per-user assertions: the web backend's Ed25519, ECDSA P-256 or RSA public key (PEM, recommended; several during a rotation) or an HS256 secret file; set (with QUEUE_AUTH_FILE): every `web` call that acts for a user must carry a JWT in `x-user-assertion` whose `sub` is its user_id"),
-    "user_assertion_issuer": Setting("QUEUE_USER_ASSERTION_ISSUER", "", _parse_text, "the `iss` every user assertion must carry; empty: not checked"),
+    "tls_client_ca_file": Setting("QUEUE_TLS_CLIENT_CA_FILE", "", _parse_text, "PEM CA bundle: require client certificates (mutual TLS)"),
+    "auth_file": Setting("QUEUE_AUTH_FILE", "", _parse_text, "JSON file mapping bearer tokens (SHA-256) and certificate names to roles; set: every call but health is authenticated"),
+    "credentials_reload_seconds": Setting("QUEUE_CREDENTIALS_RELOAD_SECONDS", "60", _parse_float(0.0, 86400), "how often the auth file, the listener's TLS files and the user assertion key file are checked and re-read when they changed, without a restart; `SIGHUP` re-reads them at once; `0`: on `SIGHUP` only"),
+    "allow_unauthenticated": Setting("QUEUE_ALLOW_UNAUTHENTICATED", "false", _parse_bool, "allow a non-loopback listener without `QUEUE_AUTH_FILE` (behind a trusted proxy only)"),
+    "tls_terminated_upstream": Setting("QUEUE_TLS_TERMINATED_UPSTREAM", "false", _parse_bool, "with `QUEUE_AUTH_FILE` but no `QUEUE_TLS_CERT_FILE`, a non-loopback listener (`QUEUE_LISTEN_ADDR`, `QUEUE_HTTP_ADDR`) is refused, since bearer tokens would cross the network in plaintext; `true` states that a mesh or ingress terminates TLS in front of it"),
+    "user_assertion_key_file": Setting("QUEUE_USER_ASSERTION_KEY_FILE", "", _parse_text, "per-user assertions (needs `QUEUE_AUTH_FILE`): the web backend's Ed25519, ECDSA P-256 or RSA public key (PEM, recommended; several during a key rotation) or an HS256 secret file; set, every `web` call must carry a JWT in `x-user-assertion` whose `sub` is its `user_id` ([security](security.md))"),
+    "user_assertion_issuer": Setting("QUEUE_USER_ASSERTION_ISSUER", "", _parse_text, "the `iss` every user assertion must carry"),
     "user_assertion_audience": Setting("QUEUE_USER_ASSERTION_AUDIENCE", "acurio-queue", _parse_required_text, "the `aud` every user assertion must carry"),
-    "user_assertion_max_age_seconds": Setting("QUEUE_USER_ASSERTION_MAX_AGE_SECONDS", "300", _parse_float(1, 86400), "longest lifetime (`exp` - `iat`) of a user assertion; a longer-lived one is refused"),
-    "user_assertion_leeway_seconds": Setting("QUEUE_USER_ASSERTION_LEEWAY_SECONDS", "30", _parse_float(0, 600), "clock skew allowed on a user assertion's `exp`, `iat` and `nbf`"),
-    "core_tls_ca_file": Setting("QUEUE_CORE_TLS_CA_FILE", "", _parse_text, "PEM CA bundle; set to call the core over TLS"),
+    "user_assertion_max_age_seconds": Setting("QUEUE_USER_ASSERTION_MAX_AGE_SECONDS", "300", _parse_float(1, 86400), "longest lifetime (`exp` − `iat`) of a user assertion"),
+    "user_assertion_leeway_seconds": Setting("QUEUE_USER_ASSERTION_LEEWAY_SECONDS", "30", _parse_float(0, 600), "clock skew allowed on its `exp`, `iat`, `nbf`"),
+    "core_tls_ca_file": Setting("QUEUE_CORE_TLS_CA_FILE", "", _parse_text, "PEM CA bundle: call the core over TLS"),
     "core_tls_cert_file": Setting("QUEUE_CORE_TLS_CERT_FILE", "", _parse_text, "PEM client certificate for the core (mutual TLS)"),
     "core_tls_key_file": Setting("QUEUE_CORE_TLS_KEY_FILE", "", _parse_text, "PEM client key for the core"),
 }
 
 
-# Settings only `queue-service dev` reads (the README lists them under its own heading).
+# Settings only `queue-service dev` reads (docs/configuration.md lists them under their own heading).
 DEV_SETTINGS: dict[str, Setting] = {
     "state_dir": Setting("QUEUE_STATE_DIR", ".state", _parse_required_text, "folder of the embedded PostgreSQL's data and the dev core's runs"),
-    "pg_port": Setting("QUEUE_DEV_PG_PORT", "", _parse_optional_port, "port of the embedded PostgreSQL; unset: 54329, or a free port when that is taken"),
+    "pg_port": Setting("QUEUE_DEV_PG_PORT", "", _parse_optional_port, "port of the embedded PostgreSQL"),
     "core_judging_seconds": Setting("QUEUE_DEV_CORE_JUDGING_SECONDS", "5", _parse_float(0.0, 86400), "how long the dev core judges a run"),
-    "core_callback_token": Setting("QUEUE_DEV_CORE_CALLBACK_TOKEN", "", _parse_text, "bearer token the dev core sends with CompleteRun when QUEUE_AUTH_FILE is set; unset: `dev` makes one"),
+    "core_callback_token": Setting("QUEUE_DEV_CORE_CALLBACK_TOKEN", "", _parse_text, "the dev core's bearer token for `CompleteRun` under `QUEUE_AUTH_FILE` (must be a `core` token of that file)"),
 }
 
 
@@ -338,3 +338,40 @@ def _is_loopback(addr: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def reference_markdown() -> str:
+    """docs/configuration.md: every setting with its meaning and default, written from the tables
+    above so a meaning is written once (`python -m queue_service.config > docs/configuration.md`;
+    tests/unit/test_readme.py fails when the file is stale)."""
+
+    def rows(settings: Mapping[str, Setting]) -> list[str]:
+        return [f"| `{s.env}` | {s.meaning} | {f'`{s.default}`' if s.default else '—'} |" for s in settings.values()]
+
+    header = ["| variable | meaning | default |", "| --- | --- | --- |"]
+    return "\n".join(
+        [
+            "# Configuration",
+            "",
+            "<!-- Generated from queue_service/config.py by `python -m queue_service.config > docs/configuration.md`; edit the tables there. -->",
+            "",
+            "Environment variables, validated at start: a bad value stops start-up with a message naming",
+            "the variable, the value and what is allowed. OpenTelemetry exporters follow the standard",
+            "`OTEL_*` variables (OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set).",
+            "",
+            "## `queue-service serve` (and `dev`)",
+            "",
+            *header,
+            *rows(SETTINGS),
+            "",
+            "## `queue-service dev` only",
+            "",
+            *header,
+            *rows(DEV_SETTINGS),
+            "",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    print(reference_markdown(), end="")
