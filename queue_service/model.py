@@ -110,6 +110,12 @@ class Transition:
     # Fences a release's outcome to the attempt that claimed it.
     expected_attempts: int | None = None
 
+    @property
+    def refund_cause(self) -> Cause:
+        """Why a refund this ending made was made: its own (`refund`), or else the user's recorded
+        cancel (the store refunds a FAILED ending of a job whose user asked to cancel it)."""
+        return self.cause if self.refund else Cause.CANCEL
+
     @classmethod
     def completed(cls, *, succeeded: bool, refund: bool, message: str) -> Transition:
         """The core's CompleteRun callback for a PENDING or RUNNING job."""
@@ -182,6 +188,8 @@ class JobRef:
     delta_of_job_id: uuid.UUID | None
     # The job has ended but the core has not yet confirmed its run settled.
     run_unsettled: bool = False
+    # The user asked to cancel it while it was active (recorded before the core was asked).
+    cancel_requested: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

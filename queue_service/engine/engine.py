@@ -368,7 +368,7 @@ class QueueEngine:
         self._note_slot_freed(promoted)
         telemetry.metrics.completions.add(1, {"status": str(transition.to)})
         if refunded:
-            telemetry.metrics.refunds.add(refunded, {"cause": str(cause)})
+            telemetry.metrics.refunds.add(refunded, {"cause": str(transition.refund_cause)})
         log.info(
             "job ended",
             extra={"job_id": ended.job_id, "user_id": ended.user_id, "run_id": ended.run_id, "status": transition.to, "cause": cause},
@@ -414,9 +414,12 @@ class QueueEngine:
         """Cancels a job; the core's answer decides how an active job ends (see docs/design.md).
 
         A QUEUED job ends at once (its held run is canceled afterwards, durably). For a PENDING or
-        RUNNING job the core is asked first: CANCELED (or an unknown run) ends the job CANCELED
-        and refunded; a run that had already finished ends the job as it finished and the caller
-        hears JOB_ALREADY_FINISHED; no answer changes nothing and the caller may retry."""
+        RUNNING job the user's intent is recorded first, then the core is asked: CANCELED (or an
+        unknown run) ends the job CANCELED and refunded; a run that had already finished ends the
+        job as it finished and the caller hears JOB_ALREADY_FINISHED; no answer changes nothing
+        and the caller may retry. Whatever ends the job after the intent was recorded (this
+        answer, the core's CompleteRun, reconciliation, a retry of this call) refunds it unless
+        its run succeeded: a job the user canceled is never charged."""
         for _ in range(3):
             async with self._store.statements() as db:
                 job = await db.job_by_id(job_id=job_id)
@@ -425,25 +428,40 @@ class QueueEngine:
             if job.status is JobStatus.CANCELED:
                 return
             if job.status.is_finished:
+                if job.status is JobStatus.FAILED and job.cancel_requested:
+                    # Ended FAILED after the user asked to cancel (by a replica that did not
+                    # apply the intent, say): the intent still decides the credit.
+                    await self._refund_if_failed(job_id, user_id)
                 raise _already_finished(job_id, job.status)
             if job.status is JobStatus.QUEUED:
                 if await self.end_job(job_id, user_id, Transition.canceled_while_queued()):
                     return
                 continue  # promoted meanwhile: cancel it as an active job
+            if not await self._record_cancel_request(job):
+                continue  # ended meanwhile: the next pass reports how
             report = await self._core.cancel_run(job.run_id)
             if not report.fate.settled:
                 raise errors.CoreUnavailable(
                     f"the core did not cancel run {job.run_id} (it is {report.fate.value}); retry",
                     metadata={"coreCode": "OK", "runState": report.fate.value.upper()},
                 )
-            ended = await self.end_job(job_id, user_id, Transition.canceled(report))
-            if ended is None and report.fate is not RunFate.SUCCEEDED:
-                # A completion won the race: the core may have reported the run it canceled for
-                # us as FAILED without a refund. A job the user canceled is never charged.
-                await self._refund_if_failed(job_id, user_id)
+            await self.end_job(job_id, user_id, Transition.canceled(report))
             # Ended by us or meanwhile (a completion, or a release that met the canceled run):
-            # the next pass reports what it is now.
+            # the next pass reports what it is now, and applies the intent to a FAILED job.
         raise errors.Conflict(f"job {job_id} kept changing during the cancel; retry", metadata={"jobId": str(job_id)})
+
+    async def _record_cancel_request(self, job: JobRef) -> bool:
+        """Records the user's intent to cancel an active job before the core hears of it, so that
+        the answer, if lost, cannot decide the credit alone; False when the job is no longer
+        active."""
+        with telemetry.tracer.start_as_current_span("cancel.record_intent") as span:
+            span.set_attribute("queue.job_id", str(job.job_id))
+            async with self._store.statements() as db:
+                recorded = await db.record_cancel_request(job_id=job.job_id)
+            span.set_attribute("queue.cancel.recorded", recorded)
+        if recorded and not job.cancel_requested:
+            log.info("cancel requested", extra={"job_id": job.job_id, "user_id": job.user_id, "run_id": job.run_id, "status": job.status})
+        return recorded
 
     async def _refund_if_failed(self, job_id: uuid.UUID, user_id: str) -> None:
         refunded = await self._store.refund_failed_job(job_id, user_id, reason=Cause.CANCEL)

@@ -95,6 +95,7 @@ def _job_ref(row: Row) -> JobRef:
         status=JobStatus(row["status"]),
         delta_of_job_id=row["delta_of_job_id"],
         run_unsettled=bool(row.get("run_unsettled", False)),
+        cancel_requested=bool(row.get("cancel_requested", False)),
     )
 
 
@@ -130,7 +131,7 @@ def _ending(rows: list[Row], transition: Transition, actor: str) -> JobEnding:
     ref = _view_ref(view, row)
     refunded = int(row["refunded_amount"])
     if refunded:
-        audit.log_movement(kind=LedgerKind.REFUND, user_id=ref.user_id, amount=refunded, job_id=ref.job_id, actor=actor, reason=transition.cause)
+        audit.log_movement(kind=LedgerKind.REFUND, user_id=ref.user_id, amount=refunded, job_id=ref.job_id, actor=actor, reason=transition.refund_cause)
     return JobEnding(ref, view, refunded, _promoted(rows))
 
 
@@ -238,6 +239,11 @@ class Statements:
     async def job_by_id(self, *, job_id: uuid.UUID) -> JobRef | None:
         row = await self._one("job_by_id", {"job_id": job_id})
         return None if row is None else _job_ref(row)
+
+    async def record_cancel_request(self, *, job_id: uuid.UUID) -> bool:
+        """Records that the user asked to cancel the job; False when it is no longer PENDING or
+        RUNNING (fenced)."""
+        return await self._one("record_cancel_request", {"job_id": job_id}) is not None
 
     # -- releases ------------------------------------------------------------------------------
 

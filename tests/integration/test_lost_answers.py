@@ -464,3 +464,90 @@ async def test_deltas_beyond_the_users_limit_are_refused(services) -> None:
         grpc.StatusCode.RESOURCE_EXHAUSTED, "USER_DELTA_LIMIT", {"maxActiveDeltas": "2", "activeDeltas": "2"}
     )
     assert _live_runs_of(core, user) and len([r for r in core.runs.values() if r.user_id == user]) == 3
+
+
+# -- a cancel whose answer is lost: the recorded intent decides the credit ---------------------
+
+
+def _refund_reasons(database_url: str, job_id: str) -> list[str]:
+    with psycopg.connect(database_url) as conn:
+        return [r for (r,) in conn.execute("SELECT reason FROM credit_ledger WHERE job_id = %s AND kind = 'refund'", (job_id,))]
+
+
+async def test_a_cancel_whose_answer_is_lost_after_the_core_failed_the_run_is_refunded(services, database_url: str) -> None:
+    """The core ends the run it was asked to cancel with CompleteRun(FAILED, refund_credit=false)
+    and the CancelRun answer is lost: CancelJob answers CORE_UNAVAILABLE, yet the job is refunded
+    (the intent was recorded before the core was asked, and the callback applied it), and the
+    retry answers JOB_ALREADY_FINISHED with nothing left charged."""
+    core = await services.core()
+    core.fail_canceled_runs = True
+    core.answer_faults["CancelRun"] = AnswerFault("lose")
+    service = await services.start(core)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 1)
+    job = await stubs.admit(user)
+    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    with pytest.raises(grpc.aio.AioRpcError) as unanswered:
+        await cancel(stubs, job.job_id, user)
+    assert error_info(unanswered.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
+    assert core.faults_injected["CancelRun:lose"] >= 1
+    ended = await stubs.job(job.job_id)
+    assert (ended.status, ended.refunded) == (S.JOB_STATUS_FAILED, True)
+    with pytest.raises(grpc.aio.AioRpcError) as retried:
+        await cancel(stubs, job.job_id, user)
+    assert error_info(retried.value)[:3] == (
+        grpc.StatusCode.FAILED_PRECONDITION, "JOB_ALREADY_FINISHED", {"jobId": job.job_id, "status": "FAILED"}
+    )
+    assert await stubs.balance(user) == 1
+    assert _refund_reasons(database_url, job.job_id) == ["cancel"]
+    assert InvariantChecker(database_url).all_violations() == []
+
+
+async def test_a_cancel_retried_after_the_job_ended_failed_without_the_intent_applied_refunds_it(services, database_url: str) -> None:
+    """The job was ended FAILED without a refund after its user asked to cancel (by a replica of
+    the previous version, which neither sets nor reads the intent: emulated with its statement).
+    The retry of CancelJob applies the recorded intent: refunded, then JOB_ALREADY_FINISHED."""
+    core = await services.core()
+    core.answer_faults["CancelRun"] = AnswerFault("lose")
+    service = await services.start(core)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 1)
+    job = await stubs.admit(user)
+    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    with pytest.raises(grpc.aio.AioRpcError) as unanswered:
+        await cancel(stubs, job.job_id, user)
+    assert error_info(unanswered.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE analysis_jobs SET status = 'failed', end_time = clock_timestamp(), next_reconcile_at = NULL,"
+            " last_error = 'canceled at the core' WHERE job_id = %s AND status = 'running'",
+            (job.job_id,),
+        )
+    assert (await stubs.job(job.job_id)).refunded is False
+    with pytest.raises(grpc.aio.AioRpcError) as retried:
+        await cancel(stubs, job.job_id, user)
+    assert error_info(retried.value)[:2] == (grpc.StatusCode.FAILED_PRECONDITION, "JOB_ALREADY_FINISHED")
+    assert (await stubs.job(job.job_id)).refunded is True
+    assert await stubs.balance(user) == 1
+    assert _refund_reasons(database_url, job.job_id) == ["cancel"]
+
+
+async def test_a_run_that_succeeded_before_a_cancel_with_a_lost_answer_keeps_its_charge(services, database_url: str) -> None:
+    """The intent does not refund a run that succeeded: the completion came before the cancel
+    reached the core, whose answer (SUCCEEDED) was lost. The job stays SUCCEEDED and charged."""
+    core = await services.core()
+    service = await services.start(core)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 1)
+    job = await stubs.admit(user)
+    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    core.drop_callbacks = True
+    await core.finish(job.run_id)
+    core.answer_faults["CancelRun"] = AnswerFault("lose")
+    with pytest.raises(grpc.aio.AioRpcError) as unanswered:
+        await cancel(stubs, job.job_id, user)
+    assert error_info(unanswered.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
+    completed = await stubs.complete(job.run_id)  # the core's retried callback gets through
+    assert (completed.status, completed.refunded) == (S.JOB_STATUS_SUCCEEDED, False)
+    assert await stubs.balance(user) == 0
+    assert _refund_reasons(database_url, job.job_id) == []

@@ -155,8 +155,18 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
 
 -- name: job_by_id
 -- One job's row fields the lifecycle needs.
-SELECT job_id, user_id, run_id, status, delta_of_job_id, run_settle_due_at IS NOT NULL AS run_unsettled
+SELECT job_id, user_id, run_id, status, delta_of_job_id, run_settle_due_at IS NOT NULL AS run_unsettled,
+       cancel_requested_at IS NOT NULL AS cancel_requested
   FROM analysis_jobs WHERE job_id = %(job_id)s;
+
+-- name: record_cancel_request
+-- The user asked to cancel a PENDING or RUNNING job: recorded before the core is asked, so every
+-- ending that follows applies it (migration 0012). Fenced: no row when the job is no longer
+-- active (it ended, or is still QUEUED). The first request's time is kept.
+UPDATE analysis_jobs
+   SET cancel_requested_at = COALESCE(cancel_requested_at, clock_timestamp())
+ WHERE job_id = %(job_id)s AND status IN ('pending', 'running')
+RETURNING job_id;
 
 -- name: claim_due_releases
 -- Claims pending jobs due for release, skipping rows another replica is claiming, and reserves

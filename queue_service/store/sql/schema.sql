@@ -31,6 +31,7 @@ CREATE TABLE public.analysis_jobs (
     end_time            timestamp with time zone,
     run_settle_due_at   timestamp with time zone,
     run_settle_attempts integer DEFAULT 0 NOT NULL,
+    cancel_requested_at timestamp with time zone,
     CONSTRAINT analysis_jobs_active_first_pass_has_slot CHECK ((status <> ALL (ARRAY['pending'::text, 'running'::text])) OR delta_of_job_id IS NOT NULL OR slot IS NOT NULL),
     CONSTRAINT analysis_jobs_delta_of_job_id_fkey FOREIGN KEY (delta_of_job_id) REFERENCES analysis_jobs(job_id),
     CONSTRAINT analysis_jobs_idempotency UNIQUE (user_id, idempotency_key),
@@ -175,7 +176,12 @@ BEGIN
     END IF;
     RETURN QUERY SELECT 'ended', ended.job_id, ended.user_id, ended.run_id, ended.status, ended.delta_of_job_id,
                         ended.run_settle_due_at IS NOT NULL,
-                        CASE WHEN p_refund THEN queue_refund_job_charge(ended.job_id, p_actor, p_reason) ELSE 0 END;
+                        CASE
+                            WHEN p_refund THEN queue_refund_job_charge(ended.job_id, p_actor, p_reason)
+                            WHEN ended.status = 'failed' AND ended.cancel_requested_at IS NOT NULL
+                                THEN queue_refund_job_charge(ended.job_id, p_actor, 'cancel')
+                            ELSE 0
+                        END;
     IF NOT p_run_unsettled THEN
         RETURN QUERY SELECT 'promoted', p.promoted_job_id, ended.user_id, p.promoted_run_id, 'pending'::text,
                             NULL::uuid, false, 0
