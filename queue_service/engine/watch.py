@@ -1,9 +1,11 @@
 """The watch hub: one LISTEN connection per replica, fanned out to the dispatcher and to WatchJobs
 streams.
 
-The table's trigger announces every status change on channel `analysis_job_changes`, whichever
-replica (or code version) made it. The hub reads each job's view once per change and hands it
-to every stream of that user on this replica. When the listening connection drops (or a slow
+The table's trigger announces every change a job's view shows on channel `analysis_job_changes`
+(its status, error or release attempts; a refund without a status change announces itself,
+migration 0013), whichever replica (or code version) made it. The hub reads each job's view once
+per change and hands it to every stream of that user on this replica, with the user's queued jobs
+when the change moves them. When the listening connection drops (or a slow
 reader's backlog is dropped), changes may have been missed: each stream then resyncs, re-reading
 every job it may have missed, ended ones included, so that a stream's last message for a job is
 what GetJob returns (I11).
@@ -144,6 +146,19 @@ class WatchStream:
             await self._ready.wait()
 
 
+def _changes_the_users_queue(change: dict[str, object], views: list[JobView]) -> bool:
+    """Whether the change shows the user's queued jobs differently: a job that leaves the queue
+    moves everyone behind it up (`queue_position`, `waiting_for_job_id`), and a first-pass job
+    that leaves PENDING or RUNNING is no longer what the first queued job waits behind (when it
+    ends unsettled, no promotion follows to say so) nor the start its estimate counts from."""
+    old_status, status = change.get("old_status"), change.get("status")
+    if old_status is None or old_status == status:
+        return False
+    if old_status == JobStatus.QUEUED:
+        return True
+    return old_status in (JobStatus.PENDING, JobStatus.RUNNING) and any(view.delta_of_job_id is None for view in views)
+
+
 class NotificationHub:
     def __init__(
         self,
@@ -242,8 +257,7 @@ class NotificationHub:
         try:
             async with self._store.statements() as db:
                 views = await db.job_views_by_ids(job_ids=[job_id])
-                if change.get("old_status") == JobStatus.QUEUED and change.get("status") != JobStatus.QUEUED:
-                    # Everyone behind it moved up: send the new positions too.
+                if _changes_the_users_queue(change, views):
                     views += await db.queued_job_views_of_user(user_id=user_id)
                 items = [WatchItem(view) for view in await self._reads.estimated(views, db)]
         except errors.QueueError:

@@ -58,7 +58,7 @@ _BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n(?P<body>.*?)(?=^-- name: |\Z)", 
 
 Row = dict[str, Any]
 
-# Announced by the trigger of migration 0001 on every status change.
+# Announced by the trigger of migration 0001 (since 0013, on every change a job's view shows).
 JOB_CHANGES_CHANNEL = "analysis_job_changes"
 
 

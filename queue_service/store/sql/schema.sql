@@ -113,22 +113,31 @@ CREATE TABLE public.user_queue_limits (
     CONSTRAINT user_queue_limits_pkey PRIMARY KEY (user_id)
 );
 
-CREATE OR REPLACE FUNCTION public.analysis_jobs_announce_change()
- RETURNS trigger
+CREATE OR REPLACE FUNCTION public.analysis_jobs_announce(p_job analysis_jobs, p_old_status text)
+ RETURNS void
  LANGUAGE plpgsql
 AS $function$
 BEGIN
     PERFORM pg_notify(
         'analysis_job_changes',
         json_build_object(
-            'user_id', NEW.user_id,
-            'job_id', NEW.job_id,
-            'status', NEW.status,
-            'old_status', CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END,
-            'release_claimed', NEW.status = 'pending' AND NEW.release_attempts > 0
+            'user_id', p_job.user_id,
+            'job_id', p_job.job_id,
+            'status', p_job.status,
+            'old_status', p_old_status,
+            'release_claimed', p_job.status = 'pending' AND p_job.release_attempts > 0
         )::text);
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.analysis_jobs_announce_change()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM analysis_jobs_announce(NEW, CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END);
     RETURN NULL;
-END;
+END
 $function$;
 
 CREATE OR REPLACE FUNCTION public.analysis_jobs_free_slot(p_user_id text, p_default_max_active integer)
@@ -461,13 +470,17 @@ CREATE OR REPLACE FUNCTION public.queue_refund_failed_job(p_job_id uuid, p_actor
  LANGUAGE plpgsql
 AS $function$
 DECLARE
+    v_job analysis_jobs%ROWTYPE;
     v_amount integer;
 BEGIN
-    PERFORM 1 FROM analysis_jobs a WHERE a.job_id = p_job_id AND a.status = 'failed';
+    SELECT * INTO v_job FROM analysis_jobs a WHERE a.job_id = p_job_id AND a.status = 'failed';
     IF NOT FOUND THEN
         RETURN;
     END IF;
     v_amount := queue_refund_job_charge(p_job_id, p_actor, p_reason);
+    IF v_amount > 0 THEN
+        PERFORM analysis_jobs_announce(v_job, v_job.status);
+    END IF;
     RETURN QUERY SELECT 'refunded'::text, v_amount, false, v FROM analysis_job_views v WHERE v.job_id = p_job_id;
 END
 $function$;
@@ -488,4 +501,4 @@ END
 $function$;
 
 CREATE TRIGGER analysis_jobs_announce_insert AFTER INSERT ON analysis_jobs FOR EACH ROW EXECUTE FUNCTION analysis_jobs_announce_change();
-CREATE TRIGGER analysis_jobs_announce_update AFTER UPDATE ON analysis_jobs FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR old.last_error IS DISTINCT FROM new.last_error) EXECUTE FUNCTION analysis_jobs_announce_change();
+CREATE TRIGGER analysis_jobs_announce_update AFTER UPDATE ON analysis_jobs FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR old.last_error IS DISTINCT FROM new.last_error OR old.release_attempts IS DISTINCT FROM new.release_attempts) EXECUTE FUNCTION analysis_jobs_announce_change();
