@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime as dt
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -115,9 +114,9 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
             async with slots:
                 try:
                     await self._engine.cancel(job_id, user_id)
-                except errors.JobAlreadyFinished:
-                    return None  # it ended meanwhile: nothing left to cancel
                 except errors.QueueError as error:
+                    # JOB_ALREADY_FINISHED too: its run finished before the cancel reached it (a
+                    # SUCCEEDED job keeps its charge), so it is not counted as canceled.
                     return pb.CancelFailure(job_id=str(job_id), reason=error.reason, message=error.message)
             return None
 
@@ -174,8 +173,8 @@ def _search(job_filter: pb.JobFilter) -> tuple[JobSearch, str]:
     v = validation.Violations()
     if job_filter.user_id:
         v.check_id("filter.user_id", job_filter.user_id)
-    after = job_filter.created_after.ToDatetime(dt.timezone.utc) if job_filter.HasField("created_after") else None
-    before = job_filter.created_before.ToDatetime(dt.timezone.utc) if job_filter.HasField("created_before") else None
+    after = v.check_timestamp("filter.created_after", job_filter.created_after) if job_filter.HasField("created_after") else None
+    before = v.check_timestamp("filter.created_before", job_filter.created_before) if job_filter.HasField("created_before") else None
     if after is not None and before is not None and after >= before:
         v.add("filter.created_before", "created_before must be later than created_after")
     v.raise_if_any()

@@ -6,8 +6,11 @@ at most MAX_SOURCES sources, and the server caps the message size (see `server`)
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import uuid
+
+from google.protobuf import timestamp_pb2
 
 from queue_service import errors
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
@@ -25,6 +28,10 @@ MAX_GRANT = 1_000_000
 # A BadRequest lists at most this many violations (a trailer of thousands would exceed a client's
 # header limit, and the caller would hear RESOURCE_EXHAUSTED instead of INVALID_ARGUMENT).
 MAX_LISTED_VIOLATIONS = 50
+
+# google.protobuf.Timestamp's range: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999999Z.
+_MIN_TIMESTAMP_SECONDS = -62_135_596_800
+_MAX_TIMESTAMP_SECONDS = 253_402_300_799
 
 # Registrant code after "10.", a slash, and a suffix without whitespace or control characters.
 _DOI = re.compile(r"^10\.\d{4,9}(\.\d+)*/[^\s\x00-\x1f\x7f]+$")
@@ -73,6 +80,17 @@ class Violations:
             self.add(field, f"{field} must be at most {max_chars} characters (got {len(value)})")
         elif "\x00" in value:
             self.add(field, f"{field} must not contain NUL characters")
+
+    def check_timestamp(self, field: str, value: timestamp_pb2.Timestamp) -> dt.datetime | None:
+        """The timestamp as an aware UTC datetime; one outside google.protobuf.Timestamp's range
+        (years 1 to 9999, nanos 0 to 999999999) is a violation, and None is returned."""
+        if not _MIN_TIMESTAMP_SECONDS <= value.seconds <= _MAX_TIMESTAMP_SECONDS:
+            self.add(field, f"{field}.seconds must be between {_MIN_TIMESTAMP_SECONDS} and {_MAX_TIMESTAMP_SECONDS} (years 1 to 9999; got {value.seconds})")
+            return None
+        if not 0 <= value.nanos <= 999_999_999:
+            self.add(field, f"{field}.nanos must be between 0 and 999999999 (got {value.nanos})")
+            return None
+        return value.ToDatetime(dt.timezone.utc)
 
     def raise_if_any(self) -> None:
         if self.items:

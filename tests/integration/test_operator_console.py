@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import error_details_pb2
 
 from queue_service._gen.acurio.queue.v1 import (
@@ -147,6 +148,57 @@ async def test_bulk_cancel_counts_then_cancels_at_most_the_confirmed_number_and_
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await operator.CancelJobs(op_pb2.CancelJobsRequest(filter=ended_only, dry_run=True), timeout=10)
     assert error_info(raised.value)[3][0][0] == "filter.statuses"
+
+
+@pytest.mark.parametrize(
+    ("field", "seconds", "nanos", "problem"),
+    [
+        ("created_after", 253_402_300_800, 0, "seconds"),  # 10000-01-01
+        ("created_before", -62_135_596_801, 0, "seconds"),  # before 0001-01-01
+        ("created_after", 0, -1, "nanos"),
+        ("created_before", 0, 1_000_000_000, "nanos"),
+    ],
+    ids=["year-10000", "before-year-1", "negative-nanos", "nanos-of-a-whole-second"],
+)
+async def test_out_of_range_filter_timestamps_are_invalid_argument(service, field: str, seconds: int, nanos: int, problem: str) -> None:
+    """A filter time outside google.protobuf.Timestamp's range is the caller's mistake, named in a
+    BadRequest, for the search and the bulk cancel alike (not INTERNAL)."""
+    operator = _operator(service)
+    job_filter = op_pb2.JobFilter()
+    getattr(job_filter, field).MergeFrom(Timestamp(seconds=seconds, nanos=nanos))
+    calls = [
+        operator.SearchJobs(op_pb2.SearchJobsRequest(filter=job_filter), timeout=10),
+        operator.CancelJobs(op_pb2.CancelJobsRequest(filter=job_filter, dry_run=True), timeout=10),
+    ]
+    for call in calls:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await call
+        code, reason, _, violations = error_info(raised.value)
+        assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
+        assert [name for name, _ in violations] == [f"filter.{field}"]
+        assert f"filter.{field}.{problem} must be between" in violations[0][1]
+
+
+async def test_bulk_cancel_does_not_count_a_job_whose_run_had_succeeded_as_canceled(services) -> None:
+    """The run had succeeded at the core but its completion was lost: the bulk cancel learns it
+    from the core's answer, the job ends SUCCEEDED and keeps its charge, and the answer lists it
+    as JOB_ALREADY_FINISHED instead of counting it canceled."""
+    core = await services.core()
+    service = await services.start(core)
+    stubs, operator = service.stubs, _operator(service)
+    user = new_user()
+    await stubs.grant(user, 2)
+    finished = await stubs.admit(user)
+    waiting = await stubs.admit(user)
+    await stubs.wait_for(finished.job_id, S.JOB_STATUS_RUNNING)
+    core.drop_callbacks = True
+    await core.finish(finished.run_id)
+    done = await operator.CancelJobs(op_pb2.CancelJobsRequest(filter=op_pb2.JobFilter(user_id=user), max_jobs=2), timeout=30)
+    assert (done.matched, done.canceled) == (2, 1)
+    assert [(f.job_id, f.reason) for f in done.failures] == [(finished.job_id, "JOB_ALREADY_FINISHED")]
+    assert (await stubs.job(finished.job_id)).status == S.JOB_STATUS_SUCCEEDED
+    assert (await stubs.job(waiting.job_id)).status == S.JOB_STATUS_CANCELED
+    assert await stubs.balance(user) == 1  # the succeeded job's charge is kept, the canceled one refunded
 
 
 async def test_watch_overview_sends_a_new_overview_when_a_figure_changes(service) -> None:
