@@ -551,3 +551,24 @@ async def test_a_run_that_succeeded_before_a_cancel_with_a_lost_answer_keeps_its
     assert (completed.status, completed.refunded) == (S.JOB_STATUS_SUCCEEDED, False)
     assert await stubs.balance(user) == 0
     assert _refund_reasons(database_url, job.job_id) == []
+
+
+async def test_a_failure_learned_without_the_cores_refund_verdict_is_refunded(services, database_url: str) -> None:
+    """The decision of docs/design.md ("Refunds of failed runs"): GetRun's answer says a run
+    FAILED but not whether the user is at fault (only CompleteRun's `refund_credit` does), and the
+    queue asks only because the completion was lost on the way. The job is refunded; the core's
+    verdict arriving afterwards (refund_credit=false) changes nothing, the refund stays."""
+    core = await services.core()
+    service = await services.start(core, reconcile_after_seconds=0.2, sweep_interval_seconds=0.2)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 1)
+    job = await stubs.admit(user)
+    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    core.drop_callbacks = True
+    await core.finish(job.run_id, succeeded=False, message="the provider timed out")
+    reconciled = await stubs.wait_for(job.job_id, S.JOB_STATUS_FAILED)
+    assert (reconciled.refunded, reconciled.last_error) == (True, "the provider timed out")
+    late = await stubs.complete(job.run_id, succeeded=False, refund=False)
+    assert (late.status, late.refunded) == (S.JOB_STATUS_FAILED, True)
+    assert await stubs.balance(user) == 1
+    assert _refund_reasons(database_url, job.job_id) == ["reconcile"]
