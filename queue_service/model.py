@@ -65,6 +65,7 @@ class ReleaseResult(enum.StrEnum):
     """What one release attempt came to."""
 
     RELEASED = "released"  # the core is judging the run: the job is RUNNING
+    CANCELED = "canceled"  # its user asked to cancel it: the run was canceled instead (or had ended)
     REFUSED = "refused"  # the core canceled or does not know the run: the job failed, refunded
     FINISHED = "finished"  # the run had already finished (an earlier release's answer was lost)
     GAVE_UP = "gave_up"  # the release window passed without a confirmed release
@@ -134,6 +135,12 @@ class Transition:
         if report.fate in (RunFate.SUCCEEDED, RunFate.FAILED):
             return cls._as_reported(Cause.CANCEL, ACTIVE, report)
         return cls(Cause.CANCEL, ACTIVE, JobStatus.CANCELED, "canceled by the user", refund=True)
+
+    @classmethod
+    def canceled_instead_of_released(cls, report: RunReport, *, attempt: int) -> Transition:
+        """A PENDING job whose user asked to cancel it while the core's answer was lost: its next
+        release attempt cancels the run instead, and the answer ends the job as `canceled` does."""
+        return dataclasses.replace(cls.canceled(report), from_statuses=frozenset({JobStatus.PENDING}), expected_attempts=attempt)
 
     @classmethod
     def given_up(cls, reason: str, *, attempts: int) -> Transition:
@@ -260,6 +267,8 @@ class ClaimedRelease:
     user_id: str
     run_id: uuid.UUID
     attempt: int
+    # Its user asked to cancel it and the core's answer never came: the attempt cancels the run.
+    cancel_requested: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

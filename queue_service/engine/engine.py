@@ -551,12 +551,16 @@ class QueueEngine:
         with telemetry.tracer.start_as_current_span("release") as span:
             span.set_attribute("queue.job_id", str(claim.job_id))
             span.set_attribute("queue.release.attempt", claim.attempt)
-            try:
-                report: RunReport | None = await self._core.release_run(claim.run_id)
-                error = ""
-            except errors.CoreUnavailable as exc:
-                report, error = None, exc.message
-            result = await self._record_release(claim, report, error)
+            span.set_attribute("queue.cancel_requested", claim.cancel_requested)
+            if claim.cancel_requested:
+                result = await self._cancel_instead_of_releasing(claim)
+            else:
+                try:
+                    report: RunReport | None = await self._core.release_run(claim.run_id)
+                    error = ""
+                except errors.CoreUnavailable as exc:
+                    report, error = None, exc.message
+                result = await self._record_release(claim, report, error)
             telemetry.metrics.release_attempts.add(1, {"result": str(result)})
             span.set_attribute("queue.release.result", str(result))
             return result
@@ -577,7 +581,26 @@ class QueueEngine:
             refused = report.fate in (RunFate.CANCELED, RunFate.UNKNOWN_TO_CORE)
             return ReleaseResult.REFUSED if refused else ReleaseResult.FINISHED
         # No answer (the release may have been applied) or a run still held: retry later.
-        error = error or "core ReleaseRun: the run is still held"
+        return await self._retry_release_later(claim, error or "core ReleaseRun: the run is still held")
+
+    async def _cancel_instead_of_releasing(self, claim: ClaimedRelease) -> ReleaseResult:
+        """The user asked to cancel this PENDING job and the core's answer never came (the cancel
+        may not have reached it): the job is not released, its run is canceled, retried like a
+        release until the core answers or the window closes (then given up, refunded)."""
+        try:
+            report: RunReport | None = await self._core.cancel_run(claim.run_id)
+            error = ""
+        except errors.CoreUnavailable as exc:
+            report, error = None, exc.message
+        if report is not None and report.fate.settled:
+            ended = await self.end_job(claim.job_id, claim.user_id, Transition.canceled_instead_of_released(report, attempt=claim.attempt))
+            if ended is not None:
+                log.info("canceled instead of released", extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "status": ended.ref.status})
+            return ReleaseResult.CANCELED
+        fate = "no answer" if report is None else f"the run is {report.fate.value}"
+        return await self._retry_release_later(claim, error or f"core CancelRun: {fate}")
+
+    async def _retry_release_later(self, claim: ClaimedRelease, error: str) -> ReleaseResult:
         backoff = self.backoff_seconds(claim.attempt)
         async with self._store.statements() as db:
             retry = await db.schedule_release_retry(job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=backoff, last_error=error)

@@ -157,6 +157,7 @@ def _claimed_release(row: Row) -> ClaimedRelease:
         user_id=row["user_id"],
         run_id=row["run_id"],
         attempt=row["release_attempts"],
+        cancel_requested=bool(row.get("cancel_requested", False)),
     )
 
 

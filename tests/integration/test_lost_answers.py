@@ -572,3 +572,30 @@ async def test_a_failure_learned_without_the_cores_refund_verdict_is_refunded(se
     assert (late.status, late.refunded) == (S.JOB_STATUS_FAILED, True)
     assert await stubs.balance(user) == 1
     assert _refund_reasons(database_url, job.job_id) == ["reconcile"]
+
+
+async def test_a_pending_job_whose_cancel_never_reached_the_core_is_canceled_not_released(services, database_url: str) -> None:
+    """The user cancels a PENDING job while the core is unreachable (the cancel never reaches
+    it): CancelJob answers CORE_UNAVAILABLE and the job stays PENDING. Its next release attempt
+    does not start a run its user asked to cancel: it cancels the run, and the job ends CANCELED
+    and refunded without any further call from the user."""
+    core = await services.core()
+    core.fail_releases = True
+    service = await services.start(core, release_backoff_max_seconds=0.2)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 1)
+    job = await stubs.admit(user)
+    assert job.status == S.JOB_STATUS_PENDING
+    core.unavailable = True
+    with pytest.raises(grpc.aio.AioRpcError) as unanswered:
+        await cancel(stubs, job.job_id, user)
+    assert error_info(unanswered.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
+    assert core.runs[job.run_id].state == HELD
+    core.unavailable = False
+    core.fail_releases = False
+    canceled = await stubs.wait_for(job.job_id, S.JOB_STATUS_CANCELED, S.JOB_STATUS_RUNNING)
+    assert (canceled.status, canceled.refunded) == (S.JOB_STATUS_CANCELED, True)
+    assert core.runs[job.run_id].state == CANCELED
+    assert user not in core.judging_now or not core.judging_now[user]
+    assert await stubs.balance(user) == 1
+    assert InvariantChecker(database_url).all_violations() == []

@@ -170,7 +170,8 @@ RETURNING job_id;
 
 -- name: claim_due_releases
 -- Claims pending jobs due for release, skipping rows another replica is claiming, and reserves
--- them for this replica for the lease (pushes next_release_at ahead, counts the attempt).
+-- them for this replica for the lease (pushes next_release_at ahead, counts the attempt). A job
+-- whose user asked to cancel it (`cancel_requested`) is canceled instead of released.
 UPDATE analysis_jobs j
    SET release_attempts = j.release_attempts + 1,
        next_release_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
@@ -180,11 +181,11 @@ UPDATE analysis_jobs j
          LIMIT %(batch_size)s
          FOR UPDATE SKIP LOCKED) AS due
  WHERE j.job_id = due.job_id
-RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts;
+RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested;
 
 -- name: claim_release_of_job
 -- Claims one pending job for an immediate release attempt (the Release RPC), unless another
--- replica holds it right now.
+-- replica holds it right now; as `claim_due_releases`, with its `cancel_requested`.
 UPDATE analysis_jobs j
    SET release_attempts = j.release_attempts + 1,
        next_release_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
@@ -192,7 +193,7 @@ UPDATE analysis_jobs j
          WHERE job_id = %(job_id)s AND status = 'pending'
          FOR UPDATE SKIP LOCKED) AS target
  WHERE j.job_id = target.job_id
-RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts;
+RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested;
 
 -- name: mark_released
 -- The core accepted these releases: each job is RUNNING (fenced by the attempt that released it).
