@@ -208,7 +208,7 @@ async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     statements = {
         "users_needing_promotion": lambda db: db.users_needing_promotion(default_max_active=config.max_active_per_user, batch_size=500),
         "expired_pending_releases": lambda db: db.expired_pending_releases(batch_size=500),
-        "claim_due_reconciliations": lambda db: db.claim_due_reconciliations(recheck_seconds=config.reconcile_after_seconds, batch_size=500),
+        "claim_due_reconciliations": lambda db: db.claim_due_reconciliations(recheck_seconds=config.reconcile_after_seconds, cancel_recheck_seconds=config.release_lease_seconds, batch_size=500),
     }
     per_statement = {}
     for name, run in statements.items():

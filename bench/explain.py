@@ -90,7 +90,7 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
         "claim_due_releases": ({"lease_seconds": 15.0, "batch_size": 64}, None),
         "users_needing_promotion": ({"default_max_active": 1, "batch_size": 500}, None),
         "expired_pending_releases": ({"batch_size": 500}, None),
-        "claim_due_reconciliations": ({"recheck_seconds": 900.0, "batch_size": 500}, None),
+        "claim_due_reconciliations": ({"recheck_seconds": 900.0, "cancel_recheck_seconds": 15.0, "batch_size": 500}, None),
         "list_job_views": ({"user_id": idle_user, "after_job_id": None, "before_seq": None, "statuses": [], "limit": 11}, None),
         "reserve_run_and_read_admit_state": (
             {"run_id": uuid.uuid4(), "user_id": idle_user, "idempotency_key": "explain-none", "delta_of_job_id": None, "grace_seconds": 60.0},

@@ -311,6 +311,8 @@ class OverdueRun:
     job_id: uuid.UUID
     user_id: str
     run_id: uuid.UUID
+    # Its user asked to cancel it and no answer ended it: the question is a CancelRun.
+    cancel_requested: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -104,6 +104,13 @@ class QueueEngine:
         config = self.config
         return 2 * config.core_deadline_seconds + 2 * config.pool_timeout_seconds + config.lock_timeout_ms / 1000 + 1
 
+    @property
+    def cancel_recheck_seconds(self) -> float:
+        """How long a RUNNING job's unanswered cancel waits before the sweeper asks the core
+        again: as long as a claimed release may take, so a CancelJob still waiting for its answer
+        is not asked for twice."""
+        return self.config.release_lease_seconds
+
     def in_background(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[None]:
         """Runs clean-up work detached from the current call (its deadline, its cancellation, its
         caller: what it does is the system's own, `audit`)."""
@@ -457,7 +464,7 @@ class QueueEngine:
         with telemetry.tracer.start_as_current_span("cancel.record_intent") as span:
             span.set_attribute("queue.job_id", str(job.job_id))
             async with self._store.statements() as db:
-                recorded = await db.record_cancel_request(job_id=job.job_id)
+                recorded = await db.record_cancel_request(job_id=job.job_id, cancel_recheck_seconds=self.cancel_recheck_seconds)
             span.set_attribute("queue.cancel.recorded", recorded)
         if recorded and not job.cancel_requested:
             log.info("cancel requested", extra={"job_id": job.job_id, "user_id": job.user_id, "run_id": job.run_id, "status": job.status})
@@ -509,9 +516,15 @@ class QueueEngine:
             await self.settle_run(claim.job_id, claim.user_id, cause=Cause.RUN_SETTLED)
             return True
 
-    async def reconcile(self, job_id: uuid.UUID, user_id: str, run_id: uuid.UUID) -> bool:
-        """Asks the core about a RUNNING job whose completion never arrived; returns whether the
-        job ended."""
+    async def reconcile(self, job_id: uuid.UUID, user_id: str, run_id: uuid.UUID, *, cancel_requested: bool = False) -> bool:
+        """Asks the core about a RUNNING job whose completion never arrived, or cancels the run of
+        one whose user's cancel went unanswered; returns whether the job ended."""
+        if cancel_requested:
+            report = await self._core.cancel_run(run_id)
+            if not report.fate.settled:
+                return False
+            log.info("cancel retried for a job whose cancel went unanswered", extra={"job_id": job_id, "run_id": run_id, "status": report.fate.value})
+            return await self.end_job(job_id, user_id, Transition.canceled(report)) is not None
         report = await self._core.get_run(run_id)
         if report.fate is RunFate.HELD:
             # A release we saw confirmed did not take (the core lost it): release it again.

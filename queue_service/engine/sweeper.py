@@ -79,7 +79,9 @@ class Sweeper:
             async with self._store.statements() as db:
                 users = await db.users_needing_promotion(default_max_active=config.max_active_per_user, batch_size=_BATCH)
                 expired = await db.expired_pending_releases(batch_size=_BATCH)
-                overdue = await db.claim_due_reconciliations(recheck_seconds=config.reconcile_after_seconds, batch_size=_BATCH)
+                overdue = await db.claim_due_reconciliations(
+                    recheck_seconds=config.reconcile_after_seconds, cancel_recheck_seconds=engine.cancel_recheck_seconds, batch_size=_BATCH
+                )
                 unsettled = await db.claim_due_run_settlements(lease_seconds=lease, batch_size=_BATCH)
                 orphans = await db.claim_due_run_reservations(lease_seconds=lease, batch_size=_BATCH)
                 telemetry.metrics.depth = await db.queue_depth()
@@ -95,7 +97,7 @@ class Sweeper:
             # Steps that ask the core run side by side (bounded), so a slow core costs one
             # deadline per pass, not one per row.
             report.reconciled += await self._each_asking_core(
-                [engine.reconcile(run.job_id, run.user_id, run.run_id) for run in overdue]
+                [engine.reconcile(run.job_id, run.user_id, run.run_id, cancel_requested=run.cancel_requested) for run in overdue]
             )
             report.runs_settled += await self._each_asking_core([engine.attempt_run_settlement(c) for c in unsettled])
             report.orphans_canceled += await self._each_asking_core([engine.cancel_reserved_run(o) for o in orphans])

@@ -241,10 +241,12 @@ class Statements:
         row = await self._one("job_by_id", {"job_id": job_id})
         return None if row is None else _job_ref(row)
 
-    async def record_cancel_request(self, *, job_id: uuid.UUID) -> bool:
-        """Records that the user asked to cancel the job; False when it is no longer PENDING or
+    async def record_cancel_request(self, *, job_id: uuid.UUID, cancel_recheck_seconds: float) -> bool:
+        """Records that the user asked to cancel the job (a RUNNING one is reconciled, so asked
+        to cancel again, after `cancel_recheck_seconds`); False when it is no longer PENDING or
         RUNNING (fenced)."""
-        return await self._one("record_cancel_request", {"job_id": job_id}) is not None
+        params = {"job_id": job_id, "cancel_recheck_seconds": float(cancel_recheck_seconds)}
+        return await self._one("record_cancel_request", params) is not None
 
     # -- releases ------------------------------------------------------------------------------
 
@@ -295,9 +297,10 @@ class Statements:
         rows = await self._all("expired_pending_releases", {"batch_size": batch_size})
         return [ExpiredRelease(r["job_id"], r["user_id"], r["release_attempts"]) for r in rows]
 
-    async def claim_due_reconciliations(self, *, recheck_seconds: float, batch_size: int) -> list[OverdueRun]:
-        rows = await self._all("claim_due_reconciliations", {"recheck_seconds": float(recheck_seconds), "batch_size": batch_size})
-        return [OverdueRun(r["job_id"], r["user_id"], r["run_id"]) for r in rows]
+    async def claim_due_reconciliations(self, *, recheck_seconds: float, cancel_recheck_seconds: float, batch_size: int) -> list[OverdueRun]:
+        params = {"recheck_seconds": float(recheck_seconds), "cancel_recheck_seconds": float(cancel_recheck_seconds), "batch_size": batch_size}
+        rows = await self._all("claim_due_reconciliations", params)
+        return [OverdueRun(r["job_id"], r["user_id"], r["run_id"], cancel_requested=bool(r["cancel_requested"])) for r in rows]
 
     async def queue_depth(self) -> dict[str, int]:
         row = await self._one("queue_depth", {})

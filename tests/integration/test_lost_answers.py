@@ -599,3 +599,29 @@ async def test_a_pending_job_whose_cancel_never_reached_the_core_is_canceled_not
     assert user not in core.judging_now or not core.judging_now[user]
     assert await stubs.balance(user) == 1
     assert InvariantChecker(database_url).all_violations() == []
+
+
+async def test_a_running_job_whose_cancel_never_reached_the_core_is_canceled_by_the_sweeper(services, database_url: str) -> None:
+    """The user cancels a RUNNING job while the core is unreachable: CancelJob answers
+    CORE_UNAVAILABLE. The recorded intent makes the job due for the sweeper, which asks the core
+    to cancel again once it answers: CANCELED and refunded long before a lost completion would
+    be reconciled, without any further call from the user."""
+    core = await services.core()
+    service = await services.start(core, sweep_interval_seconds=0.2, release_lease_seconds=0.3)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 2)
+    job = await stubs.admit(user)
+    queued = await stubs.admit(user)
+    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    core.unavailable = True
+    with pytest.raises(grpc.aio.AioRpcError) as unanswered:
+        await cancel(stubs, job.job_id, user)
+    assert error_info(unanswered.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
+    assert core.runs[job.run_id].state == JUDGING
+    core.unavailable = False
+    canceled = await stubs.wait_for(job.job_id, S.JOB_STATUS_CANCELED)
+    assert canceled.refunded
+    assert core.runs[job.run_id].state == CANCELED
+    await stubs.wait_for(queued.job_id, S.JOB_STATUS_RUNNING)
+    assert core.max_concurrent_judging[user] == 1
+    assert InvariantChecker(database_url).all_violations() == []

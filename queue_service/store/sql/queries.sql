@@ -162,9 +162,14 @@ SELECT job_id, user_id, run_id, status, delta_of_job_id, run_settle_due_at IS NO
 -- name: record_cancel_request
 -- The user asked to cancel a PENDING or RUNNING job: recorded before the core is asked, so every
 -- ending that follows applies it (migration 0012). Fenced: no row when the job is no longer
--- active (it ended, or is still QUEUED). The first request's time is kept.
+-- active (it ended, or is still QUEUED). The first request's time is kept. A RUNNING job is due
+-- for the sweeper's reconciliation after `cancel_recheck_seconds`, which asks the core to cancel
+-- again if no answer has ended the job by then.
 UPDATE analysis_jobs
-   SET cancel_requested_at = COALESCE(cancel_requested_at, clock_timestamp())
+   SET cancel_requested_at = COALESCE(cancel_requested_at, clock_timestamp()),
+       next_reconcile_at = CASE WHEN status = 'running'
+                                THEN LEAST(next_reconcile_at, clock_timestamp() + make_interval(secs => %(cancel_recheck_seconds)s))
+                           END
  WHERE job_id = %(job_id)s AND status IN ('pending', 'running')
 RETURNING job_id;
 
@@ -246,16 +251,20 @@ SELECT job_id, user_id, release_attempts
  LIMIT %(batch_size)s;
 
 -- name: claim_due_reconciliations
--- Running jobs whose completion is overdue; claimed (pushed ahead) so one replica asks the core.
+-- Running jobs whose completion is overdue, or whose user's cancel went unanswered
+-- (`cancel_requested`: the core is asked to cancel again, after `cancel_recheck_seconds`); claimed
+-- (pushed ahead) so one replica asks the core.
 UPDATE analysis_jobs j
-   SET next_reconcile_at = clock_timestamp() + make_interval(secs => %(recheck_seconds)s)
+   SET next_reconcile_at = clock_timestamp() + make_interval(secs => CASE WHEN j.cancel_requested_at IS NULL
+                                                                          THEN %(recheck_seconds)s
+                                                                          ELSE %(cancel_recheck_seconds)s END)
   FROM (SELECT job_id FROM analysis_jobs
          WHERE status = 'running' AND next_reconcile_at <= clock_timestamp()
          ORDER BY next_reconcile_at
          LIMIT %(batch_size)s
          FOR UPDATE SKIP LOCKED) AS due
  WHERE j.job_id = due.job_id
-RETURNING j.job_id, j.user_id, j.run_id;
+RETURNING j.job_id, j.user_id, j.run_id, j.cancel_requested_at IS NOT NULL AS cancel_requested;
 
 -- name: job_views_by_ids
 -- The API view of the given jobs.
