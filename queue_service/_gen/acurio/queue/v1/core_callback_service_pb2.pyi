@@ -57,7 +57,9 @@ class CompleteRunRequest(_message.Message):
     outcome: Global___RunOutcome.ValueType
     """How it ended."""
     refund_credit: _builtins.bool
-    """True to give the user their credit back (for failures that are not the user's fault)."""
+    """True to give the user their credit back (for failures that are not the user's fault). A
+    FAILED run of a job whose user asked to cancel it is refunded whatever this says.
+    """
     message: _builtins.str
     """A short, user-safe message (stored as the job's `last_error` on failure). At most 1024
     characters.

@@ -36,7 +36,7 @@ class _JobStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobStatus.V
     """Terminal: the core reported success. The charge is kept."""
     JOB_STATUS_FAILED: _JobStatus.ValueType  # 5
     """Terminal: the core reported failure, or the release gave up. See `last_error`;
-    a release give-up is always refunded.
+    a release give-up is always refunded, and so is a failure of a job its user asked to cancel.
     """
     JOB_STATUS_CANCELED: _JobStatus.ValueType  # 6
     """Terminal: canceled through CancelJob. Always refunded."""
@@ -58,7 +58,7 @@ JOB_STATUS_SUCCEEDED: JobStatus.ValueType  # 4
 """Terminal: the core reported success. The charge is kept."""
 JOB_STATUS_FAILED: JobStatus.ValueType  # 5
 """Terminal: the core reported failure, or the release gave up. See `last_error`;
-a release give-up is always refunded.
+a release give-up is always refunded, and so is a failure of a job its user asked to cancel.
 """
 JOB_STATUS_CANCELED: JobStatus.ValueType  # 6
 """Terminal: canceled through CancelJob. Always refunded."""

@@ -385,7 +385,10 @@ class CancelJobsResponse(_message.Message):
     """How many jobs this call canceled (0 with `dry_run`)."""
     @_builtins.property
     def failures(self) -> _containers.RepeatedCompositeFieldContainer[Global___CancelFailure]:
-        """Jobs that could not be canceled (for example CORE_UNAVAILABLE); retry them."""
+        """Jobs that could not be canceled: CORE_UNAVAILABLE (retry them), or JOB_ALREADY_FINISHED
+        for a job whose run had finished before the cancel reached it (it ended as its run did;
+        not counted in `canceled`).
+        """
 
     def __init__(
         self,

@@ -148,14 +148,17 @@ class AnalysisQueueServiceStub:
     CancelJob: _grpc.UnaryUnaryMultiCallable[_queue_service_pb2.CancelJobRequest, _queue_service_pb2.CancelJobResponse]
     """Cancels a QUEUED, PENDING or RUNNING job and refunds its charge; a canceled job is always
     refunded. A QUEUED job ends at once (its held run is canceled at the core afterwards). For a
-    PENDING or RUNNING job the core is asked first and its answer decides: canceled there, the
-    job ends CANCELED and the user's next job is promoted; already finished there (its completion
-    had not arrived yet), the job ends as it finished and the call answers JOB_ALREADY_FINISHED.
-    Idempotent for a CANCELED job.
+    PENDING or RUNNING job the request is recorded first, then the core is asked and its answer
+    decides: canceled there, the job ends CANCELED and the user's next job is promoted; already
+    finished there (its completion had not arrived yet), the job ends as it finished and the call
+    answers JOB_ALREADY_FINISHED. Once the request is recorded the job is never charged unless
+    its run SUCCEEDED: a FAILED ending is refunded whichever answer or callback brings it (added
+    additively). Idempotent for a CANCELED job.
     Errors: NOT_FOUND `JOB_NOT_FOUND` (unknown or another user's job);
     FAILED_PRECONDITION `JOB_ALREADY_FINISHED` for a SUCCEEDED or FAILED job (metadata `status`);
     UNAVAILABLE `CORE_UNAVAILABLE` when a PENDING or RUNNING job's run could not be canceled
-    at the core (nothing changed; retry).
+    at the core (its status has not changed; the service keeps asking the core, and a retry is
+    safe).
     """
     WatchJobs: _grpc.UnaryStreamMultiCallable[_queue_service_pb2.WatchJobsRequest, _queue_service_pb2.WatchJobsResponse]
     """Streams a user's job changes: first the user's QUEUED, PENDING and RUNNING jobs (the
@@ -291,14 +294,17 @@ class AnalysisQueueServiceAsyncStub(AnalysisQueueServiceStub):
     CancelJob: _aio.UnaryUnaryMultiCallable[_queue_service_pb2.CancelJobRequest, _queue_service_pb2.CancelJobResponse]  # type: ignore[assignment]
     """Cancels a QUEUED, PENDING or RUNNING job and refunds its charge; a canceled job is always
     refunded. A QUEUED job ends at once (its held run is canceled at the core afterwards). For a
-    PENDING or RUNNING job the core is asked first and its answer decides: canceled there, the
-    job ends CANCELED and the user's next job is promoted; already finished there (its completion
-    had not arrived yet), the job ends as it finished and the call answers JOB_ALREADY_FINISHED.
-    Idempotent for a CANCELED job.
+    PENDING or RUNNING job the request is recorded first, then the core is asked and its answer
+    decides: canceled there, the job ends CANCELED and the user's next job is promoted; already
+    finished there (its completion had not arrived yet), the job ends as it finished and the call
+    answers JOB_ALREADY_FINISHED. Once the request is recorded the job is never charged unless
+    its run SUCCEEDED: a FAILED ending is refunded whichever answer or callback brings it (added
+    additively). Idempotent for a CANCELED job.
     Errors: NOT_FOUND `JOB_NOT_FOUND` (unknown or another user's job);
     FAILED_PRECONDITION `JOB_ALREADY_FINISHED` for a SUCCEEDED or FAILED job (metadata `status`);
     UNAVAILABLE `CORE_UNAVAILABLE` when a PENDING or RUNNING job's run could not be canceled
-    at the core (nothing changed; retry).
+    at the core (its status has not changed; the service keeps asking the core, and a retry is
+    safe).
     """
     WatchJobs: _aio.UnaryStreamMultiCallable[_queue_service_pb2.WatchJobsRequest, _queue_service_pb2.WatchJobsResponse]  # type: ignore[assignment]
     """Streams a user's job changes: first the user's QUEUED, PENDING and RUNNING jobs (the
@@ -467,14 +473,17 @@ class AnalysisQueueServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_queue_service_pb2.CancelJobResponse, _abc.Awaitable[_queue_service_pb2.CancelJobResponse]]:
         """Cancels a QUEUED, PENDING or RUNNING job and refunds its charge; a canceled job is always
         refunded. A QUEUED job ends at once (its held run is canceled at the core afterwards). For a
-        PENDING or RUNNING job the core is asked first and its answer decides: canceled there, the
-        job ends CANCELED and the user's next job is promoted; already finished there (its completion
-        had not arrived yet), the job ends as it finished and the call answers JOB_ALREADY_FINISHED.
-        Idempotent for a CANCELED job.
+        PENDING or RUNNING job the request is recorded first, then the core is asked and its answer
+        decides: canceled there, the job ends CANCELED and the user's next job is promoted; already
+        finished there (its completion had not arrived yet), the job ends as it finished and the call
+        answers JOB_ALREADY_FINISHED. Once the request is recorded the job is never charged unless
+        its run SUCCEEDED: a FAILED ending is refunded whichever answer or callback brings it (added
+        additively). Idempotent for a CANCELED job.
         Errors: NOT_FOUND `JOB_NOT_FOUND` (unknown or another user's job);
         FAILED_PRECONDITION `JOB_ALREADY_FINISHED` for a SUCCEEDED or FAILED job (metadata `status`);
         UNAVAILABLE `CORE_UNAVAILABLE` when a PENDING or RUNNING job's run could not be canceled
-        at the core (nothing changed; retry).
+        at the core (its status has not changed; the service keeps asking the core, and a retry is
+        safe).
         """
 
     @_abc_1.abstractmethod

@@ -35,7 +35,8 @@ export type CompleteRunRequest = Message<"acurio.queue.v1.CompleteRunRequest"> &
   outcome: RunOutcome;
 
   /**
-   * True to give the user their credit back (for failures that are not the user's fault).
+   * True to give the user their credit back (for failures that are not the user's fault). A
+   * FAILED run of a job whose user asked to cancel it is refunded whatever this says.
    *
    * @generated from field: bool refund_credit = 3;
    */

@@ -392,7 +392,9 @@ export type CancelJobsResponse = Message<"acurio.queue.v1.CancelJobsResponse"> &
   canceled: number;
 
   /**
-   * Jobs that could not be canceled (for example CORE_UNAVAILABLE); retry them.
+   * Jobs that could not be canceled: CORE_UNAVAILABLE (retry them), or JOB_ALREADY_FINISHED
+   * for a job whose run had finished before the cancel reached it (it ended as its run did;
+   * not counted in `canceled`).
    *
    * @generated from field: repeated acurio.queue.v1.CancelFailure failures = 4;
    */

@@ -409,7 +409,7 @@ export enum JobStatus {
 
   /**
    * Terminal: the core reported failure, or the release gave up. See `last_error`;
-   * a release give-up is always refunded.
+   * a release give-up is always refunded, and so is a failure of a job its user asked to cancel.
    *
    * @generated from enum value: JOB_STATUS_FAILED = 5;
    */
