@@ -23,6 +23,23 @@ def report(fate: RunFate, message: str = "") -> RunReport:
 # -- named transitions --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("fate", "to", "refund"),
+    [(RunFate.CANCELED, JobStatus.CANCELED, True), (RunFate.FAILED, JobStatus.FAILED, True), (RunFate.SUCCEEDED, JobStatus.SUCCEEDED, False)],
+)
+def test_a_cancel_made_at_a_release_attempt_ends_a_pending_job_as_the_core_answered(fate: RunFate, to: JobStatus, refund: bool) -> None:
+    transition = Transition.canceled_instead_of_released(report(fate), attempt=3)
+    assert (transition.from_statuses, transition.to, transition.refund) == (PENDING, to, refund)
+    assert (transition.cause, transition.expected_attempts, transition.run_unsettled) == (Cause.CANCEL, 3, False)
+
+
+def test_a_refund_an_ending_did_not_ask_for_is_the_recorded_cancels() -> None:
+    assert Transition.completed(succeeded=False, refund=False, message="").refund_cause is Cause.CANCEL
+    assert Transition.completed(succeeded=False, refund=True, message="").refund_cause is Cause.COMPLETION
+    assert Transition.reconciled(report(RunFate.FAILED)).refund_cause is Cause.RECONCILE
+
+
+
 def test_a_completion_ends_an_active_job_as_the_core_says() -> None:
     succeeded = Transition.completed(succeeded=True, refund=False, message="ignored")
     assert succeeded == Transition(Cause.COMPLETION, ACTIVE, JobStatus.SUCCEEDED)
