@@ -93,7 +93,7 @@ async def test_a_refund_without_a_status_change_reaches_the_stream(services, dat
         await eventually(lambda: watched.converged(stubs, job.job_id), timeout=5, what="the refund on the stream")
 
 
-async def test_release_attempts_reach_the_stream(services) -> None:
+async def test_release_attempts_reach_the_stream(services, database_url: str) -> None:
     """A release the core keeps refusing as unavailable is retried with the same error each time:
     only `release_attempts` changes, and the stream follows it."""
     core = await services.core()
@@ -104,7 +104,11 @@ async def test_release_attempts_reach_the_stream(services) -> None:
     async with watching(stubs, user) as watched:
         job = await stubs.admit(user)
         await eventually(lambda: _attempts_at_least(stubs, job.job_id, 4), what="several release attempts")
-        await eventually(lambda: watched.converged(stubs, job.job_id), timeout=5, what="the attempts on the stream")
+        with psycopg.connect(database_url) as conn:
+            # Holding the row stops further claims (they skip locked rows): the job stands still.
+            conn.execute("SELECT 1 FROM analysis_jobs WHERE job_id = %s FOR UPDATE", (job.job_id,))
+            await eventually(lambda: watched.converged(stubs, job.job_id), timeout=5, what="the attempts on the stream")
+            conn.rollback()
         assert watched.last[job.job_id].release_attempts >= 4
         assert watched.last[job.job_id].status == S.JOB_STATUS_PENDING
 
