@@ -219,6 +219,7 @@ def cmd_core(args: argparse.Namespace) -> int:
         core.fail_releases = args.fail_releases
         core.drop_callbacks = args.drop_callbacks
         core.slow_seconds = args.slow_seconds
+        core.judging_ceiling = args.judging_ceiling
         try:
             port = await core.start(args.listen)
         except RuntimeError as exc:
@@ -549,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     core.add_argument("--fail-releases", action="store_true")
     core.add_argument("--drop-callbacks", action="store_true")
     core.add_argument("--slow-seconds", type=float, default=0.0)
+    core.add_argument("--judging-ceiling", type=int, default=None, help="answer ReleaseRun RESOURCE_EXHAUSTED while this many runs judge")
     core.add_argument("--judging-spread-seconds", type=float, default=0.0, help="on SIGUSR1, spread the held batch's judging starts over this long")
     core.add_argument("--record", metavar="PATH", help="append a JSON line per run created, release received, completion sent/returned")
     core.set_defaults(func=cmd_core)

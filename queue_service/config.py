@@ -123,7 +123,9 @@ SETTINGS: dict[str, Setting] = {
     "listen_addr": Setting("QUEUE_LISTEN_ADDR", "127.0.0.1:50051", _parse_host_port, "host:port to serve gRPC on"),
     "http_addr": Setting("QUEUE_HTTP_ADDR", "", _parse_optional_host_port, "host:port of the web console and the Connect / gRPC-Web endpoint (same services, roles and errors as gRPC); empty: none (`dev`: `127.0.0.1:8080`, or a free port when taken)"),
     "core_addr": Setting("QUEUE_CORE_ADDR", "", _parse_optional_host_port, "host:port of the core's RunService; unset: `dev` starts the dev core"),
-    "max_active_per_user": Setting("QUEUE_MAX_ACTIVE_PER_USER", "1", _parse_int(1, 1000), "first-pass slots per user (table `user_queue_limits` may raise it per user)"),
+    "max_active_per_user": Setting("QUEUE_MAX_ACTIVE_PER_USER", "1", _parse_int(1, 1000), "first-pass slots per user (`OperatorService.SetUserQueueLimit` changes it per user)"),
+    "core_capacity": Setting("QUEUE_CORE_CAPACITY", "0", _parse_int(0, 1_000_000), "the most first-pass runs being released or judging at the core at once across every replica (delta re-checks count too but never wait); `0`: unlimited. Only seeds a fresh database: afterwards `OperatorService.SetCoreCapacity` changes it at run time"),
+    "core_probe_interval_seconds": Setting("QUEUE_CORE_PROBE_INTERVAL_SECONDS", "1", _parse_float(0.05, 600), "while the core answers releases `RESOURCE_EXHAUSTED`, the fleet tries one release above what the core took at most this often"),
     "max_queued_per_user": Setting("QUEUE_MAX_QUEUED_PER_USER", "100", _parse_int(1, 100_000), "queued jobs per user before `USER_QUEUE_FULL`"),
     "release_window_seconds": Setting("QUEUE_RELEASE_WINDOW_SECONDS", "1800", _parse_float(0.1, 7 * 86400), "how long release is retried after promotion"),
     "sweep_interval_seconds": Setting("QUEUE_SWEEP_INTERVAL_SECONDS", "30", _parse_float(0.0, 86400), "sweeper period (jittered); `0` disables it"),
@@ -215,6 +217,8 @@ class Config:
     http_addr: str
     core_addr: str
     max_active_per_user: int
+    core_capacity: int
+    core_probe_interval_seconds: float
     max_queued_per_user: int
     max_active_deltas_per_user: int
     release_window_seconds: float

@@ -152,7 +152,8 @@ class CoreClient:
 
     async def release_run(self, run_id: uuid.UUID) -> RunReport:
         """Releases a held run. NOT_FOUND reads as UNKNOWN_TO_CORE, FAILED_PRECONDITION (the core
-        refuses to release a canceled run) as CANCELED; no answer raises CoreUnavailable."""
+        refuses to release a canceled run) as CANCELED; RESOURCE_EXHAUSTED (the core is at its
+        concurrency ceiling, nothing applied) raises CoreAtCapacity; no answer raises CoreUnavailable."""
         request = core_pb2.ReleaseRunRequest(run_id=str(run_id))
         try:
             response = await self._stub.ReleaseRun(request, timeout=deadline.bound(self._deadline))
@@ -161,6 +162,11 @@ class CoreClient:
                 return RunReport(RunFate.UNKNOWN_TO_CORE, f"core ReleaseRun: NOT_FOUND: {exc.details() or ''}".strip())
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 return RunReport(RunFate.CANCELED, f"core ReleaseRun: FAILED_PRECONDITION: {exc.details() or ''}".strip())
+            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                # The core's "not now": at its concurrency ceiling, nothing applied (the contract).
+                raise errors.CoreAtCapacity(
+                    f"core ReleaseRun: RESOURCE_EXHAUSTED: {exc.details() or ''}".strip(), metadata={"coreCode": exc.code().name}
+                ) from exc
             raise _unknown_outcome("ReleaseRun", exc) from exc
         return _report_of(response.run)
 

@@ -89,6 +89,14 @@ class CoreUnavailable(QueueError):
     retry_delay_seconds = 1.0
 
 
+class CoreAtCapacity(QueueError):
+    """The core answered RESOURCE_EXHAUSTED to a release: at its concurrency ceiling now, nothing
+    applied. The job waits for capacity again; no caller hears it but a tooling Release."""
+
+    reason = "CORE_AT_CAPACITY"
+    retry_delay_seconds = 1.0
+
+
 class JobNotFound(QueueError):
     """No such job (for this user)."""
 

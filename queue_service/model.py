@@ -70,6 +70,7 @@ class ReleaseResult(enum.StrEnum):
     FINISHED = "finished"  # the run had already finished (an earlier release's answer was lost)
     GAVE_UP = "gave_up"  # the release window passed without a confirmed release
     RETRY = "retry"  # no answer (maybe applied) or the run is still held: try again later
+    WAITING = "waiting"  # the core said "not now" (RESOURCE_EXHAUSTED): back in line for capacity
 
 
 class RunFate(enum.Enum):
@@ -253,6 +254,8 @@ class Promoted:
     job_id: uuid.UUID
     user_id: str
     run_id: uuid.UUID
+    # The fleet's capacity is limited: the job waits for a grant, its release not yet claimed.
+    waiting: bool = False
 
     @property
     def first_release(self) -> ClaimedRelease:
@@ -269,6 +272,55 @@ class ClaimedRelease:
     attempt: int
     # Its user asked to cancel it and the core's answer never came: the attempt cancels the run.
     cancel_requested: bool = False
+    # Granted above the limit the core taught us (one probe per interval, fleet-wide).
+    probe: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class CapacityGrant:
+    """What one grant of the core's capacity did: the releases it claimed for this replica (each
+    with how long its job waited) and whether the fleet's capacity is limited now."""
+
+    claims: tuple[tuple[ClaimedRelease, float], ...]
+    limited: bool
+    in_use: int = 0
+    # The limit the grant used (None: unlimited).
+    limit: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CapacityState:
+    """The core's capacity now, fleet-wide: the setting (0: unlimited), the limit the core taught
+    us by refusing (None: none), what is in use and who waits for it."""
+
+    capacity: int
+    core_limit: int | None
+    in_use: int
+    waiting_jobs: int
+    waiting_users: int
+    oldest_wait_since: dt.datetime | None
+    core_refusals: int
+    updated_by: str
+    updated_at: dt.datetime | None
+
+    @property
+    def effective_limit(self) -> int | None:
+        """The most runs granted at once now (None: unlimited)."""
+        limits = [limit for limit in (self.capacity or None, self.core_limit) if limit is not None]
+        return min(limits) if limits else None
+
+
+@dataclasses.dataclass(frozen=True)
+class SettingChange:
+    """One change of a fleet setting (`core_capacity`, `user_max_active`) and who made it."""
+
+    change_id: int
+    setting: str
+    user_id: str | None
+    old_value: int | None
+    new_value: int | None
+    actor: str
+    create_time: dt.datetime
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,6 +392,11 @@ class JobView:
     max_active_override: int | None
     # Filled in by the engine for queued jobs when a recent mean judging time is known.
     estimated_start_time: dt.datetime | None = None
+    # PENDING, holding the user's slot, but waiting for the fleet's capacity at the core.
+    waiting_for_capacity: bool = False
+    capacity_wait_since: dt.datetime | None = None
+    # 1-based place in the fleet-wide order for the core (filled in by the reads); 0: not waiting.
+    capacity_position: int = 0
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> JobView:
@@ -363,19 +420,40 @@ class JobView:
             waiting_for_job_id=row["waiting_for_job_id"],
             active_since=row["active_since"],
             max_active_override=row["max_active_override"],
+            waiting_for_capacity=bool(row.get("waiting_for_capacity", False)),
+            capacity_wait_since=row.get("capacity_wait_since"),
         )
 
 
-def estimate_start(view: JobView, *, mean_judging_seconds: float | None, default_max_active: int, now: dt.datetime) -> dt.datetime | None:
-    """When a queued job is expected to start: the active job's expected end, plus one mean
-    judging time per full round of the user's slots ahead of it. None without a recent mean."""
-    if view.status is not JobStatus.QUEUED or mean_judging_seconds is None:
+def estimate_start(
+    view: JobView,
+    *,
+    mean_judging_seconds: float | None,
+    default_max_active: int,
+    now: dt.datetime,
+    capacity_limit: int | None = None,
+    capacity_waiting: int = 0,
+) -> dt.datetime | None:
+    """When a job is expected to start. None without a recent mean judging time.
+
+    Queued: the active job's expected end, plus one mean judging time per full round of the
+    user's slots ahead of it, plus, while jobs wait for the fleet's capacity, that wait for each
+    round (the `capacity_waiting` jobs ahead, `capacity_limit` of them leaving per mean judging
+    time). Waiting for capacity: its place in line over the limit, in mean judging times."""
+    if mean_judging_seconds is None:
         return None
     mean = dt.timedelta(seconds=mean_judging_seconds)
+    fleet_wait = mean * (capacity_waiting / capacity_limit) if capacity_limit and capacity_waiting else dt.timedelta(0)
+    if view.status is JobStatus.PENDING and view.waiting_for_capacity:
+        if not capacity_limit:
+            return None
+        return now + mean * (max(1, view.capacity_position) - 1) / capacity_limit
+    if view.status is not JobStatus.QUEUED:
+        return None
     first_free = max(now, view.active_since + mean) if view.active_since is not None else now
     slots = view.max_active_override or default_max_active
     rounds_ahead = (max(1, view.queue_position) - 1) // max(1, slots)
-    return first_free + rounds_ahead * mean
+    return first_free + fleet_wait + rounds_ahead * (mean + fleet_wait)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -464,6 +542,8 @@ class Overview:
     read_time: dt.datetime
     admits_per_minute: tuple[int, ...]
     window_minutes: int
+    # The core's capacity, fleet-wide (None before the first read of it).
+    capacity: CapacityState | None = None
 
 
 @dataclasses.dataclass(frozen=True)

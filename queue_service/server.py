@@ -45,6 +45,7 @@ from queue_service.api.web import WebEndpoint
 from queue_service.background import cancel_and_wait
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
+from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.credits import Credits
 from queue_service.engine.dispatcher import ReleaseDispatcher
 from queue_service.engine.engine import QueueEngine
@@ -111,19 +112,22 @@ class QueueApp:
         self.core = CoreClient.connect(config.core_addr, deadline_seconds=config.core_deadline_seconds, credentials=core_credentials)
         # Set when jobs became PENDING (here or, through NOTIFY, on another replica): the
         # dispatcher releases them at once.
-        releases_due = asyncio.Event()
+        releases_due = self._releases_due = asyncio.Event()
         # The first release of each job this replica makes PENDING, claimed in that statement:
         # the engine hands it to the dispatcher, which starts it at once. Called only once the
         # replica serves, when the dispatcher (built below, around the engine) exists.
         def hand_over(claim: ClaimedRelease) -> None:
             self.dispatcher.start_claimed(claim)
 
-        self.engine = QueueEngine(self.store, self.core, config, hand_over=hand_over)
+        # What this replica knows of the fleet's capacity at the core; asking for a grant wakes
+        # the dispatcher.
+        self.capacity = FleetCapacity(wake_grant=releases_due.set, probe_interval_seconds=config.core_probe_interval_seconds)
+        self.engine = QueueEngine(self.store, self.core, config, hand_over=hand_over, capacity=self.capacity)
         self.reads = JobReads(self.store, default_max_active=config.max_active_per_user, reconcile_after_seconds=config.reconcile_after_seconds)
         self.hub = NotificationHub(
             self.store,
             self.reads,
-            on_pending=releases_due.set,
+            on_pending=self._on_unclaimed_pending,
             max_streams=config.max_streams,
             max_streams_per_user=config.max_streams_per_user,
             backlog_bytes=config.watch_backlog_bytes,
@@ -134,6 +138,7 @@ class QueueApp:
             wake=releases_due,
             lease_seconds=config.release_lease_seconds,
             core_deadline_seconds=config.core_deadline_seconds,
+            capacity=self.capacity,
         )
         self.sweeper = Sweeper(self.engine, self.store, config, wake_dispatcher=releases_due.set)
         self.health = HealthService(max_watches=config.max_health_watches)
@@ -169,6 +174,7 @@ class QueueApp:
             await self.store.migrate()
         await self.store.open(timeout=max(10.0, self.config.pool_timeout_seconds))
         await self._check_schema()
+        await self._seed_capacity()
 
         server = grpc.aio.server(
             interceptors=self._interceptors,
@@ -222,6 +228,27 @@ class QueueApp:
             raise MigrationError(
                 f"the database lacks migrations {pending}; run `queue-service migrate` (or set QUEUE_MIGRATE_ON_START=true)"
             )
+
+    def _on_unclaimed_pending(self) -> None:
+        """A job became PENDING without its release claimed. While the fleet's capacity is
+        limited that is every promotion (its job waits for a grant, which the promoting replica
+        asks for, as does every replica where capacity frees): waking every dispatcher for each
+        one would be a pass per promotion per replica for nothing. Otherwise it is a replica of
+        an earlier version's job, and this dispatcher may release it."""
+        if not self.capacity.limited:
+            self._releases_due.set()
+
+    async def _seed_capacity(self) -> None:
+        """A fresh database takes QUEUE_CORE_CAPACITY; afterwards the database's value rules
+        (OperatorService.SetCoreCapacity), whatever a replica's variable says."""
+        async with self.store.statements() as db:
+            capacity = await db.seed_capacity(capacity=self.config.core_capacity)
+        if capacity != self.config.core_capacity:
+            log.warning(
+                "the core's capacity in force is %d, set at run time; QUEUE_CORE_CAPACITY=%d only seeds a fresh database",
+                capacity, self.config.core_capacity,
+            )
+        self.capacity.learned(capacity > 0)
 
     async def _watch_database(self) -> None:
         """Health follows the database: NOT_SERVING while it cannot be reached, so a load balancer

@@ -29,6 +29,9 @@ class _Instruments:
 
     def __init__(self) -> None:
         self.depth: dict[str, int] = {}
+        # The core's capacity as of this replica's last grant or sweep: in_use, limit (absent:
+        # unlimited), waiting (jobs waiting for capacity).
+        self.capacity: dict[str, int] = {}
         self.pools: weakref.WeakSet[Any] = weakref.WeakSet()
         meter = _meter
         self.admits = meter.create_counter("queue.admits", unit="{admit}", description="Admit calls by outcome and reason")
@@ -68,6 +71,18 @@ class _Instruments:
             "queue.run.settlements", unit="{attempt}",
             description="Attempts to confirm with the core that a run is settled (kind: job or orphan; result: settled or retry)",
         )
+        self.core_refusals = meter.create_counter(
+            "queue.core.refusals", unit="{release}",
+            description="Releases the core answered RESOURCE_EXHAUSTED (at its concurrency ceiling): the job waited for capacity again (probe: a release above the limit the core had shown)",
+        )
+        self.capacity_wait = meter.create_histogram(
+            "queue.capacity.wait", unit="s", description="How long a PENDING job waited for the fleet's capacity at the core before its release was granted",
+            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS + [60, 120, 300, 600, 1800],
+        )
+        meter.create_observable_gauge(
+            "queue.capacity", callbacks=[self._observe_capacity], unit="{run}",
+            description="The core's capacity as of this replica's last grant or sweep (state: in_use, the runs that take it; limit, the limit in force, absent when unlimited; waiting, jobs waiting for it)",
+        )
         self.core_retries = meter.create_counter("queue.core.retries", unit="{retry}", description="Retried calls to the core, by method")
         meter.create_observable_gauge(
             "queue.depth", callbacks=[self._observe_depth], unit="{job}",
@@ -82,6 +97,11 @@ class _Instruments:
         from opentelemetry.metrics import Observation
 
         return [Observation(value, {"state": state}) for state, value in self.depth.items()]
+
+    def _observe_capacity(self, _options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        return [Observation(value, {"state": state}) for state, value in self.capacity.items()]
 
     def _observe_pools(self, _options: Any) -> list[Any]:
         from opentelemetry.metrics import Observation

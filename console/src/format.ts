@@ -31,3 +31,10 @@ export function clock(d: Date | undefined): string {
 export function dateTime(d: Date | undefined): string {
   return d === undefined ? "—" : `${d.toLocaleDateString()} ${clock(d)}`;
 }
+
+/** 1st, 2nd, 3rd, 4th … 11th, 12th, 13th, 21st: a place in line. */
+export function ordinal(n: number): string {
+  const tens = n % 100;
+  const suffix = tens >= 11 && tens <= 13 ? "th" : ({ 1: "st", 2: "nd", 3: "rd" } as Record<number, string>)[n % 10] ?? "th";
+  return `${n}${suffix}`;
+}

@@ -85,6 +85,7 @@ export function OverviewPage({ live }: { live: boolean }) {
     return <section class="page">{problem ? <p class="problem">{problem}</p> : <p class="muted">Loading the overview…</p>}</section>;
   }
   const oldest = date(overview.oldestQueuedCreateTime);
+  const capacityWait = date(overview.oldestCapacityWaitTime);
   return (
     <section class="page" data-testid="overview">
       <h1>Overview</h1>
@@ -99,6 +100,18 @@ export function OverviewPage({ live }: { live: boolean }) {
           value={String(overview.releasesRetrying)}
           tone={overview.releasesRetrying > 0n ? "warn" : ""}
           hint="core refused for now"
+        />
+        <Figure
+          label="Core capacity"
+          value={`${overview.capacityInUse} / ${overview.capacityLimit > 0n ? String(overview.capacityLimit) : "∞"}`}
+          tone={overview.capacityWaitingJobs > 0n ? "warn" : ""}
+          hint={
+            overview.capacityWaitingUsers > 0n
+              ? `${overview.capacityWaitingUsers} ${overview.capacityWaitingUsers === 1n ? "user" : "users"} waiting, longest ${capacityWait ? duration(now - capacityWait.getTime()) : "—"}`
+              : overview.coreLimit > 0n
+                ? `the core took ${overview.coreLimit}`
+                : "runs at the core"
+          }
         />
         <Figure
           label="Runs reconciling"

@@ -1,7 +1,7 @@
 import { useEffect, useState } from "preact/hooks";
 
 import { credits, date, queue } from "./api.js";
-import { ACTIVE, clock, duration, shortId, STATUS_LABELS } from "./format.js";
+import { ACTIVE, clock, duration, ordinal, shortId, STATUS_LABELS } from "./format.js";
 import { go, useNow } from "./hooks.js";
 import { useAction } from "./notice.js";
 import { useLiveStream } from "./stream.js";
@@ -150,7 +150,9 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
             <span>
               {job.status === JobStatus.RUNNING && job.startTime
                 ? `running for ${duration(now - date(job.startTime)!.getTime())}`
-                : job.lastError
+                : job.capacityPosition > 0
+                  ? <span data-testid="capacity-position">waiting for the core: {ordinal(job.capacityPosition)} in line · <Countdown at={date(job.estimatedStartTime)} now={now} /></span>
+                  : job.lastError
                   ? `release retrying: ${job.lastError}`
                   : "starting"}
             </span>

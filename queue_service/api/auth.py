@@ -48,6 +48,8 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
         + [_QUEUE + m for m in ("Promote", "Release", "ListJobs", "GetJob", "WatchJobs")]
         # The web console's operator view: its RPCs, and cancel (single and bulk) on any user's job.
         + [_OPERATOR + m for m in ("GetOverview", "SearchJobs", "WatchOverview", "CancelJobs", "ListLedgerEntries")]
+        # The fleet settings: the core's capacity, users' limits, and who changed them.
+        + [_OPERATOR + m for m in ("SetCoreCapacity", "SetUserQueueLimit", "ListSettingChanges")]
         + [_QUEUE + "CancelJob"]
     ),
 }

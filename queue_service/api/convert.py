@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from queue_service._gen.acurio.queue.v1 import job_pb2, operator_service_pb2 as operator_pb2
 from queue_service.errors import InvalidRequest
-from queue_service.model import JobStatus, JobView, LedgerEntry, LedgerKind, Overview
+from queue_service.model import CapacityState, JobStatus, JobView, LedgerEntry, LedgerKind, Overview, SettingChange
 
 PROTO_OF_STATUS: dict[JobStatus, job_pb2.JobStatus.ValueType] = {
     JobStatus.QUEUED: job_pb2.JOB_STATUS_QUEUED,
@@ -68,6 +68,10 @@ def job_to_proto(view: JobView) -> job_pb2.Job:
             job.waiting_for_job_id = str(view.waiting_for_job_id)
         if view.estimated_start_time is not None:
             job.estimated_start_time.FromDatetime(view.estimated_start_time)
+    elif view.status is JobStatus.PENDING and view.waiting_for_capacity:
+        job.capacity_position = view.capacity_position
+        if view.estimated_start_time is not None:
+            job.estimated_start_time.FromDatetime(view.estimated_start_time)
     return job
 
 
@@ -88,6 +92,33 @@ def overview_to_proto(overview: Overview) -> operator_pb2.Overview:
     if overview.oldest_queued_create_time is not None:
         message.oldest_queued_create_time.FromDatetime(overview.oldest_queued_create_time)
     message.read_time.FromDatetime(overview.read_time)
+    if overview.capacity is not None:
+        capacity_to_proto(overview.capacity, message)
+    return message
+
+
+def capacity_to_proto(capacity: CapacityState, message: operator_pb2.Overview) -> None:
+    """The capacity figures of an overview."""
+    message.capacity_in_use = capacity.in_use
+    message.capacity_limit = capacity.capacity
+    message.capacity_waiting_jobs = capacity.waiting_jobs
+    message.capacity_waiting_users = capacity.waiting_users
+    message.core_limit = capacity.core_limit or 0
+    message.core_refusals = capacity.core_refusals
+    if capacity.oldest_wait_since is not None:
+        message.oldest_capacity_wait_time.FromDatetime(capacity.oldest_wait_since)
+
+
+def setting_change_to_proto(change: SettingChange) -> operator_pb2.SettingChange:
+    message = operator_pb2.SettingChange(
+        change_id=change.change_id,
+        setting=change.setting,
+        user_id=change.user_id or "",
+        old_value=change.old_value or 0,
+        new_value=change.new_value or 0,
+        actor=change.actor,
+    )
+    message.create_time.FromDatetime(change.create_time)
     return message
 
 

@@ -1,5 +1,6 @@
-"""OperatorService: the overview, the job search across users, live overview, bulk cancel and
-the credits' audit trail (ledger entries with their actor and reason).
+"""OperatorService: the overview, the job search across users, live overview, bulk cancel, the
+credits' audit trail (ledger entries with their actor and reason), and the fleet settings (the
+core's capacity, users' limits) with their change log.
 
 The same adapters as the other servicers: validate, read through the engine's reads (index-driven
 queries of migration 0005), build responses, raise domain errors only. Bulk cancel goes
@@ -20,7 +21,14 @@ import grpc
 from queue_service import errors
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as pb, operator_service_pb2_grpc as pb_grpc
 from queue_service.api import page_tokens, validation
-from queue_service.api.convert import job_to_proto, ledger_entry_to_proto, overview_to_proto, status_filter
+from queue_service.api.convert import (
+    capacity_to_proto,
+    job_to_proto,
+    ledger_entry_to_proto,
+    overview_to_proto,
+    setting_change_to_proto,
+    status_filter,
+)
 from queue_service.engine.credits import Credits
 from queue_service.engine.engine import QueueEngine
 from queue_service.engine.job_reads import JobReads
@@ -34,6 +42,9 @@ _MIN_INTERVAL_MS, _MAX_INTERVAL_MS = 250, 60_000
 _HEARTBEAT_SECONDS = 15.0
 # A bulk cancel counts and cancels at most this many jobs per call.
 MAX_BULK_CANCEL = 1000
+# The bounds of the settings an operator sets (the database's checks say the same).
+MAX_CORE_CAPACITY = 1_000_000
+MAX_USER_ACTIVE = 1000
 # Bulk cancels run this many single cancels at once (each may call the core).
 _CANCEL_CONCURRENCY = 8
 
@@ -143,6 +154,40 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         page, more = entries[:page_size], len(entries) > page_size
         token = page_tokens.encode_ledger_token(page[-1].entry_id, key) if more else ""
         return pb.ListLedgerEntriesResponse(entries=[ledger_entry_to_proto(entry) for entry in page], next_page_token=token)
+
+
+    async def SetCoreCapacity(
+        self, request: pb.SetCoreCapacityRequest, context: grpc.aio.ServicerContext[pb.SetCoreCapacityRequest, pb.SetCoreCapacityResponse]
+    ) -> pb.SetCoreCapacityResponse:
+        if not 0 <= request.capacity <= MAX_CORE_CAPACITY:
+            v = validation.Violations()
+            v.add("capacity", f"capacity must be between 0 and {MAX_CORE_CAPACITY}; 0 means unlimited")
+            v.raise_if_any()
+        change = await self._engine.set_core_capacity(request.capacity)
+        overview = pb.Overview()
+        capacity_to_proto(await self._reads.capacity(), overview)
+        return pb.SetCoreCapacityResponse(change=setting_change_to_proto(change), overview=overview)
+
+    async def SetUserQueueLimit(
+        self, request: pb.SetUserQueueLimitRequest, context: grpc.aio.ServicerContext[pb.SetUserQueueLimitRequest, pb.SetUserQueueLimitResponse]
+    ) -> pb.SetUserQueueLimitResponse:
+        v = validation.Violations()
+        v.check_id("user_id", request.user_id)
+        if not 0 <= request.max_active <= MAX_USER_ACTIVE:
+            v.add("max_active", f"max_active must be between 0 and {MAX_USER_ACTIVE}; 0 means the service's default")
+        v.raise_if_any()
+        change = await self._engine.set_user_queue_limit(request.user_id, request.max_active)
+        return pb.SetUserQueueLimitResponse(change=setting_change_to_proto(change))
+
+    async def ListSettingChanges(
+        self, request: pb.ListSettingChangesRequest, context: grpc.aio.ServicerContext[pb.ListSettingChangesRequest, pb.ListSettingChangesResponse]
+    ) -> pb.ListSettingChangesResponse:
+        page_size = validation.validate_page_size(request.page_size)
+        before = page_tokens.decode_setting_changes_token(request.page_token)
+        changes = await self._engine.setting_changes(before_change_id=before, limit=page_size + 1)
+        page, more = changes[:page_size], len(changes) > page_size
+        token = page_tokens.encode_setting_changes_token(page[-1].change_id) if more else ""
+        return pb.ListSettingChangesResponse(changes=[setting_change_to_proto(change) for change in page], next_page_token=token)
 
 
 def _window(window_minutes: int, v: validation.Violations | None = None) -> int:

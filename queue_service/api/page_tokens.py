@@ -119,3 +119,23 @@ def decode_ledger_token(token: str, key: str) -> int | None:
     if issued_for != key or not isinstance(entry_id, int) or isinstance(entry_id, bool) or not 0 < entry_id < 2**63:
         raise invalid
     return entry_id
+
+
+def encode_setting_changes_token(last_change_id: int) -> str:
+    return _encode({"c": last_change_id})
+
+
+def decode_setting_changes_token(token: str) -> int | None:
+    """The keyset position of a ListSettingChanges page token (None: the first page)."""
+    if not token:
+        return None
+    try:
+        if len(token) > _MAX_LIST_TOKEN_CHARS:
+            raise ValueError("too long")
+        data = _decode(token)
+        return int(data["c"])
+    except Exception:
+        raise InvalidRequest(
+            "page_token is not valid for this request; pass the next_page_token of a ListSettingChanges call",
+            field_violations=[("page_token", "unknown or malformed")],
+        ) from None

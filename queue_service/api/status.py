@@ -33,6 +33,7 @@ CODE_OF_REASON: dict[str, grpc.StatusCode] = {
     "USER_QUEUE_FULL": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "USER_DELTA_LIMIT": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "CORE_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
+    "CORE_AT_CAPACITY": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "JOB_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
     "JOB_NOT_PENDING": grpc.StatusCode.FAILED_PRECONDITION,
     "JOB_ALREADY_FINISHED": grpc.StatusCode.FAILED_PRECONDITION,

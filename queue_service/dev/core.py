@@ -12,7 +12,11 @@ Fault switches (attributes, flipped by tests; flags when run as a process): `una
 never call back), and per method `answer_faults` (an `AnswerFault`: the call is applied but its
 answer lost, or late, or the request itself arrives late), counted in `faults_injected`.
 `max_concurrent_judging` records the most first-pass runs of each user ever judging at once (the
-core's own view of I1, checked as I9). Unreleased held runs expire after `hold_expiry_seconds`,
+core's own view of I1, checked as I9). `judging_ceiling` (None: none) makes ReleaseRun answer
+RESOURCE_EXHAUSTED while that many runs judge (the core contract's "not now"; `refusals` counts
+them); `most_first_pass_judging` is the most first-pass runs of all users judging at once (I12 at
+the core's side) and `start_order` the users of first-pass runs in the order they began judging
+(I13). Unreleased held runs expire after `hold_expiry_seconds`,
 like the real core. A failed CompleteRun is retried for a minute, as the core contract asks.
 The completion callback carries the trace context of the release that started the run, and a
 bearer token when `callback_token` is set (QUEUE_DEV_CORE_CALLBACK_TOKEN for the process); the
@@ -135,6 +139,14 @@ class DevCore(pb_grpc.RunServiceServicer):
         # core's own view of I1).
         self.judging_now: dict[str, set[str]] = {}
         self.max_concurrent_judging: dict[str, int] = {}
+        # The core's concurrency ceiling (None: none): ReleaseRun answers RESOURCE_EXHAUSTED while
+        # this many runs (first-pass and delta) are judging.
+        self.judging_ceiling: int | None = None
+        self.refusals = 0
+        self.judging_all: set[str] = set()
+        self.most_first_pass_judging = 0
+        self.most_judging = 0
+        self.start_order: list[str] = []
         self._budget_day = dt.date.today()
         self._budget_used = 0
         self._channel: grpc.aio.Channel | None = None
@@ -321,6 +333,9 @@ class DevCore(pb_grpc.RunServiceServicer):
             raise _Refusal(grpc.StatusCode.UNAVAILABLE, "dev core switched to fail releases")
         if run.state == pb.RUN_STATE_CANCELED:
             raise _Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"run {run.run_id} was canceled")
+        if run.state == pb.RUN_STATE_HELD and self.judging_ceiling is not None and len(self.judging_all) >= self.judging_ceiling:
+            self.refusals += 1
+            raise _Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the core is at its concurrency ceiling ({self.judging_ceiling} runs judging)")
         if run.state == pb.RUN_STATE_HELD:
             # Like the real core: the completion callback continues the trace of the release.
             run.trace_headers = metadata
@@ -361,15 +376,24 @@ class DevCore(pb_grpc.RunServiceServicer):
     def _expired(self, run: DevRun) -> bool:
         return run.state == pb.RUN_STATE_HELD and time.monotonic() - run.created_at > self.hold_expiry_seconds
 
+    def first_pass_judging(self) -> int:
+        """First-pass runs of all users judging now."""
+        return sum(len(runs) for runs in self.judging_now.values())
+
     def _begin_judging(self, run: DevRun) -> None:
+        self.judging_all.add(run.run_id)
+        self.most_judging = max(self.most_judging, len(self.judging_all))
         if run.first_pass:
             judging = self.judging_now.setdefault(run.user_id, set())
             judging.add(run.run_id)
             self.max_concurrent_judging[run.user_id] = max(self.max_concurrent_judging.get(run.user_id, 0), len(judging))
+            self.most_first_pass_judging = max(self.most_first_pass_judging, self.first_pass_judging())
+            self.start_order.append(run.user_id)
         if not self.manual:
             run.judge_task = asyncio.create_task(self._judge(run))
 
     def _stop_judging(self, run: DevRun) -> None:
+        self.judging_all.discard(run.run_id)
         self.judging_now.get(run.user_id, set()).discard(run.run_id)
 
     async def _judge(self, run: DevRun, delay: float = 0.0) -> None:

@@ -8,6 +8,12 @@ release the same job at once), leased for QUEUE_RELEASE_LEASE_SECONDS, and relea
 task. The claiming loop wakes on a NOTIFY of a PENDING job whose release nobody claimed, on the
 sweeper's pass, and otherwise exactly when the earliest retry or lease is due. The lease makes a
 crash harmless: another replica claims the job when the lease runs out.
+
+While the fleet's capacity at the core is limited, a first-pass job that becomes PENDING waits
+for it: each pass first asks for a grant (`QueueEngine.grant_capacity`, decided in PostgreSQL
+under the fleet-wide capacity lock), which claims the releases of the waiting jobs next in the
+fair order for this replica. The engine wakes the loop when capacity may have freed; a release
+the core refused ("not now") wakes it again after the probe interval, once for the whole replica.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import logging
 
 from queue_service import errors
 from queue_service.background import cancel_and_wait
+from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.engine import QueueEngine
 from queue_service.model import ClaimedRelease, ReleaseResult
 from queue_service.store import Store
@@ -39,9 +46,14 @@ class ReleaseDispatcher:
         wake: asyncio.Event,
         lease_seconds: float,
         core_deadline_seconds: float,
+        capacity: FleetCapacity | None = None,
     ) -> None:
         self._engine = engine
         self._store = store
+        # Shared with the engine (the server builds one per replica).
+        self._capacity = capacity or FleetCapacity(wake_grant=wake.set, probe_interval_seconds=1.0)
+        # The wake-up after the core said "not now" (one per replica, not one per job).
+        self._probe_wake: asyncio.TimerHandle | None = None
         # Set by the watch hub (a PENDING job nobody claimed), the sweeper (every pass) and a
         # release attempt that scheduled a retry.
         self._wake = wake
@@ -57,6 +69,8 @@ class ReleaseDispatcher:
         self._runner = asyncio.create_task(self._run(), name="release-dispatcher")
 
     async def stop(self) -> None:
+        if self._probe_wake is not None:
+            self._probe_wake.cancel()
         await cancel_and_wait(self._runner)
         # Claims still waiting for a slot are left to their leases: any replica claims them then.
         self._claimed_waiting.clear()
@@ -71,7 +85,7 @@ class ReleaseDispatcher:
             metrics.release_claim_passes.add(1, {"woken_by": woken_by})
             try:
                 self._wake.clear()
-                claimed = await self._claim_and_start()
+                claimed = await self._claim_and_start(grant=self._capacity.limited or woken_by != "full_batch")
                 failures = 0
                 if claimed == _BATCH:
                     woken_by = "full_batch"
@@ -100,12 +114,21 @@ class ReleaseDispatcher:
         else:
             self._claimed_waiting.append(claim)
 
-    async def _claim_and_start(self) -> int:
+    async def _claim_and_start(self, *, grant: bool) -> int:
+        """Starts the releases the fleet's capacity grants this replica (asked for when the
+        capacity is limited, or on a pass an event or the timer started, which is how a replica
+        learns that another one limited it), then every due release claimed."""
+        granted = 0
+        if grant:
+            grants = await self._engine.grant_capacity(max_grants=_BATCH)
+            for claim, _waited in grants.claims:
+                await self._start(claim)
+            granted = len(grants.claims)
         async with self._store.statements() as db:
             claims = await db.claim_due_releases(lease_seconds=self._lease_seconds, batch_size=_BATCH)
         for claim in claims:
             await self._start(claim)
-        return len(claims)
+        return max(granted, len(claims))
 
     async def _start(self, claim: ClaimedRelease) -> None:
         while len(self._tasks) >= _MAX_CONCURRENT_RELEASES:
@@ -127,16 +150,25 @@ class ReleaseDispatcher:
 
     async def _release(self, claim: ClaimedRelease) -> None:
         try:
-            if await self._engine.release(claim) is ReleaseResult.RETRY:
+            result = await self._engine.release(claim)
+            if result is ReleaseResult.RETRY:
                 # Its retry is due after a backoff shorter than the loop may be asleep for: the
                 # loop re-reads the earliest due time (no NOTIFY wakes it for a claimed job).
                 self._wake.set()
+            elif result is ReleaseResult.WAITING:
+                self._wake_for_probe()
         except errors.QueueError as exc:
             # The database went away mid-release: the lease runs out and any replica retries.
             log.warning("release attempt interrupted: %s", exc.message, extra={"job_id": claim.job_id, "attempt": claim.attempt})
         except Exception:
             # The lease runs out and any replica retries; nothing is lost.
             log.exception("release attempt failed", extra={"job_id": claim.job_id, "attempt": claim.attempt})
+
+    def _wake_for_probe(self) -> None:
+        """The core refused a release: ask for a grant again once a probe may be due (one timer
+        for the replica however many releases were refused)."""
+        if self._probe_wake is None or self._probe_wake.cancelled() or self._probe_wake.when() <= asyncio.get_running_loop().time():
+            self._probe_wake = asyncio.get_running_loop().call_later(self._capacity.probe_interval_seconds, self._wake.set)
 
     async def _seconds_until_next_due(self) -> float:
         async with self._store.statements() as db:

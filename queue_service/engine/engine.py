@@ -29,11 +29,13 @@ from tenacity import RetryCallState, wait_random_exponential
 from queue_service import audit, deadline, errors, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
+from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.coalescer import Coalescer
 from queue_service.model import (
     AdmitRequest,
     AdmitResult,
     AdmitState,
+    CapacityGrant,
     Cause,
     ClaimedRelease,
     ClaimedReservation,
@@ -50,6 +52,7 @@ from queue_service.model import (
     RunFate,
     RunReport,
     RunReportToApply,
+    SettingChange,
     Transition,
 )
 from queue_service.store import Store
@@ -71,10 +74,20 @@ def request_digest(payload: bytes) -> bytes:
 
 
 class QueueEngine:
-    def __init__(self, store: Store, core: CoreClient, config: Config, *, hand_over: Callable[[ClaimedRelease], None]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        core: CoreClient,
+        config: Config,
+        *,
+        hand_over: Callable[[ClaimedRelease], None],
+        capacity: FleetCapacity | None = None,
+    ) -> None:
         self._store = store
         self._core = core
         self.config = config
+        # What this replica knows of the fleet's capacity at the core, and how to ask for a grant.
+        self.capacity = capacity or FleetCapacity(wake_grant=lambda: None, probe_interval_seconds=config.core_probe_interval_seconds)
         # Takes the first release of each job this replica made PENDING (claimed in the same
         # transaction): the dispatcher starts it at once, with no claim of its own.
         self._hand_over = hand_over
@@ -269,7 +282,10 @@ class QueueEngine:
             return duplicate
         log.info("job admitted", extra={"job_id": job_id, "user_id": item.user_id, "run_id": run_id, "status": view.status})
         if view.status is JobStatus.PENDING:
-            self._hand_over(ClaimedRelease(job_id, item.user_id, run_id, attempt=1))
+            if view.waiting_for_capacity:
+                self.capacity.note_waiting()
+            else:
+                self._hand_over(ClaimedRelease(job_id, item.user_id, run_id, attempt=1))
         return AdmitResult(job_id, duplicate=False, view=view)
 
     async def _drop_reservation(self, run_id: uuid.UUID) -> None:
@@ -333,8 +349,14 @@ class QueueEngine:
                 "job promoted",
                 extra={"job_id": job.job_id, "user_id": user_id, "run_id": job.run_id, "status": JobStatus.PENDING, "cause": cause},
             )
+        waiting = False
         for job in promoted:
-            self._hand_over(job.first_release)
+            if job.waiting:
+                waiting = True
+            else:
+                self._hand_over(job.first_release)
+        if waiting:
+            self.capacity.note_waiting()
 
     def _note_slot_freed(self, promoted: tuple[Promoted, ...]) -> None:
         now = time.monotonic()
@@ -385,6 +407,8 @@ class QueueEngine:
             self.in_background(self._settle_now(ended), name=f"settle-run-{ended.run_id}")
         else:
             self._after_promotion(ended.user_id, promoted, cause)
+            # The run is settled: its capacity at the core is free for the next in line.
+            self.capacity.freed()
         return EndedJob(ended, outcome.view)
 
     async def complete_run(self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str) -> EndedJob:
@@ -494,6 +518,7 @@ class QueueEngine:
             self._note_slot_freed(promoted)
             telemetry.metrics.run_settlements.add(1, {"kind": "job", "result": "settled"})
             log.info("run settled", extra={"job_id": job_id, "user_id": user_id, "cause": cause})
+            self.capacity.freed()
         # Promotions made anyway (a slot freed by someone else) are released too.
         self._after_promotion(user_id, promoted, cause)
 
@@ -545,7 +570,8 @@ class QueueEngine:
 
     async def release_now(self, job_id: uuid.UUID) -> None:
         """Releases a PENDING job at once (tooling): claims it like the dispatcher does. A job
-        another replica is releasing right now is left to it."""
+        another replica is releasing right now, or one waiting for the core's capacity (only a
+        grant releases it, in its turn), is left as it is."""
         async with self._store.statements() as db:
             claim = await db.claim_release_of_job(job_id=job_id, lease_seconds=self.config.release_lease_seconds)
             job = None if claim else await db.job_by_id(job_id=job_id)
@@ -565,6 +591,7 @@ class QueueEngine:
             span.set_attribute("queue.job_id", str(claim.job_id))
             span.set_attribute("queue.release.attempt", claim.attempt)
             span.set_attribute("queue.cancel_requested", claim.cancel_requested)
+            span.set_attribute("queue.release.probe", claim.probe)
             if claim.cancel_requested:
                 result = await self._cancel_instead_of_releasing(claim)
             else:
@@ -573,6 +600,11 @@ class QueueEngine:
                     error = ""
                 except errors.CoreUnavailable as exc:
                     report, error = None, exc.message
+                except errors.CoreAtCapacity as exc:
+                    result = await self._record_core_refusal(claim, exc.message)
+                    telemetry.metrics.release_attempts.add(1, {"result": str(result)})
+                    span.set_attribute("queue.release.result", str(result))
+                    return result
                 result = await self._record_release(claim, report, error)
             telemetry.metrics.release_attempts.add(1, {"result": str(result)})
             span.set_attribute("queue.release.result", str(result))
@@ -580,6 +612,10 @@ class QueueEngine:
 
     async def _record_release(self, claim: ClaimedRelease, report: RunReport | None, error: str) -> ReleaseResult:
         if report is not None and report.fate is RunFate.JUDGING:
+            if claim.probe:
+                # The core took a release above the limit it had shown us: it has room again.
+                async with self._store.statements() as db:
+                    await db.capacity_probe_taken()
             marked = await self._release_marks.submit(claim)
             freed_at = self._slot_freed_at.pop(claim.job_id, None)
             if freed_at is not None:
@@ -631,6 +667,84 @@ class QueueEngine:
             extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt, "reason": error},
         )
         return ReleaseResult.RETRY
+
+    async def _record_core_refusal(self, claim: ClaimedRelease, message: str) -> ReleaseResult:
+        """The core is at its concurrency ceiling ("not now", nothing applied): the job goes back in
+        line for capacity with its slot and its place; the fleet backs off as a whole (one probe per
+        interval), never a retry of this job's own."""
+        telemetry.metrics.core_refusals.add(1, {"probe": str(claim.probe).lower()})
+        async with self._store.statements() as db:
+            learned = await db.capacity_refused(
+                job_id=claim.job_id, attempt=claim.attempt, probe_interval_seconds=self.capacity.probe_interval_seconds
+            )
+        if learned is not False:
+            self.capacity.learned(True)
+        log.info(
+            "the core is at its capacity; the job waits for capacity",
+            extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt, "reason": message},
+        )
+        return ReleaseResult.WAITING
+
+    async def grant_capacity(self, *, max_grants: int) -> CapacityGrant:
+        """Asks the fleet for the free capacity at the core: the releases granted to this replica
+        (in the fair order), to start now."""
+        with telemetry.tracer.start_as_current_span("capacity.grant") as span:
+            grant = await self._store.grant_capacity(
+                lease_seconds=self.config.release_lease_seconds,
+                release_window_seconds=self.config.release_window_seconds,
+                probe_interval_seconds=self.capacity.probe_interval_seconds,
+                max_grants=max_grants,
+            )
+            span.set_attribute("queue.capacity.granted", len(grant.claims))
+            span.set_attribute("queue.capacity.limited", grant.limited)
+        self.capacity.learned(grant.limited)
+        telemetry.metrics.capacity["in_use"] = grant.in_use
+        if grant.limit is None:
+            telemetry.metrics.capacity.pop("limit", None)
+        else:
+            telemetry.metrics.capacity["limit"] = grant.limit
+        for claim, waited in grant.claims:
+            telemetry.metrics.capacity_wait.record(waited)
+            log.info(
+                "capacity granted",
+                extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt},
+            )
+        return grant
+
+    # -- fleet settings ----------------------------------------------------------------------
+
+    async def set_core_capacity(self, capacity: int) -> SettingChange:
+        """Sets the fleet's capacity at the core (0: unlimited), recorded with the caller."""
+        with telemetry.tracer.start_as_current_span("capacity.set") as span:
+            span.set_attribute("queue.capacity", capacity)
+            async with self._store.statements() as db:
+                change = await db.set_core_capacity(capacity=capacity)
+        log.info(
+            "setting changed",
+            extra={"kind": change.setting, "amount": change.new_value, "actor": change.actor, "reason": f"was {change.old_value}"},
+        )
+        # Every replica applies it at its next grant; this one grants now (capacity may be free).
+        self.capacity.learned(True)
+        self.capacity.freed()
+        return change
+
+    async def set_user_queue_limit(self, user_id: str, max_active: int) -> SettingChange:
+        """Sets a user's slots (0: the default), recorded with the caller; a raised limit fills
+        the user's new slots at once."""
+        with telemetry.tracer.start_as_current_span("user_limit.set") as span:
+            span.set_attribute("queue.user_id", user_id)
+            async with self._store.statements() as db:
+                change = await db.set_user_queue_limit(user_id=user_id, max_active=max_active)
+        log.info(
+            "setting changed",
+            extra={"kind": change.setting, "user_id": user_id, "amount": change.new_value, "actor": change.actor, "reason": f"was {change.old_value}"},
+        )
+        await self.promote(user_id, cause=Cause.TOOLING)
+        return change
+
+    async def setting_changes(self, *, before_change_id: int | None, limit: int) -> list[SettingChange]:
+        async with self._store.statements() as db:
+            return await db.setting_changes(before_change_id=before_change_id, limit=limit)
 
     async def _mark_released(self, claims: list[ClaimedRelease]) -> dict[ClaimedRelease, bool]:
         with _counting_batch("mark_released", len(claims)):

@@ -1,7 +1,9 @@
 """Reading jobs as callers see them: views from the store, with the estimated start of queued jobs.
 
 The estimate comes from the mean judging time of recent first-pass jobs (`model.estimate_start`),
-cached briefly per replica so reads stay cheap.
+cached briefly per replica so reads stay cheap, and, while the fleet's capacity at the core is
+limited, from the wait for it (the capacity's state, cached for a second). A PENDING job waiting
+for capacity gets its place in the fleet-wide order (`capacity_position`), read when it is shown.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import time
 import uuid
 from collections.abc import Iterable
 
-from queue_service.model import JobSearch, JobStatus, JobView, Overview, estimate_start
+from queue_service.model import CapacityState, JobSearch, JobStatus, JobView, Overview, estimate_start
 from queue_service.store import Statements, Store
 
 _ESTIMATE_CACHE_SECONDS = 10.0
+_CAPACITY_CACHE_SECONDS = 1.0
 
 
 class JobReads:
@@ -25,6 +28,8 @@ class JobReads:
         self._reconcile_after_seconds = reconcile_after_seconds
         self._mean_judging: float | None = None
         self._mean_read_at = float("-inf")
+        self._capacity: CapacityState | None = None
+        self._capacity_read_at = float("-inf")
 
     async def _mean_judging_seconds(self, db: Statements) -> float | None:
         if time.monotonic() - self._mean_read_at > _ESTIMATE_CACHE_SECONDS:
@@ -32,30 +37,48 @@ class JobReads:
             self._mean_read_at = time.monotonic()
         return self._mean_judging
 
-    def _with_estimates(self, views: Iterable[JobView]) -> list[JobView]:
+    def _with_estimates(self, views: Iterable[JobView], positions: dict[uuid.UUID, int]) -> list[JobView]:
         now = dt.datetime.now(dt.timezone.utc)
         mean = self._mean_judging
-        return [
-            dataclasses.replace(
-                view,
-                estimated_start_time=estimate_start(
-                    view, mean_judging_seconds=mean, default_max_active=self._default_max_active, now=now
-                ),
-            )
-            if view.status is JobStatus.QUEUED
-            else view
-            for view in views
-        ]
+        capacity = self._capacity
+        limit = capacity.effective_limit if capacity is not None else None
+        waiting = capacity.waiting_jobs if capacity is not None else 0
+        shown = []
+        for view in views:
+            if view.waiting_for_capacity:
+                view = dataclasses.replace(view, capacity_position=positions.get(view.job_id, 0))
+            if view.status is JobStatus.QUEUED or view.waiting_for_capacity:
+                view = dataclasses.replace(
+                    view,
+                    estimated_start_time=estimate_start(
+                        view, mean_judging_seconds=mean, default_max_active=self._default_max_active, now=now,
+                        capacity_limit=limit, capacity_waiting=waiting,
+                    ),
+                )
+            shown.append(view)
+        return shown
+
+    async def _refresh(self, views: list[JobView], db: Statements) -> dict[uuid.UUID, int]:
+        """Refreshes what the estimates read, when stale; the capacity positions of waiting jobs."""
+        if any(view.status is JobStatus.QUEUED or view.waiting_for_capacity for view in views):
+            await self._mean_judging_seconds(db)
+            if time.monotonic() - self._capacity_read_at > _CAPACITY_CACHE_SECONDS:
+                self._capacity = await db.capacity_state()
+                self._capacity_read_at = time.monotonic()
+        waiting = [view.job_id for view in views if view.waiting_for_capacity]
+        return await db.capacity_positions(job_ids=waiting) if waiting else {}
 
     async def estimated(self, views: list[JobView], db: Statements | None = None) -> list[JobView]:
-        """The views with estimates (the mean refreshed when stale, on `db` or a connection of its own)."""
-        if any(view.status is JobStatus.QUEUED for view in views) and time.monotonic() - self._mean_read_at > _ESTIMATE_CACHE_SECONDS:
-            if db is not None:
-                await self._mean_judging_seconds(db)
-            else:
-                async with self._store.statements() as own:
-                    await self._mean_judging_seconds(own)
-        return self._with_estimates(views)
+        """The views with estimates and places in line (read on `db` or a connection of its own)."""
+        needs_reads = any(view.status is JobStatus.QUEUED or view.waiting_for_capacity for view in views)
+        if not needs_reads:
+            return list(views)
+        if db is not None:
+            positions = await self._refresh(views, db)
+        else:
+            async with self._store.statements() as own:
+                positions = await self._refresh(views, own)
+        return self._with_estimates(views, positions)
 
     async def by_ids(self, job_ids: list[uuid.UUID]) -> list[JobView]:
         """The jobs' views in the order asked; unknown ids are left out."""
@@ -101,4 +124,10 @@ class JobReads:
 
     async def overview(self, window_minutes: int) -> Overview:
         async with self._store.statements() as db:
-            return await db.operator_overview(window_minutes=window_minutes, reconcile_after_seconds=self._reconcile_after_seconds)
+            overview = await db.operator_overview(window_minutes=window_minutes, reconcile_after_seconds=self._reconcile_after_seconds)
+            capacity = await db.capacity_state()
+        return dataclasses.replace(overview, capacity=capacity)
+
+    async def capacity(self) -> CapacityState:
+        async with self._store.statements() as db:
+            return await db.capacity_state()

@@ -85,6 +85,13 @@ class Sweeper:
                 unsettled = await db.claim_due_run_settlements(lease_seconds=lease, batch_size=_BATCH)
                 orphans = await db.claim_due_run_reservations(lease_seconds=lease, batch_size=_BATCH)
                 telemetry.metrics.depth = await db.queue_depth()
+                capacity = await db.capacity_state()
+            telemetry.metrics.capacity["in_use"] = capacity.in_use
+            telemetry.metrics.capacity["waiting"] = capacity.waiting_jobs
+            if capacity.effective_limit is None:
+                telemetry.metrics.capacity.pop("limit", None)
+            else:
+                telemetry.metrics.capacity["limit"] = capacity.effective_limit
             for user_id in users:
                 report.promoted += len(await self._guarded(engine.promote(user_id, cause=Cause.SWEEPER), []))
             window = config.release_window_seconds

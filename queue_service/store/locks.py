@@ -5,7 +5,13 @@ give-up, cancel and settlement of a user runs under it, so they serialize per us
 replica and code version. A typo in the namespace would silently split the lock in two, so
 `tests/unit/test_lock_scan.py` fails if any other file spells the namespace or takes an advisory lock.
 
-Both locks are transaction-scoped (`pg_advisory_xact_lock`): an error mid-transaction can never
+`capacity_section` owns the fleet-wide key `analysis_queue_capacity`: every grant of the core's
+capacity runs under it, so two replicas never hand out the same free capacity. It is taken alone,
+never while a user's lock is held and never before one (a grant changes only rows of jobs that
+wait, and skips those another transaction holds), so the two kinds of lock cannot wait for each
+other in a cycle. The scan test counts it too.
+
+Every lock here is transaction-scoped (`pg_advisory_xact_lock`): an error mid-transaction can never
 leak one, and they are safe behind a transaction-mode connection pooler.
 """
 
@@ -90,6 +96,21 @@ def _locked_sections_sql(owners: str) -> str:
     )
 
 
+def _capacity_section_sql() -> str:
+    """The wrapper for a section under the fleet-wide capacity lock (its own fixed key, hashed
+    like the others): granted before the section runs, like a user's lock."""
+    return (
+        "SELECT locked.waited_seconds, section.*"
+        " FROM (SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds"
+        "        FROM (SELECT pg_advisory_xact_lock(" + _CAPACITY_KEY + ")"
+        "                FROM " + _SETTINGS + " OFFSET 0) AS lock"
+        "      OFFSET 0) AS locked" + _SECTION_AFTER_LOCK
+    )
+
+
+_CAPACITY_KEY = "hashtextextended('analysis_queue_capacity', 0)"
+_CAPACITY_SECTION = _capacity_section_sql()
+
 _LOCKED_SECTION = _locked_section_sql("SELECT %(user_id)s::text AS user_id")
 # A run's section: the user is the run's job's (a job's user never changes, so reading it before
 # the lock is safe). A run with no job yet takes no lock; the section sees NULL as the locked user.
@@ -142,6 +163,14 @@ async def locked_sections_of_runs(
     their users (taken in key order, each within `_BATCH_LOCK_TIMEOUT`). The section reads each
     run's owner itself, in the statement's snapshot: the users locked here."""
     return await _run_locked(pool, _RUN_OWNERS_LOCKED_SECTIONS, section, {**params, "run_ids": run_ids}, lock_timeout=_BATCH_LOCK_TIMEOUT)
+
+
+async def capacity_section(
+    pool: AsyncConnectionPool[DictConnection], section: sql.Composable, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Runs `section` holding the fleet-wide capacity lock, as one statement: the grants of every
+    replica one after another, each seeing what the previous one committed."""
+    return await _run_locked(pool, _CAPACITY_SECTION, section, params)
 
 
 async def _run_locked(

@@ -25,6 +25,8 @@ from psycopg import AsyncConnection, AsyncCursor, sql
 from queue_service import audit
 from queue_service.model import (
     AdmitState,
+    CapacityGrant,
+    CapacityState,
     Cause,
     ClaimedRelease,
     ClaimedReservation,
@@ -48,10 +50,17 @@ from queue_service.model import (
     RunReportToApply,
     RunSettlement,
     ScheduledRetry,
+    SettingChange,
     Transition,
 )
 from queue_service.store import migrations, notices
-from queue_service.store.locks import holding_user_queue_lock, locked_section, locked_section_of_run, locked_sections_of_runs
+from queue_service.store.locks import (
+    capacity_section,
+    holding_user_queue_lock,
+    locked_section,
+    locked_section_of_run,
+    locked_sections_of_runs,
+)
 from queue_service.store.pool import QueuePool, connection, translated_errors
 
 _BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n(?P<body>.*?)(?=^-- name: |\Z)", re.MULTILINE | re.DOTALL)
@@ -148,7 +157,11 @@ def _run_completion(rows: list[Row], transition: Transition, actor: str) -> RunC
 
 
 def _promoted(rows: list[Row]) -> tuple[Promoted, ...]:
-    return tuple(Promoted(row["job_id"], row["user_id"], row["run_id"]) for row in rows if row["row_kind"] == "promoted")
+    return tuple(
+        Promoted(row["job_id"], row["user_id"], row["run_id"], waiting=bool(row.get("waiting_for_capacity", False)))
+        for row in rows
+        if row["row_kind"] == "promoted"
+    )
 
 
 def _claimed_release(row: Row) -> ClaimedRelease:
@@ -286,6 +299,62 @@ class Statements:
         """Seconds until the earliest pending release is due, in the database's clock (None: none)."""
         row = await self._one("next_release_due_in", {})
         return None if row is None or row["seconds"] is None else max(0.0, float(row["seconds"]))
+
+    # -- the core's capacity --------------------------------------------------------------------
+
+    async def capacity_refused(self, *, job_id: uuid.UUID, attempt: int, probe_interval_seconds: float) -> int | None | bool:
+        """The core refused the release ("not now"): the job waits again with its place. The
+        limit the core taught us (None: none), or False when the attempt was fenced."""
+        row = await self._one(
+            "capacity_refused", {"job_id": job_id, "attempt": attempt, "probe_interval_seconds": float(probe_interval_seconds)}
+        )
+        return False if row is None else row["core_limit"]
+
+    async def capacity_probe_taken(self) -> None:
+        await self._send("capacity_probe_taken", {})
+
+    async def seed_capacity(self, *, capacity: int) -> int:
+        """Seeds a fresh database's capacity; returns the capacity in force."""
+        row = await self._one("seed_capacity", {"capacity": capacity})
+        assert row is not None
+        return int(row["capacity"])
+
+    async def set_core_capacity(self, *, capacity: int) -> SettingChange:
+        """Sets the fleet's capacity, recorded with the current actor (`audit`)."""
+        actor = audit.actor_for("core_capacity")
+        row = await self._one("set_core_capacity", {"capacity": capacity, "actor": actor})
+        assert row is not None
+        return _setting_change(row)
+
+    async def set_user_queue_limit(self, *, user_id: str, max_active: int) -> SettingChange:
+        """Sets a user's slots (0: the default), recorded with the current actor (`audit`)."""
+        actor = audit.actor_for("user_max_active")
+        row = await self._one("set_user_queue_limit", {"user_id": user_id, "max_active": max_active, "actor": actor})
+        assert row is not None
+        return _setting_change(row)
+
+    async def setting_changes(self, *, before_change_id: int | None, limit: int) -> list[SettingChange]:
+        rows = await self._all("setting_changes", {"before_change_id": before_change_id, "limit": limit})
+        return [_setting_change(row) for row in rows]
+
+    async def capacity_state(self) -> CapacityState:
+        row = await self._one("capacity_state", {})
+        assert row is not None
+        return CapacityState(
+            capacity=int(row["capacity"]),
+            core_limit=row["core_limit"],
+            in_use=int(row["in_use"]),
+            waiting_jobs=int(row["waiting_jobs"]),
+            waiting_users=int(row["waiting_users"]),
+            oldest_wait_since=row["oldest_wait_since"],
+            core_refusals=int(row["core_refusals"]),
+            updated_by=row["updated_by"] or "",
+            updated_at=row["updated_at"],
+        )
+
+    async def capacity_positions(self, *, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
+        rows = await self._all("capacity_positions", {"job_ids": job_ids})
+        return {row["job_id"]: int(row["capacity_position"]) for row in rows}
 
     # -- the sweeper's finds -------------------------------------------------------------------
 
@@ -443,6 +512,18 @@ def _ledger_entry(row: Row) -> LedgerEntry:
     )
 
 
+def _setting_change(row: Row) -> SettingChange:
+    return SettingChange(
+        change_id=int(row["change_id"]),
+        setting=row["setting"],
+        user_id=row["user_id"],
+        old_value=row["old_value"],
+        new_value=row["new_value"],
+        actor=row["actor"],
+        create_time=row["create_time"],
+    )
+
+
 def _admit_state(row: Row) -> AdmitState:
     return AdmitState(
         existing_job_id=row["existing_job_id"],
@@ -578,6 +659,32 @@ class Store:
         if refunded:
             audit.log_movement(kind=LedgerKind.REFUND, user_id=user_id, amount=refunded, job_id=job_id, actor=actor, reason=reason)
         return refunded
+
+    async def grant_capacity(
+        self, *, lease_seconds: float, release_window_seconds: float, probe_interval_seconds: float, max_grants: int
+    ) -> CapacityGrant:
+        """Hands the free capacity of the core to waiting jobs in fair order, under the fleet-wide
+        capacity lock (`locks.capacity_section`), each release claimed for this replica."""
+        params = {
+            "lease_seconds": float(lease_seconds),
+            "release_window_seconds": float(release_window_seconds),
+            "probe_interval_seconds": float(probe_interval_seconds),
+            "max_grants": max_grants,
+        }
+        rows = await capacity_section(self.pool, _statement("grant_capacity"), params)
+        claims = tuple(
+            (
+                ClaimedRelease(
+                    row["job_id"], row["user_id"], row["run_id"], row["release_attempts"],
+                    cancel_requested=bool(row["cancel_requested"]), probe=bool(row["probe"]),
+                ),
+                float(row["capacity_waited_seconds"] or 0.0),
+            )
+            for row in rows
+            if row["row_kind"] == "granted"
+        )
+        state = next(row for row in rows if row["row_kind"] == "state")
+        return CapacityGrant(claims, bool(state["limited"]), in_use=int(state["in_use"] or 0), limit=state["capacity_limit"])
 
     async def open(self, *, timeout: float) -> None:
         await self.pool.open(wait=True, timeout=timeout)

@@ -161,7 +161,7 @@ SELECT job_id, user_id, run_id, status, delta_of_job_id, run_settle_due_at IS NO
 
 -- name: record_cancel_request
 -- The user asked to cancel a PENDING or RUNNING job: recorded before the core is asked, so every
--- ending that follows applies it (migration 0012). Fenced: no row when the job is no longer
+-- ending that follows applies it (migration 0014). Fenced: no row when the job is no longer
 -- active (it ended, or is still QUEUED). The first request's time is kept. A RUNNING job is due
 -- for the sweeper's reconciliation after `cancel_recheck_seconds`, which asks the core to cancel
 -- again if no answer has ended the job by then.
@@ -190,12 +190,14 @@ RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_
 
 -- name: claim_release_of_job
 -- Claims one pending job for an immediate release attempt (the Release RPC), unless another
--- replica holds it right now; as `claim_due_releases`, with its `cancel_requested`.
+-- replica holds it right now or it waits for the core's capacity (only a grant releases it); as
+-- `claim_due_releases`, with its `cancel_requested`.
 UPDATE analysis_jobs j
    SET release_attempts = j.release_attempts + 1,
        next_release_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
   FROM (SELECT job_id FROM analysis_jobs
          WHERE job_id = %(job_id)s AND status = 'pending'
+           AND NOT (capacity_wait_since IS NOT NULL AND capacity_token IS NULL)  -- waits for capacity
          FOR UPDATE SKIP LOCKED) AS target
  WHERE j.job_id = target.job_id
 RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested;
@@ -500,3 +502,100 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
   FROM queue_end_run_viewed(%(run_id)s, locked.locked_user_id, %(status)s, %(last_error)s, %(refund)s,
                             %(actor)s, %(reason)s, %(default_max_active)s, %(release_window_seconds)s,
                             %(release_lease_seconds)s) AS s
+
+-- name: grant_capacity
+-- A section under the fleet-wide capacity lock (`locks.capacity_section`): hands the free
+-- capacity to waiting jobs in fair order, each one's release claimed for this replica
+-- (`queue_grant_capacity`, migration 0014). 'granted' rows, then a 'state' row.
+SELECT s.row_kind, s.job_id, s.user_id, s.run_id, s.release_attempts, s.waited_seconds AS capacity_waited_seconds, s.probe, s.limited,
+       s.in_use, s.capacity_limit, s.cancel_requested
+  FROM queue_grant_capacity(%(lease_seconds)s, %(release_window_seconds)s, %(probe_interval_seconds)s,
+                            %(max_grants)s) AS s
+
+-- name: capacity_refused
+-- The core answered a release RESOURCE_EXHAUSTED: the job waits again with its place, and the
+-- fleet learns the core's limit (`queue_capacity_refused`, migration 0014). One row with the limit
+-- learned; none when the attempt was fenced.
+SELECT s.row_kind, s.core_limit FROM queue_capacity_refused(%(job_id)s, %(attempt)s, %(probe_interval_seconds)s) AS s;
+
+-- name: capacity_probe_taken
+-- The core took a release above the limit it had taught us: the limit grows by one.
+SELECT queue_capacity_probe_taken();
+
+-- name: seed_capacity
+-- A fresh database takes its capacity from QUEUE_CORE_CAPACITY; afterwards only the operator call
+-- changes it. Returns the capacity in force.
+WITH seeded AS (
+    INSERT INTO queue_capacity (capacity, updated_by) VALUES (%(capacity)s, 'system:seed')
+    ON CONFLICT (singleton) DO NOTHING
+    RETURNING capacity
+)
+SELECT COALESCE((SELECT capacity FROM seeded), (SELECT capacity FROM queue_capacity)) AS capacity;
+
+-- name: set_core_capacity
+-- The operator's change of the capacity, with its actor in the row and in the change log; what
+-- the core taught us is forgotten (a new setting starts afresh). The previous value and the change.
+WITH previous AS (
+    SELECT capacity FROM queue_capacity FOR UPDATE
+),
+changed AS (
+    INSERT INTO queue_capacity AS c (capacity, updated_by) VALUES (%(capacity)s, %(actor)s)
+    ON CONFLICT (singleton) DO UPDATE
+       SET capacity = EXCLUDED.capacity, core_limit = NULL, next_probe_at = NULL,
+           updated_by = EXCLUDED.updated_by, updated_at = clock_timestamp()
+    RETURNING c.capacity
+)
+INSERT INTO queue_setting_changes (setting, old_value, new_value, actor)
+SELECT 'core_capacity', (SELECT capacity FROM previous), (SELECT capacity FROM changed), %(actor)s
+RETURNING change_id, setting, user_id, old_value, new_value, actor, create_time;
+
+-- name: set_user_queue_limit
+-- The operator's change of a user's slots (`user_queue_limits`; 0: back to the default), with its
+-- actor in the change log. A raised limit fills the new slots at the user's next promotion.
+WITH previous AS (
+    SELECT max_active FROM user_queue_limits WHERE user_id = %(user_id)s FOR UPDATE
+),
+removed AS (
+    DELETE FROM user_queue_limits WHERE user_id = %(user_id)s AND %(max_active)s = 0
+),
+upserted AS (
+    INSERT INTO user_queue_limits AS l (user_id, max_active)
+    SELECT %(user_id)s, %(max_active)s WHERE %(max_active)s > 0
+    ON CONFLICT (user_id) DO UPDATE SET max_active = EXCLUDED.max_active, updated_at = clock_timestamp()
+)
+INSERT INTO queue_setting_changes (setting, user_id, old_value, new_value, actor)
+SELECT 'user_max_active', %(user_id)s, (SELECT max_active FROM previous), NULLIF(%(max_active)s, 0), %(actor)s
+RETURNING change_id, setting, user_id, old_value, new_value, actor, create_time;
+
+-- name: setting_changes
+-- One page of the fleet settings' change log, newest first (keyset on change_id).
+SELECT change_id, setting, user_id, old_value, new_value, actor, create_time
+  FROM queue_setting_changes
+ WHERE change_id < COALESCE(%(before_change_id)s::bigint, 9223372036854775807)
+ ORDER BY change_id DESC
+ LIMIT %(limit)s;
+
+-- name: capacity_state
+-- The core's capacity now: the setting, what the core taught us, what is in use and who waits
+-- (the partial index of jobs waiting for capacity; the slot index for what is in use).
+SELECT COALESCE(c.capacity, 0) AS capacity,
+       c.core_limit,
+       c.next_probe_at,
+       COALESCE(c.core_refusals, 0) AS core_refusals,
+       c.updated_by,
+       c.updated_at,
+       queue_capacity_in_use() AS in_use,
+       (SELECT count(*) FROM analysis_jobs w
+         WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL) AS waiting_jobs,
+       (SELECT count(DISTINCT w.user_id) FROM analysis_jobs w
+         WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL) AS waiting_users,
+       (SELECT min(w.capacity_wait_since) FROM analysis_jobs w
+         WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL) AS oldest_wait_since
+  FROM (SELECT 1) AS one
+  LEFT JOIN queue_capacity c ON true;
+
+-- name: capacity_positions
+-- The 1-based places of the given jobs in the fleet-wide order for the core (only jobs waiting
+-- for capacity have one).
+SELECT job_id, capacity_position FROM analysis_jobs_capacity_order
+ WHERE job_id = ANY(%(job_ids)s::uuid[]);

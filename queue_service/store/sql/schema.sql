@@ -10,29 +10,33 @@
 CREATE SEQUENCE public.analysis_jobs_queue_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
 
 CREATE TABLE public.analysis_jobs (
-    job_id              uuid NOT NULL,
-    user_id             text NOT NULL,
-    run_id              uuid NOT NULL,
-    idempotency_key     text NOT NULL,
-    request_digest      bytea NOT NULL,
-    status              text NOT NULL,
-    queue_seq           bigint NOT NULL,
-    slot                integer,
-    delta_of_job_id     uuid,
-    price               bigint NOT NULL,
-    release_attempts    integer DEFAULT 0 NOT NULL,
-    next_release_at     timestamp with time zone,
-    release_deadline    timestamp with time zone,
-    next_reconcile_at   timestamp with time zone,
-    last_error          text DEFAULT ''::text NOT NULL,
-    create_time         timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    promote_time        timestamp with time zone,
-    start_time          timestamp with time zone,
-    end_time            timestamp with time zone,
-    run_settle_due_at   timestamp with time zone,
-    run_settle_attempts integer DEFAULT 0 NOT NULL,
-    cancel_requested_at timestamp with time zone,
+    job_id               uuid NOT NULL,
+    user_id              text NOT NULL,
+    run_id               uuid NOT NULL,
+    idempotency_key      text NOT NULL,
+    request_digest       bytea NOT NULL,
+    status               text NOT NULL,
+    queue_seq            bigint NOT NULL,
+    slot                 integer,
+    delta_of_job_id      uuid,
+    price                bigint NOT NULL,
+    release_attempts     integer DEFAULT 0 NOT NULL,
+    next_release_at      timestamp with time zone,
+    release_deadline     timestamp with time zone,
+    next_reconcile_at    timestamp with time zone,
+    last_error           text DEFAULT ''::text NOT NULL,
+    create_time          timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    promote_time         timestamp with time zone,
+    start_time           timestamp with time zone,
+    end_time             timestamp with time zone,
+    run_settle_due_at    timestamp with time zone,
+    run_settle_attempts  integer DEFAULT 0 NOT NULL,
+    cancel_requested_at  timestamp with time zone,
+    capacity_wait_since  timestamp with time zone,
+    capacity_token       integer,
+    capacity_turn_before timestamp with time zone,
     CONSTRAINT analysis_jobs_active_first_pass_has_slot CHECK ((status <> ALL (ARRAY['pending'::text, 'running'::text])) OR delta_of_job_id IS NOT NULL OR slot IS NOT NULL),
+    CONSTRAINT analysis_jobs_capacity_token_check CHECK (capacity_token >= 1),
     CONSTRAINT analysis_jobs_delta_of_job_id_fkey FOREIGN KEY (delta_of_job_id) REFERENCES analysis_jobs(job_id),
     CONSTRAINT analysis_jobs_idempotency UNIQUE (user_id, idempotency_key),
     CONSTRAINT analysis_jobs_only_ended_jobs_settle CHECK (run_settle_due_at IS NULL OR (status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text]))),
@@ -46,6 +50,7 @@ CREATE TABLE public.analysis_jobs (
 CREATE INDEX analysis_jobs_delta_base ON public.analysis_jobs USING btree (delta_of_job_id) WHERE (delta_of_job_id IS NOT NULL);
 CREATE INDEX analysis_jobs_ended_status_newest_admitted ON public.analysis_jobs USING btree (status, create_time DESC, job_id DESC) WHERE (status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text]));
 CREATE INDEX analysis_jobs_newest_admitted ON public.analysis_jobs USING btree (create_time DESC, job_id DESC);
+CREATE UNIQUE INDEX analysis_jobs_one_holder_per_capacity_token ON public.analysis_jobs USING btree (capacity_token) WHERE ((capacity_token IS NOT NULL) AND ((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)));
 CREATE UNIQUE INDEX analysis_jobs_one_holder_per_slot ON public.analysis_jobs USING btree (user_id, slot) WHERE (((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)) AND (delta_of_job_id IS NULL));
 CREATE INDEX analysis_jobs_queued_in_order ON public.analysis_jobs USING btree (user_id, queue_seq) WHERE (status = 'queued'::text);
 CREATE INDEX analysis_jobs_recent_first_pass_durations ON public.analysis_jobs USING btree (end_time DESC) WHERE ((status = 'succeeded'::text) AND (delta_of_job_id IS NULL));
@@ -56,6 +61,7 @@ CREATE INDEX analysis_jobs_run_settle_due ON public.analysis_jobs USING btree (r
 CREATE INDEX analysis_jobs_running_deltas ON public.analysis_jobs USING btree (user_id) WHERE ((status = 'running'::text) AND (delta_of_job_id IS NOT NULL));
 CREATE INDEX analysis_jobs_user_newest_admitted ON public.analysis_jobs USING btree (user_id, create_time DESC, job_id DESC);
 CREATE INDEX analysis_jobs_user_newest_first ON public.analysis_jobs USING btree (user_id, queue_seq DESC);
+CREATE INDEX analysis_jobs_waiting_for_capacity ON public.analysis_jobs USING btree (capacity_wait_since) WHERE ((status = 'pending'::text) AND (capacity_wait_since IS NOT NULL) AND (capacity_token IS NULL));
 
 CREATE TABLE public.credit_accounts (
     user_id    text NOT NULL,
@@ -86,12 +92,39 @@ CREATE TABLE public.credit_ledger (
 CREATE UNIQUE INDEX credit_ledger_grant_idempotency ON public.credit_ledger USING btree (user_id, idempotency_key) WHERE (kind = 'grant'::text);
 CREATE INDEX credit_ledger_user_newest_first ON public.credit_ledger USING btree (user_id, entry_id DESC);
 
+CREATE TABLE public.queue_capacity (
+    singleton     boolean DEFAULT true NOT NULL,
+    capacity      integer NOT NULL,
+    core_limit    integer,
+    next_probe_at timestamp with time zone,
+    core_refusals bigint DEFAULT 0 NOT NULL,
+    updated_by    text DEFAULT 'unknown'::text NOT NULL,
+    updated_at    timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT queue_capacity_capacity_check CHECK (capacity >= 0 AND capacity <= 1000000),
+    CONSTRAINT queue_capacity_core_limit_check CHECK (core_limit >= 0),
+    CONSTRAINT queue_capacity_pkey PRIMARY KEY (singleton),
+    CONSTRAINT queue_capacity_singleton_check CHECK (singleton)
+);
+
 CREATE TABLE public.queue_schema_migrations (
     version    integer NOT NULL,
     name       text NOT NULL,
     checksum   text NOT NULL,
     applied_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     CONSTRAINT queue_schema_migrations_pkey PRIMARY KEY (version)
+);
+
+CREATE TABLE public.queue_setting_changes (
+    change_id   bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    setting     text NOT NULL,
+    user_id     text,
+    old_value   integer,
+    new_value   integer,
+    actor       text NOT NULL,
+    create_time timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT queue_setting_changes_check CHECK ((setting = 'user_max_active'::text) = (user_id IS NOT NULL)),
+    CONSTRAINT queue_setting_changes_pkey PRIMARY KEY (change_id),
+    CONSTRAINT queue_setting_changes_setting_check CHECK (setting = ANY (ARRAY['core_capacity'::text, 'user_max_active'::text]))
 );
 
 CREATE TABLE public.run_reservations (
@@ -104,6 +137,12 @@ CREATE TABLE public.run_reservations (
     CONSTRAINT run_reservations_pkey PRIMARY KEY (run_id)
 );
 CREATE INDEX run_reservations_cancel_due ON public.run_reservations USING btree (cancel_after);
+
+CREATE TABLE public.user_capacity_turns (
+    user_id      text NOT NULL,
+    last_turn_at timestamp with time zone NOT NULL,
+    CONSTRAINT user_capacity_turns_pkey PRIMARY KEY (user_id)
+);
 
 CREATE TABLE public.user_queue_limits (
     user_id    text NOT NULL,
@@ -162,6 +201,92 @@ AS $function$
      LIMIT 1
 $function$;
 
+CREATE OR REPLACE FUNCTION public.analysis_jobs_wait_for_capacity()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF (TG_OP = 'INSERT' OR OLD.status = 'queued')
+       AND EXISTS (SELECT 1 FROM queue_capacity c WHERE c.capacity > 0 OR c.core_limit IS NOT NULL) THEN
+        NEW.capacity_wait_since := clock_timestamp();
+        NEW.capacity_token := NULL;
+        NEW.next_release_at := NULL;
+        NEW.release_attempts := CASE WHEN TG_OP = 'INSERT' THEN 0 ELSE OLD.release_attempts END;
+    END IF;
+    RETURN NEW;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_capacity_in_use()
+ RETURNS integer
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT (SELECT count(*) FROM analysis_jobs a
+             WHERE (a.status IN ('pending', 'running') OR a.run_settle_due_at IS NOT NULL) AND a.delta_of_job_id IS NULL
+               AND (a.capacity_wait_since IS NULL OR a.capacity_token IS NOT NULL))::integer
+         + (SELECT count(*) FROM analysis_jobs d
+             WHERE d.status = 'running' AND d.delta_of_job_id IS NOT NULL)::integer
+         + (SELECT count(*) FROM analysis_jobs u
+             WHERE u.run_settle_due_at IS NOT NULL AND u.delta_of_job_id IS NOT NULL)::integer
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_capacity_in_use_of_user(p_user_id text)
+ RETURNS integer
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT count(*)::integer FROM analysis_jobs a
+     WHERE a.user_id = p_user_id
+       AND (a.status IN ('pending', 'running') OR a.run_settle_due_at IS NOT NULL) AND a.delta_of_job_id IS NULL
+       AND (a.capacity_wait_since IS NULL OR a.capacity_token IS NOT NULL)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_capacity_probe_taken()
+ RETURNS void
+ LANGUAGE sql
+AS $function$
+    UPDATE queue_capacity
+       SET core_limit = CASE WHEN capacity > 0 AND core_limit + 1 >= capacity THEN NULL ELSE core_limit + 1 END,
+           next_probe_at = NULL
+     WHERE core_limit IS NOT NULL
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_capacity_refused(p_job_id uuid, p_attempt integer, p_probe_interval_seconds double precision)
+ RETURNS TABLE(row_kind text, core_limit integer)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_in_use integer;
+    v_user_id text;
+    v_turn_before timestamptz;
+BEGIN
+    UPDATE analysis_jobs a
+       SET capacity_token = NULL,
+           next_release_at = NULL,
+           capacity_wait_since = COALESCE(a.capacity_wait_since, clock_timestamp())
+     WHERE a.job_id = p_job_id AND a.status = 'pending' AND a.release_attempts = p_attempt
+    RETURNING a.user_id, a.capacity_turn_before INTO v_user_id, v_turn_before;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- The turn was not taken: the user's turn is what it was before this grant.
+    IF v_turn_before IS NULL THEN
+        DELETE FROM user_capacity_turns t WHERE t.user_id = v_user_id;
+    ELSE
+        UPDATE user_capacity_turns t SET last_turn_at = v_turn_before WHERE t.user_id = v_user_id;
+    END IF;
+    v_in_use := queue_capacity_in_use();
+    INSERT INTO queue_capacity AS c (capacity, core_limit, next_probe_at, core_refusals)
+    VALUES (0, v_in_use, clock_timestamp() + make_interval(secs => p_probe_interval_seconds), 1)
+    ON CONFLICT (singleton) DO UPDATE
+       SET core_limit = least(COALESCE(c.core_limit, v_in_use), v_in_use),
+           next_probe_at = clock_timestamp() + make_interval(secs => p_probe_interval_seconds),
+           core_refusals = c.core_refusals + 1;
+    RETURN QUERY SELECT 'refused'::text, c.core_limit FROM queue_capacity c;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.queue_end_job(p_job_id uuid, p_status text, p_from_statuses text[], p_last_error text, p_expected_attempts integer, p_run_unsettled boolean, p_refund boolean, p_actor text, p_reason text, p_default_max_active integer, p_release_window_seconds double precision, p_lease_seconds double precision)
  RETURNS TABLE(row_kind text, out_job_id uuid, out_user_id text, out_run_id uuid, out_status text, out_delta_of_job_id uuid, out_run_unsettled boolean, out_refunded integer)
  LANGUAGE plpgsql
@@ -196,6 +321,78 @@ BEGIN
                             NULL::uuid, false, 0
                        FROM queue_promote_queued_jobs(ended.user_id, p_default_max_active, p_release_window_seconds, p_lease_seconds) AS p;
     END IF;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_grant_capacity(p_lease_seconds double precision, p_release_window_seconds double precision, p_probe_interval_seconds double precision, p_max_grants integer)
+ RETURNS TABLE(row_kind text, job_id uuid, user_id text, run_id uuid, release_attempts integer, waited_seconds double precision, probe boolean, limited boolean, in_use integer, capacity_limit integer, cancel_requested boolean)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_settings queue_capacity%ROWTYPE;
+    v_now constant timestamptz := clock_timestamp();
+    v_limit integer;
+    v_in_use integer;
+    v_granted integer := 0;
+    v_probe boolean;
+    v_job record;
+    v_token integer;
+    v_attempts integer;
+    v_turn_before timestamptz;
+BEGIN
+    SELECT * INTO v_settings FROM queue_capacity;
+    IF v_settings.capacity > 0 THEN
+        v_limit := v_settings.capacity;
+    END IF;
+    IF v_settings.core_limit IS NOT NULL THEN
+        v_limit := least(coalesce(v_limit, 2147483647),
+                         v_settings.core_limit
+                         + CASE WHEN v_settings.next_probe_at IS NULL OR v_settings.next_probe_at <= v_now THEN 1 ELSE 0 END);
+    END IF;
+    v_in_use := queue_capacity_in_use();
+    WHILE v_granted < p_max_grants AND (v_limit IS NULL OR v_in_use < v_limit) LOOP
+        SELECT w.job_id, w.user_id, w.run_id, w.capacity_wait_since, w.cancel_requested_at INTO v_job
+          FROM analysis_jobs w
+          LEFT JOIN user_capacity_turns t ON t.user_id = w.user_id
+         WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
+         ORDER BY queue_capacity_in_use_of_user(w.user_id), COALESCE(t.last_turn_at, w.capacity_wait_since),
+                  w.capacity_wait_since, w.queue_seq
+         LIMIT 1
+           FOR UPDATE OF w SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        SELECT min(s) INTO v_token
+          FROM generate_series(1, v_in_use + 1) AS s
+         WHERE NOT EXISTS (SELECT 1 FROM analysis_jobs h
+                            WHERE h.capacity_token = s
+                              AND (h.status IN ('pending', 'running') OR h.run_settle_due_at IS NOT NULL));
+        v_probe := v_settings.core_limit IS NOT NULL AND v_in_use >= v_settings.core_limit;
+        SELECT t.last_turn_at INTO v_turn_before FROM user_capacity_turns t WHERE t.user_id = v_job.user_id;
+        INSERT INTO user_capacity_turns AS t (user_id, last_turn_at) VALUES (v_job.user_id, v_now)
+        ON CONFLICT ON CONSTRAINT user_capacity_turns_pkey DO UPDATE SET last_turn_at = EXCLUDED.last_turn_at;
+        UPDATE analysis_jobs a
+           SET capacity_token = v_token,
+               capacity_turn_before = v_turn_before,
+               release_attempts = a.release_attempts + 1,
+               next_release_at = v_now + make_interval(secs => p_lease_seconds),
+               release_deadline = v_now + make_interval(secs => p_release_window_seconds)
+         WHERE a.job_id = v_job.job_id
+        RETURNING a.release_attempts INTO v_attempts;
+        v_in_use := v_in_use + 1;
+        v_granted := v_granted + 1;
+        RETURN QUERY SELECT 'granted'::text, v_job.job_id, v_job.user_id, v_job.run_id, v_attempts,
+                            extract(epoch FROM v_now - v_job.capacity_wait_since)::float8, v_probe, true, v_in_use, v_limit,
+                            v_job.cancel_requested_at IS NOT NULL;
+        IF v_probe THEN
+            -- One release above what the core last took, then none until the next probe is due.
+            UPDATE queue_capacity SET next_probe_at = v_now + make_interval(secs => p_probe_interval_seconds);
+            EXIT;
+        END IF;
+    END LOOP;
+    RETURN QUERY SELECT 'state'::text, NULL::uuid, NULL::text, NULL::uuid, NULL::integer, NULL::float8, NULL::boolean,
+                        coalesce(v_settings.capacity > 0 OR v_settings.core_limit IS NOT NULL, false)
+                        OR EXISTS (SELECT 1 FROM analysis_jobs w
+                                    WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL),
+                        v_in_use, v_limit, NULL::boolean;
 END
 $function$;
 
@@ -292,8 +489,20 @@ CREATE VIEW public.analysis_job_views AS
           WHERE l.user_id = j.user_id) AS max_active_override,
     COALESCE(( SELECT true
            FROM credit_ledger r
-          WHERE r.job_id = j.job_id AND r.kind = 'refund'::text), false) AS refunded
+          WHERE r.job_id = j.job_id AND r.kind = 'refund'::text), false) AS refunded,
+    status = 'pending'::text AND capacity_wait_since IS NOT NULL AND capacity_token IS NULL AS waiting_for_capacity,
+    capacity_wait_since
    FROM analysis_jobs j;
+
+CREATE VIEW public.analysis_jobs_capacity_order AS
+ SELECT w.job_id,
+    w.user_id,
+    w.run_id,
+    w.capacity_wait_since,
+    row_number() OVER (ORDER BY (queue_capacity_in_use_of_user(w.user_id)), (COALESCE(t.last_turn_at, w.capacity_wait_since)), w.capacity_wait_since, w.queue_seq) AS capacity_position
+   FROM analysis_jobs w
+     LEFT JOIN user_capacity_turns t ON t.user_id = w.user_id
+  WHERE w.status = 'pending'::text AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
 
 CREATE OR REPLACE FUNCTION public.queue_admit_job(p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea, p_delta_of_job_id uuid, p_price integer, p_actor text, p_reason text, p_default_max_active integer, p_max_queued integer, p_max_running_deltas integer, p_release_window_seconds double precision, p_release_lease_seconds double precision, p_reconcile_after_seconds double precision)
  RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
@@ -502,3 +711,4 @@ $function$;
 
 CREATE TRIGGER analysis_jobs_announce_insert AFTER INSERT ON analysis_jobs FOR EACH ROW EXECUTE FUNCTION analysis_jobs_announce_change();
 CREATE TRIGGER analysis_jobs_announce_update AFTER UPDATE ON analysis_jobs FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR old.last_error IS DISTINCT FROM new.last_error OR old.release_attempts IS DISTINCT FROM new.release_attempts) EXECUTE FUNCTION analysis_jobs_announce_change();
+CREATE TRIGGER analysis_jobs_wait_for_capacity BEFORE INSERT OR UPDATE OF status ON analysis_jobs FOR EACH ROW WHEN (new.status = 'pending'::text AND new.delta_of_job_id IS NULL) EXECUTE FUNCTION analysis_jobs_wait_for_capacity();

@@ -41,6 +41,11 @@ class RunServiceStub:
     answers SUCCEEDED or FAILED (not CANCELED);
     - the core calls `acurio.queue.v1.CoreCallbackService.CompleteRun` for every run that finishes
     judging, and retries it on UNAVAILABLE, DEADLINE_EXCEEDED and ABORTED for at least 60 seconds.
+    - ReleaseRun answers RESOURCE_EXHAUSTED when the core is at its concurrency ceiling now, and
+    then applies nothing (the run stays held): the queue reads it as "not now", a place in line,
+    not an outage. The job keeps its slot and its place, and the whole fleet of queue replicas
+    backs off together (about one release per second above what the core took, never a retry
+    per job). (Added to the contract additively; a core that never answers it is unaffected.)
     A user's slot is freed for the next run only once the core has confirmed the previous run is
     not judging (an answer, a CompleteRun, or GetRun/CancelRun showing it settled).
     """
@@ -89,6 +94,11 @@ class RunServiceServicer:
     answers SUCCEEDED or FAILED (not CANCELED);
     - the core calls `acurio.queue.v1.CoreCallbackService.CompleteRun` for every run that finishes
     judging, and retries it on UNAVAILABLE, DEADLINE_EXCEEDED and ABORTED for at least 60 seconds.
+    - ReleaseRun answers RESOURCE_EXHAUSTED when the core is at its concurrency ceiling now, and
+    then applies nothing (the run stays held): the queue reads it as "not now", a place in line,
+    not an outage. The job keeps its slot and its place, and the whole fleet of queue replicas
+    backs off together (about one release per second above what the core took, never a retry
+    per job). (Added to the contract additively; a core that never answers it is unaffected.)
     A user's slot is freed for the next run only once the core has confirmed the previous run is
     not judging (an answer, a CompleteRun, or GetRun/CancelRun showing it settled).
     """
@@ -108,7 +118,9 @@ class RunServiceServicer:
     def ReleaseRun(self, request, context):
         """Releases a held run so it starts judging. Idempotent: releasing a judging or finished run
         returns it unchanged. Errors: NOT_FOUND for an unknown (or expired) run;
-        FAILED_PRECONDITION for a canceled run; UNAVAILABLE when the core cannot take work now.
+        FAILED_PRECONDITION for a canceled run; RESOURCE_EXHAUSTED when the core is at its
+        concurrency ceiling (nothing applied: the run stays held; ask again later); UNAVAILABLE when
+        the core cannot take work now.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -179,6 +191,11 @@ class RunService:
     answers SUCCEEDED or FAILED (not CANCELED);
     - the core calls `acurio.queue.v1.CoreCallbackService.CompleteRun` for every run that finishes
     judging, and retries it on UNAVAILABLE, DEADLINE_EXCEEDED and ABORTED for at least 60 seconds.
+    - ReleaseRun answers RESOURCE_EXHAUSTED when the core is at its concurrency ceiling now, and
+    then applies nothing (the run stays held): the queue reads it as "not now", a place in line,
+    not an outage. The job keeps its slot and its place, and the whole fleet of queue replicas
+    backs off together (about one release per second above what the core took, never a retry
+    per job). (Added to the contract additively; a core that never answers it is unaffected.)
     A user's slot is freed for the next run only once the core has confirmed the previous run is
     not judging (an answer, a CompleteRun, or GetRun/CancelRun showing it settled).
     """

@@ -42,6 +42,11 @@ class RunServiceStub:
       answers SUCCEEDED or FAILED (not CANCELED);
     - the core calls `acurio.queue.v1.CoreCallbackService.CompleteRun` for every run that finishes
       judging, and retries it on UNAVAILABLE, DEADLINE_EXCEEDED and ABORTED for at least 60 seconds.
+    - ReleaseRun answers RESOURCE_EXHAUSTED when the core is at its concurrency ceiling now, and
+      then applies nothing (the run stays held): the queue reads it as "not now", a place in line,
+      not an outage. The job keeps its slot and its place, and the whole fleet of queue replicas
+      backs off together (about one release per second above what the core took, never a retry
+      per job). (Added to the contract additively; a core that never answers it is unaffected.)
     A user's slot is freed for the next run only once the core has confirmed the previous run is
     not judging (an answer, a CompleteRun, or GetRun/CancelRun showing it settled).
     """
@@ -61,7 +66,9 @@ class RunServiceStub:
     ReleaseRun: _grpc.UnaryUnaryMultiCallable[_run_service_pb2.ReleaseRunRequest, _run_service_pb2.ReleaseRunResponse]
     """Releases a held run so it starts judging. Idempotent: releasing a judging or finished run
     returns it unchanged. Errors: NOT_FOUND for an unknown (or expired) run;
-    FAILED_PRECONDITION for a canceled run; UNAVAILABLE when the core cannot take work now.
+    FAILED_PRECONDITION for a canceled run; RESOURCE_EXHAUSTED when the core is at its
+    concurrency ceiling (nothing applied: the run stays held; ask again later); UNAVAILABLE when
+    the core cannot take work now.
     """
     CancelRun: _grpc.UnaryUnaryMultiCallable[_run_service_pb2.CancelRunRequest, _run_service_pb2.CancelRunResponse]
     """Cancels a held or judging run. Idempotent: canceling a canceled or finished run returns it
@@ -91,6 +98,11 @@ class RunServiceAsyncStub(RunServiceStub):
       answers SUCCEEDED or FAILED (not CANCELED);
     - the core calls `acurio.queue.v1.CoreCallbackService.CompleteRun` for every run that finishes
       judging, and retries it on UNAVAILABLE, DEADLINE_EXCEEDED and ABORTED for at least 60 seconds.
+    - ReleaseRun answers RESOURCE_EXHAUSTED when the core is at its concurrency ceiling now, and
+      then applies nothing (the run stays held): the queue reads it as "not now", a place in line,
+      not an outage. The job keeps its slot and its place, and the whole fleet of queue replicas
+      backs off together (about one release per second above what the core took, never a retry
+      per job). (Added to the contract additively; a core that never answers it is unaffected.)
     A user's slot is freed for the next run only once the core has confirmed the previous run is
     not judging (an answer, a CompleteRun, or GetRun/CancelRun showing it settled).
     """
@@ -107,7 +119,9 @@ class RunServiceAsyncStub(RunServiceStub):
     ReleaseRun: _aio.UnaryUnaryMultiCallable[_run_service_pb2.ReleaseRunRequest, _run_service_pb2.ReleaseRunResponse]  # type: ignore[assignment]
     """Releases a held run so it starts judging. Idempotent: releasing a judging or finished run
     returns it unchanged. Errors: NOT_FOUND for an unknown (or expired) run;
-    FAILED_PRECONDITION for a canceled run; UNAVAILABLE when the core cannot take work now.
+    FAILED_PRECONDITION for a canceled run; RESOURCE_EXHAUSTED when the core is at its
+    concurrency ceiling (nothing applied: the run stays held; ask again later); UNAVAILABLE when
+    the core cannot take work now.
     """
     CancelRun: _aio.UnaryUnaryMultiCallable[_run_service_pb2.CancelRunRequest, _run_service_pb2.CancelRunResponse]  # type: ignore[assignment]
     """Cancels a held or judging run. Idempotent: canceling a canceled or finished run returns it
@@ -136,6 +150,11 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
       answers SUCCEEDED or FAILED (not CANCELED);
     - the core calls `acurio.queue.v1.CoreCallbackService.CompleteRun` for every run that finishes
       judging, and retries it on UNAVAILABLE, DEADLINE_EXCEEDED and ABORTED for at least 60 seconds.
+    - ReleaseRun answers RESOURCE_EXHAUSTED when the core is at its concurrency ceiling now, and
+      then applies nothing (the run stays held): the queue reads it as "not now", a place in line,
+      not an outage. The job keeps its slot and its place, and the whole fleet of queue replicas
+      backs off together (about one release per second above what the core took, never a retry
+      per job). (Added to the contract additively; a core that never answers it is unaffected.)
     A user's slot is freed for the next run only once the core has confirmed the previous run is
     not judging (an answer, a CompleteRun, or GetRun/CancelRun showing it settled).
     """
@@ -162,7 +181,9 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_run_service_pb2.ReleaseRunResponse, _abc.Awaitable[_run_service_pb2.ReleaseRunResponse]]:
         """Releases a held run so it starts judging. Idempotent: releasing a judging or finished run
         returns it unchanged. Errors: NOT_FOUND for an unknown (or expired) run;
-        FAILED_PRECONDITION for a canceled run; UNAVAILABLE when the core cannot take work now.
+        FAILED_PRECONDITION for a canceled run; RESOURCE_EXHAUSTED when the core is at its
+        concurrency ceiling (nothing applied: the run stays held; ask again later); UNAVAILABLE when
+        the core cannot take work now.
         """
 
     @_abc_1.abstractmethod

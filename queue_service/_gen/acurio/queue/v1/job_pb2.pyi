@@ -29,7 +29,9 @@ class _JobStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobStatus.V
     JOB_STATUS_QUEUED: _JobStatus.ValueType  # 1
     """Admitted and charged, the held run exists at the core; waiting for one of the user's slots."""
     JOB_STATUS_PENDING: _JobStatus.ValueType  # 2
-    """Holds a slot; the service is releasing the held run (retried for up to the release window)."""
+    """Holds a slot; the service is releasing the held run (retried for up to the release window),
+    or, while the fleet's capacity at the core is in use, waits for it (`capacity_position`).
+    """
     JOB_STATUS_RUNNING: _JobStatus.ValueType  # 3
     """The core is judging the run."""
     JOB_STATUS_SUCCEEDED: _JobStatus.ValueType  # 4
@@ -51,7 +53,9 @@ JOB_STATUS_UNSPECIFIED: JobStatus.ValueType  # 0
 JOB_STATUS_QUEUED: JobStatus.ValueType  # 1
 """Admitted and charged, the held run exists at the core; waiting for one of the user's slots."""
 JOB_STATUS_PENDING: JobStatus.ValueType  # 2
-"""Holds a slot; the service is releasing the held run (retried for up to the release window)."""
+"""Holds a slot; the service is releasing the held run (retried for up to the release window),
+or, while the fleet's capacity at the core is in use, waits for it (`capacity_position`).
+"""
 JOB_STATUS_RUNNING: JobStatus.ValueType  # 3
 """The core is judging the run."""
 JOB_STATUS_SUCCEEDED: JobStatus.ValueType  # 4
@@ -142,6 +146,7 @@ class Job(_message.Message):
     ESTIMATED_START_TIME_FIELD_NUMBER: _builtins.int
     PRICE_FIELD_NUMBER: _builtins.int
     REFUNDED_FIELD_NUMBER: _builtins.int
+    CAPACITY_POSITION_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job's id (a UUID), assigned at admit."""
     user_id: _builtins.str
@@ -166,6 +171,12 @@ class Job(_message.Message):
     """Credits charged for this job at admit."""
     refunded: _builtins.bool
     """True once the charge was refunded (at most once)."""
+    capacity_position: _builtins.int
+    """For a PENDING job that holds its user's slot but waits for the fleet's capacity at the core
+    ("waiting for the core: 3rd in line"): its 1-based place in the fleet-wide order in which
+    capacity is granted (fair across users, so it can move back when another user's turn comes
+    first). 0 when the job is not waiting for capacity. Added to the contract additively.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When the job was admitted."""
@@ -184,8 +195,9 @@ class Job(_message.Message):
 
     @_builtins.property
     def estimated_start_time(self) -> _timestamp_pb2.Timestamp:
-        """For a QUEUED job: an estimate of when it starts, from recent judging durations.
-        Unset when there is no history to estimate from.
+        """For a QUEUED job, or a PENDING job waiting for the core's capacity: an estimate of when it
+        starts, from recent judging durations and, while the fleet's capacity is limited, the wait
+        for it. Unset when there is no history to estimate from.
         """
 
     def __init__(
@@ -207,10 +219,11 @@ class Job(_message.Message):
         estimated_start_time: _timestamp_pb2.Timestamp | None = ...,
         price: _builtins.int = ...,
         refunded: _builtins.bool = ...,
+        capacity_position: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "estimated_start_time", b"estimated_start_time", "promote_time", b"promote_time", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "delta_of_job_id", b"delta_of_job_id", "end_time", b"end_time", "estimated_start_time", b"estimated_start_time", "job_id", b"job_id", "last_error", b"last_error", "price", b"price", "promote_time", b"promote_time", "queue_position", b"queue_position", "refunded", b"refunded", "release_attempts", b"release_attempts", "run_id", b"run_id", "start_time", b"start_time", "status", b"status", "user_id", b"user_id", "waiting_for_job_id", b"waiting_for_job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity_position", b"capacity_position", "create_time", b"create_time", "delta_of_job_id", b"delta_of_job_id", "end_time", b"end_time", "estimated_start_time", b"estimated_start_time", "job_id", b"job_id", "last_error", b"last_error", "price", b"price", "promote_time", b"promote_time", "queue_position", b"queue_position", "refunded", b"refunded", "release_attempts", b"release_attempts", "run_id", b"run_id", "start_time", b"start_time", "status", b"status", "user_id", b"user_id", "waiting_for_job_id", b"waiting_for_job_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,15 +26,15 @@ from queue_service._gen.acurio.queue.v1 import job_pb2 as acurio_dot_queue_dot_v
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&acurio/queue/v1/operator_service.proto\x12\x0f\x61\x63urio.queue.v1\x1a\x19\x61\x63urio/queue/v1/job.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc4\x01\n\tJobFilter\x12,\n\x08statuses\x18\x01 \x03(\x0e\x32\x1a.acurio.queue.v1.JobStatus\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x31\n\rcreated_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\thas_error\x18\x05 \x01(\x08\",\n\x12GetOverviewRequest\x12\x16\n\x0ewindow_minutes\x18\x01 \x01(\x05\"B\n\x13GetOverviewResponse\x12+\n\x08overview\x18\x01 \x01(\x0b\x32\x19.acurio.queue.v1.Overview\"\xfc\x02\n\x08Overview\x12\x0e\n\x06queued\x18\x01 \x01(\x03\x12\x0f\n\x07pending\x18\x02 \x01(\x03\x12\x0f\n\x07running\x18\x03 \x01(\x03\x12\x1b\n\x13succeeded_in_window\x18\x04 \x01(\x03\x12\x18\n\x10\x66\x61iled_in_window\x18\x05 \x01(\x03\x12\x1a\n\x12\x63\x61nceled_in_window\x18\x06 \x01(\x03\x12\x15\n\rusers_waiting\x18\x07 \x01(\x03\x12=\n\x19oldest_queued_create_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11releases_retrying\x18\t \x01(\x03\x12\x18\n\x10runs_reconciling\x18\n \x01(\x03\x12\x19\n\x11\x61\x64mits_per_minute\x18\x0b \x03(\x03\x12\x16\n\x0ewindow_minutes\x18\x0c \x01(\x05\x12-\n\tread_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"f\n\x11SearchJobsRequest\x12*\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x1a.acurio.queue.v1.JobFilter\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"Q\n\x12SearchJobsResponse\x12\"\n\x04jobs\x18\x01 \x03(\x0b\x32\x14.acurio.queue.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"C\n\x14WatchOverviewRequest\x12\x16\n\x0ewindow_minutes\x18\x01 \x01(\x05\x12\x13\n\x0binterval_ms\x18\x02 \x01(\x05\"D\n\x15WatchOverviewResponse\x12+\n\x08overview\x18\x01 \x01(\x0b\x32\x19.acurio.queue.v1.Overview\"b\n\x11\x43\x61ncelJobsRequest\x12*\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x1a.acurio.queue.v1.JobFilter\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12\x10\n\x08max_jobs\x18\x03 \x01(\x05\"\x84\x01\n\x12\x43\x61ncelJobsResponse\x12\x0f\n\x07matched\x18\x01 \x01(\x05\x12\x19\n\x11more_than_counted\x18\x02 \x01(\x08\x12\x10\n\x08\x63\x61nceled\x18\x03 \x01(\x05\x12\x30\n\x08\x66\x61ilures\x18\x04 \x03(\x0b\x32\x1e.acurio.queue.v1.CancelFailure\"@\n\rCancelFailure\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"b\n\x18ListLedgerEntriesRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"c\n\x19ListLedgerEntriesResponse\x12-\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1c.acurio.queue.v1.LedgerEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xe9\x01\n\x0bLedgerEntry\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07user_id\x18\x03 \x01(\t\x12.\n\x04kind\x18\x04 \x01(\x0e\x32 .acurio.queue.v1.LedgerEntryKind\x12\x0e\n\x06\x61mount\x18\x05 \x01(\x03\x12\x0e\n\x06job_id\x18\x06 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x08 \x01(\t\x12\x0e\n\x06reason\x18\t \x01(\t*\x8d\x01\n\x0fLedgerEntryKind\x12!\n\x1dLEDGER_ENTRY_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17LEDGER_ENTRY_KIND_GRANT\x10\x01\x12\x1c\n\x18LEDGER_ENTRY_KIND_CHARGE\x10\x02\x12\x1c\n\x18LEDGER_ENTRY_KIND_REFUND\x10\x03\x32\xe7\x03\n\x0fOperatorService\x12X\n\x0bGetOverview\x12#.acurio.queue.v1.GetOverviewRequest\x1a$.acurio.queue.v1.GetOverviewResponse\x12U\n\nSearchJobs\x12\".acurio.queue.v1.SearchJobsRequest\x1a#.acurio.queue.v1.SearchJobsResponse\x12`\n\rWatchOverview\x12%.acurio.queue.v1.WatchOverviewRequest\x1a&.acurio.queue.v1.WatchOverviewResponse0\x01\x12U\n\nCancelJobs\x12\".acurio.queue.v1.CancelJobsRequest\x1a#.acurio.queue.v1.CancelJobsResponse\x12j\n\x11ListLedgerEntries\x12).acurio.queue.v1.ListLedgerEntriesRequest\x1a*.acurio.queue.v1.ListLedgerEntriesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&acurio/queue/v1/operator_service.proto\x12\x0f\x61\x63urio.queue.v1\x1a\x19\x61\x63urio/queue/v1/job.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc4\x01\n\tJobFilter\x12,\n\x08statuses\x18\x01 \x03(\x0e\x32\x1a.acurio.queue.v1.JobStatus\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x31\n\rcreated_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\thas_error\x18\x05 \x01(\x08\",\n\x12GetOverviewRequest\x12\x16\n\x0ewindow_minutes\x18\x01 \x01(\x05\"B\n\x13GetOverviewResponse\x12+\n\x08overview\x18\x01 \x01(\x0b\x32\x19.acurio.queue.v1.Overview\"\xd6\x04\n\x08Overview\x12\x0e\n\x06queued\x18\x01 \x01(\x03\x12\x0f\n\x07pending\x18\x02 \x01(\x03\x12\x0f\n\x07running\x18\x03 \x01(\x03\x12\x1b\n\x13succeeded_in_window\x18\x04 \x01(\x03\x12\x18\n\x10\x66\x61iled_in_window\x18\x05 \x01(\x03\x12\x1a\n\x12\x63\x61nceled_in_window\x18\x06 \x01(\x03\x12\x15\n\rusers_waiting\x18\x07 \x01(\x03\x12=\n\x19oldest_queued_create_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11releases_retrying\x18\t \x01(\x03\x12\x18\n\x10runs_reconciling\x18\n \x01(\x03\x12\x19\n\x11\x61\x64mits_per_minute\x18\x0b \x03(\x03\x12\x16\n\x0ewindow_minutes\x18\x0c \x01(\x05\x12-\n\tread_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x63\x61pacity_in_use\x18\x0e \x01(\x03\x12\x16\n\x0e\x63\x61pacity_limit\x18\x0f \x01(\x03\x12\x1d\n\x15\x63\x61pacity_waiting_jobs\x18\x10 \x01(\x03\x12\x1e\n\x16\x63\x61pacity_waiting_users\x18\x11 \x01(\x03\x12=\n\x19oldest_capacity_wait_time\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ncore_limit\x18\x13 \x01(\x03\x12\x15\n\rcore_refusals\x18\x14 \x01(\x03\"f\n\x11SearchJobsRequest\x12*\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x1a.acurio.queue.v1.JobFilter\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"Q\n\x12SearchJobsResponse\x12\"\n\x04jobs\x18\x01 \x03(\x0b\x32\x14.acurio.queue.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"C\n\x14WatchOverviewRequest\x12\x16\n\x0ewindow_minutes\x18\x01 \x01(\x05\x12\x13\n\x0binterval_ms\x18\x02 \x01(\x05\"D\n\x15WatchOverviewResponse\x12+\n\x08overview\x18\x01 \x01(\x0b\x32\x19.acurio.queue.v1.Overview\"b\n\x11\x43\x61ncelJobsRequest\x12*\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x1a.acurio.queue.v1.JobFilter\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12\x10\n\x08max_jobs\x18\x03 \x01(\x05\"\x84\x01\n\x12\x43\x61ncelJobsResponse\x12\x0f\n\x07matched\x18\x01 \x01(\x05\x12\x19\n\x11more_than_counted\x18\x02 \x01(\x08\x12\x10\n\x08\x63\x61nceled\x18\x03 \x01(\x05\x12\x30\n\x08\x66\x61ilures\x18\x04 \x03(\x0b\x32\x1e.acurio.queue.v1.CancelFailure\"@\n\rCancelFailure\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"b\n\x18ListLedgerEntriesRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"c\n\x19ListLedgerEntriesResponse\x12-\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1c.acurio.queue.v1.LedgerEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xe9\x01\n\x0bLedgerEntry\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07user_id\x18\x03 \x01(\t\x12.\n\x04kind\x18\x04 \x01(\x0e\x32 .acurio.queue.v1.LedgerEntryKind\x12\x0e\n\x06\x61mount\x18\x05 \x01(\x03\x12\x0e\n\x06job_id\x18\x06 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x08 \x01(\t\x12\x0e\n\x06reason\x18\t \x01(\t\"*\n\x16SetCoreCapacityRequest\x12\x10\n\x08\x63\x61pacity\x18\x01 \x01(\x05\"v\n\x17SetCoreCapacityResponse\x12.\n\x06\x63hange\x18\x01 \x01(\x0b\x32\x1e.acurio.queue.v1.SettingChange\x12+\n\x08overview\x18\x02 \x01(\x0b\x32\x19.acurio.queue.v1.Overview\"?\n\x18SetUserQueueLimitRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x12\n\nmax_active\x18\x02 \x01(\x05\"K\n\x19SetUserQueueLimitResponse\x12.\n\x06\x63hange\x18\x01 \x01(\x0b\x32\x1e.acurio.queue.v1.SettingChange\"B\n\x19ListSettingChangesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"f\n\x1aListSettingChangesResponse\x12/\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x1e.acurio.queue.v1.SettingChange\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xaa\x01\n\rSettingChange\x12\x11\n\tchange_id\x18\x01 \x01(\x03\x12\x0f\n\x07setting\x18\x02 \x01(\t\x12\x0f\n\x07user_id\x18\x03 \x01(\t\x12\x11\n\told_value\x18\x04 \x01(\x05\x12\x11\n\tnew_value\x18\x05 \x01(\x05\x12\r\n\x05\x61\x63tor\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x8d\x01\n\x0fLedgerEntryKind\x12!\n\x1dLEDGER_ENTRY_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17LEDGER_ENTRY_KIND_GRANT\x10\x01\x12\x1c\n\x18LEDGER_ENTRY_KIND_CHARGE\x10\x02\x12\x1c\n\x18LEDGER_ENTRY_KIND_REFUND\x10\x03\x32\xa8\x06\n\x0fOperatorService\x12X\n\x0bGetOverview\x12#.acurio.queue.v1.GetOverviewRequest\x1a$.acurio.queue.v1.GetOverviewResponse\x12U\n\nSearchJobs\x12\".acurio.queue.v1.SearchJobsRequest\x1a#.acurio.queue.v1.SearchJobsResponse\x12`\n\rWatchOverview\x12%.acurio.queue.v1.WatchOverviewRequest\x1a&.acurio.queue.v1.WatchOverviewResponse0\x01\x12U\n\nCancelJobs\x12\".acurio.queue.v1.CancelJobsRequest\x1a#.acurio.queue.v1.CancelJobsResponse\x12j\n\x11ListLedgerEntries\x12).acurio.queue.v1.ListLedgerEntriesRequest\x1a*.acurio.queue.v1.ListLedgerEntriesResponse\x12\x64\n\x0fSetCoreCapacity\x12\'.acurio.queue.v1.SetCoreCapacityRequest\x1a(.acurio.queue.v1.SetCoreCapacityResponse\x12j\n\x11SetUserQueueLimit\x12).acurio.queue.v1.SetUserQueueLimitRequest\x1a*.acurio.queue.v1.SetUserQueueLimitResponse\x12m\n\x12ListSettingChanges\x12*.acurio.queue.v1.ListSettingChangesRequest\x1a+.acurio.queue.v1.ListSettingChangesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'acurio.queue.v1.operator_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LEDGERENTRYKIND']._serialized_start=1880
-  _globals['_LEDGERENTRYKIND']._serialized_end=2021
+  _globals['_LEDGERENTRYKIND']._serialized_start=2749
+  _globals['_LEDGERENTRYKIND']._serialized_end=2890
   _globals['_JOBFILTER']._serialized_start=120
   _globals['_JOBFILTER']._serialized_end=316
   _globals['_GETOVERVIEWREQUEST']._serialized_start=318
@@ -42,27 +42,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETOVERVIEWRESPONSE']._serialized_start=364
   _globals['_GETOVERVIEWRESPONSE']._serialized_end=430
   _globals['_OVERVIEW']._serialized_start=433
-  _globals['_OVERVIEW']._serialized_end=813
-  _globals['_SEARCHJOBSREQUEST']._serialized_start=815
-  _globals['_SEARCHJOBSREQUEST']._serialized_end=917
-  _globals['_SEARCHJOBSRESPONSE']._serialized_start=919
-  _globals['_SEARCHJOBSRESPONSE']._serialized_end=1000
-  _globals['_WATCHOVERVIEWREQUEST']._serialized_start=1002
-  _globals['_WATCHOVERVIEWREQUEST']._serialized_end=1069
-  _globals['_WATCHOVERVIEWRESPONSE']._serialized_start=1071
-  _globals['_WATCHOVERVIEWRESPONSE']._serialized_end=1139
-  _globals['_CANCELJOBSREQUEST']._serialized_start=1141
-  _globals['_CANCELJOBSREQUEST']._serialized_end=1239
-  _globals['_CANCELJOBSRESPONSE']._serialized_start=1242
-  _globals['_CANCELJOBSRESPONSE']._serialized_end=1374
-  _globals['_CANCELFAILURE']._serialized_start=1376
-  _globals['_CANCELFAILURE']._serialized_end=1440
-  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_start=1442
-  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_end=1540
-  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_start=1542
-  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_end=1641
-  _globals['_LEDGERENTRY']._serialized_start=1644
-  _globals['_LEDGERENTRY']._serialized_end=1877
-  _globals['_OPERATORSERVICE']._serialized_start=2024
-  _globals['_OPERATORSERVICE']._serialized_end=2511
+  _globals['_OVERVIEW']._serialized_end=1031
+  _globals['_SEARCHJOBSREQUEST']._serialized_start=1033
+  _globals['_SEARCHJOBSREQUEST']._serialized_end=1135
+  _globals['_SEARCHJOBSRESPONSE']._serialized_start=1137
+  _globals['_SEARCHJOBSRESPONSE']._serialized_end=1218
+  _globals['_WATCHOVERVIEWREQUEST']._serialized_start=1220
+  _globals['_WATCHOVERVIEWREQUEST']._serialized_end=1287
+  _globals['_WATCHOVERVIEWRESPONSE']._serialized_start=1289
+  _globals['_WATCHOVERVIEWRESPONSE']._serialized_end=1357
+  _globals['_CANCELJOBSREQUEST']._serialized_start=1359
+  _globals['_CANCELJOBSREQUEST']._serialized_end=1457
+  _globals['_CANCELJOBSRESPONSE']._serialized_start=1460
+  _globals['_CANCELJOBSRESPONSE']._serialized_end=1592
+  _globals['_CANCELFAILURE']._serialized_start=1594
+  _globals['_CANCELFAILURE']._serialized_end=1658
+  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_start=1660
+  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_end=1758
+  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_start=1760
+  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_end=1859
+  _globals['_LEDGERENTRY']._serialized_start=1862
+  _globals['_LEDGERENTRY']._serialized_end=2095
+  _globals['_SETCORECAPACITYREQUEST']._serialized_start=2097
+  _globals['_SETCORECAPACITYREQUEST']._serialized_end=2139
+  _globals['_SETCORECAPACITYRESPONSE']._serialized_start=2141
+  _globals['_SETCORECAPACITYRESPONSE']._serialized_end=2259
+  _globals['_SETUSERQUEUELIMITREQUEST']._serialized_start=2261
+  _globals['_SETUSERQUEUELIMITREQUEST']._serialized_end=2324
+  _globals['_SETUSERQUEUELIMITRESPONSE']._serialized_start=2326
+  _globals['_SETUSERQUEUELIMITRESPONSE']._serialized_end=2401
+  _globals['_LISTSETTINGCHANGESREQUEST']._serialized_start=2403
+  _globals['_LISTSETTINGCHANGESREQUEST']._serialized_end=2469
+  _globals['_LISTSETTINGCHANGESRESPONSE']._serialized_start=2471
+  _globals['_LISTSETTINGCHANGESRESPONSE']._serialized_end=2573
+  _globals['_SETTINGCHANGE']._serialized_start=2576
+  _globals['_SETTINGCHANGE']._serialized_end=2746
+  _globals['_OPERATORSERVICE']._serialized_start=2893
+  _globals['_OPERATORSERVICE']._serialized_end=3701
 # @@protoc_insertion_point(module_scope)

@@ -158,6 +158,13 @@ class Overview(_message.Message):
     ADMITS_PER_MINUTE_FIELD_NUMBER: _builtins.int
     WINDOW_MINUTES_FIELD_NUMBER: _builtins.int
     READ_TIME_FIELD_NUMBER: _builtins.int
+    CAPACITY_IN_USE_FIELD_NUMBER: _builtins.int
+    CAPACITY_LIMIT_FIELD_NUMBER: _builtins.int
+    CAPACITY_WAITING_JOBS_FIELD_NUMBER: _builtins.int
+    CAPACITY_WAITING_USERS_FIELD_NUMBER: _builtins.int
+    OLDEST_CAPACITY_WAIT_TIME_FIELD_NUMBER: _builtins.int
+    CORE_LIMIT_FIELD_NUMBER: _builtins.int
+    CORE_REFUSALS_FIELD_NUMBER: _builtins.int
     queued: _builtins.int
     """Jobs waiting for a slot."""
     pending: _builtins.int
@@ -180,6 +187,23 @@ class Overview(_message.Message):
     """RUNNING jobs whose completion is overdue, so the sweeper checks them with the core."""
     window_minutes: _builtins.int
     """The window the `*_in_window` figures and `admits_per_minute` cover, in minutes."""
+    capacity_in_use: _builtins.int
+    """The fleet's capacity at the core (fields 14-19, added to the contract additively).
+    Runs that take capacity now: first-pass runs being released, judging, or whose fate at the
+    core is not yet confirmed, and delta re-checks running.
+    """
+    capacity_limit: _builtins.int
+    """The capacity set (SetCoreCapacity, QUEUE_CORE_CAPACITY); 0 means unlimited."""
+    capacity_waiting_jobs: _builtins.int
+    """PENDING jobs waiting for capacity."""
+    capacity_waiting_users: _builtins.int
+    """Distinct users with a job waiting for capacity."""
+    core_limit: _builtins.int
+    """The most runs the core took before it answered "not now" (RESOURCE_EXHAUSTED), when that is
+    what limits the fleet now (below `capacity_limit`, or with no capacity set); 0 otherwise.
+    """
+    core_refusals: _builtins.int
+    """Releases the core answered RESOURCE_EXHAUSTED since the capacity was last set."""
     @_builtins.property
     def oldest_queued_create_time(self) -> _timestamp_pb2.Timestamp:
         """When the oldest QUEUED job was admitted; unset when nothing is queued."""
@@ -193,6 +217,10 @@ class Overview(_message.Message):
     @_builtins.property
     def read_time(self) -> _timestamp_pb2.Timestamp:
         """When these figures were read."""
+
+    @_builtins.property
+    def oldest_capacity_wait_time(self) -> _timestamp_pb2.Timestamp:
+        """Since when the job that has waited longest for capacity waits; unset when none waits."""
 
     def __init__(
         self,
@@ -210,10 +238,17 @@ class Overview(_message.Message):
         admits_per_minute: _abc.Iterable[_builtins.int] | None = ...,
         window_minutes: _builtins.int = ...,
         read_time: _timestamp_pb2.Timestamp | None = ...,
+        capacity_in_use: _builtins.int = ...,
+        capacity_limit: _builtins.int = ...,
+        capacity_waiting_jobs: _builtins.int = ...,
+        capacity_waiting_users: _builtins.int = ...,
+        oldest_capacity_wait_time: _timestamp_pb2.Timestamp | None = ...,
+        core_limit: _builtins.int = ...,
+        core_refusals: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_queued_create_time", b"oldest_queued_create_time", "read_time", b"read_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_capacity_wait_time", b"oldest_capacity_wait_time", "oldest_queued_create_time", b"oldest_queued_create_time", "read_time", b"read_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admits_per_minute", b"admits_per_minute", "canceled_in_window", b"canceled_in_window", "failed_in_window", b"failed_in_window", "oldest_queued_create_time", b"oldest_queued_create_time", "pending", b"pending", "queued", b"queued", "read_time", b"read_time", "releases_retrying", b"releases_retrying", "running", b"running", "runs_reconciling", b"runs_reconciling", "succeeded_in_window", b"succeeded_in_window", "users_waiting", b"users_waiting", "window_minutes", b"window_minutes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admits_per_minute", b"admits_per_minute", "canceled_in_window", b"canceled_in_window", "capacity_in_use", b"capacity_in_use", "capacity_limit", b"capacity_limit", "capacity_waiting_jobs", b"capacity_waiting_jobs", "capacity_waiting_users", b"capacity_waiting_users", "core_limit", b"core_limit", "core_refusals", b"core_refusals", "failed_in_window", b"failed_in_window", "oldest_capacity_wait_time", b"oldest_capacity_wait_time", "oldest_queued_create_time", b"oldest_queued_create_time", "pending", b"pending", "queued", b"queued", "read_time", b"read_time", "releases_retrying", b"releases_retrying", "running", b"running", "runs_reconciling", b"runs_reconciling", "succeeded_in_window", b"succeeded_in_window", "users_waiting", b"users_waiting", "window_minutes", b"window_minutes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -564,3 +599,211 @@ class LedgerEntry(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LedgerEntry: _TypeAlias = LedgerEntry  # noqa: Y015
+
+@_typing.final
+class SetCoreCapacityRequest(_message.Message):
+    """Request for OperatorService.SetCoreCapacity."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAPACITY_FIELD_NUMBER: _builtins.int
+    capacity: _builtins.int
+    """The most first-pass runs at the core at once across every replica: 0-1000000; 0 means
+    unlimited.
+    """
+    def __init__(
+        self,
+        *,
+        capacity: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetCoreCapacityRequest: _TypeAlias = SetCoreCapacityRequest  # noqa: Y015
+
+@_typing.final
+class SetCoreCapacityResponse(_message.Message):
+    """Response for OperatorService.SetCoreCapacity."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_FIELD_NUMBER: _builtins.int
+    OVERVIEW_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def change(self) -> Global___SettingChange:
+        """The change as recorded."""
+
+    @_builtins.property
+    def overview(self) -> Global___Overview:
+        """The overview's capacity figures right after the change."""
+
+    def __init__(
+        self,
+        *,
+        change: Global___SettingChange | None = ...,
+        overview: Global___Overview | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "overview", b"overview"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "overview", b"overview"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetCoreCapacityResponse: _TypeAlias = SetCoreCapacityResponse  # noqa: Y015
+
+@_typing.final
+class SetUserQueueLimitRequest(_message.Message):
+    """Request for OperatorService.SetUserQueueLimit."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    MAX_ACTIVE_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The user."""
+    max_active: _builtins.int
+    """First-pass jobs of the user active at once: 1-1000; 0 means the service's default."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        max_active: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_active", b"max_active", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetUserQueueLimitRequest: _TypeAlias = SetUserQueueLimitRequest  # noqa: Y015
+
+@_typing.final
+class SetUserQueueLimitResponse(_message.Message):
+    """Response for OperatorService.SetUserQueueLimit."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def change(self) -> Global___SettingChange:
+        """The change as recorded."""
+
+    def __init__(
+        self,
+        *,
+        change: Global___SettingChange | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetUserQueueLimitResponse: _TypeAlias = SetUserQueueLimitResponse  # noqa: Y015
+
+@_typing.final
+class ListSettingChangesRequest(_message.Message):
+    """Request for OperatorService.ListSettingChanges."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """At most this many changes per page: 1-100; 0 means 20."""
+    page_token: _builtins.str
+    """The `next_page_token` of the previous page; empty for the first page."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSettingChangesRequest: _TypeAlias = ListSettingChangesRequest  # noqa: Y015
+
+@_typing.final
+class ListSettingChangesResponse(_message.Message):
+    """Response for OperatorService.ListSettingChanges."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass as `page_token` for the next page; empty on the last page."""
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___SettingChange]:
+        """The changes, newest first."""
+
+    def __init__(
+        self,
+        *,
+        changes: _abc.Iterable[Global___SettingChange] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSettingChangesResponse: _TypeAlias = ListSettingChangesResponse  # noqa: Y015
+
+@_typing.final
+class SettingChange(_message.Message):
+    """One change of a fleet setting and who made it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_ID_FIELD_NUMBER: _builtins.int
+    SETTING_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    OLD_VALUE_FIELD_NUMBER: _builtins.int
+    NEW_VALUE_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    change_id: _builtins.int
+    """The change's number: larger for a later change."""
+    setting: _builtins.str
+    """`core_capacity` or `user_max_active`."""
+    user_id: _builtins.str
+    """For `user_max_active`: whose limit; empty otherwise."""
+    old_value: _builtins.int
+    """The value before; 0 for unlimited capacity or a user on the default."""
+    new_value: _builtins.int
+    """The value after; 0 for unlimited capacity or a user on the default."""
+    actor: _builtins.str
+    """Who made the change, as on ledger entries: `<role>:<name>` of the authenticated caller, or
+    `anonymous` when the service runs without authentication.
+    """
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the change was made."""
+
+    def __init__(
+        self,
+        *,
+        change_id: _builtins.int = ...,
+        setting: _builtins.str = ...,
+        user_id: _builtins.str = ...,
+        old_value: _builtins.int = ...,
+        new_value: _builtins.int = ...,
+        actor: _builtins.str = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "change_id", b"change_id", "create_time", b"create_time", "new_value", b"new_value", "old_value", b"old_value", "setting", b"setting", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettingChange: _TypeAlias = SettingChange  # noqa: Y015

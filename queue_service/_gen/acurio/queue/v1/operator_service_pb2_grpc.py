@@ -65,6 +65,21 @@ class OperatorServiceStub:
                 request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListLedgerEntriesRequest.SerializeToString,
                 response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListLedgerEntriesResponse.FromString,
                 _registered_method=True)
+        self.SetCoreCapacity = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/SetCoreCapacity',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityResponse.FromString,
+                _registered_method=True)
+        self.SetUserQueueLimit = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/SetUserQueueLimit',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetUserQueueLimitRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetUserQueueLimitResponse.FromString,
+                _registered_method=True)
+        self.ListSettingChanges = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/ListSettingChanges',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServiceServicer:
@@ -132,6 +147,38 @@ class OperatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetCoreCapacity(self, request, context):
+        """Sets the fleet's capacity at the core: the most first-pass runs being released or judging at
+        once across every replica (0: unlimited). Stored in the database, so every replica applies it
+        at its next grant; what the core taught the fleet by refusing releases is forgotten. Runs
+        already released are not stopped: a lower capacity is reached as they end. Recorded with its
+        actor (ListSettingChanges). Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 0-1000000.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetUserQueueLimit(self, request, context):
+        """Sets how many first-pass jobs of one user may be active at once (0: back to the service's
+        default, QUEUE_MAX_ACTIVE_PER_USER). A raised limit fills the new slots at once; a lowered one
+        is reached as the user's active jobs end. Recorded with its actor (ListSettingChanges). Added
+        to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id or a limit outside 0-1000.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSettingChanges(self, request, context):
+        """The changes of fleet settings (the capacity, users' limits), newest first, each with who made
+        it. Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size or page token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -159,6 +206,21 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.ListLedgerEntries,
                     request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListLedgerEntriesRequest.FromString,
                     response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListLedgerEntriesResponse.SerializeToString,
+            ),
+            'SetCoreCapacity': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCoreCapacity,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityResponse.SerializeToString,
+            ),
+            'SetUserQueueLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetUserQueueLimit,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetUserQueueLimitRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetUserQueueLimitResponse.SerializeToString,
+            ),
+            'ListSettingChanges': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSettingChanges,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -302,6 +364,87 @@ class OperatorService:
             '/acurio.queue.v1.OperatorService/ListLedgerEntries',
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListLedgerEntriesRequest.SerializeToString,
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListLedgerEntriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCoreCapacity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/SetCoreCapacity',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetUserQueueLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/SetUserQueueLimit',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetUserQueueLimitRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetUserQueueLimitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSettingChanges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/ListSettingChanges',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -75,6 +75,26 @@ class OperatorServiceStub:
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id, job id (not a UUID) or page
     size, or a page token that is malformed or was issued for another filter.
     """
+    SetCoreCapacity: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.SetCoreCapacityRequest, _operator_service_pb2.SetCoreCapacityResponse]
+    """Sets the fleet's capacity at the core: the most first-pass runs being released or judging at
+    once across every replica (0: unlimited). Stored in the database, so every replica applies it
+    at its next grant; what the core taught the fleet by refusing releases is forgotten. Runs
+    already released are not stopped: a lower capacity is reached as they end. Recorded with its
+    actor (ListSettingChanges). Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 0-1000000.
+    """
+    SetUserQueueLimit: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.SetUserQueueLimitRequest, _operator_service_pb2.SetUserQueueLimitResponse]
+    """Sets how many first-pass jobs of one user may be active at once (0: back to the service's
+    default, QUEUE_MAX_ACTIVE_PER_USER). A raised limit fills the new slots at once; a lowered one
+    is reached as the user's active jobs end. Recorded with its actor (ListSettingChanges). Added
+    to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id or a limit outside 0-1000.
+    """
+    ListSettingChanges: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.ListSettingChangesRequest, _operator_service_pb2.ListSettingChangesResponse]
+    """The changes of fleet settings (the capacity, users' limits), newest first, each with who made
+    it. Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size or page token.
+    """
 
 @_typing.type_check_only
 class OperatorServiceAsyncStub(OperatorServiceStub):
@@ -122,6 +142,26 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     costs the same however long the history. Added to the contract additively.
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id, job id (not a UUID) or page
     size, or a page token that is malformed or was issued for another filter.
+    """
+    SetCoreCapacity: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.SetCoreCapacityRequest, _operator_service_pb2.SetCoreCapacityResponse]  # type: ignore[assignment]
+    """Sets the fleet's capacity at the core: the most first-pass runs being released or judging at
+    once across every replica (0: unlimited). Stored in the database, so every replica applies it
+    at its next grant; what the core taught the fleet by refusing releases is forgotten. Runs
+    already released are not stopped: a lower capacity is reached as they end. Recorded with its
+    actor (ListSettingChanges). Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 0-1000000.
+    """
+    SetUserQueueLimit: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.SetUserQueueLimitRequest, _operator_service_pb2.SetUserQueueLimitResponse]  # type: ignore[assignment]
+    """Sets how many first-pass jobs of one user may be active at once (0: back to the service's
+    default, QUEUE_MAX_ACTIVE_PER_USER). A raised limit fills the new slots at once; a lowered one
+    is reached as the user's active jobs end. Recorded with its actor (ListSettingChanges). Added
+    to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id or a limit outside 0-1000.
+    """
+    ListSettingChanges: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.ListSettingChangesRequest, _operator_service_pb2.ListSettingChangesResponse]  # type: ignore[assignment]
+    """The changes of fleet settings (the capacity, users' limits), newest first, each with who made
+    it. Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size or page token.
     """
 
 class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -197,6 +237,44 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         costs the same however long the history. Added to the contract additively.
         Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id, job id (not a UUID) or page
         size, or a page token that is malformed or was issued for another filter.
+        """
+
+    @_abc_1.abstractmethod
+    def SetCoreCapacity(
+        self,
+        request: _operator_service_pb2.SetCoreCapacityRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.SetCoreCapacityResponse, _abc.Awaitable[_operator_service_pb2.SetCoreCapacityResponse]]:
+        """Sets the fleet's capacity at the core: the most first-pass runs being released or judging at
+        once across every replica (0: unlimited). Stored in the database, so every replica applies it
+        at its next grant; what the core taught the fleet by refusing releases is forgotten. Runs
+        already released are not stopped: a lower capacity is reached as they end. Recorded with its
+        actor (ListSettingChanges). Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 0-1000000.
+        """
+
+    @_abc_1.abstractmethod
+    def SetUserQueueLimit(
+        self,
+        request: _operator_service_pb2.SetUserQueueLimitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.SetUserQueueLimitResponse, _abc.Awaitable[_operator_service_pb2.SetUserQueueLimitResponse]]:
+        """Sets how many first-pass jobs of one user may be active at once (0: back to the service's
+        default, QUEUE_MAX_ACTIVE_PER_USER). A raised limit fills the new slots at once; a lowered one
+        is reached as the user's active jobs end. Recorded with its actor (ListSettingChanges). Added
+        to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id or a limit outside 0-1000.
+        """
+
+    @_abc_1.abstractmethod
+    def ListSettingChanges(
+        self,
+        request: _operator_service_pb2.ListSettingChangesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.ListSettingChangesResponse, _abc.Awaitable[_operator_service_pb2.ListSettingChangesResponse]]:
+        """The changes of fleet settings (the capacity, users' limits), newest first, each with who made
+        it. Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size or page token.
         """
 
 def add_OperatorServiceServicer_to_server(servicer: OperatorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

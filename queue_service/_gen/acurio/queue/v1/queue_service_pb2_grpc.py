@@ -69,6 +69,9 @@ class AnalysisQueueServiceStub:
     - RESOURCE_EXHAUSTED `USER_DELTA_LIMIT` (`maxActiveDeltas`, `activeDeltas`).
     - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, or
     `maxStreamsPerUser` for the user).
+    - RESOURCE_EXHAUSTED `CORE_AT_CAPACITY` (`coreCode`): the core answered a release that it is
+    at its concurrency ceiling; the job waits for capacity again. The service handles it itself
+    (added additively; no call answers it today). RetryInfo 1 s.
     - NOT_FOUND `JOB_NOT_FOUND` (`jobId`).
     - FAILED_PRECONDITION `JOB_NOT_PENDING` (`jobId`, `status`: the job's status, e.g. RUNNING).
     - FAILED_PRECONDITION `JOB_ALREADY_FINISHED` (`jobId`, `status`).
@@ -176,6 +179,9 @@ class AnalysisQueueServiceServicer:
     - RESOURCE_EXHAUSTED `USER_DELTA_LIMIT` (`maxActiveDeltas`, `activeDeltas`).
     - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, or
     `maxStreamsPerUser` for the user).
+    - RESOURCE_EXHAUSTED `CORE_AT_CAPACITY` (`coreCode`): the core answered a release that it is
+    at its concurrency ceiling; the job waits for capacity again. The service handles it itself
+    (added additively; no call answers it today). RetryInfo 1 s.
     - NOT_FOUND `JOB_NOT_FOUND` (`jobId`).
     - FAILED_PRECONDITION `JOB_NOT_PENDING` (`jobId`, `status`: the job's status, e.g. RUNNING).
     - FAILED_PRECONDITION `JOB_ALREADY_FINISHED` (`jobId`, `status`).
@@ -393,6 +399,9 @@ class AnalysisQueueService:
     - RESOURCE_EXHAUSTED `USER_DELTA_LIMIT` (`maxActiveDeltas`, `activeDeltas`).
     - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, or
     `maxStreamsPerUser` for the user).
+    - RESOURCE_EXHAUSTED `CORE_AT_CAPACITY` (`coreCode`): the core answered a release that it is
+    at its concurrency ceiling; the job waits for capacity again. The service handles it itself
+    (added additively; no call answers it today). RetryInfo 1 s.
     - NOT_FOUND `JOB_NOT_FOUND` (`jobId`).
     - FAILED_PRECONDITION `JOB_NOT_PENDING` (`jobId`, `status`: the job's status, e.g. RUNNING).
     - FAILED_PRECONDITION `JOB_ALREADY_FINISHED` (`jobId`, `status`).

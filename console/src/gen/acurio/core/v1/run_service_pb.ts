@@ -349,6 +349,11 @@ export const RunStateSchema: GenEnum<RunState> = /*@__PURE__*/
  *   answers SUCCEEDED or FAILED (not CANCELED);
  * - the core calls `acurio.queue.v1.CoreCallbackService.CompleteRun` for every run that finishes
  *   judging, and retries it on UNAVAILABLE, DEADLINE_EXCEEDED and ABORTED for at least 60 seconds.
+ * - ReleaseRun answers RESOURCE_EXHAUSTED when the core is at its concurrency ceiling now, and
+ *   then applies nothing (the run stays held): the queue reads it as "not now", a place in line,
+ *   not an outage. The job keeps its slot and its place, and the whole fleet of queue replicas
+ *   backs off together (about one release per second above what the core took, never a retry
+ *   per job). (Added to the contract additively; a core that never answers it is unaffected.)
  * A user's slot is freed for the next run only once the core has confirmed the previous run is
  * not judging (an answer, a CompleteRun, or GetRun/CancelRun showing it settled).
  *
@@ -373,7 +378,9 @@ export const RunService: GenService<{
   /**
    * Releases a held run so it starts judging. Idempotent: releasing a judging or finished run
    * returns it unchanged. Errors: NOT_FOUND for an unknown (or expired) run;
-   * FAILED_PRECONDITION for a canceled run; UNAVAILABLE when the core cannot take work now.
+   * FAILED_PRECONDITION for a canceled run; RESOURCE_EXHAUSTED when the core is at its
+   * concurrency ceiling (nothing applied: the run stays held; ask again later); UNAVAILABLE when
+   * the core cannot take work now.
    *
    * @generated from rpc acurio.core.v1.RunService.ReleaseRun
    */

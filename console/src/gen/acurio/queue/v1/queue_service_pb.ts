@@ -442,6 +442,9 @@ export const WatchJobsResponseSchema: GenMessage<WatchJobsResponse> = /*@__PURE_
  * - RESOURCE_EXHAUSTED `USER_DELTA_LIMIT` (`maxActiveDeltas`, `activeDeltas`).
  * - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, or
  *   `maxStreamsPerUser` for the user).
+ * - RESOURCE_EXHAUSTED `CORE_AT_CAPACITY` (`coreCode`): the core answered a release that it is
+ *   at its concurrency ceiling; the job waits for capacity again. The service handles it itself
+ *   (added additively; no call answers it today). RetryInfo 1 s.
  * - NOT_FOUND `JOB_NOT_FOUND` (`jobId`).
  * - FAILED_PRECONDITION `JOB_NOT_PENDING` (`jobId`, `status`: the job's status, e.g. RUNNING).
  * - FAILED_PRECONDITION `JOB_ALREADY_FINISHED` (`jobId`, `status`).

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/job.proto.
  */
 export const file_acurio_queue_v1_job: GenFile = /*@__PURE__*/
-  fileDesc("ChlhY3VyaW8vcXVldWUvdjEvam9iLnByb3RvEg9hY3VyaW8ucXVldWUudjEiJgoIRG9jdW1lbnQSCwoDdXJpGAEgASgJEg0KBXRpdGxlGAIgASgJIicKBlNvdXJjZRILCgNkb2kYASABKAkSEAoIY2l0YXRpb24YAiABKAki+QMKA0pvYhIOCgZqb2JfaWQYASABKAkSDwoHdXNlcl9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSKgoGc3RhdHVzGAQgASgOMhouYWN1cmlvLnF1ZXVlLnYxLkpvYlN0YXR1cxIWCg5xdWV1ZV9wb3NpdGlvbhgFIAEoBRIXCg9kZWx0YV9vZl9qb2JfaWQYBiABKAkSGAoQcmVsZWFzZV9hdHRlbXB0cxgHIAEoBRISCgpsYXN0X2Vycm9yGAggASgJEi8KC2NyZWF0ZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxwcm9tb3RlX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0X3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZF90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIaChJ3YWl0aW5nX2Zvcl9qb2JfaWQYDSABKAkSOAoUZXN0aW1hdGVkX3N0YXJ0X3RpbWUYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBXByaWNlGA8gASgDEhAKCHJlZnVuZGVkGBAgASgIKrgBCglKb2JTdGF0dXMSGgoWSk9CX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEUpPQl9TVEFUVVNfUVVFVUVEEAESFgoSSk9CX1NUQVRVU19QRU5ESU5HEAISFgoSSk9CX1NUQVRVU19SVU5OSU5HEAMSGAoUSk9CX1NUQVRVU19TVUNDRUVERUQQBBIVChFKT0JfU1RBVFVTX0ZBSUxFRBAFEhcKE0pPQl9TVEFUVVNfQ0FOQ0VMRUQQBmIGcHJvdG8z", [file_google_protobuf_timestamp]);
+  fileDesc("ChlhY3VyaW8vcXVldWUvdjEvam9iLnByb3RvEg9hY3VyaW8ucXVldWUudjEiJgoIRG9jdW1lbnQSCwoDdXJpGAEgASgJEg0KBXRpdGxlGAIgASgJIicKBlNvdXJjZRILCgNkb2kYASABKAkSEAoIY2l0YXRpb24YAiABKAkilAQKA0pvYhIOCgZqb2JfaWQYASABKAkSDwoHdXNlcl9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSKgoGc3RhdHVzGAQgASgOMhouYWN1cmlvLnF1ZXVlLnYxLkpvYlN0YXR1cxIWCg5xdWV1ZV9wb3NpdGlvbhgFIAEoBRIXCg9kZWx0YV9vZl9qb2JfaWQYBiABKAkSGAoQcmVsZWFzZV9hdHRlbXB0cxgHIAEoBRISCgpsYXN0X2Vycm9yGAggASgJEi8KC2NyZWF0ZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxwcm9tb3RlX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0X3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZF90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIaChJ3YWl0aW5nX2Zvcl9qb2JfaWQYDSABKAkSOAoUZXN0aW1hdGVkX3N0YXJ0X3RpbWUYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBXByaWNlGA8gASgDEhAKCHJlZnVuZGVkGBAgASgIEhkKEWNhcGFjaXR5X3Bvc2l0aW9uGBEgASgFKrgBCglKb2JTdGF0dXMSGgoWSk9CX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEUpPQl9TVEFUVVNfUVVFVUVEEAESFgoSSk9CX1NUQVRVU19QRU5ESU5HEAISFgoSSk9CX1NUQVRVU19SVU5OSU5HEAMSGAoUSk9CX1NUQVRVU19TVUNDRUVERUQQBBIVChFKT0JfU1RBVFVTX0ZBSUxFRBAFEhcKE0pPQl9TVEFUVVNfQ0FOQ0VMRUQQBmIGcHJvdG8z", [file_google_protobuf_timestamp]);
 
 /**
  * The document a first-pass analysis judges.
@@ -215,8 +215,9 @@ export type Job = Message<"acurio.queue.v1.Job"> & {
   waitingForJobId: string;
 
   /**
-   * For a QUEUED job: an estimate of when it starts, from recent judging durations.
-   * Unset when there is no history to estimate from.
+   * For a QUEUED job, or a PENDING job waiting for the core's capacity: an estimate of when it
+   * starts, from recent judging durations and, while the fleet's capacity is limited, the wait
+   * for it. Unset when there is no history to estimate from.
    *
    * @generated from field: google.protobuf.Timestamp estimated_start_time = 14;
    */
@@ -235,6 +236,16 @@ export type Job = Message<"acurio.queue.v1.Job"> & {
    * @generated from field: bool refunded = 16;
    */
   refunded: boolean;
+
+  /**
+   * For a PENDING job that holds its user's slot but waits for the fleet's capacity at the core
+   * ("waiting for the core: 3rd in line"): its 1-based place in the fleet-wide order in which
+   * capacity is granted (fair across users, so it can move back when another user's turn comes
+   * first). 0 when the job is not waiting for capacity. Added to the contract additively.
+   *
+   * @generated from field: int32 capacity_position = 17;
+   */
+  capacityPosition: number;
 };
 
 /**
@@ -336,8 +347,9 @@ export type JobJson = {
   waitingForJobId?: string;
 
   /**
-   * For a QUEUED job: an estimate of when it starts, from recent judging durations.
-   * Unset when there is no history to estimate from.
+   * For a QUEUED job, or a PENDING job waiting for the core's capacity: an estimate of when it
+   * starts, from recent judging durations and, while the fleet's capacity is limited, the wait
+   * for it. Unset when there is no history to estimate from.
    *
    * @generated from field: google.protobuf.Timestamp estimated_start_time = 14;
    */
@@ -356,6 +368,16 @@ export type JobJson = {
    * @generated from field: bool refunded = 16;
    */
   refunded?: boolean;
+
+  /**
+   * For a PENDING job that holds its user's slot but waits for the fleet's capacity at the core
+   * ("waiting for the core: 3rd in line"): its 1-based place in the fleet-wide order in which
+   * capacity is granted (fair across users, so it can move back when another user's turn comes
+   * first). 0 when the job is not waiting for capacity. Added to the contract additively.
+   *
+   * @generated from field: int32 capacity_position = 17;
+   */
+  capacityPosition?: number;
 };
 
 /**
@@ -387,7 +409,8 @@ export enum JobStatus {
   QUEUED = 1,
 
   /**
-   * Holds a slot; the service is releasing the held run (retried for up to the release window).
+   * Holds a slot; the service is releasing the held run (retried for up to the release window),
+   * or, while the fleet's capacity at the core is in use, waits for it (`capacity_position`).
    *
    * @generated from enum value: JOB_STATUS_PENDING = 2;
    */

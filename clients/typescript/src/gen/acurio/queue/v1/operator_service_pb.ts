@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/operator_service.proto.
  */
 export const file_acurio_queue_v1_operator_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyL8AgoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wImYKEVNlYXJjaEpvYnNSZXF1ZXN0EioKBmZpbHRlchgBIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Kb2JGaWx0ZXISEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiUQoSU2VhcmNoSm9ic1Jlc3BvbnNlEiIKBGpvYnMYASADKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJDChRXYXRjaE92ZXJ2aWV3UmVxdWVzdBIWCg53aW5kb3dfbWludXRlcxgBIAEoBRITCgtpbnRlcnZhbF9tcxgCIAEoBSJEChVXYXRjaE92ZXJ2aWV3UmVzcG9uc2USKwoIb3ZlcnZpZXcYASABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciYgoRQ2FuY2VsSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIPCgdkcnlfcnVuGAIgASgIEhAKCG1heF9qb2JzGAMgASgFIoQBChJDYW5jZWxKb2JzUmVzcG9uc2USDwoHbWF0Y2hlZBgBIAEoBRIZChFtb3JlX3RoYW5fY291bnRlZBgCIAEoCBIQCghjYW5jZWxlZBgDIAEoBRIwCghmYWlsdXJlcxgEIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxGYWlsdXJlIkAKDUNhbmNlbEZhaWx1cmUSDgoGam9iX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIPCgdtZXNzYWdlGAMgASgJImIKGExpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSJjChlMaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEi0KB2VudHJpZXMYASADKAsyHC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIukBCgtMZWRnZXJFbnRyeRIQCghlbnRyeV9pZBgBIAEoAxIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHdXNlcl9pZBgDIAEoCRIuCgRraW5kGAQgASgOMiAuYWN1cmlvLnF1ZXVlLnYxLkxlZGdlckVudHJ5S2luZBIOCgZhbW91bnQYBSABKAMSDgoGam9iX2lkGAYgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgHIAEoCRINCgVhY3RvchgIIAEoCRIOCgZyZWFzb24YCSABKAkqjQEKD0xlZGdlckVudHJ5S2luZBIhCh1MRURHRVJfRU5UUllfS0lORF9VTlNQRUNJRklFRBAAEhsKF0xFREdFUl9FTlRSWV9LSU5EX0dSQU5UEAESHAoYTEVER0VSX0VOVFJZX0tJTkRfQ0hBUkdFEAISHAoYTEVER0VSX0VOVFJZX0tJTkRfUkVGVU5EEAMy5wMKD09wZXJhdG9yU2VydmljZRJYCgtHZXRPdmVydmlldxIjLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1JlcXVlc3QaJC5hY3VyaW8ucXVldWUudjEuR2V0T3ZlcnZpZXdSZXNwb25zZRJVCgpTZWFyY2hKb2JzEiIuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXNwb25zZRJgCg1XYXRjaE92ZXJ2aWV3EiUuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXF1ZXN0GiYuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXNwb25zZTABElUKCkNhbmNlbEpvYnMSIi5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1Jlc3BvbnNlEmoKEUxpc3RMZWRnZXJFbnRyaWVzEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlYgZwcm90bzM", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
+  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyLWBAoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2NhcGFjaXR5X2luX3VzZRgOIAEoAxIWCg5jYXBhY2l0eV9saW1pdBgPIAEoAxIdChVjYXBhY2l0eV93YWl0aW5nX2pvYnMYECABKAMSHgoWY2FwYWNpdHlfd2FpdGluZ191c2VycxgRIAEoAxI9ChlvbGRlc3RfY2FwYWNpdHlfd2FpdF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjb3JlX2xpbWl0GBMgASgDEhUKDWNvcmVfcmVmdXNhbHMYFCABKAMiZgoRU2VhcmNoSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJRChJTZWFyY2hKb2JzUmVzcG9uc2USIgoEam9icxgBIAMoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkMKFFdhdGNoT3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFEhMKC2ludGVydmFsX21zGAIgASgFIkQKFVdhdGNoT3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJiChFDYW5jZWxKb2JzUmVxdWVzdBIqCgZmaWx0ZXIYASABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEg8KB2RyeV9ydW4YAiABKAgSEAoIbWF4X2pvYnMYAyABKAUihAEKEkNhbmNlbEpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEhAKCGNhbmNlbGVkGAMgASgFEjAKCGZhaWx1cmVzGAQgAygLMh4uYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEZhaWx1cmUiQAoNQ2FuY2VsRmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiYgoYTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSDgoGam9iX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJImMKGUxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USLQoHZW50cmllcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5MZWRnZXJFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki6QEKC0xlZGdlckVudHJ5EhAKCGVudHJ5X2lkGAEgASgDEi8KC2NyZWF0ZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgd1c2VyX2lkGAMgASgJEi4KBGtpbmQYBCABKA4yIC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnlLaW5kEg4KBmFtb3VudBgFIAEoAxIOCgZqb2JfaWQYBiABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEg0KBWFjdG9yGAggASgJEg4KBnJlYXNvbhgJIAEoCSIqChZTZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0EhAKCGNhcGFjaXR5GAEgASgFInYKF1NldENvcmVDYXBhY2l0eVJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEisKCG92ZXJ2aWV3GAIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLk92ZXJ2aWV3Ij8KGFNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEhIKCm1heF9hY3RpdmUYAiABKAUiSwoZU2V0VXNlclF1ZXVlTGltaXRSZXNwb25zZRIuCgZjaGFuZ2UYASABKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZSJCChlMaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJImYKGkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEi8KB2NoYW5nZXMYASADKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiqgEKDVNldHRpbmdDaGFuZ2USEQoJY2hhbmdlX2lkGAEgASgDEg8KB3NldHRpbmcYAiABKAkSDwoHdXNlcl9pZBgDIAEoCRIRCglvbGRfdmFsdWUYBCABKAUSEQoJbmV3X3ZhbHVlGAUgASgFEg0KBWFjdG9yGAYgASgJEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCqNAQoPTGVkZ2VyRW50cnlLaW5kEiEKHUxFREdFUl9FTlRSWV9LSU5EX1VOU1BFQ0lGSUVEEAASGwoXTEVER0VSX0VOVFJZX0tJTkRfR1JBTlQQARIcChhMRURHRVJfRU5UUllfS0lORF9DSEFSR0UQAhIcChhMRURHRVJfRU5UUllfS0lORF9SRUZVTkQQAzKoBgoPT3BlcmF0b3JTZXJ2aWNlElgKC0dldE92ZXJ2aWV3EiMuYWN1cmlvLnF1ZXVlLnYxLkdldE92ZXJ2aWV3UmVxdWVzdBokLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1Jlc3BvbnNlElUKClNlYXJjaEpvYnMSIi5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1Jlc3BvbnNlEmAKDVdhdGNoT3ZlcnZpZXcSJS5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1JlcXVlc3QaJi5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1Jlc3BvbnNlMAESVQoKQ2FuY2VsSm9icxIiLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVxdWVzdBojLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVzcG9uc2USagoRTGlzdExlZGdlckVudHJpZXMSKS5hY3VyaW8ucXVldWUudjEuTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USZAoPU2V0Q29yZUNhcGFjaXR5EicuYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlcXVlc3QaKC5hY3VyaW8ucXVldWUudjEuU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USagoRU2V0VXNlclF1ZXVlTGltaXQSKS5hY3VyaW8ucXVldWUudjEuU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVzcG9uc2USbQoSTGlzdFNldHRpbmdDaGFuZ2VzEiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QaKy5hY3VyaW8ucXVldWUudjEuTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2ViBnByb3RvMw", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
 
 /**
  * Which jobs a search or a bulk cancel is about. Every set field narrows the match.
@@ -275,6 +275,58 @@ export type Overview = Message<"acurio.queue.v1.Overview"> & {
    * @generated from field: google.protobuf.Timestamp read_time = 13;
    */
   readTime?: Timestamp | undefined;
+
+  /**
+   * The fleet's capacity at the core (fields 14-19, added to the contract additively).
+   * Runs that take capacity now: first-pass runs being released, judging, or whose fate at the
+   * core is not yet confirmed, and delta re-checks running.
+   *
+   * @generated from field: int64 capacity_in_use = 14;
+   */
+  capacityInUse: bigint;
+
+  /**
+   * The capacity set (SetCoreCapacity, QUEUE_CORE_CAPACITY); 0 means unlimited.
+   *
+   * @generated from field: int64 capacity_limit = 15;
+   */
+  capacityLimit: bigint;
+
+  /**
+   * PENDING jobs waiting for capacity.
+   *
+   * @generated from field: int64 capacity_waiting_jobs = 16;
+   */
+  capacityWaitingJobs: bigint;
+
+  /**
+   * Distinct users with a job waiting for capacity.
+   *
+   * @generated from field: int64 capacity_waiting_users = 17;
+   */
+  capacityWaitingUsers: bigint;
+
+  /**
+   * Since when the job that has waited longest for capacity waits; unset when none waits.
+   *
+   * @generated from field: google.protobuf.Timestamp oldest_capacity_wait_time = 18;
+   */
+  oldestCapacityWaitTime?: Timestamp | undefined;
+
+  /**
+   * The most runs the core took before it answered "not now" (RESOURCE_EXHAUSTED), when that is
+   * what limits the fleet now (below `capacity_limit`, or with no capacity set); 0 otherwise.
+   *
+   * @generated from field: int64 core_limit = 19;
+   */
+  coreLimit: bigint;
+
+  /**
+   * Releases the core answered RESOURCE_EXHAUSTED since the capacity was last set.
+   *
+   * @generated from field: int64 core_refusals = 20;
+   */
+  coreRefusals: bigint;
 };
 
 /**
@@ -375,6 +427,58 @@ export type OverviewJson = {
    * @generated from field: google.protobuf.Timestamp read_time = 13;
    */
   readTime?: TimestampJson;
+
+  /**
+   * The fleet's capacity at the core (fields 14-19, added to the contract additively).
+   * Runs that take capacity now: first-pass runs being released, judging, or whose fate at the
+   * core is not yet confirmed, and delta re-checks running.
+   *
+   * @generated from field: int64 capacity_in_use = 14;
+   */
+  capacityInUse?: string;
+
+  /**
+   * The capacity set (SetCoreCapacity, QUEUE_CORE_CAPACITY); 0 means unlimited.
+   *
+   * @generated from field: int64 capacity_limit = 15;
+   */
+  capacityLimit?: string;
+
+  /**
+   * PENDING jobs waiting for capacity.
+   *
+   * @generated from field: int64 capacity_waiting_jobs = 16;
+   */
+  capacityWaitingJobs?: string;
+
+  /**
+   * Distinct users with a job waiting for capacity.
+   *
+   * @generated from field: int64 capacity_waiting_users = 17;
+   */
+  capacityWaitingUsers?: string;
+
+  /**
+   * Since when the job that has waited longest for capacity waits; unset when none waits.
+   *
+   * @generated from field: google.protobuf.Timestamp oldest_capacity_wait_time = 18;
+   */
+  oldestCapacityWaitTime?: TimestampJson;
+
+  /**
+   * The most runs the core took before it answered "not now" (RESOURCE_EXHAUSTED), when that is
+   * what limits the fleet now (below `capacity_limit`, or with no capacity set); 0 otherwise.
+   *
+   * @generated from field: int64 core_limit = 19;
+   */
+  coreLimit?: string;
+
+  /**
+   * Releases the core answered RESOURCE_EXHAUSTED since the capacity was last set.
+   *
+   * @generated from field: int64 core_refusals = 20;
+   */
+  coreRefusals?: string;
 };
 
 /**
@@ -1083,6 +1187,395 @@ export const LedgerEntrySchema: GenMessage<LedgerEntry, {jsonType: LedgerEntryJs
   messageDesc(file_acurio_queue_v1_operator_service, 13);
 
 /**
+ * Request for OperatorService.SetCoreCapacity.
+ *
+ * @generated from message acurio.queue.v1.SetCoreCapacityRequest
+ */
+export type SetCoreCapacityRequest = Message<"acurio.queue.v1.SetCoreCapacityRequest"> & {
+  /**
+   * The most first-pass runs at the core at once across every replica: 0-1000000; 0 means
+   * unlimited.
+   *
+   * @generated from field: int32 capacity = 1;
+   */
+  capacity: number;
+};
+
+/**
+ * Request for OperatorService.SetCoreCapacity.
+ *
+ * @generated from message acurio.queue.v1.SetCoreCapacityRequest
+ */
+export type SetCoreCapacityRequestJson = {
+  /**
+   * The most first-pass runs at the core at once across every replica: 0-1000000; 0 means
+   * unlimited.
+   *
+   * @generated from field: int32 capacity = 1;
+   */
+  capacity?: number;
+};
+
+/**
+ * Describes the message acurio.queue.v1.SetCoreCapacityRequest.
+ * Use `create(SetCoreCapacityRequestSchema)` to create a new message.
+ */
+export const SetCoreCapacityRequestSchema: GenMessage<SetCoreCapacityRequest, {jsonType: SetCoreCapacityRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 14);
+
+/**
+ * Response for OperatorService.SetCoreCapacity.
+ *
+ * @generated from message acurio.queue.v1.SetCoreCapacityResponse
+ */
+export type SetCoreCapacityResponse = Message<"acurio.queue.v1.SetCoreCapacityResponse"> & {
+  /**
+   * The change as recorded.
+   *
+   * @generated from field: acurio.queue.v1.SettingChange change = 1;
+   */
+  change?: SettingChange | undefined;
+
+  /**
+   * The overview's capacity figures right after the change.
+   *
+   * @generated from field: acurio.queue.v1.Overview overview = 2;
+   */
+  overview?: Overview | undefined;
+};
+
+/**
+ * Response for OperatorService.SetCoreCapacity.
+ *
+ * @generated from message acurio.queue.v1.SetCoreCapacityResponse
+ */
+export type SetCoreCapacityResponseJson = {
+  /**
+   * The change as recorded.
+   *
+   * @generated from field: acurio.queue.v1.SettingChange change = 1;
+   */
+  change?: SettingChangeJson;
+
+  /**
+   * The overview's capacity figures right after the change.
+   *
+   * @generated from field: acurio.queue.v1.Overview overview = 2;
+   */
+  overview?: OverviewJson;
+};
+
+/**
+ * Describes the message acurio.queue.v1.SetCoreCapacityResponse.
+ * Use `create(SetCoreCapacityResponseSchema)` to create a new message.
+ */
+export const SetCoreCapacityResponseSchema: GenMessage<SetCoreCapacityResponse, {jsonType: SetCoreCapacityResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 15);
+
+/**
+ * Request for OperatorService.SetUserQueueLimit.
+ *
+ * @generated from message acurio.queue.v1.SetUserQueueLimitRequest
+ */
+export type SetUserQueueLimitRequest = Message<"acurio.queue.v1.SetUserQueueLimitRequest"> & {
+  /**
+   * The user.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId: string;
+
+  /**
+   * First-pass jobs of the user active at once: 1-1000; 0 means the service's default.
+   *
+   * @generated from field: int32 max_active = 2;
+   */
+  maxActive: number;
+};
+
+/**
+ * Request for OperatorService.SetUserQueueLimit.
+ *
+ * @generated from message acurio.queue.v1.SetUserQueueLimitRequest
+ */
+export type SetUserQueueLimitRequestJson = {
+  /**
+   * The user.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId?: string;
+
+  /**
+   * First-pass jobs of the user active at once: 1-1000; 0 means the service's default.
+   *
+   * @generated from field: int32 max_active = 2;
+   */
+  maxActive?: number;
+};
+
+/**
+ * Describes the message acurio.queue.v1.SetUserQueueLimitRequest.
+ * Use `create(SetUserQueueLimitRequestSchema)` to create a new message.
+ */
+export const SetUserQueueLimitRequestSchema: GenMessage<SetUserQueueLimitRequest, {jsonType: SetUserQueueLimitRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 16);
+
+/**
+ * Response for OperatorService.SetUserQueueLimit.
+ *
+ * @generated from message acurio.queue.v1.SetUserQueueLimitResponse
+ */
+export type SetUserQueueLimitResponse = Message<"acurio.queue.v1.SetUserQueueLimitResponse"> & {
+  /**
+   * The change as recorded.
+   *
+   * @generated from field: acurio.queue.v1.SettingChange change = 1;
+   */
+  change?: SettingChange | undefined;
+};
+
+/**
+ * Response for OperatorService.SetUserQueueLimit.
+ *
+ * @generated from message acurio.queue.v1.SetUserQueueLimitResponse
+ */
+export type SetUserQueueLimitResponseJson = {
+  /**
+   * The change as recorded.
+   *
+   * @generated from field: acurio.queue.v1.SettingChange change = 1;
+   */
+  change?: SettingChangeJson;
+};
+
+/**
+ * Describes the message acurio.queue.v1.SetUserQueueLimitResponse.
+ * Use `create(SetUserQueueLimitResponseSchema)` to create a new message.
+ */
+export const SetUserQueueLimitResponseSchema: GenMessage<SetUserQueueLimitResponse, {jsonType: SetUserQueueLimitResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 17);
+
+/**
+ * Request for OperatorService.ListSettingChanges.
+ *
+ * @generated from message acurio.queue.v1.ListSettingChangesRequest
+ */
+export type ListSettingChangesRequest = Message<"acurio.queue.v1.ListSettingChangesRequest"> & {
+  /**
+   * At most this many changes per page: 1-100; 0 means 20.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+
+  /**
+   * The `next_page_token` of the previous page; empty for the first page.
+   *
+   * @generated from field: string page_token = 2;
+   */
+  pageToken: string;
+};
+
+/**
+ * Request for OperatorService.ListSettingChanges.
+ *
+ * @generated from message acurio.queue.v1.ListSettingChangesRequest
+ */
+export type ListSettingChangesRequestJson = {
+  /**
+   * At most this many changes per page: 1-100; 0 means 20.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize?: number;
+
+  /**
+   * The `next_page_token` of the previous page; empty for the first page.
+   *
+   * @generated from field: string page_token = 2;
+   */
+  pageToken?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.ListSettingChangesRequest.
+ * Use `create(ListSettingChangesRequestSchema)` to create a new message.
+ */
+export const ListSettingChangesRequestSchema: GenMessage<ListSettingChangesRequest, {jsonType: ListSettingChangesRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 18);
+
+/**
+ * Response for OperatorService.ListSettingChanges.
+ *
+ * @generated from message acurio.queue.v1.ListSettingChangesResponse
+ */
+export type ListSettingChangesResponse = Message<"acurio.queue.v1.ListSettingChangesResponse"> & {
+  /**
+   * The changes, newest first.
+   *
+   * @generated from field: repeated acurio.queue.v1.SettingChange changes = 1;
+   */
+  changes: SettingChange[];
+
+  /**
+   * Pass as `page_token` for the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Response for OperatorService.ListSettingChanges.
+ *
+ * @generated from message acurio.queue.v1.ListSettingChangesResponse
+ */
+export type ListSettingChangesResponseJson = {
+  /**
+   * The changes, newest first.
+   *
+   * @generated from field: repeated acurio.queue.v1.SettingChange changes = 1;
+   */
+  changes?: SettingChangeJson[];
+
+  /**
+   * Pass as `page_token` for the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.ListSettingChangesResponse.
+ * Use `create(ListSettingChangesResponseSchema)` to create a new message.
+ */
+export const ListSettingChangesResponseSchema: GenMessage<ListSettingChangesResponse, {jsonType: ListSettingChangesResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 19);
+
+/**
+ * One change of a fleet setting and who made it.
+ *
+ * @generated from message acurio.queue.v1.SettingChange
+ */
+export type SettingChange = Message<"acurio.queue.v1.SettingChange"> & {
+  /**
+   * The change's number: larger for a later change.
+   *
+   * @generated from field: int64 change_id = 1;
+   */
+  changeId: bigint;
+
+  /**
+   * `core_capacity` or `user_max_active`.
+   *
+   * @generated from field: string setting = 2;
+   */
+  setting: string;
+
+  /**
+   * For `user_max_active`: whose limit; empty otherwise.
+   *
+   * @generated from field: string user_id = 3;
+   */
+  userId: string;
+
+  /**
+   * The value before; 0 for unlimited capacity or a user on the default.
+   *
+   * @generated from field: int32 old_value = 4;
+   */
+  oldValue: number;
+
+  /**
+   * The value after; 0 for unlimited capacity or a user on the default.
+   *
+   * @generated from field: int32 new_value = 5;
+   */
+  newValue: number;
+
+  /**
+   * Who made the change, as on ledger entries: `<role>:<name>` of the authenticated caller, or
+   * `anonymous` when the service runs without authentication.
+   *
+   * @generated from field: string actor = 6;
+   */
+  actor: string;
+
+  /**
+   * When the change was made.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 7;
+   */
+  createTime?: Timestamp | undefined;
+};
+
+/**
+ * One change of a fleet setting and who made it.
+ *
+ * @generated from message acurio.queue.v1.SettingChange
+ */
+export type SettingChangeJson = {
+  /**
+   * The change's number: larger for a later change.
+   *
+   * @generated from field: int64 change_id = 1;
+   */
+  changeId?: string;
+
+  /**
+   * `core_capacity` or `user_max_active`.
+   *
+   * @generated from field: string setting = 2;
+   */
+  setting?: string;
+
+  /**
+   * For `user_max_active`: whose limit; empty otherwise.
+   *
+   * @generated from field: string user_id = 3;
+   */
+  userId?: string;
+
+  /**
+   * The value before; 0 for unlimited capacity or a user on the default.
+   *
+   * @generated from field: int32 old_value = 4;
+   */
+  oldValue?: number;
+
+  /**
+   * The value after; 0 for unlimited capacity or a user on the default.
+   *
+   * @generated from field: int32 new_value = 5;
+   */
+  newValue?: number;
+
+  /**
+   * Who made the change, as on ledger entries: `<role>:<name>` of the authenticated caller, or
+   * `anonymous` when the service runs without authentication.
+   *
+   * @generated from field: string actor = 6;
+   */
+  actor?: string;
+
+  /**
+   * When the change was made.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 7;
+   */
+  createTime?: TimestampJson;
+};
+
+/**
+ * Describes the message acurio.queue.v1.SettingChange.
+ * Use `create(SettingChangeSchema)` to create a new message.
+ */
+export const SettingChangeSchema: GenMessage<SettingChange, {jsonType: SettingChangeJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 20);
+
+/**
  * How a ledger entry moves credits.
  *
  * @generated from enum acurio.queue.v1.LedgerEntryKind
@@ -1211,6 +1704,47 @@ export const OperatorService: GenService<{
     methodKind: "unary";
     input: typeof ListLedgerEntriesRequestSchema;
     output: typeof ListLedgerEntriesResponseSchema;
+  },
+  /**
+   * Sets the fleet's capacity at the core: the most first-pass runs being released or judging at
+   * once across every replica (0: unlimited). Stored in the database, so every replica applies it
+   * at its next grant; what the core taught the fleet by refusing releases is forgotten. Runs
+   * already released are not stopped: a lower capacity is reached as they end. Recorded with its
+   * actor (ListSettingChanges). Added to the contract additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 0-1000000.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.SetCoreCapacity
+   */
+  setCoreCapacity: {
+    methodKind: "unary";
+    input: typeof SetCoreCapacityRequestSchema;
+    output: typeof SetCoreCapacityResponseSchema;
+  },
+  /**
+   * Sets how many first-pass jobs of one user may be active at once (0: back to the service's
+   * default, QUEUE_MAX_ACTIVE_PER_USER). A raised limit fills the new slots at once; a lowered one
+   * is reached as the user's active jobs end. Recorded with its actor (ListSettingChanges). Added
+   * to the contract additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id or a limit outside 0-1000.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.SetUserQueueLimit
+   */
+  setUserQueueLimit: {
+    methodKind: "unary";
+    input: typeof SetUserQueueLimitRequestSchema;
+    output: typeof SetUserQueueLimitResponseSchema;
+  },
+  /**
+   * The changes of fleet settings (the capacity, users' limits), newest first, each with who made
+   * it. Added to the contract additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size or page token.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.ListSettingChanges
+   */
+  listSettingChanges: {
+    methodKind: "unary";
+    input: typeof ListSettingChangesRequestSchema;
+    output: typeof ListSettingChangesResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_acurio_queue_v1_operator_service, 0);

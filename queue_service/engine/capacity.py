@@ -1,0 +1,34 @@
+"""What one replica knows of the fleet's capacity at the core, and how it asks for a grant.
+
+The capacity itself lives in PostgreSQL (`queue_capacity`, migration 0014) and every decision on
+it is made there, under the fleet-wide capacity lock (`store.grant_capacity`). A replica only
+keeps a hint, `limited`: whether it should ask for grants when capacity may have freed (a job
+ended, a run settled) and on its dispatcher's passes. The hint is learned from every grant's
+answer, from the views of jobs that became PENDING waiting for capacity, and from the operator's
+own change; a stale hint costs at most one dispatcher pass (at most 5 s) of latency, never
+correctness: a job that waits is released only by a grant, whatever a replica believes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class FleetCapacity:
+    def __init__(self, *, wake_grant: Callable[[], None], probe_interval_seconds: float) -> None:
+        self.limited = False
+        self.probe_interval_seconds = probe_interval_seconds
+        self._wake_grant = wake_grant
+
+    def note_waiting(self) -> None:
+        """A job this replica made PENDING waits for capacity: the capacity is limited, grant now."""
+        self.limited = True
+        self._wake_grant()
+
+    def freed(self) -> None:
+        """Capacity may have freed (an ending, a settlement, a change of the setting)."""
+        if self.limited:
+            self._wake_grant()
+
+    def learned(self, limited: bool) -> None:
+        self.limited = limited
