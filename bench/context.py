@@ -40,6 +40,9 @@ class Sizes:
     watch_ticks: int = 20
     watch_interval_seconds: float = 0.5
     idle_seconds: float = 10.0
+    capacity_users: int = 200  # x capacity_queue jobs against a capacity of `capacity` runs
+    capacity_queue: int = 5
+    capacity: int = 20
 
 
 FULL = Sizes()
@@ -60,6 +63,8 @@ QUICK = Sizes(
     idle_seconds=3.0,
     watch_ticks=10,
     watch_interval_seconds=0.3,
+    capacity_users=50,
+    capacity=10,
 )
 
 # The service as deployed: defaults everywhere (JSON logs at info, sweeper every 30 s, pool 2..20)

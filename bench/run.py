@@ -29,10 +29,10 @@ from bench.context import FULL, QUICK, Context
 from bench.ghz import GHZ
 from bench.procs import REPO_ROOT, Database
 from bench.protoset import write_protoset
-from bench.scenarios import admit, history, idle, promotion, sweeper, watch
+from bench.scenarios import admit, capacity, history, idle, promotion, sweeper, watch
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SCENARIOS = ("admit_many_users", "admit_hot_user", "promotion_gap", "history", "sweeper", "explain", "watch_fanout", "idle_replica")
+SCENARIOS = ("admit_many_users", "admit_hot_user", "promotion_gap", "history", "sweeper", "explain", "watch_fanout", "idle_replica", "capacity_saturated")
 
 
 def _log(started: float, message: str) -> None:
@@ -106,6 +106,9 @@ def run_scenarios(ctx: Context, selected: tuple[str, ...], explain_path: Path, s
     if "idle_replica" in selected:
         _log(started, "7) an idle replica")
         results["idle_replica"] = idle.run(ctx)
+    if "capacity_saturated" in selected:
+        _log(started, "8) the fleet's capacity saturated")
+        results["capacity_saturated"] = capacity.run(ctx)
     return results, explained
 
 

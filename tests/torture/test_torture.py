@@ -53,6 +53,9 @@ pytestmark = pytest.mark.torture
 
 SECONDS = float(os.environ.get("QUEUE_TORTURE_SECONDS", "25"))
 USERS = int(os.environ.get("QUEUE_TORTURE_USERS", "200"))
+# The fleet's capacity at the core (QUEUE_CORE_CAPACITY of every replica; 0: unlimited): I12 is
+# checked at the core, I13 from the grant order.
+CAPACITY = int(os.environ.get("QUEUE_TORTURE_CAPACITY", "20"))
 RELEASE_WINDOW = 3.0
 SWEEP_INTERVAL = 1.0
 RECONCILE_AFTER = 2.0
@@ -121,6 +124,8 @@ class Summary:
     i9_checks: int = 0
     i10_checks: int = 0
     i11_checks: int = 0
+    i12_checks: int = 0
+    most_passed_over: int = 0
     stream_reconnects: int = 0
     stream_ends: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     violations: list[str] = dataclasses.field(default_factory=list)
@@ -156,6 +161,7 @@ class Cluster:
             "QUEUE_DB_POOL_TIMEOUT_SECONDS": "1",
             "QUEUE_GRACE_PERIOD_SECONDS": "3",
             "QUEUE_MAX_QUEUED_PER_USER": "20",
+            "QUEUE_CORE_CAPACITY": str(CAPACITY),
             "QUEUE_DB_POOL_MAX_SIZE": "10",
             "QUEUE_LOG_LEVEL": "warning",
         }
@@ -395,6 +401,33 @@ def check_core_judges_one_run_per_user(core: DevCore, summary: Summary, reported
             summary.violations.append(f"I9: the core judged {most} first-pass runs of user {user} at once")
 
 
+def check_core_judges_at_most_the_capacity(core: DevCore, summary: Summary) -> None:
+    """I12: the dev core never judged more first-pass runs of all users at once than the capacity."""
+    summary.i12_checks += 1
+    if CAPACITY and core.most_first_pass_judging > CAPACITY and not any(v.startswith("I12") for v in summary.violations):
+        summary.violations.append(f"I12: the core judged {core.most_first_pass_judging} first-pass runs at once (capacity {CAPACITY})")
+
+
+# I13 from the grant order: for each job that waited for capacity, how many of another user's
+# grants came between the start of its wait and its own grant (a grant sets the release window's
+# deadline, so its time is that deadline less the window). Users have one slot each, so no user
+# may pass a waiting user twice.
+_PASSED_OVER = f"""
+WITH granted AS (
+    SELECT job_id, user_id, capacity_wait_since AS waited_from,
+           release_deadline - make_interval(secs => {RELEASE_WINDOW}) AS granted_at
+      FROM analysis_jobs
+     WHERE delta_of_job_id IS NULL AND capacity_wait_since IS NOT NULL AND capacity_token IS NOT NULL
+)
+SELECT COALESCE(max(passes), 0), count(DISTINCT job_id) FROM (
+    SELECT waiting.job_id, other.user_id, count(*) AS passes
+      FROM granted waiting
+      JOIN granted other ON other.user_id <> waiting.user_id
+                        AND other.granted_at > waiting.waited_from AND other.granted_at < waiting.granted_at
+     GROUP BY waiting.job_id, other.user_id) AS passed
+"""
+
+
 def check_live_jobs_known_to_core(checker: InvariantChecker, core: DevCore, summary: Summary) -> None:
     """I10, while running: every live job's run is known to the core (an admit commits a job only
     after the core confirmed its run; the dev core forgets no run)."""
@@ -411,6 +444,7 @@ async def check_continuously(checker: InvariantChecker, core: DevCore, summary: 
     i9_reported: set[str] = set()
     while not stop.is_set():
         check_core_judges_one_run_per_user(core, summary, i9_reported)
+        check_core_judges_at_most_the_capacity(core, summary)
         try:
             summary.violations.extend(await asyncio.to_thread(checker.all_violations))
             await asyncio.to_thread(check_live_jobs_known_to_core, checker, core, summary)
@@ -616,6 +650,12 @@ async def test_torture(tmp_path: Path) -> None:
             )
         summary.violations.extend(checker.all_violations())
         check_core_judges_one_run_per_user(core, summary, set())
+        check_core_judges_at_most_the_capacity(core, summary)
+        if CAPACITY:
+            ((most_passes, waited),) = checker.rows(_PASSED_OVER)
+            summary.most_passed_over = int(most_passes)
+            if most_passes > 1:
+                summary.violations.append(f"I13: a waiting user was passed over {most_passes} times by one other user")
         # I10: no job is live, so the core may hold or judge no run at all.
         summary.i10_checks += 1
         orphans = core.live_runs()
@@ -645,6 +685,10 @@ async def test_torture(tmp_path: Path) -> None:
             "i9_checks": summary.i9_checks,
             "i10_checks": summary.i10_checks,
             "i11_checks": summary.i11_checks,
+            "capacity": CAPACITY,
+            "i12_checks": summary.i12_checks,
+            "core_most_first_pass_judging": core.most_first_pass_judging,
+            "i13_most_passed_over_by_one_user": summary.most_passed_over,
             "stream_reconnects": summary.stream_reconnects,
             "stream_ends": dict(summary.stream_ends),
             "harness_max_loop_lag_seconds": round(summary.max_loop_lag, 3),
@@ -657,7 +701,10 @@ async def test_torture(tmp_path: Path) -> None:
         assert sum(summary.operations.values()) > USERS
         assert summary.kills >= 1 and summary.drains >= 1 and summary.database_restarts >= 1
         assert summary.chaos["listener_kill"] >= 1 and sum(core.faults_injected.values()) > 0
-        assert summary.i9_checks > 0 and summary.i10_checks > 0
+        assert summary.i9_checks > 0 and summary.i10_checks > 0 and summary.i12_checks > 0
+        if CAPACITY:
+            # The capacity was reached, so I12 and I13 were put to the test.
+            assert core.most_first_pass_judging == CAPACITY
     finally:
         for watcher in watchers:
             watcher.cancel()

@@ -36,7 +36,10 @@ def test_the_lock_helper_builds_the_key_exactly_once() -> None:
     # one function; the migration lock has its own.
     assert text.count('pg_advisory_xact_lock(" + _user_queue_key(') == 3
     assert text.count("pg_advisory_xact_lock(hashtextextended('analysis_queue_migrations', 0))") == 1
-    assert len(re.findall(r"pg_advisory_xact_lock\(", text)) == 4
+    # The fleet-wide capacity lock: one key, built once, taken by one wrapper.
+    assert text.count("'analysis_queue_capacity'") == 1
+    assert text.count('pg_advisory_xact_lock(" + _CAPACITY_KEY + ")') == 1
+    assert len(re.findall(r"pg_advisory_xact_lock\(", text)) == 5
     assert "pg_advisory_lock(" not in text  # transaction-scoped only, never session locks
 
 

@@ -1,0 +1,273 @@
+"""The fleet-wide capacity at the core, through the public API against real PostgreSQL: jobs wait
+for it with their place in line, two replicas never exceed it together (I12, counted at the dev
+core), capacity goes to users in fair order (I13), the core's RESOURCE_EXHAUSTED is a place in
+line rather than a failure, and the operator's change takes effect on every replica."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psycopg
+import pytest
+
+from queue_service._gen.acurio.queue.v1 import (
+    job_pb2,
+    operator_service_pb2 as op_pb2,
+    operator_service_pb2_grpc as op_grpc,
+)
+from queue_service.dev.core import DevCore
+from tests.harness import Stubs, new_user
+
+S = job_pb2
+
+
+def _operator(stubs: Stubs) -> op_grpc.OperatorServiceStub:
+    return op_grpc.OperatorServiceStub(stubs.channel)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_fleet(database_url: str) -> None:
+    """Tests of this module share a database: each starts with nothing in flight, unlimited."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            """UPDATE analysis_jobs SET status = 'canceled', end_time = clock_timestamp(), run_settle_due_at = NULL,
+                      next_release_at = NULL, next_reconcile_at = NULL
+                WHERE status IN ('queued', 'pending', 'running') OR run_settle_due_at IS NOT NULL"""
+        )
+        conn.execute("DELETE FROM user_capacity_turns")
+        conn.execute("UPDATE queue_capacity SET capacity = 0, core_limit = NULL, next_probe_at = NULL, core_refusals = 0")
+
+
+async def _set_capacity(stubs: Stubs, capacity: int) -> op_pb2.SetCoreCapacityResponse:
+    return await _operator(stubs).SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=capacity), timeout=10)
+
+
+async def _overview(stubs: Stubs) -> op_pb2.Overview:
+    return (await _operator(stubs).GetOverview(op_pb2.GetOverviewRequest(), timeout=10)).overview
+
+
+async def _admitted(stubs: Stubs, users: list[str], *, jobs_each: int = 1) -> dict[str, list[job_pb2.Job]]:
+    admitted: dict[str, list[job_pb2.Job]] = {}
+    for user in users:
+        await stubs.grant(user, jobs_each + 5)
+        admitted[user] = [await stubs.admit(user) for _ in range(jobs_each)]
+    return admitted
+
+
+async def _judging_at(core: DevCore, count: int, *, timeout: float = 10) -> list[str]:
+    """Waits until exactly `count` first-pass runs judge at the core; their run ids."""
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = [run_id for runs in core.judging_now.values() for run_id in runs]
+        if len(runs) == count:
+            return runs
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{len(runs)} runs judging at the core, expected {count}")
+        await asyncio.sleep(0.02)
+
+
+async def test_a_job_waits_for_capacity_with_its_place_and_starts_when_capacity_frees(service) -> None:
+    stubs, core = service.stubs, service.core
+    change = (await _set_capacity(stubs, 1)).change
+    assert (change.setting, change.new_value, change.actor) == ("core_capacity", 1, "anonymous")
+    first, second, third = new_user(), new_user(), new_user()
+    jobs = await _admitted(stubs, [first, second, third])
+    running = await stubs.wait_for(jobs[first][0].job_id, S.JOB_STATUS_RUNNING)
+    await _judging_at(core, 1)
+
+    waiting = [await stubs.job(jobs[user][0].job_id) for user in (second, third)]
+    # Each holds its user's slot (PENDING) but waits for the core, in the fleet-wide order.
+    assert [job.status for job in waiting] == [S.JOB_STATUS_PENDING, S.JOB_STATUS_PENDING]
+    assert [job.capacity_position for job in waiting] == [1, 2]
+    assert running.capacity_position == 0 and waiting[0].release_attempts == 0
+    overview = await _overview(stubs)
+    assert (overview.capacity_in_use, overview.capacity_limit) == (1, 1)
+    assert (overview.capacity_waiting_jobs, overview.capacity_waiting_users) == (2, 2)
+    assert overview.HasField("oldest_capacity_wait_time")
+
+    # A delta re-check never waits for capacity, but takes it: first-pass releases yield.
+    finished = await core.finish(running.run_id)
+    assert finished is not None
+    base = finished.job
+    assert base.status == S.JOB_STATUS_SUCCEEDED
+    await stubs.wait_for(jobs[second][0].job_id, S.JOB_STATUS_RUNNING)
+    delta = await stubs.admit(first, delta_of=base.job_id, uri="")
+    assert delta.status == S.JOB_STATUS_RUNNING
+    assert (await _overview(stubs)).capacity_in_use == 2
+    assert (await stubs.job(jobs[third][0].job_id)).capacity_position == 1
+
+    # Capacity frees when the runs end: the third user's job starts.
+    await core.finish(delta.run_id)
+    assert (await stubs.job(jobs[third][0].job_id)).status == S.JOB_STATUS_PENDING  # one run still takes the capacity
+    second_job = await stubs.job(jobs[second][0].job_id)
+    await core.finish(second_job.run_id)
+    started = await stubs.wait_for(jobs[third][0].job_id, S.JOB_STATUS_RUNNING)
+    assert started.capacity_position == 0
+    assert core.most_first_pass_judging == 1
+
+
+async def test_capacity_goes_to_users_in_fair_order(service) -> None:
+    """A user with five slots and five jobs waiting does not take the capacity from users with one
+    job each: round-robin across users by their last turn (I13)."""
+    stubs, core = service.stubs, service.core
+    operator = _operator(stubs)
+    await _set_capacity(stubs, 1)
+    blocker, heavy = new_user(), new_user()
+    lights = [new_user() for _ in range(3)]
+    limit = await operator.SetUserQueueLimit(op_pb2.SetUserQueueLimitRequest(user_id=heavy, max_active=5), timeout=10)
+    assert (limit.change.setting, limit.change.user_id, limit.change.new_value, limit.change.actor) == ("user_max_active", heavy, 5, "anonymous")
+    await _admitted(stubs, [blocker])
+    (blocking,) = await _judging_at(core, 1)
+    # The heavy user's five jobs wait first (all five hold her slots), then one job of each other user.
+    await _admitted(stubs, [heavy], jobs_each=5)
+    await _admitted(stubs, lights)
+    heavy_jobs = [job for job in await stubs.jobs(heavy)]
+    assert [job.status for job in heavy_jobs] == [S.JOB_STATUS_PENDING] * 5
+    assert sorted(job.capacity_position for job in heavy_jobs) == [1, 2, 3, 4, 5]
+
+    # Two runs' worth of capacity at once: the heavy user waited longest and gets one; the second
+    # goes to the next user in line, not to the heavy user's next job (her turn is now the newest).
+    await _set_capacity(stubs, 3)
+    pair = await _judging_at(core, 3)
+    pair_users = {core.runs[run_id].user_id for run_id in pair if run_id != blocking}
+    assert pair_users == {heavy, lights[0]}, pair_users
+
+    # From here on, one run at a time: every other user is served before the heavy user's next job.
+    await _set_capacity(stubs, 1)
+    order = []
+    for run_id in [blocking, *pair]:
+        await core.finish(run_id)
+    for _ in range(6):
+        (run_id,) = await _judging_at(core, 1)
+        order.append(core.runs[run_id].user_id)
+        await core.finish(run_id)
+    assert order == [lights[1], lights[2], heavy, heavy, heavy, heavy], order
+    assert core.most_first_pass_judging == 3
+
+
+async def test_a_user_with_runs_in_use_yields_to_users_with_fewer(service) -> None:
+    """Max-min: a user with several slots gets another concurrent run only while no user with fewer
+    runs in use waits, even when her job has waited longer and she never had a turn."""
+    stubs, core = service.stubs, service.core
+    heavy = new_user()
+    lights = [new_user() for _ in range(3)]
+    await _operator(stubs).SetUserQueueLimit(op_pb2.SetUserQueueLimitRequest(user_id=heavy, max_active=5), timeout=10)
+    # Two runs of hers start while the capacity is unlimited (no turn of hers is recorded).
+    await _admitted(stubs, [heavy], jobs_each=2)
+    heavy_runs = await _judging_at(core, 2)
+    await _set_capacity(stubs, 2)
+    # Her three more jobs wait first, then one job of each other user.
+    await stubs.grant(heavy, 5)
+    for _ in range(3):
+        await stubs.admit(heavy)
+    await _admitted(stubs, lights)
+
+    await _set_capacity(stubs, 3)
+    await _judging_at(core, 3)
+    assert core.start_order[-1] == lights[0]  # not her third job: she has two runs in use
+    # One run ends at a time: a user with fewer runs in use goes first, else the longest waiting.
+    light_run = next(run_id for run_id in core.judging_all if core.runs[run_id].user_id == lights[0])
+    order = []
+    for run_id in [heavy_runs[0], heavy_runs[1], light_run]:
+        seen = len(core.start_order)
+        await core.finish(run_id)
+        order.append(await _next_start(core, seen))
+    assert order == [lights[1], heavy, lights[2]], order
+    assert core.most_first_pass_judging == 3
+
+
+async def _next_start(core: DevCore, seen: int, timeout: float = 10) -> str:
+    """The user of the first first-pass run to start judging after the first `seen` starts."""
+    deadline = time.monotonic() + timeout
+    while len(core.start_order) <= seen:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no run started after the first {seen}")
+        await asyncio.sleep(0.02)
+    return core.start_order[seen]
+
+
+async def test_two_replicas_never_exceed_the_capacity_together(services) -> None:
+    """Admits and completions spread over two `serve` processes: the core never sees more first-pass
+    runs judging at once than the capacity (I12, counted at the core)."""
+    core = await services.core(manual=False, judging_seconds=0.25)
+    first = await services.start_process(core, QUEUE_CORE_CAPACITY="3", QUEUE_LOG_LEVEL="warning")
+    second = await services.start_process(core, QUEUE_LOG_LEVEL="warning")
+    core.set_callback_addr(f"{first.address},{second.address}")
+    await _set_capacity(first.stubs, 3)
+    users = [new_user() for _ in range(12)]
+    jobs: list[job_pb2.Job] = []
+
+    async def admit_all(stubs: Stubs, mine: list[str]) -> None:
+        for user in mine:
+            await stubs.grant(user, 5)
+            jobs.extend([await stubs.admit(user), await stubs.admit(user)])
+
+    await asyncio.gather(admit_all(first.stubs, users[::2]), admit_all(second.stubs, users[1::2]))
+    for job in jobs:
+        done = await first.stubs.wait_for(job.job_id, S.JOB_STATUS_SUCCEEDED, S.JOB_STATUS_FAILED, timeout=60)
+        assert done.status == S.JOB_STATUS_SUCCEEDED, done
+    assert core.most_first_pass_judging == 3, core.most_first_pass_judging
+    assert core.refusals == 0
+
+
+async def test_the_cores_not_now_is_a_place_in_line_not_a_failure(services) -> None:
+    """The core answers RESOURCE_EXHAUSTED beyond two runs judging: no job fails, none ages out of
+    its release window, and the two replicas probe about once a second in all, not once per job."""
+    core = await services.core(manual=False, judging_seconds=0.6)
+    core.judging_ceiling = 2
+    env = {"QUEUE_RELEASE_WINDOW_SECONDS": "2", "QUEUE_RELEASE_BACKOFF_MAX_SECONDS": "0.5", "QUEUE_LOG_LEVEL": "warning"}
+    first = await services.start_process(core, **env)
+    second = await services.start_process(core, **env)
+    core.set_callback_addr(f"{first.address},{second.address}")
+    users = [new_user() for _ in range(10)]
+    started = time.monotonic()
+    jobs = [job for stubs, user in zip([first.stubs, second.stubs] * 5, users) for job in (await _admitted(stubs, [user]))[user]]
+    for job in jobs:
+        done = await first.stubs.wait_for(job.job_id, S.JOB_STATUS_SUCCEEDED, S.JOB_STATUS_FAILED, timeout=60)
+        assert done.status == S.JOB_STATUS_SUCCEEDED, done.last_error
+    elapsed = time.monotonic() - started
+    # Ten jobs, two at a time, 0.6 s each: about 3 s, longer than the release window.
+    assert elapsed > 2.5
+    releases = len(core.release_log)
+    # One accepted release per job, no retry of a job of its own: every other ReleaseRun was
+    # refused, and the refusals are those of the first burst (the fleet did not know the ceiling
+    # yet: at most all jobs but two) and about one probe per second after that, both replicas
+    # together. (Measured: 14 releases, 4 refusals in 3.6 s; a retry per job every 0.5 s would be
+    # dozens.)
+    assert core.refusals >= 1
+    assert releases - core.refusals == len(jobs), (releases, core.refusals)
+    assert core.refusals <= len(jobs) - 2 + 1.5 * elapsed + 1, (core.refusals, elapsed)
+    assert core.most_judging == 2
+    overview = await _overview(second.stubs)
+    assert overview.core_refusals == core.refusals
+
+
+async def test_a_capacity_change_takes_effect_on_every_replica(services) -> None:
+    core = await services.core()
+    first = await services.start_process(core, QUEUE_LOG_LEVEL="warning")
+    second = await services.start_process(core, QUEUE_LOG_LEVEL="warning")
+    await _set_capacity(first.stubs, 1)
+    users = [new_user() for _ in range(5)]
+    await _admitted(second.stubs, users)
+    await _judging_at(core, 1)
+    assert (await _overview(second.stubs)).capacity_waiting_jobs == 4
+
+    # Raised through one replica: releases of jobs admitted through the other follow at once.
+    await _set_capacity(first.stubs, 3)
+    runs = await _judging_at(core, 3)
+    assert (await _overview(second.stubs)).capacity_limit == 3
+    # Lowered through the other: nothing is stopped, but nothing starts until the runs in use fit.
+    await _set_capacity(second.stubs, 2)
+    await core.finish(runs[0])
+    await asyncio.sleep(0.5)
+    assert len(await _judging_at(core, 2)) == 2
+    await core.finish(runs[1])
+    await _judging_at(core, 2)  # one freed below the new capacity: the next in line starts
+    assert core.most_first_pass_judging == 3
+    changes = (await _operator(first.stubs).ListSettingChanges(op_pb2.ListSettingChangesRequest(), timeout=10)).changes
+    assert [(c.setting, c.old_value, c.new_value, c.actor) for c in changes[:3]] == [
+        ("core_capacity", 3, 2, "anonymous"),
+        ("core_capacity", 1, 3, "anonymous"),
+        ("core_capacity", 0, 1, "anonymous"),
+    ]
