@@ -119,9 +119,12 @@ class QueueApp:
         def hand_over(claim: ClaimedRelease) -> None:
             self.dispatcher.start_claimed(claim)
 
-        # What this replica knows of the fleet's capacity at the core; asking for a grant wakes
-        # the dispatcher.
-        self.capacity = FleetCapacity(wake_grant=releases_due.set, probe_interval_seconds=config.core_probe_interval_seconds)
+        # What this replica knows of the fleet's capacity at the core; asking for a grant starts
+        # one in the dispatcher (reached, like hand_over, only once serving).
+        def request_grant() -> None:
+            self.dispatcher.request_grant()
+
+        self.capacity = FleetCapacity(wake_grant=request_grant, probe_interval_seconds=config.core_probe_interval_seconds)
         self.engine = QueueEngine(self.store, self.core, config, hand_over=hand_over, capacity=self.capacity)
         self.reads = JobReads(self.store, default_max_active=config.max_active_per_user, reconcile_after_seconds=config.reconcile_after_seconds)
         self.hub = NotificationHub(

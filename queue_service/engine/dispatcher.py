@@ -12,8 +12,10 @@ crash harmless: another replica claims the job when the lease runs out.
 While the fleet's capacity at the core is limited, a first-pass job that becomes PENDING waits
 for it: each pass first asks for a grant (`QueueEngine.grant_capacity`, decided in PostgreSQL
 under the fleet-wide capacity lock), which claims the releases of the waiting jobs next in the
-fair order for this replica. The engine wakes the loop when capacity may have freed; a release
-the core refused ("not now") wakes it again after the probe interval, once for the whole replica.
+fair order for this replica. When capacity may have freed (an ending, a settlement) or a job began
+to wait, the engine asks for a grant at once (`request_grant`: one grant in flight per replica, one
+more after it if asked meanwhile); a release the core refused ("not now") wakes the loop again
+after the probe interval, once for the whole replica.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ class ReleaseDispatcher:
         self._capacity = capacity or FleetCapacity(wake_grant=wake.set, probe_interval_seconds=1.0)
         # The wake-up after the core said "not now" (one per replica, not one per job).
         self._probe_wake: asyncio.TimerHandle | None = None
+        # Grants asked for when capacity may have freed: one in flight, and one more after it when
+        # asked again meanwhile (a burst of completions costs a grant or two, not one each).
+        self._granting: asyncio.Task[None] | None = None
+        self._grant_again = False
         # Set by the watch hub (a PENDING job nobody claimed), the sweeper (every pass) and a
         # release attempt that scheduled a retry.
         self._wake = wake
@@ -72,6 +78,7 @@ class ReleaseDispatcher:
         if self._probe_wake is not None:
             self._probe_wake.cancel()
         await cancel_and_wait(self._runner)
+        await cancel_and_wait(self._granting)
         # Claims still waiting for a slot are left to their leases: any replica claims them then.
         self._claimed_waiting.clear()
         # In-flight releases finish (bounded by the core deadline) so no lease is left dangling.
@@ -104,6 +111,33 @@ class ReleaseDispatcher:
                 woken_by = "event"
             except TimeoutError:
                 woken_by = "timer"
+
+    def request_grant(self) -> None:
+        """Capacity may have freed or a job began to wait: ask for a grant now, in a task of its
+        own (no claim of due releases, no read of the next due time: the claiming loop does those)."""
+        if self._granting is not None and not self._granting.done():
+            self._grant_again = True
+            return
+        self._granting = asyncio.create_task(self._grant_while_asked(), name="capacity-grant")
+
+    async def _grant_while_asked(self) -> None:
+        while True:
+            self._grant_again = False
+            try:
+                grants = await self._engine.grant_capacity(max_grants=_BATCH)
+                for claim, _waited in grants.claims:
+                    await self._start(claim)
+                if len(grants.claims) == _BATCH:
+                    self._grant_again = True
+            except (errors.QueueError, OSError) as exc:
+                # The claiming loop grants on its next pass (at most 5 s away).
+                log.warning("capacity grant could not reach the database: %s", exc)
+                return
+            except Exception:
+                log.exception("capacity grant failed")
+                return
+            if not self._grant_again:
+                return
 
     def start_claimed(self, claim: ClaimedRelease) -> None:
         """Starts a release this replica claimed in the transaction that made its job PENDING:
