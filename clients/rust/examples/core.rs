@@ -166,6 +166,9 @@ impl RunService for Core {
         request: Request<ReleaseRunRequest>,
     ) -> Result<Response<ReleaseRunResponse>, Status> {
         let run_id = request.into_inner().run_id;
+        // A core with a concurrency ceiling answers `Status::resource_exhausted` here while it is
+        // full, applying nothing (the run stays held): the queue keeps the job in line and the
+        // whole fleet tries again about once a second. This example has no ceiling.
         let (run, released) = self
             .transition(&run_id, &[RunState::Held], RunState::Judging)
             .ok_or_else(|| core_errors::run_not_found(&run_id))?;
