@@ -147,6 +147,8 @@ SETTINGS: dict[str, Setting] = {
     "watch_backlog_bytes": Setting("QUEUE_WATCH_BACKLOG_BYTES", "65536", _parse_int(4096, 1 << 30), "changes one WatchJobs stream may hold for a slow reader, in estimated bytes (about 1 KB a job plus its error text); beyond it they are dropped and the stream resyncs. Part of a stream's memory budget ([operations.md](operations.md#11-memory-per-watchjobs-stream))"),
     "max_health_watches": Setting("QUEUE_MAX_HEALTH_WATCHES", "256", _parse_int(1, 100_000), "open `Health.Watch` streams per replica (health needs no credentials); more are refused with `RESOURCE_EXHAUSTED` `TOO_MANY_STREAMS`"),
     "max_streams_per_connection": Setting("QUEUE_MAX_STREAMS_PER_CONNECTION", "4096", _parse_int(1, 1_000_000), "calls one client connection may have open at once (HTTP/2 max concurrent streams); a client beyond it waits for a free stream, so keep it above what one web backend multiplexes (its WatchJobs streams plus its calls in flight). Keepalive and connection-age limits: `queue_service/api/connection_limits.py`"),
+    "http_max_connections": Setting("QUEUE_HTTP_MAX_CONNECTIONS", "512", _parse_int(1, 1_000_000), "connections the browser listener (`QUEUE_HTTP_ADDR`) holds at once, at most half of the process's descriptor limit (`RLIMIT_NOFILE`) so the rest stays for the gRPC listener and the database; beyond it new connections wait in the kernel's backlog ([security.md](security.md))"),
+    "http_body_timeout_seconds": Setting("QUEUE_HTTP_BODY_TIMEOUT_SECONDS", "10", _parse_float(0.1, 600), "time a browser-listener request may take to send its body after its headers; a slower one is answered `DEADLINE_EXCEEDED` (HTTP 408) and its HTTP/1.1 connection closed"),
     "reflection": Setting("QUEUE_REFLECTION", "true", _parse_bool, "serve gRPC server reflection"),
     "log_format": Setting("QUEUE_LOG_FORMAT", "json", _parse_choice("json", "text"), "log lines as JSON or readable text"),
     "log_level": Setting("QUEUE_LOG_LEVEL", "info", _parse_choice("debug", "info", "warning", "error"), "log level"),
@@ -238,6 +240,8 @@ class Config:
     watch_backlog_bytes: int
     max_health_watches: int
     max_streams_per_connection: int
+    http_max_connections: int
+    http_body_timeout_seconds: float
     reflection: bool
     log_format: str
     log_level: str
