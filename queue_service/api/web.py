@@ -59,7 +59,7 @@ _CONSOLE_FOLDER = "console_assets"
 _PACKAGE = "acurio.queue.v1"
 # The console talks only to its own origin; nothing is inlined or fetched from elsewhere.
 _SECURITY_HEADERS = [
-    (b"content-security-policy", b"default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"),
+    (b"content-security-policy", b"default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"),
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
     (b"cache-control", b"no-cache"),
@@ -294,7 +294,8 @@ def _idempotency(method: Any) -> IdempotencyLevel:
 def _asset(name: str) -> bytes | None:
     try:
         return resources.files("queue_service").joinpath(_CONSOLE_FOLDER, name).read_bytes()
-    except (FileNotFoundError, ModuleNotFoundError, IsADirectoryError, NotADirectoryError):
+    # ValueError: a NUL in the path, which no file name holds.
+    except (FileNotFoundError, ModuleNotFoundError, IsADirectoryError, NotADirectoryError, ValueError):
         return None
 
 

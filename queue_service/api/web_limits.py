@@ -73,6 +73,8 @@ def configure(hypercorn: HypercornConfig) -> None:
     hypercorn.keep_alive_timeout = HEADERS_TIMEOUT_SECONDS
     hypercorn.ssl_handshake_timeout = TLS_HANDSHAKE_TIMEOUT_SECONDS
     hypercorn.h2_max_concurrent_streams = MAX_STREAMS_PER_CONNECTION
+    # Hypercorn names itself in every response otherwise.
+    hypercorn.include_server_header = False
 
 
 class RateLimitedLog:

@@ -6,6 +6,7 @@ and time."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import socket
 import statistics
 import time
@@ -129,3 +130,28 @@ def test_the_connection_cap_leaves_half_the_descriptors_to_the_rest_of_the_repli
     assert web_limits.connection_cap(512, descriptor_limit=200) == 100
     assert web_limits.connection_cap(512, descriptor_limit=1_048_576) == 512
     assert web_limits.connection_cap(50, descriptor_limit=1024) == 50
+
+
+async def test_requests_no_handler_takes_are_refused_without_a_traceback(services) -> None:
+    process, http_port = await _serve_with_browser_listener(services)
+    log_lines_before = len(process.log().splitlines())
+
+    def request(method: str, path: str, headers: dict[str, str], body: bytes = b"") -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)
+        try:
+            connection.request(method, path, body=body, headers=headers)
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+    for _ in range(5):
+        assert (await asyncio.to_thread(request, "GET", "/assets/a%00b.js", {}))[0] == 404
+        # native gRPC (trailers) over HTTP/1.1, without a token
+        status, body = await asyncio.to_thread(
+            request, "POST", "/acurio.queue.v1.AnalysisQueueService/ListJobs", {"content-type": "application/grpc"}, b"\0\0\0\0\0",
+        )
+        assert status == 415 and b"gRPC listener" in body
+
+    log = process.log().splitlines()[log_lines_before:]
+    assert log == [], "\n".join(log[:40])
