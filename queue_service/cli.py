@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from queue_service.config import Config, ConfigError, DevConfig, redact_dsn
+from queue_service.config import Config, ConfigError, DevConfig, redact_dsn, redact_dsn_in
 
 if TYPE_CHECKING:
     from queue_service.dev.core import DevCore
@@ -75,14 +75,14 @@ def explain_start_failure(exc: BaseException, database_url: str = "") -> Startup
     if isinstance(exc, (ConfigError, AuthConfigError)):
         return StartupFailure(EXIT_CONFIG, str(exc))
     if isinstance(exc, migrations.MigrationError):
-        return StartupFailure(EXIT_SCHEMA, f"database schema{where}: {exc}")
+        return StartupFailure(EXIT_SCHEMA, f"database schema{where}: {redact_dsn_in(str(exc), database_url)}")
     cause = exc.__cause__ if isinstance(exc, errors.DatabaseUnavailable) and exc.__cause__ is not None else exc
     if isinstance(cause, psycopg.ProgrammingError):
-        return StartupFailure(EXIT_CONFIG, f"DATABASE_URL is not usable: {_first_line(cause)}")
+        return StartupFailure(EXIT_CONFIG, f"DATABASE_URL is not usable: {redact_dsn_in(_first_line(cause), database_url)}")
     if isinstance(cause, (psycopg.OperationalError, PoolTimeout, errors.DatabaseUnavailable)):
         return StartupFailure(
             EXIT_DATABASE_UNREACHABLE,
-            f"cannot reach the database{where}: {_first_line(cause)}; check DATABASE_URL and that PostgreSQL is running",
+            f"cannot reach the database{where}: {redact_dsn_in(_first_line(cause), database_url)}; check DATABASE_URL and that PostgreSQL is running",
         )
     bind = re.match(r"Failed to bind to address (\S+?);", str(exc)) if isinstance(exc, RuntimeError) else None
     if bind:
@@ -297,7 +297,7 @@ def _run_dev(
                 EXIT_EMBEDDED_POSTGRES,
                 f"could not start the embedded PostgreSQL: {str(exc).splitlines()[0]} (its log: {embedded.data_dir / 'server.log'})",
             ) from None
-        log.info("embedded PostgreSQL at %s (data in %s)", database_url, embedded.data_dir)
+        log.info("embedded PostgreSQL at %s (data in %s)", redact_dsn(database_url), embedded.data_dir)
     runs_file = state_dir / "dev-core-runs.json"
 
     async def run() -> None:

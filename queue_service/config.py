@@ -85,7 +85,8 @@ def _parse_dsn(raw: str) -> str:
         try:
             params = conninfo.conninfo_to_dict(value)
         except Exception as exc:  # psycopg.ProgrammingError: libpq's own words on what is wrong
-            raise ValueError(f"not a PostgreSQL connection string ({str(exc).strip()}), expected e.g. postgresql://user:password@host:5432/dbname") from None
+            problem = redact_dsn_in(str(exc).strip(), value)
+            raise ValueError(f"not a PostgreSQL connection string ({problem}), expected e.g. postgresql://user:password@host:5432/dbname") from None
         ports = str(params.get("port") or "5432").split(",")
         if not all(port.strip().isdigit() for port in ports):
             raise ValueError(f"port {params.get('port')!r} is not a number")
@@ -102,10 +103,78 @@ def _parse_required_text(raw: str) -> str:
     return raw.strip()
 
 
+# Keywords whose values a redacted DSN still shows: where and as whom it connects, never a
+# secret. Any other keyword's value is hidden, a misspelt `pasword=` included.
+_SHOWN_DSN_KEYWORDS = frozenset({
+    "host", "hostaddr", "port", "dbname", "user", "sslmode", "sslrootcert", "sslcert", "sslkey", "application_name",
+    "connect_timeout", "target_session_attrs", "load_balance_hosts", "gssencmode", "channel_binding", "service",
+})
+_DSN_WORD = re.compile(r"(\w+)(\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)|(\S+)|(\s+)")
+
+
+def _redacted_dsn(dsn: str) -> tuple[str, list[str]]:
+    """The DSN with every secret replaced by ***, and the secrets, for scrubbing messages that quote them.
+
+    Made without parsing the DSN, so it also holds for the malformed ones libpq refuses."""
+    secrets: list[str] = []
+    if re.match(r"\s*postgres(?:ql)?://", dsn):
+        scheme, _, rest = dsn.partition("://")
+        head = f"{scheme}://"
+        # The last @ ends the user and password: an unescaped @ in the password stays hidden
+        # (libpq itself splits at the first, and names the rest of the password as the host).
+        at = rest.rfind("@")
+        if at >= 0:
+            user, colon, password = rest[:at].partition(":")
+            if colon:
+                secrets.append(password)
+                secrets.extend(password.split("@"))
+            head += f"{user}{':***' if colon else ''}@"
+            rest = rest[at + 1 :]
+        base, question, query = rest.partition("?")
+        if question:
+            items = []
+            for item in query.split("&"):
+                key, equals, value = item.partition("=")
+                if equals and key.lower() not in _SHOWN_DSN_KEYWORDS:
+                    secrets.append(value)
+                    item = f"{key}=***"
+                items.append(item)
+            rest = f"{base}?{'&'.join(items)}"
+        return head + rest, secrets
+    words = []
+    for match in _DSN_WORD.finditer(dsn):
+        key, equals, value, bare, space = match.groups()
+        if space is not None:
+            words.append(space)
+        elif bare is not None:  # a piece of a value with an unquoted space in it
+            secrets.append(bare)
+            words.append("***")
+        elif key.lower() in _SHOWN_DSN_KEYWORDS:
+            words.append(match.group(0))
+        else:
+            secrets.append(value)
+            secrets.append(value.strip("'"))
+            words.append(f"{key}{equals}***")
+    return "".join(words), secrets
+
+
 def redact_dsn(dsn: str) -> str:
-    """The DSN with its password replaced by ***, for messages and logs."""
-    dsn = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
-    return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", dsn)
+    """The DSN with its password (and every value that may be a secret) replaced by ***, for
+    messages and logs."""
+    return _redacted_dsn(dsn)[0]
+
+
+def redact_dsn_in(text: str, *dsns: str) -> str:
+    """`text` with each of `dsns` redacted, and every piece of their secrets that libpq or
+    psycopg quoted in it (`after "ret"`, a host `'ss@db'`) replaced by ***."""
+    for dsn in dsns:
+        if not dsn:
+            continue
+        redacted, secrets = _redacted_dsn(dsn)
+        text = text.replace(dsn, redacted)
+        for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+            text = re.sub(r""""[^"]*"|'[^']*'""", lambda quoted: quoted.group(0).replace(secret, "***"), text)
+    return text
 
 
 @dataclasses.dataclass(frozen=True)

@@ -258,6 +258,14 @@ def test_a_failed_start_is_one_line_with_its_exit_code_and_touches_nothing(
     assert not state.exists()  # checked before anything was started or written
 
 
+def test_a_start_up_failure_prints_no_piece_of_a_password_with_an_at_in_it() -> None:
+    # libpq splits at the first @: it takes "secret@127.0.0.1" for the host and names it in its error.
+    completed = run_cli("migrate", env=_env(DATABASE_URL=f"postgresql://queue:hunter@secret@127.0.0.1:{_closed_port()}/queue"))
+    assert completed.returncode == cli.EXIT_DATABASE_UNREACHABLE, completed.stderr
+    line = one_line(completed)
+    assert "postgresql://queue:***@127.0.0.1:" in line and "hunter" not in line and "secret" not in line, line
+
+
 def test_a_taken_listen_address_is_one_line_and_debug_adds_the_traceback(database_url: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
