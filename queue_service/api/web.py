@@ -39,6 +39,7 @@ from protobuf.wkt import Any as AnyDetail
 from queue_service import audit
 from queue_service.api.auth import Authorizer
 from queue_service.api.interceptor import CheckRequest
+from queue_service.api.stream_credentials import while_authorized
 from queue_service.api.user_assertions import USER_ASSERTION_HEADER
 from queue_service.api import web_limits
 from queue_service.config import Config
@@ -183,6 +184,12 @@ class WebEndpoint:
         if self._check_request is not None:
             self._check_request(method, request, _HttpCallContext(ctx))
 
+    async def _recheck(self, method: str, request: Any, ctx: RequestContext[Any, Any]) -> None:
+        """An open stream's credentials, checked again as at its opening (`stream_credentials`)."""
+        if self._authorize is not None:
+            await self._authorize(method, _HttpCallContext(ctx))
+        self._check(method, request, ctx)
+
     def _unary(self, method: str, handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def call(request: Any, ctx: RequestContext[Any, Any]) -> Any:
             async with self._road(method, ctx, unary=True):
@@ -195,7 +202,10 @@ class WebEndpoint:
         async def call(request: Any, ctx: RequestContext[Any, Any]) -> AsyncIterator[Any]:
             async with self._road(method, ctx, unary=False):
                 self._check(method, request, ctx)
-                async for message in handler(request, None):
+                messages = handler(request, None)
+                if self._authorize is not None:
+                    messages = while_authorized(method, messages, lambda: self._recheck(method, request, ctx))
+                async for message in messages:
                     yield message
 
         return call
