@@ -185,7 +185,7 @@ async def test_dev_with_an_auth_file_completes_jobs_and_prints_authenticated_grp
     stubs = Stubs(dev.address)
     try:
         await stubs.credits.GrantCredits(
-            credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key=uuid.uuid4().hex), metadata=bearer("operator"), timeout=10
+            credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key=uuid.uuid4().hex), metadata=bearer("operator"), timeout=10
         )
         admitted = await stubs.queue.Admit(
             queue_pb2.AdmitRequest(
@@ -197,6 +197,28 @@ async def test_dev_with_an_auth_file_completes_jobs_and_prints_authenticated_grp
         deadline = time.monotonic() + 20
         while True:  # the dev core's CompleteRun must get through the authentication
             job = (await stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=admitted.job.job_id), metadata=bearer("web"), timeout=10)).job
+            if job.status == S.JOB_STATUS_SUCCEEDED or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert job.status == S.JOB_STATUS_SUCCEEDED, dev.log()
+
+        # Editing the auth file and SIGHUP revoke what the edit removed, in `dev` too; the dev
+        # core's own token outlives the reload.
+        auth_file.write_text(json.dumps({"tokens": [entry for entry in entries if entry["role"] != "operator"]}))
+        dev.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while "reloaded: 1 tokens" not in dev.log() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stubs.credits.GetBalance(credits_pb2.GetBalanceRequest(user_id=user), metadata=bearer("operator"), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        second = await stubs.queue.Admit(
+            queue_pb2.AdmitRequest(user_id=user, idempotency_key="click-2", document={"uri": "s3://theses/2.pdf"}, sources=[{"doi": "10.1234/abc"}]),
+            metadata=bearer("web"), timeout=10,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            job = (await stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=second.job.job_id), metadata=bearer("web"), timeout=10)).job
             if job.status == S.JOB_STATUS_SUCCEEDED or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.1)
