@@ -50,6 +50,11 @@ def identify(actor: str) -> None:
     _call_actor.set(actor)
 
 
+def current_caller() -> str | None:
+    """The current call's caller (`<role>:<name>`, `anonymous`), None outside a call."""
+    return _call_actor.get()
+
+
 def actor_for(reason: str) -> str:
     """Who moves a credit now for `reason`: the current call's caller, or the system."""
     return _call_actor.get() or f"{SYSTEM_PREFIX}{reason}"

@@ -20,13 +20,14 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from queue_service.config import Config, ConfigError, DevConfig, redact_dsn
+from queue_service.config import Config, ConfigError, DevConfig, redact_dsn, redact_dsn_in
 
 if TYPE_CHECKING:
+    from queue_service.api.auth import Caller
     from queue_service.dev.core import DevCore
     from queue_service.server import QueueApp
 
@@ -75,14 +76,14 @@ def explain_start_failure(exc: BaseException, database_url: str = "") -> Startup
     if isinstance(exc, (ConfigError, AuthConfigError)):
         return StartupFailure(EXIT_CONFIG, str(exc))
     if isinstance(exc, migrations.MigrationError):
-        return StartupFailure(EXIT_SCHEMA, f"database schema{where}: {exc}")
+        return StartupFailure(EXIT_SCHEMA, f"database schema{where}: {redact_dsn_in(str(exc), database_url)}")
     cause = exc.__cause__ if isinstance(exc, errors.DatabaseUnavailable) and exc.__cause__ is not None else exc
     if isinstance(cause, psycopg.ProgrammingError):
-        return StartupFailure(EXIT_CONFIG, f"DATABASE_URL is not usable: {_first_line(cause)}")
+        return StartupFailure(EXIT_CONFIG, f"DATABASE_URL is not usable: {redact_dsn_in(_first_line(cause), database_url)}")
     if isinstance(cause, (psycopg.OperationalError, PoolTimeout, errors.DatabaseUnavailable)):
         return StartupFailure(
             EXIT_DATABASE_UNREACHABLE,
-            f"cannot reach the database{where}: {_first_line(cause)}; check DATABASE_URL and that PostgreSQL is running",
+            f"cannot reach the database{where}: {redact_dsn_in(_first_line(cause), database_url)}; check DATABASE_URL and that PostgreSQL is running",
         )
     bind = re.match(r"Failed to bind to address (\S+?);", str(exc)) if isinstance(exc, RuntimeError) else None
     if bind:
@@ -131,11 +132,13 @@ def _freeze_start_up_objects() -> None:
     log.info("start-up objects frozen out of garbage collection: %d", gc.get_freeze_count())
 
 
-async def _serve_until_signal(config: Config, *, on_serving: Callable[[QueueApp], None] | None = None) -> None:
+async def _serve_until_signal(
+    config: Config, *, on_serving: Callable[[QueueApp], None] | None = None, built_in_tokens: Mapping[str, Caller] | None = None
+) -> None:
     from queue_service.server import QueueApp
 
     try:
-        app = QueueApp(config)
+        app = QueueApp(config, built_in_tokens=built_in_tokens)
     except Exception as exc:
         raise explain_start_failure(exc) or exc from None
     stop = asyncio.Event()
@@ -265,10 +268,10 @@ def cmd_dev(args: argparse.Namespace) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     with _hold_state_dir(state_dir) as claim:
         require_free_listen_addr(base.listen_addr)
-        callback_token, auth_file = _dev_core_credentials(base, dev, state_dir)
+        callback_token, built_in_tokens = _dev_core_credentials(base, dev)
         telemetry.configure_logging(log_format=base.log_format, level=base.log_level)
         telemetry.configure(service_name="acurio-queue-dev", console_traces=base.trace_console, metrics_addr=base.metrics_addr)
-        return _run_dev(args, base, dev, state_dir, claim, callback_token, auth_file, started)
+        return _run_dev(args, base, dev, state_dir, claim, callback_token, built_in_tokens, started)
 
 
 def _run_dev(
@@ -278,7 +281,7 @@ def _run_dev(
     state_dir: Path,
     claim: _StateClaim,
     callback_token: str,
-    auth_file: Path | None,
+    built_in_tokens: Mapping[str, Caller],
     started: float,
 ) -> int:
     """Starts the embedded PostgreSQL (unless DATABASE_URL), the dev core (unless QUEUE_CORE_ADDR)
@@ -298,7 +301,7 @@ def _run_dev(
                 EXIT_EMBEDDED_POSTGRES,
                 f"could not start the embedded PostgreSQL: {str(exc).splitlines()[0]} (its log: {embedded.data_dir / 'server.log'})",
             ) from None
-        log.info("embedded PostgreSQL at %s (data in %s)", database_url, embedded.data_dir)
+        log.info("embedded PostgreSQL at %s (data in %s)", redact_dsn(database_url), embedded.data_dir)
     runs_file = state_dir / "dev-core-runs.json"
 
     async def run() -> None:
@@ -320,7 +323,7 @@ def _run_dev(
             core_addr=core_addr,
             log_format=base.log_format,
             sweep_interval_seconds=base.sweep_interval_seconds,
-            auth_file=str(auth_file) if auth_file is not None else base.auth_file,
+            auth_file=base.auth_file,
             http_addr=base.http_addr or _dev_http_addr(),
         )
 
@@ -336,7 +339,7 @@ def _run_dev(
                 print(f"Web console: http://{http_host}:{app.http_port}/\n", flush=True)
 
         try:
-            await _serve_until_signal(config, on_serving=announce)
+            await _serve_until_signal(config, on_serving=announce, built_in_tokens=built_in_tokens)
         finally:
             if core is not None:
                 if saver is not None:
@@ -382,22 +385,19 @@ def _check_dev_core_token(base: Config, dev: DevConfig) -> None:
             )
 
 
-def _dev_core_credentials(base: Config, dev: DevConfig, state_dir: Path) -> tuple[str, Path | None]:
-    """The dev core's callback token, and the auth file `dev` serves with (None: QUEUE_AUTH_FILE as is).
+def _dev_core_credentials(base: Config, dev: DevConfig) -> tuple[str, dict[str, Caller]]:
+    """The dev core's callback token, and the token digests served beside QUEUE_AUTH_FILE's.
 
     With QUEUE_AUTH_FILE and no QUEUE_DEV_CORE_CALLBACK_TOKEN, `dev` makes a token for its core and
-    serves a copy of the auth file with that token added as role `core` (in the state folder), so
-    completions are accepted without the developer minting a core token."""
+    serves it as role `core` beside the file's (in memory, kept across reloads), so completions
+    are accepted without the developer minting a core token, and the file itself is what is
+    served and re-read: an edit and SIGHUP revoke what they remove."""
+    from queue_service.api.auth import Caller
+
     if not base.auth_file or dev.core_callback_token:
-        return dev.core_callback_token, None
-    data = json.loads(Path(base.auth_file).read_text())
+        return dev.core_callback_token, {}
     token = secrets.token_urlsafe(32)
-    data.setdefault("tokens", []).append({"name": "dev-core", "role": "core", "sha256": hashlib.sha256(token.encode()).hexdigest()})
-    merged = state_dir / "dev-auth.json"
-    fd = os.open(merged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(data, out, indent=1)
-    return token, merged
+    return token, {hashlib.sha256(token.encode()).hexdigest(): Caller(name="dev-core", role="core")}
 
 
 class _StateClaim:

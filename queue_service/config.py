@@ -85,7 +85,8 @@ def _parse_dsn(raw: str) -> str:
         try:
             params = conninfo.conninfo_to_dict(value)
         except Exception as exc:  # psycopg.ProgrammingError: libpq's own words on what is wrong
-            raise ValueError(f"not a PostgreSQL connection string ({str(exc).strip()}), expected e.g. postgresql://user:password@host:5432/dbname") from None
+            problem = redact_dsn_in(str(exc).strip(), value)
+            raise ValueError(f"not a PostgreSQL connection string ({problem}), expected e.g. postgresql://user:password@host:5432/dbname") from None
         ports = str(params.get("port") or "5432").split(",")
         if not all(port.strip().isdigit() for port in ports):
             raise ValueError(f"port {params.get('port')!r} is not a number")
@@ -102,10 +103,78 @@ def _parse_required_text(raw: str) -> str:
     return raw.strip()
 
 
+# Keywords whose values a redacted DSN still shows: where and as whom it connects, never a
+# secret. Any other keyword's value is hidden, a misspelt `pasword=` included.
+_SHOWN_DSN_KEYWORDS = frozenset({
+    "host", "hostaddr", "port", "dbname", "user", "sslmode", "sslrootcert", "sslcert", "sslkey", "application_name",
+    "connect_timeout", "target_session_attrs", "load_balance_hosts", "gssencmode", "channel_binding", "service",
+})
+_DSN_WORD = re.compile(r"(\w+)(\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)|(\S+)|(\s+)")
+
+
+def _redacted_dsn(dsn: str) -> tuple[str, list[str]]:
+    """The DSN with every secret replaced by ***, and the secrets, for scrubbing messages that quote them.
+
+    Made without parsing the DSN, so it also holds for the malformed ones libpq refuses."""
+    secrets: list[str] = []
+    if re.match(r"\s*postgres(?:ql)?://", dsn):
+        scheme, _, rest = dsn.partition("://")
+        head = f"{scheme}://"
+        # The last @ ends the user and password: an unescaped @ in the password stays hidden
+        # (libpq itself splits at the first, and names the rest of the password as the host).
+        at = rest.rfind("@")
+        if at >= 0:
+            user, colon, password = rest[:at].partition(":")
+            if colon:
+                secrets.append(password)
+                secrets.extend(password.split("@"))
+            head += f"{user}{':***' if colon else ''}@"
+            rest = rest[at + 1 :]
+        base, question, query = rest.partition("?")
+        if question:
+            items = []
+            for item in query.split("&"):
+                key, equals, value = item.partition("=")
+                if equals and key.lower() not in _SHOWN_DSN_KEYWORDS:
+                    secrets.append(value)
+                    item = f"{key}=***"
+                items.append(item)
+            rest = f"{base}?{'&'.join(items)}"
+        return head + rest, secrets
+    words = []
+    for match in _DSN_WORD.finditer(dsn):
+        key, equals, value, bare, space = match.groups()
+        if space is not None:
+            words.append(space)
+        elif bare is not None:  # a piece of a value with an unquoted space in it
+            secrets.append(bare)
+            words.append("***")
+        elif key.lower() in _SHOWN_DSN_KEYWORDS:
+            words.append(match.group(0))
+        else:
+            secrets.append(value)
+            secrets.append(value.strip("'"))
+            words.append(f"{key}{equals}***")
+    return "".join(words), secrets
+
+
 def redact_dsn(dsn: str) -> str:
-    """The DSN with its password replaced by ***, for messages and logs."""
-    dsn = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
-    return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", dsn)
+    """The DSN with its password (and every value that may be a secret) replaced by ***, for
+    messages and logs."""
+    return _redacted_dsn(dsn)[0]
+
+
+def redact_dsn_in(text: str, *dsns: str) -> str:
+    """`text` with each of `dsns` redacted, and every piece of their secrets that libpq or
+    psycopg quoted in it (`after "ret"`, a host `'ss@db'`) replaced by ***."""
+    for dsn in dsns:
+        if not dsn:
+            continue
+        redacted, secrets = _redacted_dsn(dsn)
+        text = text.replace(dsn, redacted)
+        for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+            text = re.sub(r""""[^"]*"|'[^']*'""", lambda quoted: quoted.group(0).replace(secret, "***"), text)
+    return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,11 +213,13 @@ SETTINGS: dict[str, Setting] = {
     "pool_timeout_seconds": Setting("QUEUE_DB_POOL_TIMEOUT_SECONDS", "5", _parse_float(0.05, 600), "wait for a free connection before `UNAVAILABLE`"),
     "migrate_on_start": Setting("QUEUE_MIGRATE_ON_START", "true", _parse_bool, "`serve` applies pending migrations first"),
     "max_concurrent_calls": Setting("QUEUE_MAX_CONCURRENT_CALLS", "16", _parse_int(1, 100_000), "unary calls one replica works on at once; more wait their turn as long as their deadline allows (without one, `QUEUE_DB_POOL_TIMEOUT_SECONDS`), then hear `UNAVAILABLE` `REPLICA_BUSY`; keeps an overloaded replica answering within deadlines; raise it when the core answers slowly and the replica has CPU to spare"),
-    "max_streams_per_user": Setting("QUEUE_MAX_STREAMS_PER_USER", "16", _parse_int(1, 100_000), "open WatchJobs streams per user and replica"),
+    "max_streams_per_user": Setting("QUEUE_MAX_STREAMS_PER_USER", "16", _parse_int(1, 100_000), "open WatchJobs streams per caller, user and replica (each caller's own: another caller's streams never lock an operator out of a user); operators may open this many beyond `QUEUE_MAX_STREAMS`"),
     "max_streams": Setting("QUEUE_MAX_STREAMS", "2000", _parse_int(1, 1_000_000), "open WatchJobs streams per replica"),
     "watch_backlog_bytes": Setting("QUEUE_WATCH_BACKLOG_BYTES", "65536", _parse_int(4096, 1 << 30), "changes one WatchJobs stream may hold for a slow reader, in estimated bytes (about 1 KB a job plus its error text); beyond it they are dropped and the stream resyncs. Part of a stream's memory budget ([operations.md](operations.md#11-memory-per-watchjobs-stream))"),
     "max_health_watches": Setting("QUEUE_MAX_HEALTH_WATCHES", "256", _parse_int(1, 100_000), "open `Health.Watch` streams per replica (health needs no credentials); more are refused with `RESOURCE_EXHAUSTED` `TOO_MANY_STREAMS`"),
     "max_streams_per_connection": Setting("QUEUE_MAX_STREAMS_PER_CONNECTION", "4096", _parse_int(1, 1_000_000), "calls one client connection may have open at once (HTTP/2 max concurrent streams); a client beyond it waits for a free stream, so keep it above what one web backend multiplexes (its WatchJobs streams plus its calls in flight). Keepalive and connection-age limits: `queue_service/api/connection_limits.py`"),
+    "http_max_connections": Setting("QUEUE_HTTP_MAX_CONNECTIONS", "512", _parse_int(1, 1_000_000), "connections the browser listener (`QUEUE_HTTP_ADDR`) holds at once, at most half of the process's descriptor limit (`RLIMIT_NOFILE`) so the rest stays for the gRPC listener and the database; beyond it new connections wait in the kernel's backlog ([security.md](security.md))"),
+    "http_body_timeout_seconds": Setting("QUEUE_HTTP_BODY_TIMEOUT_SECONDS", "10", _parse_float(0.1, 600), "time a browser-listener request may take to send its body after its headers; a slower one is answered `DEADLINE_EXCEEDED` (HTTP 408) and its HTTP/1.1 connection closed"),
     "reflection": Setting("QUEUE_REFLECTION", "true", _parse_bool, "serve gRPC server reflection"),
     "log_format": Setting("QUEUE_LOG_FORMAT", "json", _parse_choice("json", "text"), "log lines as JSON or readable text"),
     "log_level": Setting("QUEUE_LOG_LEVEL", "info", _parse_choice("debug", "info", "warning", "error"), "log level"),
@@ -242,6 +313,8 @@ class Config:
     watch_backlog_bytes: int
     max_health_watches: int
     max_streams_per_connection: int
+    http_max_connections: int
+    http_body_timeout_seconds: float
     reflection: bool
     log_format: str
     log_level: str

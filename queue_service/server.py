@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import TypedDict
 
 import grpc
@@ -29,7 +30,7 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2_grpc,
 )
 from queue_service.api import auth
-from queue_service.api.auth import Authorizer
+from queue_service.api.auth import Authorizer, Caller
 from queue_service.api.callbacks import CoreCallbackServicer
 from queue_service.api.connection_limits import connection_options
 from queue_service.api.credential_reload import CredentialReloader
@@ -88,10 +89,11 @@ class Servicers(TypedDict):
 class QueueApp:
     """One replica of the service; `start` returns the bound port."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, built_in_tokens: Mapping[str, Caller] | None = None) -> None:
+        """`built_in_tokens`: token digests served beside the auth file's, across its reloads (`dev`'s own core)."""
         config.require_service_targets()
         self.config = config
-        authorizer = Authorizer.from_file(config.auth_file) if config.auth_file else None
+        authorizer = Authorizer.from_file(config.auth_file, built_in_tokens=built_in_tokens) if config.auth_file else None
         assertions = UserAssertions.from_config(config, authorizer.identify if authorizer else None)
         check_request = assertions.check if assertions else None
         core_credentials = auth.core_channel_credentials(

@@ -67,6 +67,13 @@ class _Instruments:
         )
         self.sweep_rows = meter.create_counter("queue.sweep.rows", unit="{row}", description="Rows the sweeper acted on, by action")
         self.watch_streams = meter.create_up_down_counter("queue.watch.streams", unit="{stream}", description="Open WatchJobs streams")
+        self.http_connections = meter.create_up_down_counter(
+            "queue.http.connections", unit="{connection}", description="Open connections of the browser listener (QUEUE_HTTP_ADDR)",
+        )
+        self.http_refusals = meter.create_counter(
+            "queue.http.refusals", unit="{request}",
+            description="Browser listener requests and connections refused by its limits, by reason (body_timeout, not_served, accept_failed, unhandled)",
+        )
         self.run_settlements = meter.create_counter(
             "queue.run.settlements", unit="{attempt}",
             description="Attempts to confirm with the core that a run is settled (kind: job or orphan; result: settled or retry)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -242,7 +243,8 @@ class ServiceFactory:
         self._stubs.append(stubs)
         return stubs
 
-    async def start_process(self, core: DevCore, *, port: int | None = None, **env: str) -> ProcessHandle:
+    async def start_process(self, core: DevCore, *, port: int | None = None, descriptor_limit: int | None = None, **env: str) -> ProcessHandle:
+        """`descriptor_limit`: the process's RLIMIT_NOFILE (soft and hard), for floods."""
         port = port or free_port()
         environment = {
             **os.environ,
@@ -265,6 +267,7 @@ class ServiceFactory:
             stderr=subprocess.STDOUT,
             cwd=REPO_ROOT,
             start_new_session=True,
+            preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (descriptor_limit, descriptor_limit))) if descriptor_limit else None,
         )
         log_file.close()
         handle = ProcessHandle(process, self.stubs(f"127.0.0.1:{port}"), log_path)

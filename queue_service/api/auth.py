@@ -53,6 +53,8 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
         + [_QUEUE + "CancelJob"]
     ),
 }
+# The actor (`audit`) of every operator's call: their streams have room reserved.
+OPERATOR_ACTOR_PREFIX = audit.caller_actor("operator", "")
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 _ANY_CALLER_PREFIXES = ("/grpc.reflection.",)
 # The auth-context properties gRPC fills from a verified client certificate's subject
@@ -92,19 +94,23 @@ class Authorizer:
     """Who a call's credentials name. `reload` swaps in a new reading of the auth file at once:
     a call sees either the old file or the new one, never a mix."""
 
-    def __init__(self, tokens: dict[str, Caller], certificates: dict[str, Caller]) -> None:
-        self._callers = _Callers(tokens, certificates)
+    def __init__(self, tokens: dict[str, Caller], certificates: dict[str, Caller], *, built_in_tokens: Mapping[str, Caller] | None = None) -> None:
+        # Token digests every reading of the file is extended with: the `dev` command's own
+        # core, whose token is in no file the developer edits.
+        self._built_in = dict(built_in_tokens or {})
+        self._callers = _Callers({**tokens, **self._built_in}, certificates)
 
     @classmethod
-    def from_file(cls, path: str) -> Authorizer:
+    def from_file(cls, path: str, *, built_in_tokens: Mapping[str, Caller] | None = None) -> Authorizer:
         callers = _read_auth_file(path)
-        return cls(dict(callers.tokens), dict(callers.certificates))
+        return cls(dict(callers.tokens), dict(callers.certificates), built_in_tokens=built_in_tokens)
 
     def reload(self, path: str) -> tuple[int, int]:
         """Reads `path` again and serves from it; AuthConfigError (and the old file kept) when it
         cannot be used. Returns how many tokens and certificate entries it holds."""
         callers = _read_auth_file(path)
-        self._callers = callers  # one reference swap: no call sees half of each file
+        # one reference swap: no call sees half of each file
+        self._callers = _Callers({**callers.tokens, **self._built_in}, callers.certificates)
         return len(callers.tokens), len(callers.certificates)
 
     def identify(self, context: CallCredentialsSource) -> Caller | None:

@@ -15,6 +15,7 @@ from queue_service import audit, deadline
 from queue_service.api.auth import CallCredentialsSource
 from queue_service.api.call_spans import aborts_stay_inside, record_handler_abort, record_outcome
 from queue_service.api.gate import CallGate
+from queue_service.api.stream_credentials import while_authorized
 from queue_service.api.status import internal_status, status_for
 from queue_service.errors import QueueError
 
@@ -128,7 +129,17 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 async with self._road(method, context, unary=False):
                     if self._check_request is not None:
                         self._check_request(method, request, context)
-                    async for message in behavior(request, context):
+                    messages = behavior(request, context)
+                    if self._authorize is not None:
+                        messages = while_authorized(method, messages, lambda: self._recheck(method, request, context))
+                    async for message in messages:
                         yield message
 
         return wrapped
+
+    async def _recheck(self, method: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """An open stream's credentials, checked again as at its opening (`stream_credentials`)."""
+        if self._authorize is not None:
+            await self._authorize(method, context)
+        if self._check_request is not None:
+            self._check_request(method, request, context)

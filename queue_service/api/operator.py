@@ -11,6 +11,7 @@ user's next job promoted exactly as a single CancelJob does.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import time
 import uuid
@@ -18,7 +19,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from queue_service import errors
+from queue_service import audit, errors
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as pb, operator_service_pb2_grpc as pb_grpc
 from queue_service.api import page_tokens, validation
 from queue_service.api.convert import (
@@ -40,6 +41,10 @@ _DEFAULT_INTERVAL_MS = 1000
 _MIN_INTERVAL_MS, _MAX_INTERVAL_MS = 250, 60_000
 # A watched overview is re-sent at least this often, so ages ("oldest wait") stay current.
 _HEARTBEAT_SECONDS = 15.0
+# Open WatchOverview streams: each reads the overview every interval, so they are few (the
+# consoles of the on-call team): per replica, and per caller so one cannot take them all.
+MAX_OVERVIEW_STREAMS = 64
+MAX_OVERVIEW_STREAMS_PER_CALLER = 8
 # A bulk cancel counts and cancels at most this many jobs per call.
 MAX_BULK_CANCEL = 1000
 # The bounds of the settings an operator sets (the database's checks say the same).
@@ -55,6 +60,7 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         self._reads = reads
         self._draining = draining
         self._credits = credits
+        self._overview_streams: collections.Counter[str] = collections.Counter()
 
     async def GetOverview(self, request: pb.GetOverviewRequest, context: grpc.aio.ServicerContext[pb.GetOverviewRequest, pb.GetOverviewResponse]) -> pb.GetOverviewResponse:
         window = _window(request.window_minutes)
@@ -72,6 +78,27 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         v.raise_if_any()
         if self._draining.is_set():
             raise errors.ShuttingDown("this replica is draining; reconnect to another")
+        caller = audit.current_caller() or audit.ANONYMOUS
+        if sum(self._overview_streams.values()) >= MAX_OVERVIEW_STREAMS:
+            raise errors.TooManyStreams(
+                f"this replica has {MAX_OVERVIEW_STREAMS} open WatchOverview streams (the maximum); retry later",
+                metadata={"maxOverviewStreams": str(MAX_OVERVIEW_STREAMS)},
+            )
+        if self._overview_streams[caller] >= MAX_OVERVIEW_STREAMS_PER_CALLER:
+            raise errors.TooManyStreams(
+                f"this caller has {MAX_OVERVIEW_STREAMS_PER_CALLER} open WatchOverview streams (the maximum); close one",
+                metadata={"maxOverviewStreamsPerCaller": str(MAX_OVERVIEW_STREAMS_PER_CALLER)},
+            )
+        self._overview_streams[caller] += 1
+        try:
+            async for message in self._watch_overview(window, interval_ms):
+                yield message
+        finally:
+            self._overview_streams[caller] -= 1
+            if self._overview_streams[caller] <= 0:
+                del self._overview_streams[caller]
+
+    async def _watch_overview(self, window: int, interval_ms: int) -> AsyncIterator[pb.WatchOverviewResponse]:
         last_figures: bytes | None = None
         last_sent = float("-inf")
         while True:

@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator
 import grpc
 from opentelemetry import trace
 
-from queue_service import errors, telemetry
+from queue_service import audit, errors, telemetry
 from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2, queue_service_pb2_grpc as queue_grpc
 from queue_service.api import page_tokens, validation
+from queue_service.api.auth import OPERATOR_ACTOR_PREFIX
 from queue_service.api.convert import job_to_proto, status_filter
 from queue_service.engine.engine import QueueEngine, request_digest
 from queue_service.engine.job_reads import JobReads
@@ -129,7 +130,8 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         validation.validate_user_id(request.user_id)
         if self._draining.is_set():
             raise errors.ShuttingDown("this replica is draining; reconnect to another")
-        stream = self._hub.subscribe(request.user_id)
+        caller = audit.current_caller() or audit.ANONYMOUS
+        stream = self._hub.subscribe(request.user_id, caller=caller, reserved=caller.startswith(OPERATOR_ACTOR_PREFIX))
         drain = asyncio.ensure_future(self._draining.wait())
         getter: asyncio.Future[WatchItem | None] | None = None
         try:

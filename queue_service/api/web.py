@@ -15,6 +15,7 @@ The console (`console_assets/`, built from `console/` and committed) is served a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import mimetypes
 import socket
@@ -32,14 +33,15 @@ from connectrpc.request import RequestContext
 from connectrpc.server import ConnectASGIApplication, Endpoint
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.rpc import status_pb2
-from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 from protobuf.wkt import Any as AnyDetail
 
 from queue_service import audit
 from queue_service.api.auth import Authorizer
 from queue_service.api.interceptor import CheckRequest
+from queue_service.api.stream_credentials import while_authorized
 from queue_service.api.user_assertions import USER_ASSERTION_HEADER
+from queue_service.api import web_limits
 from queue_service.config import Config
 from queue_service.api.gate import CallGate
 from queue_service.api.status import internal_status_proto, status_proto_for
@@ -58,7 +60,7 @@ _CONSOLE_FOLDER = "console_assets"
 _PACKAGE = "acurio.queue.v1"
 # The console talks only to its own origin; nothing is inlined or fetched from elsewhere.
 _SECURITY_HEADERS = [
-    (b"content-security-policy", b"default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"),
+    (b"content-security-policy", b"default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"),
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
     (b"cache-control", b"no-cache"),
@@ -130,9 +132,9 @@ class WebEndpoint:
             codecs=google_protobuf_codecs(),
             read_max_bytes=_MAX_MESSAGE_BYTES,
         )
-        self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._hypercorn: _HypercornConfig | None = None
+        self._listener: web_limits.BoundedListener | None = None
 
     # -- the Connect side -----------------------------------------------------------------
 
@@ -182,6 +184,12 @@ class WebEndpoint:
         if self._check_request is not None:
             self._check_request(method, request, _HttpCallContext(ctx))
 
+    async def _recheck(self, method: str, request: Any, ctx: RequestContext[Any, Any]) -> None:
+        """An open stream's credentials, checked again as at its opening (`stream_credentials`)."""
+        if self._authorize is not None:
+            await self._authorize(method, _HttpCallContext(ctx))
+        self._check(method, request, ctx)
+
     def _unary(self, method: str, handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def call(request: Any, ctx: RequestContext[Any, Any]) -> Any:
             async with self._road(method, ctx, unary=True):
@@ -194,7 +202,10 @@ class WebEndpoint:
         async def call(request: Any, ctx: RequestContext[Any, Any]) -> AsyncIterator[Any]:
             async with self._road(method, ctx, unary=False):
                 self._check(method, request, ctx)
-                async for message in handler(request, None):
+                messages = handler(request, None)
+                if self._authorize is not None:
+                    messages = while_authorized(method, messages, lambda: self._recheck(method, request, ctx))
+                async for message in messages:
                     yield message
 
         return call
@@ -243,18 +254,25 @@ class WebEndpoint:
             listener.close()
             raise OSError(f"could not listen on QUEUE_HTTP_ADDR={self._config.http_addr}: {exc.strerror}") from None
         listener.listen(128)
+        # Bound here so a port of 0 is known at once; the bounded listener accepts on it (and closes it).
         bound: int = listener.getsockname()[1]
         hypercorn = _HypercornConfig()
-        # Bound here so a port of 0 is known at once; Hypercorn owns (and closes) the socket.
-        hypercorn.bind = [f"fd://{listener.detach()}"]
         hypercorn.accesslog = None
         hypercorn.errorlog = logging.getLogger("hypercorn.error")
         hypercorn.graceful_timeout = 1.0
+        web_limits.configure(hypercorn)
         if self._config.tls_cert_file:
             hypercorn.certfile, hypercorn.keyfile = self._config.tls_cert_file, self._config.tls_key_file
         self._hypercorn = hypercorn
-        self._task = asyncio.create_task(serve(self, hypercorn, shutdown_trigger=self._stop.wait), name="http-endpoint")
-        log.info("web console and Connect endpoint on %s (port %d)", self._config.http_addr, bound)
+        self._listener = web_limits.BoundedListener(
+            web_limits.RequestLimits(self, self._config.http_body_timeout_seconds), hypercorn, listener,
+            web_limits.connection_cap(self._config.http_max_connections),
+        )
+        self._task = asyncio.create_task(self._listener.serve(), name="http-endpoint")
+        log.info(
+            "web console and Connect endpoint on %s (port %d), at most %d connections at once",
+            self._config.http_addr, bound, self._listener.cap,
+        )
         return bound
 
     def reload_certificate(self) -> None:
@@ -265,13 +283,12 @@ class WebEndpoint:
             context.load_cert_chain(self._config.tls_cert_file, self._config.tls_key_file)
 
     async def stop(self) -> None:
-        self._stop.set()
         if self._task is not None:
-            try:
-                await asyncio.wait_for(self._task, 5.0)
-            except (TimeoutError, Exception):
-                log.warning("the HTTP endpoint did not stop cleanly", exc_info=True)
-                self._task.cancel()
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._listener is not None:
+            await self._listener.shut_down(grace=1.0)
 
 
 def _idempotency(method: Any) -> IdempotencyLevel:
@@ -287,7 +304,8 @@ def _idempotency(method: Any) -> IdempotencyLevel:
 def _asset(name: str) -> bytes | None:
     try:
         return resources.files("queue_service").joinpath(_CONSOLE_FOLDER, name).read_bytes()
-    except (FileNotFoundError, ModuleNotFoundError, IsADirectoryError, NotADirectoryError):
+    # ValueError: a NUL in the path, which no file name holds.
+    except (FileNotFoundError, ModuleNotFoundError, IsADirectoryError, NotADirectoryError, ValueError):
         return None
 
 

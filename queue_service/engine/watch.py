@@ -92,8 +92,9 @@ class WatchStream:
     """What one WatchJobs call reads from: jobs to send, or None when it must resync; and what
     it has told its caller, so a resync can cover exactly what may have been missed."""
 
-    def __init__(self, user_id: str, *, backlog_bytes: int) -> None:
+    def __init__(self, user_id: str, *, backlog_bytes: int, caller: str = "") -> None:
         self.user_id = user_id
+        self.caller = caller
         self._backlog: collections.deque[tuple[WatchItem, int]] = collections.deque()
         self._backlog_bytes = 0
         self._max_backlog_bytes = backlog_bytes
@@ -177,6 +178,9 @@ class NotificationHub:
         self._max_streams_per_user = max_streams_per_user
         self._streams: dict[str, set[WatchStream]] = defaultdict(set)
         self._stream_count = 0
+        # Open streams by (caller, user): the per-user cap counts each caller's own, so one
+        # caller's streams never lock another (an operator, another web backend) out of a user.
+        self._per_caller: collections.Counter[tuple[str, str]] = collections.Counter()
         self._runner: asyncio.Task[None] | None = None
         # A job became PENDING without its release claimed (by a replica of an earlier version):
         # this replica's dispatcher may release it too.
@@ -190,19 +194,24 @@ class NotificationHub:
         await cancel_and_wait(self._runner)
         self._resync_all()
 
-    def subscribe(self, user_id: str) -> WatchStream:
-        if self._stream_count >= self._max_streams:
+    def subscribe(self, user_id: str, *, caller: str = "", reserved: bool = False) -> WatchStream:
+        """A stream of `user_id`'s jobs for `caller` (who the call's credentials name). A
+        `reserved` caller (an operator) may open QUEUE_MAX_STREAMS_PER_USER streams beyond the
+        replica's cap, so the console still watches a user's queue when other callers fill it."""
+        limit = self._max_streams + (self._max_streams_per_user if reserved else 0)
+        if self._stream_count >= limit:
             raise errors.TooManyStreams(
                 f"this replica has {self._stream_count} open WatchJobs streams (the maximum); retry later",
                 metadata={"maxStreams": str(self._max_streams)},
             )
-        if len(self._streams[user_id]) >= self._max_streams_per_user:
+        if self._per_caller[(caller, user_id)] >= self._max_streams_per_user:
             raise errors.TooManyStreams(
-                f"this user has {self._max_streams_per_user} open WatchJobs streams (the maximum); close one",
+                f"this caller has {self._max_streams_per_user} open WatchJobs streams of this user (the maximum); close one",
                 metadata={"maxStreamsPerUser": str(self._max_streams_per_user)},
             )
-        stream = WatchStream(user_id, backlog_bytes=self._backlog_bytes)
+        stream = WatchStream(user_id, backlog_bytes=self._backlog_bytes, caller=caller)
         self._streams[user_id].add(stream)
+        self._per_caller[(caller, user_id)] += 1
         self._stream_count += 1
         telemetry.metrics.watch_streams.add(1)
         return stream
@@ -212,6 +221,10 @@ class NotificationHub:
         if streams is not None and stream in streams:
             streams.discard(stream)
             self._stream_count -= 1
+            key = (stream.caller, stream.user_id)
+            self._per_caller[key] -= 1
+            if self._per_caller[key] <= 0:
+                del self._per_caller[key]
             telemetry.metrics.watch_streams.add(-1)
             if not streams:
                 del self._streams[stream.user_id]

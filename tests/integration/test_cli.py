@@ -185,7 +185,7 @@ async def test_dev_with_an_auth_file_completes_jobs_and_prints_authenticated_grp
     stubs = Stubs(dev.address)
     try:
         await stubs.credits.GrantCredits(
-            credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key=uuid.uuid4().hex), metadata=bearer("operator"), timeout=10
+            credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key=uuid.uuid4().hex), metadata=bearer("operator"), timeout=10
         )
         admitted = await stubs.queue.Admit(
             queue_pb2.AdmitRequest(
@@ -197,6 +197,28 @@ async def test_dev_with_an_auth_file_completes_jobs_and_prints_authenticated_grp
         deadline = time.monotonic() + 20
         while True:  # the dev core's CompleteRun must get through the authentication
             job = (await stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=admitted.job.job_id), metadata=bearer("web"), timeout=10)).job
+            if job.status == S.JOB_STATUS_SUCCEEDED or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert job.status == S.JOB_STATUS_SUCCEEDED, dev.log()
+
+        # Editing the auth file and SIGHUP revoke what the edit removed, in `dev` too; the dev
+        # core's own token outlives the reload.
+        auth_file.write_text(json.dumps({"tokens": [entry for entry in entries if entry["role"] != "operator"]}))
+        dev.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while "reloaded: 1 tokens" not in dev.log() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stubs.credits.GetBalance(credits_pb2.GetBalanceRequest(user_id=user), metadata=bearer("operator"), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        second = await stubs.queue.Admit(
+            queue_pb2.AdmitRequest(user_id=user, idempotency_key="click-2", document={"uri": "s3://theses/2.pdf"}, sources=[{"doi": "10.1234/abc"}]),
+            metadata=bearer("web"), timeout=10,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            job = (await stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=second.job.job_id), metadata=bearer("web"), timeout=10)).job
             if job.status == S.JOB_STATUS_SUCCEEDED or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.1)
@@ -256,6 +278,14 @@ def test_a_failed_start_is_one_line_with_its_exit_code_and_touches_nothing(
     line = one_line(completed)
     assert line.startswith(f"queue-service {command}: ") and words in line, line
     assert not state.exists()  # checked before anything was started or written
+
+
+def test_a_start_up_failure_prints_no_piece_of_a_password_with_an_at_in_it() -> None:
+    # libpq splits at the first @: it takes "secret@127.0.0.1" for the host and names it in its error.
+    completed = run_cli("migrate", env=_env(DATABASE_URL=f"postgresql://queue:hunter@secret@127.0.0.1:{_closed_port()}/queue"))
+    assert completed.returncode == cli.EXIT_DATABASE_UNREACHABLE, completed.stderr
+    line = one_line(completed)
+    assert "postgresql://queue:***@127.0.0.1:" in line and "hunter" not in line and "secret" not in line, line
 
 
 def test_a_taken_listen_address_is_one_line_and_debug_adds_the_traceback(database_url: str) -> None:

@@ -341,6 +341,9 @@ async def test_the_console_is_served_with_a_strict_content_policy(web_service) -
     status, headers, body = await asyncio.to_thread(get, "/")
     assert status == 200 and headers["content-type"].startswith("text/html")
     assert "default-src 'self'" in headers["content-security-policy"]
+    # default-src does not cover where a <base> may point or a form may post
+    assert "base-uri 'none'" in headers["content-security-policy"] and "form-action 'none'" in headers["content-security-policy"]
+    assert "server" not in headers
     assert b"<title>" in body
     for path in ("/assets/../web.py", "/nothing-here", f"/assets/{uuid.uuid4().hex}.js"):
         assert (await asyncio.to_thread(get, path))[0] == 404

@@ -1,16 +1,21 @@
-"""What one caller may hold open without credentials: Health.Watch streams per replica, and
-streams per client connection (the listener's HTTP/2 limit), through real servers."""
+"""What one caller may hold open: without credentials, Health.Watch streams per replica and
+streams per client connection (the listener's HTTP/2 limit); with them, WatchJobs and
+WatchOverview streams per caller, with room reserved for operators; through real servers."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import time
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.harness import error_info
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2, operator_service_pb2_grpc as op_grpc, queue_service_pb2 as queue_pb2
+from queue_service.api.operator import MAX_OVERVIEW_STREAMS_PER_CALLER
+from tests.harness import error_info, new_user
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -89,4 +94,69 @@ async def test_one_connection_holds_at_most_max_streams_per_connection_and_other
         held[0].cancel()
         assert (await asyncio.wait_for(waiting_read, 10)).status == SERVING
         for call in (held[1], waiting, other):
+            call.cancel()
+
+
+# -- WatchJobs and WatchOverview: caps per caller, room for operators -------------------------
+
+_TOKENS = {"web-a": "web-a-token", "web-b": "web-b-token", "alice": "alice-token", "bob": "bob-token"}
+
+
+@pytest.fixture
+async def callers_service(services, tmp_path):  # type: ignore[no-untyped-def]
+    roles = {"web-a": "web", "web-b": "web", "alice": "operator", "bob": "operator"}
+    entries = [{"name": name, "role": roles[name], "sha256": hashlib.sha256(token.encode()).hexdigest()} for name, token in _TOKENS.items()]
+    (tmp_path / "auth.json").write_text(json.dumps({"tokens": entries}))
+    return await services.start(auth_file=str(tmp_path / "auth.json"), max_streams_per_user=2, max_streams=3)
+
+
+def _as(name: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {_TOKENS[name]}"),)
+
+
+async def _opens(call: grpc.aio.UnaryStreamCall) -> tuple[grpc.StatusCode, str]:
+    """OK once the stream's first message arrives, else the refusal's code and reason."""
+    try:
+        await asyncio.wait_for(call.read(), 10)
+    except grpc.aio.AioRpcError as exc:
+        code, reason, _, _ = error_info(exc)
+        return code, reason
+    return grpc.StatusCode.OK, ""
+
+
+async def test_one_callers_watch_jobs_streams_never_lock_an_operator_out_of_a_user(callers_service) -> None:  # type: ignore[no-untyped-def]
+    queue, user, other = callers_service.stubs.queue, new_user(), new_user()
+    watch = lambda caller, of=user: queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id=of), metadata=_as(caller), timeout=60)  # noqa: E731
+    opened = [watch("web-a"), watch("web-a")]
+    try:
+        assert [await _opens(call) for call in opened] == [(grpc.StatusCode.OK, "")] * 2
+        refused = watch("web-a")
+        assert await _opens(refused) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_STREAMS")
+        # Another caller, web or operator, has its own streams of the same user.
+        opened.append(watch("web-b"))
+        assert await _opens(opened[-1]) == (grpc.StatusCode.OK, "")
+        # The replica is full (3) for everyone but operators, who have room reserved.
+        assert await _opens(watch("web-b", other)) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_STREAMS")
+        opened.append(watch("alice"))
+        assert await _opens(opened[-1]) == (grpc.StatusCode.OK, "")
+    finally:
+        for call in opened:
+            call.cancel()
+
+
+async def test_watch_overview_streams_are_capped_per_caller(callers_service) -> None:  # type: ignore[no-untyped-def]
+    operator = op_grpc.OperatorServiceStub(callers_service.stubs.channel)
+    watch = lambda caller: operator.WatchOverview(op_pb2.WatchOverviewRequest(interval_ms=60_000), metadata=_as(caller), timeout=60)  # noqa: E731
+    opened = [watch("alice") for _ in range(MAX_OVERVIEW_STREAMS_PER_CALLER)]
+    try:
+        assert {await _opens(call) for call in opened} == {(grpc.StatusCode.OK, "")}
+        assert await _opens(watch("alice")) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_STREAMS")
+        opened.append(watch("bob"))
+        assert await _opens(opened[-1]) == (grpc.StatusCode.OK, "")
+        opened[0].cancel()
+        await asyncio.sleep(0.3)
+        opened.append(watch("alice"))  # a closed stream frees its place
+        assert await _opens(opened[-1]) == (grpc.StatusCode.OK, "")
+    finally:
+        for call in opened:
             call.cancel()
