@@ -1,0 +1,315 @@
+"""The browser endpoint (Connect and gRPC-Web on QUEUE_HTTP_ADDR) takes the gRPC listener's road:
+the caller's deadline is the call's budget, credentials are checked from the headers before the
+body is read, bodies are bounded by the largest valid request, and a Host that is not one of the
+endpoint's names is refused (DNS rebinding). Against real PostgreSQL and a live process."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import gzip
+import hashlib
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2
+
+from queue_service.dev.embedded_postgres import free_port
+from tests.harness import error_info, new_user
+
+TOKENS = {"web": "browser-endpoint-web-token", "operator": "browser-endpoint-operator-token", "core": "browser-endpoint-core-token"}
+
+
+@pytest.fixture(scope="module")
+def auth_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("auth") / "auth.json"
+    tokens = [{"name": f"{role}-caller", "role": role, "sha256": hashlib.sha256(t.encode()).hexdigest()} for role, t in TOKENS.items()]
+    path.write_text(json.dumps({"tokens": tokens}))
+    return str(path)
+
+
+def _post(port: int, path: str, body: bytes, headers: dict[str, str], timeout: float = 15) -> tuple[int, dict[str, str], bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request("POST", path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        connection.close()
+
+
+def _connect_headers(token: str | None = None, **extra: str) -> dict[str, str]:
+    headers = {"content-type": "application/json", "connect-protocol-version": "1", **extra}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    return headers
+
+
+def _reason(error: dict[str, Any]) -> str:
+    for detail in error.get("details", []):
+        if detail["type"] == "google.rpc.ErrorInfo":
+            return error_details_pb2.ErrorInfo.FromString(base64.b64decode(detail["value"] + "=" * (-len(detail["value"]) % 4))).reason
+    return ""
+
+
+async def test_a_connect_deadline_is_the_calls_budget_as_on_grpc(services, auth_file) -> None:
+    """With a hung core, gRPC and Connect callers with a 2 s deadline both hear UNAVAILABLE
+    CORE_UNAVAILABLE before their deadline, not a bare deadline_exceeded after the core's 5 s."""
+    core = await services.core(callback_token=TOKENS["core"])
+    service = await services.start(core, auth_file=auth_file, http_addr="127.0.0.1:0", core_deadline_seconds=5.0)
+    user, web = new_user(), (("authorization", f"Bearer {TOKENS['web']}"),)
+    port = service.app.http_port
+    grant = {"userId": user, "amount": 5, "idempotencyKey": "g"}
+    status, _, _ = await asyncio.to_thread(
+        _post, port, "/acurio.queue.v1.CreditsService/GrantCredits", json.dumps(grant).encode(), _connect_headers(TOKENS["operator"])
+    )
+    assert status == 200
+    core.slow_seconds = 30  # every call to the core hangs
+    try:
+        from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2
+
+        request = queue_pb2.AdmitRequest(
+            user_id=user, idempotency_key="over-grpc", document=job_pb2.Document(uri="s3://t/1.pdf"), sources=[job_pb2.Source(doi="10.1234/a")]
+        )
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await service.stubs.queue.Admit(request, metadata=web, timeout=2)
+        grpc_took = time.monotonic() - started
+        assert error_info(raised.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
+
+        admit = {"userId": user, "idempotencyKey": "over-connect", "document": {"uri": "s3://t/1.pdf"}, "sources": [{"doi": "10.1234/a"}]}
+        started = time.monotonic()
+        status, _, body = await asyncio.to_thread(
+            _post, port, "/acurio.queue.v1.AnalysisQueueService/Admit", json.dumps(admit).encode(),
+            _connect_headers(TOKENS["web"], **{"connect-timeout-ms": "2000"}),
+        )
+        connect_took = time.monotonic() - started
+        error = json.loads(body)
+        print(f"hung core, 2 s deadline: gRPC answered in {grpc_took:.3f}s, Connect in {connect_took:.3f}s (HTTP {status})")
+        assert (status, error["code"], _reason(error)) == (503, "unavailable", "CORE_UNAVAILABLE"), error
+        assert connect_took < 2.0
+
+        # gRPC-Web's `grpc-timeout` is a budget too.
+        web_request = queue_pb2.AdmitRequest()
+        web_request.CopyFrom(request)
+        web_request.idempotency_key = "over-grpc-web"
+        frame = web_request.SerializeToString()
+        started = time.monotonic()
+        status, headers, body = await asyncio.to_thread(
+            _post, port, "/acurio.queue.v1.AnalysisQueueService/Admit", b"\x00" + len(frame).to_bytes(4, "big") + frame,
+            {"content-type": "application/grpc-web+proto", "grpc-timeout": "2000m", "authorization": f"Bearer {TOKENS['web']}"},
+        )
+        took = time.monotonic() - started
+        # Trailers-only answers carry the status in the headers, others in a trailer frame (flag 0x80).
+        trailers = body[5:].decode(errors="replace").lower().replace(" ", "") if body[:1] == b"\x80" else ""
+        assert status == 200 and (headers.get("grpc-status") == "14" or "grpc-status:14" in trailers), (headers, body)
+        assert took < 2.0
+    finally:
+        core.slow_seconds = 0
+
+
+def _raw_request(port: int, head: bytes, *, timeout: float) -> bytes:
+    """Sends only the request head (the body it announces never comes) and reads the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as connection:
+        connection.sendall(head)
+        received = b""
+        while b"\r\n\r\n" not in received:
+            chunk = connection.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+        return received
+
+
+async def test_a_caller_without_a_valid_token_is_refused_before_its_body_is_read(services, auth_file) -> None:
+    core = await services.core(callback_token=TOKENS["core"])
+    service = await services.start(core, auth_file=auth_file, http_addr="127.0.0.1:0")
+    port = service.app.http_port
+    for token, stream in ((None, False), ("wrong-token", False), (None, True)):
+        method = "WatchJobs" if stream else "ListJobs"
+        content_type = "application/connect+json" if stream else "application/json"
+        head = (
+            f"POST /acurio.queue.v1.AnalysisQueueService/{method} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Content-Type: {content_type}\r\nConnect-Protocol-Version: 1\r\nContent-Length: 1000\r\n"
+            + (f"Authorization: Bearer {token}\r\n" if token else "")
+            + "\r\n"
+        ).encode()
+        started = time.monotonic()
+        try:
+            answer = await asyncio.to_thread(_raw_request, port, head, timeout=3)
+        except TimeoutError:
+            pytest.fail(f"{method} without a valid token waited for its body (no answer in 3 s)")
+        # A unary call hears 401; a stream's status comes in its end-of-stream message (HTTP 200).
+        assert answer.split(b" ", 2)[1] == (b"200" if stream else b"401"), answer[:200]
+        assert time.monotonic() - started < 1.0
+
+
+# The flood runs in its own process, so its work does not share the measuring client's interpreter.
+_FLOOD = textwrap.dedent(
+    """
+    import socket, sys, threading, time
+    port, seconds, connections, limit, rate = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[6])
+    body = open(sys.argv[5], "rb").read()
+    request = (
+        f"POST /acurio.queue.v1.AnalysisQueueService/ListJobs HTTP/1.1\\r\\nHost: 127.0.0.1:{port}\\r\\n"
+        "Content-Type: application/json\\r\\nContent-Encoding: gzip\\r\\nConnect-Protocol-Version: 1\\r\\n"
+        f"Content-Length: {len(body)}\\r\\n\\r\\n"
+    ).encode() + body
+    statuses, lock, end = {}, threading.Lock(), time.monotonic() + seconds
+    def answer(connection, buffered):
+        while b"\\r\\n\\r\\n" not in buffered:
+            chunk = connection.recv(65536)
+            if not chunk:
+                raise ConnectionResetError("closed")
+            buffered += chunk
+        head, _, rest = buffered.partition(b"\\r\\n\\r\\n")
+        lengths = [int(line.split(b":")[1]) for line in head.split(b"\\r\\n") if line.lower().startswith(b"content-length:")]
+        if lengths:
+            while len(rest) < lengths[0]:
+                rest += connection.recv(65536)
+            return head.split(b" ", 2)[1].decode(), rest[lengths[0]:]
+        while b"\\r\\n0\\r\\n\\r\\n" not in b"\\r\\n" + rest:  # chunked: up to the last chunk
+            chunk = connection.recv(65536)
+            if not chunk:
+                raise ConnectionResetError("closed")
+            rest += chunk
+        return head.split(b" ", 2)[1].decode(), (b"\\r\\n" + rest).split(b"\\r\\n0\\r\\n\\r\\n", 1)[1]
+    def flood():
+        due, connection, buffered = time.monotonic(), None, b""
+        while time.monotonic() < end:
+            with lock:
+                if sum(statuses.values()) >= limit:
+                    break
+            due += connections / rate  # each connection sends its share of the rate, paced
+            time.sleep(max(0.0, due - time.monotonic()))
+            try:
+                if connection is None:  # one connection kept alive, as a browser's
+                    connection, buffered = socket.create_connection(("127.0.0.1", port), timeout=10), b""
+                connection.sendall(request)
+                status, buffered = answer(connection, buffered)
+            except OSError as exc:
+                status, connection = type(exc).__name__, None
+            with lock:
+                statuses[status] = statuses.get(status, 0) + 1
+        if connection is not None:
+            connection.close()
+    threads = [threading.Thread(target=flood) for _ in range(connections)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    print(" ".join(f"{k}={v}" for k, v in sorted(statuses.items())))
+    """
+)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _health_latencies(stubs: Any, count: int, within: float = 10.0) -> list[float]:
+    """`count` Health.Check latencies in a row, or as many as `within` seconds allow."""
+    latencies: list[float] = []
+    end = time.perf_counter() + within
+    while len(latencies) < count and time.perf_counter() < end:
+        started = time.perf_counter()
+        await stubs.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        latencies.append(time.perf_counter() - started)
+    return latencies
+
+
+def _p99(latencies: list[float]) -> float:
+    return statistics.quantiles(latencies, n=100)[98]
+
+
+async def test_an_unauthenticated_flood_of_expensive_bodies_leaves_grpc_health_responsive(services, auth_file, tmp_path) -> None:
+    """Gzip ListJobs bodies of 3.7 KiB that inflate to 1.9 million statuses (3.2 s of event loop
+    each when decoded), sent without a token on 4 kept-alive connections at 25 a second (at most
+    300 in 4 rounds of 3 s, to 127.0.0.1): each is refused 401 from its headers, and gRPC
+    Health.Check's p99 stays within 2x of idle. Idle and flooded windows alternate, so load from
+    outside the test weighs on both alike; the figures are printed."""
+    core = await services.core(callback_token=TOKENS["core"])
+    http_port = free_port()
+    replica = await services.start_process(core, QUEUE_AUTH_FILE=auth_file, QUEUE_HTTP_ADDR=f"127.0.0.1:{http_port}")
+    body = gzip.compress(b'{"userId":"u","statuses":[' + b",".join([b"1"] * 1_900_000) + b"]}", 9)
+    body_path = tmp_path / "list-jobs.json.gz"
+    body_path.write_bytes(body)
+
+    await _health_latencies(replica.stubs, 50)  # warm the channel
+    idle: list[float] = []
+    flooded: list[float] = []
+    statuses: dict[str, int] = {}
+    cpu = {"idle": 0.0, "flood": 0.0}
+    for _ in range(4):
+        started = _cpu_seconds(replica.process.pid)
+        idle += await _health_latencies(replica.stubs, 125)
+        cpu["idle"] += _cpu_seconds(replica.process.pid) - started
+        flood = subprocess.Popen(
+            [sys.executable, "-c", _FLOOD, str(http_port), "3", "4", "75", str(body_path), "25"], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            await asyncio.sleep(0.5)  # the flood is under way
+            started = _cpu_seconds(replica.process.pid)
+            flooded += await _health_latencies(replica.stubs, 125)
+            cpu["flood"] += _cpu_seconds(replica.process.pid) - started
+            output, _ = await asyncio.to_thread(flood.communicate, timeout=30)
+        finally:
+            if flood.poll() is None:
+                flood.kill()
+        for item in output.split():
+            status, count = item.split("=")
+            statuses[status] = statuses.get(status, 0) + int(count)
+    idle_p99, flooded_p99 = _p99(idle), _p99(flooded)
+    print(
+        f"flood of {len(body)}-byte gzip bodies: answers {statuses}; replica CPU over 500 health checks {cpu['idle'] * 1000:.0f} ms idle, "
+        f"{cpu['flood'] * 1000:.0f} ms under the flood; Health.Check p99 idle {idle_p99 * 1000:.2f} ms, under the flood "
+        f"{flooded_p99 * 1000:.2f} ms (ratio {flooded_p99 / idle_p99:.2f})"
+    )
+    assert set(statuses) == {"401"} and statuses["401"] >= 200, statuses
+    assert flooded_p99 <= 2 * idle_p99
+
+    # With a token, the same body is refused for its size once inflated past ListJobs' largest
+    # valid request, before it is parsed.
+    status, _, answer = await asyncio.to_thread(
+        _post, http_port, "/acurio.queue.v1.AnalysisQueueService/ListJobs", body,
+        _connect_headers(TOKENS["web"], **{"content-encoding": "gzip"}),
+    )
+    error = json.loads(answer)
+    assert (status, error["code"]) == (429, "resource_exhausted"), error
+    assert "larger than configured max" in error["message"]
+
+
+async def test_lists_longer_than_validation_allows_are_refused_before_parsing(services, auth_file) -> None:
+    """An Admit under its method's byte limit but with 100 000 sources (validation allows 1000) is
+    refused from the decoded JSON, before protobuf's pure-Python parser builds the message."""
+    core = await services.core(callback_token=TOKENS["core"])
+    service = await services.start(core, auth_file=auth_file, http_addr="127.0.0.1:0")
+    admit = {"userId": new_user(), "idempotencyKey": "k", "document": {"uri": "s3://t/1.pdf"}, "sources": [{"doi": "10.1/a"}] * 100_000}
+    started = time.monotonic()
+    status, _, answer = await asyncio.to_thread(
+        _post, service.app.http_port, "/acurio.queue.v1.AnalysisQueueService/Admit", json.dumps(admit).encode(), _connect_headers(TOKENS["web"])
+    )
+    print(f"Admit with 100 000 sources refused in {time.monotonic() - started:.3f}s")
+    error = json.loads(answer)
+    assert (status, error["code"], _reason(error)) == (400, "invalid_argument", "INVALID_REQUEST"), error
+    assert error["message"] == "invalid request: sources"
+    assert _violation(error) == ("sources", "sources lists 100000 entries; at most 1000 are allowed")
+
+
+def _violation(error: dict[str, Any]) -> tuple[str, str]:
+    for detail in error.get("details", []):
+        if detail["type"] == "google.rpc.BadRequest":
+            raw = base64.b64decode(detail["value"] + "=" * (-len(detail["value"]) % 4))
+            violation = error_details_pb2.BadRequest.FromString(raw).field_violations[0]
+            return violation.field, violation.description
+    return "", ""
