@@ -25,7 +25,9 @@ from typing import Any
 from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
+from queue_service import telemetry
 from queue_service.api.road import CallRoad
+from queue_service.api.web_hosts import AllowedHosts, header
 from queue_service.api.web_road import PACKAGE, connect_applications
 from queue_service.config import Config
 
@@ -39,6 +41,12 @@ _SECURITY_HEADERS = [
     (b"referrer-policy", b"no-referrer"),
     (b"cache-control", b"no-cache"),
 ]
+
+
+_MISDIRECTED = (
+    b"misdirected request: this endpoint answers only to its own names (the host of QUEUE_HTTP_ADDR, localhost, "
+    b"127.0.0.1, ::1 and QUEUE_HTTP_ALLOWED_HOSTS); add the name you reach it by to QUEUE_HTTP_ALLOWED_HOSTS\n"
+)
 
 
 class _HypercornConfig(HypercornConfig):
@@ -57,6 +65,7 @@ class WebEndpoint:
 
     def __init__(self, servicers: Mapping[str, Any], road: CallRoad, config: Config) -> None:
         self._config = config
+        self._hosts = AllowedHosts(config.http_addr, config.http_allowed_hosts)
         self._connect = connect_applications(servicers, road)
         # Answers paths of the contract's package that name no method, in the caller's protocol.
         self._unknown_method = next(iter(self._connect.values()))
@@ -76,6 +85,11 @@ class WebEndpoint:
                     await send({"type": "lifespan.shutdown.complete"})
                     return
         if scope["type"] != "http":
+            return
+        if not self._hosts.allows(header(scope["headers"], b"host")):
+            # Not logged per request: a page can send these as fast as it likes.
+            telemetry.metrics.http_misdirected.add(1)
+            await _respond(send, 421, b"text/plain; charset=utf-8", _MISDIRECTED)
             return
         if scope["path"].startswith(f"/{PACKAGE}."):
             await self._connect.get(scope["path"], self._unknown_method)(scope, receive, send)

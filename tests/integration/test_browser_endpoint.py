@@ -313,3 +313,69 @@ def _violation(error: dict[str, Any]) -> tuple[str, str]:
             violation = error_details_pb2.BadRequest.FromString(raw).field_violations[0]
             return violation.field, violation.description
     return "", ""
+
+
+def _request(port: int, method: str, path: str, host: str, body: bytes = b"", headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request(method, path, body=body or None, headers={"Host": host, **(headers or {})})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+async def test_a_host_that_is_not_one_of_the_endpoints_names_is_refused_421(services, auth_file) -> None:
+    """DNS rebinding: a page on attacker.example re-pointed at the endpoint sends its own name as
+    Host. It hears 421 before any handler runs; the endpoint's own names and the configured ones
+    are served."""
+    core = await services.core(callback_token=TOKENS["core"])
+    service = await services.start(core, auth_file=auth_file, http_addr="127.0.0.1:0", http_allowed_hosts=("console.example",))
+    port, user = service.app.http_port, new_user()
+    for host in ("attacker.example", f"attacker.example:{port}", f"127.0.0.1.attacker.example:{port}", "localhost.attacker.example", "[::2]", "console.example.attacker"):
+        status, body = await asyncio.to_thread(_request, port, "GET", "/", host)
+        assert (status, body.startswith(b"misdirected request")) == (421, True), host
+    grant = json.dumps({"userId": user, "amount": 5, "idempotencyKey": "g"}).encode()
+    status, body = await asyncio.to_thread(
+        _request, port, "POST", "/acurio.queue.v1.CreditsService/GrantCredits", "attacker.example", grant, _connect_headers(TOKENS["operator"])
+    )
+    assert status == 421 and b"QUEUE_HTTP_ALLOWED_HOSTS" in body
+
+    async def balance() -> int:
+        status, body = await asyncio.to_thread(
+            _request, port, "POST", "/acurio.queue.v1.CreditsService/GetBalance", f"127.0.0.1:{port}",
+            json.dumps({"userId": user}).encode(), _connect_headers(TOKENS["operator"]),
+        )
+        assert status == 200, body
+        return int(json.loads(body).get("balance", 0))
+
+    assert await balance() == 0  # no handler ran
+
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST", f"[::1]:{port}", "console.example", "Console.Example:443"):
+        status, body = await asyncio.to_thread(_request, port, "GET", "/", host)
+        assert status == 200 and b"<title>" in body, host
+    status, _ = await asyncio.to_thread(
+        _request, port, "POST", "/acurio.queue.v1.CreditsService/GrantCredits", f"localhost:{port}", grant, _connect_headers(TOKENS["operator"])
+    )
+    assert status == 200 and await balance() == 5
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"), reason="needs /usr/bin/chromium")
+async def test_chromium_on_a_rebound_name_gets_421(services, auth_file, tmp_path) -> None:
+    """Chromium resolving attacker.example to 127.0.0.1 (as a rebinding DNS server would make it)
+    loads the 421 refusal, not the console; the same browser on 127.0.0.1 loads the console."""
+    core = await services.core(callback_token=TOKENS["core"])
+    service = await services.start(core, auth_file=auth_file, http_addr="127.0.0.1:0")
+    port = service.app.http_port
+
+    def dump_dom(url: str) -> str:
+        command = [
+            "/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
+            "--host-resolver-rules=MAP attacker.example 127.0.0.1", "--dump-dom", url,
+        ]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
+
+    rebound = await asyncio.to_thread(dump_dom, f"http://attacker.example:{port}/")
+    assert "misdirected request" in rebound and "<title>" not in rebound, rebound[:500]
+    own = await asyncio.to_thread(dump_dom, f"http://127.0.0.1:{port}/")
+    assert "<title>" in own and "misdirected request" not in own, own[:500]
