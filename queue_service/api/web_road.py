@@ -73,10 +73,12 @@ class _HttpCallContext:
 def connect_error(status: status_pb2.Status) -> ConnectError:
     """The Connect error of a google.rpc.Status, with its details (ErrorInfo, BadRequest …)."""
     details = [ErrorDetail(AnyDetail(type_url=d.type_url, value=d.value)) for d in status.details]
-    return ConnectError(Code[_GRPC_CODES[status.code].name], status.message, details)
+    return ConnectError(_CONNECT_CODE_OF[status.code], status.message, details)
 
 
-_GRPC_CODES = {code.value[0]: code for code in grpc.StatusCode}
+# The two vocabularies agree on every code but the spelling of one: gRPC's CANCELLED.
+GRPC_CODE_OF = {code: grpc.StatusCode["CANCELLED" if code is Code.CANCELED else code.name] for code in Code}
+_CONNECT_CODE_OF = {grpc_code.value[0]: code for code, grpc_code in GRPC_CODE_OF.items()}
 
 
 def _reason(error: ConnectError) -> str:
@@ -96,7 +98,7 @@ class _ConnectTransport:
 
     def record_own(self, error: Exception) -> None:
         if isinstance(error, ConnectError):
-            record_outcome(grpc.StatusCode[error.code.name], _reason(error), error.message)
+            record_outcome(GRPC_CODE_OF[error.code], _reason(error), error.message)
 
     async def refuse(self, status: status_pb2.Status) -> NoReturn:
         raise connect_error(status)

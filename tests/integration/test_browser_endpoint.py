@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import http.client
 import json
+import logging
 import os
 import signal
 import socket
@@ -374,3 +375,31 @@ async def test_chromium_on_a_rebound_name_gets_421(services, auth_file, tmp_path
     assert "misdirected request" in rebound and "<title>" not in rebound, rebound[:500]
     own = await asyncio.to_thread(dump_dom, f"http://127.0.0.1:{port}/")
     assert "<title>" in own and "misdirected request" not in own, own[:500]
+
+
+async def test_a_stream_the_browser_abandons_ends_quietly_and_frees_its_place(services, auth_file, caplog) -> None:
+    """A tab closed mid-stream: connectrpc ends the call CANCELED; the road records it like any
+    other outcome (no traceback in the log) and the gate counts the stream out."""
+    core = await services.core(callback_token=TOKENS["core"])
+    service = await services.start(core, auth_file=auth_file, http_addr="127.0.0.1:0")
+    port, request = service.app.http_port, json.dumps({"userId": new_user()}).encode()
+    head = (
+        f"POST /acurio.queue.v1.AnalysisQueueService/WatchJobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\nAuthorization: Bearer {TOKENS['web']}\r\n"
+        f"Content-Length: {5 + len(request)}\r\n\r\n"
+    ).encode() + b"\x00" + len(request).to_bytes(4, "big") + request
+
+    def open_and_abandon() -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+            connection.sendall(head)
+            return connection.recv(65536)  # the snapshot's end arrives; then the tab goes away
+
+    with caplog.at_level(logging.ERROR):
+        assert (await asyncio.to_thread(open_and_abandon)).startswith(b"HTTP/1.1 200")
+        for _ in range(100):
+            if service.app.gate.in_flight == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert service.app.gate.in_flight == 0
+        await asyncio.sleep(0.2)
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []

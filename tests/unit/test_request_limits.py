@@ -50,3 +50,17 @@ def test_lists_longer_than_validation_allows_are_named() -> None:
     assert raised.value.field_violations == [("sources", "sources lists 1001 entries; at most 1000 are allowed")]
     with pytest.raises(InvalidRequest):
         check_repeated(queue_pb2.ListJobsRequest.DESCRIPTOR, {"statuses": ["JOB_STATUS_QUEUED"] * 17})
+
+
+def test_every_connect_code_maps_to_a_grpc_code_and_back() -> None:
+    """A client that disconnects ends its call CANCELED (gRPC spells it CANCELLED): the road
+    records it like any other code."""
+    from connectrpc.code import Code
+    from connectrpc.errors import ConnectError
+    from google.rpc import status_pb2
+
+    from queue_service.api.web_road import GRPC_CODE_OF, _ConnectTransport, connect_error
+
+    for code in Code:
+        _ConnectTransport().record_own(ConnectError(code, "x"))
+        assert connect_error(status_pb2.Status(code=GRPC_CODE_OF[code].value[0], message="x")).code is code
