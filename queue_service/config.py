@@ -72,6 +72,29 @@ def _parse_choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+# A DNS name (letters, digits, hyphens, dots) or an IPv4/IPv6 literal, without a port.
+_HOST_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*\.?$")
+
+
+def _parse_host_names(raw: str) -> tuple[str, ...]:
+    names = []
+    for item in raw.split(","):
+        name = item.strip().lower()
+        if not name:
+            continue
+        literal = name.removeprefix("[").removesuffix("]")
+        try:
+            ipaddress.ip_address(literal)
+            names.append(literal)
+            continue
+        except ValueError:
+            pass
+        if not _HOST_NAME.match(name):
+            raise ValueError(f"{item.strip()!r} is not a host name; expected names without ports or wildcards, comma-separated, e.g. queue.example.com,console.example.com")
+        names.append(name.rstrip("."))
+    return tuple(names)
+
+
 def _parse_text(raw: str) -> str:
     return raw.strip()
 
@@ -191,6 +214,10 @@ SETTINGS: dict[str, Setting] = {
     "listen_database_url": Setting("QUEUE_LISTEN_DATABASE_URL", "", _parse_dsn, "DSN for the one LISTEN connection per replica when `DATABASE_URL` goes through a transaction-mode pooler (LISTEN needs a session)"),
     "listen_addr": Setting("QUEUE_LISTEN_ADDR", "127.0.0.1:50051", _parse_host_port, "host:port to serve gRPC on"),
     "http_addr": Setting("QUEUE_HTTP_ADDR", "", _parse_optional_host_port, "host:port of the web console and the Connect / gRPC-Web endpoint (same services, roles and errors as gRPC); empty: none (`dev`: `127.0.0.1:8080`, or a free port when taken)"),
+    "http_allowed_hosts": Setting(
+        "QUEUE_HTTP_ALLOWED_HOSTS", "", _parse_host_names,
+        "comma-separated host names the browser endpoint answers to besides its own address, `localhost`, 127.0.0.1 and ::1 (the names its users and proxies reach it by); a request with any other `Host` hears 421, so a page on another name that resolves to this endpoint (DNS rebinding) cannot use it",
+    ),
     "core_addr": Setting("QUEUE_CORE_ADDR", "", _parse_optional_host_port, "host:port of the core's RunService; unset: `dev` starts the dev core"),
     "max_active_per_user": Setting("QUEUE_MAX_ACTIVE_PER_USER", "1", _parse_int(1, 1000), "first-pass slots per user (`OperatorService.SetUserQueueLimit` changes it per user)"),
     "core_capacity": Setting("QUEUE_CORE_CAPACITY", "0", _parse_int(0, 1_000_000), "the most first-pass runs being released or judging at the core at once across every replica (delta re-checks count too but never wait); `0`: unlimited. Only seeds a fresh database: afterwards `OperatorService.SetCoreCapacity` changes it at run time"),
@@ -286,6 +313,7 @@ class Config:
     listen_database_url: str
     listen_addr: str
     http_addr: str
+    http_allowed_hosts: tuple[str, ...]
     core_addr: str
     max_active_per_user: int
     core_capacity: int

@@ -40,6 +40,7 @@ from queue_service.api.health_service import HealthService
 from queue_service.api.interceptor import ErrorInterceptor
 from queue_service.api.operator import OperatorServicer
 from queue_service.api.queue import AnalysisQueueServicer
+from queue_service.api.road import CallRoad
 from queue_service.api.server_tls import ServerTls
 from queue_service.api.user_assertions import UserAssertions
 from queue_service.api.web import WebEndpoint
@@ -148,7 +149,9 @@ class QueueApp:
         self.sweeper = Sweeper(self.engine, self.store, config, wake_dispatcher=releases_due.set)
         self.health = HealthService(max_watches=config.max_health_watches)
         self.gate = CallGate(max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds)
-        self._interceptors = [ErrorInterceptor(authorizer.authorize if authorizer else None, self.gate, check_request)]
+        # The one road into the servicers, for gRPC and the browser endpoint alike.
+        road = CallRoad(authorizer.authorize if authorizer else None, self.gate, check_request)
+        self._interceptors = [ErrorInterceptor(road)]
         credits = Credits(self.store)
         # One instance of each servicer, shared by gRPC and the browser endpoint (QUEUE_HTTP_ADDR).
         self.servicers: Servicers = {
@@ -157,7 +160,7 @@ class QueueApp:
             "CreditsService": CreditsServicer(credits),
             "OperatorService": OperatorServicer(self.engine, self.reads, self.gate.draining, credits),
         }
-        self.web = WebEndpoint(self.servicers, authorizer, self.gate, config, check_request) if config.http_addr else None
+        self.web = WebEndpoint(self.servicers, road, config) if config.http_addr else None
         tls = ServerTls(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file) if config.tls_cert_file else None
         self._server_credentials = tls.grpc_credentials() if tls is not None else None
         self.credentials = CredentialReloader(

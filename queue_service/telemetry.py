@@ -66,6 +66,10 @@ class _Instruments:
             explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
         )
         self.sweep_rows = meter.create_counter("queue.sweep.rows", unit="{row}", description="Rows the sweeper acted on, by action")
+        self.http_misdirected = meter.create_counter(
+            "queue.http.misdirected", unit="{request}",
+            description="Browser endpoint requests refused 421 because their Host is none of the endpoint's names (a DNS rebinding page, or a name missing from QUEUE_HTTP_ALLOWED_HOSTS)",
+        )
         self.watch_streams = meter.create_up_down_counter("queue.watch.streams", unit="{stream}", description="Open WatchJobs streams")
         self.http_connections = meter.create_up_down_counter(
             "queue.http.connections", unit="{connection}", description="Open connections of the browser listener (QUEUE_HTTP_ADDR)",

@@ -16,6 +16,8 @@ from queue_service import errors
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 
 MAX_ID_CHARS = 128
+# A UUID is 36 characters; longer text is refused unparsed.
+MAX_UUID_CHARS = 64
 MAX_URI_CHARS = 2048
 MAX_TITLE_CHARS = 512
 MAX_SOURCES = 1000
@@ -64,7 +66,7 @@ class Violations:
                 self.add(field, f"{field} is required")
             return None
         try:
-            if len(value) > 64:
+            if len(value) > MAX_UUID_CHARS:
                 raise ValueError
             return uuid.UUID(value)
         except ValueError:

@@ -256,3 +256,63 @@ async def test_refused_calls_record_their_status_and_reason_not_a_stack_trace(ot
     assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.INTERNAL.value[0]
     assert [e.attributes["exception.type"] for e in span.events] == ["RuntimeError"]
     assert "a bug in the read path" in span.events[0].attributes["exception.message"]
+
+
+async def test_browser_calls_have_server_spans_with_their_outcome(otel, services, tmp_path) -> None:
+    """A Connect call has a server span as a gRPC call does: named by the method, with the status
+    code and reason attributes, no stack trace for a refusal, and the engine's spans as children."""
+    import hashlib
+    import http.client
+    import uuid
+
+    spans, _ = otel
+    auth_file = tmp_path / "auth.json"
+    auth_file.write_text(json.dumps({"tokens": [
+        {"name": "web-backend", "role": "web", "sha256": hashlib.sha256(b"web-token").hexdigest()},
+        {"name": "operator", "role": "operator", "sha256": hashlib.sha256(b"operator-token").hexdigest()},
+    ]}))
+    service = await services.start(auth_file=str(auth_file), http_addr="127.0.0.1:0")
+
+    def post(method: str, message: dict[str, Any], token: str | None) -> int:
+        connection = http.client.HTTPConnection("127.0.0.1", service.app.http_port, timeout=10)
+        headers = {"content-type": "application/json", "connect-protocol-version": "1"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        try:
+            connection.request("POST", f"/acurio.queue.v1.{method}", body=json.dumps(message).encode(), headers=headers)
+            response = connection.getresponse()
+            response.read()
+            return response.status
+        finally:
+            connection.close()
+
+    async def server_span_of(method: str, message: dict[str, Any], token: str | None, status: int) -> Any:
+        spans.clear()
+        assert await asyncio.to_thread(post, method, message, token) == status
+        found = [s for s in await _finished_server_spans(spans) if s.name == f"/acurio.queue.v1.{method}"]
+        assert len(found) == 1, [s.name for s in spans.get_finished_spans()]
+        return found[0]
+
+    refused = await server_span_of("AnalysisQueueService/GetJob", {"jobId": "x"}, None, 401)
+    assert refused.attributes["rpc.system"] == "connect_rpc"
+    assert refused.attributes["rpc.grpc.status_code"] == 16 and refused.attributes["queue.error.reason"] == "UNAUTHENTICATED"
+    assert list(refused.events) == [] and refused.status.status_code == trace.StatusCode.UNSET
+
+    invalid = await server_span_of("AnalysisQueueService/GetJob", {"jobId": "not-a-uuid"}, "web-token", 400)
+    assert invalid.attributes["queue.error.reason"] == "INVALID_REQUEST" and list(invalid.events) == []
+
+    user = new_user()
+    granted = await server_span_of("CreditsService/GrantCredits", {"userId": user, "amount": 1, "idempotencyKey": "g"}, "operator-token", 200)
+    assert granted.attributes["rpc.grpc.status_code"] == 0 and "queue.error.reason" not in granted.attributes
+    admit = {"userId": user, "idempotencyKey": "a", "document": {"uri": "s3://t/1.pdf"}, "sources": [{"doi": "10.1234/a"}]}
+    admitted = await server_span_of("AnalysisQueueService/Admit", admit, "web-token", 200)
+    children = [s for s in spans.get_finished_spans() if s.name == "admit"]
+    assert children and children[0].parent is not None and children[0].parent.span_id == admitted.context.span_id
+
+    async def broken_read(job_id: object) -> None:
+        raise RuntimeError("a bug in the read path")
+
+    service.app.reads.one = broken_read  # type: ignore[method-assign]
+    bug = await server_span_of("AnalysisQueueService/GetJob", {"jobId": str(uuid.uuid4())}, "web-token", 500)
+    assert bug.status.status_code == trace.StatusCode.ERROR and bug.attributes["rpc.grpc.status_code"] == 13
+    assert [e.attributes["exception.type"] for e in bug.events] == ["RuntimeError"]
