@@ -1,10 +1,13 @@
 """The dev core: a faithful stand-in for the Rust core's `acurio.core.v1.RunService`.
 
 Deterministic behaviour from the design: a document whose uri contains `unparseable` and any
-DOI under `10.9999/` are rejected (INVALID_ARGUMENT); a daily provider budget
+DOI under `10.9999/` are rejected (INVALID_ARGUMENT with a google.rpc.BadRequest naming each
+field, `document_uri` and `sources[i].doi`, as the real core answers); a daily provider budget
 (RESOURCE_EXHAUSTED past it); runs created held wait for ReleaseRun; a released run judges for
 `judging_seconds` and is then reported through `CoreCallbackService.CompleteRun` (never, in
-manual mode, where a test calls `finish`). A document uri containing `fail-judging` ends FAILED.
+manual mode, where a test calls `finish`). A document uri containing `fail-judging` ends FAILED;
+one containing `fail-release` has every ReleaseRun answered UNAVAILABLE, so its job stays
+PENDING with the release retried (a stuck release, for the console and client tests).
 
 Fault switches (attributes, flipped by tests; flags when run as a process): `unavailable`
 (every call UNAVAILABLE), `slow_seconds` (every call sleeps first), `fail_releases`
@@ -41,9 +44,11 @@ import time
 import uuid
 from collections.abc import Callable
 from os import PathLike
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as pb, run_service_pb2_grpc as pb_grpc
@@ -55,6 +60,7 @@ from queue_service._gen.acurio.queue.v1 import (
 log = logging.getLogger(__name__)
 
 UNREGISTERED_DOI_PREFIX = "10.9999/"
+FAILED_RELEASE_MARKER = "fail-release"
 _TRACE_HEADERS = ("traceparent", "tracestate")
 # The trace headers of a call, as grpc hands over invocation metadata.
 _TraceHeaders = tuple[tuple[str, str | bytes], ...]
@@ -92,12 +98,41 @@ class AnswerFault:
 
 
 class _Refusal(Exception):
-    """The core refuses a call (a status code and message for the caller)."""
+    """The core refuses a call (a status code and message for the caller; for INVALID_ARGUMENT,
+    the fields at fault, sent as a google.rpc.BadRequest in the status details)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, field_violations: list[tuple[str, str]] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.field_violations = field_violations or []
+
+    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+        """`grpc-status-details-bin` with the BadRequest, as the real core sends it; none without violations."""
+        if not self.field_violations:
+            return ()
+        detail = any_pb2.Any()
+        detail.Pack(
+            error_details_pb2.BadRequest(
+                field_violations=[error_details_pb2.BadRequest.FieldViolation(field=field, description=text) for field, text in self.field_violations]
+            )
+        )
+        status = status_pb2.Status(code=self.code.value[0], message=self.message, details=[detail])
+        return (("grpc-status-details-bin", status.SerializeToString()),)
+
+    async def abort(self, context: grpc.aio.ServicerContext[Any, Any]) -> NoReturn:
+        await context.abort(self.code, self.message, trailing_metadata=self.trailing_metadata())
+
+
+def _violations(request: pb.CreateRunRequest) -> list[tuple[str, str]]:
+    """The CreateRun checks the core makes before it accepts work, as (field, description)."""
+    found: list[tuple[str, str]] = []
+    if "unparseable" in request.document_uri:
+        found.append(("document_uri", "the document could not be parsed"))
+    for index, source in enumerate(request.sources):
+        if source.doi.startswith(UNREGISTERED_DOI_PREFIX):
+            found.append((f"sources[{index}].doi", f"DOI {source.doi} is not registered"))
+    return found
 
 
 class DevCore(pb_grpc.RunServiceServicer):
@@ -238,7 +273,7 @@ class DevCore(pb_grpc.RunServiceServicer):
             try:
                 response = await asyncio.shield(applying)
             except _Refusal as refusal:
-                await context.abort(refusal.code, refusal.message)
+                await refusal.abort(context)
             return response
         outcome: _Response | _Refusal
         try:
@@ -249,7 +284,7 @@ class DevCore(pb_grpc.RunServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"dev core: {method} was applied, its answer lost")
         await asyncio.sleep(fault.seconds)  # "late": applied now, answered after the caller's deadline
         if isinstance(outcome, _Refusal):
-            await context.abort(outcome.code, outcome.message)
+            await outcome.abort(context)
         return outcome
 
     def _forget_late_application(self, applying: asyncio.Future[Any]) -> None:
@@ -267,7 +302,7 @@ class DevCore(pb_grpc.RunServiceServicer):
         try:
             return apply(request, metadata)
         except _Refusal as refusal:
-            await context.abort(refusal.code, refusal.message)
+            await refusal.abort(context)
 
     @staticmethod
     async def _apply_later(seconds: float, apply: Callable[[_Request, _TraceHeaders], _Response], request: _Request, metadata: _TraceHeaders) -> _Response:
@@ -301,11 +336,9 @@ class DevCore(pb_grpc.RunServiceServicer):
             uuid.UUID(request.run_id)
         except ValueError:
             raise _Refusal(grpc.StatusCode.INVALID_ARGUMENT, "run_id must be a UUID") from None
-        if "unparseable" in request.document_uri:
-            raise _Refusal(grpc.StatusCode.INVALID_ARGUMENT, "the document could not be parsed")
-        for index, source in enumerate(request.sources):
-            if source.doi.startswith(UNREGISTERED_DOI_PREFIX):
-                raise _Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"sources[{index}]: DOI {source.doi} is not registered")
+        problems = _violations(request)
+        if problems:
+            raise _Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"{len(problems)} problem(s) with the analysis", problems)
         if dt.date.today() != self._budget_day:
             self._budget_day, self._budget_used = dt.date.today(), 0
         if self._budget_used >= self.daily_budget:
@@ -331,6 +364,8 @@ class DevCore(pb_grpc.RunServiceServicer):
             raise _Refusal(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown or expired")
         if self.fail_releases:
             raise _Refusal(grpc.StatusCode.UNAVAILABLE, "dev core switched to fail releases")
+        if FAILED_RELEASE_MARKER in run.document_uri:
+            raise _Refusal(grpc.StatusCode.UNAVAILABLE, f"dev core fails every release of a document named {FAILED_RELEASE_MARKER}")
         if run.state == pb.RUN_STATE_CANCELED:
             raise _Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"run {run.run_id} was canceled")
         if run.state == pb.RUN_STATE_HELD and self.judging_ceiling is not None and len(self.judging_all) >= self.judging_ceiling:

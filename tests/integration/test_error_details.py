@@ -3,12 +3,15 @@ rejection (google.rpc.BadRequest) passed through to the Admit caller."""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from queue_service._gen.acurio.core.v1 import run_service_pb2_grpc as core_grpc
+from queue_service._gen.acurio.queue.v1 import job_pb2
 from tests.harness import error_info, new_user
 
 
@@ -93,3 +96,41 @@ async def test_the_cores_per_source_violations_reach_the_admit_caller(services) 
         assert await service.stubs.balance(user) == 1  # nothing charged
     finally:
         await server.stop(None)
+
+
+async def test_the_dev_core_names_each_field_it_rejects_as_the_real_core_does(services) -> None:
+    """`queue-service dev` answers like the real core: a BadRequest with `document_uri` and each
+    `sources[i].doi` at fault, so a client's per-source messages can be built against it."""
+    core = await services.core()
+    service = await services.start(core)
+    user = new_user()
+    await service.stubs.grant(user, 1)
+    try:
+        await service.stubs.admit(user, uri="s3://theses/unparseable.pdf", dois=("10.1234/fine", "10.9999/unknown", "10.9999/other"))
+        raise AssertionError("the dev core rejects an unparseable document and unregistered DOIs")
+    except grpc.aio.AioRpcError as exc:
+        code, reason, metadata, violations = error_info(exc)
+        assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "CORE_REJECTED")
+        assert metadata["coreMessage"] == "3 problem(s) with the analysis"
+        assert violations == [
+            ("document_uri", "the document could not be parsed"),
+            ("sources[1].doi", "DOI 10.9999/unknown is not registered"),
+            ("sources[2].doi", "DOI 10.9999/other is not registered"),
+        ]
+    assert await service.stubs.balance(user) == 1  # nothing charged
+
+
+async def test_the_dev_core_fails_every_release_of_a_fail_release_document(services) -> None:
+    """The `fail-release` test input: the job takes its slot and stays PENDING, its release retried."""
+    core = await services.core()
+    service = await services.start(core)
+    user = new_user()
+    await service.stubs.grant(user, 1)
+    job = await service.stubs.admit(user, uri="s3://theses/fail-release.pdf")
+    for _ in range(200):
+        job = await service.stubs.job(job.job_id)
+        if job.release_attempts >= 1 and job.last_error:
+            break
+        await asyncio.sleep(0.05)
+    assert job.status == job_pb2.JOB_STATUS_PENDING
+    assert "ReleaseRun gave no answer (UNAVAILABLE)" in job.last_error
