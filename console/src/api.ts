@@ -1,6 +1,7 @@
 // Clients for the queue's services over the Connect protocol, on the page's own origin (the
 // service serves the console and the endpoint together), with the bearer token the person
-// entered, and errors turned into one readable line with the ErrorInfo reason.
+// entered, and errors turned into one readable line with the ErrorInfo reason. Every read and
+// stream reports its outcome to `callHealth`, so the header's live mark says when calls are refused.
 import { createClient, ConnectError, Code, type Interceptor } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-web";
 import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
@@ -27,19 +28,97 @@ const bearer: Interceptor = (next) => async (req) => {
   return next(req);
 };
 
+/** What the page's reads and streams last heard: answers, refusals, or nothing at all. */
+export type CallState = "waiting" | "ok" | "refused" | "unreachable";
+export interface CallHealth {
+  state: CallState;
+  text: string;
+}
+
+let health: CallHealth = { state: "waiting", text: "" }; // no answer yet
+const healthListeners = new Set<(h: CallHealth) => void>();
+
+export function callHealth(): CallHealth {
+  return health;
+}
+
+export function onCallHealth(listener: (h: CallHealth) => void): () => void {
+  healthListeners.add(listener);
+  return () => healthListeners.delete(listener);
+}
+
+function report(error: unknown): void {
+  let next: CallHealth = { state: "ok", text: "" };
+  if (error !== null) {
+    const code = ConnectError.from(error).code;
+    if (code === Code.Canceled) return; // a page that closed its own stream
+    if (code === Code.Unauthenticated || code === Code.PermissionDenied) next = { state: "refused", text: describeError(error) };
+    else if (code === Code.Unavailable || code === Code.Unknown || code === Code.DeadlineExceeded)
+      next = { state: "unreachable", text: describeError(error) };
+    else return; // an answer about the request itself: the service is there and let us in
+  }
+  if (next.state === health.state && next.text === health.text) return;
+  health = next;
+  for (const listener of healthListeners) listener(health);
+}
+
+// Reads and streams (what keeps a page current) decide the live mark; an action refused for
+// its role says so in the notice line and leaves the mark alone.
+const READS = /^(Get|List|Search|Watch)/;
+
+const tracked: Interceptor = (next) => async (req) => {
+  if (!req.stream && !READS.test(req.method.name)) return next(req);
+  let res;
+  try {
+    res = await next(req);
+  } catch (error) {
+    report(error);
+    throw error;
+  }
+  if (!res.stream) {
+    report(null);
+    return res;
+  }
+  const messages = res.message;
+  return {
+    ...res,
+    message: (async function* () {
+      try {
+        for await (const message of messages) {
+          report(null);
+          yield message;
+        }
+      } catch (error) {
+        report(error);
+        throw error;
+      }
+    })(),
+  };
+};
+
 const transport = createConnectTransport({
   baseUrl: window.location.origin,
   useBinaryFormat: true,
-  interceptors: [bearer],
+  interceptors: [bearer, tracked],
 });
 
 export const queue = createClient(AnalysisQueueService, transport);
 export const credits = createClient(CreditsService, transport);
 export const operator = createClient(OperatorService, transport);
 
-/** One line for a person: `REASON: message`, plus the fields a BadRequest names. */
+/** An outcome the console itself judges a failure (a call that answered, but did not do it). */
+export class Problem extends Error {}
+
+/** One line for a person: `REASON: message`, plus the fields a BadRequest names. A refusal for
+ * want of a token says which key sets one, not which header the service expected. */
 export function describeError(error: unknown): string {
+  if (error instanceof Problem) return error.message;
   const err = ConnectError.from(error);
+  if (err.code === Code.Unauthenticated && (err.findDetails(ErrorInfoSchema)[0]?.reason ?? "UNAUTHENTICATED") === "UNAUTHENTICATED") {
+    return token() === ""
+      ? "UNAUTHENTICATED: this service needs a token: press t to set a token"
+      : "UNAUTHENTICATED: the token was not accepted: press t to set another token";
+  }
   const info = err.findDetails(ErrorInfoSchema)[0];
   const fields = err.findDetails(BadRequestSchema).flatMap((b) => b.fieldViolations.map((v) => v.description));
   const reason = info?.reason ?? Code[err.code];

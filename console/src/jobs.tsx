@@ -1,8 +1,9 @@
 import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import { useEffect, useState } from "preact/hooks";
+import { useEffect, useRef, useState } from "preact/hooks";
 
-import { date, operator, queue } from "./api.js";
+import { date, operator, Problem, queue } from "./api.js";
+import { Modal } from "./dialog.js";
 import { ACTIVE, dateTime, duration, shortId, STATUS_LABELS } from "./format.js";
 import { go, useNow } from "./hooks.js";
 import { useAction, useNotice } from "./notice.js";
@@ -32,51 +33,90 @@ export function StatusBadge({ status }: { status: JobStatus }) {
   return <span class={`badge ${STATUS_LABELS[status]}`}>{STATUS_LABELS[status]}</span>;
 }
 
+/** Bulk cancel by filter: a dry run counts first; the dialog names the filter's reach, and with no
+ * user in the filter (every user's jobs) the count must be typed before the confirm button works. */
 function BulkCancel({ filter, onDone }: { filter: JobFilter; onDone: () => void }) {
   const [count, setCount] = useState<{ matched: number; more: boolean } | null>(null);
+  const [typed, setTyped] = useState("");
+  const opener = useRef<HTMLButtonElement>(null);
   const { run, busy } = useAction();
+  const allUsers = filter.userId === "";
   const ask = () =>
     run(async () => {
       const response = await operator.cancelJobs({ filter, dryRun: true });
+      setTyped("");
       setCount({ matched: response.matched, more: response.moreThanCounted });
     });
+  const armed = count !== null && count.matched > 0 && (!allUsers || typed.trim() === String(count.matched));
   const confirm = () =>
     run(async () => {
+      if (!armed) return;
       const response = await operator.cancelJobs({ filter, maxJobs: count!.matched });
       setCount(null);
       onDone();
       const failed = response.failures.length;
       return `Canceled ${response.canceled} jobs (refunded)${failed ? `; ${failed} could not be canceled: ${response.failures[0].reason}` : ""}`;
     });
+  const jobs = (n: number) => `${n} ${n === 1 ? "job" : "jobs"}`;
   return (
     <>
-      <button onClick={ask} disabled={busy} data-testid="bulk-cancel">
+      <button type="button" onClick={ask} disabled={busy} data-testid="bulk-cancel" ref={opener}>
         Cancel matching…
       </button>
       {count !== null && (
-        <div class="dialog-backdrop" onClick={() => setCount(null)}>
-          <div class="dialog" role="alertdialog" aria-label="Confirm bulk cancel" onClick={(e) => e.stopPropagation()}>
+        <Modal role="alertdialog" label="Confirm bulk cancel" onClose={() => setCount(null)} returnTo={opener}>
+          <form
+            onSubmit={(e) => {
+              e.preventDefault();
+              confirm();
+            }}
+          >
             {count.matched === 0 ? (
               <p>No queued, pending or running job matches this filter.</p>
             ) : (
-              <p data-testid="bulk-cancel-count">
-                Cancel <strong>{count.matched}</strong> {count.matched === 1 ? "job" : "jobs"}
-                {count.more ? " (the first 1000 of more)" : ""}? Each is canceled at the core and refunded; ended jobs are
-                not touched.
+              <p data-testid="bulk-cancel-count" data-count={count.matched}>
+                Cancel all <strong>{jobs(count.matched)}</strong> matching this filter
+                {allUsers ? (
+                  <>
+                    {" "}
+                    across <strong>all users</strong> (the filter names no user)
+                  </>
+                ) : (
+                  <>
+                    {" "}
+                    of <span class="mono">{filter.userId}</span>
+                  </>
+                )}
+                {count.more ? " (the first 1000 of more)" : ""}? Each is canceled at the core and refunded; ended jobs are not
+                touched.
               </p>
             )}
+            {count.matched > 0 && allUsers && (
+              <label class="confirm-typed">
+                Type {count.matched} to cancel jobs of every user
+                <input
+                  data-autofocus
+                  inputMode="numeric"
+                  autoComplete="off"
+                  value={typed}
+                  onInput={(e) => setTyped(e.currentTarget.value)}
+                  aria-label="Number of jobs to cancel"
+                />
+              </label>
+            )}
             <div class="actions">
-              <button onClick={() => setCount(null)} autoFocus>
-                Keep them
+              <button type="button" onClick={() => setCount(null)} data-autofocus={allUsers ? undefined : true}>
+                Keep them <kbd>Esc</kbd>
               </button>
               {count.matched > 0 && (
-                <button class="danger" onClick={confirm} disabled={busy} data-testid="bulk-cancel-confirm">
-                  Cancel {count.matched} {count.matched === 1 ? "job" : "jobs"}
+                <button type="submit" class="danger" disabled={busy || !armed} data-testid="bulk-cancel-confirm">
+                  Cancel {jobs(count.matched)}
+                  {allUsers ? " of all users" : ""}
                 </button>
               )}
             </div>
-          </div>
-        </div>
+          </form>
+        </Modal>
       )}
     </>
   );
@@ -132,7 +172,15 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
   return (
     <section class="page" data-testid="jobs">
       <h1>Jobs</h1>
-      <form class="filters" onSubmit={(e) => e.preventDefault()}>
+      <form
+        class="filters"
+        onSubmit={(e) => {
+          // Enter in a field applies what it holds (the form has no submit button: nothing else runs).
+          e.preventDefault();
+          const user = new FormData(e.currentTarget).get("user");
+          update({ user: String(user ?? "").trim() });
+        }}
+      >
         <label>
           Status
           <select value={params.get("status") ?? ""} onChange={(e) => update({ status: e.currentTarget.value })}>
@@ -149,9 +197,16 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
           User
           <input
             data-search
+            name="user"
             placeholder="user id  (press /)"
             value={params.get("user") ?? ""}
             onChange={(e) => update({ user: e.currentTarget.value.trim() })}
+            onKeyDown={(e) => {
+              if (e.key === "Enter") {
+                e.preventDefault();
+                update({ user: e.currentTarget.value.trim() });
+              }
+            }}
           />
         </label>
         <label>
@@ -166,8 +221,10 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
           <input type="checkbox" checked={params.get("error") === "1"} onChange={(e) => update({ error: e.currentTarget.checked ? "1" : "" })} />
           has error
         </label>
-        <BulkCancel filter={filter} onDone={() => setRefresh((n) => n + 1)} />
       </form>
+      <div class="toolbar">
+        <BulkCancel filter={filter} onDone={() => setRefresh((n) => n + 1)} />
+      </div>
       <table class="jobs">
         <thead>
           <tr>
@@ -227,15 +284,34 @@ function Step({ label, at, detail, state }: { label: string; at?: Date; detail?:
   );
 }
 
-export function JobDetail({ jobId }: { jobId: string }) {
+export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
   const [job, setJob] = useState<Job | null>(null);
   const [version, setVersion] = useState(0);
   const notice = useNotice();
   const { run, busy } = useAction();
   const now = useNow();
   useEffect(() => {
-    queue.getJob({ jobId }).then((r) => setJob(r.job ?? null), notice.error);
+    let current = true;
+    queue.getJob({ jobId }).then((r) => current && setJob(r.job ?? null), (error) => current && notice.error(error));
+    return () => {
+      current = false;
+    };
   }, [jobId, version]);
+  useEffect(() => setJob(null), [jobId]);
+  // Live while the job is active: its user's stream carries every change of it (position, release
+  // attempts, running, ended). A (re)opened stream starts with a snapshot, so read the job again
+  // then: it may have ended while no stream was open.
+  const userId = job?.userId ?? "";
+  const active = job !== null && ACTIVE.has(job.status);
+  const problem = useLiveStream(
+    (signal) => queue.watchJobs({ userId }, { signal }),
+    (message, first) => {
+      if (message.job?.jobId === jobId) setJob(message.job);
+      else if (first) setVersion((v) => v + 1);
+    },
+    [jobId, userId],
+    live && active,
+  );
   if (job === null) return <section class="page"><p class="muted">Loading job {shortId(jobId)}…</p></section>;
 
   const created = date(job.createTime);
@@ -243,7 +319,6 @@ export function JobDetail({ jobId }: { jobId: string }) {
   const started = date(job.startTime);
   const ended = date(job.endTime);
   const ok = job.status === JobStatus.SUCCEEDED;
-  const active = ACTIVE.has(job.status);
   const reload = () => setVersion((v) => v + 1);
   return (
     <section class="page" data-testid="job-detail">
@@ -253,6 +328,13 @@ export function JobDetail({ jobId }: { jobId: string }) {
       <h1>
         Job <span class="mono">{job.jobId}</span> <StatusBadge status={job.status} />
       </h1>
+      {problem && <p class="problem">{problem}</p>}
+      {job.status === JobStatus.PENDING && job.lastError && (
+        <p class="warning" data-testid="release-retrying">
+          The release to the core is being retried (attempt {job.releaseAttempts}: {job.lastError}). The queue keeps trying
+          until the release window is over, then fails the job and refunds it.
+        </p>
+      )}
       <dl class="facts">
         <dt>User</dt>
         <dd>
@@ -330,7 +412,14 @@ export function JobDetail({ jobId }: { jobId: string }) {
               run(async () => {
                 const r = await queue.release({ jobId: job.jobId });
                 reload();
-                return `Release attempted: the job is ${STATUS_LABELS[r.job!.status]}`;
+                const after = r.job!;
+                // The call answers with the job either way: a job still PENDING was not released.
+                if (after.status === JobStatus.PENDING) {
+                  throw new Problem(
+                    `Release failed: the job is still pending after attempt ${after.releaseAttempts}${after.lastError ? `: ${after.lastError}` : ""}; the queue keeps retrying it`,
+                  );
+                }
+                return `Released: the job is ${STATUS_LABELS[after.status]}`;
               })
             }
           >

@@ -1,7 +1,8 @@
 import { render } from "preact";
-import { useLayoutEffect, useState } from "preact/hooks";
+import { useEffect, useLayoutEffect, useState } from "preact/hooks";
 
-import { setToken, token } from "./api.js";
+import { callHealth, onCallHealth, setToken, token } from "./api.js";
+import { Modal } from "./dialog.js";
 import { go, useRoute, useVisible } from "./hooks.js";
 import { JobDetail, JobsPage } from "./jobs.js";
 import { OverviewPage } from "./overview.js";
@@ -17,12 +18,8 @@ const PAGES = [
 function TokenDialog({ onClose }: { onClose: () => void }) {
   const [value, setValue] = useState(token());
   return (
-    <div class="dialog-backdrop" role="presentation" onClick={onClose}>
+    <Modal label="Bearer token" onClose={onClose}>
       <form
-        class="dialog"
-        role="dialog"
-        aria-label="Bearer token"
-        onClick={(e) => e.stopPropagation()}
         onSubmit={(e) => {
           e.preventDefault();
           setToken(value);
@@ -38,7 +35,7 @@ function TokenDialog({ onClose }: { onClose: () => void }) {
         <input
           name="token"
           type="password"
-          autoFocus
+          data-autofocus
           autoComplete="off"
           value={value}
           onInput={(e) => setValue(e.currentTarget.value)}
@@ -46,14 +43,27 @@ function TokenDialog({ onClose }: { onClose: () => void }) {
         />
         <div class="actions">
           <button type="button" onClick={onClose}>
-            Close
+            Close <kbd>Esc</kbd>
           </button>
           <button type="submit" class="primary">
             Use token
           </button>
         </div>
       </form>
-    </div>
+    </Modal>
+  );
+}
+
+/** The header's mark: live only while the page's reads and streams are answered. */
+function LiveMark({ visible }: { visible: boolean }) {
+  const [health, setHealth] = useState(callHealth());
+  useEffect(() => onCallHealth(setHealth), []);
+  const state = !visible ? "paused" : health.state;
+  const label = { paused: "paused", waiting: "connecting", ok: "live", refused: "refused", unreachable: "unreachable" }[state];
+  return (
+    <span class={`live ${state === "ok" ? "on" : state === "paused" || state === "waiting" ? "off" : "bad"}`} data-testid="live-state" data-state={state} title={health.text || undefined}>
+      {label}
+    </span>
   );
 }
 
@@ -68,6 +78,7 @@ function App() {
     const onKey = (e: KeyboardEvent) => {
       const target = e.target as HTMLElement;
       if (e.ctrlKey || e.metaKey || e.altKey || ["INPUT", "SELECT", "TEXTAREA"].includes(target.tagName)) return;
+      if (document.querySelector('[aria-modal="true"]')) return; // keys belong to the open dialog
       const match = PAGES.find((p) => p.key === e.key);
       if (match) go(match.path);
       else if (e.key === "t") setTokenOpen(true);
@@ -84,7 +95,7 @@ function App() {
   }, []);
 
   let content;
-  if (page === "jobs" && route.parts[1]) content = <JobDetail jobId={route.parts[1]} />;
+  if (page === "jobs" && route.parts[1]) content = <JobDetail jobId={route.parts[1]} live={visible} />;
   else if (page === "jobs") content = <JobsPage params={route.params} live={visible} />;
   else if (page === "users") content = <UserQueuePage userId={route.parts[1] ?? ""} live={visible} />;
   else content = <OverviewPage live={visible} />;
@@ -102,9 +113,7 @@ function App() {
             </a>
           ))}
         </nav>
-        <span class={`live ${visible ? "on" : "off"}`} data-testid="live-state">
-          {visible ? "live" : "paused"}
-        </span>
+        <LiveMark visible={visible} />
         <button class="token" onClick={() => setTokenOpen(true)} title="Press t">
           {token() ? "Token set" : "Set token"} <kbd>t</kbd>
         </button>

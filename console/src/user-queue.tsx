@@ -33,14 +33,29 @@ function UserPicker({ userId }: { userId: string }) {
   );
 }
 
-function Credits({ userId }: { userId: string }) {
+// Grants and admits made elsewhere (another console, the web backend, grpcurl) move the balance
+// too: it is read again on every change of the user's queue and every few seconds while live.
+const BALANCE_POLL_MS = 2000;
+
+function Credits({ userId, version, live }: { userId: string; version: number; live: boolean }) {
   const [balance, setBalance] = useState<bigint | null>(null);
   const [amount, setAmount] = useState("5");
   const { run, busy } = useAction();
-  const load = () => credits.getBalance({ userId }).then((r) => setBalance(r.balance), () => setBalance(null));
+  useEffect(() => setBalance(null), [userId]);
   useEffect(() => {
+    let current = true;
+    const load = () =>
+      credits.getBalance({ userId }).then(
+        (r) => current && setBalance(r.balance),
+        () => current && setBalance(null),
+      );
     load();
-  }, [userId]);
+    const timer = live ? setInterval(load, BALANCE_POLL_MS) : undefined;
+    return () => {
+      current = false;
+      clearInterval(timer);
+    };
+  }, [userId, version, live]);
   return (
     <form
       class="credits"
@@ -60,6 +75,32 @@ function Credits({ userId }: { userId: string }) {
       </button>
     </form>
   );
+}
+
+/** The active job a queued job ultimately waits for (following "waiting for" through the queue). */
+function headOf(job: Job, jobs: Map<string, Job>): Job | undefined {
+  const seen = new Set<string>();
+  let at: Job | undefined = job;
+  while (at !== undefined && at.status === JobStatus.QUEUED && !seen.has(at.jobId)) {
+    seen.add(at.jobId);
+    at = jobs.get(at.waitingForJobId);
+  }
+  return at === job ? undefined : at;
+}
+
+/** When a queued job should start: the estimate, unless it waits behind a release being retried
+ * (then it may wait up to the release window, whatever the estimate says). */
+function StartsWhen({ job, jobs, now }: { job: Job; jobs: Map<string, Job>; now: number }) {
+  const head = headOf(job, jobs);
+  if (head !== undefined && head.status === JobStatus.PENDING && head.lastError) {
+    return (
+      <span class="warn-text" title={head.lastError}>
+        behind a release being retried ({shortId(head.jobId)}, attempt {head.releaseAttempts}); starts when the core takes it,
+        at worst when the release window ends
+      </span>
+    );
+  }
+  return <Countdown at={date(job.estimatedStartTime)} now={now} />;
 }
 
 export function UserQueuePage({ userId, live }: { userId: string; live: boolean }) {
@@ -89,8 +130,8 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
       });
       if (job && !ACTIVE.has(job.status)) {
         setFinished((old) => [job, ...old.filter((j) => j.jobId !== job.jobId)].slice(0, 5));
-        setBalanceVersion((v) => v + 1);
       }
+      setBalanceVersion((v) => v + 1); // an admit charges, an end may refund
     },
     [userId],
     live && userId !== "",
@@ -124,7 +165,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
       </h1>
       {problem && <p class="problem">{problem}</p>}
       <div class="toolbar">
-        <Credits userId={userId} key={`${userId}-${balanceVersion}`} />
+        <Credits userId={userId} version={balanceVersion} live={live} />
         <button
           disabled={busy}
           data-testid="promote"
@@ -171,7 +212,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
             </a>
             <StatusBadge status={job.status} />
             <span class="muted">
-              waiting for <span class="mono">{shortId(job.waitingForJobId)}</span> · <Countdown at={date(job.estimatedStartTime)} now={now} />
+              waiting for <span class="mono">{shortId(job.waitingForJobId)}</span> · <StartsWhen job={job} jobs={jobs} now={now} />
             </span>
             <button class="small danger" disabled={busy} onClick={() => cancel(job)} data-testid="cancel">
               Cancel
