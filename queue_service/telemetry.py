@@ -3,16 +3,25 @@
 The SDK is configured once per process by `configure` (exporters from the standard OTel
 variables); the instruments below are created from the global providers, so they are no-ops
 until then and tests can install in-memory readers.
+
+At exit the providers flush what they hold, but within `SHUTDOWN_BUDGET_SECONDS` (OTLP's own
+shutdown waits up to the exporter's timeout, 10 s, per signal, with retries: an unreachable
+collector made a stop take 21-30 s, past Kubernetes' grace period into SIGKILL). When the
+budget is spent the OTLP exporters are shut down, which ends an export in flight and its
+retries, and what was not delivered is dropped with one warning.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import logging
 import os
 import re
 import sys
+import threading
+import time
 import weakref
 from typing import Any
 
@@ -20,6 +29,9 @@ from opentelemetry import metrics as otel_metrics, trace
 
 tracer = trace.get_tracer("queue_service")
 _meter = otel_metrics.get_meter("queue_service")
+
+# What the exit may spend on delivering the last spans and metrics (both signals together).
+SHUTDOWN_BUDGET_SECONDS = 3.0
 
 _SECONDS_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
 
@@ -150,13 +162,16 @@ def configure(*, service_name: str, console_traces: bool, metrics_addr: str) -> 
     resource = Resource.create({"service.name": service_name})
     span_processors: list[Any] = []
     readers: list[Any] = []
+    otlp_exporters: list[Any] = []
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-        span_processors.append(BatchSpanProcessor(OTLPSpanExporter()))
-        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+        span_exporter, metric_exporter = OTLPSpanExporter(), OTLPMetricExporter()
+        otlp_exporters.extend([span_exporter, metric_exporter])
+        span_processors.append(BatchSpanProcessor(span_exporter))
+        readers.append(PeriodicExportingMetricReader(metric_exporter))
     if console_traces:
         span_processors.append(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
     if metrics_addr:
@@ -166,14 +181,55 @@ def configure(*, service_name: str, console_traces: bool, metrics_addr: str) -> 
         host, _, port = metrics_addr.rpartition(":")
         start_http_server(int(port), addr=host)
         readers.append(PrometheusMetricReader())
+    providers: list[Any] = []
     if readers:
-        otel_metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
+        # shutdown_on_exit=False: the SDK's own exit hook has no overall bound; ours (below) has.
+        meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+        otel_metrics.set_meter_provider(meter_provider)
+        providers.append(meter_provider)
     if span_processors:
-        tracer_provider = TracerProvider(resource=resource)
+        tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         for processor in span_processors:
             tracer_provider.add_span_processor(processor)
         trace.set_tracer_provider(tracer_provider)
+        providers.append(tracer_provider)
         instrument_libraries()
+    if providers:
+        atexit.register(shutdown_within, providers, otlp_exporters, SHUTDOWN_BUDGET_SECONDS)
+
+
+def shutdown_within(providers: list[Any], exporters: list[Any], budget_seconds: float) -> float:
+    """Shuts the providers down (a last flush of spans and metrics), giving up on delivery once
+    `budget_seconds` have passed: then the exporters are shut down, which closes their channels
+    (an export in flight fails at once) and ends their retry waits. Returns the seconds taken."""
+    started = time.monotonic()
+    done = threading.Event()
+
+    def cut_short() -> None:
+        if not done.wait(budget_seconds):
+            logging.getLogger(__name__).warning(
+                "telemetry not delivered within %.1fs at exit (is the OTLP collector reachable?); dropping it", budget_seconds
+            )
+            # Each signal's last export now fails with "already shutdown": said once above.
+            logging.getLogger("opentelemetry.exporter.otlp.proto.grpc").setLevel(logging.ERROR)
+            for exporter in exporters:
+                try:
+                    exporter.shutdown(timeout_millis=0)
+                except Exception:  # noqa: BLE001 - best effort at exit
+                    pass
+
+    guard = threading.Thread(target=cut_short, name="telemetry-shutdown-guard", daemon=True)
+    guard.start()
+    try:
+        for provider in providers:
+            try:
+                provider.shutdown()
+            except Exception:  # noqa: BLE001 - an exporter's failure must not fail the exit
+                pass
+    finally:
+        done.set()
+        guard.join(1.0)
+    return time.monotonic() - started
 
 
 def instrument_libraries() -> None:
