@@ -38,7 +38,9 @@ ENV PATH=/opt/venv/bin:$PATH \
     QUEUE_LISTEN_ADDR=0.0.0.0:50051 \
     QUEUE_LOG_FORMAT=json
 USER 10001:10001
-EXPOSE 50051
+# 50051: gRPC. 8080: the web console and the Connect / gRPC-Web endpoint, served when
+# QUEUE_HTTP_ADDR is set (compose and deploy/k8s set 0.0.0.0:8080).
+EXPOSE 50051 8080
 # The probe reads QUEUE_LISTEN_ADDR (a wildcard host is checked on 127.0.0.1).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 CMD ["queue-service", "probe"]
 STOPSIGNAL SIGTERM

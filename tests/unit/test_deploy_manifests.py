@@ -45,7 +45,10 @@ K8S_API_VERSIONS = {
     "Job": "batch/v1",
     "PodDisruptionBudget": "policy/v1",
     "NetworkPolicy": "networking.k8s.io/v1",
+    "Namespace": "v1",
+    "Ingress": "networking.k8s.io/v1",
 }
+KUSTOMIZATION = K8S / "kustomization.yaml"
 PROBE_KINDS = ("startupProbe", "readinessProbe", "livenessProbe")
 
 
@@ -68,7 +71,8 @@ def compose() -> dict[str, Any]:
 
 @cache
 def k8s_objects() -> list[dict[str, Any]]:
-    return [doc for path, docs in yaml_documents().items() if K8S in path.parents for doc in docs]
+    """The objects under deploy/k8s (kustomization.yaml is kustomize's input, not an object)."""
+    return [doc for path, docs in yaml_documents().items() if K8S in path.parents and path != KUSTOMIZATION for doc in docs]
 
 
 def k8s_one(kind: str) -> dict[str, Any]:
@@ -272,7 +276,7 @@ def test_every_yaml_file_parses_with_its_top_level_keys() -> None:
         assert kind in K8S_API_VERSIONS, f"unexpected kind {kind!r} under deploy/k8s"
         assert obj.get("apiVersion") == K8S_API_VERSIONS[kind], f"{kind} needs apiVersion {K8S_API_VERSIONS[kind]}"
         assert obj.get("metadata", {}).get("name"), f"{kind} without metadata.name"
-        assert kind == "ConfigMap" or "spec" in obj, f"{kind} {obj['metadata']['name']} has no spec"
+        assert kind in ("ConfigMap", "Namespace") or "spec" in obj, f"{kind} {obj['metadata']['name']} has no spec"
     kinds = [o["kind"] for o in objects]
     for kind in ("Deployment", "ConfigMap", "PodDisruptionBudget", "Job"):
         assert kinds.count(kind) == 1, f"expected exactly one {kind}"
@@ -332,8 +336,10 @@ def test_compose_replicas_reach_their_dependencies_and_probe_grpc_health() -> No
             assert depends.get(migrate_name, {}).get("condition") == "service_completed_successfully", (
                 f"{name} has QUEUE_MIGRATE_ON_START=false, so it must wait for {migrate_name} to finish"
             )
-        endpoint = compose_env(service).get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-        assert re.fullmatch(rf"https?://{re.escape(collector)}:{port_of(collector_grpc)}/?", endpoint), endpoint
+        # Quiet by default: the collector runs only with its profile, so nothing exports unless
+        # asked to; the header's telemetry line points the replicas at the collector.
+        assert compose_env(service).get("OTEL_EXPORTER_OTLP_ENDPOINT", "") == "", f"{name} exports OTLP without the telemetry profile"
+        assert f"OTEL_EXPORTER_OTLP_ENDPOINT=http://{collector}:{port_of(collector_grpc)} " in COMPOSE.read_text()
         probe = service.get("healthcheck", {}).get("test")
         assert isinstance(probe, list) and probe[:3] == ["CMD", "queue-service", "probe"], f"{name}: {probe}"
         probed = option(probe[2:], "--addr", config.listen_addr)
@@ -581,9 +587,11 @@ def test_a_network_policy_confines_the_replicas_to_their_callers_and_dependencie
         for port in policy_ports(rule, container_ports):
             allowed_in.setdefault(port, []).extend(rule["from"])
     listen, metrics = (port_of(config.listen_addr), "TCP"), (port_of(config.metrics_addr), "TCP")
-    assert set(allowed_in) == {listen, metrics}, "only the gRPC and the metrics port are reachable"
+    http = (port_of(config.http_addr), "TCP")
+    assert set(allowed_in) == {listen, http, metrics}, "only the gRPC, the console's and the metrics port are reachable"
     namespaces = lambda peers: {p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for p in peers}  # noqa: E731
     assert namespaces(allowed_in[metrics]) == {"monitoring"}
+    assert namespaces(allowed_in[http]) == {"ingress-nginx", "acurio-ops"}, "the console: the ingress controller and operators"
     assert "monitoring" not in namespaces(allowed_in[listen]) and len(allowed_in[listen]) == 3, "web backend, core, operators"
 
     allowed_out: set[tuple[int, str]] = set()
@@ -607,3 +615,70 @@ def test_the_manifests_turn_reflection_off() -> None:
     """Reflection describes every service, operator RPCs included, to any authenticated caller."""
     (container,) = pod_spec("Deployment")["containers"]
     assert config_of(container_env(container, "Deployment"), "Deployment").reflection is False
+
+
+# -- the web console and the Connect endpoint ------------------------------------------------
+
+
+def dockerfile_exposed() -> set[int]:
+    final = re.split(r"^FROM\s", (ROOT / "Dockerfile").read_text(), flags=re.MULTILINE)[-1]
+    return {int(port.split("/")[0]) for line in re.findall(r"^EXPOSE\s+(.*)$", final, re.MULTILINE) for port in line.split()}
+
+
+def test_compose_replicas_serve_the_console_on_a_published_loopback_port() -> None:
+    for name, service in compose_by_subcommand("serve").items():
+        config = serve_config_of(compose_image_env(service), f"compose service {name}")
+        assert config.http_addr, f"compose service {name} serves no console (QUEUE_HTTP_ADDR)"
+        targets = [int(str(p).rsplit(":", 1)[-1]) for p in service.get("ports", [])]
+        assert port_of(config.http_addr) in targets, f"compose service {name} does not publish its console port"
+        assert port_of(config.http_addr) in dockerfile_exposed(), "the Dockerfile exposes the console's port"
+
+
+def test_the_dockerfile_exposes_grpc_and_the_console() -> None:
+    (container,) = pod_spec("Deployment")["containers"]
+    config = config_of(container_env(container, "Deployment"), "Deployment")
+    assert {port_of(config.listen_addr), port_of(config.http_addr)} <= dockerfile_exposed()
+
+
+def test_k8s_serves_the_console_through_its_service_and_a_tls_ingress() -> None:
+    (container,) = pod_spec("Deployment")["containers"]
+    config = config_of(container_env(container, "Deployment"), "Deployment")
+    assert config.http_addr, "the replicas serve the console (QUEUE_HTTP_ADDR in the ConfigMap)"
+    container_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    named = next(n for n, p in container_ports.items() if p == port_of(config.http_addr))
+    service = next(o for o in k8s_objects() if o["kind"] == "Service" and o["spec"].get("clusterIP") != "None")
+    service_port = next(p for p in service["spec"]["ports"] if p.get("targetPort") in (named, port_of(config.http_addr)))
+    ingress = k8s_one("Ingress")
+    tls_hosts = {h for entry in ingress["spec"].get("tls", []) for h in entry.get("hosts", []) if entry.get("secretName")}
+    rules = ingress["spec"]["rules"]
+    assert rules and all(rule.get("host") in tls_hosts for rule in rules), "every host of the ingress has TLS"
+    for rule in rules:
+        for path in rule["http"]["paths"]:
+            backend = path["backend"]["service"]
+            assert backend["name"] == service["metadata"]["name"]
+            assert backend["port"].get("name", backend["port"].get("number")) in (service_port["name"], service_port["port"])
+
+
+def test_kustomize_applies_every_object_but_the_job_in_its_namespace() -> None:
+    kustomization = yaml.safe_load(KUSTOMIZATION.read_text())
+    assert kustomization["kind"] == "Kustomization"
+    namespace = k8s_one("Namespace")["metadata"]["name"]
+    assert kustomization["namespace"] == namespace
+    listed = set(kustomization["resources"])
+    files = {p.name for p in K8S.glob("*.yaml")} - {KUSTOMIZATION.name}
+    job_file = next(name for name in files if any(d.get("kind") == "Job" for d in yaml_documents()[K8S / name]))
+    # A Job's pod template is immutable: a second `apply -k` with a new image would fail on it.
+    assert listed == files - {job_file}, f"kustomization.yaml lists {sorted(listed)}"
+
+
+def test_each_replica_pod_migrates_before_it_serves() -> None:
+    """`kubectl apply -k` orders no Job before a Deployment: the pod's init container does."""
+    spec = pod_spec("Deployment")
+    (init,) = spec["initContainers"]
+    where = f"Deployment init container {init['name']}"
+    assert check_argv(k8s_argv(init, where), where) == "migrate"
+    database = next(e for e in init["env"] if e["name"] == "DATABASE_URL")
+    assert database["valueFrom"]["secretKeyRef"]["key"] == "DATABASE_URL"
+    config_of(container_env(init, where), where)
+    assert init["image"] == spec["containers"][0]["image"]
+    assert init["securityContext"].get("readOnlyRootFilesystem") is True and init["securityContext"].get("allowPrivilegeEscalation") is False
