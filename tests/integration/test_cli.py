@@ -28,8 +28,12 @@ from tests.harness import REPO_ROOT, S, Stubs, new_user
 
 
 def _env(**overrides: str) -> dict[str, str]:
+    """The test's environment for a CLI process: none of the caller's QUEUE_* settings, and a
+    free listen address, never the default 127.0.0.1:50051 (a `queue-service dev` of the
+    developer's may hold it while the tests run)."""
     env = {k: v for k, v in os.environ.items() if not (k.startswith("QUEUE_") or k == "DATABASE_URL")}
-    env.update(QUEUE_LOG_FORMAT="text", **overrides)
+    env.update(QUEUE_LOG_FORMAT="text", QUEUE_LISTEN_ADDR=f"127.0.0.1:{free_port()}")
+    env.update(overrides)
     return env
 
 
