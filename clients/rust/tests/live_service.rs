@@ -1,6 +1,8 @@
 //! Tests against a LIVE queue service whose address is in `QUEUE_ADDR` (for example
-//! `127.0.0.1:50051`, as started by `queue-service dev`). Without `QUEUE_ADDR` every test fails:
-//! a skipped contract check must not look like a passing one.
+//! `127.0.0.1:50051`, as started by `queue-service dev`). Without `QUEUE_ADDR` the tests that
+//! need the service skip, each saying so on stderr, so a plain `cargo test` is green; with
+//! `QUEUE_LIVE_TESTS=required` (CI sets it) a missing `QUEUE_ADDR` fails them instead, since a
+//! skipped contract check must not pass for one that ran.
 
 use std::time::{Duration, Instant};
 
@@ -10,28 +12,40 @@ use acurio_queue_client::{
 };
 use uuid::Uuid;
 
-fn queue_addr() -> String {
+/// The live service's address, or None (the test skips) when `QUEUE_ADDR` is unset.
+fn queue_addr(test: &str) -> Option<String> {
     match std::env::var("QUEUE_ADDR") {
-        Ok(addr) if !addr.trim().is_empty() => addr,
-        _ => panic!(
-            "QUEUE_ADDR is not set: these tests need a live queue service. Start one \
-             (e.g. `QUEUE_LISTEN_ADDR=127.0.0.1:50051 queue-service dev`) and run \
-             `QUEUE_ADDR=127.0.0.1:50051 cargo test`."
+        Ok(addr) if !addr.trim().is_empty() => Some(addr),
+        _ if std::env::var("QUEUE_LIVE_TESTS").as_deref() == Ok("required") => panic!(
+            "QUEUE_ADDR is not set and QUEUE_LIVE_TESTS=required: {test} needs a live queue service"
         ),
+        _ => {
+            eprintln!(
+                "skipped {test}: QUEUE_ADDR is not set. Start a queue \
+                 (`QUEUE_LISTEN_ADDR=127.0.0.1:50051 queue-service dev`) and run \
+                 `QUEUE_ADDR=127.0.0.1:50051 cargo test --test live_service`."
+            );
+            None
+        }
     }
 }
 
-/// Connects to the service named by `QUEUE_ADDR`, failing the test with the reason if it cannot.
-async fn callback_client() -> CallbackClient {
-    let addr = queue_addr();
-    CallbackClient::connect(addr.clone())
-        .await
-        .unwrap_or_else(|err| panic!("cannot connect to the queue at QUEUE_ADDR={addr}: {err:?}"))
+/// Connects to the service named by `QUEUE_ADDR` (None: skip), failing the test with the reason
+/// if it cannot.
+async fn callback_client(test: &str) -> Option<CallbackClient> {
+    let addr = queue_addr(test)?;
+    Some(
+        CallbackClient::connect(addr.clone())
+            .await
+            .unwrap_or_else(|err| panic!("cannot connect to the queue at QUEUE_ADDR={addr}: {err:?}")),
+    )
 }
 
 #[tokio::test]
 async fn complete_run_for_a_never_admitted_run_is_run_not_found() {
-    let client = callback_client().await;
+    let Some(client) = callback_client("complete_run_for_a_never_admitted_run_is_run_not_found").await else {
+        return;
+    };
     let run_id = Uuid::new_v4().to_string();
 
     let error = client
@@ -54,7 +68,11 @@ async fn complete_run_for_a_never_admitted_run_is_run_not_found() {
 
 #[tokio::test]
 async fn complete_run_with_a_malformed_run_id_is_invalid_request_with_its_violation() {
-    let client = callback_client().await;
+    let Some(client) =
+        callback_client("complete_run_with_a_malformed_run_id_is_invalid_request_with_its_violation").await
+    else {
+        return;
+    };
 
     let error = client
         .complete_run("not-a-uuid", Completion::failed("boom").refunded())
