@@ -238,6 +238,12 @@ SETTINGS: dict[str, Setting] = {
     "pool_min_size": Setting("QUEUE_DB_POOL_MIN_SIZE", "2", _parse_int(1, 1000), "database connections kept open"),
     "pool_max_size": Setting("QUEUE_DB_POOL_MAX_SIZE", "20", _parse_int(1, 1000), "database connections at most"),
     "pool_timeout_seconds": Setting("QUEUE_DB_POOL_TIMEOUT_SECONDS", "5", _parse_float(0.05, 600), "wait for a free connection before `UNAVAILABLE`"),
+    "db_dead_peer_seconds": Setting("QUEUE_DB_DEAD_PEER_SECONDS", "10", _parse_int(2, 3600), "how long a silent database peer (a crashed node, a cut network) may stay unnoticed: every connection gets TCP keepalives (idle half of it, probes a sixth of it apart, 3 probes) and tcp_user_timeout of this many seconds, unless DATABASE_URL sets them"),
+    "db_liveness_seconds": Setting("QUEUE_DB_LIVENESS_SECONDS", "2", _parse_float(0.1, 600), "the LISTEN connection runs a liveness query after this long without traffic and reconnects (then resyncs every stream) when no answer comes within it again"),
+    "db_reconnect_max_seconds": Setting("QUEUE_DB_RECONNECT_MAX_SECONDS", "0.5", _parse_float(0.05, 60), "longest wait between two attempts to reconnect to the database (pool and LISTEN connection), so the service follows a database that is back within about this long"),
+    "db_start_wait_seconds": Setting("QUEUE_DB_START_WAIT_SECONDS", "300", _parse_float(0, 86400), "`serve` waits this long for an unreachable database at start, retrying and logging, before it exits 4; 0: exit at once"),
+    "db_prepared_statements": Setting("QUEUE_DB_PREPARED_STATEMENTS", "true", _parse_bool, "let the driver prepare statements it runs often on the server; false behind PgBouncer in transaction mode before 1.21 (or without max_prepared_statements)"),
+    "health_interval_seconds": Setting("QUEUE_HEALTH_INTERVAL_SECONDS", "0.5", _parse_float(0.05, 60), "how often health commits a tiny durable write (given 1 s): readiness follows the database, writes included, within about this long"),
     "migrate_on_start": Setting("QUEUE_MIGRATE_ON_START", "true", _parse_bool, "`serve` applies pending migrations first"),
     "max_concurrent_calls": Setting("QUEUE_MAX_CONCURRENT_CALLS", "16", _parse_int(1, 100_000), "unary calls one replica works on at once; more wait their turn as long as their deadline allows (without one, `QUEUE_DB_POOL_TIMEOUT_SECONDS`), then hear `UNAVAILABLE` `REPLICA_BUSY`; keeps an overloaded replica answering within deadlines; raise it when the core answers slowly and the replica has CPU to spare"),
     "max_streams_per_user": Setting("QUEUE_MAX_STREAMS_PER_USER", "16", _parse_int(1, 100_000), "open WatchJobs streams per caller, user and replica (each caller's own: another caller's streams never lock an operator out of a user); operators may open this many beyond `QUEUE_MAX_STREAMS`"),
@@ -334,6 +340,12 @@ class Config:
     pool_min_size: int
     pool_max_size: int
     pool_timeout_seconds: float
+    db_dead_peer_seconds: int
+    db_liveness_seconds: float
+    db_reconnect_max_seconds: float
+    db_start_wait_seconds: float
+    db_prepared_statements: bool
+    health_interval_seconds: float
     migrate_on_start: bool
     max_concurrent_calls: int
     max_streams_per_user: int

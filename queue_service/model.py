@@ -589,3 +589,54 @@ class LedgerQuery:
     user_id: str
     job_id: uuid.UUID | None
     before_entry_id: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicationStance:
+    """What a commit of this replica waits for, as the database reports it.
+
+    `mode` is one of: `synchronous` (a synchronous standby is connected and commits wait for it:
+    an acknowledged commit survives the primary's loss), `synchronous_without_standby` (standbys
+    are named but none is connected as synchronous: every commit waits, writes stall, health
+    reads NOT_SERVING), `asynchronous` (standbys stream but commits do not wait: a failover can
+    lose what was acknowledged in its last moments), `single_node` (no standby: a commit lasts as
+    long as this node's disk), `standby` (the node is read-only: a failover is under way or the
+    DSN reaches the wrong node), `unknown` (this role may not read the standbys' sync state).
+    """
+
+    mode: str
+    synchronous_commit: str
+    synchronous_standby_names: str
+    standbys: int
+    synchronous_standbys: int
+
+    @property
+    def synchronous(self) -> bool:
+        return self.mode == "synchronous"
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ReplicationStance:
+        commit = str(row["synchronous_commit"])
+        names = str(row["synchronous_standby_names"]).strip()
+        standbys, synchronous, hidden = int(row["standbys"]), int(row["synchronous_standbys"]), int(row["standbys_hidden"])
+        waits = commit in ("on", "remote_write", "remote_apply") and bool(names)
+        if row["in_recovery"]:
+            mode = "standby"
+        elif waits and synchronous > 0:
+            mode = "synchronous"
+        elif waits and hidden > 0:
+            mode = "unknown"
+        elif waits:
+            mode = "synchronous_without_standby"
+        elif standbys > 0:
+            mode = "asynchronous"
+        else:
+            mode = "single_node"
+        return cls(mode=mode, synchronous_commit=commit, synchronous_standby_names=names, standbys=standbys, synchronous_standbys=synchronous)
+
+    def describe(self) -> str:
+        return (
+            f"replication {self.mode} (synchronous_commit={self.synchronous_commit}, "
+            f"synchronous_standby_names={self.synchronous_standby_names!r}, standbys streaming={self.standbys}, "
+            f"synchronous={self.synchronous_standbys})"
+        )

@@ -1,7 +1,10 @@
 """Assembles one replica: pool, migrations, core client, engine, background loops, gRPC server.
 
-Health (service "") is SERVING once the database answers and the schema is current, and
-NOT_SERVING from the moment a drain starts. A drain stops accepting calls, ends WatchJobs
+Health (service "") is SERVING once the database answers and the schema is current, NOT_SERVING
+while the database cannot commit this replica's probe write, and from the moment a drain
+starts; health service "liveness" is SERVING for as long as the process serves, whatever the
+database does. `start` waits for an unreachable database (QUEUE_DB_START_WAIT_SECONDS) and logs
+the database's replication stance. A drain stops accepting calls, ends WatchJobs
 streams with UNAVAILABLE (clients reconnect to another replica), gives in-flight unary calls the
 grace period, stops the loops and closes the pool.
 """
@@ -18,7 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from queue_service import telemetry
+from queue_service import errors, telemetry
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2,
     core_callback_service_pb2_grpc,
@@ -54,7 +57,7 @@ from queue_service.engine.engine import QueueEngine
 from queue_service.engine.job_reads import JobReads
 from queue_service.engine.sweeper import Sweeper
 from queue_service.engine.watch import NotificationHub
-from queue_service.model import ClaimedRelease
+from queue_service.model import ClaimedRelease, ReplicationStance
 from queue_service.store import Store
 from queue_service.store.migrations import MigrationError
 from queue_service.store.pool import Timeouts, create_pool
@@ -68,8 +71,26 @@ SERVICE_NAMES = (
     operator_service_pb2.DESCRIPTOR.services_by_name["OperatorService"].full_name,
 )
 
-# How often health re-checks the database.
-_HEALTH_PROBE_SECONDS = 5.0
+# The health service name that answers SERVING for as long as the process serves gRPC, whatever
+# the database does: what a liveness probe should check (restarting a replica never mends a
+# database). Readiness checks "" (or a queue service's name), which follows the database.
+LIVENESS_SERVICE = "liveness"
+
+# How long health's probe write (checkout and commit) may take before the database counts as
+# unable to take writes.
+_HEALTH_WRITE_TIMEOUT_SECONDS = 1.0
+
+# How often a serving replica re-reads the database's replication stance.
+_STANCE_CHECK_SECONDS = 30.0
+
+# What a replica tells the operator an acknowledged commit risks, by replication mode.
+_AT_RISK = {
+    "asynchronous": "lost if the primary fails before its standby has it (an asynchronous failover)",
+    "single_node": "as durable as this one node's disk (no standby)",
+    "synchronous_without_standby": "safe, but no synchronous standby is connected: every commit waits and writes stall",
+    "standby": "refused: the database is a read-only standby",
+    "unknown": "of unknown durability: this role may not read the standbys' sync state (grant pg_monitor)",
+}
 
 # After the last in-flight call of a drain, how long late arrivals still get a clean UNAVAILABLE.
 _QUIET_SECONDS = 0.5
@@ -107,9 +128,14 @@ class QueueApp:
                 min_size=config.pool_min_size,
                 max_size=config.pool_max_size,
                 timeout=config.pool_timeout_seconds,
+                dead_peer_seconds=config.db_dead_peer_seconds,
+                reconnect_max_seconds=config.db_reconnect_max_seconds,
+                prepared_statements=config.db_prepared_statements,
             ),
             database_url=config.database_url,
             listen_database_url=config.listen_database_url,
+            dead_peer_seconds=config.db_dead_peer_seconds,
+            liveness_seconds=config.db_liveness_seconds,
         )
         telemetry.metrics.pools.add(self.store.pool)
         self.core = CoreClient.connect(config.core_addr, deadline_seconds=config.core_deadline_seconds, credentials=core_credentials)
@@ -137,6 +163,7 @@ class QueueApp:
             max_streams=config.max_streams,
             max_streams_per_user=config.max_streams_per_user,
             backlog_bytes=config.watch_backlog_bytes,
+            reconnect_max_seconds=config.db_reconnect_max_seconds,
         )
         self.dispatcher = ReleaseDispatcher(
             self.engine,
@@ -174,15 +201,20 @@ class QueueApp:
         self._credentials_watch: asyncio.Task[None] | None = None
         self.server: grpc.aio.Server | None = None
         self._health_watch: asyncio.Task[None] | None = None
+        self._stance: ReplicationStance | None = None
         self.port = 0
         self.http_port = 0
 
     async def start(self) -> int:
+        await self.store.wait_until_reachable(
+            wait_seconds=self.config.db_start_wait_seconds, retry_max_seconds=self.config.db_reconnect_max_seconds
+        )
         if self.config.migrate_on_start:
             await self.store.migrate()
         await self.store.open(timeout=max(10.0, self.config.pool_timeout_seconds))
         await self._check_schema()
         await self._seed_capacity()
+        await self._check_replication(at_start=True)
 
         server = grpc.aio.server(
             interceptors=self._interceptors,
@@ -217,6 +249,7 @@ class QueueApp:
         if self.web is not None:
             self.http_port = await self.web.start()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         self._health_watch = asyncio.create_task(self._watch_database(), name="health-watch")
         if self.config.credentials_reload_seconds > 0 and self.credentials.paths:
             self._credentials_watch = asyncio.create_task(
@@ -258,18 +291,61 @@ class QueueApp:
             )
         self.capacity.learned(capacity > 0)
 
+    async def _check_replication(self, *, at_start: bool = False) -> None:
+        """Reads what this replica's commits wait for (`model.ReplicationStance`): logged at start
+        and on every change, and the metric queue.db.synchronous_replication."""
+        try:
+            stance = await self.store.replication_stance(timeout=_HEALTH_WRITE_TIMEOUT_SECONDS * 5)
+        except errors.QueueError as exc:
+            if at_start:
+                log.warning("durability: could not read the database's replication stance: %s", exc.message)
+            return
+        previous = self._stance
+        self._stance = stance
+        telemetry.metrics.replication = {"mode": stance.mode}
+        if previous is not None and previous.mode == stance.mode:
+            return
+        if stance.synchronous:
+            log.info("durability: %s: an acknowledged commit survives the loss of the primary", stance.describe())
+        else:
+            log.warning(
+                "durability: %s: an acknowledged commit is %s (docs/operations.md, section 12)",
+                stance.describe(), _AT_RISK.get(stance.mode, "at risk"),
+            )
+
     async def _watch_database(self) -> None:
-        """Health follows the database: NOT_SERVING while it cannot be reached, so a load balancer
-        sends calls to replicas that can answer them."""
+        """Health follows the database: every QUEUE_HEALTH_INTERVAL_SECONDS the replica commits
+        a tiny durable write (`Store.commit_probe`), within a second; NOT_SERVING while that fails (the database cannot be
+        reached, or answers but cannot commit), so a load balancer sends calls to replicas that
+        can answer them. The replication stance is re-read every half minute."""
         serving = True
+        stance_checked = time.monotonic()
         while not self.gate.draining.is_set():
-            await asyncio.sleep(_HEALTH_PROBE_SECONDS)
-            reachable = await self.store.reachable(timeout=_HEALTH_PROBE_SECONDS)
-            if reachable != serving and not self.gate.draining.is_set():
-                serving = reachable
-                log.warning("database %s: health %s", "reachable again" if reachable else "unreachable", "SERVING" if reachable else "NOT_SERVING")
-                status = health_pb2.HealthCheckResponse.SERVING if reachable else health_pb2.HealthCheckResponse.NOT_SERVING
+            await asyncio.sleep(self.config.health_interval_seconds)
+            try:
+                await self.store.commit_probe(timeout=_HEALTH_WRITE_TIMEOUT_SECONDS)
+                writable, why = True, ""
+                telemetry.metrics.health_probes.add(1, {"result": "ok"})
+            except errors.QueueError as exc:
+                writable, why = False, exc.message
+                telemetry.metrics.health_probes.add(1, {"result": "failed"})
+            except Exception as exc:  # e.g. a role that may not write WAL messages: say so
+                writable, why = False, f"{exc.__class__.__name__}: {exc}"
+                telemetry.metrics.health_probes.add(1, {"result": "failed"})
+            if writable != serving and not self.gate.draining.is_set():
+                serving = writable
+                if writable:
+                    log.warning("database writable again: health SERVING")
+                else:
+                    log.warning("database cannot take writes (%s): health NOT_SERVING", why)
+                status = health_pb2.HealthCheckResponse.SERVING if writable else health_pb2.HealthCheckResponse.NOT_SERVING
                 await self._set_health(status)
+                if writable:
+                    await self._check_replication()  # a failover may have changed it
+                    stance_checked = time.monotonic()
+            if writable and time.monotonic() - stance_checked >= _STANCE_CHECK_SECONDS:
+                stance_checked = time.monotonic()
+                await self._check_replication()
 
     async def _set_health(self, status: int) -> None:
         for name in ("", *SERVICE_NAMES):

@@ -107,6 +107,31 @@ class _Instruments:
             description="The core's capacity as of this replica's last grant or sweep (state: in_use, the runs that take it; limit, the limit in force, absent when unlimited; waiting, jobs waiting for it)",
         )
         self.core_retries = meter.create_counter("queue.core.retries", unit="{retry}", description="Retried calls to the core, by method")
+        self.prepared_statement_clashes = meter.create_counter(
+            "queue.db.prepared_statement_clashes", unit="{error}",
+            description="Statements that failed because the server connection's prepared statements were not this replica's (a transaction-mode pooler); answered UNAVAILABLE",
+        )
+        self.stale_connections = meter.create_counter(
+            "queue.db.stale_connections", unit="{connection}",
+            description="Pooled connections found closed by the server (a restart, a failover) when about to be lent, and replaced without failing a call",
+        )
+        self.abandoned_connections = meter.create_counter(
+            "queue.db.abandoned_connections", unit="{connection}",
+            description="Connections given up because a statement outlived its call's deadline and the server did not end it when cancelled (a frozen or unreachable database)",
+        )
+        self.listener_liveness_failures = meter.create_counter(
+            "queue.db.listener.liveness_failures", unit="{failure}",
+            description="LISTEN connections dropped because a liveness query got no answer in time (then reconnected, every stream resynced)",
+        )
+        self.health_probes = meter.create_counter(
+            "queue.health.probes", unit="{probe}", description="Heartbeat writes of the health probe, by result (ok, failed, timeout)",
+        )
+        # The durability stance of the database this replica commits to (`store.replication`).
+        self.replication: dict[str, Any] = {}
+        meter.create_observable_gauge(
+            "queue.db.synchronous_replication", callbacks=[self._observe_replication], unit="1",
+            description="1 when this replica's commits wait for a synchronous standby that is connected, else 0; attribute mode: synchronous, synchronous_without_standby, asynchronous, single_node, unknown",
+        )
         meter.create_observable_gauge(
             "queue.depth", callbacks=[self._observe_depth], unit="{job}",
             description="Jobs by state (queued, pending, running) and users waiting, as of the last sweep",
@@ -125,6 +150,14 @@ class _Instruments:
         from opentelemetry.metrics import Observation
 
         return [Observation(value, {"state": state}) for state, value in self.capacity.items()]
+
+    def _observe_replication(self, _options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        if not self.replication:
+            return []
+        mode = self.replication.get("mode", "unknown")
+        return [Observation(1 if mode == "synchronous" else 0, {"mode": mode})]
 
     def _observe_pools(self, _options: Any) -> list[Any]:
         from opentelemetry.metrics import Observation

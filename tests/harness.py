@@ -229,7 +229,8 @@ class ServiceFactory:
     async def start(self, core: DevCore | None = None, **overrides: Any) -> ServiceHandle:
         core = core or await self.core()
         core_addr = overrides.pop("core_addr", f"127.0.0.1:{core.port}")
-        app = QueueApp(service_config(self.database_url, core_addr, **overrides))
+        database_url = overrides.pop("database_url", self.database_url)
+        app = QueueApp(service_config(database_url, core_addr, **overrides))
         port = await app.start()
         self._apps.append(app)
         address = f"127.0.0.1:{port}"

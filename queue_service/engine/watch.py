@@ -170,6 +170,7 @@ class NotificationHub:
         max_streams: int,
         max_streams_per_user: int,
         backlog_bytes: int,
+        reconnect_max_seconds: float = 5.0,
     ) -> None:
         self._store = store
         self._reads = reads
@@ -186,6 +187,7 @@ class NotificationHub:
         # this replica's dispatcher may release it too.
         self._on_pending = on_pending
         self.listening = asyncio.Event()
+        self._reconnect_max_seconds = reconnect_max_seconds
 
     def start(self) -> None:
         self._runner = asyncio.create_task(self._run(), name="notification-hub")
@@ -246,8 +248,8 @@ class NotificationHub:
             except Exception as exc:
                 self.listening.clear()
                 failures += 1
-                log.warning("notification listener lost its connection (%s); reconnecting", exc.__class__.__name__)
-                await asyncio.sleep(min(5.0, 0.1 * 2**failures))
+                log.warning("notification listener lost its connection (%s: %s); reconnecting", exc.__class__.__name__, exc)
+                await asyncio.sleep(min(self._reconnect_max_seconds, 0.1 * 2**failures))
 
     def _resync_all(self) -> None:
         for streams in self._streams.values():

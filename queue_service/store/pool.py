@@ -7,6 +7,14 @@ LOCK_TIMEOUT, serialization failures and deadlocks are ABORTED.
 
 Inside a call with a deadline (see `deadline`), the pool checkout and every statement are bounded
 by what is left of it, so the caller hears DATABASE_UNAVAILABLE before its own deadline passes.
+A statement still running then is cancelled on the server; when the server does not end it at
+once (a frozen or unreachable node), the connection is given up rather than waited on
+(`statements_within_deadline`).
+
+A silent peer is noticed: every connection carries TCP keepalives and `tcp_user_timeout`
+(`connection_parameters`), and the pool retries a lost database at most
+`reconnect_max_seconds` apart and lends no connection the server has closed, so a restart of
+PostgreSQL does not fail one call per pooled connection.
 """
 
 from __future__ import annotations
@@ -14,16 +22,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import select
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeAlias
 
 import psycopg
-from psycopg import AsyncConnection, errors as pg_errors
+from psycopg import AsyncConnection, conninfo, errors as pg_errors, pq
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool.pool_async import AddConnection
 
-from queue_service import deadline, errors
+from queue_service import deadline, errors, telemetry
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +65,15 @@ def translated_errors() -> Iterator[None]:
         raise errors.DatabaseUnavailable("a database statement timed out; retry the call") from exc
     except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as exc:
         raise errors.Conflict("a concurrent change won; retry the call") from exc
+    except (pg_errors.DuplicatePreparedStatement, pg_errors.InvalidSqlStatementName) as exc:
+        # A transaction-mode pooler (PgBouncer before 1.21, or without max_prepared_statements)
+        # hands one server connection to several clients, whose prepared statements then clash.
+        # Nothing was applied; the call may be retried. QUEUE_DB_PREPARED_STATEMENTS=false ends it.
+        telemetry.metrics.prepared_statement_clashes.add(1)
+        log.warning("prepared statement clash (%s): is DATABASE_URL a transaction-mode pooler? set QUEUE_DB_PREPARED_STATEMENTS=false", exc.__class__.__name__)
+        raise errors.DatabaseUnavailable(
+            f"the database connection's prepared statements were not its own ({exc.__class__.__name__}); retry the call"
+        ) from exc
     except pg_errors.UniqueViolation as exc:
         constraint = exc.diag.constraint_name or "unknown"
         raise errors.Conflict(
@@ -63,13 +83,58 @@ def translated_errors() -> Iterator[None]:
         raise errors.DatabaseUnavailable(f"the database is unavailable: {exc.__class__.__name__}") from exc
 
 
+# Once a call's deadline has come, how long a cancelled statement may take to end on the server
+# before its connection is given up instead (a healthy server ends it within a millisecond or
+# two); less than the least reserve the deadline keeps for the answer (`deadline`, 50 ms).
+_GIVE_UP_SECONDS = 0.03
+
+
 class QueuePool(AsyncConnectionPool[DictConnection]):
     """The service's pool: knows the timeouts its connections carry, so a call's deadline can
-    shorten them."""
+    shorten them; retries a lost database at most `reconnect_max_seconds` apart; and lends no
+    connection the server has closed (`getconn`)."""
 
-    def __init__(self, *args: Any, timeouts: Timeouts, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, timeouts: Timeouts, reconnect_max_seconds: float = 0.5, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.timeouts = timeouts
+        self.reconnect_max_seconds = reconnect_max_seconds
+
+    async def schedule_task(self, task: Any, delay: float) -> None:
+        # psycopg_pool retries a failed connection attempt with an exponential backoff (1, 2, 4,
+        # 8, 16 s ... until reconnect_timeout) and has no setting for its ceiling: capped here,
+        # a database that is back is reached again within `reconnect_max_seconds`.
+        if isinstance(task, AddConnection):
+            delay = min(delay, self.reconnect_max_seconds)
+        await super().schedule_task(task, delay)
+
+    async def getconn(self, timeout: float | None = None) -> DictConnection:
+        """A connection from the pool, never one the server has closed while it sat idle (a
+        restart, a failover, a terminated backend): such a connection has the server's last
+        words or its end waiting on its socket, found without a round trip (`_closed_while_idle`);
+        it goes back to the pool, which discards and replaces it, and the next one is taken,
+        all within `timeout`. A silent peer leaves nothing there: keepalives end such a
+        connection (`connection_parameters`), after which it shows here too."""
+        give_up_at = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            conn = await super().getconn(timeout=max(0.0, give_up_at - time.monotonic()))
+            if not _closed_while_idle(conn):
+                return conn
+            telemetry.metrics.stale_connections.add(1)
+            await self.putconn(conn)
+
+
+def _closed_while_idle(conn: DictConnection) -> bool:
+    pgconn = conn.pgconn
+    if pgconn.status != pq.ConnStatus.OK:
+        return True
+    readable, _, _ = select.select([pgconn.socket], [], [], 0)
+    if not readable:
+        return False
+    try:
+        pgconn.consume_input()
+    except psycopg.OperationalError:
+        return True
+    return pgconn.status != pq.ConnStatus.OK
 
 
 @asynccontextmanager
@@ -87,13 +152,40 @@ async def checkout(pool: AsyncConnectionPool[DictConnection]) -> AsyncIterator[D
 async def statements_within_deadline() -> AsyncIterator[None]:
     """Bounds the block's statements by the caller's deadline: when it runs out, the running
     statement is cancelled on the server (psycopg does that when its task is cancelled) and the
-    block raises TimeoutError. Without a deadline, the session's statement_timeout applies."""
+    block raises TimeoutError. Without a deadline, the session's statement_timeout applies.
+
+    psycopg, cancelled mid-statement, waits up to 5 s for its cancel request to go through and
+    5 s more for the statement to end: on a frozen server or a cut network, 10 s past the
+    caller's deadline. So if the block is still running `_GIVE_UP_SECONDS` after the deadline
+    (within the reserve the deadline keeps for the answer), its task is interrupted again;
+    psycopg then closes the connection, which the pool discards, and the block raises
+    TimeoutError all the same."""
     left = deadline.remaining()
     if left is None:
         yield
         return
-    async with asyncio.timeout(max(0.0, left)):
-        yield
+    task = asyncio.current_task()
+    assert task is not None
+    interrupted_again = False
+
+    def give_up() -> None:
+        nonlocal interrupted_again
+        interrupted_again = True
+        telemetry.metrics.abandoned_connections.add(1)
+        log.warning("a statement outlived its call's deadline and did not end when cancelled: connection given up")
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(max(0.0, left) + _GIVE_UP_SECONDS, give_up)
+    try:
+        async with asyncio.timeout(max(0.0, left)):
+            yield
+    except asyncio.CancelledError:
+        if not interrupted_again:
+            raise
+        task.uncancel()
+        raise TimeoutError("the statement outlived the call's deadline") from None
+    finally:
+        timer.cancel()
 
 
 @asynccontextmanager
@@ -108,13 +200,44 @@ async def connection(pool: AsyncConnectionPool[DictConnection]) -> AsyncIterator
             yield conn
 
 
-def create_pool(dsn: str, *, timeouts: Timeouts, min_size: int, max_size: int, timeout: float, name: str = "queue") -> QueuePool:
+def connection_parameters(dsn: str, *, dead_peer_seconds: int) -> dict[str, Any]:
+    """libpq parameters that let a connection notice a silent peer (a crashed node, a cut or
+    blackholed network) within about `dead_peer_seconds`, for those the DSN does not set itself:
+    TCP keepalives on an idle connection (first probe after half of it, then every sixth, three
+    unanswered probes end it) and tcp_user_timeout for data sent and never acknowledged. Linux
+    defaults would take over two hours. Unix-socket connections ignore them."""
+    wanted: dict[str, Any] = {
+        "keepalives": 1,
+        "keepalives_idle": max(1, dead_peer_seconds // 2),
+        "keepalives_interval": max(1, dead_peer_seconds // 6),
+        "keepalives_count": 3,
+        "tcp_user_timeout": dead_peer_seconds * 1000,
+    }
+    given = conninfo.conninfo_to_dict(dsn)
+    return {name: value for name, value in wanted.items() if name not in given}
+
+
+def create_pool(
+    dsn: str,
+    *,
+    timeouts: Timeouts,
+    min_size: int,
+    max_size: int,
+    timeout: float,
+    name: str = "queue",
+    dead_peer_seconds: int = 10,
+    reconnect_max_seconds: float = 0.5,
+    prepared_statements: bool = True,
+) -> QueuePool:
     """A pool opened explicitly by the caller (`await pool.open(wait=True)`), closed on shutdown.
 
-    Every new connection gets the lock and statement timeouts as session defaults. Connections
-    are not pinged before each loan (that would cost a round trip per transaction): after a
-    PostgreSQL restart a stale connection fails its first statement, the caller hears
-    UNAVAILABLE, and the pool discards it and opens a fresh one.
+    Every new connection gets the lock and statement timeouts as session defaults, and the
+    keepalive parameters of `connection_parameters`. Connections are not pinged before each loan
+    (that would cost a round trip per transaction); a connection the server closed is found
+    without one (`QueuePool.getconn`), so after a PostgreSQL restart no call gets a
+    stale connection. Without `prepared_statements`, psycopg
+    never prepares a statement on the server (`prepare_threshold=None`), as a transaction-mode
+    pooler needs.
     """
 
     async def configure(conn: DictConnection) -> None:
@@ -123,15 +246,23 @@ def create_pool(dsn: str, *, timeouts: Timeouts, min_size: int, max_size: int, t
             (f"{timeouts.lock_timeout_ms}ms", f"{timeouts.statement_timeout_ms}ms"),
         )
 
+    kwargs: dict[str, Any] = {
+        "row_factory": dict_row,
+        "autocommit": True,
+        **connection_parameters(dsn, dead_peer_seconds=dead_peer_seconds),
+    }
+    if not prepared_statements:
+        kwargs["prepare_threshold"] = None
     return QueuePool(
         dsn,
         timeouts=timeouts,
+        reconnect_max_seconds=reconnect_max_seconds,
         min_size=min_size,
         max_size=max_size,
         timeout=timeout,
         open=False,
         name=name,
-        kwargs={"row_factory": dict_row, "autocommit": True},
+        kwargs=kwargs,
         configure=configure,
         reconnect_timeout=3600,
     )

@@ -10,9 +10,12 @@ domain errors in `pool.translated_errors`.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
+import logging
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -20,9 +23,10 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection, AsyncCursor, sql
 
-from queue_service import audit
+from queue_service import audit, deadline
 from queue_service.model import (
     AdmitState,
     CapacityGrant,
@@ -48,6 +52,7 @@ from queue_service.model import (
     PromotionLimits,
     RunCompletion,
     RunReportToApply,
+    ReplicationStance,
     RunSettlement,
     ScheduledRetry,
     SettingChange,
@@ -61,7 +66,9 @@ from queue_service.store.locks import (
     locked_section_of_run,
     locked_sections_of_runs,
 )
-from queue_service.store.pool import QueuePool, connection, translated_errors
+from queue_service.store.pool import QueuePool, connection, connection_parameters, translated_errors
+
+log = logging.getLogger(__name__)
 
 _BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n(?P<body>.*?)(?=^-- name: |\Z)", re.MULTILINE | re.DOTALL)
 
@@ -540,10 +547,20 @@ def _admit_state(row: Row) -> AdmitState:
 class Store:
     """The database, as the rest of the service sees it."""
 
-    def __init__(self, pool: QueuePool, *, database_url: str, listen_database_url: str = "") -> None:
+    def __init__(
+        self,
+        pool: QueuePool,
+        *,
+        database_url: str,
+        listen_database_url: str = "",
+        dead_peer_seconds: int = 10,
+        liveness_seconds: float | None = 2.0,
+    ) -> None:
         self.pool = pool
         self._database_url = database_url
         self._listen_database_url = listen_database_url or database_url
+        self._dead_peer_seconds = dead_peer_seconds
+        self._liveness_seconds = liveness_seconds
 
     @asynccontextmanager
     async def statements(self) -> AsyncIterator[Statements]:
@@ -703,7 +720,7 @@ class Store:
                 return await migrations.pending_migrations(conn)
 
     async def reachable(self, *, timeout: float) -> bool:
-        """Whether the database answers a trivial statement within `timeout` (for health)."""
+        """Whether the database answers a trivial statement within `timeout`."""
         try:
             async with self.pool.connection(timeout=timeout) as conn:
                 await conn.execute("SELECT 1")
@@ -711,11 +728,60 @@ class Store:
             return False
         return True
 
+    async def commit_probe(self, *, timeout: float) -> None:
+        """Commits a tiny write (a transactional WAL message) within `timeout` (checkout
+        included): the database can take this replica's writes. Raises DatabaseUnavailable otherwise; a commit
+        still waiting then (for a synchronous standby, say) is cancelled, its connection given
+        up if the server does not end it at once (`pool.statements_within_deadline`)."""
+        with deadline.call_budget(timeout):
+            async with self.statements() as db:
+                await db._send("commit_probe", {})
+
+    async def replication_stance(self, *, timeout: float) -> ReplicationStance:
+        """What this replica's commits wait for (`ReplicationStance`)."""
+        with deadline.call_budget(timeout):
+            async with self.statements() as db:
+                row = await db._one("replication_stance", {})
+        assert row is not None
+        return ReplicationStance.from_row(row)
+
+    async def wait_until_reachable(self, *, wait_seconds: float, retry_max_seconds: float) -> None:
+        """Returns once a connection to the database opens; retries for `wait_seconds`,
+        logging each failure, then raises the last one. A refusal that waiting cannot cure (a
+        wrong password, an unknown database: SQLSTATE class 28, 3D000) raises at once."""
+        give_up_at = time.monotonic() + wait_seconds
+        delay = 0.1
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                conn = await psycopg.AsyncConnection.connect(self._database_url, connect_timeout=max(2, int(retry_max_seconds * 4)))
+            except psycopg.OperationalError as exc:
+                left = give_up_at - time.monotonic()
+                sqlstate = exc.sqlstate or ""
+                if left <= 0 or sqlstate.startswith("28") or sqlstate == "3D000":
+                    raise
+                log.warning(
+                    "database not reachable yet (attempt %d: %s); retrying for %.0fs more (QUEUE_DB_START_WAIT_SECONDS)",
+                    attempt, " ".join(str(exc).split()) or exc.__class__.__name__, left,
+                )
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, max(retry_max_seconds, 1.0))
+                continue
+            await conn.close()
+            if attempt > 1:
+                log.info("database reachable after %d attempts", attempt)
+            return
+
 
     @asynccontextmanager
     async def job_changes(self) -> AsyncIterator[AsyncIterator[str]]:
         """A dedicated connection LISTENing to the job-change channel (every status change, from
         any replica, announced by the table's trigger); yields the notices' payloads. The caller
-        reconnects when it drops."""
-        async with notices.listening(self._listen_database_url, JOB_CHANGES_CHANNEL) as payloads:
+        reconnects when it drops, or when it goes silent (`notices`: a liveness query after
+        `liveness_seconds` without traffic, TCP keepalives)."""
+        parameters = connection_parameters(self._listen_database_url, dead_peer_seconds=self._dead_peer_seconds)
+        async with notices.listening(
+            self._listen_database_url, JOB_CHANGES_CHANNEL, liveness_seconds=self._liveness_seconds, **parameters
+        ) as payloads:
             yield payloads

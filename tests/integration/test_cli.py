@@ -254,7 +254,8 @@ def _closed_port() -> int:
 @pytest.mark.parametrize(
     ("command", "env", "exit_code", "words"),
     [
-        ("serve", {"DATABASE_URL": "postgresql://queue@127.0.0.1:{closed}/queue", "QUEUE_CORE_ADDR": "127.0.0.1:1"}, cli.EXIT_DATABASE_UNREACHABLE, "cannot reach the database"),
+        # QUEUE_DB_START_WAIT_SECONDS=0: at once (by default serve waits for the database first).
+        ("serve", {"DATABASE_URL": "postgresql://queue@127.0.0.1:{closed}/queue", "QUEUE_CORE_ADDR": "127.0.0.1:1", "QUEUE_DB_START_WAIT_SECONDS": "0"}, cli.EXIT_DATABASE_UNREACHABLE, "cannot reach the database"),
         ("migrate", {"DATABASE_URL": "postgresql://queue:secret@127.0.0.1:{closed}/queue"}, cli.EXIT_DATABASE_UNREACHABLE, "postgresql://queue:***@"),
         ("serve", {"DATABASE_URL": "host=db port=fivefour", "QUEUE_CORE_ADDR": "127.0.0.1:1"}, cli.EXIT_CONFIG, "DATABASE_URL"),
         ("serve", {"DATABASE_URL": "postgresql://a b", "QUEUE_CORE_ADDR": "127.0.0.1:1"}, cli.EXIT_CONFIG, "not a PostgreSQL connection string"),
@@ -304,7 +305,7 @@ def test_a_taken_listen_address_is_one_line_and_debug_adds_the_traceback(databas
         core = run_cli("core", "--listen", f"127.0.0.1:{port}", env=_env())
         assert core.returncode == cli.EXIT_ALREADY_RUNNING and "Traceback" not in core.stderr
         assert core.stderr.strip().splitlines()[-1].startswith(f"queue-service core: cannot listen on 127.0.0.1:{port}")
-    unreachable = _env(DATABASE_URL=f"postgresql://queue@127.0.0.1:{_closed_port()}/queue", QUEUE_CORE_ADDR="127.0.0.1:1")
+    unreachable = _env(DATABASE_URL=f"postgresql://queue@127.0.0.1:{_closed_port()}/queue", QUEUE_CORE_ADDR="127.0.0.1:1", QUEUE_DB_START_WAIT_SECONDS="0")
     debug = run_cli("serve", "--debug", env=unreachable)
     assert debug.returncode == cli.EXIT_DATABASE_UNREACHABLE
     assert "Traceback" in debug.stderr and debug.stderr.strip().splitlines()[-1].startswith("queue-service serve: cannot reach")

@@ -599,3 +599,20 @@ SELECT COALESCE(c.capacity, 0) AS capacity,
 -- for capacity have one).
 SELECT job_id, capacity_position FROM analysis_jobs_capacity_order
  WHERE job_id = ANY(%(job_ids)s::uuid[]);
+
+-- name: commit_probe
+-- Health's durable write, with no table to bloat: a transactional WAL message (logical decoding
+-- consumers see it under the prefix `acurio.queue.health`). Its commit is flushed and waits for
+-- the synchronous standbys like any commit of the service; a read-only standby refuses it.
+SELECT pg_logical_emit_message(true, 'acurio.queue.health', '') IS NOT NULL AS written
+
+-- name: replication_stance
+-- What a commit of this session waits for: its synchronous_commit, the synchronous standbys the
+-- primary names, the standbys streaming from it (sync_state is NULL where the role may not read
+-- replication details), and whether this node is a standby itself.
+SELECT current_setting('synchronous_commit') AS synchronous_commit,
+       current_setting('synchronous_standby_names') AS synchronous_standby_names,
+       pg_is_in_recovery() AS in_recovery,
+       (SELECT count(*) FROM pg_stat_replication) AS standbys,
+       (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')) AS synchronous_standbys,
+       (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL) AS standbys_hidden

@@ -1,0 +1,104 @@
+"""Faults to inject between the service and PostgreSQL: a TCP proxy on 127.0.0.1 that can be
+taken down (connections cut, new ones refused) and brought back, and the freezing of a
+PostgreSQL backend with SIGSTOP (a live kernel in front of a server that answers nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:`port` to the PostgreSQL of `target_dsn`. `down()` cuts every
+    connection and refuses new ones (the listening socket is closed); `up()` listens again on
+    the same port."""
+
+    def __init__(self, target_dsn: str) -> None:
+        parts = urlsplit(target_dsn)
+        self._target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        self._target_dsn = target_dsn
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self._server: asyncio.Server | None = None
+        self._pipes: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    def dsn(self) -> str:
+        parts = urlsplit(self._target_dsn)
+        netloc = parts.netloc.rsplit("@", 1)
+        auth = netloc[0] + "@" if len(netloc) == 2 else ""
+        return urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{self.port}"))
+
+    async def up(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port, reuse_address=True)
+
+    async def down(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in list(self._writers):
+            writer.transport.abort()
+        for pipe in list(self._pipes):
+            pipe.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+
+    async def cut(self) -> None:
+        """Cuts every open connection (as a restart of PostgreSQL would) and keeps listening."""
+        for writer in list(self._writers):
+            writer.transport.abort()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self._target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers |= {writer, up_writer}
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pipe(source, sink, (writer, up_writer)))
+            self._pipes.add(task)
+            task.add_done_callback(self._pipes.discard)
+
+    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, both: tuple[asyncio.StreamWriter, ...]) -> None:
+        try:
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            for writer in both:
+                writer.transport.abort()
+                self._writers.discard(writer)
+
+
+def backend_pids(dsn: str, where: str) -> list[int]:
+    """Pids of the backends of `dsn`'s database matching the SQL condition `where` (on
+    pg_stat_activity), this session's own excluded."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(  # type: ignore[call-overload]
+            f"SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND ({where})"
+        ).fetchall()
+    return [int(pid) for (pid,) in rows]
+
+
+@contextlib.contextmanager
+def frozen(pids: list[int]) -> Iterator[None]:
+    """SIGSTOPs the backends for the block: their sockets stay open, their kernel answers TCP,
+    and nothing they were asked is answered."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)

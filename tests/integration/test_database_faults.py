@@ -1,0 +1,252 @@
+"""The database fails under the service, and the service follows it: each fault is injected for
+real (a SIGSTOPped PostgreSQL backend, a TCP proxy on 127.0.0.1 taken down or cut, synchronous
+replication to a standby that never answers) and the service is driven through its public API.
+
+What is measured (printed with -s): how long after the fault the caller hears UNAVAILABLE, how
+long after the database is back the service answers again, and how far health lags behind."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from typing import Any
+
+import grpc
+import psycopg
+import pytest
+from grpc_health.v1 import health_pb2
+
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service.config import Config
+from queue_service.dev.embedded_postgres import free_port
+from tests.faults import TcpProxy, backend_pids, frozen
+from tests.harness import Stubs, error_info, new_user
+
+_FIELDS = {field.name for field in dataclasses.fields(Config)}
+
+
+def settings(**overrides: Any) -> dict[str, Any]:
+    """Overrides of settings this code knows (so the test also runs, and fails, on code from
+    before a setting existed)."""
+    return {name: value for name, value in overrides.items() if name in _FIELDS}
+
+
+async def health(stubs: Stubs, service: str = "") -> int | None:
+    try:
+        return (await stubs.health.Check(health_pb2.HealthCheckRequest(service=service), timeout=0.5)).status
+    except grpc.aio.AioRpcError:
+        return None
+
+
+async def until(check, *, within: float, what: str, every: float = 0.02) -> float:
+    """Seconds until the async `check` is true; fails after `within` seconds."""
+    started = time.monotonic()
+    while True:
+        if await check():
+            return time.monotonic() - started
+        if time.monotonic() - started > within:
+            raise AssertionError(f"{what}: not within {within}s")
+        await asyncio.sleep(every)
+
+
+async def answers(stubs: Stubs, job_id: str) -> bool:
+    try:
+        await stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=job_id), timeout=0.5)
+    except grpc.aio.AioRpcError:
+        return False
+    return True
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def test_a_frozen_listen_connection_is_noticed_and_every_stream_hears_later_changes(services, database_url: str) -> None:
+    """The LISTEN connection's backend stops answering (SIGSTOP: its kernel still acknowledges
+    TCP, so keepalives see nothing). The liveness query goes unanswered, the replica reconnects,
+    the stream resyncs, and a job admitted while the old listener was frozen reaches it."""
+    service = await services.start(**settings(db_liveness_seconds=0.5))
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 3)
+    stream = stubs.queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id=user))
+    seen: dict[str, int] = {}
+    snapshot = asyncio.Event()
+
+    async def read() -> None:
+        async for message in stream:
+            if message.snapshot_complete:
+                snapshot.set()
+            if message.HasField("job"):
+                seen[message.job.job_id] = message.job.status
+
+    reader = asyncio.create_task(read())
+    try:
+        await asyncio.wait_for(snapshot.wait(), 10)
+        listeners = backend_pids(database_url, "query LIKE 'LISTEN%%'")
+        assert len(listeners) == 1
+        with frozen(listeners):
+            frozen_at = time.monotonic()
+            job = await stubs.admit(user)
+
+            async def heard() -> bool:
+                return job.job_id in seen
+
+            lag = await until(heard, within=6, what="the stream to hear of a job admitted while its listener was frozen")
+            print(f"\nfrozen LISTEN backend: the stream heard the change {lag:.2f}s after the admit, {time.monotonic() - frozen_at:.2f}s after the freeze")
+        assert backend_pids(database_url, "query LIKE 'LISTEN%%'") != listeners  # a new listener
+    finally:
+        stream.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+
+
+async def test_a_statement_on_a_frozen_backend_ends_unavailable_within_the_callers_deadline(services, database_url: str) -> None:
+    """The pool's only connection is frozen mid-life: a call given 2 s hears UNAVAILABLE
+    DATABASE_UNAVAILABLE before its deadline (psycopg alone would wait 5 s for the cancel and 5 s
+    more), and once the backend is given up the next call is served on a new connection."""
+    service = await services.start(**settings(pool_min_size=1, pool_max_size=1, health_interval_seconds=60.0))
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 1)
+    job = await stubs.admit(user)
+    pool_backends = backend_pids(database_url, "query NOT LIKE 'LISTEN%%'")
+    assert len(pool_backends) == 1
+    with frozen(pool_backends):
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=job.job_id), timeout=2.0)
+        took = time.monotonic() - started
+        code, reason, _, _ = error_info(failed.value)
+        print(f"\nfrozen pool backend: the caller heard {code.name} {reason} after {took:.2f}s of its 2s")
+        assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, "DATABASE_UNAVAILABLE")
+        assert took < 2.0
+        # Served again on a fresh connection while the old backend is still frozen.
+        assert await answers(stubs, job.job_id)
+
+
+async def test_the_service_follows_a_database_that_goes_away_and_comes_back(services, database_url: str) -> None:
+    """The route to PostgreSQL goes down (every connection cut, new ones refused) for 8 s, long
+    enough for psycopg_pool's default backoff to reach 4 s between attempts. Readiness turns
+    NOT_SERVING within a probe interval (0.5 s) plus the probe's own bound (1 s, spent waiting
+    for a connection the pool cannot open), and SERVING again within about a second of the
+    database being back; calls are served again as soon; liveness stays SERVING throughout."""
+    proxy = TcpProxy(database_url)
+    await proxy.up()
+    try:
+        service = await services.start(database_url=proxy.dsn())
+        stubs, user = service.stubs, new_user()
+        await stubs.grant(user, 1)
+        job = await stubs.admit(user)
+
+        async def not_serving() -> bool:
+            return await health(stubs) == NOT_SERVING
+
+        async def serving() -> bool:
+            return await health(stubs) == SERVING
+
+        async def served() -> bool:
+            return await answers(stubs, job.job_id)
+
+        await proxy.down()
+        down_lag = await until(not_serving, within=5, what="readiness NOT_SERVING after the database went away")
+        assert await health(stubs, "liveness") == SERVING
+        await asyncio.sleep(8 - down_lag)
+        assert await health(stubs, "liveness") == SERVING
+        await proxy.up()
+        back = time.monotonic()
+        call_lag = await until(served, within=10, what="a call served after the database came back")
+        health_lag = max(call_lag, await until(serving, within=10, what="readiness SERVING after the database came back"))
+        print(
+            f"\ndatabase away 8s: readiness NOT_SERVING after {down_lag:.2f}s; back: first call served after {call_lag:.2f}s, "
+            f"readiness SERVING after {time.monotonic() - back:.2f}s"
+        )
+        assert down_lag < 0.5 + 1.0 + 0.3
+        assert call_lag < 1.5
+        assert health_lag < 1.5
+    finally:
+        await proxy.down()
+
+
+async def test_connections_the_database_closed_fail_no_call(services, database_url: str) -> None:
+    """Every pooled connection is cut (as a PostgreSQL restart does) while the database stays
+    reachable: the next calls each get a live connection, none a stale one."""
+    proxy = TcpProxy(database_url)
+    await proxy.up()
+    try:
+        service = await services.start(database_url=proxy.dsn(), **settings(pool_min_size=4, pool_max_size=4, health_interval_seconds=60.0))
+        stubs, user = service.stubs, new_user()
+        await stubs.grant(user, 1)
+        job = await stubs.admit(user)
+        await proxy.cut()
+        await asyncio.sleep(0.2)
+        results = [await answers(stubs, job.job_id) for _ in range(4)]
+        print(f"\nafter every pooled connection was cut: {results.count(False)} of 4 calls failed")
+        assert results == [True] * 4
+    finally:
+        await proxy.down()
+
+
+async def test_a_database_that_reads_but_cannot_commit_reads_not_serving(services, postgres, database_url: str) -> None:
+    """Synchronous replication to a standby that never answers (the stalled synchronous standby):
+    `SELECT 1` still works, every commit waits. Readiness turns NOT_SERVING within about a second
+    and SERVING again once commits go through; reads are served throughout."""
+    with psycopg.connect(postgres.admin_dsn, autocommit=True) as admin:
+        if not admin.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]:
+            pytest.skip("needs a superuser TEST_DATABASE_URL to set synchronous_standby_names")
+        database = database_url.rsplit("/", 1)[1]
+        # The test PostgreSQL runs with synchronous_commit=off; this database's sessions commit as a
+        # production one does.
+        admin.execute(f'ALTER DATABASE "{database}" SET synchronous_commit = on')
+        try:
+            service = await services.start(**settings(health_interval_seconds=0.2))
+            stubs, user = service.stubs, new_user()
+            await stubs.grant(user, 1)
+            job = await stubs.admit(user)
+
+            async def not_serving() -> bool:
+                return await health(stubs) == NOT_SERVING
+
+            async def serving() -> bool:
+                return await health(stubs) == SERVING
+
+            admin.execute("ALTER SYSTEM SET synchronous_standby_names = 'standby_that_never_answers'")
+            admin.execute("SELECT pg_reload_conf()")
+            try:
+                lag = await until(not_serving, within=5, what="readiness NOT_SERVING while commits wait for a standby")
+                assert await answers(stubs, job.job_id)  # reads still work
+                stance = await service.app.store.replication_stance(timeout=2)
+                assert stance.mode == "synchronous_without_standby"
+            finally:
+                admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
+                admin.execute("SELECT pg_reload_conf()")
+            back = await until(serving, within=5, what="readiness SERVING once commits go through")
+            print(f"\nstalled synchronous standby: readiness NOT_SERVING after {lag:.2f}s, SERVING {back:.2f}s after it was released")
+            assert lag < 1.5 and back < 1.5
+            assert (await service.app.store.replication_stance(timeout=2)).mode == "single_node"
+        finally:
+            admin.execute(f'ALTER DATABASE "{database}" RESET synchronous_commit')
+
+
+async def test_serve_started_while_the_database_is_away_waits_for_it(services, database_url: str) -> None:
+    """A replica started while the database cannot be reached does not exit (which would loop in
+    CrashLoopBackOff): it retries, logging each attempt, and serves once the database is back."""
+    proxy = TcpProxy(database_url)  # not listening yet: connections are refused
+    core = await services.core()
+    port = free_port()
+    log_path = f"/tmp/queue-service-{port}.log"
+    starting = asyncio.create_task(services.start_process(core, port=port, DATABASE_URL=proxy.dsn()))
+    try:
+        async def retried_twice() -> bool:
+            assert not starting.done(), "serve gave up while the database was away"
+            return os.path.exists(log_path) and open(log_path).read().count("database not reachable yet") >= 2
+
+        await until(retried_twice, within=30, what="serve to retry the database twice", every=0.1)
+        await proxy.up()
+        back = time.monotonic()
+        handle = await asyncio.wait_for(starting, 30)
+        print(f"\nserve started while the database was away: SERVING {time.monotonic() - back:.2f}s after it came back")
+        assert handle.process.poll() is None
+    finally:
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await proxy.down()
