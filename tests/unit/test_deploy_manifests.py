@@ -50,6 +50,9 @@ K8S_API_VERSIONS = {
 }
 KUSTOMIZATION = K8S / "kustomization.yaml"
 PROBE_KINDS = ("startupProbe", "readinessProbe", "livenessProbe")
+# The health service that does not follow the database (queue_service.server.LIVENESS_SERVICE;
+# not imported, so these tests load no server).
+LIVENESS_SERVICE = "liveness"
 
 
 # -- reading the repository ------------------------------------------------------------------
@@ -506,7 +509,22 @@ def test_the_deployment_probes_grpc_health_and_drains_within_its_grace() -> None
             probe = container[kind]
             assert set(probe) & {"httpGet", "tcpSocket", "exec", "grpc"} == {"grpc"}, f"{kind} must be a gRPC probe"
             assert probe["grpc"]["port"] == listen_port, f"{kind} probes {probe['grpc']['port']}, listens on {listen_port}"
-            assert probe["grpc"].get("service", "") == "", f"{kind} must check the overall health service ''"
+    # Readiness follows the database; liveness must not, or a failover would restart every
+    # replica at once (and a restart never mends a database).
+    assert container["readinessProbe"]["grpc"].get("service", "") == "", "readiness must check the overall health service ''"
+    assert container["livenessProbe"]["grpc"].get("service", "") == LIVENESS_SERVICE, (
+        f"liveness must check the health service {LIVENESS_SERVICE!r}, which does not depend on the database"
+    )
+    # Readiness turns within a couple of seconds of the database failing (health turns within about one).
+    readiness = container["readinessProbe"]
+    assert readiness.get("periodSeconds", 10) * readiness.get("failureThreshold", 3) <= 4
+    # A replica started while the database is away waits QUEUE_DB_START_WAIT_SECONDS for it: the
+    # startup probe must allow that, or the kubelet kills the replica while it waits.
+    startup = container.get("startupProbe", {})
+    allowed = startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3) + startup.get("initialDelaySeconds", 0)
+    assert allowed > config.db_start_wait_seconds + 10, (
+        f"the startup probe allows {allowed}s, serve waits up to {config.db_start_wait_seconds}s for the database"
+    )
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] in ("sleep", "/bin/sleep") and float(pre_stop[1]) > 0, pre_stop
     budget = float(pre_stop[1]) + shutdown_budget(config)
