@@ -86,21 +86,19 @@ async def test_a_hung_core_is_core_unavailable_before_the_callers_deadline(servi
     assert await service.stubs.balance(user) == 1
 
 
-async def test_health_follows_the_database_and_the_pool_recovers_by_itself(tmp_path, monkeypatch) -> None:
+async def test_health_follows_the_database_and_the_pool_recovers_by_itself(tmp_path) -> None:
     from grpc_health.v1 import health_pb2
 
-    from queue_service import server as server_module
     from queue_service.store import migrations
     from queue_service.dev.embedded_postgres import EmbeddedPostgres
     from tests.harness import ServiceFactory
 
-    monkeypatch.setattr(server_module, "_HEALTH_PROBE_SECONDS", 0.2)
     database = EmbeddedPostgres(tmp_path / "pg", durable=False)
     database.start()
     factory = ServiceFactory(database.dsn())
     try:
         await migrations.migrate(database.dsn())
-        service = await factory.start(pool_timeout_seconds=0.5)
+        service = await factory.start(pool_timeout_seconds=0.5, health_interval_seconds=0.2)
         user = new_user()
         await service.stubs.grant(user, 1)
 
