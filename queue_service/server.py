@@ -309,7 +309,7 @@ class QueueApp:
             log.info("durability: %s: an acknowledged commit survives the loss of the primary", stance.describe())
         else:
             log.warning(
-                "durability: %s: an acknowledged commit is %s (docs/operations.md, section 12)",
+                "durability: %s: an acknowledged commit is %s (docs/operations.md, section 13)",
                 stance.describe(), _AT_RISK.get(stance.mode, "at risk"),
             )
 
