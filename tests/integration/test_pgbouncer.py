@@ -30,7 +30,7 @@ import pytest
 
 from queue_service.config import Config
 from queue_service.dev.embedded_postgres import free_port
-from tests.harness import ServiceFactory, error_info, new_user
+from tests.harness import S, ServiceFactory, error_info, new_user
 
 _BOUNCER_USER = "postgres"
 
@@ -158,7 +158,7 @@ async def test_without_server_side_preparation_the_service_works_through_pgbounc
             # The whole road: a run finishes, its job succeeds, the next is released.
             second = await service.stubs.admit(users[0])
             await service.core.finish((await service.stubs.job(job_ids[0])).run_id)
-            await service.stubs.wait_for(second.job_id, 2)  # RUNNING
+            await service.stubs.wait_for(second.job_id, S.JOB_STATUS_RUNNING)
         finally:
             await factory.close()
 
