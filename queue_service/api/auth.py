@@ -113,11 +113,15 @@ class Authorizer:
         self._callers = _Callers({**callers.tokens, **self._built_in}, callers.certificates)
         return len(callers.tokens), len(callers.certificates)
 
+    def caller_of_token(self, token: str) -> Caller | None:
+        """Who a bearer token names in the file in force (None: nobody)."""
+        return self._callers.tokens.get(hashlib.sha256(token.strip().encode()).hexdigest())
+
     def identify(self, context: CallCredentialsSource) -> Caller | None:
         callers = self._callers  # the same reading for the whole call, whatever a reload does
         for key, value in context.invocation_metadata() or ():
             if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-                caller = callers.tokens.get(hashlib.sha256(value[7:].strip().encode()).hexdigest())
+                caller = callers.tokens.get(hashlib.sha256(value[7:].strip().encode()).hexdigest())  # the same reading as above
                 if caller is not None:
                     return caller
         return _identify_certificate(callers.certificates, context.auth_context() or {})
