@@ -90,6 +90,22 @@ class _Instruments:
             "queue.http.refusals", unit="{request}",
             description="Browser listener requests and connections refused by its limits, by reason (body_timeout, not_served, accept_failed, unhandled)",
         )
+        self.feed_reads = meter.create_counter(
+            "queue.feed.reads", unit="{read}",
+            description="Reads of the job-change feed, by what started them (woken_by: start; local, a change this replica committed; hint, another replica's; timer) and outcome (complete: false when more rows came than one read takes, and the streams resync)",
+        )
+        self.feed_rows_per_read = meter.create_histogram(
+            "queue.feed.rows_per_read", unit="{row}", description="Job changes one read of the feed handed on",
+            explicit_bucket_boundaries_advisory=[0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096],
+        )
+        self.feed_lag = meter.create_histogram(
+            "queue.feed.lag", unit="s", description="From a job change written (in its transaction) to this replica reading it from the feed",
+            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
+        )
+        self.feed_hints_sent = meter.create_counter(
+            "queue.feed.hints_sent", unit="{notify}",
+            description="Wake-up hints (one NOTIFY each, in a transaction of its own) this replica sent after committing job changes",
+        )
         self.run_settlements = meter.create_counter(
             "queue.run.settlements", unit="{attempt}",
             description="Attempts to confirm with the core that a run is settled (kind: job or orphan; result: settled or retry)",

@@ -3,8 +3,9 @@
 Each pass (every QUEUE_SWEEP_INTERVAL_SECONDS, jittered so replicas spread out) promotes users
 with a free slot and queued work, wakes the dispatcher for due releases, fails releases past
 their window, reconciles RUNNING jobs whose completion never came by asking the core, confirms
-with the core that the runs of ended jobs are settled (which frees their slots), and cancels runs
-reserved by admits that failed or died. It is
+with the core that the runs of ended jobs are settled (which frees their slots), cancels runs
+reserved by admits that failed or died, and deletes the job-change feed's rows past their
+retention. It is
 safe on every replica at once (promotions take the user lock, claims skip locked rows, every
 transition is fenced), touches only rows in flight (partial indexes), works in bounded batches,
 and one failure never stops the loop.
@@ -13,6 +14,7 @@ and one failure never stops the loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import random
@@ -26,6 +28,7 @@ from queue_service.config import Config
 from queue_service.engine.engine import QueueEngine
 from queue_service.model import Cause
 from queue_service.store import Store
+from queue_service.store.feed import RETENTION_SECONDS
 
 T = TypeVar("T")
 
@@ -33,6 +36,9 @@ log = logging.getLogger(__name__)
 
 _BATCH = 500
 _CORE_CALLS_AT_ONCE = 16
+# Feed rows deleted per statement, and statements per pass at most (the rest waits for the next).
+_FEED_TRIM_BATCH = 10_000
+_FEED_TRIM_STATEMENTS = 20
 
 
 @dataclasses.dataclass
@@ -42,6 +48,7 @@ class SweepReport:
     reconciled: int = 0
     runs_settled: int = 0
     orphans_canceled: int = 0
+    feed_rows_trimmed: int = 0
 
 
 class Sweeper:
@@ -51,6 +58,10 @@ class Sweeper:
         self._config = config
         self._wake_dispatcher = wake_dispatcher
         self._runner: asyncio.Task[None] | None = None
+        # (when, horizon) of each pass: the oldest transaction in flight then. Rows of transactions
+        # below a horizon seen RETENTION_SECONDS ago ended at least that long ago, and every
+        # reader of the feed has read them (a reader that has not read for half of it resyncs).
+        self._feed_horizons: collections.deque[tuple[float, int]] = collections.deque()
 
     def start(self) -> None:
         if self._config.sweep_interval_seconds > 0:
@@ -108,6 +119,7 @@ class Sweeper:
             )
             report.runs_settled += await self._each_asking_core([engine.attempt_run_settlement(c) for c in unsettled])
             report.orphans_canceled += await self._each_asking_core([engine.cancel_reserved_run(o) for o in orphans])
+            report.feed_rows_trimmed += await self._guarded(self._trim_feed(), 0)
             self._wake_dispatcher()
             span.set_attribute("queue.sweep.promoted", report.promoted)
             span.set_attribute("queue.sweep.gave_up", report.gave_up)
@@ -117,6 +129,25 @@ class Sweeper:
             if count:
                 telemetry.metrics.sweep_rows.add(count, {"action": action})
         return report
+
+    async def _trim_feed(self) -> int:
+        """Deletes the feed's rows of transactions that ended more than its retention ago."""
+        now = time.monotonic()
+        async with self._store.statements() as db:
+            self._feed_horizons.append((now, await db.job_feed_horizon()))
+            mark = None
+            while self._feed_horizons and now - self._feed_horizons[0][0] >= RETENTION_SECONDS:
+                mark = self._feed_horizons.popleft()
+            if mark is None:
+                return 0
+            deleted = 0
+            for _ in range(_FEED_TRIM_STATEMENTS):
+                count = await db.trim_job_feed(before_xid=mark[1], batch_size=_FEED_TRIM_BATCH)
+                deleted += count
+                if count < _FEED_TRIM_BATCH:
+                    return deleted
+        self._feed_horizons.appendleft(mark)  # not done: the next pass goes on
+        return deleted
 
     async def _each_asking_core(self, steps: list[Coroutine[Any, Any, bool]]) -> int:
         """Runs the steps at most _CORE_CALLS_AT_ONCE at a time; returns how many succeeded."""

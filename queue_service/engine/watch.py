@@ -1,14 +1,19 @@
-"""The watch hub: one LISTEN connection per replica, fanned out to the dispatcher and to WatchJobs
-streams.
+"""The watch hub: each replica's reader of the job-change feed, fanned out to the dispatcher and to
+WatchJobs streams.
 
-The table's trigger announces every change a job's view shows on channel `analysis_job_changes`
-(its status, error or release attempts; a refund without a status change announces itself,
-migration 0013), whichever replica (or code version) made it. The hub reads each job's view once
-per change and hands it to every stream of that user on this replica, with the user's queued jobs
-when the change moves them. When the listening connection drops (or a slow
-reader's backlog is dropped), changes may have been missed: each stream then resyncs, re-reading
-every job it may have missed, ended ones included, so that a stream's last message for a job is
-what GetJob returns (I11).
+The table's trigger records every change a job's view shows (its status, error or release
+attempts; a refund without a status change records itself) in the job-change feed
+(`store/feed.py`), whichever replica (or code version) made it. The hub reads the changes
+committed since its previous read, in the order each job's changes committed, reads each changed
+job's view and hands it to every stream of that user on this replica, with the user's queued
+jobs when the change moves them. It reads when this replica has committed a change, when another
+replica's wake-up hint arrives (a NOTIFY sent after that replica's commit, on a connection that
+only LISTENs), and on a timer; with no stream open, only on the timer (what it then reads is
+PENDING jobs nobody claimed, for the dispatcher). The feed's cursor is this process's, so a lost
+connection loses no change. When the hint connection drops, when the cursor is too old to trust
+(the feed's rows are deleted after a retention) or too much came at once (or a slow reader's
+backlog is dropped), each stream resyncs, re-reading every job it may have missed, ended ones
+included, so that a stream's last message for a job is what GetJob returns (I11).
 
 What one stream holds is bounded whatever its user's jobs and however slowly its client reads
 (docs/operations.md, section 11): the snapshot and a resync are read and sent a
@@ -23,23 +28,37 @@ import asyncio
 import bisect
 import collections
 import dataclasses
-import json
 import logging
+import time
 import uuid
 from array import array
 from collections import defaultdict
 from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 from queue_service import errors, telemetry
 from queue_service.background import cancel_and_wait
 from queue_service.engine.job_reads import JobReads
 from queue_service.model import JobStatus, JobView
 from queue_service.store import Store
+from queue_service.store.feed import MAX_ROWS_PER_READ, STALE_AFTER_SECONDS, FeedCursor
 
 log = logging.getLogger(__name__)
 
 # Jobs per page of a snapshot or resync: what a stream holds while its client is slow to take them.
 CATCH_UP_PAGE = 50
+# With streams open, the feed is read at least this often (a change of a replica whose hint was
+# lost, or of a writer that sends none, waits at most this long).
+READ_EVERY_SECONDS = 1.0
+# With no stream open, only PENDING jobs nobody claimed matter (the dispatcher's), and the sweeper
+# backs those up every interval: the feed is read this often, and not on commits or hints.
+READ_EVERY_IDLE_SECONDS = 5.0
+# Reads come at most this close together, however many commits wake the reader.
+_MIN_READ_SPACING_SECONDS = 0.002
+# A read re-done because streams subscribed while it ran, at most this often before reading all.
+_FILTERED_READ_TRIES = 3
+# How long a stream's first read waits for the hub's first read of the feed.
+_FEED_READY_SECONDS = 10.0
 # What a job waiting in a stream's backlog costs beyond its error text: the view (a dataclass of
 # some twenty fields, its UUIDs and timestamps; ~0.8 KB measured) and its place in the backlog.
 _ITEM_BYTES = 1024
@@ -183,16 +202,31 @@ class NotificationHub:
         # caller's streams never lock another (an operator, another web backend) out of a user.
         self._per_caller: collections.Counter[tuple[str, str]] = collections.Counter()
         self._runner: asyncio.Task[None] | None = None
+        self._hint_listener: asyncio.Task[None] | None = None
         # A job became PENDING without its release claimed (by a replica of an earlier version):
         # this replica's dispatcher may release it too.
         self._on_pending = on_pending
+        # Set by this replica's commits of job changes (the store's), by other replicas' hints and
+        # by a subscription: the reader reads the feed (while streams are open).
+        self._wake = store.hints.local
+        self._hinted = False
+        self._subscribed = asyncio.Event()
+        # Counts subscriptions: a read filtered to the users with streams is re-done when one
+        # subscribed while it ran.
+        self._subscriptions = 0
+        # Set once the feed has a cursor: a stream's snapshot is read after it, so every change
+        # committed after the snapshot is read from the feed.
+        self._feed_ready = asyncio.Event()
+        # Set while the hint connection LISTENs.
         self.listening = asyncio.Event()
         self._reconnect_max_seconds = reconnect_max_seconds
 
     def start(self) -> None:
         self._runner = asyncio.create_task(self._run(), name="notification-hub")
+        self._hint_listener = asyncio.create_task(self._listen_for_hints(), name="feed-hint-listener")
 
     async def stop(self) -> None:
+        await cancel_and_wait(self._hint_listener)
         await cancel_and_wait(self._runner)
         self._resync_all()
 
@@ -215,6 +249,8 @@ class NotificationHub:
         self._streams[user_id].add(stream)
         self._per_caller[(caller, user_id)] += 1
         self._stream_count += 1
+        self._subscriptions += 1
+        self._subscribed.set()
         telemetry.metrics.watch_streams.add(1)
         return stream
 
@@ -232,38 +268,116 @@ class NotificationHub:
                 del self._streams[stream.user_id]
 
     async def _run(self) -> None:
+        """Reads the feed until stopped: at once, then whenever woken or its timer runs out."""
+        cursor: FeedCursor | None = None
         failures = 0
+        woken_by = "start"
         while True:
             try:
-                async with self._store.job_changes() as changes:
+                if cursor is None or time.monotonic() - cursor.read_at > STALE_AFTER_SECONDS:
+                    async with self._store.statements() as db:
+                        fresh = await db.job_feed_start()
+                    if cursor is not None:
+                        # Rows this replica had not read may have been deleted meanwhile.
+                        log.warning("the job-change feed was not read for %.0f s; streams resync", fresh.read_at - cursor.read_at)
+                        self._missed_changes()
+                    cursor = fresh
+                    self._feed_ready.set()
+                else:
+                    cursor = await self._read(cursor, woken_by)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                level = logging.WARNING if isinstance(exc, errors.QueueError) else logging.ERROR
+                log.log(level, "job-change feed read failed (%s); retrying", exc.__class__.__name__, exc_info=level == logging.ERROR)
+                await asyncio.sleep(min(5.0, 0.1 * 2**failures))
+                woken_by = "retry"
+                continue
+            woken_by = await self._wait_for_changes(cursor.read_at)
+
+    async def _wait_for_changes(self, last_read_at: float) -> str:
+        """Until there may be something to read; what woke the reader."""
+        streams_open = self._stream_count > 0
+        event = self._wake if streams_open else self._subscribed
+        timeout = READ_EVERY_SECONDS if streams_open else READ_EVERY_IDLE_SECONDS
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+            woken_by = "subscribe" if not streams_open else "hint" if self._hinted else "local"
+        except TimeoutError:
+            woken_by = "timer"
+        spacing = last_read_at + _MIN_READ_SPACING_SECONDS - time.monotonic()
+        if spacing > 0:
+            await asyncio.sleep(spacing)
+        # Cleared before the read: what commits during it wakes the next one.
+        self._wake.clear()
+        self._subscribed.clear()
+        self._hinted = False
+        return woken_by
+
+    async def _read(self, cursor: FeedCursor, woken_by: str) -> FeedCursor:
+        """Hands on the changes committed since `cursor`; the cursor to read from next."""
+        for attempt in range(_FILTERED_READ_TRIES + 1):
+            subscriptions = self._subscriptions
+            user_ids = list(self._streams) if attempt < _FILTERED_READ_TRIES else None
+            async with self._store.statements() as db:
+                read = await db.job_feed_since(cursor, user_ids=user_ids, limit=MAX_ROWS_PER_READ)
+            if user_ids is None or self._subscriptions == subscriptions:
+                break
+            # A stream subscribed while the read ran: its user's changes were left out, and the
+            # stream's snapshot may have been read before they committed. Read them again.
+        metrics = telemetry.metrics
+        metrics.feed_reads.add(1, {"woken_by": woken_by, "complete": read.complete})
+        metrics.feed_rows_per_read.record(len(read.changes))
+        if not read.complete:
+            log.warning("more than %d job changes came in one read of the feed; streams resync", MAX_ROWS_PER_READ)
+            self._missed_changes()
+            return read.cursor
+        for change in read.changes:
+            metrics.feed_lag.record(change.lag_seconds)
+            await self._dispatch(change.as_notice())
+        return read.cursor
+
+    async def _listen_for_hints(self) -> None:
+        """Wakes the reader when another replica's hint arrives; resyncs the streams when the hint
+        connection was lost (no change is lost with it, but none was heard early either)."""
+        failures = 0
+        own = self._store.hints.sender
+        while True:
+            try:
+                async with self._store.feed_hints() as hints:
                     if failures:
-                        self._resync_all()
-                        self._on_pending()
+                        self._missed_changes()
                     failures = 0
                     self.listening.set()
-                    async for payload in changes:
-                        await self._dispatch(payload)
+                    async for sender in hints:
+                        if sender != own:
+                            self._hinted = True
+                            self._wake.set()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.listening.clear()
                 failures += 1
-                log.warning("notification listener lost its connection (%s: %s); reconnecting", exc.__class__.__name__, exc)
+                log.warning("feed hint listener lost its connection (%s: %s); reconnecting", exc.__class__.__name__, exc)
                 await asyncio.sleep(min(self._reconnect_max_seconds, 0.1 * 2**failures))
+
+    def _missed_changes(self) -> None:
+        """Changes may not reach the streams from the feed: they resync; and a PENDING job
+        nobody claimed may be among them."""
+        self._resync_all()
+        self._on_pending()
+        self._wake.set()
 
     def _resync_all(self) -> None:
         for streams in self._streams.values():
             for stream in streams:
                 stream.resync()
 
-    async def _dispatch(self, payload: str) -> None:
-        try:
-            change = json.loads(payload)
-            user_id = change["user_id"]
-            job_id = uuid.UUID(change["job_id"])
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring a malformed job change notice")
-            return
+    async def _dispatch(self, change: dict[str, Any]) -> None:
+        user_id = change["user_id"]
+        job_id = uuid.UUID(change["job_id"])
         if change.get("status") == "pending" and not change.get("release_claimed", False):
             self._on_pending()
         streams = self._streams.get(user_id)
@@ -292,6 +406,11 @@ class NotificationHub:
 
         Pages are read at different moments; what changes between them reaches the stream as
         changes after the last page (the stream is subscribed before the first read)."""
+        if not self._feed_ready.is_set():
+            try:
+                await asyncio.wait_for(self._feed_ready.wait(), _FEED_READY_SECONDS)
+            except TimeoutError:
+                raise errors.DatabaseUnavailable("this replica has not read the job-change feed yet; retry the call") from None
         user_id = stream.user_id
         active_seqs = stream.active_seqs.tolist() if resync else []
         newest_known_seq = stream.newest_seq

@@ -17,7 +17,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from functools import cache
 from importlib import resources
@@ -59,6 +59,7 @@ from queue_service.model import (
     Transition,
 )
 from queue_service.store import migrations, notices
+from queue_service.store.feed import HINT_CHANNEL, CommitHints, FeedCursor, FeedRead, JobChange
 from queue_service.store.locks import (
     capacity_section,
     holding_user_queue_lock,
@@ -74,7 +75,9 @@ _BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n(?P<body>.*?)(?=^-- name: |\Z)", 
 
 Row = dict[str, Any]
 
-# Announced by the trigger of migration 0001 (since 0013, on every change a job's view shows).
+# Announced by the trigger of migrations 0001-0013 (since 0013, on every change a job's view
+# shows); since migration 0015 the trigger writes the job-change feed instead (store/feed.py),
+# and nothing notifies here.
 JOB_CHANGES_CHANNEL = "analysis_job_changes"
 
 
@@ -184,8 +187,10 @@ def _claimed_release(row: Row) -> ClaimedRelease:
 class Statements:
     """The named queries, run on one connection that the store opened."""
 
-    def __init__(self, conn: AsyncConnection[Row]) -> None:
+    def __init__(self, conn: AsyncConnection[Row], committed: Callable[[], None] = lambda: None) -> None:
         self._conn = conn
+        # Told after a statement that changed jobs has committed (the job-change feed's hints).
+        self._committed = committed
 
     async def _send(self, name: str, params: Row) -> AsyncCursor[Row]:
         return await self._conn.execute(_statement(name), params)
@@ -272,11 +277,16 @@ class Statements:
 
     async def claim_due_releases(self, *, lease_seconds: float, batch_size: int) -> list[ClaimedRelease]:
         rows = await self._all("claim_due_releases", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
+        if rows:
+            self._committed()
         return [_claimed_release(row) for row in rows]
 
     async def claim_release_of_job(self, *, job_id: uuid.UUID, lease_seconds: float) -> ClaimedRelease | None:
         row = await self._one("claim_release_of_job", {"job_id": job_id, "lease_seconds": float(lease_seconds)})
-        return None if row is None else _claimed_release(row)
+        if row is None:
+            return None
+        self._committed()
+        return _claimed_release(row)
 
     async def mark_released(self, releases: Iterable[ClaimedRelease], *, reconcile_after_seconds: float) -> set[uuid.UUID]:
         """Marks RUNNING every job whose release the core accepted, in one statement; returns
@@ -290,6 +300,8 @@ class Statements:
                 "reconcile_after_seconds": float(reconcile_after_seconds),
             },
         )
+        if rows:
+            self._committed()
         return {row["job_id"] for row in rows}
 
     async def schedule_release_retry(
@@ -300,6 +312,8 @@ class Statements:
             "schedule_release_retry",
             {"job_id": job_id, "attempt": attempt, "backoff_seconds": float(backoff_seconds), "last_error": last_error},
         )
+        if row is not None:
+            self._committed()
         return None if row is None else ScheduledRetry(next_release_at=row["next_release_at"], window_over=row["window_over"])
 
     async def next_release_due_in(self) -> float | None:
@@ -418,6 +432,53 @@ class Statements:
     async def recent_judging_seconds(self) -> float | None:
         row = await self._one("recent_judging_seconds", {})
         return None if row is None or row["seconds"] is None else float(row["seconds"])
+
+    # -- the job-change feed (store/feed.py) ---------------------------------------------------
+
+    async def job_feed_start(self) -> FeedCursor:
+        """A cursor at the present: the changes committed after it are read next."""
+        row = await self._one("job_feed_start", {})
+        assert row is not None
+        return FeedCursor(row["snapshot"], time.monotonic())
+
+    async def job_feed_since(self, after: FeedCursor, *, user_ids: list[str] | None, limit: int) -> FeedRead:
+        """The changes committed since `after`, in change_id order (of `user_ids` and of PENDING
+        jobs nobody claimed; of every user when None), and the cursor to read from next; not
+        `complete` (and no changes) when there were more than `limit`."""
+        read_at = time.monotonic()
+        rows = await self._all(
+            "job_feed_since",
+            {"after": after.snapshot, "all_users": user_ids is None, "user_ids": user_ids or [], "limit": limit + 1},
+        )
+        changes = [
+            JobChange(
+                change_id=int(row["change_id"]),
+                job_id=row["job_id"],
+                user_id=row["user_id"],
+                status=row["status"],
+                old_status=row["old_status"],
+                release_claimed=bool(row["release_claimed"]),
+                lag_seconds=max(0.0, float(row["lag_seconds"])),
+            )
+            for row in rows
+            if row["change_id"] is not None
+        ]
+        complete = len(changes) <= limit
+        return FeedRead(FeedCursor(rows[0]["snapshot"], read_at), changes if complete else [], complete)
+
+    async def job_feed_horizon(self) -> int:
+        """The oldest transaction still in flight: every older one has ended."""
+        row = await self._one("job_feed_horizon", {})
+        assert row is not None
+        return int(row["xmin"])
+
+    async def trim_job_feed(self, *, before_xid: int, batch_size: int) -> int:
+        """Deletes up to `batch_size` feed rows of transactions older than `before_xid`; how many."""
+        cursor = await self._send("trim_job_feed", {"before_xid": str(before_xid), "batch_size": batch_size})
+        return max(0, cursor.rowcount)
+
+    async def job_feed_hint(self, *, sender: str) -> None:
+        await self._send("job_feed_hint", {"sender": sender})
 
     # -- credits -------------------------------------------------------------------------------
 
@@ -561,13 +622,20 @@ class Store:
         self._listen_database_url = listen_database_url or database_url
         self._dead_peer_seconds = dead_peer_seconds
         self._liveness_seconds = liveness_seconds
+        # This replica's commits of job changes: its feed reader wakes at once, the other
+        # replicas' through a debounced hint (store/feed.py).
+        self.hints = CommitHints(self._send_hint)
+
+    async def _send_hint(self, sender: str) -> None:
+        async with self.statements() as db:
+            await db.job_feed_hint(sender=sender)
 
     @asynccontextmanager
     async def statements(self) -> AsyncIterator[Statements]:
         """Statements on a pooled connection, each its own transaction; inside a call, the
         checkout and each statement are bounded by what is left of the caller's deadline."""
         async with connection(self.pool) as conn:
-            yield Statements(conn)
+            yield Statements(conn, self.hints.committed)
 
     @asynccontextmanager
     async def holding_user_queue_lock(self, user_id: str) -> AsyncIterator[None]:
@@ -579,7 +647,10 @@ class Store:
     # -- locked sections: each one statement under the user's queue lock (`locks.locked_section`)
 
     async def _locked(self, user_id: str, name: str, params: Row) -> list[Row]:
-        return await locked_section(self.pool, user_id, _statement(name), params)
+        rows = await locked_section(self.pool, user_id, _statement(name), params)
+        if rows:
+            self.hints.committed()
+        return rows
 
     async def admit_job(
         self,
@@ -636,6 +707,7 @@ class Store:
         PENDING or RUNNING. Else reports the job as it is, or that no job owns the run yet."""
         params = _ending_params(report.transition, report.actor, limits)
         rows = await locked_section_of_run(self.pool, report.run_id, _statement("end_run"), params)
+        self.hints.committed()
         return _run_completion(rows, report.transition, report.actor)
 
     async def end_runs(self, reports: Sequence[RunReportToApply], limits: PromotionLimits) -> list[RunCompletion]:
@@ -652,6 +724,7 @@ class Store:
             **_limit_params(limits),
         }
         rows = await locked_sections_of_runs(self.pool, params["run_ids"], _statement("end_runs"), params)
+        self.hints.committed()
         rows_of: dict[int, list[Row]] = {index: [] for index in range(1, len(reports) + 1)}
         for row in rows:
             rows_of[row["batch_index"]].append(row)
@@ -707,6 +780,7 @@ class Store:
         await self.pool.open(wait=True, timeout=timeout)
 
     async def close(self) -> None:
+        await self.hints.close()
         await self.pool.close()
 
     async def migrate(self) -> list[int]:
@@ -775,13 +849,13 @@ class Store:
 
 
     @asynccontextmanager
-    async def job_changes(self) -> AsyncIterator[AsyncIterator[str]]:
-        """A dedicated connection LISTENing to the job-change channel (every status change, from
-        any replica, announced by the table's trigger); yields the notices' payloads. The caller
-        reconnects when it drops, or when it goes silent (`notices`: a liveness query after
+    async def feed_hints(self) -> AsyncIterator[AsyncIterator[str]]:
+        """A dedicated connection LISTENing for the job-change feed's wake-up hints (store/feed.py);
+        yields their payloads, each the sending replica's `hints.sender`. The caller reconnects
+        when it drops, or when it goes silent (`notices`: a liveness query after
         `liveness_seconds` without traffic, TCP keepalives)."""
         parameters = connection_parameters(self._listen_database_url, dead_peer_seconds=self._dead_peer_seconds)
         async with notices.listening(
-            self._listen_database_url, JOB_CHANGES_CHANNEL, liveness_seconds=self._liveness_seconds, **parameters
+            self._listen_database_url, HINT_CHANNEL, liveness_seconds=self._liveness_seconds, **parameters
         ) as payloads:
             yield payloads

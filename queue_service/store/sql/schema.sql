@@ -9,6 +9,18 @@
 
 CREATE SEQUENCE public.analysis_jobs_queue_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
 
+CREATE TABLE public.analysis_job_feed (
+    xid             xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    change_id       bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    change_time     timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    job_id          uuid NOT NULL,
+    user_id         text NOT NULL,
+    status          text NOT NULL,
+    old_status      text,
+    release_claimed boolean NOT NULL
+);
+CREATE INDEX analysis_job_feed_by_xid ON public.analysis_job_feed USING btree (xid);
+
 CREATE TABLE public.analysis_jobs (
     job_id               uuid NOT NULL,
     user_id              text NOT NULL,
@@ -157,15 +169,9 @@ CREATE OR REPLACE FUNCTION public.analysis_jobs_announce(p_job analysis_jobs, p_
  LANGUAGE plpgsql
 AS $function$
 BEGIN
-    PERFORM pg_notify(
-        'analysis_job_changes',
-        json_build_object(
-            'user_id', p_job.user_id,
-            'job_id', p_job.job_id,
-            'status', p_job.status,
-            'old_status', p_old_status,
-            'release_claimed', p_job.status = 'pending' AND p_job.release_attempts > 0
-        )::text);
+    INSERT INTO analysis_job_feed (job_id, user_id, status, old_status, release_claimed)
+    VALUES (p_job.job_id, p_job.user_id, p_job.status, p_old_status,
+            p_job.status = 'pending' AND p_job.release_attempts > 0);
 END
 $function$;
 
@@ -682,7 +688,7 @@ DECLARE
     v_job analysis_jobs%ROWTYPE;
     v_amount integer;
 BEGIN
-    SELECT * INTO v_job FROM analysis_jobs a WHERE a.job_id = p_job_id AND a.status = 'failed';
+    SELECT * INTO v_job FROM analysis_jobs a WHERE a.job_id = p_job_id AND a.status = 'failed' FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
