@@ -21,10 +21,12 @@ import uuid
 
 import psycopg
 
-from queue_service.store import Store
-from queue_service.store.feed import FeedCursor
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service.engine import sweeper, watch
+from queue_service.store import JOB_CHANGES_CHANNEL, Store
+from queue_service.store.feed import HINT_CHANNEL, FeedCursor
 from queue_service.store.pool import Timeouts, create_pool
-from tests.harness import new_user
+from tests.harness import S, new_user
 
 _JOBS = 6
 _WRITERS = 8
@@ -160,3 +162,104 @@ async def test_racing_commits_reach_the_reader_once_each_and_in_commit_order_per
     assert len(change_ids) == len(set(change_ids))
     print(f"{commits} commits, {len(change_ids)} changes in {reads} reads, {late} read after a higher id")
     assert late > 0, "no commit landed behind a higher feed id: the race this test is about never happened"
+
+
+async def _listening(database_url: str, *channels: str) -> tuple[psycopg.AsyncConnection, list[tuple[str, str]]]:
+    conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    heard: list[tuple[str, str]] = []
+    conn.add_notify_handler(lambda notice: heard.append((notice.channel, notice.payload)))
+    for channel in channels:
+        await conn.execute(f"LISTEN {channel}")
+    return conn, heard
+
+
+async def _drain(conn: psycopg.AsyncConnection) -> None:
+    await conn.execute("SELECT 1")  # psycopg hands on the notices that arrived meanwhile
+
+
+async def test_no_job_changing_commit_notifies_only_the_hints_do(services, database_url: str) -> None:
+    """A job's whole life (admit into the slot, release, completion, the next job's promotion and
+    release) sends nothing on the channel the trigger notified from each of those commits; what
+    reaches listeners are the feed's hints, sent by the replica after its commits."""
+    service = await services.start()
+    stubs, user = service.stubs, new_user()
+    store = service.app.store
+    async with store.statements() as db:
+        start = await db.job_feed_start()
+    conn, heard = await _listening(database_url, JOB_CHANGES_CHANNEL, HINT_CHANNEL)
+    try:
+        await stubs.grant(user, 2)
+        first = await stubs.admit(user)
+        second = await stubs.admit(user)
+        await stubs.wait_for(first.job_id, S.JOB_STATUS_RUNNING)
+        await stubs.complete(first.run_id)
+        await stubs.wait_for(second.job_id, S.JOB_STATUS_RUNNING)
+        async with store.statements() as db:
+            read = await db.job_feed_since(start, user_ids=[user], limit=100)
+        await asyncio.sleep(0.2)
+        await _drain(conn)
+    finally:
+        await conn.close()
+    statuses = [(str(c.job_id), c.status) for c in read.changes]
+    # Every change of both jobs is in the feed, in the order it was made.
+    assert [s for j, s in statuses if j == first.job_id] == ["pending", "running", "succeeded"], statuses
+    assert [s for j, s in statuses if j == second.job_id] == ["queued", "pending", "running"], statuses
+    assert [c for c, _ in heard if c == JOB_CHANGES_CHANNEL] == [], heard
+    hints = [payload for c, payload in heard if c == HINT_CHANNEL]
+    assert hints and set(hints) == {store.hints.sender}, heard
+
+
+async def test_a_change_another_replica_commits_reaches_a_stream_by_its_hint(services, monkeypatch) -> None:
+    """With the readers' timers far off, what carries another replica's change to a stream is
+    that replica's hint: the change arrives within seconds, not at the timer."""
+    monkeypatch.setattr(watch, "READ_EVERY_SECONDS", 120.0)
+    core = await services.core()
+    watched = await services.start(core)
+    other = await services.start(core)
+    core.set_callback_addr(other.address)
+    user = new_user()
+    await other.stubs.grant(user, 3)
+    stream = watched.stubs.queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id=user), timeout=60)
+    try:
+        async for message in stream:
+            if message.snapshot_complete:
+                break
+        await asyncio.sleep(0.3)  # the watched replica's reader is back waiting, on its timer or a hint
+        for _ in range(3):
+            job = await other.stubs.admit(user)
+
+            async def arrival(job_id: str = job.job_id) -> float:
+                async for message in stream:
+                    if message.job.job_id == job_id:
+                        return time.monotonic()
+                raise AssertionError("stream ended")
+
+            admitted = time.monotonic()
+            arrived = await asyncio.wait_for(arrival(), 10)
+            assert arrived - admitted < 10
+    finally:
+        stream.cancel()
+
+
+async def test_the_sweeper_deletes_feed_rows_past_the_retention_only(services, database_url: str, monkeypatch) -> None:
+    """Rows of transactions that ended before a horizon the sweeper saw a retention ago go; a row
+    written after that horizon stays."""
+    service = await services.start()
+    user = new_user()
+    jobs = _seed(database_url, user)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("UPDATE analysis_jobs SET last_error = 'old' WHERE job_id = ANY(%s)", (jobs[:3],))
+
+    def rows() -> list[uuid.UUID]:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            return [r[0] for r in conn.execute("SELECT job_id FROM analysis_job_feed WHERE user_id = %s ORDER BY change_id", (user,))]
+
+    assert len(rows()) == 3
+    monkeypatch.setattr(sweeper, "RETENTION_SECONDS", 0.5)
+    first = await service.app.sweeper.sweep_once()  # records a horizon past the three rows
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("UPDATE analysis_jobs SET last_error = 'new' WHERE job_id = %s", (jobs[3],))
+    await asyncio.sleep(0.6)
+    second = await service.app.sweeper.sweep_once()  # trims below the first pass's horizon
+    assert rows() == [jobs[3]], rows()
+    assert second.feed_rows_trimmed >= 3 and first.feed_rows_trimmed >= 0
