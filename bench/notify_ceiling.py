@@ -1,26 +1,31 @@
-"""The NOTIFY commit ceiling: commits per second of a trivial UPDATE on `analysis_jobs` whose
-status trigger sends a NOTIFY, against the same UPDATE with the trigger's NOTIFY suppressed.
+"""The NOTIFY commit ceiling: commits per second of a trivial UPDATE on `analysis_jobs` with the
+job table's trigger as the queue now has it (it appends a row to the job-change feed), with the
+trigger's former body (a NOTIFY per change), and with no trigger at all (the floor).
 
-    .venv/bin/python -m bench.notify_ceiling [--seconds 5] [--repeats 3] [--clients 1 8 32]
+    .venv/bin/python -m bench.notify_ceiling [--seconds 5] [--repeats 3] [--clients 16 32]
 
 A committing transaction that has called NOTIFY holds a cluster-wide lock from queueing its
 notifications to the end of its commit (WAL flush included), so notifying commits cannot share a
-WAL flush (group commit) and run one at a time. This measures what that costs.
+WAL flush (group commit) and run one at a time. This measures what that cost, and what the feed
+costs instead.
 
 For each PostgreSQL (durable: fsync and synchronous_commit on, as in production; then with
-fsync and synchronous_commit off), each client count and each repeat, two pgbench runs back to
-back (same conditions, so their ratio is fair):
+fsync and synchronous_commit off), each client count and each repeat, three pgbench runs back to
+back (same conditions, so their ratios are fair):
 
-- `notify`: each client updates its own row's `last_error` (a new value each time, so the
-  trigger `analysis_jobs_announce_update` fires and sends one NOTIFY per commit; `last_error` is in
-  no index, so the update is HOT and nothing else is costly);
+- `feed`: each client updates its own row's `last_error` (a new value each time, so the
+  trigger `analysis_jobs_announce_update` fires; `last_error` is in no index, so the update is
+  HOT and nothing else is costly); the trigger inserts one feed row per commit;
+- `notify`: the same, with the trigger function replaced for the run by its body before the
+  feed (`pg_notify` of the change's JSON), then restored;
 - `no_notify`: the same statement in sessions with `session_replication_role = replica`, where
-  ordinary triggers do not fire: no NOTIFY, nothing else changes.
+  ordinary triggers do not fire: no NOTIFY, no feed row, nothing else changes (the floor).
 
-One listener (as every replica keeps one) LISTENs and drains the channel throughout; the run
-checks that it received one notification per committed `notify` update and none from
-`no_notify`. pgbench is PostgreSQL's own (the embedded server's), in prepared mode, one thread
-per client up to the machine's cores. The machine's load average is recorded with each figure.
+One listener (as every replica keeps one) LISTENs on the trigger's former channel and drains it
+throughout; the run checks that it received one notification per committed `notify` update and
+none otherwise, and that `feed` wrote one feed row per commit. pgbench is PostgreSQL's own (the
+embedded server's), in prepared mode, one thread per client up to the machine's cores. The
+machine's load average is recorded with each figure.
 
 Prints a table and writes bench/results/notify-ceiling.json.
 """
@@ -55,6 +60,26 @@ _SCRIPT = (
     "UPDATE analysis_jobs SET last_error = md5(random()::text) "
     f"WHERE job_id = md5('{_ROW_KEY}' || :client_id)::uuid;\n"
 )
+
+
+# The trigger function's body before the job-change feed (migration 0008), for the `notify` mode.
+_NOTIFY_FUNCTION = """
+CREATE OR REPLACE FUNCTION analysis_jobs_announce_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(
+        'analysis_job_changes',
+        json_build_object(
+            'user_id', NEW.user_id,
+            'job_id', NEW.job_id,
+            'status', NEW.status,
+            'old_status', CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END,
+            'release_claimed', NEW.status = 'pending' AND NEW.release_attempts > 0
+        )::text);
+    RETURN NULL;
+END;
+$$"""
+MODES = ("feed", "notify", "no_notify")
 
 
 def loadavg() -> list[float]:
@@ -118,29 +143,60 @@ def pgbench(dsn: str, script: Path, *, clients: int, seconds: float, suppress_no
     return {"commits_per_s": float(tps[1]), "latency_ms": float(latency[1]), "commits": int(processed[1])}
 
 
+def _feed_rows(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM analysis_job_feed").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _trigger_function(dsn: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_get_functiondef('analysis_jobs_announce_change'::regproc)").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _install(dsn: str, definition: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(definition.encode())
+
+
 def measure(db: Database, *, clients: list[int], seconds: float, repeats: int, workdir: Path) -> dict[str, Any]:
     dsn = db.dsn
     seed_rows(dsn, max(clients))
     script = workdir / "update-last-error.sql"
     script.write_text(_SCRIPT)
+    feed_function = _trigger_function(dsn)
     listener = Listener(dsn)
     listener.start()
     runs: list[dict[str, Any]] = []
     try:
         for repeat in range(repeats):
             for count in clients:
-                for mode in ("notify", "no_notify"):
-                    before = listener.received
+                for mode in MODES:
+                    if mode == "notify":
+                        _install(dsn, _NOTIFY_FUNCTION)
+                    before, rows_before = listener.received, _feed_rows(dsn)
                     load = loadavg()
-                    result = pgbench(dsn, script, clients=count, seconds=seconds, suppress_notify=mode == "no_notify")
+                    try:
+                        result = pgbench(dsn, script, clients=count, seconds=seconds, suppress_notify=mode == "no_notify")
+                    finally:
+                        if mode == "notify":
+                            _install(dsn, feed_function)
                     time.sleep(0.3)  # let the listener drain what was committed last
                     heard = listener.received - before
+                    feed_rows = _feed_rows(dsn) - rows_before
                     expected = result["commits"] if mode == "notify" else 0
                     # pgbench counts the transactions it finished; a commit it did not wait out
                     # at the end may still have notified, hence the small tolerance.
                     if abs(heard - expected) > count:
                         raise RuntimeError(f"{mode}, {count} clients: {result['commits']} commits but {heard} notifications")
-                    runs.append({"repeat": repeat, "clients": count, "mode": mode, "loadavg": load, "notifications": heard, **result})
+                    expected_rows = result["commits"] if mode == "feed" else 0
+                    if abs(feed_rows - expected_rows) > count:
+                        raise RuntimeError(f"{mode}, {count} clients: {result['commits']} commits but {feed_rows} feed rows")
+                    runs.append(
+                        {"repeat": repeat, "clients": count, "mode": mode, "loadavg": load, "notifications": heard, "feed_rows": feed_rows, **result}
+                    )
                     print(
                         f"  repeat {repeat} clients {count:2} {mode:9} {result['commits_per_s']:8.0f} commits/s  "
                         f"latency {result['latency_ms']:6.2f} ms  load {load[0]}",
@@ -150,19 +206,15 @@ def measure(db: Database, *, clients: list[int], seconds: float, repeats: int, w
         listener.stop()
     summary = {}
     for count in clients:
-        by_mode = {mode: [r["commits_per_s"] for r in runs if r["clients"] == count and r["mode"] == mode] for mode in ("notify", "no_notify")}
-        ratios = [
-            n["commits_per_s"] / o["commits_per_s"]
-            for n, o in zip(
-                [r for r in runs if r["clients"] == count and r["mode"] == "notify"],
-                [r for r in runs if r["clients"] == count and r["mode"] == "no_notify"],
-            )
-        ]
-        summary[str(count)] = {
-            "notify_commits_per_s": {"median": round(statistics.median(by_mode["notify"])), "range": [round(min(by_mode["notify"])), round(max(by_mode["notify"]))]},
-            "no_notify_commits_per_s": {"median": round(statistics.median(by_mode["no_notify"])), "range": [round(min(by_mode["no_notify"])), round(max(by_mode["no_notify"]))]},
-            "notify_over_no_notify": {"median": round(statistics.median(ratios), 2), "range": [round(min(ratios), 2), round(max(ratios), 2)]},
-        }
+        of = {mode: [r for r in runs if r["clients"] == count and r["mode"] == mode] for mode in MODES}
+        row: dict[str, Any] = {}
+        for mode in MODES:
+            rates = [r["commits_per_s"] for r in of[mode]]
+            row[f"{mode}_commits_per_s"] = {"median": round(statistics.median(rates)), "range": [round(min(rates)), round(max(rates))]}
+        for mode in ("feed", "notify"):
+            ratios = [a["commits_per_s"] / b["commits_per_s"] for a, b in zip(of[mode], of["no_notify"])]
+            row[f"{mode}_over_no_notify"] = {"median": round(statistics.median(ratios), 2), "range": [round(min(ratios), 2), round(max(ratios), 2)]}
+        summary[str(count)] = row
     return {"runs": runs, "summary": summary}
 
 
@@ -170,7 +222,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--clients", type=int, nargs="+", default=[16, 32])
+    parser.add_argument("--durable-only", action="store_true", help="skip the fsync-off PostgreSQL")
     parser.add_argument("--out", type=Path, default=RESULTS / "notify-ceiling.json")
     args = parser.parse_args()
     started = time.time()
@@ -181,7 +234,7 @@ def main() -> int:
             "loadavg_at_start": loadavg(),
         }
     }
-    for durable in (True, False):
+    for durable in (True,) if args.durable_only else (True, False):
         label = "durable" if durable else "fsync_off"
         workdir = Path(tempfile.mkdtemp(prefix=f"acurio-notify-{label}-"))
         db = Database(workdir, durable=durable)
@@ -200,11 +253,14 @@ def main() -> int:
     report["meta"]["loadavg_at_end"] = loadavg()
     report["meta"]["duration_seconds"] = round(time.time() - started, 1)
     print()
-    print(f"{'':10} {'clients':>7} {'notify/s':>10} {'no notify/s':>12} {'ratio':>6}   (median of {args.repeats}; range)")
+    print(f"{'':10} {'clients':>7} {'feed/s':>8} {'notify/s':>9} {'none/s':>8} {'feed/none':>10} {'notify/none':>12}   (median of {args.repeats})")
     for label in ("durable", "fsync_off"):
-        for count, row in report[label]["summary"].items():
-            n, o, r = row["notify_commits_per_s"], row["no_notify_commits_per_s"], row["notify_over_no_notify"]
-            print(f"{label:10} {count:>7} {n['median']:>10} {o['median']:>12} {r['median']:>6}   ({n['range']}, {o['range']}, {r['range']})")
+        for count, row in report.get(label, {}).get("summary", {}).items():
+            print(
+                f"{label:10} {count:>7} {row['feed_commits_per_s']['median']:>8} {row['notify_commits_per_s']['median']:>9}"
+                f" {row['no_notify_commits_per_s']['median']:>8} {row['feed_over_no_notify']['median']:>10}"
+                f" {row['notify_over_no_notify']['median']:>12}   (ranges {row['feed_over_no_notify']['range']}, {row['notify_over_no_notify']['range']})"
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"\nreport: {args.out}")

@@ -12,9 +12,11 @@ only admits (and one release per user) load the service.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from bench import dbsetup
+from bench.notify_count import NotifyCounter, per_job
 from bench.context import Context, with_peak_rss
 from bench.ghz import ADMIT, admit_data
 from bench.scenarios.floors import db_floor, grpc_floor, minimal_floor, ratios_against
@@ -52,9 +54,13 @@ def admit_run(ctx: Context, name: str, *, users: int, callers: int, admits: int,
         ctx.ghz(stack.address, ADMIT, admit_data(warm_prefix, warm_users, "warm"), concurrency=callers, total=sizes.warmup_calls)
         floors["grpc"] = grpc_floor(ctx, stack, callers, sizes.floor_calls)
         ctx.statements_reset(name)
-        run = ctx.measured_ghz(
-            stack.address, ADMIT, admit_data(prefix, users, "measure"), concurrency=callers, total=admits, cpu_roots=stack.cpu_roots()
-        )
+        with NotifyCounter(dsn) as notices:
+            before = notices.counts()
+            run = ctx.measured_ghz(
+                stack.address, ADMIT, admit_data(prefix, users, "measure"), concurrency=callers, total=admits, cpu_roots=stack.cpu_roots()
+            )
+            time.sleep(0.3)  # what the last admits notified reaches the counter
+            run["notifications"] = per_job(before, notices.counts(), run["ops"])
         run.update(ctx.statements_since_reset(name, run["ops"]))
         with_peak_rss(run, stack.service.pid)
     run.update(users=users, callers=callers, floors=floors, ratios=ratios_against(run, floors))

@@ -21,11 +21,13 @@ saturated. The ideal makespan is queue x judging_seconds (+ the spread for `ligh
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from bench import dbsetup
+from bench.notify_count import NotifyCounter, per_job
 from bench.context import Context, load_record, with_peak_rss
 from bench.ghz import ADMIT, admit_data
 from bench.measure import CpuMeter, Latency
@@ -54,11 +56,16 @@ def promotion_batch(ctx: Context, name: str, *, users: int, spread: float) -> di
         if ready.get("running", 0) != users:
             raise RuntimeError(f"{name}: first jobs not all running: {ready}")
         ctx.statements_reset(name)
-        meter = CpuMeter(stack.cpu_roots()).start()
-        stack.start_judging()
-        timeout = 60 + jobs * judging + spread
-        done = dbsetup.wait_for(dsn, prefix, lambda c: c.get("succeeded", 0) == jobs, timeout=timeout, poll=0.02)
-        cpu = meter.stop()
+        with NotifyCounter(dsn) as notices:
+            counted = notices.counts()
+            meter = CpuMeter(stack.cpu_roots()).start()
+            stack.start_judging()
+            timeout = 60 + jobs * judging + spread
+            done = dbsetup.wait_for(dsn, prefix, lambda c: c.get("succeeded", 0) == jobs, timeout=timeout, poll=0.02)
+            cpu = meter.stop()
+            time.sleep(0.3)  # what the last completions notified reaches the counter
+            # Per completed job: its completion, the next job's promotion, its release claim and mark.
+            notifications = per_job(counted, notices.counts(), jobs)
         statement_breakdown = ctx.statements_since_reset(name, jobs)
         peak_rss = with_peak_rss({}, stack.service.pid)["service_peak_rss_mb"]
     # The core writes its event file when it stops.
@@ -80,6 +87,7 @@ def promotion_batch(ctx: Context, name: str, *, users: int, spread: float) -> di
         gap_min_ms=gaps["gap_min_ms"],
         gaps_counted=gaps["count"],
         service_peak_rss_mb=peak_rss,
+        notifications=notifications,
         **statement_breakdown,
     )
     result["latency_note"] = "latency_ms is the promotion gap (CompleteRun returned -> next ReleaseRun received)"
