@@ -53,8 +53,10 @@ READ_EVERY_SECONDS = 1.0
 # With no stream open, only PENDING jobs nobody claimed matter (the dispatcher's), and the sweeper
 # backs those up every interval: the feed is read this often, and not on commits or hints.
 READ_EVERY_IDLE_SECONDS = 5.0
-# Reads come at most this close together, however many commits wake the reader.
-_MIN_READ_SPACING_SECONDS = 0.002
+# Reads come at most this close together, however many commits wake the reader: a replica whose
+# streams watch a few users among many busy ones reads the feed at most 100 times a second, each
+# read taking all that committed meanwhile.
+_MIN_READ_SPACING_SECONDS = 0.01
 # A read re-done because streams subscribed while it ran, at most this often before reading all.
 _FILTERED_READ_TRIES = 3
 # How long a stream's first read waits for the hub's first read of the feed.
