@@ -40,7 +40,7 @@ from queue_service import errors, telemetry
 from queue_service.background import cancel_and_wait
 from queue_service.engine.job_reads import JobReads
 from queue_service.model import JobStatus, JobView
-from queue_service.store import Store
+from queue_service.store import Statements, Store
 from queue_service.store.feed import MAX_ROWS_PER_READ, STALE_AFTER_SECONDS, FeedCursor
 
 log = logging.getLogger(__name__)
@@ -319,26 +319,28 @@ class NotificationHub:
         return woken_by
 
     async def _read(self, cursor: FeedCursor, woken_by: str) -> FeedCursor:
-        """Hands on the changes committed since `cursor`; the cursor to read from next."""
-        for attempt in range(_FILTERED_READ_TRIES + 1):
-            subscriptions = self._subscriptions
-            user_ids = list(self._streams) if attempt < _FILTERED_READ_TRIES else None
-            async with self._store.statements() as db:
+        """Hands on the changes committed since `cursor`; the cursor to read from next. The
+        changed jobs' views are read on the same connection; when a read fails, the caller reads
+        again from the same cursor (a stream may get a view twice, never miss one)."""
+        async with self._store.statements() as db:
+            for attempt in range(_FILTERED_READ_TRIES + 1):
+                subscriptions = self._subscriptions
+                user_ids = list(self._streams) if attempt < _FILTERED_READ_TRIES else None
                 read = await db.job_feed_since(cursor, user_ids=user_ids, limit=MAX_ROWS_PER_READ)
-            if user_ids is None or self._subscriptions == subscriptions:
-                break
-            # A stream subscribed while the read ran: its user's changes were left out, and the
-            # stream's snapshot may have been read before they committed. Read them again.
-        metrics = telemetry.metrics
-        metrics.feed_reads.add(1, {"woken_by": woken_by, "complete": read.complete})
-        metrics.feed_rows_per_read.record(len(read.changes))
-        if not read.complete:
-            log.warning("more than %d job changes came in one read of the feed; streams resync", MAX_ROWS_PER_READ)
-            self._missed_changes()
-            return read.cursor
-        for change in read.changes:
-            metrics.feed_lag.record(change.lag_seconds)
-            await self._dispatch(change.as_notice())
+                if user_ids is None or self._subscriptions == subscriptions:
+                    break
+                # A stream subscribed while the read ran: its user's changes were left out, and
+                # the stream's snapshot may have been read before they committed. Read them again.
+            metrics = telemetry.metrics
+            metrics.feed_reads.add(1, {"woken_by": woken_by, "complete": read.complete})
+            metrics.feed_rows_per_read.record(len(read.changes))
+            if not read.complete:
+                log.warning("more than %d job changes came in one read of the feed; streams resync", MAX_ROWS_PER_READ)
+                self._missed_changes()
+                return read.cursor
+            for change in read.changes:
+                metrics.feed_lag.record(change.lag_seconds)
+                await self._dispatch(change.as_notice(), db)
         return read.cursor
 
     async def _listen_for_hints(self) -> None:
@@ -377,7 +379,7 @@ class NotificationHub:
             for stream in streams:
                 stream.resync()
 
-    async def _dispatch(self, change: dict[str, Any]) -> None:
+    async def _dispatch(self, change: dict[str, Any], db: Statements) -> None:
         user_id = change["user_id"]
         job_id = uuid.UUID(change["job_id"])
         if change.get("status") == "pending" and not change.get("release_claimed", False):
@@ -385,16 +387,10 @@ class NotificationHub:
         streams = self._streams.get(user_id)
         if not streams:
             return
-        try:
-            async with self._store.statements() as db:
-                views = await db.job_views_by_ids(job_ids=[job_id])
-                if _changes_the_users_queue(change, views):
-                    views += await db.queued_job_views_of_user(user_id=user_id)
-                items = [WatchItem(view) for view in await self._reads.estimated(views, db)]
-        except errors.QueueError:
-            for stream in list(streams):
-                stream.resync()
-            return
+        views = await db.job_views_by_ids(job_ids=[job_id])
+        if _changes_the_users_queue(change, views):
+            views += await db.queued_job_views_of_user(user_id=user_id)
+        items = [WatchItem(view) for view in await self._reads.estimated(views, db)]
         for stream in list(streams):
             for item in items:
                 stream.offer(item)
