@@ -126,7 +126,7 @@ def main() -> int:
     report: dict[str, Any] = {
         "meta": {
             "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
-            "code": str(REPO_ROOT), "git_head": git_head or "(not a git checkout)", "loadavg_at_start": loadavg(),
+            "git_head": git_head or "(not a git checkout)", "loadavg_at_start": loadavg(),
             "probes": args.probes, "users": args.users, "load_callers": args.load_callers,
         }
     }
