@@ -1,5 +1,5 @@
-"""`queue-service serve` with bench probes, for the stall hunt (`bench.stall_probe`) and the event
-loop A/B (`bench.loop_ab`). Not used by `bench.run`: the production process stays unmodified there.
+"""`queue-service serve` with bench probes, for the stall hunt (`bench.probes.stall_probe`) and the event
+loop A/B (`bench.probes.loop_ab`). Not used by `bench.run`: the production process stays unmodified there.
 
 Environment (besides the service's own settings):
 

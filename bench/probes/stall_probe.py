@@ -1,7 +1,7 @@
 """Hunting the rare ListJobs stall: the history scenario's empty-table phase, repeated, with every
 call's latency kept and lined up against what else happened at that moment.
 
-    .venv/bin/python -m bench.stall_probe [--rounds 8] [--calls 5000] [--no-durable] [--env KEY=VALUE ...]
+    .venv/bin/python -m bench.probes.stall_probe [--rounds 8] [--calls 5000] [--no-durable] [--env KEY=VALUE ...]
 
 Each round is what `bench.run`'s history scenario does on the empty table: a fresh database and
 a fresh replica (`bench.instrumented_serve`, with probes), warm-up, 500 users admit 10 jobs each
@@ -17,7 +17,7 @@ overlaps it (±50 ms):
 - the machine's load average (`/proc/loadavg`) at the round's start, and the CPU the machine
   spent outside the measured processes during the round.
 
-The JSON report (default bench/results/stall-probe.json) keeps every stall with its overlapping
+The JSON report (default bench/results/history/stall-probe.json) keeps every stall with its overlapping
 events, and per round the latency summary of each load.
 """
 
@@ -43,7 +43,7 @@ from bench.measure import CpuMeter, unattributed_cpu
 from bench.procs import Database
 from bench.protoset import write_protoset
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "history"
 _CALLERS = 16
 _USERS = 500
 _PAGE = 10

@@ -17,7 +17,7 @@ history loaded), each statement its own transaction, prepared; the backend's CPU
 It answers "is it the index entries, the NOTIFY or the commit itself?" and "how far is the admit
 from the writes it cannot do without?" for docs/scaling.md §1.
 
-    .venv/bin/python -m bench.commit_cost [--rounds 3] [--calls 2000] [--out bench/results/commit-cost.json]
+    .venv/bin/python -m bench.probes.commit_cost [--rounds 3] [--calls 2000] [--out bench/results/history/commit-cost.json]
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--history", type=int, default=200_000, help="finished jobs loaded first (index depth)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "commit-cost.json")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results" / "history" / "commit-cost.json")
     args = parser.parse_args()
 
     results: dict[str, list[float]] = {}
@@ -194,7 +194,7 @@ def main() -> None:
 
     summary = {name: {"median": statistics.median(v), "min": min(v), "max": max(v), "runs": v} for name, v in results.items()}
     report = {
-        "what": "backend CPU per call (ms), one connection, durable PostgreSQL, each call its own commit(s); bench/commit_cost.py",
+        "what": "backend CPU per call (ms), one connection, durable PostgreSQL, each call its own commit(s); bench/probes/commit_cost.py",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "history_jobs": args.history,
         "calls_per_round": args.calls,

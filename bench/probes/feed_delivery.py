@@ -1,7 +1,7 @@
 """Cross-replica change delivery: how long a change committed through one replica takes to reach
 a WatchJobs stream on another.
 
-    .venv/bin/python -m bench.feed_delivery [--probes 200] [--users 50] [--load-callers 16]
+    .venv/bin/python -m bench.probes.feed_delivery [--probes 200] [--users 50] [--load-callers 16]
 
 Two replicas (`queue-service serve`, each with its own manual dev core) on one durable embedded
 PostgreSQL. Replica B holds one WatchJobs stream per user; probe admits go through replica A,
@@ -38,7 +38,7 @@ from bench import dbsetup
 from bench.measure import Latency
 from bench.procs import REPO_ROOT, Database, Stack, create_database
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "history"
 
 
 def loadavg() -> list[float]:

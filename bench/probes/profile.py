@@ -2,8 +2,8 @@
 load with an environment change. Not part of `bench.run` (profiling slows the profiled process).
 py-spy comes from PyPI: `.venv/bin/pip install py-spy`.
 
-    .venv/bin/python -m bench.profile [--calls 5000] [--callers 16] [--call admit|list_jobs] [--native]
-    .venv/bin/python -m bench.profile --ab OTEL_SDK_DISABLED=true     # no py-spy: throughput and CPU/op, A vs B
+    .venv/bin/python -m bench.probes.profile [--calls 5000] [--callers 16] [--call admit|list_jobs] [--native]
+    .venv/bin/python -m bench.probes.profile --ab OTEL_SDK_DISABLED=true     # no py-spy: throughput and CPU/op, A vs B
 
 The profile's collapsed stacks (flamegraph input) go to bench/results/profile-<call>.txt; the
 summary shows the share of samples per package (by the innermost Python frame, so time inside
@@ -31,7 +31,7 @@ from bench.measure import CpuMeter
 from bench.procs import BIN, Database
 from bench.protoset import write_protoset
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "history"
 _USERS = 1000
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>.*?)(?::\d+)?\)$")
 

@@ -3,11 +3,11 @@
 (`.venv/bin/pip install uvloop`), and the service runs through `bench.instrumented_serve` with
 `BENCH_EVENT_LOOP` (no probes).
 
-    .venv/bin/python -m bench.loop_ab [--calls 5000] [--callers 16] [--repeats 3]
+    .venv/bin/python -m bench.probes.loop_ab [--calls 5000] [--callers 16] [--repeats 3]
 
 Each repeat runs both loops back to back (the order alternates), each on a fresh database and a
 fresh replica after a warm-up, so each repeat's uvloop/asyncio ratio compares runs made under
-the same machine load. Prints the table and writes bench/results/event-loop-ab.json.
+the same machine load. Prints the table and writes bench/results/history/event-loop-ab.json.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from bench.measure import CpuMeter, unattributed_cpu
 from bench.procs import Database
 from bench.protoset import write_protoset
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "history"
 _USERS = 1000
 LOOPS = ("asyncio", "uvloop")
 

@@ -2,7 +2,7 @@
 job table's trigger as the queue now has it (it appends a row to the job-change feed), with the
 trigger's former body (a NOTIFY per change), and with no trigger at all (the floor).
 
-    .venv/bin/python -m bench.notify_ceiling [--seconds 5] [--repeats 3] [--clients 16 32]
+    .venv/bin/python -m bench.probes.notify_ceiling [--seconds 5] [--repeats 3] [--clients 16 32]
 
 A committing transaction that has called NOTIFY holds a cluster-wide lock from queueing its
 notifications to the end of its commit (WAL flush included), so notifying commits cannot share a
@@ -27,7 +27,7 @@ none otherwise, and that `feed` wrote one feed row per commit. pgbench is Postgr
 embedded server's), in prepared mode, one thread per client up to the machine's cores. The
 machine's load average is recorded with each figure.
 
-Prints a table and writes bench/results/notify-ceiling.json.
+Prints a table and writes bench/results/history/notify-ceiling.json.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from bench.procs import Database
 from queue_service.dev.embedded_postgres import POSTGRES_BIN_PATH
 from queue_service.store import JOB_CHANGES_CHANNEL
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "history"
 _ROW_KEY = "notify-ceiling-"
 # Each client updates its own row (no row-lock waits), with a new last_error (the trigger fires).
 _SCRIPT = (
