@@ -153,6 +153,16 @@ class DatabaseUnavailable(QueueError):
     retry_delay_seconds = 1.0
 
 
+class OutcomeUnknown(QueueError):
+    """A change was sent to the database and its answer never came (the call's deadline passed
+    and not even the cancel was answered, or the connection broke): it may have committed.
+    Retrying the same request (the same idempotency key) is safe and is how to learn what
+    happened; whatever the committed change owes (a release, a promotion) is still done."""
+
+    reason = "OUTCOME_UNKNOWN"
+    retry_delay_seconds = 0.5
+
+
 class LockTimeout(QueueError):
     """The user's queue is busy; retry."""
 
