@@ -115,7 +115,7 @@ async def test_an_admit_whose_commit_is_never_confirmed_says_so_and_its_job_is_s
     """When not even the cancel is answered in time (here: the call stops waiting before it is
     sent, as over a network that drops the answers), the admit may or may not have committed:
     OUTCOME_UNKNOWN, and the committed admit's release is handed over once it lands."""
-    monkeypatch.setattr(pool_module, "_CANCEL_ANSWER_GRACE_SECONDS", -0.1)
+    monkeypatch.setattr(pool_module, "_CANCEL_ANSWER_SHARE_OF_RESERVE", -0.5)
     service = await services.start()
     user = new_user()
     await service.stubs.grant(user, 1)
