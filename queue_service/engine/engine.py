@@ -141,7 +141,7 @@ class QueueEngine:
         task.add_done_callback(self._background.discard)
         return task
 
-    async def outliving_the_caller(self, change: Coroutine[Any, Any, T], name: str) -> T:
+    async def _outliving_the_caller(self, change: Coroutine[Any, Any, T], name: str) -> T:
         """Runs a change and the follow-up its commit owes (the hand-over of a promoted job's
         release, a settlement) in a task the caller's cancellation does not reach: the caller hears
         the result while it listens, and a caller that gives up (or whose answer is lost) no longer
@@ -153,14 +153,14 @@ class QueueEngine:
         task.add_done_callback(_forget_outlived)
         return await asyncio.shield(task)
 
-    async def _abandon_run_before_answering(self, run_id: uuid.UUID, *, admitted_if_committed: JobRef | None = None) -> None:
+    async def _abandon_run_before_answering(self, run_id: uuid.UUID, *, admitted_job_id: uuid.UUID | None = None) -> None:
         """Cancels a spare or failed admit's run, waiting for it as long as the caller's deadline
         allows: usually the run is gone when the caller hears the answer (I5), and if the core is
         slow the cancel goes on in the background (and the sweeper's, durably). When the admit's
-        outcome is unknown, `admitted_if_committed` is its job: if it did commit, its release is
-        handed over instead."""
+        outcome is unknown, `admitted_job_id` is its job: if it did commit, its release is handed
+        over instead."""
         task = self.in_background(
-            self._abandon_reserved_run(run_id, admitted_if_committed=admitted_if_committed), name=f"abandon-run-{run_id}"
+            self._abandon_reserved_run(run_id, admitted_job_id=admitted_job_id), name=f"abandon-run-{run_id}"
         )
         wait = deadline.bound(self.config.core_deadline_seconds)
         if wait > 0:
@@ -229,7 +229,7 @@ class QueueEngine:
         except errors.OutcomeUnknown:
             # The locked admit may have committed: the reservation says which (an admit that
             # committed consumed it), and a committed admit's release is handed over then.
-            await self._abandon_run_before_answering(run_id, admitted_if_committed=_job_of(job_id, item, run_id))
+            await self._abandon_run_before_answering(run_id, admitted_job_id=job_id)
             raise
         except Exception:
             # The run may exist at the core (even when CreateRun's answer never came): it must not
@@ -284,7 +284,7 @@ class QueueEngine:
     ) -> AdmitResult:
         # One statement under the user lock (the placement, the debit and the job's view), with
         # the hand-over of the release it claims: neither is stopped by a caller that gives up.
-        return await self.outliving_the_caller(self._admit_job(item, job_id, run_id, price, is_delta), name=f"admit-{job_id}")
+        return await self._outliving_the_caller(self._admit_job(item, job_id, run_id, price, is_delta), name=f"admit-{job_id}")
 
     async def _admit_job(self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool) -> AdmitResult:
         view = await self._store.admit_job(
@@ -327,14 +327,14 @@ class QueueEngine:
         async with self._store.statements() as db:
             await db.drop_run_reservation(run_id=run_id)
 
-    async def _abandon_reserved_run(self, run_id: uuid.UUID, *, admitted_if_committed: JobRef | None = None) -> None:
+    async def _abandon_reserved_run(self, run_id: uuid.UUID, *, admitted_job_id: uuid.UUID | None = None) -> None:
         """Cancels the run of a failed admit, unless the admit committed after all. The claim
         waits for an admit still committing (it holds the reservation's row): when the admit whose
-        outcome was unknown (`admitted_if_committed`) did commit, the release its PENDING job
+        outcome was unknown (its job `admitted_job_id`) did commit, the release its PENDING job
         claimed is handed over at once, as the admit would have."""
         async with self._store.statements() as db:
             claim = await db.claim_run_reservation(run_id=run_id, lease_seconds=self.config.release_lease_seconds)
-            job = None if claim is not None or admitted_if_committed is None else await db.job_by_id(job_id=admitted_if_committed.job_id)
+            job = None if claim is not None or admitted_job_id is None else await db.job_by_id(job_id=admitted_job_id)
         if claim is not None:
             await self.cancel_reserved_run(claim)
         elif job is not None and job.status is JobStatus.PENDING:
@@ -374,7 +374,7 @@ class QueueEngine:
 
     async def promote(self, user_id: str, *, cause: Cause) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first."""
-        return await self.outliving_the_caller(self._promote(user_id, cause), name=f"promote-{user_id}")
+        return await self._outliving_the_caller(self._promote(user_id, cause), name=f"promote-{user_id}")
 
     async def _promote(self, user_id: str, cause: Cause) -> tuple[Promoted, ...]:
         promoted = await self._store.promote(user_id, self._promotion_limits)
@@ -416,7 +416,7 @@ class QueueEngine:
         the user's next job, in one statement that also returns the job's view; None when the job
         was not in a status the transition starts from (fenced). An unsettled run keeps the slot:
         `settle_run` frees it."""
-        return await self.outliving_the_caller(self._end_job(job_id, user_id, transition), name=f"end-job-{job_id}")
+        return await self._outliving_the_caller(self._end_job(job_id, user_id, transition), name=f"end-job-{job_id}")
 
     async def _end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition) -> EndedJob | None:
         with self._ending_span(transition) as span:
@@ -465,7 +465,7 @@ class QueueEngine:
         report = RunReportToApply(run_id, transition, audit.actor_for(transition.cause))
         # The completion and what it owes once committed (the promoted job's hand-over) go on
         # when the core gives up on this call: the core's retry finds the job ended.
-        return await self.outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
+        return await self._outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
 
     async def _complete(self, report: RunReportToApply) -> EndedJob:
         run_id, transition = report.run_id, report.transition
@@ -565,7 +565,7 @@ class QueueEngine:
 
     async def settle_run(self, job_id: uuid.UUID, user_id: str, *, cause: Cause) -> None:
         """The core confirmed the ended job's run settled: free its slot and promote."""
-        await self.outliving_the_caller(self._settle_run(job_id, user_id, cause), name=f"settle-run-{job_id}")
+        await self._outliving_the_caller(self._settle_run(job_id, user_id, cause), name=f"settle-run-{job_id}")
 
     async def _settle_run(self, job_id: uuid.UUID, user_id: str, cause: Cause) -> None:
         settlement = await self._store.settle_job_run(job_id, user_id, self._promotion_limits)
@@ -818,11 +818,6 @@ class QueueEngine:
         """A completion on its own, waiting for its user's lock as long as its call allows."""
         with _counting_batch("end_runs", 1):
             return await self._store.end_run(report, self._promotion_limits)
-
-
-def _job_of(job_id: uuid.UUID, item: AdmitRequest, run_id: uuid.UUID) -> JobRef:
-    """The job an admit inserts, if it commits."""
-    return JobRef(job_id, item.user_id, run_id, JobStatus.PENDING, item.delta_of_job_id)
 
 
 def _forget_outlived(task: asyncio.Task[Any]) -> None:
