@@ -14,8 +14,7 @@ import grpc
 import psycopg
 
 from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2 as callback_pb2
-from queue_service.store.locks import take_user_queue_lock
-from tests.harness import InvariantChecker, S, error_info, running_with_one_queued
+from tests.harness import InvariantChecker, S, error_info, running_with_one_queued, stranger_holds_user_locks
 
 # Well under the release lease (QUEUE_RELEASE_LEASE_SECONDS, 15 s): the next job was handed over,
 # not found again once its lease ran out.
@@ -28,14 +27,6 @@ def _completion(run_id: str) -> callback_pb2.CompleteRunRequest:
 
 async def _complete(stubs, run_id: str, timeout: float) -> callback_pb2.CompleteRunResponse:  # type: ignore[no-untyped-def]
     return await stubs.callback.CompleteRun(_completion(run_id), timeout=timeout)
-
-
-async def _stranger_holds_lock(database_url: str, user_id: str, seconds: float, holding: asyncio.Event) -> None:
-    async with await psycopg.AsyncConnection.connect(database_url) as stranger:
-        async with stranger.transaction():
-            await take_user_queue_lock(stranger, user_id)
-            holding.set()
-            await asyncio.sleep(seconds)
 
 
 async def _advisory_waiters(database_url: str) -> int:
@@ -55,7 +46,7 @@ async def test_a_users_held_lock_stalls_neither_other_users_completions_nor_thei
     unrelated = await running_with_one_queued(service.stubs)
 
     holding = asyncio.Event()
-    stranger = asyncio.create_task(_stranger_holds_lock(database_url, busy_user, 3.0, holding))
+    stranger = asyncio.create_task(stranger_holds_user_locks(database_url, [busy_user], 3.0, holding))
     await holding.wait()
     # The busy user's completion waits for its own lock (the core's deadline, 5 s, allows it).
     busy_completion = asyncio.create_task(_complete(service.stubs, busy_running.run_id, 5))
@@ -91,7 +82,7 @@ async def test_a_users_held_lock_stalls_neither_other_users_completions_nor_thei
 async def test_a_completion_whose_caller_gave_up_still_starts_the_next_job_at_once(service, database_url) -> None:  # type: ignore[no-untyped-def]
     user, running, queued = await running_with_one_queued(service.stubs)
     holding = asyncio.Event()
-    stranger = asyncio.create_task(_stranger_holds_lock(database_url, user, 2.0, holding))
+    stranger = asyncio.create_task(stranger_holds_user_locks(database_url, [user], 2.0, holding))
     await holding.wait()
 
     # The core's call waits for the held lock, and the core gives up on it (hangs up).
@@ -123,7 +114,7 @@ async def test_a_completion_blocked_past_its_deadline_is_answered_in_time_and_ch
     user's lock answers LOCK_TIMEOUT in time and has changed nothing; the core's retry applies it."""
     user, running, queued = await running_with_one_queued(service.stubs)
     holding = asyncio.Event()
-    stranger = asyncio.create_task(_stranger_holds_lock(database_url, user, 1.5, holding))
+    stranger = asyncio.create_task(stranger_holds_user_locks(database_url, [user], 1.5, holding))
     await holding.wait()
     started = time.monotonic()
     try:

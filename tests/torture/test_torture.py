@@ -49,8 +49,7 @@ from queue_service._gen.acurio.core.v1 import run_service_pb2 as run_pb
 from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2
 from queue_service.dev.core import AnswerFault, DevCore
 from queue_service.dev.embedded_postgres import EmbeddedPostgres, free_port
-from queue_service.store.locks import take_user_queue_lock
-from tests.harness import REPO_ROOT, S, InvariantChecker, Stubs, error_info, wait_serving
+from tests.harness import REPO_ROOT, S, InvariantChecker, Stubs, error_info, stranger_holds_user_locks, wait_serving
 
 pytestmark = pytest.mark.torture
 
@@ -490,15 +489,6 @@ LATE_COMMIT_SECONDS = 2.0
 FULL_ROUND_GRACE_SECONDS = 180
 
 
-async def _stranger_holds_locks(database_url: str, user_ids: list[str], seconds: float) -> None:
-    """A transaction of nobody in the service holds the users' queue locks for `seconds`."""
-    async with await psycopg.AsyncConnection.connect(database_url) as stranger:
-        async with stranger.transaction():
-            for user_id in sorted(user_ids):
-                await take_user_queue_lock(stranger, user_id)
-            await asyncio.sleep(seconds)
-
-
 def _commits_acknowledged_late(database_url: str, late: bool) -> None:
     """Every commit of the torture's own PostgreSQL waits for a standby that never comes (late),
     or no longer (PostgreSQL wakes the waiting commits)."""
@@ -539,7 +529,7 @@ async def chaos(cluster: Cluster, database: EmbeddedPostgres, stop: asyncio.Even
             elif action == "stranger_lock":
                 locked = [state.user_id for state in random.sample(users, STRANGER_LOCKED_USERS)]
                 try:
-                    await _stranger_holds_locks(cluster.database_url, locked, STRANGER_LOCK_SECONDS)
+                    await stranger_holds_user_locks(cluster.database_url, locked, STRANGER_LOCK_SECONDS)
                 except psycopg.OperationalError:
                     pass  # PostgreSQL is restarting: the locks go with the connection
             elif action == "late_commits":
