@@ -22,8 +22,6 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _call_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("queue_call_deadline", default=None)
-# When the caller itself gives up (the call's deadline, the reserve included).
-_caller_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("queue_caller_deadline", default=None)
 
 # Kept back from the caller's deadline for building and sending the answer: a tenth of the
 # call's time, at least 50 ms (a busy event loop) and at most half a second.
@@ -42,29 +40,19 @@ def call_budget(time_remaining: float | None) -> Iterator[None]:
     if time_remaining is None:
         yield
         return
-    previous, previous_caller = _call_deadline.get(), _caller_deadline.get()
-    now = time.monotonic()
-    _call_deadline.set(now + time_remaining - reply_reserve(time_remaining))
-    _caller_deadline.set(now + time_remaining)
+    previous = _call_deadline.get()
+    _call_deadline.set(time.monotonic() + time_remaining - reply_reserve(time_remaining))
     try:
         yield
     finally:
         # Not Token.reset: a stream's generator may be closed from another context.
         _call_deadline.set(previous)
-        _caller_deadline.set(previous_caller)
 
 
 def remaining() -> float | None:
     """Seconds left for the current call's work, or None outside a call with a deadline."""
     deadline = _call_deadline.get()
     return None if deadline is None else deadline - time.monotonic()
-
-
-def reserve_remaining() -> float | None:
-    """Seconds of the reply reserve: from the end of the call's work until the caller itself
-    gives up (None outside a call with a deadline)."""
-    work, caller = _call_deadline.get(), _caller_deadline.get()
-    return None if work is None or caller is None else caller - work
 
 
 def bound(limit: float, share: float = 1.0) -> float:
@@ -96,5 +84,4 @@ def spawn_detached(coro: Coroutine[Any, Any, T], *, name: str | None = None) -> 
     """Starts background work that must not inherit the current call's deadline."""
     context = contextvars.copy_context()
     context.run(_call_deadline.set, None)
-    context.run(_caller_deadline.set, None)
     return asyncio.get_running_loop().create_task(coro, name=name, context=context)

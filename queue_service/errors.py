@@ -154,8 +154,9 @@ class DatabaseUnavailable(QueueError):
 
 
 class OutcomeUnknown(QueueError):
-    """A change was sent to the database and its answer never came (the call's deadline passed
-    and not even the cancel was answered, or the connection broke): it may have committed.
+    """A change was sent to the database and its answer did not come (the call's deadline passed
+    and the statement was cancelled, a commit acknowledged late being kept; or the connection
+    broke): it may have committed.
     Retrying the same request (the same idempotency key) is safe and is how to learn what
     happened; whatever the committed change owes (a release, a promotion) is still done."""
 

@@ -195,8 +195,9 @@ async def _run_locked(
     """Runs the wrapped section; the wait for the user locks is `lock_timeout` if given, else the
     session's or less within the call's deadline (the section's own lock waits always are).
 
-    A statement sent whose answer never came (not even to the cancel at the call's deadline, or
-    the connection broke) may have committed: OUTCOME_UNKNOWN, never a plain DATABASE_UNAVAILABLE."""
+    A statement sent whose answer did not come (cancelled at the call's deadline: a commit
+    acknowledged late is kept; or the connection broke) may have committed: OUTCOME_UNKNOWN,
+    never a plain DATABASE_UNAVAILABLE."""
     statement = sql.SQL(wrapper).format(section=section)
     own_lock_timeout = _lock_timeout_within_deadline(pool)
     if lock_timeout is None:

@@ -482,7 +482,7 @@ CHAOS_ACTIONS = ("kill", "deploy", "database", "short_outage", "long_outage", "s
 STRANGER_LOCK_SECONDS = 3.0
 STRANGER_LOCKED_USERS = 3
 # Commits are acknowledged late (a synchronous standby that stops acknowledging) this long:
-# calls whose deadline passes meanwhile hear their job or OUTCOME_UNKNOWN, never a wrong answer.
+# a change whose deadline passes meanwhile answers OUTCOME_UNKNOWN, never a wrong answer.
 LATE_COMMIT_SECONDS = 2.0
 # On a slow machine one round of the chaos (a rolling deploy restarts three replicas) can take
 # longer than a short run: the run goes on until the round is through, at most this much longer.
