@@ -112,7 +112,8 @@ def _capacity_section_sql() -> str:
     like the others): granted before the section runs, like a user's lock."""
     return (
         "SELECT locked.waited_seconds, section.*"
-        " FROM (SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds"
+        " FROM (SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds, "
+        + _SECTION_LOCK_TIMEOUT +
         "        FROM (SELECT pg_advisory_xact_lock(" + _CAPACITY_KEY + ")"
         "                FROM " + _SETTINGS + " OFFSET 0) AS lock"
         "      OFFSET 0) AS locked" + _SECTION_AFTER_LOCK
