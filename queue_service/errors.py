@@ -153,6 +153,17 @@ class DatabaseUnavailable(QueueError):
     retry_delay_seconds = 1.0
 
 
+class OutcomeUnknown(QueueError):
+    """A change was sent to the database and its answer did not come (the call's deadline passed
+    and the statement was cancelled, a commit acknowledged late being kept; or the connection
+    broke): it may have committed.
+    Retrying the same request (the same idempotency key) is safe and is how to learn what
+    happened; whatever the committed change owes (a release, a promotion) is still done."""
+
+    reason = "OUTCOME_UNKNOWN"
+    retry_delay_seconds = 0.5
+
+
 class LockTimeout(QueueError):
     """The user's queue is busy; retry."""
 

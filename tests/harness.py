@@ -34,6 +34,7 @@ from queue_service.config import Config
 from queue_service.dev.core import DevCore
 from queue_service.dev.embedded_postgres import EmbeddedPostgres, free_port
 from queue_service.server import QueueApp
+from queue_service.store.locks import take_user_queue_lock
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 S = job_pb2  # status names: S.JOB_STATUS_QUEUED ...
@@ -66,6 +67,19 @@ async def running_with_one_queued(stubs: Stubs) -> tuple[str, job_pb2.Job, job_p
     assert queued.status == S.JOB_STATUS_QUEUED
     await stubs.wait_for(running.job_id, S.JOB_STATUS_RUNNING)
     return user, running, queued
+
+
+async def stranger_holds_user_locks(database_url: str, user_ids: list[str], seconds: float, holding: asyncio.Event | None = None) -> None:
+    """A transaction of nobody in the service (an operator's, a replica of another version's)
+    holds the users' queue locks for `seconds`, taken through the one helper that takes them;
+    `holding` is set once they are all held."""
+    async with await psycopg.AsyncConnection.connect(database_url) as stranger:
+        async with stranger.transaction():
+            for user_id in sorted(user_ids):
+                await take_user_queue_lock(stranger, user_id)
+            if holding is not None:
+                holding.set()
+            await asyncio.sleep(seconds)
 
 
 def error_info(exc: grpc.aio.AioRpcError) -> tuple[grpc.StatusCode, str, dict[str, str], list[tuple[str, str]]]:

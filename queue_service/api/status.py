@@ -43,6 +43,7 @@ CODE_OF_REASON: dict[str, grpc.StatusCode] = {
     "TOO_MANY_STREAMS": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "DATABASE_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
     "LOCK_TIMEOUT": grpc.StatusCode.UNAVAILABLE,
+    "OUTCOME_UNKNOWN": grpc.StatusCode.UNAVAILABLE,
     "CONFLICT": grpc.StatusCode.ABORTED,
     "SHUTTING_DOWN": grpc.StatusCode.UNAVAILABLE,
     "REPLICA_BUSY": grpc.StatusCode.UNAVAILABLE,

@@ -14,32 +14,52 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from typing import Any, Generic, TypeVar
 
+from queue_service import deadline
+
 Item = TypeVar("Item", bound=Hashable)
 Result = TypeVar("Result")
+
+# An item waits for the statement in flight at most this share of what is left of its deadline.
+_PATIENCE_SHARE = 0.5
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 
 
-class _SharedStatementFailed(Exception):
-    """The statement of a batch of several items failed as a whole (its cause is chained)."""
+class _RunAlone(Exception):
+    """The statement of the item's batch failed as a whole: its caller runs the item alone (the
+    cause is chained)."""
 
 
 class Coalescer(Generic[Item, Result]):
     """Runs `run_batch` over one item at once when nothing is in flight, else over the items
     submitted while the previous batch ran (at most `max_batch`, in arrival order). `run_batch`
-    answers every item of its batch or raises. An error goes to the items of that batch only: a
-    lone item's caller hears it; when the batch had several, each caller runs `run_batch` over its
-    own item alone, in its own task and within its own deadline, so one item that cannot be
-    applied (a user's lock held elsewhere, say) fails or waits for itself only.
+    answers every item of its batch or raises. An error goes to the items of that batch only.
+    When the batch had several items, or `run_alone` is given, each caller then applies its own
+    item alone, with `run_alone` (else `run_batch` over it alone), in its own task, within its
+    own deadline and outside the coalescer: one item that cannot be applied (a user's lock held
+    elsewhere, say) fails or waits for itself only. Without `run_alone`, a lone item's caller
+    hears its statement's error.
+
+    `run_batch` should wait for no one long (a user's lock only briefly, `run_alone` then
+    waits as the caller's deadline allows): while it runs, the next items wait for it. They wait
+    at most half of what is left of their own deadline; an item still waiting then is
+    withdrawn and its caller applies it alone.
 
     The batches of waiting items run in a task of their own, started with `spawn` (the caller's
     background work, outside any call's deadline): a caller that gives up neither fails the
     others nor withdraws its item."""
 
     def __init__(
-        self, run_batch: Callable[[list[Item]], Awaitable[dict[Item, Result]]], *, max_batch: int, spawn: Spawn, name: str
+        self,
+        run_batch: Callable[[list[Item]], Awaitable[dict[Item, Result]]],
+        *,
+        max_batch: int,
+        spawn: Spawn,
+        name: str,
+        run_alone: Callable[[Item], Awaitable[Result]] | None = None,
     ) -> None:
         self._run_batch = run_batch
+        self._run_alone = run_alone
         self._max_batch = max_batch
         self._spawn = spawn
         self._name = name
@@ -49,17 +69,43 @@ class Coalescer(Generic[Item, Result]):
     async def submit(self, item: Item) -> Result:
         """The item's result once the statement of its batch returned."""
         if self._busy:
-            answer: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-            self._waiting.append((item, answer))
-            try:
-                return await answer
-            except _SharedStatementFailed:
-                return (await self._run_batch([item]))[item]
+            return await self._wait_for_batch(item)
         self._busy = True
         try:
             return (await self._run_batch([item]))[item]
+        except Exception:
+            if self._run_alone is None:
+                raise
         finally:
             self._hand_on()
+        return await self._alone(item)
+
+    async def _wait_for_batch(self, item: Item) -> Result:
+        answer: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        entry = (item, answer)
+        self._waiting.append(entry)
+        try:
+            left = deadline.remaining()
+            await asyncio.wait({answer}, timeout=None if left is None else max(0.0, left * _PATIENCE_SHARE))
+            waiting_at = next((at for at, waiting in enumerate(self._waiting) if waiting is entry), None)
+            if not answer.done() and waiting_at is not None:
+                # The statement in flight is slow: this caller does not wait for it any longer.
+                del self._waiting[waiting_at]
+                answer.cancel()
+                return await self._alone(item)
+            return await answer
+        except _RunAlone:
+            return await self._alone(item)
+        except asyncio.CancelledError:
+            answer.cancel()
+            raise
+
+    async def _alone(self, item: Item) -> Result:
+        """The item applied by itself, after its batch failed or its caller stopped waiting for
+        the batch in flight: the caller hears this attempt's own result or error."""
+        if self._run_alone is not None:
+            return await self._run_alone(item)
+        return (await self._run_batch([item]))[item]
 
     def _hand_on(self) -> None:
         if self._waiting:
@@ -88,8 +134,8 @@ class Coalescer(Generic[Item, Result]):
                 if answer.done():
                     continue
                 if isinstance(exc, Exception):
-                    if len(batch) > 1:
-                        failed = _SharedStatementFailed(f"a batch of {len(batch)} failed: {exc}")
+                    if len(batch) > 1 or self._run_alone is not None:
+                        failed = _RunAlone(f"a batch of {len(batch)} failed: {exc}")
                         failed.__cause__ = exc
                         answer.set_exception(failed)
                     else:

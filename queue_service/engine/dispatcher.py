@@ -24,7 +24,7 @@ import asyncio
 import collections
 import logging
 
-from queue_service import errors
+from queue_service import audit, deadline, errors
 from queue_service.background import cancel_and_wait
 from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.engine import QueueEngine
@@ -171,7 +171,9 @@ class ReleaseDispatcher:
         self._spawn(claim)
 
     def _spawn(self, claim: ClaimedRelease) -> None:
-        task = asyncio.create_task(self._release(claim), name=f"release-{claim.job_id}")
+        # A release handed over from a call is the system's work: not bounded by that call's
+        # deadline, nor done in its caller's name (`audit`).
+        task = deadline.spawn_detached(audit.as_system(self._release(claim)), name=f"release-{claim.job_id}")
         self._tasks.add(task)
         task.add_done_callback(self._release_ended)
 

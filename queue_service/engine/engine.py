@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import hashlib
 import logging
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry.trace import Span
 from tenacity import RetryCallState, wait_random_exponential
@@ -58,6 +59,8 @@ from queue_service.model import (
 from queue_service.store import Store
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _GAP_TRACKING_LIMIT = 10_000
 # How long stopping waits for background clean-ups (they are durable: the sweeper finishes any
@@ -105,9 +108,15 @@ class QueueEngine:
             self._mark_released, max_batch=_MAX_MARKS_PER_STATEMENT, spawn=self.in_background, name="mark-released"
         )
         # Completions that arrive while one is being applied are applied together, in one statement
-        # that holds each of their users' locks (a burst of completions: one commit for many).
+        # that holds each of their users' locks (a burst of completions: one commit for many). That
+        # statement waits for a user's lock only briefly; a completion whose user's lock is busy is
+        # then applied alone, within its caller's deadline, and holds up no other.
         self._completions: Coalescer[RunReportToApply, RunCompletion] = Coalescer(
-            self._end_runs, max_batch=_MAX_COMPLETIONS_PER_STATEMENT, spawn=self.in_background, name="end-runs"
+            self._end_runs,
+            run_alone=self._end_run_alone,
+            max_batch=_MAX_COMPLETIONS_PER_STATEMENT,
+            spawn=self.in_background,
+            name="end-runs",
         )
 
     @property
@@ -132,11 +141,27 @@ class QueueEngine:
         task.add_done_callback(self._background.discard)
         return task
 
-    async def _abandon_run_before_answering(self, run_id: uuid.UUID) -> None:
+    async def _outliving_the_caller(self, change: Coroutine[Any, Any, T], name: str) -> T:
+        """Runs a change and the follow-up its commit owes (the hand-over of a promoted job's
+        release, a settlement) in a task the caller's cancellation does not reach: the caller hears
+        the result while it listens, and a caller that gives up (or whose answer is lost) no longer
+        takes the follow-up of a committed change with it. The task keeps the call's context: its
+        deadline budget (so its waits stay bounded) and its caller (`audit`)."""
+        task = asyncio.get_running_loop().create_task(change, name=name, context=contextvars.copy_context())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(_forget_outlived)
+        return await asyncio.shield(task)
+
+    async def _abandon_run_before_answering(self, run_id: uuid.UUID, *, admitted_job_id: uuid.UUID | None = None) -> None:
         """Cancels a spare or failed admit's run, waiting for it as long as the caller's deadline
         allows: usually the run is gone when the caller hears the answer (I5), and if the core is
-        slow the cancel goes on in the background (and the sweeper's, durably)."""
-        task = self.in_background(self._abandon_reserved_run(run_id), name=f"abandon-run-{run_id}")
+        slow the cancel goes on in the background (and the sweeper's, durably). When the admit's
+        outcome is unknown, `admitted_job_id` is its job: if it did commit, its release is handed
+        over instead."""
+        task = self.in_background(
+            self._abandon_reserved_run(run_id, admitted_job_id=admitted_job_id), name=f"abandon-run-{run_id}"
+        )
         wait = deadline.bound(self.config.core_deadline_seconds)
         if wait > 0:
             await asyncio.wait({task}, timeout=wait)
@@ -161,7 +186,7 @@ class QueueEngine:
     async def admit(self, item: AdmitRequest) -> AdmitResult:
         is_delta = item.delta_of_job_id is not None
         price = self.config.delta_price if is_delta else self.config.admit_price
-        run_id = uuid.uuid4()
+        run_id, job_id = uuid.uuid4(), uuid.uuid4()
 
         async with self._store.statements() as db:
             # The reservation travels with the state read: no extra round trip.
@@ -195,10 +220,16 @@ class QueueEngine:
             if created.fate is RunFate.CANCELED:
                 # The run was canceled before this admit got to it (its reservation given up).
                 raise errors.Conflict("the admit took too long and its run was given up; retry with the same idempotency key")
-            result = await self._admit_under_lock(item, run_id, price, is_delta)
+            result = await self._admit_under_lock(item, job_id, run_id, price, is_delta)
         except asyncio.CancelledError:
-            # The caller gave up: clean up without it.
+            # The caller gave up: clean up without it. A locked admit already sent goes on by
+            # itself (it hands its release over if it commits); the reservation decides which wins.
             self.in_background(self._abandon_reserved_run(run_id), name=f"abandon-run-{run_id}")
+            raise
+        except errors.OutcomeUnknown:
+            # The locked admit may have committed: the reservation says which (an admit that
+            # committed consumed it), and a committed admit's release is handed over then.
+            await self._abandon_run_before_answering(run_id, admitted_job_id=job_id)
             raise
         except Exception:
             # The run may exist at the core (even when CreateRun's answer never came): it must not
@@ -249,10 +280,13 @@ class QueueEngine:
         return None
 
     async def _admit_under_lock(
-        self, item: AdmitRequest, run_id: uuid.UUID, price: int, is_delta: bool
+        self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool
     ) -> AdmitResult:
-        job_id = uuid.uuid4()
-        # One statement under the user lock: the placement, the debit and the job's view.
+        # One statement under the user lock (the placement, the debit and the job's view), with
+        # the hand-over of the release it claims: neither is stopped by a caller that gives up.
+        return await self._outliving_the_caller(self._admit_job(item, job_id, run_id, price, is_delta), name=f"admit-{job_id}")
+
+    async def _admit_job(self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool) -> AdmitResult:
         view = await self._store.admit_job(
             NewJob(
                 job_id=job_id,
@@ -293,12 +327,19 @@ class QueueEngine:
         async with self._store.statements() as db:
             await db.drop_run_reservation(run_id=run_id)
 
-    async def _abandon_reserved_run(self, run_id: uuid.UUID) -> None:
-        """Cancels the run of a failed admit, unless the admit committed after all."""
+    async def _abandon_reserved_run(self, run_id: uuid.UUID, *, admitted_job_id: uuid.UUID | None = None) -> None:
+        """Cancels the run of a failed admit, unless the admit committed after all. The claim
+        waits for an admit still committing (it holds the reservation's row): when the admit whose
+        outcome was unknown (its job `admitted_job_id`) did commit, the release its PENDING job
+        claimed is handed over at once, as the admit would have."""
         async with self._store.statements() as db:
             claim = await db.claim_run_reservation(run_id=run_id, lease_seconds=self.config.release_lease_seconds)
+            job = None if claim is not None or admitted_job_id is None else await db.job_by_id(job_id=admitted_job_id)
         if claim is not None:
             await self.cancel_reserved_run(claim)
+        elif job is not None and job.status is JobStatus.PENDING:
+            log.info("an admit whose outcome was unknown did commit; releasing its job", extra={"job_id": job.job_id, "user_id": job.user_id})
+            self._hand_over(ClaimedRelease(job.job_id, job.user_id, job.run_id, attempt=1))
 
     async def cancel_reserved_run(self, claim: ClaimedReservation) -> bool:
         """Cancels a reserved run whose admit is gone; forgets it once the core confirms."""
@@ -333,6 +374,9 @@ class QueueEngine:
 
     async def promote(self, user_id: str, *, cause: Cause) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first."""
+        return await self._outliving_the_caller(self._promote(user_id, cause), name=f"promote-{user_id}")
+
+    async def _promote(self, user_id: str, cause: Cause) -> tuple[Promoted, ...]:
         promoted = await self._store.promote(user_id, self._promotion_limits)
         self._after_promotion(user_id, promoted, cause)
         return promoted
@@ -372,6 +416,9 @@ class QueueEngine:
         the user's next job, in one statement that also returns the job's view; None when the job
         was not in a status the transition starts from (fenced). An unsettled run keeps the slot:
         `settle_run` frees it."""
+        return await self._outliving_the_caller(self._end_job(job_id, user_id, transition), name=f"end-job-{job_id}")
+
+    async def _end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition) -> EndedJob | None:
         with self._ending_span(transition) as span:
             span.set_attribute("queue.job_id", str(job_id))
             # One statement under the user lock: the ending, its refund, the promotions and the view.
@@ -416,6 +463,12 @@ class QueueEngine:
         user's lock; the job's view as this call left it."""
         transition = Transition.completed(succeeded=succeeded, refund=refund, message=message)
         report = RunReportToApply(run_id, transition, audit.actor_for(transition.cause))
+        # The completion and what it owes once committed (the promoted job's hand-over) go on
+        # when the core gives up on this call: the core's retry finds the job ended.
+        return await self._outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
+
+    async def _complete(self, report: RunReportToApply) -> EndedJob:
+        run_id, transition = report.run_id, report.transition
         with self._ending_span(transition) as span:
             span.set_attribute("queue.run_id", str(run_id))
             found = await self._completions.submit(report)
@@ -512,6 +565,9 @@ class QueueEngine:
 
     async def settle_run(self, job_id: uuid.UUID, user_id: str, *, cause: Cause) -> None:
         """The core confirmed the ended job's run settled: free its slot and promote."""
+        await self._outliving_the_caller(self._settle_run(job_id, user_id, cause), name=f"settle-run-{job_id}")
+
+    async def _settle_run(self, job_id: uuid.UUID, user_id: str, cause: Cause) -> None:
         settlement = await self._store.settle_job_run(job_id, user_id, self._promotion_limits)
         promoted = settlement.promoted
         if settlement.settled:
@@ -753,12 +809,26 @@ class QueueEngine:
         return {claim: claim.job_id in marked for claim in claims}
 
     async def _end_runs(self, reports: list[RunReportToApply]) -> dict[RunReportToApply, RunCompletion]:
+        """The coalesced statement, a lone completion's too: it waits for no user's lock long."""
         with _counting_batch("end_runs", len(reports)):
-            if len(reports) == 1:
-                completions = [await self._store.end_run(reports[0], self._promotion_limits)]
-            else:
-                completions = await self._store.end_runs(reports, self._promotion_limits)
+            completions = await self._store.end_runs(reports, self._promotion_limits)
         return dict(zip(reports, completions, strict=True))
+
+    async def _end_run_alone(self, report: RunReportToApply) -> RunCompletion:
+        """A completion on its own, waiting for its user's lock as long as its call allows."""
+        with _counting_batch("end_runs", 1):
+            return await self._store.end_run(report, self._promotion_limits)
+
+
+def _forget_outlived(task: asyncio.Task[Any]) -> None:
+    """Retrieves the outcome of a change whose caller stopped listening (nobody else will); its
+    errors reached the caller, or were the caller's to hear and are logged by the store's retry
+    paths (the sweeper), so only unexpected ones are logged here."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None and not isinstance(exc, errors.QueueError):
+        log.debug("%s failed after its caller stopped listening: %r", task.get_name(), exc)
 
 
 @contextlib.contextmanager

@@ -23,10 +23,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import psycopg
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
-from queue_service import deadline, telemetry
+from queue_service import deadline, errors, telemetry
 from queue_service.store.pool import DictConnection, QueuePool, connection
 
 
@@ -56,8 +57,17 @@ _SETTINGS = (
     "        set_config('plan_cache_mode', 'force_generic_plan', true)"
     " OFFSET 0) AS settings"
 )
+# Once the locks are granted, the section's own lock waits (rows) get the lock timeout it would
+# have had: a statement that waits only briefly for a user's lock (`_BATCH_LOCK_TIMEOUT`) still
+# runs its section like any other. Evaluated in the lock's row, so before the section runs.
+_SECTION_LOCK_TIMEOUT = (
+    "set_config('lock_timeout', coalesce(%(section_lock_timeout)s, current_setting('lock_timeout')), true) AS section_lock_timeout"
+)
 # The section: a LATERAL subquery over the lock's row, so it runs once the locks are granted.
-_SECTION_AFTER_LOCK = " LEFT JOIN LATERAL (SELECT * FROM ({section}) AS s WHERE locked.waited_seconds IS NOT NULL OFFSET 0) AS section ON true"
+_SECTION_AFTER_LOCK = (
+    " LEFT JOIN LATERAL (SELECT * FROM ({section}) AS s"
+    " WHERE locked.waited_seconds IS NOT NULL AND locked.section_lock_timeout IS NOT NULL OFFSET 0) AS section ON true"
+)
 
 
 def _locked_section_sql(owner: str) -> str:
@@ -67,7 +77,7 @@ def _locked_section_sql(owner: str) -> str:
     return (
         "SELECT locked.waited_seconds, section.*"
         " FROM (SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds,"
-        "              lock.user_id AS locked_user_id"
+        "              lock.user_id AS locked_user_id, " + _SECTION_LOCK_TIMEOUT +
         "        FROM (SELECT owner.user_id, pg_advisory_xact_lock(" + _user_queue_key("owner.user_id") + ")"
         "                FROM " + _SETTINGS + ", (" + owner + " OFFSET 0) AS owner"
         "              OFFSET 0) AS lock"
@@ -84,7 +94,8 @@ def _locked_sections_sql(owners: str) -> str:
     up every other user in it."""
     return (
         "SELECT locked.waited_seconds, section.*"
-        " FROM (SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds"
+        " FROM (SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds, "
+        + _SECTION_LOCK_TIMEOUT +
         "        FROM (SELECT count(*) AS locks"
         "                FROM (SELECT pg_advisory_xact_lock(" + _user_queue_key("owner.user_id") + ")"
         "                        FROM " + _SETTINGS + ","
@@ -101,7 +112,8 @@ def _capacity_section_sql() -> str:
     like the others): granted before the section runs, like a user's lock."""
     return (
         "SELECT locked.waited_seconds, section.*"
-        " FROM (SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds"
+        " FROM (SELECT extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited_seconds, "
+        + _SECTION_LOCK_TIMEOUT +
         "        FROM (SELECT pg_advisory_xact_lock(" + _CAPACITY_KEY + ")"
         "                FROM " + _SETTINGS + " OFFSET 0) AS lock"
         "      OFFSET 0) AS locked" + _SECTION_AFTER_LOCK
@@ -181,15 +193,38 @@ async def _run_locked(
     *,
     lock_timeout: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Runs the wrapped section; the lock timeout is `lock_timeout` if given, else the session's
-    or less within the call's deadline."""
+    """Runs the wrapped section; the wait for the user locks is `lock_timeout` if given, else the
+    session's or less within the call's deadline (the section's own lock waits always are).
+
+    A statement sent whose answer did not come (cancelled at the call's deadline: a commit
+    acknowledged late is kept; or the connection broke) may have committed: OUTCOME_UNKNOWN,
+    never a plain DATABASE_UNAVAILABLE."""
     statement = sql.SQL(wrapper).format(section=section)
-    async with connection(pool) as conn:
-        sent_ns = time.time_ns()
-        cursor = await conn.execute(statement, {**params, "lock_timeout": lock_timeout or _lock_timeout_within_deadline(pool)})
-        rows = await cursor.fetchall()
+    own_lock_timeout = _lock_timeout_within_deadline(pool)
+    if lock_timeout is None:
+        lock_timeouts = {"lock_timeout": own_lock_timeout, "section_lock_timeout": None}
+    else:
+        lock_timeouts = {"lock_timeout": lock_timeout, "section_lock_timeout": own_lock_timeout or _session_lock_timeout(pool)}
+    sent = False
+    try:
+        async with connection(pool) as conn:
+            sent_ns = time.time_ns()
+            sent = True
+            cursor = await conn.execute(statement, {**params, **lock_timeouts})
+            rows = await cursor.fetchall()
+    except errors.DatabaseUnavailable as exc:
+        if sent and isinstance(exc.__cause__, (TimeoutError, psycopg.OperationalError)):
+            raise errors.OutcomeUnknown(
+                "the database did not confirm whether this change committed; retry the same request"
+                " (the same idempotency key) to learn its outcome"
+            ) from exc
+        raise
     _record_lock_wait(float(rows[0]["waited_seconds"]) if rows else 0.0, sent_ns)
     return [row for row in rows if row["row_kind"] is not None]
+
+
+def _session_lock_timeout(pool: AsyncConnectionPool[DictConnection]) -> str | None:
+    return f"{pool.timeouts.lock_timeout_ms}ms" if isinstance(pool, QueuePool) else None
 
 
 def _lock_timeout_within_deadline(pool: AsyncConnectionPool[DictConnection]) -> str | None:
@@ -218,8 +253,14 @@ async def holding_user_queue_lock(pool: AsyncConnectionPool[DictConnection], use
     """Holds the user's queue lock until the block ends (a transaction doing nothing else), so
     that every section of that user waits: for tests and tools that need a user's queue still."""
     async with connection(pool) as conn, conn.transaction():
-        await conn.execute(_TAKE_USER_QUEUE_LOCK, {"user_id": user_id})
+        await take_user_queue_lock(conn, user_id)
         yield
+
+
+async def take_user_queue_lock(conn: AsyncConnection[Any], user_id: str) -> None:
+    """Takes the user's queue lock in the transaction open on `conn` (any connection: a
+    stranger's transaction, for tests and tools), until that transaction ends."""
+    await conn.execute(_TAKE_USER_QUEUE_LOCK, {"user_id": user_id})
 
 
 @asynccontextmanager

@@ -41,6 +41,11 @@ def _counter(metrics_port: int, name: str, label: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in exposition.splitlines() if line.startswith(name + "{") and label in line)
 
 
+# In the first kilobyte of the completions' statement (pg_stat_activity keeps no more of it): its
+# owners query.
+_COMPLETIONS_STATEMENT = "j.run_id = ANY("
+
+
 async def _statement_waits_for_a_row(database_url: str, marker: str) -> None:
     """Returns once a statement whose text contains `marker` waits for a row lock."""
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as probe:
@@ -107,7 +112,7 @@ async def test_completions_sent_while_one_is_applied_end_their_jobs_in_one_state
         async with holder.transaction():
             await _hold_row(holder, first[1].job_id)
             first_completion = asyncio.create_task(core.finish(first[1].run_id, refund_credit=True))
-            await _statement_waits_for_a_row(database_url, "queue_end_run_viewed")
+            await _statement_waits_for_a_row(database_url, _COMPLETIONS_STATEMENT)
             completions = [asyncio.create_task(core.finish(running.run_id, refund_credit=True)) for _, running, _ in others]
             await asyncio.sleep(0.3)
             assert not any(completion.done() for completion in completions)  # they wait for the first
@@ -149,7 +154,7 @@ async def test_a_busy_user_in_a_batch_of_completions_holds_up_only_its_own(servi
             async with holder.transaction():
                 await _hold_row(holder, first[1].job_id)
                 first_completion = asyncio.create_task(core.finish(first[1].run_id))
-                await _statement_waits_for_a_row(database_url, "queue_end_run_viewed")
+                await _statement_waits_for_a_row(database_url, _COMPLETIONS_STATEMENT)
                 busy_completion = asyncio.create_task(core.finish(busy[1].run_id))
                 completions = [asyncio.create_task(core.finish(running.run_id)) for _, running, _ in others]
                 await asyncio.sleep(0.3)

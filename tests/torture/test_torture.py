@@ -8,9 +8,11 @@ shows it) and written to QUEUE_TORTURE_REPORT when set.
 
 During the run: kill -9 of a random replica (restarted a second later), a rolling deploy (a new
 replica starts, an old one is drained with SIGTERM while calls are in flight), a PostgreSQL
-restart, a core outage shorter and one longer than the release window, a spell of lost
-completion callbacks healed by the sweeper's reconciliation, and kills of the replicas' LISTEN
-connections. Meanwhile, spells of ambiguous core answers hit every core method (CreateRun,
+restart, a core outage shorter and one longer than the release window, a stranger's transaction
+holding a few users' queue locks for seconds, a spell of commits acknowledged late (a synchronous
+standby that never answers, `synchronous_standby_names`), a spell of lost completion callbacks
+healed by the sweeper's reconciliation, and kills of the replicas' LISTEN connections. An Admit
+the service refused with a reason must have left no job (I5); OUTCOME_UNKNOWN promises nothing. Meanwhile, spells of ambiguous core answers hit every core method (CreateRun,
 ReleaseRun, CancelRun, GetRun): applied but the answer lost, applied but answered after the
 replica's core deadline, and applied late after the caller gave up. Deltas complete at once, and
 one replica runs with its clock 30 s ahead (Debian's `faketime`, when installed).
@@ -47,7 +49,7 @@ from queue_service._gen.acurio.core.v1 import run_service_pb2 as run_pb
 from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2
 from queue_service.dev.core import AnswerFault, DevCore
 from queue_service.dev.embedded_postgres import EmbeddedPostgres, free_port
-from tests.harness import REPO_ROOT, S, InvariantChecker, Stubs, error_info, wait_serving
+from tests.harness import REPO_ROOT, S, InvariantChecker, Stubs, error_info, stranger_holds_user_locks, wait_serving
 
 pytestmark = pytest.mark.torture
 
@@ -244,6 +246,9 @@ class UserState:
     user_id: str
     keys: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (idempotency key, job id)
     granted: int = 0
+    # Fresh keys whose Admit the service refused with a reason: I5 says no job has them. An
+    # OUTCOME_UNKNOWN (maybe committed) or a transport failure (no reason) promises nothing.
+    refused_keys: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (key, reason)
 
 
 EPOCH = time.monotonic()
@@ -254,7 +259,7 @@ def _log_event(event: str) -> None:
         print(f"{time.monotonic() - EPOCH:7.2f}s {event}", flush=True)
 
 
-async def _call(summary: Summary, name: str, coro, address: str = ""):
+async def _call(summary: Summary, name: str, coro, address: str = "", refusals: list[str] | None = None):
     started = time.monotonic()
     summary.operations[name] += 1
     try:
@@ -264,6 +269,8 @@ async def _call(summary: Summary, name: str, coro, address: str = ""):
     except grpc.aio.AioRpcError as exc:
         summary.codes[exc.code().name] += 1
         summary.reasons[f"{exc.code().name}/{error_info(exc)[1] or '-'}"] += 1
+        if refusals is not None:
+            refusals.append(error_info(exc)[1])
         if exc.code() not in ALLOWED:
             summary.violations.append(f"{name} answered {exc.code().name} at {started - EPOCH:.1f}s from {address}: {exc.details()}")
         return None
@@ -284,7 +291,12 @@ async def simulate_user(cluster: Cluster, state: UserState, stop: asyncio.Event,
                 key, expected = random.choice(state.keys)  # a double click: same key, same payload
             else:
                 key, expected = f"click-{uuid.uuid4().hex[:12]}", ""
-            job = await _call(summary, "Admit", stubs.admit(state.user_id, key, uri=f"s3://theses/{key}.pdf", timeout=CALL_DEADLINE), stubs.address)
+            refusals: list[str] = []
+            job = await _call(
+                summary, "Admit", stubs.admit(state.user_id, key, uri=f"s3://theses/{key}.pdf", timeout=CALL_DEADLINE), stubs.address, refusals
+            )
+            if job is None and not expected and refusals and refusals[0] not in ("", "OUTCOME_UNKNOWN"):
+                state.refused_keys.append((key, refusals[0]))
             if job is not None:
                 if expected and job.job_id != expected:
                     summary.violations.append(f"I7: key {key} gave job {job.job_id}, earlier {expected}")
@@ -464,13 +476,31 @@ async def check_continuously(checker: InvariantChecker, core: DevCore, summary: 
         await asyncio.sleep(0.2)
 
 
-CHAOS_ACTIONS = ("kill", "deploy", "database", "short_outage", "long_outage", "lost_callbacks")
+CHAOS_ACTIONS = ("kill", "deploy", "database", "short_outage", "long_outage", "stranger_lock", "late_commits", "lost_callbacks")
+# A stranger (an operator's long transaction, a replica of another version) holds a few users'
+# queue locks this long; every other user's calls and completions must go on meanwhile.
+STRANGER_LOCK_SECONDS = 3.0
+STRANGER_LOCKED_USERS = 3
+# Commits are acknowledged late (a synchronous standby that stops acknowledging) this long:
+# a change whose deadline passes meanwhile answers OUTCOME_UNKNOWN, never a wrong answer.
+LATE_COMMIT_SECONDS = 2.0
 # On a slow machine one round of the chaos (a rolling deploy restarts three replicas) can take
 # longer than a short run: the run goes on until the round is through, at most this much longer.
 FULL_ROUND_GRACE_SECONDS = 180
 
 
-async def chaos(cluster: Cluster, database: EmbeddedPostgres, stop: asyncio.Event) -> None:
+def _commits_acknowledged_late(database_url: str, late: bool) -> None:
+    """Every commit of the torture's own PostgreSQL waits for a standby that never comes (late),
+    or no longer (PostgreSQL wakes the waiting commits)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        if late:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = 'torture_standby_that_never_comes'")
+        else:
+            conn.execute("ALTER SYSTEM RESET synchronous_standby_names")
+        conn.execute("SELECT pg_reload_conf()")
+
+
+async def chaos(cluster: Cluster, database: EmbeddedPostgres, stop: asyncio.Event, users: list[UserState]) -> None:
     summary, core = cluster.summary, cluster.core
     while not stop.is_set():
         for action in CHAOS_ACTIONS:
@@ -496,6 +526,18 @@ async def chaos(cluster: Cluster, database: EmbeddedPostgres, stop: asyncio.Even
                 await asyncio.sleep(RELEASE_WINDOW + 1.5)
                 core.fail_releases = False
                 summary.core_outages += 1
+            elif action == "stranger_lock":
+                locked = [state.user_id for state in random.sample(users, STRANGER_LOCKED_USERS)]
+                try:
+                    await stranger_holds_user_locks(cluster.database_url, locked, STRANGER_LOCK_SECONDS)
+                except psycopg.OperationalError:
+                    pass  # PostgreSQL is restarting: the locks go with the connection
+            elif action == "late_commits":
+                await asyncio.to_thread(_commits_acknowledged_late, cluster.database_url, True)
+                try:
+                    await asyncio.sleep(LATE_COMMIT_SECONDS)
+                finally:
+                    await asyncio.to_thread(_commits_acknowledged_late, cluster.database_url, False)
             elif action == "lost_callbacks":
                 core.drop_callbacks = True
                 await asyncio.sleep(1.5)
@@ -573,6 +615,13 @@ def _final_checks(database_url: str, admitted: dict[str, str], users: list[UserS
             balance, grants, charges, refunds = row
             if balance != grants + charges + refunds or balance < 0:
                 summary.violations.append(f"I3: {state.user_id} balance {balance} != {grants} {charges:+} {refunds:+}")
+        for state in users:
+            for key, reason in state.refused_keys:
+                found = conn.execute(
+                    "SELECT count(*) FROM analysis_jobs WHERE user_id = %s AND idempotency_key = %s", (state.user_id, key)
+                ).fetchone()[0]
+                if found:
+                    summary.violations.append(f"I5: an Admit answered {reason} left a job ({state.user_id}, key {key})")
         unfinished_refunds = conn.execute(
             "SELECT count(*) FROM analysis_jobs j JOIN credit_ledger r USING (job_id) WHERE r.kind = 'refund' AND j.status = 'succeeded'"
         ).fetchone()[0]
@@ -614,7 +663,7 @@ async def test_torture(tmp_path: Path) -> None:
         watched_users = [WatchedUser(u.user_id) for u in users[:WATCHED_USERS]]
         watchers += [asyncio.create_task(watch_user(cluster, w)) for w in watched_users]
         chaos_tasks = [
-            asyncio.create_task(chaos(cluster, database, stop)),
+            asyncio.create_task(chaos(cluster, database, stop, users)),
             asyncio.create_task(answer_fault_spells(core, summary, stop)),
             asyncio.create_task(listener_kills(cluster, stop)),
         ]
@@ -701,6 +750,7 @@ async def test_torture(tmp_path: Path) -> None:
         assert sum(summary.operations.values()) > USERS
         assert summary.kills >= 1 and summary.drains >= 1 and summary.database_restarts >= 1
         assert summary.chaos["listener_kill"] >= 1 and sum(core.faults_injected.values()) > 0
+        assert summary.chaos["stranger_lock"] >= 1 and summary.chaos["late_commits"] >= 1
         assert summary.i9_checks > 0 and summary.i10_checks > 0 and summary.i12_checks > 0
         if CAPACITY:
             # The capacity was reached, so I12 and I13 were put to the test.

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from queue_service import deadline
 from queue_service.engine.coalescer import Coalescer
 
 
@@ -160,3 +161,60 @@ async def test_stopping_the_batches_cancels_the_callers_still_waiting() -> None:
         await in_flight
     with pytest.raises(asyncio.CancelledError):
         await waiting
+
+
+async def test_with_run_alone_a_failed_statement_frees_the_coalescer_and_its_caller_goes_alone() -> None:
+    statements, tasks = _Statements(), set[asyncio.Task[None]]()
+    alone: list[int] = []
+    may_finish_alone = asyncio.Event()
+
+    async def run_alone(item: int) -> int:
+        alone.append(item)
+        await may_finish_alone.wait()  # the user's lock, held elsewhere, say
+        return item * 100
+
+    def spawn(work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(work, name=name)
+        tasks.add(task)
+        return task
+
+    coalescer = Coalescer(statements.run, run_alone=run_alone, max_batch=64, spawn=spawn, name="test")
+    busy = asyncio.create_task(coalescer.submit(1))
+    await _settle()
+    statements.may_return.put_nowait(RuntimeError("lock timeout"))  # the brief wait for the lock
+    await _settle()
+    assert alone == [1]
+    # The busy item waits for itself only: the next one goes out at once.
+    other = asyncio.create_task(coalescer.submit(2))
+    await _settle()
+    assert statements.batches == [[1], [2]]
+    statements.may_return.put_nowait(None)
+    assert await other == 20
+    assert not busy.done()
+    may_finish_alone.set()
+    assert await busy == 100
+
+
+async def test_a_waiting_item_waits_for_the_statement_in_flight_at_most_half_of_its_deadline() -> None:
+    statements, tasks = _Statements(), set[asyncio.Task[None]]()
+    coalescer = _coalescer(statements, tasks)
+    slow = asyncio.create_task(coalescer.submit(1))
+    await _settle()
+
+    async def within_deadline(seconds: float) -> int:
+        with deadline.call_budget(seconds):
+            return await coalescer.submit(2)
+
+    started = asyncio.get_running_loop().time()
+    waiting = asyncio.create_task(within_deadline(0.4))
+    await _settle()
+    while len(statements.batches) < 2:  # withdrawn, then sent on its own
+        await asyncio.sleep(0.01)
+    waited = asyncio.get_running_loop().time() - started
+    assert 0.1 < waited < 0.3, waited  # half of (0.4 s less the reply reserve)
+    assert statements.batches == [[1], [2]]
+    statements.may_return.put_nowait(None)
+    statements.may_return.put_nowait(None)
+    assert await waiting == 20
+    assert await slow == 10
+    assert statements.batches == [[1], [2]]  # nothing was left waiting for a batch

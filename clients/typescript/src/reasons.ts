@@ -34,6 +34,7 @@ export const QUEUE_REASONS = [
   "REPLICA_BUSY",
   "DATABASE_UNAVAILABLE",
   "LOCK_TIMEOUT",
+  "OUTCOME_UNKNOWN",
   "CONFLICT",
   "UNAUTHENTICATED",
   "PERMISSION_DENIED",
@@ -61,8 +62,8 @@ export function reasonOf(err: unknown): QueueReason | "" | (string & {}) {
 
 /**
  * True when the same request may be sent again: UNAVAILABLE (CORE_UNAVAILABLE, SHUTTING_DOWN,
- * DATABASE_UNAVAILABLE, LOCK_TIMEOUT, REPLICA_BUSY, RUN_NOT_YET_ADMITTED, or a transport failure
- * without ErrorInfo) and ABORTED
+ * DATABASE_UNAVAILABLE, LOCK_TIMEOUT, OUTCOME_UNKNOWN, REPLICA_BUSY, RUN_NOT_YET_ADMITTED, or a
+ * transport failure without ErrorInfo) and ABORTED
  * (CONFLICT). For Admit and GrantCredits only with the same idempotency key.
  * DEADLINE_EXCEEDED is not: the caller's own deadline has passed.
  */

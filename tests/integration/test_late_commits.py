@@ -1,0 +1,121 @@
+"""A commit acknowledged late: an answer that could be wrong says the outcome is unknown, and what
+the committed change owes (its job's release) is done anyway, at once.
+
+The late acknowledgement is a real one: `synchronous_standby_names` names a standby that never
+connects, so every commit of this module's database waits for it (PostgreSQL has committed
+locally; a cancel ends the wait and keeps the commit), as with a synchronous standby that stops
+acknowledging. Only sessions of this module's database wait: the server-wide default of
+`synchronous_commit` is `local` while the standby is required, and this database alone asks for
+`on`. Both are reset when the test ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import urlsplit
+
+import grpc
+import psycopg
+import pytest
+
+from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service.dev.core import AnswerFault
+from tests.harness import InvariantChecker, S, error_info, new_user
+
+# Well under the release lease (15 s): handed over at once, not found again after the lease.
+_PROMPTLY_SECONDS = 3.0
+
+
+class LateCommits:
+    """Switches late commit acknowledgements on and off for one database."""
+
+    def __init__(self, admin_dsn: str, database: str) -> None:
+        self._admin_dsn = admin_dsn
+        self._database = database
+
+    def _admin(self, *statements: str) -> None:
+        with psycopg.connect(self._admin_dsn, autocommit=True) as conn:
+            for statement in statements:
+                conn.execute(statement)  # type: ignore[arg-type]
+
+    def prepare(self) -> None:
+        """Before the service connects: its sessions will wait for the standby when one is required."""
+        self._admin(f'ALTER DATABASE "{self._database}" SET synchronous_commit = on')
+
+    def on(self) -> None:
+        self._admin(
+            "ALTER SYSTEM SET synchronous_commit = local",
+            "ALTER SYSTEM SET synchronous_standby_names = 'acurio_test_standby_that_never_comes'",
+            "SELECT pg_reload_conf()",
+        )
+        time.sleep(0.3)  # the checkpointer re-reads the configuration
+
+    def off(self) -> None:
+        self._admin("ALTER SYSTEM RESET synchronous_standby_names", "ALTER SYSTEM RESET synchronous_commit", "SELECT pg_reload_conf()")
+
+    def forget(self) -> None:
+        self.off()
+        with contextlib.suppress(psycopg.Error):
+            self._admin(f'ALTER DATABASE "{self._database}" RESET synchronous_commit')
+
+
+@pytest.fixture
+def late_commits(postgres, database_url: str) -> Iterator[LateCommits]:  # type: ignore[no-untyped-def]
+    switch = LateCommits(postgres.admin_dsn, urlsplit(database_url).path.lstrip("/"))
+    try:
+        switch.prepare()
+    except psycopg.errors.InsufficientPrivilege:
+        pytest.skip("the test database's role may not change server settings")
+    try:
+        yield switch
+    finally:
+        switch.forget()
+
+
+@contextlib.asynccontextmanager
+async def _admit_acknowledged_late(switch: LateCommits, service, user: str, key: str) -> AsyncIterator[asyncio.Task[job_pb2.Job]]:  # type: ignore[no-untyped-def]
+    """An admit (3 s deadline) whose locked statement's commit is acknowledged late: its run's
+    reservation commits at once, and the late acknowledgements start while the core takes
+    its time to answer CreateRun. The late acknowledgements end with the block."""
+    service.core.answer_faults["CreateRun"] = AnswerFault("late", seconds=0.8)
+    admit = asyncio.create_task(service.stubs.admit(user, key, timeout=3))
+    await asyncio.sleep(0.1)
+    await asyncio.to_thread(switch.on)
+    service.core.answer_faults.clear()
+    try:
+        yield admit
+    finally:
+        await asyncio.to_thread(switch.off)
+
+
+async def test_an_admit_whose_commit_is_acknowledged_late_says_its_outcome_is_unknown_and_its_job_is_released(services, late_commits, database_url) -> None:  # type: ignore[no-untyped-def]
+    """At the call's deadline the locked admit is cancelled while PostgreSQL waits for the standby:
+    the commit is kept, but its answer is not read. The caller hears OUTCOME_UNKNOWN, never a
+    plain DATABASE_UNAVAILABLE beside a charged job, and the committed admit's release is handed
+    over once its commit lands, not after the release lease."""
+    service = await services.start()
+    user = new_user()
+    await service.stubs.grant(user, 1)
+    key = uuid.uuid4().hex
+    started = time.monotonic()
+    async with _admit_acknowledged_late(late_commits, service, user, key) as admit:
+        try:
+            await admit
+            raise AssertionError("the admit's commit was not confirmed")
+        except grpc.aio.AioRpcError as exc:
+            code, reason, _, _ = error_info(exc)
+            assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, "OUTCOME_UNKNOWN")
+            assert "same idempotency key" in (exc.details() or "")
+        assert time.monotonic() - started < 3
+    # It had committed (the cancel kept the commit): the job is charged and released at once,
+    # its release marked RUNNING as soon as commits are acknowledged again.
+    jobs = await service.stubs.jobs(user)
+    assert len(jobs) == 1 and await service.stubs.balance(user) == 0
+    await service.stubs.wait_for(jobs[0].job_id, S.JOB_STATUS_RUNNING, timeout=_PROMPTLY_SECONDS)
+    # A retry with the same key learns the outcome: the job.
+    assert (await service.stubs.admit(user, key)).job_id == jobs[0].job_id
+    assert InvariantChecker(database_url).all_violations() == []
