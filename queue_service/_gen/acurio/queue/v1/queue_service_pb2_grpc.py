@@ -43,6 +43,11 @@ class AnalysisQueueServiceStub:
     stream) on another replica. RetryInfo 0.1 s.
     - UNAVAILABLE `DATABASE_UNAVAILABLE`: the database is unreachable or busy. RetryInfo 1 s.
     - UNAVAILABLE `LOCK_TIMEOUT`: the user's queue is busy with another call. RetryInfo 0.2 s.
+    - UNAVAILABLE `OUTCOME_UNKNOWN`: the database did not confirm whether the call's change
+    committed (the answer to its commit, or to the cancel at the caller's deadline, never
+    came): it may have. Retrying the same request (for Admit, the same idempotency key) is
+    how to learn the outcome; whatever the committed change owes (a release) is done
+    anyway. Added in v1, additive. RetryInfo 0.5 s.
     - UNAVAILABLE `REPLICA_BUSY` (`maxConcurrentCalls`): this replica had no turn for the call
     within its deadline; retry, ideally on another replica. RetryInfo 0.1 s.
     - UNAVAILABLE `RUN_NOT_YET_ADMITTED` (`runId`, CompleteRun only): the run's admit has not
@@ -153,6 +158,11 @@ class AnalysisQueueServiceServicer:
     stream) on another replica. RetryInfo 0.1 s.
     - UNAVAILABLE `DATABASE_UNAVAILABLE`: the database is unreachable or busy. RetryInfo 1 s.
     - UNAVAILABLE `LOCK_TIMEOUT`: the user's queue is busy with another call. RetryInfo 0.2 s.
+    - UNAVAILABLE `OUTCOME_UNKNOWN`: the database did not confirm whether the call's change
+    committed (the answer to its commit, or to the cancel at the caller's deadline, never
+    came): it may have. Retrying the same request (for Admit, the same idempotency key) is
+    how to learn the outcome; whatever the committed change owes (a release) is done
+    anyway. Added in v1, additive. RetryInfo 0.5 s.
     - UNAVAILABLE `REPLICA_BUSY` (`maxConcurrentCalls`): this replica had no turn for the call
     within its deadline; retry, ideally on another replica. RetryInfo 0.1 s.
     - UNAVAILABLE `RUN_NOT_YET_ADMITTED` (`runId`, CompleteRun only): the run's admit has not
@@ -230,7 +240,10 @@ class AnalysisQueueServiceServicer:
         `CONFLICT`: transient; retry with the same key (see the service comment). Every wait inside
         the call is bounded by the caller's deadline, so these arrive before it passes rather than
         as DEADLINE_EXCEEDED.
-        Any error leaves no job, no charge and no live held run.
+        - UNAVAILABLE `OUTCOME_UNKNOWN`: the admit may have committed (its commit was acknowledged
+        late, or not at all); retry with the same key: it returns the job when the admit
+        committed (charged, and released as any other) and admits it when it did not.
+        Any other error leaves no job, no charge and no live held run.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -373,6 +386,11 @@ class AnalysisQueueService:
     stream) on another replica. RetryInfo 0.1 s.
     - UNAVAILABLE `DATABASE_UNAVAILABLE`: the database is unreachable or busy. RetryInfo 1 s.
     - UNAVAILABLE `LOCK_TIMEOUT`: the user's queue is busy with another call. RetryInfo 0.2 s.
+    - UNAVAILABLE `OUTCOME_UNKNOWN`: the database did not confirm whether the call's change
+    committed (the answer to its commit, or to the cancel at the caller's deadline, never
+    came): it may have. Retrying the same request (for Admit, the same idempotency key) is
+    how to learn the outcome; whatever the committed change owes (a release) is done
+    anyway. Added in v1, additive. RetryInfo 0.5 s.
     - UNAVAILABLE `REPLICA_BUSY` (`maxConcurrentCalls`): this replica had no turn for the call
     within its deadline; retry, ideally on another replica. RetryInfo 0.1 s.
     - UNAVAILABLE `RUN_NOT_YET_ADMITTED` (`runId`, CompleteRun only): the run's admit has not

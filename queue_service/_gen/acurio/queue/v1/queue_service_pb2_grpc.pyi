@@ -44,6 +44,11 @@ class AnalysisQueueServiceStub:
       stream) on another replica. RetryInfo 0.1 s.
     - UNAVAILABLE `DATABASE_UNAVAILABLE`: the database is unreachable or busy. RetryInfo 1 s.
     - UNAVAILABLE `LOCK_TIMEOUT`: the user's queue is busy with another call. RetryInfo 0.2 s.
+    - UNAVAILABLE `OUTCOME_UNKNOWN`: the database did not confirm whether the call's change
+      committed (the answer to its commit, or to the cancel at the caller's deadline, never
+      came): it may have. Retrying the same request (for Admit, the same idempotency key) is
+      how to learn the outcome; whatever the committed change owes (a release) is done
+      anyway. Added in v1, additive. RetryInfo 0.5 s.
     - UNAVAILABLE `REPLICA_BUSY` (`maxConcurrentCalls`): this replica had no turn for the call
       within its deadline; retry, ideally on another replica. RetryInfo 0.1 s.
     - UNAVAILABLE `RUN_NOT_YET_ADMITTED` (`runId`, CompleteRun only): the run's admit has not
@@ -125,7 +130,10 @@ class AnalysisQueueServiceStub:
       `CONFLICT`: transient; retry with the same key (see the service comment). Every wait inside
       the call is bounded by the caller's deadline, so these arrive before it passes rather than
       as DEADLINE_EXCEEDED.
-    Any error leaves no job, no charge and no live held run.
+    - UNAVAILABLE `OUTCOME_UNKNOWN`: the admit may have committed (its commit was acknowledged
+      late, or not at all); retry with the same key: it returns the job when the admit
+      committed (charged, and released as any other) and admits it when it did not.
+    Any other error leaves no job, no charge and no live held run.
     """
     Promote: _grpc.UnaryUnaryMultiCallable[_queue_service_pb2.PromoteRequest, _queue_service_pb2.PromoteResponse]
     """Promotes the user's oldest queued first-pass job to PENDING if one of the user's slots is
@@ -196,6 +204,11 @@ class AnalysisQueueServiceAsyncStub(AnalysisQueueServiceStub):
       stream) on another replica. RetryInfo 0.1 s.
     - UNAVAILABLE `DATABASE_UNAVAILABLE`: the database is unreachable or busy. RetryInfo 1 s.
     - UNAVAILABLE `LOCK_TIMEOUT`: the user's queue is busy with another call. RetryInfo 0.2 s.
+    - UNAVAILABLE `OUTCOME_UNKNOWN`: the database did not confirm whether the call's change
+      committed (the answer to its commit, or to the cancel at the caller's deadline, never
+      came): it may have. Retrying the same request (for Admit, the same idempotency key) is
+      how to learn the outcome; whatever the committed change owes (a release) is done
+      anyway. Added in v1, additive. RetryInfo 0.5 s.
     - UNAVAILABLE `REPLICA_BUSY` (`maxConcurrentCalls`): this replica had no turn for the call
       within its deadline; retry, ideally on another replica. RetryInfo 0.1 s.
     - UNAVAILABLE `RUN_NOT_YET_ADMITTED` (`runId`, CompleteRun only): the run's admit has not
@@ -274,7 +287,10 @@ class AnalysisQueueServiceAsyncStub(AnalysisQueueServiceStub):
       `CONFLICT`: transient; retry with the same key (see the service comment). Every wait inside
       the call is bounded by the caller's deadline, so these arrive before it passes rather than
       as DEADLINE_EXCEEDED.
-    Any error leaves no job, no charge and no live held run.
+    - UNAVAILABLE `OUTCOME_UNKNOWN`: the admit may have committed (its commit was acknowledged
+      late, or not at all); retry with the same key: it returns the job when the admit
+      committed (charged, and released as any other) and admits it when it did not.
+    Any other error leaves no job, no charge and no live held run.
     """
     Promote: _aio.UnaryUnaryMultiCallable[_queue_service_pb2.PromoteRequest, _queue_service_pb2.PromoteResponse]  # type: ignore[assignment]
     """Promotes the user's oldest queued first-pass job to PENDING if one of the user's slots is
@@ -344,6 +360,11 @@ class AnalysisQueueServiceServicer(metaclass=_abc_1.ABCMeta):
       stream) on another replica. RetryInfo 0.1 s.
     - UNAVAILABLE `DATABASE_UNAVAILABLE`: the database is unreachable or busy. RetryInfo 1 s.
     - UNAVAILABLE `LOCK_TIMEOUT`: the user's queue is busy with another call. RetryInfo 0.2 s.
+    - UNAVAILABLE `OUTCOME_UNKNOWN`: the database did not confirm whether the call's change
+      committed (the answer to its commit, or to the cancel at the caller's deadline, never
+      came): it may have. Retrying the same request (for Admit, the same idempotency key) is
+      how to learn the outcome; whatever the committed change owes (a release) is done
+      anyway. Added in v1, additive. RetryInfo 0.5 s.
     - UNAVAILABLE `REPLICA_BUSY` (`maxConcurrentCalls`): this replica had no turn for the call
       within its deadline; retry, ideally on another replica. RetryInfo 0.1 s.
     - UNAVAILABLE `RUN_NOT_YET_ADMITTED` (`runId`, CompleteRun only): the run's admit has not
@@ -426,7 +447,10 @@ class AnalysisQueueServiceServicer(metaclass=_abc_1.ABCMeta):
           `CONFLICT`: transient; retry with the same key (see the service comment). Every wait inside
           the call is bounded by the caller's deadline, so these arrive before it passes rather than
           as DEADLINE_EXCEEDED.
-        Any error leaves no job, no charge and no live held run.
+        - UNAVAILABLE `OUTCOME_UNKNOWN`: the admit may have committed (its commit was acknowledged
+          late, or not at all); retry with the same key: it returns the job when the admit
+          committed (charged, and released as any other) and admits it when it did not.
+        Any other error leaves no job, no charge and no live held run.
         """
 
     @_abc_1.abstractmethod
