@@ -8,39 +8,17 @@ import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 
-import { createClient, type Interceptor } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { createClient } from "@connectrpc/connect";
 import { chromium, type Browser, type Page } from "playwright-core";
 
 import { CreditsService } from "../src/gen/acurio/queue/v1/credits_service_pb.js";
 import { JobStatus } from "../src/gen/acurio/queue/v1/job_pb.js";
 import { OperatorService } from "../src/gen/acurio/queue/v1/operator_service_pb.js";
 import { AnalysisQueueService } from "../src/gen/acurio/queue/v1/queue_service_pb.js";
+import { CHROMIUM_ARGS, CONSOLE_URL, env, grpc, SHOTS, WAIT_MS } from "./support.js";
 
-const env = (name: string): string => {
-  const value = process.env[name];
-  if (!value) throw new Error(`${name} is not set (run .ci/console-browser-test)`);
-  return value;
-};
-const CONSOLE_URL = env("CONSOLE_URL");
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN") };
-const SHOTS = env("SCREENSHOT_DIR");
-const WAIT_MS = 30_000; // conditions, never sleeps; generous for a slow shared machine
-const CHROMIUM_ARGS = [
-  "--no-sandbox",
-  "--disable-gpu",
-  "--disable-quic",
-  "--no-first-run",
-  "--disable-background-networking",
-  "--disable-component-update",
-  "--disable-sync",
-];
 
-const bearer = (token: string): Interceptor => (next) => (req) => {
-  req.header.set("authorization", `Bearer ${token}`);
-  return next(req);
-};
-const grpc = (token: string) => createGrpcTransport({ baseUrl: `http://${env("QUEUE_ADDR")}`, interceptors: [bearer(token)] });
 const asWeb = createClient(AnalysisQueueService, grpc(TOKENS.web));
 const asCredits = createClient(CreditsService, grpc(TOKENS.operator));
 const asOperator = createClient(OperatorService, grpc(TOKENS.operator));

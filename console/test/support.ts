@@ -1,0 +1,30 @@
+// What the browser tests share: the settings .ci/console-browser-test passes, Debian's Chromium
+// as CI runs it, and gRPC clients that carry a role's bearer token.
+import { type Interceptor } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+
+export const env = (name: string): string => {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set (run .ci/console-browser-test)`);
+  return value;
+};
+export const CONSOLE_URL = env("CONSOLE_URL");
+export const SHOTS = env("SCREENSHOT_DIR");
+export const WAIT_MS = 30_000; // conditions, never sleeps; generous for a slow shared machine
+// Debian's Chromium as CI runs it: no sandbox (containers), nothing fetched on its own.
+export const CHROMIUM_ARGS = [
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-quic",
+  "--no-first-run",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+];
+
+const bearer = (token: string): Interceptor => (next) => (req) => {
+  req.header.set("authorization", `Bearer ${token}`);
+  return next(req);
+};
+/** A gRPC transport to the live service that authenticates as the token's role. */
+export const grpc = (token: string) => createGrpcTransport({ baseUrl: `http://${env("QUEUE_ADDR")}`, interceptors: [bearer(token)] });
