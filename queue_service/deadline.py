@@ -49,6 +49,23 @@ def call_budget(time_remaining: float | None) -> Iterator[None]:
         _call_deadline.set(previous)
 
 
+@contextmanager
+def share_of_remaining(share: float) -> Iterator[None]:
+    """Bounds the block's waits by `share` of what is left of the call's deadline: for a step
+    whose failure the call survives, so that time is left to answer without it. Outside a call
+    with a deadline, only the configured limits apply."""
+    left = remaining()
+    if left is None:
+        yield
+        return
+    previous = _call_deadline.get()
+    _call_deadline.set(time.monotonic() + max(0.0, left) * share)
+    try:
+        yield
+    finally:
+        _call_deadline.set(previous)
+
+
 def remaining() -> float | None:
     """Seconds left for the current call's work, or None outside a call with a deadline."""
     deadline = _call_deadline.get()

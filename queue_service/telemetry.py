@@ -139,6 +139,14 @@ class _Instruments:
             "queue.db.listener.liveness_failures", unit="{failure}",
             description="LISTEN connections dropped because a liveness query got no answer in time (then reconnected, every stream resynced)",
         )
+        self.estimates_left_out = meter.create_counter(
+            "queue.answer.estimates_left_out", unit="{answer}",
+            description="Answers of committed admits sent without fresh estimated start times, because reading them failed (by reason): the change stands, only the estimate is missing",
+        )
+        self.owed_release_handovers = meter.create_counter(
+            "queue.release.owed_handovers", unit="{handover}",
+            description="Follow-ups of a locked change whose outcome was unknown, by result: jobs it may have promoted handed over at once (handed_over, one per job), none found (none), not looked up before the lease would end it (gave_up)",
+        )
         self.health_probes = meter.create_counter(
             "queue.health.probes", unit="{probe}", description="Heartbeat writes of the health probe, by result (ok, failed, timeout)",
         )

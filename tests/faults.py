@@ -30,6 +30,10 @@ class TcpProxy:
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        # `cut_when_sent`: the next connection whose client sends these bytes is cut before they
+        # reach the server (a connection that breaks at one chosen statement).
+        self._cut_pattern: bytes | None = None
+        self.cut_done = asyncio.Event()
 
     def dsn(self) -> str:
         parts = urlsplit(self._target_dsn)
@@ -55,6 +59,12 @@ class TcpProxy:
         for writer in list(self._writers):
             writer.transport.abort()
 
+    def cut_when_sent(self, pattern: bytes) -> None:
+        """Cuts the first connection that sends `pattern` (a statement's text: psycopg sends it
+        until a statement is prepared), before the server sees it; `cut_done` is set then."""
+        self._cut_pattern = pattern
+        self.cut_done.clear()
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.open_connection(*self._target)
@@ -62,14 +72,20 @@ class TcpProxy:
             writer.transport.abort()
             return
         self._writers |= {writer, up_writer}
-        for source, sink in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(self._pipe(source, sink, (writer, up_writer)))
+        for source, sink, upstream in ((reader, up_writer, True), (up_reader, writer, False)):
+            task = asyncio.create_task(self._pipe(source, sink, (writer, up_writer), upstream=upstream))
             self._pipes.add(task)
             task.add_done_callback(self._pipes.discard)
 
-    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, both: tuple[asyncio.StreamWriter, ...]) -> None:
+    async def _pipe(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, both: tuple[asyncio.StreamWriter, ...], *, upstream: bool = False
+    ) -> None:
         try:
             while data := await source.read(65536):
+                if upstream and self._cut_pattern is not None and self._cut_pattern in data:
+                    self._cut_pattern = None
+                    self.cut_done.set()
+                    break
                 sink.write(data)
                 await sink.drain()
         except (OSError, asyncio.IncompleteReadError):

@@ -68,7 +68,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
             )
         )
         if result.view is not None:
-            view = (await self._reads.estimated([result.view]))[0]
+            view = await self._reads.estimated_after_commit(result.view)
         else:
             found = await self._reads.one(result.job_id)
             if found is None:

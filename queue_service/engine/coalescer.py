@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from typing import Any, Generic, TypeVar
 
-from queue_service import deadline
+from queue_service import deadline, errors
 
 Item = TypeVar("Item", bound=Hashable)
 Result = TypeVar("Result")
@@ -73,12 +73,13 @@ class Coalescer(Generic[Item, Result]):
         self._busy = True
         try:
             return (await self._run_batch([item]))[item]
-        except Exception:
+        except Exception as exc:
             if self._run_alone is None:
                 raise
+            batch_error = exc
         finally:
             self._hand_on()
-        return await self._alone(item)
+        return await self._alone(item, batch_error)
 
     async def _wait_for_batch(self, item: Item) -> Result:
         answer: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
@@ -94,18 +95,26 @@ class Coalescer(Generic[Item, Result]):
                 answer.cancel()
                 return await self._alone(item)
             return await answer
-        except _RunAlone:
-            return await self._alone(item)
+        except _RunAlone as failed:
+            return await self._alone(item, failed.__cause__)
         except asyncio.CancelledError:
             answer.cancel()
             raise
 
-    async def _alone(self, item: Item) -> Result:
+    async def _alone(self, item: Item, batch_error: BaseException | None = None) -> Result:
         """The item applied by itself, after its batch failed or its caller stopped waiting for
-        the batch in flight: the caller hears this attempt's own result or error."""
-        if self._run_alone is not None:
-            return await self._run_alone(item)
-        return (await self._run_batch([item]))[item]
+        the batch in flight: the caller hears this attempt's own result or error, except that
+        when the batch's outcome was unknown (it may have applied the item) and this attempt
+        could not reach the database in time, the caller hears that the outcome is unknown:
+        "unavailable" would say nothing was applied."""
+        try:
+            if self._run_alone is not None:
+                return await self._run_alone(item)
+            return (await self._run_batch([item]))[item]
+        except (errors.DatabaseUnavailable, errors.LockTimeout) as exc:
+            if isinstance(batch_error, errors.OutcomeUnknown):
+                raise batch_error from exc
+            raise
 
     def _hand_on(self) -> None:
         if self._waiting:

@@ -32,6 +32,7 @@ from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.coalescer import Coalescer
+from queue_service.engine.owed_releases import hand_over_owed_releases
 from queue_service.model import (
     AdmitRequest,
     AdmitResult,
@@ -152,6 +153,23 @@ class QueueEngine:
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_forget_outlived)
         return await asyncio.shield(task)
+
+    async def _following_up_if_lost(self, change: Coroutine[Any, Any, T], *, user_id: str) -> T:
+        """Runs a locked change of the user's queue; if its outcome is unknown, the releases it
+        may have claimed are handed over in the background (`owed_releases`)."""
+        try:
+            return await change
+        except errors.OutcomeUnknown:
+            self._follow_up_lost_change(user_id=user_id)
+            raise
+
+    def _follow_up_lost_change(self, *, user_id: str | None = None, run_id: uuid.UUID | None = None) -> None:
+        self.in_background(
+            hand_over_owed_releases(
+                self._store, self._hand_over, lease_seconds=self.config.release_lease_seconds, user_id=user_id, run_id=run_id
+            ),
+            name=f"owed-releases-{user_id or run_id}",
+        )
 
     async def _abandon_run_before_answering(self, run_id: uuid.UUID, *, admitted_job_id: uuid.UUID | None = None) -> None:
         """Cancels a spare or failed admit's run, waiting for it as long as the caller's deadline
@@ -374,7 +392,7 @@ class QueueEngine:
 
     async def promote(self, user_id: str, *, cause: Cause) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first."""
-        return await self._outliving_the_caller(self._promote(user_id, cause), name=f"promote-{user_id}")
+        return await self._outliving_the_caller(self._following_up_if_lost(self._promote(user_id, cause), user_id=user_id), name=f"promote-{user_id}")
 
     async def _promote(self, user_id: str, cause: Cause) -> tuple[Promoted, ...]:
         promoted = await self._store.promote(user_id, self._promotion_limits)
@@ -416,7 +434,9 @@ class QueueEngine:
         the user's next job, in one statement that also returns the job's view; None when the job
         was not in a status the transition starts from (fenced). An unsettled run keeps the slot:
         `settle_run` frees it."""
-        return await self._outliving_the_caller(self._end_job(job_id, user_id, transition), name=f"end-job-{job_id}")
+        return await self._outliving_the_caller(
+            self._following_up_if_lost(self._end_job(job_id, user_id, transition), user_id=user_id), name=f"end-job-{job_id}"
+        )
 
     async def _end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition) -> EndedJob | None:
         with self._ending_span(transition) as span:
@@ -565,7 +585,9 @@ class QueueEngine:
 
     async def settle_run(self, job_id: uuid.UUID, user_id: str, *, cause: Cause) -> None:
         """The core confirmed the ended job's run settled: free its slot and promote."""
-        await self._outliving_the_caller(self._settle_run(job_id, user_id, cause), name=f"settle-run-{job_id}")
+        await self._outliving_the_caller(
+            self._following_up_if_lost(self._settle_run(job_id, user_id, cause), user_id=user_id), name=f"settle-run-{job_id}"
+        )
 
     async def _settle_run(self, job_id: uuid.UUID, user_id: str, cause: Cause) -> None:
         settlement = await self._store.settle_job_run(job_id, user_id, self._promotion_limits)
@@ -810,14 +832,25 @@ class QueueEngine:
 
     async def _end_runs(self, reports: list[RunReportToApply]) -> dict[RunReportToApply, RunCompletion]:
         """The coalesced statement, a lone completion's too: it waits for no user's lock long."""
-        with _counting_batch("end_runs", len(reports)):
-            completions = await self._store.end_runs(reports, self._promotion_limits)
+        try:
+            with _counting_batch("end_runs", len(reports)):
+                completions = await self._store.end_runs(reports, self._promotion_limits)
+        except errors.OutcomeUnknown:
+            # The batch may have committed: each caller's retry alone then finds its job ended,
+            # and the releases its commit claimed are handed over here.
+            for report in reports:
+                self._follow_up_lost_change(run_id=report.run_id)
+            raise
         return dict(zip(reports, completions, strict=True))
 
     async def _end_run_alone(self, report: RunReportToApply) -> RunCompletion:
         """A completion on its own, waiting for its user's lock as long as its call allows."""
-        with _counting_batch("end_runs", 1):
-            return await self._store.end_run(report, self._promotion_limits)
+        try:
+            with _counting_batch("end_runs", 1):
+                return await self._store.end_run(report, self._promotion_limits)
+        except errors.OutcomeUnknown:
+            self._follow_up_lost_change(run_id=report.run_id)
+            raise
 
 
 def _forget_outlived(task: asyncio.Task[Any]) -> None:

@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import time
 import uuid
 from collections.abc import Iterable
 
+from queue_service import deadline, errors, telemetry
 from queue_service.model import CapacityState, JobSearch, JobStatus, JobView, Overview, estimate_start
 from queue_service.store import Statements, Store
 
+log = logging.getLogger(__name__)
+
 _ESTIMATE_CACHE_SECONDS = 10.0
+# A committed change's answer reads its estimates within this share of what is left of the call,
+# so that the answer still goes out when the read does not come back.
+_ANSWER_READ_SHARE = 0.5
 _CAPACITY_CACHE_SECONDS = 1.0
 
 
@@ -79,6 +86,24 @@ class JobReads:
             async with self._store.statements() as own:
                 positions = await self._refresh(views, own)
         return self._with_estimates(views, positions)
+
+    async def estimated_after_commit(self, view: JobView) -> JobView:
+        """The view a committed change answers with, its estimates read if the database answers
+        in time (within half of what is left of the call). The change committed: a failed read
+        must not turn its answer into an error that says otherwise (an admit answered
+        DATABASE_UNAVAILABLE beside its charged job), so the view then goes out with the
+        estimates last read (none if never), and without its place in the capacity line."""
+        try:
+            with deadline.share_of_remaining(_ANSWER_READ_SHARE):
+                return (await self.estimated([view]))[0]
+        except errors.QueueError as exc:
+            telemetry.metrics.estimates_left_out.add(1, {"reason": exc.reason})
+            log.warning(
+                "a committed change is answered without fresh estimates (%s)",
+                exc.reason,
+                extra={"job_id": view.job_id, "user_id": view.user_id, "reason": exc.message},
+            )
+            return self._with_estimates([view], {})[0]
 
     async def by_ids(self, job_ids: list[uuid.UUID]) -> list[JobView]:
         """The jobs' views in the order asked; unknown ids are left out."""

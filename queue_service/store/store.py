@@ -66,6 +66,7 @@ from queue_service.store.locks import (
     locked_section,
     locked_section_of_run,
     locked_sections_of_runs,
+    take_user_queue_lock,
 )
 from queue_service.store.pool import QueuePool, connection, connection_parameters, translated_errors
 
@@ -643,6 +644,21 @@ class Store:
         waits (tests and tools)."""
         async with holding_user_queue_lock(self.pool, user_id):
             yield
+
+    async def first_releases_owed(self, *, user_id: str | None = None, run_id: uuid.UUID | None = None) -> list[ClaimedRelease]:
+        """The first releases claimed for the user (or the user whose job owns `run_id`) and not
+        tried since (`first_releases_owed`), read holding the user's queue lock: a locked change
+        of that user still committing (a late acknowledgement, a statement given up) has ended
+        by then, and what it promoted is seen."""
+        async with connection(self.pool) as conn, conn.transaction():
+            if user_id is None:
+                owner = await (await conn.execute(_statement("run_owner"), {"run_id": run_id})).fetchone()
+                if owner is None:
+                    return []
+                user_id = str(owner["user_id"])
+            await take_user_queue_lock(conn, user_id)
+            rows = await (await conn.execute(_statement("first_releases_owed"), {"user_id": user_id})).fetchall()
+        return [_claimed_release(row) for row in rows]
 
     # -- locked sections: each one statement under the user's queue lock (`locks.locked_section`)
 

@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import os
 import time
+import uuid
 from typing import Any
 
 import grpc
@@ -22,7 +23,7 @@ from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.config import Config
 from queue_service.dev.embedded_postgres import free_port
 from tests.faults import TcpProxy, backend_pids, frozen
-from tests.harness import Stubs, error_info, new_user
+from tests.harness import S, Stubs, error_info, new_user
 
 _FIELDS = {field.name for field in dataclasses.fields(Config)}
 
@@ -128,7 +129,7 @@ async def test_a_statement_on_a_frozen_backend_ends_unavailable_within_the_calle
             await stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=job.job_id), timeout=2.0)
         took = time.monotonic() - started
         code, reason, _, _ = error_info(failed.value)
-        print(f"\nfrozen pool backend: the caller heard {code.name} {reason} after {took:.2f}s of its 2s")
+        print(f"\nfrozen pool backend: the caller heard {code.name} {reason} after {took:.2f}s of its 2s: {failed.value.details()}")
         assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, "DATABASE_UNAVAILABLE")
         assert took < 2.0
         # Served again on a fresh connection while the old backend is still frozen.
@@ -260,4 +261,34 @@ async def test_serve_started_while_the_database_is_away_waits_for_it(services, d
     finally:
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
+        await proxy.down()
+
+
+async def test_an_admit_whose_connection_breaks_after_its_commit_answers_its_job(services, database_url: str) -> None:
+    """The locked admit of a queued job commits; then the connection that reads the job's
+    estimated start breaks (a restart, a failover, a cut route). The answer is the admitted job
+    (its estimate left out), never DATABASE_UNAVAILABLE beside a job that exists and is charged
+    (I5); the same key finds the same job."""
+    proxy = TcpProxy(database_url)
+    await proxy.up()
+    try:
+        service = await services.start(database_url=proxy.dsn())
+        stubs, user = service.stubs, new_user()
+        await stubs.grant(user, 2)
+        await stubs.admit(user)
+        # The first read of the mean judging time (`recent_judging_seconds`), which only an
+        # answer about a queued job makes: sent after the admit's commit.
+        proxy.cut_when_sent(b"AS recent")
+        key = uuid.uuid4().hex
+        try:
+            queued = await stubs.admit(user, key, timeout=3)
+        except grpc.aio.AioRpcError as exc:
+            code, reason, _, _ = error_info(exc)
+            raise AssertionError(f"a committed admit was answered {code.name} {reason}") from exc
+        assert proxy.cut_done.is_set(), "the estimate read was not cut: the test did not inject its fault"
+        assert queued.status == S.JOB_STATUS_QUEUED
+        assert await stubs.balance(user) == 0
+        assert [job.job_id for job in await stubs.jobs(user)][1:] == [queued.job_id]
+        assert (await stubs.admit(user, key)).job_id == queued.job_id
+    finally:
         await proxy.down()

@@ -22,9 +22,9 @@ import grpc
 import psycopg
 import pytest
 
-from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2 as callback_pb2, job_pb2
 from queue_service.dev.core import AnswerFault
-from tests.harness import InvariantChecker, S, error_info, new_user
+from tests.harness import InvariantChecker, S, error_info, new_user, running_with_one_queued
 
 # Well under the release lease (15 s): handed over at once, not found again after the lease.
 _PROMPTLY_SECONDS = 3.0
@@ -118,4 +118,26 @@ async def test_an_admit_whose_commit_is_acknowledged_late_says_its_outcome_is_un
     await service.stubs.wait_for(jobs[0].job_id, S.JOB_STATUS_RUNNING, timeout=_PROMPTLY_SECONDS)
     # A retry with the same key learns the outcome: the job.
     assert (await service.stubs.admit(user, key)).job_id == jobs[0].job_id
+    assert InvariantChecker(database_url).all_violations() == []
+
+
+async def test_a_completion_whose_commit_is_acknowledged_late_starts_the_next_job_at_once(services, late_commits, database_url) -> None:  # type: ignore[no-untyped-def]
+    """The core's CompleteRun ends the user's running job and promotes the queued one, but the
+    commit is acknowledged late: the core hears UNAVAILABLE (OUTCOME_UNKNOWN) and no answer
+    hands the promoted job's release over. The lost answer is followed up: the next job starts
+    within seconds of commits being acknowledged again, not after its release lease (15 s)."""
+    service = await services.start()
+    user, running, queued = await running_with_one_queued(service.stubs)
+    completion = callback_pb2.CompleteRunRequest(run_id=running.run_id, outcome=callback_pb2.RUN_OUTCOME_SUCCEEDED)
+    await asyncio.to_thread(late_commits.on)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as lost:
+            await service.stubs.callback.CompleteRun(completion, timeout=1.5)
+    finally:
+        await asyncio.to_thread(late_commits.off)
+    code, reason, _, _ = error_info(lost.value)
+    assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, "OUTCOME_UNKNOWN")
+    await service.stubs.wait_for(queued.job_id, S.JOB_STATUS_RUNNING, timeout=_PROMPTLY_SECONDS)
+    # The core's retry finds the job ended as it reported.
+    assert (await service.stubs.callback.CompleteRun(completion, timeout=5)).job.status == S.JOB_STATUS_SUCCEEDED
     assert InvariantChecker(database_url).all_violations() == []

@@ -295,10 +295,7 @@ async def simulate_user(cluster: Cluster, state: UserState, stop: asyncio.Event,
             job = await _call(
                 summary, "Admit", stubs.admit(state.user_id, key, uri=f"s3://theses/{key}.pdf", timeout=CALL_DEADLINE), stubs.address, refusals
             )
-            # Known open defect: an Admit can still answer DATABASE_UNAVAILABLE after its locked
-            # admit committed (seen in this run's check); until that path answers OUTCOME_UNKNOWN,
-            # only the other definite refusals are held to leaving no job.
-            if job is None and not expected and refusals and refusals[0] not in ("", "OUTCOME_UNKNOWN", "DATABASE_UNAVAILABLE"):
+            if job is None and not expected and refusals and refusals[0] not in ("", "OUTCOME_UNKNOWN"):
                 state.refused_keys.append((key, refusals[0]))
             if job is not None:
                 if expected and job.job_id != expected:

@@ -188,6 +188,21 @@ UPDATE analysis_jobs j
  WHERE j.job_id = due.job_id
 RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested;
 
+-- name: run_owner
+-- The user whose job owns a run (a job's user never changes); no row when no job owns it.
+SELECT user_id FROM analysis_jobs WHERE run_id = %(run_id)s;
+
+-- name: first_releases_owed
+-- The user's PENDING jobs whose first release a promotion (or admit) claimed and nobody has
+-- tried again since: the lease of that claim still runs, it is the first attempt, and the job
+-- does not wait for the core's capacity (a grant hands those over). Run after a locked change
+-- whose outcome was unknown, holding the user's lock (`Store.first_releases_owed`), so that a
+-- change still committing has ended: the hand-over its answer would have made is made here.
+SELECT job_id, user_id, run_id, release_attempts, cancel_requested_at IS NOT NULL AS cancel_requested
+  FROM analysis_jobs
+ WHERE user_id = %(user_id)s AND status = 'pending' AND release_attempts = 1
+   AND next_release_at > clock_timestamp() AND capacity_wait_since IS NULL;
+
 -- name: claim_release_of_job
 -- Claims one pending job for an immediate release attempt (the Release RPC), unless another
 -- replica holds it right now or it waits for the core's capacity (only a grant releases it); as

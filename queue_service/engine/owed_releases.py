@@ -1,0 +1,63 @@
+"""The releases a locked change owes when its outcome is unknown.
+
+A locked change that frees a slot (a completion, a cancel, a give-up, a settlement, a promotion)
+promotes the user's next job and claims its first release for this replica, for the release
+lease, in the same commit; the replica hands the release to the dispatcher once it hears the
+commit. When the answer is lost instead (OUTCOME_UNKNOWN: a commit acknowledged late, a
+connection that broke or was given up), nothing is handed over, and the promoted job would wait
+for the lease to run out (QUEUE_RELEASE_LEASE_SECONDS) before any replica tried it. So the lost
+answer is followed up here, in the background: once the user's lock is free (the change has
+committed or not by then), the user's PENDING jobs whose first release is claimed and was not
+tried again are handed over. A release is idempotent at the core and its mark is fenced by the
+attempt, so handing over one that is also being released elsewhere costs a duplicate ReleaseRun,
+never a second start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+from queue_service import errors, telemetry
+from queue_service.model import ClaimedRelease
+from queue_service.store import Store
+
+log = logging.getLogger(__name__)
+
+# Between attempts while the database does not answer (it may be restarting).
+_RETRY_SECONDS = 0.5
+
+
+async def hand_over_owed_releases(
+    store: Store,
+    hand_over: Callable[[ClaimedRelease], None],
+    *,
+    lease_seconds: float,
+    user_id: str | None = None,
+    run_id: uuid.UUID | None = None,
+) -> int:
+    """Hands over the first releases the user's lost change may have claimed (the user named, or
+    the one whose job owns `run_id`); retried while the database does not answer, until the
+    lease would have run out anyway (then the dispatcher finds them). How many were handed over."""
+    give_up_at = time.monotonic() + lease_seconds
+    while True:
+        try:
+            owed = await store.first_releases_owed(user_id=user_id, run_id=run_id)
+            break
+        except errors.QueueError as exc:
+            if time.monotonic() + _RETRY_SECONDS >= give_up_at:
+                telemetry.metrics.owed_release_handovers.add(1, {"result": "gave_up"})
+                log.warning("the releases a lost change may owe were not looked up (%s); the lease ends them", exc.reason)
+                return 0
+            await asyncio.sleep(_RETRY_SECONDS)
+    for claim in owed:
+        log.info(
+            "a change whose outcome was unknown promoted this job; releasing it",
+            extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt},
+        )
+        hand_over(claim)
+    telemetry.metrics.owed_release_handovers.add(max(1, len(owed)), {"result": "handed_over" if owed else "none"})
+    return len(owed)
