@@ -36,6 +36,8 @@ _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # The admit path's CreateRun may use at most this share of what is left of the caller's deadline:
 # the locked transaction after it needs time too.
 _CREATE_SHARE_OF_CALL = 0.6
+# The largest message the core receives (gRPC's default receive limit, which the core keeps).
+CORE_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
 def _is_retryable(exc: BaseException) -> bool:
@@ -143,6 +145,14 @@ class CoreClient:
             hold=hold,
             delta_of_run_id=str(delta_of_run_id) if delta_of_run_id else "",
         )
+        size = request.ByteSize()
+        if size > CORE_MAX_MESSAGE_BYTES:
+            # The core's transport would refuse it RESOURCE_EXHAUSTED, which reads as a spent
+            # provider budget; admits are bounded so this does not happen (`validation`).
+            raise errors.InvalidRequest(
+                f"the run is {size} bytes, over the core's message limit of {CORE_MAX_MESSAGE_BYTES} bytes",
+                field_violations=[("sources", f"the run sent to the core would be {size} bytes; at most {CORE_MAX_MESSAGE_BYTES} bytes fit: send fewer or shorter sources")],
+            )
         budget = deadline.bound(self._deadline, _CREATE_SHARE_OF_CALL)
         try:
             response = await self._with_retry("CreateRun", self._stub.CreateRun, request, budget)

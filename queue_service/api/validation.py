@@ -27,6 +27,13 @@ MAX_MESSAGE_CHARS = 1024
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 20
 MAX_GRANT = 1_000_000
+# An admit becomes a CreateRun at the core, which must fit the core's receive limit (4 MiB, gRPC's
+# default, `core_client.CORE_MAX_MESSAGE_BYTES`). The CreateRun drops the idempotency key and the
+# title and adds the run's id, the base run's id and the hold flag (under 100 bytes more), so an
+# admit at most this size always makes a CreateRun that fits; a larger one (the server takes up to
+# 4 MiB) would be refused by the core's transport, RESOURCE_EXHAUSTED, indistinguishable from a
+# spent provider budget.
+MAX_ADMIT_BYTES = 4 * 1024 * 1024 - 1024
 # A BadRequest lists at most this many violations (a trailer of thousands would exceed a client's
 # header limit, and the caller would hear RESOURCE_EXHAUSTED instead of INVALID_ARGUMENT).
 MAX_LISTED_VIOLATIONS = 50
@@ -115,6 +122,9 @@ def validate_admit(request: queue_pb2.AdmitRequest) -> uuid.UUID | None:
         v.check_text("document.uri", request.document.uri, max_chars=MAX_URI_CHARS, required=True)
     v.check_text("document.title", request.document.title, max_chars=MAX_TITLE_CHARS)
     sources = request.sources
+    size = request.ByteSize()
+    if size > MAX_ADMIT_BYTES:
+        v.add("sources", f"the request is {size} bytes; at most {MAX_ADMIT_BYTES} bytes are accepted (the run sent to the core must fit its 4 MiB message limit): send fewer or shorter sources")
     if not sources:
         v.add("sources", "at least one source is required")
     elif len(sources) > MAX_SOURCES:

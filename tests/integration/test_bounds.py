@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import grpc
 import psycopg
 
-from queue_service._gen.acurio.queue.v1 import credits_service_pb2
+from queue_service._gen.acurio.core.v1 import run_service_pb2
+from queue_service._gen.acurio.queue.v1 import credits_service_pb2, job_pb2, queue_service_pb2
+from queue_service.api import validation
 from tests.harness import error_info, new_user
 
 
@@ -219,3 +222,55 @@ async def test_calls_beyond_the_replicas_cap_wait_their_turn_or_hear_replica_bus
     patient = await service.stubs.credits.GetBalance(credits_service_pb2.GetBalanceRequest(user_id=other), timeout=10)
     assert patient.balance == 0
     assert (await first).status == 2  # JOB_STATUS_PENDING
+
+
+def _admit_of_size(user: str, key: str, size: int) -> queue_service_pb2.AdmitRequest:
+    """An admit of exactly `size` bytes, its sources' citations in two-byte characters."""
+    citation = "é" * validation.MAX_CITATION_CHARS
+    request = queue_service_pb2.AdmitRequest(user_id=user, idempotency_key=key, document=job_pb2.Document(uri="s3://theses/big.pdf"))
+    while request.ByteSize() < size - 9000:
+        request.sources.append(job_pb2.Source(doi=f"10.1234/n{len(request.sources)}", citation=citation))
+    while True:
+        last = request.sources.add(doi=f"10.1234/n{len(request.sources)}", citation="")
+        last.citation = "a" * min(validation.MAX_CITATION_CHARS, size - request.ByteSize())
+        while request.ByteSize() > size:
+            last.citation = last.citation[:-1]
+        if request.ByteSize() >= size - 2:
+            break
+    assert request.ByteSize() == size, request.ByteSize()
+    return request
+
+
+def _create_run_size(request: queue_service_pb2.AdmitRequest) -> int:
+    """The size of the CreateRun this admit becomes (as `core_client.create_run` builds it)."""
+    return run_service_pb2.CreateRunRequest(
+        run_id=str(uuid.uuid4()),
+        user_id=request.user_id,
+        document_uri=request.document.uri,
+        sources=[run_service_pb2.RunSource(doi=s.doi, citation=s.citation) for s in request.sources],
+        hold=True,
+    ).ByteSize()
+
+
+async def test_an_admit_whose_run_would_not_fit_the_cores_message_limit_is_refused_as_too_large(service) -> None:
+    """An admit just under the 4 MiB the server receives becomes a CreateRun just over the 4 MiB
+    the core receives: the core's transport would answer RESOURCE_EXHAUSTED, which reads as a
+    spent provider budget. The admit is refused INVALID_ARGUMENT (INVALID_REQUEST) with a
+    BadRequest naming the size, and charges nothing; one that fits is admitted."""
+    user = new_user()
+    await service.stubs.grant(user, 1)
+    too_large = _admit_of_size(user, "too-large", 4 * 1024 * 1024 - 16)
+    assert _create_run_size(too_large) > 4 * 1024 * 1024  # the edge this test is about
+    try:
+        await service.stubs.queue.Admit(too_large, timeout=20)
+        raise AssertionError("an admit whose run cannot reach the core was accepted")
+    except grpc.aio.AioRpcError as exc:
+        code, reason, _, violations = error_info(exc)
+        assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"), (code, reason, exc.details())
+        assert [field for field, _ in violations] == ["sources"]
+        assert f"{too_large.ByteSize()} bytes" in violations[0][1]
+    assert service.core.runs == {} and await service.stubs.balance(user) == 1
+    fits = _admit_of_size(user, "fits", validation.MAX_ADMIT_BYTES)
+    assert _create_run_size(fits) <= 4 * 1024 * 1024
+    assert (await service.stubs.queue.Admit(fits, timeout=20)).job.job_id
+    assert await service.stubs.balance(user) == 0
