@@ -11,6 +11,11 @@ A statement still running then is cancelled on the server; when the server does 
 once (a frozen or unreachable node), the connection is given up rather than waited on
 (`statements_within_deadline`).
 
+Outside any call (background work: the dispatcher's marks, the feed reader, the sweeper), each
+exchange with the server is bounded too (`QueueConnection`): the server ends any statement at
+its statement_timeout, so one unanswered well past that is on a frozen or unreachable node, and
+its connection is given up instead of being held for good.
+
 A silent peer is noticed: every connection carries TCP keepalives and `tcp_user_timeout`
 (`connection_parameters`), and the pool retries a lost database at most
 `reconnect_max_seconds` apart and lends no connection the server has closed, so a restart of
@@ -30,6 +35,7 @@ from typing import Any, TypeAlias
 
 import psycopg
 from psycopg import AsyncConnection, conninfo, errors as pg_errors, pq
+from psycopg.abc import RV, PQGen
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from psycopg_pool.pool_async import AddConnection
@@ -40,6 +46,10 @@ log = logging.getLogger(__name__)
 
 # The pool's connections return rows as dicts (`row_factory=dict_row`, see `create_pool`).
 DictConnection: TypeAlias = AsyncConnection[DictRow]
+
+# Past the session's statement_timeout, how long an exchange outside any call may go unanswered
+# before its connection is given up: the server answers a statement it timed out at once.
+_UNANSWERED_GRACE_SECONDS = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +158,25 @@ async def checkout(pool: AsyncConnectionPool[DictConnection]) -> AsyncIterator[D
         yield conn
 
 
+class QueueConnection(AsyncConnection[DictRow]):
+    """A pooled connection whose every exchange outside a call (no deadline: background work) is
+    bounded by `unanswered_after` seconds (the statement_timeout plus a grace, set by
+    `create_pool`): a healthy server has answered by then, if only with its own timeout. Left
+    unbounded, a statement on a frozen backend (SIGSTOPped, a hung VM: its kernel still answers
+    TCP, so keepalives see nothing) would hold its connection until the node woke up, and a
+    small pool would lend no call a connection meanwhile. Calls are bounded by their deadline
+    instead (`statements_within_deadline`)."""
+
+    unanswered_after: float | None = None
+
+    async def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
+        limit = self.unanswered_after
+        if limit is None or deadline.remaining() is not None:
+            return await super().wait(gen, interval, timeout)
+        async with _interrupted_after(limit, "a statement outside any call went unanswered past the statement timeout"):
+            return await super().wait(gen, interval, timeout)
+
+
 @asynccontextmanager
 async def statements_within_deadline() -> AsyncIterator[None]:
     """Bounds the block's statements by the caller's deadline: when it runs out, the running
@@ -164,6 +193,15 @@ async def statements_within_deadline() -> AsyncIterator[None]:
     if left is None:
         yield
         return
+    async with _interrupted_after(max(0.0, left), "a statement outlived its call's deadline"):
+        yield
+
+
+@asynccontextmanager
+async def _interrupted_after(left: float, what: str) -> AsyncIterator[None]:
+    """Cancels the block after `left` seconds (psycopg cancels the running statement on the
+    server) and raises TimeoutError; a block still running `_GIVE_UP_SECONDS` later is
+    interrupted again, and psycopg closes its connection."""
     task = asyncio.current_task()
     assert task is not None
     interrupted_again = False
@@ -172,18 +210,18 @@ async def statements_within_deadline() -> AsyncIterator[None]:
         nonlocal interrupted_again
         interrupted_again = True
         telemetry.metrics.abandoned_connections.add(1)
-        log.warning("a statement outlived its call's deadline and did not end when cancelled: connection given up")
+        log.warning("%s and did not end when cancelled: connection given up", what)
         task.cancel()
 
-    timer = asyncio.get_running_loop().call_later(max(0.0, left) + _GIVE_UP_SECONDS, give_up)
+    timer = asyncio.get_running_loop().call_later(left + _GIVE_UP_SECONDS, give_up)
     try:
-        async with asyncio.timeout(max(0.0, left)):
+        async with asyncio.timeout(left):
             yield
     except asyncio.CancelledError:
         if not interrupted_again:
             raise
         task.uncancel()
-        raise TimeoutError("the statement outlived the call's deadline") from None
+        raise TimeoutError(what) from None
     finally:
         timer.cancel()
 
@@ -245,6 +283,8 @@ def create_pool(
             "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
             (f"{timeouts.lock_timeout_ms}ms", f"{timeouts.statement_timeout_ms}ms"),
         )
+        if isinstance(conn, QueueConnection):
+            conn.unanswered_after = timeouts.statement_timeout_ms / 1000 + _UNANSWERED_GRACE_SECONDS
 
     kwargs: dict[str, Any] = {
         "row_factory": dict_row,
@@ -255,6 +295,7 @@ def create_pool(
         kwargs["prepare_threshold"] = None
     return QueuePool(
         dsn,
+        connection_class=QueueConnection,
         timeouts=timeouts,
         reconnect_max_seconds=reconnect_max_seconds,
         min_size=min_size,
