@@ -15,6 +15,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -72,10 +73,36 @@ def postgres() -> Iterator[PostgresServer]:
     embedded = EmbeddedPostgres(state / "data", durable=False, max_connections=500)
     embedded.start()
     try:
-        yield PostgresServer(admin_dsn=embedded.dsn(), embedded=embedded)
+        with _stopped_on_sigterm(embedded, state):
+            yield PostgresServer(admin_dsn=embedded.dsn(), embedded=embedded)
     finally:
         embedded.stop(mode="immediate")
         shutil.rmtree(state, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _stopped_on_sigterm(embedded: object, state: Path) -> Iterator[None]:
+    """A run ended with SIGTERM (a CI timeout, `timeout`, `kill`) would otherwise die at once,
+    before any fixture's clean-up, and leave its PostgreSQL running over its temp folder. On
+    SIGTERM the server is stopped and its folder removed first; the run then ends as if
+    interrupted (KeyboardInterrupt: pytest tears the other fixtures down and reports)."""
+    from queue_service.dev.embedded_postgres import EmbeddedPostgres
+
+    assert isinstance(embedded, EmbeddedPostgres)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the run at once
+        with contextlib.suppress(Exception):
+            embedded.stop(mode="immediate")
+        shutil.rmtree(state, ignore_errors=True)
+        raise KeyboardInterrupt(f"signal {signum}: the test PostgreSQL was stopped")
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture(scope="session")
