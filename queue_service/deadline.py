@@ -7,7 +7,8 @@ core makes the service answer UNAVAILABLE with the reason of the wait that ran o
 caller's deadline passes, instead of leaving the caller to time out without knowing why.
 
 Background work (dispatcher, sweeper, a failed admit's clean-up) runs detached from any call:
-only the configured limits bound it.
+only the configured limits bound it (and each of its exchanges with a server that stopped
+answering is given up a little after the statement timeout: `store.pool.QueueConnection`).
 """
 
 from __future__ import annotations
