@@ -190,8 +190,7 @@ async def watch_fanout(
 async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     from queue_service.config import Config
     from queue_service.core_client import CoreClient
-    from queue_service.engine.engine import QueueEngine
-    from queue_service.engine.sweeper import Sweeper
+    from queue_service.engine import QueueEngine, Recovery, Releases, Sweeper
 
     config = Config.from_env(environ={}, database_url=dsn, core_addr=core_addr)
     pool = create_pool(dsn, timeouts=TIMEOUTS, min_size=2, max_size=4, timeout=10)
@@ -199,7 +198,8 @@ async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     core = CoreClient.connect(core_addr, deadline_seconds=5)
     store = Store(pool, database_url=dsn)
     engine = QueueEngine(store, core, config, hand_over=lambda claim: None)
-    sweep = Sweeper(engine, store, config, wake_dispatcher=lambda: None)
+    recovery = Recovery(engine, Releases(engine, store, core), store, core)
+    sweep = Sweeper(recovery, store, config, wake_dispatcher=lambda: None)
     await sweep.sweep_once()  # warm: connections, prepared plans, caches
     _emit({"ready": True})
     await _wait_for_go()

@@ -11,10 +11,11 @@ loop and cache by key; here a batch is whatever waited for the statement in flig
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Hashable
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterator
 from typing import Any, Generic, TypeVar
 
-from queue_service import deadline
+from queue_service import deadline, telemetry
 
 Item = TypeVar("Item", bound=Hashable)
 Result = TypeVar("Result")
@@ -148,3 +149,17 @@ class Coalescer(Generic[Item, Result]):
         for item, answer in batch:
             if not answer.done():  # a caller that gave up cancelled its future
                 answer.set_result(results[item])
+
+
+@contextlib.contextmanager
+def counting_batch(statement: str, items: int) -> Iterator[None]:
+    """Counts a coalesced statement that applied its items, or one of several that failed."""
+    try:
+        yield
+    except Exception:
+        if items > 1:
+            telemetry.metrics.statement_batch_failures.add(1, {"statement": statement})
+        raise
+    telemetry.metrics.statement_batch_size.record(items, {"statement": statement})
+
+
