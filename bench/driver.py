@@ -29,7 +29,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from bench.measure import Latency
-from queue_service.model import NewJob
+from queue_service.model import AdmitLimits, NewJob
 from queue_service.store import Store
 from queue_service.store.pool import Timeouts, create_pool
 
@@ -56,6 +56,12 @@ async def _bare_pool(dsn: str, max_size: int) -> AsyncConnectionPool:
 # -- db_floor --------------------------------------------------------------------------------------
 
 
+_ADMIT_LIMITS = AdmitLimits(
+    default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
+    release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
+)
+
+
 async def bare_admit(store: Store, user_id: str, key: str) -> None:
     """The admit's database work and nothing else: the run reservation with the state read, then
     the locked admit statement (`Store.admit_job`), as the service runs them."""
@@ -64,10 +70,7 @@ async def bare_admit(store: Store, user_id: str, key: str) -> None:
         await db.reserve_run_and_read_admit_state(
             run_id=job.run_id, user_id=user_id, idempotency_key=key, delta_of_job_id=None, grace_seconds=60
         )
-    view = await store.admit_job(
-        job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
-        release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
-    )
+    view = await store.admit_job(job, _ADMIT_LIMITS)
     if view is None:
         raise RuntimeError(f"{user_id} has no credit left")
 

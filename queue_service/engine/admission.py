@@ -21,6 +21,7 @@ from queue_service.core_client import CoreClient
 from queue_service.engine.engine import QueueEngine
 from queue_service.engine.recovery import Recovery
 from queue_service.model import (
+    AdmitLimits,
     AdmitRequest,
     AdmitResult,
     AdmitState,
@@ -46,6 +47,15 @@ class Admission:
         self._core = core
         self.config = engine.config
         self.capacity = engine.capacity
+        config = engine.config
+        self._admit_limits = AdmitLimits(
+            default_max_active=config.max_active_per_user,
+            max_queued=config.max_queued_per_user,
+            max_running_deltas=config.max_active_deltas_per_user,
+            release_window_seconds=config.release_window_seconds,
+            release_lease_seconds=config.release_lease_seconds,
+            reconcile_after_seconds=config.reconcile_after_seconds,
+        )
 
     @property
     def reservation_grace_seconds(self) -> float:
@@ -168,12 +178,7 @@ class Admission:
                 delta_of_job_id=item.delta_of_job_id,
                 price=price,
             ),
-            default_max_active=self.config.max_active_per_user,
-            max_queued=self.config.max_queued_per_user,
-            max_running_deltas=self.config.max_active_deltas_per_user,
-            release_window_seconds=self.config.release_window_seconds,
-            release_lease_seconds=self.config.release_lease_seconds,
-            reconcile_after_seconds=self.config.reconcile_after_seconds,
+            self._admit_limits,
         )
         if view is None:
             # Something changed since the pre-check (nothing was written): find out what.
