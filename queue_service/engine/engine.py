@@ -245,8 +245,8 @@ class QueueEngine:
         run_id, transition = report.run_id, report.transition
         with self._ending_span(transition) as span:
             span.set_attribute("queue.run_id", str(run_id))
-            # Applied by `CompletionBatcher.end_runs` with others that came meanwhile, or by
-            # `CompletionBatcher.end_run_alone`.
+            # Applied by `CompletionBatcher.run_batch` with others that came meanwhile, or by
+            # `CompletionBatcher.run_alone`.
             found = await self._completions.submit(report)
             if found.ending is not None:
                 span.set_attribute("queue.job_id", str(found.ending.ref.job_id))
@@ -428,25 +428,25 @@ class QueueEngine:
 
 class CompletionBatcher(Coalescer[RunReportToApply, RunCompletion]):
     """Completions that arrive while one is being applied are applied together, in one statement
-    (`end_runs`) that holds each of their users' locks (a burst of completions: one commit for
-    many). That statement waits for a user's lock only briefly; a completion whose user's lock is
-    busy is then applied alone (`end_run_alone`), within its caller's deadline, and holds up no
-    other."""
+    (`run_batch`: `Store.end_runs`) that holds each of their users' locks (a burst of completions:
+    one commit for many). That statement waits for a user's lock only briefly; a completion whose
+    user's lock is busy is then applied alone (`run_alone`: `Store.end_run`), within its caller's
+    deadline, and holds up no other."""
+
+    applies_alone = True
 
     def __init__(self, store: Store, limits: PromotionLimits, *, spawn: Spawn) -> None:
+        super().__init__(max_batch=_MAX_COMPLETIONS_PER_STATEMENT, spawn=spawn, name="end-runs")
         self._store = store
         self._promotion_limits = limits
-        super().__init__(
-            self.end_runs, run_alone=self.end_run_alone, max_batch=_MAX_COMPLETIONS_PER_STATEMENT, spawn=spawn, name="end-runs"
-        )
 
-    async def end_runs(self, reports: list[RunReportToApply]) -> dict[RunReportToApply, RunCompletion]:
+    async def run_batch(self, reports: list[RunReportToApply]) -> dict[RunReportToApply, RunCompletion]:
         """The coalesced statement, a lone completion's too: it waits for no user's lock long."""
         with counting_batch("end_runs", len(reports)):
             completions = await self._store.end_runs(reports, self._promotion_limits)
         return dict(zip(reports, completions, strict=True))
 
-    async def end_run_alone(self, report: RunReportToApply) -> RunCompletion:
+    async def run_alone(self, report: RunReportToApply) -> RunCompletion:
         """A completion on its own, waiting for its user's lock as long as its call allows."""
         with counting_batch("end_runs", 1):
             return await self._store.end_run(report, self._promotion_limits)

@@ -105,7 +105,7 @@ class Releases:
                 # The core took a release above the limit it had shown us: it has room again.
                 async with self._store.statements() as db:
                     await db.capacity_probe_taken()
-            # Marked RUNNING by `ReleaseMarker.mark_released`, with others accepted meanwhile.
+            # Marked RUNNING by `ReleaseMarker.run_batch`, with others accepted meanwhile.
             marked = await self._release_marks.submit(claim)
             self._engine.promotion_gap_ended(claim.job_id)
             if marked:
@@ -210,14 +210,14 @@ class Releases:
 
 class ReleaseMarker(Coalescer[ClaimedRelease, bool]):
     """Marks the releases the core accepted RUNNING: those accepted while a mark is being written
-    go together in the next one (`mark_released`)."""
+    go together in the next one (`run_batch`: `Statements.mark_released`)."""
 
     def __init__(self, store: Store, *, reconcile_after_seconds: float, spawn: Spawn) -> None:
+        super().__init__(max_batch=_MAX_MARKS_PER_STATEMENT, spawn=spawn, name="mark-released")
         self._store = store
         self._reconcile_after_seconds = reconcile_after_seconds
-        super().__init__(self.mark_released, max_batch=_MAX_MARKS_PER_STATEMENT, spawn=spawn, name="mark-released")
 
-    async def mark_released(self, claims: list[ClaimedRelease]) -> dict[ClaimedRelease, bool]:
+    async def run_batch(self, claims: list[ClaimedRelease]) -> dict[ClaimedRelease, bool]:
         with counting_batch("mark_released", len(claims)):
             async with self._store.statements() as db:
                 marked = await db.mark_released(claims, reconcile_after_seconds=self._reconcile_after_seconds)
