@@ -1,11 +1,11 @@
 """The store: the only code that runs SQL. One typed method per named query of `sql/queries.sql`.
 
 `Store.statements()` yields `Statements` on a pooled connection in autocommit mode (each
-statement its own transaction). The locked sections (`Store.admit_job`, `end_job`, `promote`,
-`settle_job_run`, `refund_failed_job`) each run as one statement holding the user's queue lock
-(`locks.locked_section`). Methods take and return model types
-(`queue_service.model`); no cursor, row or connection leaves this package. Driver errors become
-domain errors in `pool.translated_errors`.
+statement its own transaction). The locked sections (`Store.admit_job`, `end_job`, `end_run`,
+`end_runs`, `promote`, `settle_job_run`, `refund_failed_job`) each run as one statement holding
+the user's queue lock (`locks`), `grant_capacity` the fleet-wide capacity lock. Methods take and
+return model types (`queue_service.model`), built from rows in `rows.py`; no cursor, row or
+connection leaves this package. Driver errors become domain errors in `pool.translated_errors`.
 """
 
 from __future__ import annotations
