@@ -158,5 +158,7 @@ _NO_READ_TIME = dt.datetime.min.replace(tzinfo=dt.UTC)
 
 
 def _figures(overview: Overview) -> Overview:
-    """The overview without its read time, to tell whether anything changed."""
-    return dataclasses.replace(overview, read_time=_NO_READ_TIME)
+    """The overview without its read time (nor who changed the capacity setting last, which the
+    overview does not show), to tell whether anything shown changed."""
+    capacity = overview.capacity and dataclasses.replace(overview.capacity, updated_by="", updated_at=None)
+    return dataclasses.replace(overview, read_time=_NO_READ_TIME, capacity=capacity)
