@@ -19,7 +19,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from queue_service import errors, telemetry
 from queue_service.model import ClaimedRelease
@@ -31,33 +32,50 @@ log = logging.getLogger(__name__)
 _RETRY_SECONDS = 0.5
 
 
-async def hand_over_owed_releases(
-    store: Store,
-    hand_over: Callable[[ClaimedRelease], None],
-    *,
-    lease_seconds: float,
-    user_id: str | None = None,
-    run_id: uuid.UUID | None = None,
-) -> int:
-    """Hands over the first releases the user's lost change may have claimed (the user named, or
-    the one whose job owns `run_id`); retried while the database does not answer, until the
-    lease would have run out anyway (then the dispatcher finds them). How many were handed over."""
-    give_up_at = time.monotonic() + lease_seconds
-    while True:
-        try:
-            owed = await store.first_releases_owed(user_id=user_id, run_id=run_id)
-            break
-        except errors.QueueError as exc:
-            if time.monotonic() + _RETRY_SECONDS >= give_up_at:
-                telemetry.metrics.owed_release_handovers.add(1, {"result": "gave_up"})
-                log.warning("the releases a lost change may owe were not looked up (%s); the lease ends them", exc.reason)
-                return 0
-            await asyncio.sleep(_RETRY_SECONDS)
-    for claim in owed:
-        log.info(
-            "a change whose outcome was unknown promoted this job; releasing it",
-            extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt},
-        )
-        hand_over(claim)
-    telemetry.metrics.owed_release_handovers.add(max(1, len(owed)), {"result": "handed_over" if owed else "none"})
-    return len(owed)
+class OwedReleases:
+    """Follows up locked changes whose outcome is unknown: `follow_up` starts, in the background
+    (`spawn`), the hand-over of the first releases the user's lost change may have claimed."""
+
+    def __init__(
+        self,
+        store: Store,
+        hand_over: Callable[[ClaimedRelease], None],
+        *,
+        lease_seconds: float,
+        spawn: Callable[[Coroutine[Any, Any, Any], str], object],
+    ) -> None:
+        self._store = store
+        self._hand_over = hand_over
+        self._lease_seconds = lease_seconds
+        self._spawn = spawn
+
+    def follow_up(self, *, user_id: str | None = None, run_id: uuid.UUID | None = None) -> None:
+        """For a lost change of the user named, or of the user whose job owns `run_id`."""
+        self._spawn(self.hand_over_owed(user_id=user_id, run_id=run_id), f"owed-releases-{user_id or run_id}")
+
+    async def hand_over_owed(self, *, user_id: str | None = None, run_id: uuid.UUID | None = None) -> int:
+        """Hands over the first releases the lost change may have claimed; retried while the
+        database does not answer, until the lease would have run out anyway (then the dispatcher
+        finds them). How many were handed over."""
+        give_up_at = time.monotonic() + self._lease_seconds
+        while True:
+            try:
+                owed = await self._store.first_releases_owed(user_id=user_id, run_id=run_id)
+                break
+            except errors.QueueError as exc:
+                if time.monotonic() + _RETRY_SECONDS >= give_up_at:
+                    telemetry.metrics.owed_release_handovers.add(1, {"result": "gave_up"})
+                    log.warning("the releases a lost change may owe were not looked up (%s); the lease ends them", exc.reason)
+                    return 0
+                await asyncio.sleep(_RETRY_SECONDS)
+        for claim in owed:
+            log.info(
+                "a change whose outcome was unknown promoted this job; releasing it",
+                extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt},
+            )
+            self._hand_over(claim)
+        if owed:
+            telemetry.metrics.owed_release_handovers.add(len(owed), {"result": "handed_over"})
+        else:
+            telemetry.metrics.owed_release_handovers.add(1, {"result": "none"})
+        return len(owed)
