@@ -32,21 +32,21 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2,
     queue_service_pb2_grpc,
 )
-from queue_service.api import auth
-from queue_service.api.auth import Authorizer, Caller
-from queue_service.api.callbacks import CoreCallbackServicer
-from queue_service.api.connection_limits import connection_options
-from queue_service.api.credential_reload import CredentialReloader
-from queue_service.api.credits import CreditsServicer
-from queue_service.api.gate import CallGate
-from queue_service.api.health_service import HealthService
-from queue_service.api.interceptor import ErrorInterceptor
-from queue_service.api.operator import OperatorServicer
-from queue_service.api.queue import AnalysisQueueServicer
-from queue_service.api.road import CallRoad
-from queue_service.api.server_tls import ServerTls
-from queue_service.api.user_assertions import UserAssertions
-from queue_service.api.web import WebEndpoint
+from queue_service.api.access import auth
+from queue_service.api.access.auth import Authorizer, Caller
+from queue_service.api.servicers.callbacks import CoreCallbackServicer
+from queue_service.api.listeners.connection_limits import connection_options
+from queue_service.api.access.credential_reload import CredentialReloader
+from queue_service.api.servicers.credits import CreditsServicer
+from queue_service.api.road.gate import CallGate
+from queue_service.api.servicers.health_service import HealthService
+from queue_service.api.road.interceptor import ErrorInterceptor
+from queue_service.api.servicers.operator import OperatorServicer
+from queue_service.api.servicers.queue import AnalysisQueueServicer
+from queue_service.api.road.road import CallRoad
+from queue_service.api.access.server_tls import ServerTls
+from queue_service.api.access.user_assertions import UserAssertions
+from queue_service.api.listeners.web import WebEndpoint
 from queue_service.background import cancel_and_wait
 from queue_service.config import Config
 from queue_service.core_client import CoreClient

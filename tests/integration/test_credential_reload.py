@@ -289,7 +289,7 @@ async def test_sighup_rotates_the_listener_certificate_for_new_connections(servi
 
 
 def test_a_bad_certificate_at_start_is_a_configuration_error(tmp_path: Path) -> None:
-    from queue_service.api.server_tls import read_tls_files
+    from queue_service.api.access.server_tls import read_tls_files
     from queue_service.config import ConfigError
 
     ca = trustme.CA()

@@ -257,7 +257,7 @@ async def test_a_client_certificate_is_identified_by_its_subject_alternative_nam
 
 
 def test_certificate_entries_name_one_subject_alternative_name(tmp_path: Path) -> None:
-    from queue_service.api.auth import AuthConfigError, Authorizer, _identify_certificate
+    from queue_service.api.access.auth import AuthConfigError, Authorizer, _identify_certificate
 
     def load(*entries: dict[str, str]) -> Authorizer:
         path = tmp_path / "auth.json"

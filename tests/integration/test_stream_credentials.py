@@ -1,6 +1,6 @@
 """Open streams lose their credentials with the calls: a token revoked by a reload and a user
 assertion past its expiry end their WatchJobs and WatchOverview streams, over gRPC and over the
-browser endpoint, within the stated bound (api/stream_credentials.py)."""
+browser endpoint, within the stated bound (api/access/stream_credentials.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import grpc
 from google.rpc import error_details_pb2
 
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2, operator_service_pb2_grpc as op_grpc, queue_service_pb2 as queue_pb2
-from queue_service.api.stream_credentials import RECHECK_SECONDS
+from queue_service.api.access.stream_credentials import RECHECK_SECONDS
 from queue_service.dev.embedded_postgres import free_port
 from tests.harness import error_info, new_user
 from tests.integration.test_user_assertions import ISSUER, TOKENS, files, mint, web  # noqa: F401 (files: a fixture)

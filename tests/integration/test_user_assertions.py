@@ -25,7 +25,7 @@ from queue_service._gen.acurio.queue.v1 import (
     job_pb2,
     queue_service_pb2 as queue_pb2,
 )
-from queue_service.api.user_assertions import AssertionVerifier, load_keys
+from queue_service.api.access.user_assertions import AssertionVerifier, load_keys
 from queue_service.config import Config, ConfigError
 from queue_service.errors import UserAssertionInvalid
 from tests.harness import error_info, new_user

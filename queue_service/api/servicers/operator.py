@@ -21,8 +21,8 @@ import grpc
 
 from queue_service import audit, errors
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as pb, operator_service_pb2_grpc as pb_grpc
-from queue_service.api import page_tokens, validation
-from queue_service.api.convert import (
+from queue_service.api.servicers import page_tokens, validation
+from queue_service.api.servicers.convert import (
     capacity_to_proto,
     job_to_proto,
     ledger_entry_to_proto,

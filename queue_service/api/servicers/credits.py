@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb2, credits_service_pb2_grpc as credits_grpc
-from queue_service.api import validation
+from queue_service.api.servicers import validation
 from queue_service.engine import Credits
 
 
