@@ -3,6 +3,7 @@
 The lifecycle core (`engine.QueueEngine`: ending, promotion, completion, cancel, settlement) and
 the rooms around it: `admission` (admit), `releases` (release a PENDING job; the dispatcher's
 work), `recovery` (what the sweeper asks), the reads (`job_reads`, `credits`) and the watch hub.
+Their background tasks (`tasks.BackgroundTasks`) belong to the core, `QueueEngine.tasks`.
 """
 
 from queue_service.engine.admission import Admission, request_digest

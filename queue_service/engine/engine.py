@@ -19,21 +19,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import contextvars
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
 
 from opentelemetry.trace import Span
 from tenacity import RetryCallState, wait_random_exponential
 
-from queue_service import audit, deadline, errors, telemetry
+from queue_service import audit, errors, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.coalescer import Coalescer, Spawn, counting_batch
+from queue_service.engine.tasks import BackgroundTasks
 from queue_service.model import (
     Cause,
     ClaimedRelease,
@@ -53,12 +52,7 @@ from queue_service.store import Store
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 _GAP_TRACKING_LIMIT = 10_000
-# How long stopping waits for background clean-ups (they are durable: the sweeper finishes any
-# that do not get done).
-_BACKGROUND_STOP_SECONDS = 2.0
 # Every user in a batch waits for the whole batch's commit: a few milliseconds at most.
 _MAX_COMPLETIONS_PER_STATEMENT = 16
 # Bulk cancels run this many single cancels at once (each may call the core).
@@ -90,10 +84,11 @@ class QueueEngine:
         # histogram; bounded, since another replica may release the job and never tell us.
         self._slot_freed_at: collections.OrderedDict[uuid.UUID, float] = collections.OrderedDict()
         self._backoff = wait_random_exponential(multiplier=1.0, max=config.release_backoff_max_seconds)
-        self._background: set[asyncio.Task[Any]] = set()
+        # Clean-ups and changes that outlive their caller, of this core and of the rooms around it.
+        self.tasks = BackgroundTasks()
         # Completions that arrive while one is being applied are applied together (see
         # `CompletionBatcher`): a burst of completions costs one commit for many.
-        self._completions = CompletionBatcher(store, self._promotion_limits, spawn=self.in_background)
+        self._completions = CompletionBatcher(store, self._promotion_limits, spawn=self.tasks.in_background)
 
     @property
     def cancel_recheck_seconds(self) -> float:
@@ -102,46 +97,14 @@ class QueueEngine:
         is not asked for twice."""
         return self.config.release_lease_seconds
 
-    def in_background(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[None]:
-        """Runs clean-up work detached from the current call (its deadline, its cancellation, its
-        caller: what it does is the system's own, `audit`)."""
-        task = deadline.spawn_detached(audit.as_system(self._logged(work, name)), name=name)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
-
-    async def outliving_the_caller(self, change: Coroutine[Any, Any, T], name: str) -> T:
-        """Runs a change and the follow-up its commit owes (the hand-over of a promoted job's
-        release, a settlement) in a task the caller's cancellation does not reach: the caller hears
-        the result while it listens, and a caller that gives up (or whose answer is lost) no longer
-        takes the follow-up of a committed change with it. The task keeps the call's context: its
-        deadline budget (so its waits stay bounded) and its caller (`audit`)."""
-        task = asyncio.get_running_loop().create_task(change, name=name, context=contextvars.copy_context())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        task.add_done_callback(_forget_outlived)
-        return await asyncio.shield(task)
-
-    @staticmethod
-    async def _logged(work: Coroutine[Any, Any, Any], name: str) -> None:
-        try:
-            await work
-        except errors.QueueError as exc:
-            log.warning("%s did not finish (%s); the sweeper retries it", name, exc.message)
-        except Exception:
-            log.exception("%s failed; the sweeper retries it", name)
-
     async def stop(self) -> None:
-        if self._background:
-            await asyncio.wait(set(self._background), timeout=_BACKGROUND_STOP_SECONDS)
-        for task in list(self._background):
-            task.cancel()
+        await self.tasks.stop()
 
     # -- promotion ---------------------------------------------------------------------------
 
     async def promote(self, user_id: str, *, cause: Cause) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first."""
-        return await self.outliving_the_caller(self._promote(user_id, cause), name=f"promote-{user_id}")
+        return await self.tasks.outliving_the_caller(self._promote(user_id, cause), name=f"promote-{user_id}")
 
     async def _promote(self, user_id: str, cause: Cause) -> tuple[Promoted, ...]:
         promoted = await self._store.promote(user_id, self._promotion_limits)
@@ -190,7 +153,7 @@ class QueueEngine:
         the user's next job, in one statement that also returns the job's view; None when the job
         was not in a status the transition starts from (fenced). An unsettled run keeps the slot:
         `settle_run` frees it."""
-        return await self.outliving_the_caller(self._end_job(job_id, user_id, transition), name=f"end-job-{job_id}")
+        return await self.tasks.outliving_the_caller(self._end_job(job_id, user_id, transition), name=f"end-job-{job_id}")
 
     async def _end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition) -> EndedJob | None:
         with self._ending_span(transition) as span:
@@ -225,7 +188,7 @@ class QueueEngine:
         )
         if transition.run_unsettled:
             # The slot stays taken, so nothing was promoted: the settlement promotes later.
-            self.in_background(self._settle_now(ended), name=f"settle-run-{ended.run_id}")
+            self.tasks.in_background(self._settle_now(ended), name=f"settle-run-{ended.run_id}")
         else:
             self._after_promotion(ended.user_id, promoted, cause)
             # The run is settled: its capacity at the core is free for the next in line.
@@ -239,7 +202,7 @@ class QueueEngine:
         report = RunReportToApply(run_id, transition, audit.actor_for(transition.cause))
         # The completion and what it owes once committed (the promoted job's hand-over) go on
         # when the core gives up on this call: the core's retry finds the job ended.
-        return await self.outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
+        return await self.tasks.outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
 
     async def _complete(self, report: RunReportToApply) -> EndedJob:
         run_id, transition = report.run_id, report.transition
@@ -350,7 +313,7 @@ class QueueEngine:
 
     async def settle_run(self, job_id: uuid.UUID, user_id: str, *, cause: Cause) -> None:
         """The core confirmed the ended job's run settled: free its slot and promote."""
-        await self.outliving_the_caller(self._settle_run(job_id, user_id, cause), name=f"settle-run-{job_id}")
+        await self.tasks.outliving_the_caller(self._settle_run(job_id, user_id, cause), name=f"settle-run-{job_id}")
 
     async def _settle_run(self, job_id: uuid.UUID, user_id: str, cause: Cause) -> None:
         settlement = await self._store.settle_job_run(job_id, user_id, self._promotion_limits)
@@ -450,18 +413,6 @@ class CompletionBatcher(Coalescer[RunReportToApply, RunCompletion]):
         """A completion on its own, waiting for its user's lock as long as its call allows."""
         with counting_batch("end_runs", 1):
             return await self._store.end_run(report, self._promotion_limits)
-
-
-def _forget_outlived(task: asyncio.Task[Any]) -> None:
-    """Retrieves the outcome of a change whose caller stopped listening (nobody else will); its
-    errors reached the caller, or were the caller's to hear and are logged by the store's retry
-    paths (the sweeper), so only unexpected ones are logged here."""
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None and not isinstance(exc, errors.QueueError):
-        log.debug("%s failed after its caller stopped listening: %r", task.get_name(), exc)
-
 
 
 def _already_finished(job_id: uuid.UUID, status: JobStatus) -> errors.QueueError:

@@ -112,6 +112,8 @@ ENGINE_MODULES_KEPT_APART: dict[str, set[str]] = {
     "dispatcher": {"engine", "admission", "releases", "recovery", "sweeper"},
     "sweeper": {"engine", "admission", "releases", "recovery", "dispatcher"},
     "engine": {"admission", "releases", "recovery", "dispatcher", "sweeper"},
+    # The background tasks serve every room and know none of them.
+    "tasks": {"engine", "admission", "releases", "recovery", "dispatcher", "sweeper", "watch", "job_reads"},
 }
 
 
