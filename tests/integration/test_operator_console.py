@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
-import hashlib
 import http.client
 import json
 import struct
@@ -23,7 +22,7 @@ from queue_service._gen.acurio.queue.v1 import (
     operator_service_pb2 as op_pb2,
     operator_service_pb2_grpc as op_grpc,
 )
-from tests.harness import error_info, new_user
+from tests.harness import error_info, new_user, role_tokens, write_auth_file
 
 S = job_pb2
 TOKENS = {"web": "web-console-test-token", "operator": "operator-console-test-token", "core": "core-console-test-token"}
@@ -32,8 +31,7 @@ TOKENS = {"web": "web-console-test-token", "operator": "operator-console-test-to
 @pytest.fixture(scope="module")
 def auth_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("auth") / "auth.json"
-    tokens = [{"name": f"{role}-caller", "role": role, "sha256": hashlib.sha256(t.encode()).hexdigest()} for role, t in TOKENS.items()]
-    path.write_text(json.dumps({"tokens": tokens}))
+    write_auth_file(path, *role_tokens(TOKENS))
     return str(path)
 
 
