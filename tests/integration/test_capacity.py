@@ -13,10 +13,12 @@ import pytest
 
 from queue_service._gen.acurio.queue.v1 import (
     job_pb2,
+    queue_service_pb2 as queue_pb2,
     operator_service_pb2 as op_pb2,
     operator_service_pb2_grpc as op_grpc,
 )
-from queue_service.dev.core import DevCore
+from queue_service._gen.acurio.core.v1 import run_service_pb2 as run_pb
+from queue_service.dev.core import AnswerFault, DevCore
 from tests.harness import Stubs, new_user
 
 S = job_pb2
@@ -175,6 +177,98 @@ async def test_a_user_with_runs_in_use_yields_to_users_with_fewer(service) -> No
         order.append(await _next_start(core, seen))
     assert order == [lights[1], heavy, lights[2]], order
     assert core.most_first_pass_judging == 3
+
+
+async def test_a_waiting_user_is_passed_over_at_most_once_by_each_other_user(services) -> None:
+    """I13 exactly, through two replicas sharing a capacity of one: the eager user's turn is older,
+    so she passes the patient user once; her next job (her turn now the newest) does not pass her
+    again, also while a queued job the patient user canceled still has its run held at the core
+    (the core's answers to CancelRun are lost). That held run was never released: it takes no
+    capacity and does not rank its user behind others."""
+    core = await services.core()
+    first, second = await services.start(core), await services.start(core)
+    await _set_capacity(first.stubs, 1)
+    eager, patient = new_user(), new_user()
+    await first.stubs.grant(eager, 10)
+    await second.stubs.grant(patient, 10)
+
+    await first.stubs.admit(eager)
+    (eager_run,) = await _judging_at(core, 1)
+    patient_first = await second.stubs.admit(patient)
+    patient_queued = await second.stubs.admit(patient)
+    assert (await second.stubs.job(patient_first.job_id)).capacity_position == 1
+    assert patient_queued.status == S.JOB_STATUS_QUEUED
+    eager_second = await first.stubs.admit(eager)
+
+    # The eager user was served before the patient user began to wait: she goes first (one pass).
+    seen = len(core.start_order)
+    await core.finish(eager_run)
+    assert await _next_start(core, seen) == eager
+    running = await first.stubs.wait_for(eager_second.job_id, S.JOB_STATUS_RUNNING)
+
+    # The patient user cancels her queued job and the core's answer is lost: the job is canceled,
+    # its held run unsettled until the core confirms.
+    core.answer_faults["CancelRun"] = AnswerFault("lose")
+    canceled = (await second.stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=patient_queued.job_id, user_id=patient), timeout=10)).job
+    assert canceled.status == S.JOB_STATUS_CANCELED
+    assert (await _overview(second.stubs)).capacity_in_use == 1  # the eager user's run only
+    eager_third = await first.stubs.admit(eager)
+    assert eager_third.status == S.JOB_STATUS_QUEUED
+
+    # Capacity frees and both wait: the patient user's turn is older than the eager user's newest.
+    seen = len(core.start_order)
+    await core.finish(running.run_id)
+    assert await _next_start(core, seen) == patient
+    started = await second.stubs.wait_for(patient_first.job_id, S.JOB_STATUS_RUNNING)
+    waiting = await first.stubs.wait_for(eager_third.job_id, S.JOB_STATUS_PENDING)
+    assert waiting.capacity_position == 1
+    assert patient_queued.run_id not in {run_id for run_id, _ in core.release_log}  # never released
+    core.answer_faults.clear()
+    seen = len(core.start_order)
+    await core.finish(started.run_id)
+    assert await _next_start(core, seen) == eager
+    assert core.start_order == [eager, eager, patient, eager]
+    assert core.most_first_pass_judging == 1
+
+
+async def test_a_users_delta_takes_capacity_but_not_her_place(service) -> None:
+    """Deltas count toward what is in use (first-pass releases yield to them) but not toward their
+    user's rank: a user with a re-check judging and no first-pass run in use is served before a
+    user with a first-pass run in use, even one whose turn is older (max-min on first-pass runs)."""
+    stubs, core = service.stubs, service.core
+    light, heavy, blocker = new_user(), new_user(), new_user()
+    await _operator(stubs).SetUserQueueLimit(op_pb2.SetUserQueueLimitRequest(user_id=heavy, max_active=2), timeout=10)
+    await _admitted(stubs, [heavy, blocker])
+    await stubs.grant(light, 10)
+    # The light user's first job finishes while the capacity is unlimited: the base of a re-check.
+    base = await stubs.admit(light)
+    base_run = next(run_id for run_id, run in core.runs.items() if run.user_id == light)
+    await _judging_at(core, 3)
+    await core.finish(base_run)
+    await stubs.wait_for(base.job_id, S.JOB_STATUS_SUCCEEDED)
+    for job in (await stubs.jobs(heavy)) + (await stubs.jobs(blocker)):
+        await core.finish(job.run_id)
+    await _judging_at(core, 0)
+
+    await _set_capacity(stubs, 3)
+    await stubs.admit(heavy)  # granted: her turn is now older than the light user's wait
+    await stubs.admit(blocker)
+    blocking = await _judging_at(core, 2)
+    delta = await stubs.admit(light, delta_of=base.job_id, uri="")
+    assert delta.status == S.JOB_STATUS_RUNNING
+    heavy_waiting = await stubs.admit(heavy)
+    light_waiting = await stubs.admit(light)
+    overview = await _overview(stubs)
+    assert (overview.capacity_in_use, overview.capacity_waiting_jobs) == (3, 2), overview
+    # The light user has no first-pass run in use (her delta does not count): she is first.
+    assert (await stubs.job(light_waiting.job_id)).capacity_position == 1
+    assert (await stubs.job(heavy_waiting.job_id)).capacity_position == 2
+    blocker_run = next(run_id for run_id in blocking if core.runs[run_id].user_id == blocker)
+    seen = len(core.start_order)
+    await core.finish(blocker_run)
+    assert await _next_start(core, seen) == light
+    assert (await stubs.job(heavy_waiting.job_id)).capacity_position == 1
+    assert core.runs[delta.run_id].state == run_pb.RUN_STATE_JUDGING  # still judging all along
 
 
 async def _next_start(core: DevCore, seen: int, timeout: float = 10) -> str:
