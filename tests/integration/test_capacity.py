@@ -180,31 +180,33 @@ async def test_a_user_with_runs_in_use_yields_to_users_with_fewer(service) -> No
 
 
 async def test_a_waiting_user_is_passed_over_at_most_once_by_each_other_user(services) -> None:
-    """I13 exactly, through two replicas sharing a capacity of one: the eager user's turn is older,
-    so she passes the patient user once; her next job (her turn now the newest) does not pass her
-    again, also while a queued job the patient user canceled still has its run held at the core
-    (the core's answers to CancelRun are lost). That held run was never released: it takes no
-    capacity and does not rank its user behind others."""
+    """I13 exactly, through two replicas sharing a capacity of one: the eager user began to wait
+    first, so she passes the patient user once; her next job (waiting since her run ended) does not
+    pass her again, also while a queued job the patient user canceled still has its run held at
+    the core (the core's answers to CancelRun are lost). That held run was never released: it
+    takes no capacity and does not rank its user behind others."""
     core = await services.core()
     first, second = await services.start(core), await services.start(core)
     await _set_capacity(first.stubs, 1)
-    eager, patient = new_user(), new_user()
-    await first.stubs.grant(eager, 10)
-    await second.stubs.grant(patient, 10)
+    blocker, eager, patient = new_user(), new_user(), new_user()
+    for user in (blocker, eager, patient):
+        await first.stubs.grant(user, 10)
 
-    await first.stubs.admit(eager)
-    (eager_run,) = await _judging_at(core, 1)
+    await first.stubs.admit(blocker)
+    (blocking,) = await _judging_at(core, 1)
+    eager_first = await first.stubs.admit(eager)
     patient_first = await second.stubs.admit(patient)
     patient_queued = await second.stubs.admit(patient)
-    assert (await second.stubs.job(patient_first.job_id)).capacity_position == 1
-    assert patient_queued.status == S.JOB_STATUS_QUEUED
     eager_second = await first.stubs.admit(eager)
+    assert [(await second.stubs.job(job.job_id)).capacity_position for job in (eager_first, patient_first)] == [1, 2]
+    assert (patient_queued.status, eager_second.status) == (S.JOB_STATUS_QUEUED, S.JOB_STATUS_QUEUED)
 
-    # The eager user was served before the patient user began to wait: she goes first (one pass).
+    # The eager user has waited longer: she goes first (one pass).
     seen = len(core.start_order)
-    await core.finish(eager_run)
+    await core.finish(blocking)
     assert await _next_start(core, seen) == eager
-    running = await first.stubs.wait_for(eager_second.job_id, S.JOB_STATUS_RUNNING)
+    running = await first.stubs.wait_for(eager_first.job_id, S.JOB_STATUS_RUNNING)
+    assert (await second.stubs.job(patient_first.job_id)).capacity_position == 1
 
     # The patient user cancels her queued job and the core's answer is lost: the job is canceled,
     # its held run unsettled until the core confirms.
@@ -212,29 +214,27 @@ async def test_a_waiting_user_is_passed_over_at_most_once_by_each_other_user(ser
     canceled = (await second.stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=patient_queued.job_id, user_id=patient), timeout=10)).job
     assert canceled.status == S.JOB_STATUS_CANCELED
     assert (await _overview(second.stubs)).capacity_in_use == 1  # the eager user's run only
-    eager_third = await first.stubs.admit(eager)
-    assert eager_third.status == S.JOB_STATUS_QUEUED
 
-    # Capacity frees and both wait: the patient user's turn is older than the eager user's newest.
+    # Capacity frees; the eager user's next job begins to wait behind the patient user's.
     seen = len(core.start_order)
     await core.finish(running.run_id)
     assert await _next_start(core, seen) == patient
     started = await second.stubs.wait_for(patient_first.job_id, S.JOB_STATUS_RUNNING)
-    waiting = await first.stubs.wait_for(eager_third.job_id, S.JOB_STATUS_PENDING)
+    waiting = await first.stubs.wait_for(eager_second.job_id, S.JOB_STATUS_PENDING)
     assert waiting.capacity_position == 1
     assert patient_queued.run_id not in {run_id for run_id, _ in core.release_log}  # never released
     core.answer_faults.clear()
     seen = len(core.start_order)
     await core.finish(started.run_id)
     assert await _next_start(core, seen) == eager
-    assert core.start_order == [eager, eager, patient, eager]
+    assert core.start_order == [blocker, eager, patient, eager]
     assert core.most_first_pass_judging == 1
 
 
 async def test_a_users_delta_takes_capacity_but_not_her_place(service) -> None:
     """Deltas count toward what is in use (first-pass releases yield to them) but not toward their
     user's rank: a user with a re-check judging and no first-pass run in use is served before a
-    user with a first-pass run in use, even one whose turn is older (max-min on first-pass runs)."""
+    user with a first-pass run in use, even one who has waited longer (max-min on first-pass runs)."""
     stubs, core = service.stubs, service.core
     light, heavy, blocker = new_user(), new_user(), new_user()
     await _operator(stubs).SetUserQueueLimit(op_pb2.SetUserQueueLimitRequest(user_id=heavy, max_active=2), timeout=10)
@@ -251,7 +251,7 @@ async def test_a_users_delta_takes_capacity_but_not_her_place(service) -> None:
     await _judging_at(core, 0)
 
     await _set_capacity(stubs, 3)
-    await stubs.admit(heavy)  # granted: her turn is now older than the light user's wait
+    await stubs.admit(heavy)  # granted at once: her first-pass run in use
     await stubs.admit(blocker)
     blocking = await _judging_at(core, 2)
     delta = await stubs.admit(light, delta_of=base.job_id, uri="")

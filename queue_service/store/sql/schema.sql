@@ -219,7 +219,7 @@ BEGIN
     IF (TG_OP = 'INSERT' OR OLD.status = 'queued')
        AND EXISTS (SELECT 1 FROM queue_capacity c WHERE c.capacity > 0 OR c.core_limit IS NOT NULL) THEN
         NEW.capacity_wait_since := v_now;
-        NEW.capacity_turn_key := COALESCE((SELECT t.last_turn_at FROM user_capacity_turns t WHERE t.user_id = NEW.user_id), v_now);
+        NEW.capacity_turn_key := v_now;
         NEW.capacity_token := NULL;
         NEW.next_release_at := NULL;
         NEW.release_attempts := CASE WHEN TG_OP = 'INSERT' THEN 0 ELSE OLD.release_attempts END;
@@ -345,7 +345,7 @@ BEGIN
         UPDATE user_capacity_turns t SET last_turn_at = v_turn_before WHERE t.user_id = v_user_id;
     END IF;
     UPDATE analysis_jobs w
-       SET capacity_turn_key = COALESCE(v_turn_before, w.capacity_wait_since)
+       SET capacity_turn_key = GREATEST(v_turn_before, w.capacity_wait_since)
      WHERE w.user_id = v_user_id AND w.status = 'pending' AND w.delta_of_job_id IS NULL
        AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
     v_in_use := queue_capacity_in_use();

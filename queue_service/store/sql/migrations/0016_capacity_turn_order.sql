@@ -5,10 +5,14 @@
 -- probes and a sort per grant at 200 users and a capacity of 20). The order is the same here,
 -- made index-driven:
 --
--- * `capacity_turn_key` on a waiting job is its user's place in the round-robin: her latest turn
---   (`user_capacity_turns`), or, never served, when this job began to wait. The trigger that
---   makes a job wait sets it; a grant moves the keys of her other waiting jobs to the grant's
---   time; a refusal gives the turn back, keys included. The partial index
+-- * `capacity_turn_key` on a waiting job is its user's place in the round-robin: since when she
+--   has been waiting for her next turn, that is the later of when this job began to wait and her
+--   latest turn (`user_capacity_turns`: her latest grant). 0014 took her latest turn whenever she
+--   had one, so a user whose run had just ended ranked by when that run was granted, ahead of
+--   users who had been waiting all along without a turn: the first wave of a saturated batch was
+--   served twice before the rest once. A user joins the line at its end when her job begins to
+--   wait (the trigger sets the key to that moment); a grant moves her other waiting jobs (several
+--   slots) to the end; a refusal gives the turn back, keys included. The partial index
 --   `analysis_jobs_capacity_turn_order` lists the waiting jobs in (key, wait, admission) order.
 -- * Max-min comes first: a user with fewer first-pass runs taking capacity is served before one
 --   with more. The grant walks the index in key order and counts each candidate's runs in use
@@ -34,7 +38,7 @@
 ALTER TABLE analysis_jobs ADD COLUMN capacity_turn_key timestamptz;
 
 UPDATE analysis_jobs w
-   SET capacity_turn_key = COALESCE((SELECT t.last_turn_at FROM user_capacity_turns t WHERE t.user_id = w.user_id), w.capacity_wait_since)
+   SET capacity_turn_key = GREATEST((SELECT t.last_turn_at FROM user_capacity_turns t WHERE t.user_id = w.user_id), w.capacity_wait_since)
  WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
 
 CREATE INDEX analysis_jobs_capacity_turn_order ON analysis_jobs (capacity_turn_key, capacity_wait_since, queue_seq)
@@ -67,7 +71,7 @@ LANGUAGE sql STABLE AS $$
              WHERE u.run_settle_due_at IS NOT NULL AND u.delta_of_job_id IS NOT NULL)::integer
 $$;
 
--- As in 0014, and the job takes its user's place in the round-robin.
+-- As in 0014, and the job joins the round-robin at its end (its user's latest turn is older).
 CREATE OR REPLACE FUNCTION analysis_jobs_wait_for_capacity() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -76,7 +80,7 @@ BEGIN
     IF (TG_OP = 'INSERT' OR OLD.status = 'queued')
        AND EXISTS (SELECT 1 FROM queue_capacity c WHERE c.capacity > 0 OR c.core_limit IS NOT NULL) THEN
         NEW.capacity_wait_since := v_now;
-        NEW.capacity_turn_key := COALESCE((SELECT t.last_turn_at FROM user_capacity_turns t WHERE t.user_id = NEW.user_id), v_now);
+        NEW.capacity_turn_key := v_now;
         NEW.capacity_token := NULL;
         NEW.next_release_at := NULL;
         NEW.release_attempts := CASE WHEN TG_OP = 'INSERT' THEN 0 ELSE OLD.release_attempts END;
@@ -86,7 +90,7 @@ END
 $$;
 
 -- The fair order (positions shown to users): the grant's order, fewest runs in use first, then
--- the user whose turn is oldest, then the job that waited longest.
+-- the user who has waited longest for her next turn, then the job that waited longest.
 CREATE OR REPLACE VIEW analysis_jobs_capacity_order AS
 SELECT w.job_id, w.user_id, w.run_id, w.capacity_wait_since,
        row_number() OVER (ORDER BY queue_capacity_in_use_of_user(w.user_id),
@@ -252,7 +256,7 @@ BEGIN
         UPDATE user_capacity_turns t SET last_turn_at = v_turn_before WHERE t.user_id = v_user_id;
     END IF;
     UPDATE analysis_jobs w
-       SET capacity_turn_key = COALESCE(v_turn_before, w.capacity_wait_since)
+       SET capacity_turn_key = GREATEST(v_turn_before, w.capacity_wait_since)
      WHERE w.user_id = v_user_id AND w.status = 'pending' AND w.delta_of_job_id IS NULL
        AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
     v_in_use := queue_capacity_in_use();
