@@ -365,3 +365,24 @@ async def test_a_capacity_change_takes_effect_on_every_replica(services) -> None
         ("core_capacity", 1, 3, "anonymous"),
         ("core_capacity", 0, 1, "anonymous"),
     ]
+
+
+def test_a_grant_reads_the_next_in_line_not_every_waiting_job(database_url: str) -> None:
+    """The grant's cost does not grow with the jobs waiting: with 300 users waiting (one slot each)
+    it counts the runs in use of one candidate, not of every waiting job (migration 0014 counted
+    and sorted all of them on every grant), and still serves the user who waited longest."""
+    users = [new_user() for _ in range(300)]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO queue_capacity (capacity) VALUES (1) ON CONFLICT (singleton) DO UPDATE SET capacity = 1")
+        with conn.cursor() as cursor:
+            cursor.executemany(
+                """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot, price)
+                   VALUES (gen_random_uuid(), %s, gen_random_uuid(), 'k', '\\x00', 'pending', nextval('analysis_jobs_queue_seq'), 1, 1)""",
+                [(user,) for user in users],
+            )
+        with conn.transaction():
+            conn.execute("SET LOCAL track_functions = 'all'")
+            granted = conn.execute("SELECT user_id FROM queue_grant_capacity(30, 1800, 1, 10) WHERE row_kind = 'granted'").fetchall()
+            (counted,) = conn.execute("SELECT pg_stat_get_xact_function_calls('queue_capacity_in_use_of_user'::regproc)").fetchone()
+        assert granted == [(users[0],)]
+        assert counted == 1
