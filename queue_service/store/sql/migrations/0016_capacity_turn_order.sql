@@ -2,8 +2,8 @@
 --
 -- Migration 0014 ordered every waiting job by a count of its user's runs in use, computed per row
 -- and sorted, on every grant: a grant cost grew with the number of jobs waiting (180 count
--- probes and a sort per grant at 200 users and a capacity of 20). The order is the same here,
--- made index-driven:
+-- probes and a sort per grant at 200 users and a capacity of 20). The rule stays (max-min, then
+-- round-robin), made index-driven and with two corrections (the turn and the runs in use below):
 --
 -- * `capacity_turn_key` on a waiting job is its user's place in the round-robin: since when she
 --   has been waiting for her next turn, that is the later of when this job began to wait and her
@@ -25,7 +25,6 @@
 --   capacity too, but do not change her rank: they never wait and are bounded on their own
 --   (`QUEUE_MAX_ACTIVE_DELTAS_PER_USER`); a re-check of a finished job must not cost her first-pass
 --   job its place.
---
 -- * A job canceled while still queued, whose run the core has not yet confirmed canceled, is not
 --   in use: its run was never released (it is held at the core, not judging). 0014 counted it,
 --   for the user's rank and for the fleet: while such a cancel went unanswered, its user ranked
