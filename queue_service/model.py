@@ -210,6 +210,7 @@ class AdmitRequest:
     sources: tuple[tuple[str, str], ...]
     delta_of_job_id: uuid.UUID | None
     request_digest: bytes
+    document_title: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +236,24 @@ class NewJob:
     request_digest: bytes
     delta_of_job_id: uuid.UUID | None
     price: int
+    # What the job judges, stored with it (shown bounded; admitted again by a retry).
+    document_uri: str = ""
+    document_title: str = ""
+    sources: tuple[tuple[str, str], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInputs:
+    """What a job was admitted with, in full: what OperatorService.RetryJob admits again.
+    `sources` is None for a job admitted before the service stored them."""
+
+    job_id: uuid.UUID
+    user_id: str
+    status: JobStatus
+    delta_of_job_id: uuid.UUID | None
+    document_uri: str
+    document_title: str
+    sources: tuple[tuple[str, str], ...] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -397,6 +416,12 @@ class JobView:
     capacity_wait_since: dt.datetime | None = None
     # 1-based place in the fleet-wide order for the core (filled in by the reads); 0: not waiting.
     capacity_position: int = 0
+    # What the job judges (migration 0017): the document, how many sources, the first few of them
+    # (doi, citation cut short). Empty for a job admitted before the service stored them.
+    document_uri: str = ""
+    document_title: str = ""
+    source_count: int = 0
+    sources_preview: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> JobView:
@@ -422,7 +447,21 @@ class JobView:
             max_active_override=row["max_active_override"],
             waiting_for_capacity=bool(row.get("waiting_for_capacity", False)),
             capacity_wait_since=row.get("capacity_wait_since"),
+            document_uri=row.get("document_uri") or "",
+            document_title=row.get("document_title") or "",
+            source_count=int(row.get("source_count") or 0),
+            sources_preview=sources_of_json(row.get("sources_preview")),
         )
+
+
+def sources_of_json(value: Any) -> tuple[tuple[str, str], ...]:
+    """(doi, citation) pairs from a stored JSON array of {"doi", "citation"} (empty for NULL)."""
+    return tuple((str(item.get("doi") or ""), str(item.get("citation") or "")) for item in value or ())
+
+
+def sources_to_json(sources: tuple[tuple[str, str], ...]) -> list[dict[str, str]]:
+    """The JSON array a job's sources are stored as."""
+    return [{"doi": doi, "citation": citation} for doi, citation in sources]
 
 
 def estimate_start(
@@ -579,6 +618,8 @@ class LedgerEntry:
     idempotency_key: str | None
     actor: str
     reason: str
+    # Grants only: why, in the operator's words (migration 0017); empty when none was given.
+    note: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,6 +47,10 @@ class _Instruments:
         self.pools: weakref.WeakSet[Any] = weakref.WeakSet()
         meter = _meter
         self.admits = meter.create_counter("queue.admits", unit="{admit}", description="Admit calls by outcome and reason")
+        self.retries = meter.create_counter(
+            "queue.retries", unit="{retry}",
+            description="OperatorService.RetryJob calls by outcome (admitted, repeated: the retry key had retried the job already, rejected) and reason",
+        )
         self.lock_wait = meter.create_histogram(
             "queue.lock.wait", unit="s", description="Time spent waiting for a user's queue lock",
             explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,

@@ -50,6 +50,8 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
         + [_OPERATOR + m for m in ("GetOverview", "SearchJobs", "WatchOverview", "CancelJobs", "ListLedgerEntries")]
         # The fleet settings: the core's capacity, users' limits, and who changed them.
         + [_OPERATOR + m for m in ("SetCoreCapacity", "SetUserQueueLimit", "ListSettingChanges")]
+        # A failed or canceled job admitted again (charged to its user, the operator its actor).
+        + [_OPERATOR + "RetryJob"]
         + [_QUEUE + "CancelJob"]
     ),
 }

@@ -58,7 +58,13 @@ def job_to_proto(view: JobView) -> job_pb2.Job:
         last_error=view.last_error,
         price=view.price,
         refunded=view.refunded,
+        source_count=view.source_count,
     )
+    if view.document_uri or view.document_title:
+        job.document.uri = view.document_uri
+        job.document.title = view.document_title
+    for doi, citation in view.sources_preview:
+        job.sources.add(doi=doi, citation=citation)
     job.create_time.FromDatetime(view.create_time)
     for field, moment in (("promote_time", view.promote_time), ("start_time", view.start_time), ("end_time", view.end_time)):
         if moment is not None:
@@ -139,6 +145,7 @@ def ledger_entry_to_proto(entry: LedgerEntry) -> operator_pb2.LedgerEntry:
         idempotency_key=entry.idempotency_key or "",
         actor=entry.actor,
         reason=entry.reason,
+        note=entry.note,
     )
     message.create_time.FromDatetime(entry.create_time)
     return message

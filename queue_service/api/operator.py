@@ -1,6 +1,6 @@
 """OperatorService: the overview, the job search across users, live overview, bulk cancel, the
-credits' audit trail (ledger entries with their actor and reason), and the fleet settings (the
-core's capacity, users' limits) with their change log.
+credits' audit trail (ledger entries with their actor and reason), retry of an ended job
+(`api.retry`), and the fleet settings (the core's capacity, users' limits) with their change log.
 
 The same adapters as the other servicers: validate, read through the engine's reads (index-driven
 queries of migration 0005), build responses, raise domain errors only. Bulk cancel goes
@@ -22,6 +22,7 @@ import grpc
 from queue_service import audit, errors
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as pb, operator_service_pb2_grpc as pb_grpc
 from queue_service.api import page_tokens, validation
+from queue_service.api.retry import retry_job
 from queue_service.api.convert import (
     capacity_to_proto,
     job_to_proto,
@@ -205,6 +206,15 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         v.raise_if_any()
         change = await self._engine.set_user_queue_limit(request.user_id, request.max_active)
         return pb.SetUserQueueLimitResponse(change=setting_change_to_proto(change))
+
+    async def RetryJob(self, request: pb.RetryJobRequest, context: grpc.aio.ServicerContext[pb.RetryJobRequest, pb.RetryJobResponse]) -> pb.RetryJobResponse:
+        v = validation.Violations()
+        job_id = v.check_uuid("job_id", request.job_id)
+        v.check_id("retry_key", request.retry_key)
+        v.raise_if_any()
+        assert job_id is not None
+        view, admitted_now = await retry_job(self._engine, self._reads, job_id, request.retry_key)
+        return pb.RetryJobResponse(job=job_to_proto(view), admitted_now=admitted_now)
 
     async def ListSettingChanges(
         self, request: pb.ListSettingChangesRequest, context: grpc.aio.ServicerContext[pb.ListSettingChangesRequest, pb.ListSettingChangesResponse]

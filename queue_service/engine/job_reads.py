@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Iterable
 
-from queue_service.model import CapacityState, JobSearch, JobStatus, JobView, Overview, estimate_start
+from queue_service.model import CapacityState, JobInputs, JobSearch, JobStatus, JobView, Overview, estimate_start
 from queue_service.store import Statements, Store
 
 _ESTIMATE_CACHE_SECONDS = 10.0
@@ -127,6 +127,11 @@ class JobReads:
             overview = await db.operator_overview(window_minutes=window_minutes, reconcile_after_seconds=self._reconcile_after_seconds)
             capacity = await db.capacity_state()
         return dataclasses.replace(overview, capacity=capacity)
+
+    async def inputs(self, job_id: uuid.UUID) -> JobInputs | None:
+        """What the job was admitted with, in full (for a retry)."""
+        async with self._store.statements() as db:
+            return await db.job_inputs(job_id=job_id)
 
     async def capacity(self) -> CapacityState:
         async with self._store.statements() as db:

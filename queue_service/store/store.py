@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection, AsyncCursor, sql
+from psycopg.types.json import Jsonb
 
 from queue_service import audit, deadline
 from queue_service.model import (
@@ -38,6 +39,7 @@ from queue_service.model import (
     ExpiredRelease,
     GrantOutcome,
     JobEnding,
+    JobInputs,
     JobRef,
     JobSearch,
     JobStatus,
@@ -57,6 +59,8 @@ from queue_service.model import (
     ScheduledRetry,
     SettingChange,
     Transition,
+    sources_of_json,
+    sources_to_json,
 )
 from queue_service.store import migrations, notices
 from queue_service.store.feed import HINT_CHANNEL, CommitHints, FeedCursor, FeedRead, JobChange
@@ -482,12 +486,12 @@ class Statements:
 
     # -- credits -------------------------------------------------------------------------------
 
-    async def grant_credits(self, *, user_id: str, amount: int, idempotency_key: str) -> GrantOutcome:
+    async def grant_credits(self, *, user_id: str, amount: int, idempotency_key: str, note: str = "") -> GrantOutcome:
         """Grants once per key: a repeated key grants nothing and reports the earlier amount. The
-        grant records the current actor (`audit`)."""
+        grant records the current actor (`audit`) and the operator's note."""
         key = {"user_id": user_id, "idempotency_key": idempotency_key}
         actor = audit.actor_for(Cause.GRANT)
-        row = await self._one("grant_credits", {**key, "amount": amount, "actor": actor, "reason": str(Cause.GRANT)})
+        row = await self._one("grant_credits", {**key, "amount": amount, "actor": actor, "reason": str(Cause.GRANT), "note": note})
         if row is not None:
             audit.log_movement(kind=LedgerKind.GRANT, user_id=user_id, amount=amount, actor=actor, reason=Cause.GRANT)
             return GrantOutcome(balance=int(row["balance"]), granted_now=True)
@@ -502,6 +506,21 @@ class Statements:
         row = await self._one("balance_of_user", {"user_id": user_id})
         assert row is not None
         return int(row["balance"])
+
+    async def job_inputs(self, *, job_id: uuid.UUID) -> JobInputs | None:
+        """What the job was admitted with, in full; None for an unknown job."""
+        row = await self._one("job_inputs", {"job_id": job_id})
+        if row is None:
+            return None
+        return JobInputs(
+            job_id=row["job_id"],
+            user_id=row["user_id"],
+            status=JobStatus(row["status"]),
+            delta_of_job_id=row["delta_of_job_id"],
+            document_uri=row["document_uri"] or "",
+            document_title=row["document_title"] or "",
+            sources=None if row["sources"] is None else sources_of_json(row["sources"]),
+        )
 
     async def ledger_entries(self, query: LedgerQuery, *, limit: int) -> list[LedgerEntry]:
         """Newest first; picks the query shape whose index fits: one job, one user, or all."""
@@ -577,6 +596,7 @@ def _ledger_entry(row: Row) -> LedgerEntry:
         idempotency_key=row["idempotency_key"],
         actor=row["actor"],
         reason=row["reason"],
+        note=row.get("note") or "",
     )
 
 
@@ -669,6 +689,8 @@ class Store:
         actor = audit.actor_for(Cause.ADMIT)
         params = {
             **dataclasses.asdict(job),
+            # NULL for an admit that carries none (tools, tests): "not stored", not "no sources".
+            "sources": Jsonb(sources_to_json(job.sources)) if job.sources else None,
             "actor": actor,
             "reason": str(Cause.ADMIT),
             "default_max_active": default_max_active,

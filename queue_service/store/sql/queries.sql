@@ -57,12 +57,14 @@ SELECT existing.job_id AS existing_job_id,
 -- 'pending' job's first release for this replica, consumes the run's reservation, debits the
 -- price and writes the charge (`queue_admit_job`, migration 0009). One 'admitted' row with the
 -- job's view; none when the key is taken, the balance is short, the user's queue or delta limit
--- is full, or the reservation is gone.
+-- is full, or the reservation is gone. The job keeps its document and sources (migration 0017).
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
   FROM queue_admit_job(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
                        %(delta_of_job_id)s::uuid, %(price)s, %(actor)s, %(reason)s, %(default_max_active)s,
                        %(max_queued)s, %(max_running_deltas)s, %(release_window_seconds)s,
-                       %(release_lease_seconds)s, %(reconcile_after_seconds)s) AS s
+                       %(release_lease_seconds)s, %(reconcile_after_seconds)s,
+                       NULLIF(%(document_uri)s::text, ''), NULLIF(%(document_title)s::text, ''),
+                       %(sources)s::jsonb) AS s
 
 -- name: settle_job_run
 -- A locked section: the core confirmed an ended job's run settled, so the job lets go of its slot
@@ -341,9 +343,10 @@ SELECT (SELECT count(*) FROM analysis_jobs WHERE status = 'queued') AS queued,
 
 -- name: grant_credits
 -- Adds a grant to the ledger and the balance, once per (user, key). No row for a repeated key.
+-- The operator's note (migration 0017) is NULL when none was given.
 WITH grant_entry AS (
-    INSERT INTO credit_ledger (user_id, kind, amount, idempotency_key, actor, reason)
-    VALUES (%(user_id)s, 'grant', %(amount)s, %(idempotency_key)s, %(actor)s, %(reason)s)
+    INSERT INTO credit_ledger (user_id, kind, amount, idempotency_key, actor, reason, note)
+    VALUES (%(user_id)s, 'grant', %(amount)s, %(idempotency_key)s, %(actor)s, %(reason)s, NULLIF(%(note)s::text, ''))
     ON CONFLICT (user_id, idempotency_key) WHERE kind = 'grant' DO NOTHING
     RETURNING user_id, amount
 )
@@ -356,7 +359,7 @@ RETURNING c.balance;
 -- name: ledger_entries_of_job
 -- One page of a job's ledger entries (its charge and refund), newest first, optionally within
 -- one user; the unique (job_id, kind) index finds them.
-SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason
+SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason, note
   FROM credit_ledger
  WHERE job_id = %(job_id)s
    AND (%(user_id)s::text = '' OR user_id = %(user_id)s::text)
@@ -366,7 +369,7 @@ SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, ac
 
 -- name: ledger_entries_of_user
 -- One page of a user's ledger entries, newest first (keyset on entry_id, migration 0007's index).
-SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason
+SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason, note
   FROM credit_ledger
  WHERE user_id = %(user_id)s
    AND entry_id < COALESCE(%(before_entry_id)s::bigint, 9223372036854775807)
@@ -375,11 +378,17 @@ SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, ac
 
 -- name: ledger_entries
 -- One page of every user's ledger entries, newest first (the primary key, read backwards).
-SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason
+SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason, note
   FROM credit_ledger
  WHERE entry_id < COALESCE(%(before_entry_id)s::bigint, 9223372036854775807)
  ORDER BY entry_id DESC
  LIMIT %(limit)s;
+
+-- name: job_inputs
+-- What a job was admitted with, in full (OperatorService.RetryJob); its primary key finds it.
+SELECT job_id, user_id, status, delta_of_job_id, document_uri, document_title, sources
+  FROM analysis_jobs
+ WHERE job_id = %(job_id)s;
 
 -- name: grant_by_key
 -- The earlier grant made with this key.

@@ -550,6 +550,7 @@ class LedgerEntry(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
     entry_id: _builtins.int
     """The entry's number: unique, and larger for a later entry of the same database."""
     user_id: _builtins.str
@@ -575,6 +576,10 @@ class LedgerEntry(_message.Message):
     `manual_refund` (the runbook's refund by hand), or `unknown` for entries written before the
     trail existed.
     """
+    note: _builtins.str
+    """For a grant: why, in the operator's words (GrantCreditsRequest.note); empty otherwise. Added
+    to the contract additively.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When the entry was written."""
@@ -591,10 +596,11 @@ class LedgerEntry(_message.Message):
         idempotency_key: _builtins.str = ...,
         actor: _builtins.str = ...,
         reason: _builtins.str = ...,
+        note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "amount", b"amount", "create_time", b"create_time", "entry_id", b"entry_id", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "kind", b"kind", "reason", b"reason", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "amount", b"amount", "create_time", b"create_time", "entry_id", b"entry_id", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "kind", b"kind", "note", b"note", "reason", b"reason", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -807,3 +813,59 @@ class SettingChange(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SettingChange: _TypeAlias = SettingChange  # noqa: Y015
+
+@_typing.final
+class RetryJobRequest(_message.Message):
+    """Request for OperatorService.RetryJob."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    RETRY_KEY_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The FAILED or CANCELED job to admit again (a UUID)."""
+    retry_key: _builtins.str
+    """A caller-chosen key, 1-128 printable characters, new for each retry a person asks for (the
+    console sends one per click). The same key again returns the job the first call admitted.
+    """
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        retry_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "retry_key", b"retry_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryJobRequest: _TypeAlias = RetryJobRequest  # noqa: Y015
+
+@_typing.final
+class RetryJobResponse(_message.Message):
+    """Response for OperatorService.RetryJob."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    ADMITTED_NOW_FIELD_NUMBER: _builtins.int
+    admitted_now: _builtins.bool
+    """False when this `retry_key` had already retried the job: `job` is the job admitted then."""
+    @_builtins.property
+    def job(self) -> _job_pb2.Job:
+        """The new job, as AnalysisQueueService.Admit answers it."""
+
+    def __init__(
+        self,
+        *,
+        job: _job_pb2.Job | None = ...,
+        admitted_now: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_now", b"admitted_now", "job", b"job"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryJobResponse: _TypeAlias = RetryJobResponse  # noqa: Y015

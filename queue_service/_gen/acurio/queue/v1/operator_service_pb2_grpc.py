@@ -80,6 +80,11 @@ class OperatorServiceStub:
                 request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesRequest.SerializeToString,
                 response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesResponse.FromString,
                 _registered_method=True)
+        self.RetryJob = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/RetryJob',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServiceServicer:
@@ -179,6 +184,22 @@ class OperatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RetryJob(self, request, context):
+        """Admits a FAILED or CANCELED job again: a new job of the same user with the same document
+        and sources (and, for a delta re-check, the same base), through the same checks and the same
+        charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
+        `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
+        of admitting twice. The charge is recorded with the operator as its actor. Added to the
+        contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
+        `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
+        been canceled, or one admitted before the service stored what it judges; and every error of
+        Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -221,6 +242,11 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.ListSettingChanges,
                     request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesRequest.FromString,
                     response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesResponse.SerializeToString,
+            ),
+            'RetryJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryJob,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -445,6 +471,33 @@ class OperatorService:
             '/acurio.queue.v1.OperatorService/ListSettingChanges',
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesRequest.SerializeToString,
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/RetryJob',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

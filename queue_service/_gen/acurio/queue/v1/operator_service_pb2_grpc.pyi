@@ -95,6 +95,18 @@ class OperatorServiceStub:
     it. Added to the contract additively.
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size or page token.
     """
+    RetryJob: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.RetryJobRequest, _operator_service_pb2.RetryJobResponse]
+    """Admits a FAILED or CANCELED job again: a new job of the same user with the same document
+    and sources (and, for a delta re-check, the same base), through the same checks and the same
+    charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
+    `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
+    of admitting twice. The charge is recorded with the operator as its actor. Added to the
+    contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
+    `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
+    been canceled, or one admitted before the service stored what it judges; and every error of
+    Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
+    """
 
 @_typing.type_check_only
 class OperatorServiceAsyncStub(OperatorServiceStub):
@@ -162,6 +174,18 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     """The changes of fleet settings (the capacity, users' limits), newest first, each with who made
     it. Added to the contract additively.
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size or page token.
+    """
+    RetryJob: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.RetryJobRequest, _operator_service_pb2.RetryJobResponse]  # type: ignore[assignment]
+    """Admits a FAILED or CANCELED job again: a new job of the same user with the same document
+    and sources (and, for a delta re-check, the same base), through the same checks and the same
+    charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
+    `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
+    of admitting twice. The charge is recorded with the operator as its actor. Added to the
+    contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
+    `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
+    been canceled, or one admitted before the service stored what it judges; and every error of
+    Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
     """
 
 class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -275,6 +299,24 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         """The changes of fleet settings (the capacity, users' limits), newest first, each with who made
         it. Added to the contract additively.
         Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size or page token.
+        """
+
+    @_abc_1.abstractmethod
+    def RetryJob(
+        self,
+        request: _operator_service_pb2.RetryJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.RetryJobResponse, _abc.Awaitable[_operator_service_pb2.RetryJobResponse]]:
+        """Admits a FAILED or CANCELED job again: a new job of the same user with the same document
+        and sources (and, for a delta re-check, the same base), through the same checks and the same
+        charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
+        `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
+        of admitting twice. The charge is recorded with the operator as its actor. Added to the
+        contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
+        `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
+        been canceled, or one admitted before the service stored what it judges; and every error of
+        Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
         """
 
 def add_OperatorServiceServicer_to_server(servicer: OperatorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/operator_service.proto.
  */
 export const file_acurio_queue_v1_operator_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyLWBAoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2NhcGFjaXR5X2luX3VzZRgOIAEoAxIWCg5jYXBhY2l0eV9saW1pdBgPIAEoAxIdChVjYXBhY2l0eV93YWl0aW5nX2pvYnMYECABKAMSHgoWY2FwYWNpdHlfd2FpdGluZ191c2VycxgRIAEoAxI9ChlvbGRlc3RfY2FwYWNpdHlfd2FpdF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjb3JlX2xpbWl0GBMgASgDEhUKDWNvcmVfcmVmdXNhbHMYFCABKAMiZgoRU2VhcmNoSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJRChJTZWFyY2hKb2JzUmVzcG9uc2USIgoEam9icxgBIAMoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkMKFFdhdGNoT3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFEhMKC2ludGVydmFsX21zGAIgASgFIkQKFVdhdGNoT3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJiChFDYW5jZWxKb2JzUmVxdWVzdBIqCgZmaWx0ZXIYASABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEg8KB2RyeV9ydW4YAiABKAgSEAoIbWF4X2pvYnMYAyABKAUihAEKEkNhbmNlbEpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEhAKCGNhbmNlbGVkGAMgASgFEjAKCGZhaWx1cmVzGAQgAygLMh4uYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEZhaWx1cmUiQAoNQ2FuY2VsRmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiYgoYTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSDgoGam9iX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJImMKGUxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USLQoHZW50cmllcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5MZWRnZXJFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki6QEKC0xlZGdlckVudHJ5EhAKCGVudHJ5X2lkGAEgASgDEi8KC2NyZWF0ZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgd1c2VyX2lkGAMgASgJEi4KBGtpbmQYBCABKA4yIC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnlLaW5kEg4KBmFtb3VudBgFIAEoAxIOCgZqb2JfaWQYBiABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEg0KBWFjdG9yGAggASgJEg4KBnJlYXNvbhgJIAEoCSIqChZTZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0EhAKCGNhcGFjaXR5GAEgASgFInYKF1NldENvcmVDYXBhY2l0eVJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEisKCG92ZXJ2aWV3GAIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLk92ZXJ2aWV3Ij8KGFNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEhIKCm1heF9hY3RpdmUYAiABKAUiSwoZU2V0VXNlclF1ZXVlTGltaXRSZXNwb25zZRIuCgZjaGFuZ2UYASABKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZSJCChlMaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJImYKGkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEi8KB2NoYW5nZXMYASADKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiqgEKDVNldHRpbmdDaGFuZ2USEQoJY2hhbmdlX2lkGAEgASgDEg8KB3NldHRpbmcYAiABKAkSDwoHdXNlcl9pZBgDIAEoCRIRCglvbGRfdmFsdWUYBCABKAUSEQoJbmV3X3ZhbHVlGAUgASgFEg0KBWFjdG9yGAYgASgJEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCqNAQoPTGVkZ2VyRW50cnlLaW5kEiEKHUxFREdFUl9FTlRSWV9LSU5EX1VOU1BFQ0lGSUVEEAASGwoXTEVER0VSX0VOVFJZX0tJTkRfR1JBTlQQARIcChhMRURHRVJfRU5UUllfS0lORF9DSEFSR0UQAhIcChhMRURHRVJfRU5UUllfS0lORF9SRUZVTkQQAzKoBgoPT3BlcmF0b3JTZXJ2aWNlElgKC0dldE92ZXJ2aWV3EiMuYWN1cmlvLnF1ZXVlLnYxLkdldE92ZXJ2aWV3UmVxdWVzdBokLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1Jlc3BvbnNlElUKClNlYXJjaEpvYnMSIi5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1Jlc3BvbnNlEmAKDVdhdGNoT3ZlcnZpZXcSJS5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1JlcXVlc3QaJi5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1Jlc3BvbnNlMAESVQoKQ2FuY2VsSm9icxIiLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVxdWVzdBojLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVzcG9uc2USagoRTGlzdExlZGdlckVudHJpZXMSKS5hY3VyaW8ucXVldWUudjEuTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USZAoPU2V0Q29yZUNhcGFjaXR5EicuYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlcXVlc3QaKC5hY3VyaW8ucXVldWUudjEuU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USagoRU2V0VXNlclF1ZXVlTGltaXQSKS5hY3VyaW8ucXVldWUudjEuU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVzcG9uc2USbQoSTGlzdFNldHRpbmdDaGFuZ2VzEiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QaKy5hY3VyaW8ucXVldWUudjEuTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2ViBnByb3RvMw", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
+  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyLWBAoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2NhcGFjaXR5X2luX3VzZRgOIAEoAxIWCg5jYXBhY2l0eV9saW1pdBgPIAEoAxIdChVjYXBhY2l0eV93YWl0aW5nX2pvYnMYECABKAMSHgoWY2FwYWNpdHlfd2FpdGluZ191c2VycxgRIAEoAxI9ChlvbGRlc3RfY2FwYWNpdHlfd2FpdF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjb3JlX2xpbWl0GBMgASgDEhUKDWNvcmVfcmVmdXNhbHMYFCABKAMiZgoRU2VhcmNoSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJRChJTZWFyY2hKb2JzUmVzcG9uc2USIgoEam9icxgBIAMoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkMKFFdhdGNoT3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFEhMKC2ludGVydmFsX21zGAIgASgFIkQKFVdhdGNoT3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJiChFDYW5jZWxKb2JzUmVxdWVzdBIqCgZmaWx0ZXIYASABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEg8KB2RyeV9ydW4YAiABKAgSEAoIbWF4X2pvYnMYAyABKAUihAEKEkNhbmNlbEpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEhAKCGNhbmNlbGVkGAMgASgFEjAKCGZhaWx1cmVzGAQgAygLMh4uYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEZhaWx1cmUiQAoNQ2FuY2VsRmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiYgoYTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSDgoGam9iX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJImMKGUxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USLQoHZW50cmllcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5MZWRnZXJFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki9wEKC0xlZGdlckVudHJ5EhAKCGVudHJ5X2lkGAEgASgDEi8KC2NyZWF0ZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgd1c2VyX2lkGAMgASgJEi4KBGtpbmQYBCABKA4yIC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnlLaW5kEg4KBmFtb3VudBgFIAEoAxIOCgZqb2JfaWQYBiABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEg0KBWFjdG9yGAggASgJEg4KBnJlYXNvbhgJIAEoCRIMCgRub3RlGAogASgJIioKFlNldENvcmVDYXBhY2l0eVJlcXVlc3QSEAoIY2FwYWNpdHkYASABKAUidgoXU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USLgoGY2hhbmdlGAEgASgLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2USKwoIb3ZlcnZpZXcYAiABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciPwoYU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSEgoKbWF4X2FjdGl2ZRgCIAEoBSJLChlTZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlIkIKGUxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiZgoaTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USLwoHY2hhbmdlcxgBIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKqAQoNU2V0dGluZ0NoYW5nZRIRCgljaGFuZ2VfaWQYASABKAMSDwoHc2V0dGluZxgCIAEoCRIPCgd1c2VyX2lkGAMgASgJEhEKCW9sZF92YWx1ZRgEIAEoBRIRCgluZXdfdmFsdWUYBSABKAUSDQoFYWN0b3IYBiABKAkSLwoLY3JlYXRlX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjQKD1JldHJ5Sm9iUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEQoJcmV0cnlfa2V5GAIgASgJIksKEFJldHJ5Sm9iUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIUCgxhZG1pdHRlZF9ub3cYAiABKAgqjQEKD0xlZGdlckVudHJ5S2luZBIhCh1MRURHRVJfRU5UUllfS0lORF9VTlNQRUNJRklFRBAAEhsKF0xFREdFUl9FTlRSWV9LSU5EX0dSQU5UEAESHAoYTEVER0VSX0VOVFJZX0tJTkRfQ0hBUkdFEAISHAoYTEVER0VSX0VOVFJZX0tJTkRfUkVGVU5EEAMy+QYKD09wZXJhdG9yU2VydmljZRJYCgtHZXRPdmVydmlldxIjLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1JlcXVlc3QaJC5hY3VyaW8ucXVldWUudjEuR2V0T3ZlcnZpZXdSZXNwb25zZRJVCgpTZWFyY2hKb2JzEiIuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXNwb25zZRJgCg1XYXRjaE92ZXJ2aWV3EiUuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXF1ZXN0GiYuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXNwb25zZTABElUKCkNhbmNlbEpvYnMSIi5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1Jlc3BvbnNlEmoKEUxpc3RMZWRnZXJFbnRyaWVzEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEmQKD1NldENvcmVDYXBhY2l0eRInLmFjdXJpby5xdWV1ZS52MS5TZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlc3BvbnNlEmoKEVNldFVzZXJRdWV1ZUxpbWl0EikuYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5TZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEm0KEkxpc3RTZXR0aW5nQ2hhbmdlcxIqLmFjdXJpby5xdWV1ZS52MS5MaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0GisuYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEk8KCFJldHJ5Sm9iEiAuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9iUmVxdWVzdBohLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYlJlc3BvbnNlYgZwcm90bzM", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
 
 /**
  * Which jobs a search or a bulk cancel is about. Every set field narrows the match.
@@ -1100,6 +1100,14 @@ export type LedgerEntry = Message<"acurio.queue.v1.LedgerEntry"> & {
    * @generated from field: string reason = 9;
    */
   reason: string;
+
+  /**
+   * For a grant: why, in the operator's words (GrantCreditsRequest.note); empty otherwise. Added
+   * to the contract additively.
+   *
+   * @generated from field: string note = 10;
+   */
+  note: string;
 };
 
 /**
@@ -1177,6 +1185,14 @@ export type LedgerEntryJson = {
    * @generated from field: string reason = 9;
    */
   reason?: string;
+
+  /**
+   * For a grant: why, in the operator's words (GrantCreditsRequest.note); empty otherwise. Added
+   * to the contract additively.
+   *
+   * @generated from field: string note = 10;
+   */
+  note?: string;
 };
 
 /**
@@ -1576,6 +1592,106 @@ export const SettingChangeSchema: GenMessage<SettingChange, {jsonType: SettingCh
   messageDesc(file_acurio_queue_v1_operator_service, 20);
 
 /**
+ * Request for OperatorService.RetryJob.
+ *
+ * @generated from message acurio.queue.v1.RetryJobRequest
+ */
+export type RetryJobRequest = Message<"acurio.queue.v1.RetryJobRequest"> & {
+  /**
+   * The FAILED or CANCELED job to admit again (a UUID).
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId: string;
+
+  /**
+   * A caller-chosen key, 1-128 printable characters, new for each retry a person asks for (the
+   * console sends one per click). The same key again returns the job the first call admitted.
+   *
+   * @generated from field: string retry_key = 2;
+   */
+  retryKey: string;
+};
+
+/**
+ * Request for OperatorService.RetryJob.
+ *
+ * @generated from message acurio.queue.v1.RetryJobRequest
+ */
+export type RetryJobRequestJson = {
+  /**
+   * The FAILED or CANCELED job to admit again (a UUID).
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId?: string;
+
+  /**
+   * A caller-chosen key, 1-128 printable characters, new for each retry a person asks for (the
+   * console sends one per click). The same key again returns the job the first call admitted.
+   *
+   * @generated from field: string retry_key = 2;
+   */
+  retryKey?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.RetryJobRequest.
+ * Use `create(RetryJobRequestSchema)` to create a new message.
+ */
+export const RetryJobRequestSchema: GenMessage<RetryJobRequest, {jsonType: RetryJobRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 21);
+
+/**
+ * Response for OperatorService.RetryJob.
+ *
+ * @generated from message acurio.queue.v1.RetryJobResponse
+ */
+export type RetryJobResponse = Message<"acurio.queue.v1.RetryJobResponse"> & {
+  /**
+   * The new job, as AnalysisQueueService.Admit answers it.
+   *
+   * @generated from field: acurio.queue.v1.Job job = 1;
+   */
+  job?: Job | undefined;
+
+  /**
+   * False when this `retry_key` had already retried the job: `job` is the job admitted then.
+   *
+   * @generated from field: bool admitted_now = 2;
+   */
+  admittedNow: boolean;
+};
+
+/**
+ * Response for OperatorService.RetryJob.
+ *
+ * @generated from message acurio.queue.v1.RetryJobResponse
+ */
+export type RetryJobResponseJson = {
+  /**
+   * The new job, as AnalysisQueueService.Admit answers it.
+   *
+   * @generated from field: acurio.queue.v1.Job job = 1;
+   */
+  job?: JobJson;
+
+  /**
+   * False when this `retry_key` had already retried the job: `job` is the job admitted then.
+   *
+   * @generated from field: bool admitted_now = 2;
+   */
+  admittedNow?: boolean;
+};
+
+/**
+ * Describes the message acurio.queue.v1.RetryJobResponse.
+ * Use `create(RetryJobResponseSchema)` to create a new message.
+ */
+export const RetryJobResponseSchema: GenMessage<RetryJobResponse, {jsonType: RetryJobResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 22);
+
+/**
  * How a ledger entry moves credits.
  *
  * @generated from enum acurio.queue.v1.LedgerEntryKind
@@ -1745,6 +1861,25 @@ export const OperatorService: GenService<{
     methodKind: "unary";
     input: typeof ListSettingChangesRequestSchema;
     output: typeof ListSettingChangesResponseSchema;
+  },
+  /**
+   * Admits a FAILED or CANCELED job again: a new job of the same user with the same document
+   * and sources (and, for a delta re-check, the same base), through the same checks and the same
+   * charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
+   * `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
+   * of admitting twice. The charge is recorded with the operator as its actor. Added to the
+   * contract additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
+   * `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
+   * been canceled, or one admitted before the service stored what it judges; and every error of
+   * Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.RetryJob
+   */
+  retryJob: {
+    methodKind: "unary";
+    input: typeof RetryJobRequestSchema;
+    output: typeof RetryJobResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_acurio_queue_v1_operator_service, 0);
