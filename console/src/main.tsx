@@ -5,6 +5,7 @@ import { callHealth, onCallHealth, setToken, token } from "./api.js";
 import { Modal } from "./dialog.js";
 import { go, useRoute, useVisible } from "./hooks.js";
 import { JobDetail, JobsPage } from "./jobs.js";
+import { LedgerPage } from "./ledger.js";
 import { OverviewPage } from "./overview.js";
 import { Notice, NoticeProvider } from "./notice.js";
 import { UserQueuePage } from "./user-queue.js";
@@ -13,6 +14,7 @@ const PAGES = [
   { key: "1", path: "", label: "Overview" },
   { key: "2", path: "jobs", label: "Jobs" },
   { key: "3", path: "users", label: "User queue" },
+  { key: "4", path: "ledger", label: "Ledger" },
 ];
 
 function TokenDialog({ onClose }: { onClose: () => void }) {
@@ -98,6 +100,7 @@ function App() {
   if (page === "jobs" && route.parts[1]) content = <JobDetail jobId={route.parts[1]} live={visible} />;
   else if (page === "jobs") content = <JobsPage params={route.params} live={visible} />;
   else if (page === "users") content = <UserQueuePage userId={route.parts[1] ?? ""} live={visible} />;
+  else if (page === "ledger") content = <LedgerPage params={route.params} />;
   else content = <OverviewPage live={visible} />;
 
   return (

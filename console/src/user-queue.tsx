@@ -6,6 +6,7 @@ import { go, useNow } from "./hooks.js";
 import { useAction } from "./notice.js";
 import { useLiveStream } from "./stream.js";
 import { StatusBadge } from "./jobs.js";
+import { LedgerTable, useLedger } from "./ledger.js";
 import { type Job, JobStatus } from "./gen/acurio/queue/v1/job_pb.js";
 
 function Countdown({ at, now }: { at: Date | undefined; now: number }) {
@@ -37,9 +38,10 @@ function UserPicker({ userId }: { userId: string }) {
 // too: it is read again on every change of the user's queue and every few seconds while live.
 const BALANCE_POLL_MS = 2000;
 
-function Credits({ userId, version, live }: { userId: string; version: number; live: boolean }) {
+function Credits({ userId, version, live, onGranted }: { userId: string; version: number; live: boolean; onGranted: () => void }) {
   const [balance, setBalance] = useState<bigint | null>(null);
   const [amount, setAmount] = useState("5");
+  const [note, setNote] = useState("");
   const { run, busy } = useAction();
   useEffect(() => setBalance(null), [userId]);
   useEffect(() => {
@@ -62,14 +64,25 @@ function Credits({ userId, version, live }: { userId: string; version: number; l
       onSubmit={(e) => {
         e.preventDefault();
         run(async () => {
-          const r = await credits.grantCredits({ userId, amount: BigInt(amount), idempotencyKey: `console-${crypto.randomUUID()}` });
+          const r = await credits.grantCredits({ userId, amount: BigInt(amount), idempotencyKey: `console-${crypto.randomUUID()}`, note: note.trim() });
           setBalance(r.balance);
+          setNote("");
+          onGranted();
           return `Granted ${amount} credits to ${userId}: balance ${r.balance}`;
         });
       }}
     >
       <span data-testid="balance">Balance: {balance === null ? "—" : String(balance)}</span>
       <input type="number" min="1" max="1000000" value={amount} onInput={(e) => setAmount(e.currentTarget.value)} aria-label="Credits to grant" />
+      <input
+        class="note-input"
+        maxLength={512}
+        value={note}
+        onInput={(e) => setNote(e.currentTarget.value)}
+        placeholder="why (kept in the ledger)"
+        aria-label="Reason for the grant"
+        data-testid="grant-note"
+      />
       <button type="submit" disabled={busy}>
         Grant credits
       </button>
@@ -165,7 +178,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
       </h1>
       {problem && <p class="problem">{problem}</p>}
       <div class="toolbar">
-        <Credits userId={userId} version={balanceVersion} live={live} />
+        <Credits userId={userId} version={balanceVersion} live={live} onGranted={() => setBalanceVersion((v) => v + 1)} />
         <button
           disabled={busy}
           data-testid="promote"
@@ -236,6 +249,23 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
           </ul>
         </>
       )}
+      <UserLedger userId={userId} version={balanceVersion} />
     </section>
+  );
+}
+
+/** The user's latest credit movements, with who moved each and why. */
+function UserLedger({ userId, version }: { userId: string; version: number }) {
+  const { entries, next } = useLedger(userId, "", version, 10);
+  return (
+    <>
+      <h2>Credits ledger</h2>
+      {entries === null ? <p class="muted">Loading…</p> : <LedgerTable entries={entries} showUser={false} />}
+      {next !== "" && (
+        <p>
+          <a href={`#/ledger?user=${encodeURIComponent(userId)}`}>Older entries →</a>
+        </p>
+      )}
+    </>
   );
 }

@@ -1,0 +1,199 @@
+// What a job is and what it cost, in Debian's Chromium against the live `queue-service dev` that
+// .ci/console-browser-test starts: the job's document and sources (detail, optional column), a
+// Retry of a failed job (a new admit, charged, the operator its actor), the ledger per job and per
+// user with a grant's note, and a bulk cancel of exactly the ticked rows. Each test has its own
+// users, so it runs beside the other files' tests on the same service.
+import assert from "node:assert/strict";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { after, before, test } from "node:test";
+
+import { createClient } from "@connectrpc/connect";
+import { chromium, type Browser, type Page } from "playwright-core";
+
+import { CoreCallbackService, RunOutcome } from "../src/gen/acurio/queue/v1/core_callback_service_pb.js";
+import { CreditsService } from "../src/gen/acurio/queue/v1/credits_service_pb.js";
+import { JobStatus } from "../src/gen/acurio/queue/v1/job_pb.js";
+import { OperatorService } from "../src/gen/acurio/queue/v1/operator_service_pb.js";
+import { AnalysisQueueService } from "../src/gen/acurio/queue/v1/queue_service_pb.js";
+import { CHROMIUM_ARGS, CONSOLE_URL, env, grpc, SHOTS, WAIT_MS } from "./support.js";
+
+const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN"), core: env("CORE_TOKEN") };
+
+const asWeb = createClient(AnalysisQueueService, grpc(TOKENS.web));
+const asOperator = createClient(CreditsService, grpc(TOKENS.operator));
+const asOperatorConsole = createClient(OperatorService, grpc(TOKENS.operator));
+const asCore = createClient(CoreCallbackService, grpc(TOKENS.core));
+
+let browser: Browser;
+let page: Page;
+const stamp = Date.now().toString(36);
+let keyCount = 0;
+
+async function shot(target: Page, name: string): Promise<void> {
+  await target.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
+}
+
+const SOURCES = Array.from({ length: 12 }, (_, i) => ({ doi: `10.1234/src-${i}`, citation: `Author ${i}, A study of queues (${2000 + i})` }));
+
+async function admit(user: string, title = "Fair queues for citation checks") {
+  keyCount += 1;
+  const response = await asWeb.admit({
+    userId: user,
+    idempotencyKey: `records-${keyCount}`,
+    document: { uri: `s3://theses/${user}.pdf`, title },
+    sources: SOURCES,
+  });
+  return response.job!;
+}
+
+async function until<T>(what: string, read: () => Promise<T>, ok: (value: T) => boolean): Promise<T> {
+  const deadline = Date.now() + WAIT_MS;
+  for (;;) {
+    const value = await read();
+    if (ok(value)) return value;
+    if (Date.now() > deadline) throw new Error(`${what}: still ${JSON.stringify(value, (_, v) => (typeof v === "bigint" ? String(v) : v))}`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
+async function visit(target: Page, path: string): Promise<void> {
+  await target.goto("about:blank");
+  await target.goto(`${CONSOLE_URL}#/${path}`);
+}
+
+before(async () => {
+  mkdirSync(SHOTS, { recursive: true });
+  browser = await chromium.launch({ executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium", headless: true, args: CHROMIUM_ARGS });
+  const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  page = await context.newPage();
+  page.on("pageerror", (error) => console.error(`page error: ${error.message}`));
+  await page.addInitScript((value) => sessionStorage.setItem("acurio-queue-console-token", value), TOKENS.operator);
+});
+
+after(async () => {
+  await browser?.close();
+});
+
+test("the job detail shows the document and its sources; the Jobs table shows them as a column on request", async () => {
+  const user = `doc-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 1n, idempotencyKey: "grant" });
+  const job = await admit(user);
+  await visit(page, `jobs/${job.jobId}`);
+  const detail = page.getByTestId("job-detail");
+  await detail.getByTestId("job-document").filter({ hasText: "Fair queues for citation checks" }).waitFor({ timeout: WAIT_MS });
+  assert.match(await detail.getByTestId("job-document").innerText(), new RegExp(`s3://theses/${user}\\.pdf`));
+  const sources = detail.getByTestId("job-sources").locator("li");
+  assert.equal(await sources.count(), 10, "the first 10 sources are shown");
+  assert.match(await sources.first().innerText(), /10\.1234\/src-0 · Author 0, A study of queues/);
+  assert.match(await detail.getByTestId("more-sources").innerText(), /and 2 more/);
+  await shot(page, "records-job-detail-document");
+
+  await visit(page, `jobs?user=${user}`);
+  await page.locator('[data-testid="job-row"]').first().waitFor({ timeout: WAIT_MS });
+  assert.equal(await page.getByTestId("document-header").count(), 0, "the document column is off by default");
+  await page.getByTestId("column-document").check();
+  const cell = page.getByTestId("document-cell").first();
+  await cell.filter({ hasText: "Fair queues for citation checks" }).waitFor({ timeout: WAIT_MS });
+  assert.match(await cell.innerText(), /12 sources/);
+  await shot(page, "records-jobs-document-column");
+  // The choice is kept for the browser: a fresh load shows the column again.
+  await visit(page, `jobs?user=${user}`);
+  await page.getByTestId("document-cell").first().waitFor({ timeout: WAIT_MS });
+  await page.getByTestId("column-document").uncheck();
+});
+
+test("Retry on a failed job admits it again as its user, charged, with the operator as the actor", async () => {
+  const user = `retry-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 2n, idempotencyKey: "grant" });
+  const job = await admit(user);
+  const running = await until("the job runs", async () => (await asWeb.getJob({ jobId: job.jobId })).job!, (j) => j.status === JobStatus.RUNNING);
+  await asCore.completeRun({ runId: running.runId, outcome: RunOutcome.FAILED, message: "the provider timed out" });
+  await visit(page, `jobs/${job.jobId}`);
+  const detail = page.getByTestId("job-detail");
+  await detail.locator("h1 .badge.failed").waitFor({ timeout: WAIT_MS });
+  await detail.getByTestId("retry-job").click();
+  const retried = detail.getByTestId("retried-as");
+  await retried.waitFor({ timeout: WAIT_MS });
+  const link = await retried.locator("a").getAttribute("href");
+  const newJobId = link!.replace("#/jobs/", "");
+  assert.notEqual(newJobId, job.jobId);
+  assert.match(await page.getByTestId("notice").innerText(), /Retried as job .* charged 1 to/);
+  await shot(page, "records-retry-done");
+
+  const again = (await asWeb.getJob({ jobId: newJobId })).job!;
+  assert.equal(again.userId, user);
+  assert.equal(again.document?.title, "Fair queues for citation checks");
+  assert.equal(again.sourceCount, 12);
+  assert.equal((await asOperator.getBalance({ userId: user })).balance, 0n, "charged as an admit is (1 for the failed job, 1 for the retry)");
+
+  // The new job's ledger: its charge, by the operator who clicked.
+  await retried.locator("a").click();
+  await page.waitForFunction((id) => window.location.hash === `#/jobs/${id}`, newJobId, { timeout: WAIT_MS });
+  const row = page.locator('[data-testid="ledger-row"][data-kind="charge"]');
+  await row.waitFor({ timeout: WAIT_MS });
+  assert.match(await row.getByTestId("ledger-actor").innerText(), /^operator:/);
+  assert.equal(await row.getByTestId("ledger-reason").innerText(), "admit");
+  await shot(page, "records-retried-job-ledger");
+});
+
+test("the User queue's ledger lists every movement with its actor and reason, and a grant keeps its note", async () => {
+  const user = `ledger-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 2n, idempotencyKey: "grant" });
+  const job = await admit(user);
+  await asWeb.cancelJob({ jobId: job.jobId, userId: user });
+  await visit(page, `users/${user}`);
+  const ledger = page.getByTestId("ledger");
+  await ledger.locator('[data-kind="refund"]').waitFor({ timeout: WAIT_MS });
+  assert.deepEqual(
+    await ledger.locator('[data-testid="ledger-row"]').evaluateAll((rows) => rows.map((r) => r.getAttribute("data-kind"))),
+    ["refund", "charge", "grant"],
+  );
+  assert.equal(await ledger.locator('[data-kind="refund"] [data-testid="ledger-reason"]').innerText(), "cancel");
+
+  await page.getByLabel("Credits to grant").fill("4");
+  await page.getByTestId("grant-note").fill("goodwill after the outage");
+  await page.getByRole("button", { name: "Grant credits" }).click();
+  await page.getByTestId("balance").filter({ hasText: "Balance: 6" }).waitFor({ timeout: WAIT_MS });
+  const note = ledger.locator('[data-testid="ledger-row"]').first().getByTestId("ledger-note");
+  await note.waitFor({ timeout: WAIT_MS });
+  assert.match(await note.innerText(), /goodwill after the outage/);
+  const entries = (await asOperatorConsole.listLedgerEntries({ userId: user })).entries;
+  assert.equal(entries[0].note, "goodwill after the outage");
+  assert.match(entries[0].actor, /^operator:/);
+  await shot(page, "records-user-ledger-with-note");
+
+  await visit(page, `ledger?user=${user}`);
+  await page.getByTestId("ledger-page").locator('[data-testid="ledger-row"]').nth(3).waitFor({ timeout: WAIT_MS });
+  await shot(page, "records-ledger-page");
+});
+
+test("ticked rows are canceled, and only they", async () => {
+  const user = `select-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 4n, idempotencyKey: "grant" });
+  const jobs = [await admit(user), await admit(user), await admit(user), await admit(user)];
+  await visit(page, `jobs?user=${user}`);
+  const rowOf = (jobId: string) => page.locator(`[data-testid="job-row"][data-job-id="${jobId}"]`);
+  await rowOf(jobs[3].jobId).waitFor({ timeout: WAIT_MS });
+  await rowOf(jobs[1].jobId).getByTestId("select-job").check();
+  await rowOf(jobs[3].jobId).getByTestId("select-job").check();
+  const button = page.getByTestId("cancel-selected");
+  assert.equal(await button.innerText(), "Cancel selected (2)");
+  await button.click();
+  const dialog = page.getByRole("alertdialog");
+  await dialog.waitFor({ timeout: WAIT_MS });
+  assert.equal(await dialog.getByTestId("cancel-selected-count").getAttribute("data-count"), "2");
+  await shot(page, "records-cancel-selected-dialog");
+  await dialog.getByTestId("cancel-selected-confirm").click();
+  await dialog.waitFor({ state: "detached", timeout: WAIT_MS });
+  const statuses = await until(
+    "the two ticked jobs are canceled",
+    async () => Promise.all(jobs.map(async (j) => (await asWeb.getJob({ jobId: j.jobId })).job!.status)),
+    (s) => s[1] === JobStatus.CANCELED && s[3] === JobStatus.CANCELED,
+  );
+  assert.notEqual(statuses[0], JobStatus.CANCELED);
+  assert.notEqual(statuses[2], JobStatus.CANCELED);
+  await rowOf(jobs[1].jobId).locator(".badge.canceled").waitFor({ timeout: WAIT_MS });
+  assert.equal(await button.innerText(), "Cancel selected (0)");
+  await shot(page, "records-cancel-selected-done");
+});
