@@ -586,6 +586,29 @@ class Overview:
 
 
 @dataclasses.dataclass(frozen=True)
+class UserWork:
+    """One user's jobs in flight, for the operator's list of users with work."""
+
+    user_id: str
+    queued: int
+    pending: int
+    running: int
+    oldest_queued_create_time: dt.datetime | None
+    oldest_create_time: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueMinute:
+    """The queue in one minute: depth at its end, admits and endings during it."""
+
+    minute: dt.datetime
+    queued: int
+    active: int
+    admitted: int
+    ended: int
+
+
+@dataclasses.dataclass(frozen=True)
 class GrantOutcome:
     """A credit grant: the balance after it, and whether this call granted (False: the key had
     granted before)."""

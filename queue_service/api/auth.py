@@ -52,6 +52,8 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
         + [_OPERATOR + m for m in ("SetCoreCapacity", "SetUserQueueLimit", "ListSettingChanges")]
         # A failed or canceled job admitted again (charged to its user, the operator its actor).
         + [_OPERATOR + "RetryJob"]
+        # Who has work (the User queue's picker), and the queue's history (the overview's charts).
+        + [_OPERATOR + m for m in ("ListUsersWithWork", "GetQueueHistory")]
         + [_QUEUE + "CancelJob"]
     ),
 }

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from queue_service._gen.acurio.queue.v1 import job_pb2, operator_service_pb2 as operator_pb2
 from queue_service.errors import InvalidRequest
-from queue_service.model import CapacityState, JobStatus, JobView, LedgerEntry, LedgerKind, Overview, SettingChange
+from queue_service.model import CapacityState, JobStatus, JobView, LedgerEntry, LedgerKind, Overview, QueueMinute, SettingChange, UserWork
 
 PROTO_OF_STATUS: dict[JobStatus, job_pb2.JobStatus.ValueType] = {
     JobStatus.QUEUED: job_pb2.JOB_STATUS_QUEUED,
@@ -148,4 +148,18 @@ def ledger_entry_to_proto(entry: LedgerEntry) -> operator_pb2.LedgerEntry:
         note=entry.note,
     )
     message.create_time.FromDatetime(entry.create_time)
+    return message
+
+
+def user_work_to_proto(user: UserWork) -> operator_pb2.UserWork:
+    message = operator_pb2.UserWork(user_id=user.user_id, queued=user.queued, pending=user.pending, running=user.running)
+    if user.oldest_queued_create_time is not None:
+        message.oldest_queued_create_time.FromDatetime(user.oldest_queued_create_time)
+    message.oldest_create_time.FromDatetime(user.oldest_create_time)
+    return message
+
+
+def queue_minute_to_proto(minute: QueueMinute) -> operator_pb2.QueueMinute:
+    message = operator_pb2.QueueMinute(queued=minute.queued, active=minute.active, admitted=minute.admitted, ended=minute.ended)
+    message.minute.FromDatetime(minute.minute)
     return message

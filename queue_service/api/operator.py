@@ -28,8 +28,10 @@ from queue_service.api.convert import (
     job_to_proto,
     ledger_entry_to_proto,
     overview_to_proto,
+    queue_minute_to_proto,
     setting_change_to_proto,
     status_filter,
+    user_work_to_proto,
 )
 from queue_service.engine.credits import Credits
 from queue_service.engine.engine import QueueEngine
@@ -215,6 +217,22 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         assert job_id is not None
         view, admitted_now = await retry_job(self._engine, self._reads, job_id, request.retry_key)
         return pb.RetryJobResponse(job=job_to_proto(view), admitted_now=admitted_now)
+
+    async def ListUsersWithWork(
+        self, request: pb.ListUsersWithWorkRequest, context: grpc.aio.ServicerContext[pb.ListUsersWithWorkRequest, pb.ListUsersWithWorkResponse]
+    ) -> pb.ListUsersWithWorkResponse:
+        page_size = validation.validate_page_size(request.page_size)
+        users, total = await self._reads.users_with_work(limit=page_size)
+        return pb.ListUsersWithWorkResponse(users=[user_work_to_proto(user) for user in users], users_total=total)
+
+    async def GetQueueHistory(
+        self, request: pb.GetQueueHistoryRequest, context: grpc.aio.ServicerContext[pb.GetQueueHistoryRequest, pb.GetQueueHistoryResponse]
+    ) -> pb.GetQueueHistoryResponse:
+        window = _window(request.window_minutes)
+        minutes = await self._reads.queue_history(window_minutes=window)
+        response = pb.GetQueueHistoryResponse(minutes=[queue_minute_to_proto(minute) for minute in minutes], window_minutes=window)
+        response.read_time.GetCurrentTime()
+        return response
 
     async def ListSettingChanges(
         self, request: pb.ListSettingChangesRequest, context: grpc.aio.ServicerContext[pb.ListSettingChangesRequest, pb.ListSettingChangesResponse]

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Iterable
 
-from queue_service.model import CapacityState, JobInputs, JobSearch, JobStatus, JobView, Overview, estimate_start
+from queue_service.model import CapacityState, JobInputs, JobSearch, JobStatus, JobView, Overview, QueueMinute, UserWork, estimate_start
 from queue_service.store import Statements, Store
 
 _ESTIMATE_CACHE_SECONDS = 10.0
@@ -127,6 +127,14 @@ class JobReads:
             overview = await db.operator_overview(window_minutes=window_minutes, reconcile_after_seconds=self._reconcile_after_seconds)
             capacity = await db.capacity_state()
         return dataclasses.replace(overview, capacity=capacity)
+
+    async def users_with_work(self, *, limit: int) -> tuple[list[UserWork], int]:
+        async with self._store.statements() as db:
+            return await db.users_with_work(limit=limit)
+
+    async def queue_history(self, *, window_minutes: int) -> list[QueueMinute]:
+        async with self._store.statements() as db:
+            return await db.queue_history(window_minutes=window_minutes)
 
     async def inputs(self, job_id: uuid.UUID) -> JobInputs | None:
         """What the job was admitted with, in full (for a retry)."""

@@ -52,6 +52,7 @@ from queue_service.model import (
     Overview,
     Promoted,
     PromotionLimits,
+    QueueMinute,
     RunCompletion,
     RunReportToApply,
     ReplicationStance,
@@ -59,6 +60,7 @@ from queue_service.model import (
     ScheduledRetry,
     SettingChange,
     Transition,
+    UserWork,
     sources_of_json,
     sources_to_json,
 )
@@ -550,6 +552,30 @@ class Statements:
             admits_per_minute=tuple(int(r["admits"]) for r in admits),
             window_minutes=window_minutes,
         )
+
+    async def users_with_work(self, *, limit: int) -> tuple[list[UserWork], int]:
+        """The users with jobs in flight, the one waiting longest first, and how many there are."""
+        rows = await self._all("users_with_work", {"limit": limit})
+        users = [
+            UserWork(
+                user_id=row["user_id"],
+                queued=int(row["queued"]),
+                pending=int(row["pending"]),
+                running=int(row["running"]),
+                oldest_queued_create_time=row["oldest_queued_create_time"],
+                oldest_create_time=row["oldest_create_time"],
+            )
+            for row in rows
+        ]
+        return users, int(rows[0]["users_total"]) if rows else 0
+
+    async def queue_history(self, *, window_minutes: int) -> list[QueueMinute]:
+        """A point per minute over the window, oldest first."""
+        rows = await self._all("queue_history", {"window_minutes": window_minutes})
+        return [
+            QueueMinute(minute=row["minute"], queued=int(row["queued"]), active=int(row["active"]), admitted=int(row["admitted"]), ended=int(row["ended"]))
+            for row in rows
+        ]
 
     async def search_job_views(self, search: JobSearch, *, limit: int) -> list[JobView]:
         """Picks the query shape whose index fits the filter: one user, one status, or all."""

@@ -507,3 +507,84 @@ async def test_a_grant_keeps_the_operators_note_on_its_ledger_entry(web_service)
         await credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key="g3", note="x" * 513), timeout=10, metadata=_as("operator"))
     code, reason, _, violations = error_info(raised.value)
     assert (code, reason, [field for field, _ in violations]) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", ["note"])
+
+
+async def test_users_with_work_lists_who_waits_longest_first_with_their_counts(web_service) -> None:  # type: ignore[no-untyped-def]
+    operator, credits = _operator(web_service), web_service.stubs.credits
+    waits_long, waits_short, only_running, done = new_user(), new_user(), new_user(), new_user()
+    for user in (waits_long, waits_short, only_running, done):
+        await credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=5, idempotency_key="g"), timeout=10, metadata=_as("operator"))
+    # Admitted in this order: the first two users' second jobs queue (one slot each).
+    await _admit(web_service, only_running, _sources(1))
+    await _admit(web_service, waits_long, _sources(1))
+    await _admit(web_service, waits_long, _sources(1))
+    await _admit(web_service, waits_long, _sources(1))
+    await _admit(web_service, waits_short, _sources(1))
+    await _admit(web_service, waits_short, _sources(1))
+    finished = await _fail(web_service, (await _admit(web_service, done, _sources(1))).job_id)
+    assert finished.status == S.JOB_STATUS_FAILED
+
+    listed = await operator.ListUsersWithWork(op_pb2.ListUsersWithWorkRequest(page_size=100), timeout=10, metadata=_as("operator"))
+    mine = [u for u in listed.users if u.user_id in (waits_long, waits_short, only_running, done)]
+    assert [u.user_id for u in mine] == [waits_long, waits_short, only_running]  # done has no work
+    by_user = {u.user_id: u for u in mine}
+    assert (by_user[waits_long].queued, by_user[waits_long].pending + by_user[waits_long].running) == (2, 1)
+    assert (by_user[waits_short].queued, by_user[waits_short].pending + by_user[waits_short].running) == (1, 1)
+    assert by_user[only_running].queued == 0 and not by_user[only_running].HasField("oldest_queued_create_time")
+    assert by_user[waits_long].oldest_queued_create_time.ToDatetime() < by_user[waits_short].oldest_queued_create_time.ToDatetime()
+    assert listed.users_total == len(listed.users) >= 3
+    # The users waiting (overview) are the ones listed with a queued job.
+    overview = (await operator.GetOverview(op_pb2.GetOverviewRequest(), timeout=10, metadata=_as("operator"))).overview
+    assert overview.users_waiting == sum(1 for u in listed.users if u.queued > 0)
+
+    one = await operator.ListUsersWithWork(op_pb2.ListUsersWithWorkRequest(page_size=1), timeout=10, metadata=_as("operator"))
+    assert len(one.users) == 1 and one.users_total == listed.users_total and one.users[0] == listed.users[0]
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await operator.ListUsersWithWork(op_pb2.ListUsersWithWorkRequest(page_size=101), timeout=10, metadata=_as("operator"))
+    assert error_info(raised.value)[:2] == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
+
+
+def _by_minute(history: op_pb2.GetQueueHistoryResponse) -> dict[dt.datetime, op_pb2.QueueMinute]:
+    return {point.minute.ToDatetime(dt.timezone.utc): point for point in history.minutes}
+
+
+async def test_queue_history_is_derived_from_job_timestamps_minute_by_minute(web_service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    operator, user = _operator(web_service), new_user()
+    history = op_pb2.GetQueueHistoryRequest(window_minutes=60)
+    await web_service.stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=5, idempotency_key="g"), timeout=10, metadata=_as("operator"))
+    before = await operator.GetQueueHistory(history, timeout=10, metadata=_as("operator"))
+    assert before.window_minutes == 60 and len(before.minutes) == 60
+
+    # One job's life placed in the past: admitted 30 minutes ago, promoted at 25, ended at 20 —
+    # long before any console was open.
+    past = await _fail(web_service, (await _admit(web_service, user, _sources(1))).job_id)
+    now = dt.datetime.now(dt.timezone.utc).replace(second=0, microsecond=0)
+    at = {name: now - dt.timedelta(minutes=m) for name, m in (("admitted", 30), ("promoted", 25), ("ended", 20))}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE analysis_jobs SET create_time = %s, promote_time = %s, start_time = %s, end_time = %s WHERE job_id = %s",
+            (at["admitted"] + dt.timedelta(seconds=10), at["promoted"] + dt.timedelta(seconds=10), at["promoted"] + dt.timedelta(seconds=10),
+             at["ended"] + dt.timedelta(seconds=10), uuid.UUID(past.job_id)),
+        )
+    # And now: three jobs admitted (one running, two queued).
+    for _ in range(3):
+        await _admit(web_service, user, _sources(1))
+    after = await operator.GetQueueHistory(history, timeout=10, metadata=_as("operator"))
+    overview = (await operator.GetOverview(op_pb2.GetOverviewRequest(), timeout=10, metadata=_as("operator"))).overview
+    old, new = _by_minute(before), _by_minute(after)
+
+    def delta(minute: dt.datetime, field: str) -> int:
+        return int(getattr(new[minute], field)) - int(getattr(old[minute], field))
+
+    assert (delta(at["admitted"], "admitted"), delta(at["admitted"], "queued"), delta(at["admitted"], "active")) == (1, 1, 0)
+    assert (delta(at["promoted"], "queued"), delta(at["promoted"], "active")) == (0, 1)
+    assert (delta(at["ended"], "ended"), delta(at["ended"], "active")) == (1, 0)
+    assert delta(at["ended"] - dt.timedelta(minutes=1), "active") == 1  # still judging the minute before
+    # The current minute is the queue now.
+    last = after.minutes[-1]
+    assert (last.queued, last.active) == (overview.queued, overview.pending + overview.running)
+    assert sum(p.admitted for p in after.minutes) - sum(p.admitted for p in before.minutes) >= 3
+
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await operator.GetQueueHistory(op_pb2.GetQueueHistoryRequest(window_minutes=2000), timeout=10, metadata=_as("operator"))
+    assert error_info(raised.value)[:2] == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")

@@ -427,6 +427,62 @@ SELECT (SELECT count(*) FROM analysis_jobs WHERE status = 'queued') AS queued,
                  ORDER BY end_time DESC
                  LIMIT 100000) AS recent) AS ended;
 
+-- name: users_with_work
+-- The users with a QUEUED, PENDING or RUNNING job, the one waiting longest first. Each arm reads
+-- one status through its partial index (the rows in flight), as the overview's counts do.
+SELECT user_id,
+       count(*) FILTER (WHERE status = 'queued') AS queued,
+       count(*) FILTER (WHERE status = 'pending') AS pending,
+       count(*) FILTER (WHERE status = 'running') AS running,
+       min(create_time) FILTER (WHERE status = 'queued') AS oldest_queued_create_time,
+       min(create_time) AS oldest_create_time,
+       count(*) OVER () AS users_total
+  FROM (SELECT user_id, status, create_time FROM analysis_jobs WHERE status = 'queued'
+        UNION ALL
+        SELECT user_id, status, create_time FROM analysis_jobs WHERE status = 'pending'
+        UNION ALL
+        SELECT user_id, status, create_time FROM analysis_jobs WHERE status = 'running') AS live
+ GROUP BY user_id
+ ORDER BY min(create_time) FILTER (WHERE status = 'queued') NULLS LAST, min(create_time), user_id
+ LIMIT %(limit)s;
+
+-- name: queue_history
+-- A point per minute over the window: queued and active at the minute's end, admitted and ended
+-- during it. The jobs that can count are the ones in flight (partial indexes) and the window's
+-- ended ones (the end_time index, capped as the overview caps them): every job admitted in the
+-- window is one or the other. `now()`: index conditions (see operator_overview).
+WITH minutes AS (
+    SELECT m FROM generate_series(date_trunc('minute', now()) - make_interval(mins => %(window_minutes)s - 1),
+                                  date_trunc('minute', now()), interval '1 minute') AS m
+),
+jobs AS (
+    SELECT create_time, promote_time, end_time FROM analysis_jobs WHERE status = 'queued'
+    UNION ALL
+    SELECT create_time, promote_time, end_time FROM analysis_jobs WHERE status = 'pending'
+    UNION ALL
+    SELECT create_time, promote_time, end_time FROM analysis_jobs WHERE status = 'running'
+    UNION ALL
+    (SELECT create_time, promote_time, end_time FROM analysis_jobs
+      WHERE end_time IS NOT NULL
+        AND end_time >= date_trunc('minute', now()) - make_interval(mins => %(window_minutes)s - 1)
+      ORDER BY end_time DESC
+      LIMIT 100000)
+)
+SELECT minutes.m AS minute,
+       count(j.create_time) FILTER (WHERE j.create_time < minutes.m + interval '1 minute'
+                                      AND (j.promote_time IS NULL OR j.promote_time >= minutes.m + interval '1 minute')
+                                      AND (j.end_time IS NULL OR j.end_time >= minutes.m + interval '1 minute')) AS queued,
+       count(j.create_time) FILTER (WHERE j.promote_time < minutes.m + interval '1 minute'
+                                      AND (j.end_time IS NULL OR j.end_time >= minutes.m + interval '1 minute')) AS active,
+       count(j.create_time) FILTER (WHERE j.create_time >= minutes.m) AS admitted,
+       count(j.create_time) FILTER (WHERE j.end_time >= minutes.m AND j.end_time < minutes.m + interval '1 minute') AS ended
+  FROM minutes
+  LEFT JOIN jobs j
+         ON j.create_time < minutes.m + interval '1 minute'
+        AND (j.end_time IS NULL OR j.end_time >= minutes.m)
+ GROUP BY minutes.m
+ ORDER BY minutes.m;
+
 -- name: admits_per_minute
 -- Admits per minute over the window, oldest minute first, empty minutes included.
 SELECT count(j.job_id) AS admits

@@ -869,3 +869,197 @@ class RetryJobResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RetryJobResponse: _TypeAlias = RetryJobResponse  # noqa: Y015
+
+@_typing.final
+class ListUsersWithWorkRequest(_message.Message):
+    """Request for OperatorService.ListUsersWithWork."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """At most this many users: 1-100; 0 means 20."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUsersWithWorkRequest: _TypeAlias = ListUsersWithWorkRequest  # noqa: Y015
+
+@_typing.final
+class ListUsersWithWorkResponse(_message.Message):
+    """Response for OperatorService.ListUsersWithWork."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USERS_FIELD_NUMBER: _builtins.int
+    USERS_TOTAL_FIELD_NUMBER: _builtins.int
+    users_total: _builtins.int
+    """How many users have work now (more than `users` when the page is full)."""
+    @_builtins.property
+    def users(self) -> _containers.RepeatedCompositeFieldContainer[Global___UserWork]:
+        """The users, the one waiting longest first."""
+
+    def __init__(
+        self,
+        *,
+        users: _abc.Iterable[Global___UserWork] | None = ...,
+        users_total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["users", b"users", "users_total", b"users_total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUsersWithWorkResponse: _TypeAlias = ListUsersWithWorkResponse  # noqa: Y015
+
+@_typing.final
+class UserWork(_message.Message):
+    """One user's work in the queue now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    OLDEST_QUEUED_CREATE_TIME_FIELD_NUMBER: _builtins.int
+    OLDEST_CREATE_TIME_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The user."""
+    queued: _builtins.int
+    """Their jobs waiting for a slot."""
+    pending: _builtins.int
+    """Their jobs holding a slot whose run is being released (or waits for the core's capacity)."""
+    running: _builtins.int
+    """Their jobs the core is judging."""
+    @_builtins.property
+    def oldest_queued_create_time(self) -> _timestamp_pb2.Timestamp:
+        """When their oldest QUEUED job was admitted; unset when none is queued."""
+
+    @_builtins.property
+    def oldest_create_time(self) -> _timestamp_pb2.Timestamp:
+        """When their oldest QUEUED, PENDING or RUNNING job was admitted."""
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        queued: _builtins.int = ...,
+        pending: _builtins.int = ...,
+        running: _builtins.int = ...,
+        oldest_queued_create_time: _timestamp_pb2.Timestamp | None = ...,
+        oldest_create_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_create_time", b"oldest_create_time", "oldest_queued_create_time", b"oldest_queued_create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["oldest_create_time", b"oldest_create_time", "oldest_queued_create_time", b"oldest_queued_create_time", "pending", b"pending", "queued", b"queued", "running", b"running", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserWork: _TypeAlias = UserWork  # noqa: Y015
+
+@_typing.final
+class GetQueueHistoryRequest(_message.Message):
+    """Request for OperatorService.GetQueueHistory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WINDOW_MINUTES_FIELD_NUMBER: _builtins.int
+    window_minutes: _builtins.int
+    """The window, in minutes: 1-1440; 0 means 60."""
+    def __init__(
+        self,
+        *,
+        window_minutes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["window_minutes", b"window_minutes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQueueHistoryRequest: _TypeAlias = GetQueueHistoryRequest  # noqa: Y015
+
+@_typing.final
+class GetQueueHistoryResponse(_message.Message):
+    """Response for OperatorService.GetQueueHistory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MINUTES_FIELD_NUMBER: _builtins.int
+    WINDOW_MINUTES_FIELD_NUMBER: _builtins.int
+    READ_TIME_FIELD_NUMBER: _builtins.int
+    window_minutes: _builtins.int
+    """The window covered, in minutes."""
+    @_builtins.property
+    def minutes(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueMinute]:
+        """One point per minute, oldest first; the last is the current, partial minute."""
+
+    @_builtins.property
+    def read_time(self) -> _timestamp_pb2.Timestamp:
+        """When the history was read."""
+
+    def __init__(
+        self,
+        *,
+        minutes: _abc.Iterable[Global___QueueMinute] | None = ...,
+        window_minutes: _builtins.int = ...,
+        read_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["read_time", b"read_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["minutes", b"minutes", "read_time", b"read_time", "window_minutes", b"window_minutes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQueueHistoryResponse: _TypeAlias = GetQueueHistoryResponse  # noqa: Y015
+
+@_typing.final
+class QueueMinute(_message.Message):
+    """The queue in one minute."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MINUTE_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    ACTIVE_FIELD_NUMBER: _builtins.int
+    ADMITTED_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    queued: _builtins.int
+    """Jobs QUEUED at the minute's end (for the current minute: now)."""
+    active: _builtins.int
+    """Jobs PENDING or RUNNING at the minute's end (for the current minute: now)."""
+    admitted: _builtins.int
+    """Jobs admitted during the minute."""
+    ended: _builtins.int
+    """Jobs that reached a terminal status during the minute (the throughput). Counted over the
+    window's newest 100000 ended jobs at most, as the overview's window figures are.
+    """
+    @_builtins.property
+    def minute(self) -> _timestamp_pb2.Timestamp:
+        """The minute's start."""
+
+    def __init__(
+        self,
+        *,
+        minute: _timestamp_pb2.Timestamp | None = ...,
+        queued: _builtins.int = ...,
+        active: _builtins.int = ...,
+        admitted: _builtins.int = ...,
+        ended: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["minute", b"minute"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "admitted", b"admitted", "ended", b"ended", "minute", b"minute", "queued", b"queued"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueMinute: _TypeAlias = QueueMinute  # noqa: Y015

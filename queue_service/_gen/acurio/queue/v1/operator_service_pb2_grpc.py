@@ -85,6 +85,16 @@ class OperatorServiceStub:
                 request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobRequest.SerializeToString,
                 response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobResponse.FromString,
                 _registered_method=True)
+        self.ListUsersWithWork = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/ListUsersWithWork',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListUsersWithWorkRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListUsersWithWorkResponse.FromString,
+                _registered_method=True)
+        self.GetQueueHistory = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/GetQueueHistory',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServiceServicer:
@@ -200,6 +210,29 @@ class OperatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListUsersWithWork(self, request, context):
+        """The users who have work in the queue now (a QUEUED, PENDING or RUNNING job), the one waiting
+        longest first (the oldest QUEUED job), then those with only active jobs; each with their
+        counts. Read from the partial indexes over the rows in flight, like the overview's counts.
+        Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a page size outside 0-100.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetQueueHistory(self, request, context):
+        """The queue's history, a point per minute over the window: how many jobs were queued and
+        active at the end of each minute, and how many were admitted and ended during it. Derived
+        from the jobs' own timestamps (the rows in flight and the window's ended jobs, from their
+        indexes), so it covers the time before any console was open. Added to the contract
+        additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a window outside 1-1440 minutes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -247,6 +280,16 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.RetryJob,
                     request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobRequest.FromString,
                     response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobResponse.SerializeToString,
+            ),
+            'ListUsersWithWork': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsersWithWork,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListUsersWithWorkRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListUsersWithWorkResponse.SerializeToString,
+            ),
+            'GetQueueHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueueHistory,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -498,6 +541,60 @@ class OperatorService:
             '/acurio.queue.v1.OperatorService/RetryJob',
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobRequest.SerializeToString,
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsersWithWork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/ListUsersWithWork',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListUsersWithWorkRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListUsersWithWorkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueueHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/GetQueueHistory',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -107,6 +107,21 @@ class OperatorServiceStub:
     been canceled, or one admitted before the service stored what it judges; and every error of
     Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
     """
+    ListUsersWithWork: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.ListUsersWithWorkRequest, _operator_service_pb2.ListUsersWithWorkResponse]
+    """The users who have work in the queue now (a QUEUED, PENDING or RUNNING job), the one waiting
+    longest first (the oldest QUEUED job), then those with only active jobs; each with their
+    counts. Read from the partial indexes over the rows in flight, like the overview's counts.
+    Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a page size outside 0-100.
+    """
+    GetQueueHistory: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.GetQueueHistoryRequest, _operator_service_pb2.GetQueueHistoryResponse]
+    """The queue's history, a point per minute over the window: how many jobs were queued and
+    active at the end of each minute, and how many were admitted and ended during it. Derived
+    from the jobs' own timestamps (the rows in flight and the window's ended jobs, from their
+    indexes), so it covers the time before any console was open. Added to the contract
+    additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a window outside 1-1440 minutes.
+    """
 
 @_typing.type_check_only
 class OperatorServiceAsyncStub(OperatorServiceStub):
@@ -186,6 +201,21 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
     been canceled, or one admitted before the service stored what it judges; and every error of
     Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
+    """
+    ListUsersWithWork: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.ListUsersWithWorkRequest, _operator_service_pb2.ListUsersWithWorkResponse]  # type: ignore[assignment]
+    """The users who have work in the queue now (a QUEUED, PENDING or RUNNING job), the one waiting
+    longest first (the oldest QUEUED job), then those with only active jobs; each with their
+    counts. Read from the partial indexes over the rows in flight, like the overview's counts.
+    Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a page size outside 0-100.
+    """
+    GetQueueHistory: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.GetQueueHistoryRequest, _operator_service_pb2.GetQueueHistoryResponse]  # type: ignore[assignment]
+    """The queue's history, a point per minute over the window: how many jobs were queued and
+    active at the end of each minute, and how many were admitted and ended during it. Derived
+    from the jobs' own timestamps (the rows in flight and the window's ended jobs, from their
+    indexes), so it covers the time before any console was open. Added to the contract
+    additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a window outside 1-1440 minutes.
     """
 
 class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -317,6 +347,33 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
         been canceled, or one admitted before the service stored what it judges; and every error of
         Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
+        """
+
+    @_abc_1.abstractmethod
+    def ListUsersWithWork(
+        self,
+        request: _operator_service_pb2.ListUsersWithWorkRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.ListUsersWithWorkResponse, _abc.Awaitable[_operator_service_pb2.ListUsersWithWorkResponse]]:
+        """The users who have work in the queue now (a QUEUED, PENDING or RUNNING job), the one waiting
+        longest first (the oldest QUEUED job), then those with only active jobs; each with their
+        counts. Read from the partial indexes over the rows in flight, like the overview's counts.
+        Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a page size outside 0-100.
+        """
+
+    @_abc_1.abstractmethod
+    def GetQueueHistory(
+        self,
+        request: _operator_service_pb2.GetQueueHistoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.GetQueueHistoryResponse, _abc.Awaitable[_operator_service_pb2.GetQueueHistoryResponse]]:
+        """The queue's history, a point per minute over the window: how many jobs were queued and
+        active at the end of each minute, and how many were admitted and ended during it. Derived
+        from the jobs' own timestamps (the rows in flight and the window's ended jobs, from their
+        indexes), so it covers the time before any console was open. Added to the contract
+        additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a window outside 1-1440 minutes.
         """
 
 def add_OperatorServiceServicer_to_server(servicer: OperatorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/operator_service.proto.
  */
 export const file_acurio_queue_v1_operator_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyLWBAoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2NhcGFjaXR5X2luX3VzZRgOIAEoAxIWCg5jYXBhY2l0eV9saW1pdBgPIAEoAxIdChVjYXBhY2l0eV93YWl0aW5nX2pvYnMYECABKAMSHgoWY2FwYWNpdHlfd2FpdGluZ191c2VycxgRIAEoAxI9ChlvbGRlc3RfY2FwYWNpdHlfd2FpdF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjb3JlX2xpbWl0GBMgASgDEhUKDWNvcmVfcmVmdXNhbHMYFCABKAMiZgoRU2VhcmNoSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJRChJTZWFyY2hKb2JzUmVzcG9uc2USIgoEam9icxgBIAMoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkMKFFdhdGNoT3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFEhMKC2ludGVydmFsX21zGAIgASgFIkQKFVdhdGNoT3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJiChFDYW5jZWxKb2JzUmVxdWVzdBIqCgZmaWx0ZXIYASABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEg8KB2RyeV9ydW4YAiABKAgSEAoIbWF4X2pvYnMYAyABKAUihAEKEkNhbmNlbEpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEhAKCGNhbmNlbGVkGAMgASgFEjAKCGZhaWx1cmVzGAQgAygLMh4uYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEZhaWx1cmUiQAoNQ2FuY2VsRmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiYgoYTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSDgoGam9iX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJImMKGUxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USLQoHZW50cmllcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5MZWRnZXJFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki9wEKC0xlZGdlckVudHJ5EhAKCGVudHJ5X2lkGAEgASgDEi8KC2NyZWF0ZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgd1c2VyX2lkGAMgASgJEi4KBGtpbmQYBCABKA4yIC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnlLaW5kEg4KBmFtb3VudBgFIAEoAxIOCgZqb2JfaWQYBiABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEg0KBWFjdG9yGAggASgJEg4KBnJlYXNvbhgJIAEoCRIMCgRub3RlGAogASgJIioKFlNldENvcmVDYXBhY2l0eVJlcXVlc3QSEAoIY2FwYWNpdHkYASABKAUidgoXU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USLgoGY2hhbmdlGAEgASgLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2USKwoIb3ZlcnZpZXcYAiABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciPwoYU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSEgoKbWF4X2FjdGl2ZRgCIAEoBSJLChlTZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlIkIKGUxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiZgoaTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USLwoHY2hhbmdlcxgBIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKqAQoNU2V0dGluZ0NoYW5nZRIRCgljaGFuZ2VfaWQYASABKAMSDwoHc2V0dGluZxgCIAEoCRIPCgd1c2VyX2lkGAMgASgJEhEKCW9sZF92YWx1ZRgEIAEoBRIRCgluZXdfdmFsdWUYBSABKAUSDQoFYWN0b3IYBiABKAkSLwoLY3JlYXRlX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjQKD1JldHJ5Sm9iUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEQoJcmV0cnlfa2V5GAIgASgJIksKEFJldHJ5Sm9iUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIUCgxhZG1pdHRlZF9ub3cYAiABKAgqjQEKD0xlZGdlckVudHJ5S2luZBIhCh1MRURHRVJfRU5UUllfS0lORF9VTlNQRUNJRklFRBAAEhsKF0xFREdFUl9FTlRSWV9LSU5EX0dSQU5UEAESHAoYTEVER0VSX0VOVFJZX0tJTkRfQ0hBUkdFEAISHAoYTEVER0VSX0VOVFJZX0tJTkRfUkVGVU5EEAMy+QYKD09wZXJhdG9yU2VydmljZRJYCgtHZXRPdmVydmlldxIjLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1JlcXVlc3QaJC5hY3VyaW8ucXVldWUudjEuR2V0T3ZlcnZpZXdSZXNwb25zZRJVCgpTZWFyY2hKb2JzEiIuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXNwb25zZRJgCg1XYXRjaE92ZXJ2aWV3EiUuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXF1ZXN0GiYuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXNwb25zZTABElUKCkNhbmNlbEpvYnMSIi5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1Jlc3BvbnNlEmoKEUxpc3RMZWRnZXJFbnRyaWVzEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEmQKD1NldENvcmVDYXBhY2l0eRInLmFjdXJpby5xdWV1ZS52MS5TZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlc3BvbnNlEmoKEVNldFVzZXJRdWV1ZUxpbWl0EikuYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5TZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEm0KEkxpc3RTZXR0aW5nQ2hhbmdlcxIqLmFjdXJpby5xdWV1ZS52MS5MaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0GisuYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEk8KCFJldHJ5Sm9iEiAuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9iUmVxdWVzdBohLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYlJlc3BvbnNlYgZwcm90bzM", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
+  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyLWBAoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2NhcGFjaXR5X2luX3VzZRgOIAEoAxIWCg5jYXBhY2l0eV9saW1pdBgPIAEoAxIdChVjYXBhY2l0eV93YWl0aW5nX2pvYnMYECABKAMSHgoWY2FwYWNpdHlfd2FpdGluZ191c2VycxgRIAEoAxI9ChlvbGRlc3RfY2FwYWNpdHlfd2FpdF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjb3JlX2xpbWl0GBMgASgDEhUKDWNvcmVfcmVmdXNhbHMYFCABKAMiZgoRU2VhcmNoSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJRChJTZWFyY2hKb2JzUmVzcG9uc2USIgoEam9icxgBIAMoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkMKFFdhdGNoT3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFEhMKC2ludGVydmFsX21zGAIgASgFIkQKFVdhdGNoT3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJiChFDYW5jZWxKb2JzUmVxdWVzdBIqCgZmaWx0ZXIYASABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEg8KB2RyeV9ydW4YAiABKAgSEAoIbWF4X2pvYnMYAyABKAUihAEKEkNhbmNlbEpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEhAKCGNhbmNlbGVkGAMgASgFEjAKCGZhaWx1cmVzGAQgAygLMh4uYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEZhaWx1cmUiQAoNQ2FuY2VsRmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiYgoYTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSDgoGam9iX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJImMKGUxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USLQoHZW50cmllcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5MZWRnZXJFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki9wEKC0xlZGdlckVudHJ5EhAKCGVudHJ5X2lkGAEgASgDEi8KC2NyZWF0ZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgd1c2VyX2lkGAMgASgJEi4KBGtpbmQYBCABKA4yIC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnlLaW5kEg4KBmFtb3VudBgFIAEoAxIOCgZqb2JfaWQYBiABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEg0KBWFjdG9yGAggASgJEg4KBnJlYXNvbhgJIAEoCRIMCgRub3RlGAogASgJIioKFlNldENvcmVDYXBhY2l0eVJlcXVlc3QSEAoIY2FwYWNpdHkYASABKAUidgoXU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USLgoGY2hhbmdlGAEgASgLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2USKwoIb3ZlcnZpZXcYAiABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciPwoYU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSEgoKbWF4X2FjdGl2ZRgCIAEoBSJLChlTZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlIkIKGUxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiZgoaTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USLwoHY2hhbmdlcxgBIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKqAQoNU2V0dGluZ0NoYW5nZRIRCgljaGFuZ2VfaWQYASABKAMSDwoHc2V0dGluZxgCIAEoCRIPCgd1c2VyX2lkGAMgASgJEhEKCW9sZF92YWx1ZRgEIAEoBRIRCgluZXdfdmFsdWUYBSABKAUSDQoFYWN0b3IYBiABKAkSLwoLY3JlYXRlX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjQKD1JldHJ5Sm9iUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEQoJcmV0cnlfa2V5GAIgASgJIksKEFJldHJ5Sm9iUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIUCgxhZG1pdHRlZF9ub3cYAiABKAgiLQoYTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBSJaChlMaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEigKBXVzZXJzGAEgAygLMhkuYWN1cmlvLnF1ZXVlLnYxLlVzZXJXb3JrEhMKC3VzZXJzX3RvdGFsGAIgASgDIsQBCghVc2VyV29yaxIPCgd1c2VyX2lkGAEgASgJEg4KBnF1ZXVlZBgCIAEoAxIPCgdwZW5kaW5nGAMgASgDEg8KB3J1bm5pbmcYBCABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSb2xkZXN0X2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIwChZHZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIo8BChdHZXRRdWV1ZUhpc3RvcnlSZXNwb25zZRItCgdtaW51dGVzGAEgAygLMhwuYWN1cmlvLnF1ZXVlLnYxLlF1ZXVlTWludXRlEhYKDndpbmRvd19taW51dGVzGAIgASgFEi0KCXJlYWRfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiegoLUXVldWVNaW51dGUSKgoGbWludXRlGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZxdWV1ZWQYAiABKAMSDgoGYWN0aXZlGAMgASgDEhAKCGFkbWl0dGVkGAQgASgDEg0KBWVuZGVkGAUgASgDKo0BCg9MZWRnZXJFbnRyeUtpbmQSIQodTEVER0VSX0VOVFJZX0tJTkRfVU5TUEVDSUZJRUQQABIbChdMRURHRVJfRU5UUllfS0lORF9HUkFOVBABEhwKGExFREdFUl9FTlRSWV9LSU5EX0NIQVJHRRACEhwKGExFREdFUl9FTlRSWV9LSU5EX1JFRlVORBADMssICg9PcGVyYXRvclNlcnZpY2USWAoLR2V0T3ZlcnZpZXcSIy5hY3VyaW8ucXVldWUudjEuR2V0T3ZlcnZpZXdSZXF1ZXN0GiQuYWN1cmlvLnF1ZXVlLnYxLkdldE92ZXJ2aWV3UmVzcG9uc2USVQoKU2VhcmNoSm9icxIiLmFjdXJpby5xdWV1ZS52MS5TZWFyY2hKb2JzUmVxdWVzdBojLmFjdXJpby5xdWV1ZS52MS5TZWFyY2hKb2JzUmVzcG9uc2USYAoNV2F0Y2hPdmVydmlldxIlLmFjdXJpby5xdWV1ZS52MS5XYXRjaE92ZXJ2aWV3UmVxdWVzdBomLmFjdXJpby5xdWV1ZS52MS5XYXRjaE92ZXJ2aWV3UmVzcG9uc2UwARJVCgpDYW5jZWxKb2JzEiIuYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEpvYnNSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEpvYnNSZXNwb25zZRJqChFMaXN0TGVkZ2VyRW50cmllcxIpLmFjdXJpby5xdWV1ZS52MS5MaXN0TGVkZ2VyRW50cmllc1JlcXVlc3QaKi5hY3VyaW8ucXVldWUudjEuTGlzdExlZGdlckVudHJpZXNSZXNwb25zZRJkCg9TZXRDb3JlQ2FwYWNpdHkSJy5hY3VyaW8ucXVldWUudjEuU2V0Q29yZUNhcGFjaXR5UmVxdWVzdBooLmFjdXJpby5xdWV1ZS52MS5TZXRDb3JlQ2FwYWNpdHlSZXNwb25zZRJqChFTZXRVc2VyUXVldWVMaW1pdBIpLmFjdXJpby5xdWV1ZS52MS5TZXRVc2VyUXVldWVMaW1pdFJlcXVlc3QaKi5hY3VyaW8ucXVldWUudjEuU2V0VXNlclF1ZXVlTGltaXRSZXNwb25zZRJtChJMaXN0U2V0dGluZ0NoYW5nZXMSKi5hY3VyaW8ucXVldWUudjEuTGlzdFNldHRpbmdDaGFuZ2VzUmVxdWVzdBorLmFjdXJpby5xdWV1ZS52MS5MaXN0U2V0dGluZ0NoYW5nZXNSZXNwb25zZRJPCghSZXRyeUpvYhIgLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYlJlcXVlc3QaIS5hY3VyaW8ucXVldWUudjEuUmV0cnlKb2JSZXNwb25zZRJqChFMaXN0VXNlcnNXaXRoV29yaxIpLmFjdXJpby5xdWV1ZS52MS5MaXN0VXNlcnNXaXRoV29ya1JlcXVlc3QaKi5hY3VyaW8ucXVldWUudjEuTGlzdFVzZXJzV2l0aFdvcmtSZXNwb25zZRJkCg9HZXRRdWV1ZUhpc3RvcnkSJy5hY3VyaW8ucXVldWUudjEuR2V0UXVldWVIaXN0b3J5UmVxdWVzdBooLmFjdXJpby5xdWV1ZS52MS5HZXRRdWV1ZUhpc3RvcnlSZXNwb25zZWIGcHJvdG8z", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
 
 /**
  * Which jobs a search or a bulk cancel is about. Every set field narrows the match.
@@ -1692,6 +1692,386 @@ export const RetryJobResponseSchema: GenMessage<RetryJobResponse, {jsonType: Ret
   messageDesc(file_acurio_queue_v1_operator_service, 22);
 
 /**
+ * Request for OperatorService.ListUsersWithWork.
+ *
+ * @generated from message acurio.queue.v1.ListUsersWithWorkRequest
+ */
+export type ListUsersWithWorkRequest = Message<"acurio.queue.v1.ListUsersWithWorkRequest"> & {
+  /**
+   * At most this many users: 1-100; 0 means 20.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+};
+
+/**
+ * Request for OperatorService.ListUsersWithWork.
+ *
+ * @generated from message acurio.queue.v1.ListUsersWithWorkRequest
+ */
+export type ListUsersWithWorkRequestJson = {
+  /**
+   * At most this many users: 1-100; 0 means 20.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize?: number;
+};
+
+/**
+ * Describes the message acurio.queue.v1.ListUsersWithWorkRequest.
+ * Use `create(ListUsersWithWorkRequestSchema)` to create a new message.
+ */
+export const ListUsersWithWorkRequestSchema: GenMessage<ListUsersWithWorkRequest, {jsonType: ListUsersWithWorkRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 23);
+
+/**
+ * Response for OperatorService.ListUsersWithWork.
+ *
+ * @generated from message acurio.queue.v1.ListUsersWithWorkResponse
+ */
+export type ListUsersWithWorkResponse = Message<"acurio.queue.v1.ListUsersWithWorkResponse"> & {
+  /**
+   * The users, the one waiting longest first.
+   *
+   * @generated from field: repeated acurio.queue.v1.UserWork users = 1;
+   */
+  users: UserWork[];
+
+  /**
+   * How many users have work now (more than `users` when the page is full).
+   *
+   * @generated from field: int64 users_total = 2;
+   */
+  usersTotal: bigint;
+};
+
+/**
+ * Response for OperatorService.ListUsersWithWork.
+ *
+ * @generated from message acurio.queue.v1.ListUsersWithWorkResponse
+ */
+export type ListUsersWithWorkResponseJson = {
+  /**
+   * The users, the one waiting longest first.
+   *
+   * @generated from field: repeated acurio.queue.v1.UserWork users = 1;
+   */
+  users?: UserWorkJson[];
+
+  /**
+   * How many users have work now (more than `users` when the page is full).
+   *
+   * @generated from field: int64 users_total = 2;
+   */
+  usersTotal?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.ListUsersWithWorkResponse.
+ * Use `create(ListUsersWithWorkResponseSchema)` to create a new message.
+ */
+export const ListUsersWithWorkResponseSchema: GenMessage<ListUsersWithWorkResponse, {jsonType: ListUsersWithWorkResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 24);
+
+/**
+ * One user's work in the queue now.
+ *
+ * @generated from message acurio.queue.v1.UserWork
+ */
+export type UserWork = Message<"acurio.queue.v1.UserWork"> & {
+  /**
+   * The user.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId: string;
+
+  /**
+   * Their jobs waiting for a slot.
+   *
+   * @generated from field: int64 queued = 2;
+   */
+  queued: bigint;
+
+  /**
+   * Their jobs holding a slot whose run is being released (or waits for the core's capacity).
+   *
+   * @generated from field: int64 pending = 3;
+   */
+  pending: bigint;
+
+  /**
+   * Their jobs the core is judging.
+   *
+   * @generated from field: int64 running = 4;
+   */
+  running: bigint;
+
+  /**
+   * When their oldest QUEUED job was admitted; unset when none is queued.
+   *
+   * @generated from field: google.protobuf.Timestamp oldest_queued_create_time = 5;
+   */
+  oldestQueuedCreateTime?: Timestamp | undefined;
+
+  /**
+   * When their oldest QUEUED, PENDING or RUNNING job was admitted.
+   *
+   * @generated from field: google.protobuf.Timestamp oldest_create_time = 6;
+   */
+  oldestCreateTime?: Timestamp | undefined;
+};
+
+/**
+ * One user's work in the queue now.
+ *
+ * @generated from message acurio.queue.v1.UserWork
+ */
+export type UserWorkJson = {
+  /**
+   * The user.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId?: string;
+
+  /**
+   * Their jobs waiting for a slot.
+   *
+   * @generated from field: int64 queued = 2;
+   */
+  queued?: string;
+
+  /**
+   * Their jobs holding a slot whose run is being released (or waits for the core's capacity).
+   *
+   * @generated from field: int64 pending = 3;
+   */
+  pending?: string;
+
+  /**
+   * Their jobs the core is judging.
+   *
+   * @generated from field: int64 running = 4;
+   */
+  running?: string;
+
+  /**
+   * When their oldest QUEUED job was admitted; unset when none is queued.
+   *
+   * @generated from field: google.protobuf.Timestamp oldest_queued_create_time = 5;
+   */
+  oldestQueuedCreateTime?: TimestampJson;
+
+  /**
+   * When their oldest QUEUED, PENDING or RUNNING job was admitted.
+   *
+   * @generated from field: google.protobuf.Timestamp oldest_create_time = 6;
+   */
+  oldestCreateTime?: TimestampJson;
+};
+
+/**
+ * Describes the message acurio.queue.v1.UserWork.
+ * Use `create(UserWorkSchema)` to create a new message.
+ */
+export const UserWorkSchema: GenMessage<UserWork, {jsonType: UserWorkJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 25);
+
+/**
+ * Request for OperatorService.GetQueueHistory.
+ *
+ * @generated from message acurio.queue.v1.GetQueueHistoryRequest
+ */
+export type GetQueueHistoryRequest = Message<"acurio.queue.v1.GetQueueHistoryRequest"> & {
+  /**
+   * The window, in minutes: 1-1440; 0 means 60.
+   *
+   * @generated from field: int32 window_minutes = 1;
+   */
+  windowMinutes: number;
+};
+
+/**
+ * Request for OperatorService.GetQueueHistory.
+ *
+ * @generated from message acurio.queue.v1.GetQueueHistoryRequest
+ */
+export type GetQueueHistoryRequestJson = {
+  /**
+   * The window, in minutes: 1-1440; 0 means 60.
+   *
+   * @generated from field: int32 window_minutes = 1;
+   */
+  windowMinutes?: number;
+};
+
+/**
+ * Describes the message acurio.queue.v1.GetQueueHistoryRequest.
+ * Use `create(GetQueueHistoryRequestSchema)` to create a new message.
+ */
+export const GetQueueHistoryRequestSchema: GenMessage<GetQueueHistoryRequest, {jsonType: GetQueueHistoryRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 26);
+
+/**
+ * Response for OperatorService.GetQueueHistory.
+ *
+ * @generated from message acurio.queue.v1.GetQueueHistoryResponse
+ */
+export type GetQueueHistoryResponse = Message<"acurio.queue.v1.GetQueueHistoryResponse"> & {
+  /**
+   * One point per minute, oldest first; the last is the current, partial minute.
+   *
+   * @generated from field: repeated acurio.queue.v1.QueueMinute minutes = 1;
+   */
+  minutes: QueueMinute[];
+
+  /**
+   * The window covered, in minutes.
+   *
+   * @generated from field: int32 window_minutes = 2;
+   */
+  windowMinutes: number;
+
+  /**
+   * When the history was read.
+   *
+   * @generated from field: google.protobuf.Timestamp read_time = 3;
+   */
+  readTime?: Timestamp | undefined;
+};
+
+/**
+ * Response for OperatorService.GetQueueHistory.
+ *
+ * @generated from message acurio.queue.v1.GetQueueHistoryResponse
+ */
+export type GetQueueHistoryResponseJson = {
+  /**
+   * One point per minute, oldest first; the last is the current, partial minute.
+   *
+   * @generated from field: repeated acurio.queue.v1.QueueMinute minutes = 1;
+   */
+  minutes?: QueueMinuteJson[];
+
+  /**
+   * The window covered, in minutes.
+   *
+   * @generated from field: int32 window_minutes = 2;
+   */
+  windowMinutes?: number;
+
+  /**
+   * When the history was read.
+   *
+   * @generated from field: google.protobuf.Timestamp read_time = 3;
+   */
+  readTime?: TimestampJson;
+};
+
+/**
+ * Describes the message acurio.queue.v1.GetQueueHistoryResponse.
+ * Use `create(GetQueueHistoryResponseSchema)` to create a new message.
+ */
+export const GetQueueHistoryResponseSchema: GenMessage<GetQueueHistoryResponse, {jsonType: GetQueueHistoryResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 27);
+
+/**
+ * The queue in one minute.
+ *
+ * @generated from message acurio.queue.v1.QueueMinute
+ */
+export type QueueMinute = Message<"acurio.queue.v1.QueueMinute"> & {
+  /**
+   * The minute's start.
+   *
+   * @generated from field: google.protobuf.Timestamp minute = 1;
+   */
+  minute?: Timestamp | undefined;
+
+  /**
+   * Jobs QUEUED at the minute's end (for the current minute: now).
+   *
+   * @generated from field: int64 queued = 2;
+   */
+  queued: bigint;
+
+  /**
+   * Jobs PENDING or RUNNING at the minute's end (for the current minute: now).
+   *
+   * @generated from field: int64 active = 3;
+   */
+  active: bigint;
+
+  /**
+   * Jobs admitted during the minute.
+   *
+   * @generated from field: int64 admitted = 4;
+   */
+  admitted: bigint;
+
+  /**
+   * Jobs that reached a terminal status during the minute (the throughput). Counted over the
+   * window's newest 100000 ended jobs at most, as the overview's window figures are.
+   *
+   * @generated from field: int64 ended = 5;
+   */
+  ended: bigint;
+};
+
+/**
+ * The queue in one minute.
+ *
+ * @generated from message acurio.queue.v1.QueueMinute
+ */
+export type QueueMinuteJson = {
+  /**
+   * The minute's start.
+   *
+   * @generated from field: google.protobuf.Timestamp minute = 1;
+   */
+  minute?: TimestampJson;
+
+  /**
+   * Jobs QUEUED at the minute's end (for the current minute: now).
+   *
+   * @generated from field: int64 queued = 2;
+   */
+  queued?: string;
+
+  /**
+   * Jobs PENDING or RUNNING at the minute's end (for the current minute: now).
+   *
+   * @generated from field: int64 active = 3;
+   */
+  active?: string;
+
+  /**
+   * Jobs admitted during the minute.
+   *
+   * @generated from field: int64 admitted = 4;
+   */
+  admitted?: string;
+
+  /**
+   * Jobs that reached a terminal status during the minute (the throughput). Counted over the
+   * window's newest 100000 ended jobs at most, as the overview's window figures are.
+   *
+   * @generated from field: int64 ended = 5;
+   */
+  ended?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.QueueMinute.
+ * Use `create(QueueMinuteSchema)` to create a new message.
+ */
+export const QueueMinuteSchema: GenMessage<QueueMinute, {jsonType: QueueMinuteJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 28);
+
+/**
  * How a ledger entry moves credits.
  *
  * @generated from enum acurio.queue.v1.LedgerEntryKind
@@ -1880,6 +2260,35 @@ export const OperatorService: GenService<{
     methodKind: "unary";
     input: typeof RetryJobRequestSchema;
     output: typeof RetryJobResponseSchema;
+  },
+  /**
+   * The users who have work in the queue now (a QUEUED, PENDING or RUNNING job), the one waiting
+   * longest first (the oldest QUEUED job), then those with only active jobs; each with their
+   * counts. Read from the partial indexes over the rows in flight, like the overview's counts.
+   * Added to the contract additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a page size outside 0-100.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.ListUsersWithWork
+   */
+  listUsersWithWork: {
+    methodKind: "unary";
+    input: typeof ListUsersWithWorkRequestSchema;
+    output: typeof ListUsersWithWorkResponseSchema;
+  },
+  /**
+   * The queue's history, a point per minute over the window: how many jobs were queued and
+   * active at the end of each minute, and how many were admitted and ended during it. Derived
+   * from the jobs' own timestamps (the rows in flight and the window's ended jobs, from their
+   * indexes), so it covers the time before any console was open. Added to the contract
+   * additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a window outside 1-1440 minutes.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.GetQueueHistory
+   */
+  getQueueHistory: {
+    methodKind: "unary";
+    input: typeof GetQueueHistoryRequestSchema;
+    output: typeof GetQueueHistoryResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_acurio_queue_v1_operator_service, 0);
