@@ -1,6 +1,6 @@
 import { useEffect, useState } from "preact/hooks";
 
-import { credits, date, queue } from "./api.js";
+import { credits, date, operator, queue } from "./api.js";
 import { ACTIVE, clock, duration, ordinal, shortId, STATUS_LABELS } from "./format.js";
 import { go, useNow } from "./hooks.js";
 import { useAction } from "./notice.js";
@@ -8,6 +8,7 @@ import { useLiveStream } from "./stream.js";
 import { StatusBadge } from "./jobs.js";
 import { LedgerTable, useLedger } from "./ledger.js";
 import { type Job, JobStatus } from "./gen/acurio/queue/v1/job_pb.js";
+import type { UserWork } from "./gen/acurio/queue/v1/operator_service_pb.js";
 
 function Countdown({ at, now }: { at: Date | undefined; now: number }) {
   if (at === undefined) return <span class="muted">no estimate yet</span>;
@@ -156,6 +157,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
         <h1>A user's queue</h1>
         <p class="muted">What a lecturer sees: the running analysis, the queued ones with their position, what each waits for and when it should start.</p>
         <UserPicker userId="" />
+        <UsersWithWork live={live} now={now} />
       </section>
     );
   }
@@ -192,6 +194,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
           Promote next
         </button>
         <a href={`#/jobs?user=${encodeURIComponent(userId)}`}>All of this user's jobs →</a>
+        <a href="#/users">Users with work</a>
       </div>
       <ol class="queue">
         {running.map((job) => (
@@ -266,6 +269,70 @@ function UserLedger({ userId, version }: { userId: string; version: number }) {
           <a href={`#/ledger?user=${encodeURIComponent(userId)}`}>Older entries →</a>
         </p>
       )}
+    </>
+  );
+}
+
+// Who has work is read again this often while the page is open.
+const USERS_POLL_MS = 3000;
+
+/** The users with work now, the one waiting longest first: pick one to watch. */
+function UsersWithWork({ live, now }: { live: boolean; now: number }) {
+  const [users, setUsers] = useState<UserWork[] | null>(null);
+  const [total, setTotal] = useState(0n);
+  useEffect(() => {
+    if (!live) return;
+    let current = true;
+    const load = () =>
+      operator.listUsersWithWork({ pageSize: 50 }).then(
+        (r) => {
+          if (!current) return;
+          setUsers(r.users);
+          setTotal(r.usersTotal);
+        },
+        () => {}, // the live mark tells a refused or unreachable service
+      );
+    load();
+    const timer = setInterval(load, USERS_POLL_MS);
+    return () => {
+      current = false;
+      clearInterval(timer);
+    };
+  }, [live]);
+  if (users === null) return <p class="muted">Loading the users with work…</p>;
+  if (users.length === 0) return <p class="muted">No user has work in the queue now.</p>;
+  return (
+    <>
+      <h2>
+        Users with work <span class="count">({String(total)}{total > BigInt(users.length) ? `, the ${users.length} waiting longest shown` : ""})</span>
+      </h2>
+      <table class="jobs users-with-work" data-testid="users-with-work">
+        <thead>
+          <tr>
+            <th>User</th>
+            <th class="num">Queued</th>
+            <th class="num">Pending</th>
+            <th class="num">Running</th>
+            <th>Waiting longest</th>
+          </tr>
+        </thead>
+        <tbody>
+          {users.map((user) => {
+            const oldest = date(user.oldestQueuedCreateTime);
+            return (
+              <tr data-testid="user-with-work" data-user-id={user.userId} tabIndex={0} onKeyDown={(e) => e.key === "Enter" && go(`users/${encodeURIComponent(user.userId)}`)}>
+                <td>
+                  <a href={`#/users/${encodeURIComponent(user.userId)}`}>{user.userId}</a>
+                </td>
+                <td class="num">{String(user.queued)}</td>
+                <td class="num">{String(user.pending)}</td>
+                <td class="num">{String(user.running)}</td>
+                <td>{oldest ? `queued for ${duration(now - oldest.getTime())}` : <span class="muted">nothing queued</span>}</td>
+              </tr>
+            );
+          })}
+        </tbody>
+      </table>
     </>
   );
 }

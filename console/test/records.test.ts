@@ -197,3 +197,44 @@ test("ticked rows are canceled, and only they", async () => {
   assert.equal(await button.innerText(), "Cancel selected (0)");
   await shot(page, "records-cancel-selected-done");
 });
+
+test("the User queue lists the users with work, waiting longest first, to pick from", async () => {
+  const user = `work-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 3n, idempotencyKey: "grant" });
+  await admit(user);
+  await admit(user);
+  await admit(user);
+  await visit(page, `users`);
+  const row = page.locator(`[data-testid="user-with-work"][data-user-id="${user}"]`);
+  await row.waitFor({ timeout: WAIT_MS });
+  const cells = await row.locator("td").allInnerTexts();
+  assert.deepEqual(cells.slice(0, 2), [user, "2"]);
+  assert.match(cells[4], /^queued for \d/);
+  // The server's order: the oldest queued job first.
+  const listed = (await asOperatorConsole.listUsersWithWork({ pageSize: 50 })).users.map((u) => u.userId);
+  const shown = await page.locator('[data-testid="user-with-work"]').evaluateAll((rows) => rows.map((r) => r.getAttribute("data-user-id")));
+  assert.deepEqual(shown, listed);
+  await shot(page, "records-users-with-work");
+  await row.locator("a").click();
+  await page.getByTestId("user-queue").waitFor({ timeout: WAIT_MS });
+  assert.equal(await page.locator('[data-testid="queue-row"]').count(), 3);
+});
+
+test("the overview's cards link to the jobs they count, and its charts show the last hour from the server", async () => {
+  await visit(page, ``);
+  const queued = page.getByTestId("figure-queued");
+  await queued.waitFor({ timeout: WAIT_MS });
+  // A full hour of points at once, not the samples since the page opened.
+  await page.waitForFunction(() => document.querySelector('[data-testid="depth-chart"]')?.getAttribute("data-points") === "60", null, { timeout: WAIT_MS });
+  assert.ok((await page.getByTestId("throughput-chart").locator("rect.bar").count()) === 60);
+  const ticks = await page.getByTestId("depth-chart").locator("text.tick").allTextContents();
+  assert.ok(ticks.includes("now") && ticks.includes("−60 min") && ticks.includes("0"), `axes: ${ticks.join(", ")}`);
+  await shot(page, "records-overview-history");
+  await queued.click();
+  await page.waitForFunction(() => window.location.hash === "#/jobs?status=queued", null, { timeout: WAIT_MS });
+  const badges = await page.locator('[data-testid="job-row"] .badge').allInnerTexts();
+  assert.ok(badges.length > 0 && badges.every((b) => b === "queued"), `only queued jobs: ${badges.join(", ")}`);
+  await visit(page, ``);
+  await page.getByTestId("figure-failed").click();
+  await page.waitForFunction(() => window.location.hash === "#/jobs?status=failed", null, { timeout: WAIT_MS });
+});
