@@ -4,7 +4,7 @@ import { useEffect, useRef, useState } from "preact/hooks";
 
 import { date, operator, Problem, queue } from "./api.js";
 import { Modal } from "./dialog.js";
-import { ACTIVE, dateTime, duration, shortId, STATUS_LABELS } from "./format.js";
+import { ACTIVE, ago, dateTime, duration, shortId, spoken, STATUS_LABELS } from "./format.js";
 import { go, useNow } from "./hooks.js";
 import { LedgerTable, useLedger } from "./ledger.js";
 import { useAction, useNotice } from "./notice.js";
@@ -123,6 +123,50 @@ function BulkCancel({ filter, onDone }: { filter: JobFilter; onDone: () => void 
   );
 }
 
+/** Where a job is, as a phrase with how long: "queued for 4 min", "judging for 2 min". */
+export function stateFor(job: Job, now: number): string {
+  const since = (ts: Date | undefined) => (ts ? spoken(now - ts.getTime()) : "—");
+  const created = date(job.createTime);
+  const promoted = date(job.promoteTime);
+  const started = date(job.startTime);
+  const ended = date(job.endTime);
+  switch (job.status) {
+    case JobStatus.QUEUED:
+      return `queued for ${since(created)}`;
+    case JobStatus.PENDING:
+      return job.capacityPosition > 0 ? `waiting for the core for ${since(promoted)}` : `releasing for ${since(promoted)}`;
+    case JobStatus.RUNNING:
+      return `judging for ${since(started)}`;
+    default:
+      if (ended && started) return `judged in ${spoken(ended.getTime() - started.getTime())}, ended ${ago(ended, now)}`;
+      return `ended ${ago(ended, now)}${created && ended ? ` after ${spoken(ended.getTime() - created.getTime())}` : ""}`;
+  }
+}
+
+type SortKey = "job" | "user" | "status" | "position" | "admitted" | "releases" | "state";
+const SORTS: Record<SortKey, (a: Job, b: Job) => number> = {
+  job: (a, b) => a.jobId.localeCompare(b.jobId),
+  user: (a, b) => a.userId.localeCompare(b.userId),
+  status: (a, b) => a.status - b.status,
+  position: (a, b) => a.queuePosition - b.queuePosition,
+  admitted: (a, b) => Number((a.createTime?.seconds ?? 0n) - (b.createTime?.seconds ?? 0n)) || (a.createTime?.nanos ?? 0) - (b.createTime?.nanos ?? 0),
+  releases: (a, b) => a.releaseAttempts - b.releaseAttempts,
+  state: (a, b) => a.status - b.status || SORTS.admitted(a, b),
+};
+
+/** A column header that sorts the page shown (the server's order is newest admitted first). */
+function SortHeader({ label, name, sort, setSort, num }: { label: string; name: SortKey; sort: [SortKey, number] | null; setSort: (s: [SortKey, number] | null) => void; num?: boolean }) {
+  const current = sort !== null && sort[0] === name ? sort[1] : 0;
+  const next = () => setSort(current === 0 ? [name, 1] : current === 1 ? [name, -1] : null);
+  return (
+    <th class={num ? "num" : ""} aria-sort={current === 1 ? "ascending" : current === -1 ? "descending" : "none"}>
+      <button type="button" class="sort" onClick={next} data-testid={`sort-${name}`} title="Sort this page (again: reverse; a third time: the server's order)">
+        {label} <span class="arrow">{current === 1 ? "▲" : current === -1 ? "▼" : "↕"}</span>
+      </button>
+    </th>
+  );
+}
+
 /** What a job judges, in one cell: the document's title (or uri) and how many sources. */
 function DocumentCell({ job }: { job: Job }) {
   if (!job.document && job.sourceCount === 0) return <span class="muted">not stored</span>;
@@ -214,6 +258,8 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
   const [refresh, setRefresh] = useState(0);
   const [selected, setSelected] = useState<Map<string, Job>>(new Map());
   const [columns, setColumn] = useColumns();
+  const [sort, setSort] = useState<[SortKey, number] | null>(null);
+  const now = useNow();
   const notice = useNotice();
   const filter = filterFrom(params);
   const key = params.toString();
@@ -354,18 +400,19 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
                 }}
               />
             </th>
-            <th>Job</th>
-            <th>User</th>
+            <SortHeader label="Job" name="job" sort={sort} setSort={setSort} />
+            <SortHeader label="User" name="user" sort={sort} setSort={setSort} />
             {columns.has("document") && <th data-testid="document-header">Document</th>}
-            <th>Status</th>
-            <th class="num">Position</th>
-            <th>Admitted</th>
-            <th class="num">Releases</th>
+            <SortHeader label="Status" name="status" sort={sort} setSort={setSort} />
+            <SortHeader label="For" name="state" sort={sort} setSort={setSort} />
+            <SortHeader label="Position" name="position" sort={sort} setSort={setSort} num />
+            <SortHeader label="Admitted" name="admitted" sort={sort} setSort={setSort} />
+            <SortHeader label="Releases" name="releases" sort={sort} setSort={setSort} num />
             <th>Last error</th>
           </tr>
         </thead>
         <tbody>
-          {jobs.map((job) => (
+          {(sort === null ? jobs : [...jobs].sort((a, b) => sort[1] * SORTS[sort[0]](a, b))).map((job) => (
             <tr
               data-testid="job-row"
               data-job-id={job.jobId}
@@ -400,8 +447,11 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
               <td>
                 <StatusBadge status={job.status} />
               </td>
+              <td class="state" data-testid="job-state">
+                {stateFor(job, now)}
+              </td>
               <td class="num">{job.queuePosition || ""}</td>
-              <td>{dateTime(date(job.createTime))}</td>
+              <td title={dateTime(date(job.createTime))}>{ago(date(job.createTime), now)}</td>
               <td class="num">{job.releaseAttempts}</td>
               <td class="error-text">{job.lastError}</td>
             </tr>
@@ -479,6 +529,9 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
       <h1>
         Job <span class="mono">{job.jobId}</span> <StatusBadge status={job.status} />
       </h1>
+      <p class="state-line" data-testid="job-state-line">
+        {stateFor(job, now)}
+      </p>
       {problem && <p class="problem">{problem}</p>}
       {job.status === JobStatus.PENDING && job.lastError && (
         <p class="warning" data-testid="release-retrying">

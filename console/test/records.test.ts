@@ -217,7 +217,7 @@ test("the User queue lists the users with work, waiting longest first, to pick f
   await shot(page, "records-users-with-work");
   await row.locator("a").click();
   await page.getByTestId("user-queue").waitFor({ timeout: WAIT_MS });
-  assert.equal(await page.locator('[data-testid="queue-row"]').count(), 3);
+  await page.waitForFunction(() => document.querySelectorAll('[data-testid="queue-row"]').length === 3, null, { timeout: WAIT_MS });
 });
 
 test("the overview's cards link to the jobs they count, and its charts show the last hour from the server", async () => {
@@ -232,9 +232,81 @@ test("the overview's cards link to the jobs they count, and its charts show the 
   await shot(page, "records-overview-history");
   await queued.click();
   await page.waitForFunction(() => window.location.hash === "#/jobs?status=queued", null, { timeout: WAIT_MS });
+  await page.locator('[data-testid="job-row"]').first().waitFor({ timeout: WAIT_MS });
   const badges = await page.locator('[data-testid="job-row"] .badge').allInnerTexts();
   assert.ok(badges.length > 0 && badges.every((b) => b === "queued"), `only queued jobs: ${badges.join(", ")}`);
   await visit(page, ``);
   await page.getByTestId("figure-failed").click();
   await page.waitForFunction(() => window.location.hash === "#/jobs?status=failed", null, { timeout: WAIT_MS });
+});
+
+test("relative times and durations, sortable columns, keyboard help on ?, and Escape back from a job", async () => {
+  const users = [`zz-sort-${stamp}`, `aa-sort-${stamp}`];
+  for (const user of users) await asOperator.grantCredits({ userId: user, amount: 2n, idempotencyKey: "grant" });
+  const first = await admit(users[0]);
+  await admit(users[0]);
+  await admit(users[1]);
+  await until("the first job runs", async () => (await asWeb.getJob({ jobId: first.jobId })).job!, (j) => j.status === JobStatus.RUNNING);
+  await visit(page, `jobs?status=queued,pending,running&after=${new Date(Date.now() - 60_000).toISOString().slice(0, 16)}`);
+  const row = (jobId: string) => page.locator(`[data-testid="job-row"][data-job-id="${jobId}"]`);
+  await row(first.jobId).getByTestId("job-state").filter({ hasText: /^judging for \d+ s$/ }).waitFor({ timeout: WAIT_MS });
+  await page.locator('[data-testid="job-state"]', { hasText: /^queued for \d+ s$/ }).first().waitFor({ timeout: WAIT_MS });
+
+  const usersShown = () => page.locator('[data-testid="job-row"] td:nth-child(3)').allInnerTexts();
+  await page.getByTestId("sort-user").click();
+  const ascending = await usersShown();
+  assert.deepEqual(ascending, [...ascending].sort(), "ascending by user");
+  await page.getByTestId("sort-user").click();
+  const descending = await usersShown();
+  assert.deepEqual(descending, [...ascending].reverse(), "descending by user");
+  await shot(page, "records-jobs-sorted-relative-times");
+
+  await page.locator("body").press("?");
+  const help = page.getByRole("dialog", { name: "Keyboard shortcuts" });
+  await help.waitFor({ timeout: WAIT_MS });
+  assert.match(await help.innerText(), /this help/);
+  await shot(page, "records-keyboard-help");
+  await page.keyboard.press("Escape");
+  await help.waitFor({ state: "detached", timeout: WAIT_MS });
+
+  await visit(page, `jobs/${first.jobId}`);
+  await page.getByTestId("job-state-line").filter({ hasText: /^judging for/ }).waitFor({ timeout: WAIT_MS });
+  await page.locator("body").press("Escape");
+  await page.waitForFunction(() => window.location.hash === "#/jobs", null, { timeout: WAIT_MS });
+});
+
+test("at 800 px nothing overflows the window, and the system's dark mode is followed", async () => {
+  const user = `narrow-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 2n, idempotencyKey: "grant" });
+  const job = await admit(user);
+  await admit(user);
+  await page.setViewportSize({ width: 800, height: 900 });
+  try {
+    for (const [path, ready, name] of [
+      [``, "overview", "records-800px-overview"],
+      [`jobs?user=${user}`, "jobs", "records-800px-jobs"],
+      [`jobs/${job.jobId}`, "job-detail", "records-800px-job-detail"],
+      [`users/${user}`, "user-queue", "records-800px-user-queue"],
+    ]) {
+      await visit(page, path);
+      await page.getByTestId(ready).waitFor({ timeout: WAIT_MS });
+      const width = await page.evaluate(() => document.documentElement.scrollWidth);
+      assert.ok(width <= 800, `${path}: the page is ${width} px wide at an 800 px window`);
+      await shot(page, name);
+    }
+    await page.emulateMedia({ colorScheme: "dark" });
+    await visit(page, `jobs/${job.jobId}`);
+    await page.getByTestId("job-detail").waitFor({ timeout: WAIT_MS });
+    const background = await page.evaluate(() => getComputedStyle(document.body).backgroundColor || getComputedStyle(document.documentElement).backgroundColor);
+    const paper = await page.evaluate(() => getComputedStyle(document.querySelector(".facts")!).backgroundColor);
+    const [r, g, b] = paper.match(/\d+/g)!.map(Number);
+    assert.ok(r + g + b < 150, `dark mode paints the facts dark: ${paper} (body ${background})`);
+    await shot(page, "records-dark-job-detail");
+    await visit(page, ``);
+    await page.getByTestId("overview").waitFor({ timeout: WAIT_MS });
+    await shot(page, "records-dark-overview");
+  } finally {
+    await page.emulateMedia({ colorScheme: "light" });
+    await page.setViewportSize({ width: 1280, height: 860 });
+  }
 });
