@@ -609,6 +609,26 @@ class QueueMinute:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReplicaReport:
+    """What a replica reports about itself in its heartbeat row (OperatorService.ListReplicas)."""
+
+    replica_id: str
+    host: str
+    start_time: dt.datetime
+    draining: bool
+    calls_in_flight: int
+    watch_streams: int
+    overview_streams: int
+    # The core's calls since the replica started: answered, refused, outcome unknown.
+    core_answered: int
+    core_refused: int
+    core_unknown: int
+    core_last_unknown_at: dt.datetime | None
+    # When the row was last written (set by the database; None in a report not yet written).
+    heartbeat_time: dt.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class GrantOutcome:
     """A credit grant: the balance after it, and whether this call granted (False: the key had
     granted before)."""

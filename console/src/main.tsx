@@ -6,6 +6,7 @@ import { Modal } from "./dialog.js";
 import { go, useRoute, useVisible } from "./hooks.js";
 import { JobDetail, JobsPage } from "./jobs.js";
 import { LedgerPage } from "./ledger.js";
+import { ReplicasPage } from "./replicas.js";
 import { OverviewPage } from "./overview.js";
 import { Notice, NoticeProvider } from "./notice.js";
 import { UserQueuePage } from "./user-queue.js";
@@ -15,6 +16,7 @@ const PAGES = [
   { key: "2", path: "jobs", label: "Jobs" },
   { key: "3", path: "users", label: "User queue" },
   { key: "4", path: "ledger", label: "Ledger" },
+  { key: "5", path: "replicas", label: "Replicas" },
 ];
 
 function TokenDialog({ onClose }: { onClose: () => void }) {
@@ -57,7 +59,7 @@ function TokenDialog({ onClose }: { onClose: () => void }) {
 }
 
 const SHORTCUTS: [string, string][] = [
-  ["1 – 4", "Overview, Jobs, User queue, Ledger"],
+  ["1 – 5", "Overview, Jobs, User queue, Ledger, Replicas"],
   ["/", "the page's search field"],
   ["t", "set the bearer token"],
   ["Enter", "open the focused row"],
@@ -145,6 +147,7 @@ function App() {
   else if (page === "jobs") content = <JobsPage params={route.params} live={visible} />;
   else if (page === "users") content = <UserQueuePage userId={route.parts[1] ?? ""} live={visible} />;
   else if (page === "ledger") content = <LedgerPage params={route.params} />;
+  else if (page === "replicas") content = <ReplicasPage live={visible} />;
   else content = <OverviewPage live={visible} />;
 
   return (

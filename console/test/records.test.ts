@@ -310,3 +310,39 @@ test("at 800 px nothing overflows the window, and the system's dark mode is foll
     await page.setViewportSize({ width: 1280, height: 860 });
   }
 });
+
+test("the Replicas page shows who serves, their calls and streams, and the core's answers and unknown outcomes", async () => {
+  const user = `replica-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 2n, idempotencyKey: "grant" });
+  const stuck = (
+    await asWeb.admit({ userId: user, idempotencyKey: "stuck", document: { uri: `s3://theses/${user}-fail-release.pdf` }, sources: SOURCES.slice(0, 1) })
+  ).job!;
+  await until("the release went unanswered", async () => (await asWeb.getJob({ jobId: stuck.jobId })).job!, (j) => j.lastError !== "");
+  await visit(page, `replicas`);
+  const row = page.locator('[data-testid="replica-row"]').first();
+  await row.waitFor({ timeout: WAIT_MS });
+  assert.equal(await row.getAttribute("data-state"), "serving");
+  // Answers and unknown outcomes arrive with the next heartbeat (every 5 s).
+  await page.waitForFunction(() => Number(document.querySelector('[data-testid="figure-core-unknown"] .value')?.textContent) >= 1, null, { timeout: WAIT_MS });
+  assert.ok(Number(await page.getByTestId("figure-core-answered").locator(".value").innerText()) >= 1);
+  assert.equal(await page.getByTestId("figure-serving").locator(".value").innerText(), "1");
+  assert.equal((await asOperatorConsole.listReplicas({})).replicas.length, 1);
+  // A WatchJobs stream held open: the next heartbeat counts it, in flight and as a job stream.
+  const abort = new AbortController();
+  const stream = asWeb.watchJobs({ userId: user }, { signal: abort.signal });
+  const reading = (async () => {
+    try {
+      for await (const _ of stream);
+    } catch {
+      // aborted at the end of the test
+    }
+  })();
+  try {
+    await until("the stream is reported", async () => (await asOperatorConsole.listReplicas({})).replicas[0], (r) => r.watchStreams >= 1 && r.callsInFlight >= 1);
+    await page.waitForFunction(() => Number(document.querySelector('[data-testid="replica-row"] td:nth-child(6)')?.textContent) >= 1, null, { timeout: WAIT_MS });
+    await shot(page, "records-replicas");
+  } finally {
+    abort.abort();
+    await reading;
+  }
+});

@@ -54,6 +54,8 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
         + [_OPERATOR + "RetryJob"]
         # Who has work (the User queue's picker), and the queue's history (the overview's charts).
         + [_OPERATOR + m for m in ("ListUsersWithWork", "GetQueueHistory")]
+        # Which replicas serve, and the core's health as each sees it.
+        + [_OPERATOR + "ListReplicas"]
         + [_QUEUE + "CancelJob"]
     ),
 }

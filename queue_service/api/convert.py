@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from queue_service._gen.acurio.queue.v1 import job_pb2, operator_service_pb2 as operator_pb2
 from queue_service.errors import InvalidRequest
-from queue_service.model import CapacityState, JobStatus, JobView, LedgerEntry, LedgerKind, Overview, QueueMinute, SettingChange, UserWork
+from queue_service.model import CapacityState, JobStatus, JobView, LedgerEntry, LedgerKind, Overview, QueueMinute, ReplicaReport, SettingChange, UserWork
 
 PROTO_OF_STATUS: dict[JobStatus, job_pb2.JobStatus.ValueType] = {
     JobStatus.QUEUED: job_pb2.JOB_STATUS_QUEUED,
@@ -162,4 +162,22 @@ def user_work_to_proto(user: UserWork) -> operator_pb2.UserWork:
 def queue_minute_to_proto(minute: QueueMinute) -> operator_pb2.QueueMinute:
     message = operator_pb2.QueueMinute(queued=minute.queued, active=minute.active, admitted=minute.admitted, ended=minute.ended)
     message.minute.FromDatetime(minute.minute)
+    return message
+
+
+def replica_to_proto(replica: ReplicaReport) -> operator_pb2.Replica:
+    message = operator_pb2.Replica(
+        replica_id=replica.replica_id,
+        host=replica.host,
+        draining=replica.draining,
+        calls_in_flight=replica.calls_in_flight,
+        watch_streams=replica.watch_streams,
+        overview_streams=replica.overview_streams,
+        core_calls=operator_pb2.CoreCalls(answered=replica.core_answered, refused=replica.core_refused, unknown=replica.core_unknown),
+    )
+    message.start_time.FromDatetime(replica.start_time)
+    if replica.heartbeat_time is not None:
+        message.heartbeat_time.FromDatetime(replica.heartbeat_time)
+    if replica.core_last_unknown_at is not None:
+        message.core_calls.last_unknown_time.FromDatetime(replica.core_last_unknown_at)
     return message

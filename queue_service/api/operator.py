@@ -29,6 +29,7 @@ from queue_service.api.convert import (
     ledger_entry_to_proto,
     overview_to_proto,
     queue_minute_to_proto,
+    replica_to_proto,
     setting_change_to_proto,
     status_filter,
     user_work_to_proto,
@@ -64,6 +65,22 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         self._draining = draining
         self._credits = credits
         self._overview_streams: collections.Counter[str] = collections.Counter()
+
+    @property
+    def open_overview_streams(self) -> int:
+        """WatchOverview streams open on this replica now (the replica's heartbeat reports it)."""
+        return sum(self._overview_streams.values())
+
+    async def ListReplicas(
+        self, request: pb.ListReplicasRequest, context: grpc.aio.ServicerContext[pb.ListReplicasRequest, pb.ListReplicasResponse]
+    ) -> pb.ListReplicasResponse:
+        replicas, read_time = await self._reads.replicas()
+        response = pb.ListReplicasResponse(replicas=[replica_to_proto(replica) for replica in replicas])
+        if read_time is not None:
+            response.read_time.FromDatetime(read_time)
+        else:
+            response.read_time.GetCurrentTime()
+        return response
 
     async def GetOverview(self, request: pb.GetOverviewRequest, context: grpc.aio.ServicerContext[pb.GetOverviewRequest, pb.GetOverviewResponse]) -> pb.GetOverviewResponse:
         window = _window(request.window_minutes)

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Iterable
 
-from queue_service.model import CapacityState, JobInputs, JobSearch, JobStatus, JobView, Overview, QueueMinute, UserWork, estimate_start
+from queue_service.model import CapacityState, JobInputs, JobSearch, JobStatus, JobView, Overview, QueueMinute, ReplicaReport, UserWork, estimate_start
 from queue_service.store import Statements, Store
 
 _ESTIMATE_CACHE_SECONDS = 10.0
@@ -135,6 +135,10 @@ class JobReads:
     async def queue_history(self, *, window_minutes: int) -> list[QueueMinute]:
         async with self._store.statements() as db:
             return await db.queue_history(window_minutes=window_minutes)
+
+    async def replicas(self) -> tuple[list[ReplicaReport], dt.datetime | None]:
+        async with self._store.statements() as db:
+            return await db.replicas()
 
     async def inputs(self, job_id: uuid.UUID) -> JobInputs | None:
         """What the job was admitted with, in full (for a retry)."""

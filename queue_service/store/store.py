@@ -53,6 +53,7 @@ from queue_service.model import (
     Promoted,
     PromotionLimits,
     QueueMinute,
+    ReplicaReport,
     RunCompletion,
     RunReportToApply,
     ReplicationStance,
@@ -552,6 +553,36 @@ class Statements:
             admits_per_minute=tuple(int(r["admits"]) for r in admits),
             window_minutes=window_minutes,
         )
+
+    async def write_replica_heartbeat(self, report: ReplicaReport) -> None:
+        params = dataclasses.asdict(report)
+        del params["heartbeat_time"]
+        await self._send("replica_heartbeat", params)
+
+    async def forget_replica(self, *, replica_id: str) -> None:
+        await self._send("forget_replica", {"replica_id": replica_id})
+
+    async def replicas(self) -> tuple[list[ReplicaReport], dt.datetime | None]:
+        """The replicas heard from within the last hour, and when they were read."""
+        rows = await self._all("replicas", {})
+        reports = [
+            ReplicaReport(
+                replica_id=row["replica_id"],
+                host=row["host"],
+                start_time=row["start_time"],
+                draining=bool(row["draining"]),
+                calls_in_flight=int(row["calls_in_flight"]),
+                watch_streams=int(row["watch_streams"]),
+                overview_streams=int(row["overview_streams"]),
+                core_answered=int(row["core_answered"]),
+                core_refused=int(row["core_refused"]),
+                core_unknown=int(row["core_unknown"]),
+                core_last_unknown_at=row["core_last_unknown_at"],
+                heartbeat_time=row["heartbeat_time"],
+            )
+            for row in rows
+        ]
+        return reports, rows[0]["read_time"] if rows else None
 
     async def users_with_work(self, *, limit: int) -> tuple[list[UserWork], int]:
         """The users with jobs in flight, the one waiting longest first, and how many there are."""

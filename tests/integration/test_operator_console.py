@@ -588,3 +588,60 @@ async def test_queue_history_is_derived_from_job_timestamps_minute_by_minute(web
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await operator.GetQueueHistory(op_pb2.GetQueueHistoryRequest(window_minutes=2000), timeout=10, metadata=_as("operator"))
     assert error_info(raised.value)[:2] == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
+
+
+async def _replicas_until(operator: op_grpc.OperatorServiceStub, ok, what: str) -> dict[str, op_pb2.Replica]:  # type: ignore[no-untyped-def]
+    """The replicas' reports, read until `ok` holds (heartbeats come every 5 seconds)."""
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:
+        listed = await operator.ListReplicas(op_pb2.ListReplicasRequest(), timeout=10)
+        replicas = {replica.replica_id: replica for replica in listed.replicas}
+        if ok(replicas):
+            return replicas
+        assert asyncio.get_running_loop().time() < deadline, f"{what}: {replicas}"
+        await asyncio.sleep(0.2)
+
+
+async def test_replicas_report_calls_streams_and_the_cores_answers_refusals_and_unknown_outcomes(services) -> None:  # type: ignore[no-untyped-def]
+    core = await services.core()
+    first = await services.start(core)
+    second = await services.start(core)
+    operator = op_grpc.OperatorServiceStub(first.stubs.channel)
+    ids = (first.app.replica_id, second.app.replica_id)
+    assert ids[0] != ids[1]
+    user, other = new_user(), new_user()
+    await first.stubs.grant(user, 5)
+    await first.stubs.grant(other, 5)
+
+    # The first replica: the core answers an admit (CreateRun, ReleaseRun) and refuses another.
+    await first.stubs.wait_for((await first.stubs.admit(user)).job_id, S.JOB_STATUS_RUNNING)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await first.stubs.admit(user, dois=("10.9999/unregistered",))
+    assert error_info(raised.value)[1] == "CORE_REJECTED"
+    # The second: releases go unanswered (maybe applied), and an operator watches a user there.
+    core.fail_releases = True
+    await second.stubs.admit(other)
+    watch = second.stubs.queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id=other), timeout=60)
+    await watch.read()
+    try:
+        replicas = await _replicas_until(
+            operator,
+            lambda r: all(i in r for i in ids)
+            and r[ids[0]].core_calls.answered >= 2 and r[ids[0]].core_calls.refused >= 1
+            and sum(r[i].core_calls.unknown for i in ids) >= 1
+            and r[ids[1]].watch_streams == 1,
+            "both replicas' reports",
+        )
+        mine = replicas[ids[1]]
+        assert mine.calls_in_flight >= 1 and not mine.draining  # the open stream is a call in flight
+        assert mine.host and mine.start_time.seconds > 0 and mine.heartbeat_time.ToDatetime() >= mine.start_time.ToDatetime()
+        unknown = [replicas[i] for i in ids if replicas[i].core_calls.unknown]
+        assert all(r.core_calls.HasField("last_unknown_time") for r in unknown)
+        assert replicas[ids[0]].watch_streams == 0
+    finally:
+        watch.cancel()
+        core.fail_releases = False
+
+    # A replica that stops leaves the list at once.
+    await second.app.stop(grace=0)
+    await _replicas_until(operator, lambda r: ids[1] not in r and ids[0] in r, "the stopped replica's report gone")

@@ -127,6 +127,23 @@ CREATE TABLE public.queue_capacity (
     CONSTRAINT queue_capacity_singleton_check CHECK (singleton)
 );
 
+CREATE TABLE public.queue_replicas (
+    replica_id           text NOT NULL,
+    host                 text NOT NULL,
+    start_time           timestamp with time zone NOT NULL,
+    heartbeat_time       timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    draining             boolean DEFAULT false NOT NULL,
+    calls_in_flight      integer DEFAULT 0 NOT NULL,
+    watch_streams        integer DEFAULT 0 NOT NULL,
+    overview_streams     integer DEFAULT 0 NOT NULL,
+    core_answered        bigint DEFAULT 0 NOT NULL,
+    core_refused         bigint DEFAULT 0 NOT NULL,
+    core_unknown         bigint DEFAULT 0 NOT NULL,
+    core_last_unknown_at timestamp with time zone,
+    CONSTRAINT queue_replicas_pkey PRIMARY KEY (replica_id)
+);
+CREATE INDEX queue_replicas_by_heartbeat ON public.queue_replicas USING btree (heartbeat_time);
+
 CREATE TABLE public.queue_schema_migrations (
     version    integer NOT NULL,
     name       text NOT NULL,

@@ -1063,3 +1063,146 @@ class QueueMinute(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___QueueMinute: _TypeAlias = QueueMinute  # noqa: Y015
+
+@_typing.final
+class ListReplicasRequest(_message.Message):
+    """Request for OperatorService.ListReplicas."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListReplicasRequest: _TypeAlias = ListReplicasRequest  # noqa: Y015
+
+@_typing.final
+class ListReplicasResponse(_message.Message):
+    """Response for OperatorService.ListReplicas."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    READ_TIME_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedCompositeFieldContainer[Global___Replica]:
+        """The replicas, the longest running first."""
+
+    @_builtins.property
+    def read_time(self) -> _timestamp_pb2.Timestamp:
+        """When the reports were read (compare with each `heartbeat_time`)."""
+
+    def __init__(
+        self,
+        *,
+        replicas: _abc.Iterable[Global___Replica] | None = ...,
+        read_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["read_time", b"read_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["read_time", b"read_time", "replicas", b"replicas"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListReplicasResponse: _TypeAlias = ListReplicasResponse  # noqa: Y015
+
+@_typing.final
+class Replica(_message.Message):
+    """What one replica reported about itself in its latest heartbeat."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_TIME_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
+    CALLS_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    WATCH_STREAMS_FIELD_NUMBER: _builtins.int
+    OVERVIEW_STREAMS_FIELD_NUMBER: _builtins.int
+    CORE_CALLS_FIELD_NUMBER: _builtins.int
+    replica_id: _builtins.str
+    """`host:pid:random`, new at each start of the process."""
+    host: _builtins.str
+    """The host (in Kubernetes, the pod) the replica runs on."""
+    draining: _builtins.bool
+    """True once the replica is draining (stopping): it refuses new calls."""
+    calls_in_flight: _builtins.int
+    """Calls (unary and streams) the replica is working on."""
+    watch_streams: _builtins.int
+    """Open AnalysisQueueService.WatchJobs streams."""
+    overview_streams: _builtins.int
+    """Open OperatorService.WatchOverview streams."""
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """When the replica started."""
+
+    @_builtins.property
+    def heartbeat_time(self) -> _timestamp_pb2.Timestamp:
+        """When the replica last reported (every 5 seconds while it runs)."""
+
+    @_builtins.property
+    def core_calls(self) -> Global___CoreCalls:
+        """The core's health as this replica saw it since it started."""
+
+    def __init__(
+        self,
+        *,
+        replica_id: _builtins.str = ...,
+        host: _builtins.str = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        heartbeat_time: _timestamp_pb2.Timestamp | None = ...,
+        draining: _builtins.bool = ...,
+        calls_in_flight: _builtins.int = ...,
+        watch_streams: _builtins.int = ...,
+        overview_streams: _builtins.int = ...,
+        core_calls: Global___CoreCalls | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["core_calls", b"core_calls", "heartbeat_time", b"heartbeat_time", "start_time", b"start_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls_in_flight", b"calls_in_flight", "core_calls", b"core_calls", "draining", b"draining", "heartbeat_time", b"heartbeat_time", "host", b"host", "overview_streams", b"overview_streams", "replica_id", b"replica_id", "start_time", b"start_time", "watch_streams", b"watch_streams"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Replica: _TypeAlias = Replica  # noqa: Y015
+
+@_typing.final
+class CoreCalls(_message.Message):
+    """Calls a replica made to the core since it started, by outcome."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWERED_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    UNKNOWN_FIELD_NUMBER: _builtins.int
+    LAST_UNKNOWN_TIME_FIELD_NUMBER: _builtins.int
+    answered: _builtins.int
+    """The core answered (a run's state; NOT_FOUND and the like are answers too)."""
+    refused: _builtins.int
+    """The core refused (the admit rejected, the provider's budget or the core's capacity used up)."""
+    unknown: _builtins.int
+    """No answer within the deadline, or the connection failed: the call may have been applied."""
+    @_builtins.property
+    def last_unknown_time(self) -> _timestamp_pb2.Timestamp:
+        """The latest call whose outcome was unknown; unset when there was none."""
+
+    def __init__(
+        self,
+        *,
+        answered: _builtins.int = ...,
+        refused: _builtins.int = ...,
+        unknown: _builtins.int = ...,
+        last_unknown_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_unknown_time", b"last_unknown_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answered", b"answered", "last_unknown_time", b"last_unknown_time", "refused", b"refused", "unknown", b"unknown"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CoreCalls: _TypeAlias = CoreCalls  # noqa: Y015

@@ -95,6 +95,11 @@ class OperatorServiceStub:
                 request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryRequest.SerializeToString,
                 response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryResponse.FromString,
                 _registered_method=True)
+        self.ListReplicas = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/ListReplicas',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServiceServicer:
@@ -233,6 +238,17 @@ class OperatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListReplicas(self, request, context):
+        """The replicas heard from within the last hour, the longest running first: each one's calls
+        in flight and open streams, and the core's health as it saw it since it started (calls the
+        core answered, refused, and whose outcome is unknown). Each replica rewrites its report every
+        5 seconds and removes it when it stops cleanly, so a report whose `heartbeat_time` is old is
+        a replica that stopped without saying so. Added to the contract additively.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -290,6 +306,11 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.GetQueueHistory,
                     request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryRequest.FromString,
                     response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryResponse.SerializeToString,
+            ),
+            'ListReplicas': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReplicas,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -595,6 +616,33 @@ class OperatorService:
             '/acurio.queue.v1.OperatorService/GetQueueHistory',
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryRequest.SerializeToString,
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReplicas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/ListReplicas',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -122,6 +122,13 @@ class OperatorServiceStub:
     additively.
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a window outside 1-1440 minutes.
     """
+    ListReplicas: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.ListReplicasRequest, _operator_service_pb2.ListReplicasResponse]
+    """The replicas heard from within the last hour, the longest running first: each one's calls
+    in flight and open streams, and the core's health as it saw it since it started (calls the
+    core answered, refused, and whose outcome is unknown). Each replica rewrites its report every
+    5 seconds and removes it when it stops cleanly, so a report whose `heartbeat_time` is old is
+    a replica that stopped without saying so. Added to the contract additively.
+    """
 
 @_typing.type_check_only
 class OperatorServiceAsyncStub(OperatorServiceStub):
@@ -216,6 +223,13 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     indexes), so it covers the time before any console was open. Added to the contract
     additively.
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a window outside 1-1440 minutes.
+    """
+    ListReplicas: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.ListReplicasRequest, _operator_service_pb2.ListReplicasResponse]  # type: ignore[assignment]
+    """The replicas heard from within the last hour, the longest running first: each one's calls
+    in flight and open streams, and the core's health as it saw it since it started (calls the
+    core answered, refused, and whose outcome is unknown). Each replica rewrites its report every
+    5 seconds and removes it when it stops cleanly, so a report whose `heartbeat_time` is old is
+    a replica that stopped without saying so. Added to the contract additively.
     """
 
 class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -374,6 +388,19 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         indexes), so it covers the time before any console was open. Added to the contract
         additively.
         Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a window outside 1-1440 minutes.
+        """
+
+    @_abc_1.abstractmethod
+    def ListReplicas(
+        self,
+        request: _operator_service_pb2.ListReplicasRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.ListReplicasResponse, _abc.Awaitable[_operator_service_pb2.ListReplicasResponse]]:
+        """The replicas heard from within the last hour, the longest running first: each one's calls
+        in flight and open streams, and the core's health as it saw it since it started (calls the
+        core answered, refused, and whose outcome is unknown). Each replica rewrites its report every
+        5 seconds and removes it when it stops cleanly, so a report whose `heartbeat_time` is old is
+        a replica that stopped without saying so. Added to the contract additively.
         """
 
 def add_OperatorServiceServicer_to_server(servicer: OperatorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

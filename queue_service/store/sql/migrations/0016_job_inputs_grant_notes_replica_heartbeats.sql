@@ -1,5 +1,6 @@
 -- What a job judges: its document and sources, kept with the job (docs/console.md, "What a job
--- is"; OperatorService.RetryJob admits them again), and a grant's note in the ledger.
+-- is"; OperatorService.RetryJob admits them again), a grant's note in the ledger, and a
+-- heartbeat row per replica (at the end).
 --
 -- `sources` holds every source as admitted (a JSON array of {"doi", "citation"}, at most 1000 by
 -- the admit's validation); only RetryJob reads it. What every read of a job shows is small and
@@ -147,3 +148,24 @@ LANGUAGE sql AS $$
                                   p_release_window_seconds, p_release_lease_seconds, p_reconcile_after_seconds,
                                   NULL::text, NULL::text, NULL::jsonb)
 $$;
+
+-- What each replica reports about itself (OperatorService.ListReplicas): a row per replica,
+-- written every few seconds by its heartbeat and deleted when it stops cleanly; a row whose
+-- heartbeat stopped is a replica that died (kept an hour, then the next heartbeat of any replica
+-- deletes it). The core's health as this replica saw it since it started: calls the core
+-- answered, refused, and whose outcome is unknown (no answer; maybe applied).
+CREATE TABLE queue_replicas (
+    replica_id           text PRIMARY KEY,
+    host                 text NOT NULL,
+    start_time           timestamptz NOT NULL,
+    heartbeat_time       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    draining             boolean NOT NULL DEFAULT false,
+    calls_in_flight      integer NOT NULL DEFAULT 0,
+    watch_streams        integer NOT NULL DEFAULT 0,
+    overview_streams     integer NOT NULL DEFAULT 0,
+    core_answered        bigint NOT NULL DEFAULT 0,
+    core_refused         bigint NOT NULL DEFAULT 0,
+    core_unknown         bigint NOT NULL DEFAULT 0,
+    core_last_unknown_at timestamptz
+);
+CREATE INDEX queue_replicas_by_heartbeat ON queue_replicas (heartbeat_time);
