@@ -448,69 +448,61 @@ SELECT user_id,
 
 -- name: queue_history
 -- A point per minute over the window: queued and active at the minute's end, admitted and ended
--- during it. The jobs that can count are the ones in flight (partial indexes) and the window's
+-- during it. The rows that can count are the ones in flight (partial indexes) and the window's
 -- ended ones (the end_time index, capped as the overview caps them): every job admitted in the
--- window is one or the other. `now()`: index conditions (see operator_overview).
-WITH minutes AS (
-    SELECT m FROM generate_series(date_trunc('minute', now()) - make_interval(mins => %(window_minutes)s - 1),
-                                  date_trunc('minute', now()), interval '1 minute') AS m
+-- window is one or the other. One pass: each job gives its events (admitted, promoted, ended) in
+-- the window, counted per minute; the depth at a minute's end is the depth now minus what the
+-- later minutes added (sums over the later minutes), so the cost grows with the window's jobs,
+-- not with jobs times minutes. `now()`: index conditions (see operator_overview).
+WITH bounds AS (
+    SELECT date_trunc('minute', now()) - make_interval(mins => %(window_minutes)s - 1) AS first_minute
 ),
 jobs AS (
-    SELECT create_time, promote_time, end_time FROM analysis_jobs WHERE status = 'queued'
+    SELECT status, create_time, promote_time, end_time FROM analysis_jobs WHERE status = 'queued'
     UNION ALL
-    SELECT create_time, promote_time, end_time FROM analysis_jobs WHERE status = 'pending'
+    SELECT status, create_time, promote_time, end_time FROM analysis_jobs WHERE status = 'pending'
     UNION ALL
-    SELECT create_time, promote_time, end_time FROM analysis_jobs WHERE status = 'running'
+    SELECT status, create_time, promote_time, end_time FROM analysis_jobs WHERE status = 'running'
     UNION ALL
-    (SELECT create_time, promote_time, end_time FROM analysis_jobs
+    (SELECT status, create_time, promote_time, end_time FROM analysis_jobs
       WHERE end_time IS NOT NULL
         AND end_time >= date_trunc('minute', now()) - make_interval(mins => %(window_minutes)s - 1)
       ORDER BY end_time DESC
       LIMIT 100000)
+),
+depth_now AS (
+    SELECT count(*) FILTER (WHERE status = 'queued') AS queued,
+           count(*) FILTER (WHERE status IN ('pending', 'running')) AS active
+      FROM jobs
+),
+events AS (
+    -- (minute, admitted, promoted, left the queue, ended, ended while active)
+    SELECT date_trunc('minute', j.create_time) AS minute, 1 AS admitted, 0 AS promoted, 0 AS left_queue, 0 AS ended, 0 AS ended_active
+      FROM jobs j, bounds b WHERE j.create_time >= b.first_minute
+    UNION ALL
+    SELECT date_trunc('minute', j.promote_time), 0, 1, 1, 0, 0
+      FROM jobs j, bounds b WHERE j.promote_time >= b.first_minute
+    UNION ALL
+    SELECT date_trunc('minute', j.end_time), 0, 0, (j.promote_time IS NULL)::int, 1, (j.promote_time IS NOT NULL)::int
+      FROM jobs j, bounds b WHERE j.end_time >= b.first_minute
+),
+per_minute AS (
+    SELECT m AS minute,
+           count(e.minute) FILTER (WHERE e.admitted = 1) AS admitted,
+           count(e.minute) FILTER (WHERE e.ended = 1) AS ended,
+           COALESCE(sum(e.admitted - e.left_queue), 0) AS queued_change,
+           COALESCE(sum(e.promoted - e.ended_active), 0) AS active_change
+      FROM bounds b
+     CROSS JOIN generate_series(b.first_minute, date_trunc('minute', now()), interval '1 minute') AS m
+      LEFT JOIN events e ON e.minute = m
+     GROUP BY m
 )
-SELECT minutes.m AS minute,
-       count(j.create_time) FILTER (WHERE j.create_time < minutes.m + interval '1 minute'
-                                      AND (j.promote_time IS NULL OR j.promote_time >= minutes.m + interval '1 minute')
-                                      AND (j.end_time IS NULL OR j.end_time >= minutes.m + interval '1 minute')) AS queued,
-       count(j.create_time) FILTER (WHERE j.promote_time < minutes.m + interval '1 minute'
-                                      AND (j.end_time IS NULL OR j.end_time >= minutes.m + interval '1 minute')) AS active,
-       count(j.create_time) FILTER (WHERE j.create_time >= minutes.m) AS admitted,
-       count(j.create_time) FILTER (WHERE j.end_time >= minutes.m AND j.end_time < minutes.m + interval '1 minute') AS ended
-  FROM minutes
-  LEFT JOIN jobs j
-         ON j.create_time < minutes.m + interval '1 minute'
-        AND (j.end_time IS NULL OR j.end_time >= minutes.m)
- GROUP BY minutes.m
- ORDER BY minutes.m;
-
--- name: replica_heartbeat
--- This replica's report (migration 0016), and the rows of replicas whose heartbeat stopped an
--- hour ago deleted (the index on heartbeat_time finds them).
-WITH forgotten AS (
-    DELETE FROM queue_replicas WHERE heartbeat_time < clock_timestamp() - interval '1 hour'
-)
-INSERT INTO queue_replicas AS r (replica_id, host, start_time, heartbeat_time, draining, calls_in_flight, watch_streams,
-                                 overview_streams, core_answered, core_refused, core_unknown, core_last_unknown_at)
-VALUES (%(replica_id)s, %(host)s, %(start_time)s, clock_timestamp(), %(draining)s, %(calls_in_flight)s, %(watch_streams)s,
-        %(overview_streams)s, %(core_answered)s, %(core_refused)s, %(core_unknown)s, %(core_last_unknown_at)s)
-ON CONFLICT (replica_id) DO UPDATE
-   SET heartbeat_time = EXCLUDED.heartbeat_time, draining = EXCLUDED.draining,
-       calls_in_flight = EXCLUDED.calls_in_flight, watch_streams = EXCLUDED.watch_streams,
-       overview_streams = EXCLUDED.overview_streams, core_answered = EXCLUDED.core_answered,
-       core_refused = EXCLUDED.core_refused, core_unknown = EXCLUDED.core_unknown,
-       core_last_unknown_at = EXCLUDED.core_last_unknown_at;
-
--- name: forget_replica
--- A replica that stops cleanly leaves the list at once.
-DELETE FROM queue_replicas WHERE replica_id = %(replica_id)s;
-
--- name: replicas
--- The replicas heard from within the last hour, the longest running first.
-SELECT replica_id, host, start_time, heartbeat_time, draining, calls_in_flight, watch_streams, overview_streams,
-       core_answered, core_refused, core_unknown, core_last_unknown_at, clock_timestamp() AS read_time
-  FROM queue_replicas
- WHERE heartbeat_time >= clock_timestamp() - interval '1 hour'
- ORDER BY start_time, replica_id;
+SELECT p.minute, p.admitted, p.ended,
+       d.queued - COALESCE(sum(p.queued_change) OVER later, 0) AS queued,
+       d.active - COALESCE(sum(p.active_change) OVER later, 0) AS active
+  FROM per_minute p, depth_now d
+WINDOW later AS (ORDER BY p.minute DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+ ORDER BY p.minute;
 
 -- name: admits_per_minute
 -- Admits per minute over the window, oldest minute first, empty minutes included.
