@@ -504,6 +504,35 @@ SELECT p.minute, p.admitted, p.ended,
 WINDOW later AS (ORDER BY p.minute DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
  ORDER BY p.minute;
 
+-- name: replica_heartbeat
+-- This replica's report (migration 0016), and the rows of replicas whose heartbeat stopped an
+-- hour ago deleted (the index on heartbeat_time finds them).
+WITH forgotten AS (
+    DELETE FROM queue_replicas WHERE heartbeat_time < clock_timestamp() - interval '1 hour'
+)
+INSERT INTO queue_replicas AS r (replica_id, host, start_time, heartbeat_time, draining, calls_in_flight, watch_streams,
+                                 overview_streams, core_answered, core_refused, core_unknown, core_last_unknown_at)
+VALUES (%(replica_id)s, %(host)s, %(start_time)s, clock_timestamp(), %(draining)s, %(calls_in_flight)s, %(watch_streams)s,
+        %(overview_streams)s, %(core_answered)s, %(core_refused)s, %(core_unknown)s, %(core_last_unknown_at)s)
+ON CONFLICT (replica_id) DO UPDATE
+   SET heartbeat_time = EXCLUDED.heartbeat_time, draining = EXCLUDED.draining,
+       calls_in_flight = EXCLUDED.calls_in_flight, watch_streams = EXCLUDED.watch_streams,
+       overview_streams = EXCLUDED.overview_streams, core_answered = EXCLUDED.core_answered,
+       core_refused = EXCLUDED.core_refused, core_unknown = EXCLUDED.core_unknown,
+       core_last_unknown_at = EXCLUDED.core_last_unknown_at;
+
+-- name: forget_replica
+-- A replica that stops cleanly leaves the list at once.
+DELETE FROM queue_replicas WHERE replica_id = %(replica_id)s;
+
+-- name: replicas
+-- The replicas heard from within the last hour, the longest running first.
+SELECT replica_id, host, start_time, heartbeat_time, draining, calls_in_flight, watch_streams, overview_streams,
+       core_answered, core_refused, core_unknown, core_last_unknown_at, clock_timestamp() AS read_time
+  FROM queue_replicas
+ WHERE heartbeat_time >= clock_timestamp() - interval '1 hour'
+ ORDER BY start_time, replica_id;
+
 -- name: admits_per_minute
 -- Admits per minute over the window, oldest minute first, empty minutes included.
 SELECT count(j.job_id) AS admits
