@@ -416,7 +416,7 @@ class JobView:
     capacity_wait_since: dt.datetime | None = None
     # 1-based place in the fleet-wide order for the core (filled in by the reads); 0: not waiting.
     capacity_position: int = 0
-    # What the job judges (migration 0017): the document, how many sources, the first few of them
+    # What the job judges (migration 0016): the document, how many sources, the first few of them
     # (doi, citation cut short). Empty for a job admitted before the service stored them.
     document_uri: str = ""
     document_title: str = ""
@@ -661,7 +661,7 @@ class LedgerEntry:
     idempotency_key: str | None
     actor: str
     reason: str
-    # Grants only: why, in the operator's words (migration 0017); empty when none was given.
+    # Grants only: why, in the operator's words (migration 0016); empty when none was given.
     note: str = ""
 
 

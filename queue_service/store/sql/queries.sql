@@ -57,7 +57,7 @@ SELECT existing.job_id AS existing_job_id,
 -- 'pending' job's first release for this replica, consumes the run's reservation, debits the
 -- price and writes the charge (`queue_admit_job`, migration 0009). One 'admitted' row with the
 -- job's view; none when the key is taken, the balance is short, the user's queue or delta limit
--- is full, or the reservation is gone. The job keeps its document and sources (migration 0017).
+-- is full, or the reservation is gone. The job keeps its document and sources (migration 0016).
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
   FROM queue_admit_job(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
                        %(delta_of_job_id)s::uuid, %(price)s, %(actor)s, %(reason)s, %(default_max_active)s,
@@ -343,7 +343,7 @@ SELECT (SELECT count(*) FROM analysis_jobs WHERE status = 'queued') AS queued,
 
 -- name: grant_credits
 -- Adds a grant to the ledger and the balance, once per (user, key). No row for a repeated key.
--- The operator's note (migration 0017) is NULL when none was given.
+-- The operator's note (migration 0016) is NULL when none was given.
 WITH grant_entry AS (
     INSERT INTO credit_ledger (user_id, kind, amount, idempotency_key, actor, reason, note)
     VALUES (%(user_id)s, 'grant', %(amount)s, %(idempotency_key)s, %(actor)s, %(reason)s, NULLIF(%(note)s::text, ''))
