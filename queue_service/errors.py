@@ -109,6 +109,13 @@ class JobNotPending(QueueError):
     reason = "JOB_NOT_PENDING"
 
 
+class JobNotRetryable(QueueError):
+    """The job cannot be admitted again: it has not failed or been canceled, or what it judges
+    was not stored (admitted before the service stored it)."""
+
+    reason = "JOB_NOT_RETRYABLE"
+
+
 class JobAlreadyFinished(QueueError):
     """The job already succeeded or failed."""
 

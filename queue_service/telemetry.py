@@ -65,6 +65,7 @@ class _Instruments:
         self.capacity: dict[str, int] = {}
         self.pools: weakref.WeakSet[Any] = weakref.WeakSet()
         self.admits = _counter("queue.admits", "{admit}", "Admit calls by outcome and reason")
+        self.retries = _counter("queue.retries", "{retry}", "OperatorService.RetryJob calls by outcome (admitted, repeated: the retry key had retried the job already, rejected) and reason")
         self.lock_wait = _histogram("queue.lock.wait", "s", "Time spent waiting for a user's queue lock")
         self.promotions = _counter("queue.promotions", "{job}", "Jobs promoted from QUEUED to PENDING, by trigger")
         self.promotion_gap = _histogram("queue.promotion.gap", "s", "From a job ending to the next job's release being accepted by the core")

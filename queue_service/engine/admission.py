@@ -178,6 +178,9 @@ class Admission:
                 request_digest=item.request_digest,
                 delta_of_job_id=item.delta_of_job_id,
                 price=price,
+                document_uri=item.document_uri,
+                document_title=item.document_title,
+                sources=item.sources,
             ),
             self._admit_limits,
         )

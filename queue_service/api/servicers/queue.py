@@ -64,6 +64,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
                 user_id=request.user_id,
                 idempotency_key=request.idempotency_key,
                 document_uri=request.document.uri,
+                document_title=request.document.title,
                 sources=tuple((s.doi, s.citation) for s in request.sources),
                 delta_of_job_id=delta_of,
                 request_digest=request_digest(payload.SerializeToString(deterministic=True)),

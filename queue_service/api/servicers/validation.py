@@ -27,6 +27,8 @@ MAX_MESSAGE_CHARS = 1024
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 20
 MAX_GRANT = 1_000_000
+# A grant's note (why, in the operator's words); the ledger's check says the same.
+MAX_NOTE_CHARS = 512
 # A BadRequest lists at most this many violations (a trailer of thousands would exceed a client's
 # header limit, and the caller would hear RESOURCE_EXHAUSTED instead of INVALID_ARGUMENT).
 MAX_LISTED_VIOLATIONS = 50

@@ -48,9 +48,15 @@ CREATE TABLE public.analysis_jobs (
     capacity_token       integer,
     capacity_turn_before timestamp with time zone,
     capacity_turn_key    timestamp with time zone,
+    document_uri         text,
+    document_title       text,
+    sources              jsonb,
+    source_count         integer,
+    sources_preview      jsonb,
     CONSTRAINT analysis_jobs_active_first_pass_has_slot CHECK ((status <> ALL (ARRAY['pending'::text, 'running'::text])) OR delta_of_job_id IS NOT NULL OR slot IS NOT NULL),
     CONSTRAINT analysis_jobs_capacity_token_check CHECK (capacity_token >= 1),
     CONSTRAINT analysis_jobs_delta_of_job_id_fkey FOREIGN KEY (delta_of_job_id) REFERENCES analysis_jobs(job_id),
+    CONSTRAINT analysis_jobs_document_bounded CHECK (char_length(document_uri) <= 2048 AND char_length(document_title) <= 512),
     CONSTRAINT analysis_jobs_idempotency UNIQUE (user_id, idempotency_key),
     CONSTRAINT analysis_jobs_only_ended_jobs_settle CHECK (run_settle_due_at IS NULL OR (status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text]))),
     CONSTRAINT analysis_jobs_pkey PRIMARY KEY (job_id),
@@ -58,6 +64,7 @@ CREATE TABLE public.analysis_jobs (
     CONSTRAINT analysis_jobs_run_id_key UNIQUE (run_id),
     CONSTRAINT analysis_jobs_slot_check CHECK (slot >= 1),
     CONSTRAINT analysis_jobs_slot_first_pass_only CHECK (slot IS NULL OR delta_of_job_id IS NULL),
+    CONSTRAINT analysis_jobs_sources_bounded CHECK (source_count >= 0 AND source_count <= 1000 AND jsonb_array_length(sources_preview) <= 10),
     CONSTRAINT analysis_jobs_status_check CHECK (status = ANY (ARRAY['queued'::text, 'pending'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text]))
 );
 CREATE INDEX analysis_jobs_capacity_turn_order ON public.analysis_jobs USING btree (capacity_turn_key, capacity_wait_since, queue_seq) WHERE ((status = 'pending'::text) AND (capacity_wait_since IS NOT NULL) AND (capacity_token IS NULL));
@@ -95,10 +102,12 @@ CREATE TABLE public.credit_ledger (
     create_time     timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     actor           text DEFAULT 'unknown'::text NOT NULL,
     reason          text DEFAULT 'unknown'::text NOT NULL,
+    note            text,
     CONSTRAINT credit_ledger_grant_key CHECK ((kind = 'grant'::text) = (idempotency_key IS NOT NULL)),
     CONSTRAINT credit_ledger_job_entries CHECK ((kind = 'grant'::text) = (job_id IS NULL)),
     CONSTRAINT credit_ledger_job_id_fkey FOREIGN KEY (job_id) REFERENCES analysis_jobs(job_id),
     CONSTRAINT credit_ledger_kind_check CHECK (kind = ANY (ARRAY['grant'::text, 'charge'::text, 'refund'::text])),
+    CONSTRAINT credit_ledger_note_bounded CHECK (char_length(note) <= 512),
     CONSTRAINT credit_ledger_once_per_job UNIQUE (job_id, kind),
     CONSTRAINT credit_ledger_pkey PRIMARY KEY (entry_id),
     CONSTRAINT credit_ledger_sign CHECK (kind = 'charge'::text AND amount < 0 OR (kind = ANY (ARRAY['grant'::text, 'refund'::text])) AND amount > 0)
@@ -119,6 +128,23 @@ CREATE TABLE public.queue_capacity (
     CONSTRAINT queue_capacity_pkey PRIMARY KEY (singleton),
     CONSTRAINT queue_capacity_singleton_check CHECK (singleton)
 );
+
+CREATE TABLE public.queue_replicas (
+    replica_id           text NOT NULL,
+    host                 text NOT NULL,
+    start_time           timestamp with time zone NOT NULL,
+    heartbeat_time       timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    draining             boolean DEFAULT false NOT NULL,
+    calls_in_flight      integer DEFAULT 0 NOT NULL,
+    watch_streams        integer DEFAULT 0 NOT NULL,
+    overview_streams     integer DEFAULT 0 NOT NULL,
+    core_answered        bigint DEFAULT 0 NOT NULL,
+    core_refused         bigint DEFAULT 0 NOT NULL,
+    core_unknown         bigint DEFAULT 0 NOT NULL,
+    core_last_unknown_at timestamp with time zone,
+    CONSTRAINT queue_replicas_pkey PRIMARY KEY (replica_id)
+);
+CREATE INDEX queue_replicas_by_heartbeat ON public.queue_replicas USING btree (heartbeat_time);
 
 CREATE TABLE public.queue_schema_migrations (
     version    integer NOT NULL,
@@ -561,7 +587,11 @@ CREATE VIEW public.analysis_job_views AS
            FROM credit_ledger r
           WHERE r.job_id = j.job_id AND r.kind = 'refund'::text), false) AS refunded,
     status = 'pending'::text AND capacity_wait_since IS NOT NULL AND capacity_token IS NULL AS waiting_for_capacity,
-    capacity_wait_since
+    capacity_wait_since,
+    document_uri,
+    document_title,
+    source_count,
+    sources_preview
    FROM analysis_jobs j;
 
 CREATE VIEW public.analysis_jobs_capacity_order AS
@@ -574,6 +604,16 @@ CREATE VIEW public.analysis_jobs_capacity_order AS
   WHERE status = 'pending'::text AND capacity_wait_since IS NOT NULL AND capacity_token IS NULL;
 
 CREATE OR REPLACE FUNCTION public.queue_admit_job(p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea, p_delta_of_job_id uuid, p_price integer, p_actor text, p_reason text, p_default_max_active integer, p_max_queued integer, p_max_running_deltas integer, p_release_window_seconds double precision, p_release_lease_seconds double precision, p_reconcile_after_seconds double precision)
+ RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
+ LANGUAGE sql
+AS $function$
+    SELECT * FROM queue_admit_job(p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest, p_delta_of_job_id,
+                                  p_price, p_actor, p_reason, p_default_max_active, p_max_queued, p_max_running_deltas,
+                                  p_release_window_seconds, p_release_lease_seconds, p_reconcile_after_seconds,
+                                  NULL::text, NULL::text, NULL::jsonb)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_admit_job(p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea, p_delta_of_job_id uuid, p_price integer, p_actor text, p_reason text, p_default_max_active integer, p_max_queued integer, p_max_running_deltas integer, p_release_window_seconds double precision, p_release_lease_seconds double precision, p_reconcile_after_seconds double precision, p_document_uri text, p_document_title text, p_sources jsonb)
  RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
  LANGUAGE plpgsql
 AS $function$
@@ -604,7 +644,8 @@ BEGIN
         INSERT INTO analysis_jobs (
             job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot,
             delta_of_job_id, price, create_time, promote_time, next_release_at, release_attempts,
-            release_deadline, start_time, next_reconcile_at)
+            release_deadline, start_time, next_reconcile_at,
+            document_uri, document_title, sources, source_count, sources_preview)
         SELECT p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest,
                CASE WHEN v_is_delta THEN 'running' WHEN pl.slot IS NOT NULL THEN 'pending' ELSE 'queued' END,
                nextval('analysis_jobs_queue_seq'),
@@ -617,7 +658,11 @@ BEGIN
                CASE WHEN pl.slot IS NOT NULL THEN 1 ELSE 0 END,
                CASE WHEN pl.slot IS NOT NULL THEN pl.now + make_interval(secs => p_release_window_seconds) END,
                CASE WHEN v_is_delta THEN pl.now END,
-               CASE WHEN v_is_delta THEN pl.now + make_interval(secs => p_reconcile_after_seconds) END
+               CASE WHEN v_is_delta THEN pl.now + make_interval(secs => p_reconcile_after_seconds) END,
+               p_document_uri, p_document_title, p_sources, jsonb_array_length(p_sources),
+               (SELECT jsonb_agg(jsonb_build_object('doi', s.e->>'doi', 'citation', left(s.e->>'citation', 512)) ORDER BY s.n)
+                  FROM jsonb_array_elements(p_sources) WITH ORDINALITY AS s(e, n)
+                 WHERE s.n <= 10)
           FROM placement pl, reservation r
          WHERE (p_price = 0 OR EXISTS (SELECT 1 FROM credit_accounts c
                                         WHERE c.user_id = p_user_id AND c.balance >= p_price))
