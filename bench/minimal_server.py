@@ -20,7 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2, queue_service_pb2_grpc as queue_grpc
-from queue_service.api.convert import PROTO_OF_STATUS
+from queue_service.api.servicers.convert import PROTO_OF_STATUS
 from queue_service.model import AdmitLimits, NewJob
 from queue_service.store import Store
 from queue_service.store.pool import Timeouts, create_pool

@@ -13,9 +13,11 @@ the job row (see `dispatcher`).
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
 import grpc
@@ -28,6 +30,7 @@ from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.core.v1 import run_service_pb2_grpc as core_grpc
 from queue_service.model import RunFate, RunReport
 
+T = TypeVar("T")
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
 
@@ -71,11 +74,38 @@ def _unknown_outcome(method: str, exc: grpc.aio.AioRpcError) -> errors.CoreUnava
     )
 
 
+@dataclasses.dataclass
+class CoreCallTally:
+    """The core's health as this replica saw it since it started: calls it answered (a run's
+    state, NOT_FOUND and the like included), refused (a domain error: the admit rejected, the
+    budget or the capacity used up), and whose outcome is unknown (no answer: maybe applied).
+    Reported in the replica's heartbeat (OperatorService.ListReplicas)."""
+
+    answered: int = 0
+    refused: int = 0
+    unknown: int = 0
+    last_unknown_at: dt.datetime | None = None
+
+    async def count(self, work: Awaitable[T]) -> T:
+        try:
+            result = await work
+        except errors.CoreUnavailable:
+            self.unknown += 1
+            self.last_unknown_at = dt.datetime.now(dt.timezone.utc)
+            raise
+        except errors.QueueError:
+            self.refused += 1
+            raise
+        self.answered += 1
+        return result
+
+
 class CoreClient:
     def __init__(self, channel: grpc.aio.Channel, *, deadline_seconds: float) -> None:
         self._channel = channel
         self._stub = core_grpc.RunServiceStub(channel)
         self._deadline = deadline_seconds
+        self.tally = CoreCallTally()
 
     @classmethod
     def connect(cls, address: str, *, deadline_seconds: float, credentials: grpc.ChannelCredentials | None = None) -> CoreClient:
@@ -135,6 +165,29 @@ class CoreClient:
         hold: bool,
         delta_of_run_id: uuid.UUID | None,
     ) -> RunReport:
+        return await self.tally.count(
+            self._create_run(run_id=run_id, user_id=user_id, document_uri=document_uri, sources=sources, hold=hold, delta_of_run_id=delta_of_run_id)
+        )
+
+    async def release_run(self, run_id: uuid.UUID) -> RunReport:
+        return await self.tally.count(self._release_run(run_id))
+
+    async def cancel_run(self, run_id: uuid.UUID) -> RunReport:
+        return await self.tally.count(self._cancel_run(run_id))
+
+    async def get_run(self, run_id: uuid.UUID) -> RunReport:
+        return await self.tally.count(self._get_run(run_id))
+
+    async def _create_run(
+        self,
+        *,
+        run_id: uuid.UUID,
+        user_id: str,
+        document_uri: str,
+        sources: Sequence[tuple[str, str]],
+        hold: bool,
+        delta_of_run_id: uuid.UUID | None,
+    ) -> RunReport:
         """Creates the run. Raises CoreRejected / ProviderBudgetExhausted for the core's refusals
         and CoreUnavailable when the outcome is unknown (the run may exist)."""
         request = core_pb2.CreateRunRequest(
@@ -160,7 +213,7 @@ class CoreClient:
             raise _admit_error(exc) from exc
         return _report_of(response.run)
 
-    async def release_run(self, run_id: uuid.UUID) -> RunReport:
+    async def _release_run(self, run_id: uuid.UUID) -> RunReport:
         """Releases a held run. NOT_FOUND reads as UNKNOWN_TO_CORE, FAILED_PRECONDITION (the core
         refuses to release a canceled run) as CANCELED; RESOURCE_EXHAUSTED (the core is at its
         concurrency ceiling, nothing applied) raises CoreAtCapacity; no answer raises CoreUnavailable."""
@@ -180,7 +233,7 @@ class CoreClient:
             raise _unknown_outcome("ReleaseRun", exc) from exc
         return _report_of(response.run)
 
-    async def cancel_run(self, run_id: uuid.UUID) -> RunReport:
+    async def _cancel_run(self, run_id: uuid.UUID) -> RunReport:
         """Cancels a run. The answer says what the run is now (CANCELED, or how it had finished
         before the cancel); NOT_FOUND reads as UNKNOWN_TO_CORE. No answer raises CoreUnavailable."""
         request = core_pb2.CancelRunRequest(run_id=str(run_id))
@@ -192,7 +245,7 @@ class CoreClient:
             raise _unknown_outcome("CancelRun", exc) from exc
         return _report_of(response.run)
 
-    async def get_run(self, run_id: uuid.UUID) -> RunReport:
+    async def _get_run(self, run_id: uuid.UUID) -> RunReport:
         """The run as the core sees it; NOT_FOUND reads as UNKNOWN_TO_CORE. No answer raises
         CoreUnavailable."""
         request = core_pb2.GetRunRequest(run_id=str(run_id))

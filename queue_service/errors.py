@@ -2,7 +2,7 @@
 
 The domain raises these with a reason (a stable vocabulary: callers in other languages branch on
 it), a message and metadata. The table from reason to status code lives at the edge
-(`api/status.py`), which alone turns them into a gRPC status with `google.rpc.ErrorInfo` (and
+(`api/road/status.py`), which alone turns them into a gRPC status with `google.rpc.ErrorInfo` (and
 `BadRequest` for field violations).
 """
 
@@ -107,6 +107,13 @@ class JobNotPending(QueueError):
     """The job is not PENDING."""
 
     reason = "JOB_NOT_PENDING"
+
+
+class JobNotRetryable(QueueError):
+    """The job cannot be admitted again: it has not failed or been canceled, or what it judges
+    was not stored (admitted before the service stored it)."""
+
+    reason = "JOB_NOT_RETRYABLE"
 
 
 class JobAlreadyFinished(QueueError):

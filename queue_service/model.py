@@ -208,6 +208,7 @@ class AdmitRequest:
     sources: tuple[tuple[str, str], ...]
     delta_of_job_id: uuid.UUID | None
     request_digest: bytes
+    document_title: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,6 +248,24 @@ class NewJob:
     request_digest: bytes
     delta_of_job_id: uuid.UUID | None
     price: int
+    # What the job judges, stored with it (shown bounded; admitted again by a retry).
+    document_uri: str = ""
+    document_title: str = ""
+    sources: tuple[tuple[str, str], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInputs:
+    """What a job was admitted with, in full: what OperatorService.RetryJob admits again.
+    `sources` is None for a job admitted before the service stored them."""
+
+    job_id: uuid.UUID
+    user_id: str
+    status: JobStatus
+    delta_of_job_id: uuid.UUID | None
+    document_uri: str
+    document_title: str
+    sources: tuple[tuple[str, str], ...] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,6 +428,12 @@ class JobView:
     capacity_wait_since: dt.datetime | None = None
     # 1-based place in the fleet-wide order for the core (filled in by the reads); 0: not waiting.
     capacity_position: int = 0
+    # What the job judges (migration 0017): the document, how many sources, the first few of them
+    # (doi, citation cut short). Empty for a job admitted before the service stored them.
+    document_uri: str = ""
+    document_title: str = ""
+    source_count: int = 0
+    sources_preview: tuple[tuple[str, str], ...] = ()
 
 
 
@@ -534,6 +559,49 @@ class Overview:
 
 
 @dataclasses.dataclass(frozen=True)
+class UserWork:
+    """One user's jobs in flight, for the operator's list of users with work."""
+
+    user_id: str
+    queued: int
+    pending: int
+    running: int
+    oldest_queued_create_time: dt.datetime | None
+    oldest_create_time: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueMinute:
+    """The queue in one minute: depth at its end, admits and endings during it."""
+
+    minute: dt.datetime
+    queued: int
+    active: int
+    admitted: int
+    ended: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaReport:
+    """What a replica reports about itself in its heartbeat row (OperatorService.ListReplicas)."""
+
+    replica_id: str
+    host: str
+    start_time: dt.datetime
+    draining: bool
+    calls_in_flight: int
+    watch_streams: int
+    overview_streams: int
+    # The core's calls since the replica started: answered, refused, outcome unknown.
+    core_answered: int
+    core_refused: int
+    core_unknown: int
+    core_last_unknown_at: dt.datetime | None
+    # When the row was last written (set by the database; None in a report not yet written).
+    heartbeat_time: dt.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class GrantOutcome:
     """A credit grant: the balance after it, and whether this call granted (False: the key had
     granted before)."""
@@ -566,6 +634,8 @@ class LedgerEntry:
     idempotency_key: str | None
     actor: str
     reason: str
+    # Grants only: why, in the operator's words (migration 0017); empty when none was given.
+    note: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

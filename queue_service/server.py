@@ -12,7 +12,9 @@ grace period, stops the loops and closes the pool.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
+import socket
 import time
 from collections.abc import Mapping
 from typing import TypedDict
@@ -32,21 +34,21 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2,
     queue_service_pb2_grpc,
 )
-from queue_service.api import auth
-from queue_service.api.auth import Authorizer, Caller
-from queue_service.api.callbacks import CoreCallbackServicer
-from queue_service.api.connection_limits import connection_options
-from queue_service.api.credential_reload import CredentialReloader
-from queue_service.api.credits import CreditsServicer
-from queue_service.api.gate import CallGate
-from queue_service.api.health_service import HealthService
-from queue_service.api.interceptor import ErrorInterceptor
-from queue_service.api.operator import OperatorServicer
-from queue_service.api.queue import AnalysisQueueServicer
-from queue_service.api.road import CallRoad
-from queue_service.api.server_tls import ServerTls
-from queue_service.api.user_assertions import UserAssertions
-from queue_service.api.web import WebEndpoint
+from queue_service.api.access import auth
+from queue_service.api.access.auth import Authorizer, Caller
+from queue_service.api.servicers.callbacks import CoreCallbackServicer
+from queue_service.api.listeners.connection_limits import connection_options
+from queue_service.api.access.credential_reload import CredentialReloader
+from queue_service.api.servicers.credits import CreditsServicer
+from queue_service.api.road.gate import CallGate
+from queue_service.api.servicers.health_service import HealthService
+from queue_service.api.road.interceptor import ErrorInterceptor
+from queue_service.api.servicers.operator import OperatorServicer
+from queue_service.api.servicers.queue import AnalysisQueueServicer
+from queue_service.api.road.road import CallRoad
+from queue_service.api.access.server_tls import ServerTls
+from queue_service.api.access.user_assertions import UserAssertions
+from queue_service.api.listeners.web import WebEndpoint
 from queue_service.background import cancel_and_wait
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
@@ -60,9 +62,11 @@ from queue_service.engine import (
     Recovery,
     ReleaseDispatcher,
     Releases,
+    ReplicaHeartbeat,
     Sweeper,
+    new_replica_id,
 )
-from queue_service.model import ClaimedRelease, ReplicationStance
+from queue_service.model import ClaimedRelease, ReplicaReport, ReplicationStance
 from queue_service.store import Store
 from queue_service.store.migrations import MigrationError
 from queue_service.store.pool import Timeouts, create_pool
@@ -181,6 +185,8 @@ class QueueApp:
             capacity=self.capacity,
         )
         self.sweeper = Sweeper(self.recovery, self.store, config, wake_dispatcher=releases_due.set)
+        self.replica_id = new_replica_id()
+        self._started_at = dt.datetime.now(dt.timezone.utc)
         self.health = HealthService(max_watches=config.max_health_watches)
         self.gate = CallGate(max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds)
         # The one road into the servicers, for gRPC and the browser endpoint alike.
@@ -192,9 +198,10 @@ class QueueApp:
             "AnalysisQueueService": AnalysisQueueServicer(self.engine, self.admission, self.releases, self.reads, self.hub, self.gate.draining),
             "CoreCallbackService": CoreCallbackServicer(self.engine, self.reads),
             "CreditsService": CreditsServicer(credits),
-            "OperatorService": OperatorServicer(self.engine, self.reads, self.gate.draining, credits),
+            "OperatorService": OperatorServicer(self.engine, self.admission, self.reads, self.gate.draining, credits),
         }
         self.web = WebEndpoint(self.servicers, road, config) if config.http_addr else None
+        self.heartbeat = ReplicaHeartbeat(self.store, self._replica_report)
         tls = ServerTls(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file) if config.tls_cert_file else None
         self._server_credentials = tls.grpc_credentials() if tls is not None else None
         self.credentials = CredentialReloader(
@@ -252,6 +259,7 @@ class QueueApp:
         self.hub.start()
         self.dispatcher.start()
         self.sweeper.start()
+        self.heartbeat.start()
         await server.start()
         if self.web is not None:
             self.http_port = await self.web.start()
@@ -354,6 +362,25 @@ class QueueApp:
                 stance_checked = time.monotonic()
                 await self._check_replication()
 
+    def _replica_report(self) -> ReplicaReport:
+        """What this replica's heartbeat reports now."""
+        tally = self.core.tally
+        operator = self.servicers["OperatorService"]
+        assert isinstance(operator, OperatorServicer)
+        return ReplicaReport(
+            replica_id=self.replica_id,
+            host=socket.gethostname(),
+            start_time=self._started_at,
+            draining=self.gate.draining.is_set(),
+            calls_in_flight=self.gate.in_flight,
+            watch_streams=self.hub.open_streams,
+            overview_streams=operator.open_overview_streams,
+            core_answered=tally.answered,
+            core_refused=tally.refused,
+            core_unknown=tally.unknown,
+            core_last_unknown_at=tally.last_unknown_at,
+        )
+
     async def _set_health(self, status: int) -> None:
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, status)
@@ -376,6 +403,7 @@ class QueueApp:
         if self.web is not None:
             await self.web.stop()
         await self.sweeper.stop()
+        await self.heartbeat.stop()
         await self.dispatcher.stop()
         await self.engine.stop()
         await self.hub.stop()

@@ -23,9 +23,11 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import metrics as otel_metrics, trace
+from opentelemetry.metrics import CallbackT, Counter, Histogram, UpDownCounter
 
 tracer = trace.get_tracer("queue_service")
 _meter = otel_metrics.get_meter("queue_service")
@@ -34,6 +36,23 @@ _meter = otel_metrics.get_meter("queue_service")
 SHUTDOWN_BUDGET_SECONDS = 3.0
 
 _SECONDS_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
+
+
+# The instruments below are one row each: name, unit, what it counts (and buckets or a callback).
+def _counter(name: str, unit: str, description: str) -> Counter:
+    return _meter.create_counter(name, unit=unit, description=description)
+
+
+def _up_down_counter(name: str, unit: str, description: str) -> UpDownCounter:
+    return _meter.create_up_down_counter(name, unit=unit, description=description)
+
+
+def _histogram(name: str, unit: str, description: str, *, buckets: Sequence[float] = _SECONDS_BUCKETS) -> Histogram:
+    return _meter.create_histogram(name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets)
+
+
+def _gauge(name: str, unit: str, description: str, observe: CallbackT) -> None:
+    _meter.create_observable_gauge(name, callbacks=[observe], unit=unit, description=description)
 
 
 class _Instruments:
@@ -45,125 +64,45 @@ class _Instruments:
         # unlimited), waiting (jobs waiting for capacity).
         self.capacity: dict[str, int] = {}
         self.pools: weakref.WeakSet[Any] = weakref.WeakSet()
-        meter = _meter
-        self.admits = meter.create_counter("queue.admits", unit="{admit}", description="Admit calls by outcome and reason")
-        self.lock_wait = meter.create_histogram(
-            "queue.lock.wait", unit="s", description="Time spent waiting for a user's queue lock",
-            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
-        )
-        self.promotions = meter.create_counter("queue.promotions", unit="{job}", description="Jobs promoted from QUEUED to PENDING, by trigger")
-        self.promotion_gap = meter.create_histogram(
-            "queue.promotion.gap", unit="s", description="From a job ending to the next job's release being accepted by the core",
-            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
-        )
-        self.release_attempts = meter.create_counter("queue.release.attempts", unit="{attempt}", description="Release attempts by result")
-        self.release_claim_passes = meter.create_counter(
-            "queue.release.claim_passes", unit="{pass}",
-            description="Passes of the release dispatcher's claiming loop, by what started them (woken_by: start; event: a PENDING job nobody claimed, a sweep, a retry; timer: the earliest due release; full_batch)",
-        )
-        self.statement_batch_size = meter.create_histogram(
-            "queue.statement.batch_size", unit="{item}",
-            description="Items one coalesced statement applied (statement: mark_released, releases the core accepted; end_runs, completions): those that arrived while the previous such statement ran",
-            explicit_bucket_boundaries_advisory=[1, 2, 4, 8, 16, 32, 64],
-        )
-        self.statement_batch_failures = meter.create_counter(
-            "queue.statement.batch_failures", unit="{batch}",
-            description="Coalesced statements of several items that failed as a whole (statement: mark_released, end_runs); each item was then applied alone",
-        )
-        self.release_give_ups = meter.create_counter("queue.release.give_ups", unit="{job}", description="Jobs failed because release gave up")
-        self.refunds = meter.create_counter("queue.refunds", unit="{credit}", description="Credits refunded, by cause")
-        self.completions = meter.create_counter("queue.completions", unit="{job}", description="Jobs ended, by status")
-        self.sweep_duration = meter.create_histogram(
-            "queue.sweep.duration", unit="s", description="Duration of one sweeper pass",
-            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
-        )
-        self.sweep_rows = meter.create_counter("queue.sweep.rows", unit="{row}", description="Rows the sweeper acted on, by action")
-        self.http_misdirected = meter.create_counter(
-            "queue.http.misdirected", unit="{request}",
-            description="Browser endpoint requests refused 421 because their Host is none of the endpoint's names (a DNS rebinding page, or a name missing from QUEUE_HTTP_ALLOWED_HOSTS)",
-        )
-        self.watch_streams = meter.create_up_down_counter("queue.watch.streams", unit="{stream}", description="Open WatchJobs streams")
-        self.http_connections = meter.create_up_down_counter(
-            "queue.http.connections", unit="{connection}", description="Open connections of the browser listener (QUEUE_HTTP_ADDR)",
-        )
-        self.http_refusals = meter.create_counter(
-            "queue.http.refusals", unit="{request}",
-            description="Browser listener requests and connections refused by its limits, by reason (body_timeout, not_served, accept_failed, unhandled)",
-        )
-        self.feed_reads = meter.create_counter(
-            "queue.feed.reads", unit="{read}",
-            description="Reads of the job-change feed, by what started them (woken_by: start; local, a change this replica committed; hint, another replica's; timer) and outcome (complete: false when more rows came than one read takes, and the streams resync)",
-        )
-        self.feed_rows_per_read = meter.create_histogram(
-            "queue.feed.rows_per_read", unit="{row}", description="Job changes one read of the feed handed on",
-            explicit_bucket_boundaries_advisory=[0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096],
-        )
-        self.feed_lag = meter.create_histogram(
-            "queue.feed.lag", unit="s", description="From a job change written (in its transaction) to this replica reading it from the feed",
-            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
-        )
-        self.feed_hints_sent = meter.create_counter(
-            "queue.feed.hints_sent", unit="{notify}",
-            description="Wake-up hints (one NOTIFY each, in a transaction of its own) this replica sent after committing job changes",
-        )
-        self.run_settlements = meter.create_counter(
-            "queue.run.settlements", unit="{attempt}",
-            description="Attempts to confirm with the core that a run is settled (kind: job or orphan; result: settled or retry)",
-        )
-        self.core_refusals = meter.create_counter(
-            "queue.core.refusals", unit="{release}",
-            description="Releases the core answered RESOURCE_EXHAUSTED (at its concurrency ceiling): the job waited for capacity again (probe: a release above the limit the core had shown)",
-        )
-        self.capacity_wait = meter.create_histogram(
-            "queue.capacity.wait", unit="s", description="How long a PENDING job waited for the fleet's capacity at the core before its release was granted",
-            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS + [60, 120, 300, 600, 1800],
-        )
-        meter.create_observable_gauge(
-            "queue.capacity", callbacks=[self._observe_capacity], unit="{run}",
-            description="The core's capacity as of this replica's last grant or sweep (state: in_use, the runs that take it; limit, the limit in force, absent when unlimited; waiting, jobs waiting for it)",
-        )
-        self.core_retries = meter.create_counter("queue.core.retries", unit="{retry}", description="Retried calls to the core, by method")
-        self.prepared_statement_clashes = meter.create_counter(
-            "queue.db.prepared_statement_clashes", unit="{error}",
-            description="Statements that failed because the server connection's prepared statements were not this replica's (a transaction-mode pooler); answered UNAVAILABLE",
-        )
-        self.stale_connections = meter.create_counter(
-            "queue.db.stale_connections", unit="{connection}",
-            description="Pooled connections found closed by the server (a restart, a failover) when about to be lent, and replaced without failing a call",
-        )
-        self.abandoned_connections = meter.create_counter(
-            "queue.db.abandoned_connections", unit="{connection}",
-            description="Connections given up because a statement outlived its call's deadline and the server did not end it when cancelled (a frozen or unreachable database)",
-        )
-        self.listener_liveness_failures = meter.create_counter(
-            "queue.db.listener.liveness_failures", unit="{failure}",
-            description="LISTEN connections dropped because a liveness query got no answer in time (then reconnected, every stream resynced)",
-        )
-        self.estimates_left_out = meter.create_counter(
-            "queue.answer.estimates_left_out", unit="{answer}",
-            description="Answers of committed admits sent without fresh estimated start times, because reading them failed (by reason): the change stands, only the estimate is missing",
-        )
-        self.owed_release_handovers = meter.create_counter(
-            "queue.release.owed_handovers", unit="{handover}",
-            description="Follow-ups of a locked change whose outcome was unknown, by result: jobs it may have promoted handed over at once (handed_over, one per job), none found (none), not looked up before the lease would end it (gave_up)",
-        )
-        self.health_probes = meter.create_counter(
-            "queue.health.probes", unit="{probe}", description="Heartbeat writes of the health probe, by result (ok, failed, timeout)",
-        )
+        self.admits = _counter("queue.admits", "{admit}", "Admit calls by outcome and reason")
+        self.retries = _counter("queue.retries", "{retry}", "OperatorService.RetryJob calls by outcome (admitted, repeated: the retry key had retried the job already, rejected) and reason")
+        self.lock_wait = _histogram("queue.lock.wait", "s", "Time spent waiting for a user's queue lock")
+        self.promotions = _counter("queue.promotions", "{job}", "Jobs promoted from QUEUED to PENDING, by trigger")
+        self.promotion_gap = _histogram("queue.promotion.gap", "s", "From a job ending to the next job's release being accepted by the core")
+        self.release_attempts = _counter("queue.release.attempts", "{attempt}", "Release attempts by result")
+        self.release_claim_passes = _counter("queue.release.claim_passes", "{pass}", "Passes of the release dispatcher's claiming loop, by what started them (woken_by: start; event: a PENDING job nobody claimed, a sweep, a retry; timer: the earliest due release; full_batch)")
+        self.statement_batch_size = _histogram("queue.statement.batch_size", "{item}", "Items one coalesced statement applied (statement: mark_released, releases the core accepted; end_runs, completions): those that arrived while the previous such statement ran", buckets=[1, 2, 4, 8, 16, 32, 64])
+        self.statement_batch_failures = _counter("queue.statement.batch_failures", "{batch}", "Coalesced statements of several items that failed as a whole (statement: mark_released, end_runs); each item was then applied alone")
+        self.release_give_ups = _counter("queue.release.give_ups", "{job}", "Jobs failed because release gave up")
+        self.refunds = _counter("queue.refunds", "{credit}", "Credits refunded, by cause")
+        self.completions = _counter("queue.completions", "{job}", "Jobs ended, by status")
+        self.sweep_duration = _histogram("queue.sweep.duration", "s", "Duration of one sweeper pass")
+        self.sweep_rows = _counter("queue.sweep.rows", "{row}", "Rows the sweeper acted on, by action")
+        self.http_misdirected = _counter("queue.http.misdirected", "{request}", "Browser endpoint requests refused 421 because their Host is none of the endpoint's names (a DNS rebinding page, or a name missing from QUEUE_HTTP_ALLOWED_HOSTS)")
+        self.watch_streams = _up_down_counter("queue.watch.streams", "{stream}", "Open WatchJobs streams")
+        self.http_connections = _up_down_counter("queue.http.connections", "{connection}", "Open connections of the browser listener (QUEUE_HTTP_ADDR)")
+        self.http_refusals = _counter("queue.http.refusals", "{request}", "Browser listener requests and connections refused by its limits, by reason (body_timeout, not_served, accept_failed, unhandled)")
+        self.feed_reads = _counter("queue.feed.reads", "{read}", "Reads of the job-change feed, by what started them (woken_by: start; local, a change this replica committed; hint, another replica's; timer) and outcome (complete: false when more rows came than one read takes, and the streams resync)")
+        self.feed_rows_per_read = _histogram("queue.feed.rows_per_read", "{row}", "Job changes one read of the feed handed on", buckets=[0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096])
+        self.feed_lag = _histogram("queue.feed.lag", "s", "From a job change written (in its transaction) to this replica reading it from the feed")
+        self.feed_hints_sent = _counter("queue.feed.hints_sent", "{notify}", "Wake-up hints (one NOTIFY each, in a transaction of its own) this replica sent after committing job changes")
+        self.run_settlements = _counter("queue.run.settlements", "{attempt}", "Attempts to confirm with the core that a run is settled (kind: job or orphan; result: settled or retry)")
+        self.core_refusals = _counter("queue.core.refusals", "{release}", "Releases the core answered RESOURCE_EXHAUSTED (at its concurrency ceiling): the job waited for capacity again (probe: a release above the limit the core had shown)")
+        self.capacity_wait = _histogram("queue.capacity.wait", "s", "How long a PENDING job waited for the fleet's capacity at the core before its release was granted", buckets=_SECONDS_BUCKETS + [60, 120, 300, 600, 1800])
+        _gauge("queue.capacity", "{run}", "The core's capacity as of this replica's last grant or sweep (state: in_use, the runs that take it; limit, the limit in force, absent when unlimited; waiting, jobs waiting for it)", self._observe_capacity)
+        self.core_retries = _counter("queue.core.retries", "{retry}", "Retried calls to the core, by method")
+        self.prepared_statement_clashes = _counter("queue.db.prepared_statement_clashes", "{error}", "Statements that failed because the server connection's prepared statements were not this replica's (a transaction-mode pooler); answered UNAVAILABLE")
+        self.stale_connections = _counter("queue.db.stale_connections", "{connection}", "Pooled connections found closed by the server (a restart, a failover) when about to be lent, and replaced without failing a call")
+        self.abandoned_connections = _counter("queue.db.abandoned_connections", "{connection}", "Connections given up because a statement outlived its call's deadline and the server did not end it when cancelled (a frozen or unreachable database)")
+        self.listener_liveness_failures = _counter("queue.db.listener.liveness_failures", "{failure}", "LISTEN connections dropped because a liveness query got no answer in time (then reconnected, every stream resynced)")
+        self.estimates_left_out = _counter("queue.answer.estimates_left_out", "{answer}", "Answers of committed admits sent without fresh estimated start times, because reading them failed (by reason): the change stands, only the estimate is missing")
+        self.owed_release_handovers = _counter("queue.release.owed_handovers", "{handover}", "Follow-ups of a locked change whose outcome was unknown, by result: jobs it may have promoted handed over at once (handed_over, one per job), none found (none), not looked up before the lease would end it (gave_up)")
+        self.health_probes = _counter("queue.health.probes", "{probe}", "Heartbeat writes of the health probe, by result (ok, failed, timeout)")
         # The durability stance of the database this replica commits to (`store.replication`).
         self.replication: dict[str, Any] = {}
-        meter.create_observable_gauge(
-            "queue.db.synchronous_replication", callbacks=[self._observe_replication], unit="1",
-            description="1 when this replica's commits wait for a synchronous standby that is connected, else 0; attribute mode: synchronous, synchronous_without_standby, asynchronous, single_node, unknown",
-        )
-        meter.create_observable_gauge(
-            "queue.depth", callbacks=[self._observe_depth], unit="{job}",
-            description="Jobs by state (queued, pending, running) and users waiting, as of the last sweep",
-        )
-        meter.create_observable_gauge(
-            "queue.db.pool.connections", callbacks=[self._observe_pools], unit="{connection}",
-            description="Database pool connections by state (idle, used) and waiting requests",
-        )
+        _gauge("queue.db.synchronous_replication", "1", "1 when this replica's commits wait for a synchronous standby that is connected, else 0; attribute mode: synchronous, synchronous_without_standby, asynchronous, single_node, unknown", self._observe_replication)
+        _gauge("queue.depth", "{job}", "Jobs by state (queued, pending, running) and users waiting, as of the last sweep", self._observe_depth)
+        _gauge("queue.db.pool.connections", "{connection}", "Database pool connections by state (idle, used) and waiting requests", self._observe_pools)
 
     def _observe_depth(self, _options: Any) -> list[Any]:
         from opentelemetry.metrics import Observation

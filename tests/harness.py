@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import json
 import os
 import resource
 import signal
@@ -12,6 +14,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -67,6 +71,70 @@ async def running_with_one_queued(stubs: Stubs) -> tuple[str, job_pb2.Job, job_p
     assert queued.status == S.JOB_STATUS_QUEUED
     await stubs.wait_for(running.job_id, S.JOB_STATUS_RUNNING)
     return user, running, queued
+
+
+def token_entry(name: str, role: str, token: str) -> dict[str, str]:
+    """One bearer token of the auth file, as it stores them: by SHA-256."""
+    return {"name": name, "role": role, "sha256": hashlib.sha256(token.encode()).hexdigest()}
+
+
+def role_tokens(tokens: Mapping[str, str]) -> list[dict[str, str]]:
+    """One `<role>-caller` entry per role -> token."""
+    return [token_entry(f"{role}-caller", role, token) for role, token in tokens.items()]
+
+
+def write_auth_file(path: Path, *entries: dict[str, str]) -> None:
+    """Writes the auth file with these tokens, swapped in whole (as a Kubernetes Secret volume
+    replaces it), so a replica re-reading it never sees half a file."""
+    staging = path.with_suffix(".new")
+    staging.write_text(json.dumps({"tokens": list(entries)}))
+    os.replace(staging, path)
+
+
+async def one_running_job(service: ServiceHandle) -> tuple[Stubs, str, job_pb2.Job]:
+    """A new user with one credit and one job, RUNNING (its run judging at the service's core)."""
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 1)
+    job = await stubs.admit(user)
+    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    return stubs, user, job
+
+
+async def cancel_left_unanswered(stubs: Stubs, job_id: str, user: str) -> None:
+    """CancelJob while the core's answer cannot be had (lost, or the core unreachable): the caller
+    hears UNAVAILABLE with CORE_UNAVAILABLE, not a guess at the outcome."""
+    try:
+        await stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=job_id, user_id=user), timeout=10)
+    except grpc.aio.AioRpcError as unanswered:
+        got = error_info(unanswered)[:2]
+        assert got == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE"), got
+    else:
+        raise AssertionError(f"CancelJob of {job_id} was answered; expected CORE_UNAVAILABLE")
+
+
+def end_failed_as_a_previous_version(database_url: str, job_id: str) -> None:
+    """Ends a RUNNING job FAILED without a refund, as a replica of the previous version did after
+    its core canceled the run (it neither sets nor reads the cancel intent): its statement."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE analysis_jobs SET status = 'failed', end_time = clock_timestamp(), next_reconcile_at = NULL,"
+            " last_error = 'canceled at the core' WHERE job_id = %s AND status = 'running'",
+            (job_id,),
+        )
+
+
+async def eventually(check: Any, timeout: float = 10.0, what: str = "condition") -> Any:
+    """Polls `check()` (sync or async) until it returns a truthy value."""
+    give_up_at = time.monotonic() + timeout
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > give_up_at:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
 
 
 async def stranger_holds_user_locks(database_url: str, user_ids: list[str], seconds: float, holding: asyncio.Event | None = None) -> None:

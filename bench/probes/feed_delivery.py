@@ -20,13 +20,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -36,13 +32,9 @@ import grpc
 
 from bench import dbsetup
 from bench.measure import Latency
-from bench.procs import REPO_ROOT, Database, Stack, create_database
+from bench.probes.rounds import RESULTS, loadavg, new_report, scratch_database, write_report
+from bench.procs import REPO_ROOT, Stack, create_database
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "history"
-
-
-def loadavg() -> list[float]:
-    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
 async def _phase(a: str, b: str, *, users: list[str], probes: int, load_users: list[str], load_callers: int) -> dict[str, Any]:
@@ -123,17 +115,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "feed-delivery.json")
     args = parser.parse_args()
     git_head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
-    report: dict[str, Any] = {
-        "meta": {
-            "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
-            "git_head": git_head or "(not a git checkout)", "loadavg_at_start": loadavg(),
-            "probes": args.probes, "users": args.users, "load_callers": args.load_callers,
-        }
-    }
-    workdir = Path(tempfile.mkdtemp(prefix="acurio-feed-delivery-"))
-    db = Database(workdir, durable=True)
-    try:
-        db.start()
+    report = new_report(
+        git_head=git_head or "(not a git checkout)", probes=args.probes, users=args.users, load_callers=args.load_callers,
+    )
+    with scratch_database("acurio-feed-delivery-") as (db, workdir):
         dsn = create_database(db, "feed_delivery")
         users = [f"fd-w{i}" for i in range(args.users)]
         dbsetup.grant_credits(dsn, "fd-w", args.users, 2 * args.probes)
@@ -148,13 +133,7 @@ def main() -> int:
                     **asyncio.run(_phase(a.address, b.address, users=users, probes=args.probes, load_users=load_users, load_callers=callers)),
                 }
                 print(phase, json.dumps(report[phase]), flush=True)
-    finally:
-        db.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-    report["meta"]["loadavg_at_end"] = loadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"report: {args.out}")
+    write_report(report, args.out)
     return 0
 
 

@@ -13,13 +13,8 @@ the same machine load. Prints the table and writes bench/results/history/event-l
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import shutil
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +22,11 @@ from bench import dbsetup
 from bench.context import FULL, Context
 from bench.ghz import ADMIT, admit_data
 from bench.measure import CpuMeter, unattributed_cpu
-from bench.procs import Database
+from bench.probes.rounds import RESULTS, loadavg, new_report, scratch_database, write_report
 from bench.protoset import write_protoset
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "history"
 _USERS = 1000
 LOOPS = ("asyncio", "uvloop")
-
-
-def loadavg() -> list[float]:
-    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
 def one_run(ctx: Context, loop: str, repeat: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -67,12 +57,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS / "event-loop-ab.json")
     args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="acurio-loop-ab-"))
-    db = Database(workdir, durable=True)
-    started = time.time()
+    report = new_report(calls=args.calls, callers=args.callers, users=_USERS, repeats=args.repeats, postgres_durable=True)
     runs: list[dict[str, Any]] = []
-    try:
-        db.start()
+    with scratch_database("acurio-loop-ab-") as (db, workdir):
         ctx = Context(db, workdir, FULL, write_protoset(workdir / "queue.protoset"))
         for repeat in range(args.repeats):
             for loop in LOOPS if repeat % 2 == 0 else tuple(reversed(LOOPS)):
@@ -84,9 +71,6 @@ def main() -> int:
                     f"service CPU {run['cpu_ms_per_op']['service']:.3f} ms/op  load {run['loadavg'][0]}  other {run['unattributed_cpu_cores']} cores",
                     flush=True,
                 )
-    finally:
-        db.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
     def ratios(metric: Any) -> list[float]:
         by_repeat = {(r["repeat"], r["loop"]): r for r in runs}
@@ -102,14 +86,8 @@ def main() -> int:
     print()
     for key, value in summary.items():
         print(f"{key:42} median {value['median']:.3f}  per repeat {value['per_repeat']}")
-    report = {
-        "meta": {"date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "calls": args.calls, "callers": args.callers,
-                 "users": _USERS, "repeats": args.repeats, "postgres_durable": True, "duration_seconds": round(time.time() - started, 1)},
-        "runs": runs, "summary": summary,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"report: {args.out}")
+    report.update(runs=runs, summary=summary)
+    write_report(report, args.out)
     return 0
 
 

@@ -33,15 +33,11 @@ Prints a table and writes bench/results/history/notify-ceiling.json.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -49,11 +45,11 @@ from typing import Any
 
 import psycopg
 
+from bench.probes.rounds import RESULTS, loadavg, new_report, scratch_database, write_report
 from bench.procs import Database
 from queue_service.dev.embedded_postgres import POSTGRES_BIN_PATH
 from queue_service.store import JOB_CHANGES_CHANNEL
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "history"
 _ROW_KEY = "notify-ceiling-"
 # Each client updates its own row (no row-lock waits), with a new last_error (the trigger fires).
 _SCRIPT = (
@@ -80,10 +76,6 @@ BEGIN
 END;
 $$"""
 MODES = ("feed", "notify", "no_notify")
-
-
-def loadavg() -> list[float]:
-    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
 def seed_rows(dsn: str, rows: int) -> None:
@@ -226,20 +218,10 @@ def main() -> int:
     parser.add_argument("--durable-only", action="store_true", help="skip the fsync-off PostgreSQL")
     parser.add_argument("--out", type=Path, default=RESULTS / "notify-ceiling.json")
     args = parser.parse_args()
-    started = time.time()
-    report: dict[str, Any] = {
-        "meta": {
-            "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
-            "seconds_per_run": args.seconds, "repeats": args.repeats, "statement": _SCRIPT.strip(),
-            "loadavg_at_start": loadavg(),
-        }
-    }
+    report = new_report(seconds_per_run=args.seconds, repeats=args.repeats, statement=_SCRIPT.strip())
     for durable in (True,) if args.durable_only else (True, False):
         label = "durable" if durable else "fsync_off"
-        workdir = Path(tempfile.mkdtemp(prefix=f"acurio-notify-{label}-"))
-        db = Database(workdir, durable=durable)
-        try:
-            db.start()
+        with scratch_database(f"acurio-notify-{label}-", durable=durable) as (db, workdir):
             with psycopg.connect(db.dsn) as conn:
                 settings = conn.execute(
                     "SELECT string_agg(name || '=' || setting, ', ' ORDER BY name) FROM pg_settings"
@@ -247,11 +229,6 @@ def main() -> int:
                 ).fetchone()
             print(f"{label}: {settings[0] if settings else ''}", flush=True)
             report[label] = {"postgres_settings": settings[0] if settings else "", **measure(db, clients=args.clients, seconds=args.seconds, repeats=args.repeats, workdir=workdir)}
-        finally:
-            db.stop()
-            shutil.rmtree(workdir, ignore_errors=True)
-    report["meta"]["loadavg_at_end"] = loadavg()
-    report["meta"]["duration_seconds"] = round(time.time() - started, 1)
     print()
     print(f"{'':10} {'clients':>7} {'feed/s':>8} {'notify/s':>9} {'none/s':>8} {'feed/none':>10} {'notify/none':>12}   (median of {args.repeats})")
     for label in ("durable", "fsync_off"):
@@ -261,9 +238,8 @@ def main() -> int:
                 f" {row['no_notify_commits_per_s']['median']:>8} {row['feed_over_no_notify']['median']:>10}"
                 f" {row['notify_over_no_notify']['median']:>12}   (ranges {row['feed_over_no_notify']['range']}, {row['notify_over_no_notify']['range']})"
             )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"\nreport: {args.out}")
+    print()
+    write_report(report, args.out)
     return 0
 
 

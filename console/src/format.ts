@@ -38,3 +38,21 @@ export function ordinal(n: number): string {
   const suffix = tens >= 11 && tens <= 13 ? "th" : ({ 1: "st", 2: "nd", 3: "rd" } as Record<number, string>)[n % 10] ?? "th";
   return `${n}${suffix}`;
 }
+
+/** "4 min", "35 s", "2 h 10 min": a duration as a phrase ("queued for 4 min"). */
+export function spoken(ms: number): string {
+  const s = Math.max(0, Math.round(ms / 1000));
+  if (s < 60) return `${s} s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m} min`;
+  const h = Math.floor(m / 60);
+  if (h < 48) return m % 60 ? `${h} h ${m % 60} min` : `${h} h`;
+  return `${Math.floor(h / 24)} days`;
+}
+
+/** "3 min ago", "just now": how long ago a moment was. */
+export function ago(d: Date | undefined, now: number): string {
+  if (d === undefined) return "—";
+  const ms = now - d.getTime();
+  return ms < 5000 ? "just now" : `${spoken(ms)} ago`;
+}

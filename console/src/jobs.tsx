@@ -4,8 +4,9 @@ import { useEffect, useRef, useState } from "preact/hooks";
 
 import { date, operator, Problem, queue } from "./api.js";
 import { Modal } from "./dialog.js";
-import { ACTIVE, dateTime, duration, shortId, STATUS_LABELS } from "./format.js";
+import { ACTIVE, ago, dateTime, duration, shortId, spoken, STATUS_LABELS } from "./format.js";
 import { go, useNow } from "./hooks.js";
+import { LedgerTable, useLedger } from "./ledger.js";
 import { useAction, useNotice } from "./notice.js";
 import { useLiveStream } from "./stream.js";
 import { type Job, JobStatus } from "./gen/acurio/queue/v1/job_pb.js";
@@ -61,7 +62,7 @@ function BulkCancel({ filter, onDone }: { filter: JobFilter; onDone: () => void 
   return (
     <>
       <button type="button" onClick={ask} disabled={busy} data-testid="bulk-cancel" ref={opener}>
-        Cancel matching…
+        Cancel all matching this filter…
       </button>
       {count !== null && (
         <Modal role="alertdialog" label="Confirm bulk cancel" onClose={() => setCount(null)} returnTo={opener}>
@@ -122,18 +123,167 @@ function BulkCancel({ filter, onDone }: { filter: JobFilter; onDone: () => void 
   );
 }
 
+/** Where a job is, as a phrase with how long: "queued for 4 min", "judging for 2 min". */
+export function stateFor(job: Job, now: number): string {
+  const since = (ts: Date | undefined) => (ts ? spoken(now - ts.getTime()) : "—");
+  const created = date(job.createTime);
+  const promoted = date(job.promoteTime);
+  const started = date(job.startTime);
+  const ended = date(job.endTime);
+  switch (job.status) {
+    case JobStatus.QUEUED:
+      return `queued for ${since(created)}`;
+    case JobStatus.PENDING:
+      return job.capacityPosition > 0 ? `waiting for the core for ${since(promoted)}` : `releasing for ${since(promoted)}`;
+    case JobStatus.RUNNING:
+      return `judging for ${since(started)}`;
+    default:
+      if (ended && started) return `judged in ${spoken(ended.getTime() - started.getTime())}, ended ${ago(ended, now)}`;
+      return `ended ${ago(ended, now)}${created && ended ? ` after ${spoken(ended.getTime() - created.getTime())}` : ""}`;
+  }
+}
+
+type SortKey = "job" | "user" | "status" | "position" | "admitted" | "releases" | "state";
+const SORTS: Record<SortKey, (a: Job, b: Job) => number> = {
+  job: (a, b) => a.jobId.localeCompare(b.jobId),
+  user: (a, b) => a.userId.localeCompare(b.userId),
+  status: (a, b) => a.status - b.status,
+  position: (a, b) => a.queuePosition - b.queuePosition,
+  admitted: (a, b) => Number((a.createTime?.seconds ?? 0n) - (b.createTime?.seconds ?? 0n)) || (a.createTime?.nanos ?? 0) - (b.createTime?.nanos ?? 0),
+  releases: (a, b) => a.releaseAttempts - b.releaseAttempts,
+  state: (a, b) => a.status - b.status || SORTS.admitted(a, b),
+};
+
+/** A column header that sorts the page shown (the server's order is newest admitted first). */
+function SortHeader({ label, name, sort, setSort, num }: { label: string; name: SortKey; sort: [SortKey, number] | null; setSort: (s: [SortKey, number] | null) => void; num?: boolean }) {
+  const current = sort !== null && sort[0] === name ? sort[1] : 0;
+  const next = () => setSort(current === 0 ? [name, 1] : current === 1 ? [name, -1] : null);
+  return (
+    <th class={num ? "num" : ""} aria-sort={current === 1 ? "ascending" : current === -1 ? "descending" : "none"}>
+      <button type="button" class="sort" onClick={next} data-testid={`sort-${name}`} title="Sort this page (again: reverse; a third time: the server's order)">
+        {label} <span class="arrow">{current === 1 ? "▲" : current === -1 ? "▼" : "↕"}</span>
+      </button>
+    </th>
+  );
+}
+
+/** What a job judges, in one cell: the document's title (or uri) and how many sources. */
+function DocumentCell({ job }: { job: Job }) {
+  if (!job.document && job.sourceCount === 0) return <span class="muted">not stored</span>;
+  const title = job.document?.title || job.document?.uri || "(delta re-check)";
+  return (
+    <span class="document-cell" title={job.document?.uri}>
+      {title} <span class="muted">· {job.sourceCount} {job.sourceCount === 1 ? "source" : "sources"}</span>
+    </span>
+  );
+}
+
+// Which optional columns the Jobs table shows, kept for the browser (not the URL: a link shared
+// with a colleague shows the jobs, not one's taste in columns).
+const COLUMNS_KEY = "acurio-queue-console-columns";
+function useColumns(): [Set<string>, (name: string, on: boolean) => void] {
+  const [columns, setColumns] = useState<Set<string>>(() => new Set((localStorage.getItem(COLUMNS_KEY) ?? "").split(",").filter((c) => c)));
+  const set = (name: string, on: boolean) => {
+    const next = new Set(columns);
+    if (on) next.add(name);
+    else next.delete(name);
+    localStorage.setItem(COLUMNS_KEY, [...next].join(","));
+    setColumns(next);
+  };
+  return [columns, set];
+}
+
+/** Cancel exactly the jobs ticked in the table (each as CancelJob does: at the core, refunded). */
+function CancelSelected({ selected, onDone }: { selected: Map<string, Job>; onDone: () => void }) {
+  const [open, setOpen] = useState(false);
+  const opener = useRef<HTMLButtonElement>(null);
+  const { run, busy } = useAction();
+  const jobs = [...selected.values()];
+  const users = new Set(jobs.map((j) => j.userId));
+  const confirm = () =>
+    run(async () => {
+      const outcomes = await Promise.allSettled(jobs.map((job) => queue.cancelJob({ jobId: job.jobId, userId: job.userId })));
+      setOpen(false);
+      onDone();
+      const failed = outcomes.filter((o) => o.status === "rejected").length;
+      if (failed > 0) throw new Problem(`Canceled ${jobs.length - failed} of ${jobs.length} selected jobs; ${failed} could not be canceled (ended meanwhile, or the core did not answer)`);
+      return `Canceled ${jobs.length} selected ${jobs.length === 1 ? "job" : "jobs"} (refunded)`;
+    });
+  return (
+    <>
+      <button type="button" class="danger" disabled={busy || jobs.length === 0} onClick={() => setOpen(true)} data-testid="cancel-selected" ref={opener}>
+        Cancel selected ({jobs.length})
+      </button>
+      {open && (
+        <Modal role="alertdialog" label="Confirm cancel of the selected jobs" onClose={() => setOpen(false)} returnTo={opener}>
+          <form
+            onSubmit={(e) => {
+              e.preventDefault();
+              confirm();
+            }}
+          >
+            <p data-testid="cancel-selected-count" data-count={jobs.length}>
+              Cancel the <strong>{jobs.length}</strong> selected {jobs.length === 1 ? "job" : "jobs"} of{" "}
+              {users.size === 1 ? <span class="mono">{[...users][0]}</span> : <strong>{users.size} users</strong>}? Each is canceled at the core and
+              refunded.
+            </p>
+            <ul class="selected-list">
+              {jobs.slice(0, 8).map((job) => (
+                <li class="mono">
+                  {shortId(job.jobId)} <span class="muted">{job.userId}</span>
+                </li>
+              ))}
+              {jobs.length > 8 && <li class="muted">and {jobs.length - 8} more</li>}
+            </ul>
+            <div class="actions">
+              <button type="button" onClick={() => setOpen(false)} data-autofocus>
+                Keep them <kbd>Esc</kbd>
+              </button>
+              <button type="submit" class="danger" disabled={busy} data-testid="cancel-selected-confirm">
+                Cancel {jobs.length} selected
+              </button>
+            </div>
+          </form>
+        </Modal>
+      )}
+    </>
+  );
+}
+
 export function JobsPage({ params, live }: { params: URLSearchParams; live: boolean }) {
   const [jobs, setJobs] = useState<Job[]>([]);
   const [tokens, setTokens] = useState<string[]>([""]); // page tokens: the first page's, then each next one
   const [next, setNext] = useState("");
   const [loaded, setLoaded] = useState(false);
   const [refresh, setRefresh] = useState(0);
+  const [selected, setSelected] = useState<Map<string, Job>>(new Map());
+  const [columns, setColumn] = useColumns();
+  const [sort, setSort] = useState<[SortKey, number] | null>(null);
+  const now = useNow();
   const notice = useNotice();
   const filter = filterFrom(params);
   const key = params.toString();
   const pageToken = tokens[tokens.length - 1];
 
   useEffect(() => setTokens([""]), [key]);
+  useEffect(() => setSelected(new Map()), [key]);
+  // A selected job that ended meanwhile cannot be canceled: it leaves the selection.
+  useEffect(() => {
+    setSelected((old) => {
+      const next = new Map(old);
+      for (const job of jobs) if (next.has(job.jobId) && !ACTIVE.has(job.status)) next.delete(job.jobId);
+      return next.size === old.size ? old : next;
+    });
+  }, [jobs]);
+  const selectable = jobs.filter((job) => ACTIVE.has(job.status));
+  const allSelected = selectable.length > 0 && selectable.every((job) => selected.has(job.jobId));
+  const toggle = (job: Job, on: boolean) =>
+    setSelected((old) => {
+      const next = new Map(old);
+      if (on) next.set(job.jobId, job);
+      else next.delete(job.jobId);
+      return next;
+    });
   useEffect(() => {
     let current = true;
     operator
@@ -223,23 +373,64 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
         </label>
       </form>
       <div class="toolbar">
+        <CancelSelected selected={selected} onDone={() => { setSelected(new Map()); setRefresh((n) => n + 1); }} />
         <BulkCancel filter={filter} onDone={() => setRefresh((n) => n + 1)} />
+        <label class="check column-choice">
+          <input type="checkbox" data-testid="column-document" checked={columns.has("document")} onChange={(e) => setColumn("document", e.currentTarget.checked)} />
+          Document column
+        </label>
       </div>
       <table class="jobs">
         <thead>
           <tr>
-            <th>Job</th>
-            <th>User</th>
-            <th>Status</th>
-            <th class="num">Position</th>
-            <th>Admitted</th>
-            <th class="num">Releases</th>
+            <th class="select">
+              <input
+                type="checkbox"
+                aria-label="Select every active job on this page"
+                data-testid="select-all"
+                disabled={selectable.length === 0}
+                checked={allSelected}
+                onChange={(e) => {
+                  const on = e.currentTarget.checked;
+                  setSelected((old) => {
+                    const next = new Map(old);
+                    for (const job of selectable) on ? next.set(job.jobId, job) : next.delete(job.jobId);
+                    return next;
+                  });
+                }}
+              />
+            </th>
+            <SortHeader label="Job" name="job" sort={sort} setSort={setSort} />
+            <SortHeader label="User" name="user" sort={sort} setSort={setSort} />
+            {columns.has("document") && <th data-testid="document-header">Document</th>}
+            <SortHeader label="Status" name="status" sort={sort} setSort={setSort} />
+            <SortHeader label="For" name="state" sort={sort} setSort={setSort} />
+            <SortHeader label="Position" name="position" sort={sort} setSort={setSort} num />
+            <SortHeader label="Admitted" name="admitted" sort={sort} setSort={setSort} />
+            <SortHeader label="Releases" name="releases" sort={sort} setSort={setSort} num />
             <th>Last error</th>
           </tr>
         </thead>
         <tbody>
-          {jobs.map((job) => (
-            <tr data-testid="job-row" tabIndex={0} onKeyDown={(e) => e.key === "Enter" && go(`jobs/${job.jobId}`)}>
+          {(sort === null ? jobs : [...jobs].sort((a, b) => sort[1] * SORTS[sort[0]](a, b))).map((job) => (
+            <tr
+              data-testid="job-row"
+              data-job-id={job.jobId}
+              class={selected.has(job.jobId) ? "selected" : ""}
+              tabIndex={0}
+              onKeyDown={(e) => e.target === e.currentTarget && e.key === "Enter" && go(`jobs/${job.jobId}`)}
+            >
+              <td class="select">
+                {ACTIVE.has(job.status) && (
+                  <input
+                    type="checkbox"
+                    data-testid="select-job"
+                    aria-label={`Select job ${shortId(job.jobId)}`}
+                    checked={selected.has(job.jobId)}
+                    onChange={(e) => toggle(job, e.currentTarget.checked)}
+                  />
+                )}
+              </td>
               <td>
                 <a href={`#/jobs/${job.jobId}`} class="mono">
                   {shortId(job.jobId)}
@@ -248,11 +439,19 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
               <td>
                 <a href={`#/users/${encodeURIComponent(job.userId)}`}>{job.userId}</a>
               </td>
+              {columns.has("document") && (
+                <td data-testid="document-cell">
+                  <DocumentCell job={job} />
+                </td>
+              )}
               <td>
                 <StatusBadge status={job.status} />
               </td>
+              <td class="state" data-testid="job-state">
+                {stateFor(job, now)}
+              </td>
               <td class="num">{job.queuePosition || ""}</td>
-              <td>{dateTime(date(job.createTime))}</td>
+              <td title={dateTime(date(job.createTime))}>{ago(date(job.createTime), now)}</td>
               <td class="num">{job.releaseAttempts}</td>
               <td class="error-text">{job.lastError}</td>
             </tr>
@@ -287,9 +486,11 @@ function Step({ label, at, detail, state }: { label: string; at?: Date; detail?:
 export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
   const [job, setJob] = useState<Job | null>(null);
   const [version, setVersion] = useState(0);
+  const [retried, setRetried] = useState<Job | null>(null);
   const notice = useNotice();
   const { run, busy } = useAction();
   const now = useNow();
+  useEffect(() => setRetried(null), [jobId]);
   useEffect(() => {
     let current = true;
     queue.getJob({ jobId }).then((r) => current && setJob(r.job ?? null), (error) => current && notice.error(error));
@@ -328,6 +529,9 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
       <h1>
         Job <span class="mono">{job.jobId}</span> <StatusBadge status={job.status} />
       </h1>
+      <p class="state-line" data-testid="job-state-line">
+        {stateFor(job, now)}
+      </p>
       {problem && <p class="problem">{problem}</p>}
       {job.status === JobStatus.PENDING && job.lastError && (
         <p class="warning" data-testid="release-retrying">
@@ -356,6 +560,16 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
             </dd>
           </>
         )}
+        <dt>Document</dt>
+        <dd data-testid="job-document">
+          {job.document ? (
+            <>
+              {job.document.title && <strong>{job.document.title}</strong>} <span class="mono break">{job.document.uri}</span>
+            </>
+          ) : (
+            <span class="muted">{job.deltaOfJobId ? "the re-checked job's" : "not stored (admitted before the queue kept it)"}</span>
+          )}
+        </dd>
         {job.status === JobStatus.QUEUED && (
           <>
             <dt>Position</dt>
@@ -365,6 +579,31 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
           </>
         )}
       </dl>
+      {job.sourceCount > 0 && (
+        <>
+          <h2>
+            Sources <span class="count">({job.sourceCount})</span>
+          </h2>
+          <ol class="sources" data-testid="job-sources">
+            {job.sources.map((source) => (
+              <li>
+                {source.doi && (
+                  <a class="mono" href={`https://doi.org/${source.doi}`} rel="noreferrer noopener" target="_blank">
+                    {source.doi}
+                  </a>
+                )}
+                {source.doi && source.citation ? " · " : ""}
+                <span class="citation">{source.citation}</span>
+              </li>
+            ))}
+          </ol>
+          {job.sourceCount > job.sources.length && (
+            <p class="muted" data-testid="more-sources">
+              and {job.sourceCount - job.sources.length} more (the console shows the first {job.sources.length})
+            </p>
+          )}
+        </>
+      )}
       <h2>Timeline</h2>
       <ol class="timeline">
         <Step label="Admitted" at={created} state="done" />
@@ -426,7 +665,47 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
             Release now
           </button>
         )}
+        {(job.status === JobStatus.FAILED || job.status === JobStatus.CANCELED) && (
+          <button
+            class="primary"
+            disabled={busy || job.sourceCount === 0}
+            title={job.sourceCount === 0 ? "admitted before the queue kept its document and sources" : "admit the same document and sources again, charged to the user"}
+            data-testid="retry-job"
+            onClick={() =>
+              run(async () => {
+                // One key per click: a repeated call (lost answer) returns the same new job.
+                const r = await operator.retryJob({ jobId: job.jobId, retryKey: `console-${crypto.randomUUID()}` });
+                const again = r.job!;
+                setRetried(again);
+                return `Retried as job ${shortId(again.jobId)} (${STATUS_LABELS[again.status]}), charged ${again.price} to ${again.userId}`;
+              })
+            }
+          >
+            Retry
+          </button>
+        )}
       </div>
+      {retried && (
+        <p class="done-line" data-testid="retried-as">
+          Retried as job{" "}
+          <a class="mono" href={`#/jobs/${retried.jobId}`}>
+            {shortId(retried.jobId)}
+          </a>{" "}
+          <StatusBadge status={retried.status} />
+        </p>
+      )}
+      <JobLedger jobId={job.jobId} version={`${version}-${job.status}-${job.refunded}`} />
     </section>
+  );
+}
+
+/** The job's credit movements: its charge and, once, its refund. */
+function JobLedger({ jobId, version }: { jobId: string; version: string }) {
+  const { entries } = useLedger("", jobId, version);
+  return (
+    <>
+      <h2>Credits</h2>
+      {entries === null ? <p class="muted">Loading…</p> : <LedgerTable entries={entries} showUser={false} showJob={false} />}
+    </>
   );
 }

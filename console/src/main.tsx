@@ -5,6 +5,8 @@ import { callHealth, onCallHealth, setToken, token } from "./api.js";
 import { Modal } from "./dialog.js";
 import { go, useRoute, useVisible } from "./hooks.js";
 import { JobDetail, JobsPage } from "./jobs.js";
+import { LedgerPage } from "./ledger.js";
+import { ReplicasPage } from "./replicas.js";
 import { OverviewPage } from "./overview.js";
 import { Notice, NoticeProvider } from "./notice.js";
 import { UserQueuePage } from "./user-queue.js";
@@ -13,6 +15,8 @@ const PAGES = [
   { key: "1", path: "", label: "Overview" },
   { key: "2", path: "jobs", label: "Jobs" },
   { key: "3", path: "users", label: "User queue" },
+  { key: "4", path: "ledger", label: "Ledger" },
+  { key: "5", path: "replicas", label: "Replicas" },
 ];
 
 function TokenDialog({ onClose }: { onClose: () => void }) {
@@ -54,6 +58,38 @@ function TokenDialog({ onClose }: { onClose: () => void }) {
   );
 }
 
+const SHORTCUTS: [string, string][] = [
+  ["1 – 5", "Overview, Jobs, User queue, Ledger, Replicas"],
+  ["/", "the page's search field"],
+  ["t", "set the bearer token"],
+  ["Enter", "open the focused row"],
+  ["Esc", "close a dialog; leave a field; from a job, back to the jobs"],
+  ["?", "this help"],
+];
+
+function HelpDialog({ onClose }: { onClose: () => void }) {
+  return (
+    <Modal label="Keyboard shortcuts" onClose={onClose}>
+      <h2>Keyboard shortcuts</h2>
+      <dl class="shortcuts" data-testid="shortcuts">
+        {SHORTCUTS.map(([keys, what]) => (
+          <>
+            <dt>
+              <kbd>{keys}</kbd>
+            </dt>
+            <dd>{what}</dd>
+          </>
+        ))}
+      </dl>
+      <div class="actions">
+        <button type="button" onClick={onClose} data-autofocus>
+          Close <kbd>Esc</kbd>
+        </button>
+      </div>
+    </Modal>
+  );
+}
+
 /** The header's mark: live only while the page's reads and streams are answered. */
 function LiveMark({ visible }: { visible: boolean }) {
   const [health, setHealth] = useState(callHealth());
@@ -71,17 +107,29 @@ function App() {
   const route = useRoute();
   const visible = useVisible();
   const [tokenOpen, setTokenOpen] = useState(false);
+  const [helpOpen, setHelpOpen] = useState(false);
   const page = route.parts[0] ?? "";
 
   // A layout effect: the shortcuts work from the first paint (a plain effect runs later).
   useLayoutEffect(() => {
     const onKey = (e: KeyboardEvent) => {
       const target = e.target as HTMLElement;
-      if (e.ctrlKey || e.metaKey || e.altKey || ["INPUT", "SELECT", "TEXTAREA"].includes(target.tagName)) return;
+      if (e.ctrlKey || e.metaKey || e.altKey) return;
       if (document.querySelector('[aria-modal="true"]')) return; // keys belong to the open dialog
+      if (["INPUT", "SELECT", "TEXTAREA"].includes(target.tagName)) {
+        if (e.key === "Escape") target.blur(); // leave the field; the page's keys work again
+        return;
+      }
       const match = PAGES.find((p) => p.key === e.key);
       if (match) go(match.path);
       else if (e.key === "t") setTokenOpen(true);
+      else if (e.key === "?") setHelpOpen(true);
+      else if (e.key === "Escape") {
+        // From a job (or a user's queue), back to where such pages are listed.
+        const [first, second] = window.location.hash.replace(/^#\/?/, "").split("?")[0].split("/");
+        if (first === "jobs" && second) go("jobs");
+        else if (first === "users" && second) go("users");
+      }
       else if (e.key === "/") {
         const search = document.querySelector<HTMLInputElement>("[data-search]");
         if (search) {
@@ -98,6 +146,8 @@ function App() {
   if (page === "jobs" && route.parts[1]) content = <JobDetail jobId={route.parts[1]} live={visible} />;
   else if (page === "jobs") content = <JobsPage params={route.params} live={visible} />;
   else if (page === "users") content = <UserQueuePage userId={route.parts[1] ?? ""} live={visible} />;
+  else if (page === "ledger") content = <LedgerPage params={route.params} />;
+  else if (page === "replicas") content = <ReplicasPage live={visible} />;
   else content = <OverviewPage live={visible} />;
 
   return (
@@ -117,10 +167,14 @@ function App() {
         <button class="token" onClick={() => setTokenOpen(true)} title="Press t">
           {token() ? "Token set" : "Set token"} <kbd>t</kbd>
         </button>
+        <button class="help" onClick={() => setHelpOpen(true)} title="Keyboard shortcuts (press ?)" aria-label="Keyboard shortcuts" data-testid="help">
+          <kbd>?</kbd>
+        </button>
       </header>
       <Notice />
       <main>{content}</main>
       {tokenOpen && <TokenDialog onClose={() => setTokenOpen(false)} />}
+      {helpOpen && <HelpDialog onClose={() => setHelpOpen(false)} />}
     </NoticeProvider>
   );
 }

@@ -1,4 +1,4 @@
-import { useState } from "preact/hooks";
+import { useEffect, useState } from "preact/hooks";
 
 import { date, operator } from "./api.js";
 import { duration } from "./format.js";
@@ -6,76 +6,144 @@ import { useNow } from "./hooks.js";
 import { useLiveStream } from "./stream.js";
 import type { Overview } from "./gen/acurio/queue/v1/operator_service_pb.js";
 
-interface Sample {
-  at: number;
-  queued: number;
-  active: number;
-}
+const HISTORY_MINUTES = 60;
+// The history is read again this often (and the current minute follows the live overview).
+const HISTORY_REFRESH_MS = 30_000;
 
-const HISTORY_MS = 15 * 60 * 1000;
-
-function Figure({ label, value, hint, tone }: { label: string; value: string; hint?: string; tone?: string }) {
-  return (
-    <div class={`figure ${tone ?? ""}`} data-testid={`figure-${label.toLowerCase().replace(/\s+/g, "-")}`}>
+function Figure({ label, value, hint, tone, href }: { label: string; value: string; hint?: string; tone?: string; href?: string }) {
+  const body = (
+    <>
       <div class="value">{value}</div>
       <div class="label">{label}</div>
       {hint && <div class="hint">{hint}</div>}
+    </>
+  );
+  const testId = `figure-${label.toLowerCase().replace(/\s+/g, "-")}`;
+  return href ? (
+    <a class={`figure link ${tone ?? ""}`} data-testid={testId} href={href} title={`The jobs counted here`}>
+      {body}
+    </a>
+  ) : (
+    <div class={`figure ${tone ?? ""}`} data-testid={testId}>
+      {body}
     </div>
   );
 }
 
-/** Depth over time (queued, and pending + running), sampled from the live overview. */
-function DepthChart({ samples, now }: { samples: Sample[]; now: number }) {
-  const width = 560;
-  const height = 120;
-  const max = Math.max(1, ...samples.map((s) => Math.max(s.queued, s.active)));
-  const x = (at: number) => width - ((now - at) / HISTORY_MS) * width;
-  const y = (v: number) => height - 4 - (v / max) * (height - 12);
-  const line = (pick: (s: Sample) => number) =>
-    samples.map((s, i) => `${i === 0 ? "M" : "L"}${x(s.at).toFixed(1)},${y(pick(s)).toFixed(1)}`).join(" ");
+interface Point {
+  at: Date;
+  queued: number;
+  active: number;
+  admitted: number;
+  ended: number;
+}
+
+const WIDTH = 560;
+const HEIGHT = 150;
+const LEFT = 34; // room for the y axis' labels
+const BOTTOM = 20; // room for the x axis' labels
+const TOP = 8;
+
+/** A "nice" top for an axis: 1, 2, 5 times a power of ten, at least the largest value. */
+function niceMax(value: number): number {
+  if (value <= 1) return 1;
+  const power = 10 ** Math.floor(Math.log10(value));
+  for (const step of [1, 2, 5, 10]) if (step * power >= value) return step * power;
+  return 10 * power;
+}
+
+/** Axes for a chart of the last `minutes`: the y ticks (0, half, top) and the x ticks in minutes ago. */
+function Axes({ top, minutes }: { top: number; minutes: number }) {
+  const y = (v: number) => HEIGHT - BOTTOM - (v / top) * (HEIGHT - BOTTOM - TOP);
+  const ticks = [0, top / 2, top].filter((v, i, all) => all.indexOf(v) === i && (v === Math.round(v)));
+  const xTicks = [minutes, (minutes * 3) / 4, minutes / 2, minutes / 4, 0];
   return (
-    <svg class="chart" viewBox={`0 0 ${width} ${height}`} role="img" aria-label="Queue depth over the last 15 minutes">
-      <line x1="0" x2={width} y1={height - 4} y2={height - 4} class="axis" />
-      <text x="4" y="12" class="tick">
-        {max}
-      </text>
-      {samples.length > 0 && <path d={line((s) => s.queued)} class="series queued" />}
-      {samples.length > 0 && <path d={line((s) => s.active)} class="series active" />}
+    <g class="axes">
+      <line x1={LEFT} x2={WIDTH} y1={HEIGHT - BOTTOM} y2={HEIGHT - BOTTOM} class="axis" />
+      <line x1={LEFT} x2={LEFT} y1={TOP} y2={HEIGHT - BOTTOM} class="axis" />
+      {ticks.map((v) => (
+        <>
+          <line x1={LEFT} x2={WIDTH} y1={y(v)} y2={y(v)} class="grid" />
+          <text x={LEFT - 5} y={y(v) + 4} class="tick" text-anchor="end">
+            {v}
+          </text>
+        </>
+      ))}
+      {xTicks.map((ago) => (
+        <text x={LEFT + ((minutes - ago) / minutes) * (WIDTH - LEFT)} y={HEIGHT - 4} class="tick" text-anchor={ago === 0 ? "end" : ago === minutes ? "start" : "middle"}>
+          {ago === 0 ? "now" : `−${ago} min`}
+        </text>
+      ))}
+    </g>
+  );
+}
+
+/** Queued and active (pending + running) at the end of each minute of the last hour. */
+function DepthChart({ points }: { points: Point[] }) {
+  const top = niceMax(Math.max(0, ...points.map((p) => Math.max(p.queued, p.active))));
+  // Each point is the depth at its minute's end: the last one is now.
+  const x = (i: number) => LEFT + ((i + 1) / Math.max(1, points.length)) * (WIDTH - LEFT);
+  const y = (v: number) => HEIGHT - BOTTOM - (v / top) * (HEIGHT - BOTTOM - TOP);
+  const line = (pick: (p: Point) => number) => points.map((p, i) => `${i === 0 ? "M" : "L"}${x(i).toFixed(1)},${y(pick(p)).toFixed(1)}`).join(" ");
+  return (
+    <svg class="chart" viewBox={`0 0 ${WIDTH} ${HEIGHT}`} role="img" aria-label={`Queue depth per minute over the last ${points.length} minutes`} data-testid="depth-chart" data-points={points.length}>
+      <Axes top={top} minutes={Math.max(1, points.length)} />
+      {points.length > 0 && <path d={line((p) => p.queued)} class="series queued" />}
+      {points.length > 0 && <path d={line((p) => p.active)} class="series active" />}
     </svg>
   );
 }
 
-function AdmitsChart({ admits }: { admits: bigint[] }) {
-  const width = 560;
-  const height = 120;
-  const values = admits.map(Number);
-  const max = Math.max(1, ...values);
-  const bar = width / Math.max(1, values.length);
+/** Jobs ended per minute (the throughput, bars) and admitted per minute (line). */
+function ThroughputChart({ points }: { points: Point[] }) {
+  const top = niceMax(Math.max(0, ...points.map((p) => Math.max(p.ended, p.admitted))));
+  const band = (WIDTH - LEFT) / Math.max(1, points.length);
+  const y = (v: number) => HEIGHT - BOTTOM - (v / top) * (HEIGHT - BOTTOM - TOP);
+  const admitted = points.map((p, i) => `${i === 0 ? "M" : "L"}${(LEFT + (i + 0.5) * band).toFixed(1)},${y(p.admitted).toFixed(1)}`).join(" ");
   return (
-    <svg class="chart" viewBox={`0 0 ${width} ${height}`} role="img" aria-label="Admits per minute">
-      <text x="4" y="12" class="tick">
-        {max}/min
-      </text>
-      {values.map((v, i) => {
-        const h = (v / max) * (height - 16);
-        return <rect x={i * bar + 1} y={height - h} width={Math.max(1, bar - 2)} height={h} class="bar" />;
-      })}
+    <svg class="chart" viewBox={`0 0 ${WIDTH} ${HEIGHT}`} role="img" aria-label="Jobs ended and admitted per minute" data-testid="throughput-chart">
+      <Axes top={top} minutes={Math.max(1, points.length)} />
+      {points.map((p, i) => (
+        <rect x={LEFT + i * band + 0.5} y={y(p.ended)} width={Math.max(1, band - 1)} height={HEIGHT - BOTTOM - y(p.ended)} class="bar">
+          <title>{`${p.at.toLocaleTimeString(undefined, { hour12: false, hour: "2-digit", minute: "2-digit" })}: ${p.ended} ended, ${p.admitted} admitted`}</title>
+        </rect>
+      ))}
+      {points.length > 0 && <path d={admitted} class="series admitted" />}
     </svg>
   );
+}
+
+/** The last hour from the server (job timestamps), read again every half minute. */
+function useHistory(live: boolean): Point[] {
+  const [points, setPoints] = useState<Point[]>([]);
+  useEffect(() => {
+    if (!live) return;
+    let current = true;
+    const load = () =>
+      operator.getQueueHistory({ windowMinutes: HISTORY_MINUTES }).then(
+        (r) =>
+          current &&
+          setPoints(r.minutes.map((m) => ({ at: date(m.minute)!, queued: Number(m.queued), active: Number(m.active), admitted: Number(m.admitted), ended: Number(m.ended) }))),
+        () => {}, // the live mark tells a refused or unreachable service
+      );
+    load();
+    const timer = setInterval(load, HISTORY_REFRESH_MS);
+    return () => {
+      current = false;
+      clearInterval(timer);
+    };
+  }, [live]);
+  return points;
 }
 
 export function OverviewPage({ live }: { live: boolean }) {
   const [overview, setOverview] = useState<Overview | null>(null);
-  const [samples, setSamples] = useState<Sample[]>([]);
+  const history = useHistory(live);
   const now = useNow();
   const problem = useLiveStream(
     (signal) => operator.watchOverview({ windowMinutes: 15, intervalMs: 1000 }, { signal }),
     (message) => {
-      const o = message.overview;
-      if (!o) return;
-      setOverview(o);
-      const sample = { at: Date.now(), queued: Number(o.queued), active: Number(o.pending + o.running) };
-      setSamples((old) => [...old.filter((s) => Date.now() - s.at < HISTORY_MS), sample]);
+      if (message.overview) setOverview(message.overview);
     },
     [],
     live,
@@ -86,17 +154,23 @@ export function OverviewPage({ live }: { live: boolean }) {
   }
   const oldest = date(overview.oldestQueuedCreateTime);
   const capacityWait = date(overview.oldestCapacityWaitTime);
+  // The current minute follows the live overview: the depth now, not as of the last history read.
+  const points = history.length > 0 ? [...history.slice(0, -1), { ...history[history.length - 1], queued: Number(overview.queued), active: Number(overview.pending + overview.running) }] : [];
+  // The window's ended jobs: those that ended since the window began (their admit may be older,
+  // so the link filters by status only, newest first).
+  const jobs = (query: string) => `#/jobs?${query}`;
   return (
     <section class="page" data-testid="overview">
       <h1>Overview</h1>
       {problem && <p class="problem">{problem}</p>}
       <div class="figures">
-        <Figure label="Queued" value={String(overview.queued)} hint={`${overview.usersWaiting} ${overview.usersWaiting === 1n ? "user" : "users"} waiting`} />
-        <Figure label="Pending" value={String(overview.pending)} hint="being released" />
-        <Figure label="Running" value={String(overview.running)} hint="judged by the core" />
-        <Figure label="Oldest wait" value={oldest ? duration(now - oldest.getTime()) : "—"} hint="since admit" />
+        <Figure label="Queued" href={jobs("status=queued")} value={String(overview.queued)} hint={`${overview.usersWaiting} ${overview.usersWaiting === 1n ? "user" : "users"} waiting`} />
+        <Figure label="Pending" href={jobs("status=pending")} value={String(overview.pending)} hint="being released" />
+        <Figure label="Running" href={jobs("status=running")} value={String(overview.running)} hint="judged by the core" />
+        <Figure label="Oldest wait" href="#/users" value={oldest ? duration(now - oldest.getTime()) : "—"} hint="since admit" />
         <Figure
           label="Releases retrying"
+          href={jobs("status=pending&error=1")}
           value={String(overview.releasesRetrying)}
           tone={overview.releasesRetrying > 0n ? "warn" : ""}
           hint="core refused for now"
@@ -115,6 +189,7 @@ export function OverviewPage({ live }: { live: boolean }) {
         />
         <Figure
           label="Runs reconciling"
+          href={jobs("status=running")}
           value={String(overview.runsReconciling)}
           tone={overview.runsReconciling > 0n ? "warn" : ""}
           hint="completion overdue"
@@ -122,20 +197,22 @@ export function OverviewPage({ live }: { live: boolean }) {
       </div>
       <h2>Last {overview.windowMinutes} minutes</h2>
       <div class="figures small">
-        <Figure label="Succeeded" value={String(overview.succeededInWindow)} tone="ok" />
-        <Figure label="Failed" value={String(overview.failedInWindow)} tone={overview.failedInWindow > 0n ? "bad" : ""} />
-        <Figure label="Canceled" value={String(overview.canceledInWindow)} />
+        <Figure label="Succeeded" href={jobs("status=succeeded")} value={String(overview.succeededInWindow)} tone="ok" />
+        <Figure label="Failed" href={jobs("status=failed")} value={String(overview.failedInWindow)} tone={overview.failedInWindow > 0n ? "bad" : ""} />
+        <Figure label="Canceled" href={jobs("status=canceled")} value={String(overview.canceledInWindow)} />
       </div>
       <div class="charts">
         <figure>
           <figcaption>
-            Depth <span class="key queued">queued</span> <span class="key active">pending + running</span>
+            Depth, last hour <span class="key queued">queued</span> <span class="key active">pending + running</span>
           </figcaption>
-          <DepthChart samples={samples} now={now} />
+          <DepthChart points={points} />
         </figure>
         <figure>
-          <figcaption>Admits per minute</figcaption>
-          <AdmitsChart admits={overview.admitsPerMinute} />
+          <figcaption>
+            Throughput, last hour <span class="key ended">ended / min</span> <span class="key admitted">admitted / min</span>
+          </figcaption>
+          <ThroughputChart points={history} />
         </figure>
       </div>
     </section>

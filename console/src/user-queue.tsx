@@ -1,12 +1,14 @@
 import { useEffect, useState } from "preact/hooks";
 
-import { credits, date, queue } from "./api.js";
+import { credits, date, operator, queue } from "./api.js";
 import { ACTIVE, clock, duration, ordinal, shortId, STATUS_LABELS } from "./format.js";
 import { go, useNow } from "./hooks.js";
 import { useAction } from "./notice.js";
 import { useLiveStream } from "./stream.js";
 import { StatusBadge } from "./jobs.js";
+import { LedgerTable, useLedger } from "./ledger.js";
 import { type Job, JobStatus } from "./gen/acurio/queue/v1/job_pb.js";
+import type { UserWork } from "./gen/acurio/queue/v1/operator_service_pb.js";
 
 function Countdown({ at, now }: { at: Date | undefined; now: number }) {
   if (at === undefined) return <span class="muted">no estimate yet</span>;
@@ -37,9 +39,10 @@ function UserPicker({ userId }: { userId: string }) {
 // too: it is read again on every change of the user's queue and every few seconds while live.
 const BALANCE_POLL_MS = 2000;
 
-function Credits({ userId, version, live }: { userId: string; version: number; live: boolean }) {
+function Credits({ userId, version, live, onGranted }: { userId: string; version: number; live: boolean; onGranted: () => void }) {
   const [balance, setBalance] = useState<bigint | null>(null);
   const [amount, setAmount] = useState("5");
+  const [note, setNote] = useState("");
   const { run, busy } = useAction();
   useEffect(() => setBalance(null), [userId]);
   useEffect(() => {
@@ -62,14 +65,25 @@ function Credits({ userId, version, live }: { userId: string; version: number; l
       onSubmit={(e) => {
         e.preventDefault();
         run(async () => {
-          const r = await credits.grantCredits({ userId, amount: BigInt(amount), idempotencyKey: `console-${crypto.randomUUID()}` });
+          const r = await credits.grantCredits({ userId, amount: BigInt(amount), idempotencyKey: `console-${crypto.randomUUID()}`, note: note.trim() });
           setBalance(r.balance);
+          setNote("");
+          onGranted();
           return `Granted ${amount} credits to ${userId}: balance ${r.balance}`;
         });
       }}
     >
       <span data-testid="balance">Balance: {balance === null ? "—" : String(balance)}</span>
       <input type="number" min="1" max="1000000" value={amount} onInput={(e) => setAmount(e.currentTarget.value)} aria-label="Credits to grant" />
+      <input
+        class="note-input"
+        maxLength={512}
+        value={note}
+        onInput={(e) => setNote(e.currentTarget.value)}
+        placeholder="why (kept in the ledger)"
+        aria-label="Reason for the grant"
+        data-testid="grant-note"
+      />
       <button type="submit" disabled={busy}>
         Grant credits
       </button>
@@ -143,6 +157,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
         <h1>A user's queue</h1>
         <p class="muted">What a lecturer sees: the running analysis, the queued ones with their position, what each waits for and when it should start.</p>
         <UserPicker userId="" />
+        <UsersWithWork live={live} now={now} />
       </section>
     );
   }
@@ -165,7 +180,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
       </h1>
       {problem && <p class="problem">{problem}</p>}
       <div class="toolbar">
-        <Credits userId={userId} version={balanceVersion} live={live} />
+        <Credits userId={userId} version={balanceVersion} live={live} onGranted={() => setBalanceVersion((v) => v + 1)} />
         <button
           disabled={busy}
           data-testid="promote"
@@ -179,6 +194,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
           Promote next
         </button>
         <a href={`#/jobs?user=${encodeURIComponent(userId)}`}>All of this user's jobs →</a>
+        <a href="#/users">Users with work</a>
       </div>
       <ol class="queue">
         {running.map((job) => (
@@ -236,6 +252,87 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
           </ul>
         </>
       )}
+      <UserLedger userId={userId} version={balanceVersion} />
     </section>
+  );
+}
+
+/** The user's latest credit movements, with who moved each and why. */
+function UserLedger({ userId, version }: { userId: string; version: number }) {
+  const { entries, next } = useLedger(userId, "", version, 10);
+  return (
+    <>
+      <h2>Credits ledger</h2>
+      {entries === null ? <p class="muted">Loading…</p> : <LedgerTable entries={entries} showUser={false} />}
+      {next !== "" && (
+        <p>
+          <a href={`#/ledger?user=${encodeURIComponent(userId)}`}>Older entries →</a>
+        </p>
+      )}
+    </>
+  );
+}
+
+// Who has work is read again this often while the page is open.
+const USERS_POLL_MS = 3000;
+
+/** The users with work now, the one waiting longest first: pick one to watch. */
+function UsersWithWork({ live, now }: { live: boolean; now: number }) {
+  const [users, setUsers] = useState<UserWork[] | null>(null);
+  const [total, setTotal] = useState(0n);
+  useEffect(() => {
+    if (!live) return;
+    let current = true;
+    const load = () =>
+      operator.listUsersWithWork({ pageSize: 50 }).then(
+        (r) => {
+          if (!current) return;
+          setUsers(r.users);
+          setTotal(r.usersTotal);
+        },
+        () => {}, // the live mark tells a refused or unreachable service
+      );
+    load();
+    const timer = setInterval(load, USERS_POLL_MS);
+    return () => {
+      current = false;
+      clearInterval(timer);
+    };
+  }, [live]);
+  if (users === null) return <p class="muted">Loading the users with work…</p>;
+  if (users.length === 0) return <p class="muted">No user has work in the queue now.</p>;
+  return (
+    <>
+      <h2>
+        Users with work <span class="count">({String(total)}{total > BigInt(users.length) ? `, the ${users.length} waiting longest shown` : ""})</span>
+      </h2>
+      <table class="jobs users-with-work" data-testid="users-with-work">
+        <thead>
+          <tr>
+            <th>User</th>
+            <th class="num">Queued</th>
+            <th class="num">Pending</th>
+            <th class="num">Running</th>
+            <th>Waiting longest</th>
+          </tr>
+        </thead>
+        <tbody>
+          {users.map((user) => {
+            const oldest = date(user.oldestQueuedCreateTime);
+            return (
+              <tr data-testid="user-with-work" data-user-id={user.userId} tabIndex={0} onKeyDown={(e) => e.key === "Enter" && go(`users/${encodeURIComponent(user.userId)}`)}>
+                <td>
+                  <a href={`#/users/${encodeURIComponent(user.userId)}`}>{user.userId}</a>
+                </td>
+                <td class="num">{String(user.queued)}</td>
+                <td class="num">{String(user.pending)}</td>
+                <td class="num">{String(user.running)}</td>
+                <td>{oldest ? `queued for ${duration(now - oldest.getTime())}` : <span class="muted">nothing queued</span>}</td>
+              </tr>
+            );
+          })}
+        </tbody>
+      </table>
+    </>
   );
 }

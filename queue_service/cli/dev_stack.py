@@ -22,7 +22,7 @@ from typing import IO, TYPE_CHECKING
 from queue_service.config import Config, ConfigError, DevConfig, redact_dsn
 
 if TYPE_CHECKING:
-    from queue_service.api.auth import Caller
+    from queue_service.api.access.auth import Caller
     from queue_service.dev.core import DevCore
     from queue_service.server import QueueApp
 
@@ -207,7 +207,7 @@ async def _save_runs_periodically(core: DevCore, path: Path) -> None:
 
 def _check_dev_core_token(base: Config, dev: DevConfig) -> None:
     """The auth file parses and, when QUEUE_DEV_CORE_CALLBACK_TOKEN is given, has it as a `core` token."""
-    from queue_service.api.auth import AuthConfigError, Authorizer
+    from queue_service.api.access.auth import AuthConfigError, Authorizer
 
     if not base.auth_file:
         return
@@ -232,7 +232,7 @@ def _dev_core_credentials(base: Config, dev: DevConfig) -> tuple[str, dict[str, 
     serves it as role `core` beside the file's (in memory, kept across reloads), so completions
     are accepted without the developer minting a core token, and the file itself is what is
     served and re-read: an edit and SIGHUP revoke what they remove."""
-    from queue_service.api.auth import Caller
+    from queue_service.api.access.auth import Caller
 
     if not base.auth_file or dev.core_callback_token:
         return dev.core_callback_token, {}

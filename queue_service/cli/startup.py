@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from queue_service.config import Config, ConfigError, redact_dsn, redact_dsn_in
 
 if TYPE_CHECKING:
-    from queue_service.api.auth import Caller
+    from queue_service.api.access.auth import Caller
     from queue_service.server import QueueApp
 
 log = logging.getLogger("queue_service")
@@ -57,7 +57,7 @@ def explain_start_failure(exc: BaseException, database_url: str = "") -> Startup
     from psycopg_pool import PoolTimeout
 
     from queue_service import errors
-    from queue_service.api.auth import AuthConfigError
+    from queue_service.api.access.auth import AuthConfigError
     from queue_service.store import migrations
 
     where = f" at {redact_dsn(database_url)}" if database_url else ""

@@ -42,7 +42,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def cmd_hash_token(args: argparse.Namespace) -> int:
     """Prints an auth-file entry for a token read from stdin (or made up with --generate)."""
-    from queue_service.api.auth import ROLE_METHODS
+    from queue_service.api.access.auth import ROLE_METHODS
 
     if args.role not in ROLE_METHODS:
         raise StartupFailure(EXIT_CONFIG, f"--role {args.role!r}: expected one of {', '.join(sorted(ROLE_METHODS))}")

@@ -3,6 +3,7 @@
 The lifecycle core (`engine.QueueEngine`: ending, promotion, completion, cancel, settlement) and
 the rooms around it: `admission` (admit), `releases` (release a PENDING job; the dispatcher's
 work), `recovery` (what the sweeper asks), the reads (`job_reads`, `credits`) and the watch hub.
+Their background tasks (`tasks.BackgroundTasks`) belong to the core, `QueueEngine.tasks`.
 """
 
 from queue_service.engine.admission import Admission, request_digest
@@ -13,6 +14,7 @@ from queue_service.engine.engine import QueueEngine
 from queue_service.engine.job_reads import JobReads
 from queue_service.engine.recovery import Recovery
 from queue_service.engine.releases import Releases
+from queue_service.engine.replica_heartbeat import ReplicaHeartbeat, new_replica_id
 from queue_service.engine.sweeper import Sweeper
 from queue_service.engine.watch import NotificationHub, WatchItem, WatchStream
 
@@ -26,8 +28,10 @@ __all__ = [
     "Recovery",
     "ReleaseDispatcher",
     "Releases",
+    "ReplicaHeartbeat",
     "Sweeper",
     "WatchItem",
     "WatchStream",
+    "new_replica_id",
     "request_digest",
 ]

@@ -42,6 +42,7 @@ def request_digest(payload: bytes) -> bytes:
 class Admission:
     def __init__(self, engine: QueueEngine, recovery: Recovery, store: Store, core: CoreClient) -> None:
         self._engine = engine
+        self._tasks = engine.tasks
         self._recovery = recovery
         self._store = store
         self._core = core
@@ -84,7 +85,7 @@ class Admission:
                 raise errors.Conflict("a concurrent admit with this idempotency key won; retry with the same key")
         except errors.QueueError:
             if reserved:
-                self._engine.in_background(self._drop_reservation(run_id), name=f"drop-reservation-{run_id}")
+                self._tasks.in_background(self._drop_reservation(run_id), name=f"drop-reservation-{run_id}")
             raise
         if duplicate is not None:
             return duplicate
@@ -105,7 +106,7 @@ class Admission:
         except asyncio.CancelledError:
             # The caller gave up: clean up without it. A locked admit already sent goes on by
             # itself (it hands its release over if it commits); the reservation decides which wins.
-            self._engine.in_background(self._abandon_reserved_run(run_id), name=f"abandon-run-{run_id}")
+            self._tasks.in_background(self._abandon_reserved_run(run_id), name=f"abandon-run-{run_id}")
             raise
         except errors.OutcomeUnknown:
             # The locked admit may have committed: the reservation says which (an admit that
@@ -165,7 +166,7 @@ class Admission:
     ) -> AdmitResult:
         # One statement under the user lock (the placement, the debit and the job's view), with
         # the hand-over of the release it claims: neither is stopped by a caller that gives up.
-        return await self._engine.outliving_the_caller(self._admit_job(item, job_id, run_id, price, is_delta), name=f"admit-{job_id}")
+        return await self._tasks.outliving_the_caller(self._admit_job(item, job_id, run_id, price, is_delta), name=f"admit-{job_id}")
 
     async def _admit_job(self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool) -> AdmitResult:
         view = await self._store.admit_job(
@@ -177,6 +178,9 @@ class Admission:
                 request_digest=item.request_digest,
                 delta_of_job_id=item.delta_of_job_id,
                 price=price,
+                document_uri=item.document_uri,
+                document_title=item.document_title,
+                sources=item.sources,
             ),
             self._admit_limits,
         )
@@ -223,7 +227,7 @@ class Admission:
         slow the cancel goes on in the background (and the sweeper's, durably). When the admit's
         outcome is unknown, `admitted_job_id` is its job: if it did commit, its release is handed
         over instead."""
-        task = self._engine.in_background(
+        task = self._tasks.in_background(
             self._abandon_reserved_run(run_id, admitted_job_id=admitted_job_id), name=f"abandon-run-{run_id}"
         )
         wait = deadline.bound(self.config.core_deadline_seconds)

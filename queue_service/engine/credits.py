@@ -11,12 +11,12 @@ class Credits:
     def __init__(self, store: Store) -> None:
         self._store = store
 
-    async def grant(self, user_id: str, amount: int, idempotency_key: str) -> int:
+    async def grant(self, user_id: str, amount: int, idempotency_key: str, note: str = "") -> int:
         """Grants `amount` once per key and returns the balance; the same key with the same
         amount again grants nothing and returns the balance (a retry), with another amount it is
-        refused."""
+        refused. `note` (why, in the operator's words) is kept on the ledger entry."""
         async with self._store.statements() as db:
-            outcome = await db.grant_credits(user_id=user_id, amount=amount, idempotency_key=idempotency_key)
+            outcome = await db.grant_credits(user_id=user_id, amount=amount, idempotency_key=idempotency_key, note=note)
         if not outcome.granted_now and outcome.earlier_amount != amount:
             raise errors.IdempotencyKeyReused(
                 f"this idempotency key already granted {outcome.earlier_amount} credits; use a new key for another grant",

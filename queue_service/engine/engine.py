@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import contextvars
 import logging
 import time
 import uuid
@@ -29,12 +28,13 @@ from typing import Any, TypeVar
 from opentelemetry.trace import Span
 from tenacity import RetryCallState, wait_random_exponential
 
-from queue_service import audit, deadline, errors, telemetry
+from queue_service import audit, errors, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.coalescer import Coalescer, Spawn, counting_batch
 from queue_service.engine.owed_releases import OwedReleases
+from queue_service.engine.tasks import BackgroundTasks
 from queue_service.model import (
     Cause,
     ClaimedRelease,
@@ -57,9 +57,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _GAP_TRACKING_LIMIT = 10_000
-# How long stopping waits for background clean-ups (they are durable: the sweeper finishes any
-# that do not get done).
-_BACKGROUND_STOP_SECONDS = 2.0
 # Every user in a batch waits for the whole batch's commit: a few milliseconds at most.
 _MAX_COMPLETIONS_PER_STATEMENT = 16
 # Bulk cancels run this many single cancels at once (each may call the core).
@@ -91,13 +88,14 @@ class QueueEngine:
         # histogram; bounded, since another replica may release the job and never tell us.
         self._slot_freed_at: collections.OrderedDict[uuid.UUID, float] = collections.OrderedDict()
         self._backoff = wait_random_exponential(multiplier=1.0, max=config.release_backoff_max_seconds)
-        self._background: set[asyncio.Task[Any]] = set()
-        # Completions that arrive while one is being applied are applied together (see
-        # `CompletionBatcher`): a burst of completions costs one commit for many.
+        # Clean-ups and changes that outlive their caller, of this core and of the rooms around it.
+        self.tasks = BackgroundTasks()
         # Locked changes whose outcome is unknown: the releases they may have claimed are handed
         # over at once, not after the lease (`owed_releases`).
-        self.owed_releases = OwedReleases(store, hand_over, lease_seconds=config.release_lease_seconds, spawn=self.in_background)
-        self._completions = CompletionBatcher(store, self._promotion_limits, spawn=self.in_background, owed_releases=self.owed_releases)
+        self.owed_releases = OwedReleases(store, hand_over, lease_seconds=config.release_lease_seconds, spawn=self.tasks.in_background)
+        # Completions that arrive while one is being applied are applied together (see
+        # `CompletionBatcher`): a burst of completions costs one commit for many.
+        self._completions = CompletionBatcher(store, self._promotion_limits, spawn=self.tasks.in_background, owed_releases=self.owed_releases)
 
     @property
     def cancel_recheck_seconds(self) -> float:
@@ -105,26 +103,6 @@ class QueueEngine:
         again: as long as a claimed release may take, so a CancelJob still waiting for its answer
         is not asked for twice."""
         return self.config.release_lease_seconds
-
-    def in_background(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[None]:
-        """Runs clean-up work detached from the current call (its deadline, its cancellation, its
-        caller: what it does is the system's own, `audit`)."""
-        task = deadline.spawn_detached(audit.as_system(self._logged(work, name)), name=name)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
-
-    async def outliving_the_caller(self, change: Coroutine[Any, Any, T], name: str) -> T:
-        """Runs a change and the follow-up its commit owes (the hand-over of a promoted job's
-        release, a settlement) in a task the caller's cancellation does not reach: the caller hears
-        the result while it listens, and a caller that gives up (or whose answer is lost) no longer
-        takes the follow-up of a committed change with it. The task keeps the call's context: its
-        deadline budget (so its waits stay bounded) and its caller (`audit`)."""
-        task = asyncio.get_running_loop().create_task(change, name=name, context=contextvars.copy_context())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        task.add_done_callback(_forget_outlived)
-        return await asyncio.shield(task)
 
     async def _following_up_if_lost(self, change: Coroutine[Any, Any, T], *, user_id: str) -> T:
         """Runs a locked change of the user's queue; if its outcome is unknown, the releases it
@@ -135,26 +113,14 @@ class QueueEngine:
             self.owed_releases.follow_up(user_id=user_id)
             raise
 
-    @staticmethod
-    async def _logged(work: Coroutine[Any, Any, Any], name: str) -> None:
-        try:
-            await work
-        except errors.QueueError as exc:
-            log.warning("%s did not finish (%s); the sweeper retries it", name, exc.message)
-        except Exception:
-            log.exception("%s failed; the sweeper retries it", name)
-
     async def stop(self) -> None:
-        if self._background:
-            await asyncio.wait(set(self._background), timeout=_BACKGROUND_STOP_SECONDS)
-        for task in list(self._background):
-            task.cancel()
+        await self.tasks.stop()
 
     # -- promotion ---------------------------------------------------------------------------
 
     async def promote(self, user_id: str, *, cause: Cause) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first."""
-        return await self.outliving_the_caller(self._following_up_if_lost(self._promote(user_id, cause), user_id=user_id), name=f"promote-{user_id}")
+        return await self.tasks.outliving_the_caller(self._following_up_if_lost(self._promote(user_id, cause), user_id=user_id), name=f"promote-{user_id}")
 
     async def _promote(self, user_id: str, cause: Cause) -> tuple[Promoted, ...]:
         promoted = await self._store.promote(user_id, self._promotion_limits)
@@ -203,7 +169,7 @@ class QueueEngine:
         the user's next job, in one statement that also returns the job's view; None when the job
         was not in a status the transition starts from (fenced). An unsettled run keeps the slot:
         `settle_run` frees it."""
-        return await self.outliving_the_caller(
+        return await self.tasks.outliving_the_caller(
             self._following_up_if_lost(self._end_job(job_id, user_id, transition), user_id=user_id), name=f"end-job-{job_id}"
         )
 
@@ -240,7 +206,7 @@ class QueueEngine:
         )
         if transition.run_unsettled:
             # The slot stays taken, so nothing was promoted: the settlement promotes later.
-            self.in_background(self._settle_now(ended), name=f"settle-run-{ended.run_id}")
+            self.tasks.in_background(self._settle_now(ended), name=f"settle-run-{ended.run_id}")
         else:
             self._after_promotion(ended.user_id, promoted, cause)
             # The run is settled: its capacity at the core is free for the next in line.
@@ -254,7 +220,7 @@ class QueueEngine:
         report = RunReportToApply(run_id, transition, audit.actor_for(transition.cause))
         # The completion and what it owes once committed (the promoted job's hand-over) go on
         # when the core gives up on this call: the core's retry finds the job ended.
-        return await self.outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
+        return await self.tasks.outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
 
     async def _complete(self, report: RunReportToApply) -> EndedJob:
         run_id, transition = report.run_id, report.transition
@@ -365,7 +331,7 @@ class QueueEngine:
 
     async def settle_run(self, job_id: uuid.UUID, user_id: str, *, cause: Cause) -> None:
         """The core confirmed the ended job's run settled: free its slot and promote."""
-        await self.outliving_the_caller(
+        await self.tasks.outliving_the_caller(
             self._following_up_if_lost(self._settle_run(job_id, user_id, cause), user_id=user_id), name=f"settle-run-{job_id}"
         )
 
@@ -479,18 +445,6 @@ class CompletionBatcher(Coalescer[RunReportToApply, RunCompletion]):
         except errors.OutcomeUnknown:
             self._owed_releases.follow_up(run_id=report.run_id)
             raise
-
-
-def _forget_outlived(task: asyncio.Task[Any]) -> None:
-    """Retrieves the outcome of a change whose caller stopped listening (nobody else will); its
-    errors reached the caller, or were the caller's to hear and are logged by the store's retry
-    paths (the sweeper), so only unexpected ones are logged here."""
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None and not isinstance(exc, errors.QueueError):
-        log.debug("%s failed after its caller stopped listening: %r", task.get_name(), exc)
-
 
 
 def _already_finished(job_id: uuid.UUID, status: JobStatus) -> errors.QueueError:

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable
 
 from queue_service import deadline, errors, telemetry
-from queue_service.model import CapacityState, JobSearch, JobStatus, JobView, Overview, estimate_start
+from queue_service.model import CapacityState, JobInputs, JobSearch, JobStatus, JobView, Overview, QueueMinute, ReplicaReport, UserWork, estimate_start
 from queue_service.store import Statements, Store
 
 log = logging.getLogger(__name__)
@@ -172,6 +172,23 @@ class JobReads:
             except TimeoutError:
                 continue
             raise errors.ShuttingDown("this replica is draining; reconnect to another")
+
+    async def users_with_work(self, *, limit: int) -> tuple[list[UserWork], int]:
+        async with self._store.statements() as db:
+            return await db.users_with_work(limit=limit)
+
+    async def queue_history(self, *, window_minutes: int) -> list[QueueMinute]:
+        async with self._store.statements() as db:
+            return await db.queue_history(window_minutes=window_minutes)
+
+    async def replicas(self) -> tuple[list[ReplicaReport], dt.datetime | None]:
+        async with self._store.statements() as db:
+            return await db.replicas()
+
+    async def inputs(self, job_id: uuid.UUID) -> JobInputs | None:
+        """What the job was admitted with, in full (for a retry)."""
+        async with self._store.statements() as db:
+            return await db.job_inputs(job_id=job_id)
 
     async def capacity(self) -> CapacityState:
         async with self._store.statements() as db:

@@ -37,6 +37,7 @@ _MAX_MARKS_PER_STATEMENT = 64
 class Releases:
     def __init__(self, engine: QueueEngine, store: Store, core: CoreClient) -> None:
         self._engine = engine
+        self._tasks = engine.tasks
         self._store = store
         self._core = core
         self.config = engine.config
@@ -44,7 +45,7 @@ class Releases:
         # Releases the core accepted while the previous ones were being marked RUNNING are marked
         # together (see `ReleaseMarker`): a burst of completions costs one statement and one
         # commit for its releases.
-        self._release_marks = ReleaseMarker(store, reconcile_after_seconds=engine.config.reconcile_after_seconds, spawn=engine.in_background)
+        self._release_marks = ReleaseMarker(store, reconcile_after_seconds=engine.config.reconcile_after_seconds, spawn=engine.tasks.in_background)
 
     async def claim_due_releases(self, *, batch_size: int) -> list[ClaimedRelease]:
         """Claims the releases that are due (retries, leases run out, jobs nobody claimed), for

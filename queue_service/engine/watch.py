@@ -221,6 +221,12 @@ class NotificationHub:
         self.listening = asyncio.Event()
         self._reconnect_max_seconds = reconnect_max_seconds
 
+
+    @property
+    def open_streams(self) -> int:
+        """WatchJobs streams open on this replica now."""
+        return sum(len(streams) for streams in self._streams.values())
+
     def start(self) -> None:
         self._runner = asyncio.create_task(self._run(), name="notification-hub")
         self._hint_listener = asyncio.create_task(self._listen_for_hints(), name="feed-hint-listener")

@@ -55,6 +55,10 @@ def job_view(row: Row) -> JobView:
         max_active_override=row["max_active_override"],
         waiting_for_capacity=bool(row.get("waiting_for_capacity", False)),
         capacity_wait_since=row.get("capacity_wait_since"),
+        document_uri=row.get("document_uri") or "",
+        document_title=row.get("document_title") or "",
+        source_count=int(row.get("source_count") or 0),
+        sources_preview=sources_of_json(row.get("sources_preview")),
     )
 
 
@@ -116,6 +120,7 @@ def ledger_entry(row: Row) -> LedgerEntry:
         idempotency_key=row["idempotency_key"],
         actor=row["actor"],
         reason=row["reason"],
+        note=row.get("note") or "",
     )
 
 
@@ -232,3 +237,13 @@ def replication_stance(row: Row) -> ReplicationStance:
     else:
         mode = "single_node"
     return ReplicationStance(mode=mode, synchronous_commit=commit, synchronous_standby_names=names, standbys=standbys, synchronous_standbys=synchronous)
+
+
+def sources_of_json(value: Any) -> tuple[tuple[str, str], ...]:
+    """(doi, citation) pairs from a stored JSON array of {"doi", "citation"} (empty for NULL)."""
+    return tuple((str(item.get("doi") or ""), str(item.get("citation") or "")) for item in value or ())
+
+
+def sources_to_json(sources: tuple[tuple[str, str], ...]) -> list[dict[str, str]]:
+    """The JSON array a job's sources are stored as."""
+    return [{"doi": doi, "citation": citation} for doi, citation in sources]

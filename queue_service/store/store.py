@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection, AsyncCursor, sql
+from psycopg.types.json import Jsonb
 
 from queue_service import audit, deadline
 from queue_service.model import (
@@ -39,6 +40,7 @@ from queue_service.model import (
     ExpiredRelease,
     GrantOutcome,
     JobEnding,
+    JobInputs,
     JobRef,
     JobSearch,
     JobStatus,
@@ -51,6 +53,8 @@ from queue_service.model import (
     Overview,
     Promoted,
     PromotionLimits,
+    QueueMinute,
+    ReplicaReport,
     RunCompletion,
     RunReportToApply,
     ReplicationStance,
@@ -58,8 +62,10 @@ from queue_service.model import (
     ScheduledRetry,
     SettingChange,
     Transition,
+    UserWork,
 )
 from queue_service.store import migrations, notices, rows as from_row
+from queue_service.store.rows import sources_of_json, sources_to_json
 from queue_service.store.feed import HINT_CHANNEL, CommitHints, FeedCursor, FeedRead
 from queue_service.store.locks import (
     capacity_section,
@@ -430,12 +436,12 @@ class Statements:
 
     # -- credits -------------------------------------------------------------------------------
 
-    async def grant_credits(self, *, user_id: str, amount: int, idempotency_key: str) -> GrantOutcome:
+    async def grant_credits(self, *, user_id: str, amount: int, idempotency_key: str, note: str = "") -> GrantOutcome:
         """Grants once per key: a repeated key grants nothing and reports the earlier amount. The
-        grant records the current actor (`audit`)."""
+        grant records the current actor (`audit`) and the operator's note."""
         key = {"user_id": user_id, "idempotency_key": idempotency_key}
         actor = audit.actor_for(Cause.GRANT)
-        row = await self._one("grant_credits", {**key, "amount": amount, "actor": actor, "reason": str(Cause.GRANT)})
+        row = await self._one("grant_credits", {**key, "amount": amount, "actor": actor, "reason": str(Cause.GRANT), "note": note})
         if row is not None:
             audit.log_movement(kind=LedgerKind.GRANT, user_id=user_id, amount=amount, actor=actor, reason=Cause.GRANT)
             return GrantOutcome(balance=int(row["balance"]), granted_now=True)
@@ -451,6 +457,21 @@ class Statements:
         assert row is not None
         return int(row["balance"])
 
+    async def job_inputs(self, *, job_id: uuid.UUID) -> JobInputs | None:
+        """What the job was admitted with, in full; None for an unknown job."""
+        row = await self._one("job_inputs", {"job_id": job_id})
+        if row is None:
+            return None
+        return JobInputs(
+            job_id=row["job_id"],
+            user_id=row["user_id"],
+            status=JobStatus(row["status"]),
+            delta_of_job_id=row["delta_of_job_id"],
+            document_uri=row["document_uri"] or "",
+            document_title=row["document_title"] or "",
+            sources=None if row["sources"] is None else sources_of_json(row["sources"]),
+        )
+
     async def ledger_entries(self, query: LedgerQuery, *, limit: int) -> list[LedgerEntry]:
         """Newest first; picks the query shape whose index fits: one job, one user, or all."""
         params: Row = {**dataclasses.asdict(query), "limit": limit}
@@ -465,6 +486,60 @@ class Statements:
         admits = await self._all("admits_per_minute", {"window_minutes": window_minutes})
         assert row is not None
         return from_row.overview(row, admits, window_minutes=window_minutes)
+
+    async def write_replica_heartbeat(self, report: ReplicaReport) -> None:
+        params = dataclasses.asdict(report)
+        del params["heartbeat_time"]
+        await self._send("replica_heartbeat", params)
+
+    async def forget_replica(self, *, replica_id: str) -> None:
+        await self._send("forget_replica", {"replica_id": replica_id})
+
+    async def replicas(self) -> tuple[list[ReplicaReport], dt.datetime | None]:
+        """The replicas heard from within the last hour, and when they were read."""
+        rows = await self._all("replicas", {})
+        reports = [
+            ReplicaReport(
+                replica_id=row["replica_id"],
+                host=row["host"],
+                start_time=row["start_time"],
+                draining=bool(row["draining"]),
+                calls_in_flight=int(row["calls_in_flight"]),
+                watch_streams=int(row["watch_streams"]),
+                overview_streams=int(row["overview_streams"]),
+                core_answered=int(row["core_answered"]),
+                core_refused=int(row["core_refused"]),
+                core_unknown=int(row["core_unknown"]),
+                core_last_unknown_at=row["core_last_unknown_at"],
+                heartbeat_time=row["heartbeat_time"],
+            )
+            for row in rows
+        ]
+        return reports, rows[0]["read_time"] if rows else None
+
+    async def users_with_work(self, *, limit: int) -> tuple[list[UserWork], int]:
+        """The users with jobs in flight, the one waiting longest first, and how many there are."""
+        rows = await self._all("users_with_work", {"limit": limit})
+        users = [
+            UserWork(
+                user_id=row["user_id"],
+                queued=int(row["queued"]),
+                pending=int(row["pending"]),
+                running=int(row["running"]),
+                oldest_queued_create_time=row["oldest_queued_create_time"],
+                oldest_create_time=row["oldest_create_time"],
+            )
+            for row in rows
+        ]
+        return users, int(rows[0]["users_total"]) if rows else 0
+
+    async def queue_history(self, *, window_minutes: int) -> list[QueueMinute]:
+        """A point per minute over the window, oldest first."""
+        rows = await self._all("queue_history", {"window_minutes": window_minutes})
+        return [
+            QueueMinute(minute=row["minute"], queued=int(row["queued"]), active=int(row["active"]), admitted=int(row["admitted"]), ended=int(row["ended"]))
+            for row in rows
+        ]
 
     async def search_job_views(self, search: JobSearch, *, limit: int) -> list[JobView]:
         """Picks the query shape whose index fits the filter: one user, one status, or all."""
@@ -569,6 +644,8 @@ class Store:
         actor = audit.actor_for(Cause.ADMIT)
         params = {
             **dataclasses.asdict(job),
+            # NULL for an admit that carries none (tools, tests): "not stored", not "no sources".
+            "sources": Jsonb(sources_to_json(job.sources)) if job.sources else None,
             "actor": actor,
             "reason": str(Cause.ADMIT),
             "default_max_active": limits.default_max_active,

@@ -11,7 +11,7 @@ import psycopg
 
 from queue_service._gen.acurio.core.v1 import run_service_pb2
 from queue_service._gen.acurio.queue.v1 import credits_service_pb2, job_pb2, queue_service_pb2
-from queue_service.api import validation
+from queue_service.api.servicers import validation
 from tests.harness import error_info, new_user
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import gzip
-import hashlib
 import http.client
 import json
 import logging
@@ -28,7 +27,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2
 
 from queue_service.dev.embedded_postgres import free_port
-from tests.harness import error_info, new_user
+from tests.harness import error_info, new_user, role_tokens, write_auth_file
 
 TOKENS = {"web": "browser-endpoint-web-token", "operator": "browser-endpoint-operator-token", "core": "browser-endpoint-core-token"}
 
@@ -36,8 +35,7 @@ TOKENS = {"web": "browser-endpoint-web-token", "operator": "browser-endpoint-ope
 @pytest.fixture(scope="module")
 def auth_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("auth") / "auth.json"
-    tokens = [{"name": f"{role}-caller", "role": role, "sha256": hashlib.sha256(t.encode()).hexdigest()} for role, t in TOKENS.items()]
-    path.write_text(json.dumps({"tokens": tokens}))
+    write_auth_file(path, *role_tokens(TOKENS))
     return str(path)
 
 

@@ -18,7 +18,7 @@ import h2.settings
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from queue_service.api import web_limits
+from queue_service.api.listeners import web_limits
 from queue_service.dev.embedded_postgres import free_port
 
 DESCRIPTOR_LIMIT = 200  # the browser listener may then hold 100 connections

@@ -13,10 +13,12 @@ import pytest
 
 from queue_service._gen.acurio.queue.v1 import (
     job_pb2,
+    queue_service_pb2 as queue_pb2,
     operator_service_pb2 as op_pb2,
     operator_service_pb2_grpc as op_grpc,
 )
-from queue_service.dev.core import DevCore
+from queue_service._gen.acurio.core.v1 import run_service_pb2 as run_pb
+from queue_service.dev.core import AnswerFault, DevCore
 from tests.harness import Stubs, new_user
 
 S = job_pb2
@@ -177,6 +179,98 @@ async def test_a_user_with_runs_in_use_yields_to_users_with_fewer(service) -> No
     assert core.most_first_pass_judging == 3
 
 
+async def test_a_waiting_user_is_passed_over_at_most_once_by_each_other_user(services) -> None:
+    """I13 exactly, through two replicas sharing a capacity of one: the eager user began to wait
+    first, so she passes the patient user once; her next job (waiting since her run ended) does not
+    pass her again, also while a queued job the patient user canceled still has its run held at
+    the core (the core's answers to CancelRun are lost). That held run was never released: it
+    takes no capacity and does not rank its user behind others."""
+    core = await services.core()
+    first, second = await services.start(core), await services.start(core)
+    await _set_capacity(first.stubs, 1)
+    blocker, eager, patient = new_user(), new_user(), new_user()
+    for user in (blocker, eager, patient):
+        await first.stubs.grant(user, 10)
+
+    await first.stubs.admit(blocker)
+    (blocking,) = await _judging_at(core, 1)
+    eager_first = await first.stubs.admit(eager)
+    patient_first = await second.stubs.admit(patient)
+    patient_queued = await second.stubs.admit(patient)
+    eager_second = await first.stubs.admit(eager)
+    assert [(await second.stubs.job(job.job_id)).capacity_position for job in (eager_first, patient_first)] == [1, 2]
+    assert (patient_queued.status, eager_second.status) == (S.JOB_STATUS_QUEUED, S.JOB_STATUS_QUEUED)
+
+    # The eager user has waited longer: she goes first (one pass).
+    seen = len(core.start_order)
+    await core.finish(blocking)
+    assert await _next_start(core, seen) == eager
+    running = await first.stubs.wait_for(eager_first.job_id, S.JOB_STATUS_RUNNING)
+    assert (await second.stubs.job(patient_first.job_id)).capacity_position == 1
+
+    # The patient user cancels her queued job and the core's answer is lost: the job is canceled,
+    # its held run unsettled until the core confirms.
+    core.answer_faults["CancelRun"] = AnswerFault("lose")
+    canceled = (await second.stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=patient_queued.job_id, user_id=patient), timeout=10)).job
+    assert canceled.status == S.JOB_STATUS_CANCELED
+    assert (await _overview(second.stubs)).capacity_in_use == 1  # the eager user's run only
+
+    # Capacity frees; the eager user's next job begins to wait behind the patient user's.
+    seen = len(core.start_order)
+    await core.finish(running.run_id)
+    assert await _next_start(core, seen) == patient
+    started = await second.stubs.wait_for(patient_first.job_id, S.JOB_STATUS_RUNNING)
+    waiting = await first.stubs.wait_for(eager_second.job_id, S.JOB_STATUS_PENDING)
+    assert waiting.capacity_position == 1
+    assert patient_queued.run_id not in {run_id for run_id, _ in core.release_log}  # never released
+    core.answer_faults.clear()
+    seen = len(core.start_order)
+    await core.finish(started.run_id)
+    assert await _next_start(core, seen) == eager
+    assert core.start_order == [blocker, eager, patient, eager]
+    assert core.most_first_pass_judging == 1
+
+
+async def test_a_users_delta_takes_capacity_but_not_her_place(service) -> None:
+    """Deltas count toward what is in use (first-pass releases yield to them) but not toward their
+    user's rank: a user with a re-check judging and no first-pass run in use is served before a
+    user with a first-pass run in use, even one who has waited longer (max-min on first-pass runs)."""
+    stubs, core = service.stubs, service.core
+    light, heavy, blocker = new_user(), new_user(), new_user()
+    await _operator(stubs).SetUserQueueLimit(op_pb2.SetUserQueueLimitRequest(user_id=heavy, max_active=2), timeout=10)
+    await _admitted(stubs, [heavy, blocker])
+    await stubs.grant(light, 10)
+    # The light user's first job finishes while the capacity is unlimited: the base of a re-check.
+    base = await stubs.admit(light)
+    base_run = next(run_id for run_id, run in core.runs.items() if run.user_id == light)
+    await _judging_at(core, 3)
+    await core.finish(base_run)
+    await stubs.wait_for(base.job_id, S.JOB_STATUS_SUCCEEDED)
+    for job in (await stubs.jobs(heavy)) + (await stubs.jobs(blocker)):
+        await core.finish(job.run_id)
+    await _judging_at(core, 0)
+
+    await _set_capacity(stubs, 3)
+    await stubs.admit(heavy)  # granted at once: her first-pass run in use
+    await stubs.admit(blocker)
+    blocking = await _judging_at(core, 2)
+    delta = await stubs.admit(light, delta_of=base.job_id, uri="")
+    assert delta.status == S.JOB_STATUS_RUNNING
+    heavy_waiting = await stubs.admit(heavy)
+    light_waiting = await stubs.admit(light)
+    overview = await _overview(stubs)
+    assert (overview.capacity_in_use, overview.capacity_waiting_jobs) == (3, 2), overview
+    # The light user has no first-pass run in use (her delta does not count): she is first.
+    assert (await stubs.job(light_waiting.job_id)).capacity_position == 1
+    assert (await stubs.job(heavy_waiting.job_id)).capacity_position == 2
+    blocker_run = next(run_id for run_id in blocking if core.runs[run_id].user_id == blocker)
+    seen = len(core.start_order)
+    await core.finish(blocker_run)
+    assert await _next_start(core, seen) == light
+    assert (await stubs.job(heavy_waiting.job_id)).capacity_position == 1
+    assert core.runs[delta.run_id].state == run_pb.RUN_STATE_JUDGING  # still judging all along
+
+
 async def _next_start(core: DevCore, seen: int, timeout: float = 10) -> str:
     """The user of the first first-pass run to start judging after the first `seen` starts."""
     deadline = time.monotonic() + timeout
@@ -271,3 +365,24 @@ async def test_a_capacity_change_takes_effect_on_every_replica(services) -> None
         ("core_capacity", 1, 3, "anonymous"),
         ("core_capacity", 0, 1, "anonymous"),
     ]
+
+
+def test_a_grant_reads_the_next_in_line_not_every_waiting_job(database_url: str) -> None:
+    """The grant's cost does not grow with the jobs waiting: with 300 users waiting (one slot each)
+    it counts the runs in use of one candidate, not of every waiting job (migration 0014 counted
+    and sorted all of them on every grant), and still serves the user who waited longest."""
+    users = [new_user() for _ in range(300)]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO queue_capacity (capacity) VALUES (1) ON CONFLICT (singleton) DO UPDATE SET capacity = 1")
+        with conn.cursor() as cursor:
+            cursor.executemany(
+                """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot, price)
+                   VALUES (gen_random_uuid(), %s, gen_random_uuid(), 'k', '\\x00', 'pending', nextval('analysis_jobs_queue_seq'), 1, 1)""",
+                [(user,) for user in users],
+            )
+        with conn.transaction():
+            conn.execute("SET LOCAL track_functions = 'all'")
+            granted = conn.execute("SELECT user_id FROM queue_grant_capacity(30, 1800, 1, 10) WHERE row_kind = 'granted'").fetchall()
+            (counted,) = conn.execute("SELECT pg_stat_get_xact_function_calls('queue_capacity_in_use_of_user'::regproc)").fetchone()
+        assert granted == [(users[0],)]
+        assert counted == 1

@@ -351,7 +351,7 @@ async def test_probe_answers_zero_only_for_a_serving_service(service) -> None:
 
 
 def test_hash_token_prints_an_entry_the_authorizer_accepts(tmp_path: Path) -> None:
-    from queue_service.api.auth import Authorizer
+    from queue_service.api.access.auth import Authorizer
 
     completed = run_cli("hash-token", "--name", "web-backend", "--role", "web", env=_env(), stdin="s3cret\n")
     assert completed.returncode == 0, completed.stderr

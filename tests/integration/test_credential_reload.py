@@ -6,7 +6,6 @@ connections (gRPC and the browser listener) while open connections carry on."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import signal
@@ -30,18 +29,7 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
 )
 from queue_service.dev.embedded_postgres import free_port
-from tests.harness import REPO_ROOT, ProcessHandle, new_user
-
-
-def _entry(name: str, role: str, token: str) -> dict[str, str]:
-    return {"name": name, "role": role, "sha256": hashlib.sha256(token.encode()).hexdigest()}
-
-
-def _write_auth(path: Path, *entries: dict[str, str]) -> None:
-    """Replaces the file the way a Kubernetes Secret volume does: a new file swapped in whole."""
-    staging = path.with_suffix(".new")
-    staging.write_text(json.dumps({"tokens": list(entries)}))
-    os.replace(staging, path)
+from tests.harness import REPO_ROOT, ProcessHandle, new_user, token_entry, write_auth_file
 
 
 def _bearer(token: str) -> tuple[tuple[str, str], ...]:
@@ -77,8 +65,8 @@ async def test_sighup_rotates_tokens_without_dropping_calls(services, tmp_path: 
     WatchJobs stream opened before goes on delivering, and the web backend's calls, made all
     along, never fail."""
     auth = tmp_path / "auth.json"
-    web, old_operator = _entry("web-backend", "web", "web-token"), _entry("operator-old", "operator", "old-operator-token")
-    _write_auth(auth, web, old_operator)
+    web, old_operator = token_entry("web-backend", "web", "web-token"), token_entry("operator-old", "operator", "old-operator-token")
+    write_auth_file(auth, web, old_operator)
     core = await services.core(manual=False, judging_seconds=0.05)
     # No polling: only the signal may reload here.
     replica = await services.start_process(core, QUEUE_AUTH_FILE=str(auth), QUEUE_CREDENTIALS_RELOAD_SECONDS="0")
@@ -106,7 +94,7 @@ async def test_sighup_rotates_tokens_without_dropping_calls(services, tmp_path: 
 
     traffic = asyncio.create_task(web_backend())
     try:
-        _write_auth(auth, web, _entry("operator-new", "operator", "new-operator-token"))
+        write_auth_file(auth, web, token_entry("operator-new", "operator", "new-operator-token"))
         assert await _code_of(grant("old-operator-token", "still-old")) == grpc.StatusCode.OK, "no reload before the signal"
         replica.process.send_signal(signal.SIGHUP)
         await _log_says(replica, "reloaded: 2 tokens")
@@ -132,7 +120,7 @@ async def test_sighup_rotates_tokens_without_dropping_calls(services, tmp_path: 
 
 async def test_a_broken_auth_file_on_sighup_keeps_the_old_one(services, tmp_path: Path) -> None:
     auth = tmp_path / "auth.json"
-    _write_auth(auth, _entry("operator", "operator", "operator-token"))
+    write_auth_file(auth, token_entry("operator", "operator", "operator-token"))
     core = await services.core()
     replica = await services.start_process(core, QUEUE_AUTH_FILE=str(auth), QUEUE_CREDENTIALS_RELOAD_SECONDS="0")
     balance = lambda token: replica.stubs.credits.GetBalance(  # noqa: E731
@@ -147,7 +135,7 @@ async def test_a_broken_auth_file_on_sighup_keeps_the_old_one(services, tmp_path
         assert await _code_of(balance("operator-token")) == grpc.StatusCode.OK, broken
         assert replica.process.poll() is None
 
-    _write_auth(auth, _entry("operator-2", "operator", "operator-token-2"))
+    write_auth_file(auth, token_entry("operator-2", "operator", "operator-token-2"))
     replica.process.send_signal(signal.SIGHUP)
     await _log_says(replica, "reloaded: 1 tokens")
     assert await _code_of(balance("operator-token")) == grpc.StatusCode.UNAUTHENTICATED
@@ -158,13 +146,13 @@ async def test_a_changed_auth_file_is_picked_up_without_a_signal(services, tmp_p
     """QUEUE_CREDENTIALS_RELOAD_SECONDS: the file's contents are checked and re-read when they
     change (what a Kubernetes Secret update does to the mounted file)."""
     auth = tmp_path / "auth.json"
-    _write_auth(auth, _entry("operator", "operator", "leaked-token"))
+    write_auth_file(auth, token_entry("operator", "operator", "leaked-token"))
     service = await services.start(auth_file=str(auth), credentials_reload_seconds=0.1)
     balance = lambda token: service.stubs.credits.GetBalance(  # noqa: E731
         credits_pb2.GetBalanceRequest(user_id="u"), metadata=_bearer(token), timeout=5
     )
     assert await _code_of(balance("leaked-token")) == grpc.StatusCode.OK
-    _write_auth(auth, _entry("operator", "operator", "fresh-token"))
+    write_auth_file(auth, token_entry("operator", "operator", "fresh-token"))
 
     async def revoked() -> bool:
         return await _code_of(balance("leaked-token")) == grpc.StatusCode.UNAUTHENTICATED
@@ -210,7 +198,7 @@ async def test_sighup_rotates_the_listener_certificate_for_new_connections(servi
     cert_file.write_bytes(old_cert.read_bytes())
     key_file.write_bytes(old_key.read_bytes())
     auth = tmp_path / "auth.json"
-    _write_auth(auth, _entry("operator", "operator", "operator-token"))
+    write_auth_file(auth, token_entry("operator", "operator", "operator-token"))
 
     core = await services.core()
     port, http_port = free_port(), free_port()
@@ -289,7 +277,7 @@ async def test_sighup_rotates_the_listener_certificate_for_new_connections(servi
 
 
 def test_a_bad_certificate_at_start_is_a_configuration_error(tmp_path: Path) -> None:
-    from queue_service.api.server_tls import read_tls_files
+    from queue_service.api.access.server_tls import read_tls_files
     from queue_service.config import ConfigError
 
     ca = trustme.CA()

@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import grpc
 import psycopg
@@ -29,23 +28,21 @@ from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.dev.core import AnswerFault
 from queue_service.dev.embedded_postgres import free_port
-from tests.harness import REPO_ROOT, S, InvariantChecker, Stubs, error_info, new_user, wait_serving
+from tests.harness import (
+    REPO_ROOT,
+    S,
+    InvariantChecker,
+    Stubs,
+    cancel_left_unanswered,
+    end_failed_as_a_previous_version,
+    error_info,
+    eventually,
+    new_user,
+    one_running_job,
+    wait_serving,
+)
 
 HELD, JUDGING, CANCELED = core_pb2.RUN_STATE_HELD, core_pb2.RUN_STATE_JUDGING, core_pb2.RUN_STATE_CANCELED
-
-
-async def eventually(check, timeout: float = 10.0, what: str = "condition"):
-    """Polls `check()` (sync or async) until it returns a truthy value."""
-    give_up_at = time.monotonic() + timeout
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > give_up_at:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def _live_runs_of(core, user: str) -> list[str]:
@@ -385,10 +382,7 @@ async def test_a_running_job_whose_run_the_core_still_holds_is_released_again(se
     releases it again instead of leaving it held forever."""
     core = await services.core()
     service = await services.start(core, reconcile_after_seconds=0.2, sweep_interval_seconds=0.2)
-    stubs, user = service.stubs, new_user()
-    await stubs.grant(user, 1)
-    job = await stubs.admit(user)
-    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    stubs, user, job = await one_running_job(service)
     core._stop_judging(core.runs[job.run_id])
     core.runs[job.run_id].state = HELD  # the core lost the release
     await eventually(lambda: core.runs[job.run_id].state == JUDGING, what="a second release")
@@ -402,10 +396,7 @@ async def test_a_cancel_the_core_reports_as_a_failure_is_still_refunded(services
     core = await services.core()
     core.fail_canceled_runs = True
     service = await services.start(core)
-    stubs, user = service.stubs, new_user()
-    await stubs.grant(user, 1)
-    job = await stubs.admit(user)
-    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    stubs, user, job = await one_running_job(service)
     with pytest.raises(grpc.aio.AioRpcError) as finished:
         await cancel(stubs, job.job_id, user)
     assert error_info(finished.value)[:2] == (grpc.StatusCode.FAILED_PRECONDITION, "JOB_ALREADY_FINISHED")
@@ -420,10 +411,7 @@ async def test_cancelling_a_job_the_core_already_finished_keeps_its_charge(servi
     JOB_ALREADY_FINISHED."""
     core = await services.core()
     service = await services.start(core)
-    stubs, user = service.stubs, new_user()
-    await stubs.grant(user, 1)
-    job = await stubs.admit(user)
-    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    stubs, user, job = await one_running_job(service)
     core.drop_callbacks = True
     await core.finish(job.run_id)
     with pytest.raises(grpc.aio.AioRpcError) as finished:
@@ -483,13 +471,8 @@ async def test_a_cancel_whose_answer_is_lost_after_the_core_failed_the_run_is_re
     core.fail_canceled_runs = True
     core.answer_faults["CancelRun"] = AnswerFault("lose")
     service = await services.start(core)
-    stubs, user = service.stubs, new_user()
-    await stubs.grant(user, 1)
-    job = await stubs.admit(user)
-    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
-    with pytest.raises(grpc.aio.AioRpcError) as unanswered:
-        await cancel(stubs, job.job_id, user)
-    assert error_info(unanswered.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
+    stubs, user, job = await one_running_job(service)
+    await cancel_left_unanswered(stubs, job.job_id, user)
     assert core.faults_injected["CancelRun:lose"] >= 1
     ended = await stubs.job(job.job_id)
     assert (ended.status, ended.refunded) == (S.JOB_STATUS_FAILED, True)
@@ -510,19 +493,9 @@ async def test_a_cancel_retried_after_the_job_ended_failed_without_the_intent_ap
     core = await services.core()
     core.answer_faults["CancelRun"] = AnswerFault("lose")
     service = await services.start(core)
-    stubs, user = service.stubs, new_user()
-    await stubs.grant(user, 1)
-    job = await stubs.admit(user)
-    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
-    with pytest.raises(grpc.aio.AioRpcError) as unanswered:
-        await cancel(stubs, job.job_id, user)
-    assert error_info(unanswered.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(
-            "UPDATE analysis_jobs SET status = 'failed', end_time = clock_timestamp(), next_reconcile_at = NULL,"
-            " last_error = 'canceled at the core' WHERE job_id = %s AND status = 'running'",
-            (job.job_id,),
-        )
+    stubs, user, job = await one_running_job(service)
+    await cancel_left_unanswered(stubs, job.job_id, user)
+    end_failed_as_a_previous_version(database_url, job.job_id)
     assert (await stubs.job(job.job_id)).refunded is False
     with pytest.raises(grpc.aio.AioRpcError) as retried:
         await cancel(stubs, job.job_id, user)
@@ -537,16 +510,11 @@ async def test_a_run_that_succeeded_before_a_cancel_with_a_lost_answer_keeps_its
     reached the core, whose answer (SUCCEEDED) was lost. The job stays SUCCEEDED and charged."""
     core = await services.core()
     service = await services.start(core)
-    stubs, user = service.stubs, new_user()
-    await stubs.grant(user, 1)
-    job = await stubs.admit(user)
-    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    stubs, user, job = await one_running_job(service)
     core.drop_callbacks = True
     await core.finish(job.run_id)
     core.answer_faults["CancelRun"] = AnswerFault("lose")
-    with pytest.raises(grpc.aio.AioRpcError) as unanswered:
-        await cancel(stubs, job.job_id, user)
-    assert error_info(unanswered.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
+    await cancel_left_unanswered(stubs, job.job_id, user)
     completed = await stubs.complete(job.run_id)  # the core's retried callback gets through
     assert (completed.status, completed.refunded) == (S.JOB_STATUS_SUCCEEDED, False)
     assert await stubs.balance(user) == 0
@@ -560,10 +528,7 @@ async def test_a_failure_learned_without_the_cores_refund_verdict_is_refunded(se
     verdict arriving afterwards (refund_credit=false) changes nothing, the refund stays."""
     core = await services.core()
     service = await services.start(core, reconcile_after_seconds=0.2, sweep_interval_seconds=0.2)
-    stubs, user = service.stubs, new_user()
-    await stubs.grant(user, 1)
-    job = await stubs.admit(user)
-    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    stubs, user, job = await one_running_job(service)
     core.drop_callbacks = True
     await core.finish(job.run_id, succeeded=False, message="the provider timed out")
     reconciled = await stubs.wait_for(job.job_id, S.JOB_STATUS_FAILED)
@@ -587,9 +552,7 @@ async def test_a_pending_job_whose_cancel_never_reached_the_core_is_canceled_not
     job = await stubs.admit(user)
     assert job.status == S.JOB_STATUS_PENDING
     core.unavailable = True
-    with pytest.raises(grpc.aio.AioRpcError) as unanswered:
-        await cancel(stubs, job.job_id, user)
-    assert error_info(unanswered.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
+    await cancel_left_unanswered(stubs, job.job_id, user)
     assert core.runs[job.run_id].state == HELD
     core.unavailable = False
     core.fail_releases = False
@@ -614,9 +577,7 @@ async def test_a_running_job_whose_cancel_never_reached_the_core_is_canceled_by_
     queued = await stubs.admit(user)
     await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
     core.unavailable = True
-    with pytest.raises(grpc.aio.AioRpcError) as unanswered:
-        await cancel(stubs, job.job_id, user)
-    assert error_info(unanswered.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
+    await cancel_left_unanswered(stubs, job.job_id, user)
     assert core.runs[job.run_id].state == JUDGING
     core.unavailable = False
     canceled = await stubs.wait_for(job.job_id, S.JOB_STATUS_CANCELED)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
-import hashlib
 import http.client
 import json
 import struct
@@ -14,16 +13,20 @@ import uuid
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import error_details_pb2
 
 from queue_service._gen.acurio.queue.v1 import (
+    core_callback_service_pb2 as callback_pb2,
+    credits_service_pb2 as credits_pb2,
     job_pb2,
     operator_service_pb2 as op_pb2,
     operator_service_pb2_grpc as op_grpc,
+    queue_service_pb2 as queue_pb2,
 )
-from tests.harness import error_info, new_user
+from tests.harness import error_info, new_user, role_tokens, write_auth_file
 
 S = job_pb2
 TOKENS = {"web": "web-console-test-token", "operator": "operator-console-test-token", "core": "core-console-test-token"}
@@ -32,8 +35,7 @@ TOKENS = {"web": "web-console-test-token", "operator": "operator-console-test-to
 @pytest.fixture(scope="module")
 def auth_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("auth") / "auth.json"
-    tokens = [{"name": f"{role}-caller", "role": role, "sha256": hashlib.sha256(t.encode()).hexdigest()} for role, t in TOKENS.items()]
-    path.write_text(json.dumps({"tokens": tokens}))
+    write_auth_file(path, *role_tokens(TOKENS))
     return str(path)
 
 
@@ -350,3 +352,294 @@ async def test_the_console_is_served_with_a_strict_content_policy(web_service) -
     assert b"<title>" in body
     for path in ("/assets/../web.py", "/nothing-here", f"/assets/{uuid.uuid4().hex}.js"):
         assert (await asyncio.to_thread(get, path))[0] == 404
+
+
+# -- what a job is, retry, and the grant's note (docs/console.md) --------------------------------
+
+
+def _as(role: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {TOKENS[role]}"),)
+
+
+def _sources(count: int, citation_chars: int = 40) -> list[job_pb2.Source]:
+    return [job_pb2.Source(doi=f"10.1234/s{index}", citation=f"{index}:" + "c" * citation_chars) for index in range(count)]
+
+
+async def _admit(service, user: str, sources: list[job_pb2.Source], *, title: str = "On queues") -> job_pb2.Job:  # type: ignore[no-untyped-def]
+    request = queue_pb2.AdmitRequest(
+        user_id=user, idempotency_key=uuid.uuid4().hex, document=job_pb2.Document(uri=f"s3://theses/{user}.pdf", title=title), sources=sources
+    )
+    return (await service.stubs.queue.Admit(request, timeout=20, metadata=_as("web"))).job
+
+
+async def _fail(service, job_id: str) -> job_pb2.Job:  # type: ignore[no-untyped-def]
+    """The core reports the job's run failed (the charge is kept: no refund asked)."""
+    stubs = service.stubs
+    for _ in range(300):
+        job = (await stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=job_id), timeout=10, metadata=_as("operator"))).job
+        if job.status == S.JOB_STATUS_RUNNING:
+            break
+        await asyncio.sleep(0.05)
+    assert job.status == S.JOB_STATUS_RUNNING, job
+    completion = callback_pb2.CompleteRunRequest(run_id=job.run_id, outcome=callback_pb2.RUN_OUTCOME_FAILED, message="the provider timed out")
+    return (await stubs.callback.CompleteRun(completion, timeout=10, metadata=_as("core"))).job
+
+
+async def _balance(service, user: str) -> int:  # type: ignore[no-untyped-def]
+    response = await service.stubs.credits.GetBalance(credits_pb2.GetBalanceRequest(user_id=user), timeout=10, metadata=_as("operator"))
+    return int(response.balance)
+
+
+async def _ledger_of(service, **filters: str) -> list[op_pb2.LedgerEntry]:  # type: ignore[no-untyped-def]
+    operator = _operator(service)
+    return list((await operator.ListLedgerEntries(op_pb2.ListLedgerEntriesRequest(**filters, page_size=100), timeout=10, metadata=_as("operator"))).entries)
+
+
+async def test_a_job_carries_its_document_and_a_bounded_preview_of_its_sources(web_service) -> None:  # type: ignore[no-untyped-def]
+    user, operator = new_user(), _operator(web_service)
+    await web_service.stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key="g"), timeout=10, metadata=_as("operator"))
+    many = _sources(12, citation_chars=2000)
+    admitted = await _admit(web_service, user, many, title="Queues, fairly")
+    few = await _admit(web_service, user, _sources(2))
+
+    def check(job: job_pb2.Job) -> None:
+        assert (job.document.uri, job.document.title) == (f"s3://theses/{user}.pdf", "Queues, fairly")
+        assert job.source_count == 12
+        # The first 10 in order, each citation cut to 512 characters: every read stays small.
+        assert [s.doi for s in job.sources] == [s.doi for s in many[:10]]
+        assert [len(s.citation) for s in job.sources] == [512] * 10
+        assert job.sources[0].citation == many[0].citation[:512]
+
+    check(admitted)
+    check((await web_service.stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=admitted.job_id), timeout=10, metadata=_as("operator"))).job)
+    found = (await operator.SearchJobs(op_pb2.SearchJobsRequest(filter=op_pb2.JobFilter(user_id=user)), timeout=10, metadata=_as("operator"))).jobs
+    assert [job.job_id for job in found] == [few.job_id, admitted.job_id]
+    check(found[1])
+    assert found[0].source_count == 2 and [s.citation for s in found[0].sources] == [s.citation for s in _sources(2)]
+    listed = (await web_service.stubs.queue.ListJobs(queue_pb2.ListJobsRequest(user_id=user), timeout=10, metadata=_as("web"))).jobs
+    check(next(job for job in listed if job.job_id == admitted.job_id))
+
+
+async def test_retry_admits_a_failed_job_again_as_its_user_through_the_same_checks_and_charge(web_service) -> None:  # type: ignore[no-untyped-def]
+    user, operator = new_user(), _operator(web_service)
+    await web_service.stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key="g"), timeout=10, metadata=_as("operator"))
+    sources = _sources(3)
+    failed = await _fail(web_service, (await _admit(web_service, user, sources)).job_id)
+    assert failed.status == S.JOB_STATUS_FAILED and not failed.refunded
+    assert await _balance(web_service, user) == 1
+
+    retry = op_pb2.RetryJobRequest(job_id=failed.job_id, retry_key="click-1")
+    first = await operator.RetryJob(retry, timeout=20, metadata=_as("operator"))
+    job = first.job
+    assert first.admitted_now and job.job_id != failed.job_id and job.user_id == user
+    assert job.status in (S.JOB_STATUS_PENDING, S.JOB_STATUS_RUNNING)
+    assert (job.document.uri, job.document.title, job.source_count) == (f"s3://theses/{user}.pdf", "On queues", 3)
+    assert [(s.doi, s.citation) for s in job.sources] == [(s.doi, s.citation) for s in sources]
+    assert await _balance(web_service, user) == 0  # charged as an admit is
+    charge = [e for e in await _ledger_of(web_service, job_id=job.job_id)]
+    assert [(e.kind, e.amount, e.actor, e.reason) for e in charge] == [(op_pb2.LEDGER_ENTRY_KIND_CHARGE, -1, "operator:operator-caller", "admit")]
+
+    # The same retry key again (a lost answer, a double click): the same job, nothing charged.
+    again = await operator.RetryJob(retry, timeout=20, metadata=_as("operator"))
+    assert (again.job.job_id, again.admitted_now) == (job.job_id, False)
+    assert await _balance(web_service, user) == 0
+
+    # A new click goes through Admit's checks: no credits left.
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await operator.RetryJob(op_pb2.RetryJobRequest(job_id=failed.job_id, retry_key="click-2"), timeout=20, metadata=_as("operator"))
+    assert error_info(raised.value)[:2] == (grpc.StatusCode.FAILED_PRECONDITION, "INSUFFICIENT_CREDITS")
+
+    # Only a failed or canceled job; an unknown one is not found; a bad request names its fields.
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await operator.RetryJob(op_pb2.RetryJobRequest(job_id=job.job_id, retry_key="k"), timeout=10, metadata=_as("operator"))
+    code, reason, metadata, _ = error_info(raised.value)
+    assert (code, reason, metadata["jobId"]) == (grpc.StatusCode.FAILED_PRECONDITION, "JOB_NOT_RETRYABLE", job.job_id)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await operator.RetryJob(op_pb2.RetryJobRequest(job_id=str(uuid.uuid4()), retry_key="k"), timeout=10, metadata=_as("operator"))
+    assert error_info(raised.value)[:2] == (grpc.StatusCode.NOT_FOUND, "JOB_NOT_FOUND")
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await operator.RetryJob(op_pb2.RetryJobRequest(job_id="nope", retry_key=""), timeout=10, metadata=_as("operator"))
+    code, reason, _, violations = error_info(raised.value)
+    assert (code, reason, [field for field, _ in violations]) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", ["job_id", "retry_key"])
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await operator.RetryJob(retry, timeout=10, metadata=_as("web"))
+    assert error_info(raised.value)[:2] == (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
+
+    # A canceled job (refunded) can be retried too, with the credit it got back.
+    await web_service.stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=job.job_id, user_id=user), timeout=20, metadata=_as("web"))
+    assert await _balance(web_service, user) == 1
+    third = await operator.RetryJob(op_pb2.RetryJobRequest(job_id=job.job_id, retry_key="click-3"), timeout=20, metadata=_as("operator"))
+    assert third.admitted_now and third.job.source_count == 3 and await _balance(web_service, user) == 0
+
+
+async def test_retry_refuses_a_job_admitted_before_its_inputs_were_stored(web_service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    user, operator = new_user(), _operator(web_service)
+    await web_service.stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key="g"), timeout=10, metadata=_as("operator"))
+    failed = await _fail(web_service, (await _admit(web_service, user, _sources(1))).job_id)
+    # As a row written by the previous version looks: no document, no sources.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE analysis_jobs SET document_uri = NULL, document_title = NULL, sources = NULL, source_count = NULL, sources_preview = NULL WHERE job_id = %s",
+            (uuid.UUID(failed.job_id),),
+        )
+    old = (await web_service.stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=failed.job_id), timeout=10, metadata=_as("operator"))).job
+    assert not old.HasField("document") and old.source_count == 0 and not old.sources
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await operator.RetryJob(op_pb2.RetryJobRequest(job_id=failed.job_id, retry_key="k"), timeout=10, metadata=_as("operator"))
+    code, reason, metadata, _ = error_info(raised.value)
+    assert (code, reason, metadata["status"]) == (grpc.StatusCode.FAILED_PRECONDITION, "JOB_NOT_RETRYABLE", "FAILED")
+    assert "before the queue stored" in raised.value.details()
+    assert await _balance(web_service, user) == 1
+
+
+async def test_a_grant_keeps_the_operators_note_on_its_ledger_entry(web_service) -> None:  # type: ignore[no-untyped-def]
+    user, credits = new_user(), web_service.stubs.credits
+    note = "refund for the outage of 2 May"
+    await credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=3, idempotency_key="g1", note=note), timeout=10, metadata=_as("operator"))
+    # A repeated grant keeps the first note; a grant without one has none.
+    await credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=3, idempotency_key="g1", note="other"), timeout=10, metadata=_as("operator"))
+    await credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key="g2"), timeout=10, metadata=_as("operator"))
+    entries = await _ledger_of(web_service, user_id=user)
+    assert [(e.amount, e.note, e.actor, e.reason) for e in entries] == [(1, "", "operator:operator-caller", "grant"), (3, note, "operator:operator-caller", "grant")]
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key="g3", note="x" * 513), timeout=10, metadata=_as("operator"))
+    code, reason, _, violations = error_info(raised.value)
+    assert (code, reason, [field for field, _ in violations]) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", ["note"])
+
+
+async def test_users_with_work_lists_who_waits_longest_first_with_their_counts(web_service) -> None:  # type: ignore[no-untyped-def]
+    operator, credits = _operator(web_service), web_service.stubs.credits
+    waits_long, waits_short, only_running, done = new_user(), new_user(), new_user(), new_user()
+    for user in (waits_long, waits_short, only_running, done):
+        await credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=5, idempotency_key="g"), timeout=10, metadata=_as("operator"))
+    # Admitted in this order: the first two users' second jobs queue (one slot each).
+    await _admit(web_service, only_running, _sources(1))
+    await _admit(web_service, waits_long, _sources(1))
+    await _admit(web_service, waits_long, _sources(1))
+    await _admit(web_service, waits_long, _sources(1))
+    await _admit(web_service, waits_short, _sources(1))
+    await _admit(web_service, waits_short, _sources(1))
+    finished = await _fail(web_service, (await _admit(web_service, done, _sources(1))).job_id)
+    assert finished.status == S.JOB_STATUS_FAILED
+
+    listed = await operator.ListUsersWithWork(op_pb2.ListUsersWithWorkRequest(page_size=100), timeout=10, metadata=_as("operator"))
+    mine = [u for u in listed.users if u.user_id in (waits_long, waits_short, only_running, done)]
+    assert [u.user_id for u in mine] == [waits_long, waits_short, only_running]  # done has no work
+    by_user = {u.user_id: u for u in mine}
+    assert (by_user[waits_long].queued, by_user[waits_long].pending + by_user[waits_long].running) == (2, 1)
+    assert (by_user[waits_short].queued, by_user[waits_short].pending + by_user[waits_short].running) == (1, 1)
+    assert by_user[only_running].queued == 0 and not by_user[only_running].HasField("oldest_queued_create_time")
+    assert by_user[waits_long].oldest_queued_create_time.ToDatetime() < by_user[waits_short].oldest_queued_create_time.ToDatetime()
+    assert listed.users_total == len(listed.users) >= 3
+    # The users waiting (overview) are the ones listed with a queued job.
+    overview = (await operator.GetOverview(op_pb2.GetOverviewRequest(), timeout=10, metadata=_as("operator"))).overview
+    assert overview.users_waiting == sum(1 for u in listed.users if u.queued > 0)
+
+    one = await operator.ListUsersWithWork(op_pb2.ListUsersWithWorkRequest(page_size=1), timeout=10, metadata=_as("operator"))
+    assert len(one.users) == 1 and one.users_total == listed.users_total and one.users[0] == listed.users[0]
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await operator.ListUsersWithWork(op_pb2.ListUsersWithWorkRequest(page_size=101), timeout=10, metadata=_as("operator"))
+    assert error_info(raised.value)[:2] == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
+
+
+def _by_minute(history: op_pb2.GetQueueHistoryResponse) -> dict[dt.datetime, op_pb2.QueueMinute]:
+    return {point.minute.ToDatetime(dt.timezone.utc): point for point in history.minutes}
+
+
+async def test_queue_history_is_derived_from_job_timestamps_minute_by_minute(web_service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    operator, user = _operator(web_service), new_user()
+    history = op_pb2.GetQueueHistoryRequest(window_minutes=60)
+    await web_service.stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=5, idempotency_key="g"), timeout=10, metadata=_as("operator"))
+    before = await operator.GetQueueHistory(history, timeout=10, metadata=_as("operator"))
+    assert before.window_minutes == 60 and len(before.minutes) == 60
+
+    # One job's life placed in the past: admitted 30 minutes ago, promoted at 25, ended at 20 —
+    # long before any console was open.
+    past = await _fail(web_service, (await _admit(web_service, user, _sources(1))).job_id)
+    now = dt.datetime.now(dt.timezone.utc).replace(second=0, microsecond=0)
+    at = {name: now - dt.timedelta(minutes=m) for name, m in (("admitted", 30), ("promoted", 25), ("ended", 20))}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE analysis_jobs SET create_time = %s, promote_time = %s, start_time = %s, end_time = %s WHERE job_id = %s",
+            (at["admitted"] + dt.timedelta(seconds=10), at["promoted"] + dt.timedelta(seconds=10), at["promoted"] + dt.timedelta(seconds=10),
+             at["ended"] + dt.timedelta(seconds=10), uuid.UUID(past.job_id)),
+        )
+    # And now: three jobs admitted (one running, two queued).
+    for _ in range(3):
+        await _admit(web_service, user, _sources(1))
+    after = await operator.GetQueueHistory(history, timeout=10, metadata=_as("operator"))
+    overview = (await operator.GetOverview(op_pb2.GetOverviewRequest(), timeout=10, metadata=_as("operator"))).overview
+    old, new = _by_minute(before), _by_minute(after)
+
+    def delta(minute: dt.datetime, field: str) -> int:
+        return int(getattr(new[minute], field)) - int(getattr(old[minute], field))
+
+    assert (delta(at["admitted"], "admitted"), delta(at["admitted"], "queued"), delta(at["admitted"], "active")) == (1, 1, 0)
+    assert (delta(at["promoted"], "queued"), delta(at["promoted"], "active")) == (0, 1)
+    assert (delta(at["ended"], "ended"), delta(at["ended"], "active")) == (1, 0)
+    assert delta(at["ended"] - dt.timedelta(minutes=1), "active") == 1  # still judging the minute before
+    # The current minute is the queue now.
+    last = after.minutes[-1]
+    assert (last.queued, last.active) == (overview.queued, overview.pending + overview.running)
+    assert sum(p.admitted for p in after.minutes) - sum(p.admitted for p in before.minutes) >= 3
+
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await operator.GetQueueHistory(op_pb2.GetQueueHistoryRequest(window_minutes=2000), timeout=10, metadata=_as("operator"))
+    assert error_info(raised.value)[:2] == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
+
+
+async def _replicas_until(operator: op_grpc.OperatorServiceStub, ok, what: str) -> dict[str, op_pb2.Replica]:  # type: ignore[no-untyped-def]
+    """The replicas' reports, read until `ok` holds (heartbeats come every 5 seconds)."""
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:
+        listed = await operator.ListReplicas(op_pb2.ListReplicasRequest(), timeout=10)
+        replicas = {replica.replica_id: replica for replica in listed.replicas}
+        if ok(replicas):
+            return replicas
+        assert asyncio.get_running_loop().time() < deadline, f"{what}: {replicas}"
+        await asyncio.sleep(0.2)
+
+
+async def test_replicas_report_calls_streams_and_the_cores_answers_refusals_and_unknown_outcomes(services) -> None:  # type: ignore[no-untyped-def]
+    core = await services.core()
+    first = await services.start(core)
+    second = await services.start(core)
+    operator = op_grpc.OperatorServiceStub(first.stubs.channel)
+    ids = (first.app.replica_id, second.app.replica_id)
+    assert ids[0] != ids[1]
+    user, other = new_user(), new_user()
+    await first.stubs.grant(user, 5)
+    await first.stubs.grant(other, 5)
+
+    # The first replica: the core answers an admit (CreateRun, ReleaseRun) and refuses another.
+    await first.stubs.wait_for((await first.stubs.admit(user)).job_id, S.JOB_STATUS_RUNNING)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await first.stubs.admit(user, dois=("10.9999/unregistered",))
+    assert error_info(raised.value)[1] == "CORE_REJECTED"
+    # The second: releases go unanswered (maybe applied), and an operator watches a user there.
+    core.fail_releases = True
+    await second.stubs.admit(other)
+    watch = second.stubs.queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id=other), timeout=60)
+    await watch.read()
+    try:
+        replicas = await _replicas_until(
+            operator,
+            lambda r: all(i in r for i in ids)
+            and r[ids[0]].core_calls.answered >= 2 and r[ids[0]].core_calls.refused >= 1
+            and sum(r[i].core_calls.unknown for i in ids) >= 1
+            and r[ids[1]].watch_streams == 1,
+            "both replicas' reports",
+        )
+        mine = replicas[ids[1]]
+        assert mine.calls_in_flight >= 1 and not mine.draining  # the open stream is a call in flight
+        assert mine.host and mine.start_time.seconds > 0 and mine.heartbeat_time.ToDatetime() >= mine.start_time.ToDatetime()
+        unknown = [replicas[i] for i in ids if replicas[i].core_calls.unknown]
+        assert all(r.core_calls.HasField("last_unknown_time") for r in unknown)
+        assert replicas[ids[0]].watch_streams == 0
+    finally:
+        watch.cancel()
+        core.fail_releases = False
+
+    # A replica that stops leaves the list at once.
+    await second.app.stop(grace=0)
+    await _replicas_until(operator, lambda r: ids[1] not in r and ids[0] in r, "the stopped replica's report gone")

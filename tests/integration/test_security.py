@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
     queue_service_pb2_grpc as queue_grpc,
 )
-from tests.harness import error_info, new_user
+from tests.harness import error_info, new_user, role_tokens
 
 TOKENS = {"web": "web-secret-token", "core": "core-secret-token", "operator": "operator-secret-token"}
 
@@ -96,7 +95,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     files["spiffe-operator_cert"].write_bytes(cert_pem)
     files["spiffe-operator_key"].write_bytes(key_pem)
     auth = {
-        "tokens": [{"name": f"{role}-caller", "role": role, "sha256": hashlib.sha256(t.encode()).hexdigest()} for role, t in TOKENS.items()],
+        "tokens": role_tokens(TOKENS),
         "certificates": [
             {"san": "web-backend", "role": "web"},
             {"san": "rust-core", "role": "core"},
@@ -257,7 +256,7 @@ async def test_a_client_certificate_is_identified_by_its_subject_alternative_nam
 
 
 def test_certificate_entries_name_one_subject_alternative_name(tmp_path: Path) -> None:
-    from queue_service.api.auth import AuthConfigError, Authorizer, _identify_certificate
+    from queue_service.api.access.auth import AuthConfigError, Authorizer, _identify_certificate
 
     def load(*entries: dict[str, str]) -> Authorizer:
         path = tmp_path / "auth.json"

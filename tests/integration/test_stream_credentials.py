@@ -1,15 +1,13 @@
 """Open streams lose their credentials with the calls: a token revoked by a reload and a user
 assertion past its expiry end their WatchJobs and WatchOverview streams, over gRPC and over the
-browser endpoint, within the stated bound (api/stream_credentials.py)."""
+browser endpoint, within the stated bound (api/access/stream_credentials.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
 import http.client
 import json
-import os
 import signal
 import struct
 import time
@@ -20,23 +18,13 @@ import grpc
 from google.rpc import error_details_pb2
 
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2, operator_service_pb2_grpc as op_grpc, queue_service_pb2 as queue_pb2
-from queue_service.api.stream_credentials import RECHECK_SECONDS
+from queue_service.api.access.stream_credentials import RECHECK_SECONDS
 from queue_service.dev.embedded_postgres import free_port
-from tests.harness import error_info, new_user
+from tests.harness import error_info, new_user, token_entry, write_auth_file
 from tests.integration.test_user_assertions import ISSUER, TOKENS, files, mint, web  # noqa: F401 (files: a fixture)
 
 # Time to see an ended stream beyond the bound: the reload itself, a loaded machine.
 SLACK_SECONDS = 3.0
-
-
-def _entry(name: str, role: str, token: str) -> dict[str, str]:
-    return {"name": name, "role": role, "sha256": hashlib.sha256(token.encode()).hexdigest()}
-
-
-def _write_auth(path: Path, *entries: dict[str, str]) -> None:
-    staging = path.with_suffix(".new")
-    staging.write_text(json.dumps({"tokens": list(entries)}))
-    os.replace(staging, path)
 
 
 def _connect_stream(port: int, method: str, message: dict[str, Any], headers: dict[str, str]) -> tuple[float, dict[str, Any]]:
@@ -80,9 +68,9 @@ async def _grpc_stream_end(call: Any) -> tuple[float, grpc.StatusCode, str, dict
 
 async def test_a_revoked_token_loses_its_open_streams_on_both_listeners(services, tmp_path: Path) -> None:
     auth = tmp_path / "auth.json"
-    web_entry, operator_entry = _entry("web-backend", "web", "web-token"), _entry("operator", "operator", "operator-token")
-    kept = _entry("operator-kept", "operator", "kept-token")
-    _write_auth(auth, web_entry, operator_entry, kept)
+    web_entry, operator_entry = token_entry("web-backend", "web", "web-token"), token_entry("operator", "operator", "operator-token")
+    kept = token_entry("operator-kept", "operator", "kept-token")
+    write_auth_file(auth, web_entry, operator_entry, kept)
     core = await services.core()
     http_port = free_port()
     replica = await services.start_process(
@@ -107,7 +95,7 @@ async def test_a_revoked_token_loses_its_open_streams_on_both_listeners(services
     await asyncio.sleep(RECHECK_SECONDS + 1)  # a recheck passed with the tokens still valid
     assert not web_jobs.done() and not web_overview.done() and not any(end.done() for end in grpc_ends)
 
-    _write_auth(auth, kept)
+    write_auth_file(auth, kept)
     replica.process.send_signal(signal.SIGHUP)
     revoked_at = time.monotonic()
     bound = RECHECK_SECONDS + SLACK_SECONDS

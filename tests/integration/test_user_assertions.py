@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
 import json
 import struct
 import time
@@ -25,10 +24,10 @@ from queue_service._gen.acurio.queue.v1 import (
     job_pb2,
     queue_service_pb2 as queue_pb2,
 )
-from queue_service.api.user_assertions import AssertionVerifier, load_keys
+from queue_service.api.access.user_assertions import AssertionVerifier, load_keys
 from queue_service.config import Config, ConfigError
 from queue_service.errors import UserAssertionInvalid
-from tests.harness import error_info, new_user
+from tests.harness import error_info, new_user, role_tokens
 from tests.integration.test_operator_console import _details, _envelopes, _post
 
 TOKENS = {"web": "web-token-for-assertions", "core": "core-token-for-assertions", "operator": "operator-token-for-assertions"}
@@ -44,7 +43,7 @@ def _public_pem(private_key: Any) -> bytes:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("assertions")
-    auth = {"tokens": [{"name": f"{role}-caller", "role": role, "sha256": hashlib.sha256(t.encode()).hexdigest()} for role, t in TOKENS.items()]}
+    auth = {"tokens": role_tokens(TOKENS)}
     (folder / "auth.json").write_text(json.dumps(auth))
     (folder / "web-backend.pub.pem").write_bytes(_public_pem(SIGNING_KEY))
     return {"auth": folder / "auth.json", "key": folder / "web-backend.pub.pem", "folder": folder}

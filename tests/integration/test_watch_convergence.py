@@ -18,8 +18,7 @@ import pytest
 
 from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2
 from queue_service.dev.core import AnswerFault
-from tests.harness import S, Stubs, error_info, new_user
-from tests.integration.test_lost_answers import eventually
+from tests.harness import S, Stubs, cancel_left_unanswered, end_failed_as_a_previous_version, error_info, eventually, new_user, one_running_job
 
 
 class Watched:
@@ -70,20 +69,10 @@ async def test_a_refund_without_a_status_change_reaches_the_stream(services, dat
     core = await services.core()
     core.answer_faults["CancelRun"] = AnswerFault("lose")
     service = await services.start(core)
-    stubs, user = service.stubs, new_user()
-    await stubs.grant(user, 1)
-    job = await stubs.admit(user)
-    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    stubs, user, job = await one_running_job(service)
     async with watching(stubs, user) as watched:
-        with pytest.raises(grpc.aio.AioRpcError) as unanswered:
-            await stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=job.job_id, user_id=user), timeout=10)
-        assert error_info(unanswered.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute(
-                "UPDATE analysis_jobs SET status = 'failed', end_time = clock_timestamp(), next_reconcile_at = NULL,"
-                " last_error = 'canceled at the core' WHERE job_id = %s AND status = 'running'",
-                (job.job_id,),
-            )
+        await cancel_left_unanswered(stubs, job.job_id, user)
+        end_failed_as_a_previous_version(database_url, job.job_id)
         await eventually(lambda: watched.last[job.job_id].status == S.JOB_STATUS_FAILED, what="the failure on the stream")
         assert watched.last[job.job_id].refunded is False
         with pytest.raises(grpc.aio.AioRpcError) as retried:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from queue_service import audit
-from queue_service.config import Config
-from queue_service.engine.engine import QueueEngine
+from queue_service.engine.tasks import BackgroundTasks
 
 
 async def _actor() -> str:
@@ -15,8 +14,7 @@ async def _actor() -> str:
 
 
 async def test_a_call_s_caller_reaches_its_tasks_but_not_detached_clean_up() -> None:
-    config = Config.from_env({}, database_url="postgresql://localhost/unused", core_addr="127.0.0.1:1")
-    engine = QueueEngine(None, None, config, hand_over=lambda claim: None)  # type: ignore[arg-type]  # in_background needs neither
+    tasks = BackgroundTasks()
     assert await _actor() == "system:probe"  # no call: the service's own work
     with audit.acting_for_call():
         assert await _actor() == audit.ANONYMOUS  # a call before (or without) authentication
@@ -29,7 +27,7 @@ async def test_a_call_s_caller_reaches_its_tasks_but_not_detached_clean_up() -> 
         async def record() -> None:
             detached.append(await _actor())
 
-        await engine.in_background(record(), name="probe")
+        await tasks.in_background(record(), name="probe")
         assert detached == ["system:probe"]
         assert await _actor() == "operator:ops-alice"  # the detached task did not clear the call's mark
     assert await _actor() == "system:probe"  # the call's mark ends with it

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from queue_service._gen.acurio.queue.v1 import job_pb2
-from queue_service.api import convert
+from queue_service.api.servicers import convert
 from queue_service.errors import InvalidRequest
 from queue_service.model import JobStatus, JobView, Overview
 

@@ -112,6 +112,8 @@ ENGINE_MODULES_KEPT_APART: dict[str, set[str]] = {
     "dispatcher": {"engine", "admission", "releases", "recovery", "sweeper"},
     "sweeper": {"engine", "admission", "releases", "recovery", "dispatcher"},
     "engine": {"admission", "releases", "recovery", "dispatcher", "sweeper"},
+    # The background tasks serve every room and know none of them.
+    "tasks": {"engine", "admission", "releases", "recovery", "dispatcher", "sweeper", "watch", "job_reads"},
 }
 
 
@@ -136,6 +138,48 @@ def test_the_edge_enters_the_engine_by_its_front() -> None:
             if imported.startswith("queue_service.engine."):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: imports {imported}")
     assert found == []
+
+
+# Inside the edge (api/__init__.py): a listener enters the road, the road reaches access and the
+# servicers' adapters, and the servicers know neither the road nor a listener (they answer the
+# same whichever transport brought the call).
+API_GROUPS = {"road", "access", "servicers", "listeners"}
+API_GROUPS_KEPT_APART: dict[str, set[str]] = {
+    "servicers": {"road", "listeners"},
+    "access": {"road", "listeners"},
+    "road": {"listeners"},
+    "listeners": set(),
+}
+
+
+def api_group_violations() -> list[str]:
+    found = []
+    for path in _sources():
+        parts = path.relative_to(PACKAGE).parts
+        if parts[0] != "api":
+            continue
+        if len(parts) < 3 or parts[1] not in API_GROUPS:
+            if parts != ("api", "__init__.py"):
+                found.append(f"{path.relative_to(PACKAGE.parent)}: in no group of api/ (add it to API_GROUPS and docs/architecture.md)")
+            continue
+        forbidden = API_GROUPS_KEPT_APART[parts[1]]
+        for line, imported in _imports(path):
+            names = imported.split(".")
+            if names[:2] == ["queue_service", "api"] and len(names) > 2 and names[2] in forbidden:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {parts[1]} may not import {imported}")
+    return found
+
+
+def test_the_edge_groups_keep_apart() -> None:
+    assert api_group_violations() == []
+
+
+def test_the_group_scan_catches_a_servicer_that_knows_the_road(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    servicers = tmp_path / "queue_service" / "api" / "servicers"
+    servicers.mkdir(parents=True)
+    (servicers / "bad.py").write_text("from queue_service.api.road.road import CallRoad\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", tmp_path / "queue_service")
+    assert api_group_violations() == ["queue_service/api/servicers/bad.py:1: servicers may not import queue_service.api.road.road"]
 
 
 @pytest.mark.parametrize(

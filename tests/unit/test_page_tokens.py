@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from queue_service.api import page_tokens
+from queue_service.api.servicers import page_tokens
 from queue_service.errors import InvalidRequest
 from queue_service.model import JobStatus
 

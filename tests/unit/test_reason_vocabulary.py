@@ -1,4 +1,4 @@
-"""One vocabulary of reasons: the table from reason to status code (`api/status.py`) is the
+"""One vocabulary of reasons: the table from reason to status code (`api/road/status.py`) is the
 source; every other place that lists reasons (the domain errors, the contract's comment in
 `queue_service.proto`, the error table of docs/design.md, the TypeScript client's `QUEUE_REASONS`)
 must list the same reasons with the same codes. A reason added in one place and forgotten in
@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from queue_service import errors
-from queue_service.api.status import CODE_OF_REASON
+from queue_service.api.road.status import CODE_OF_REASON
 
 ROOT = Path(__file__).resolve().parents[2]
 REASON = r"`([A-Z][A-Z_]+)`"

@@ -1,4 +1,4 @@
-"""The browser endpoint's body limits (`api/request_limits.py`): every request field has one, and
+"""The browser endpoint's body limits (`api/road/request_limits.py`): every request field has one, and
 the longest valid request fits under its method's bound however JSON spells it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pytest
 from google.protobuf import descriptor_pool, json_format
 
-from queue_service.api import validation
-from queue_service.api.request_limits import check_repeated, largest_json_bytes
+from queue_service.api.servicers import validation
+from queue_service.api.road.request_limits import check_repeated, largest_json_bytes
 from queue_service.errors import InvalidRequest
 from queue_service._gen.acurio.queue.v1 import (  # noqa: F401 (registers every service's descriptors)
     core_callback_service_pb2,
@@ -59,7 +59,7 @@ def test_every_connect_code_maps_to_a_grpc_code_and_back() -> None:
     from connectrpc.errors import ConnectError
     from google.rpc import status_pb2
 
-    from queue_service.api.web_road import GRPC_CODE_OF, _ConnectTransport, connect_error
+    from queue_service.api.road.web_road import GRPC_CODE_OF, _ConnectTransport, connect_error
 
     for code in Code:
         _ConnectTransport().record_own(ConnectError(code, "x"))

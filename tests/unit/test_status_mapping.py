@@ -12,7 +12,7 @@ import pytest
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from queue_service import errors
-from queue_service.api import status
+from queue_service.api.road import status
 
 ROOT = Path(__file__).resolve().parents[2]
 QUEUE_PROTO = ROOT / "protos" / "acurio" / "queue" / "v1" / "queue_service.proto"

@@ -8,7 +8,7 @@ export const QUEUE_ERROR_DOMAIN = "queue.acurio.app";
 /**
  * Every `ErrorInfo.reason` the queue sends (see the comment on `AnalysisQueueService` in
  * `queue_service.proto` for each one's code and metadata). Reasons are only ever added; treat an
- * unknown one by its status code. The service's own table (`queue_service/api/status.py`) is the
+ * unknown one by its status code. The service's own table (`queue_service/api/road/status.py`) is the
  * source: `tests/unit/test_reason_vocabulary.py` fails when this list differs from it.
  */
 export const QUEUE_REASONS = [
@@ -25,6 +25,7 @@ export const QUEUE_REASONS = [
   "TOO_MANY_STREAMS",
   "JOB_NOT_FOUND",
   "JOB_NOT_PENDING",
+  "JOB_NOT_RETRYABLE",
   "JOB_ALREADY_FINISHED",
   "RUN_NOT_FOUND",
   "RUN_NOT_YET_ADMITTED",

@@ -48,12 +48,14 @@ SELECT existing.job_id AS existing_job_id,
 -- 'pending' job's first release for this replica, consumes the run's reservation, debits the
 -- price and writes the charge (`queue_admit_job`, migration 0009). One 'admitted' row with the
 -- job's view; none when the key is taken, the balance is short, the user's queue or delta limit
--- is full, or the reservation is gone.
+-- is full, or the reservation is gone. The job keeps its document and sources (migration 0017).
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
   FROM queue_admit_job(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
                        %(delta_of_job_id)s::uuid, %(price)s, %(actor)s, %(reason)s, %(default_max_active)s,
                        %(max_queued)s, %(max_running_deltas)s, %(release_window_seconds)s,
-                       %(release_lease_seconds)s, %(reconcile_after_seconds)s) AS s
+                       %(release_lease_seconds)s, %(reconcile_after_seconds)s,
+                       NULLIF(%(document_uri)s::text, ''), NULLIF(%(document_title)s::text, ''),
+                       %(sources)s::jsonb) AS s
 
 -- name: settle_job_run
 -- A locked section: the core confirmed an ended job's run settled, so the job lets go of its slot
@@ -347,9 +349,10 @@ SELECT (SELECT count(*) FROM analysis_jobs WHERE status = 'queued') AS queued,
 
 -- name: grant_credits
 -- Adds a grant to the ledger and the balance, once per (user, key). No row for a repeated key.
+-- The operator's note (migration 0017) is NULL when none was given.
 WITH grant_entry AS (
-    INSERT INTO credit_ledger (user_id, kind, amount, idempotency_key, actor, reason)
-    VALUES (%(user_id)s, 'grant', %(amount)s, %(idempotency_key)s, %(actor)s, %(reason)s)
+    INSERT INTO credit_ledger (user_id, kind, amount, idempotency_key, actor, reason, note)
+    VALUES (%(user_id)s, 'grant', %(amount)s, %(idempotency_key)s, %(actor)s, %(reason)s, NULLIF(%(note)s::text, ''))
     ON CONFLICT (user_id, idempotency_key) WHERE kind = 'grant' DO NOTHING
     RETURNING user_id, amount
 )
@@ -362,7 +365,7 @@ RETURNING c.balance;
 -- name: ledger_entries_of_job
 -- One page of a job's ledger entries (its charge and refund), newest first, optionally within
 -- one user; the unique (job_id, kind) index finds them.
-SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason
+SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason, note
   FROM credit_ledger
  WHERE job_id = %(job_id)s
    AND (%(user_id)s::text = '' OR user_id = %(user_id)s::text)
@@ -372,7 +375,7 @@ SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, ac
 
 -- name: ledger_entries_of_user
 -- One page of a user's ledger entries, newest first (keyset on entry_id, migration 0007's index).
-SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason
+SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason, note
   FROM credit_ledger
  WHERE user_id = %(user_id)s
    AND entry_id < COALESCE(%(before_entry_id)s::bigint, 9223372036854775807)
@@ -381,11 +384,17 @@ SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, ac
 
 -- name: ledger_entries
 -- One page of every user's ledger entries, newest first (the primary key, read backwards).
-SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason
+SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason, note
   FROM credit_ledger
  WHERE entry_id < COALESCE(%(before_entry_id)s::bigint, 9223372036854775807)
  ORDER BY entry_id DESC
  LIMIT %(limit)s;
+
+-- name: job_inputs
+-- What a job was admitted with, in full (OperatorService.RetryJob); its primary key finds it.
+SELECT job_id, user_id, status, delta_of_job_id, document_uri, document_title, sources
+  FROM analysis_jobs
+ WHERE job_id = %(job_id)s;
 
 -- name: grant_by_key
 -- The earlier grant made with this key.
@@ -423,6 +432,112 @@ SELECT (SELECT count(*) FROM analysis_jobs WHERE status = 'queued') AS queued,
                  -- whatever the window; a window with more ended jobs counts its newest 100000.
                  ORDER BY end_time DESC
                  LIMIT 100000) AS recent) AS ended;
+
+-- name: users_with_work
+-- The users with a QUEUED, PENDING or RUNNING job, the one waiting longest first. Each arm reads
+-- one status through its partial index (the rows in flight), as the overview's counts do.
+SELECT user_id,
+       count(*) FILTER (WHERE status = 'queued') AS queued,
+       count(*) FILTER (WHERE status = 'pending') AS pending,
+       count(*) FILTER (WHERE status = 'running') AS running,
+       min(create_time) FILTER (WHERE status = 'queued') AS oldest_queued_create_time,
+       min(create_time) AS oldest_create_time,
+       count(*) OVER () AS users_total
+  FROM (SELECT user_id, status, create_time FROM analysis_jobs WHERE status = 'queued'
+        UNION ALL
+        SELECT user_id, status, create_time FROM analysis_jobs WHERE status = 'pending'
+        UNION ALL
+        SELECT user_id, status, create_time FROM analysis_jobs WHERE status = 'running') AS live
+ GROUP BY user_id
+ ORDER BY min(create_time) FILTER (WHERE status = 'queued') NULLS LAST, min(create_time), user_id
+ LIMIT %(limit)s;
+
+-- name: queue_history
+-- A point per minute over the window: queued and active at the minute's end, admitted and ended
+-- during it. The rows that can count are the ones in flight (partial indexes) and the window's
+-- ended ones (the end_time index, capped as the overview caps them): every job admitted in the
+-- window is one or the other. One pass: each job gives its events (admitted, promoted, ended) in
+-- the window, counted per minute; the depth at a minute's end is the depth now minus what the
+-- later minutes added (sums over the later minutes), so the cost grows with the window's jobs,
+-- not with jobs times minutes. `now()`: index conditions (see operator_overview).
+WITH bounds AS (
+    SELECT date_trunc('minute', now()) - make_interval(mins => %(window_minutes)s - 1) AS first_minute
+),
+jobs AS (
+    SELECT status, create_time, promote_time, end_time FROM analysis_jobs WHERE status = 'queued'
+    UNION ALL
+    SELECT status, create_time, promote_time, end_time FROM analysis_jobs WHERE status = 'pending'
+    UNION ALL
+    SELECT status, create_time, promote_time, end_time FROM analysis_jobs WHERE status = 'running'
+    UNION ALL
+    (SELECT status, create_time, promote_time, end_time FROM analysis_jobs
+      WHERE end_time IS NOT NULL
+        AND end_time >= date_trunc('minute', now()) - make_interval(mins => %(window_minutes)s - 1)
+      ORDER BY end_time DESC
+      LIMIT 100000)
+),
+depth_now AS (
+    SELECT count(*) FILTER (WHERE status = 'queued') AS queued,
+           count(*) FILTER (WHERE status IN ('pending', 'running')) AS active
+      FROM jobs
+),
+events AS (
+    -- (minute, admitted, promoted, left the queue, ended, ended while active)
+    SELECT date_trunc('minute', j.create_time) AS minute, 1 AS admitted, 0 AS promoted, 0 AS left_queue, 0 AS ended, 0 AS ended_active
+      FROM jobs j, bounds b WHERE j.create_time >= b.first_minute
+    UNION ALL
+    SELECT date_trunc('minute', j.promote_time), 0, 1, 1, 0, 0
+      FROM jobs j, bounds b WHERE j.promote_time >= b.first_minute
+    UNION ALL
+    SELECT date_trunc('minute', j.end_time), 0, 0, (j.promote_time IS NULL)::int, 1, (j.promote_time IS NOT NULL)::int
+      FROM jobs j, bounds b WHERE j.end_time >= b.first_minute
+),
+per_minute AS (
+    SELECT m AS minute,
+           count(e.minute) FILTER (WHERE e.admitted = 1) AS admitted,
+           count(e.minute) FILTER (WHERE e.ended = 1) AS ended,
+           COALESCE(sum(e.admitted - e.left_queue), 0) AS queued_change,
+           COALESCE(sum(e.promoted - e.ended_active), 0) AS active_change
+      FROM bounds b
+     CROSS JOIN generate_series(b.first_minute, date_trunc('minute', now()), interval '1 minute') AS m
+      LEFT JOIN events e ON e.minute = m
+     GROUP BY m
+)
+SELECT p.minute, p.admitted, p.ended,
+       d.queued - COALESCE(sum(p.queued_change) OVER later, 0) AS queued,
+       d.active - COALESCE(sum(p.active_change) OVER later, 0) AS active
+  FROM per_minute p, depth_now d
+WINDOW later AS (ORDER BY p.minute DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+ ORDER BY p.minute;
+
+-- name: replica_heartbeat
+-- This replica's report (migration 0017), and the rows of replicas whose heartbeat stopped an
+-- hour ago deleted (the index on heartbeat_time finds them).
+WITH forgotten AS (
+    DELETE FROM queue_replicas WHERE heartbeat_time < clock_timestamp() - interval '1 hour'
+)
+INSERT INTO queue_replicas AS r (replica_id, host, start_time, heartbeat_time, draining, calls_in_flight, watch_streams,
+                                 overview_streams, core_answered, core_refused, core_unknown, core_last_unknown_at)
+VALUES (%(replica_id)s, %(host)s, %(start_time)s, clock_timestamp(), %(draining)s, %(calls_in_flight)s, %(watch_streams)s,
+        %(overview_streams)s, %(core_answered)s, %(core_refused)s, %(core_unknown)s, %(core_last_unknown_at)s)
+ON CONFLICT (replica_id) DO UPDATE
+   SET heartbeat_time = EXCLUDED.heartbeat_time, draining = EXCLUDED.draining,
+       calls_in_flight = EXCLUDED.calls_in_flight, watch_streams = EXCLUDED.watch_streams,
+       overview_streams = EXCLUDED.overview_streams, core_answered = EXCLUDED.core_answered,
+       core_refused = EXCLUDED.core_refused, core_unknown = EXCLUDED.core_unknown,
+       core_last_unknown_at = EXCLUDED.core_last_unknown_at;
+
+-- name: forget_replica
+-- A replica that stops cleanly leaves the list at once.
+DELETE FROM queue_replicas WHERE replica_id = %(replica_id)s;
+
+-- name: replicas
+-- The replicas heard from within the last hour, the longest running first.
+SELECT replica_id, host, start_time, heartbeat_time, draining, calls_in_flight, watch_streams, overview_streams,
+       core_answered, core_refused, core_unknown, core_last_unknown_at, clock_timestamp() AS read_time
+  FROM queue_replicas
+ WHERE heartbeat_time >= clock_timestamp() - interval '1 hour'
+ ORDER BY start_time, replica_id;
 
 -- name: admits_per_minute
 -- Admits per minute over the window, oldest minute first, empty minutes included.

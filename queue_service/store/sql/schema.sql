@@ -47,9 +47,16 @@ CREATE TABLE public.analysis_jobs (
     capacity_wait_since  timestamp with time zone,
     capacity_token       integer,
     capacity_turn_before timestamp with time zone,
+    capacity_turn_key    timestamp with time zone,
+    document_uri         text,
+    document_title       text,
+    sources              jsonb,
+    source_count         integer,
+    sources_preview      jsonb,
     CONSTRAINT analysis_jobs_active_first_pass_has_slot CHECK ((status <> ALL (ARRAY['pending'::text, 'running'::text])) OR delta_of_job_id IS NOT NULL OR slot IS NOT NULL),
     CONSTRAINT analysis_jobs_capacity_token_check CHECK (capacity_token >= 1),
     CONSTRAINT analysis_jobs_delta_of_job_id_fkey FOREIGN KEY (delta_of_job_id) REFERENCES analysis_jobs(job_id),
+    CONSTRAINT analysis_jobs_document_bounded CHECK (char_length(document_uri) <= 2048 AND char_length(document_title) <= 512),
     CONSTRAINT analysis_jobs_idempotency UNIQUE (user_id, idempotency_key),
     CONSTRAINT analysis_jobs_only_ended_jobs_settle CHECK (run_settle_due_at IS NULL OR (status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text]))),
     CONSTRAINT analysis_jobs_pkey PRIMARY KEY (job_id),
@@ -57,8 +64,10 @@ CREATE TABLE public.analysis_jobs (
     CONSTRAINT analysis_jobs_run_id_key UNIQUE (run_id),
     CONSTRAINT analysis_jobs_slot_check CHECK (slot >= 1),
     CONSTRAINT analysis_jobs_slot_first_pass_only CHECK (slot IS NULL OR delta_of_job_id IS NULL),
+    CONSTRAINT analysis_jobs_sources_bounded CHECK (source_count >= 0 AND source_count <= 1000 AND jsonb_array_length(sources_preview) <= 10),
     CONSTRAINT analysis_jobs_status_check CHECK (status = ANY (ARRAY['queued'::text, 'pending'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text]))
 );
+CREATE INDEX analysis_jobs_capacity_turn_order ON public.analysis_jobs USING btree (capacity_turn_key, capacity_wait_since, queue_seq) WHERE ((status = 'pending'::text) AND (capacity_wait_since IS NOT NULL) AND (capacity_token IS NULL));
 CREATE INDEX analysis_jobs_delta_base ON public.analysis_jobs USING btree (delta_of_job_id) WHERE (delta_of_job_id IS NOT NULL);
 CREATE INDEX analysis_jobs_ended_status_newest_admitted ON public.analysis_jobs USING btree (status, create_time DESC, job_id DESC) WHERE (status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text]));
 CREATE INDEX analysis_jobs_newest_admitted ON public.analysis_jobs USING btree (create_time DESC, job_id DESC);
@@ -93,10 +102,12 @@ CREATE TABLE public.credit_ledger (
     create_time     timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     actor           text DEFAULT 'unknown'::text NOT NULL,
     reason          text DEFAULT 'unknown'::text NOT NULL,
+    note            text,
     CONSTRAINT credit_ledger_grant_key CHECK ((kind = 'grant'::text) = (idempotency_key IS NOT NULL)),
     CONSTRAINT credit_ledger_job_entries CHECK ((kind = 'grant'::text) = (job_id IS NULL)),
     CONSTRAINT credit_ledger_job_id_fkey FOREIGN KEY (job_id) REFERENCES analysis_jobs(job_id),
     CONSTRAINT credit_ledger_kind_check CHECK (kind = ANY (ARRAY['grant'::text, 'charge'::text, 'refund'::text])),
+    CONSTRAINT credit_ledger_note_bounded CHECK (char_length(note) <= 512),
     CONSTRAINT credit_ledger_once_per_job UNIQUE (job_id, kind),
     CONSTRAINT credit_ledger_pkey PRIMARY KEY (entry_id),
     CONSTRAINT credit_ledger_sign CHECK (kind = 'charge'::text AND amount < 0 OR (kind = ANY (ARRAY['grant'::text, 'refund'::text])) AND amount > 0)
@@ -117,6 +128,23 @@ CREATE TABLE public.queue_capacity (
     CONSTRAINT queue_capacity_pkey PRIMARY KEY (singleton),
     CONSTRAINT queue_capacity_singleton_check CHECK (singleton)
 );
+
+CREATE TABLE public.queue_replicas (
+    replica_id           text NOT NULL,
+    host                 text NOT NULL,
+    start_time           timestamp with time zone NOT NULL,
+    heartbeat_time       timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    draining             boolean DEFAULT false NOT NULL,
+    calls_in_flight      integer DEFAULT 0 NOT NULL,
+    watch_streams        integer DEFAULT 0 NOT NULL,
+    overview_streams     integer DEFAULT 0 NOT NULL,
+    core_answered        bigint DEFAULT 0 NOT NULL,
+    core_refused         bigint DEFAULT 0 NOT NULL,
+    core_unknown         bigint DEFAULT 0 NOT NULL,
+    core_last_unknown_at timestamp with time zone,
+    CONSTRAINT queue_replicas_pkey PRIMARY KEY (replica_id)
+);
+CREATE INDEX queue_replicas_by_heartbeat ON public.queue_replicas USING btree (heartbeat_time);
 
 CREATE TABLE public.queue_schema_migrations (
     version    integer NOT NULL,
@@ -211,10 +239,13 @@ CREATE OR REPLACE FUNCTION public.analysis_jobs_wait_for_capacity()
  RETURNS trigger
  LANGUAGE plpgsql
 AS $function$
+DECLARE
+    v_now constant timestamptz := clock_timestamp();
 BEGIN
     IF (TG_OP = 'INSERT' OR OLD.status = 'queued')
        AND EXISTS (SELECT 1 FROM queue_capacity c WHERE c.capacity > 0 OR c.core_limit IS NOT NULL) THEN
-        NEW.capacity_wait_since := clock_timestamp();
+        NEW.capacity_wait_since := v_now;
+        NEW.capacity_turn_key := v_now;
         NEW.capacity_token := NULL;
         NEW.next_release_at := NULL;
         NEW.release_attempts := CASE WHEN TG_OP = 'INSERT' THEN 0 ELSE OLD.release_attempts END;
@@ -230,6 +261,7 @@ CREATE OR REPLACE FUNCTION public.queue_capacity_in_use()
 AS $function$
     SELECT (SELECT count(*) FROM analysis_jobs a
              WHERE (a.status IN ('pending', 'running') OR a.run_settle_due_at IS NOT NULL) AND a.delta_of_job_id IS NULL
+               AND a.slot IS NOT NULL
                AND (a.capacity_wait_since IS NULL OR a.capacity_token IS NOT NULL))::integer
          + (SELECT count(*) FROM analysis_jobs d
              WHERE d.status = 'running' AND d.delta_of_job_id IS NOT NULL)::integer
@@ -245,7 +277,63 @@ AS $function$
     SELECT count(*)::integer FROM analysis_jobs a
      WHERE a.user_id = p_user_id
        AND (a.status IN ('pending', 'running') OR a.run_settle_due_at IS NOT NULL) AND a.delta_of_job_id IS NULL
+       AND a.slot IS NOT NULL
        AND (a.capacity_wait_since IS NULL OR a.capacity_token IS NOT NULL)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_capacity_next_in_line()
+ RETURNS uuid
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_row record;
+    v_rank integer;
+    v_best uuid;
+    v_best_rank integer;
+    v_skipped uuid[] := '{}';
+BEGIN
+    LOOP
+        v_best := NULL;
+        v_row := NULL;
+        LOOP
+            IF v_row IS NULL THEN
+                SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq INTO v_row
+                  FROM analysis_jobs w
+                 WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
+                   AND w.job_id <> ALL (v_skipped)
+                 ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+                 LIMIT 1;
+            ELSE
+                SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq INTO v_row
+                  FROM analysis_jobs w
+                 WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
+                   AND w.job_id <> ALL (v_skipped)
+                   AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq)
+                       > (v_row.capacity_turn_key, v_row.capacity_wait_since, v_row.queue_seq)
+                 ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+                 LIMIT 1;
+            END IF;
+            EXIT WHEN NOT FOUND;
+            v_rank := queue_capacity_in_use_of_user(v_row.user_id);
+            IF v_best IS NULL OR v_rank < v_best_rank THEN
+                v_best := v_row.job_id;
+                v_best_rank := v_rank;
+            END IF;
+            EXIT WHEN v_rank = 0;
+        END LOOP;
+        IF v_best IS NULL THEN
+            RETURN NULL;
+        END IF;
+        PERFORM 1 FROM analysis_jobs w
+          WHERE w.job_id = v_best AND w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
+            FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            RETURN v_best;
+        END IF;
+        -- Locked by another transaction (or changed meanwhile): the order without it.
+        v_skipped := v_skipped || v_best;
+    END LOOP;
+END
 $function$;
 
 CREATE OR REPLACE FUNCTION public.queue_capacity_probe_taken()
@@ -282,6 +370,10 @@ BEGIN
     ELSE
         UPDATE user_capacity_turns t SET last_turn_at = v_turn_before WHERE t.user_id = v_user_id;
     END IF;
+    UPDATE analysis_jobs w
+       SET capacity_turn_key = GREATEST(v_turn_before, w.capacity_wait_since)
+     WHERE w.user_id = v_user_id AND w.status = 'pending' AND w.delta_of_job_id IS NULL
+       AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
     v_in_use := queue_capacity_in_use();
     INSERT INTO queue_capacity AS c (capacity, core_limit, next_probe_at, core_refusals)
     VALUES (0, v_in_use, clock_timestamp() + make_interval(secs => p_probe_interval_seconds), 1)
@@ -341,9 +433,9 @@ DECLARE
     v_in_use integer;
     v_granted integer := 0;
     v_probe boolean;
+    v_job_id uuid;
     v_job record;
     v_token integer;
-    v_attempts integer;
     v_turn_before timestamptz;
 BEGIN
     SELECT * INTO v_settings FROM queue_capacity;
@@ -357,35 +449,33 @@ BEGIN
     END IF;
     v_in_use := queue_capacity_in_use();
     WHILE v_granted < p_max_grants AND (v_limit IS NULL OR v_in_use < v_limit) LOOP
-        SELECT w.job_id, w.user_id, w.run_id, w.capacity_wait_since, w.cancel_requested_at INTO v_job
-          FROM analysis_jobs w
-          LEFT JOIN user_capacity_turns t ON t.user_id = w.user_id
-         WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
-         ORDER BY queue_capacity_in_use_of_user(w.user_id), COALESCE(t.last_turn_at, w.capacity_wait_since),
-                  w.capacity_wait_since, w.queue_seq
-         LIMIT 1
-           FOR UPDATE OF w SKIP LOCKED;
-        EXIT WHEN NOT FOUND;
+        v_job_id := queue_capacity_next_in_line();
+        EXIT WHEN v_job_id IS NULL;
         SELECT min(s) INTO v_token
           FROM generate_series(1, v_in_use + 1) AS s
          WHERE NOT EXISTS (SELECT 1 FROM analysis_jobs h
                             WHERE h.capacity_token = s
                               AND (h.status IN ('pending', 'running') OR h.run_settle_due_at IS NOT NULL));
         v_probe := v_settings.core_limit IS NOT NULL AND v_in_use >= v_settings.core_limit;
-        SELECT t.last_turn_at INTO v_turn_before FROM user_capacity_turns t WHERE t.user_id = v_job.user_id;
-        INSERT INTO user_capacity_turns AS t (user_id, last_turn_at) VALUES (v_job.user_id, v_now)
-        ON CONFLICT ON CONSTRAINT user_capacity_turns_pkey DO UPDATE SET last_turn_at = EXCLUDED.last_turn_at;
         UPDATE analysis_jobs a
            SET capacity_token = v_token,
-               capacity_turn_before = v_turn_before,
+               capacity_turn_before = (SELECT t.last_turn_at FROM user_capacity_turns t WHERE t.user_id = a.user_id),
+               capacity_turn_key = v_now,
                release_attempts = a.release_attempts + 1,
                next_release_at = v_now + make_interval(secs => p_lease_seconds),
                release_deadline = v_now + make_interval(secs => p_release_window_seconds)
-         WHERE a.job_id = v_job.job_id
-        RETURNING a.release_attempts INTO v_attempts;
+         WHERE a.job_id = v_job_id
+        RETURNING a.job_id, a.user_id, a.run_id, a.release_attempts, a.capacity_wait_since, a.cancel_requested_at INTO v_job;
+        INSERT INTO user_capacity_turns AS t (user_id, last_turn_at) VALUES (v_job.user_id, v_now)
+        ON CONFLICT ON CONSTRAINT user_capacity_turns_pkey DO UPDATE SET last_turn_at = EXCLUDED.last_turn_at;
+        -- Her other waiting jobs (several slots) wait behind every user waiting now.
+        UPDATE analysis_jobs o
+           SET capacity_turn_key = v_now
+         WHERE o.user_id = v_job.user_id AND o.status = 'pending' AND o.delta_of_job_id IS NULL
+           AND o.capacity_wait_since IS NOT NULL AND o.capacity_token IS NULL AND o.capacity_turn_key < v_now;
         v_in_use := v_in_use + 1;
         v_granted := v_granted + 1;
-        RETURN QUERY SELECT 'granted'::text, v_job.job_id, v_job.user_id, v_job.run_id, v_attempts,
+        RETURN QUERY SELECT 'granted'::text, v_job.job_id, v_job.user_id, v_job.run_id, v_job.release_attempts,
                             extract(epoch FROM v_now - v_job.capacity_wait_since)::float8, v_probe, true, v_in_use, v_limit,
                             v_job.cancel_requested_at IS NOT NULL;
         IF v_probe THEN
@@ -497,20 +587,33 @@ CREATE VIEW public.analysis_job_views AS
            FROM credit_ledger r
           WHERE r.job_id = j.job_id AND r.kind = 'refund'::text), false) AS refunded,
     status = 'pending'::text AND capacity_wait_since IS NOT NULL AND capacity_token IS NULL AS waiting_for_capacity,
-    capacity_wait_since
+    capacity_wait_since,
+    document_uri,
+    document_title,
+    source_count,
+    sources_preview
    FROM analysis_jobs j;
 
 CREATE VIEW public.analysis_jobs_capacity_order AS
- SELECT w.job_id,
-    w.user_id,
-    w.run_id,
-    w.capacity_wait_since,
-    row_number() OVER (ORDER BY (queue_capacity_in_use_of_user(w.user_id)), (COALESCE(t.last_turn_at, w.capacity_wait_since)), w.capacity_wait_since, w.queue_seq) AS capacity_position
+ SELECT job_id,
+    user_id,
+    run_id,
+    capacity_wait_since,
+    row_number() OVER (ORDER BY (queue_capacity_in_use_of_user(user_id)), capacity_turn_key, capacity_wait_since, queue_seq) AS capacity_position
    FROM analysis_jobs w
-     LEFT JOIN user_capacity_turns t ON t.user_id = w.user_id
-  WHERE w.status = 'pending'::text AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
+  WHERE status = 'pending'::text AND capacity_wait_since IS NOT NULL AND capacity_token IS NULL;
 
 CREATE OR REPLACE FUNCTION public.queue_admit_job(p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea, p_delta_of_job_id uuid, p_price integer, p_actor text, p_reason text, p_default_max_active integer, p_max_queued integer, p_max_running_deltas integer, p_release_window_seconds double precision, p_release_lease_seconds double precision, p_reconcile_after_seconds double precision)
+ RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
+ LANGUAGE sql
+AS $function$
+    SELECT * FROM queue_admit_job(p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest, p_delta_of_job_id,
+                                  p_price, p_actor, p_reason, p_default_max_active, p_max_queued, p_max_running_deltas,
+                                  p_release_window_seconds, p_release_lease_seconds, p_reconcile_after_seconds,
+                                  NULL::text, NULL::text, NULL::jsonb)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_admit_job(p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea, p_delta_of_job_id uuid, p_price integer, p_actor text, p_reason text, p_default_max_active integer, p_max_queued integer, p_max_running_deltas integer, p_release_window_seconds double precision, p_release_lease_seconds double precision, p_reconcile_after_seconds double precision, p_document_uri text, p_document_title text, p_sources jsonb)
  RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
  LANGUAGE plpgsql
 AS $function$
@@ -541,7 +644,8 @@ BEGIN
         INSERT INTO analysis_jobs (
             job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot,
             delta_of_job_id, price, create_time, promote_time, next_release_at, release_attempts,
-            release_deadline, start_time, next_reconcile_at)
+            release_deadline, start_time, next_reconcile_at,
+            document_uri, document_title, sources, source_count, sources_preview)
         SELECT p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest,
                CASE WHEN v_is_delta THEN 'running' WHEN pl.slot IS NOT NULL THEN 'pending' ELSE 'queued' END,
                nextval('analysis_jobs_queue_seq'),
@@ -554,7 +658,11 @@ BEGIN
                CASE WHEN pl.slot IS NOT NULL THEN 1 ELSE 0 END,
                CASE WHEN pl.slot IS NOT NULL THEN pl.now + make_interval(secs => p_release_window_seconds) END,
                CASE WHEN v_is_delta THEN pl.now END,
-               CASE WHEN v_is_delta THEN pl.now + make_interval(secs => p_reconcile_after_seconds) END
+               CASE WHEN v_is_delta THEN pl.now + make_interval(secs => p_reconcile_after_seconds) END,
+               p_document_uri, p_document_title, p_sources, jsonb_array_length(p_sources),
+               (SELECT jsonb_agg(jsonb_build_object('doi', s.e->>'doi', 'citation', left(s.e->>'citation', 512)) ORDER BY s.n)
+                  FROM jsonb_array_elements(p_sources) WITH ORDINALITY AS s(e, n)
+                 WHERE s.n <= 10)
           FROM placement pl, reservation r
          WHERE (p_price = 0 OR EXISTS (SELECT 1 FROM credit_accounts c
                                         WHERE c.user_id = p_user_id AND c.balance >= p_price))

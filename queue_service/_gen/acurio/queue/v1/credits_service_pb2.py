@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%acurio/queue/v1/credits_service.proto\x12\x0f\x61\x63urio.queue.v1\"O\n\x13GrantCreditsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61mount\x18\x02 \x01(\x03\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\"\'\n\x14GrantCreditsResponse\x12\x0f\n\x07\x62\x61lance\x18\x01 \x01(\x03\"$\n\x11GetBalanceRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"%\n\x12GetBalanceResponse\x12\x0f\n\x07\x62\x61lance\x18\x01 \x01(\x03\x32\xc4\x01\n\x0e\x43reditsService\x12[\n\x0cGrantCredits\x12$.acurio.queue.v1.GrantCreditsRequest\x1a%.acurio.queue.v1.GrantCreditsResponse\x12U\n\nGetBalance\x12\".acurio.queue.v1.GetBalanceRequest\x1a#.acurio.queue.v1.GetBalanceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%acurio/queue/v1/credits_service.proto\x12\x0f\x61\x63urio.queue.v1\"]\n\x13GrantCreditsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61mount\x18\x02 \x01(\x03\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0c\n\x04note\x18\x04 \x01(\t\"\'\n\x14GrantCreditsResponse\x12\x0f\n\x07\x62\x61lance\x18\x01 \x01(\x03\"$\n\x11GetBalanceRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"%\n\x12GetBalanceResponse\x12\x0f\n\x07\x62\x61lance\x18\x01 \x01(\x03\x32\xc4\x01\n\x0e\x43reditsService\x12[\n\x0cGrantCredits\x12$.acurio.queue.v1.GrantCreditsRequest\x1a%.acurio.queue.v1.GrantCreditsResponse\x12U\n\nGetBalance\x12\".acurio.queue.v1.GetBalanceRequest\x1a#.acurio.queue.v1.GetBalanceResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,13 +32,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'acurio.queue.v1.credits_ser
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GRANTCREDITSREQUEST']._serialized_start=58
-  _globals['_GRANTCREDITSREQUEST']._serialized_end=137
-  _globals['_GRANTCREDITSRESPONSE']._serialized_start=139
-  _globals['_GRANTCREDITSRESPONSE']._serialized_end=178
-  _globals['_GETBALANCEREQUEST']._serialized_start=180
-  _globals['_GETBALANCEREQUEST']._serialized_end=216
-  _globals['_GETBALANCERESPONSE']._serialized_start=218
-  _globals['_GETBALANCERESPONSE']._serialized_end=255
-  _globals['_CREDITSSERVICE']._serialized_start=258
-  _globals['_CREDITSSERVICE']._serialized_end=454
+  _globals['_GRANTCREDITSREQUEST']._serialized_end=151
+  _globals['_GRANTCREDITSRESPONSE']._serialized_start=153
+  _globals['_GRANTCREDITSRESPONSE']._serialized_end=192
+  _globals['_GETBALANCEREQUEST']._serialized_start=194
+  _globals['_GETBALANCEREQUEST']._serialized_end=230
+  _globals['_GETBALANCERESPONSE']._serialized_start=232
+  _globals['_GETBALANCERESPONSE']._serialized_end=269
+  _globals['_CREDITSSERVICE']._serialized_start=272
+  _globals['_CREDITSSERVICE']._serialized_end=468
 # @@protoc_insertion_point(module_scope)

@@ -25,22 +25,29 @@ class GrantCreditsRequest(_message.Message):
     USER_ID_FIELD_NUMBER: _builtins.int
     AMOUNT_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The user to credit. Required, 1-128 printable characters."""
     amount: _builtins.int
     """How many credits to add: 1-1000000."""
     idempotency_key: _builtins.str
     """A caller-chosen key that makes the grant idempotent. Required, 1-128 printable characters."""
+    note: _builtins.str
+    """Why the credits are granted, in the operator's words ("refund for the outage of 2 May"),
+    kept on the ledger entry (`LedgerEntry.note`). Optional, at most 512 characters. Added to
+    the contract additively. A repeated grant keeps the note of the first.
+    """
     def __init__(
         self,
         *,
         user_id: _builtins.str = ...,
         amount: _builtins.int = ...,
         idempotency_key: _builtins.str = ...,
+        note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["amount", b"amount", "idempotency_key", b"idempotency_key", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["amount", b"amount", "idempotency_key", b"idempotency_key", "note", b"note", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

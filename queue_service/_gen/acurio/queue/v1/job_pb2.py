@@ -25,19 +25,19 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61\x63urio/queue/v1/job.proto\x12\x0f\x61\x63urio.queue.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"&\n\x08\x44ocument\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\"\'\n\x06Source\x12\x0b\n\x03\x64oi\x18\x01 \x01(\t\x12\x10\n\x08\x63itation\x18\x02 \x01(\t\"\x94\x04\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12*\n\x06status\x18\x04 \x01(\x0e\x32\x1a.acurio.queue.v1.JobStatus\x12\x16\n\x0equeue_position\x18\x05 \x01(\x05\x12\x17\n\x0f\x64\x65lta_of_job_id\x18\x06 \x01(\t\x12\x18\n\x10release_attempts\x18\x07 \x01(\x05\x12\x12\n\nlast_error\x18\x08 \x01(\t\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0cpromote_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1a\n\x12waiting_for_job_id\x18\r \x01(\t\x12\x38\n\x14\x65stimated_start_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05price\x18\x0f \x01(\x03\x12\x10\n\x08refunded\x18\x10 \x01(\x08\x12\x19\n\x11\x63\x61pacity_position\x18\x11 \x01(\x05*\xb8\x01\n\tJobStatus\x12\x1a\n\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATUS_QUEUED\x10\x01\x12\x16\n\x12JOB_STATUS_PENDING\x10\x02\x12\x16\n\x12JOB_STATUS_RUNNING\x10\x03\x12\x18\n\x14JOB_STATUS_SUCCEEDED\x10\x04\x12\x15\n\x11JOB_STATUS_FAILED\x10\x05\x12\x17\n\x13JOB_STATUS_CANCELED\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61\x63urio/queue/v1/job.proto\x12\x0f\x61\x63urio.queue.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"&\n\x08\x44ocument\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\"\'\n\x06Source\x12\x0b\n\x03\x64oi\x18\x01 \x01(\t\x12\x10\n\x08\x63itation\x18\x02 \x01(\t\"\x81\x05\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12*\n\x06status\x18\x04 \x01(\x0e\x32\x1a.acurio.queue.v1.JobStatus\x12\x16\n\x0equeue_position\x18\x05 \x01(\x05\x12\x17\n\x0f\x64\x65lta_of_job_id\x18\x06 \x01(\t\x12\x18\n\x10release_attempts\x18\x07 \x01(\x05\x12\x12\n\nlast_error\x18\x08 \x01(\t\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0cpromote_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1a\n\x12waiting_for_job_id\x18\r \x01(\t\x12\x38\n\x14\x65stimated_start_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05price\x18\x0f \x01(\x03\x12\x10\n\x08refunded\x18\x10 \x01(\x08\x12\x19\n\x11\x63\x61pacity_position\x18\x11 \x01(\x05\x12+\n\x08\x64ocument\x18\x12 \x01(\x0b\x32\x19.acurio.queue.v1.Document\x12(\n\x07sources\x18\x13 \x03(\x0b\x32\x17.acurio.queue.v1.Source\x12\x14\n\x0csource_count\x18\x14 \x01(\x05*\xb8\x01\n\tJobStatus\x12\x1a\n\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATUS_QUEUED\x10\x01\x12\x16\n\x12JOB_STATUS_PENDING\x10\x02\x12\x16\n\x12JOB_STATUS_RUNNING\x10\x03\x12\x18\n\x14JOB_STATUS_SUCCEEDED\x10\x04\x12\x15\n\x11JOB_STATUS_FAILED\x10\x05\x12\x17\n\x13JOB_STATUS_CANCELED\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'acurio.queue.v1.job_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBSTATUS']._serialized_start=696
-  _globals['_JOBSTATUS']._serialized_end=880
+  _globals['_JOBSTATUS']._serialized_start=805
+  _globals['_JOBSTATUS']._serialized_end=989
   _globals['_DOCUMENT']._serialized_start=79
   _globals['_DOCUMENT']._serialized_end=117
   _globals['_SOURCE']._serialized_start=119
   _globals['_SOURCE']._serialized_end=158
   _globals['_JOB']._serialized_start=161
-  _globals['_JOB']._serialized_end=693
+  _globals['_JOB']._serialized_end=802
 # @@protoc_insertion_point(module_scope)

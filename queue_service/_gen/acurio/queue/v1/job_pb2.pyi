@@ -3,9 +3,11 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -147,6 +149,9 @@ class Job(_message.Message):
     PRICE_FIELD_NUMBER: _builtins.int
     REFUNDED_FIELD_NUMBER: _builtins.int
     CAPACITY_POSITION_FIELD_NUMBER: _builtins.int
+    DOCUMENT_FIELD_NUMBER: _builtins.int
+    SOURCES_FIELD_NUMBER: _builtins.int
+    SOURCE_COUNT_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job's id (a UUID), assigned at admit."""
     user_id: _builtins.str
@@ -177,6 +182,10 @@ class Job(_message.Message):
     capacity is granted (fair across users, so it can move back when another user's turn comes
     first). 0 when the job is not waiting for capacity. Added to the contract additively.
     """
+    source_count: _builtins.int
+    """How many sources the job was admitted with; 0 for a delta re-check without sources of its
+    own or a job admitted before the service stored them.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When the job was admitted."""
@@ -200,6 +209,19 @@ class Job(_message.Message):
         for it. Unset when there is no history to estimate from.
         """
 
+    @_builtins.property
+    def document(self) -> Global___Document:
+        """What the job judges (fields 18-20, added to the contract additively; empty for jobs admitted
+        before the service stored them). The document as admitted: its uri and title.
+        """
+
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___Source]:
+        """The first sources as admitted, in order: at most 10, each citation cut to 512 characters
+        (a job may have up to 1000 sources; `source_count` says how many). Stored in full for
+        OperatorService.RetryJob.
+        """
+
     def __init__(
         self,
         *,
@@ -220,10 +242,13 @@ class Job(_message.Message):
         price: _builtins.int = ...,
         refunded: _builtins.bool = ...,
         capacity_position: _builtins.int = ...,
+        document: Global___Document | None = ...,
+        sources: _abc.Iterable[Global___Source] | None = ...,
+        source_count: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "estimated_start_time", b"estimated_start_time", "promote_time", b"promote_time", "start_time", b"start_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "document", b"document", "end_time", b"end_time", "estimated_start_time", b"estimated_start_time", "promote_time", b"promote_time", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity_position", b"capacity_position", "create_time", b"create_time", "delta_of_job_id", b"delta_of_job_id", "end_time", b"end_time", "estimated_start_time", b"estimated_start_time", "job_id", b"job_id", "last_error", b"last_error", "price", b"price", "promote_time", b"promote_time", "queue_position", b"queue_position", "refunded", b"refunded", "release_attempts", b"release_attempts", "run_id", b"run_id", "start_time", b"start_time", "status", b"status", "user_id", b"user_id", "waiting_for_job_id", b"waiting_for_job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity_position", b"capacity_position", "create_time", b"create_time", "delta_of_job_id", b"delta_of_job_id", "document", b"document", "end_time", b"end_time", "estimated_start_time", b"estimated_start_time", "job_id", b"job_id", "last_error", b"last_error", "price", b"price", "promote_time", b"promote_time", "queue_position", b"queue_position", "refunded", b"refunded", "release_attempts", b"release_attempts", "run_id", b"run_id", "source_count", b"source_count", "sources", b"sources", "start_time", b"start_time", "status", b"status", "user_id", b"user_id", "waiting_for_job_id", b"waiting_for_job_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -550,6 +550,7 @@ class LedgerEntry(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
     entry_id: _builtins.int
     """The entry's number: unique, and larger for a later entry of the same database."""
     user_id: _builtins.str
@@ -575,6 +576,10 @@ class LedgerEntry(_message.Message):
     `manual_refund` (the runbook's refund by hand), or `unknown` for entries written before the
     trail existed.
     """
+    note: _builtins.str
+    """For a grant: why, in the operator's words (GrantCreditsRequest.note); empty otherwise. Added
+    to the contract additively.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When the entry was written."""
@@ -591,10 +596,11 @@ class LedgerEntry(_message.Message):
         idempotency_key: _builtins.str = ...,
         actor: _builtins.str = ...,
         reason: _builtins.str = ...,
+        note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "amount", b"amount", "create_time", b"create_time", "entry_id", b"entry_id", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "kind", b"kind", "reason", b"reason", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "amount", b"amount", "create_time", b"create_time", "entry_id", b"entry_id", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "kind", b"kind", "note", b"note", "reason", b"reason", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -807,3 +813,396 @@ class SettingChange(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SettingChange: _TypeAlias = SettingChange  # noqa: Y015
+
+@_typing.final
+class RetryJobRequest(_message.Message):
+    """Request for OperatorService.RetryJob."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    RETRY_KEY_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The FAILED or CANCELED job to admit again (a UUID)."""
+    retry_key: _builtins.str
+    """A caller-chosen key, 1-128 printable characters, new for each retry a person asks for (the
+    console sends one per click). The same key again returns the job the first call admitted.
+    """
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        retry_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "retry_key", b"retry_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryJobRequest: _TypeAlias = RetryJobRequest  # noqa: Y015
+
+@_typing.final
+class RetryJobResponse(_message.Message):
+    """Response for OperatorService.RetryJob."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    ADMITTED_NOW_FIELD_NUMBER: _builtins.int
+    admitted_now: _builtins.bool
+    """False when this `retry_key` had already retried the job: `job` is the job admitted then."""
+    @_builtins.property
+    def job(self) -> _job_pb2.Job:
+        """The new job, as AnalysisQueueService.Admit answers it."""
+
+    def __init__(
+        self,
+        *,
+        job: _job_pb2.Job | None = ...,
+        admitted_now: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_now", b"admitted_now", "job", b"job"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryJobResponse: _TypeAlias = RetryJobResponse  # noqa: Y015
+
+@_typing.final
+class ListUsersWithWorkRequest(_message.Message):
+    """Request for OperatorService.ListUsersWithWork."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """At most this many users: 1-100; 0 means 20."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUsersWithWorkRequest: _TypeAlias = ListUsersWithWorkRequest  # noqa: Y015
+
+@_typing.final
+class ListUsersWithWorkResponse(_message.Message):
+    """Response for OperatorService.ListUsersWithWork."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USERS_FIELD_NUMBER: _builtins.int
+    USERS_TOTAL_FIELD_NUMBER: _builtins.int
+    users_total: _builtins.int
+    """How many users have work now (more than `users` when the page is full)."""
+    @_builtins.property
+    def users(self) -> _containers.RepeatedCompositeFieldContainer[Global___UserWork]:
+        """The users, the one waiting longest first."""
+
+    def __init__(
+        self,
+        *,
+        users: _abc.Iterable[Global___UserWork] | None = ...,
+        users_total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["users", b"users", "users_total", b"users_total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUsersWithWorkResponse: _TypeAlias = ListUsersWithWorkResponse  # noqa: Y015
+
+@_typing.final
+class UserWork(_message.Message):
+    """One user's work in the queue now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    OLDEST_QUEUED_CREATE_TIME_FIELD_NUMBER: _builtins.int
+    OLDEST_CREATE_TIME_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The user."""
+    queued: _builtins.int
+    """Their jobs waiting for a slot."""
+    pending: _builtins.int
+    """Their jobs holding a slot whose run is being released (or waits for the core's capacity)."""
+    running: _builtins.int
+    """Their jobs the core is judging."""
+    @_builtins.property
+    def oldest_queued_create_time(self) -> _timestamp_pb2.Timestamp:
+        """When their oldest QUEUED job was admitted; unset when none is queued."""
+
+    @_builtins.property
+    def oldest_create_time(self) -> _timestamp_pb2.Timestamp:
+        """When their oldest QUEUED, PENDING or RUNNING job was admitted."""
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        queued: _builtins.int = ...,
+        pending: _builtins.int = ...,
+        running: _builtins.int = ...,
+        oldest_queued_create_time: _timestamp_pb2.Timestamp | None = ...,
+        oldest_create_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_create_time", b"oldest_create_time", "oldest_queued_create_time", b"oldest_queued_create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["oldest_create_time", b"oldest_create_time", "oldest_queued_create_time", b"oldest_queued_create_time", "pending", b"pending", "queued", b"queued", "running", b"running", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserWork: _TypeAlias = UserWork  # noqa: Y015
+
+@_typing.final
+class GetQueueHistoryRequest(_message.Message):
+    """Request for OperatorService.GetQueueHistory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WINDOW_MINUTES_FIELD_NUMBER: _builtins.int
+    window_minutes: _builtins.int
+    """The window, in minutes: 1-1440; 0 means 60."""
+    def __init__(
+        self,
+        *,
+        window_minutes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["window_minutes", b"window_minutes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQueueHistoryRequest: _TypeAlias = GetQueueHistoryRequest  # noqa: Y015
+
+@_typing.final
+class GetQueueHistoryResponse(_message.Message):
+    """Response for OperatorService.GetQueueHistory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MINUTES_FIELD_NUMBER: _builtins.int
+    WINDOW_MINUTES_FIELD_NUMBER: _builtins.int
+    READ_TIME_FIELD_NUMBER: _builtins.int
+    window_minutes: _builtins.int
+    """The window covered, in minutes."""
+    @_builtins.property
+    def minutes(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueMinute]:
+        """One point per minute, oldest first; the last is the current, partial minute."""
+
+    @_builtins.property
+    def read_time(self) -> _timestamp_pb2.Timestamp:
+        """When the history was read."""
+
+    def __init__(
+        self,
+        *,
+        minutes: _abc.Iterable[Global___QueueMinute] | None = ...,
+        window_minutes: _builtins.int = ...,
+        read_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["read_time", b"read_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["minutes", b"minutes", "read_time", b"read_time", "window_minutes", b"window_minutes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQueueHistoryResponse: _TypeAlias = GetQueueHistoryResponse  # noqa: Y015
+
+@_typing.final
+class QueueMinute(_message.Message):
+    """The queue in one minute."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MINUTE_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    ACTIVE_FIELD_NUMBER: _builtins.int
+    ADMITTED_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    queued: _builtins.int
+    """Jobs QUEUED at the minute's end (for the current minute: now)."""
+    active: _builtins.int
+    """Jobs PENDING or RUNNING at the minute's end (for the current minute: now)."""
+    admitted: _builtins.int
+    """Jobs admitted during the minute."""
+    ended: _builtins.int
+    """Jobs that reached a terminal status during the minute (the throughput). Counted over the
+    window's newest 100000 ended jobs at most, as the overview's window figures are.
+    """
+    @_builtins.property
+    def minute(self) -> _timestamp_pb2.Timestamp:
+        """The minute's start."""
+
+    def __init__(
+        self,
+        *,
+        minute: _timestamp_pb2.Timestamp | None = ...,
+        queued: _builtins.int = ...,
+        active: _builtins.int = ...,
+        admitted: _builtins.int = ...,
+        ended: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["minute", b"minute"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "admitted", b"admitted", "ended", b"ended", "minute", b"minute", "queued", b"queued"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueMinute: _TypeAlias = QueueMinute  # noqa: Y015
+
+@_typing.final
+class ListReplicasRequest(_message.Message):
+    """Request for OperatorService.ListReplicas."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListReplicasRequest: _TypeAlias = ListReplicasRequest  # noqa: Y015
+
+@_typing.final
+class ListReplicasResponse(_message.Message):
+    """Response for OperatorService.ListReplicas."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    READ_TIME_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedCompositeFieldContainer[Global___Replica]:
+        """The replicas, the longest running first."""
+
+    @_builtins.property
+    def read_time(self) -> _timestamp_pb2.Timestamp:
+        """When the reports were read (compare with each `heartbeat_time`)."""
+
+    def __init__(
+        self,
+        *,
+        replicas: _abc.Iterable[Global___Replica] | None = ...,
+        read_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["read_time", b"read_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["read_time", b"read_time", "replicas", b"replicas"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListReplicasResponse: _TypeAlias = ListReplicasResponse  # noqa: Y015
+
+@_typing.final
+class Replica(_message.Message):
+    """What one replica reported about itself in its latest heartbeat."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_TIME_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
+    CALLS_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    WATCH_STREAMS_FIELD_NUMBER: _builtins.int
+    OVERVIEW_STREAMS_FIELD_NUMBER: _builtins.int
+    CORE_CALLS_FIELD_NUMBER: _builtins.int
+    replica_id: _builtins.str
+    """`host:pid:random`, new at each start of the process."""
+    host: _builtins.str
+    """The host (in Kubernetes, the pod) the replica runs on."""
+    draining: _builtins.bool
+    """True once the replica is draining (stopping): it refuses new calls."""
+    calls_in_flight: _builtins.int
+    """Calls (unary and streams) the replica is working on."""
+    watch_streams: _builtins.int
+    """Open AnalysisQueueService.WatchJobs streams."""
+    overview_streams: _builtins.int
+    """Open OperatorService.WatchOverview streams."""
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """When the replica started."""
+
+    @_builtins.property
+    def heartbeat_time(self) -> _timestamp_pb2.Timestamp:
+        """When the replica last reported (every 5 seconds while it runs)."""
+
+    @_builtins.property
+    def core_calls(self) -> Global___CoreCalls:
+        """The core's health as this replica saw it since it started."""
+
+    def __init__(
+        self,
+        *,
+        replica_id: _builtins.str = ...,
+        host: _builtins.str = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        heartbeat_time: _timestamp_pb2.Timestamp | None = ...,
+        draining: _builtins.bool = ...,
+        calls_in_flight: _builtins.int = ...,
+        watch_streams: _builtins.int = ...,
+        overview_streams: _builtins.int = ...,
+        core_calls: Global___CoreCalls | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["core_calls", b"core_calls", "heartbeat_time", b"heartbeat_time", "start_time", b"start_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls_in_flight", b"calls_in_flight", "core_calls", b"core_calls", "draining", b"draining", "heartbeat_time", b"heartbeat_time", "host", b"host", "overview_streams", b"overview_streams", "replica_id", b"replica_id", "start_time", b"start_time", "watch_streams", b"watch_streams"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Replica: _TypeAlias = Replica  # noqa: Y015
+
+@_typing.final
+class CoreCalls(_message.Message):
+    """Calls a replica made to the core since it started, by outcome."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWERED_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    UNKNOWN_FIELD_NUMBER: _builtins.int
+    LAST_UNKNOWN_TIME_FIELD_NUMBER: _builtins.int
+    answered: _builtins.int
+    """The core answered (a run's state; NOT_FOUND and the like are answers too)."""
+    refused: _builtins.int
+    """The core refused (the admit rejected, the provider's budget or the core's capacity used up)."""
+    unknown: _builtins.int
+    """No answer within the deadline, or the connection failed: the call may have been applied."""
+    @_builtins.property
+    def last_unknown_time(self) -> _timestamp_pb2.Timestamp:
+        """The latest call whose outcome was unknown; unset when there was none."""
+
+    def __init__(
+        self,
+        *,
+        answered: _builtins.int = ...,
+        refused: _builtins.int = ...,
+        unknown: _builtins.int = ...,
+        last_unknown_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_unknown_time", b"last_unknown_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answered", b"answered", "last_unknown_time", b"last_unknown_time", "refused", b"refused", "unknown", b"unknown"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CoreCalls: _TypeAlias = CoreCalls  # noqa: Y015

@@ -80,6 +80,26 @@ class OperatorServiceStub:
                 request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesRequest.SerializeToString,
                 response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesResponse.FromString,
                 _registered_method=True)
+        self.RetryJob = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/RetryJob',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobResponse.FromString,
+                _registered_method=True)
+        self.ListUsersWithWork = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/ListUsersWithWork',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListUsersWithWorkRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListUsersWithWorkResponse.FromString,
+                _registered_method=True)
+        self.GetQueueHistory = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/GetQueueHistory',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryResponse.FromString,
+                _registered_method=True)
+        self.ListReplicas = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/ListReplicas',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServiceServicer:
@@ -179,6 +199,56 @@ class OperatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RetryJob(self, request, context):
+        """Admits a FAILED or CANCELED job again: a new job of the same user with the same document
+        and sources (and, for a delta re-check, the same base), through the same checks and the same
+        charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
+        `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
+        of admitting twice. The charge is recorded with the operator as its actor. Added to the
+        contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
+        `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
+        been canceled, or one admitted before the service stored what it judges; and every error of
+        Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUsersWithWork(self, request, context):
+        """The users who have work in the queue now (a QUEUED, PENDING or RUNNING job), the one waiting
+        longest first (the oldest QUEUED job), then those with only active jobs; each with their
+        counts. Read from the partial indexes over the rows in flight, like the overview's counts.
+        Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a page size outside 0-100.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetQueueHistory(self, request, context):
+        """The queue's history, a point per minute over the window: how many jobs were queued and
+        active at the end of each minute, and how many were admitted and ended during it. Derived
+        from the jobs' own timestamps (the rows in flight and the window's ended jobs, from their
+        indexes), so it covers the time before any console was open. Added to the contract
+        additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a window outside 1-1440 minutes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListReplicas(self, request, context):
+        """The replicas heard from within the last hour, the longest running first: each one's calls
+        in flight and open streams, and the core's health as it saw it since it started (calls the
+        core answered, refused, and whose outcome is unknown). Each replica rewrites its report every
+        5 seconds and removes it when it stops cleanly, so a report whose `heartbeat_time` is old is
+        a replica that stopped without saying so. Added to the contract additively.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -221,6 +291,26 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.ListSettingChanges,
                     request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesRequest.FromString,
                     response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesResponse.SerializeToString,
+            ),
+            'RetryJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryJob,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobResponse.SerializeToString,
+            ),
+            'ListUsersWithWork': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsersWithWork,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListUsersWithWorkRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListUsersWithWorkResponse.SerializeToString,
+            ),
+            'GetQueueHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueueHistory,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryResponse.SerializeToString,
+            ),
+            'ListReplicas': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReplicas,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -445,6 +535,114 @@ class OperatorService:
             '/acurio.queue.v1.OperatorService/ListSettingChanges',
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesRequest.SerializeToString,
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListSettingChangesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/RetryJob',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsersWithWork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/ListUsersWithWork',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListUsersWithWorkRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListUsersWithWorkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueueHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/GetQueueHistory',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetQueueHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReplicas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/ListReplicas',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -95,6 +95,40 @@ class OperatorServiceStub:
     it. Added to the contract additively.
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size or page token.
     """
+    RetryJob: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.RetryJobRequest, _operator_service_pb2.RetryJobResponse]
+    """Admits a FAILED or CANCELED job again: a new job of the same user with the same document
+    and sources (and, for a delta re-check, the same base), through the same checks and the same
+    charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
+    `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
+    of admitting twice. The charge is recorded with the operator as its actor. Added to the
+    contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
+    `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
+    been canceled, or one admitted before the service stored what it judges; and every error of
+    Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
+    """
+    ListUsersWithWork: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.ListUsersWithWorkRequest, _operator_service_pb2.ListUsersWithWorkResponse]
+    """The users who have work in the queue now (a QUEUED, PENDING or RUNNING job), the one waiting
+    longest first (the oldest QUEUED job), then those with only active jobs; each with their
+    counts. Read from the partial indexes over the rows in flight, like the overview's counts.
+    Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a page size outside 0-100.
+    """
+    GetQueueHistory: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.GetQueueHistoryRequest, _operator_service_pb2.GetQueueHistoryResponse]
+    """The queue's history, a point per minute over the window: how many jobs were queued and
+    active at the end of each minute, and how many were admitted and ended during it. Derived
+    from the jobs' own timestamps (the rows in flight and the window's ended jobs, from their
+    indexes), so it covers the time before any console was open. Added to the contract
+    additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a window outside 1-1440 minutes.
+    """
+    ListReplicas: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.ListReplicasRequest, _operator_service_pb2.ListReplicasResponse]
+    """The replicas heard from within the last hour, the longest running first: each one's calls
+    in flight and open streams, and the core's health as it saw it since it started (calls the
+    core answered, refused, and whose outcome is unknown). Each replica rewrites its report every
+    5 seconds and removes it when it stops cleanly, so a report whose `heartbeat_time` is old is
+    a replica that stopped without saying so. Added to the contract additively.
+    """
 
 @_typing.type_check_only
 class OperatorServiceAsyncStub(OperatorServiceStub):
@@ -162,6 +196,40 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     """The changes of fleet settings (the capacity, users' limits), newest first, each with who made
     it. Added to the contract additively.
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size or page token.
+    """
+    RetryJob: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.RetryJobRequest, _operator_service_pb2.RetryJobResponse]  # type: ignore[assignment]
+    """Admits a FAILED or CANCELED job again: a new job of the same user with the same document
+    and sources (and, for a delta re-check, the same base), through the same checks and the same
+    charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
+    `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
+    of admitting twice. The charge is recorded with the operator as its actor. Added to the
+    contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
+    `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
+    been canceled, or one admitted before the service stored what it judges; and every error of
+    Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
+    """
+    ListUsersWithWork: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.ListUsersWithWorkRequest, _operator_service_pb2.ListUsersWithWorkResponse]  # type: ignore[assignment]
+    """The users who have work in the queue now (a QUEUED, PENDING or RUNNING job), the one waiting
+    longest first (the oldest QUEUED job), then those with only active jobs; each with their
+    counts. Read from the partial indexes over the rows in flight, like the overview's counts.
+    Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a page size outside 0-100.
+    """
+    GetQueueHistory: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.GetQueueHistoryRequest, _operator_service_pb2.GetQueueHistoryResponse]  # type: ignore[assignment]
+    """The queue's history, a point per minute over the window: how many jobs were queued and
+    active at the end of each minute, and how many were admitted and ended during it. Derived
+    from the jobs' own timestamps (the rows in flight and the window's ended jobs, from their
+    indexes), so it covers the time before any console was open. Added to the contract
+    additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a window outside 1-1440 minutes.
+    """
+    ListReplicas: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.ListReplicasRequest, _operator_service_pb2.ListReplicasResponse]  # type: ignore[assignment]
+    """The replicas heard from within the last hour, the longest running first: each one's calls
+    in flight and open streams, and the core's health as it saw it since it started (calls the
+    core answered, refused, and whose outcome is unknown). Each replica rewrites its report every
+    5 seconds and removes it when it stops cleanly, so a report whose `heartbeat_time` is old is
+    a replica that stopped without saying so. Added to the contract additively.
     """
 
 class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -275,6 +343,64 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         """The changes of fleet settings (the capacity, users' limits), newest first, each with who made
         it. Added to the contract additively.
         Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size or page token.
+        """
+
+    @_abc_1.abstractmethod
+    def RetryJob(
+        self,
+        request: _operator_service_pb2.RetryJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.RetryJobResponse, _abc.Awaitable[_operator_service_pb2.RetryJobResponse]]:
+        """Admits a FAILED or CANCELED job again: a new job of the same user with the same document
+        and sources (and, for a delta re-check, the same base), through the same checks and the same
+        charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
+        `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
+        of admitting twice. The charge is recorded with the operator as its actor. Added to the
+        contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
+        `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
+        been canceled, or one admitted before the service stored what it judges; and every error of
+        Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
+        """
+
+    @_abc_1.abstractmethod
+    def ListUsersWithWork(
+        self,
+        request: _operator_service_pb2.ListUsersWithWorkRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.ListUsersWithWorkResponse, _abc.Awaitable[_operator_service_pb2.ListUsersWithWorkResponse]]:
+        """The users who have work in the queue now (a QUEUED, PENDING or RUNNING job), the one waiting
+        longest first (the oldest QUEUED job), then those with only active jobs; each with their
+        counts. Read from the partial indexes over the rows in flight, like the overview's counts.
+        Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a page size outside 0-100.
+        """
+
+    @_abc_1.abstractmethod
+    def GetQueueHistory(
+        self,
+        request: _operator_service_pb2.GetQueueHistoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.GetQueueHistoryResponse, _abc.Awaitable[_operator_service_pb2.GetQueueHistoryResponse]]:
+        """The queue's history, a point per minute over the window: how many jobs were queued and
+        active at the end of each minute, and how many were admitted and ended during it. Derived
+        from the jobs' own timestamps (the rows in flight and the window's ended jobs, from their
+        indexes), so it covers the time before any console was open. Added to the contract
+        additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a window outside 1-1440 minutes.
+        """
+
+    @_abc_1.abstractmethod
+    def ListReplicas(
+        self,
+        request: _operator_service_pb2.ListReplicasRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.ListReplicasResponse, _abc.Awaitable[_operator_service_pb2.ListReplicasResponse]]:
+        """The replicas heard from within the last hour, the longest running first: each one's calls
+        in flight and open streams, and the core's health as it saw it since it started (calls the
+        core answered, refused, and whose outcome is unknown). Each replica rewrites its report every
+        5 seconds and removes it when it stops cleanly, so a report whose `heartbeat_time` is old is
+        a replica that stopped without saying so. Added to the contract additively.
         """
 
 def add_OperatorServiceServicer_to_server(servicer: OperatorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

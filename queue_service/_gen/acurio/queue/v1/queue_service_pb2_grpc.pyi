@@ -81,6 +81,8 @@ class AnalysisQueueServiceStub:
     - NOT_FOUND `JOB_NOT_FOUND` (`jobId`).
     - FAILED_PRECONDITION `JOB_NOT_PENDING` (`jobId`, `status`: the job's status, e.g. RUNNING).
     - FAILED_PRECONDITION `JOB_ALREADY_FINISHED` (`jobId`, `status`).
+    - FAILED_PRECONDITION `JOB_NOT_RETRYABLE` (`jobId`, `status`): OperatorService.RetryJob of a
+      job that has not failed or been canceled, or whose document and sources were not stored.
     - NOT_FOUND `RUN_NOT_FOUND` (`runId`); FAILED_PRECONDITION `RUN_NOT_RELEASED` (`runId`).
     - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
     - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may
@@ -241,6 +243,8 @@ class AnalysisQueueServiceAsyncStub(AnalysisQueueServiceStub):
     - NOT_FOUND `JOB_NOT_FOUND` (`jobId`).
     - FAILED_PRECONDITION `JOB_NOT_PENDING` (`jobId`, `status`: the job's status, e.g. RUNNING).
     - FAILED_PRECONDITION `JOB_ALREADY_FINISHED` (`jobId`, `status`).
+    - FAILED_PRECONDITION `JOB_NOT_RETRYABLE` (`jobId`, `status`): OperatorService.RetryJob of a
+      job that has not failed or been canceled, or whose document and sources were not stored.
     - NOT_FOUND `RUN_NOT_FOUND` (`runId`); FAILED_PRECONDITION `RUN_NOT_RELEASED` (`runId`).
     - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
     - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may
@@ -397,6 +401,8 @@ class AnalysisQueueServiceServicer(metaclass=_abc_1.ABCMeta):
     - NOT_FOUND `JOB_NOT_FOUND` (`jobId`).
     - FAILED_PRECONDITION `JOB_NOT_PENDING` (`jobId`, `status`: the job's status, e.g. RUNNING).
     - FAILED_PRECONDITION `JOB_ALREADY_FINISHED` (`jobId`, `status`).
+    - FAILED_PRECONDITION `JOB_NOT_RETRYABLE` (`jobId`, `status`): OperatorService.RetryJob of a
+      job that has not failed or been canceled, or whose document and sources were not stored.
     - NOT_FOUND `RUN_NOT_FOUND` (`runId`); FAILED_PRECONDITION `RUN_NOT_RELEASED` (`runId`).
     - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
     - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may

@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/credits_service.proto.
  */
 export const file_acurio_queue_v1_credits_service: GenFile = /*@__PURE__*/
-  fileDesc("CiVhY3VyaW8vcXVldWUvdjEvY3JlZGl0c19zZXJ2aWNlLnByb3RvEg9hY3VyaW8ucXVldWUudjEiTwoTR3JhbnRDcmVkaXRzUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEg4KBmFtb3VudBgCIAEoAxIXCg9pZGVtcG90ZW5jeV9rZXkYAyABKAkiJwoUR3JhbnRDcmVkaXRzUmVzcG9uc2USDwoHYmFsYW5jZRgBIAEoAyIkChFHZXRCYWxhbmNlUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJIiUKEkdldEJhbGFuY2VSZXNwb25zZRIPCgdiYWxhbmNlGAEgASgDMsQBCg5DcmVkaXRzU2VydmljZRJbCgxHcmFudENyZWRpdHMSJC5hY3VyaW8ucXVldWUudjEuR3JhbnRDcmVkaXRzUmVxdWVzdBolLmFjdXJpby5xdWV1ZS52MS5HcmFudENyZWRpdHNSZXNwb25zZRJVCgpHZXRCYWxhbmNlEiIuYWN1cmlvLnF1ZXVlLnYxLkdldEJhbGFuY2VSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLkdldEJhbGFuY2VSZXNwb25zZWIGcHJvdG8z");
+  fileDesc("CiVhY3VyaW8vcXVldWUvdjEvY3JlZGl0c19zZXJ2aWNlLnByb3RvEg9hY3VyaW8ucXVldWUudjEiXQoTR3JhbnRDcmVkaXRzUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEg4KBmFtb3VudBgCIAEoAxIXCg9pZGVtcG90ZW5jeV9rZXkYAyABKAkSDAoEbm90ZRgEIAEoCSInChRHcmFudENyZWRpdHNSZXNwb25zZRIPCgdiYWxhbmNlGAEgASgDIiQKEUdldEJhbGFuY2VSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkiJQoSR2V0QmFsYW5jZVJlc3BvbnNlEg8KB2JhbGFuY2UYASABKAMyxAEKDkNyZWRpdHNTZXJ2aWNlElsKDEdyYW50Q3JlZGl0cxIkLmFjdXJpby5xdWV1ZS52MS5HcmFudENyZWRpdHNSZXF1ZXN0GiUuYWN1cmlvLnF1ZXVlLnYxLkdyYW50Q3JlZGl0c1Jlc3BvbnNlElUKCkdldEJhbGFuY2USIi5hY3VyaW8ucXVldWUudjEuR2V0QmFsYW5jZVJlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuR2V0QmFsYW5jZVJlc3BvbnNlYgZwcm90bzM");
 
 /**
  * Request for CreditsService.GrantCredits.
@@ -38,6 +38,15 @@ export type GrantCreditsRequest = Message<"acurio.queue.v1.GrantCreditsRequest">
    * @generated from field: string idempotency_key = 3;
    */
   idempotencyKey: string;
+
+  /**
+   * Why the credits are granted, in the operator's words ("refund for the outage of 2 May"),
+   * kept on the ledger entry (`LedgerEntry.note`). Optional, at most 512 characters. Added to
+   * the contract additively. A repeated grant keeps the note of the first.
+   *
+   * @generated from field: string note = 4;
+   */
+  note: string;
 };
 
 /**

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/job.proto.
  */
 export const file_acurio_queue_v1_job: GenFile = /*@__PURE__*/
-  fileDesc("ChlhY3VyaW8vcXVldWUvdjEvam9iLnByb3RvEg9hY3VyaW8ucXVldWUudjEiJgoIRG9jdW1lbnQSCwoDdXJpGAEgASgJEg0KBXRpdGxlGAIgASgJIicKBlNvdXJjZRILCgNkb2kYASABKAkSEAoIY2l0YXRpb24YAiABKAkilAQKA0pvYhIOCgZqb2JfaWQYASABKAkSDwoHdXNlcl9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSKgoGc3RhdHVzGAQgASgOMhouYWN1cmlvLnF1ZXVlLnYxLkpvYlN0YXR1cxIWCg5xdWV1ZV9wb3NpdGlvbhgFIAEoBRIXCg9kZWx0YV9vZl9qb2JfaWQYBiABKAkSGAoQcmVsZWFzZV9hdHRlbXB0cxgHIAEoBRISCgpsYXN0X2Vycm9yGAggASgJEi8KC2NyZWF0ZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxwcm9tb3RlX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0X3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZF90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIaChJ3YWl0aW5nX2Zvcl9qb2JfaWQYDSABKAkSOAoUZXN0aW1hdGVkX3N0YXJ0X3RpbWUYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBXByaWNlGA8gASgDEhAKCHJlZnVuZGVkGBAgASgIEhkKEWNhcGFjaXR5X3Bvc2l0aW9uGBEgASgFKrgBCglKb2JTdGF0dXMSGgoWSk9CX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEUpPQl9TVEFUVVNfUVVFVUVEEAESFgoSSk9CX1NUQVRVU19QRU5ESU5HEAISFgoSSk9CX1NUQVRVU19SVU5OSU5HEAMSGAoUSk9CX1NUQVRVU19TVUNDRUVERUQQBBIVChFKT0JfU1RBVFVTX0ZBSUxFRBAFEhcKE0pPQl9TVEFUVVNfQ0FOQ0VMRUQQBmIGcHJvdG8z", [file_google_protobuf_timestamp]);
+  fileDesc("ChlhY3VyaW8vcXVldWUvdjEvam9iLnByb3RvEg9hY3VyaW8ucXVldWUudjEiJgoIRG9jdW1lbnQSCwoDdXJpGAEgASgJEg0KBXRpdGxlGAIgASgJIicKBlNvdXJjZRILCgNkb2kYASABKAkSEAoIY2l0YXRpb24YAiABKAkigQUKA0pvYhIOCgZqb2JfaWQYASABKAkSDwoHdXNlcl9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSKgoGc3RhdHVzGAQgASgOMhouYWN1cmlvLnF1ZXVlLnYxLkpvYlN0YXR1cxIWCg5xdWV1ZV9wb3NpdGlvbhgFIAEoBRIXCg9kZWx0YV9vZl9qb2JfaWQYBiABKAkSGAoQcmVsZWFzZV9hdHRlbXB0cxgHIAEoBRISCgpsYXN0X2Vycm9yGAggASgJEi8KC2NyZWF0ZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxwcm9tb3RlX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0X3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZF90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIaChJ3YWl0aW5nX2Zvcl9qb2JfaWQYDSABKAkSOAoUZXN0aW1hdGVkX3N0YXJ0X3RpbWUYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBXByaWNlGA8gASgDEhAKCHJlZnVuZGVkGBAgASgIEhkKEWNhcGFjaXR5X3Bvc2l0aW9uGBEgASgFEisKCGRvY3VtZW50GBIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLkRvY3VtZW50EigKB3NvdXJjZXMYEyADKAsyFy5hY3VyaW8ucXVldWUudjEuU291cmNlEhQKDHNvdXJjZV9jb3VudBgUIAEoBSq4AQoJSm9iU3RhdHVzEhoKFkpPQl9TVEFUVVNfVU5TUEVDSUZJRUQQABIVChFKT0JfU1RBVFVTX1FVRVVFRBABEhYKEkpPQl9TVEFUVVNfUEVORElORxACEhYKEkpPQl9TVEFUVVNfUlVOTklORxADEhgKFEpPQl9TVEFUVVNfU1VDQ0VFREVEEAQSFQoRSk9CX1NUQVRVU19GQUlMRUQQBRIXChNKT0JfU1RBVFVTX0NBTkNFTEVEEAZiBnByb3RvMw", [file_google_protobuf_timestamp]);
 
 /**
  * The document a first-pass analysis judges.
@@ -202,6 +202,31 @@ export type Job = Message<"acurio.queue.v1.Job"> & {
    * @generated from field: int32 capacity_position = 17;
    */
   capacityPosition: number;
+
+  /**
+   * What the job judges (fields 18-20, added to the contract additively; empty for jobs admitted
+   * before the service stored them). The document as admitted: its uri and title.
+   *
+   * @generated from field: acurio.queue.v1.Document document = 18;
+   */
+  document?: Document | undefined;
+
+  /**
+   * The first sources as admitted, in order: at most 10, each citation cut to 512 characters
+   * (a job may have up to 1000 sources; `source_count` says how many). Stored in full for
+   * OperatorService.RetryJob.
+   *
+   * @generated from field: repeated acurio.queue.v1.Source sources = 19;
+   */
+  sources: Source[];
+
+  /**
+   * How many sources the job was admitted with; 0 for a delta re-check without sources of its
+   * own or a job admitted before the service stored them.
+   *
+   * @generated from field: int32 source_count = 20;
+   */
+  sourceCount: number;
 };
 
 /**

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/operator_service.proto.
  */
 export const file_acurio_queue_v1_operator_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyLWBAoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2NhcGFjaXR5X2luX3VzZRgOIAEoAxIWCg5jYXBhY2l0eV9saW1pdBgPIAEoAxIdChVjYXBhY2l0eV93YWl0aW5nX2pvYnMYECABKAMSHgoWY2FwYWNpdHlfd2FpdGluZ191c2VycxgRIAEoAxI9ChlvbGRlc3RfY2FwYWNpdHlfd2FpdF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjb3JlX2xpbWl0GBMgASgDEhUKDWNvcmVfcmVmdXNhbHMYFCABKAMiZgoRU2VhcmNoSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJRChJTZWFyY2hKb2JzUmVzcG9uc2USIgoEam9icxgBIAMoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkMKFFdhdGNoT3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFEhMKC2ludGVydmFsX21zGAIgASgFIkQKFVdhdGNoT3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJiChFDYW5jZWxKb2JzUmVxdWVzdBIqCgZmaWx0ZXIYASABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEg8KB2RyeV9ydW4YAiABKAgSEAoIbWF4X2pvYnMYAyABKAUihAEKEkNhbmNlbEpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEhAKCGNhbmNlbGVkGAMgASgFEjAKCGZhaWx1cmVzGAQgAygLMh4uYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEZhaWx1cmUiQAoNQ2FuY2VsRmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiYgoYTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSDgoGam9iX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJImMKGUxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USLQoHZW50cmllcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5MZWRnZXJFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki6QEKC0xlZGdlckVudHJ5EhAKCGVudHJ5X2lkGAEgASgDEi8KC2NyZWF0ZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgd1c2VyX2lkGAMgASgJEi4KBGtpbmQYBCABKA4yIC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnlLaW5kEg4KBmFtb3VudBgFIAEoAxIOCgZqb2JfaWQYBiABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEg0KBWFjdG9yGAggASgJEg4KBnJlYXNvbhgJIAEoCSIqChZTZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0EhAKCGNhcGFjaXR5GAEgASgFInYKF1NldENvcmVDYXBhY2l0eVJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEisKCG92ZXJ2aWV3GAIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLk92ZXJ2aWV3Ij8KGFNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEhIKCm1heF9hY3RpdmUYAiABKAUiSwoZU2V0VXNlclF1ZXVlTGltaXRSZXNwb25zZRIuCgZjaGFuZ2UYASABKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZSJCChlMaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJImYKGkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEi8KB2NoYW5nZXMYASADKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiqgEKDVNldHRpbmdDaGFuZ2USEQoJY2hhbmdlX2lkGAEgASgDEg8KB3NldHRpbmcYAiABKAkSDwoHdXNlcl9pZBgDIAEoCRIRCglvbGRfdmFsdWUYBCABKAUSEQoJbmV3X3ZhbHVlGAUgASgFEg0KBWFjdG9yGAYgASgJEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCqNAQoPTGVkZ2VyRW50cnlLaW5kEiEKHUxFREdFUl9FTlRSWV9LSU5EX1VOU1BFQ0lGSUVEEAASGwoXTEVER0VSX0VOVFJZX0tJTkRfR1JBTlQQARIcChhMRURHRVJfRU5UUllfS0lORF9DSEFSR0UQAhIcChhMRURHRVJfRU5UUllfS0lORF9SRUZVTkQQAzKoBgoPT3BlcmF0b3JTZXJ2aWNlElgKC0dldE92ZXJ2aWV3EiMuYWN1cmlvLnF1ZXVlLnYxLkdldE92ZXJ2aWV3UmVxdWVzdBokLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1Jlc3BvbnNlElUKClNlYXJjaEpvYnMSIi5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1Jlc3BvbnNlEmAKDVdhdGNoT3ZlcnZpZXcSJS5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1JlcXVlc3QaJi5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1Jlc3BvbnNlMAESVQoKQ2FuY2VsSm9icxIiLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVxdWVzdBojLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVzcG9uc2USagoRTGlzdExlZGdlckVudHJpZXMSKS5hY3VyaW8ucXVldWUudjEuTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USZAoPU2V0Q29yZUNhcGFjaXR5EicuYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlcXVlc3QaKC5hY3VyaW8ucXVldWUudjEuU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USagoRU2V0VXNlclF1ZXVlTGltaXQSKS5hY3VyaW8ucXVldWUudjEuU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVzcG9uc2USbQoSTGlzdFNldHRpbmdDaGFuZ2VzEiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QaKy5hY3VyaW8ucXVldWUudjEuTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2ViBnByb3RvMw", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
+  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyLWBAoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2NhcGFjaXR5X2luX3VzZRgOIAEoAxIWCg5jYXBhY2l0eV9saW1pdBgPIAEoAxIdChVjYXBhY2l0eV93YWl0aW5nX2pvYnMYECABKAMSHgoWY2FwYWNpdHlfd2FpdGluZ191c2VycxgRIAEoAxI9ChlvbGRlc3RfY2FwYWNpdHlfd2FpdF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjb3JlX2xpbWl0GBMgASgDEhUKDWNvcmVfcmVmdXNhbHMYFCABKAMiZgoRU2VhcmNoSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJRChJTZWFyY2hKb2JzUmVzcG9uc2USIgoEam9icxgBIAMoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkMKFFdhdGNoT3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFEhMKC2ludGVydmFsX21zGAIgASgFIkQKFVdhdGNoT3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJiChFDYW5jZWxKb2JzUmVxdWVzdBIqCgZmaWx0ZXIYASABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEg8KB2RyeV9ydW4YAiABKAgSEAoIbWF4X2pvYnMYAyABKAUihAEKEkNhbmNlbEpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEhAKCGNhbmNlbGVkGAMgASgFEjAKCGZhaWx1cmVzGAQgAygLMh4uYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEZhaWx1cmUiQAoNQ2FuY2VsRmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiYgoYTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSDgoGam9iX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJImMKGUxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USLQoHZW50cmllcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5MZWRnZXJFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki9wEKC0xlZGdlckVudHJ5EhAKCGVudHJ5X2lkGAEgASgDEi8KC2NyZWF0ZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgd1c2VyX2lkGAMgASgJEi4KBGtpbmQYBCABKA4yIC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnlLaW5kEg4KBmFtb3VudBgFIAEoAxIOCgZqb2JfaWQYBiABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEg0KBWFjdG9yGAggASgJEg4KBnJlYXNvbhgJIAEoCRIMCgRub3RlGAogASgJIioKFlNldENvcmVDYXBhY2l0eVJlcXVlc3QSEAoIY2FwYWNpdHkYASABKAUidgoXU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USLgoGY2hhbmdlGAEgASgLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2USKwoIb3ZlcnZpZXcYAiABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciPwoYU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSEgoKbWF4X2FjdGl2ZRgCIAEoBSJLChlTZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlIkIKGUxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiZgoaTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USLwoHY2hhbmdlcxgBIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKqAQoNU2V0dGluZ0NoYW5nZRIRCgljaGFuZ2VfaWQYASABKAMSDwoHc2V0dGluZxgCIAEoCRIPCgd1c2VyX2lkGAMgASgJEhEKCW9sZF92YWx1ZRgEIAEoBRIRCgluZXdfdmFsdWUYBSABKAUSDQoFYWN0b3IYBiABKAkSLwoLY3JlYXRlX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjQKD1JldHJ5Sm9iUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEQoJcmV0cnlfa2V5GAIgASgJIksKEFJldHJ5Sm9iUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIUCgxhZG1pdHRlZF9ub3cYAiABKAgiLQoYTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBSJaChlMaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEigKBXVzZXJzGAEgAygLMhkuYWN1cmlvLnF1ZXVlLnYxLlVzZXJXb3JrEhMKC3VzZXJzX3RvdGFsGAIgASgDIsQBCghVc2VyV29yaxIPCgd1c2VyX2lkGAEgASgJEg4KBnF1ZXVlZBgCIAEoAxIPCgdwZW5kaW5nGAMgASgDEg8KB3J1bm5pbmcYBCABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSb2xkZXN0X2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIwChZHZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIo8BChdHZXRRdWV1ZUhpc3RvcnlSZXNwb25zZRItCgdtaW51dGVzGAEgAygLMhwuYWN1cmlvLnF1ZXVlLnYxLlF1ZXVlTWludXRlEhYKDndpbmRvd19taW51dGVzGAIgASgFEi0KCXJlYWRfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiegoLUXVldWVNaW51dGUSKgoGbWludXRlGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZxdWV1ZWQYAiABKAMSDgoGYWN0aXZlGAMgASgDEhAKCGFkbWl0dGVkGAQgASgDEg0KBWVuZGVkGAUgASgDIhUKE0xpc3RSZXBsaWNhc1JlcXVlc3QicQoUTGlzdFJlcGxpY2FzUmVzcG9uc2USKgoIcmVwbGljYXMYASADKAsyGC5hY3VyaW8ucXVldWUudjEuUmVwbGljYRItCglyZWFkX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpsCCgdSZXBsaWNhEhIKCnJlcGxpY2FfaWQYASABKAkSDAoEaG9zdBgCIAEoCRIuCgpzdGFydF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5oZWFydGJlYXRfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIZHJhaW5pbmcYBSABKAgSFwoPY2FsbHNfaW5fZmxpZ2h0GAYgASgFEhUKDXdhdGNoX3N0cmVhbXMYByABKAUSGAoQb3ZlcnZpZXdfc3RyZWFtcxgIIAEoBRIuCgpjb3JlX2NhbGxzGAkgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkNvcmVDYWxscyJ2CglDb3JlQ2FsbHMSEAoIYW5zd2VyZWQYASABKAMSDwoHcmVmdXNlZBgCIAEoAxIPCgd1bmtub3duGAMgASgDEjUKEWxhc3RfdW5rbm93bl90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCqNAQoPTGVkZ2VyRW50cnlLaW5kEiEKHUxFREdFUl9FTlRSWV9LSU5EX1VOU1BFQ0lGSUVEEAASGwoXTEVER0VSX0VOVFJZX0tJTkRfR1JBTlQQARIcChhMRURHRVJfRU5UUllfS0lORF9DSEFSR0UQAhIcChhMRURHRVJfRU5UUllfS0lORF9SRUZVTkQQAzKoCQoPT3BlcmF0b3JTZXJ2aWNlElgKC0dldE92ZXJ2aWV3EiMuYWN1cmlvLnF1ZXVlLnYxLkdldE92ZXJ2aWV3UmVxdWVzdBokLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1Jlc3BvbnNlElUKClNlYXJjaEpvYnMSIi5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1Jlc3BvbnNlEmAKDVdhdGNoT3ZlcnZpZXcSJS5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1JlcXVlc3QaJi5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1Jlc3BvbnNlMAESVQoKQ2FuY2VsSm9icxIiLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVxdWVzdBojLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVzcG9uc2USagoRTGlzdExlZGdlckVudHJpZXMSKS5hY3VyaW8ucXVldWUudjEuTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USZAoPU2V0Q29yZUNhcGFjaXR5EicuYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlcXVlc3QaKC5hY3VyaW8ucXVldWUudjEuU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USagoRU2V0VXNlclF1ZXVlTGltaXQSKS5hY3VyaW8ucXVldWUudjEuU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVzcG9uc2USbQoSTGlzdFNldHRpbmdDaGFuZ2VzEiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QaKy5hY3VyaW8ucXVldWUudjEuTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USTwoIUmV0cnlKb2ISIC5hY3VyaW8ucXVldWUudjEuUmV0cnlKb2JSZXF1ZXN0GiEuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9iUmVzcG9uc2USagoRTGlzdFVzZXJzV2l0aFdvcmsSKS5hY3VyaW8ucXVldWUudjEuTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RVc2Vyc1dpdGhXb3JrUmVzcG9uc2USZAoPR2V0UXVldWVIaXN0b3J5EicuYWN1cmlvLnF1ZXVlLnYxLkdldFF1ZXVlSGlzdG9yeVJlcXVlc3QaKC5hY3VyaW8ucXVldWUudjEuR2V0UXVldWVIaXN0b3J5UmVzcG9uc2USWwoMTGlzdFJlcGxpY2FzEiQuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZXBsaWNhc1JlcXVlc3QaJS5hY3VyaW8ucXVldWUudjEuTGlzdFJlcGxpY2FzUmVzcG9uc2ViBnByb3RvMw", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
 
 /**
  * Which jobs a search or a bulk cancel is about. Every set field narrows the match.
@@ -641,6 +641,14 @@ export type LedgerEntry = Message<"acurio.queue.v1.LedgerEntry"> & {
    * @generated from field: string reason = 9;
    */
   reason: string;
+
+  /**
+   * For a grant: why, in the operator's words (GrantCreditsRequest.note); empty otherwise. Added
+   * to the contract additively.
+   *
+   * @generated from field: string note = 10;
+   */
+  note: string;
 };
 
 /**
@@ -870,6 +878,436 @@ export const SettingChangeSchema: GenMessage<SettingChange> = /*@__PURE__*/
   messageDesc(file_acurio_queue_v1_operator_service, 20);
 
 /**
+ * Request for OperatorService.RetryJob.
+ *
+ * @generated from message acurio.queue.v1.RetryJobRequest
+ */
+export type RetryJobRequest = Message<"acurio.queue.v1.RetryJobRequest"> & {
+  /**
+   * The FAILED or CANCELED job to admit again (a UUID).
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId: string;
+
+  /**
+   * A caller-chosen key, 1-128 printable characters, new for each retry a person asks for (the
+   * console sends one per click). The same key again returns the job the first call admitted.
+   *
+   * @generated from field: string retry_key = 2;
+   */
+  retryKey: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.RetryJobRequest.
+ * Use `create(RetryJobRequestSchema)` to create a new message.
+ */
+export const RetryJobRequestSchema: GenMessage<RetryJobRequest> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 21);
+
+/**
+ * Response for OperatorService.RetryJob.
+ *
+ * @generated from message acurio.queue.v1.RetryJobResponse
+ */
+export type RetryJobResponse = Message<"acurio.queue.v1.RetryJobResponse"> & {
+  /**
+   * The new job, as AnalysisQueueService.Admit answers it.
+   *
+   * @generated from field: acurio.queue.v1.Job job = 1;
+   */
+  job?: Job | undefined;
+
+  /**
+   * False when this `retry_key` had already retried the job: `job` is the job admitted then.
+   *
+   * @generated from field: bool admitted_now = 2;
+   */
+  admittedNow: boolean;
+};
+
+/**
+ * Describes the message acurio.queue.v1.RetryJobResponse.
+ * Use `create(RetryJobResponseSchema)` to create a new message.
+ */
+export const RetryJobResponseSchema: GenMessage<RetryJobResponse> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 22);
+
+/**
+ * Request for OperatorService.ListUsersWithWork.
+ *
+ * @generated from message acurio.queue.v1.ListUsersWithWorkRequest
+ */
+export type ListUsersWithWorkRequest = Message<"acurio.queue.v1.ListUsersWithWorkRequest"> & {
+  /**
+   * At most this many users: 1-100; 0 means 20.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+};
+
+/**
+ * Describes the message acurio.queue.v1.ListUsersWithWorkRequest.
+ * Use `create(ListUsersWithWorkRequestSchema)` to create a new message.
+ */
+export const ListUsersWithWorkRequestSchema: GenMessage<ListUsersWithWorkRequest> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 23);
+
+/**
+ * Response for OperatorService.ListUsersWithWork.
+ *
+ * @generated from message acurio.queue.v1.ListUsersWithWorkResponse
+ */
+export type ListUsersWithWorkResponse = Message<"acurio.queue.v1.ListUsersWithWorkResponse"> & {
+  /**
+   * The users, the one waiting longest first.
+   *
+   * @generated from field: repeated acurio.queue.v1.UserWork users = 1;
+   */
+  users: UserWork[];
+
+  /**
+   * How many users have work now (more than `users` when the page is full).
+   *
+   * @generated from field: int64 users_total = 2;
+   */
+  usersTotal: bigint;
+};
+
+/**
+ * Describes the message acurio.queue.v1.ListUsersWithWorkResponse.
+ * Use `create(ListUsersWithWorkResponseSchema)` to create a new message.
+ */
+export const ListUsersWithWorkResponseSchema: GenMessage<ListUsersWithWorkResponse> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 24);
+
+/**
+ * One user's work in the queue now.
+ *
+ * @generated from message acurio.queue.v1.UserWork
+ */
+export type UserWork = Message<"acurio.queue.v1.UserWork"> & {
+  /**
+   * The user.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId: string;
+
+  /**
+   * Their jobs waiting for a slot.
+   *
+   * @generated from field: int64 queued = 2;
+   */
+  queued: bigint;
+
+  /**
+   * Their jobs holding a slot whose run is being released (or waits for the core's capacity).
+   *
+   * @generated from field: int64 pending = 3;
+   */
+  pending: bigint;
+
+  /**
+   * Their jobs the core is judging.
+   *
+   * @generated from field: int64 running = 4;
+   */
+  running: bigint;
+
+  /**
+   * When their oldest QUEUED job was admitted; unset when none is queued.
+   *
+   * @generated from field: google.protobuf.Timestamp oldest_queued_create_time = 5;
+   */
+  oldestQueuedCreateTime?: Timestamp | undefined;
+
+  /**
+   * When their oldest QUEUED, PENDING or RUNNING job was admitted.
+   *
+   * @generated from field: google.protobuf.Timestamp oldest_create_time = 6;
+   */
+  oldestCreateTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message acurio.queue.v1.UserWork.
+ * Use `create(UserWorkSchema)` to create a new message.
+ */
+export const UserWorkSchema: GenMessage<UserWork> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 25);
+
+/**
+ * Request for OperatorService.GetQueueHistory.
+ *
+ * @generated from message acurio.queue.v1.GetQueueHistoryRequest
+ */
+export type GetQueueHistoryRequest = Message<"acurio.queue.v1.GetQueueHistoryRequest"> & {
+  /**
+   * The window, in minutes: 1-1440; 0 means 60.
+   *
+   * @generated from field: int32 window_minutes = 1;
+   */
+  windowMinutes: number;
+};
+
+/**
+ * Describes the message acurio.queue.v1.GetQueueHistoryRequest.
+ * Use `create(GetQueueHistoryRequestSchema)` to create a new message.
+ */
+export const GetQueueHistoryRequestSchema: GenMessage<GetQueueHistoryRequest> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 26);
+
+/**
+ * Response for OperatorService.GetQueueHistory.
+ *
+ * @generated from message acurio.queue.v1.GetQueueHistoryResponse
+ */
+export type GetQueueHistoryResponse = Message<"acurio.queue.v1.GetQueueHistoryResponse"> & {
+  /**
+   * One point per minute, oldest first; the last is the current, partial minute.
+   *
+   * @generated from field: repeated acurio.queue.v1.QueueMinute minutes = 1;
+   */
+  minutes: QueueMinute[];
+
+  /**
+   * The window covered, in minutes.
+   *
+   * @generated from field: int32 window_minutes = 2;
+   */
+  windowMinutes: number;
+
+  /**
+   * When the history was read.
+   *
+   * @generated from field: google.protobuf.Timestamp read_time = 3;
+   */
+  readTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message acurio.queue.v1.GetQueueHistoryResponse.
+ * Use `create(GetQueueHistoryResponseSchema)` to create a new message.
+ */
+export const GetQueueHistoryResponseSchema: GenMessage<GetQueueHistoryResponse> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 27);
+
+/**
+ * The queue in one minute.
+ *
+ * @generated from message acurio.queue.v1.QueueMinute
+ */
+export type QueueMinute = Message<"acurio.queue.v1.QueueMinute"> & {
+  /**
+   * The minute's start.
+   *
+   * @generated from field: google.protobuf.Timestamp minute = 1;
+   */
+  minute?: Timestamp | undefined;
+
+  /**
+   * Jobs QUEUED at the minute's end (for the current minute: now).
+   *
+   * @generated from field: int64 queued = 2;
+   */
+  queued: bigint;
+
+  /**
+   * Jobs PENDING or RUNNING at the minute's end (for the current minute: now).
+   *
+   * @generated from field: int64 active = 3;
+   */
+  active: bigint;
+
+  /**
+   * Jobs admitted during the minute.
+   *
+   * @generated from field: int64 admitted = 4;
+   */
+  admitted: bigint;
+
+  /**
+   * Jobs that reached a terminal status during the minute (the throughput). Counted over the
+   * window's newest 100000 ended jobs at most, as the overview's window figures are.
+   *
+   * @generated from field: int64 ended = 5;
+   */
+  ended: bigint;
+};
+
+/**
+ * Describes the message acurio.queue.v1.QueueMinute.
+ * Use `create(QueueMinuteSchema)` to create a new message.
+ */
+export const QueueMinuteSchema: GenMessage<QueueMinute> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 28);
+
+/**
+ * Request for OperatorService.ListReplicas.
+ *
+ * @generated from message acurio.queue.v1.ListReplicasRequest
+ */
+export type ListReplicasRequest = Message<"acurio.queue.v1.ListReplicasRequest"> & {
+};
+
+/**
+ * Describes the message acurio.queue.v1.ListReplicasRequest.
+ * Use `create(ListReplicasRequestSchema)` to create a new message.
+ */
+export const ListReplicasRequestSchema: GenMessage<ListReplicasRequest> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 29);
+
+/**
+ * Response for OperatorService.ListReplicas.
+ *
+ * @generated from message acurio.queue.v1.ListReplicasResponse
+ */
+export type ListReplicasResponse = Message<"acurio.queue.v1.ListReplicasResponse"> & {
+  /**
+   * The replicas, the longest running first.
+   *
+   * @generated from field: repeated acurio.queue.v1.Replica replicas = 1;
+   */
+  replicas: Replica[];
+
+  /**
+   * When the reports were read (compare with each `heartbeat_time`).
+   *
+   * @generated from field: google.protobuf.Timestamp read_time = 2;
+   */
+  readTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message acurio.queue.v1.ListReplicasResponse.
+ * Use `create(ListReplicasResponseSchema)` to create a new message.
+ */
+export const ListReplicasResponseSchema: GenMessage<ListReplicasResponse> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 30);
+
+/**
+ * What one replica reported about itself in its latest heartbeat.
+ *
+ * @generated from message acurio.queue.v1.Replica
+ */
+export type Replica = Message<"acurio.queue.v1.Replica"> & {
+  /**
+   * `host:pid:random`, new at each start of the process.
+   *
+   * @generated from field: string replica_id = 1;
+   */
+  replicaId: string;
+
+  /**
+   * The host (in Kubernetes, the pod) the replica runs on.
+   *
+   * @generated from field: string host = 2;
+   */
+  host: string;
+
+  /**
+   * When the replica started.
+   *
+   * @generated from field: google.protobuf.Timestamp start_time = 3;
+   */
+  startTime?: Timestamp | undefined;
+
+  /**
+   * When the replica last reported (every 5 seconds while it runs).
+   *
+   * @generated from field: google.protobuf.Timestamp heartbeat_time = 4;
+   */
+  heartbeatTime?: Timestamp | undefined;
+
+  /**
+   * True once the replica is draining (stopping): it refuses new calls.
+   *
+   * @generated from field: bool draining = 5;
+   */
+  draining: boolean;
+
+  /**
+   * Calls (unary and streams) the replica is working on.
+   *
+   * @generated from field: int32 calls_in_flight = 6;
+   */
+  callsInFlight: number;
+
+  /**
+   * Open AnalysisQueueService.WatchJobs streams.
+   *
+   * @generated from field: int32 watch_streams = 7;
+   */
+  watchStreams: number;
+
+  /**
+   * Open OperatorService.WatchOverview streams.
+   *
+   * @generated from field: int32 overview_streams = 8;
+   */
+  overviewStreams: number;
+
+  /**
+   * The core's health as this replica saw it since it started.
+   *
+   * @generated from field: acurio.queue.v1.CoreCalls core_calls = 9;
+   */
+  coreCalls?: CoreCalls | undefined;
+};
+
+/**
+ * Describes the message acurio.queue.v1.Replica.
+ * Use `create(ReplicaSchema)` to create a new message.
+ */
+export const ReplicaSchema: GenMessage<Replica> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 31);
+
+/**
+ * Calls a replica made to the core since it started, by outcome.
+ *
+ * @generated from message acurio.queue.v1.CoreCalls
+ */
+export type CoreCalls = Message<"acurio.queue.v1.CoreCalls"> & {
+  /**
+   * The core answered (a run's state; NOT_FOUND and the like are answers too).
+   *
+   * @generated from field: int64 answered = 1;
+   */
+  answered: bigint;
+
+  /**
+   * The core refused (the admit rejected, the provider's budget or the core's capacity used up).
+   *
+   * @generated from field: int64 refused = 2;
+   */
+  refused: bigint;
+
+  /**
+   * No answer within the deadline, or the connection failed: the call may have been applied.
+   *
+   * @generated from field: int64 unknown = 3;
+   */
+  unknown: bigint;
+
+  /**
+   * The latest call whose outcome was unknown; unset when there was none.
+   *
+   * @generated from field: google.protobuf.Timestamp last_unknown_time = 4;
+   */
+  lastUnknownTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message acurio.queue.v1.CoreCalls.
+ * Use `create(CoreCallsSchema)` to create a new message.
+ */
+export const CoreCallsSchema: GenMessage<CoreCalls> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 32);
+
+/**
  * How a ledger entry moves credits.
  *
  * @generated from enum acurio.queue.v1.LedgerEntryKind
@@ -1032,6 +1470,68 @@ export const OperatorService: GenService<{
     methodKind: "unary";
     input: typeof ListSettingChangesRequestSchema;
     output: typeof ListSettingChangesResponseSchema;
+  },
+  /**
+   * Admits a FAILED or CANCELED job again: a new job of the same user with the same document
+   * and sources (and, for a delta re-check, the same base), through the same checks and the same
+   * charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
+   * `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
+   * of admitting twice. The charge is recorded with the operator as its actor. Added to the
+   * contract additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
+   * `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
+   * been canceled, or one admitted before the service stored what it judges; and every error of
+   * Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.RetryJob
+   */
+  retryJob: {
+    methodKind: "unary";
+    input: typeof RetryJobRequestSchema;
+    output: typeof RetryJobResponseSchema;
+  },
+  /**
+   * The users who have work in the queue now (a QUEUED, PENDING or RUNNING job), the one waiting
+   * longest first (the oldest QUEUED job), then those with only active jobs; each with their
+   * counts. Read from the partial indexes over the rows in flight, like the overview's counts.
+   * Added to the contract additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a page size outside 0-100.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.ListUsersWithWork
+   */
+  listUsersWithWork: {
+    methodKind: "unary";
+    input: typeof ListUsersWithWorkRequestSchema;
+    output: typeof ListUsersWithWorkResponseSchema;
+  },
+  /**
+   * The queue's history, a point per minute over the window: how many jobs were queued and
+   * active at the end of each minute, and how many were admitted and ended during it. Derived
+   * from the jobs' own timestamps (the rows in flight and the window's ended jobs, from their
+   * indexes), so it covers the time before any console was open. Added to the contract
+   * additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a window outside 1-1440 minutes.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.GetQueueHistory
+   */
+  getQueueHistory: {
+    methodKind: "unary";
+    input: typeof GetQueueHistoryRequestSchema;
+    output: typeof GetQueueHistoryResponseSchema;
+  },
+  /**
+   * The replicas heard from within the last hour, the longest running first: each one's calls
+   * in flight and open streams, and the core's health as it saw it since it started (calls the
+   * core answered, refused, and whose outcome is unknown). Each replica rewrites its report every
+   * 5 seconds and removes it when it stops cleanly, so a report whose `heartbeat_time` is old is
+   * a replica that stopped without saying so. Added to the contract additively.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.ListReplicas
+   */
+  listReplicas: {
+    methodKind: "unary";
+    input: typeof ListReplicasRequestSchema;
+    output: typeof ListReplicasResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_acurio_queue_v1_operator_service, 0);

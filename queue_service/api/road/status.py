@@ -36,6 +36,7 @@ CODE_OF_REASON: dict[str, grpc.StatusCode] = {
     "CORE_AT_CAPACITY": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "JOB_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
     "JOB_NOT_PENDING": grpc.StatusCode.FAILED_PRECONDITION,
+    "JOB_NOT_RETRYABLE": grpc.StatusCode.FAILED_PRECONDITION,
     "JOB_ALREADY_FINISHED": grpc.StatusCode.FAILED_PRECONDITION,
     "RUN_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
     "RUN_NOT_YET_ADMITTED": grpc.StatusCode.UNAVAILABLE,

@@ -34,6 +34,8 @@ MAX_GRANT = 1_000_000
 # 4 MiB) would be refused by the core's transport, RESOURCE_EXHAUSTED, indistinguishable from a
 # spent provider budget.
 MAX_ADMIT_BYTES = 4 * 1024 * 1024 - 1024
+# A grant's note (why, in the operator's words); the ledger's check says the same.
+MAX_NOTE_CHARS = 512
 # A BadRequest lists at most this many violations (a trailer of thousands would exceed a client's
 # header limit, and the caller would hear RESOURCE_EXHAUSTED instead of INVALID_ARGUMENT).
 MAX_LISTED_VIOLATIONS = 50

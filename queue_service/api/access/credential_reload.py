@@ -19,9 +19,9 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from queue_service.api.auth import Authorizer
-from queue_service.api.server_tls import ServerTls
-from queue_service.api.user_assertions import UserAssertions
+from queue_service.api.access.auth import Authorizer
+from queue_service.api.access.server_tls import ServerTls
+from queue_service.api.access.user_assertions import UserAssertions
 
 log = logging.getLogger(__name__)
 

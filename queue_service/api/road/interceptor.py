@@ -10,8 +10,8 @@ import grpc
 from google.rpc import status_pb2
 from grpc_status import rpc_status
 
-from queue_service.api.call_spans import aborts_stay_inside, record_handler_abort
-from queue_service.api.road import CallRoad
+from queue_service.api.road.call_spans import aborts_stay_inside, record_handler_abort
+from queue_service.api.road.road import CallRoad
 
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")

@@ -26,10 +26,10 @@ from typing import Any
 from hypercorn.config import Config as HypercornConfig
 
 from queue_service import telemetry
-from queue_service.api.road import CallRoad
-from queue_service.api.web_hosts import AllowedHosts, header
-from queue_service.api.web_road import PACKAGE, connect_applications
-from queue_service.api import web_limits
+from queue_service.api.road.road import CallRoad
+from queue_service.api.listeners.web_hosts import AllowedHosts, header
+from queue_service.api.road.web_road import PACKAGE, connect_applications
+from queue_service.api.listeners import web_limits
 from queue_service.config import Config
 
 log = logging.getLogger(__name__)

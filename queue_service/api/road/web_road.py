@@ -35,11 +35,11 @@ from opentelemetry import propagate, trace
 from protobuf.wkt import Any as AnyDetail
 
 from queue_service import telemetry
-from queue_service.api.call_spans import STATUS_CODE_ATTRIBUTE, record_outcome
-from queue_service.api.request_limits import check_repeated, largest_json_bytes
-from queue_service.api.road import CallRoad
-from queue_service.api.status import status_proto_for
-from queue_service.api.user_assertions import USER_ASSERTION_HEADER
+from queue_service.api.road.call_spans import STATUS_CODE_ATTRIBUTE, record_outcome
+from queue_service.api.road.request_limits import check_repeated, largest_json_bytes
+from queue_service.api.road.road import CallRoad
+from queue_service.api.road.status import status_proto_for
+from queue_service.api.access.user_assertions import USER_ASSERTION_HEADER
 from queue_service.errors import QueueError
 
 if TYPE_CHECKING:

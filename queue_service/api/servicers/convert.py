@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from queue_service._gen.acurio.queue.v1 import job_pb2, operator_service_pb2 as operator_pb2
 from queue_service.errors import InvalidRequest
-from queue_service.model import CapacityState, JobStatus, JobView, LedgerEntry, LedgerKind, Overview, SettingChange
+from queue_service.model import CapacityState, JobStatus, JobView, LedgerEntry, LedgerKind, Overview, QueueMinute, ReplicaReport, SettingChange, UserWork
 
 PROTO_OF_STATUS: dict[JobStatus, job_pb2.JobStatus.ValueType] = {
     JobStatus.QUEUED: job_pb2.JOB_STATUS_QUEUED,
@@ -58,7 +58,13 @@ def job_to_proto(view: JobView) -> job_pb2.Job:
         last_error=view.last_error,
         price=view.price,
         refunded=view.refunded,
+        source_count=view.source_count,
     )
+    if view.document_uri or view.document_title:
+        job.document.uri = view.document_uri
+        job.document.title = view.document_title
+    for doi, citation in view.sources_preview:
+        job.sources.add(doi=doi, citation=citation)
     job.create_time.FromDatetime(view.create_time)
     for field, moment in (("promote_time", view.promote_time), ("start_time", view.start_time), ("end_time", view.end_time)):
         if moment is not None:
@@ -139,6 +145,39 @@ def ledger_entry_to_proto(entry: LedgerEntry) -> operator_pb2.LedgerEntry:
         idempotency_key=entry.idempotency_key or "",
         actor=entry.actor,
         reason=entry.reason,
+        note=entry.note,
     )
     message.create_time.FromDatetime(entry.create_time)
+    return message
+
+
+def user_work_to_proto(user: UserWork) -> operator_pb2.UserWork:
+    message = operator_pb2.UserWork(user_id=user.user_id, queued=user.queued, pending=user.pending, running=user.running)
+    if user.oldest_queued_create_time is not None:
+        message.oldest_queued_create_time.FromDatetime(user.oldest_queued_create_time)
+    message.oldest_create_time.FromDatetime(user.oldest_create_time)
+    return message
+
+
+def queue_minute_to_proto(minute: QueueMinute) -> operator_pb2.QueueMinute:
+    message = operator_pb2.QueueMinute(queued=minute.queued, active=minute.active, admitted=minute.admitted, ended=minute.ended)
+    message.minute.FromDatetime(minute.minute)
+    return message
+
+
+def replica_to_proto(replica: ReplicaReport) -> operator_pb2.Replica:
+    message = operator_pb2.Replica(
+        replica_id=replica.replica_id,
+        host=replica.host,
+        draining=replica.draining,
+        calls_in_flight=replica.calls_in_flight,
+        watch_streams=replica.watch_streams,
+        overview_streams=replica.overview_streams,
+        core_calls=operator_pb2.CoreCalls(answered=replica.core_answered, refused=replica.core_refused, unknown=replica.core_unknown),
+    )
+    message.start_time.FromDatetime(replica.start_time)
+    if replica.heartbeat_time is not None:
+        message.heartbeat_time.FromDatetime(replica.heartbeat_time)
+    if replica.core_last_unknown_at is not None:
+        message.core_calls.last_unknown_time.FromDatetime(replica.core_last_unknown_at)
     return message

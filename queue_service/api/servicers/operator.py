@@ -1,6 +1,6 @@
 """OperatorService: the overview, the job search across users, live overview, bulk cancel, the
-credits' audit trail (ledger entries with their actor and reason), and the fleet settings (the
-core's capacity, users' limits) with their change log.
+credits' audit trail (ledger entries with their actor and reason), retry of an ended job
+(`servicers/retry.py`), and the fleet settings (the core's capacity, users' limits) with their change log.
 
 The same adapters as the other servicers: validate, read through the engine's reads (index-driven
 queries of migration 0005), build responses, raise domain errors only. Bulk cancel goes
@@ -21,16 +21,20 @@ import grpc
 
 from queue_service import audit, errors
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as pb, operator_service_pb2_grpc as pb_grpc
-from queue_service.api import page_tokens, validation
-from queue_service.api.convert import (
+from queue_service.api.servicers import page_tokens, validation
+from queue_service.api.servicers.retry import retry_job
+from queue_service.api.servicers.convert import (
     capacity_to_proto,
     job_to_proto,
     ledger_entry_to_proto,
     overview_to_proto,
+    queue_minute_to_proto,
+    replica_to_proto,
     setting_change_to_proto,
     status_filter,
+    user_work_to_proto,
 )
-from queue_service.engine import Credits, JobReads, QueueEngine
+from queue_service.engine import Admission, Credits, JobReads, QueueEngine
 from queue_service.model import LIVE, JobSearch, LedgerQuery
 
 _DEFAULT_WINDOW_MINUTES = 60
@@ -49,12 +53,29 @@ MAX_USER_ACTIVE = 1000
 
 
 class OperatorServicer(pb_grpc.OperatorServiceServicer):
-    def __init__(self, engine: QueueEngine, reads: JobReads, draining: asyncio.Event, credits: Credits) -> None:
+    def __init__(self, engine: QueueEngine, admission: Admission, reads: JobReads, draining: asyncio.Event, credits: Credits) -> None:
         self._engine = engine
+        self._admission = admission
         self._reads = reads
         self._draining = draining
         self._credits = credits
         self._overview_streams: collections.Counter[str] = collections.Counter()
+
+    @property
+    def open_overview_streams(self) -> int:
+        """WatchOverview streams open on this replica now (the replica's heartbeat reports it)."""
+        return sum(self._overview_streams.values())
+
+    async def ListReplicas(
+        self, request: pb.ListReplicasRequest, context: grpc.aio.ServicerContext[pb.ListReplicasRequest, pb.ListReplicasResponse]
+    ) -> pb.ListReplicasResponse:
+        replicas, read_time = await self._reads.replicas()
+        response = pb.ListReplicasResponse(replicas=[replica_to_proto(replica) for replica in replicas])
+        if read_time is not None:
+            response.read_time.FromDatetime(read_time)
+        else:
+            response.read_time.GetCurrentTime()
+        return response
 
     async def GetOverview(self, request: pb.GetOverviewRequest, context: grpc.aio.ServicerContext[pb.GetOverviewRequest, pb.GetOverviewResponse]) -> pb.GetOverviewResponse:
         window = _window(request.window_minutes)
@@ -171,6 +192,31 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         v.raise_if_any()
         change = await self._engine.set_user_queue_limit(request.user_id, request.max_active)
         return pb.SetUserQueueLimitResponse(change=setting_change_to_proto(change))
+
+    async def RetryJob(self, request: pb.RetryJobRequest, context: grpc.aio.ServicerContext[pb.RetryJobRequest, pb.RetryJobResponse]) -> pb.RetryJobResponse:
+        v = validation.Violations()
+        job_id = v.check_uuid("job_id", request.job_id)
+        v.check_id("retry_key", request.retry_key)
+        v.raise_if_any()
+        assert job_id is not None
+        view, admitted_now = await retry_job(self._admission, self._reads, job_id, request.retry_key)
+        return pb.RetryJobResponse(job=job_to_proto(view), admitted_now=admitted_now)
+
+    async def ListUsersWithWork(
+        self, request: pb.ListUsersWithWorkRequest, context: grpc.aio.ServicerContext[pb.ListUsersWithWorkRequest, pb.ListUsersWithWorkResponse]
+    ) -> pb.ListUsersWithWorkResponse:
+        page_size = validation.validate_page_size(request.page_size)
+        users, total = await self._reads.users_with_work(limit=page_size)
+        return pb.ListUsersWithWorkResponse(users=[user_work_to_proto(user) for user in users], users_total=total)
+
+    async def GetQueueHistory(
+        self, request: pb.GetQueueHistoryRequest, context: grpc.aio.ServicerContext[pb.GetQueueHistoryRequest, pb.GetQueueHistoryResponse]
+    ) -> pb.GetQueueHistoryResponse:
+        window = _window(request.window_minutes)
+        minutes = await self._reads.queue_history(window_minutes=window)
+        response = pb.GetQueueHistoryResponse(minutes=[queue_minute_to_proto(minute) for minute in minutes], window_minutes=window)
+        response.read_time.GetCurrentTime()
+        return response
 
     async def ListSettingChanges(
         self, request: pb.ListSettingChangesRequest, context: grpc.aio.ServicerContext[pb.ListSettingChangesRequest, pb.ListSettingChangesResponse]

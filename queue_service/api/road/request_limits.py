@@ -19,9 +19,9 @@ from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from queue_service.api import page_tokens, validation
-from queue_service.api.convert import MAX_STATUS_FILTERS
-from queue_service.api.validation import Violations
+from queue_service.api.servicers import page_tokens, validation
+from queue_service.api.servicers.convert import MAX_STATUS_FILTERS
+from queue_service.api.servicers.validation import Violations
 
 # The longest text a string field may hold, by field name (the same name means the same limit in
 # every message of the contract). A request field missing here fails `largest_json_bytes`, so a
@@ -37,6 +37,8 @@ _STRING_CHARS: Mapping[str, int] = {
     "doi": validation.MAX_DOI_CHARS,
     "citation": validation.MAX_CITATION_CHARS,
     "message": validation.MAX_MESSAGE_CHARS,
+    "note": validation.MAX_NOTE_CHARS,
+    "retry_key": validation.MAX_ID_CHARS,
     "page_token": page_tokens.MAX_TOKEN_CHARS,
 }
 # The most entries a repeated field may hold, by field name.
@@ -90,7 +92,7 @@ def _limit(limits: Mapping[str, int], field: FieldDescriptor) -> int:
     try:
         return limits[field.name]
     except KeyError:
-        raise ValueError(f"{field.full_name}: no limit for this field in api/request_limits.py; add the one validation enforces") from None
+        raise ValueError(f"{field.full_name}: no limit for this field in api/road/request_limits.py; add the one validation enforces") from None
 
 
 def check_repeated(message: Descriptor, value: Any, path: str = "") -> None:

@@ -33,8 +33,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from queue_service import errors
-from queue_service.api.auth import ROLE_METHODS, CallCredentialsSource, Caller
-from queue_service.api.validation import Violations
+from queue_service.api.access.auth import ROLE_METHODS, CallCredentialsSource, Caller
+from queue_service.api.servicers.validation import Violations
 from queue_service.config import Config, ConfigError
 
 USER_ASSERTION_HEADER = "x-user-assertion"

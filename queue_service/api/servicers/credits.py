@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb2, credits_service_pb2_grpc as credits_grpc
-from queue_service.api import validation
+from queue_service.api.servicers import validation
 from queue_service.engine import Credits
 
 
@@ -19,8 +19,9 @@ class CreditsServicer(credits_grpc.CreditsServiceServicer):
         v.check_id("idempotency_key", request.idempotency_key)
         if not 1 <= request.amount <= validation.MAX_GRANT:
             v.add("amount", f"amount must be between 1 and {validation.MAX_GRANT}")
+        v.check_text("note", request.note, max_chars=validation.MAX_NOTE_CHARS)
         v.raise_if_any()
-        balance = await self._credits.grant(request.user_id, request.amount, request.idempotency_key)
+        balance = await self._credits.grant(request.user_id, request.amount, request.idempotency_key, note=request.note)
         return credits_pb2.GrantCreditsResponse(balance=balance)
 
     async def GetBalance(self, request: credits_pb2.GetBalanceRequest, context: grpc.aio.ServicerContext[credits_pb2.GetBalanceRequest, credits_pb2.GetBalanceResponse]) -> credits_pb2.GetBalanceResponse:

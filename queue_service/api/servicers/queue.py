@@ -16,9 +16,9 @@ from opentelemetry import trace
 
 from queue_service import audit, errors, telemetry
 from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2, queue_service_pb2_grpc as queue_grpc
-from queue_service.api import page_tokens, validation
-from queue_service.api.auth import OPERATOR_ACTOR_PREFIX
-from queue_service.api.convert import job_to_proto, status_filter
+from queue_service.api.servicers import page_tokens, validation
+from queue_service.api.access.auth import OPERATOR_ACTOR_PREFIX
+from queue_service.api.servicers.convert import job_to_proto, status_filter
 from queue_service.engine import Admission, JobReads, NotificationHub, QueueEngine, Releases, WatchItem, WatchStream, request_digest
 from queue_service.model import AdmitRequest, Cause, JobStatus, JobView
 
@@ -64,6 +64,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
                 user_id=request.user_id,
                 idempotency_key=request.idempotency_key,
                 document_uri=request.document.uri,
+                document_title=request.document.title,
                 sources=tuple((s.doi, s.citation) for s in request.sources),
                 delta_of_job_id=delta_of,
                 request_digest=request_digest(payload.SerializeToString(deterministic=True)),

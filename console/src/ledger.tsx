@@ -1,0 +1,153 @@
+// The credits' audit trail (OperatorService.ListLedgerEntries): every grant, charge and refund,
+// newest first, with who moved the credit (actor), why (reason) and, for a grant, the operator's
+// note. Shown per job (job detail), per user (User queue) and as its own page with filters.
+import { useEffect, useState } from "preact/hooks";
+
+import { date, operator } from "./api.js";
+import { dateTime, shortId } from "./format.js";
+import { go } from "./hooks.js";
+import { useNotice } from "./notice.js";
+import { type LedgerEntry, LedgerEntryKind } from "./gen/acurio/queue/v1/operator_service_pb.js";
+
+const KIND_LABELS: Record<LedgerEntryKind, string> = {
+  [LedgerEntryKind.UNSPECIFIED]: "—",
+  [LedgerEntryKind.GRANT]: "grant",
+  [LedgerEntryKind.CHARGE]: "charge",
+  [LedgerEntryKind.REFUND]: "refund",
+};
+
+/** A page of entries for a filter; read again when `version` changes (a grant, a cancel). */
+export function useLedger(userId: string, jobId: string, version: unknown, pageSize = 20, pageToken = "") {
+  const [entries, setEntries] = useState<LedgerEntry[] | null>(null);
+  const [next, setNext] = useState("");
+  const notice = useNotice();
+  useEffect(() => {
+    let current = true;
+    operator.listLedgerEntries({ userId, jobId, pageSize, pageToken }).then(
+      (page) => {
+        if (!current) return;
+        setEntries(page.entries);
+        setNext(page.nextPageToken);
+      },
+      (error) => current && notice.error(error),
+    );
+    return () => {
+      current = false;
+    };
+  }, [userId, jobId, version, pageSize, pageToken]);
+  return { entries, next };
+}
+
+export function LedgerTable({ entries, showUser = true, showJob = true }: { entries: LedgerEntry[]; showUser?: boolean; showJob?: boolean }) {
+  if (entries.length === 0) return <p class="muted">No credit moved yet.</p>;
+  return (
+    <table class="jobs ledger" data-testid="ledger">
+      <thead>
+        <tr>
+          <th>When</th>
+          {showUser && <th>User</th>}
+          <th>Kind</th>
+          <th class="num">Credits</th>
+          {showJob && <th>Job</th>}
+          <th>Actor</th>
+          <th>Reason</th>
+        </tr>
+      </thead>
+      <tbody>
+        {entries.map((entry) => (
+          <tr data-testid="ledger-row" data-kind={KIND_LABELS[entry.kind]}>
+            <td>{dateTime(date(entry.createTime))}</td>
+            {showUser && (
+              <td>
+                <a href={`#/users/${encodeURIComponent(entry.userId)}`}>{entry.userId}</a>
+              </td>
+            )}
+            <td>
+              <span class={`badge ${KIND_LABELS[entry.kind]}`}>{KIND_LABELS[entry.kind]}</span>
+            </td>
+            <td class={`num ${entry.amount < 0n ? "minus" : "plus"}`}>{entry.amount > 0n ? `+${entry.amount}` : String(entry.amount)}</td>
+            {showJob && (
+              <td>
+                {entry.jobId ? (
+                  <a class="mono" href={`#/jobs/${entry.jobId}`}>
+                    {shortId(entry.jobId)}
+                  </a>
+                ) : (
+                  <span class="muted mono grant-key" title={`the grant's idempotency key: ${entry.idempotencyKey}`}>
+                    {entry.idempotencyKey}
+                  </span>
+                )}
+              </td>
+            )}
+            <td class="mono" data-testid="ledger-actor">
+              {entry.actor}
+            </td>
+            <td data-testid="ledger-reason">
+              {entry.reason}
+              {entry.note && (
+                <span class="note" data-testid="ledger-note">
+                  {" "}
+                  · “{entry.note}”
+                </span>
+              )}
+            </td>
+          </tr>
+        ))}
+      </tbody>
+    </table>
+  );
+}
+
+/** `#/ledger?user=…&job=…`: the trail with filters, page by page. */
+export function LedgerPage({ params }: { params: URLSearchParams }) {
+  const userId = params.get("user") ?? "";
+  const jobId = params.get("job") ?? "";
+  const [tokens, setTokens] = useState<string[]>([""]);
+  const key = params.toString();
+  useEffect(() => setTokens([""]), [key]);
+  const { entries, next } = useLedger(userId, jobId, 0, 50, tokens[tokens.length - 1]);
+  const update = (name: string, value: string) => {
+    const changed = new URLSearchParams(params);
+    if (value.trim() === "") changed.delete(name);
+    else changed.set(name, value.trim());
+    go(`ledger?${changed.toString()}`);
+  };
+  return (
+    <section class="page" data-testid="ledger-page">
+      <h1>Credits ledger</h1>
+      <p class="muted">Every grant, charge and refund, newest first: who moved the credit and why.</p>
+      <form class="filters" onSubmit={(e) => e.preventDefault()}>
+        <label>
+          User
+          <input
+            data-search
+            name="user"
+            placeholder="user id  (press /)"
+            value={userId}
+            onChange={(e) => update("user", e.currentTarget.value)}
+            onKeyDown={(e) => e.key === "Enter" && update("user", e.currentTarget.value)}
+          />
+        </label>
+        <label>
+          Job
+          <input
+            name="job"
+            placeholder="job id"
+            value={jobId}
+            onChange={(e) => update("job", e.currentTarget.value)}
+            onKeyDown={(e) => e.key === "Enter" && update("job", e.currentTarget.value)}
+          />
+        </label>
+      </form>
+      {entries === null ? <p class="muted">Loading…</p> : <LedgerTable entries={entries} />}
+      <div class="pager">
+        <button disabled={tokens.length === 1} onClick={() => setTokens([""])}>
+          First page
+        </button>
+        <button disabled={next === ""} onClick={() => setTokens([...tokens, next])}>
+          Next page
+        </button>
+      </div>
+    </section>
+  );
+}

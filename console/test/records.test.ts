@@ -1,0 +1,348 @@
+// What a job is and what it cost, in Debian's Chromium against the live `queue-service dev` that
+// .ci/console-browser-test starts: the job's document and sources (detail, optional column), a
+// Retry of a failed job (a new admit, charged, the operator its actor), the ledger per job and per
+// user with a grant's note, and a bulk cancel of exactly the ticked rows. Each test has its own
+// users, so it runs beside the other files' tests on the same service.
+import assert from "node:assert/strict";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { after, before, test } from "node:test";
+
+import { createClient } from "@connectrpc/connect";
+import { chromium, type Browser, type Page } from "playwright-core";
+
+import { CoreCallbackService, RunOutcome } from "../src/gen/acurio/queue/v1/core_callback_service_pb.js";
+import { CreditsService } from "../src/gen/acurio/queue/v1/credits_service_pb.js";
+import { JobStatus } from "../src/gen/acurio/queue/v1/job_pb.js";
+import { OperatorService } from "../src/gen/acurio/queue/v1/operator_service_pb.js";
+import { AnalysisQueueService } from "../src/gen/acurio/queue/v1/queue_service_pb.js";
+import { CHROMIUM_ARGS, CONSOLE_URL, env, grpc, SHOTS, WAIT_MS } from "./support.js";
+
+const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN"), core: env("CORE_TOKEN") };
+
+const asWeb = createClient(AnalysisQueueService, grpc(TOKENS.web));
+const asOperator = createClient(CreditsService, grpc(TOKENS.operator));
+const asOperatorConsole = createClient(OperatorService, grpc(TOKENS.operator));
+const asCore = createClient(CoreCallbackService, grpc(TOKENS.core));
+
+let browser: Browser;
+let page: Page;
+const stamp = Date.now().toString(36);
+let keyCount = 0;
+
+async function shot(target: Page, name: string): Promise<void> {
+  await target.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
+}
+
+const SOURCES = Array.from({ length: 12 }, (_, i) => ({ doi: `10.1234/src-${i}`, citation: `Author ${i}, A study of queues (${2000 + i})` }));
+
+async function admit(user: string, title = "Fair queues for citation checks") {
+  keyCount += 1;
+  const response = await asWeb.admit({
+    userId: user,
+    idempotencyKey: `records-${keyCount}`,
+    document: { uri: `s3://theses/${user}.pdf`, title },
+    sources: SOURCES,
+  });
+  return response.job!;
+}
+
+async function until<T>(what: string, read: () => Promise<T>, ok: (value: T) => boolean): Promise<T> {
+  const deadline = Date.now() + WAIT_MS;
+  for (;;) {
+    const value = await read();
+    if (ok(value)) return value;
+    if (Date.now() > deadline) throw new Error(`${what}: still ${JSON.stringify(value, (_, v) => (typeof v === "bigint" ? String(v) : v))}`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
+async function visit(target: Page, path: string): Promise<void> {
+  await target.goto("about:blank");
+  await target.goto(`${CONSOLE_URL}#/${path}`);
+}
+
+before(async () => {
+  mkdirSync(SHOTS, { recursive: true });
+  browser = await chromium.launch({ executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium", headless: true, args: CHROMIUM_ARGS });
+  const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  page = await context.newPage();
+  page.on("pageerror", (error) => console.error(`page error: ${error.message}`));
+  await page.addInitScript((value) => sessionStorage.setItem("acurio-queue-console-token", value), TOKENS.operator);
+});
+
+after(async () => {
+  await browser?.close();
+});
+
+test("the job detail shows the document and its sources; the Jobs table shows them as a column on request", async () => {
+  const user = `doc-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 1n, idempotencyKey: "grant" });
+  const job = await admit(user);
+  await visit(page, `jobs/${job.jobId}`);
+  const detail = page.getByTestId("job-detail");
+  await detail.getByTestId("job-document").filter({ hasText: "Fair queues for citation checks" }).waitFor({ timeout: WAIT_MS });
+  assert.match(await detail.getByTestId("job-document").innerText(), new RegExp(`s3://theses/${user}\\.pdf`));
+  const sources = detail.getByTestId("job-sources").locator("li");
+  assert.equal(await sources.count(), 10, "the first 10 sources are shown");
+  assert.match(await sources.first().innerText(), /10\.1234\/src-0 · Author 0, A study of queues/);
+  assert.match(await detail.getByTestId("more-sources").innerText(), /and 2 more/);
+  await shot(page, "records-job-detail-document");
+
+  await visit(page, `jobs?user=${user}`);
+  await page.locator('[data-testid="job-row"]').first().waitFor({ timeout: WAIT_MS });
+  assert.equal(await page.getByTestId("document-header").count(), 0, "the document column is off by default");
+  await page.getByTestId("column-document").check();
+  const cell = page.getByTestId("document-cell").first();
+  await cell.filter({ hasText: "Fair queues for citation checks" }).waitFor({ timeout: WAIT_MS });
+  assert.match(await cell.innerText(), /12 sources/);
+  await shot(page, "records-jobs-document-column");
+  // The choice is kept for the browser: a fresh load shows the column again.
+  await visit(page, `jobs?user=${user}`);
+  await page.getByTestId("document-cell").first().waitFor({ timeout: WAIT_MS });
+  await page.getByTestId("column-document").uncheck();
+});
+
+test("Retry on a failed job admits it again as its user, charged, with the operator as the actor", async () => {
+  const user = `retry-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 2n, idempotencyKey: "grant" });
+  const job = await admit(user);
+  const running = await until("the job runs", async () => (await asWeb.getJob({ jobId: job.jobId })).job!, (j) => j.status === JobStatus.RUNNING);
+  await asCore.completeRun({ runId: running.runId, outcome: RunOutcome.FAILED, message: "the provider timed out" });
+  await visit(page, `jobs/${job.jobId}`);
+  const detail = page.getByTestId("job-detail");
+  await detail.locator("h1 .badge.failed").waitFor({ timeout: WAIT_MS });
+  await detail.getByTestId("retry-job").click();
+  const retried = detail.getByTestId("retried-as");
+  await retried.waitFor({ timeout: WAIT_MS });
+  const link = await retried.locator("a").getAttribute("href");
+  const newJobId = link!.replace("#/jobs/", "");
+  assert.notEqual(newJobId, job.jobId);
+  assert.match(await page.getByTestId("notice").innerText(), /Retried as job .* charged 1 to/);
+  await shot(page, "records-retry-done");
+
+  const again = (await asWeb.getJob({ jobId: newJobId })).job!;
+  assert.equal(again.userId, user);
+  assert.equal(again.document?.title, "Fair queues for citation checks");
+  assert.equal(again.sourceCount, 12);
+  assert.equal((await asOperator.getBalance({ userId: user })).balance, 0n, "charged as an admit is (1 for the failed job, 1 for the retry)");
+
+  // The new job's ledger: its charge, by the operator who clicked.
+  await retried.locator("a").click();
+  await page.waitForFunction((id) => window.location.hash === `#/jobs/${id}`, newJobId, { timeout: WAIT_MS });
+  const row = page.locator('[data-testid="ledger-row"][data-kind="charge"]');
+  await row.waitFor({ timeout: WAIT_MS });
+  assert.match(await row.getByTestId("ledger-actor").innerText(), /^operator:/);
+  assert.equal(await row.getByTestId("ledger-reason").innerText(), "admit");
+  await shot(page, "records-retried-job-ledger");
+});
+
+test("the User queue's ledger lists every movement with its actor and reason, and a grant keeps its note", async () => {
+  const user = `ledger-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 2n, idempotencyKey: "grant" });
+  const job = await admit(user);
+  await asWeb.cancelJob({ jobId: job.jobId, userId: user });
+  await visit(page, `users/${user}`);
+  const ledger = page.getByTestId("ledger");
+  await ledger.locator('[data-kind="refund"]').waitFor({ timeout: WAIT_MS });
+  assert.deepEqual(
+    await ledger.locator('[data-testid="ledger-row"]').evaluateAll((rows) => rows.map((r) => r.getAttribute("data-kind"))),
+    ["refund", "charge", "grant"],
+  );
+  assert.equal(await ledger.locator('[data-kind="refund"] [data-testid="ledger-reason"]').innerText(), "cancel");
+
+  await page.getByLabel("Credits to grant").fill("4");
+  await page.getByTestId("grant-note").fill("goodwill after the outage");
+  await page.getByRole("button", { name: "Grant credits" }).click();
+  await page.getByTestId("balance").filter({ hasText: "Balance: 6" }).waitFor({ timeout: WAIT_MS });
+  const note = ledger.locator('[data-testid="ledger-row"]').first().getByTestId("ledger-note");
+  await note.waitFor({ timeout: WAIT_MS });
+  assert.match(await note.innerText(), /goodwill after the outage/);
+  const entries = (await asOperatorConsole.listLedgerEntries({ userId: user })).entries;
+  assert.equal(entries[0].note, "goodwill after the outage");
+  assert.match(entries[0].actor, /^operator:/);
+  await shot(page, "records-user-ledger-with-note");
+
+  await visit(page, `ledger?user=${user}`);
+  await page.getByTestId("ledger-page").locator('[data-testid="ledger-row"]').nth(3).waitFor({ timeout: WAIT_MS });
+  await shot(page, "records-ledger-page");
+});
+
+test("ticked rows are canceled, and only they", async () => {
+  const user = `select-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 4n, idempotencyKey: "grant" });
+  const jobs = [await admit(user), await admit(user), await admit(user), await admit(user)];
+  await visit(page, `jobs?user=${user}`);
+  const rowOf = (jobId: string) => page.locator(`[data-testid="job-row"][data-job-id="${jobId}"]`);
+  await rowOf(jobs[3].jobId).waitFor({ timeout: WAIT_MS });
+  await rowOf(jobs[1].jobId).getByTestId("select-job").check();
+  await rowOf(jobs[3].jobId).getByTestId("select-job").check();
+  const button = page.getByTestId("cancel-selected");
+  assert.equal(await button.innerText(), "Cancel selected (2)");
+  await button.click();
+  const dialog = page.getByRole("alertdialog");
+  await dialog.waitFor({ timeout: WAIT_MS });
+  assert.equal(await dialog.getByTestId("cancel-selected-count").getAttribute("data-count"), "2");
+  await shot(page, "records-cancel-selected-dialog");
+  await dialog.getByTestId("cancel-selected-confirm").click();
+  await dialog.waitFor({ state: "detached", timeout: WAIT_MS });
+  const statuses = await until(
+    "the two ticked jobs are canceled",
+    async () => Promise.all(jobs.map(async (j) => (await asWeb.getJob({ jobId: j.jobId })).job!.status)),
+    (s) => s[1] === JobStatus.CANCELED && s[3] === JobStatus.CANCELED,
+  );
+  assert.notEqual(statuses[0], JobStatus.CANCELED);
+  assert.notEqual(statuses[2], JobStatus.CANCELED);
+  await rowOf(jobs[1].jobId).locator(".badge.canceled").waitFor({ timeout: WAIT_MS });
+  assert.equal(await button.innerText(), "Cancel selected (0)");
+  await shot(page, "records-cancel-selected-done");
+});
+
+test("the User queue lists the users with work, waiting longest first, to pick from", async () => {
+  const user = `work-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 3n, idempotencyKey: "grant" });
+  await admit(user);
+  await admit(user);
+  await admit(user);
+  await visit(page, `users`);
+  const row = page.locator(`[data-testid="user-with-work"][data-user-id="${user}"]`);
+  await row.waitFor({ timeout: WAIT_MS });
+  const cells = await row.locator("td").allInnerTexts();
+  assert.deepEqual(cells.slice(0, 2), [user, "2"]);
+  assert.match(cells[4], /^queued for \d/);
+  // The server's order: the oldest queued job first.
+  const listed = (await asOperatorConsole.listUsersWithWork({ pageSize: 50 })).users.map((u) => u.userId);
+  const shown = await page.locator('[data-testid="user-with-work"]').evaluateAll((rows) => rows.map((r) => r.getAttribute("data-user-id")));
+  assert.deepEqual(shown, listed);
+  await shot(page, "records-users-with-work");
+  await row.locator("a").click();
+  await page.getByTestId("user-queue").waitFor({ timeout: WAIT_MS });
+  await page.waitForFunction(() => document.querySelectorAll('[data-testid="queue-row"]').length === 3, null, { timeout: WAIT_MS });
+});
+
+test("the overview's cards link to the jobs they count, and its charts show the last hour from the server", async () => {
+  await visit(page, ``);
+  const queued = page.getByTestId("figure-queued");
+  await queued.waitFor({ timeout: WAIT_MS });
+  // A full hour of points at once, not the samples since the page opened.
+  await page.waitForFunction(() => document.querySelector('[data-testid="depth-chart"]')?.getAttribute("data-points") === "60", null, { timeout: WAIT_MS });
+  assert.ok((await page.getByTestId("throughput-chart").locator("rect.bar").count()) === 60);
+  const ticks = await page.getByTestId("depth-chart").locator("text.tick").allTextContents();
+  assert.ok(ticks.includes("now") && ticks.includes("−60 min") && ticks.includes("0"), `axes: ${ticks.join(", ")}`);
+  await shot(page, "records-overview-history");
+  await queued.click();
+  await page.waitForFunction(() => window.location.hash === "#/jobs?status=queued", null, { timeout: WAIT_MS });
+  await page.locator('[data-testid="job-row"]').first().waitFor({ timeout: WAIT_MS });
+  const badges = await page.locator('[data-testid="job-row"] .badge').allInnerTexts();
+  assert.ok(badges.length > 0 && badges.every((b) => b === "queued"), `only queued jobs: ${badges.join(", ")}`);
+  await visit(page, ``);
+  await page.getByTestId("figure-failed").click();
+  await page.waitForFunction(() => window.location.hash === "#/jobs?status=failed", null, { timeout: WAIT_MS });
+});
+
+test("relative times and durations, sortable columns, keyboard help on ?, and Escape back from a job", async () => {
+  const users = [`zz-sort-${stamp}`, `aa-sort-${stamp}`];
+  for (const user of users) await asOperator.grantCredits({ userId: user, amount: 2n, idempotencyKey: "grant" });
+  const first = await admit(users[0]);
+  await admit(users[0]);
+  await admit(users[1]);
+  await until("the first job runs", async () => (await asWeb.getJob({ jobId: first.jobId })).job!, (j) => j.status === JobStatus.RUNNING);
+  await visit(page, `jobs?status=queued,pending,running&after=${new Date(Date.now() - 60_000).toISOString().slice(0, 16)}`);
+  const row = (jobId: string) => page.locator(`[data-testid="job-row"][data-job-id="${jobId}"]`);
+  await row(first.jobId).getByTestId("job-state").filter({ hasText: /^judging for \d+ s$/ }).waitFor({ timeout: WAIT_MS });
+  await page.locator('[data-testid="job-state"]', { hasText: /^queued for \d+ s$/ }).first().waitFor({ timeout: WAIT_MS });
+
+  const usersShown = () => page.locator('[data-testid="job-row"] td:nth-child(3)').allInnerTexts();
+  await page.getByTestId("sort-user").click();
+  const ascending = await usersShown();
+  assert.deepEqual(ascending, [...ascending].sort(), "ascending by user");
+  await page.getByTestId("sort-user").click();
+  const descending = await usersShown();
+  assert.deepEqual(descending, [...ascending].reverse(), "descending by user");
+  await shot(page, "records-jobs-sorted-relative-times");
+
+  await page.locator("body").press("?");
+  const help = page.getByRole("dialog", { name: "Keyboard shortcuts" });
+  await help.waitFor({ timeout: WAIT_MS });
+  assert.match(await help.innerText(), /this help/);
+  await shot(page, "records-keyboard-help");
+  await page.keyboard.press("Escape");
+  await help.waitFor({ state: "detached", timeout: WAIT_MS });
+
+  await visit(page, `jobs/${first.jobId}`);
+  await page.getByTestId("job-state-line").filter({ hasText: /^judging for/ }).waitFor({ timeout: WAIT_MS });
+  await page.locator("body").press("Escape");
+  await page.waitForFunction(() => window.location.hash === "#/jobs", null, { timeout: WAIT_MS });
+});
+
+test("at 800 px nothing overflows the window, and the system's dark mode is followed", async () => {
+  const user = `narrow-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 2n, idempotencyKey: "grant" });
+  const job = await admit(user);
+  await admit(user);
+  await page.setViewportSize({ width: 800, height: 900 });
+  try {
+    for (const [path, ready, name] of [
+      [``, "overview", "records-800px-overview"],
+      [`jobs?user=${user}`, "jobs", "records-800px-jobs"],
+      [`jobs/${job.jobId}`, "job-detail", "records-800px-job-detail"],
+      [`users/${user}`, "user-queue", "records-800px-user-queue"],
+    ]) {
+      await visit(page, path);
+      await page.getByTestId(ready).waitFor({ timeout: WAIT_MS });
+      const width = await page.evaluate(() => document.documentElement.scrollWidth);
+      assert.ok(width <= 800, `${path}: the page is ${width} px wide at an 800 px window`);
+      await shot(page, name);
+    }
+    await page.emulateMedia({ colorScheme: "dark" });
+    await visit(page, `jobs/${job.jobId}`);
+    await page.getByTestId("job-detail").waitFor({ timeout: WAIT_MS });
+    const background = await page.evaluate(() => getComputedStyle(document.body).backgroundColor || getComputedStyle(document.documentElement).backgroundColor);
+    const paper = await page.evaluate(() => getComputedStyle(document.querySelector(".facts")!).backgroundColor);
+    const [r, g, b] = paper.match(/\d+/g)!.map(Number);
+    assert.ok(r + g + b < 150, `dark mode paints the facts dark: ${paper} (body ${background})`);
+    await shot(page, "records-dark-job-detail");
+    await visit(page, ``);
+    await page.getByTestId("overview").waitFor({ timeout: WAIT_MS });
+    await shot(page, "records-dark-overview");
+  } finally {
+    await page.emulateMedia({ colorScheme: "light" });
+    await page.setViewportSize({ width: 1280, height: 860 });
+  }
+});
+
+test("the Replicas page shows who serves, their calls and streams, and the core's answers and unknown outcomes", async () => {
+  const user = `replica-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 2n, idempotencyKey: "grant" });
+  const stuck = (
+    await asWeb.admit({ userId: user, idempotencyKey: "stuck", document: { uri: `s3://theses/${user}-fail-release.pdf` }, sources: SOURCES.slice(0, 1) })
+  ).job!;
+  await until("the release went unanswered", async () => (await asWeb.getJob({ jobId: stuck.jobId })).job!, (j) => j.lastError !== "");
+  await visit(page, `replicas`);
+  const row = page.locator('[data-testid="replica-row"]').first();
+  await row.waitFor({ timeout: WAIT_MS });
+  assert.equal(await row.getAttribute("data-state"), "serving");
+  // Answers and unknown outcomes arrive with the next heartbeat (every 5 s).
+  await page.waitForFunction(() => Number(document.querySelector('[data-testid="figure-core-unknown"] .value')?.textContent) >= 1, null, { timeout: WAIT_MS });
+  assert.ok(Number(await page.getByTestId("figure-core-answered").locator(".value").innerText()) >= 1);
+  assert.equal(await page.getByTestId("figure-serving").locator(".value").innerText(), "1");
+  assert.equal((await asOperatorConsole.listReplicas({})).replicas.length, 1);
+  // A WatchJobs stream held open: the next heartbeat counts it, in flight and as a job stream.
+  const abort = new AbortController();
+  const stream = asWeb.watchJobs({ userId: user }, { signal: abort.signal });
+  const reading = (async () => {
+    try {
+      for await (const _ of stream);
+    } catch {
+      // aborted at the end of the test
+    }
+  })();
+  try {
+    await until("the stream is reported", async () => (await asOperatorConsole.listReplicas({})).replicas[0], (r) => r.watchStreams >= 1 && r.callsInFlight >= 1);
+    await page.waitForFunction(() => Number(document.querySelector('[data-testid="replica-row"] td:nth-child(6)')?.textContent) >= 1, null, { timeout: WAIT_MS });
+    await shot(page, "records-replicas");
+  } finally {
+    abort.abort();
+    await reading;
+  }
+});

@@ -1,0 +1,65 @@
+"""Each replica's heartbeat: a row in `queue_replicas` (migration 0017) rewritten every few
+seconds with what the replica reports about itself (calls in flight, open streams, the core's
+answers, refusals and unknown outcomes since it started), deleted when it stops cleanly. The
+console's Replicas view reads the rows (OperatorService.ListReplicas); a row whose heartbeat
+stopped is a replica that died without stopping.
+
+One failed write never stops the loop (the database may be away: the next one catches up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable
+
+from queue_service import telemetry
+from queue_service.background import cancel_and_wait
+from queue_service.model import ReplicaReport
+from queue_service.store import Store
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_SECONDS = 5.0
+
+
+def new_replica_id() -> str:
+    """`host:pid:random`: unique per process start, readable in the console."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class ReplicaHeartbeat:
+    def __init__(self, store: Store, report: Callable[[], ReplicaReport], *, interval_seconds: float = HEARTBEAT_SECONDS) -> None:
+        self._store = store
+        self._report = report
+        self._interval = interval_seconds
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._beat(), name="replica-heartbeat")
+
+    async def beat_once(self) -> None:
+        with telemetry.tracer.start_as_current_span("replica_heartbeat"):
+            async with self._store.statements() as db:
+                await db.write_replica_heartbeat(self._report())
+
+    async def _beat(self) -> None:
+        while True:
+            try:
+                await self.beat_once()
+            except Exception as exc:  # the next beat catches up
+                log.warning("replica heartbeat not written: %s", exc)
+            await asyncio.sleep(self._interval)
+
+    async def stop(self) -> None:
+        """Stops beating and leaves the list (best effort: a replica that cannot reach the
+        database now shows as not heard from)."""
+        await cancel_and_wait(self._task)
+        try:
+            async with self._store.statements() as db:
+                await db.forget_replica(replica_id=self._report().replica_id)
+        except Exception as exc:
+            log.warning("replica heartbeat row not deleted: %s", exc)
