@@ -55,6 +55,7 @@ from queue_service.engine.credits import Credits
 from queue_service.engine.dispatcher import ReleaseDispatcher
 from queue_service.engine.engine import QueueEngine
 from queue_service.engine.job_reads import JobReads
+from queue_service.engine.core_reconciliation import CoreReconciler
 from queue_service.engine.sweeper import Sweeper
 from queue_service.engine.watch import NotificationHub
 from queue_service.model import ClaimedRelease, ReplicationStance
@@ -173,7 +174,13 @@ class QueueApp:
             core_deadline_seconds=config.core_deadline_seconds,
             capacity=self.capacity,
         )
-        self.sweeper = Sweeper(self.engine, self.store, config, wake_dispatcher=releases_due.set)
+        # The core's live runs as the second copy of the jobs (design I14).
+        self.reconciler = CoreReconciler(
+            self.store, self.core, config, wake_dispatcher=releases_due.set, on_database_replaced=self.hub.database_replaced
+        )
+        self.engine.release_gate = self.reconciler.release_gate
+        self.engine.adopt_unknown_run = self.reconciler.adopt_for_completion
+        self.sweeper = Sweeper(self.engine, self.store, config, wake_dispatcher=releases_due.set, reconciler=self.reconciler)
         self.health = HealthService(max_watches=config.max_health_watches)
         self.gate = CallGate(max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds)
         # The one road into the servicers, for gRPC and the browser endpoint alike.
@@ -369,6 +376,7 @@ class QueueApp:
         if self.web is not None:
             await self.web.stop()
         await self.sweeper.stop()
+        await self.reconciler.stop()
         await self.dispatcher.stop()
         await self.engine.stop()
         await self.hub.stop()

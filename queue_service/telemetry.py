@@ -122,6 +122,22 @@ class _Instruments:
             "queue.capacity", callbacks=[self._observe_capacity], unit="{run}",
             description="The core's capacity as of this replica's last grant or sweep (state: in_use, the runs that take it; limit, the limit in force, absent when unlimited; waiting, jobs waiting for it)",
         )
+        self.core_reconciliations = meter.create_counter(
+            "queue.core.reconciliations", unit="{pass}",
+            description="Reconciliations of the core's live runs against the jobs (trigger: periodic, database_changed, completion, release; result: ok, unavailable, unsupported)",
+        )
+        self.core_runs_adopted = meter.create_counter(
+            "queue.core.runs_adopted", unit="{run}",
+            description="Runs the core held or judged whose job the database had lost, adopted back into a job with its charge (state: held or judging)",
+        )
+        self.core_runs_lost = meter.create_counter(
+            "queue.core.runs_lost", unit="{run}",
+            description="Runs whose job the database had lost and that could not be adopted: canceled and recorded for the operator (reason)",
+        )
+        self.releases_held_for_core = meter.create_counter(
+            "queue.release.held_for_core", unit="{attempt}",
+            description="First-pass releases held back because the core reported another of the user's first-pass runs judging that the queue did not count (I9 at the core)",
+        )
         self.core_retries = meter.create_counter("queue.core.retries", unit="{retry}", description="Retried calls to the core, by method")
         self.prepared_statement_clashes = meter.create_counter(
             "queue.db.prepared_statement_clashes", unit="{error}",

@@ -21,7 +21,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from opentelemetry.trace import Span
@@ -100,6 +100,12 @@ class QueueEngine:
         # When the slot a promoted job took was freed (monotonic), for the promotion-gap
         # histogram; bounded, since another replica may release the job and never tell us.
         self._slot_freed_at: collections.OrderedDict[uuid.UUID, float] = collections.OrderedDict()
+        # I9 at the core (engine/core_reconciliation.py): why a first-pass release must wait while
+        # the core judges another of the user's runs the queue does not count (None: release).
+        self.release_gate: Callable[[ClaimedRelease], Awaitable[str | None]] | None = None
+        # A completion of a run no job owns: adopts it from the core's record first (True: a job
+        # owns it now; False: it never will).
+        self.adopt_unknown_run: Callable[[uuid.UUID], Awaitable[bool]] | None = None
         self._backoff = wait_random_exponential(multiplier=1.0, max=config.release_backoff_max_seconds)
         self._background: set[asyncio.Task[Any]] = set()
         # Releases the core accepted while the previous ones were being marked RUNNING are marked
@@ -216,6 +222,10 @@ class QueueEngine:
                 sources=item.sources,
                 hold=not is_delta,
                 delta_of_run_id=state.base_run_id if is_delta else None,
+                job_id=job_id,
+                idempotency_key=item.idempotency_key,
+                request_digest=item.request_digest,
+                price=price,
             )
             if created.fate is RunFate.CANCELED:
                 # The run was canceled before this admit got to it (its reservation given up).
@@ -465,6 +475,22 @@ class QueueEngine:
         report = RunReportToApply(run_id, transition, audit.actor_for(transition.cause))
         # The completion and what it owes once committed (the promoted job's hand-over) go on
         # when the core gives up on this call: the core's retry finds the job ended.
+        try:
+            return await self._outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
+        except errors.RunNotFound:
+            if self.adopt_unknown_run is None:
+                raise
+        # No job owns the run (a failover lost it, say): adopt it from the core's record, then
+        # apply; while that cannot be decided, the core retries (RUN_NOT_YET_ADMITTED).
+        try:
+            adopted = await self.adopt_unknown_run(run_id)
+        except (errors.CoreUnavailable, errors.DatabaseUnavailable, errors.LockTimeout, errors.OutcomeUnknown) as exc:
+            raise errors.RunNotYetAdmitted(
+                f"no job owns run {run_id} yet and adopting it could not be decided now ({exc.reason}); retry the completion",
+                metadata={"runId": str(run_id)},
+            ) from exc
+        if not adopted:
+            raise errors.RunNotFound(f"no job owns run {run_id}", metadata={"runId": str(run_id)})
         return await self._outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
 
     async def _complete(self, report: RunReportToApply) -> EndedJob:
@@ -652,6 +678,12 @@ class QueueEngine:
                 result = await self._cancel_instead_of_releasing(claim)
             else:
                 try:
+                    held_back = await self.release_gate(claim) if self.release_gate is not None else None
+                    if held_back is not None:
+                        result = await self._retry_release_later(claim, held_back)
+                        telemetry.metrics.release_attempts.add(1, {"result": str(result)})
+                        span.set_attribute("queue.release.result", str(result))
+                        return result
                     report: RunReport | None = await self._core.release_run(claim.run_id)
                     error = ""
                 except errors.CoreUnavailable as exc:

@@ -222,6 +222,9 @@ class NotificationHub:
         # Set while the hint connection LISTENs.
         self.listening = asyncio.Event()
         self._reconnect_max_seconds = reconnect_max_seconds
+        # Set when the database was replaced (a failover): the feed's cursor, a snapshot of the
+        # old primary's transaction ids, means nothing on the new one; start afresh and resync.
+        self._cursor_reset = False
 
     def start(self) -> None:
         self._runner = asyncio.create_task(self._run(), name="notification-hub")
@@ -276,10 +279,14 @@ class NotificationHub:
         woken_by = "start"
         while True:
             try:
-                if cursor is None or time.monotonic() - cursor.read_at > STALE_AFTER_SECONDS:
+                if cursor is None or self._cursor_reset or time.monotonic() - cursor.read_at > STALE_AFTER_SECONDS:
+                    reset, self._cursor_reset = self._cursor_reset, False
                     async with self._store.statements() as db:
                         fresh = await db.job_feed_start()
-                    if cursor is not None:
+                    if reset:
+                        log.warning("the database was replaced; the job-change feed starts afresh and streams resync")
+                        self._missed_changes()
+                    elif cursor is not None:
                         # Rows this replica had not read may have been deleted meanwhile.
                         log.warning("the job-change feed was not read for %.0f s; streams resync", fresh.read_at - cursor.read_at)
                         self._missed_changes()
@@ -366,6 +373,14 @@ class NotificationHub:
                 failures += 1
                 log.warning("feed hint listener lost its connection (%s: %s); reconnecting", exc.__class__.__name__, exc)
                 await asyncio.sleep(min(self._reconnect_max_seconds, 0.1 * 2**failures))
+
+    def database_replaced(self) -> None:
+        """The database is another one now (a failover): commits the streams heard of may be
+        gone. The feed restarts from the new primary's present and every stream resyncs, told of
+        each job it reported active that no longer exists (WatchJobsResponse.vanished)."""
+        self._cursor_reset = True
+        self._wake.set()
+        self._subscribed.set()
 
     def _missed_changes(self) -> None:
         """Changes may not reach the streams from the feed: they resync; and a PENDING job

@@ -28,7 +28,12 @@ from psycopg import AsyncConnection, AsyncCursor, sql
 
 from queue_service import audit, deadline
 from queue_service.model import (
+    Adoption,
     AdmitState,
+    CoreRun,
+    DatabaseIdentity,
+    LostRun,
+    RunFate,
     CapacityGrant,
     CapacityState,
     Cause,
@@ -259,6 +264,37 @@ class Statements:
 
     async def drop_run_reservation(self, *, run_id: uuid.UUID) -> None:
         await self._send("drop_run_reservation", {"run_id": run_id})
+
+    # -- the core's runs as the second copy (engine/core_reconciliation.py) ---------------------
+
+    async def runs_unknown_to_queue(self, *, run_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        """Of these runs, those no job owns and no admit has reserved."""
+        return {row["run_id"] for row in await self._all("runs_unknown_to_queue", {"run_ids": list(run_ids)})}
+
+    async def runs_holding_a_slot(self, *, run_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        """Of these runs, those whose job the queue counts as active at the core (holding a slot,
+        or a running delta)."""
+        return {row["run_id"] for row in await self._all("runs_holding_a_slot", {"run_ids": list(run_ids)})}
+
+    async def record_lost_run(self, lost: LostRun) -> bool:
+        """Records a run reconciliation could not adopt; False when it was recorded before."""
+        return await self._one("record_lost_run", dataclasses.asdict(lost)) is not None
+
+    async def core_runs_lost(self, *, limit: int) -> list[LostRun]:
+        rows = await self._all("core_runs_lost", {"limit": limit})
+        return [
+            LostRun(r["run_id"], r["user_id"], r["job_id"], r["idempotency_key"], int(r["price"]), r["core_state"], r["reason"], r["recorded_at"])
+            for r in rows
+        ]
+
+    async def database_identity(self) -> DatabaseIdentity:
+        """The database's system identifier and timeline (None where the role may not read them)."""
+        try:
+            row = await self._one("database_identity", {})
+        except psycopg.errors.InsufficientPrivilege:
+            return DatabaseIdentity(None, None)
+        assert row is not None
+        return DatabaseIdentity(row["system_identifier"], row["timeline_id"])
 
     # -- jobs and runs -------------------------------------------------------------------------
 
@@ -729,6 +765,33 @@ class Store:
         for row in rows:
             rows_of[row["batch_index"]].append(row)
         return [_run_completion(rows_of[index], report.transition, report.actor) for index, report in enumerate(reports, start=1)]
+
+    async def adopt_run(self, run: CoreRun, limits: PromotionLimits, *, reconcile_after_seconds: float) -> Adoption:
+        """Adopts a run the core holds or judges into a job, under its user's lock, with its
+        charge (the current actor, `audit`); idempotent by run id and idempotency key."""
+        assert run.job_id is not None
+        actor = audit.actor_for(Cause.ADOPT)
+        params = {
+            "job_id": run.job_id,
+            "user_id": run.user_id,
+            "run_id": run.run_id,
+            "idempotency_key": run.idempotency_key,
+            "request_digest": run.request_digest,
+            "delta_of_run_id": run.delta_of_run_id,
+            "price": run.price,
+            "judging": run.fate is RunFate.JUDGING,
+            "actor": actor,
+            "reason": str(Cause.ADOPT),
+            "reconcile_after_seconds": float(reconcile_after_seconds),
+            **_limit_params(limits),
+        }
+        rows = await self._locked(run.user_id, "adopt_run", params)
+        row = rows[0]
+        kind = row["row_kind"]
+        view = JobView.from_row(row) if row["job_id"] is not None else None
+        if kind == "adopted" and run.price > 0:
+            audit.log_movement(kind=LedgerKind.CHARGE, user_id=run.user_id, amount=-run.price, job_id=run.job_id, actor=actor, reason=Cause.ADOPT)
+        return Adoption(kind, view)
 
     async def promote(self, user_id: str, limits: PromotionLimits) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first, each promoted job's

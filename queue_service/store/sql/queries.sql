@@ -660,3 +660,51 @@ DELETE FROM analysis_job_feed f
 -- A wake-up hint for the other replicas' feed readers, in a transaction of its own (no WAL, so the
 -- notify lock is held only for its queueing), after a change of this replica committed.
 SELECT pg_notify('analysis_job_feed', %(sender)s);
+
+-- name: adopt_run
+-- A locked section: adopts a run the core holds or judges into a job its database lost, with
+-- its charge (`queue_adopt_run`, migration 0016). One row: 'adopted', 'known' or 'key_taken'
+-- with a job's view, or 'reserved', 'no_base', 'balance_short' without one.
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+  FROM queue_adopt_run(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
+                       %(delta_of_run_id)s::uuid, %(price)s, %(judging)s, %(actor)s, %(reason)s,
+                       %(default_max_active)s, %(release_window_seconds)s, %(release_lease_seconds)s,
+                       %(reconcile_after_seconds)s) AS s
+
+-- name: runs_unknown_to_queue
+-- Of the given runs (the core's live ones), those no job owns and no admit has reserved: the
+-- candidates for adoption (the unique index on run_id and the reservations' primary key).
+SELECT r.run_id
+  FROM unnest(%(run_ids)s::uuid[]) AS r(run_id)
+ WHERE NOT EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.run_id = r.run_id)
+   AND NOT EXISTS (SELECT 1 FROM run_reservations v WHERE v.run_id = r.run_id);
+
+-- name: runs_holding_a_slot
+-- Of the given runs, those whose job holds its user's slot as the queue sees it (PENDING or
+-- RUNNING, or ended with its run not yet confirmed settled) or is a RUNNING delta: the runs the
+-- core may rightly be judging. A judging run not among them blocks its user's next release (I9).
+SELECT j.run_id
+  FROM analysis_jobs j
+ WHERE j.run_id = ANY(%(run_ids)s::uuid[])
+   AND (j.status IN ('pending', 'running') OR j.run_settle_due_at IS NOT NULL);
+
+-- name: record_lost_run
+-- Reconciliation could not adopt a run whose job was lost: the loss, for the operator (once per run).
+INSERT INTO core_runs_lost (run_id, user_id, job_id, idempotency_key, price, core_state, reason)
+VALUES (%(run_id)s, %(user_id)s, %(job_id)s, %(idempotency_key)s, %(price)s, %(core_state)s, %(reason)s)
+ON CONFLICT (run_id) DO NOTHING
+RETURNING run_id;
+
+-- name: core_runs_lost
+-- The newest runs reconciliation could not adopt (the operator's view of what a failover lost).
+SELECT run_id, user_id, job_id, idempotency_key, price, core_state, reason, recorded_at
+  FROM core_runs_lost
+ ORDER BY recorded_at DESC
+ LIMIT %(limit)s;
+
+-- name: database_identity
+-- Which database history this is: the cluster's system identifier and the timeline of its last
+-- checkpoint. A promoted standby starts a new timeline (its end-of-recovery checkpoint names it),
+-- so a change means a failover may have lost commits. NULLs where the role may not read them.
+SELECT (SELECT system_identifier FROM pg_control_system())::text AS system_identifier,
+       (SELECT timeline_id FROM pg_control_checkpoint()) AS timeline_id;
