@@ -214,24 +214,27 @@ class CoreReconciler:
     # -- I9 at the core --------------------------------------------------------------------------
 
     async def release_gate(self, claim: ClaimedRelease) -> str | None:
-        """Why this first-pass release must wait, or None: the core reports another first-pass
-        run of the user judging that the queue does not count as holding a slot. Raises
-        CoreUnavailable when the core does not answer (the release waits, as for no answer)."""
+        """Why this first-pass release must wait, or None. It waits while the core reports as
+        many of the user's other first-pass runs judging as her limit: the core's count, not the
+        database's, which a failover may have made forget a judging run (I9). Those of them the
+        queue does not know are adopted (or canceled) at once. Raises CoreUnavailable when the
+        core does not answer (the release waits, as for no answer)."""
         runs = await self._core.list_runs(user_id=claim.user_id, judging_only=True)
         others = [run for run in runs or () if run.first_pass and run.run_id != claim.run_id]
         if not others:
             return None
         async with self._store.statements() as db:
-            counted = await db.runs_holding_a_slot(run_ids=[run.run_id for run in others])
-        strays = [run for run in others if run.run_id not in counted]
-        if not strays:
+            limit = await db.user_slot_limit(user_id=claim.user_id, default_max_active=self._config.max_active_per_user)
+            unknown = await db.runs_unknown_to_queue(run_ids=[run.run_id for run in others])
+        for run in others:
+            if run.run_id in unknown:
+                self._in_background(self._settle_stray(run), name=f"settle-stray-{run.run_id}")
+        if len(others) < limit:
             return None
         telemetry.metrics.releases_held_for_core.add(1)
-        for run in strays:
-            self._in_background(self._settle_stray(run), name=f"settle-stray-{run.run_id}")
         return (
-            f"the core reports run {strays[0].run_id} of this user judging, which the queue does not count:"
-            " the release waits until it is adopted or settled"
+            f"the core reports {len(others)} other first-pass run(s) of this user judging (run {others[0].run_id} first),"
+            f" her limit is {limit}: the release waits until one settles"
         )
 
     async def _settle_stray(self, run: CoreRun) -> None:

@@ -84,29 +84,50 @@ class WatchPage:
 
     items: list[WatchItem]
     last: bool
+    # On a resync's last page: jobs the stream had reported active that no longer exist (a
+    # failover lost them); each gets a `vanished` message.
+    vanished: list[uuid.UUID] = dataclasses.field(default_factory=list)
 
 
 class SeqSet:
-    """A set of queue_seqs kept as a sorted array: 8 bytes a job, where a set of UUIDs costs ~130."""
+    """A set of queue_seqs kept as a sorted array (8 bytes a job, where a set of UUIDs costs ~130),
+    each with the id of its job alongside (16 bytes more), so a resync can name a job that
+    vanished (a failover lost it)."""
 
     def __init__(self) -> None:
         self._seqs = array("q")
+        self._ids = bytearray()
 
-    def add(self, seq: int) -> None:
+    def add(self, seq: int, job_id: uuid.UUID | None = None) -> None:
         at = bisect.bisect_left(self._seqs, seq)
+        raw = (job_id or _NO_JOB).bytes
         if at == len(self._seqs) or self._seqs[at] != seq:
             self._seqs.insert(at, seq)
+            self._ids[at * 16 : at * 16] = raw
+        else:
+            self._ids[at * 16 : at * 16 + 16] = raw
 
-    def discard(self, seq: int) -> None:
+    def discard(self, seq: int, job_id: uuid.UUID | None = None) -> None:
+        """Forgets `seq` (only while it names `job_id`, when given)."""
         at = bisect.bisect_left(self._seqs, seq)
         if at < len(self._seqs) and self._seqs[at] == seq:
+            if job_id is not None and bytes(self._ids[at * 16 : at * 16 + 16]) != job_id.bytes:
+                return
             del self._seqs[at]
+            del self._ids[at * 16 : at * 16 + 16]
 
     def tolist(self) -> list[int]:
         return self._seqs.tolist()
 
+    def items(self) -> list[tuple[int, uuid.UUID]]:
+        """(queue_seq, job id) pairs in queue order."""
+        return [(seq, uuid.UUID(bytes=bytes(self._ids[i * 16 : i * 16 + 16]))) for i, seq in enumerate(self._seqs)]
+
     def __len__(self) -> int:
         return len(self._seqs)
+
+
+_NO_JOB = uuid.UUID(int=0)
 
 
 class WatchStream:
@@ -131,7 +152,7 @@ class WatchStream:
         """Records that the caller is told of this job's state."""
         job = item.job
         if job.status.is_live:
-            self.active_seqs.add(job.queue_seq)
+            self.active_seqs.add(job.queue_seq, job.job_id)
         else:
             self.active_seqs.discard(job.queue_seq)
         self.newest_seq = max(self.newest_seq, job.queue_seq)
@@ -425,7 +446,9 @@ class NotificationHub:
             except TimeoutError:
                 raise errors.DatabaseUnavailable("this replica has not read the job-change feed yet; retry the call") from None
         user_id = stream.user_id
-        active_seqs = stream.active_seqs.tolist() if resync else []
+        reported_active = stream.active_seqs.items() if resync else []
+        active_seqs = [seq for seq, _ in reported_active]
+        resent: set[uuid.UUID] = set()
         newest_known_seq = stream.newest_seq
         newest_seq = 0
         after_seq = 0
@@ -447,9 +470,17 @@ class NotificationHub:
             items = [WatchItem(view) for view in views[:CATCH_UP_PAGE]]
             for item in items:
                 stream.saw(item)
+                resent.add(item.job.job_id)
+            vanished: list[uuid.UUID] = []
             if last:
                 stream.newest_seq = max(stream.newest_seq, newest_seq)
-            yield WatchPage(items, last)
+                # A job reported active is read again by the resync whatever became of it,
+                # unless it no longer exists: the database that had it failed over without it.
+                for seq, job_id in reported_active:
+                    if job_id not in resent and job_id != _NO_JOB:
+                        vanished.append(job_id)
+                        stream.active_seqs.discard(seq, job_id)
+            yield WatchPage(items, last, vanished)
             if last:
                 return
             after_seq = items[-1].job.queue_seq

@@ -679,14 +679,9 @@ SELECT r.run_id
  WHERE NOT EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.run_id = r.run_id)
    AND NOT EXISTS (SELECT 1 FROM run_reservations v WHERE v.run_id = r.run_id);
 
--- name: runs_holding_a_slot
--- Of the given runs, those whose job holds its user's slot as the queue sees it (PENDING or
--- RUNNING, or ended with its run not yet confirmed settled) or is a RUNNING delta: the runs the
--- core may rightly be judging. A judging run not among them blocks its user's next release (I9).
-SELECT j.run_id
-  FROM analysis_jobs j
- WHERE j.run_id = ANY(%(run_ids)s::uuid[])
-   AND (j.status IN ('pending', 'running') OR j.run_settle_due_at IS NOT NULL);
+-- name: user_slot_limit
+-- The user's first-pass limit: her own (`user_queue_limits`) or the default.
+SELECT COALESCE((SELECT max_active FROM user_queue_limits WHERE user_id = %(user_id)s), %(default_max_active)s) AS max_active;
 
 -- name: record_lost_run
 -- Reconciliation could not adopt a run whose job was lost: the loss, for the operator (once per run).

@@ -662,8 +662,8 @@ BEGIN
         p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest, v_status,
         nextval('analysis_jobs_queue_seq'), v_slot, v_base, p_price, v_now,
         CASE WHEN v_status <> 'queued' THEN v_now END,
-        CASE WHEN v_status = 'pending' THEN v_now + make_interval(secs => p_release_lease_seconds) END,
-        CASE WHEN v_status = 'pending' THEN 1 ELSE 0 END,
+        CASE WHEN v_status = 'pending' THEN v_now END,  -- due at once, for any replica's dispatcher
+        0,
         CASE WHEN v_status = 'pending' THEN v_now + make_interval(secs => p_release_window_seconds) END,
         CASE WHEN v_status = 'running' THEN v_now END,
         CASE WHEN v_status = 'running' THEN v_now + make_interval(secs => p_reconcile_after_seconds) END);

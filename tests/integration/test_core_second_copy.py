@@ -1,0 +1,251 @@
+"""The core as the second copy (design I14): what an asynchronous PostgreSQL failover lost is
+rebuilt from the core's live runs.
+
+No Patroni here: the lost-commit case is simulated by deleting, directly in the database, what a
+failover to a lagging standby would have lost (the jobs' rows, their ledger entries and balance
+movements, their reservations and feed rows), while the dev core still holds or judges their
+runs. Then, through the public API: the orphaned runs are adopted back into their jobs with their
+charges (or canceled and recorded when the click was admitted again), no user has two first-pass
+runs judging at the core (the dev core counts), a completion of a lost run ends up applied, and
+after reconciliation every live core run belongs to a live job (I10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import grpc
+import psycopg
+import pytest
+
+from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from tests.harness import S, InvariantChecker, new_user
+
+HELD, JUDGING, CANCELED = core_pb2.RUN_STATE_HELD, core_pb2.RUN_STATE_JUDGING, core_pb2.RUN_STATE_CANCELED
+
+
+def lose_commits(database_url: str, job_ids: list[str]) -> None:
+    """What a failover to a standby that had not received these jobs' commits leaves: no job, no
+    charge (the balance as before), no reservation, no feed row."""
+    ids = [uuid.UUID(j) for j in job_ids]
+    with psycopg.connect(database_url, autocommit=True) as conn, conn.transaction():
+        runs = [row[0] for row in conn.execute("SELECT run_id FROM analysis_jobs WHERE job_id = ANY(%s)", (ids,)).fetchall()]
+        conn.execute(
+            """UPDATE credit_accounts c SET balance = c.balance - s.total
+                 FROM (SELECT user_id, sum(amount) AS total FROM credit_ledger WHERE job_id = ANY(%s) GROUP BY user_id) s
+                WHERE c.user_id = s.user_id""",
+            (ids,),
+        )
+        conn.execute("DELETE FROM credit_ledger WHERE job_id = ANY(%s)", (ids,))
+        conn.execute("DELETE FROM analysis_job_feed WHERE job_id = ANY(%s)", (ids,))
+        conn.execute("DELETE FROM analysis_jobs WHERE job_id = ANY(%s)", (ids,))
+        conn.execute("DELETE FROM run_reservations WHERE run_id = ANY(%s)", (runs,))
+
+
+def orphans(core, database_url: str) -> list[str]:
+    """Live runs at the core that no live job owns (I10)."""
+    live = list(core.live_runs())
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        owned = {
+            str(row[0])
+            for row in conn.execute(
+                "SELECT run_id FROM analysis_jobs WHERE run_id = ANY(%s::uuid[]) AND status IN ('queued', 'pending', 'running')", (live,)
+            ).fetchall()
+        }
+    return [run_id for run_id in live if run_id not in owned]
+
+
+async def eventually(check, timeout: float = 10.0, what: str = "condition"):
+    give_up_at = time.monotonic() + timeout
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > give_up_at:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def test_lost_jobs_are_adopted_back_with_their_charges_and_the_core_never_judges_two(services, database_url: str) -> None:
+    """A RUNNING job (its run judging) and a QUEUED one (its run held) are lost; the user admits
+    again on the "new primary", whose free slot goes to the new job. Its release is held back
+    while the core judges the lost run (I9 at the core); reconciliation adopts both lost runs
+    with their original job ids and charges; everything then runs to the end, one at a time."""
+    core = await services.core()
+    service = await services.start(core, release_backoff_max_seconds=0.1)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 5)
+    running = await stubs.admit(user)
+    queued = await stubs.admit(user)
+    await stubs.wait_for(running.job_id, S.JOB_STATUS_RUNNING)
+    assert core.runs[running.run_id].state == JUDGING and core.runs[queued.run_id].state == HELD
+    assert await stubs.balance(user) == 3
+
+    lose_commits(database_url, [running.job_id, queued.job_id])
+    assert await stubs.balance(user) == 5
+    with pytest.raises(grpc.aio.AioRpcError) as lost:
+        await stubs.job(running.job_id)
+    assert lost.value.code() == grpc.StatusCode.NOT_FOUND
+
+    # After the failover: a new click takes the slot the new primary thinks is free.
+    later = await stubs.admit(user)
+    assert later.status == S.JOB_STATUS_PENDING
+    await asyncio.sleep(0.5)  # the dispatcher tries to release it meanwhile
+    assert core.runs[later.run_id].state == HELD, "released while the core judged the user's lost run (I9)"
+    assert core.max_concurrent_judging[user] == 1
+
+    # The held-back release adopted the judging run already; reconciliation adopts the held one.
+    report = await service.app.reconciler.reconcile()
+    assert report.orphans == report.adopted and report.adopted >= 1, report
+    adopted_running = await stubs.job(running.job_id)
+    adopted_queued = await stubs.job(queued.job_id)
+    assert adopted_running.status == S.JOB_STATUS_RUNNING and adopted_running.run_id == running.run_id
+    assert adopted_queued.status == S.JOB_STATUS_QUEUED and adopted_queued.run_id == queued.run_id
+    assert await stubs.balance(user) == 2  # three clicks acknowledged, three charges
+    assert orphans(core, database_url) == []
+    # Reconciling again (another replica, the next pass) changes nothing.
+    again = await service.app.reconciler.reconcile()
+    assert again.orphans == 0
+
+    # Everything runs to the end, one at a time at the core.
+    core.judging_seconds = 0.05
+    core.start_judging()
+    for job in (running, later, queued):
+        await stubs.wait_for(job.job_id, S.JOB_STATUS_SUCCEEDED, timeout=20)
+    assert core.max_concurrent_judging[user] == 1
+    assert await stubs.balance(user) == 2
+    checker = InvariantChecker(database_url)
+    assert checker.i3_ledger() == [] and checker.i1_slot_limit() == []
+    assert orphans(core, database_url) == []
+
+
+async def test_a_completion_of_a_lost_run_is_adopted_and_applied(services, database_url: str) -> None:
+    """The core finishes a run whose job the failover lost: its CompleteRun is not refused for
+    good; the run is adopted from the core's record and the completion applied, with the charge."""
+    core = await services.core()
+    service = await services.start(core)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 3)
+    job = await stubs.admit(user)
+    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    lose_commits(database_url, [job.job_id])
+
+    answer = await core.finish(job.run_id, succeeded=True)
+    assert answer is not None, "the completion of the lost run was refused"
+    finished = await stubs.job(job.job_id)
+    assert finished.status == S.JOB_STATUS_SUCCEEDED and finished.run_id == job.run_id
+    assert await stubs.balance(user) == 2
+    assert InvariantChecker(database_url).i3_ledger() == []
+    # The user's next click runs at once: the adopted job's slot was freed by its completion.
+    following = await stubs.admit(user)
+    assert (await stubs.wait_for(following.job_id, S.JOB_STATUS_RUNNING)).run_id == following.run_id
+
+
+async def test_a_lost_run_whose_click_was_admitted_again_is_canceled_and_recorded(services, database_url: str) -> None:
+    """The user retried her click (same idempotency key) on the new primary before reconciliation:
+    the retry's job holds the key, so the lost run is canceled at the core (never judged beside
+    the retry's) and its loss recorded for the operator; she is charged once."""
+    core = await services.core()
+    service = await services.start(core, release_backoff_max_seconds=0.1)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 3)
+    key = uuid.uuid4().hex
+    first = await stubs.admit(user, key)
+    await stubs.wait_for(first.job_id, S.JOB_STATUS_RUNNING)
+    lose_commits(database_url, [first.job_id])
+
+    retry = await stubs.admit(user, key)
+    assert retry.job_id != first.job_id  # the new primary never saw the first
+    # The retry's release waits for the lost run, which the release gate settles at once.
+    running = await stubs.wait_for(retry.job_id, S.JOB_STATUS_RUNNING, timeout=15)
+    assert running.run_id == retry.run_id
+    assert core.runs[first.run_id].state == CANCELED
+    assert core.max_concurrent_judging[user] == 1
+    assert await stubs.balance(user) == 2
+    rows = InvariantChecker(database_url).rows(f"SELECT reason, core_state, idempotency_key FROM core_runs_lost WHERE run_id = '{first.run_id}'")
+    assert rows == [("key_taken", "judging", key)]
+    assert orphans(core, database_url) == []
+
+
+async def test_two_replicas_reconciling_at_once_adopt_each_run_once(services, database_url: str) -> None:
+    """Adoption is idempotent across replicas: both reconcile the same orphans at the same time;
+    each lost job comes back once, charged once."""
+    core = await services.core()
+    one = await services.start(core)
+    other = await services.start(core)
+    users = [new_user() for _ in range(6)]
+    lost: list[str] = []
+    for user in users:
+        await one.stubs.grant(user, 2)
+        lost.append((await one.stubs.admit(user)).job_id)
+    for job_id in lost:
+        await one.stubs.wait_for(job_id, S.JOB_STATUS_RUNNING)
+    lose_commits(database_url, lost)
+
+    reports = await asyncio.gather(one.app.reconciler.reconcile(), other.app.reconciler.reconcile())
+    assert sum(r.adopted for r in reports) == len(lost), reports
+    for job_id, user in zip(lost, users, strict=True):
+        assert (await other.stubs.job(job_id)).status == S.JOB_STATUS_RUNNING
+        assert await other.stubs.balance(user) == 1
+    assert InvariantChecker(database_url).i3_ledger() == []
+    assert orphans(core, database_url) == []
+
+
+async def test_the_sweeper_reconciles_and_reads_the_database_identity(services, database_url: str) -> None:
+    """The sweeper's pass runs the reconciliation (the first pass of a replica always does), and
+    the database's identity (its timeline) is readable, so a failover is noticed."""
+    core = await services.core()
+    service = await services.start(core)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 2)
+    job = await stubs.admit(user)
+    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    lose_commits(database_url, [job.job_id])
+    report = await service.app.sweeper.sweep_once()
+    assert report.runs_adopted == 1
+    assert (await stubs.job(job.job_id)).status == S.JOB_STATUS_RUNNING
+    async with service.app.store.statements() as db:
+        identity = await db.database_identity()
+    assert identity.timeline_id is not None and identity.timeline_id >= 1 and identity.system_identifier
+    assert await service.app.reconciler.database_replaced() is False
+
+
+async def test_a_watch_stream_learns_that_a_job_vanished(services, database_url: str) -> None:
+    """A stream announced a job the new primary does not have: after the failover (the database
+    replaced: the stream resyncs) its last message for the job says it vanished, as GetJob's
+    NOT_FOUND does (I11)."""
+    core = await services.core()
+    service = await services.start(core)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 3)
+    kept = await stubs.admit(user)
+    gone = await stubs.admit(user)
+    call = stubs.queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id=user))
+    seen: dict[str, object] = {}
+    vanished: list[str] = []
+
+    async def read() -> None:
+        async for message in call:
+            if message.vanished:
+                vanished.append(message.job.job_id)
+            elif message.HasField("job"):
+                seen[message.job.job_id] = message.job.status
+
+    reader = asyncio.ensure_future(read())
+    try:
+        await eventually(lambda: gone.job_id in seen and kept.job_id in seen, what="the snapshot")
+        lose_commits(database_url, [gone.job_id])
+        service.app.hub.database_replaced()
+        await eventually(lambda: gone.job_id in vanished, what="the vanished marker")
+        assert kept.job_id not in vanished
+    finally:
+        call.cancel()
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await stubs.job(gone.job_id)
