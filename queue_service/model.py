@@ -126,7 +126,7 @@ class CoreRun:
 @dataclasses.dataclass(frozen=True)
 class Adoption:
     """What adopting a core's run came to: `kind` is 'adopted', 'known', 'key_taken' (with a
-    job's view), or 'reserved', 'no_base', 'balance_short' (without)."""
+    job's view), or 'reserved', 'delta_base_lost', 'balance_short' (without)."""
 
     kind: str
     view: JobView | None

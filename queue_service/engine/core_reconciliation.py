@@ -215,25 +215,30 @@ class CoreReconciler:
 
     async def release_gate(self, claim: ClaimedRelease) -> str | None:
         """Why this first-pass release must wait, or None. It waits while the core reports as
-        many of the user's other first-pass runs judging as her limit: the core's count, not the
-        database's, which a failover may have made forget a judging run (I9). Those of them the
-        queue does not know are adopted (or canceled) at once. Raises CoreUnavailable when the
+        many of the user's other first-pass runs judging as her limit, counting those whose job
+        holds a slot and those no job knows: the core's count, where the database's may have
+        forgotten a judging run in a failover (I9). A run whose job ended with the core's
+        confirmation that it settled is not counted. The unknown ones are adopted (or canceled)
+        at once. Raises CoreUnavailable when the
         core does not answer (the release waits, as for no answer)."""
         runs = await self._core.list_runs(user_id=claim.user_id, judging_only=True)
         others = [run for run in runs or () if run.first_pass and run.run_id != claim.run_id]
         if not others:
             return None
+        run_ids = [run.run_id for run in others]
         async with self._store.statements() as db:
             limit = await db.user_slot_limit(user_id=claim.user_id, default_max_active=self._config.max_active_per_user)
-            unknown = await db.runs_unknown_to_queue(run_ids=[run.run_id for run in others])
+            counted = await db.runs_taking_a_slot(run_ids=run_ids)
+            unknown = await db.runs_unknown_to_queue(run_ids=run_ids) if counted else set()
         for run in others:
             if run.run_id in unknown:
                 self._in_background(self._settle_stray(run), name=f"settle-stray-{run.run_id}")
-        if len(others) < limit:
+        if len(counted) < limit:
             return None
         telemetry.metrics.releases_held_for_core.add(1)
+        first = next(run.run_id for run in others if run.run_id in counted)
         return (
-            f"the core reports {len(others)} other first-pass run(s) of this user judging (run {others[0].run_id} first),"
+            f"the core reports {len(counted)} other first-pass run(s) of this user judging (run {first} first),"
             f" her limit is {limit}: the release waits until one settles"
         )
 

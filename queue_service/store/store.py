@@ -271,6 +271,11 @@ class Statements:
         """Of these runs, those no job owns and no admit has reserved."""
         return {row["run_id"] for row in await self._all("runs_unknown_to_queue", {"run_ids": list(run_ids)})}
 
+    async def runs_taking_a_slot(self, *, run_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        """Of these judging runs, those that take their user's slot as far as the queue can tell
+        (their job holds it, or no job or admit knows them)."""
+        return {row["run_id"] for row in await self._all("runs_taking_a_slot", {"run_ids": list(run_ids)})}
+
     async def user_slot_limit(self, *, user_id: str, default_max_active: int) -> int:
         """The user's first-pass limit (her own, or the default)."""
         row = await self._one("user_slot_limit", {"user_id": user_id, "default_max_active": default_max_active})

@@ -664,7 +664,7 @@ SELECT pg_notify('analysis_job_feed', %(sender)s);
 -- name: adopt_run
 -- A locked section: adopts a run the core holds or judges into a job its database lost, with
 -- its charge (`queue_adopt_run`, migration 0016). One row: 'adopted', 'known' or 'key_taken'
--- with a job's view, or 'reserved', 'no_base', 'balance_short' without one.
+-- with a job's view, or 'reserved', 'delta_base_lost', 'balance_short' without one.
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
   FROM queue_adopt_run(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
                        %(delta_of_run_id)s::uuid, %(price)s, %(judging)s, %(actor)s, %(reason)s,
@@ -678,6 +678,18 @@ SELECT r.run_id
   FROM unnest(%(run_ids)s::uuid[]) AS r(run_id)
  WHERE NOT EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.run_id = r.run_id)
    AND NOT EXISTS (SELECT 1 FROM run_reservations v WHERE v.run_id = r.run_id);
+
+-- name: runs_taking_a_slot
+-- Of the given runs (first-pass runs the core reports judging), those that take their user's
+-- slot as far as the queue can tell: owned by a job holding it (PENDING or RUNNING, or ended with
+-- its run not yet confirmed settled), or unknown to the queue (its job lost in a failover). A run
+-- whose job ended with its run confirmed settled is not counted: only the core's own answer
+-- settles a run, and a failover loses commits, it does not invent them.
+SELECT r.run_id
+  FROM unnest(%(run_ids)s::uuid[]) AS r(run_id)
+  LEFT JOIN analysis_jobs j ON j.run_id = r.run_id
+ WHERE (j.job_id IS NULL AND NOT EXISTS (SELECT 1 FROM run_reservations v WHERE v.run_id = r.run_id))
+    OR j.status IN ('pending', 'running') OR j.run_settle_due_at IS NOT NULL;
 
 -- name: user_slot_limit
 -- The user's first-pass limit: her own (`user_queue_limits`) or the default.

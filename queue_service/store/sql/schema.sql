@@ -630,7 +630,7 @@ BEGIN
     IF p_delta_of_run_id IS NOT NULL THEN
         SELECT b.job_id INTO v_base FROM analysis_jobs b WHERE b.run_id = p_delta_of_run_id AND b.user_id = p_user_id;
         IF v_base IS NULL THEN
-            RETURN QUERY SELECT 'no_base'::text, 0, false, NULL::analysis_job_views;
+            RETURN QUERY SELECT 'delta_base_lost'::text, 0, false, NULL::analysis_job_views;
             RETURN;
         END IF;
     END IF;

@@ -26,7 +26,7 @@ CREATE INDEX core_runs_lost_newest_first ON core_runs_lost (recorded_at DESC);
 -- and the (user, idempotency key) are unique, and the checks and the insert run under the lock.
 -- Rows: 'adopted' with the new job's view; 'known' (a job owns the run) with its view;
 -- 'reserved' (an admit is still in flight with it); 'key_taken' (another job holds the click's
--- key) with that job's view; 'no_base' (a delta whose base job is gone); 'balance_short'.
+-- key) with that job's view; 'delta_base_lost' (a delta whose base job is gone); 'balance_short'.
 --
 -- A judging first-pass run is adopted RUNNING holding a slot: a free one, or one past the user's
 -- limit when the new primary gave hers to another job meanwhile (the core does judge both), so
@@ -66,7 +66,7 @@ BEGIN
     IF p_delta_of_run_id IS NOT NULL THEN
         SELECT b.job_id INTO v_base FROM analysis_jobs b WHERE b.run_id = p_delta_of_run_id AND b.user_id = p_user_id;
         IF v_base IS NULL THEN
-            RETURN QUERY SELECT 'no_base'::text, 0, false, NULL::analysis_job_views;
+            RETURN QUERY SELECT 'delta_base_lost'::text, 0, false, NULL::analysis_job_views;
             RETURN;
         END IF;
     END IF;
