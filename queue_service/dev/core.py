@@ -21,6 +21,9 @@ them); `most_first_pass_judging` is the most first-pass runs of all users judgin
 the core's side) and `start_order` the users of first-pass runs in the order they began judging
 (I13). Unreleased held runs expire after `hold_expiry_seconds`,
 like the real core. A failed CompleteRun is retried for a minute, as the core contract asks.
+`ListRuns` lists the live runs (held or judging; by user, judging only) in run id order, a page
+at a time, each with what it was created with (`Run.creation`, which `GetRun` returns too; kept
+in the saved state), so the queue can adopt runs its database lost; `list_calls` counts them.
 The completion callback carries the trace context of the release that started the run, and a
 bearer token when `callback_token` is set (QUEUE_DEV_CORE_CALLBACK_TOKEN for the process); the
 dev core serves gRPC health too.
