@@ -145,7 +145,10 @@ class CoreReconciler:
                         log.warning("orphaned run %s not settled yet (%s); the next reconciliation retries", run.run_id, exc.message)
                         return "retry"
 
-            outcomes = await asyncio.gather(*(settle(run) for run in orphans))
+            # Judging runs first: they do hold their users' slots at the core, so they take the
+            # free ones, and a held run adopted after them waits behind (QUEUED), not in front.
+            outcomes = await asyncio.gather(*(settle(run) for run in orphans if run.fate is RunFate.JUDGING))
+            outcomes += await asyncio.gather(*(settle(run) for run in orphans if run.fate is not RunFate.JUDGING))
             report.adopted = outcomes.count("adopted")
             report.lost = outcomes.count("lost")
             self._last_reconciled = time.monotonic()

@@ -13,8 +13,13 @@ after reconciliation every live core run belongs to a live job (I10).
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
+import shutil
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import grpc
 import psycopg
@@ -249,3 +254,113 @@ async def test_a_watch_stream_learns_that_a_job_vanished(services, database_url:
         await asyncio.gather(reader, return_exceptions=True)
     with pytest.raises(grpc.aio.AioRpcError):
         await stubs.job(gone.job_id)
+
+
+def _replay_caught_up(primary_dsn: str, standby_dsn: str) -> bool:
+    with psycopg.connect(primary_dsn, autocommit=True) as primary, psycopg.connect(standby_dsn, autocommit=True) as standby:
+        written = primary.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        return bool(standby.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (str(written),)).fetchone()[0])
+
+
+async def test_an_asynchronous_failover_is_noticed_and_what_it_lost_is_adopted(services) -> None:
+    """A real failover without Patroni: a primary and a streaming standby (pg_basebackup), the
+    service behind a proxy that follows the primary. The standby stops receiving WAL, the service
+    admits (acknowledged, never replicated), the primary dies and the standby is promoted (a new
+    timeline). Without any call to the service's internals: the replica notices the new timeline,
+    reconciles with the core's runs and adopts the lost jobs with their charges; the core never
+    judges two runs of the user; a WatchJobs stream converges on what GetJob says (I11)."""
+    from queue_service.dev.embedded_postgres import EmbeddedPostgres
+    from tests.faults import TcpProxy
+
+    # Not under pytest's tmp_path: another pytest session resets its base folder to 0700, and the
+    # embedded server may run as its own system user.
+    state = Path(tempfile.mkdtemp(prefix="acurio-queue-failover-"))
+    primary = EmbeddedPostgres(state / "primary", durable=False, max_connections=100)
+    primary.start()
+    standby: EmbeddedPostgres | None = None
+    proxy = TcpProxy(primary.dsn("queue"))
+    try:
+        with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE queue")
+        await proxy.up()
+        core = await services.core()
+        service = await services.start(core, database_url=proxy.dsn(), migrate_on_start=True, sweep_interval_seconds=3600.0)
+        stubs = service.stubs
+        survivor_user, user = new_user(), new_user()
+        await stubs.grant(survivor_user, 2)
+        await stubs.grant(user, 5)
+        kept = await stubs.admit(survivor_user)
+        await stubs.wait_for(kept.job_id, S.JOB_STATUS_RUNNING)
+
+        # The standby: a base backup that streams, then stops receiving (lagging without bound).
+        standby = EmbeddedPostgres(state / "standby", durable=False, max_connections=100)
+        standby.data_dir.mkdir(mode=0o700)
+        if primary._run_as is not None:
+            account = pwd.getpwnam(primary._run_as)
+            os.chown(standby.data_dir, account.pw_uid, account.pw_gid)
+        primary._pg("pg_basebackup", "-D", str(standby.data_dir), "-d", primary.dsn(), "-X", "stream", "-R", "-c", "fast", timeout=120)
+        standby.start()
+        await eventually(lambda: _replay_caught_up(primary.dsn(), standby.dsn()), timeout=30, what="the standby to catch up")
+        with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET primary_conninfo = ''")
+            conn.execute("SELECT pg_reload_conf()")
+        await asyncio.sleep(1.0)
+
+        # Acknowledged on the primary only.
+        running = await stubs.admit(user)
+        queued = await stubs.admit(user)
+        await stubs.wait_for(running.job_id, S.JOB_STATUS_RUNNING)
+        assert core.runs[running.run_id].state == JUDGING and core.runs[queued.run_id].state == HELD
+        assert await stubs.balance(user) == 3
+        call = stubs.queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id=user))
+        last: dict[str, object] = {}
+
+        async def read() -> None:
+            async for message in call:
+                if message.HasField("job") and message.job.job_id:
+                    last[message.job.job_id] = "vanished" if message.vanished else message.job.status
+
+        reader = asyncio.ensure_future(read())
+        try:
+            await eventually(lambda: running.job_id in last and queued.job_id in last, what="the stream's snapshot")
+
+            # The primary's node dies; the standby is promoted; the proxy follows it.
+            primary.stop(mode="immediate")
+            proxy.retarget(standby.dsn("queue"))
+            await proxy.cut()
+            with psycopg.connect(standby.dsn("queue"), autocommit=True) as conn:
+                conn.execute("SELECT pg_promote(true, 30)")
+                assert conn.execute("SELECT count(*) FROM analysis_jobs WHERE job_id = %s", (uuid.UUID(running.job_id),)).fetchone()[0] == 0
+
+            async def adopted() -> bool:
+                try:
+                    return (await stubs.job(running.job_id)).status == S.JOB_STATUS_RUNNING and (await stubs.job(queued.job_id)).status == S.JOB_STATUS_QUEUED
+                except grpc.aio.AioRpcError:
+                    return False
+
+            promoted_at = time.monotonic()
+            await eventually(adopted, timeout=30, what="the lost jobs to be adopted after the failover")
+            print(f"lost jobs adopted {time.monotonic() - promoted_at:.2f} s after the standby's promotion")
+            assert await stubs.balance(user) == 3
+            assert core.max_concurrent_judging[user] == 1
+            assert orphans(core, standby.dsn("queue")) == []
+
+            # The rest runs to the end, one at a time; the stream converges on GetJob.
+            core.judging_seconds = 0.05
+            core.start_judging()
+            for job in (running, queued, kept):
+                await stubs.wait_for(job.job_id, S.JOB_STATUS_SUCCEEDED, timeout=20)
+            assert core.max_concurrent_judging[user] == 1
+            await eventually(lambda: last.get(queued.job_id) == S.JOB_STATUS_SUCCEEDED, what="the stream to converge")
+            assert last[running.job_id] == S.JOB_STATUS_SUCCEEDED
+            assert InvariantChecker(standby.dsn("queue")).all_violations() == []
+        finally:
+            call.cancel()
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+    finally:
+        await proxy.down()
+        if standby is not None:
+            standby.stop(mode="immediate")
+        primary.stop(mode="immediate")
+        shutil.rmtree(state, ignore_errors=True)

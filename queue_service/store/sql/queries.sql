@@ -710,8 +710,12 @@ SELECT run_id, user_id, job_id, idempotency_key, price, core_state, reason, reco
  LIMIT %(limit)s;
 
 -- name: database_identity
--- Which database history this is: the cluster's system identifier and the timeline of its last
--- checkpoint. A promoted standby starts a new timeline (its end-of-recovery checkpoint names it),
--- so a change means a failover may have lost commits. NULLs where the role may not read them.
+-- Which database history this is: the cluster's system identifier and its current timeline. A
+-- promoted standby starts a new timeline at once: it names the WAL segment being written (the
+-- first 8 hex digits of its file name), while the last checkpoint's timeline follows only when
+-- the (spread) checkpoint after promotion completes, so it is only the fallback (on a standby).
+-- A change means a failover may have lost commits.
 SELECT (SELECT system_identifier FROM pg_control_system())::text AS system_identifier,
-       (SELECT timeline_id FROM pg_control_checkpoint()) AS timeline_id;
+       CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint())
+            ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
+       END AS timeline_id;
