@@ -191,6 +191,9 @@ async def test_two_replicas_reconciling_at_once_adopt_each_run_once(services, da
     for job_id in lost:
         await one.stubs.wait_for(job_id, S.JOB_STATUS_RUNNING)
     lose_commits(database_url, lost)
+    # The core's list comes a page at a time: every live run, once, whatever the page size.
+    listed = await one.app.core.list_runs(page_size=4)
+    assert sorted(str(run.run_id) for run in listed) == sorted(core.live_runs()) and core.list_calls >= 2
 
     reports = await asyncio.gather(one.app.reconciler.reconcile(), other.app.reconciler.reconcile())
     assert sum(r.adopted for r in reports) == len(lost), reports
