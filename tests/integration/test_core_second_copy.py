@@ -27,6 +27,7 @@ import pytest
 
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service.dev.core import AnswerFault
 from tests.harness import S, InvariantChecker, new_user
 
 HELD, JUDGING, CANCELED = core_pb2.RUN_STATE_HELD, core_pb2.RUN_STATE_JUDGING, core_pb2.RUN_STATE_CANCELED
@@ -149,6 +150,43 @@ async def test_a_completion_of_a_lost_run_is_adopted_and_applied(services, datab
     # The user's next click runs at once: the adopted job's slot was freed by its completion.
     following = await stubs.admit(user)
     assert (await stubs.wait_for(following.job_id, S.JOB_STATUS_RUNNING)).run_id == following.run_id
+
+
+async def test_a_completion_racing_reconciliation_on_two_replicas_applies_once(services, database_url: str) -> None:
+    """The core's CompleteRun of lost runs reaches one replica while another reconciles the same
+    runs: each run is adopted once (under its user's lock), each completion applied once, each
+    user charged once."""
+    core = await services.core()
+    one = await services.start(core)
+    other = await services.start(core)
+    core.set_callback_addr(one.address)
+    users = [new_user() for _ in range(5)]
+    lost = []
+    for user in users:
+        await one.stubs.grant(user, 2)
+        lost.append(await one.stubs.admit(user))
+    for job in lost:
+        await one.stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    lose_commits(database_url, [job.job_id for job in lost])
+
+    # Every GetRun answered 0.3 s late: the reconciliation has seen the runs judging and is
+    # about to adopt them when the completions arrive and adopt them too.
+    core.answer_faults["GetRun"] = AnswerFault("late", 0.3)
+    listed_before = core.list_calls
+    reconciling = asyncio.ensure_future(other.app.reconciler.reconcile())
+    await eventually(lambda: core.list_calls > listed_before, what="the reconciliation to list the runs")
+    await asyncio.sleep(0.1)
+    answers = await asyncio.gather(*(core.finish(job.run_id) for job in lost))
+    report = await reconciling
+    assert all(answer is not None for answer in answers), "a completion of a lost run was refused"
+    assert report.orphans == len(lost), report
+    for job, user in zip(lost, users, strict=True):
+        assert (await other.stubs.job(job.job_id)).status == S.JOB_STATUS_SUCCEEDED
+        assert await other.stubs.balance(user) == 1
+    checker = InvariantChecker(database_url)
+    assert checker.i3_ledger() == []
+    assert checker.count(f"SELECT count(*) FROM credit_ledger WHERE kind = 'charge' AND user_id = ANY(ARRAY{users})") == len(users)
+    assert orphans(core, database_url) == []
 
 
 async def test_a_lost_run_whose_click_was_admitted_again_is_canceled_and_recorded(services, database_url: str) -> None:
