@@ -66,6 +66,7 @@ class ReconcileReport:
     adopted: int = 0
     lost: int = 0
     supported: bool = True
+    trigger: str = "periodic"
 
 
 class CoreReconciler:
@@ -120,7 +121,7 @@ class CoreReconciler:
 
     async def reconcile(self, *, trigger: str = "periodic") -> ReconcileReport:
         """Lists the core's live runs and settles every one the queue does not know."""
-        report = ReconcileReport()
+        report = ReconcileReport(trigger=trigger)
         with telemetry.tracer.start_as_current_span("core.reconcile") as span:
             span.set_attribute("queue.reconcile.trigger", trigger)
             try:
@@ -153,7 +154,8 @@ class CoreReconciler:
             report.lost = outcomes.count("lost")
             self._last_reconciled = time.monotonic()
             for name, value in dataclasses.asdict(report).items():
-                span.set_attribute(f"queue.reconcile.{name}", value)
+                if name != "trigger":
+                    span.set_attribute(f"queue.reconcile.{name}", value)
         telemetry.metrics.core_reconciliations.add(1, {"trigger": trigger, "result": "ok"})
         if report.orphans:
             log.info("reconciled the core's live runs", extra={"reason": trigger, "amount": report.orphans})

@@ -91,6 +91,17 @@ class Sweeper:
         await cancel_and_wait(self._identity_watch)
         await cancel_and_wait(self._runner)
 
+    async def after_database_replaced(self) -> None:
+        """A failover may have lost commits: the core's live runs are reconciled (lost jobs
+        adopted), every RUNNING job is asked about at the core now (a completion the old primary
+        acknowledged may be lost), and a whole pass runs at once."""
+        assert self.reconciler is not None
+        await self._guarded(self.reconciler.reconcile(trigger="database_changed"), None)
+        async with self._store.statements() as db:
+            due = await db.reconcile_running_jobs_now()
+        log.info("after the database changed: %d running jobs to reconcile with the core now", due)
+        await self.sweep_once()
+
     async def _watch_database_identity(self) -> None:
         """Looks at the database's identity every few seconds (one cheap query) and reconciles
         with the core's runs at once when it changed: a failover is seen within seconds, not a
@@ -101,7 +112,7 @@ class Sweeper:
             await asyncio.sleep(every * random.uniform(0.8, 1.0))
             try:
                 if await self.reconciler.database_replaced():
-                    await self.reconciler.reconcile(trigger="database_changed")
+                    await self.after_database_replaced()
             except errors.QueueError as exc:
                 log.debug("database identity check failed (%s); retrying", exc.message)
             except Exception:
@@ -126,6 +137,9 @@ class Sweeper:
             if self.reconciler is not None:
                 # First: runs adopted now are promoted, released and reconciled by this pass.
                 reconciled = await self._guarded(self.reconciler.reconcile_if_due(), None)
+                if reconciled is not None and reconciled.trigger == "database_changed":
+                    async with self._store.statements() as db:
+                        await db.reconcile_running_jobs_now()
                 if reconciled is not None:
                     report.runs_adopted += reconciled.adopted
                     report.runs_lost += reconciled.lost

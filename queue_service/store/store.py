@@ -293,6 +293,11 @@ class Statements:
             for r in rows
         ]
 
+    async def reconcile_running_jobs_now(self) -> int:
+        """Makes every RUNNING job due for reconciliation with the core now; how many."""
+        row = await self._one("reconcile_running_jobs_now", {})
+        return 0 if row is None else int(row["jobs"])
+
     async def database_identity(self) -> DatabaseIdentity:
         """The database's system identifier and timeline (None where the role may not read them)."""
         try:

@@ -308,8 +308,9 @@ async def test_an_asynchronous_failover_is_noticed_and_what_it_lost_is_adopted(s
     service behind a proxy that follows the primary. The standby stops receiving WAL, the service
     admits (acknowledged, never replicated), the primary dies and the standby is promoted (a new
     timeline). Without any call to the service's internals: the replica notices the new timeline,
-    reconciles with the core's runs and adopts the lost jobs with their charges; the core never
-    judges two runs of the user; a WatchJobs stream converges on what GetJob says (I11)."""
+    reconciles with the core's runs and adopts the lost jobs with their charges, and asks the core
+    at once about running jobs (a completion acknowledged by the old primary was lost); the core
+    never judges two runs of the user; a WatchJobs stream converges on what GetJob says (I11)."""
     from queue_service.dev.embedded_postgres import EmbeddedPostgres
     from tests.faults import TcpProxy
 
@@ -347,7 +348,9 @@ async def test_an_asynchronous_failover_is_noticed_and_what_it_lost_is_adopted(s
             conn.execute("SELECT pg_reload_conf()")
         await asyncio.sleep(1.0)
 
-        # Acknowledged on the primary only.
+        # Acknowledged on the primary only: a completion of a surviving job, and two admits.
+        assert await core.finish(kept.run_id) is not None
+        assert (await stubs.job(kept.job_id)).status == S.JOB_STATUS_SUCCEEDED
         running = await stubs.admit(user)
         queued = await stubs.admit(user)
         await stubs.wait_for(running.job_id, S.JOB_STATUS_RUNNING)
@@ -382,6 +385,10 @@ async def test_an_asynchronous_failover_is_noticed_and_what_it_lost_is_adopted(s
             promoted_at = time.monotonic()
             await eventually(adopted, timeout=30, what="the lost jobs to be adopted after the failover")
             print(f"lost jobs adopted {time.monotonic() - promoted_at:.2f} s after the standby's promotion")
+            # The surviving job whose completion was lost is asked about at the core at once,
+            # not QUEUE_RECONCILE_AFTER_SECONDS (15 min) after its start.
+            await stubs.wait_for(kept.job_id, S.JOB_STATUS_SUCCEEDED, timeout=10)
+            print(f"lost completion reconciled {time.monotonic() - promoted_at:.2f} s after the standby's promotion")
             assert await stubs.balance(user) == 3
             assert core.max_concurrent_judging[user] == 1
             assert orphans(core, standby.dsn("queue")) == []
@@ -389,7 +396,7 @@ async def test_an_asynchronous_failover_is_noticed_and_what_it_lost_is_adopted(s
             # The rest runs to the end, one at a time; the stream converges on GetJob.
             core.judging_seconds = 0.05
             core.start_judging()
-            for job in (running, queued, kept):
+            for job in (running, queued):
                 await stubs.wait_for(job.job_id, S.JOB_STATUS_SUCCEEDED, timeout=20)
             assert core.max_concurrent_judging[user] == 1
             await eventually(lambda: last.get(queued.job_id) == S.JOB_STATUS_SUCCEEDED, what="the stream to converge")

@@ -719,3 +719,14 @@ SELECT (SELECT system_identifier FROM pg_control_system())::text AS system_ident
        CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint())
             ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
        END AS timeline_id;
+
+-- name: reconcile_running_jobs_now
+-- After a failover: every RUNNING job is due for the sweeper's reconciliation with the core
+-- (`GetRun`) now, not QUEUE_RECONCILE_AFTER_SECONDS after its start: its completion may have been
+-- acknowledged by the old primary and lost. The number of jobs made due.
+WITH due AS (
+    UPDATE analysis_jobs SET next_reconcile_at = clock_timestamp()
+     WHERE status = 'running' AND next_reconcile_at > clock_timestamp()
+    RETURNING 1
+)
+SELECT count(*) AS jobs FROM due;
