@@ -286,13 +286,6 @@ class Statements:
         """Records a run reconciliation could not adopt; False when it was recorded before."""
         return await self._one("record_lost_run", dataclasses.asdict(lost)) is not None
 
-    async def core_runs_lost(self, *, limit: int) -> list[LostRun]:
-        rows = await self._all("core_runs_lost", {"limit": limit})
-        return [
-            LostRun(r["run_id"], r["user_id"], r["job_id"], r["idempotency_key"], int(r["price"]), r["core_state"], r["reason"], r["recorded_at"])
-            for r in rows
-        ]
-
     async def reconcile_running_jobs_now(self) -> int:
         """Makes every RUNNING job due for reconciliation with the core now; how many."""
         row = await self._one("reconcile_running_jobs_now", {})

@@ -702,13 +702,6 @@ VALUES (%(run_id)s, %(user_id)s, %(job_id)s, %(idempotency_key)s, %(price)s, %(c
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 
--- name: core_runs_lost
--- The newest runs reconciliation could not adopt (the operator's view of what a failover lost).
-SELECT run_id, user_id, job_id, idempotency_key, price, core_state, reason, recorded_at
-  FROM core_runs_lost
- ORDER BY recorded_at DESC
- LIMIT %(limit)s;
-
 -- name: database_identity
 -- Which database history this is: the cluster's system identifier and its current timeline. A
 -- promoted standby starts a new timeline at once: it names the WAL segment being written (the
