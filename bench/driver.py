@@ -29,7 +29,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from bench.measure import Latency
-from queue_service.model import NewJob
+from queue_service.model import AdmitLimits, NewJob
 from queue_service.store import Store
 from queue_service.store.pool import Timeouts, create_pool
 
@@ -56,6 +56,12 @@ async def _bare_pool(dsn: str, max_size: int) -> AsyncConnectionPool:
 # -- db_floor --------------------------------------------------------------------------------------
 
 
+_ADMIT_LIMITS = AdmitLimits(
+    default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
+    release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
+)
+
+
 async def bare_admit(store: Store, user_id: str, key: str) -> None:
     """The admit's database work and nothing else: the run reservation with the state read, then
     the locked admit statement (`Store.admit_job`), as the service runs them."""
@@ -64,10 +70,7 @@ async def bare_admit(store: Store, user_id: str, key: str) -> None:
         await db.reserve_run_and_read_admit_state(
             run_id=job.run_id, user_id=user_id, idempotency_key=key, delta_of_job_id=None, grace_seconds=60
         )
-    view = await store.admit_job(
-        job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
-        release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
-    )
+    view = await store.admit_job(job, _ADMIT_LIMITS)
     if view is None:
         raise RuntimeError(f"{user_id} has no credit left")
 
@@ -190,8 +193,7 @@ async def watch_fanout(
 async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     from queue_service.config import Config
     from queue_service.core_client import CoreClient
-    from queue_service.engine.engine import QueueEngine
-    from queue_service.engine.sweeper import Sweeper
+    from queue_service.engine import QueueEngine, Recovery, Releases, Sweeper
 
     config = Config.from_env(environ={}, database_url=dsn, core_addr=core_addr)
     pool = create_pool(dsn, timeouts=TIMEOUTS, min_size=2, max_size=4, timeout=10)
@@ -199,7 +201,8 @@ async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     core = CoreClient.connect(core_addr, deadline_seconds=5)
     store = Store(pool, database_url=dsn)
     engine = QueueEngine(store, core, config, hand_over=lambda claim: None)
-    sweep = Sweeper(engine, store, config, wake_dispatcher=lambda: None)
+    recovery = Recovery(engine, Releases(engine, store, core), store, core)
+    sweep = Sweeper(recovery, store, config, wake_dispatcher=lambda: None)
     await sweep.sweep_once()  # warm: connections, prepared plans, caches
     _emit({"ready": True})
     await _wait_for_go()

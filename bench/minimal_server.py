@@ -21,12 +21,18 @@ from grpc_reflection.v1alpha import reflection
 
 from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2, queue_service_pb2_grpc as queue_grpc
 from queue_service.api.convert import PROTO_OF_STATUS
-from queue_service.model import NewJob
+from queue_service.model import AdmitLimits, NewJob
 from queue_service.store import Store
 from queue_service.store.pool import Timeouts, create_pool
 
 _TIMEOUTS = Timeouts(lock_timeout_ms=5000, statement_timeout_ms=10000)
 _PRICE = 1
+
+
+_ADMIT_LIMITS = AdmitLimits(
+    default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
+    release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
+)
 
 
 class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
@@ -47,10 +53,7 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
             await db.reserve_run_and_read_admit_state(
                 run_id=job.run_id, user_id=job.user_id, idempotency_key=job.idempotency_key, delta_of_job_id=None, grace_seconds=60
             )
-        view = await self._store.admit_job(
-            job, default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
-            release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
-        )
+        view = await self._store.admit_job(job, _ADMIT_LIMITS)
         if view is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "insufficient credits")
         return queue_pb2.AdmitResponse(

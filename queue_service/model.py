@@ -1,8 +1,8 @@
 """The queue's model: job statuses, what the core says about a run, named transitions, and the
 typed values that travel between the store, the engine and the edge.
 
-Nothing here does I/O or knows gRPC or SQL: the store builds these from rows, the edge turns them
-into protos. See docs/design.md for the lifecycle and docs/architecture.md for who uses what.
+Nothing here does I/O or knows gRPC or SQL: the store builds these from rows (`store/rows.py`), the
+edge turns them into protos. See docs/design.md for the lifecycle and docs/architecture.md for who uses what.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import dataclasses
 import datetime as dt
 import enum
 import uuid
-from collections.abc import Mapping
-from typing import Any
 
 
 class JobStatus(enum.StrEnum):
@@ -285,6 +283,20 @@ class AdmitState:
 
 
 @dataclasses.dataclass(frozen=True)
+class AdmitLimits:
+    """What the locked admit checks and sets: a user's slots unless overridden, the queue and
+    delta limits, and the times a PENDING job's first release and a RUNNING job's reconciliation
+    are due (the promotion's `PromotionLimits`, plus the admit's own)."""
+
+    default_max_active: int
+    max_queued: int
+    max_running_deltas: int
+    release_window_seconds: float
+    release_lease_seconds: float
+    reconcile_after_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
 class NewJob:
     job_id: uuid.UUID
     user_id: str
@@ -456,31 +468,6 @@ class JobView:
     # 1-based place in the fleet-wide order for the core (filled in by the reads); 0: not waiting.
     capacity_position: int = 0
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> JobView:
-        """From a row of `analysis_job_views`, by name: a column a newer schema adds is ignored."""
-        return cls(
-            job_id=row["job_id"],
-            user_id=row["user_id"],
-            run_id=row["run_id"],
-            status=JobStatus(row["status"]),
-            delta_of_job_id=row["delta_of_job_id"],
-            release_attempts=int(row["release_attempts"]),
-            last_error=row["last_error"],
-            create_time=row["create_time"],
-            promote_time=row["promote_time"],
-            start_time=row["start_time"],
-            end_time=row["end_time"],
-            price=int(row["price"]),
-            refunded=bool(row["refunded"]),
-            queue_seq=int(row["queue_seq"]),
-            queue_position=int(row["queue_position"]),
-            waiting_for_job_id=row["waiting_for_job_id"],
-            active_since=row["active_since"],
-            max_active_override=row["max_active_override"],
-            waiting_for_capacity=bool(row.get("waiting_for_capacity", False)),
-            capacity_wait_since=row.get("capacity_wait_since"),
-        )
 
 
 def estimate_start(
@@ -671,26 +658,6 @@ class ReplicationStance:
     @property
     def synchronous(self) -> bool:
         return self.mode == "synchronous"
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> ReplicationStance:
-        commit = str(row["synchronous_commit"])
-        names = str(row["synchronous_standby_names"]).strip()
-        standbys, synchronous, hidden = int(row["standbys"]), int(row["synchronous_standbys"]), int(row["standbys_hidden"])
-        waits = commit in ("on", "remote_write", "remote_apply") and bool(names)
-        if row["in_recovery"]:
-            mode = "standby"
-        elif waits and synchronous > 0:
-            mode = "synchronous"
-        elif waits and hidden > 0:
-            mode = "unknown"
-        elif waits:
-            mode = "synchronous_without_standby"
-        elif standbys > 0:
-            mode = "asynchronous"
-        else:
-            mode = "single_node"
-        return cls(mode=mode, synchronous_commit=commit, synchronous_standby_names=names, standbys=standbys, synchronous_standbys=synchronous)
 
     def describe(self) -> str:
         return (

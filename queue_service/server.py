@@ -50,14 +50,19 @@ from queue_service.api.web import WebEndpoint
 from queue_service.background import cancel_and_wait
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
-from queue_service.engine.capacity import FleetCapacity
-from queue_service.engine.credits import Credits
-from queue_service.engine.dispatcher import ReleaseDispatcher
-from queue_service.engine.engine import QueueEngine
-from queue_service.engine.job_reads import JobReads
-from queue_service.engine.core_reconciliation import CoreReconciler
-from queue_service.engine.sweeper import Sweeper
-from queue_service.engine.watch import NotificationHub
+from queue_service.engine import (
+    Admission,
+    CoreReconciler,
+    Credits,
+    FleetCapacity,
+    JobReads,
+    NotificationHub,
+    QueueEngine,
+    Recovery,
+    ReleaseDispatcher,
+    Releases,
+    Sweeper,
+)
 from queue_service.model import ClaimedRelease, ReplicationStance
 from queue_service.store import Store
 from queue_service.store.migrations import MigrationError
@@ -155,7 +160,11 @@ class QueueApp:
             self.dispatcher.request_grant()
 
         self.capacity = FleetCapacity(wake_grant=request_grant, probe_interval_seconds=config.core_probe_interval_seconds)
+        # The lifecycle core (ending, promotion, completion, cancel) and the rooms around it.
         self.engine = QueueEngine(self.store, self.core, config, hand_over=hand_over, capacity=self.capacity)
+        self.releases = Releases(self.engine, self.store, self.core)
+        self.recovery = Recovery(self.engine, self.releases, self.store, self.core)
+        self.admission = Admission(self.engine, self.recovery, self.store, self.core)
         self.reads = JobReads(self.store, default_max_active=config.max_active_per_user, reconcile_after_seconds=config.reconcile_after_seconds)
         self.hub = NotificationHub(
             self.store,
@@ -167,10 +176,8 @@ class QueueApp:
             reconnect_max_seconds=config.db_reconnect_max_seconds,
         )
         self.dispatcher = ReleaseDispatcher(
-            self.engine,
-            self.store,
+            self.releases,
             wake=releases_due,
-            lease_seconds=config.release_lease_seconds,
             core_deadline_seconds=config.core_deadline_seconds,
             capacity=self.capacity,
         )
@@ -180,7 +187,7 @@ class QueueApp:
         )
         self.engine.release_gate = self.reconciler.release_gate
         self.engine.adopt_unknown_run = self.reconciler.adopt_for_completion
-        self.sweeper = Sweeper(self.engine, self.store, config, wake_dispatcher=releases_due.set, reconciler=self.reconciler)
+        self.sweeper = Sweeper(self.recovery, self.store, config, wake_dispatcher=releases_due.set, reconciler=self.reconciler)
         self.health = HealthService(max_watches=config.max_health_watches)
         self.gate = CallGate(max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds)
         # The one road into the servicers, for gRPC and the browser endpoint alike.
@@ -189,7 +196,7 @@ class QueueApp:
         credits = Credits(self.store)
         # One instance of each servicer, shared by gRPC and the browser endpoint (QUEUE_HTTP_ADDR).
         self.servicers: Servicers = {
-            "AnalysisQueueService": AnalysisQueueServicer(self.engine, self.reads, self.hub, self.gate.draining),
+            "AnalysisQueueService": AnalysisQueueServicer(self.engine, self.admission, self.releases, self.reads, self.hub, self.gate.draining),
             "CoreCallbackService": CoreCallbackServicer(self.engine, self.reads),
             "CreditsService": CreditsServicer(credits),
             "OperatorService": OperatorServicer(self.engine, self.reads, self.gate.draining, credits),

@@ -10,8 +10,7 @@ from queue_service import deadline, errors
 from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2 as callback_pb2, core_callback_service_pb2_grpc as callback_grpc
 from queue_service.api import validation
 from queue_service.api.convert import job_to_proto
-from queue_service.engine.engine import QueueEngine
-from queue_service.engine.job_reads import JobReads
+from queue_service.engine import JobReads, QueueEngine
 
 # Completions processed at once per replica. A burst of callbacks beyond this waits its turn
 # before doing any work, so the releases the finished ones start are not starved by the backlog.

@@ -6,7 +6,7 @@ import grpc
 
 from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb2, credits_service_pb2_grpc as credits_grpc
 from queue_service.api import validation
-from queue_service.engine.credits import Credits
+from queue_service.engine import Credits
 
 
 class CreditsServicer(credits_grpc.CreditsServiceServicer):

@@ -4,8 +4,9 @@ core's capacity, users' limits) with their change log.
 
 The same adapters as the other servicers: validate, read through the engine's reads (index-driven
 queries of migration 0005), build responses, raise domain errors only. Bulk cancel goes
-through `QueueEngine.cancel`, one job at a time, so each job is canceled, refunded and its
-user's next job promoted exactly as a single CancelJob does.
+through `QueueEngine.cancel_each`, which cancels one job at a time as a single CancelJob does (each
+job canceled, refunded and its user's next job promoted); the live overview is
+`JobReads.watch_overview`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -30,17 +30,13 @@ from queue_service.api.convert import (
     setting_change_to_proto,
     status_filter,
 )
-from queue_service.engine.credits import Credits
-from queue_service.engine.engine import QueueEngine
-from queue_service.engine.job_reads import JobReads
+from queue_service.engine import Credits, JobReads, QueueEngine
 from queue_service.model import LIVE, JobSearch, LedgerQuery
 
 _DEFAULT_WINDOW_MINUTES = 60
 _MAX_WINDOW_MINUTES = 1440
 _DEFAULT_INTERVAL_MS = 1000
 _MIN_INTERVAL_MS, _MAX_INTERVAL_MS = 250, 60_000
-# A watched overview is re-sent at least this often, so ages ("oldest wait") stay current.
-_HEARTBEAT_SECONDS = 15.0
 # Open WatchOverview streams: each reads the overview every interval, so they are few (the
 # consoles of the on-call team): per replica, and per caller so one cannot take them all.
 MAX_OVERVIEW_STREAMS = 64
@@ -50,8 +46,6 @@ MAX_BULK_CANCEL = 1000
 # The bounds of the settings an operator sets (the database's checks say the same).
 MAX_CORE_CAPACITY = 1_000_000
 MAX_USER_ACTIVE = 1000
-# Bulk cancels run this many single cancels at once (each may call the core).
-_CANCEL_CONCURRENCY = 8
 
 
 class OperatorServicer(pb_grpc.OperatorServiceServicer):
@@ -91,27 +85,12 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
             )
         self._overview_streams[caller] += 1
         try:
-            async for message in self._watch_overview(window, interval_ms):
-                yield message
+            async for overview in self._reads.watch_overview(window, interval_ms / 1000, until=self._draining):
+                yield pb.WatchOverviewResponse(overview=overview_to_proto(overview))
         finally:
             self._overview_streams[caller] -= 1
             if self._overview_streams[caller] <= 0:
                 del self._overview_streams[caller]
-
-    async def _watch_overview(self, window: int, interval_ms: int) -> AsyncIterator[pb.WatchOverviewResponse]:
-        last_figures: bytes | None = None
-        last_sent = float("-inf")
-        while True:
-            overview = await self._overview(window)
-            figures = _figures(overview)
-            if figures != last_figures or time.monotonic() - last_sent >= _HEARTBEAT_SECONDS:
-                yield pb.WatchOverviewResponse(overview=overview)
-                last_figures, last_sent = figures, time.monotonic()
-            try:
-                await asyncio.wait_for(self._draining.wait(), interval_ms / 1000)
-            except TimeoutError:
-                continue
-            raise errors.ShuttingDown("this replica is draining; reconnect to another")
 
     async def SearchJobs(self, request: pb.SearchJobsRequest, context: grpc.aio.ServicerContext[pb.SearchJobsRequest, pb.SearchJobsResponse]) -> pb.SearchJobsResponse:
         page_size = validation.validate_page_size(request.page_size)
@@ -145,23 +124,10 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         response = pb.CancelJobsResponse(matched=len(matched), more_than_counted=len(rows) > MAX_BULK_CANCEL)
         if request.dry_run:
             return response
-        slots = asyncio.Semaphore(_CANCEL_CONCURRENCY)
-
-        async def cancel_one(row: tuple[uuid.UUID, str]) -> pb.CancelFailure | None:
-            job_id, user_id = row
-            async with slots:
-                try:
-                    await self._engine.cancel(job_id, user_id)
-                except errors.QueueError as error:
-                    # JOB_ALREADY_FINISHED too: its run finished before the cancel reached it (a
-                    # SUCCEEDED job keeps its charge), so it is not counted as canceled.
-                    return pb.CancelFailure(job_id=str(job_id), reason=error.reason, message=error.message)
-            return None
-
-        outcomes = await asyncio.gather(*(cancel_one(row) for row in matched[: request.max_jobs]))
-        failures = [f for f in outcomes if f is not None]
-        response.canceled = len(outcomes) - len(failures)
-        response.failures.extend(failures)
+        chosen = matched[: request.max_jobs]
+        failures = await self._engine.cancel_each(chosen)
+        response.canceled = len(chosen) - len(failures)
+        response.failures.extend(pb.CancelFailure(job_id=str(job_id), reason=error.reason, message=error.message) for job_id, error in failures)
         return response
 
 
@@ -225,14 +191,6 @@ def _window(window_minutes: int, v: validation.Violations | None = None) -> int:
         if v is None:
             violations.raise_if_any()
     return window
-
-
-def _figures(overview: pb.Overview) -> bytes:
-    """The overview without its read time, to tell whether anything changed."""
-    copy = pb.Overview()
-    copy.CopyFrom(overview)
-    copy.ClearField("read_time")
-    return copy.SerializeToString(deterministic=True)
 
 
 # The smallest job id: `(t, _MIN_JOB_ID)` is the keyset position just below every job admitted at t.

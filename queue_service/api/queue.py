@@ -19,15 +19,27 @@ from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as que
 from queue_service.api import page_tokens, validation
 from queue_service.api.auth import OPERATOR_ACTOR_PREFIX
 from queue_service.api.convert import job_to_proto, status_filter
-from queue_service.engine.engine import QueueEngine, request_digest
-from queue_service.engine.job_reads import JobReads
-from queue_service.engine.watch import NotificationHub, WatchItem, WatchPage, WatchStream
+from queue_service.engine import (
+    Admission,
+    JobReads,
+    NotificationHub,
+    QueueEngine,
+    Releases,
+    WatchItem,
+    WatchPage,
+    WatchStream,
+    request_digest,
+)
 from queue_service.model import AdmitRequest, Cause, JobStatus, JobView
 
 
 class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
-    def __init__(self, engine: QueueEngine, reads: JobReads, hub: NotificationHub, draining: asyncio.Event) -> None:
+    def __init__(
+        self, engine: QueueEngine, admission: Admission, releases: Releases, reads: JobReads, hub: NotificationHub, draining: asyncio.Event
+    ) -> None:
         self._engine = engine
+        self._admission = admission
+        self._releases = releases
         self._reads = reads
         self._hub = hub
         self._draining = draining
@@ -57,7 +69,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         payload = queue_pb2.AdmitRequest()
         payload.CopyFrom(request)
         payload.ClearField("idempotency_key")
-        result = await self._engine.admit(
+        result = await self._admission.admit(
             AdmitRequest(
                 user_id=request.user_id,
                 idempotency_key=request.idempotency_key,
@@ -89,7 +101,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
 
     async def Release(self, request: queue_pb2.ReleaseRequest, context: grpc.aio.ServicerContext[queue_pb2.ReleaseRequest, queue_pb2.ReleaseResponse]) -> queue_pb2.ReleaseResponse:
         job_id = validation.validate_job_id(request.job_id)
-        await self._engine.release_now(job_id)
+        await self._releases.release_now(job_id)
         return queue_pb2.ReleaseResponse(job=await self._job(str(job_id)))
 
     async def ListJobs(self, request: queue_pb2.ListJobsRequest, context: grpc.aio.ServicerContext[queue_pb2.ListJobsRequest, queue_pb2.ListJobsResponse]) -> queue_pb2.ListJobsResponse:

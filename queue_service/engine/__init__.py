@@ -1,0 +1,37 @@
+"""The engine: the queue's rules, between the edge (`api`, `server`) and the store.
+
+The lifecycle core (`engine.QueueEngine`: ending, promotion, completion, cancel, settlement) and
+the rooms around it: `admission` (admit), `releases` (release a PENDING job; the dispatcher's
+work), `recovery` (what the sweeper asks), `core_reconciliation` (the core's live runs against the
+jobs after a database failover), the reads (`job_reads`, `credits`) and the watch hub.
+"""
+
+from queue_service.engine.admission import Admission, request_digest
+from queue_service.engine.capacity import FleetCapacity
+from queue_service.engine.core_reconciliation import CoreReconciler
+from queue_service.engine.credits import Credits
+from queue_service.engine.dispatcher import ReleaseDispatcher
+from queue_service.engine.engine import QueueEngine
+from queue_service.engine.job_reads import JobReads
+from queue_service.engine.recovery import Recovery
+from queue_service.engine.releases import Releases
+from queue_service.engine.sweeper import Sweeper
+from queue_service.engine.watch import NotificationHub, WatchItem, WatchPage, WatchStream
+
+__all__ = [
+    "Admission",
+    "CoreReconciler",
+    "Credits",
+    "FleetCapacity",
+    "JobReads",
+    "NotificationHub",
+    "QueueEngine",
+    "Recovery",
+    "ReleaseDispatcher",
+    "Releases",
+    "Sweeper",
+    "WatchItem",
+    "WatchPage",
+    "WatchStream",
+    "request_digest",
+]

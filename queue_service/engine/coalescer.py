@@ -11,10 +11,11 @@ loop and cache by key; here a batch is whatever waited for the statement in flig
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Hashable
+import contextlib
+from collections.abc import Callable, Coroutine, Hashable, Iterator
 from typing import Any, Generic, TypeVar
 
-from queue_service import deadline
+from queue_service import deadline, telemetry
 
 Item = TypeVar("Item", bound=Hashable)
 Result = TypeVar("Result")
@@ -32,13 +33,14 @@ class _RunAlone(Exception):
 
 class Coalescer(Generic[Item, Result]):
     """Runs `run_batch` over one item at once when nothing is in flight, else over the items
-    submitted while the previous batch ran (at most `max_batch`, in arrival order). `run_batch`
-    answers every item of its batch or raises. An error goes to the items of that batch only.
-    When the batch had several items, or `run_alone` is given, each caller then applies its own
-    item alone, with `run_alone` (else `run_batch` over it alone), in its own task, within its
-    own deadline and outside the coalescer: one item that cannot be applied (a user's lock held
-    elsewhere, say) fails or waits for itself only. Without `run_alone`, a lone item's caller
-    hears its statement's error.
+    submitted while the previous batch ran (at most `max_batch`, in arrival order). A subclass
+    writes the statement: its `run_batch` answers every item of its batch or raises (the
+    subclasses: `engine.CompletionBatcher`, `releases.ReleaseMarker`). An error goes to the items
+    of that batch only. When the batch had several items, or the subclass `applies_alone`, each
+    caller then applies its own item alone, with `run_alone` (by default `run_batch` over it
+    alone), in its own task, within its own deadline and outside the coalescer: one item that
+    cannot be applied (a user's lock held elsewhere, say) fails or waits for itself only.
+    Otherwise a lone item's caller hears its statement's error.
 
     `run_batch` should wait for no one long (a user's lock only briefly, `run_alone` then
     waits as the caller's deadline allows): while it runs, the next items wait for it. They wait
@@ -49,22 +51,24 @@ class Coalescer(Generic[Item, Result]):
     background work, outside any call's deadline): a caller that gives up neither fails the
     others nor withdraws its item."""
 
-    def __init__(
-        self,
-        run_batch: Callable[[list[Item]], Awaitable[dict[Item, Result]]],
-        *,
-        max_batch: int,
-        spawn: Spawn,
-        name: str,
-        run_alone: Callable[[Item], Awaitable[Result]] | None = None,
-    ) -> None:
-        self._run_batch = run_batch
-        self._run_alone = run_alone
+    # Whether a caller whose batch failed always applies its item alone (`run_alone`), a batch of
+    # one included; else a lone item's caller hears its statement's error.
+    applies_alone = False
+
+    def __init__(self, *, max_batch: int, spawn: Spawn, name: str) -> None:
         self._max_batch = max_batch
         self._spawn = spawn
         self._name = name
         self._waiting: list[tuple[Item, asyncio.Future[Result]]] = []
         self._busy = False
+
+    async def run_batch(self, items: list[Item]) -> dict[Item, Result]:
+        """The statement over a batch: every item's result, or an error for them all."""
+        raise NotImplementedError
+
+    async def run_alone(self, item: Item) -> Result:
+        """One item by itself, after its batch failed or its caller stopped waiting for it."""
+        return (await self.run_batch([item]))[item]
 
     async def submit(self, item: Item) -> Result:
         """The item's result once the statement of its batch returned."""
@@ -72,9 +76,9 @@ class Coalescer(Generic[Item, Result]):
             return await self._wait_for_batch(item)
         self._busy = True
         try:
-            return (await self._run_batch([item]))[item]
+            return (await self.run_batch([item]))[item]
         except Exception:
-            if self._run_alone is None:
+            if not self.applies_alone:
                 raise
         finally:
             self._hand_on()
@@ -103,9 +107,7 @@ class Coalescer(Generic[Item, Result]):
     async def _alone(self, item: Item) -> Result:
         """The item applied by itself, after its batch failed or its caller stopped waiting for
         the batch in flight: the caller hears this attempt's own result or error."""
-        if self._run_alone is not None:
-            return await self._run_alone(item)
-        return (await self._run_batch([item]))[item]
+        return await self.run_alone(item)
 
     def _hand_on(self) -> None:
         if self._waiting:
@@ -128,13 +130,13 @@ class Coalescer(Generic[Item, Result]):
 
     async def _answer(self, batch: list[tuple[Item, asyncio.Future[Result]]]) -> None:
         try:
-            results = await self._run_batch([item for item, _ in batch])
+            results = await self.run_batch([item for item, _ in batch])
         except BaseException as exc:  # the items of this batch hear it; the next batch still runs
             for _, answer in batch:
                 if answer.done():
                     continue
                 if isinstance(exc, Exception):
-                    if len(batch) > 1 or self._run_alone is not None:
+                    if len(batch) > 1 or self.applies_alone:
                         failed = _RunAlone(f"a batch of {len(batch)} failed: {exc}")
                         failed.__cause__ = exc
                         answer.set_exception(failed)
@@ -148,3 +150,17 @@ class Coalescer(Generic[Item, Result]):
         for item, answer in batch:
             if not answer.done():  # a caller that gave up cancelled its future
                 answer.set_result(results[item])
+
+
+@contextlib.contextmanager
+def counting_batch(statement: str, items: int) -> Iterator[None]:
+    """Counts a coalesced statement that applied its items, or one of several that failed."""
+    try:
+        yield
+    except Exception:
+        if items > 1:
+            telemetry.metrics.statement_batch_failures.add(1, {"statement": statement})
+        raise
+    telemetry.metrics.statement_batch_size.record(items, {"statement": statement})
+
+

@@ -10,7 +10,7 @@ sweeper's pass, and otherwise exactly when the earliest retry or lease is due. T
 crash harmless: another replica claims the job when the lease runs out.
 
 While the fleet's capacity at the core is limited, a first-pass job that becomes PENDING waits
-for it: each pass first asks for a grant (`QueueEngine.grant_capacity`, decided in PostgreSQL
+for it: each pass first asks for a grant (`Releases.grant_capacity`, decided in PostgreSQL
 under the fleet-wide capacity lock), which claims the releases of the waiting jobs next in the
 fair order for this replica. When capacity may have freed (an ending, a settlement) or a job began
 to wait, the engine asks for a grant at once (`request_grant`: one grant in flight per replica, one
@@ -23,13 +23,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from typing import Protocol
 
 from queue_service import audit, deadline, errors
 from queue_service.background import cancel_and_wait
 from queue_service.engine.capacity import FleetCapacity
-from queue_service.engine.engine import QueueEngine
-from queue_service.model import ClaimedRelease, ReleaseResult
-from queue_service.store import Store
+from queue_service.model import CapacityGrant, ClaimedRelease, ReleaseResult
 from queue_service.telemetry import metrics
 
 log = logging.getLogger(__name__)
@@ -39,19 +38,28 @@ _MAX_IDLE_SECONDS = 5.0
 _MAX_CONCURRENT_RELEASES = 64
 
 
+class Releasing(Protocol):
+    """What the dispatcher asks of the engine: `engine.releases.Releases` in the service."""
+
+    async def release(self, claim: ClaimedRelease) -> ReleaseResult: ...
+
+    async def grant_capacity(self, *, max_grants: int) -> CapacityGrant: ...
+
+    async def claim_due_releases(self, *, batch_size: int) -> list[ClaimedRelease]: ...
+
+    async def next_release_due_in(self) -> float | None: ...
+
+
 class ReleaseDispatcher:
     def __init__(
         self,
-        engine: QueueEngine,
-        store: Store,
+        releases: Releasing,
         *,
         wake: asyncio.Event,
-        lease_seconds: float,
         core_deadline_seconds: float,
         capacity: FleetCapacity | None = None,
     ) -> None:
-        self._engine = engine
-        self._store = store
+        self._releases = releases
         # Shared with the engine (the server builds one per replica).
         self._capacity = capacity or FleetCapacity(wake_grant=wake.set, probe_interval_seconds=1.0)
         # The wake-up after the core said "not now" (one per replica, not one per job).
@@ -63,7 +71,6 @@ class ReleaseDispatcher:
         # Set by the watch hub (a PENDING job nobody claimed), the sweeper (every pass) and a
         # release attempt that scheduled a retry.
         self._wake = wake
-        self._lease_seconds = lease_seconds
         self._core_deadline_seconds = core_deadline_seconds
         # Releases this replica claimed when it made their jobs PENDING, waiting for a free slot.
         self._claimed_waiting: collections.deque[ClaimedRelease] = collections.deque()
@@ -124,7 +131,7 @@ class ReleaseDispatcher:
         while True:
             self._grant_again = False
             try:
-                grants = await self._engine.grant_capacity(max_grants=_BATCH)
+                grants = await self._releases.grant_capacity(max_grants=_BATCH)
                 for claim, _waited in grants.claims:
                     await self._start(claim)
                 if len(grants.claims) == _BATCH:
@@ -154,12 +161,11 @@ class ReleaseDispatcher:
         learns that another one limited it), then every due release claimed."""
         granted = 0
         if grant:
-            grants = await self._engine.grant_capacity(max_grants=_BATCH)
+            grants = await self._releases.grant_capacity(max_grants=_BATCH)
             for claim, _waited in grants.claims:
                 await self._start(claim)
             granted = len(grants.claims)
-        async with self._store.statements() as db:
-            claims = await db.claim_due_releases(lease_seconds=self._lease_seconds, batch_size=_BATCH)
+        claims = await self._releases.claim_due_releases(batch_size=_BATCH)
         for claim in claims:
             await self._start(claim)
         return max(granted, len(claims))
@@ -186,7 +192,7 @@ class ReleaseDispatcher:
 
     async def _release(self, claim: ClaimedRelease) -> None:
         try:
-            result = await self._engine.release(claim)
+            result = await self._releases.release(claim)
             if result is ReleaseResult.RETRY:
                 # Its retry is due after a backoff shorter than the loop may be asleep for: the
                 # loop re-reads the earliest due time (no NOTIFY wakes it for a claimed job).
@@ -207,6 +213,5 @@ class ReleaseDispatcher:
             self._probe_wake = asyncio.get_running_loop().call_later(self._capacity.probe_interval_seconds, self._wake.set)
 
     async def _seconds_until_next_due(self) -> float:
-        async with self._store.statements() as db:
-            due_in = await db.next_release_due_in()
+        due_in = await self._releases.next_release_due_in()
         return _MAX_IDLE_SECONDS if due_in is None else min(_MAX_IDLE_SECONDS, due_in)

@@ -1,4 +1,7 @@
-"""The queue engine: admit, promote, end (complete, cancel, give up), release, settle.
+"""The lifecycle core of the queue engine: ending a job (complete, cancel, give up), promotion,
+the settlement of an ended job's run, and the fleet's settings. The other paths are rooms of
+their own around it: `admission` (admit), `releases` (release a PENDING job), `recovery` (what
+the sweeper asks); each calls into this core to end a job or promote.
 
 Every change that can free or take a user's slot is one statement under the user's queue lock
 (`store.locks.locked_section`); every state change is a named, fenced `Transition` (the store applies it only from the statuses it names), so duplicates from
@@ -17,11 +20,10 @@ import asyncio
 import collections
 import contextlib
 import contextvars
-import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from opentelemetry.trace import Span
@@ -31,26 +33,17 @@ from queue_service import audit, deadline, errors, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.engine.capacity import FleetCapacity
-from queue_service.engine.coalescer import Coalescer
+from queue_service.engine.coalescer import Coalescer, Spawn, counting_batch
 from queue_service.model import (
-    AdmitRequest,
-    AdmitResult,
-    AdmitState,
-    CapacityGrant,
     Cause,
     ClaimedRelease,
-    ClaimedReservation,
-    ClaimedSettlement,
     EndedJob,
     JobEnding,
     JobRef,
     JobStatus,
-    NewJob,
     Promoted,
     PromotionLimits,
-    ReleaseResult,
     RunCompletion,
-    RunFate,
     RunReport,
     RunReportToApply,
     SettingChange,
@@ -66,14 +59,10 @@ _GAP_TRACKING_LIMIT = 10_000
 # How long stopping waits for background clean-ups (they are durable: the sweeper finishes any
 # that do not get done).
 _BACKGROUND_STOP_SECONDS = 2.0
-# As many as the dispatcher releases at once.
-_MAX_MARKS_PER_STATEMENT = 64
 # Every user in a batch waits for the whole batch's commit: a few milliseconds at most.
 _MAX_COMPLETIONS_PER_STATEMENT = 16
-
-
-def request_digest(payload: bytes) -> bytes:
-    return hashlib.sha256(payload).digest()
+# Bulk cancels run this many single cancels at once (each may call the core).
+_CANCEL_CONCURRENCY = 8
 
 
 class QueueEngine:
@@ -93,44 +82,25 @@ class QueueEngine:
         self.capacity = capacity or FleetCapacity(wake_grant=lambda: None, probe_interval_seconds=config.core_probe_interval_seconds)
         # Takes the first release of each job this replica made PENDING (claimed in the same
         # transaction): the dispatcher starts it at once, with no claim of its own.
-        self._hand_over = hand_over
+        self.hand_over = hand_over
         self._promotion_limits = PromotionLimits(
             config.max_active_per_user, config.release_window_seconds, config.release_lease_seconds
         )
         # When the slot a promoted job took was freed (monotonic), for the promotion-gap
         # histogram; bounded, since another replica may release the job and never tell us.
         self._slot_freed_at: collections.OrderedDict[uuid.UUID, float] = collections.OrderedDict()
-        # I9 at the core (engine/core_reconciliation.py): why a first-pass release must wait while
-        # the core judges another of the user's runs the queue does not count (None: release).
+        # I9 at the core (engine/core_reconciliation.py), asked by `Releases.release`: why a
+        # first-pass release must wait while the core judges another of the user's runs the queue
+        # does not count (None: release).
         self.release_gate: Callable[[ClaimedRelease], Awaitable[str | None]] | None = None
         # A completion of a run no job owns: adopts it from the core's record first (True: a job
         # owns it now; False: it never will).
         self.adopt_unknown_run: Callable[[uuid.UUID], Awaitable[bool]] | None = None
         self._backoff = wait_random_exponential(multiplier=1.0, max=config.release_backoff_max_seconds)
         self._background: set[asyncio.Task[Any]] = set()
-        # Releases the core accepted while the previous ones were being marked RUNNING are marked
-        # together: a burst of completions costs one statement and one commit for its releases.
-        self._release_marks: Coalescer[ClaimedRelease, bool] = Coalescer(
-            self._mark_released, max_batch=_MAX_MARKS_PER_STATEMENT, spawn=self.in_background, name="mark-released"
-        )
-        # Completions that arrive while one is being applied are applied together, in one statement
-        # that holds each of their users' locks (a burst of completions: one commit for many). That
-        # statement waits for a user's lock only briefly; a completion whose user's lock is busy is
-        # then applied alone, within its caller's deadline, and holds up no other.
-        self._completions: Coalescer[RunReportToApply, RunCompletion] = Coalescer(
-            self._end_runs,
-            run_alone=self._end_run_alone,
-            max_batch=_MAX_COMPLETIONS_PER_STATEMENT,
-            spawn=self.in_background,
-            name="end-runs",
-        )
-
-    @property
-    def reservation_grace_seconds(self) -> float:
-        """How long a reserved run belongs to its admit before the sweeper may cancel it: longer
-        than any admit can take (its waits are each bounded)."""
-        config = self.config
-        return 2 * config.core_deadline_seconds + 2 * config.pool_timeout_seconds + config.lock_timeout_ms / 1000 + 1
+        # Completions that arrive while one is being applied are applied together (see
+        # `CompletionBatcher`): a burst of completions costs one commit for many.
+        self._completions = CompletionBatcher(store, self._promotion_limits, spawn=self.in_background)
 
     @property
     def cancel_recheck_seconds(self) -> float:
@@ -147,7 +117,7 @@ class QueueEngine:
         task.add_done_callback(self._background.discard)
         return task
 
-    async def _outliving_the_caller(self, change: Coroutine[Any, Any, T], name: str) -> T:
+    async def outliving_the_caller(self, change: Coroutine[Any, Any, T], name: str) -> T:
         """Runs a change and the follow-up its commit owes (the hand-over of a promoted job's
         release, a settlement) in a task the caller's cancellation does not reach: the caller hears
         the result while it listens, and a caller that gives up (or whose answer is lost) no longer
@@ -158,19 +128,6 @@ class QueueEngine:
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_forget_outlived)
         return await asyncio.shield(task)
-
-    async def _abandon_run_before_answering(self, run_id: uuid.UUID, *, admitted_job_id: uuid.UUID | None = None) -> None:
-        """Cancels a spare or failed admit's run, waiting for it as long as the caller's deadline
-        allows: usually the run is gone when the caller hears the answer (I5), and if the core is
-        slow the cancel goes on in the background (and the sweeper's, durably). When the admit's
-        outcome is unknown, `admitted_job_id` is its job: if it did commit, its release is handed
-        over instead."""
-        task = self.in_background(
-            self._abandon_reserved_run(run_id, admitted_job_id=admitted_job_id), name=f"abandon-run-{run_id}"
-        )
-        wait = deadline.bound(self.config.core_deadline_seconds)
-        if wait > 0:
-            await asyncio.wait({task}, timeout=wait)
 
     @staticmethod
     async def _logged(work: Coroutine[Any, Any, Any], name: str) -> None:
@@ -187,204 +144,11 @@ class QueueEngine:
         for task in list(self._background):
             task.cancel()
 
-    # -- admit -------------------------------------------------------------------------------
-
-    async def admit(self, item: AdmitRequest) -> AdmitResult:
-        is_delta = item.delta_of_job_id is not None
-        price = self.config.delta_price if is_delta else self.config.admit_price
-        run_id, job_id = uuid.uuid4(), uuid.uuid4()
-
-        async with self._store.statements() as db:
-            # The reservation travels with the state read: no extra round trip.
-            reserved, state = await db.reserve_run_and_read_admit_state(
-                run_id=run_id,
-                user_id=item.user_id,
-                idempotency_key=item.idempotency_key,
-                delta_of_job_id=item.delta_of_job_id,
-                grace_seconds=self.reservation_grace_seconds,
-            )
-        try:
-            duplicate = self._check_admit_state(state, item, price, is_delta)
-            if duplicate is None and not reserved:
-                raise errors.Conflict("a concurrent admit with this idempotency key won; retry with the same key")
-        except errors.QueueError:
-            if reserved:
-                self.in_background(self._drop_reservation(run_id), name=f"drop-reservation-{run_id}")
-            raise
-        if duplicate is not None:
-            return duplicate
-
-        try:
-            created = await self._core.create_run(
-                run_id=run_id,
-                user_id=item.user_id,
-                document_uri=item.document_uri,
-                sources=item.sources,
-                hold=not is_delta,
-                delta_of_run_id=state.base_run_id if is_delta else None,
-                job_id=job_id,
-                idempotency_key=item.idempotency_key,
-                request_digest=item.request_digest,
-                price=price,
-            )
-            if created.fate is RunFate.CANCELED:
-                # The run was canceled before this admit got to it (its reservation given up).
-                raise errors.Conflict("the admit took too long and its run was given up; retry with the same idempotency key")
-            result = await self._admit_under_lock(item, job_id, run_id, price, is_delta)
-        except asyncio.CancelledError:
-            # The caller gave up: clean up without it. A locked admit already sent goes on by
-            # itself (it hands its release over if it commits); the reservation decides which wins.
-            self.in_background(self._abandon_reserved_run(run_id), name=f"abandon-run-{run_id}")
-            raise
-        except errors.OutcomeUnknown:
-            # The locked admit may have committed: the reservation says which (an admit that
-            # committed consumed it), and a committed admit's release is handed over then.
-            await self._abandon_run_before_answering(run_id, admitted_job_id=job_id)
-            raise
-        except Exception:
-            # The run may exist at the core (even when CreateRun's answer never came): it must not
-            # outlive the failed admit (I5). The reservation makes the cancel durable.
-            await self._abandon_run_before_answering(run_id)
-            raise
-        if result.duplicate:
-            # A concurrent admit with the same key won; ours is a spare run.
-            await self._abandon_run_before_answering(run_id)
-        return result
-
-    def _check_admit_state(self, state: AdmitState, item: AdmitRequest, price: int, is_delta: bool) -> AdmitResult | None:
-        """Raises the admit errors the state shows; returns the earlier job for a repeated key."""
-        if state.existing_job_id is not None:
-            if state.existing_digest != item.request_digest:
-                raise errors.IdempotencyKeyReused(
-                    "this idempotency key was already used with another request; use a new key per click",
-                    metadata={"jobId": str(state.existing_job_id)},
-                )
-            return AdmitResult(state.existing_job_id, duplicate=True)
-        if is_delta:
-            if state.base_status is None or state.base_user_id != item.user_id:
-                raise errors.DeltaBaseNotFound(
-                    f"delta base job {item.delta_of_job_id} does not exist for this user",
-                    metadata={"deltaOfJobId": str(item.delta_of_job_id)},
-                )
-            if state.base_status is not JobStatus.SUCCEEDED:
-                raise errors.DeltaBaseNotFinished(
-                    f"delta base job {item.delta_of_job_id} is {state.base_status}; only a succeeded job can be re-checked",
-                    metadata={"deltaOfJobId": str(item.delta_of_job_id), "baseStatus": state.base_status.upper()},
-                )
-            limit = self.config.max_active_deltas_per_user
-            if state.running_deltas >= limit:
-                raise errors.UserDeltaLimit(
-                    f"the user already has {state.running_deltas} delta re-checks running (the maximum); wait for one to finish",
-                    metadata={"maxActiveDeltas": str(limit), "activeDeltas": str(state.running_deltas)},
-                )
-        elif state.queued_count >= self.config.max_queued_per_user:
-            raise errors.UserQueueFull(
-                f"the user already has {state.queued_count} queued analyses (the maximum); wait for one to start",
-                metadata={"maxQueued": str(self.config.max_queued_per_user), "queued": str(state.queued_count)},
-            )
-        if state.balance < price:
-            raise errors.InsufficientCredits(
-                f"insufficient credits: balance {state.balance}, required {price}",
-                metadata={"balance": str(state.balance), "required": str(price)},
-            )
-        return None
-
-    async def _admit_under_lock(
-        self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool
-    ) -> AdmitResult:
-        # One statement under the user lock (the placement, the debit and the job's view), with
-        # the hand-over of the release it claims: neither is stopped by a caller that gives up.
-        return await self._outliving_the_caller(self._admit_job(item, job_id, run_id, price, is_delta), name=f"admit-{job_id}")
-
-    async def _admit_job(self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool) -> AdmitResult:
-        view = await self._store.admit_job(
-            NewJob(
-                job_id=job_id,
-                user_id=item.user_id,
-                run_id=run_id,
-                idempotency_key=item.idempotency_key,
-                request_digest=item.request_digest,
-                delta_of_job_id=item.delta_of_job_id,
-                price=price,
-            ),
-            default_max_active=self.config.max_active_per_user,
-            max_queued=self.config.max_queued_per_user,
-            max_running_deltas=self.config.max_active_deltas_per_user,
-            release_window_seconds=self.config.release_window_seconds,
-            release_lease_seconds=self.config.release_lease_seconds,
-            reconcile_after_seconds=self.config.reconcile_after_seconds,
-        )
-        if view is None:
-            # Something changed since the pre-check (nothing was written): find out what.
-            async with self._store.statements() as db:
-                state = await db.admit_state(
-                    user_id=item.user_id, idempotency_key=item.idempotency_key, delta_of_job_id=item.delta_of_job_id
-                )
-            duplicate = self._check_admit_state(state, item, price, is_delta)
-            if duplicate is None:
-                raise errors.Conflict("the admit took too long and its run was given up; retry with the same idempotency key")
-            return duplicate
-        log.info("job admitted", extra={"job_id": job_id, "user_id": item.user_id, "run_id": run_id, "status": view.status})
-        if view.status is JobStatus.PENDING:
-            if view.waiting_for_capacity:
-                self.capacity.note_waiting()
-            else:
-                self._hand_over(ClaimedRelease(job_id, item.user_id, run_id, attempt=1))
-        return AdmitResult(job_id, duplicate=False, view=view)
-
-    async def _drop_reservation(self, run_id: uuid.UUID) -> None:
-        """The admit was refused before the core heard of the run: nothing to cancel."""
-        async with self._store.statements() as db:
-            await db.drop_run_reservation(run_id=run_id)
-
-    async def _abandon_reserved_run(self, run_id: uuid.UUID, *, admitted_job_id: uuid.UUID | None = None) -> None:
-        """Cancels the run of a failed admit, unless the admit committed after all. The claim
-        waits for an admit still committing (it holds the reservation's row): when the admit whose
-        outcome was unknown (its job `admitted_job_id`) did commit, the release its PENDING job
-        claimed is handed over at once, as the admit would have."""
-        async with self._store.statements() as db:
-            claim = await db.claim_run_reservation(run_id=run_id, lease_seconds=self.config.release_lease_seconds)
-            job = None if claim is not None or admitted_job_id is None else await db.job_by_id(job_id=admitted_job_id)
-        if claim is not None:
-            await self.cancel_reserved_run(claim)
-        elif job is not None and job.status is JobStatus.PENDING:
-            log.info("an admit whose outcome was unknown did commit; releasing its job", extra={"job_id": job.job_id, "user_id": job.user_id})
-            self._hand_over(ClaimedRelease(job.job_id, job.user_id, job.run_id, attempt=1))
-
-    async def cancel_reserved_run(self, claim: ClaimedReservation) -> bool:
-        """Cancels a reserved run whose admit is gone; forgets it once the core confirms."""
-        with telemetry.tracer.start_as_current_span("run.cancel_orphan") as span:
-            span.set_attribute("queue.run_id", str(claim.run_id))
-            report = await self._cancel_until_confirmed(claim.run_id, kind="orphan")
-            if report is None:
-                async with self._store.statements() as db:
-                    await db.schedule_run_reservation_retry(run_id=claim.run_id, attempt=claim.attempt, backoff_seconds=self.backoff_seconds(claim.attempt)
-                    )
-                return False
-            async with self._store.statements() as db:
-                await db.drop_run_reservation(run_id=claim.run_id)
-            telemetry.metrics.run_settlements.add(1, {"kind": "orphan", "result": "settled"})
-            log.info("orphaned run canceled", extra={"run_id": claim.run_id, "status": report.fate.value})
-            return True
-
-    async def _cancel_until_confirmed(self, run_id: uuid.UUID, *, kind: str) -> RunReport | None:
-        """One CancelRun attempt: the core's report when it confirms the run settled, else None
-        (no answer, or a run still held or judging), and the caller schedules the next attempt."""
-        try:
-            report = await self._core.cancel_run(run_id)
-        except errors.CoreUnavailable as exc:
-            log.warning("run not yet confirmed settled; retrying later", extra={"run_id": run_id, "reason": exc.message})
-            report = None
-        if report is None or not report.fate.settled:
-            telemetry.metrics.run_settlements.add(1, {"kind": kind, "result": "retry"})
-            return None
-        return report
-
     # -- promotion ---------------------------------------------------------------------------
 
     async def promote(self, user_id: str, *, cause: Cause) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first."""
-        return await self._outliving_the_caller(self._promote(user_id, cause), name=f"promote-{user_id}")
+        return await self.outliving_the_caller(self._promote(user_id, cause), name=f"promote-{user_id}")
 
     async def _promote(self, user_id: str, cause: Cause) -> tuple[Promoted, ...]:
         promoted = await self._store.promote(user_id, self._promotion_limits)
@@ -408,7 +172,7 @@ class QueueEngine:
             if job.waiting:
                 waiting = True
             else:
-                self._hand_over(job.first_release)
+                self.hand_over(job.first_release)
         if waiting:
             self.capacity.note_waiting()
 
@@ -419,6 +183,13 @@ class QueueEngine:
         while len(self._slot_freed_at) > _GAP_TRACKING_LIMIT:
             self._slot_freed_at.popitem(last=False)
 
+    def promotion_gap_ended(self, job_id: uuid.UUID) -> None:
+        """The promoted job's release was confirmed: records how long its slot stood empty (when
+        this replica freed it)."""
+        freed_at = self._slot_freed_at.pop(job_id, None)
+        if freed_at is not None:
+            telemetry.metrics.promotion_gap.record(time.monotonic() - freed_at)
+
     # -- ending a job ------------------------------------------------------------------------
 
     async def end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition) -> EndedJob | None:
@@ -426,7 +197,7 @@ class QueueEngine:
         the user's next job, in one statement that also returns the job's view; None when the job
         was not in a status the transition starts from (fenced). An unsettled run keeps the slot:
         `settle_run` frees it."""
-        return await self._outliving_the_caller(self._end_job(job_id, user_id, transition), name=f"end-job-{job_id}")
+        return await self.outliving_the_caller(self._end_job(job_id, user_id, transition), name=f"end-job-{job_id}")
 
     async def _end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition) -> EndedJob | None:
         with self._ending_span(transition) as span:
@@ -476,7 +247,7 @@ class QueueEngine:
         # The completion and what it owes once committed (the promoted job's hand-over) go on
         # when the core gives up on this call: the core's retry finds the job ended.
         try:
-            return await self._outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
+            return await self.outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
         except errors.RunNotFound:
             if self.adopt_unknown_run is None:
                 raise
@@ -491,12 +262,14 @@ class QueueEngine:
             ) from exc
         if not adopted:
             raise errors.RunNotFound(f"no job owns run {run_id}", metadata={"runId": str(run_id)})
-        return await self._outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
+        return await self.outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
 
     async def _complete(self, report: RunReportToApply) -> EndedJob:
         run_id, transition = report.run_id, report.transition
         with self._ending_span(transition) as span:
             span.set_attribute("queue.run_id", str(run_id))
+            # Applied by `CompletionBatcher.run_batch` with others that came meanwhile, or by
+            # `CompletionBatcher.run_alone`.
             found = await self._completions.submit(report)
             if found.ending is not None:
                 span.set_attribute("queue.job_id", str(found.ending.ref.job_id))
@@ -560,6 +333,23 @@ class QueueEngine:
             # the next pass reports what it is now, and applies the intent to a FAILED job.
         raise errors.Conflict(f"job {job_id} kept changing during the cancel; retry", metadata={"jobId": str(job_id)})
 
+    async def cancel_each(self, jobs: Sequence[tuple[uuid.UUID, str]]) -> list[tuple[uuid.UUID, errors.QueueError]]:
+        """Cancels each (job, user) as `cancel` does, a few at once (each may call the core); the
+        jobs that were not canceled, with why. JOB_ALREADY_FINISHED is one: its run finished before
+        the cancel reached it (a SUCCEEDED job keeps its charge), so it is not counted as canceled."""
+        slots = asyncio.Semaphore(_CANCEL_CONCURRENCY)
+
+        async def cancel_one(job_id: uuid.UUID, user_id: str) -> tuple[uuid.UUID, errors.QueueError] | None:
+            async with slots:
+                try:
+                    await self.cancel(job_id, user_id)
+                except errors.QueueError as error:
+                    return job_id, error
+            return None
+
+        outcomes = await asyncio.gather(*(cancel_one(job_id, user_id) for job_id, user_id in jobs))
+        return [failure for failure in outcomes if failure is not None]
+
     async def _record_cancel_request(self, job: JobRef) -> bool:
         """Records the user's intent to cancel an active job before the core hears of it, so that
         the answer, if lost, cannot decide the credit alone; False when the job is no longer
@@ -579,19 +369,11 @@ class QueueEngine:
             telemetry.metrics.refunds.add(refunded, {"cause": str(Cause.CANCEL)})
             log.info("refunded a job the core failed while the user canceled it", extra={"job_id": job_id, "user_id": user_id})
 
-    async def give_up_release(self, job_id: uuid.UUID, user_id: str, reason: str, *, attempts: int) -> bool:
-        """Fails and refunds a pending job whose release did not succeed in its window (fenced by
-        its attempt counter); see `Transition.given_up`."""
-        ended = await self.end_job(job_id, user_id, Transition.given_up(reason, attempts=attempts))
-        if ended is not None:
-            telemetry.metrics.release_give_ups.add(1)
-        return ended is not None
-
     # -- settling runs -----------------------------------------------------------------------
 
     async def settle_run(self, job_id: uuid.UUID, user_id: str, *, cause: Cause) -> None:
         """The core confirmed the ended job's run settled: free its slot and promote."""
-        await self._outliving_the_caller(self._settle_run(job_id, user_id, cause), name=f"settle-run-{job_id}")
+        await self.outliving_the_caller(self._settle_run(job_id, user_id, cause), name=f"settle-run-{job_id}")
 
     async def _settle_run(self, job_id: uuid.UUID, user_id: str, cause: Cause) -> None:
         settlement = await self._store.settle_job_run(job_id, user_id, self._promotion_limits)
@@ -606,42 +388,23 @@ class QueueEngine:
 
     async def _settle_now(self, job: JobRef) -> None:
         """One immediate attempt after a job ended unsettled; the sweeper retries with backoff."""
-        if await self._cancel_until_confirmed(job.run_id, kind="job") is not None:
+        if await self.cancel_until_confirmed(job.run_id, kind="job") is not None:
             await self.settle_run(job.job_id, job.user_id, cause=Cause.RUN_SETTLED)
 
-    async def attempt_run_settlement(self, claim: ClaimedSettlement) -> bool:
-        """Asks the core to cancel a claimed unsettled run; settles the job when it confirms."""
-        with telemetry.tracer.start_as_current_span("run.settle") as span:
-            span.set_attribute("queue.job_id", str(claim.job_id))
-            span.set_attribute("queue.run.settle.attempt", claim.attempt)
-            if await self._cancel_until_confirmed(claim.run_id, kind="job") is None:
-                async with self._store.statements() as db:
-                    await db.schedule_run_settle_retry(
-                        job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=self.backoff_seconds(claim.attempt)
-                    )
-                return False
-            await self.settle_run(claim.job_id, claim.user_id, cause=Cause.RUN_SETTLED)
-            return True
-
-    async def reconcile(self, job_id: uuid.UUID, user_id: str, run_id: uuid.UUID, *, cancel_requested: bool = False) -> bool:
-        """Asks the core about a RUNNING job whose completion never arrived, or cancels the run of
-        one whose user's cancel went unanswered; returns whether the job ended."""
-        if cancel_requested:
+    async def cancel_until_confirmed(self, run_id: uuid.UUID, *, kind: str) -> RunReport | None:
+        """One CancelRun attempt: the core's report when it confirms the run settled, else None
+        (no answer, or a run still held or judging), and the caller schedules the next attempt."""
+        try:
             report = await self._core.cancel_run(run_id)
-            if not report.fate.settled:
-                return False
-            log.info("cancel retried for a job whose cancel went unanswered", extra={"job_id": job_id, "run_id": run_id, "status": report.fate.value})
-            return await self.end_job(job_id, user_id, Transition.canceled(report)) is not None
-        report = await self._core.get_run(run_id)
-        if report.fate is RunFate.HELD:
-            # A release we saw confirmed did not take (the core lost it): release it again.
-            report = await self._core.release_run(run_id)
-        if not report.fate.settled:
-            return False
-        log.info("reconciling a run whose completion never arrived", extra={"job_id": job_id, "run_id": run_id, "status": report.fate.value})
-        return await self.end_job(job_id, user_id, Transition.reconciled(report)) is not None
+        except errors.CoreUnavailable as exc:
+            log.warning("run not yet confirmed settled; retrying later", extra={"run_id": run_id, "reason": exc.message})
+            report = None
+        if report is None or not report.fate.settled:
+            telemetry.metrics.run_settlements.add(1, {"kind": kind, "result": "retry"})
+            return None
+        return report
 
-    # -- release -----------------------------------------------------------------------------
+    # -- retries -----------------------------------------------------------------------------
 
     def backoff_seconds(self, attempt: int) -> float:
         """Capped exponential backoff with full jitter (tenacity's wait strategy)."""
@@ -649,155 +412,6 @@ class QueueEngine:
         state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
         state.attempt_number = max(1, attempt)
         return float(self._backoff(state))
-
-    async def release_now(self, job_id: uuid.UUID) -> None:
-        """Releases a PENDING job at once (tooling): claims it like the dispatcher does. A job
-        another replica is releasing right now, or one waiting for the core's capacity (only a
-        grant releases it, in its turn), is left as it is."""
-        async with self._store.statements() as db:
-            claim = await db.claim_release_of_job(job_id=job_id, lease_seconds=self.config.release_lease_seconds)
-            job = None if claim else await db.job_by_id(job_id=job_id)
-        if claim is not None:
-            await self.release(claim)
-        elif job is None:
-            raise errors.JobNotFound(f"job {job_id} does not exist", metadata={"jobId": str(job_id)})
-        elif job.status is not JobStatus.PENDING:
-            raise errors.JobNotPending(
-                f"job {job_id} is {job.status}; only a PENDING job can be released",
-                metadata={"jobId": str(job_id), "status": job.status.upper()},
-            )
-
-    async def release(self, claim: ClaimedRelease) -> ReleaseResult:
-        """Attempts one claimed release and records the result; returns what happened."""
-        with telemetry.tracer.start_as_current_span("release") as span:
-            span.set_attribute("queue.job_id", str(claim.job_id))
-            span.set_attribute("queue.release.attempt", claim.attempt)
-            span.set_attribute("queue.cancel_requested", claim.cancel_requested)
-            span.set_attribute("queue.release.probe", claim.probe)
-            if claim.cancel_requested:
-                result = await self._cancel_instead_of_releasing(claim)
-            else:
-                try:
-                    held_back = await self.release_gate(claim) if self.release_gate is not None else None
-                    if held_back is not None:
-                        result = await self._retry_release_later(claim, held_back)
-                        telemetry.metrics.release_attempts.add(1, {"result": str(result)})
-                        span.set_attribute("queue.release.result", str(result))
-                        return result
-                    report: RunReport | None = await self._core.release_run(claim.run_id)
-                    error = ""
-                except errors.CoreUnavailable as exc:
-                    report, error = None, exc.message
-                except errors.CoreAtCapacity as exc:
-                    result = await self._record_core_refusal(claim, exc.message)
-                    telemetry.metrics.release_attempts.add(1, {"result": str(result)})
-                    span.set_attribute("queue.release.result", str(result))
-                    return result
-                result = await self._record_release(claim, report, error)
-            telemetry.metrics.release_attempts.add(1, {"result": str(result)})
-            span.set_attribute("queue.release.result", str(result))
-            return result
-
-    async def _record_release(self, claim: ClaimedRelease, report: RunReport | None, error: str) -> ReleaseResult:
-        if report is not None and report.fate is RunFate.JUDGING:
-            if claim.probe:
-                # The core took a release above the limit it had shown us: it has room again.
-                async with self._store.statements() as db:
-                    await db.capacity_probe_taken()
-            marked = await self._release_marks.submit(claim)
-            freed_at = self._slot_freed_at.pop(claim.job_id, None)
-            if freed_at is not None:
-                telemetry.metrics.promotion_gap.record(time.monotonic() - freed_at)
-            if marked:
-                log.info("job released", extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "status": JobStatus.RUNNING, "attempt": claim.attempt})
-            return ReleaseResult.RELEASED
-        if report is not None and report.fate.settled:
-            # The run had ended already (canceled, finished after an earlier release whose answer
-            # was lost) or the core does not know it: the core's answer decides how the job ends.
-            await self.end_job(claim.job_id, claim.user_id, Transition.release_answered(report, attempt=claim.attempt))
-            refused = report.fate in (RunFate.CANCELED, RunFate.UNKNOWN_TO_CORE)
-            return ReleaseResult.REFUSED if refused else ReleaseResult.FINISHED
-        # No answer (the release may have been applied) or a run still held: retry later.
-        return await self._retry_release_later(claim, error or "core ReleaseRun: the run is still held")
-
-    async def _cancel_instead_of_releasing(self, claim: ClaimedRelease) -> ReleaseResult:
-        """The user asked to cancel this PENDING job and the core's answer never came (the cancel
-        may not have reached it): the job is not released, its run is canceled, retried like a
-        release until the core answers or the window closes (then given up, refunded)."""
-        try:
-            report: RunReport | None = await self._core.cancel_run(claim.run_id)
-            error = ""
-        except errors.CoreUnavailable as exc:
-            report, error = None, exc.message
-        if report is not None and report.fate.settled:
-            ended = await self.end_job(claim.job_id, claim.user_id, Transition.canceled_instead_of_released(report, attempt=claim.attempt))
-            if ended is not None:
-                log.info("canceled instead of released", extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "status": ended.ref.status})
-            return ReleaseResult.CANCELED
-        fate = "no answer" if report is None else f"the run is {report.fate.value}"
-        return await self._retry_release_later(claim, error or f"core CancelRun: {fate}")
-
-    async def _retry_release_later(self, claim: ClaimedRelease, error: str) -> ReleaseResult:
-        backoff = self.backoff_seconds(claim.attempt)
-        async with self._store.statements() as db:
-            retry = await db.schedule_release_retry(job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=backoff, last_error=error)
-        if retry is not None and retry.window_over:
-            window = self.config.release_window_seconds
-            await self.give_up_release(
-                claim.job_id,
-                claim.user_id,
-                f"release gave up after {claim.attempt} attempts over {window:g}s: {error}",
-                attempts=claim.attempt,
-            )
-            return ReleaseResult.GAVE_UP
-        log.warning(
-            "release failed; retrying",
-            extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt, "reason": error},
-        )
-        return ReleaseResult.RETRY
-
-    async def _record_core_refusal(self, claim: ClaimedRelease, message: str) -> ReleaseResult:
-        """The core is at its concurrency ceiling ("not now", nothing applied): the job goes back in
-        line for capacity with its slot and its place; the fleet backs off as a whole (one probe per
-        interval), never a retry of this job's own."""
-        telemetry.metrics.core_refusals.add(1, {"probe": str(claim.probe).lower()})
-        async with self._store.statements() as db:
-            learned = await db.capacity_refused(
-                job_id=claim.job_id, attempt=claim.attempt, probe_interval_seconds=self.capacity.probe_interval_seconds
-            )
-        if learned is not False:
-            self.capacity.learned(True)
-        log.info(
-            "the core is at its capacity; the job waits for capacity",
-            extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt, "reason": message},
-        )
-        return ReleaseResult.WAITING
-
-    async def grant_capacity(self, *, max_grants: int) -> CapacityGrant:
-        """Asks the fleet for the free capacity at the core: the releases granted to this replica
-        (in the fair order), to start now."""
-        with telemetry.tracer.start_as_current_span("capacity.grant") as span:
-            grant = await self._store.grant_capacity(
-                lease_seconds=self.config.release_lease_seconds,
-                release_window_seconds=self.config.release_window_seconds,
-                probe_interval_seconds=self.capacity.probe_interval_seconds,
-                max_grants=max_grants,
-            )
-            span.set_attribute("queue.capacity.granted", len(grant.claims))
-            span.set_attribute("queue.capacity.limited", grant.limited)
-        self.capacity.learned(grant.limited)
-        telemetry.metrics.capacity["in_use"] = grant.in_use
-        if grant.limit is None:
-            telemetry.metrics.capacity.pop("limit", None)
-        else:
-            telemetry.metrics.capacity["limit"] = grant.limit
-        for claim, waited in grant.claims:
-            telemetry.metrics.capacity_wait.record(waited)
-            log.info(
-                "capacity granted",
-                extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt},
-            )
-        return grant
 
     # -- fleet settings ----------------------------------------------------------------------
 
@@ -834,21 +448,30 @@ class QueueEngine:
         async with self._store.statements() as db:
             return await db.setting_changes(before_change_id=before_change_id, limit=limit)
 
-    async def _mark_released(self, claims: list[ClaimedRelease]) -> dict[ClaimedRelease, bool]:
-        with _counting_batch("mark_released", len(claims)):
-            async with self._store.statements() as db:
-                marked = await db.mark_released(claims, reconcile_after_seconds=self.config.reconcile_after_seconds)
-        return {claim: claim.job_id in marked for claim in claims}
 
-    async def _end_runs(self, reports: list[RunReportToApply]) -> dict[RunReportToApply, RunCompletion]:
+class CompletionBatcher(Coalescer[RunReportToApply, RunCompletion]):
+    """Completions that arrive while one is being applied are applied together, in one statement
+    (`run_batch`: `Store.end_runs`) that holds each of their users' locks (a burst of completions:
+    one commit for many). That statement waits for a user's lock only briefly; a completion whose
+    user's lock is busy is then applied alone (`run_alone`: `Store.end_run`), within its caller's
+    deadline, and holds up no other."""
+
+    applies_alone = True
+
+    def __init__(self, store: Store, limits: PromotionLimits, *, spawn: Spawn) -> None:
+        super().__init__(max_batch=_MAX_COMPLETIONS_PER_STATEMENT, spawn=spawn, name="end-runs")
+        self._store = store
+        self._promotion_limits = limits
+
+    async def run_batch(self, reports: list[RunReportToApply]) -> dict[RunReportToApply, RunCompletion]:
         """The coalesced statement, a lone completion's too: it waits for no user's lock long."""
-        with _counting_batch("end_runs", len(reports)):
+        with counting_batch("end_runs", len(reports)):
             completions = await self._store.end_runs(reports, self._promotion_limits)
         return dict(zip(reports, completions, strict=True))
 
-    async def _end_run_alone(self, report: RunReportToApply) -> RunCompletion:
+    async def run_alone(self, report: RunReportToApply) -> RunCompletion:
         """A completion on its own, waiting for its user's lock as long as its call allows."""
-        with _counting_batch("end_runs", 1):
+        with counting_batch("end_runs", 1):
             return await self._store.end_run(report, self._promotion_limits)
 
 
@@ -862,17 +485,6 @@ def _forget_outlived(task: asyncio.Task[Any]) -> None:
     if exc is not None and not isinstance(exc, errors.QueueError):
         log.debug("%s failed after its caller stopped listening: %r", task.get_name(), exc)
 
-
-@contextlib.contextmanager
-def _counting_batch(statement: str, items: int) -> Iterator[None]:
-    """Counts a coalesced statement that applied its items, or one of several that failed."""
-    try:
-        yield
-    except Exception:
-        if items > 1:
-            telemetry.metrics.statement_batch_failures.add(1, {"statement": statement})
-        raise
-    telemetry.metrics.statement_batch_size.record(items, {"statement": statement})
 
 
 def _already_finished(job_id: uuid.UUID, status: JobStatus) -> errors.QueueError:

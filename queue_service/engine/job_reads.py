@@ -8,17 +8,21 @@ for capacity gets its place in the fleet-wide order (`capacity_position`), read 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 
+from queue_service import errors
 from queue_service.model import CapacityState, JobSearch, JobStatus, JobView, Overview, estimate_start
 from queue_service.store import Statements, Store
 
 _ESTIMATE_CACHE_SECONDS = 10.0
 _CAPACITY_CACHE_SECONDS = 1.0
+# A watched overview is re-sent at least this often, so ages ("oldest wait") stay current.
+_HEARTBEAT_SECONDS = 15.0
 
 
 class JobReads:
@@ -128,6 +132,33 @@ class JobReads:
             capacity = await db.capacity_state()
         return dataclasses.replace(overview, capacity=capacity)
 
+    async def watch_overview(self, window_minutes: int, interval_seconds: float, *, until: asyncio.Event) -> AsyncIterator[Overview]:
+        """The overview every interval when its figures changed (or a heartbeat is due), until
+        `until` is set (the replica drains: the watcher hears SHUTTING_DOWN)."""
+        last_figures: Overview | None = None
+        last_sent = float("-inf")
+        while True:
+            overview = await self.overview(window_minutes)
+            figures = _figures(overview)
+            if figures != last_figures or time.monotonic() - last_sent >= _HEARTBEAT_SECONDS:
+                yield overview
+                last_figures, last_sent = figures, time.monotonic()
+            try:
+                await asyncio.wait_for(until.wait(), interval_seconds)
+            except TimeoutError:
+                continue
+            raise errors.ShuttingDown("this replica is draining; reconnect to another")
+
     async def capacity(self) -> CapacityState:
         async with self._store.statements() as db:
             return await db.capacity_state()
+
+
+_NO_READ_TIME = dt.datetime.min.replace(tzinfo=dt.UTC)
+
+
+def _figures(overview: Overview) -> Overview:
+    """The overview without its read time (nor who changed the capacity setting last, which the
+    overview does not show), to tell whether anything shown changed."""
+    capacity = overview.capacity and dataclasses.replace(overview.capacity, updated_by="", updated_at=None)
+    return dataclasses.replace(overview, read_time=_NO_READ_TIME, capacity=capacity)

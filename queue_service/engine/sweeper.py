@@ -21,15 +21,14 @@ import dataclasses
 import logging
 import random
 import time
+import uuid
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from queue_service import errors, telemetry
 from queue_service.background import cancel_and_wait
 from queue_service.config import Config
-from queue_service.engine.core_reconciliation import CoreReconciler
-from queue_service.engine.engine import QueueEngine
-from queue_service.model import Cause
+from queue_service.model import Cause, ClaimedReservation, ClaimedSettlement, Promoted
 from queue_service.store import Store
 from queue_service.store.feed import RETENTION_SECONDS
 
@@ -58,17 +57,53 @@ class SweepReport:
     runs_lost: int = 0
 
 
+class Recovering(Protocol):
+    """What the sweeper asks of the engine: `engine.recovery.Recovery` in the service."""
+
+    @property
+    def cancel_recheck_seconds(self) -> float: ...
+
+    async def promote(self, user_id: str, *, cause: Cause) -> tuple[Promoted, ...]: ...
+
+    async def give_up_release(self, job_id: uuid.UUID, user_id: str, reason: str, *, attempts: int) -> bool: ...
+
+    async def reconcile(self, job_id: uuid.UUID, user_id: str, run_id: uuid.UUID, *, cancel_requested: bool = False) -> bool: ...
+
+    async def attempt_run_settlement(self, claim: ClaimedSettlement) -> bool: ...
+
+    async def cancel_reserved_run(self, claim: ClaimedReservation) -> bool: ...
+
+
+class Reconciliation(Protocol):
+    """What one reconciliation did (`core_reconciliation.ReconcileReport`)."""
+
+    adopted: int
+    lost: int
+    trigger: str
+
+
+class Reconciling(Protocol):
+    """What the sweeper asks of the reconciliation of the core's live runs with the jobs:
+    `engine.core_reconciliation.CoreReconciler` in the service."""
+
+    async def database_replaced(self) -> bool: ...
+
+    async def reconcile(self, *, trigger: str = "periodic") -> Reconciliation: ...
+
+    async def reconcile_if_due(self) -> Reconciliation | None: ...
+
+
 class Sweeper:
     def __init__(
         self,
-        engine: QueueEngine,
+        recovery: Recovering,
         store: Store,
         config: Config,
         *,
         wake_dispatcher: Callable[[], None],
-        reconciler: CoreReconciler | None = None,
+        reconciler: Reconciling | None = None,
     ) -> None:
-        self._engine = engine
+        self._recovery = recovery
         # The core's live runs against the jobs, when due (engine/core_reconciliation.py).
         self.reconciler = reconciler
         self._store = store
@@ -130,7 +165,7 @@ class Sweeper:
                 log.exception("sweeper pass failed; the next pass retries")
 
     async def sweep_once(self) -> SweepReport:
-        engine, config = self._engine, self._config
+        recovery, config = self._recovery, self._config
         report = SweepReport()
         started = time.perf_counter()
         with telemetry.tracer.start_as_current_span("sweep") as span:
@@ -148,7 +183,7 @@ class Sweeper:
                 users = await db.users_needing_promotion(default_max_active=config.max_active_per_user, batch_size=_BATCH)
                 expired = await db.expired_pending_releases(batch_size=_BATCH)
                 overdue = await db.claim_due_reconciliations(
-                    recheck_seconds=config.reconcile_after_seconds, cancel_recheck_seconds=engine.cancel_recheck_seconds, batch_size=_BATCH
+                    recheck_seconds=config.reconcile_after_seconds, cancel_recheck_seconds=recovery.cancel_recheck_seconds, batch_size=_BATCH
                 )
                 unsettled = await db.claim_due_run_settlements(lease_seconds=lease, batch_size=_BATCH)
                 orphans = await db.claim_due_run_reservations(lease_seconds=lease, batch_size=_BATCH)
@@ -161,10 +196,10 @@ class Sweeper:
             else:
                 telemetry.metrics.capacity["limit"] = capacity.effective_limit
             for user_id in users:
-                report.promoted += len(await self._guarded(engine.promote(user_id, cause=Cause.SWEEPER), []))
+                report.promoted += len(await self._guarded(recovery.promote(user_id, cause=Cause.SWEEPER), []))
             window = config.release_window_seconds
             for release in expired:
-                gave_up = engine.give_up_release(
+                gave_up = recovery.give_up_release(
                     release.job_id, release.user_id, f"release window of {window:g}s passed without a successful release",
                     attempts=release.attempts,
                 )
@@ -172,10 +207,10 @@ class Sweeper:
             # Steps that ask the core run side by side (bounded), so a slow core costs one
             # deadline per pass, not one per row.
             report.reconciled += await self._each_asking_core(
-                [engine.reconcile(run.job_id, run.user_id, run.run_id, cancel_requested=run.cancel_requested) for run in overdue]
+                [recovery.reconcile(run.job_id, run.user_id, run.run_id, cancel_requested=run.cancel_requested) for run in overdue]
             )
-            report.runs_settled += await self._each_asking_core([engine.attempt_run_settlement(c) for c in unsettled])
-            report.orphans_canceled += await self._each_asking_core([engine.cancel_reserved_run(o) for o in orphans])
+            report.runs_settled += await self._each_asking_core([recovery.attempt_run_settlement(c) for c in unsettled])
+            report.orphans_canceled += await self._each_asking_core([recovery.cancel_reserved_run(o) for o in orphans])
             report.feed_rows_trimmed += await self._guarded(self._trim_feed(), 0)
             self._wake_dispatcher()
             span.set_attribute("queue.sweep.promoted", report.promoted)

@@ -34,13 +34,12 @@ import uuid
 from array import array
 from collections import defaultdict
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
 
 from queue_service import errors, telemetry
 from queue_service.background import cancel_and_wait
 from queue_service.engine.job_reads import JobReads
 from queue_service.model import JobStatus, JobView
-from queue_service.store import Statements, Store
+from queue_service.store import JobChange, Statements, Store
 from queue_service.store.feed import MAX_ROWS_PER_READ, STALE_AFTER_SECONDS, FeedCursor
 
 log = logging.getLogger(__name__)
@@ -189,13 +188,13 @@ class WatchStream:
             await self._ready.wait()
 
 
-def _changes_the_users_queue(change: dict[str, object], views: list[JobView]) -> bool:
+def _changes_the_users_queue(change: JobChange, views: list[JobView]) -> bool:
     """Whether the change shows the user's queued jobs differently: a job that leaves the queue
     moves everyone behind it up (`queue_position`, `waiting_for_job_id`), and a first-pass job
     that leaves PENDING or RUNNING is no longer what the first queued job waits behind (when it
     ends unsettled, no promotion follows to say so) nor the start its estimate counts from."""
-    old_status, status = change.get("old_status"), change.get("status")
-    if old_status is None or old_status == status:
+    old_status, status = change.old_status, change.status
+    if old_status is None or old_status is status:
         return False
     if old_status == JobStatus.QUEUED:
         return True
@@ -368,7 +367,7 @@ class NotificationHub:
                 return read.cursor
             for change in read.changes:
                 metrics.feed_lag.record(change.lag_seconds)
-                await self._dispatch(change.as_notice(), db)
+                await self._dispatch(change, db)
         return read.cursor
 
     async def _listen_for_hints(self) -> None:
@@ -415,10 +414,9 @@ class NotificationHub:
             for stream in streams:
                 stream.resync()
 
-    async def _dispatch(self, change: dict[str, Any], db: Statements) -> None:
-        user_id = change["user_id"]
-        job_id = uuid.UUID(change["job_id"])
-        if change.get("status") == "pending" and not change.get("release_claimed", False):
+    async def _dispatch(self, change: JobChange, db: Statements) -> None:
+        user_id, job_id = change.user_id, change.job_id
+        if change.left_unclaimed_pending:
             self._on_pending()
         streams = self._streams.get(user_id)
         if not streams:

@@ -31,9 +31,9 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from queue_service import deadline, telemetry
+from queue_service.model import JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -60,25 +60,22 @@ class FeedCursor:
 
 @dataclasses.dataclass(frozen=True)
 class JobChange:
-    """One committed change of a job, as the trigger recorded it."""
+    """One committed change of a job, as the trigger recorded it: its status before (None: the
+    job was inserted) and after, and whether a PENDING job's release was claimed with it (the
+    replica that claimed it starts it; nobody else needs to)."""
 
     change_id: int
     job_id: uuid.UUID
     user_id: str
-    status: str
-    old_status: str | None
+    status: JobStatus
+    old_status: JobStatus | None
     release_claimed: bool
     lag_seconds: float
 
-    def as_notice(self) -> dict[str, Any]:
-        """The fields of the job-change notice the trigger used to send."""
-        return {
-            "user_id": self.user_id,
-            "job_id": str(self.job_id),
-            "status": self.status,
-            "old_status": self.old_status,
-            "release_claimed": self.release_claimed,
-        }
+    @property
+    def left_unclaimed_pending(self) -> bool:
+        """A job became or stayed PENDING and no replica claimed its release."""
+        return self.status is JobStatus.PENDING and not self.release_claimed
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """The store: the only code that runs SQL. One typed method per named query of `sql/queries.sql`.
 
 `Store.statements()` yields `Statements` on a pooled connection in autocommit mode (each
-statement its own transaction). The locked sections (`Store.admit_job`, `end_job`, `promote`,
-`settle_job_run`, `refund_failed_job`) each run as one statement holding the user's queue lock
-(`locks.locked_section`). Methods take and return model types
-(`queue_service.model`); no cursor, row or connection leaves this package. Driver errors become
-domain errors in `pool.translated_errors`.
+statement its own transaction). The locked sections (`Store.admit_job`, `end_job`, `end_run`,
+`end_runs`, `promote`, `settle_job_run`, `refund_failed_job`) each run as one statement holding
+the user's queue lock (`locks`), `grant_capacity` the fleet-wide capacity lock. Methods take and
+return model types (`queue_service.model`), built from rows in `rows.py`; no cursor, row or
+connection leaves this package. Driver errors become domain errors in `pool.translated_errors`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from psycopg import AsyncConnection, AsyncCursor, sql
 
 from queue_service import audit, deadline
 from queue_service.model import (
+    AdmitLimits,
     Adoption,
     AdmitState,
     CoreRun,
@@ -63,8 +64,8 @@ from queue_service.model import (
     SettingChange,
     Transition,
 )
-from queue_service.store import migrations, notices
-from queue_service.store.feed import HINT_CHANNEL, CommitHints, FeedCursor, FeedRead, JobChange
+from queue_service.store import migrations, notices, rows as from_row
+from queue_service.store.feed import HINT_CHANNEL, CommitHints, FeedCursor, FeedRead
 from queue_service.store.locks import (
     capacity_section,
     holding_user_queue_lock,
@@ -77,6 +78,7 @@ from queue_service.store.pool import QueuePool, connection, connection_parameter
 log = logging.getLogger(__name__)
 
 _BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n(?P<body>.*?)(?=^-- name: |\Z)", re.MULTILINE | re.DOTALL)
+_INCLUDE = re.compile(r"^-- include: (?P<name>\w+)$", re.MULTILINE)
 
 Row = dict[str, Any]
 
@@ -91,7 +93,8 @@ def queries() -> dict[str, str]:
     """The named queries, loaded once, without their leading description comments (so a span
     or a log of the statement starts with its verb)."""
     text = resources.files("queue_service.store").joinpath("sql/queries.sql").read_text()
-    return {m["name"]: _without_leading_comments(m["body"]) for m in _BLOCK.finditer(text)}
+    bodies = {m["name"]: _without_leading_comments(m["body"]) for m in _BLOCK.finditer(text)}
+    return {name: _INCLUDE.sub(lambda m: bodies[m["name"]].removesuffix(";"), body) for name, body in bodies.items()}
 
 
 @cache
@@ -109,18 +112,6 @@ def _without_leading_comments(body: str) -> str:
 
 def _statuses(statuses: Iterable[JobStatus]) -> list[str]:
     return sorted(str(status) for status in statuses)
-
-
-def _job_ref(row: Row) -> JobRef:
-    return JobRef(
-        job_id=row["job_id"],
-        user_id=row["user_id"],
-        run_id=row["run_id"],
-        status=JobStatus(row["status"]),
-        delta_of_job_id=row["delta_of_job_id"],
-        run_unsettled=bool(row.get("run_unsettled", False)),
-        cancel_requested=bool(row.get("cancel_requested", False)),
-    )
 
 
 def _limit_params(limits: PromotionLimits) -> Row:
@@ -143,20 +134,16 @@ def _ending_params(transition: Transition, actor: str, limits: PromotionLimits) 
     }
 
 
-def _view_ref(view: JobView, row: Row) -> JobRef:
-    return JobRef(view.job_id, view.user_id, view.run_id, view.status, view.delta_of_job_id, run_unsettled=bool(row["run_unsettled"]))
-
-
 def _ending(rows: list[Row], transition: Transition, actor: str) -> JobEnding:
     """The JobEnding of a section's rows: its 'ended' row first, then 'promoted' rows."""
     row = rows[0]
     assert row["row_kind"] == "ended", row["row_kind"]
-    view = JobView.from_row(row)
-    ref = _view_ref(view, row)
+    view = from_row.job_view(row)
+    ref = from_row.view_ref(view, row)
     refunded = int(row["refunded_amount"])
     if refunded:
         audit.log_movement(kind=LedgerKind.REFUND, user_id=ref.user_id, amount=refunded, job_id=ref.job_id, actor=actor, reason=transition.refund_cause)
-    return JobEnding(ref, view, refunded, _promoted(rows))
+    return JobEnding(ref, view, refunded, from_row.promoted(rows))
 
 
 def _run_completion(rows: list[Row], transition: Transition, actor: str) -> RunCompletion:
@@ -167,26 +154,8 @@ def _run_completion(rows: list[Row], transition: Transition, actor: str) -> RunC
     if kind == "ended":
         ending = _ending(rows, transition, actor)
         return RunCompletion(ending.ref, view=ending.view, ending=ending)
-    view = JobView.from_row(rows[0])
-    return RunCompletion(_view_ref(view, rows[0]), view=view)
-
-
-def _promoted(rows: list[Row]) -> tuple[Promoted, ...]:
-    return tuple(
-        Promoted(row["job_id"], row["user_id"], row["run_id"], waiting=bool(row.get("waiting_for_capacity", False)))
-        for row in rows
-        if row["row_kind"] == "promoted"
-    )
-
-
-def _claimed_release(row: Row) -> ClaimedRelease:
-    return ClaimedRelease(
-        job_id=row["job_id"],
-        user_id=row["user_id"],
-        run_id=row["run_id"],
-        attempt=row["release_attempts"],
-        cancel_requested=bool(row.get("cancel_requested", False)),
-    )
+    view = from_row.job_view(rows[0])
+    return RunCompletion(from_row.view_ref(view, rows[0]), view=view)
 
 
 class Statements:
@@ -209,7 +178,7 @@ class Statements:
         return rows[0] if rows else None
 
     async def _views(self, name: str, params: Row) -> list[JobView]:
-        return [JobView.from_row(row) for row in await self._all(name, params)]
+        return [from_row.job_view(row) for row in await self._all(name, params)]
 
     # -- admit ---------------------------------------------------------------------------------
 
@@ -229,14 +198,14 @@ class Statements:
             },
         )
         assert row is not None
-        return bool(row["reserved"]), _admit_state(row)
+        return bool(row["reserved"]), from_row.admit_state(row)
 
     async def admit_state(self, *, user_id: str, idempotency_key: str, delta_of_job_id: uuid.UUID | None) -> AdmitState:
         row = await self._one(
             "admit_state", {"user_id": user_id, "idempotency_key": idempotency_key, "delta_of_job_id": delta_of_job_id}
         )
         assert row is not None
-        return _admit_state(row)
+        return from_row.admit_state(row)
 
     # -- promotion and ending ------------------------------------------------------------------
 
@@ -244,18 +213,18 @@ class Statements:
 
     async def claim_due_run_settlements(self, *, lease_seconds: float, batch_size: int) -> list[ClaimedSettlement]:
         rows = await self._all("claim_due_run_settlements", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
-        return [ClaimedSettlement(r["job_id"], r["user_id"], r["run_id"], r["run_settle_attempts"]) for r in rows]
+        return [from_row.claimed_settlement(r) for r in rows]
 
     async def schedule_run_settle_retry(self, *, job_id: uuid.UUID, attempt: int, backoff_seconds: float) -> None:
         await self._send("schedule_run_settle_retry", {"job_id": job_id, "attempt": attempt, "backoff_seconds": float(backoff_seconds)})
 
     async def claim_run_reservation(self, *, run_id: uuid.UUID, lease_seconds: float) -> ClaimedReservation | None:
         row = await self._one("claim_run_reservation", {"run_id": run_id, "lease_seconds": float(lease_seconds)})
-        return None if row is None else ClaimedReservation(row["run_id"], row["cancel_attempts"])
+        return None if row is None else from_row.claimed_reservation(row)
 
     async def claim_due_run_reservations(self, *, lease_seconds: float, batch_size: int) -> list[ClaimedReservation]:
         rows = await self._all("claim_due_run_reservations", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
-        return [ClaimedReservation(r["run_id"], r["cancel_attempts"]) for r in rows]
+        return [from_row.claimed_reservation(r) for r in rows]
 
     async def schedule_run_reservation_retry(self, *, run_id: uuid.UUID, attempt: int, backoff_seconds: float) -> None:
         await self._send(
@@ -304,7 +273,7 @@ class Statements:
 
     async def job_by_id(self, *, job_id: uuid.UUID) -> JobRef | None:
         row = await self._one("job_by_id", {"job_id": job_id})
-        return None if row is None else _job_ref(row)
+        return None if row is None else from_row.job_ref(row)
 
     async def record_cancel_request(self, *, job_id: uuid.UUID, cancel_recheck_seconds: float) -> bool:
         """Records that the user asked to cancel the job (a RUNNING one is reconciled, so asked
@@ -319,14 +288,14 @@ class Statements:
         rows = await self._all("claim_due_releases", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
         if rows:
             self._committed()
-        return [_claimed_release(row) for row in rows]
+        return [from_row.claimed_release(row) for row in rows]
 
     async def claim_release_of_job(self, *, job_id: uuid.UUID, lease_seconds: float) -> ClaimedRelease | None:
         row = await self._one("claim_release_of_job", {"job_id": job_id, "lease_seconds": float(lease_seconds)})
         if row is None:
             return None
         self._committed()
-        return _claimed_release(row)
+        return from_row.claimed_release(row)
 
     async def mark_released(self, releases: Iterable[ClaimedRelease], *, reconcile_after_seconds: float) -> set[uuid.UUID]:
         """Marks RUNNING every job whose release the core accepted, in one statement; returns
@@ -354,7 +323,7 @@ class Statements:
         )
         if row is not None:
             self._committed()
-        return None if row is None else ScheduledRetry(next_release_at=row["next_release_at"], window_over=row["window_over"])
+        return None if row is None else from_row.scheduled_retry(row)
 
     async def next_release_due_in(self) -> float | None:
         """Seconds until the earliest pending release is due, in the database's clock (None: none)."""
@@ -385,33 +354,23 @@ class Statements:
         actor = audit.actor_for("core_capacity")
         row = await self._one("set_core_capacity", {"capacity": capacity, "actor": actor})
         assert row is not None
-        return _setting_change(row)
+        return from_row.setting_change(row)
 
     async def set_user_queue_limit(self, *, user_id: str, max_active: int) -> SettingChange:
         """Sets a user's slots (0: the default), recorded with the current actor (`audit`)."""
         actor = audit.actor_for("user_max_active")
         row = await self._one("set_user_queue_limit", {"user_id": user_id, "max_active": max_active, "actor": actor})
         assert row is not None
-        return _setting_change(row)
+        return from_row.setting_change(row)
 
     async def setting_changes(self, *, before_change_id: int | None, limit: int) -> list[SettingChange]:
         rows = await self._all("setting_changes", {"before_change_id": before_change_id, "limit": limit})
-        return [_setting_change(row) for row in rows]
+        return [from_row.setting_change(row) for row in rows]
 
     async def capacity_state(self) -> CapacityState:
         row = await self._one("capacity_state", {})
         assert row is not None
-        return CapacityState(
-            capacity=int(row["capacity"]),
-            core_limit=row["core_limit"],
-            in_use=int(row["in_use"]),
-            waiting_jobs=int(row["waiting_jobs"]),
-            waiting_users=int(row["waiting_users"]),
-            oldest_wait_since=row["oldest_wait_since"],
-            core_refusals=int(row["core_refusals"]),
-            updated_by=row["updated_by"] or "",
-            updated_at=row["updated_at"],
-        )
+        return from_row.capacity_state(row)
 
     async def capacity_positions(self, *, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
         rows = await self._all("capacity_positions", {"job_ids": job_ids})
@@ -425,12 +384,12 @@ class Statements:
 
     async def expired_pending_releases(self, *, batch_size: int) -> list[ExpiredRelease]:
         rows = await self._all("expired_pending_releases", {"batch_size": batch_size})
-        return [ExpiredRelease(r["job_id"], r["user_id"], r["release_attempts"]) for r in rows]
+        return [from_row.expired_release(r) for r in rows]
 
     async def claim_due_reconciliations(self, *, recheck_seconds: float, cancel_recheck_seconds: float, batch_size: int) -> list[OverdueRun]:
         params = {"recheck_seconds": float(recheck_seconds), "cancel_recheck_seconds": float(cancel_recheck_seconds), "batch_size": batch_size}
         rows = await self._all("claim_due_reconciliations", params)
-        return [OverdueRun(r["job_id"], r["user_id"], r["run_id"], cancel_requested=bool(r["cancel_requested"])) for r in rows]
+        return [from_row.overdue_run(r) for r in rows]
 
     async def queue_depth(self) -> dict[str, int]:
         row = await self._one("queue_depth", {})
@@ -490,19 +449,7 @@ class Statements:
             "job_feed_since",
             {"after": after.snapshot, "all_users": user_ids is None, "user_ids": user_ids or [], "limit": limit + 1},
         )
-        changes = [
-            JobChange(
-                change_id=int(row["change_id"]),
-                job_id=row["job_id"],
-                user_id=row["user_id"],
-                status=row["status"],
-                old_status=row["old_status"],
-                release_claimed=bool(row["release_claimed"]),
-                lag_seconds=max(0.0, float(row["lag_seconds"])),
-            )
-            for row in rows
-            if row["change_id"] is not None
-        ]
+        changes = [from_row.job_change(row) for row in rows if row["change_id"] is not None]
         complete = len(changes) <= limit
         return FeedRead(FeedCursor(rows[0]["snapshot"], read_at), changes if complete else [], complete)
 
@@ -547,7 +494,7 @@ class Statements:
         """Newest first; picks the query shape whose index fits: one job, one user, or all."""
         params: Row = {**dataclasses.asdict(query), "limit": limit}
         name = "ledger_entries_of_job" if query.job_id else "ledger_entries_of_user" if query.user_id else "ledger_entries"
-        return [_ledger_entry(row) for row in await self._all(name, params)]
+        return [from_row.ledger_entry(row) for row in await self._all(name, params)]
 
     # -- the operator's reads ------------------------------------------------------------------
 
@@ -556,21 +503,7 @@ class Statements:
         row = await self._one("operator_overview", params)
         admits = await self._all("admits_per_minute", {"window_minutes": window_minutes})
         assert row is not None
-        return Overview(
-            queued=row["queued"],
-            pending=row["pending"],
-            running=row["running"],
-            succeeded_in_window=row["succeeded_in_window"],
-            failed_in_window=row["failed_in_window"],
-            canceled_in_window=row["canceled_in_window"],
-            users_waiting=row["users_waiting"],
-            releases_retrying=row["releases_retrying"],
-            runs_reconciling=row["runs_reconciling"],
-            oldest_queued_create_time=row["oldest_queued_create_time"],
-            read_time=row["read_time"],
-            admits_per_minute=tuple(int(r["admits"]) for r in admits),
-            window_minutes=window_minutes,
-        )
+        return from_row.overview(row, admits, window_minutes=window_minutes)
 
     async def search_job_views(self, search: JobSearch, *, limit: int) -> list[JobView]:
         """Picks the query shape whose index fits the filter: one user, one status, or all."""
@@ -604,45 +537,6 @@ class Statements:
             },
         )
         return [(r["job_id"], r["user_id"]) for r in rows]
-
-
-def _ledger_entry(row: Row) -> LedgerEntry:
-    return LedgerEntry(
-        entry_id=int(row["entry_id"]),
-        create_time=row["create_time"],
-        user_id=row["user_id"],
-        kind=LedgerKind(row["kind"]),
-        amount=int(row["amount"]),
-        job_id=row["job_id"],
-        idempotency_key=row["idempotency_key"],
-        actor=row["actor"],
-        reason=row["reason"],
-    )
-
-
-def _setting_change(row: Row) -> SettingChange:
-    return SettingChange(
-        change_id=int(row["change_id"]),
-        setting=row["setting"],
-        user_id=row["user_id"],
-        old_value=row["old_value"],
-        new_value=row["new_value"],
-        actor=row["actor"],
-        create_time=row["create_time"],
-    )
-
-
-def _admit_state(row: Row) -> AdmitState:
-    return AdmitState(
-        existing_job_id=row["existing_job_id"],
-        existing_digest=row["existing_digest"],
-        queued_count=int(row["queued_count"]),
-        running_deltas=int(row["running_deltas"]),
-        balance=int(row["balance"]),
-        base_user_id=row["base_user_id"],
-        base_status=None if row["base_status"] is None else JobStatus(row["base_status"]),
-        base_run_id=row["base_run_id"],
-    )
 
 
 class Store:
@@ -692,17 +586,7 @@ class Store:
             self.hints.committed()
         return rows
 
-    async def admit_job(
-        self,
-        job: NewJob,
-        *,
-        default_max_active: int,
-        max_queued: int,
-        max_running_deltas: int,
-        release_window_seconds: float,
-        release_lease_seconds: float,
-        reconcile_after_seconds: float,
-    ) -> JobView | None:
+    async def admit_job(self, job: NewJob, limits: AdmitLimits) -> JobView | None:
         """Admits the job under its user's lock; its view, or None when the key is taken, the
         balance is short, the queue or delta limit is full, or the run's reservation is gone.
         The charge records the current actor (`audit`)."""
@@ -711,19 +595,19 @@ class Store:
             **dataclasses.asdict(job),
             "actor": actor,
             "reason": str(Cause.ADMIT),
-            "default_max_active": default_max_active,
-            "max_queued": max_queued,
-            "max_running_deltas": max_running_deltas,
-            "release_window_seconds": float(release_window_seconds),
-            "release_lease_seconds": float(release_lease_seconds),
-            "reconcile_after_seconds": float(reconcile_after_seconds),
+            "default_max_active": limits.default_max_active,
+            "max_queued": limits.max_queued,
+            "max_running_deltas": limits.max_running_deltas,
+            "release_window_seconds": float(limits.release_window_seconds),
+            "release_lease_seconds": float(limits.release_lease_seconds),
+            "reconcile_after_seconds": float(limits.reconcile_after_seconds),
         }
         rows = await self._locked(job.user_id, "admit_job", params)
         if not rows:
             return None
         if job.price > 0:
             audit.log_movement(kind=LedgerKind.CHARGE, user_id=job.user_id, amount=-job.price, job_id=job.job_id, actor=actor, reason=Cause.ADMIT)
-        return JobView.from_row(rows[0])
+        return from_row.job_view(rows[0])
 
     async def end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition, limits: PromotionLimits) -> JobEnding | None:
         """Applies a named transition under the user's lock if the job is still in one of its
@@ -792,7 +676,7 @@ class Store:
         rows = await self._locked(run.user_id, "adopt_run", params)
         row = rows[0]
         kind = row["row_kind"]
-        view = JobView.from_row(row) if row["job_id"] is not None else None
+        view = from_row.job_view(row) if row["job_id"] is not None else None
         if kind == "adopted" and run.price > 0:
             audit.log_movement(kind=LedgerKind.CHARGE, user_id=run.user_id, amount=-run.price, job_id=run.job_id, actor=actor, reason=Cause.ADOPT)
         return Adoption(kind, view)
@@ -800,12 +684,12 @@ class Store:
     async def promote(self, user_id: str, limits: PromotionLimits) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first, each promoted job's
         first release claimed for this replica."""
-        return _promoted(await self._locked(user_id, "promote", {"promote_user_id": user_id, **_limit_params(limits)}))
+        return from_row.promoted(await self._locked(user_id, "promote", {"promote_user_id": user_id, **_limit_params(limits)}))
 
     async def settle_job_run(self, job_id: uuid.UUID, user_id: str, limits: PromotionLimits) -> RunSettlement:
         """Marks an ended job's run settled, freeing its slot, and fills the user's free slots."""
         rows = await self._locked(user_id, "settle_job_run", {"job_id": job_id, "settle_user_id": user_id, **_limit_params(limits)})
-        return RunSettlement(settled=any(row["row_kind"] == "settled" for row in rows), promoted=_promoted(rows))
+        return RunSettlement(settled=any(row["row_kind"] == "settled" for row in rows), promoted=from_row.promoted(rows))
 
     async def refund_failed_job(self, job_id: uuid.UUID, user_id: str, *, reason: Cause) -> int:
         """Refunds the job if it ended FAILED; the refunded amount (0: it did not fail, had no
@@ -828,20 +712,7 @@ class Store:
             "probe_interval_seconds": float(probe_interval_seconds),
             "max_grants": max_grants,
         }
-        rows = await capacity_section(self.pool, _statement("grant_capacity"), params)
-        claims = tuple(
-            (
-                ClaimedRelease(
-                    row["job_id"], row["user_id"], row["run_id"], row["release_attempts"],
-                    cancel_requested=bool(row["cancel_requested"]), probe=bool(row["probe"]),
-                ),
-                float(row["capacity_waited_seconds"] or 0.0),
-            )
-            for row in rows
-            if row["row_kind"] == "granted"
-        )
-        state = next(row for row in rows if row["row_kind"] == "state")
-        return CapacityGrant(claims, bool(state["limited"]), in_use=int(state["in_use"] or 0), limit=state["capacity_limit"])
+        return from_row.capacity_grant(await capacity_section(self.pool, _statement("grant_capacity"), params))
 
     async def open(self, *, timeout: float) -> None:
         await self.pool.open(wait=True, timeout=timeout)
@@ -884,7 +755,7 @@ class Store:
             async with self.statements() as db:
                 row = await db._one("replication_stance", {})
         assert row is not None
-        return ReplicationStance.from_row(row)
+        return from_row.replication_stance(row)
 
     async def wait_until_reachable(self, *, wait_seconds: float, retry_max_seconds: float) -> None:
         """Returns once a connection to the database opens; retries for `wait_seconds`,

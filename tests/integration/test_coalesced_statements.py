@@ -16,7 +16,9 @@ import uuid
 from typing import Any
 
 import psycopg
+import psycopg.sql
 
+from queue_service import errors
 from queue_service.dev.core import AnswerFault
 from queue_service.dev.embedded_postgres import free_port
 from queue_service.model import JobStatus, PromotionLimits, RunReportToApply, Transition
@@ -178,6 +180,14 @@ async def test_batches_over_overlapping_users_never_deadlock(services) -> None: 
     """Many batches over overlapping users, their runs in random orders, race on real
     connections: each batch takes its users' locks in key order, so none waits in a cycle (a
     deadlock would fail a batch with PostgreSQL's deadlock error)."""
+    # A batch waits at most 100 ms for any user's lock, far less than PostgreSQL's deadlock check
+    # (1 s by default), so a cycle would end as a plain lock timeout and pass unseen. With the
+    # check after 10 ms, a cycle ends as DeadlockDetected (CONFLICT) before any batch gives up
+    # waiting; a batch that gave up waiting on a loaded machine is retried, as the engine applies
+    # its items again alone.
+    with psycopg.connect(services.database_url, autocommit=True) as conn:
+        database = conn.info.dbname
+        conn.execute(psycopg.sql.SQL("ALTER DATABASE {} SET deadlock_timeout = '10ms'").format(psycopg.sql.Identifier(database)))
     service = await services.start(lock_timeout_ms=30_000)
     jobs = []
     for _ in range(12):
@@ -188,16 +198,28 @@ async def test_batches_over_overlapping_users_never_deadlock(services) -> None: 
     queued_runs = [uuid.UUID(job.run_id) for job in jobs]
     store, limits = service.app.store, PromotionLimits(1, 1800.0, 15.0)
     rng = random.Random(7)
+    gave_up_waiting = [0]
 
     async def batches(rounds: int) -> int:
         applied = 0
         for _ in range(rounds):
             runs = rng.sample(queued_runs, rng.randint(2, len(queued_runs)))
             reports = [RunReportToApply(run, Transition.completed(succeeded=True, refund=False, message=""), "core:test") for run in runs]
-            completions = await store.end_runs(reports, limits)
+            for _ in range(100):
+                try:
+                    completions = await store.end_runs(reports, limits)
+                    break
+                except errors.LockTimeout:
+                    gave_up_waiting[0] += 1
+            else:
+                raise AssertionError("a batch never got its users' locks in 100 tries")
             assert [completion.job.status for completion in completions if completion.job] == [JobStatus.QUEUED] * len(runs)
             applied += len(completions)
         return applied
 
-    applied = await asyncio.gather(*(batches(15) for _ in range(12)))
+    try:
+        applied = await asyncio.gather(*(batches(15) for _ in range(12)))
+    finally:
+        with psycopg.connect(services.database_url, autocommit=True) as conn:
+            conn.execute(psycopg.sql.SQL("ALTER DATABASE {} RESET deadlock_timeout").format(psycopg.sql.Identifier(database)))
     assert sum(applied) > 12 * 15 * 2

@@ -35,6 +35,20 @@ async def _probe(pool, user: str) -> dict:
     return rows[0]
 
 
+async def _waiting_for_a_lock(database_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as observer:
+        for _ in range(500):
+            cursor = await observer.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
+            row = await cursor.fetchone()
+            if row is not None and row[0] > 0:
+                return
+            await asyncio.sleep(0.01)
+    raise AssertionError("the section never waited for the user's lock")
+
+
 async def test_a_locked_section_runs_after_its_lock_and_sees_what_the_previous_holder_committed(database_url: str) -> None:
     user = new_user()
     with psycopg.connect(database_url, autocommit=True) as admin:
@@ -46,6 +60,9 @@ async def test_a_locked_section_runs_after_its_lock_and_sees_what_the_previous_h
         async with await psycopg.AsyncConnection.connect(database_url, row_factory=dict_row) as holder:
             await holder.execute(locks._TAKE_USER_QUEUE_LOCK, {"user_id": user})
             section = asyncio.create_task(_probe(pool, user))
+            # Wait until its statement is seen waiting for the lock, then hold it 0.3 s more: it
+            # waited at least that long, however late a loaded machine sent the statement.
+            await _waiting_for_a_lock(database_url)
             await asyncio.sleep(0.3)
             assert not section.done()  # it waits for the lock
             await holder.execute("UPDATE credit_accounts SET balance = 7 WHERE user_id = %s", (user,))

@@ -307,10 +307,21 @@ async def test_the_dev_core_reports_completions_with_its_token(services, pki) ->
     assert response is not None and response.job.status == job_pb2.JOB_STATUS_SUCCEEDED
 
     await released(second.run_id)
+
+    async def queue_status() -> int:
+        request = queue_pb2.GetJobRequest(job_id=second.job_id)
+        return (await service.stubs.queue.GetJob(request, timeout=5, metadata=_token("web"))).job.status
+
+    # The core judges once ReleaseRun reached it; the queue marks the job RUNNING when the answer
+    # is back. Wait for that, so the refused callback below is the only thing that could change it.
+    for _ in range(200):
+        if await queue_status() == job_pb2.JOB_STATUS_RUNNING:
+            break
+        await asyncio.sleep(0.02)
+    assert await queue_status() == job_pb2.JOB_STATUS_RUNNING
     core.callback_token = TOKENS["web"]  # the wrong role: the callback is refused
     assert await core.finish(second.run_id) is None
-    job = (await service.stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=second.job_id), timeout=5, metadata=_token("web"))).job
-    assert job.status == job_pb2.JOB_STATUS_RUNNING
+    assert await queue_status() == job_pb2.JOB_STATUS_RUNNING
 
 
 async def test_reflection_can_be_turned_off(services) -> None:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
 
 from queue_service import deadline
-from queue_service.engine.coalescer import Coalescer
+from queue_service.engine.coalescer import Coalescer, Spawn
 
 
 _CALLER = contextvars.ContextVar("caller", default="")
@@ -42,7 +42,30 @@ def _coalescer(statements: _Statements, tasks: set[asyncio.Task[None]], max_batc
         tasks.add(task)
         return task
 
-    return Coalescer(statements.run, max_batch=max_batch, spawn=spawn, name="test")
+    return _Coalescer(statements.run, max_batch=max_batch, spawn=spawn, name="test")
+
+
+class _Coalescer(Coalescer[int, int]):
+    """A coalescer whose statements are the test's functions."""
+
+    def __init__(
+        self,
+        run: Callable[[list[int]], Awaitable[dict[int, int]]],
+        *,
+        max_batch: int,
+        spawn: Spawn,
+        name: str,
+        run_alone: Callable[[int], Awaitable[int]] | None = None,
+    ) -> None:
+        super().__init__(max_batch=max_batch, spawn=spawn, name=name)
+        self._run, self._run_one = run, run_alone
+        self.applies_alone = run_alone is not None
+
+    async def run_batch(self, items: list[int]) -> dict[int, int]:
+        return await self._run(items)
+
+    async def run_alone(self, item: int) -> int:
+        return await self._run_one(item) if self._run_one is not None else await super().run_alone(item)
 
 
 async def _settle() -> None:
@@ -178,7 +201,7 @@ async def test_with_run_alone_a_failed_statement_frees_the_coalescer_and_its_cal
         tasks.add(task)
         return task
 
-    coalescer = Coalescer(statements.run, run_alone=run_alone, max_batch=64, spawn=spawn, name="test")
+    coalescer = _Coalescer(statements.run, run_alone=run_alone, max_batch=64, spawn=spawn, name="test")
     busy = asyncio.create_task(coalescer.submit(1))
     await _settle()
     statements.may_return.put_nowait(RuntimeError("lock timeout"))  # the brief wait for the lock

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any, cast
 
 from queue_service.engine import dispatcher as dispatcher_module
-from queue_service.engine.dispatcher import ReleaseDispatcher
-from queue_service.model import ClaimedRelease, ReleaseResult
+from queue_service.engine.dispatcher import Releasing, ReleaseDispatcher
+from queue_service.model import CapacityGrant, ClaimedRelease, ReleaseResult
 
 
-class _HeldReleases:
-    """An engine whose releases run until the test lets each one end."""
+class _HeldReleases(Releasing):
+    """Releases that run until the test lets each one end; nothing is due, no capacity granted."""
 
     def __init__(self) -> None:
         self.started: list[uuid.UUID] = []
@@ -23,6 +22,15 @@ class _HeldReleases:
         self.started.append(claim.job_id)
         await self._may_end.setdefault(claim.job_id, asyncio.Event()).wait()
         return ReleaseResult.RELEASED
+
+    async def grant_capacity(self, *, max_grants: int) -> CapacityGrant:
+        return CapacityGrant(claims=(), limited=False)
+
+    async def claim_due_releases(self, *, batch_size: int) -> list[ClaimedRelease]:
+        return []
+
+    async def next_release_due_in(self) -> float | None:
+        return None
 
     def end(self, job_id: uuid.UUID) -> None:
         self._may_end.setdefault(job_id, asyncio.Event()).set()
@@ -34,9 +42,7 @@ def _claim() -> ClaimedRelease:
 
 async def test_handed_over_releases_start_at_once_up_to_the_bound_and_the_rest_as_releases_end() -> None:
     engine = _HeldReleases()
-    dispatcher = ReleaseDispatcher(
-        cast(Any, engine), cast(Any, None), wake=asyncio.Event(), lease_seconds=15, core_deadline_seconds=1
-    )
+    dispatcher = ReleaseDispatcher(engine, wake=asyncio.Event(), core_deadline_seconds=1)
     bound = dispatcher_module._MAX_CONCURRENT_RELEASES
     claims = [_claim() for _ in range(bound + 3)]
     for claim in claims:

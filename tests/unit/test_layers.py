@@ -106,6 +106,38 @@ def test_no_servicer_reaches_the_store() -> None:
         assert not [m for _, m in _imports(path) if m.startswith(("queue_service.store", "psycopg"))], path
 
 
+# Inside the engine: the loops depend on what they ask for (a Protocol each), not on the rooms
+# that answer, and the lifecycle core depends on none of the rooms around it.
+ENGINE_MODULES_KEPT_APART: dict[str, set[str]] = {
+    "dispatcher": {"engine", "admission", "releases", "recovery", "sweeper"},
+    "sweeper": {"engine", "admission", "releases", "recovery", "dispatcher"},
+    "engine": {"admission", "releases", "recovery", "dispatcher", "sweeper"},
+}
+
+
+def test_the_engine_loops_and_core_keep_apart() -> None:
+    found = []
+    for module, forbidden in ENGINE_MODULES_KEPT_APART.items():
+        path = PACKAGE / "engine" / f"{module}.py"
+        for line, imported in _imports(path):
+            parts = imported.split(".")
+            if parts[:2] == ["queue_service", "engine"] and (len(parts) == 2 or parts[2] in forbidden):
+                found.append(f"engine/{module}.py:{line}: imports {imported}")
+    assert found == []
+
+
+def test_the_edge_enters_the_engine_by_its_front() -> None:
+    """`api/` imports what `engine/__init__.py` exports, never an engine module by its path."""
+    found = []
+    for path in _sources():
+        if _room(path) != "api":
+            continue
+        for line, imported in _imports(path):
+            if imported.startswith("queue_service.engine."):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: imports {imported}")
+    assert found == []
+
+
 @pytest.mark.parametrize(
     ("room", "source", "expected"),
     [

@@ -1,5 +1,7 @@
 -- Every runtime query of the service, by name. `store.py` loads this file once and is the only
--- code that runs these. Blocks start with `-- name: <query_name>` and a description line.
+-- code that runs these. Blocks start with `-- name: <query_name>` and a description line. A line
+-- `-- include: <query_name>` stands for that query's text (without its `;`), so a query another
+-- one reads too is written once.
 -- State changes are fenced: each UPDATE names the status (and attempt) it expects, so a late
 -- duplicate is a harmless no-op.
 
@@ -7,7 +9,8 @@
 -- Records a run id before the admit hands it to the core's CreateRun, unless the idempotency key
 -- already has a job (a repeated click needs no new run), and reads what admit decides on: the job
 -- already holding the key, the user's queue length, running deltas and balance, and the delta
--- base. One statement, one snapshot: `reserved` is false exactly when the key's job exists.
+-- base (`admit_state`). One statement, one snapshot: `reserved` is false exactly when the key's
+-- job exists.
 WITH reserved AS (
     INSERT INTO run_reservations (run_id, user_id, cancel_after)
     SELECT %(run_id)s, %(user_id)s, clock_timestamp() + make_interval(secs => %(grace_seconds)s)
@@ -15,27 +18,15 @@ WITH reserved AS (
                         WHERE user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s)
     RETURNING run_id
 )
-SELECT EXISTS (SELECT 1 FROM reserved) AS reserved,
-       existing.job_id AS existing_job_id,
-       existing.request_digest AS existing_digest,
-       (SELECT count(*) FROM analysis_jobs q
-         WHERE q.user_id = %(user_id)s AND q.status = 'queued') AS queued_count,
-       (SELECT count(*) FROM analysis_jobs d
-         WHERE d.user_id = %(user_id)s AND d.status = 'running' AND d.delta_of_job_id IS NOT NULL) AS running_deltas,
-       COALESCE((SELECT c.balance FROM credit_accounts c WHERE c.user_id = %(user_id)s), 0) AS balance,
-       base.user_id AS base_user_id,
-       base.status AS base_status,
-       base.run_id AS base_run_id
-  FROM (SELECT 1) AS one
-  LEFT JOIN analysis_jobs existing
-         ON existing.user_id = %(user_id)s AND existing.idempotency_key = %(idempotency_key)s
-  LEFT JOIN analysis_jobs base
-         ON base.job_id = %(delta_of_job_id)s;
+SELECT EXISTS (SELECT 1 FROM reserved) AS reserved, state.*
+  FROM (
+-- include: admit_state
+       ) AS state;
 
 -- name: admit_state
 -- What admit decides on: the job already holding this idempotency key, the user's queue length,
--- running deltas and balance, and the delta base. Read again after an admit placed nothing, to
--- say why.
+-- running deltas and balance, and the delta base. Read with the run's reservation (above), and
+-- again after an admit placed nothing, to say why.
 SELECT existing.job_id AS existing_job_id,
        existing.request_digest AS existing_digest,
        (SELECT count(*) FROM analysis_jobs q

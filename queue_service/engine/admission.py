@@ -1,0 +1,236 @@
+"""Admission: an admit from its pre-check to its answer, and the reserved run it may leave.
+
+An admit reserves its run id and reads the user's admit state in one statement (the pre-check:
+a repeated key, the base of a delta, the user's limits, the credits), creates the held run at the
+core, then places, debits and answers in one statement under the user's lock (the locked admit,
+`Store.admit_job`), handing over the release of a job it made PENDING. A run whose admit failed,
+gave up or whose outcome is unknown is abandoned: canceled until the core confirms (I5), unless
+the admit did commit after all; the reservation makes that durable (the sweeper finishes it,
+`Recovery.cancel_reserved_run`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import uuid
+
+from queue_service import deadline, errors
+from queue_service.core_client import CoreClient
+from queue_service.engine.engine import QueueEngine
+from queue_service.engine.recovery import Recovery
+from queue_service.model import (
+    AdmitLimits,
+    AdmitRequest,
+    AdmitResult,
+    AdmitState,
+    ClaimedRelease,
+    JobStatus,
+    NewJob,
+    RunFate,
+)
+from queue_service.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def request_digest(payload: bytes) -> bytes:
+    return hashlib.sha256(payload).digest()
+
+
+class Admission:
+    def __init__(self, engine: QueueEngine, recovery: Recovery, store: Store, core: CoreClient) -> None:
+        self._engine = engine
+        self._recovery = recovery
+        self._store = store
+        self._core = core
+        self.config = engine.config
+        self.capacity = engine.capacity
+        config = engine.config
+        self._admit_limits = AdmitLimits(
+            default_max_active=config.max_active_per_user,
+            max_queued=config.max_queued_per_user,
+            max_running_deltas=config.max_active_deltas_per_user,
+            release_window_seconds=config.release_window_seconds,
+            release_lease_seconds=config.release_lease_seconds,
+            reconcile_after_seconds=config.reconcile_after_seconds,
+        )
+
+    @property
+    def reservation_grace_seconds(self) -> float:
+        """How long a reserved run belongs to its admit before the sweeper may cancel it: longer
+        than any admit can take (its waits are each bounded)."""
+        config = self.config
+        return 2 * config.core_deadline_seconds + 2 * config.pool_timeout_seconds + config.lock_timeout_ms / 1000 + 1
+
+    async def admit(self, item: AdmitRequest) -> AdmitResult:
+        is_delta = item.delta_of_job_id is not None
+        price = self.config.delta_price if is_delta else self.config.admit_price
+        run_id, job_id = uuid.uuid4(), uuid.uuid4()
+
+        async with self._store.statements() as db:
+            # The reservation travels with the state read: no extra round trip.
+            reserved, state = await db.reserve_run_and_read_admit_state(
+                run_id=run_id,
+                user_id=item.user_id,
+                idempotency_key=item.idempotency_key,
+                delta_of_job_id=item.delta_of_job_id,
+                grace_seconds=self.reservation_grace_seconds,
+            )
+        try:
+            duplicate = self._check_admit_state(state, item, price, is_delta)
+            if duplicate is None and not reserved:
+                raise errors.Conflict("a concurrent admit with this idempotency key won; retry with the same key")
+        except errors.QueueError:
+            if reserved:
+                self._engine.in_background(self._drop_reservation(run_id), name=f"drop-reservation-{run_id}")
+            raise
+        if duplicate is not None:
+            return duplicate
+
+        try:
+            created = await self._core.create_run(
+                run_id=run_id,
+                user_id=item.user_id,
+                document_uri=item.document_uri,
+                sources=item.sources,
+                hold=not is_delta,
+                delta_of_run_id=state.base_run_id if is_delta else None,
+                # The core stores these and lists them back: the second copy of the admit (I14).
+                job_id=job_id,
+                idempotency_key=item.idempotency_key,
+                request_digest=item.request_digest,
+                price=price,
+            )
+            if created.fate is RunFate.CANCELED:
+                # The run was canceled before this admit got to it (its reservation given up).
+                raise errors.Conflict("the admit took too long and its run was given up; retry with the same idempotency key")
+            result = await self._admit_under_lock(item, job_id, run_id, price, is_delta)
+        except asyncio.CancelledError:
+            # The caller gave up: clean up without it. A locked admit already sent goes on by
+            # itself (it hands its release over if it commits); the reservation decides which wins.
+            self._engine.in_background(self._abandon_reserved_run(run_id), name=f"abandon-run-{run_id}")
+            raise
+        except errors.OutcomeUnknown:
+            # The locked admit may have committed: the reservation says which (an admit that
+            # committed consumed it), and a committed admit's release is handed over then.
+            await self._abandon_run_before_answering(run_id, admitted_job_id=job_id)
+            raise
+        except Exception:
+            # The run may exist at the core (even when CreateRun's answer never came): it must not
+            # outlive the failed admit (I5). The reservation makes the cancel durable.
+            await self._abandon_run_before_answering(run_id)
+            raise
+        if result.duplicate:
+            # A concurrent admit with the same key won; ours is a spare run.
+            await self._abandon_run_before_answering(run_id)
+        return result
+
+    def _check_admit_state(self, state: AdmitState, item: AdmitRequest, price: int, is_delta: bool) -> AdmitResult | None:
+        """Raises the admit errors the state shows; returns the earlier job for a repeated key."""
+        if state.existing_job_id is not None:
+            if state.existing_digest != item.request_digest:
+                raise errors.IdempotencyKeyReused(
+                    "this idempotency key was already used with another request; use a new key per click",
+                    metadata={"jobId": str(state.existing_job_id)},
+                )
+            return AdmitResult(state.existing_job_id, duplicate=True)
+        if is_delta:
+            if state.base_status is None or state.base_user_id != item.user_id:
+                raise errors.DeltaBaseNotFound(
+                    f"delta base job {item.delta_of_job_id} does not exist for this user",
+                    metadata={"deltaOfJobId": str(item.delta_of_job_id)},
+                )
+            if state.base_status is not JobStatus.SUCCEEDED:
+                raise errors.DeltaBaseNotFinished(
+                    f"delta base job {item.delta_of_job_id} is {state.base_status}; only a succeeded job can be re-checked",
+                    metadata={"deltaOfJobId": str(item.delta_of_job_id), "baseStatus": state.base_status.upper()},
+                )
+            limit = self.config.max_active_deltas_per_user
+            if state.running_deltas >= limit:
+                raise errors.UserDeltaLimit(
+                    f"the user already has {state.running_deltas} delta re-checks running (the maximum); wait for one to finish",
+                    metadata={"maxActiveDeltas": str(limit), "activeDeltas": str(state.running_deltas)},
+                )
+        elif state.queued_count >= self.config.max_queued_per_user:
+            raise errors.UserQueueFull(
+                f"the user already has {state.queued_count} queued analyses (the maximum); wait for one to start",
+                metadata={"maxQueued": str(self.config.max_queued_per_user), "queued": str(state.queued_count)},
+            )
+        if state.balance < price:
+            raise errors.InsufficientCredits(
+                f"insufficient credits: balance {state.balance}, required {price}",
+                metadata={"balance": str(state.balance), "required": str(price)},
+            )
+        return None
+
+    async def _admit_under_lock(
+        self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool
+    ) -> AdmitResult:
+        # One statement under the user lock (the placement, the debit and the job's view), with
+        # the hand-over of the release it claims: neither is stopped by a caller that gives up.
+        return await self._engine.outliving_the_caller(self._admit_job(item, job_id, run_id, price, is_delta), name=f"admit-{job_id}")
+
+    async def _admit_job(self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool) -> AdmitResult:
+        view = await self._store.admit_job(
+            NewJob(
+                job_id=job_id,
+                user_id=item.user_id,
+                run_id=run_id,
+                idempotency_key=item.idempotency_key,
+                request_digest=item.request_digest,
+                delta_of_job_id=item.delta_of_job_id,
+                price=price,
+            ),
+            self._admit_limits,
+        )
+        if view is None:
+            # Something changed since the pre-check (nothing was written): find out what.
+            async with self._store.statements() as db:
+                state = await db.admit_state(
+                    user_id=item.user_id, idempotency_key=item.idempotency_key, delta_of_job_id=item.delta_of_job_id
+                )
+            duplicate = self._check_admit_state(state, item, price, is_delta)
+            if duplicate is None:
+                raise errors.Conflict("the admit took too long and its run was given up; retry with the same idempotency key")
+            return duplicate
+        log.info("job admitted", extra={"job_id": job_id, "user_id": item.user_id, "run_id": run_id, "status": view.status})
+        if view.status is JobStatus.PENDING:
+            if view.waiting_for_capacity:
+                self.capacity.note_waiting()
+            else:
+                self._engine.hand_over(ClaimedRelease(job_id, item.user_id, run_id, attempt=1))
+        return AdmitResult(job_id, duplicate=False, view=view)
+
+    async def _drop_reservation(self, run_id: uuid.UUID) -> None:
+        """The admit was refused before the core heard of the run: nothing to cancel."""
+        async with self._store.statements() as db:
+            await db.drop_run_reservation(run_id=run_id)
+
+    async def _abandon_reserved_run(self, run_id: uuid.UUID, *, admitted_job_id: uuid.UUID | None = None) -> None:
+        """Cancels the run of a failed admit, unless the admit committed after all. The claim
+        waits for an admit still committing (it holds the reservation's row): when the admit whose
+        outcome was unknown (its job `admitted_job_id`) did commit, the release its PENDING job
+        claimed is handed over at once, as the admit would have."""
+        async with self._store.statements() as db:
+            claim = await db.claim_run_reservation(run_id=run_id, lease_seconds=self.config.release_lease_seconds)
+            job = None if claim is not None or admitted_job_id is None else await db.job_by_id(job_id=admitted_job_id)
+        if claim is not None:
+            await self._recovery.cancel_reserved_run(claim)
+        elif job is not None and job.status is JobStatus.PENDING:
+            log.info("an admit whose outcome was unknown did commit; releasing its job", extra={"job_id": job.job_id, "user_id": job.user_id})
+            self._engine.hand_over(ClaimedRelease(job.job_id, job.user_id, job.run_id, attempt=1))
+
+    async def _abandon_run_before_answering(self, run_id: uuid.UUID, *, admitted_job_id: uuid.UUID | None = None) -> None:
+        """Cancels a spare or failed admit's run, waiting for it as long as the caller's deadline
+        allows: usually the run is gone when the caller hears the answer (I5), and if the core is
+        slow the cancel goes on in the background (and the sweeper's, durably). When the admit's
+        outcome is unknown, `admitted_job_id` is its job: if it did commit, its release is handed
+        over instead."""
+        task = self._engine.in_background(
+            self._abandon_reserved_run(run_id, admitted_job_id=admitted_job_id), name=f"abandon-run-{run_id}"
+        )
+        wait = deadline.bound(self.config.core_deadline_seconds)
+        if wait > 0:
+            await asyncio.wait({task}, timeout=wait)

@@ -1,0 +1,100 @@
+"""Recovery: what the sweeper asks of the core for work a lost answer or a crash left behind.
+
+A RUNNING job whose completion never came is reconciled (the core is asked how its run ended); an
+ended job whose run is not yet confirmed settled has its run canceled until the core confirms
+(then the lifecycle core settles it: the slot frees, the next job is promoted); a run reserved by
+an admit that failed or died is canceled until the core confirms, then forgotten. Each step is one
+attempt; the sweeper's next pass retries what did not finish, with backoff. Promotion and giving
+up expired releases, which the sweeper asks for too, are handed on to the rooms that own them.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from queue_service import telemetry
+from queue_service.core_client import CoreClient
+from queue_service.engine.engine import QueueEngine
+from queue_service.engine.releases import Releases
+from queue_service.model import (
+    Cause,
+    ClaimedReservation,
+    ClaimedSettlement,
+    Promoted,
+    RunFate,
+    Transition,
+)
+from queue_service.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Recovery:
+    def __init__(self, engine: QueueEngine, releases: Releases, store: Store, core: CoreClient) -> None:
+        self._engine = engine
+        self._releases = releases
+        self._store = store
+        self._core = core
+
+    @property
+    def cancel_recheck_seconds(self) -> float:
+        """How long an unanswered cancel waits before it is asked again (`QueueEngine`'s)."""
+        return self._engine.cancel_recheck_seconds
+
+    async def promote(self, user_id: str, *, cause: Cause) -> tuple[Promoted, ...]:
+        """A user with a free slot and queued work (a lost promotion): the core promotes."""
+        return await self._engine.promote(user_id, cause=cause)
+
+    async def give_up_release(self, job_id: uuid.UUID, user_id: str, reason: str, *, attempts: int) -> bool:
+        """A release whose window passed: the releases give it up (fail and refund the job)."""
+        return await self._releases.give_up_release(job_id, user_id, reason, attempts=attempts)
+
+    async def reconcile(self, job_id: uuid.UUID, user_id: str, run_id: uuid.UUID, *, cancel_requested: bool = False) -> bool:
+        """Asks the core about a RUNNING job whose completion never arrived, or cancels the run of
+        one whose user's cancel went unanswered; returns whether the job ended."""
+        if cancel_requested:
+            report = await self._core.cancel_run(run_id)
+            if not report.fate.settled:
+                return False
+            log.info("cancel retried for a job whose cancel went unanswered", extra={"job_id": job_id, "run_id": run_id, "status": report.fate.value})
+            return await self._engine.end_job(job_id, user_id, Transition.canceled(report)) is not None
+        report = await self._core.get_run(run_id)
+        if report.fate is RunFate.HELD:
+            # A release we saw confirmed did not take (the core lost it): release it again.
+            report = await self._core.release_run(run_id)
+        if not report.fate.settled:
+            return False
+        log.info("reconciling a run whose completion never arrived", extra={"job_id": job_id, "run_id": run_id, "status": report.fate.value})
+        return await self._engine.end_job(job_id, user_id, Transition.reconciled(report)) is not None
+
+    async def attempt_run_settlement(self, claim: ClaimedSettlement) -> bool:
+        """Asks the core to cancel a claimed unsettled run; settles the job when it confirms."""
+        with telemetry.tracer.start_as_current_span("run.settle") as span:
+            span.set_attribute("queue.job_id", str(claim.job_id))
+            span.set_attribute("queue.run.settle.attempt", claim.attempt)
+            if await self._engine.cancel_until_confirmed(claim.run_id, kind="job") is None:
+                async with self._store.statements() as db:
+                    await db.schedule_run_settle_retry(
+                        job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=self._engine.backoff_seconds(claim.attempt)
+                    )
+                return False
+            await self._engine.settle_run(claim.job_id, claim.user_id, cause=Cause.RUN_SETTLED)
+            return True
+
+    async def cancel_reserved_run(self, claim: ClaimedReservation) -> bool:
+        """Cancels a reserved run whose admit is gone; forgets it once the core confirms."""
+        with telemetry.tracer.start_as_current_span("run.cancel_orphan") as span:
+            span.set_attribute("queue.run_id", str(claim.run_id))
+            report = await self._engine.cancel_until_confirmed(claim.run_id, kind="orphan")
+            if report is None:
+                async with self._store.statements() as db:
+                    await db.schedule_run_reservation_retry(run_id=claim.run_id, attempt=claim.attempt, backoff_seconds=self._engine.backoff_seconds(claim.attempt)
+                    )
+                return False
+            async with self._store.statements() as db:
+                await db.drop_run_reservation(run_id=claim.run_id)
+            telemetry.metrics.run_settlements.add(1, {"kind": "orphan", "result": "settled"})
+            log.info("orphaned run canceled", extra={"run_id": claim.run_id, "status": report.fate.value})
+            return True
+

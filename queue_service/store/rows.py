@@ -1,0 +1,234 @@
+"""Every row the store reads, turned into the model's types: no row leaves `store/`.
+
+By column name, so a column a newer schema adds is ignored; statuses become `JobStatus`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from queue_service.model import (
+    AdmitState,
+    CapacityGrant,
+    CapacityState,
+    ClaimedRelease,
+    ClaimedReservation,
+    ClaimedSettlement,
+    ExpiredRelease,
+    JobRef,
+    JobStatus,
+    JobView,
+    LedgerEntry,
+    LedgerKind,
+    OverdueRun,
+    Overview,
+    Promoted,
+    ReplicationStance,
+    ScheduledRetry,
+    SettingChange,
+)
+from queue_service.store.feed import JobChange
+
+Row = dict[str, Any]
+
+
+def job_view(row: Row) -> JobView:
+    """From a row of `analysis_job_views`, by name: a column a newer schema adds is ignored."""
+    return JobView(
+        job_id=row["job_id"],
+        user_id=row["user_id"],
+        run_id=row["run_id"],
+        status=JobStatus(row["status"]),
+        delta_of_job_id=row["delta_of_job_id"],
+        release_attempts=int(row["release_attempts"]),
+        last_error=row["last_error"],
+        create_time=row["create_time"],
+        promote_time=row["promote_time"],
+        start_time=row["start_time"],
+        end_time=row["end_time"],
+        price=int(row["price"]),
+        refunded=bool(row["refunded"]),
+        queue_seq=int(row["queue_seq"]),
+        queue_position=int(row["queue_position"]),
+        waiting_for_job_id=row["waiting_for_job_id"],
+        active_since=row["active_since"],
+        max_active_override=row["max_active_override"],
+        waiting_for_capacity=bool(row.get("waiting_for_capacity", False)),
+        capacity_wait_since=row.get("capacity_wait_since"),
+    )
+
+
+def job_ref(row: Row) -> JobRef:
+    return JobRef(
+        job_id=row["job_id"],
+        user_id=row["user_id"],
+        run_id=row["run_id"],
+        status=JobStatus(row["status"]),
+        delta_of_job_id=row["delta_of_job_id"],
+        run_unsettled=bool(row.get("run_unsettled", False)),
+        cancel_requested=bool(row.get("cancel_requested", False)),
+    )
+
+
+def view_ref(view: JobView, row: Row) -> JobRef:
+    return JobRef(view.job_id, view.user_id, view.run_id, view.status, view.delta_of_job_id, run_unsettled=bool(row["run_unsettled"]))
+
+
+def promoted(rows: list[Row]) -> tuple[Promoted, ...]:
+    return tuple(
+        Promoted(row["job_id"], row["user_id"], row["run_id"], waiting=bool(row.get("waiting_for_capacity", False)))
+        for row in rows
+        if row["row_kind"] == "promoted"
+    )
+
+
+def claimed_release(row: Row) -> ClaimedRelease:
+    return ClaimedRelease(
+        job_id=row["job_id"],
+        user_id=row["user_id"],
+        run_id=row["run_id"],
+        attempt=row["release_attempts"],
+        cancel_requested=bool(row.get("cancel_requested", False)),
+    )
+
+
+def admit_state(row: Row) -> AdmitState:
+    return AdmitState(
+        existing_job_id=row["existing_job_id"],
+        existing_digest=row["existing_digest"],
+        queued_count=int(row["queued_count"]),
+        running_deltas=int(row["running_deltas"]),
+        balance=int(row["balance"]),
+        base_user_id=row["base_user_id"],
+        base_status=None if row["base_status"] is None else JobStatus(row["base_status"]),
+        base_run_id=row["base_run_id"],
+    )
+
+
+def ledger_entry(row: Row) -> LedgerEntry:
+    return LedgerEntry(
+        entry_id=int(row["entry_id"]),
+        create_time=row["create_time"],
+        user_id=row["user_id"],
+        kind=LedgerKind(row["kind"]),
+        amount=int(row["amount"]),
+        job_id=row["job_id"],
+        idempotency_key=row["idempotency_key"],
+        actor=row["actor"],
+        reason=row["reason"],
+    )
+
+
+def setting_change(row: Row) -> SettingChange:
+    return SettingChange(
+        change_id=int(row["change_id"]),
+        setting=row["setting"],
+        user_id=row["user_id"],
+        old_value=row["old_value"],
+        new_value=row["new_value"],
+        actor=row["actor"],
+        create_time=row["create_time"],
+    )
+
+
+def claimed_settlement(row: Row) -> ClaimedSettlement:
+    return ClaimedSettlement(row["job_id"], row["user_id"], row["run_id"], row["run_settle_attempts"])
+
+
+def claimed_reservation(row: Row) -> ClaimedReservation:
+    return ClaimedReservation(row["run_id"], row["cancel_attempts"])
+
+
+def scheduled_retry(row: Row) -> ScheduledRetry:
+    return ScheduledRetry(next_release_at=row["next_release_at"], window_over=row["window_over"])
+
+
+def expired_release(row: Row) -> ExpiredRelease:
+    return ExpiredRelease(row["job_id"], row["user_id"], row["release_attempts"])
+
+
+def overdue_run(row: Row) -> OverdueRun:
+    return OverdueRun(row["job_id"], row["user_id"], row["run_id"], cancel_requested=bool(row["cancel_requested"]))
+
+
+def capacity_state(row: Row) -> CapacityState:
+    return CapacityState(
+        capacity=int(row["capacity"]),
+        core_limit=row["core_limit"],
+        in_use=int(row["in_use"]),
+        waiting_jobs=int(row["waiting_jobs"]),
+        waiting_users=int(row["waiting_users"]),
+        oldest_wait_since=row["oldest_wait_since"],
+        core_refusals=int(row["core_refusals"]),
+        updated_by=row["updated_by"] or "",
+        updated_at=row["updated_at"],
+    )
+
+
+def capacity_grant(rows: list[Row]) -> CapacityGrant:
+    """A grant's rows (`queue_grant_capacity`): a 'granted' row per release it claimed, one 'state' row."""
+    claims = tuple(
+        (
+            ClaimedRelease(
+                row["job_id"], row["user_id"], row["run_id"], row["release_attempts"],
+                cancel_requested=bool(row["cancel_requested"]), probe=bool(row["probe"]),
+            ),
+            float(row["capacity_waited_seconds"] or 0.0),
+        )
+        for row in rows
+        if row["row_kind"] == "granted"
+    )
+    state = next(row for row in rows if row["row_kind"] == "state")
+    return CapacityGrant(claims, bool(state["limited"]), in_use=int(state["in_use"] or 0), limit=state["capacity_limit"])
+
+
+def overview(row: Row, admits: list[Row], *, window_minutes: int) -> Overview:
+    return Overview(
+        queued=row["queued"],
+        pending=row["pending"],
+        running=row["running"],
+        succeeded_in_window=row["succeeded_in_window"],
+        failed_in_window=row["failed_in_window"],
+        canceled_in_window=row["canceled_in_window"],
+        users_waiting=row["users_waiting"],
+        releases_retrying=row["releases_retrying"],
+        runs_reconciling=row["runs_reconciling"],
+        oldest_queued_create_time=row["oldest_queued_create_time"],
+        read_time=row["read_time"],
+        admits_per_minute=tuple(int(r["admits"]) for r in admits),
+        window_minutes=window_minutes,
+    )
+
+
+def job_change(row: Row) -> JobChange:
+    """A row of the job-change feed (`job_feed_since`)."""
+    return JobChange(
+        change_id=int(row["change_id"]),
+        job_id=row["job_id"],
+        user_id=row["user_id"],
+        status=JobStatus(row["status"]),
+        old_status=None if row["old_status"] is None else JobStatus(row["old_status"]),
+        release_claimed=bool(row["release_claimed"]),
+        lag_seconds=max(0.0, float(row["lag_seconds"])),
+    )
+
+
+def replication_stance(row: Row) -> ReplicationStance:
+    """What this replica's commits wait for, from the settings and the standbys' sync state."""
+    commit = str(row["synchronous_commit"])
+    names = str(row["synchronous_standby_names"]).strip()
+    standbys, synchronous, hidden = int(row["standbys"]), int(row["synchronous_standbys"]), int(row["standbys_hidden"])
+    waits = commit in ("on", "remote_write", "remote_apply") and bool(names)
+    if row["in_recovery"]:
+        mode = "standby"
+    elif waits and synchronous > 0:
+        mode = "synchronous"
+    elif waits and hidden > 0:
+        mode = "unknown"
+    elif waits:
+        mode = "synchronous_without_standby"
+    elif standbys > 0:
+        mode = "asynchronous"
+    else:
+        mode = "single_node"
+    return ReplicationStance(mode=mode, synchronous_commit=commit, synchronous_standby_names=names, standbys=standbys, synchronous_standbys=synchronous)
