@@ -231,6 +231,7 @@ SETTINGS: dict[str, Setting] = {
     "core_deadline_seconds": Setting("QUEUE_CORE_DEADLINE_SECONDS", "5", _parse_float(0.05, 120), "deadline of calls to the core (admit retries included)"),
     "release_lease_seconds": Setting("QUEUE_RELEASE_LEASE_SECONDS", "15", _parse_float(0.1, 3600), "a claimed release is reserved this long before another replica may retry it"),
     "release_backoff_max_seconds": Setting("QUEUE_RELEASE_BACKOFF_MAX_SECONDS", "60", _parse_float(0.01, 3600), "cap of the release retry backoff"),
+    "core_reconcile_interval_seconds": Setting("QUEUE_CORE_RECONCILE_INTERVAL_SECONDS", "60", _parse_float(0.0, 86400), "the sweeper reconciles the core's live runs (`ListRuns`) with the jobs at most this often, and at once when the database's timeline changes (a failover); `0`: only then"),
     "reconcile_after_seconds": Setting("QUEUE_RECONCILE_AFTER_SECONDS", "900", _parse_float(0.1, 7 * 86400), "a RUNNING job without completion this long is checked with `GetRun`"),
     "grace_period_seconds": Setting("QUEUE_GRACE_PERIOD_SECONDS", "10", _parse_float(0.0, 600), "on SIGTERM: time for in-flight calls to finish"),
     "lock_timeout_ms": Setting("QUEUE_LOCK_TIMEOUT_MS", "5000", _parse_int(1, 600_000), "`lock_timeout` of every transaction"),
@@ -333,6 +334,7 @@ class Config:
     core_deadline_seconds: float
     release_lease_seconds: float
     release_backoff_max_seconds: float
+    core_reconcile_interval_seconds: float
     reconcile_after_seconds: float
     grace_period_seconds: float
     lock_timeout_ms: int

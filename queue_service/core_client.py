@@ -28,7 +28,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_r
 from queue_service import deadline, errors, telemetry
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.core.v1 import run_service_pb2_grpc as core_grpc
-from queue_service.model import RunFate, RunReport
+from queue_service.model import CoreRun, RunFate, RunReport
 
 T = TypeVar("T")
 _Request = TypeVar("_Request")
@@ -164,9 +164,24 @@ class CoreClient:
         sources: Sequence[tuple[str, str]],
         hold: bool,
         delta_of_run_id: uuid.UUID | None,
+        job_id: uuid.UUID | None = None,
+        idempotency_key: str = "",
+        request_digest: bytes = b"",
+        price: int = 0,
     ) -> RunReport:
         return await self.tally.count(
-            self._create_run(run_id=run_id, user_id=user_id, document_uri=document_uri, sources=sources, hold=hold, delta_of_run_id=delta_of_run_id)
+            self._create_run(
+                run_id=run_id,
+                user_id=user_id,
+                document_uri=document_uri,
+                sources=sources,
+                hold=hold,
+                delta_of_run_id=delta_of_run_id,
+                job_id=job_id,
+                idempotency_key=idempotency_key,
+                request_digest=request_digest,
+                price=price,
+            )
         )
 
     async def release_run(self, run_id: uuid.UUID) -> RunReport:
@@ -187,6 +202,10 @@ class CoreClient:
         sources: Sequence[tuple[str, str]],
         hold: bool,
         delta_of_run_id: uuid.UUID | None,
+        job_id: uuid.UUID | None,
+        idempotency_key: str,
+        request_digest: bytes,
+        price: int,
     ) -> RunReport:
         """Creates the run. Raises CoreRejected / ProviderBudgetExhausted for the core's refusals
         and CoreUnavailable when the outcome is unknown (the run may exist)."""
@@ -197,6 +216,11 @@ class CoreClient:
             sources=[core_pb2.RunSource(doi=doi, citation=citation) for doi, citation in sources],
             hold=hold,
             delta_of_run_id=str(delta_of_run_id) if delta_of_run_id else "",
+            # The core stores these and lists them back: the second copy of the admit (I14).
+            job_id=str(job_id) if job_id else "",
+            idempotency_key=idempotency_key,
+            request_digest=request_digest,
+            price=price,
         )
         size = request.ByteSize()
         if size > CORE_MAX_MESSAGE_BYTES:
@@ -256,6 +280,73 @@ class CoreClient:
                 return RunReport(RunFate.UNKNOWN_TO_CORE)
             raise _unknown_outcome("GetRun", exc) from exc
         return _report_of(response.run)
+
+    async def get_run_record(self, run_id: uuid.UUID) -> CoreRun | None:
+        return await self.tally.count(self._get_run_record(run_id))
+
+    async def list_runs(self, *, user_id: str = "", judging_only: bool = False, page_size: int = 500) -> list[CoreRun] | None:
+        return await self.tally.count(self._list_runs(user_id=user_id, judging_only=judging_only, page_size=page_size))
+
+    async def _get_run_record(self, run_id: uuid.UUID) -> CoreRun | None:
+        """The run with what it was created with; None when the core does not know it. No answer
+        raises CoreUnavailable."""
+        request = core_pb2.GetRunRequest(run_id=str(run_id))
+        try:
+            response = await self._stub.GetRun(request, timeout=deadline.bound(self._deadline))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise _unknown_outcome("GetRun", exc) from exc
+        return _core_run_of(response.run)
+
+    async def _list_runs(self, *, user_id: str = "", judging_only: bool = False, page_size: int = 500) -> list[CoreRun] | None:
+        """Every live run the core holds or judges (of `user_id` when given; judging ones only
+        when asked), all pages, within one deadline. None when the core does not list runs
+        (UNIMPLEMENTED: an older core). No answer, or a refusal, raises CoreUnavailable: a
+        partial list is never returned (a run missing from it would look settled)."""
+        budget = deadline.bound(self._deadline)
+        give_up_at = time.monotonic() + budget
+        runs: list[CoreRun] = []
+        token = ""
+        with telemetry.tracer.start_as_current_span("core.list_runs") as span:
+            while True:
+                request = core_pb2.ListRunsRequest(page_size=page_size, page_token=token, user_id=user_id, judging_only=judging_only)
+                try:
+                    response = await self._with_retry("ListRuns", self._stub.ListRuns, request, give_up_at - time.monotonic())
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                        return None
+                    raise _unknown_outcome("ListRuns", exc) from exc
+                runs.extend(_core_run_of(run) for run in response.runs)
+                token = response.next_page_token
+                if not token:
+                    span.set_attribute("queue.core.live_runs", len(runs))
+                    return runs
+
+
+def _uuid_or_none(text: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(text) if text else None
+    except ValueError:
+        return None
+
+
+def _core_run_of(run: core_pb2.Run) -> CoreRun:
+    creation = run.creation
+    run_id = _uuid_or_none(run.run_id)
+    if run_id is None:
+        raise errors.CoreUnavailable(f"the core listed a run whose id is not a UUID ({run.run_id!r})", metadata={"coreCode": "OK"})
+    return CoreRun(
+        run_id=run_id,
+        fate=_report_of(run).fate,
+        user_id=creation.user_id,
+        document_uri=creation.document_uri,
+        delta_of_run_id=_uuid_or_none(creation.delta_of_run_id),
+        job_id=_uuid_or_none(creation.job_id),
+        idempotency_key=creation.idempotency_key,
+        request_digest=creation.request_digest,
+        price=creation.price,
+    )
 
 
 def _admit_error(exc: grpc.aio.AioRpcError) -> errors.QueueError:

@@ -54,6 +54,7 @@ class Cause(enum.StrEnum):
     RELEASE_GIVE_UP = "release_give_up"
     RECONCILE = "reconcile"
     RUN_SETTLED = "run_settled"
+    ADOPT = "adopt"  # a run the core holds or judges, adopted back into a job its database lost
     SWEEPER = "sweeper"
     TOOLING = "tooling"
     GRANT = "grant"  # an operator's credit grant (only ever a ledger entry's reason)
@@ -93,6 +94,63 @@ class RunReport:
 
     fate: RunFate
     message: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreRun:
+    """A run as the core's record has it (ListRuns, GetRun): its state and what it was created
+    with, the queue's own fields included (empty from a core or a queue that did not store them)."""
+
+    run_id: uuid.UUID
+    fate: RunFate
+    user_id: str
+    document_uri: str
+    delta_of_run_id: uuid.UUID | None
+    job_id: uuid.UUID | None
+    idempotency_key: str
+    request_digest: bytes
+    price: int
+
+    @property
+    def first_pass(self) -> bool:
+        return self.delta_of_run_id is None
+
+    @property
+    def adoptable(self) -> bool:
+        """Whether the record holds what a job needs: its id, user, key and digest."""
+        return self.job_id is not None and bool(self.user_id) and bool(self.idempotency_key) and bool(self.request_digest)
+
+
+@dataclasses.dataclass(frozen=True)
+class Adoption:
+    """What adopting a core's run came to: `kind` is 'adopted', 'known', 'key_taken' (with a
+    job's view), or 'reserved', 'delta_base_lost', 'balance_short' (without)."""
+
+    kind: str
+    view: JobView | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LostRun:
+    """A run reconciliation could not adopt, recorded for the operator."""
+
+    run_id: uuid.UUID
+    user_id: str
+    job_id: uuid.UUID | None
+    idempotency_key: str
+    price: int
+    core_state: str
+    reason: str
+    recorded_at: dt.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DatabaseIdentity:
+    """Which database history the service writes to: a change of either part means a failover
+    (or a restore) may have lost commits."""
+
+    system_identifier: str | None
+    timeline_id: int | None
 
 
 @dataclasses.dataclass(frozen=True)

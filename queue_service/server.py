@@ -54,6 +54,7 @@ from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.engine import (
     Admission,
+    CoreReconciler,
     Credits,
     FleetCapacity,
     JobReads,
@@ -184,7 +185,13 @@ class QueueApp:
             core_deadline_seconds=config.core_deadline_seconds,
             capacity=self.capacity,
         )
-        self.sweeper = Sweeper(self.recovery, self.store, config, wake_dispatcher=releases_due.set)
+        # The core's live runs as the second copy of the jobs (design I14).
+        self.reconciler = CoreReconciler(
+            self.store, self.core, config, wake_dispatcher=releases_due.set, on_database_replaced=self.hub.database_replaced
+        )
+        self.engine.release_gate = self.reconciler.release_gate
+        self.engine.adopt_unknown_run = self.reconciler.adopt_for_completion
+        self.sweeper = Sweeper(self.recovery, self.store, config, wake_dispatcher=releases_due.set, reconciler=self.reconciler)
         self.replica_id = new_replica_id()
         self._started_at = dt.datetime.now(dt.timezone.utc)
         self.health = HealthService(max_watches=config.max_health_watches)
@@ -404,6 +411,7 @@ class QueueApp:
             await self.web.stop()
         await self.sweeper.stop()
         await self.heartbeat.stop()
+        await self.reconciler.stop()
         await self.dispatcher.stop()
         await self.engine.stop()
         await self.hub.stop()

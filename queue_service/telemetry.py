@@ -97,6 +97,10 @@ class _Instruments:
         self.listener_liveness_failures = _counter("queue.db.listener.liveness_failures", "{failure}", "LISTEN connections dropped because a liveness query got no answer in time (then reconnected, every stream resynced)")
         self.estimates_left_out = _counter("queue.answer.estimates_left_out", "{answer}", "Answers of committed admits sent without fresh estimated start times, because reading them failed (by reason): the change stands, only the estimate is missing")
         self.owed_release_handovers = _counter("queue.release.owed_handovers", "{handover}", "Follow-ups of a locked change whose outcome was unknown, by result: jobs it may have promoted handed over at once (handed_over, one per job), none found (none), not looked up before the lease would end it (gave_up)")
+        self.core_reconciliations = _counter("queue.core.reconciliations", "{pass}", "Reconciliations of the core's live runs against the jobs (trigger: periodic, database_changed, completion, release; result: ok, unavailable, unsupported)")
+        self.core_runs_adopted = _counter("queue.core.runs_adopted", "{run}", "Runs the core held or judged whose job the database had lost, adopted back into a job with its charge (state: held or judging)")
+        self.core_runs_lost = _counter("queue.core.runs_lost", "{run}", "Runs whose job the database had lost and that could not be adopted: canceled and recorded for the operator (reason)")
+        self.releases_held_for_core = _counter("queue.release.held_for_core", "{attempt}", "First-pass releases held back because the core reported another of the user's first-pass runs judging that the queue did not count (I9 at the core)")
         self.health_probes = _counter("queue.health.probes", "{probe}", "Heartbeat writes of the health probe, by result (ok, failed, timeout)")
         # The durability stance of the database this replica commits to (`store.replication`).
         self.replication: dict[str, Any] = {}

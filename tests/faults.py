@@ -54,6 +54,12 @@ class TcpProxy:
             pipe.cancel()
         await asyncio.gather(*self._pipes, return_exceptions=True)
 
+    def retarget(self, target_dsn: str) -> None:
+        """Forwards new connections to the PostgreSQL of `target_dsn` (a failover behind a proxy
+        that follows the primary); `cut()` ends the old ones."""
+        parts = urlsplit(target_dsn)
+        self._target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+
     async def cut(self) -> None:
         """Cuts every open connection (as a restart of PostgreSQL would) and keeps listening."""
         for writer in list(self._writers):

@@ -21,6 +21,9 @@ them); `most_first_pass_judging` is the most first-pass runs of all users judgin
 the core's side) and `start_order` the users of first-pass runs in the order they began judging
 (I13). Unreleased held runs expire after `hold_expiry_seconds`,
 like the real core. A failed CompleteRun is retried for a minute, as the core contract asks.
+`ListRuns` lists the live runs (held or judging; by user, judging only) in run id order, a page
+at a time, each with what it was created with (`Run.creation`, which `GetRun` returns too; kept
+in the saved state), so the queue can adopt runs its database lost; `list_calls` counts them.
 The completion callback carries the trace context of the release that started the run, and a
 bearer token when `callback_token` is set (QUEUE_DEV_CORE_CALLBACK_TOKEN for the process); the
 dev core serves gRPC health too.
@@ -34,6 +37,7 @@ automatic so a whole prepared batch starts judging at one instant.
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import dataclasses
 import datetime as dt
@@ -68,6 +72,15 @@ _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
 _FINISHED = (pb.RUN_STATE_SUCCEEDED, pb.RUN_STATE_FAILED, pb.RUN_STATE_CANCELED)
 _COMPLETION_RETRY_SECONDS = 60.0
+_LIST_PAGE_DEFAULT = 100
+_LIST_PAGE_MAX = 1000
+
+
+def _stored_creation(request: pb.CreateRunRequest) -> pb.CreateRunRequest:
+    """What the core keeps of a CreateRun: all of it (`hold` says how it began)."""
+    stored = pb.CreateRunRequest()
+    stored.CopyFrom(request)
+    return stored
 
 
 @dataclasses.dataclass
@@ -82,6 +95,8 @@ class DevRun:
     trace_headers: _TraceHeaders = ()
     # A first-pass run takes one of the user's slots; a delta re-check does not.
     first_pass: bool = True
+    # What the run was created with (ListRuns' `Run.creation`), the queue's fields included.
+    creation: pb.CreateRunRequest = dataclasses.field(default_factory=pb.CreateRunRequest)
 
 
 @dataclasses.dataclass
@@ -164,6 +179,7 @@ class DevCore(pb_grpc.RunServiceServicer):
         # Per method (CreateRun, ReleaseRun, CancelRun, GetRun): applied-but-unanswered and late calls.
         self.answer_faults: dict[str, AnswerFault] = {}
         self.faults_injected: collections.Counter[str] = collections.Counter()
+        self.list_calls = 0  # ListRuns calls received
         self._late_applications: set[asyncio.Future[Any]] = set()
         # Judging time of delta re-checks (None: judging_seconds); 0 completes them at once.
         self.delta_judging_seconds: float | None = None
@@ -328,6 +344,10 @@ class DevCore(pb_grpc.RunServiceServicer):
     async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext[pb.GetRunRequest, pb.GetRunResponse]) -> pb.GetRunResponse:
         return await self._serve("GetRun", self._get_run, request, context)
 
+    async def ListRuns(self, request: pb.ListRunsRequest, context: grpc.aio.ServicerContext[pb.ListRunsRequest, pb.ListRunsResponse]) -> pb.ListRunsResponse:
+        self.list_calls += 1
+        return await self._serve("ListRuns", self._list_runs, request, context)
+
     def _create_run(self, request: pb.CreateRunRequest, _metadata: _TraceHeaders) -> pb.CreateRunResponse:
         existing = self.runs.get(request.run_id)
         if existing is not None:
@@ -351,6 +371,7 @@ class DevCore(pb_grpc.RunServiceServicer):
             state=pb.RUN_STATE_HELD if request.hold else pb.RUN_STATE_JUDGING,
             created_at=time.monotonic(),
             first_pass=not request.delta_of_run_id,
+            creation=_stored_creation(request),
         )
         self.runs[run.run_id] = run
         self.record("create", run.run_id, run.user_id)
@@ -398,7 +419,33 @@ class DevCore(pb_grpc.RunServiceServicer):
         run = self.runs.get(request.run_id)
         if run is None:
             raise _Refusal(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown")
-        return pb.GetRunResponse(run=self._run_message(run))
+        return pb.GetRunResponse(run=self._recorded_run(run))
+
+    def _recorded_run(self, run: DevRun) -> pb.Run:
+        message = self._run_message(run)
+        message.creation.CopyFrom(run.creation)
+        return message
+
+    def _list_runs(self, request: pb.ListRunsRequest, _metadata: _TraceHeaders) -> pb.ListRunsResponse:
+        """The live runs in run id order after the page token (the last run id of the previous page)."""
+        if request.page_size < 0:
+            raise _Refusal(grpc.StatusCode.INVALID_ARGUMENT, "page_size must not be negative")
+        size = min(request.page_size or _LIST_PAGE_DEFAULT, _LIST_PAGE_MAX)
+        after = request.page_token
+        live = sorted(
+            (
+                run
+                for run in self.live_runs().values()
+                if run.run_id > after
+                and (not request.user_id or run.user_id == request.user_id)
+                and (not request.judging_only or run.state == pb.RUN_STATE_JUDGING)
+                and not self._expired(run)
+            ),
+            key=lambda run: run.run_id,
+        )
+        page = live[:size]
+        next_token = page[-1].run_id if len(live) > size else ""
+        return pb.ListRunsResponse(runs=[self._recorded_run(run) for run in page], next_page_token=next_token)
 
     # -- what the core holds, for invariant checks ---------------------------------------------
 
@@ -494,7 +541,10 @@ class DevCore(pb_grpc.RunServiceServicer):
 
         delivered = {run_id for run_id, _ in self.completion_log}
         runs = [
-            {"run_id": r.run_id, "user_id": r.user_id, "document_uri": r.document_uri, "state": r.state, "message": r.message, "first_pass": r.first_pass}
+            {
+                "run_id": r.run_id, "user_id": r.user_id, "document_uri": r.document_uri, "state": r.state, "message": r.message,
+                "first_pass": r.first_pass, "creation": base64.b64encode(r.creation.SerializeToString()).decode(),
+            }
             for r in self.runs.values()
             if not (r.state in _FINISHED and r.run_id in delivered)
         ]
@@ -529,6 +579,7 @@ class DevCore(pb_grpc.RunServiceServicer):
                 created_at=time.monotonic(),
                 message=entry.get("message", ""),
                 first_pass=entry.get("first_pass", True),
+                creation=pb.CreateRunRequest.FromString(base64.b64decode(entry.get("creation", ""))),
             )
             self.runs[run.run_id] = run
         return len(entries)

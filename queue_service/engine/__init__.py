@@ -2,12 +2,14 @@
 
 The lifecycle core (`engine.QueueEngine`: ending, promotion, completion, cancel, settlement) and
 the rooms around it: `admission` (admit), `releases` (release a PENDING job; the dispatcher's
-work), `recovery` (what the sweeper asks), the reads (`job_reads`, `credits`) and the watch hub.
+work), `recovery` (what the sweeper asks), `core_reconciliation` (the core's live runs against the
+jobs after a database failover), the reads (`job_reads`, `credits`) and the watch hub.
 Their background tasks (`tasks.BackgroundTasks`) belong to the core, `QueueEngine.tasks`.
 """
 
 from queue_service.engine.admission import Admission, request_digest
 from queue_service.engine.capacity import FleetCapacity
+from queue_service.engine.core_reconciliation import CoreReconciler
 from queue_service.engine.credits import Credits
 from queue_service.engine.dispatcher import ReleaseDispatcher
 from queue_service.engine.engine import QueueEngine
@@ -16,10 +18,11 @@ from queue_service.engine.recovery import Recovery
 from queue_service.engine.releases import Releases
 from queue_service.engine.replica_heartbeat import ReplicaHeartbeat, new_replica_id
 from queue_service.engine.sweeper import Sweeper
-from queue_service.engine.watch import NotificationHub, WatchItem, WatchStream
+from queue_service.engine.watch import NotificationHub, WatchItem, WatchPage, WatchStream
 
 __all__ = [
     "Admission",
+    "CoreReconciler",
     "Credits",
     "FleetCapacity",
     "JobReads",
@@ -31,6 +34,7 @@ __all__ = [
     "ReplicaHeartbeat",
     "Sweeper",
     "WatchItem",
+    "WatchPage",
     "WatchStream",
     "new_replica_id",
     "request_digest",

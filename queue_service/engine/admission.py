@@ -98,6 +98,11 @@ class Admission:
                 sources=item.sources,
                 hold=not is_delta,
                 delta_of_run_id=state.base_run_id if is_delta else None,
+                # The core stores these and lists them back: the second copy of the admit (I14).
+                job_id=job_id,
+                idempotency_key=item.idempotency_key,
+                request_digest=item.request_digest,
+                price=price,
             )
             if created.fate is RunFate.CANCELED:
                 # The run was canceled before this admit got to it (its reservation given up).

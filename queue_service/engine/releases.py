@@ -86,6 +86,13 @@ class Releases:
                 result = await self._cancel_instead_of_releasing(claim)
             else:
                 try:
+                    gate = self._engine.release_gate
+                    held_back = await gate(claim) if gate is not None else None
+                    if held_back is not None:
+                        result = await self._retry_release_later(claim, held_back)
+                        telemetry.metrics.release_attempts.add(1, {"result": str(result)})
+                        span.set_attribute("queue.release.result", str(result))
+                        return result
                     report: RunReport | None = await self._core.release_run(claim.run_id)
                     error = ""
                 except errors.CoreUnavailable as exc:

@@ -4,8 +4,10 @@ Each pass (every QUEUE_SWEEP_INTERVAL_SECONDS, jittered so replicas spread out) 
 with a free slot and queued work, wakes the dispatcher for due releases, fails releases past
 their window, reconciles RUNNING jobs whose completion never came by asking the core, confirms
 with the core that the runs of ended jobs are settled (which frees their slots), cancels runs
-reserved by admits that failed or died, and deletes the job-change feed's rows past their
-retention. It is
+reserved by admits that failed or died, deletes the job-change feed's rows past their
+retention, and reconciles the core's live runs with the jobs when due (every
+QUEUE_CORE_RECONCILE_INTERVAL_SECONDS, and at once after the database's timeline changed:
+`core_reconciliation`). It is
 safe on every replica at once (promotions take the user lock, claims skip locked rows, every
 transition is fenced), touches only rows in flight (partial indexes), works in bounded batches,
 and one failure never stops the loop.
@@ -39,6 +41,8 @@ _CORE_CALLS_AT_ONCE = 16
 # Feed rows deleted per statement, and statements per pass at most (the rest waits for the next).
 _FEED_TRIM_BATCH = 10_000
 _FEED_TRIM_STATEMENTS = 20
+# How often the database's identity (its timeline) is looked at, for a failover.
+_IDENTITY_CHECK_SECONDS = 2.0
 
 
 @dataclasses.dataclass
@@ -49,6 +53,8 @@ class SweepReport:
     runs_settled: int = 0
     orphans_canceled: int = 0
     feed_rows_trimmed: int = 0
+    runs_adopted: int = 0
+    runs_lost: int = 0
 
 
 class Recovering(Protocol):
@@ -68,13 +74,43 @@ class Recovering(Protocol):
     async def cancel_reserved_run(self, claim: ClaimedReservation) -> bool: ...
 
 
+class Reconciliation(Protocol):
+    """What one reconciliation did (`core_reconciliation.ReconcileReport`)."""
+
+    adopted: int
+    lost: int
+    trigger: str
+
+
+class Reconciling(Protocol):
+    """What the sweeper asks of the reconciliation of the core's live runs with the jobs:
+    `engine.core_reconciliation.CoreReconciler` in the service."""
+
+    async def database_replaced(self) -> bool: ...
+
+    async def reconcile(self, *, trigger: str = "periodic") -> Reconciliation: ...
+
+    async def reconcile_if_due(self) -> Reconciliation | None: ...
+
+
 class Sweeper:
-    def __init__(self, recovery: Recovering, store: Store, config: Config, *, wake_dispatcher: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        recovery: Recovering,
+        store: Store,
+        config: Config,
+        *,
+        wake_dispatcher: Callable[[], None],
+        reconciler: Reconciling | None = None,
+    ) -> None:
         self._recovery = recovery
+        # The core's live runs against the jobs, when due (engine/core_reconciliation.py).
+        self.reconciler = reconciler
         self._store = store
         self._config = config
         self._wake_dispatcher = wake_dispatcher
         self._runner: asyncio.Task[None] | None = None
+        self._identity_watch: asyncio.Task[None] | None = None
         # (when, horizon) of each pass: the oldest transaction in flight then. Rows of transactions
         # below a horizon seen RETENTION_SECONDS ago ended at least that long ago, and every
         # reader of the feed has read them (a reader that has not read for half of it resyncs).
@@ -83,9 +119,39 @@ class Sweeper:
     def start(self) -> None:
         if self._config.sweep_interval_seconds > 0:
             self._runner = asyncio.create_task(self._run(), name="sweeper")
+            if self.reconciler is not None:
+                self._identity_watch = asyncio.create_task(self._watch_database_identity(), name="database-identity-watch")
 
     async def stop(self) -> None:
+        await cancel_and_wait(self._identity_watch)
         await cancel_and_wait(self._runner)
+
+    async def after_database_replaced(self) -> None:
+        """A failover may have lost commits: the core's live runs are reconciled (lost jobs
+        adopted), every RUNNING job is asked about at the core now (a completion the old primary
+        acknowledged may be lost), and a whole pass runs at once."""
+        assert self.reconciler is not None
+        await self._guarded(self.reconciler.reconcile(trigger="database_changed"), None)
+        async with self._store.statements() as db:
+            due = await db.reconcile_running_jobs_now()
+        log.info("after the database changed: %d running jobs to reconcile with the core now", due)
+        await self.sweep_once()
+
+    async def _watch_database_identity(self) -> None:
+        """Looks at the database's identity every few seconds (one cheap query) and reconciles
+        with the core's runs at once when it changed: a failover is seen within seconds, not a
+        sweep interval later."""
+        assert self.reconciler is not None
+        every = min(_IDENTITY_CHECK_SECONDS, self._config.sweep_interval_seconds)
+        while True:
+            await asyncio.sleep(every * random.uniform(0.8, 1.0))
+            try:
+                if await self.reconciler.database_replaced():
+                    await self.after_database_replaced()
+            except errors.QueueError as exc:
+                log.debug("database identity check failed (%s); retrying", exc.message)
+            except Exception:
+                log.exception("database identity check failed; retrying")
 
     async def _run(self) -> None:
         interval = self._config.sweep_interval_seconds
@@ -103,6 +169,15 @@ class Sweeper:
         report = SweepReport()
         started = time.perf_counter()
         with telemetry.tracer.start_as_current_span("sweep") as span:
+            if self.reconciler is not None:
+                # First: runs adopted now are promoted, released and reconciled by this pass.
+                reconciled = await self._guarded(self.reconciler.reconcile_if_due(), None)
+                if reconciled is not None and reconciled.trigger == "database_changed":
+                    async with self._store.statements() as db:
+                        await db.reconcile_running_jobs_now()
+                if reconciled is not None:
+                    report.runs_adopted += reconciled.adopted
+                    report.runs_lost += reconciled.lost
             lease = config.release_lease_seconds
             async with self._store.statements() as db:
                 users = await db.users_needing_promotion(default_max_active=config.max_active_per_user, batch_size=_BATCH)

@@ -30,6 +30,7 @@ import collections
 import dataclasses
 import logging
 import time
+import uuid
 from array import array
 from collections import defaultdict
 from collections.abc import AsyncGenerator, Callable
@@ -82,29 +83,50 @@ class WatchPage:
 
     items: list[WatchItem]
     last: bool
+    # On a resync's last page: jobs the stream had reported active that no longer exist (a
+    # failover lost them); each gets a `vanished` message.
+    vanished: list[uuid.UUID] = dataclasses.field(default_factory=list)
 
 
 class SeqSet:
-    """A set of queue_seqs kept as a sorted array: 8 bytes a job, where a set of UUIDs costs ~130."""
+    """A set of queue_seqs kept as a sorted array (8 bytes a job, where a set of UUIDs costs ~130),
+    each with the id of its job alongside (16 bytes more), so a resync can name a job that
+    vanished (a failover lost it)."""
 
     def __init__(self) -> None:
         self._seqs = array("q")
+        self._ids = bytearray()
 
-    def add(self, seq: int) -> None:
+    def add(self, seq: int, job_id: uuid.UUID | None = None) -> None:
         at = bisect.bisect_left(self._seqs, seq)
+        raw = (job_id or _NO_JOB).bytes
         if at == len(self._seqs) or self._seqs[at] != seq:
             self._seqs.insert(at, seq)
+            self._ids[at * 16 : at * 16] = raw
+        else:
+            self._ids[at * 16 : at * 16 + 16] = raw
 
-    def discard(self, seq: int) -> None:
+    def discard(self, seq: int, job_id: uuid.UUID | None = None) -> None:
+        """Forgets `seq` (only while it names `job_id`, when given)."""
         at = bisect.bisect_left(self._seqs, seq)
         if at < len(self._seqs) and self._seqs[at] == seq:
+            if job_id is not None and bytes(self._ids[at * 16 : at * 16 + 16]) != job_id.bytes:
+                return
             del self._seqs[at]
+            del self._ids[at * 16 : at * 16 + 16]
 
     def tolist(self) -> list[int]:
         return self._seqs.tolist()
 
+    def items(self) -> list[tuple[int, uuid.UUID]]:
+        """(queue_seq, job id) pairs in queue order."""
+        return [(seq, uuid.UUID(bytes=bytes(self._ids[i * 16 : i * 16 + 16]))) for i, seq in enumerate(self._seqs)]
+
     def __len__(self) -> int:
         return len(self._seqs)
+
+
+_NO_JOB = uuid.UUID(int=0)
 
 
 class WatchStream:
@@ -129,7 +151,7 @@ class WatchStream:
         """Records that the caller is told of this job's state."""
         job = item.job
         if job.status.is_live:
-            self.active_seqs.add(job.queue_seq)
+            self.active_seqs.add(job.queue_seq, job.job_id)
         else:
             self.active_seqs.discard(job.queue_seq)
         self.newest_seq = max(self.newest_seq, job.queue_seq)
@@ -220,6 +242,9 @@ class NotificationHub:
         # Set while the hint connection LISTENs.
         self.listening = asyncio.Event()
         self._reconnect_max_seconds = reconnect_max_seconds
+        # Set when the database was replaced (a failover): the feed's cursor, a snapshot of the
+        # old primary's transaction ids, means nothing on the new one; start afresh and resync.
+        self._cursor_reset = False
 
 
     @property
@@ -280,10 +305,14 @@ class NotificationHub:
         woken_by = "start"
         while True:
             try:
-                if cursor is None or time.monotonic() - cursor.read_at > STALE_AFTER_SECONDS:
+                if cursor is None or self._cursor_reset or time.monotonic() - cursor.read_at > STALE_AFTER_SECONDS:
+                    reset, self._cursor_reset = self._cursor_reset, False
                     async with self._store.statements() as db:
                         fresh = await db.job_feed_start()
-                    if cursor is not None:
+                    if reset:
+                        log.warning("the database was replaced; the job-change feed starts afresh and streams resync")
+                        self._missed_changes()
+                    elif cursor is not None:
                         # Rows this replica had not read may have been deleted meanwhile.
                         log.warning("the job-change feed was not read for %.0f s; streams resync", fresh.read_at - cursor.read_at)
                         self._missed_changes()
@@ -371,6 +400,14 @@ class NotificationHub:
                 log.warning("feed hint listener lost its connection (%s: %s); reconnecting", exc.__class__.__name__, exc)
                 await asyncio.sleep(min(self._reconnect_max_seconds, 0.1 * 2**failures))
 
+    def database_replaced(self) -> None:
+        """The database is another one now (a failover): commits the streams heard of may be
+        gone. The feed restarts from the new primary's present and every stream resyncs, told of
+        each job it reported active that no longer exists (WatchJobsResponse.vanished)."""
+        self._cursor_reset = True
+        self._wake.set()
+        self._subscribed.set()
+
     def _missed_changes(self) -> None:
         """Changes may not reach the streams from the feed: they resync; and a PENDING job
         nobody claimed may be among them."""
@@ -413,7 +450,9 @@ class NotificationHub:
             except TimeoutError:
                 raise errors.DatabaseUnavailable("this replica has not read the job-change feed yet; retry the call") from None
         user_id = stream.user_id
-        active_seqs = stream.active_seqs.tolist() if resync else []
+        reported_active = stream.active_seqs.items() if resync else []
+        active_seqs = [seq for seq, _ in reported_active]
+        resent: set[uuid.UUID] = set()
         newest_known_seq = stream.newest_seq
         newest_seq = 0
         after_seq = 0
@@ -435,9 +474,17 @@ class NotificationHub:
             items = [WatchItem(view) for view in views[:CATCH_UP_PAGE]]
             for item in items:
                 stream.saw(item)
+                resent.add(item.job.job_id)
+            vanished: list[uuid.UUID] = []
             if last:
                 stream.newest_seq = max(stream.newest_seq, newest_seq)
-            yield WatchPage(items, last)
+                # A job reported active is read again by the resync whatever became of it,
+                # unless it no longer exists: the database that had it failed over without it.
+                for seq, job_id in reported_active:
+                    if job_id not in resent and job_id != _NO_JOB:
+                        vanished.append(job_id)
+                        stream.active_seqs.discard(seq, job_id)
+            yield WatchPage(items, last, vanished)
             if last:
                 return
             after_seq = items[-1].job.queue_seq

@@ -30,7 +30,12 @@ from psycopg.types.json import Jsonb
 from queue_service import audit, deadline
 from queue_service.model import (
     AdmitLimits,
+    Adoption,
     AdmitState,
+    CoreRun,
+    DatabaseIdentity,
+    LostRun,
+    RunFate,
     CapacityGrant,
     CapacityState,
     Cause,
@@ -235,6 +240,41 @@ class Statements:
 
     async def drop_run_reservation(self, *, run_id: uuid.UUID) -> None:
         await self._send("drop_run_reservation", {"run_id": run_id})
+
+    # -- the core's runs as the second copy (engine/core_reconciliation.py) ---------------------
+
+    async def runs_unknown_to_queue(self, *, run_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        """Of these runs, those no job owns and no admit has reserved."""
+        return {row["run_id"] for row in await self._all("runs_unknown_to_queue", {"run_ids": list(run_ids)})}
+
+    async def runs_taking_a_slot(self, *, run_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        """Of these judging runs, those that take their user's slot as far as the queue can tell
+        (their job holds it, or no job or admit knows them)."""
+        return {row["run_id"] for row in await self._all("runs_taking_a_slot", {"run_ids": list(run_ids)})}
+
+    async def user_slot_limit(self, *, user_id: str, default_max_active: int) -> int:
+        """The user's first-pass limit (her own, or the default)."""
+        row = await self._one("user_slot_limit", {"user_id": user_id, "default_max_active": default_max_active})
+        assert row is not None
+        return int(row["max_active"])
+
+    async def record_lost_run(self, lost: LostRun) -> bool:
+        """Records a run reconciliation could not adopt; False when it was recorded before."""
+        return await self._one("record_lost_run", dataclasses.asdict(lost)) is not None
+
+    async def reconcile_running_jobs_now(self) -> int:
+        """Makes every RUNNING job due for reconciliation with the core now; how many."""
+        row = await self._one("reconcile_running_jobs_now", {})
+        return 0 if row is None else int(row["jobs"])
+
+    async def database_identity(self) -> DatabaseIdentity:
+        """The database's system identifier and timeline (None where the role may not read them)."""
+        try:
+            row = await self._one("database_identity", {})
+        except psycopg.errors.InsufficientPrivilege:
+            return DatabaseIdentity(None, None)
+        assert row is not None
+        return DatabaseIdentity(row["system_identifier"], row["timeline_id"])
 
     # -- jobs and runs -------------------------------------------------------------------------
 
@@ -706,6 +746,33 @@ class Store:
         for row in rows:
             rows_of[row["batch_index"]].append(row)
         return [_run_completion(rows_of[index], report.transition, report.actor) for index, report in enumerate(reports, start=1)]
+
+    async def adopt_run(self, run: CoreRun, limits: PromotionLimits, *, reconcile_after_seconds: float) -> Adoption:
+        """Adopts a run the core holds or judges into a job, under its user's lock, with its
+        charge (the current actor, `audit`); idempotent by run id and idempotency key."""
+        assert run.job_id is not None
+        actor = audit.actor_for(Cause.ADOPT)
+        params = {
+            "job_id": run.job_id,
+            "user_id": run.user_id,
+            "run_id": run.run_id,
+            "idempotency_key": run.idempotency_key,
+            "request_digest": run.request_digest,
+            "delta_of_run_id": run.delta_of_run_id,
+            "price": run.price,
+            "judging": run.fate is RunFate.JUDGING,
+            "actor": actor,
+            "reason": str(Cause.ADOPT),
+            "reconcile_after_seconds": float(reconcile_after_seconds),
+            **_limit_params(limits),
+        }
+        rows = await self._locked(run.user_id, "adopt_run", params)
+        row = rows[0]
+        kind = row["row_kind"]
+        view = from_row.job_view(row) if row["job_id"] is not None else None
+        if kind == "adopted" and run.price > 0:
+            audit.log_movement(kind=LedgerKind.CHARGE, user_id=run.user_id, amount=-run.price, job_id=run.job_id, actor=actor, reason=Cause.ADOPT)
+        return Adoption(kind, view)
 
     async def promote(self, user_id: str, limits: PromotionLimits) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first, each promoted job's

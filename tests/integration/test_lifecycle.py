@@ -11,6 +11,7 @@ import pytest
 
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service.dev.core import AnswerFault
 from tests.harness import S, InvariantChecker, error_info, new_user
 
 
@@ -279,7 +280,9 @@ async def test_a_replica_killed_between_promotion_and_release_is_covered_by_anot
     first = await doomed.stubs.admit(user)
     second = await doomed.stubs.admit(user)
     await doomed.stubs.wait_for(first.job_id, S.JOB_STATUS_RUNNING)
-    core.slow_seconds = 3.0  # the next ReleaseRun is still in flight when the replica dies
+    # The next ReleaseRun is still in flight when the replica dies (only it: the release's check
+    # of the user's judging runs at the core, ListRuns, answers at once).
+    core.answer_faults["ReleaseRun"] = AnswerFault("late_arrival", 3.0)
     completing = asyncio.create_task(core.finish(first.run_id))
     for _ in range(200):
         if any(run_id == second.run_id for run_id, _ in core.release_log):
@@ -287,7 +290,7 @@ async def test_a_replica_killed_between_promotion_and_release_is_covered_by_anot
         await asyncio.sleep(0.01)
     assert (await doomed.stubs.job(second.job_id)).status == S.JOB_STATUS_PENDING
     doomed.kill()
-    core.slow_seconds = 0
+    core.answer_faults.clear()
     await completing
     survivor = await services.start_process(core, **lease)
     running = await survivor.stubs.wait_for(second.job_id, S.JOB_STATUS_RUNNING, timeout=10)

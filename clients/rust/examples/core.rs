@@ -1,8 +1,10 @@
 //! A small, complete core: the template a Rust core team copies.
 //!
-//! It serves the queue's `RunService` (CreateRun held or not, ReleaseRun, CancelRun, GetRun),
-//! "judges" a released run for a configurable time, and reports the result with
-//! `CompleteRun` (retried across a queue outage by `CallbackClient`).
+//! It serves the queue's `RunService` (CreateRun held or not, ReleaseRun, CancelRun, GetRun,
+//! ListRuns), "judges" a released run for a configurable time, and reports the result with
+//! `CompleteRun` (retried across a queue outage by `CallbackClient`). It keeps what each run was
+//! created with (`Run.creation`: the queue's job id, idempotency key, digest and price among it)
+//! and lists its live runs with it, so the queue can adopt runs its database lost in a failover.
 //!
 //! ```sh
 //! CORE_LISTEN_ADDR=127.0.0.1:50061 QUEUE_CALLBACK_ADDR=127.0.0.1:50051 \
@@ -23,7 +25,8 @@ use std::time::Duration;
 
 use acurio_queue_client::acurio::core::v1::{
     CancelRunRequest, CancelRunResponse, CreateRunRequest, CreateRunResponse, GetRunRequest,
-    GetRunResponse, ReleaseRunRequest, ReleaseRunResponse, Run, RunState,
+    GetRunResponse, ListRunsRequest, ListRunsResponse, ReleaseRunRequest, ReleaseRunResponse, Run,
+    RunState,
 };
 use acurio_queue_client::run_service_server::{RunService, RunServiceServer};
 use acurio_queue_client::tonic::transport::server::TcpIncoming;
@@ -135,8 +138,10 @@ impl RunService for Core {
         } else {
             RunState::Judging
         };
+        // The run keeps what it was created with: ListRuns and GetRun hand it back to the queue.
         let mut run = Run {
             run_id: request.run_id.clone(),
+            creation: Some(request.clone()),
             ..Default::default()
         };
         run.set_state(state);
@@ -201,7 +206,10 @@ impl RunService for Core {
                     ..Default::default()
                 };
                 tombstone.set_state(RunState::Canceled);
-                self.runs.lock().unwrap().insert(run_id.clone(), tombstone.clone());
+                self.runs
+                    .lock()
+                    .unwrap()
+                    .insert(run_id.clone(), tombstone.clone());
                 (tombstone, false)
             });
         if canceled {
@@ -219,6 +227,49 @@ impl RunService for Core {
             .run(&run_id)
             .ok_or_else(|| core_errors::run_not_found(&run_id))?;
         Ok(Response::new(GetRunResponse { run: Some(run) }))
+    }
+
+    async fn list_runs(
+        &self,
+        request: Request<ListRunsRequest>,
+    ) -> Result<Response<ListRunsResponse>, Status> {
+        let request = request.into_inner();
+        if request.page_size < 0 {
+            return Err(Status::invalid_argument("page_size must not be negative"));
+        }
+        let size = match request.page_size {
+            0 => 100,
+            n => n.min(1000) as usize,
+        };
+        // Live runs in run id order after the page token (the last run id of the previous page).
+        let mut live: Vec<Run> = self
+            .runs
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|run| matches!(run.state(), RunState::Held | RunState::Judging))
+            .filter(|run| !request.judging_only || run.state() == RunState::Judging)
+            .filter(|run| run.run_id.as_str() > request.page_token.as_str())
+            .filter(|run| {
+                request.user_id.is_empty()
+                    || run.creation.as_ref().map(|c| c.user_id.as_str())
+                        == Some(request.user_id.as_str())
+            })
+            .cloned()
+            .collect();
+        live.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+        let next_page_token = if live.len() > size {
+            live.truncate(size);
+            live.last()
+                .map(|run| run.run_id.clone())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(ListRunsResponse {
+            runs: live,
+            next_page_token,
+        }))
     }
 }
 

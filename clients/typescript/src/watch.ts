@@ -11,6 +11,11 @@ export type JobWatchEvent =
   | { type: "reset"; jobs: ReadonlyMap<string, Job> }
   /** One job changed (through any replica). */
   | { type: "change"; job: Job }
+  /**
+   * A job the watch had reported no longer exists: the queue's database failed over without it
+   * (`WatchJobsResponse.vanished`); it was dropped from `jobs`, and GetJob answers NOT_FOUND.
+   */
+  | { type: "vanished"; jobId: string }
   /** The stream broke (a drain, a restart, a dead connection); a reconnect follows. */
   | { type: "disconnected"; error: ConnectError; retryInMs: number };
 
@@ -97,6 +102,9 @@ export function watchJobs(
               syncWaiters.forEach((w) => w.resolve());
               syncWaiters = [];
             }
+          } else if (message.vanished && message.job !== undefined) {
+            jobs.delete(message.job.jobId);
+            emit({ type: "vanished", jobId: message.job.jobId });
           } else if (message.job !== undefined) {
             jobs.set(message.job.jobId, message.job);
             emit({ type: "change", job: message.job });

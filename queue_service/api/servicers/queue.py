@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 from opentelemetry import trace
@@ -19,7 +19,17 @@ from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as que
 from queue_service.api.servicers import page_tokens, validation
 from queue_service.api.access.auth import OPERATOR_ACTOR_PREFIX
 from queue_service.api.servicers.convert import job_to_proto, status_filter
-from queue_service.engine import Admission, JobReads, NotificationHub, QueueEngine, Releases, WatchItem, WatchStream, request_digest
+from queue_service.engine import (
+    Admission,
+    JobReads,
+    NotificationHub,
+    QueueEngine,
+    Releases,
+    WatchItem,
+    WatchPage,
+    WatchStream,
+    request_digest,
+)
 from queue_service.model import AdmitRequest, Cause, JobStatus, JobView
 
 
@@ -165,15 +175,23 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         client's HTTP/2 window has room, so a stalled client holds one page here."""
         async with contextlib.aclosing(self._hub.catch_up(stream, resync=resync)) as pages:
             async for page in pages:
-                for index, item in enumerate(page.items):
-                    message = queue_pb2.WatchJobsResponse(job=job_to_proto(item.job))
-                    if page.last and index == len(page.items) - 1:
+                count = len(page.items) + len(page.vanished)
+                for index, message in enumerate(_page_messages(page, stream.user_id)):
+                    if page.last and index == count - 1:
                         _mark_end(message, resync=resync)
                     yield message
-                if page.last and not page.items:
+                if page.last and not count:
                     message = queue_pb2.WatchJobsResponse()
                     _mark_end(message, resync=resync)
                     yield message
+
+
+def _page_messages(page: WatchPage, user_id: str) -> Iterator[queue_pb2.WatchJobsResponse]:
+    """A page's jobs, one message each, then the jobs it found vanished (a failover lost them)."""
+    for item in page.items:
+        yield queue_pb2.WatchJobsResponse(job=job_to_proto(item.job))
+    for job_id in page.vanished:
+        yield queue_pb2.WatchJobsResponse(job=job_pb2.Job(job_id=str(job_id), user_id=user_id), vanished=True)
 
 
 def _mark_end(message: queue_pb2.WatchJobsResponse, *, resync: bool) -> None:

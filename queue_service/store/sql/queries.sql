@@ -781,3 +781,66 @@ DELETE FROM analysis_job_feed f
 -- A wake-up hint for the other replicas' feed readers, in a transaction of its own (no WAL, so the
 -- notify lock is held only for its queueing), after a change of this replica committed.
 SELECT pg_notify('analysis_job_feed', %(sender)s);
+
+-- name: adopt_run
+-- A locked section: adopts a run the core holds or judges into a job its database lost, with
+-- its charge (`queue_adopt_run`, migration 0018). One row: 'adopted', 'known' or 'key_taken'
+-- with a job's view, or 'reserved', 'delta_base_lost', 'balance_short' without one.
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+  FROM queue_adopt_run(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
+                       %(delta_of_run_id)s::uuid, %(price)s, %(judging)s, %(actor)s, %(reason)s,
+                       %(default_max_active)s, %(release_window_seconds)s, %(release_lease_seconds)s,
+                       %(reconcile_after_seconds)s) AS s
+
+-- name: runs_unknown_to_queue
+-- Of the given runs (the core's live ones), those no job owns and no admit has reserved: the
+-- candidates for adoption (the unique index on run_id and the reservations' primary key).
+SELECT r.run_id
+  FROM unnest(%(run_ids)s::uuid[]) AS r(run_id)
+ WHERE NOT EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.run_id = r.run_id)
+   AND NOT EXISTS (SELECT 1 FROM run_reservations v WHERE v.run_id = r.run_id);
+
+-- name: runs_taking_a_slot
+-- Of the given runs (first-pass runs the core reports judging), those that take their user's
+-- slot as far as the queue can tell: owned by a job holding it (PENDING or RUNNING, or ended with
+-- its run not yet confirmed settled), or unknown to the queue (its job lost in a failover). A run
+-- whose job ended with its run confirmed settled is not counted: only the core's own answer
+-- settles a run, and a failover loses commits, it does not invent them.
+SELECT r.run_id
+  FROM unnest(%(run_ids)s::uuid[]) AS r(run_id)
+  LEFT JOIN analysis_jobs j ON j.run_id = r.run_id
+ WHERE (j.job_id IS NULL AND NOT EXISTS (SELECT 1 FROM run_reservations v WHERE v.run_id = r.run_id))
+    OR j.status IN ('pending', 'running') OR j.run_settle_due_at IS NOT NULL;
+
+-- name: user_slot_limit
+-- The user's first-pass limit: her own (`user_queue_limits`) or the default.
+SELECT COALESCE((SELECT max_active FROM user_queue_limits WHERE user_id = %(user_id)s), %(default_max_active)s) AS max_active;
+
+-- name: record_lost_run
+-- Reconciliation could not adopt a run whose job was lost: the loss, for the operator (once per run).
+INSERT INTO core_runs_lost (run_id, user_id, job_id, idempotency_key, price, core_state, reason)
+VALUES (%(run_id)s, %(user_id)s, %(job_id)s, %(idempotency_key)s, %(price)s, %(core_state)s, %(reason)s)
+ON CONFLICT (run_id) DO NOTHING
+RETURNING run_id;
+
+-- name: database_identity
+-- Which database history this is: the cluster's system identifier and its current timeline. A
+-- promoted standby starts a new timeline at once: it names the WAL segment being written (the
+-- first 8 hex digits of its file name), while the last checkpoint's timeline follows only when
+-- the (spread) checkpoint after promotion completes, so it is only the fallback (on a standby).
+-- A change means a failover may have lost commits.
+SELECT (SELECT system_identifier FROM pg_control_system())::text AS system_identifier,
+       CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint())
+            ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
+       END AS timeline_id;
+
+-- name: reconcile_running_jobs_now
+-- After a failover: every RUNNING job is due for the sweeper's reconciliation with the core
+-- (`GetRun`) now, not QUEUE_RECONCILE_AFTER_SECONDS after its start: its completion may have been
+-- acknowledged by the old primary and lost. The number of jobs made due.
+WITH due AS (
+    UPDATE analysis_jobs SET next_reconcile_at = clock_timestamp()
+     WHERE status = 'running' AND next_reconcile_at > clock_timestamp()
+    RETURNING 1
+)
+SELECT count(*) AS jobs FROM due;

@@ -24,35 +24,39 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n acurio/core/v1/run_service.proto\x12\x0e\x61\x63urio.core.v1\"O\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\'\n\x05state\x18\x02 \x01(\x0e\x32\x18.acurio.core.v1.RunState\x12\x0f\n\x07message\x18\x03 \x01(\t\"*\n\tRunSource\x12\x0b\n\x03\x64oi\x18\x01 \x01(\t\x12\x10\n\x08\x63itation\x18\x02 \x01(\t\"\x9c\x01\n\x10\x43reateRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x14\n\x0c\x64ocument_uri\x18\x03 \x01(\t\x12*\n\x07sources\x18\x04 \x03(\x0b\x32\x19.acurio.core.v1.RunSource\x12\x0c\n\x04hold\x18\x05 \x01(\x08\x12\x17\n\x0f\x64\x65lta_of_run_id\x18\x06 \x01(\t\"5\n\x11\x43reateRunResponse\x12 \n\x03run\x18\x01 \x01(\x0b\x32\x13.acurio.core.v1.Run\"#\n\x11ReleaseRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"6\n\x12ReleaseRunResponse\x12 \n\x03run\x18\x01 \x01(\x0b\x32\x13.acurio.core.v1.Run\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"5\n\x11\x43\x61ncelRunResponse\x12 \n\x03run\x18\x01 \x01(\x0b\x32\x13.acurio.core.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"2\n\x0eGetRunResponse\x12 \n\x03run\x18\x01 \x01(\x0b\x32\x13.acurio.core.v1.Run*\x97\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRUN_STATE_HELD\x10\x01\x12\x15\n\x11RUN_STATE_JUDGING\x10\x02\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x16\n\x12RUN_STATE_CANCELED\x10\x05\x32\xce\x02\n\nRunService\x12P\n\tCreateRun\x12 .acurio.core.v1.CreateRunRequest\x1a!.acurio.core.v1.CreateRunResponse\x12S\n\nReleaseRun\x12!.acurio.core.v1.ReleaseRunRequest\x1a\".acurio.core.v1.ReleaseRunResponse\x12P\n\tCancelRun\x12 .acurio.core.v1.CancelRunRequest\x1a!.acurio.core.v1.CancelRunResponse\x12G\n\x06GetRun\x12\x1d.acurio.core.v1.GetRunRequest\x1a\x1e.acurio.core.v1.GetRunResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n acurio/core/v1/run_service.proto\x12\x0e\x61\x63urio.core.v1\"\x83\x01\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\'\n\x05state\x18\x02 \x01(\x0e\x32\x18.acurio.core.v1.RunState\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x32\n\x08\x63reation\x18\x04 \x01(\x0b\x32 .acurio.core.v1.CreateRunRequest\"*\n\tRunSource\x12\x0b\n\x03\x64oi\x18\x01 \x01(\t\x12\x10\n\x08\x63itation\x18\x02 \x01(\t\"\xec\x01\n\x10\x43reateRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x14\n\x0c\x64ocument_uri\x18\x03 \x01(\t\x12*\n\x07sources\x18\x04 \x03(\x0b\x32\x19.acurio.core.v1.RunSource\x12\x0c\n\x04hold\x18\x05 \x01(\x08\x12\x17\n\x0f\x64\x65lta_of_run_id\x18\x06 \x01(\t\x12\x0e\n\x06job_id\x18\x07 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\x12\x16\n\x0erequest_digest\x18\t \x01(\x0c\x12\r\n\x05price\x18\n \x01(\x03\"5\n\x11\x43reateRunResponse\x12 \n\x03run\x18\x01 \x01(\x0b\x32\x13.acurio.core.v1.Run\"#\n\x11ReleaseRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"6\n\x12ReleaseRunResponse\x12 \n\x03run\x18\x01 \x01(\x0b\x32\x13.acurio.core.v1.Run\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"5\n\x11\x43\x61ncelRunResponse\x12 \n\x03run\x18\x01 \x01(\x0b\x32\x13.acurio.core.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"2\n\x0eGetRunResponse\x12 \n\x03run\x18\x01 \x01(\x0b\x32\x13.acurio.core.v1.Run\"_\n\x0fListRunsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0f\n\x07user_id\x18\x03 \x01(\t\x12\x14\n\x0cjudging_only\x18\x04 \x01(\x08\"N\n\x10ListRunsResponse\x12!\n\x04runs\x18\x01 \x03(\x0b\x32\x13.acurio.core.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*\x97\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRUN_STATE_HELD\x10\x01\x12\x15\n\x11RUN_STATE_JUDGING\x10\x02\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x16\n\x12RUN_STATE_CANCELED\x10\x05\x32\x9d\x03\n\nRunService\x12P\n\tCreateRun\x12 .acurio.core.v1.CreateRunRequest\x1a!.acurio.core.v1.CreateRunResponse\x12S\n\nReleaseRun\x12!.acurio.core.v1.ReleaseRunRequest\x1a\".acurio.core.v1.ReleaseRunResponse\x12P\n\tCancelRun\x12 .acurio.core.v1.CancelRunRequest\x1a!.acurio.core.v1.CancelRunResponse\x12G\n\x06GetRun\x12\x1d.acurio.core.v1.GetRunRequest\x1a\x1e.acurio.core.v1.GetRunResponse\x12M\n\x08ListRuns\x12\x1f.acurio.core.v1.ListRunsRequest\x1a .acurio.core.v1.ListRunsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'acurio.core.v1.run_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RUNSTATE']._serialized_start=661
-  _globals['_RUNSTATE']._serialized_end=812
-  _globals['_RUN']._serialized_start=52
-  _globals['_RUN']._serialized_end=131
-  _globals['_RUNSOURCE']._serialized_start=133
-  _globals['_RUNSOURCE']._serialized_end=175
-  _globals['_CREATERUNREQUEST']._serialized_start=178
-  _globals['_CREATERUNREQUEST']._serialized_end=334
-  _globals['_CREATERUNRESPONSE']._serialized_start=336
-  _globals['_CREATERUNRESPONSE']._serialized_end=389
-  _globals['_RELEASERUNREQUEST']._serialized_start=391
-  _globals['_RELEASERUNREQUEST']._serialized_end=426
-  _globals['_RELEASERUNRESPONSE']._serialized_start=428
-  _globals['_RELEASERUNRESPONSE']._serialized_end=482
-  _globals['_CANCELRUNREQUEST']._serialized_start=484
-  _globals['_CANCELRUNREQUEST']._serialized_end=518
-  _globals['_CANCELRUNRESPONSE']._serialized_start=520
-  _globals['_CANCELRUNRESPONSE']._serialized_end=573
-  _globals['_GETRUNREQUEST']._serialized_start=575
-  _globals['_GETRUNREQUEST']._serialized_end=606
-  _globals['_GETRUNRESPONSE']._serialized_start=608
-  _globals['_GETRUNRESPONSE']._serialized_end=658
-  _globals['_RUNSERVICE']._serialized_start=815
-  _globals['_RUNSERVICE']._serialized_end=1149
+  _globals['_RUNSTATE']._serialized_start=971
+  _globals['_RUNSTATE']._serialized_end=1122
+  _globals['_RUN']._serialized_start=53
+  _globals['_RUN']._serialized_end=184
+  _globals['_RUNSOURCE']._serialized_start=186
+  _globals['_RUNSOURCE']._serialized_end=228
+  _globals['_CREATERUNREQUEST']._serialized_start=231
+  _globals['_CREATERUNREQUEST']._serialized_end=467
+  _globals['_CREATERUNRESPONSE']._serialized_start=469
+  _globals['_CREATERUNRESPONSE']._serialized_end=522
+  _globals['_RELEASERUNREQUEST']._serialized_start=524
+  _globals['_RELEASERUNREQUEST']._serialized_end=559
+  _globals['_RELEASERUNRESPONSE']._serialized_start=561
+  _globals['_RELEASERUNRESPONSE']._serialized_end=615
+  _globals['_CANCELRUNREQUEST']._serialized_start=617
+  _globals['_CANCELRUNREQUEST']._serialized_end=651
+  _globals['_CANCELRUNRESPONSE']._serialized_start=653
+  _globals['_CANCELRUNRESPONSE']._serialized_end=706
+  _globals['_GETRUNREQUEST']._serialized_start=708
+  _globals['_GETRUNREQUEST']._serialized_end=739
+  _globals['_GETRUNRESPONSE']._serialized_start=741
+  _globals['_GETRUNRESPONSE']._serialized_end=791
+  _globals['_LISTRUNSREQUEST']._serialized_start=793
+  _globals['_LISTRUNSREQUEST']._serialized_end=888
+  _globals['_LISTRUNSRESPONSE']._serialized_start=890
+  _globals['_LISTRUNSRESPONSE']._serialized_end=968
+  _globals['_RUNSERVICE']._serialized_start=1125
+  _globals['_RUNSERVICE']._serialized_end=1538
 # @@protoc_insertion_point(module_scope)

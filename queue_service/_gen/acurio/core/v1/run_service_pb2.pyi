@@ -64,22 +64,32 @@ class Run(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    CREATION_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The run's id (a UUID chosen by the caller)."""
     state: Global___RunState.ValueType
     """Where the run is."""
     message: _builtins.str
     """For a finished run: a short, user-safe message."""
+    @_builtins.property
+    def creation(self) -> Global___CreateRunRequest:
+        """What the run was created with, as the core stored it from its CreateRun (the queue's job
+        id, idempotency key, digest and price included): enough for the queue to adopt a run whose
+        job a database failover lost. Always set by ListRuns; GetRun sets it too where the core
+        still has it; the other methods may leave it unset. (Added additively.)
+        """
+
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         state: Global___RunState.ValueType = ...,
         message: _builtins.str = ...,
+        creation: Global___CreateRunRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["creation", b"creation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "run_id", b"run_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["creation", b"creation", "message", b"message", "run_id", b"run_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -123,6 +133,10 @@ class CreateRunRequest(_message.Message):
     SOURCES_FIELD_NUMBER: _builtins.int
     HOLD_FIELD_NUMBER: _builtins.int
     DELTA_OF_RUN_ID_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    REQUEST_DIGEST_FIELD_NUMBER: _builtins.int
+    PRICE_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The run id the queue reserved (a UUID)."""
     user_id: _builtins.str
@@ -133,6 +147,20 @@ class CreateRunRequest(_message.Message):
     """True to create the run held (validated, not judging)."""
     delta_of_run_id: _builtins.str
     """For a delta re-check: the run of the finished job being re-checked."""
+    job_id: _builtins.str
+    """The queue's job that owns the run (a UUID; empty from older queues). The core stores it and
+    returns it in `Run.creation`, opaque to the core. (Added additively, like the fields below.)
+    """
+    idempotency_key: _builtins.str
+    """The idempotency key of the click that admitted the run, stored and returned as it came."""
+    request_digest: _builtins.bytes
+    """The digest of the queue's admit request (SHA-256), stored and returned as it came: a
+    repeated click with the same key and another request stays refused after an adoption.
+    """
+    price: _builtins.int
+    """The credits the queue charged for the run, stored and returned as it came (not the core's
+    provider budget).
+    """
     @_builtins.property
     def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunSource]:
         """The cited sources."""
@@ -146,10 +174,14 @@ class CreateRunRequest(_message.Message):
         sources: _abc.Iterable[Global___RunSource] | None = ...,
         hold: _builtins.bool = ...,
         delta_of_run_id: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
+        request_digest: _builtins.bytes = ...,
+        price: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta_of_run_id", b"delta_of_run_id", "document_uri", b"document_uri", "hold", b"hold", "run_id", b"run_id", "sources", b"sources", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta_of_run_id", b"delta_of_run_id", "document_uri", b"document_uri", "hold", b"hold", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "price", b"price", "request_digest", b"request_digest", "run_id", b"run_id", "sources", b"sources", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -316,3 +348,67 @@ class GetRunResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRunResponse: _TypeAlias = GetRunResponse  # noqa: Y015
+
+@_typing.final
+class ListRunsRequest(_message.Message):
+    """Request for RunService.ListRuns."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    JUDGING_ONLY_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """The most runs to return; 0 means the core's default (at least 100), and the core may cap it
+    (at most 1000).
+    """
+    page_token: _builtins.str
+    """The `next_page_token` of the previous page; empty for the first page. Opaque."""
+    user_id: _builtins.str
+    """Only this user's runs; empty for every user's."""
+    judging_only: _builtins.bool
+    """Only judging runs (not held ones)."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        user_id: _builtins.str = ...,
+        judging_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["judging_only", b"judging_only", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunsRequest: _TypeAlias = ListRunsRequest  # noqa: Y015
+
+@_typing.final
+class ListRunsResponse(_message.Message):
+    """Response for RunService.ListRuns."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """The token of the next page; empty on the last page."""
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Run]:
+        """The live runs of this page (held or judging), each with `creation` set."""
+
+    def __init__(
+        self,
+        *,
+        runs: _abc.Iterable[Global___Run] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunsResponse: _TypeAlias = ListRunsResponse  # noqa: Y015

@@ -76,6 +76,11 @@ class RunServiceStub:
                 request_serializer=acurio_dot_core_dot_v1_dot_run__service__pb2.GetRunRequest.SerializeToString,
                 response_deserializer=acurio_dot_core_dot_v1_dot_run__service__pb2.GetRunResponse.FromString,
                 _registered_method=True)
+        self.ListRuns = channel.unary_unary(
+                '/acurio.core.v1.RunService/ListRuns',
+                request_serializer=acurio_dot_core_dot_v1_dot_run__service__pb2.ListRunsRequest.SerializeToString,
+                response_deserializer=acurio_dot_core_dot_v1_dot_run__service__pb2.ListRunsResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -144,6 +149,20 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRuns(self, request, context):
+        """Lists the core's live runs (held or judging), each with what it was created with
+        (`Run.creation`), a page at a time (AIP-158), in a stable order (by run id). The queue
+        reconciles them against its jobs after a PostgreSQL failover and periodically: a run the
+        queue lost is adopted back into a job (or canceled), and a user's judging run the queue does
+        not know keeps her next run held. A run that settles while the pages are read may or may not
+        appear. Errors: INVALID_ARGUMENT for a malformed page token or a negative page size;
+        UNAVAILABLE when the core cannot answer now. (Added to the contract additively; the queue
+        reads UNIMPLEMENTED from an older core as "no list", and then cannot adopt lost runs.)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -166,6 +185,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.GetRun,
                     request_deserializer=acurio_dot_core_dot_v1_dot_run__service__pb2.GetRunRequest.FromString,
                     response_serializer=acurio_dot_core_dot_v1_dot_run__service__pb2.GetRunResponse.SerializeToString,
+            ),
+            'ListRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRuns,
+                    request_deserializer=acurio_dot_core_dot_v1_dot_run__service__pb2.ListRunsRequest.FromString,
+                    response_serializer=acurio_dot_core_dot_v1_dot_run__service__pb2.ListRunsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -298,6 +322,33 @@ class RunService:
             '/acurio.core.v1.RunService/GetRun',
             acurio_dot_core_dot_v1_dot_run__service__pb2.GetRunRequest.SerializeToString,
             acurio_dot_core_dot_v1_dot_run__service__pb2.GetRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.core.v1.RunService/ListRuns',
+            acurio_dot_core_dot_v1_dot_run__service__pb2.ListRunsRequest.SerializeToString,
+            acurio_dot_core_dot_v1_dot_run__service__pb2.ListRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -80,6 +80,16 @@ class RunServiceStub:
     """Returns a run, so the queue can reconcile runs whose completion callback never arrived.
     Errors: NOT_FOUND for an unknown run.
     """
+    ListRuns: _grpc.UnaryUnaryMultiCallable[_run_service_pb2.ListRunsRequest, _run_service_pb2.ListRunsResponse]
+    """Lists the core's live runs (held or judging), each with what it was created with
+    (`Run.creation`), a page at a time (AIP-158), in a stable order (by run id). The queue
+    reconciles them against its jobs after a PostgreSQL failover and periodically: a run the
+    queue lost is adopted back into a job (or canceled), and a user's judging run the queue does
+    not know keeps her next run held. A run that settles while the pages are read may or may not
+    appear. Errors: INVALID_ARGUMENT for a malformed page token or a negative page size;
+    UNAVAILABLE when the core cannot answer now. (Added to the contract additively; the queue
+    reads UNIMPLEMENTED from an older core as "no list", and then cannot adopt lost runs.)
+    """
 
 @_typing.type_check_only
 class RunServiceAsyncStub(RunServiceStub):
@@ -132,6 +142,16 @@ class RunServiceAsyncStub(RunServiceStub):
     GetRun: _aio.UnaryUnaryMultiCallable[_run_service_pb2.GetRunRequest, _run_service_pb2.GetRunResponse]  # type: ignore[assignment]
     """Returns a run, so the queue can reconcile runs whose completion callback never arrived.
     Errors: NOT_FOUND for an unknown run.
+    """
+    ListRuns: _aio.UnaryUnaryMultiCallable[_run_service_pb2.ListRunsRequest, _run_service_pb2.ListRunsResponse]  # type: ignore[assignment]
+    """Lists the core's live runs (held or judging), each with what it was created with
+    (`Run.creation`), a page at a time (AIP-158), in a stable order (by run id). The queue
+    reconciles them against its jobs after a PostgreSQL failover and periodically: a run the
+    queue lost is adopted back into a job (or canceled), and a user's judging run the queue does
+    not know keeps her next run held. A run that settles while the pages are read may or may not
+    appear. Errors: INVALID_ARGUMENT for a malformed page token or a negative page size;
+    UNAVAILABLE when the core cannot answer now. (Added to the contract additively; the queue
+    reads UNIMPLEMENTED from an older core as "no list", and then cannot adopt lost runs.)
     """
 
 class RunServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -206,6 +226,22 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_run_service_pb2.GetRunResponse, _abc.Awaitable[_run_service_pb2.GetRunResponse]]:
         """Returns a run, so the queue can reconcile runs whose completion callback never arrived.
         Errors: NOT_FOUND for an unknown run.
+        """
+
+    @_abc_1.abstractmethod
+    def ListRuns(
+        self,
+        request: _run_service_pb2.ListRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_run_service_pb2.ListRunsResponse, _abc.Awaitable[_run_service_pb2.ListRunsResponse]]:
+        """Lists the core's live runs (held or judging), each with what it was created with
+        (`Run.creation`), a page at a time (AIP-158), in a stable order (by run id). The queue
+        reconciles them against its jobs after a PostgreSQL failover and periodically: a run the
+        queue lost is adopted back into a job (or canceled), and a user's judging run the queue does
+        not know keeps her next run held. A run that settles while the pages are read may or may not
+        appear. Errors: INVALID_ARGUMENT for a malformed page token or a negative page size;
+        UNAVAILABLE when the core cannot answer now. (Added to the contract additively; the queue
+        reads UNIMPLEMENTED from an older core as "no list", and then cannot adopt lost runs.)
         """
 
 def add_RunServiceServicer_to_server(servicer: RunServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -378,11 +378,18 @@ class WatchJobsResponse(_message.Message):
     JOB_FIELD_NUMBER: _builtins.int
     SNAPSHOT_COMPLETE_FIELD_NUMBER: _builtins.int
     RESYNC_COMPLETE_FIELD_NUMBER: _builtins.int
+    VANISHED_FIELD_NUMBER: _builtins.int
     snapshot_complete: _builtins.bool
     """True on the last message of the initial snapshot only; false on every later message."""
     resync_complete: _builtins.bool
     """True on the last message of a resync batch sent after a gap (added in v1, additive). Unset
     `job` on a resync marker of a batch that found nothing.
+    """
+    vanished: _builtins.bool
+    """True when the job this message names no longer exists (added in v1, additive): the database
+    failed over and lost its commits, and GetJob answers NOT_FOUND for it now. Only `job.job_id`
+    and `job.user_id` are set; it is the stream's last message for that job (I11). Sent in a
+    resync, before its `resync_complete`, for a job the stream had reported active.
     """
     @_builtins.property
     def job(self) -> _job_pb2.Job:
@@ -396,10 +403,11 @@ class WatchJobsResponse(_message.Message):
         job: _job_pb2.Job | None = ...,
         snapshot_complete: _builtins.bool = ...,
         resync_complete: _builtins.bool = ...,
+        vanished: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "resync_complete", b"resync_complete", "snapshot_complete", b"snapshot_complete"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "resync_complete", b"resync_complete", "snapshot_complete", b"snapshot_complete", "vanished", b"vanished"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/core/v1/run_service.proto.
  */
 export const file_acurio_core_v1_run_service: GenFile = /*@__PURE__*/
-  fileDesc("CiBhY3VyaW8vY29yZS92MS9ydW5fc2VydmljZS5wcm90bxIOYWN1cmlvLmNvcmUudjEiTwoDUnVuEg4KBnJ1bl9pZBgBIAEoCRInCgVzdGF0ZRgCIAEoDjIYLmFjdXJpby5jb3JlLnYxLlJ1blN0YXRlEg8KB21lc3NhZ2UYAyABKAkiKgoJUnVuU291cmNlEgsKA2RvaRgBIAEoCRIQCghjaXRhdGlvbhgCIAEoCSKcAQoQQ3JlYXRlUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSDwoHdXNlcl9pZBgCIAEoCRIUCgxkb2N1bWVudF91cmkYAyABKAkSKgoHc291cmNlcxgEIAMoCzIZLmFjdXJpby5jb3JlLnYxLlJ1blNvdXJjZRIMCgRob2xkGAUgASgIEhcKD2RlbHRhX29mX3J1bl9pZBgGIAEoCSI1ChFDcmVhdGVSdW5SZXNwb25zZRIgCgNydW4YASABKAsyEy5hY3VyaW8uY29yZS52MS5SdW4iIwoRUmVsZWFzZVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIjYKElJlbGVhc2VSdW5SZXNwb25zZRIgCgNydW4YASABKAsyEy5hY3VyaW8uY29yZS52MS5SdW4iIgoQQ2FuY2VsUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiNQoRQ2FuY2VsUnVuUmVzcG9uc2USIAoDcnVuGAEgASgLMhMuYWN1cmlvLmNvcmUudjEuUnVuIh8KDUdldFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIjIKDkdldFJ1blJlc3BvbnNlEiAKA3J1bhgBIAEoCzITLmFjdXJpby5jb3JlLnYxLlJ1biqXAQoIUnVuU3RhdGUSGQoVUlVOX1NUQVRFX1VOU1BFQ0lGSUVEEAASEgoOUlVOX1NUQVRFX0hFTEQQARIVChFSVU5fU1RBVEVfSlVER0lORxACEhcKE1JVTl9TVEFURV9TVUNDRUVERUQQAxIUChBSVU5fU1RBVEVfRkFJTEVEEAQSFgoSUlVOX1NUQVRFX0NBTkNFTEVEEAUyzgIKClJ1blNlcnZpY2USUAoJQ3JlYXRlUnVuEiAuYWN1cmlvLmNvcmUudjEuQ3JlYXRlUnVuUmVxdWVzdBohLmFjdXJpby5jb3JlLnYxLkNyZWF0ZVJ1blJlc3BvbnNlElMKClJlbGVhc2VSdW4SIS5hY3VyaW8uY29yZS52MS5SZWxlYXNlUnVuUmVxdWVzdBoiLmFjdXJpby5jb3JlLnYxLlJlbGVhc2VSdW5SZXNwb25zZRJQCglDYW5jZWxSdW4SIC5hY3VyaW8uY29yZS52MS5DYW5jZWxSdW5SZXF1ZXN0GiEuYWN1cmlvLmNvcmUudjEuQ2FuY2VsUnVuUmVzcG9uc2USRwoGR2V0UnVuEh0uYWN1cmlvLmNvcmUudjEuR2V0UnVuUmVxdWVzdBoeLmFjdXJpby5jb3JlLnYxLkdldFJ1blJlc3BvbnNlYgZwcm90bzM");
+  fileDesc("CiBhY3VyaW8vY29yZS92MS9ydW5fc2VydmljZS5wcm90bxIOYWN1cmlvLmNvcmUudjEigwEKA1J1bhIOCgZydW5faWQYASABKAkSJwoFc3RhdGUYAiABKA4yGC5hY3VyaW8uY29yZS52MS5SdW5TdGF0ZRIPCgdtZXNzYWdlGAMgASgJEjIKCGNyZWF0aW9uGAQgASgLMiAuYWN1cmlvLmNvcmUudjEuQ3JlYXRlUnVuUmVxdWVzdCIqCglSdW5Tb3VyY2USCwoDZG9pGAEgASgJEhAKCGNpdGF0aW9uGAIgASgJIuwBChBDcmVhdGVSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIPCgd1c2VyX2lkGAIgASgJEhQKDGRvY3VtZW50X3VyaRgDIAEoCRIqCgdzb3VyY2VzGAQgAygLMhkuYWN1cmlvLmNvcmUudjEuUnVuU291cmNlEgwKBGhvbGQYBSABKAgSFwoPZGVsdGFfb2ZfcnVuX2lkGAYgASgJEg4KBmpvYl9pZBgHIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYCCABKAkSFgoOcmVxdWVzdF9kaWdlc3QYCSABKAwSDQoFcHJpY2UYCiABKAMiNQoRQ3JlYXRlUnVuUmVzcG9uc2USIAoDcnVuGAEgASgLMhMuYWN1cmlvLmNvcmUudjEuUnVuIiMKEVJlbGVhc2VSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSI2ChJSZWxlYXNlUnVuUmVzcG9uc2USIAoDcnVuGAEgASgLMhMuYWN1cmlvLmNvcmUudjEuUnVuIiIKEENhbmNlbFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIjUKEUNhbmNlbFJ1blJlc3BvbnNlEiAKA3J1bhgBIAEoCzITLmFjdXJpby5jb3JlLnYxLlJ1biIfCg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSIyCg5HZXRSdW5SZXNwb25zZRIgCgNydW4YASABKAsyEy5hY3VyaW8uY29yZS52MS5SdW4iXwoPTGlzdFJ1bnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEg8KB3VzZXJfaWQYAyABKAkSFAoManVkZ2luZ19vbmx5GAQgASgIIk4KEExpc3RSdW5zUmVzcG9uc2USIQoEcnVucxgBIAMoCzITLmFjdXJpby5jb3JlLnYxLlJ1bhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkqlwEKCFJ1blN0YXRlEhkKFVJVTl9TVEFURV9VTlNQRUNJRklFRBAAEhIKDlJVTl9TVEFURV9IRUxEEAESFQoRUlVOX1NUQVRFX0pVREdJTkcQAhIXChNSVU5fU1RBVEVfU1VDQ0VFREVEEAMSFAoQUlVOX1NUQVRFX0ZBSUxFRBAEEhYKElJVTl9TVEFURV9DQU5DRUxFRBAFMp0DCgpSdW5TZXJ2aWNlElAKCUNyZWF0ZVJ1bhIgLmFjdXJpby5jb3JlLnYxLkNyZWF0ZVJ1blJlcXVlc3QaIS5hY3VyaW8uY29yZS52MS5DcmVhdGVSdW5SZXNwb25zZRJTCgpSZWxlYXNlUnVuEiEuYWN1cmlvLmNvcmUudjEuUmVsZWFzZVJ1blJlcXVlc3QaIi5hY3VyaW8uY29yZS52MS5SZWxlYXNlUnVuUmVzcG9uc2USUAoJQ2FuY2VsUnVuEiAuYWN1cmlvLmNvcmUudjEuQ2FuY2VsUnVuUmVxdWVzdBohLmFjdXJpby5jb3JlLnYxLkNhbmNlbFJ1blJlc3BvbnNlEkcKBkdldFJ1bhIdLmFjdXJpby5jb3JlLnYxLkdldFJ1blJlcXVlc3QaHi5hY3VyaW8uY29yZS52MS5HZXRSdW5SZXNwb25zZRJNCghMaXN0UnVucxIfLmFjdXJpby5jb3JlLnYxLkxpc3RSdW5zUmVxdWVzdBogLmFjdXJpby5jb3JlLnYxLkxpc3RSdW5zUmVzcG9uc2ViBnByb3RvMw");
 
 /**
  * A run at the core.
@@ -38,6 +38,16 @@ export type Run = Message<"acurio.core.v1.Run"> & {
    * @generated from field: string message = 3;
    */
   message: string;
+
+  /**
+   * What the run was created with, as the core stored it from its CreateRun (the queue's job
+   * id, idempotency key, digest and price included): enough for the queue to adopt a run whose
+   * job a database failover lost. Always set by ListRuns; GetRun sets it too where the core
+   * still has it; the other methods may leave it unset. (Added additively.)
+   *
+   * @generated from field: acurio.core.v1.CreateRunRequest creation = 4;
+   */
+  creation?: CreateRunRequest | undefined;
 };
 
 /**
@@ -122,6 +132,37 @@ export type CreateRunRequest = Message<"acurio.core.v1.CreateRunRequest"> & {
    * @generated from field: string delta_of_run_id = 6;
    */
   deltaOfRunId: string;
+
+  /**
+   * The queue's job that owns the run (a UUID; empty from older queues). The core stores it and
+   * returns it in `Run.creation`, opaque to the core. (Added additively, like the fields below.)
+   *
+   * @generated from field: string job_id = 7;
+   */
+  jobId: string;
+
+  /**
+   * The idempotency key of the click that admitted the run, stored and returned as it came.
+   *
+   * @generated from field: string idempotency_key = 8;
+   */
+  idempotencyKey: string;
+
+  /**
+   * The digest of the queue's admit request (SHA-256), stored and returned as it came: a
+   * repeated click with the same key and another request stays refused after an adoption.
+   *
+   * @generated from field: bytes request_digest = 9;
+   */
+  requestDigest: Uint8Array;
+
+  /**
+   * The credits the queue charged for the run, stored and returned as it came (not the core's
+   * provider budget).
+   *
+   * @generated from field: int64 price = 10;
+   */
+  price: bigint;
 };
 
 /**
@@ -279,6 +320,77 @@ export const GetRunResponseSchema: GenMessage<GetRunResponse> = /*@__PURE__*/
   messageDesc(file_acurio_core_v1_run_service, 9);
 
 /**
+ * Request for RunService.ListRuns.
+ *
+ * @generated from message acurio.core.v1.ListRunsRequest
+ */
+export type ListRunsRequest = Message<"acurio.core.v1.ListRunsRequest"> & {
+  /**
+   * The most runs to return; 0 means the core's default (at least 100), and the core may cap it
+   * (at most 1000).
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+
+  /**
+   * The `next_page_token` of the previous page; empty for the first page. Opaque.
+   *
+   * @generated from field: string page_token = 2;
+   */
+  pageToken: string;
+
+  /**
+   * Only this user's runs; empty for every user's.
+   *
+   * @generated from field: string user_id = 3;
+   */
+  userId: string;
+
+  /**
+   * Only judging runs (not held ones).
+   *
+   * @generated from field: bool judging_only = 4;
+   */
+  judgingOnly: boolean;
+};
+
+/**
+ * Describes the message acurio.core.v1.ListRunsRequest.
+ * Use `create(ListRunsRequestSchema)` to create a new message.
+ */
+export const ListRunsRequestSchema: GenMessage<ListRunsRequest> = /*@__PURE__*/
+  messageDesc(file_acurio_core_v1_run_service, 10);
+
+/**
+ * Response for RunService.ListRuns.
+ *
+ * @generated from message acurio.core.v1.ListRunsResponse
+ */
+export type ListRunsResponse = Message<"acurio.core.v1.ListRunsResponse"> & {
+  /**
+   * The live runs of this page (held or judging), each with `creation` set.
+   *
+   * @generated from field: repeated acurio.core.v1.Run runs = 1;
+   */
+  runs: Run[];
+
+  /**
+   * The token of the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message acurio.core.v1.ListRunsResponse.
+ * Use `create(ListRunsResponseSchema)` to create a new message.
+ */
+export const ListRunsResponseSchema: GenMessage<ListRunsResponse> = /*@__PURE__*/
+  messageDesc(file_acurio_core_v1_run_service, 11);
+
+/**
  * Where a run is at the core.
  *
  * @generated from enum acurio.core.v1.RunState
@@ -412,6 +524,23 @@ export const RunService: GenService<{
     methodKind: "unary";
     input: typeof GetRunRequestSchema;
     output: typeof GetRunResponseSchema;
+  },
+  /**
+   * Lists the core's live runs (held or judging), each with what it was created with
+   * (`Run.creation`), a page at a time (AIP-158), in a stable order (by run id). The queue
+   * reconciles them against its jobs after a PostgreSQL failover and periodically: a run the
+   * queue lost is adopted back into a job (or canceled), and a user's judging run the queue does
+   * not know keeps her next run held. A run that settles while the pages are read may or may not
+   * appear. Errors: INVALID_ARGUMENT for a malformed page token or a negative page size;
+   * UNAVAILABLE when the core cannot answer now. (Added to the contract additively; the queue
+   * reads UNIMPLEMENTED from an older core as "no list", and then cannot adopt lost runs.)
+   *
+   * @generated from rpc acurio.core.v1.RunService.ListRuns
+   */
+  listRuns: {
+    methodKind: "unary";
+    input: typeof ListRunsRequestSchema;
+    output: typeof ListRunsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_acurio_core_v1_run_service, 0);

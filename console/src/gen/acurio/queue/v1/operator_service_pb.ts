@@ -634,7 +634,8 @@ export type LedgerEntry = Message<"acurio.queue.v1.LedgerEntry"> & {
 
   /**
    * Why: `grant`, `admit`, `cancel`, `completion` (the core's CompleteRun), `release` (a
-   * release the core answered with an ended run), `release_give_up`, `reconcile`,
+   * release the core answered with an ended run), `release_give_up`, `reconcile`, `adopt` (the
+   * charge of a job rebuilt from the core's record after a database failover lost it),
    * `manual_refund` (the runbook's refund by hand), or `unknown` for entries written before the
    * trail existed.
    *

@@ -1,0 +1,298 @@
+"""The core as the second copy (design I14): its live runs reconciled against the jobs.
+
+An asynchronous PostgreSQL failover can lose commits the service acknowledged: admits (their
+jobs, charges and run reservations), releases, completions. The core still holds or judges the
+runs of those jobs. Three things follow, each here:
+
+- **Reconciliation** lists the core's live runs (`RunService.ListRuns`) and, for every run no job
+  owns and no admit has reserved, decides between adopting it back into a job and canceling it.
+  It adopts whenever the core's record suffices (the queue's job id, idempotency key, request
+  digest and price travel with CreateRun and come back in `Run.creation`): the click was
+  acknowledged, the user was told her job exists, and the core did or does the work, so the job
+  comes back with its charge, under its user's lock, idempotently across replicas (the run id and
+  the idempotency key are unique). A judging run comes back RUNNING holding a slot, a held one
+  QUEUED or PENDING by the normal rules. It cancels, and records the loss in `core_runs_lost`
+  for the operator, only when adoption would be wrong or impossible: the record lacks the
+  queue's fields, the same click was admitted again meanwhile (another run now carries it), a
+  delta's base job was lost too, or the user's balance cannot pay the charge again (I3).
+  It runs every QUEUE_CORE_RECONCILE_INTERVAL_SECONDS and at once when the database's identity
+  (system identifier, timeline) changes: a promoted standby starts a new timeline.
+- **I9 at the core** (`release_gate`): before a first-pass release, the core is asked which of
+  the user's first-pass runs are judging; one the queue does not count as holding a slot (its job
+  lost, or ended while the core still judges) holds the release back, retried like a release
+  with no answer, and is adopted (or canceled) at once.
+- **A completion of an unknown run** (`adopt_for_completion`) adopts the run first (the core's
+  record, by GetRun), so the completion applies; while that cannot be decided (the core or the
+  database does not answer) the completion is answered RUN_NOT_YET_ADMITTED, which the core
+  retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from queue_service import errors, telemetry
+from queue_service.config import Config
+from queue_service.core_client import CoreClient
+from queue_service.model import (
+    ClaimedRelease,
+    CoreRun,
+    DatabaseIdentity,
+    JobStatus,
+    LostRun,
+    PromotionLimits,
+    RunFate,
+)
+from queue_service.store import Store
+
+log = logging.getLogger(__name__)
+
+# Orphans settled side by side at most (each asks the core and takes a user's lock).
+_ORPHANS_AT_ONCE = 8
+
+
+@dataclasses.dataclass
+class ReconcileReport:
+    """What one reconciliation found and did."""
+
+    live_runs: int = 0
+    orphans: int = 0
+    adopted: int = 0
+    lost: int = 0
+    supported: bool = True
+    trigger: str = "periodic"
+
+
+class CoreReconciler:
+    """Reconciles the core's live runs against the jobs; one per replica, safe on all at once."""
+
+    def __init__(
+        self,
+        store: Store,
+        core: CoreClient,
+        config: Config,
+        *,
+        wake_dispatcher: Callable[[], None],
+        on_database_replaced: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._store = store
+        self._core = core
+        self._config = config
+        self._limits = PromotionLimits(config.max_active_per_user, config.release_window_seconds, config.release_lease_seconds)
+        self._wake_dispatcher = wake_dispatcher
+        self._on_database_replaced = on_database_replaced
+        self._identity: DatabaseIdentity | None = None
+        self._last_reconciled = float("-inf")
+        self._background: set[asyncio.Task[None]] = set()
+
+    # -- when ------------------------------------------------------------------------------------
+
+    async def database_replaced(self) -> bool:
+        """Whether the database's identity changed since the last look (the first look only
+        learns it). A failover to a promoted standby changes the timeline."""
+        async with self._store.statements() as db:
+            identity = await db.database_identity()
+        previous, self._identity = self._identity, identity
+        if previous is None or identity == previous or identity.timeline_id is None:
+            return False
+        log.warning(
+            "the database changed (system %s timeline %s, was %s timeline %s): reconciling with the core's runs",
+            identity.system_identifier, identity.timeline_id, previous.system_identifier, previous.timeline_id,
+        )
+        self._on_database_replaced()
+        return True
+
+    async def reconcile_if_due(self) -> ReconcileReport | None:
+        """The sweeper's step: reconciles at once after the database changed, else once per
+        QUEUE_CORE_RECONCILE_INTERVAL_SECONDS."""
+        replaced = await self.database_replaced()
+        interval = self._config.core_reconcile_interval_seconds
+        if not replaced and (interval <= 0 or time.monotonic() - self._last_reconciled < interval):
+            return None
+        return await self.reconcile(trigger="database_changed" if replaced else "periodic")
+
+    # -- reconciliation ------------------------------------------------------------------------
+
+    async def reconcile(self, *, trigger: str = "periodic") -> ReconcileReport:
+        """Lists the core's live runs and settles every one the queue does not know."""
+        report = ReconcileReport(trigger=trigger)
+        with telemetry.tracer.start_as_current_span("core.reconcile") as span:
+            span.set_attribute("queue.reconcile.trigger", trigger)
+            try:
+                runs = await self._core.list_runs()
+            except errors.CoreUnavailable:
+                telemetry.metrics.core_reconciliations.add(1, {"trigger": trigger, "result": "unavailable"})
+                raise
+            if runs is None:
+                report.supported = False
+                telemetry.metrics.core_reconciliations.add(1, {"trigger": trigger, "result": "unsupported"})
+                return report
+            report.live_runs = len(runs)
+            orphans = await self._unknown(runs)
+            report.orphans = len(orphans)
+            gate = asyncio.Semaphore(_ORPHANS_AT_ONCE)
+
+            async def settle(run: CoreRun) -> str:
+                async with gate:
+                    try:
+                        return await self.settle_orphan(run)
+                    except errors.QueueError as exc:
+                        log.warning("orphaned run %s not settled yet (%s); the next reconciliation retries", run.run_id, exc.message)
+                        return "retry"
+
+            # Judging runs first: they do hold their users' slots at the core, so they take the
+            # free ones, and a held run adopted after them waits behind (QUEUED), not in front.
+            outcomes = await asyncio.gather(*(settle(run) for run in orphans if run.fate is RunFate.JUDGING))
+            outcomes += await asyncio.gather(*(settle(run) for run in orphans if run.fate is not RunFate.JUDGING))
+            report.adopted = outcomes.count("adopted")
+            report.lost = outcomes.count("lost")
+            self._last_reconciled = time.monotonic()
+            for name, value in dataclasses.asdict(report).items():
+                if name != "trigger":
+                    span.set_attribute(f"queue.reconcile.{name}", value)
+        telemetry.metrics.core_reconciliations.add(1, {"trigger": trigger, "result": "ok"})
+        if report.orphans:
+            log.info("reconciled the core's live runs", extra={"reason": trigger, "amount": report.orphans})
+        return report
+
+    async def _unknown(self, runs: list[CoreRun]) -> list[CoreRun]:
+        """The runs no job owns and no admit has reserved (read after the list: a run listed
+        whose admit committed meanwhile is known by then)."""
+        if not runs:
+            return []
+        async with self._store.statements() as db:
+            unknown = await db.runs_unknown_to_queue(run_ids=[run.run_id for run in runs])
+        return [run for run in runs if run.run_id in unknown]
+
+    async def settle_orphan(self, listed: CoreRun) -> str:
+        """Adopts or cancels one run the queue did not know when it looked: 'adopted', 'lost',
+        or 'known' (a job owns it after all, or an admit is in flight with it)."""
+        # Asked again after the database was read: a run listed before its admit's clean-up
+        # canceled it (and dropped the reservation) is canceled now, never adopted.
+        run = await self._core.get_run_record(listed.run_id)
+        if run is None or run.fate.settled:
+            return "known"
+        return await self._adopt_or_cancel(run)
+
+    async def _adopt_or_cancel(self, run: CoreRun, *, cancel: bool = True) -> str:
+        if not run.adoptable:
+            return await self._lose(run, "record_incomplete", cancel=cancel)
+        adoption = await self._store.adopt_run(run, self._limits, reconcile_after_seconds=self._config.reconcile_after_seconds)
+        if adoption.kind == "adopted":
+            view = adoption.view
+            assert view is not None
+            state = "judging" if run.fate is RunFate.JUDGING else "held"
+            telemetry.metrics.core_runs_adopted.add(1, {"state": state})
+            log.warning(
+                "adopted a run whose job the database had lost",
+                extra={"job_id": view.job_id, "user_id": view.user_id, "run_id": run.run_id, "status": view.status, "amount": run.price},
+            )
+            if view.status is JobStatus.PENDING:
+                self._wake_dispatcher()
+            return "adopted"
+        if adoption.kind in ("known", "reserved"):
+            return "known"
+        return await self._lose(run, adoption.kind, cancel=cancel)
+
+    async def _lose(self, run: CoreRun, reason: str, *, cancel: bool) -> str:
+        """Records the run as lost for the operator, then cancels it (confirmed by the core, or
+        retried by the next reconciliation while it stays live)."""
+        lost = LostRun(run.run_id, run.user_id, run.job_id, run.idempotency_key, run.price, run.fate.value, reason)
+        async with self._store.statements() as db:
+            first = await db.record_lost_run(lost)
+        if first:
+            telemetry.metrics.core_runs_lost.add(1, {"reason": reason})
+            log.warning(
+                "a run whose job the database lost could not be adopted; canceling it",
+                extra={"run_id": run.run_id, "user_id": run.user_id, "job_id": run.job_id, "reason": reason, "amount": run.price},
+            )
+        if cancel:
+            await self._core.cancel_run(run.run_id)
+        return "lost"
+
+    # -- I9 at the core --------------------------------------------------------------------------
+
+    async def release_gate(self, claim: ClaimedRelease) -> str | None:
+        """Why this first-pass release must wait, or None. It waits while the core reports as
+        many of the user's other first-pass runs judging as her limit, counting those whose job
+        holds a slot and those no job knows: the core's count, where the database's may have
+        forgotten a judging run in a failover (I9). A run whose job ended with the core's
+        confirmation that it settled is not counted. The unknown ones are adopted (or canceled)
+        at once. Raises CoreUnavailable when the
+        core does not answer (the release waits, as for no answer)."""
+        runs = await self._core.list_runs(user_id=claim.user_id, judging_only=True)
+        others = [run for run in runs or () if run.first_pass and run.run_id != claim.run_id]
+        if not others:
+            return None
+        run_ids = [run.run_id for run in others]
+        async with self._store.statements() as db:
+            limit = await db.user_slot_limit(user_id=claim.user_id, default_max_active=self._config.max_active_per_user)
+            counted = await db.runs_taking_a_slot(run_ids=run_ids)
+            unknown = await db.runs_unknown_to_queue(run_ids=run_ids) if counted else set()
+        for run in others:
+            if run.run_id in unknown:
+                self._in_background(self._settle_stray(run), name=f"settle-stray-{run.run_id}")
+        if len(counted) < limit:
+            return None
+        telemetry.metrics.releases_held_for_core.add(1)
+        first = next(run.run_id for run in others if run.run_id in counted)
+        return (
+            f"the core reports {len(counted)} other first-pass run(s) of this user judging (run {first} first),"
+            f" her limit is {limit}: the release waits until one settles"
+        )
+
+    async def _settle_stray(self, run: CoreRun) -> None:
+        try:
+            await self.settle_orphan(run)
+        except errors.QueueError as exc:
+            log.warning("a judging run the queue does not count was not settled yet (%s); reconciliation retries", exc.message)
+
+    def _in_background(self, work: Coroutine[Any, Any, None], *, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- completions of unknown runs ---------------------------------------------------------------
+
+    async def adopt_for_completion(self, run_id: uuid.UUID) -> bool:
+        """A CompleteRun came for a run no job owns: adopts it from the core's record (as the
+        judging run it was) so the completion can apply. True when a job owns the run now; False
+        when it never will (the core does not know it, or it could not be adopted: recorded as
+        lost). Raises RunNotYetAdmitted while an admit is still in flight with it, and the
+        core's or the database's unavailability while it cannot be decided."""
+        with telemetry.tracer.start_as_current_span("core.adopt_for_completion") as span:
+            span.set_attribute("queue.run_id", str(run_id))
+            run = await self._core.get_run_record(run_id)
+            if run is None:
+                return False
+            if not run.adoptable:
+                await self._lose(run, "record_incomplete", cancel=False)
+                return False
+            telemetry.metrics.core_reconciliations.add(1, {"trigger": "completion", "result": "ok"})
+            # It was judging when the database lost its job: adopted RUNNING, then completed.
+            judged = dataclasses.replace(run, fate=RunFate.JUDGING)
+            adoption = await self._store.adopt_run(judged, self._limits, reconcile_after_seconds=self._config.reconcile_after_seconds)
+            span.set_attribute("queue.adoption", adoption.kind)
+            if adoption.kind == "reserved":
+                raise errors.RunNotYetAdmitted(
+                    f"the admit of run {run_id} has not committed yet; retry the completion shortly", metadata={"runId": str(run_id)}
+                )
+            if adoption.kind in ("adopted", "known"):
+                if adoption.kind == "adopted":
+                    telemetry.metrics.core_runs_adopted.add(1, {"state": "finished"})
+                    log.warning("adopted a finished run whose job the database had lost", extra={"run_id": run_id, "user_id": run.user_id})
+                return True
+            await self._lose(run, adoption.kind, cancel=False)
+            return False
+
+    async def stop(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=1.0)

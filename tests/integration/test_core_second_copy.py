@@ -1,0 +1,414 @@
+"""The core as the second copy (design I14): what an asynchronous PostgreSQL failover lost is
+rebuilt from the core's live runs.
+
+No Patroni here: the lost-commit case is simulated by deleting, directly in the database, what a
+failover to a lagging standby would have lost (the jobs' rows, their ledger entries and balance
+movements, their reservations and feed rows), while the dev core still holds or judges their
+runs. Then, through the public API: the orphaned runs are adopted back into their jobs with their
+charges (or canceled and recorded when the click was admitted again), no user has two first-pass
+runs judging at the core (the dev core counts), a completion of a lost run ends up applied, and
+after reconciliation every live core run belongs to a live job (I10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import psycopg
+import pytest
+
+from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service.dev.core import AnswerFault
+from tests.harness import S, InvariantChecker, new_user
+
+HELD, JUDGING, CANCELED = core_pb2.RUN_STATE_HELD, core_pb2.RUN_STATE_JUDGING, core_pb2.RUN_STATE_CANCELED
+
+
+def lose_commits(database_url: str, job_ids: list[str]) -> None:
+    """What a failover to a standby that had not received these jobs' commits leaves: no job, no
+    charge (the balance as before), no reservation, no feed row."""
+    ids = [uuid.UUID(j) for j in job_ids]
+    with psycopg.connect(database_url, autocommit=True) as conn, conn.transaction():
+        runs = [row[0] for row in conn.execute("SELECT run_id FROM analysis_jobs WHERE job_id = ANY(%s)", (ids,)).fetchall()]
+        conn.execute(
+            """UPDATE credit_accounts c SET balance = c.balance - s.total
+                 FROM (SELECT user_id, sum(amount) AS total FROM credit_ledger WHERE job_id = ANY(%s) GROUP BY user_id) s
+                WHERE c.user_id = s.user_id""",
+            (ids,),
+        )
+        conn.execute("DELETE FROM credit_ledger WHERE job_id = ANY(%s)", (ids,))
+        conn.execute("DELETE FROM analysis_job_feed WHERE job_id = ANY(%s)", (ids,))
+        conn.execute("DELETE FROM analysis_jobs WHERE job_id = ANY(%s)", (ids,))
+        conn.execute("DELETE FROM run_reservations WHERE run_id = ANY(%s)", (runs,))
+
+
+def orphans(core, database_url: str) -> list[str]:
+    """Live runs at the core that no live job owns (I10)."""
+    live = list(core.live_runs())
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        owned = {
+            str(row[0])
+            for row in conn.execute(
+                "SELECT run_id FROM analysis_jobs WHERE run_id = ANY(%s::uuid[]) AND status IN ('queued', 'pending', 'running')", (live,)
+            ).fetchall()
+        }
+    return [run_id for run_id in live if run_id not in owned]
+
+
+async def eventually(check, timeout: float = 10.0, what: str = "condition"):
+    give_up_at = time.monotonic() + timeout
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > give_up_at:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def test_lost_jobs_are_adopted_back_with_their_charges_and_the_core_never_judges_two(services, database_url: str) -> None:
+    """A RUNNING job (its run judging) and a QUEUED one (its run held) are lost; the user admits
+    again on the "new primary", whose free slot goes to the new job. Its release is held back
+    while the core judges the lost run (I9 at the core); reconciliation adopts both lost runs
+    with their original job ids and charges; everything then runs to the end, one at a time."""
+    core = await services.core()
+    service = await services.start(core, release_backoff_max_seconds=0.1)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 5)
+    running = await stubs.admit(user)
+    queued = await stubs.admit(user)
+    await stubs.wait_for(running.job_id, S.JOB_STATUS_RUNNING)
+    assert core.runs[running.run_id].state == JUDGING and core.runs[queued.run_id].state == HELD
+    assert await stubs.balance(user) == 3
+
+    lose_commits(database_url, [running.job_id, queued.job_id])
+    assert await stubs.balance(user) == 5
+    with pytest.raises(grpc.aio.AioRpcError) as lost:
+        await stubs.job(running.job_id)
+    assert lost.value.code() == grpc.StatusCode.NOT_FOUND
+
+    # After the failover: a new click takes the slot the new primary thinks is free.
+    later = await stubs.admit(user)
+    assert later.status == S.JOB_STATUS_PENDING
+    await asyncio.sleep(0.5)  # the dispatcher tries to release it meanwhile
+    assert core.runs[later.run_id].state == HELD, "released while the core judged the user's lost run (I9)"
+    assert core.max_concurrent_judging[user] == 1
+
+    # The held-back release adopted the judging run already; reconciliation adopts the held one.
+    report = await service.app.reconciler.reconcile()
+    assert report.orphans == report.adopted and report.adopted >= 1, report
+    adopted_running = await stubs.job(running.job_id)
+    adopted_queued = await stubs.job(queued.job_id)
+    assert adopted_running.status == S.JOB_STATUS_RUNNING and adopted_running.run_id == running.run_id
+    assert adopted_queued.status == S.JOB_STATUS_QUEUED and adopted_queued.run_id == queued.run_id
+    assert await stubs.balance(user) == 2  # three clicks acknowledged, three charges
+    assert orphans(core, database_url) == []
+    # Reconciling again (another replica, the next pass) changes nothing.
+    again = await service.app.reconciler.reconcile()
+    assert again.orphans == 0
+
+    # Everything runs to the end, one at a time at the core.
+    core.judging_seconds = 0.05
+    core.start_judging()
+    for job in (running, later, queued):
+        await stubs.wait_for(job.job_id, S.JOB_STATUS_SUCCEEDED, timeout=20)
+    assert core.max_concurrent_judging[user] == 1
+    assert await stubs.balance(user) == 2
+    checker = InvariantChecker(database_url)
+    assert checker.i3_ledger() == [] and checker.i1_slot_limit() == []
+    assert orphans(core, database_url) == []
+
+
+async def test_a_completion_of_a_lost_run_is_adopted_and_applied(services, database_url: str) -> None:
+    """The core finishes a run whose job the failover lost: its CompleteRun is not refused for
+    good; the run is adopted from the core's record and the completion applied, with the charge."""
+    core = await services.core()
+    service = await services.start(core)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 3)
+    job = await stubs.admit(user)
+    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    lose_commits(database_url, [job.job_id])
+
+    answer = await core.finish(job.run_id, succeeded=True)
+    assert answer is not None, "the completion of the lost run was refused"
+    finished = await stubs.job(job.job_id)
+    assert finished.status == S.JOB_STATUS_SUCCEEDED and finished.run_id == job.run_id
+    assert await stubs.balance(user) == 2
+    assert InvariantChecker(database_url).i3_ledger() == []
+    # The user's next click runs at once: the adopted job's slot was freed by its completion.
+    following = await stubs.admit(user)
+    assert (await stubs.wait_for(following.job_id, S.JOB_STATUS_RUNNING)).run_id == following.run_id
+
+
+async def test_a_completion_racing_reconciliation_on_two_replicas_applies_once(services, database_url: str) -> None:
+    """The core's CompleteRun of lost runs reaches one replica while another reconciles the same
+    runs: each run is adopted once (under its user's lock), each completion applied once, each
+    user charged once."""
+    core = await services.core()
+    one = await services.start(core)
+    other = await services.start(core)
+    core.set_callback_addr(one.address)
+    users = [new_user() for _ in range(5)]
+    lost = []
+    for user in users:
+        await one.stubs.grant(user, 2)
+        lost.append(await one.stubs.admit(user))
+    for job in lost:
+        await one.stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    lose_commits(database_url, [job.job_id for job in lost])
+
+    # Every GetRun answered 0.3 s late: the reconciliation has seen the runs judging and is
+    # about to adopt them when the completions arrive and adopt them too.
+    core.answer_faults["GetRun"] = AnswerFault("late", 0.3)
+    listed_before = core.list_calls
+    reconciling = asyncio.ensure_future(other.app.reconciler.reconcile())
+    await eventually(lambda: core.list_calls > listed_before, what="the reconciliation to list the runs")
+    await asyncio.sleep(0.1)
+    answers = await asyncio.gather(*(core.finish(job.run_id) for job in lost))
+    report = await reconciling
+    assert all(answer is not None for answer in answers), "a completion of a lost run was refused"
+    assert report.orphans == len(lost), report
+    for job, user in zip(lost, users, strict=True):
+        assert (await other.stubs.job(job.job_id)).status == S.JOB_STATUS_SUCCEEDED
+        assert await other.stubs.balance(user) == 1
+    checker = InvariantChecker(database_url)
+    assert checker.i3_ledger() == []
+    assert checker.count(f"SELECT count(*) FROM credit_ledger WHERE kind = 'charge' AND user_id = ANY(ARRAY{users})") == len(users)
+    assert orphans(core, database_url) == []
+
+
+async def test_a_lost_run_whose_click_was_admitted_again_is_canceled_and_recorded(services, database_url: str) -> None:
+    """The user retried her click (same idempotency key) on the new primary before reconciliation:
+    the retry's job holds the key, so the lost run is canceled at the core (never judged beside
+    the retry's) and its loss recorded for the operator; she is charged once."""
+    core = await services.core()
+    service = await services.start(core, release_backoff_max_seconds=0.1)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 3)
+    key = uuid.uuid4().hex
+    first = await stubs.admit(user, key)
+    await stubs.wait_for(first.job_id, S.JOB_STATUS_RUNNING)
+    lose_commits(database_url, [first.job_id])
+
+    retry = await stubs.admit(user, key)
+    assert retry.job_id != first.job_id  # the new primary never saw the first
+    # The retry's release waits for the lost run, which the release gate settles at once.
+    running = await stubs.wait_for(retry.job_id, S.JOB_STATUS_RUNNING, timeout=15)
+    assert running.run_id == retry.run_id
+    assert core.runs[first.run_id].state == CANCELED
+    assert core.max_concurrent_judging[user] == 1
+    assert await stubs.balance(user) == 2
+    rows = InvariantChecker(database_url).rows(f"SELECT reason, core_state, idempotency_key FROM core_runs_lost WHERE run_id = '{first.run_id}'")
+    assert rows == [("key_taken", "judging", key)]
+    assert orphans(core, database_url) == []
+
+
+async def test_two_replicas_reconciling_at_once_adopt_each_run_once(services, database_url: str) -> None:
+    """Adoption is idempotent across replicas: both reconcile the same orphans at the same time;
+    each lost job comes back once, charged once."""
+    core = await services.core()
+    one = await services.start(core)
+    other = await services.start(core)
+    users = [new_user() for _ in range(6)]
+    lost: list[str] = []
+    for user in users:
+        await one.stubs.grant(user, 2)
+        lost.append((await one.stubs.admit(user)).job_id)
+    for job_id in lost:
+        await one.stubs.wait_for(job_id, S.JOB_STATUS_RUNNING)
+    lose_commits(database_url, lost)
+    # The core's list comes a page at a time: every live run, once, whatever the page size.
+    listed = await one.app.core.list_runs(page_size=4)
+    assert sorted(str(run.run_id) for run in listed) == sorted(core.live_runs()) and core.list_calls >= 2
+
+    reports = await asyncio.gather(one.app.reconciler.reconcile(), other.app.reconciler.reconcile())
+    assert sum(r.adopted for r in reports) == len(lost), reports
+    for job_id, user in zip(lost, users, strict=True):
+        assert (await other.stubs.job(job_id)).status == S.JOB_STATUS_RUNNING
+        assert await other.stubs.balance(user) == 1
+    assert InvariantChecker(database_url).i3_ledger() == []
+    assert orphans(core, database_url) == []
+
+
+async def test_the_sweeper_reconciles_and_reads_the_database_identity(services, database_url: str) -> None:
+    """The sweeper's pass runs the reconciliation (the first pass of a replica always does), and
+    the database's identity (its timeline) is readable, so a failover is noticed."""
+    core = await services.core()
+    service = await services.start(core)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 2)
+    job = await stubs.admit(user)
+    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    lose_commits(database_url, [job.job_id])
+    report = await service.app.sweeper.sweep_once()
+    assert report.runs_adopted == 1
+    assert (await stubs.job(job.job_id)).status == S.JOB_STATUS_RUNNING
+    async with service.app.store.statements() as db:
+        identity = await db.database_identity()
+    assert identity.timeline_id is not None and identity.timeline_id >= 1 and identity.system_identifier
+    assert await service.app.reconciler.database_replaced() is False
+
+
+async def test_a_watch_stream_learns_that_a_job_vanished(services, database_url: str) -> None:
+    """A stream announced a job the new primary does not have: after the failover (the database
+    replaced: the stream resyncs) its last message for the job says it vanished, as GetJob's
+    NOT_FOUND does (I11)."""
+    core = await services.core()
+    service = await services.start(core)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 3)
+    kept = await stubs.admit(user)
+    gone = await stubs.admit(user)
+    call = stubs.queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id=user))
+    seen: dict[str, object] = {}
+    vanished: list[str] = []
+
+    async def read() -> None:
+        async for message in call:
+            if message.vanished:
+                vanished.append(message.job.job_id)
+            elif message.HasField("job"):
+                seen[message.job.job_id] = message.job.status
+
+    reader = asyncio.ensure_future(read())
+    try:
+        await eventually(lambda: gone.job_id in seen and kept.job_id in seen, what="the snapshot")
+        lose_commits(database_url, [gone.job_id])
+        service.app.hub.database_replaced()
+        await eventually(lambda: gone.job_id in vanished, what="the vanished marker")
+        assert kept.job_id not in vanished
+    finally:
+        call.cancel()
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await stubs.job(gone.job_id)
+
+
+def _replay_caught_up(primary_dsn: str, standby_dsn: str) -> bool:
+    with psycopg.connect(primary_dsn, autocommit=True) as primary, psycopg.connect(standby_dsn, autocommit=True) as standby:
+        written = primary.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        return bool(standby.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (str(written),)).fetchone()[0])
+
+
+async def test_an_asynchronous_failover_is_noticed_and_what_it_lost_is_adopted(services) -> None:
+    """A real failover without Patroni: a primary and a streaming standby (pg_basebackup), the
+    service behind a proxy that follows the primary. The standby stops receiving WAL, the service
+    admits (acknowledged, never replicated), the primary dies and the standby is promoted (a new
+    timeline). Without any call to the service's internals: the replica notices the new timeline,
+    reconciles with the core's runs and adopts the lost jobs with their charges, and asks the core
+    at once about running jobs (a completion acknowledged by the old primary was lost); the core
+    never judges two runs of the user; a WatchJobs stream converges on what GetJob says (I11)."""
+    from queue_service.dev.embedded_postgres import EmbeddedPostgres
+    from tests.faults import TcpProxy
+
+    # Not under pytest's tmp_path: another pytest session resets its base folder to 0700, and the
+    # embedded server may run as its own system user.
+    state = Path(tempfile.mkdtemp(prefix="acurio-queue-failover-"))
+    primary = EmbeddedPostgres(state / "primary", durable=False, max_connections=100)
+    primary.start()
+    standby: EmbeddedPostgres | None = None
+    proxy = TcpProxy(primary.dsn("queue"))
+    try:
+        with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE queue")
+        await proxy.up()
+        core = await services.core()
+        service = await services.start(core, database_url=proxy.dsn(), migrate_on_start=True, sweep_interval_seconds=3600.0)
+        stubs = service.stubs
+        survivor_user, user = new_user(), new_user()
+        await stubs.grant(survivor_user, 2)
+        await stubs.grant(user, 5)
+        kept = await stubs.admit(survivor_user)
+        await stubs.wait_for(kept.job_id, S.JOB_STATUS_RUNNING)
+
+        # The standby: a base backup that streams, then stops receiving (lagging without bound).
+        standby = EmbeddedPostgres(state / "standby", durable=False, max_connections=100)
+        standby.data_dir.mkdir(mode=0o700)
+        if primary._run_as is not None:
+            account = pwd.getpwnam(primary._run_as)
+            os.chown(standby.data_dir, account.pw_uid, account.pw_gid)
+        primary._pg("pg_basebackup", "-D", str(standby.data_dir), "-d", primary.dsn(), "-X", "stream", "-R", "-c", "fast", timeout=120)
+        standby.start()
+        await eventually(lambda: _replay_caught_up(primary.dsn(), standby.dsn()), timeout=30, what="the standby to catch up")
+        with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET primary_conninfo = ''")
+            conn.execute("SELECT pg_reload_conf()")
+        await asyncio.sleep(1.0)
+
+        # Acknowledged on the primary only: a completion of a surviving job, and two admits.
+        assert await core.finish(kept.run_id) is not None
+        assert (await stubs.job(kept.job_id)).status == S.JOB_STATUS_SUCCEEDED
+        running = await stubs.admit(user)
+        queued = await stubs.admit(user)
+        await stubs.wait_for(running.job_id, S.JOB_STATUS_RUNNING)
+        assert core.runs[running.run_id].state == JUDGING and core.runs[queued.run_id].state == HELD
+        assert await stubs.balance(user) == 3
+        call = stubs.queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id=user))
+        last: dict[str, object] = {}
+
+        async def read() -> None:
+            async for message in call:
+                if message.HasField("job") and message.job.job_id:
+                    last[message.job.job_id] = "vanished" if message.vanished else message.job.status
+
+        reader = asyncio.ensure_future(read())
+        try:
+            await eventually(lambda: running.job_id in last and queued.job_id in last, what="the stream's snapshot")
+
+            # The primary's node dies; the standby is promoted; the proxy follows it.
+            primary.stop(mode="immediate")
+            proxy.retarget(standby.dsn("queue"))
+            await proxy.cut()
+            with psycopg.connect(standby.dsn("queue"), autocommit=True) as conn:
+                conn.execute("SELECT pg_promote(true, 30)")
+                assert conn.execute("SELECT count(*) FROM analysis_jobs WHERE job_id = %s", (uuid.UUID(running.job_id),)).fetchone()[0] == 0
+
+            async def adopted() -> bool:
+                try:
+                    return (await stubs.job(running.job_id)).status == S.JOB_STATUS_RUNNING and (await stubs.job(queued.job_id)).status == S.JOB_STATUS_QUEUED
+                except grpc.aio.AioRpcError:
+                    return False
+
+            promoted_at = time.monotonic()
+            await eventually(adopted, timeout=30, what="the lost jobs to be adopted after the failover")
+            print(f"lost jobs adopted {time.monotonic() - promoted_at:.2f} s after the standby's promotion")
+            # The surviving job whose completion was lost is asked about at the core at once,
+            # not QUEUE_RECONCILE_AFTER_SECONDS (15 min) after its start.
+            await stubs.wait_for(kept.job_id, S.JOB_STATUS_SUCCEEDED, timeout=10)
+            print(f"lost completion reconciled {time.monotonic() - promoted_at:.2f} s after the standby's promotion")
+            assert await stubs.balance(user) == 3
+            assert core.max_concurrent_judging[user] == 1
+            assert orphans(core, standby.dsn("queue")) == []
+
+            # The rest runs to the end, one at a time; the stream converges on GetJob.
+            core.judging_seconds = 0.05
+            core.start_judging()
+            for job in (running, queued):
+                await stubs.wait_for(job.job_id, S.JOB_STATUS_SUCCEEDED, timeout=20)
+            assert core.max_concurrent_judging[user] == 1
+            await eventually(lambda: last.get(queued.job_id) == S.JOB_STATUS_SUCCEEDED, what="the stream to converge")
+            assert last[running.job_id] == S.JOB_STATUS_SUCCEEDED
+            assert InvariantChecker(standby.dsn("queue")).all_violations() == []
+        finally:
+            call.cancel()
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+    finally:
+        await proxy.down()
+        if standby is not None:
+            standby.stop(mode="immediate")
+        primary.stop(mode="immediate")
+        shutil.rmtree(state, ignore_errors=True)
