@@ -131,6 +131,10 @@ class _Instruments:
             "queue.db.stale_connections", unit="{connection}",
             description="Pooled connections found closed by the server (a restart, a failover) when about to be lent, and replaced without failing a call",
         )
+        self.read_only_connections = meter.create_counter(
+            "queue.db.read_only_connections", unit="{connection}",
+            description="Pooled connections closed because a write on them met a read-only node (a standby reached mid-failover); the call was answered DATABASE_UNAVAILABLE",
+        )
         self.abandoned_connections = meter.create_counter(
             "queue.db.abandoned_connections", unit="{connection}",
             description="Connections given up because a statement outlived its call's deadline and the server did not end it when cancelled (a frozen or unreachable database)",

@@ -150,7 +150,15 @@ async def checkout(pool: AsyncConnectionPool[DictConnection]) -> AsyncIterator[D
     if wait <= 0:
         raise errors.DatabaseUnavailable("no time was left in the call's deadline to reach the database; retry the call")
     async with pool.connection(timeout=wait) as conn:
-        yield conn
+        try:
+            yield conn
+        except pg_errors.ReadOnlySqlTransaction:
+            # The connection reached a standby (mid-failover, a router still sending some new
+            # connections to the old or not yet promoted member): closed, the pool replaces it
+            # through the route, which leads to the primary, instead of lending it again.
+            telemetry.metrics.read_only_connections.add(1)
+            await conn.close()
+            raise
 
 
 @asynccontextmanager

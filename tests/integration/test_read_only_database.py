@@ -6,7 +6,8 @@ tests/failover/test_patroni_failover.py: Admits answered INTERNAL around a promo
 
 The fault, for real and cheaply: the database's sessions default to read-only
 (`default_transaction_read_only`), and the service's connections are cut so that it reconnects
-into read-only sessions."""
+into read-only sessions. A connection that met a read-only node is closed, so the pool's next
+one follows the route to the primary."""
 
 from __future__ import annotations
 
@@ -47,9 +48,10 @@ async def test_a_write_on_a_read_only_node_is_retryable_unavailable(services: Se
     finally:
         with psycopg.connect(database_url, autocommit=True, options="-c default_transaction_read_only=off") as conn:
             conn.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')  # type: ignore[arg-type]
-        _cut_connections(database_url)
-    # Writable again: the same replica admits once its pool has replaced the cut connections
-    # (a caller retries UNAVAILABLE with the same key).
+    # The route leads to a writable node again (here: new sessions are writable; the read-only
+    # ones stay so). The replica admits once its pool has closed each connection that met the
+    # read-only node and opened new ones: no connection is lent forever to a standby. A caller
+    # retries UNAVAILABLE with the same key.
     key = uuid.uuid4().hex
     for _ in range(50):
         try:
