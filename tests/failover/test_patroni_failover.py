@@ -130,6 +130,8 @@ class Record:
     streams: dict[str, dict[str, job_pb2.Job]] = dataclasses.field(default_factory=dict)
     stream_last_message: dict[str, float] = dataclasses.field(default_factory=dict)
     stream_snapshot_done: dict[str, bool] = dataclasses.field(default_factory=dict)
+    # how each watched user's streams ended ("OK" or code/reason), in order
+    stream_ends: dict[str, list[str]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
 
 
 class Fleet:
@@ -225,8 +227,9 @@ async def watch_loop(fleet: Fleet, route: str, user: str, record: Record, stop: 
                     record.streams[user][message.job.job_id] = message.job
                 if message.snapshot_complete:
                     record.stream_snapshot_done[user] = True
-        except grpc.aio.AioRpcError:
-            pass
+            record.stream_ends[user].append("OK")
+        except grpc.aio.AioRpcError as exc:
+            record.stream_ends[user].append(f"{exc.code().name}/{error_info(exc)[1] or '-'}")
         except asyncio.CancelledError:
             call.cancel()
             raise
@@ -279,8 +282,14 @@ def measure(record: Record, fault: str, fault_at: float, window_end: float, old_
     )
 
 
-def _port_of(cluster: PatroniCluster, name: str) -> int:
-    return cluster.member(name).pg_port
+def admit_latency(record: Record, before: float) -> dict[str, float]:
+    """Median and 95th percentile of Admit calls answered at the first try before `before` (no
+    fault yet): the service's lag includes one such call."""
+    failed_keys = {a.key for a in record.acks if any(a.sent_at <= t <= a.answered_at for _, t in record.failures)}
+    took = sorted(a.answered_at - a.sent_at for a in record.acks if a.answered_at < before and a.key not in failed_keys)
+    if not took:
+        return {}
+    return {"median": round(took[len(took) // 2], 3), "p95": round(took[int(len(took) * 0.95)], 3)}
 
 
 async def _new_timeline(cluster: PatroniCluster, before: int) -> int:
@@ -389,7 +398,15 @@ class Run:
             now = time.monotonic()
             return all(record.stream_snapshot_done.get(u) and now - record.stream_last_message.get(u, 0) >= quiet for u in watched)
 
-        await _until(settled, timeout, "the WatchJobs streams settled")
+        try:
+            await _until(settled, timeout, "the WatchJobs streams settled")
+        except AssertionError:
+            now = time.monotonic()
+            state = {
+                u: (record.stream_snapshot_done.get(u), round(now - record.stream_last_message.get(u, 0), 1), record.stream_ends[u][-5:])
+                for u in watched
+            }
+            return [f"I11: the WatchJobs streams did not settle within {timeout:.0f} s: (snapshot, quiet for, last ends) {state}"]
         stubs = self.fleet.replicas["haproxy"].stubs
         problems = []
         for user in watched:
@@ -462,6 +479,7 @@ async def _synchronous_cycles(database: Database) -> None:
     started = time.monotonic()
     async with Run(database) as run:
         await asyncio.sleep(3.0)
+        first_fault_at = time.monotonic()
         while True:
             faults.append(await switchover(cluster, run.record))
             await asyncio.to_thread(cluster.wait_replicas_streaming)  # the old primary follows, synchronously
@@ -489,7 +507,9 @@ async def _synchronous_cycles(database: Database) -> None:
             "acknowledged_admits": len(record.acks),
             "lost_or_unfinished": len(not_finished),
             "failed_attempts_by_reason": dict(record.failure_kinds),
+            "admit_latency_before_faults": admit_latency(record, first_fault_at),
             "faults": faults,
+            "i11_problems": len(i11),
             **{k: len(v) for k, v in core.items()},
         },
     )
@@ -601,6 +621,7 @@ async def _asynchronous_failover(database: Database) -> AsyncOutcome:
             "lost_acknowledged_admits": len(lost),
             "wal_at_crash": wal,
             "failed_attempts_by_reason": dict(record.failure_kinds),
+            "admit_latency_before_faults": admit_latency(record, stalled_at),
             "fault": figures,
             **{k: len(v) for k, v in core.items()},
         },
