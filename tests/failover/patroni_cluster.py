@@ -46,6 +46,8 @@ SUPERUSER = "postgres"
 # node replaced within about TTL seconds; loop_wait + 2 * retry_timeout stays within the TTL.
 TTL = int(os.environ.get("QUEUE_FAILOVER_PATRONI_TTL", "10"))
 LOOP_WAIT = 1
+# Failed /primary checks (0.5 s apart) before HAProxy marks a member down and cuts its sessions.
+HAPROXY_FALL = int(os.environ.get("QUEUE_FAILOVER_HAPROXY_FALL", "2"))
 RETRY_TIMEOUT = 3
 
 T = TypeVar("T")
@@ -327,6 +329,10 @@ class PatroniCluster:
                 },
                 "pg_hba": hba,
                 "parameters": {"unix_socket_directories": str(member.folder)},
+                # A crashed primary that pg_rewind cannot bring onto the new timeline is cloned
+                # afresh instead of staying down.
+                "remove_data_directory_on_rewind_failure": True,
+                "remove_data_directory_on_diverged_timelines": True,
             },
         }
 
@@ -345,7 +351,7 @@ class PatroniCluster:
             "defaults\n    mode tcp\n    timeout connect 2s\n    timeout client 30m\n    timeout server 30m\n    timeout check 1s\n"
             f"listen primary\n    bind 127.0.0.1:{self.haproxy_port}\n"
             "    option httpchk GET /primary\n    http-check expect status 200\n"
-            "    default-server inter 500ms fall 2 rise 1 on-marked-down shutdown-sessions\n"
+            f"    default-server inter 500ms fall {HAPROXY_FALL} rise 1 on-marked-down shutdown-sessions\n"
             f"{servers}\n"
         )
         self._haproxy = self._spawn(["haproxy", "-db", "-f", str(config)], self.folder / "haproxy.log", as_postgres=False)
@@ -393,20 +399,32 @@ class PatroniCluster:
             if self._etcd.poll() is None:
                 self._etcd.kill()
                 self._etcd.wait(timeout=5)
+        keep = os.environ.get("QUEUE_FAILOVER_KEEP_LOGS")
+        if keep:  # for a failure's post-mortem: every log of the cluster, the data removed
+            target = Path(keep) / self.folder.name
+            target.mkdir(parents=True, exist_ok=True)
+            for log in self.folder.rglob("*.log"):
+                with contextlib.suppress(OSError):
+                    shutil.copy(log, target / f"{log.parent.name}-{log.name}")
         shutil.rmtree(self.folder, ignore_errors=True)
 
     @contextlib.contextmanager
     def stop_on_sigterm(self) -> Iterator[None]:
-        """While inside, SIGTERM to the test process stops the cluster before the process ends."""
+        """While inside, SIGTERM to the test process unwinds it as Ctrl-C does (KeyboardInterrupt),
+        so every finalizer runs: the test's own (its replicas) and the fixture's `stop()`. A
+        second SIGTERM stops the cluster at once and ends the process."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
         previous = signal.getsignal(signal.SIGTERM)
+        received = []
 
         def handler(signum: int, frame: Any) -> None:
+            received.append(signum)
+            if len(received) == 1:
+                raise KeyboardInterrupt("SIGTERM")
             self.stop()
-            signal.signal(signal.SIGTERM, previous)
-            os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(128 + signal.SIGTERM)
 
         signal.signal(signal.SIGTERM, handler)
         try:
