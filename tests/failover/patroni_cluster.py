@@ -63,7 +63,7 @@ def missing() -> str:
     """Why a Patroni cluster cannot run here ("" when it can)."""
     for program, package in (("patroni", "patroni"), ("patronictl", "patroni"), ("etcd", "etcd-server"), ("haproxy", "haproxy")):
         if shutil.which(program) is None:
-            return f"needs Debian's {package} ({program} not found; apt-get install patroni etcd-server haproxy)"
+            return f"needs Debian's {package} ({program} not found; apt-get install patroni etcd-server haproxy postgresql)"
     if not postgres_bin_dir():
         return "needs Debian's PostgreSQL server (/usr/lib/postgresql/*/bin/postgres; a dependency of patroni)"
     if os.geteuid() == 0:
