@@ -346,9 +346,12 @@ class PatroniCluster:
         config = self.folder / "haproxy.cfg"
         # Patroni's documented HAProxy setup, with checks twice a second: a demoted or dead
         # primary is marked down after two failed checks and its sessions are cut at once.
+        # HAProxy waits min(timeout connect, 1 s) before retrying a refused connection: kept
+        # short, and the retry redispatched, so reconnections during a switchover do not sit
+        # a second on the old primary while it restarts.
         config.write_text(
             f"global\n    maxconn 1000\n    stats socket {self.folder / 'haproxy.sock'} mode 600 level admin\n"
-            "defaults\n    mode tcp\n    timeout connect 2s\n    timeout client 30m\n    timeout server 30m\n    timeout check 1s\n"
+            "defaults\n    mode tcp\n    option redispatch 1\n    retries 2\n    timeout connect 250ms\n    timeout client 30m\n    timeout server 30m\n    timeout check 1s\n"
             f"listen primary\n    bind 127.0.0.1:{self.haproxy_port}\n"
             "    option httpchk GET /primary\n    http-check expect status 200\n"
             f"    default-server inter 500ms fall {HAPROXY_FALL} rise 1 on-marked-down shutdown-sessions\n"
