@@ -523,8 +523,9 @@ async def _synchronous_cycles(database: Database) -> None:
     assert i11 == [], i11
     for fault in faults:
         # The service follows the database: its first OK admit within about a second of the new
-        # primary taking commits (the figure is printed; 2 s of slack for a loaded machine).
-        assert max(fault.service_lag.values()) <= 3.0, fault
+        # primary taking commits (measured 0-0.6 s, once 1.0 s; the figure is printed, and the
+        # bound leaves a loaded CI machine a second more).
+        assert max(fault.service_lag.values()) <= 2.0, fault
 
 
 # -- asynchronous replication: a stalled standby, then a crash -------------------------------------
