@@ -93,6 +93,7 @@ class _Instruments:
         self.core_retries = _counter("queue.core.retries", "{retry}", "Retried calls to the core, by method")
         self.prepared_statement_clashes = _counter("queue.db.prepared_statement_clashes", "{error}", "Statements that failed because the server connection's prepared statements were not this replica's (a transaction-mode pooler); answered UNAVAILABLE")
         self.stale_connections = _counter("queue.db.stale_connections", "{connection}", "Pooled connections found closed by the server (a restart, a failover) when about to be lent, and replaced without failing a call")
+        self.read_only_connections = _counter("queue.db.read_only_connections", "{connection}", "Pooled connections closed because a write on them met a read-only node (a standby reached mid-failover); the call was answered DATABASE_UNAVAILABLE")
         self.abandoned_connections = _counter("queue.db.abandoned_connections", "{connection}", "Connections given up because a statement outlived its call's deadline and the server did not end it when cancelled (a frozen or unreachable database)")
         self.listener_liveness_failures = _counter("queue.db.listener.liveness_failures", "{failure}", "LISTEN connections dropped because a liveness query got no answer in time (then reconnected, every stream resynced)")
         self.estimates_left_out = _counter("queue.answer.estimates_left_out", "{answer}", "Answers of committed admits sent without fresh estimated start times, because reading them failed (by reason): the change stands, only the estimate is missing")

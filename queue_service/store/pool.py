@@ -2,7 +2,7 @@
 
 This module and `locks` are the only places that open transactions; `repository` runs the
 named queries on the connections they yield. Driver errors are translated here, once:
-a lost connection or an exhausted pool is UNAVAILABLE (the caller may retry), a lock timeout is
+a lost connection, an exhausted pool or a read-only node is UNAVAILABLE (the caller may retry), a lock timeout is
 LOCK_TIMEOUT, serialization failures and deadlocks are ABORTED.
 
 Inside a call with a deadline (see `deadline`), the pool checkout and every statement are bounded
@@ -89,6 +89,11 @@ def translated_errors() -> Iterator[None]:
         raise errors.Conflict(
             f"a concurrent change won ({constraint}); retry the call", metadata={"constraint": constraint}
         ) from exc
+    except pg_errors.ReadOnlySqlTransaction as exc:
+        # A standby answered: during a failover a router (HAProxy on Patroni's /primary check)
+        # or a multi-host DSN can reach a member not yet, or no longer, the primary. Nothing was
+        # written; the call may be retried once the route leads to the primary again.
+        raise errors.DatabaseUnavailable("the database is read-only (a standby, or a primary mid-failover); retry the call") from exc
     except (psycopg.OperationalError, pg_errors.AdminShutdown, pg_errors.CannotConnectNow) as exc:
         raise errors.DatabaseUnavailable(f"the database is unavailable: {exc.__class__.__name__}") from exc
 
@@ -155,7 +160,15 @@ async def checkout(pool: AsyncConnectionPool[DictConnection]) -> AsyncIterator[D
     if wait <= 0:
         raise errors.DatabaseUnavailable("no time was left in the call's deadline to reach the database; retry the call")
     async with pool.connection(timeout=wait) as conn:
-        yield conn
+        try:
+            yield conn
+        except pg_errors.ReadOnlySqlTransaction:
+            # The connection reached a standby (mid-failover, a router still sending some new
+            # connections to the old or not yet promoted member): closed, the pool replaces it
+            # through the route, which leads to the primary, instead of lending it again.
+            telemetry.metrics.read_only_connections.add(1)
+            await conn.close()
+            raise
 
 
 class QueueConnection(AsyncConnection[DictRow]):
