@@ -6,10 +6,10 @@ import { createClient, ConnectError, Code, type Interceptor } from "@connectrpc/
 import { createConnectTransport } from "@connectrpc/connect-web";
 import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
 
-import { AnalysisQueueService } from "./gen/acurio/queue/v1/queue_service_pb.js";
-import { CreditsService } from "./gen/acurio/queue/v1/credits_service_pb.js";
-import { OperatorService } from "./gen/acurio/queue/v1/operator_service_pb.js";
-import { ErrorInfoSchema, BadRequestSchema } from "./gen/google/rpc/error_details_pb.js";
+import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
+import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits_service_pb.js";
+import { OperatorService } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
+import { ErrorInfoSchema, BadRequestSchema } from "@acurio/queue-client/gen/google/rpc/error_details_pb.js";
 
 const TOKEN_KEY = "acurio-queue-console-token";
 
