@@ -205,6 +205,22 @@ test("refused calls turn the live mark off; with no token the page says to press
   }
 });
 
+test("a refusal without ErrorInfo is named by its gRPC code as the client names it (UNAVAILABLE)", async () => {
+  const cut = await openPage(TOKENS.operator);
+  try {
+    // Something in front of the service answers 503 with no gRPC status: no ErrorInfo reason.
+    await cut.route(/\/acurio\.queue\.v1\.\w+\/\w+$/, (route) => route.fulfill({ status: 503, body: "" }));
+    await visit(cut, ``);
+    await cut.waitForFunction(() => document.querySelector('[data-testid="live-state"]')?.getAttribute("data-state") === "unreachable", null, {
+      timeout: WAIT_MS,
+    });
+    assert.match((await cut.getByTestId("live-state").getAttribute("title")) ?? "", /^UNAVAILABLE: /);
+    await shot(cut, "oncall-unavailable-without-reason");
+  } finally {
+    await cut.context().close();
+  }
+});
+
 test("the job behind a stuck release says so instead of starting any moment", async () => {
   const user = `stuck-${stamp}`;
   await asOperator.grantCredits({ userId: user, amount: 2n, idempotencyKey: "grant" });
