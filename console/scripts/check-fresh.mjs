@@ -4,7 +4,13 @@
 // clients/typescript provides buf), and a proto change reaches the assets through it.
 import { execFileSync } from "node:child_process";
 
-const run = (cmd, args, options = {}) => execFileSync(cmd, args, { stdio: "inherit", ...options });
+const run = (cmd, args, options = {}) => {
+  try {
+    execFileSync(cmd, args, { stdio: "inherit", ...options });
+  } catch {
+    process.exit(1); // the command has said why
+  }
+};
 run("npm", ["run", "-s", "check:generated"], { cwd: "../clients/typescript" });
 run("npm", ["run", "-s", "build"]);
 const stale = execFileSync("git", ["status", "--porcelain", "--", "../queue_service/console_assets"], {
