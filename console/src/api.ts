@@ -1,15 +1,17 @@
 // Clients for the queue's services over the Connect protocol, on the page's own origin (the
 // service serves the console and the endpoint together), with the bearer token the person
-// entered, and errors turned into one readable line with the ErrorInfo reason. Every read and
+// entered, and errors turned into one readable line with the ErrorInfo reason (decoded by the
+// TypeScript client, whose reason vocabulary the service's tests keep in step). Every read and
 // stream reports its outcome to `callHealth`, so the header's live mark says when calls are refused.
 import { createClient, ConnectError, Code, type Interceptor } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-web";
 import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
 
-import { AnalysisQueueService } from "./gen/acurio/queue/v1/queue_service_pb.js";
-import { CreditsService } from "./gen/acurio/queue/v1/credits_service_pb.js";
-import { OperatorService } from "./gen/acurio/queue/v1/operator_service_pb.js";
-import { ErrorInfoSchema, BadRequestSchema } from "./gen/google/rpc/error_details_pb.js";
+import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
+import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits_service_pb.js";
+import { OperatorService } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
+import { describeError as decodeError } from "@acurio/queue-client/errors.js";
+import type { QueueReason } from "@acurio/queue-client/reasons.js";
 
 const TOKEN_KEY = "acurio-queue-console-token";
 
@@ -109,20 +111,20 @@ export const operator = createClient(OperatorService, transport);
 /** An outcome the console itself judges a failure (a call that answered, but did not do it). */
 export class Problem extends Error {}
 
-/** One line for a person: `REASON: message`, plus the fields a BadRequest names. A refusal for
- * want of a token says which key sets one, not which header the service expected. */
+/** One line for a person: `REASON: message` (the gRPC code's name, e.g. `UNAVAILABLE`, when the
+ * error carries no ErrorInfo), plus the fields a BadRequest names. A refusal for want of a token
+ * says which key sets one, not which header the service expected. */
 export function describeError(error: unknown): string {
   if (error instanceof Problem) return error.message;
-  const err = ConnectError.from(error);
-  if (err.code === Code.Unauthenticated && (err.findDetails(ErrorInfoSchema)[0]?.reason ?? "UNAUTHENTICATED") === "UNAUTHENTICATED") {
+  const e = decodeError(error);
+  const unauthenticated: QueueReason = "UNAUTHENTICATED";
+  if (e.code === Code.Unauthenticated && (e.reason === "" || e.reason === unauthenticated)) {
     return token() === ""
       ? "UNAUTHENTICATED: this service needs a token: press t to set a token"
       : "UNAUTHENTICATED: the token was not accepted: press t to set another token";
   }
-  const info = err.findDetails(ErrorInfoSchema)[0];
-  const fields = err.findDetails(BadRequestSchema).flatMap((b) => b.fieldViolations.map((v) => v.description));
-  const reason = info?.reason ?? Code[err.code];
-  return [`${reason}: ${err.rawMessage}`, ...fields].join(" · ");
+  const fields = e.fieldViolations.map((v) => v.description);
+  return [`${e.reason || e.codeName}: ${e.message}`, ...fields].join(" · ");
 }
 
 /** True for the error a stream ends with when it was aborted on purpose. */

@@ -1,4 +1,4 @@
-import { JobStatus } from "./gen/acurio/queue/v1/job_pb.js";
+import { JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 
 export const STATUS_LABELS: Record<JobStatus, string> = {
   [JobStatus.UNSPECIFIED]: "unspecified",

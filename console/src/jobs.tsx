@@ -9,8 +9,8 @@ import { go, useNow } from "./hooks.js";
 import { LedgerTable, useLedger } from "./ledger.js";
 import { useAction, useNotice } from "./notice.js";
 import { useLiveStream } from "./stream.js";
-import { type Job, JobStatus } from "./gen/acurio/queue/v1/job_pb.js";
-import { JobFilterSchema, type JobFilter } from "./gen/acurio/queue/v1/operator_service_pb.js";
+import { type Job, JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
+import { JobFilterSchema, type JobFilter } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
 const STATUS_BY_NAME = new Map(Object.entries(STATUS_LABELS).map(([value, name]) => [name, Number(value) as JobStatus]));
 

@@ -7,7 +7,7 @@ import { date, operator } from "./api.js";
 import { dateTime, shortId } from "./format.js";
 import { go } from "./hooks.js";
 import { useNotice } from "./notice.js";
-import { type LedgerEntry, LedgerEntryKind } from "./gen/acurio/queue/v1/operator_service_pb.js";
+import { type LedgerEntry, LedgerEntryKind } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
 const KIND_LABELS: Record<LedgerEntryKind, string> = {
   [LedgerEntryKind.UNSPECIFIED]: "—",

@@ -4,7 +4,7 @@ import { date, operator } from "./api.js";
 import { duration } from "./format.js";
 import { useNow } from "./hooks.js";
 import { useLiveStream } from "./stream.js";
-import type { Overview } from "./gen/acurio/queue/v1/operator_service_pb.js";
+import type { Overview } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
 const HISTORY_MINUTES = 60;
 // The history is read again this often (and the current minute follows the live overview).

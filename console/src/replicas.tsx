@@ -8,7 +8,7 @@ import { date, operator } from "./api.js";
 import { ago, spoken } from "./format.js";
 import { useNow } from "./hooks.js";
 import { useNotice } from "./notice.js";
-import type { Replica } from "./gen/acurio/queue/v1/operator_service_pb.js";
+import type { Replica } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
 const POLL_MS = 5000;
 // Three missed heartbeats (each 5 s): the replica is not answering for itself any more.

@@ -7,8 +7,8 @@ import { useAction } from "./notice.js";
 import { useLiveStream } from "./stream.js";
 import { StatusBadge } from "./jobs.js";
 import { LedgerTable, useLedger } from "./ledger.js";
-import { type Job, JobStatus } from "./gen/acurio/queue/v1/job_pb.js";
-import type { UserWork } from "./gen/acurio/queue/v1/operator_service_pb.js";
+import { type Job, JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
+import type { UserWork } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
 function Countdown({ at, now }: { at: Date | undefined; now: number }) {
   if (at === undefined) return <span class="muted">no estimate yet</span>;

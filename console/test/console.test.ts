@@ -9,32 +9,17 @@ import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 
-import { createClient, type Interceptor } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import { chromium, type Browser, type Page } from "playwright-core";
+import { createClient } from "@connectrpc/connect";
+import { type Browser, type Page } from "playwright-core";
 
-import { CoreCallbackService, RunOutcome } from "../src/gen/acurio/queue/v1/core_callback_service_pb.js";
-import { CreditsService } from "../src/gen/acurio/queue/v1/credits_service_pb.js";
-import { JobStatus } from "../src/gen/acurio/queue/v1/job_pb.js";
-import { AnalysisQueueService } from "../src/gen/acurio/queue/v1/queue_service_pb.js";
+import { CoreCallbackService, RunOutcome } from "@acurio/queue-client/gen/acurio/queue/v1/core_callback_service_pb.js";
+import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits_service_pb.js";
+import { JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
+import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
+import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, WAIT_MS } from "./support.js";
 
-const env = (name: string): string => {
-  const value = process.env[name];
-  if (!value) throw new Error(`${name} is not set (run .ci/console-browser-test)`);
-  return value;
-};
-const CONSOLE_URL = env("CONSOLE_URL");
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN"), core: env("CORE_TOKEN") };
-const SHOTS = env("SCREENSHOT_DIR");
-// Generous waits for a machine several times slower than ours: conditions, never sleeps.
-const WAIT_MS = 30_000;
 
-const bearer = (token: string): Interceptor => (next) => (req) => {
-  req.header.set("authorization", `Bearer ${token}`);
-  return next(req);
-};
-const grpc = (token: string) =>
-  createGrpcTransport({ baseUrl: `http://${env("QUEUE_ADDR")}`, interceptors: [bearer(token)] });
 const asWeb = createClient(AnalysisQueueService, grpc(TOKENS.web));
 const asOperator = createClient(CreditsService, grpc(TOKENS.operator));
 const asCore = createClient(CoreCallbackService, grpc(TOKENS.core));
@@ -89,9 +74,7 @@ async function waitForPositions(expected: number[]): Promise<void> {
 
 before(async () => {
   mkdirSync(SHOTS, { recursive: true });
-  browser = await timed("launch chromium", () =>
-    chromium.launch({ executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium", args: ["--no-sandbox"] }),
-  );
+  browser = await timed("launch chromium", launchChromium);
   page = await browser.newPage({ viewport: { width: 1280, height: 860 } });
   page.on("pageerror", (error) => console.error(`page error: ${error.message}`));
   page.on("console", (message) => message.type() === "error" && console.error(`page console: ${message.text()}`));

@@ -9,13 +9,13 @@ import { join } from "node:path";
 import { after, before, test } from "node:test";
 
 import { createClient } from "@connectrpc/connect";
-import { chromium, type Browser, type Page } from "playwright-core";
+import { type Browser, type Page } from "playwright-core";
 
-import { CoreCallbackService, RunOutcome } from "../src/gen/acurio/queue/v1/core_callback_service_pb.js";
-import { CreditsService } from "../src/gen/acurio/queue/v1/credits_service_pb.js";
-import { JobStatus } from "../src/gen/acurio/queue/v1/job_pb.js";
-import { AnalysisQueueService } from "../src/gen/acurio/queue/v1/queue_service_pb.js";
-import { CHROMIUM_ARGS, CONSOLE_URL, env, grpc, SHOTS, WAIT_MS } from "./support.js";
+import { CoreCallbackService, RunOutcome } from "@acurio/queue-client/gen/acurio/queue/v1/core_callback_service_pb.js";
+import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits_service_pb.js";
+import { JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
+import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
+import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN"), core: env("CORE_TOKEN") };
 
@@ -75,7 +75,7 @@ const activeInside = (target: Page, selector: string) =>
 
 before(async () => {
   mkdirSync(SHOTS, { recursive: true });
-  browser = await chromium.launch({ executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium", headless: true, args: CHROMIUM_ARGS });
+  browser = await launchChromium();
   page = await openPage(TOKENS.operator);
 });
 
@@ -202,6 +202,22 @@ test("refused calls turn the live mark off; with no token the page says to press
     await shot(web, "oncall-web-token-on-overview");
   } finally {
     await web.context().close();
+  }
+});
+
+test("a refusal without ErrorInfo is named by its gRPC code as the client names it (UNAVAILABLE)", async () => {
+  const cut = await openPage(TOKENS.operator);
+  try {
+    // Something in front of the service answers 503 with no gRPC status: no ErrorInfo reason.
+    await cut.route(/\/acurio\.queue\.v1\.\w+\/\w+$/, (route) => route.fulfill({ status: 503, body: "" }));
+    await visit(cut, ``);
+    await cut.waitForFunction(() => document.querySelector('[data-testid="live-state"]')?.getAttribute("data-state") === "unreachable", null, {
+      timeout: WAIT_MS,
+    });
+    assert.match((await cut.getByTestId("live-state").getAttribute("title")) ?? "", /^UNAVAILABLE: /);
+    await shot(cut, "oncall-unavailable-without-reason");
+  } finally {
+    await cut.context().close();
   }
 });
 

@@ -9,14 +9,14 @@ import { join } from "node:path";
 import { after, before, test } from "node:test";
 
 import { createClient } from "@connectrpc/connect";
-import { chromium, type Browser, type Page } from "playwright-core";
+import { type Browser, type Page } from "playwright-core";
 
-import { CoreCallbackService, RunOutcome } from "../src/gen/acurio/queue/v1/core_callback_service_pb.js";
-import { CreditsService } from "../src/gen/acurio/queue/v1/credits_service_pb.js";
-import { JobStatus } from "../src/gen/acurio/queue/v1/job_pb.js";
-import { OperatorService } from "../src/gen/acurio/queue/v1/operator_service_pb.js";
-import { AnalysisQueueService } from "../src/gen/acurio/queue/v1/queue_service_pb.js";
-import { CHROMIUM_ARGS, CONSOLE_URL, env, grpc, SHOTS, WAIT_MS } from "./support.js";
+import { CoreCallbackService, RunOutcome } from "@acurio/queue-client/gen/acurio/queue/v1/core_callback_service_pb.js";
+import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits_service_pb.js";
+import { JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
+import { OperatorService } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
+import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
+import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN"), core: env("CORE_TOKEN") };
 
@@ -64,7 +64,7 @@ async function visit(target: Page, path: string): Promise<void> {
 
 before(async () => {
   mkdirSync(SHOTS, { recursive: true });
-  browser = await chromium.launch({ executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium", headless: true, args: CHROMIUM_ARGS });
+  browser = await launchChromium();
   const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
   page = await context.newPage();
   page.on("pageerror", (error) => console.error(`page error: ${error.message}`));

@@ -2,6 +2,7 @@
 // as CI runs it, and gRPC clients that carry a role's bearer token.
 import { type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
+import { chromium, type Browser } from "playwright-core";
 
 export const env = (name: string): string => {
   const value = process.env[name];
@@ -12,7 +13,7 @@ export const CONSOLE_URL = env("CONSOLE_URL");
 export const SHOTS = env("SCREENSHOT_DIR");
 export const WAIT_MS = 30_000; // conditions, never sleeps; generous for a slow shared machine
 // Debian's Chromium as CI runs it: no sandbox (containers), nothing fetched on its own.
-export const CHROMIUM_ARGS = [
+const CHROMIUM_ARGS = [
   "--no-sandbox",
   "--disable-gpu",
   "--disable-quic",
@@ -21,6 +22,9 @@ export const CHROMIUM_ARGS = [
   "--disable-component-update",
   "--disable-sync",
 ];
+/** Debian's Chromium (or $CHROMIUM), headless, with the flags above. */
+export const launchChromium = (): Promise<Browser> =>
+  chromium.launch({ executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium", headless: true, args: CHROMIUM_ARGS });
 
 const bearer = (token: string): Interceptor => (next) => (req) => {
   req.header.set("authorization", `Bearer ${token}`);
