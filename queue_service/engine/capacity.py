@@ -11,7 +11,13 @@ correctness: a job that waits is released only by a grant, whatever a replica be
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+
+from queue_service import telemetry
+from queue_service.model import CapacityGrant
+
+log = logging.getLogger(__name__)
 
 
 class FleetCapacity:
@@ -32,3 +38,19 @@ class FleetCapacity:
 
     def learned(self, limited: bool) -> None:
         self.limited = limited
+
+    def granted(self, grant: CapacityGrant) -> None:
+        """Learns from a committed grant's answer (a grant statement's, or the one a batch of
+        completions made in its own statement) and records it."""
+        self.learned(grant.limited)
+        telemetry.metrics.capacity["in_use"] = grant.in_use
+        if grant.limit is None:
+            telemetry.metrics.capacity.pop("limit", None)
+        else:
+            telemetry.metrics.capacity["limit"] = grant.limit
+        for claim, waited in grant.claims:
+            telemetry.metrics.capacity_wait.record(waited)
+            log.info(
+                "capacity granted",
+                extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt},
+            )
