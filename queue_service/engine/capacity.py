@@ -3,7 +3,8 @@
 The capacity itself lives in PostgreSQL (`queue_capacity`, migration 0014) and every decision on
 it is made there, under the fleet-wide capacity lock (`store.grant_capacity`). A replica only
 keeps a hint, `limited`: whether it should ask for grants when capacity may have freed (a job
-ended, a run settled) and on its dispatcher's passes. The hint is learned from every grant's
+ended, a run settled) and on its dispatcher's passes, and whether a batch of completions grants
+in its own statement (`CompletionBatcher`). The hint is learned from every grant's
 answer, from the views of jobs that became PENDING waiting for capacity, and from the operator's
 own change; a stale hint costs at most one dispatcher pass (at most 5 s) of latency, never
 correctness: a job that waits is released only by a grant, whatever a replica believes.
