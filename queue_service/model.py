@@ -565,6 +565,9 @@ class RunCompletion:
     reserved: bool = False
     view: JobView | None = None
     ending: JobEnding | None = None
+    # The statement that applied it also granted the fleet's free capacity, under the capacity
+    # lock, after every change it made (its promotions' waiting jobs included): no grant is owed.
+    capacity_granted: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

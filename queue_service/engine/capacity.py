@@ -3,7 +3,8 @@
 The capacity itself lives in PostgreSQL (`queue_capacity`, migration 0014) and every decision on
 it is made there, under the fleet-wide capacity lock (`store.grant_capacity`). A replica only
 keeps a hint, `limited`: whether it should ask for grants when capacity may have freed (a job
-ended, a run settled) and on its dispatcher's passes. The hint is learned from every grant's
+ended, a run settled) and on its dispatcher's passes, and whether a batch of completions grants
+in its own statement (`CompletionBatcher`). The hint is learned from every grant's
 answer, from the views of jobs that became PENDING waiting for capacity, and from the operator's
 own change; a stale hint costs at most one dispatcher pass (at most 5 s) of latency, never
 correctness: a job that waits is released only by a grant, whatever a replica believes.
@@ -11,7 +12,13 @@ correctness: a job that waits is released only by a grant, whatever a replica be
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+
+from queue_service import telemetry
+from queue_service.model import CapacityGrant
+
+log = logging.getLogger(__name__)
 
 
 class FleetCapacity:
@@ -32,3 +39,19 @@ class FleetCapacity:
 
     def learned(self, limited: bool) -> None:
         self.limited = limited
+
+    def granted(self, grant: CapacityGrant) -> None:
+        """Learns from a committed grant's answer (a grant statement's, or the one a batch of
+        completions made in its own statement) and records it."""
+        self.learned(grant.limited)
+        telemetry.metrics.capacity["in_use"] = grant.in_use
+        if grant.limit is None:
+            telemetry.metrics.capacity.pop("limit", None)
+        else:
+            telemetry.metrics.capacity["limit"] = grant.limit
+        for claim, waited in grant.claims:
+            telemetry.metrics.capacity_wait.record(waited)
+            log.info(
+                "capacity granted",
+                extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt},
+            )

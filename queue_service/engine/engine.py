@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -59,6 +60,8 @@ T = TypeVar("T")
 _GAP_TRACKING_LIMIT = 10_000
 # Every user in a batch waits for the whole batch's commit: a few milliseconds at most.
 _MAX_COMPLETIONS_PER_STATEMENT = 16
+# A batch of completions grants at most this many releases in its own statement (as one grant).
+_MAX_GRANTS_WITH_COMPLETIONS = 64
 # Bulk cancels run this many single cancels at once (each may call the core).
 _CANCEL_CONCURRENCY = 8
 
@@ -102,7 +105,10 @@ class QueueEngine:
         self.owed_releases = OwedReleases(store, hand_over, lease_seconds=config.release_lease_seconds, spawn=self.tasks.in_background)
         # Completions that arrive while one is being applied are applied together (see
         # `CompletionBatcher`): a burst of completions costs one commit for many.
-        self._completions = CompletionBatcher(store, self._promotion_limits, spawn=self.tasks.in_background, owed_releases=self.owed_releases)
+        self._completions = CompletionBatcher(
+            store, self._promotion_limits, spawn=self.tasks.in_background, owed_releases=self.owed_releases,
+            capacity=self.capacity, hand_over=hand_over,
+        )
 
     @property
     def cancel_recheck_seconds(self) -> float:
@@ -134,8 +140,9 @@ class QueueEngine:
         self._after_promotion(user_id, promoted, cause)
         return promoted
 
-    def _after_promotion(self, user_id: str, promoted: tuple[Promoted, ...], cause: Cause) -> None:
-        """Records the promotions a committed transaction made and wakes the dispatcher."""
+    def _after_promotion(self, user_id: str, promoted: tuple[Promoted, ...], cause: Cause, *, capacity_granted: bool = False) -> None:
+        """Records the promotions a committed transaction made and wakes the dispatcher (a job
+        that waits for capacity asks for a grant, unless the transaction granted after it)."""
         with telemetry.tracer.start_as_current_span("promote") as span:
             span.set_attribute("queue.cause", str(cause))
             span.set_attribute("queue.promoted", len(promoted))
@@ -152,7 +159,7 @@ class QueueEngine:
                 waiting = True
             else:
                 self.hand_over(job.first_release)
-        if waiting:
+        if waiting and not capacity_granted:
             self.capacity.note_waiting()
 
     def _note_slot_freed(self, promoted: tuple[Promoted, ...]) -> None:
@@ -198,9 +205,10 @@ class QueueEngine:
             span.set_attribute("queue.run_unsettled", transition.run_unsettled)
             yield span
 
-    def _after_ending(self, outcome: JobEnding, transition: Transition) -> EndedJob:
+    def _after_ending(self, outcome: JobEnding, transition: Transition, *, capacity_granted: bool = False) -> EndedJob:
         """Records a committed ending and starts what follows it: the run's settlement when it is
-        unsettled, else the releases of the jobs promoted into the freed slot."""
+        unsettled, else the releases of the jobs promoted into the freed slot, and a grant of the
+        capacity it freed (unless its own statement granted: `capacity_granted`)."""
         cause = transition.cause
         ended, refunded, promoted = outcome.ref, outcome.refunded, outcome.promoted
         self._note_slot_freed(promoted)
@@ -215,9 +223,10 @@ class QueueEngine:
             # The slot stays taken, so nothing was promoted: the settlement promotes later.
             self.tasks.in_background(self._settle_now(ended), name=f"settle-run-{ended.run_id}")
         else:
-            self._after_promotion(ended.user_id, promoted, cause)
+            self._after_promotion(ended.user_id, promoted, cause, capacity_granted=capacity_granted)
             # The run is settled: its capacity at the core is free for the next in line.
-            self.capacity.freed()
+            if not capacity_granted:
+                self.capacity.freed()
         return EndedJob(ended, outcome.view)
 
     async def complete_run(self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str) -> EndedJob:
@@ -256,7 +265,7 @@ class QueueEngine:
                 span.set_attribute("queue.job_id", str(found.ending.ref.job_id))
                 span.set_attribute("queue.refunded", found.ending.refunded)
         if found.ending is not None:
-            return self._after_ending(found.ending, transition)
+            return self._after_ending(found.ending, transition, capacity_granted=found.capacity_granted)
         job = found.job
         if job is None:
             if found.reserved:
@@ -437,28 +446,67 @@ class CompletionBatcher(Coalescer[RunReportToApply, RunCompletion]):
     (`run_batch`: `Store.end_runs`) that holds each of their users' locks (a burst of completions:
     one commit for many). That statement waits for a user's lock only briefly; a completion whose
     user's lock is busy is then applied alone (`run_alone`: `Store.end_run`), within its caller's
-    deadline, and holds up no other."""
+    deadline, and holds up no other.
+
+    While the fleet's capacity is limited, the statement also grants the capacity it freed when the
+    capacity lock is free at once (`Store.end_runs_then_grant`): the next in line is released on
+    the completion's own commit, with no grant statement after it. When the lock is busy (another
+    grant runs), nothing is granted there and the completions ask for a grant as before."""
 
     applies_alone = True
 
-    def __init__(self, store: Store, limits: PromotionLimits, *, spawn: Spawn, owed_releases: OwedReleases) -> None:
+    def __init__(
+        self,
+        store: Store,
+        limits: PromotionLimits,
+        *,
+        spawn: Spawn,
+        owed_releases: OwedReleases,
+        capacity: FleetCapacity,
+        hand_over: Callable[[ClaimedRelease], None],
+    ) -> None:
         super().__init__(max_batch=_MAX_COMPLETIONS_PER_STATEMENT, spawn=spawn, name="end-runs")
         self._store = store
         self._promotion_limits = limits
         self._owed_releases = owed_releases
+        self._capacity = capacity
+        self._hand_over = hand_over
 
     async def run_batch(self, reports: list[RunReportToApply]) -> dict[RunReportToApply, RunCompletion]:
         """The coalesced statement, a lone completion's too: it waits for no user's lock long."""
         try:
             with counting_batch("end_runs", len(reports)):
-                completions = await self._store.end_runs(reports, self._promotion_limits)
+                if self._capacity.limited:
+                    completions = await self._end_then_grant(reports)
+                else:
+                    completions = await self._store.end_runs(reports, self._promotion_limits)
         except errors.OutcomeUnknown:
             # The batch may have committed: each caller's retry alone then finds its job ended,
-            # and the releases its commit claimed are handed over here.
+            # and the releases its commit claimed are handed over here (a grant it made is
+            # released when its lease runs out, as a grant statement's lost answer is).
             for report in reports:
                 self._owed_releases.follow_up(run_id=report.run_id)
             raise
         return dict(zip(reports, completions, strict=True))
+
+    async def _end_then_grant(self, reports: list[RunReportToApply]) -> list[RunCompletion]:
+        with telemetry.tracer.start_as_current_span("capacity.grant") as span:
+            span.set_attribute("queue.capacity.with_completions", len(reports))
+            completions, grant = await self._store.end_runs_then_grant(
+                reports, self._promotion_limits,
+                probe_interval_seconds=self._capacity.probe_interval_seconds, max_grants=_MAX_GRANTS_WITH_COMPLETIONS,
+            )
+            span.set_attribute("queue.capacity.lock_free", grant is not None)
+            if grant is None:
+                return completions
+            span.set_attribute("queue.capacity.granted", len(grant.claims))
+            span.set_attribute("queue.capacity.limited", grant.limited)
+        self._capacity.granted(grant)
+        for claim, _waited in grant.claims:
+            self._hand_over(claim)
+        if len(grant.claims) == _MAX_GRANTS_WITH_COMPLETIONS:
+            self._capacity.freed()  # more may be free: the dispatcher grants the rest
+        return [dataclasses.replace(completion, capacity_granted=True) for completion in completions]
 
     async def run_alone(self, report: RunReportToApply) -> RunCompletion:
         """A completion on its own, waiting for its user's lock as long as its call allows."""

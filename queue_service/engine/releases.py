@@ -193,18 +193,7 @@ class Releases:
             )
             span.set_attribute("queue.capacity.granted", len(grant.claims))
             span.set_attribute("queue.capacity.limited", grant.limited)
-        self.capacity.learned(grant.limited)
-        telemetry.metrics.capacity["in_use"] = grant.in_use
-        if grant.limit is None:
-            telemetry.metrics.capacity.pop("limit", None)
-        else:
-            telemetry.metrics.capacity["limit"] = grant.limit
-        for claim, waited in grant.claims:
-            telemetry.metrics.capacity_wait.record(waited)
-            log.info(
-                "capacity granted",
-                extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt},
-            )
+        self.capacity.granted(grant)
         return grant
 
     async def give_up_release(self, job_id: uuid.UUID, user_id: str, reason: str, *, attempts: int) -> bool:

@@ -7,9 +7,12 @@ replica and code version. A typo in the namespace would silently split the lock 
 
 `capacity_section` owns the fleet-wide key `analysis_queue_capacity`: every grant of the core's
 capacity runs under it, so two replicas never hand out the same free capacity. It is taken alone,
-never while a user's lock is held and never before one (a grant changes only rows of jobs that
-wait, and skips those another transaction holds), so the two kinds of lock cannot wait for each
-other in a cycle. The scan test counts it too.
+never before a user's lock (a grant changes only rows of jobs that wait, and skips those another
+transaction holds), so the two kinds of lock cannot wait for each other in a cycle. A batch of
+completions, once its users' locks are held and its sections have run, *tries* it
+(`pg_try_advisory_xact_lock`: never a wait) and grants in the same statement when it is free
+(`locked_sections_of_runs_then_grant`); a wait for it while a user's lock is held never happens.
+The scan test counts both.
 
 Every lock here is transaction-scoped (`pg_advisory_xact_lock`): an error mid-transaction can never
 leak one, and they are safe behind a transaction-mode connection pooler.
@@ -120,6 +123,27 @@ def _capacity_section_sql() -> str:
     )
 
 
+def _capacity_tried_after_sql(first: str) -> str:
+    """The wrapper `first` (a locked statement over `{section}`) followed, in the same statement
+    and transaction, by `{grant_section}` when the capacity lock can be taken without waiting.
+
+    `first` is materialized and counted before the try, so every section of it has run (and its
+    changes are seen by the grant's own statements, which take fresh snapshots). The grant runs
+    only when the lock was taken: its condition names only the try's row, so the planner makes it
+    a one-time filter in front of the grant. Every row of `first` carries the grant's rows as one
+    JSON array (`capacity_grant`; NULL when the lock was busy and nothing was granted)."""
+    return (
+        "WITH sections AS MATERIALIZED (" + first + "),"
+        " capacity_tried AS MATERIALIZED ("
+        "   SELECT pg_try_advisory_xact_lock(" + _CAPACITY_KEY + ") AS taken"
+        "     FROM (SELECT count(*) AS sections FROM sections) AS ran OFFSET 0),"
+        " granted AS MATERIALIZED ("
+        "   SELECT g.* FROM capacity_tried,"
+        "        LATERAL (SELECT * FROM ({grant_section}) AS t WHERE capacity_tried.taken OFFSET 0) AS g)"
+        " SELECT sections.*, (SELECT json_agg(granted) FROM granted) AS capacity_grant FROM sections"
+    )
+
+
 _CAPACITY_KEY = "hashtextextended('analysis_queue_capacity', 0)"
 _CAPACITY_SECTION = _capacity_section_sql()
 
@@ -133,12 +157,16 @@ _RUN_OWNER_LOCKED_SECTION = _locked_section_sql("SELECT (SELECT j.user_id FROM a
 _RUN_OWNERS_LOCKED_SECTIONS = _locked_sections_sql(
     "SELECT DISTINCT j.user_id FROM analysis_jobs j WHERE j.run_id = ANY(%(run_ids)s::uuid[])"
 )
+_RUN_OWNERS_LOCKED_SECTIONS_THEN_GRANT = _capacity_tried_after_sql(_RUN_OWNERS_LOCKED_SECTIONS)
 # A batch waits this long at most for any one user's lock; then its callers run their sections
 # one by one, each within its own deadline.
 _BATCH_LOCK_TIMEOUT = "100ms"
 
 # Holds the lock for a whole transaction: only for holding a user's queue still (tests, tools).
 _TAKE_USER_QUEUE_LOCK = "SELECT pg_advisory_xact_lock(" + _user_queue_key("%(user_id)s") + ")"
+
+# Holds the capacity lock for a whole transaction: only for holding every grant still (tests, tools).
+_TAKE_CAPACITY_LOCK = "SELECT pg_advisory_xact_lock(" + _CAPACITY_KEY + ")"
 
 # A fixed key of its own (the namespace is hashed the same way) so migrations from replicas that
 # start together run one after another.
@@ -177,6 +205,24 @@ async def locked_sections_of_runs(
     return await _run_locked(pool, _RUN_OWNERS_LOCKED_SECTIONS, section, {**params, "run_ids": run_ids}, lock_timeout=_BATCH_LOCK_TIMEOUT)
 
 
+async def locked_sections_of_runs_then_grant(
+    pool: AsyncConnectionPool[DictConnection],
+    run_ids: list[uuid.UUID],
+    section: sql.Composable,
+    grant_section: sql.Composable,
+    params: dict[str, Any],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """`locked_sections_of_runs`, then in the same statement (one commit) `grant_section` under
+    the capacity lock if that lock is free at once; never waits for it. The sections' rows, and
+    the grant's rows (None: the lock was busy, nothing was granted here)."""
+    rows = await _execute_locked(
+        pool, _RUN_OWNERS_LOCKED_SECTIONS_THEN_GRANT, {"section": section, "grant_section": grant_section},
+        {**params, "run_ids": run_ids}, lock_timeout=_BATCH_LOCK_TIMEOUT,
+    )
+    grant = rows[0]["capacity_grant"] if rows else None
+    return [row for row in rows if row["row_kind"] is not None], grant
+
+
 async def capacity_section(
     pool: AsyncConnectionPool[DictConnection], section: sql.Composable, params: dict[str, Any]
 ) -> list[dict[str, Any]]:
@@ -199,7 +245,20 @@ async def _run_locked(
     A statement sent whose answer did not come (cancelled at the call's deadline: a commit
     acknowledged late is kept; or the connection broke) may have committed: OUTCOME_UNKNOWN,
     never a plain DATABASE_UNAVAILABLE."""
-    statement = sql.SQL(wrapper).format(section=section)
+    rows = await _execute_locked(pool, wrapper, {"section": section}, params, lock_timeout=lock_timeout)
+    return [row for row in rows if row["row_kind"] is not None]
+
+
+async def _execute_locked(
+    pool: AsyncConnectionPool[DictConnection],
+    wrapper: str,
+    sections: dict[str, sql.Composable],
+    params: dict[str, Any],
+    *,
+    lock_timeout: str | None,
+) -> list[dict[str, Any]]:
+    """`_run_locked`'s statement, every row of it (the lock's own included)."""
+    statement = sql.SQL(wrapper).format(**sections)
     own_lock_timeout = _lock_timeout_within_deadline(pool)
     if lock_timeout is None:
         lock_timeouts = {"lock_timeout": own_lock_timeout, "section_lock_timeout": None}
@@ -220,7 +279,7 @@ async def _run_locked(
             ) from exc
         raise
     _record_lock_wait(float(rows[0]["waited_seconds"]) if rows else 0.0, sent_ns)
-    return [row for row in rows if row["row_kind"] is not None]
+    return rows
 
 
 def _session_lock_timeout(pool: AsyncConnectionPool[DictConnection]) -> str | None:
@@ -254,6 +313,15 @@ async def holding_user_queue_lock(pool: AsyncConnectionPool[DictConnection], use
     that every section of that user waits: for tests and tools that need a user's queue still."""
     async with connection(pool) as conn, conn.transaction():
         await take_user_queue_lock(conn, user_id)
+        yield
+
+
+@asynccontextmanager
+async def holding_capacity_lock(pool: AsyncConnectionPool[DictConnection]) -> AsyncIterator[None]:
+    """Holds the fleet-wide capacity lock until the block ends, so that every grant waits or (a
+    batch of completions) grants nothing: for tests and tools."""
+    async with connection(pool) as conn, conn.transaction():
+        await conn.execute(_TAKE_CAPACITY_LOCK)
         yield
 
 

@@ -5,6 +5,7 @@ By column name, so a column a newer schema adds is ignored; statuses become `Job
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from queue_service.model import (
@@ -168,6 +169,19 @@ def capacity_state(row: Row) -> CapacityState:
         updated_by=row["updated_by"] or "",
         updated_at=row["updated_at"],
     )
+
+
+def capacity_grant_json(rows: list[Row]) -> list[Row]:
+    """A grant's rows as the completions' statement returns them (one JSON array,
+    `locks.locked_sections_of_runs_then_grant`): the ids back to UUIDs."""
+    return [
+        {**row, "job_id": _uuid_or_none(row["job_id"]), "run_id": _uuid_or_none(row["run_id"])}
+        for row in rows
+    ]
+
+
+def _uuid_or_none(value: str | None) -> uuid.UUID | None:
+    return None if value is None else uuid.UUID(value)
 
 
 def capacity_grant(rows: list[Row]) -> CapacityGrant:

@@ -74,10 +74,12 @@ from queue_service.store.rows import sources_of_json, sources_to_json
 from queue_service.store.feed import HINT_CHANNEL, CommitHints, FeedCursor, FeedRead
 from queue_service.store.locks import (
     capacity_section,
+    holding_capacity_lock,
     holding_user_queue_lock,
     locked_section,
     locked_section_of_run,
     locked_sections_of_runs,
+    locked_sections_of_runs_then_grant,
     take_user_queue_lock,
 )
 from queue_service.store.pool import QueuePool, connection, connection_parameters, translated_errors
@@ -151,6 +153,26 @@ def _ending(rows: list[Row], transition: Transition, actor: str) -> JobEnding:
     if refunded:
         audit.log_movement(kind=LedgerKind.REFUND, user_id=ref.user_id, amount=refunded, job_id=ref.job_id, actor=actor, reason=transition.refund_cause)
     return JobEnding(ref, view, refunded, from_row.promoted(rows))
+
+
+def _end_runs_params(reports: Sequence[RunReportToApply], limits: PromotionLimits) -> Row:
+    return {
+        "run_ids": [report.run_id for report in reports],
+        "statuses": [str(report.transition.to) for report in reports],
+        "last_errors": [report.transition.last_error for report in reports],
+        "refunds": [report.transition.refund for report in reports],
+        "actors": [report.actor for report in reports],
+        "reasons": [str(report.transition.cause) for report in reports],
+        **_limit_params(limits),
+    }
+
+
+def _run_completions(rows: list[Row], reports: Sequence[RunReportToApply]) -> list[RunCompletion]:
+    """The completions of `end_runs`' rows, in the reports' order."""
+    rows_of: dict[int, list[Row]] = {index: [] for index in range(1, len(reports) + 1)}
+    for row in rows:
+        rows_of[row["batch_index"]].append(row)
+    return [_run_completion(rows_of[index], report.transition, report.actor) for index, report in enumerate(reports, start=1)]
 
 
 def _run_completion(rows: list[Row], transition: Transition, actor: str) -> RunCompletion:
@@ -654,6 +676,12 @@ class Store:
         async with holding_user_queue_lock(self.pool, user_id):
             yield
 
+    @asynccontextmanager
+    async def holding_capacity_lock(self) -> AsyncIterator[None]:
+        """Holds the fleet-wide capacity lock until the block ends (tests and tools)."""
+        async with holding_capacity_lock(self.pool):
+            yield
+
     async def first_releases_owed(self, *, user_id: str | None = None, run_id: uuid.UUID | None = None) -> list[ClaimedRelease]:
         """The first releases claimed for the user (or the user whose job owns `run_id`) and not
         tried since (`first_releases_owed`), read holding the user's queue lock: a locked change
@@ -731,21 +759,35 @@ class Store:
         """`end_run` for several runs in one statement holding all their users' locks, each
         report with the actor of the call it came from; the completions in the reports' order.
         Raises LOCK_TIMEOUT when a user's lock is not granted soon (`locks._BATCH_LOCK_TIMEOUT`)."""
-        params = {
-            "run_ids": [report.run_id for report in reports],
-            "statuses": [str(report.transition.to) for report in reports],
-            "last_errors": [report.transition.last_error for report in reports],
-            "refunds": [report.transition.refund for report in reports],
-            "actors": [report.actor for report in reports],
-            "reasons": [str(report.transition.cause) for report in reports],
-            **_limit_params(limits),
-        }
+        params = _end_runs_params(reports, limits)
         rows = await locked_sections_of_runs(self.pool, params["run_ids"], _statement("end_runs"), params)
         self.hints.committed()
-        rows_of: dict[int, list[Row]] = {index: [] for index in range(1, len(reports) + 1)}
-        for row in rows:
-            rows_of[row["batch_index"]].append(row)
-        return [_run_completion(rows_of[index], report.transition, report.actor) for index, report in enumerate(reports, start=1)]
+        return _run_completions(rows, reports)
+
+    async def end_runs_then_grant(
+        self,
+        reports: Sequence[RunReportToApply],
+        limits: PromotionLimits,
+        *,
+        probe_interval_seconds: float,
+        max_grants: int,
+    ) -> tuple[list[RunCompletion], CapacityGrant | None]:
+        """`end_runs`, then in the same statement and commit `grant_capacity` if the fleet-wide
+        capacity lock is free at once (`locks.locked_sections_of_runs_then_grant`): the capacity
+        the completions freed goes to the next in line without a statement of its own. The grant
+        is None when the lock was busy: nothing was granted, the caller asks for a grant as usual."""
+        params = {
+            **_end_runs_params(reports, limits),
+            "lease_seconds": float(limits.release_lease_seconds),
+            "probe_interval_seconds": float(probe_interval_seconds),
+            "max_grants": max_grants,
+        }
+        rows, grant_rows = await locked_sections_of_runs_then_grant(
+            self.pool, params["run_ids"], _statement("end_runs"), _statement("grant_capacity"), params
+        )
+        self.hints.committed()
+        grant = None if grant_rows is None else from_row.capacity_grant(from_row.capacity_grant_json(grant_rows))
+        return _run_completions(rows, reports), grant
 
     async def adopt_run(self, run: CoreRun, limits: PromotionLimits, *, reconcile_after_seconds: float) -> Adoption:
         """Adopts a run the core holds or judges into a job, under its user's lock, with its

@@ -281,6 +281,55 @@ async def _next_start(core: DevCore, seen: int, timeout: float = 10) -> str:
     return core.start_order[seen]
 
 
+async def test_a_completion_grants_the_capacity_it_freed_in_its_own_commit(service, database_url: str) -> None:
+    """The completion that frees a run's capacity hands it to the next in line in the same
+    transaction (no grant statement of its own after it): the next user's turn is written by the
+    transaction that ended the finished job, and her job starts."""
+    stubs, core = service.stubs, service.core
+    await _set_capacity(stubs, 1)
+    first, second = new_user(), new_user()
+    jobs = await _admitted(stubs, [first, second])
+    running = await stubs.wait_for(jobs[first][0].job_id, S.JOB_STATUS_RUNNING)
+    await _judging_at(core, 1)
+    assert (await stubs.job(jobs[second][0].job_id)).capacity_position == 1
+
+    await core.finish(running.run_id)
+    await stubs.wait_for(jobs[second][0].job_id, S.JOB_STATUS_RUNNING)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        (ended_by,) = conn.execute("SELECT xmin::text FROM analysis_jobs WHERE job_id = %s", (running.job_id,)).fetchone()
+        (turn_by,) = conn.execute("SELECT xmin::text FROM user_capacity_turns WHERE user_id = %s", (second,)).fetchone()
+    assert turn_by == ended_by
+    assert core.most_first_pass_judging == 1
+
+
+async def test_a_completion_never_waits_for_a_busy_capacity_lock(service) -> None:
+    """While another transaction holds the capacity lock (a grant of another replica), a completion
+    is applied at once and grants nothing itself; the capacity it freed is granted as soon as the
+    lock is free, and never twice (the core sees one run at a time)."""
+    stubs, core = service.stubs, service.core
+    await _set_capacity(stubs, 1)
+    first, second = new_user(), new_user()
+    jobs = await _admitted(stubs, [first, second])
+    running = await stubs.wait_for(jobs[first][0].job_id, S.JOB_STATUS_RUNNING)
+    await _judging_at(core, 1)
+
+    async with service.app.store.holding_capacity_lock():
+        started = time.monotonic()
+        finished = await core.finish(running.run_id)
+        took = time.monotonic() - started
+        assert finished is not None and finished.job.status == S.JOB_STATUS_SUCCEEDED
+        await asyncio.sleep(0.3)
+        waiting = await stubs.job(jobs[second][0].job_id)
+        assert (waiting.status, waiting.capacity_position) == (S.JOB_STATUS_PENDING, 1)
+    # Not held up by the lock (held for the whole block); well under the lock timeout (5 s).
+    assert took < 2.0, took
+    freed_at = time.monotonic()
+    await stubs.wait_for(jobs[second][0].job_id, S.JOB_STATUS_RUNNING, timeout=10)
+    # Granted once the lock was free, not on the dispatcher's timer pass (up to 5 s later).
+    assert time.monotonic() - freed_at < 3.0
+    assert core.most_first_pass_judging == 1
+
+
 async def test_two_replicas_never_exceed_the_capacity_together(services) -> None:
     """Admits and completions spread over two `serve` processes: the core never sees more first-pass
     runs judging at once than the capacity (I12, counted at the core)."""

@@ -38,8 +38,11 @@ def test_the_lock_helper_builds_the_key_exactly_once() -> None:
     assert text.count("pg_advisory_xact_lock(hashtextextended('analysis_queue_migrations', 0))") == 1
     # The fleet-wide capacity lock: one key, built once, taken by one wrapper.
     assert text.count("'analysis_queue_capacity'") == 1
-    assert text.count('pg_advisory_xact_lock(" + _CAPACITY_KEY + ")') == 1
-    assert len(re.findall(r"pg_advisory_xact_lock\(", text)) == 5
+    assert text.count('pg_advisory_xact_lock(" + _CAPACITY_KEY + ")') == 2  # the section's, and the plain hold
+    # A batch of completions only tries it (never waits for it while holding users' locks).
+    assert text.count('pg_try_advisory_xact_lock(" + _CAPACITY_KEY + ")') == 1
+    assert len(re.findall(r"pg_try_advisory_xact_lock\(", text)) == 1
+    assert len(re.findall(r"(?<!try_)pg_advisory_xact_lock\(", text)) == 6
     assert "pg_advisory_lock(" not in text  # transaction-scoped only, never session locks
 
 
