@@ -166,8 +166,9 @@ class CoreReconciler:
         whose admit committed meanwhile is known by then)."""
         if not runs:
             return []
+        judging = [run.run_id for run in runs if run.first_pass and run.fate is RunFate.JUDGING]
         async with self._store.statements() as db:
-            unknown = await db.runs_unknown_to_queue(run_ids=[run.run_id for run in runs])
+            unknown = await db.runs_unknown_to_queue(run_ids=[run.run_id for run in runs], judging_first_pass=judging)
         return [run for run in runs if run.run_id in unknown]
 
     async def settle_orphan(self, listed: CoreRun) -> str:
@@ -234,7 +235,7 @@ class CoreReconciler:
         async with self._store.statements() as db:
             limit = await db.user_slot_limit(user_id=claim.user_id, default_max_active=self._config.max_active_per_user)
             counted = await db.runs_taking_a_slot(run_ids=run_ids)
-            unknown = await db.runs_unknown_to_queue(run_ids=run_ids) if counted else set()
+            unknown = await db.runs_unknown_to_queue(run_ids=run_ids, judging_first_pass=run_ids) if counted else set()
         for run in others:
             if run.run_id in unknown:
                 self._in_background(self._settle_stray(run), name=f"settle-stray-{run.run_id}")
@@ -246,6 +247,21 @@ class CoreReconciler:
             f"the core reports {len(counted)} other first-pass run(s) of this user judging (run {first} first),"
             f" her limit is {limit}: the release waits until one settles"
         )
+
+    async def adopt_if_judging(self, run_id: uuid.UUID) -> bool:
+        """The sweeper is about to cancel a reserved run whose admit's grace is over: True when it
+        must not, because the core judges it as a first-pass run. Such a run judges only once its
+        job committed, so its admit was acknowledged on a database that lost the commit (the
+        standby had only the reservation): it is adopted (the reservation consumed; True also when
+        a job owns it already, adopted meanwhile by another path), or, where it
+        cannot be, canceled and recorded as lost like any orphan. Raises CoreUnavailable when the
+        core does not answer (the sweeper retries, as for an unanswered cancel)."""
+        run = await self._core.get_run_record(run_id)
+        if run is None or not run.first_pass or run.fate is not RunFate.JUDGING:
+            return False
+        # "known": adopted meanwhile (the release gate, another replica's reconciliation): a job
+        # owns the run now, and a claim taken before must not cancel it.
+        return await self._adopt_or_cancel(run) in ("adopted", "known")
 
     async def _settle_stray(self, run: CoreRun) -> None:
         try:

@@ -725,8 +725,12 @@ BEGIN
         RETURN;
     END IF;
     IF EXISTS (SELECT 1 FROM run_reservations r WHERE r.run_id = p_run_id) THEN
-        RETURN QUERY SELECT 'reserved'::text, 0, false, NULL::analysis_job_views;
-        RETURN;
+        IF NOT p_judging OR p_delta_of_run_id IS NOT NULL THEN
+            RETURN QUERY SELECT 'reserved'::text, 0, false, NULL::analysis_job_views;
+            RETURN;
+        END IF;
+        -- A judging first-pass run: its admit did commit, on a database that lost it.
+        DELETE FROM run_reservations r WHERE r.run_id = p_run_id;
     END IF;
     SELECT j.job_id INTO v_existing FROM analysis_jobs j
      WHERE (j.user_id = p_user_id AND j.idempotency_key = p_idempotency_key) OR j.job_id = p_job_id
