@@ -6,6 +6,10 @@ runs of those jobs. Three things follow, each here:
 
 - **Reconciliation** lists the core's live runs (`RunService.ListRuns`) and, for every run no job
   owns and no admit has reserved, decides between adopting it back into a job and canceling it.
+  A first-pass run the core judges is such a run even when reserved: it judges only once its job
+  committed, so its reservation is what the standby had of an admit acknowledged and released on
+  the lost primary, not an admit in flight (`adopt_if_judging` covers the sweeper's clean-up of
+  that reservation).
   It adopts whenever the core's record suffices (the queue's job id, idempotency key, request
   digest and price travel with CreateRun and come back in `Run.creation`): the click was
   acknowledged, the user was told her job exists, and the core did or does the work, so the job
