@@ -8,8 +8,8 @@ runs of those jobs. Three things follow, each here:
   owns and no admit has reserved, decides between adopting it back into a job and canceling it.
   A first-pass run the core judges is such a run even when reserved: it judges only once its job
   committed, so its reservation is what the standby had of an admit acknowledged and released on
-  the lost primary, not an admit in flight (`adopt_if_judging` covers the sweeper's clean-up of
-  that reservation).
+  the lost primary, not an admit in flight. A claimed reservation written on an earlier timeline
+  is adopted too rather than canceled (`adopt_if_lost`).
   It adopts whenever the core's record suffices (the queue's job id, idempotency key, request
   digest and price travel with CreateRun and come back in `Run.creation`): the click was
   acknowledged, the user was told her job exists, and the core did or does the work, so the job
@@ -201,7 +201,9 @@ class CoreReconciler:
             if view.status is JobStatus.PENDING:
                 self._wake_dispatcher()
             return "adopted"
-        if adoption.kind in ("known", "reserved"):
+        if adoption.kind == "reserved":
+            return "reserved"
+        if adoption.kind == "known":
             return "known"
         return await self._lose(run, adoption.kind, cancel=cancel)
 
@@ -252,20 +254,24 @@ class CoreReconciler:
             f" her limit is {limit}: the release waits until one settles"
         )
 
-    async def adopt_if_judging(self, run_id: uuid.UUID) -> bool:
-        """The sweeper is about to cancel a reserved run whose admit's grace is over: True when it
-        must not, because the core judges it as a first-pass run. Such a run judges only once its
-        job committed, so its admit was acknowledged on a database that lost the commit (the
-        standby had only the reservation): it is adopted (the reservation consumed; True also when
-        a job owns it already, adopted meanwhile by another path), or, where it
-        cannot be, canceled and recorded as lost like any orphan. Raises CoreUnavailable when the
-        core does not answer (the sweeper retries, as for an unanswered cancel)."""
+    async def adopt_if_lost(self, run_id: uuid.UUID) -> bool:
+        """A reserved run is about to be canceled (its reservation claimed by the sweeper once its
+        grace is over, or by its admit's own clean-up): True when it must not be, because its job
+        was lost in a failover. That is so when the core judges it as a first-pass run (it judges
+        only once its job committed: the standby had only the reservation), or when the
+        reservation was written on an earlier timeline than the current primary's (its admit ran
+        on a primary a failover replaced: it committed there and was acknowledged, or answered an
+        error the client retries with the same key, finding the adopted job). The run is adopted
+        (the reservation consumed; True also when a job owns it already, adopted meanwhile by
+        another path); where it cannot be, it is recorded lost and False lets the cancel go on.
+        Raises CoreUnavailable when the core does not answer (the cancel is retried)."""
         run = await self._core.get_run_record(run_id)
-        if run is None or not run.first_pass or run.fate is not RunFate.JUDGING:
+        if run is None or run.fate.settled:
             return False
         # "known": adopted meanwhile (the release gate, another replica's reconciliation): a job
-        # owns the run now, and a claim taken before must not cancel it.
-        return await self._adopt_or_cancel(run) in ("adopted", "known")
+        # owns the run now, and a claim taken before must not cancel it. "reserved": an admit's
+        # reservation of this timeline, canceled as before.
+        return await self._adopt_or_cancel(run, cancel=False) in ("adopted", "known")
 
     async def _settle_stray(self, run: CoreRun) -> None:
         try:

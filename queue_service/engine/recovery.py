@@ -84,11 +84,11 @@ class Recovery:
 
     async def cancel_reserved_run(self, claim: ClaimedReservation) -> bool:
         """Cancels a reserved run whose admit is gone; forgets it once the core confirms. A run the
-        core judges as a first-pass run is adopted instead: its admit committed (and was
-        acknowledged) on a database a failover lost (`CoreReconciler.adopt_if_judging`)."""
+        core judges as a first-pass run, or whose reservation an earlier timeline wrote, is adopted
+        instead: its job was lost in a failover (`CoreReconciler.adopt_if_lost`)."""
         with telemetry.tracer.start_as_current_span("run.cancel_orphan") as span:
             span.set_attribute("queue.run_id", str(claim.run_id))
-            adopt = self._engine.adopt_judging_reserved_run
+            adopt = self._engine.adopt_lost_reserved_run
             try:
                 adopted = adopt is not None and await adopt(claim.run_id)
             except errors.CoreUnavailable:

@@ -637,6 +637,15 @@ async def _asynchronous_failover(database: Database) -> AsyncOutcome:
     # come back under its own job id).
     keyed = {(str(u), str(k)) for u, k in InvariantChecker(database.url).rows("SELECT user_id, idempotency_key FROM analysis_jobs")}
     lost = [a.job_id for a in record.acks if fates[a.job_id] == "JOB_NOT_FOUND" and (a.user, a.key) not in keyed]
+    # What became of each lost admit's run at the core (its state, and what the queue recorded).
+    core_runs = {run.creation.job_id: run for run in core_runs_by_job(run)}
+    lost_runs = {
+        job_id: (
+            run_pb.RunState.Name(core_runs[job_id].state) if job_id in core_runs else "no run",
+            InvariantChecker(database.url).rows(f"SELECT reason FROM core_runs_lost WHERE job_id = '{job_id}'"),
+        )
+        for job_id in lost
+    }
     outcome = AsyncOutcome(
         figures=figures,
         acknowledged=len(record.acks),
@@ -659,6 +668,7 @@ async def _asynchronous_failover(database: Database) -> AsyncOutcome:
             "acknowledged_admits": outcome.acknowledged,
             "acknowledged_during_stall": outcome.acknowledged_during_stall,
             "lost_acknowledged_admits": len(lost),
+            "lost_runs_at_core": lost_runs,
             "wal_at_crash": wal,
             "failed_attempts_by_reason": dict(record.failure_kinds),
             "admit_latency_before_faults": admit_latency(record, stalled_at),
@@ -671,6 +681,12 @@ async def _asynchronous_failover(database: Database) -> AsyncOutcome:
         },
     )
     return outcome
+
+
+def core_runs_by_job(run: Run) -> list[Any]:
+    core = run.fleet.core
+    assert core is not None
+    return [r for r in core.runs.values() if r.creation.job_id]
 
 
 def _lsn(text: str) -> int:

@@ -220,6 +220,43 @@ async def test_a_reservation_claimed_before_its_run_was_adopted_does_not_cancel_
     assert await stubs.balance(user) == 2
 
 
+@pytest.mark.parametrize("earlier_timeline", [True, False], ids=["earlier-timeline", "same-timeline"])
+async def test_a_held_run_whose_reservation_an_earlier_timeline_wrote_is_adopted_and_one_of_this_timeline_canceled(
+    services, database_url: str, earlier_timeline: bool
+) -> None:
+    """A QUEUED job (its run held) is lost but its reservation survived. Written on an earlier
+    timeline than the current primary's, the reservation's admit ran on a primary a failover
+    replaced: the sweeper adopts the run back into its job (QUEUED, with its charge) instead of
+    canceling it. Written on the current timeline, it is an admit that failed: canceled (I5)."""
+    core = await services.core()
+    service = await services.start(core)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 3)
+    running = await stubs.admit(user)
+    queued = await stubs.admit(user)
+    await stubs.wait_for(running.job_id, S.JOB_STATUS_RUNNING)
+    assert core.runs[queued.run_id].state == HELD
+    lose_commits(database_url, [queued.job_id], reservations_survive_for=-1)
+    if earlier_timeline:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("UPDATE run_reservations SET timeline_id = queue_current_timeline() - 1 WHERE run_id = %s", (queued.run_id,))
+    async with service.app.store.statements() as db:
+        claims = [c for c in await db.claim_due_run_reservations(lease_seconds=30, batch_size=100) if str(c.run_id) == queued.run_id]
+    assert len(claims) == 1
+
+    assert await service.app.recovery.cancel_reserved_run(claims[0]) is True
+    assert _reserved(database_url, queued.run_id) == 0
+    if earlier_timeline:
+        assert core.runs[queued.run_id].state == HELD, "the sweeper canceled the run of an acknowledged admit"
+        assert (await stubs.job(queued.job_id)).status == S.JOB_STATUS_QUEUED
+        assert await stubs.balance(user) == 1
+    else:
+        assert core.runs[queued.run_id].state == CANCELED
+        assert await _status(stubs, queued.job_id) is None
+        assert await stubs.balance(user) == 2
+    assert InvariantChecker(database_url).i3_ledger() == []
+
+
 async def _status(stubs, job_id: str):
     try:
         return (await stubs.job(job_id)).status

@@ -6,8 +6,23 @@
 -- job (the reservation consumed), never taken for an admit still in flight: before, the release
 -- gate did not count it (a user's next run was released while it judged, I9) and the sweeper
 -- canceled it when the reservation's grace ran out (an acknowledged click lost, its judging
--- thrown away). A held run with a reservation stays the admit's until the grace ends, as before:
--- from the queue's side it cannot be told from an admit that failed.
+-- thrown away).
+--
+-- A held run whose reservation outlived its lost job is told apart by the timeline: each
+-- reservation records the timeline of the primary that wrote it. Once the reservation is claimed
+-- for canceling (its grace over, or its admit's own clean-up: no admit can commit it any more)
+-- and it was written on an earlier timeline than the current one, its admit ran on a primary a
+-- failover replaced: it committed there (acknowledged) or answered an error the client retries
+-- with the same key, which then finds the adopted job. Such a run is adopted rather than
+-- canceled. A reservation of the current timeline is canceled as before (an admit that failed, I5).
+CREATE FUNCTION queue_current_timeline() RETURNS integer
+LANGUAGE sql VOLATILE AS $$
+    SELECT CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint())
+                ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
+           END
+$$;
+ALTER TABLE run_reservations ADD COLUMN timeline_id integer;
+ALTER TABLE run_reservations ALTER COLUMN timeline_id SET DEFAULT queue_current_timeline();
 CREATE OR REPLACE FUNCTION queue_adopt_run(
     p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea,
     p_delta_of_run_id uuid, p_price bigint, p_judging boolean, p_actor text, p_reason text,
@@ -28,11 +43,14 @@ BEGIN
         RETURN;
     END IF;
     IF EXISTS (SELECT 1 FROM run_reservations r WHERE r.run_id = p_run_id) THEN
-        IF NOT p_judging OR p_delta_of_run_id IS NOT NULL THEN
+        -- A judging first-pass run: its admit did commit, on a database that lost it. A claimed
+        -- reservation from an earlier timeline: its admit ran on a primary a failover replaced.
+        IF NOT ((p_judging AND p_delta_of_run_id IS NULL)
+                OR EXISTS (SELECT 1 FROM run_reservations r
+                            WHERE r.run_id = p_run_id AND r.canceling AND r.timeline_id < queue_current_timeline())) THEN
             RETURN QUERY SELECT 'reserved'::text, 0, false, NULL::analysis_job_views;
             RETURN;
         END IF;
-        -- A judging first-pass run: its admit did commit, on a database that lost it.
         DELETE FROM run_reservations r WHERE r.run_id = p_run_id;
     END IF;
     SELECT j.job_id INTO v_existing FROM analysis_jobs j
