@@ -166,7 +166,8 @@ class CoreReconciler:
         return report
 
     async def _unknown(self, runs: list[CoreRun]) -> list[CoreRun]:
-        """The runs no job owns and no admit has reserved (read after the list: a run listed
+        """The runs no job owns and no admit has reserved, and the judging first-pass runs no job
+        owns whatever their reservation (read after the list: a run listed
         whose admit committed meanwhile is known by then)."""
         if not runs:
             return []
