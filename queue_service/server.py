@@ -191,6 +191,7 @@ class QueueApp:
         )
         self.engine.release_gate = self.reconciler.release_gate
         self.engine.adopt_unknown_run = self.reconciler.adopt_for_completion
+        self.engine.adopt_lost_reserved_run = self.reconciler.adopt_if_lost
         self.sweeper = Sweeper(self.recovery, self.store, config, wake_dispatcher=releases_due.set, reconciler=self.reconciler)
         self.replica_id = new_replica_id()
         self._started_at = dt.datetime.now(dt.timezone.utc)

@@ -415,14 +415,20 @@ class InvariantChecker:
         )
         return [f"I1: user {u} has {n} active first-pass jobs" for u, n in rows]
 
-    def i2_fifo(self) -> list[str]:
+    def i2_fifo(self, *, exempt_adopted_judging: bool = False) -> list[str]:
+        """I2. With `exempt_adopted_judging` (after a failover, design I14), jobs adopted back from
+        a judging run are left out: they left the queue on the primary that lost them, and come
+        back RUNNING with the adoption as their admit and promotion. They are exactly the
+        first-pass jobs inserted RUNNING (start_time = create_time): an admit never is, it
+        starts at a release after its commit."""
         self.checks_run += 1
+        exempt = "AND start_time IS DISTINCT FROM create_time" if exempt_adopted_judging else ""
         rows = self._rows(
-            """SELECT user_id, job_id FROM (
+            f"""SELECT user_id, job_id FROM (
                    SELECT user_id, job_id, promote_time,
                           lag(promote_time) OVER (PARTITION BY user_id ORDER BY queue_seq) AS previous_promote
                      FROM analysis_jobs
-                    WHERE delta_of_job_id IS NULL AND promote_time IS NOT NULL) ordered
+                    WHERE delta_of_job_id IS NULL AND promote_time IS NOT NULL {exempt}) ordered
                 WHERE previous_promote > promote_time"""
         )
         return [f"I2: job {j} of user {u} left the queue before an older job" for u, j in rows]

@@ -190,6 +190,9 @@ class DevCore(pb_grpc.RunServiceServicer):
         # core's own view of I1).
         self.judging_now: dict[str, set[str]] = {}
         self.max_concurrent_judging: dict[str, int] = {}
+        # (monotonic time, "begin" or "end", run_id, user_id) of every first-pass run's judging:
+        # when a user had two judging at once, and since when (I9's timeline).
+        self.judging_log: list[tuple[float, str, str, str]] = []
         # The core's concurrency ceiling (None: none): ReleaseRun answers RESOURCE_EXHAUSTED while
         # this many runs (first-pass and delta) are judging.
         self.judging_ceiling: int | None = None
@@ -468,6 +471,7 @@ class DevCore(pb_grpc.RunServiceServicer):
         if run.first_pass:
             judging = self.judging_now.setdefault(run.user_id, set())
             judging.add(run.run_id)
+            self.judging_log.append((time.monotonic(), "begin", run.run_id, run.user_id))
             self.max_concurrent_judging[run.user_id] = max(self.max_concurrent_judging.get(run.user_id, 0), len(judging))
             self.most_first_pass_judging = max(self.most_first_pass_judging, self.first_pass_judging())
             self.start_order.append(run.user_id)
@@ -475,6 +479,8 @@ class DevCore(pb_grpc.RunServiceServicer):
             run.judge_task = asyncio.create_task(self._judge(run))
 
     def _stop_judging(self, run: DevRun) -> None:
+        if run.first_pass and run.run_id in self.judging_now.get(run.user_id, ()):
+            self.judging_log.append((time.monotonic(), "end", run.run_id, run.user_id))
         self.judging_all.discard(run.run_id)
         self.judging_now.get(run.user_id, set()).discard(run.run_id)
 

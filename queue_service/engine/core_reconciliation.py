@@ -6,6 +6,10 @@ runs of those jobs. Three things follow, each here:
 
 - **Reconciliation** lists the core's live runs (`RunService.ListRuns`) and, for every run no job
   owns and no admit has reserved, decides between adopting it back into a job and canceling it.
+  A first-pass run the core judges is such a run even when reserved: it judges only once its job
+  committed, so its reservation is what the standby had of an admit acknowledged and released on
+  the lost primary, not an admit in flight. A claimed reservation written on an earlier timeline
+  is adopted too rather than canceled (`adopt_if_lost`).
   It adopts whenever the core's record suffices (the queue's job id, idempotency key, request
   digest and price travel with CreateRun and come back in `Run.creation`): the click was
   acknowledged, the user was told her job exists, and the core did or does the work, so the job
@@ -162,12 +166,14 @@ class CoreReconciler:
         return report
 
     async def _unknown(self, runs: list[CoreRun]) -> list[CoreRun]:
-        """The runs no job owns and no admit has reserved (read after the list: a run listed
+        """The runs no job owns and no admit has reserved, and the judging first-pass runs no job
+        owns whatever their reservation (read after the list: a run listed
         whose admit committed meanwhile is known by then)."""
         if not runs:
             return []
+        judging = [run.run_id for run in runs if run.first_pass and run.fate is RunFate.JUDGING]
         async with self._store.statements() as db:
-            unknown = await db.runs_unknown_to_queue(run_ids=[run.run_id for run in runs])
+            unknown = await db.runs_unknown_to_queue(run_ids=[run.run_id for run in runs], judging_first_pass=judging)
         return [run for run in runs if run.run_id in unknown]
 
     async def settle_orphan(self, listed: CoreRun) -> str:
@@ -196,7 +202,9 @@ class CoreReconciler:
             if view.status is JobStatus.PENDING:
                 self._wake_dispatcher()
             return "adopted"
-        if adoption.kind in ("known", "reserved"):
+        if adoption.kind == "reserved":
+            return "reserved"
+        if adoption.kind == "known":
             return "known"
         return await self._lose(run, adoption.kind, cancel=cancel)
 
@@ -234,7 +242,7 @@ class CoreReconciler:
         async with self._store.statements() as db:
             limit = await db.user_slot_limit(user_id=claim.user_id, default_max_active=self._config.max_active_per_user)
             counted = await db.runs_taking_a_slot(run_ids=run_ids)
-            unknown = await db.runs_unknown_to_queue(run_ids=run_ids) if counted else set()
+            unknown = await db.runs_unknown_to_queue(run_ids=run_ids, judging_first_pass=run_ids) if counted else set()
         for run in others:
             if run.run_id in unknown:
                 self._in_background(self._settle_stray(run), name=f"settle-stray-{run.run_id}")
@@ -246,6 +254,25 @@ class CoreReconciler:
             f"the core reports {len(counted)} other first-pass run(s) of this user judging (run {first} first),"
             f" her limit is {limit}: the release waits until one settles"
         )
+
+    async def adopt_if_lost(self, run_id: uuid.UUID) -> bool:
+        """A reserved run is about to be canceled (its reservation claimed by the sweeper once its
+        grace is over, or by its admit's own clean-up): True when it must not be, because its job
+        was lost in a failover. That is so when the core judges it as a first-pass run (it judges
+        only once its job committed: the standby had only the reservation), or when the
+        reservation was written on an earlier timeline than the current primary's (its admit ran
+        on a primary a failover replaced: it committed there and was acknowledged, or answered an
+        error the client retries with the same key, finding the adopted job). The run is adopted
+        (the reservation consumed; True also when a job owns it already, adopted meanwhile by
+        another path); where it cannot be, it is recorded lost and False lets the cancel go on.
+        Raises CoreUnavailable when the core does not answer (the cancel is retried)."""
+        run = await self._core.get_run_record(run_id)
+        if run is None or run.fate.settled:
+            return False
+        # "known": adopted meanwhile (the release gate, another replica's reconciliation): a job
+        # owns the run now, and a claim taken before must not cancel it. "reserved": an admit's
+        # reservation of this timeline, canceled as before.
+        return await self._adopt_or_cancel(run, cancel=False) in ("adopted", "known")
 
     async def _settle_stray(self, run: CoreRun) -> None:
         try:

@@ -97,6 +97,9 @@ class QueueEngine:
         # A completion of a run no job owns: adopts it from the core's record first (True: a job
         # owns it now; False: it never will).
         self.adopt_unknown_run: Callable[[uuid.UUID], Awaitable[bool]] | None = None
+        # A reserved run about to be canceled: adopts it instead when its job was lost in a
+        # failover (True: a job owns it, do not cancel).
+        self.adopt_lost_reserved_run: Callable[[uuid.UUID], Awaitable[bool]] | None = None
         self._backoff = wait_random_exponential(multiplier=1.0, max=config.release_backoff_max_seconds)
         # Clean-ups and changes that outlive their caller, of this core and of the rooms around it.
         self.tasks = BackgroundTasks()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 
-from queue_service import telemetry
+from queue_service import errors, telemetry
 from queue_service.core_client import CoreClient
 from queue_service.engine.engine import QueueEngine
 from queue_service.engine.releases import Releases
@@ -83,10 +83,23 @@ class Recovery:
             return True
 
     async def cancel_reserved_run(self, claim: ClaimedReservation) -> bool:
-        """Cancels a reserved run whose admit is gone; forgets it once the core confirms."""
+        """Cancels a reserved run whose admit is gone; forgets it once the core confirms. A run the
+        core judges as a first-pass run, or whose reservation an earlier timeline wrote, is adopted
+        instead: its job was lost in a failover (`CoreReconciler.adopt_if_lost`)."""
         with telemetry.tracer.start_as_current_span("run.cancel_orphan") as span:
             span.set_attribute("queue.run_id", str(claim.run_id))
-            report = await self._engine.cancel_until_confirmed(claim.run_id, kind="orphan")
+            adopt = self._engine.adopt_lost_reserved_run
+            try:
+                adopted = adopt is not None and await adopt(claim.run_id)
+            except errors.CoreUnavailable:
+                adopted = None
+            span.set_attribute("queue.reservation.adopted", bool(adopted))
+            if adopted:
+                async with self._store.statements() as db:
+                    await db.drop_run_reservation(run_id=claim.run_id)  # consumed by the adoption already, as a rule
+                telemetry.metrics.run_settlements.add(1, {"kind": "orphan", "result": "adopted"})
+                return True
+            report = await self._engine.cancel_until_confirmed(claim.run_id, kind="orphan") if adopted is not None else None
             if report is None:
                 async with self._store.statements() as db:
                     await db.schedule_run_reservation_retry(run_id=claim.run_id, attempt=claim.attempt, backoff_seconds=self._engine.backoff_seconds(claim.attempt)

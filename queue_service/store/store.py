@@ -265,13 +265,15 @@ class Statements:
 
     # -- the core's runs as the second copy (engine/core_reconciliation.py) ---------------------
 
-    async def runs_unknown_to_queue(self, *, run_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
-        """Of these runs, those no job owns and no admit has reserved."""
-        return {row["run_id"] for row in await self._all("runs_unknown_to_queue", {"run_ids": list(run_ids)})}
+    async def runs_unknown_to_queue(self, *, run_ids: Sequence[uuid.UUID], judging_first_pass: Sequence[uuid.UUID] = ()) -> set[uuid.UUID]:
+        """Of these runs, those no job owns and no admit has reserved; of `judging_first_pass`
+        (first-pass runs the core judges), those no job owns, reserved or not."""
+        params = {"run_ids": list(run_ids), "judging_first_pass": list(judging_first_pass)}
+        return {row["run_id"] for row in await self._all("runs_unknown_to_queue", params)}
 
     async def runs_taking_a_slot(self, *, run_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
         """Of these judging runs, those that take their user's slot as far as the queue can tell
-        (their job holds it, or no job or admit knows them)."""
+        (their job holds it, or no job owns them, whatever their reservation)."""
         return {row["run_id"] for row in await self._all("runs_taking_a_slot", {"run_ids": list(run_ids)})}
 
     async def user_slot_limit(self, *, user_id: str, default_max_active: int) -> int:

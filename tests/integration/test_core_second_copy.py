@@ -33,12 +33,16 @@ from tests.harness import S, InvariantChecker, new_user
 HELD, JUDGING, CANCELED = core_pb2.RUN_STATE_HELD, core_pb2.RUN_STATE_JUDGING, core_pb2.RUN_STATE_CANCELED
 
 
-def lose_commits(database_url: str, job_ids: list[str]) -> None:
+def lose_commits(database_url: str, job_ids: list[str], *, reservations_survive_for: float | None = None) -> None:
     """What a failover to a standby that had not received these jobs' commits leaves: no job, no
-    charge (the balance as before), no reservation, no feed row."""
+    charge (the balance as before), no reservation, no feed row. With `reservations_survive_for`
+    the standby had received the runs' reservations (written before CreateRun) but not the
+    admits' commits that consumed them: each comes back, its grace ending that many seconds from
+    now (negative: over already)."""
     ids = [uuid.UUID(j) for j in job_ids]
     with psycopg.connect(database_url, autocommit=True) as conn, conn.transaction():
-        runs = [row[0] for row in conn.execute("SELECT run_id FROM analysis_jobs WHERE job_id = ANY(%s)", (ids,)).fetchall()]
+        owners = conn.execute("SELECT run_id, user_id FROM analysis_jobs WHERE job_id = ANY(%s)", (ids,)).fetchall()
+        runs = [row[0] for row in owners]
         conn.execute(
             """UPDATE credit_accounts c SET balance = c.balance - s.total
                  FROM (SELECT user_id, sum(amount) AS total FROM credit_ledger WHERE job_id = ANY(%s) GROUP BY user_id) s
@@ -49,6 +53,11 @@ def lose_commits(database_url: str, job_ids: list[str]) -> None:
         conn.execute("DELETE FROM analysis_job_feed WHERE job_id = ANY(%s)", (ids,))
         conn.execute("DELETE FROM analysis_jobs WHERE job_id = ANY(%s)", (ids,))
         conn.execute("DELETE FROM run_reservations WHERE run_id = ANY(%s)", (runs,))
+        if reservations_survive_for is not None:
+            conn.cursor().executemany(
+                "INSERT INTO run_reservations (run_id, user_id, cancel_after) VALUES (%s, %s, clock_timestamp() + make_interval(secs => %s))",
+                [(run_id, user_id, reservations_survive_for) for run_id, user_id in owners],
+            )
 
 
 def orphans(core, database_url: str) -> list[str]:
@@ -128,6 +137,138 @@ async def test_lost_jobs_are_adopted_back_with_their_charges_and_the_core_never_
     checker = InvariantChecker(database_url)
     assert checker.i3_ledger() == [] and checker.i1_slot_limit() == []
     assert orphans(core, database_url) == []
+
+
+async def test_a_judging_run_whose_reservation_outlived_its_lost_job_holds_the_next_release_and_is_adopted(services, database_url: str) -> None:
+    """The standby had the run's reservation but not the admit's commit that consumed it (the job
+    was acknowledged and released on the old primary). A first-pass run judges only once its job
+    committed, so the core judging it means the job was lost, not that an admit is in flight: the
+    user's next release waits while it judges (I9 at the core) and the run is adopted back, its
+    reservation consumed, long before the reservation's grace would have canceled it."""
+    core = await services.core()
+    service = await services.start(core, release_backoff_max_seconds=0.1)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 5)
+    lost = await stubs.admit(user)
+    await stubs.wait_for(lost.job_id, S.JOB_STATUS_RUNNING)
+    lose_commits(database_url, [lost.job_id], reservations_survive_for=3600)
+
+    later = await stubs.admit(user)
+    assert later.status == S.JOB_STATUS_PENDING
+    await asyncio.sleep(0.5)  # the dispatcher tries to release it meanwhile
+    assert core.runs[later.run_id].state == HELD, "released while the core judged the user's lost run (I9)"
+    assert core.max_concurrent_judging[user] == 1
+    adopted = await eventually(lambda: _status(stubs, lost.job_id), what="the lost judging run adopted")
+    assert adopted == S.JOB_STATUS_RUNNING
+    assert core.runs[lost.run_id].state == JUDGING
+    assert _reserved(database_url, lost.run_id) == 0
+    assert await stubs.balance(user) == 3  # two clicks acknowledged, two charges
+
+    core.judging_seconds = 0.05
+    core.start_judging()
+    for job in (lost, later):
+        await stubs.wait_for(job.job_id, S.JOB_STATUS_SUCCEEDED, timeout=20)
+    assert core.max_concurrent_judging[user] == 1
+    assert InvariantChecker(database_url).i3_ledger() == []
+    assert orphans(core, database_url) == []
+
+
+async def test_the_sweeper_adopts_a_judging_run_whose_reservation_outlived_its_lost_job_rather_than_cancel_it(services, database_url: str) -> None:
+    """The reservation's grace is over when the sweeper finds it: a held run would be canceled (its
+    admit is gone), but a judging first-pass run's admit committed and was acknowledged on the
+    lost primary, so it is adopted, never canceled."""
+    core = await services.core()
+    service = await services.start(core)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 3)
+    job = await stubs.admit(user)
+    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    lose_commits(database_url, [job.job_id], reservations_survive_for=-1)
+    async with service.app.store.statements() as db:
+        claims = [c for c in await db.claim_due_run_reservations(lease_seconds=30, batch_size=100) if str(c.run_id) == job.run_id]
+    assert len(claims) == 1
+
+    assert await service.app.recovery.cancel_reserved_run(claims[0]) is True
+    assert core.runs[job.run_id].state == JUDGING, "the sweeper canceled an acknowledged, judging run"
+    assert (await stubs.job(job.job_id)).status == S.JOB_STATUS_RUNNING
+    assert _reserved(database_url, job.run_id) == 0
+    assert await stubs.balance(user) == 2
+    assert InvariantChecker(database_url).i3_ledger() == []
+
+
+async def test_a_reservation_claimed_before_its_run_was_adopted_does_not_cancel_the_adopted_run(services, database_url: str) -> None:
+    """Another replica's sweeper (or a failed admit's clean-up) claimed the stale reservation;
+    reconciliation adopts the judging run meanwhile; the claim's cancel then finds a job owning
+    the run and leaves it judging."""
+    core = await services.core()
+    service = await services.start(core)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 3)
+    job = await stubs.admit(user)
+    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+    lose_commits(database_url, [job.job_id], reservations_survive_for=-1)
+    async with service.app.store.statements() as db:
+        claims = [c for c in await db.claim_due_run_reservations(lease_seconds=30, batch_size=100) if str(c.run_id) == job.run_id]
+    assert len(claims) == 1
+    report = await service.app.reconciler.reconcile()
+    assert report.adopted == 1, report
+
+    assert await service.app.recovery.cancel_reserved_run(claims[0]) is True
+    assert core.runs[job.run_id].state == JUDGING, "a stale claim canceled the adopted run"
+    assert (await stubs.job(job.job_id)).status == S.JOB_STATUS_RUNNING
+    assert _reserved(database_url, job.run_id) == 0
+    assert await stubs.balance(user) == 2
+
+
+@pytest.mark.parametrize("earlier_timeline", [True, False], ids=["earlier-timeline", "same-timeline"])
+async def test_a_held_run_whose_reservation_an_earlier_timeline_wrote_is_adopted_and_one_of_this_timeline_canceled(
+    services, database_url: str, earlier_timeline: bool
+) -> None:
+    """A QUEUED job (its run held) is lost but its reservation survived. Written on an earlier
+    timeline than the current primary's, the reservation's admit ran on a primary a failover
+    replaced: the sweeper adopts the run back into its job (QUEUED, with its charge) instead of
+    canceling it. Written on the current timeline, it is an admit that failed: canceled (I5)."""
+    core = await services.core()
+    service = await services.start(core)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 3)
+    running = await stubs.admit(user)
+    queued = await stubs.admit(user)
+    await stubs.wait_for(running.job_id, S.JOB_STATUS_RUNNING)
+    assert core.runs[queued.run_id].state == HELD
+    lose_commits(database_url, [queued.job_id], reservations_survive_for=-1)
+    if earlier_timeline:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("UPDATE run_reservations SET timeline_id = queue_current_timeline() - 1 WHERE run_id = %s", (queued.run_id,))
+    async with service.app.store.statements() as db:
+        claims = [c for c in await db.claim_due_run_reservations(lease_seconds=30, batch_size=100) if str(c.run_id) == queued.run_id]
+    assert len(claims) == 1
+
+    assert await service.app.recovery.cancel_reserved_run(claims[0]) is True
+    assert _reserved(database_url, queued.run_id) == 0
+    if earlier_timeline:
+        assert core.runs[queued.run_id].state == HELD, "the sweeper canceled the run of an acknowledged admit"
+        assert (await stubs.job(queued.job_id)).status == S.JOB_STATUS_QUEUED
+        assert await stubs.balance(user) == 1
+    else:
+        assert core.runs[queued.run_id].state == CANCELED
+        assert await _status(stubs, queued.job_id) is None
+        assert await stubs.balance(user) == 2
+    assert InvariantChecker(database_url).i3_ledger() == []
+
+
+async def _status(stubs, job_id: str):
+    try:
+        return (await stubs.job(job_id)).status
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            return None
+        raise
+
+
+def _reserved(database_url: str, run_id: str) -> int:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        return int(conn.execute("SELECT count(*) FROM run_reservations WHERE run_id = %s", (run_id,)).fetchone()[0])
 
 
 async def test_a_completion_of_a_lost_run_is_adopted_and_applied(services, database_url: str) -> None:

@@ -794,23 +794,27 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
 
 -- name: runs_unknown_to_queue
 -- Of the given runs (the core's live ones), those no job owns and no admit has reserved: the
--- candidates for adoption (the unique index on run_id and the reservations' primary key).
+-- candidates for adoption (the unique index on run_id and the reservations' primary key). A
+-- first-pass run the core judges (`judging_first_pass`) counts even with a reservation: it
+-- judges only once its job committed, so its admit is not in flight, its job was lost.
 SELECT r.run_id
   FROM unnest(%(run_ids)s::uuid[]) AS r(run_id)
  WHERE NOT EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.run_id = r.run_id)
-   AND NOT EXISTS (SELECT 1 FROM run_reservations v WHERE v.run_id = r.run_id);
+   AND (r.run_id = ANY(%(judging_first_pass)s::uuid[])
+        OR NOT EXISTS (SELECT 1 FROM run_reservations v WHERE v.run_id = r.run_id));
 
 -- name: runs_taking_a_slot
 -- Of the given runs (first-pass runs the core reports judging), those that take their user's
 -- slot as far as the queue can tell: owned by a job holding it (PENDING or RUNNING, or ended with
--- its run not yet confirmed settled), or unknown to the queue (its job lost in a failover). A run
+-- its run not yet confirmed settled), or owned by no job (its job lost in a failover; a
+-- reservation does not make it an admit in flight: a first-pass run judges only once its job
+-- committed, and the standby may have had the reservation but not that commit). A run
 -- whose job ended with its run confirmed settled is not counted: only the core's own answer
 -- settles a run, and a failover loses commits, it does not invent them.
 SELECT r.run_id
   FROM unnest(%(run_ids)s::uuid[]) AS r(run_id)
   LEFT JOIN analysis_jobs j ON j.run_id = r.run_id
- WHERE (j.job_id IS NULL AND NOT EXISTS (SELECT 1 FROM run_reservations v WHERE v.run_id = r.run_id))
-    OR j.status IN ('pending', 'running') OR j.run_settle_due_at IS NOT NULL;
+ WHERE j.job_id IS NULL OR j.status IN ('pending', 'running') OR j.run_settle_due_at IS NOT NULL;
 
 -- name: user_slot_limit
 -- The user's first-pass limit: her own (`user_queue_limits`) or the default.

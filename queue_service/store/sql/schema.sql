@@ -187,6 +187,7 @@ CREATE TABLE public.run_reservations (
     cancel_after    timestamp with time zone NOT NULL,
     canceling       boolean DEFAULT false NOT NULL,
     cancel_attempts integer DEFAULT 0 NOT NULL,
+    timeline_id     integer DEFAULT queue_current_timeline(),
     CONSTRAINT run_reservations_pkey PRIMARY KEY (run_id)
 );
 CREATE INDEX run_reservations_cancel_due ON public.run_reservations USING btree (cancel_after);
@@ -396,6 +397,15 @@ BEGIN
            core_refusals = c.core_refusals + 1;
     RETURN QUERY SELECT 'refused'::text, c.core_limit FROM queue_capacity c;
 END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_current_timeline()
+ RETURNS integer
+ LANGUAGE sql
+AS $function$
+    SELECT CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint())
+                ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
+           END
 $function$;
 
 CREATE OR REPLACE FUNCTION public.queue_end_job(p_job_id uuid, p_status text, p_from_statuses text[], p_last_error text, p_expected_attempts integer, p_run_unsettled boolean, p_refund boolean, p_actor text, p_reason text, p_default_max_active integer, p_release_window_seconds double precision, p_lease_seconds double precision)
@@ -725,8 +735,15 @@ BEGIN
         RETURN;
     END IF;
     IF EXISTS (SELECT 1 FROM run_reservations r WHERE r.run_id = p_run_id) THEN
-        RETURN QUERY SELECT 'reserved'::text, 0, false, NULL::analysis_job_views;
-        RETURN;
+        -- A judging first-pass run: its admit did commit, on a database that lost it. A claimed
+        -- reservation from an earlier timeline: its admit ran on a primary a failover replaced.
+        IF NOT ((p_judging AND p_delta_of_run_id IS NULL)
+                OR EXISTS (SELECT 1 FROM run_reservations r
+                            WHERE r.run_id = p_run_id AND r.canceling AND r.timeline_id < queue_current_timeline())) THEN
+            RETURN QUERY SELECT 'reserved'::text, 0, false, NULL::analysis_job_views;
+            RETURN;
+        END IF;
+        DELETE FROM run_reservations r WHERE r.run_id = p_run_id;
     END IF;
     SELECT j.job_id INTO v_existing FROM analysis_jobs j
      WHERE (j.user_id = p_user_id AND j.idempotency_key = p_idempotency_key) OR j.job_id = p_job_id
