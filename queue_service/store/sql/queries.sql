@@ -12,8 +12,8 @@
 -- base (`admit_state`). One statement, one snapshot: `reserved` is false exactly when the key's
 -- job exists.
 WITH reserved AS (
-    INSERT INTO run_reservations (run_id, user_id, cancel_after)
-    SELECT %(run_id)s, %(user_id)s, clock_timestamp() + make_interval(secs => %(grace_seconds)s)
+    INSERT INTO run_reservations (run_id, user_id, cancel_after, timeline_id)
+    SELECT %(run_id)s, %(user_id)s, clock_timestamp() + make_interval(secs => %(grace_seconds)s), queue_current_timeline()
      WHERE NOT EXISTS (SELECT 1 FROM analysis_jobs
                         WHERE user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s)
     RETURNING run_id

@@ -187,7 +187,7 @@ CREATE TABLE public.run_reservations (
     cancel_after    timestamp with time zone NOT NULL,
     canceling       boolean DEFAULT false NOT NULL,
     cancel_attempts integer DEFAULT 0 NOT NULL,
-    timeline_id     integer DEFAULT queue_current_timeline(),
+    timeline_id     integer,
     CONSTRAINT run_reservations_pkey PRIMARY KEY (run_id)
 );
 CREATE INDEX run_reservations_cancel_due ON public.run_reservations USING btree (cancel_after);

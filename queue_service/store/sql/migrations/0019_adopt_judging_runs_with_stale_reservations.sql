@@ -22,7 +22,9 @@ LANGUAGE sql VOLATILE AS $$
            END
 $$;
 ALTER TABLE run_reservations ADD COLUMN timeline_id integer;
-ALTER TABLE run_reservations ALTER COLUMN timeline_id SET DEFAULT queue_current_timeline();
+-- The admit's reservation statement writes it (no column default: a default calling a function
+-- of ours would make the schema depend on the order its objects are created in). A reservation
+-- an older replica writes during a rolling deploy has none: it is canceled as before, never adopted.
 CREATE OR REPLACE FUNCTION queue_adopt_run(
     p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea,
     p_delta_of_run_id uuid, p_price bigint, p_judging boolean, p_actor text, p_reason text,
