@@ -65,9 +65,10 @@ USERS = int(os.environ.get("QUEUE_TORTURE_USERS", "200"))
 # a lower one during the run (`fit_capacity_to_load`), so I12 and I13 are tested on any machine.
 CAPACITY = int(os.environ.get("QUEUE_TORTURE_CAPACITY", "20"))
 # When the most first-pass runs judging at once is looked at (a share of the run), and what share
-# of it becomes the capacity when it falls short: half, so the load surely fills it again.
+# of it becomes the capacity when it falls short: a third, so the load surely fills it again while
+# replicas die and PostgreSQL restarts.
 CAPACITY_FIT_AFTER_SHARE = 0.3
-CAPACITY_FIT_SHARE_OF_PEAK = 0.5
+CAPACITY_FIT_SHARE_OF_PEAK = 1 / 3
 RELEASE_WINDOW = 3.0
 SWEEP_INTERVAL = 1.0
 RECONCILE_AFTER = 2.0
@@ -140,6 +141,10 @@ class Summary:
     # The capacity I12 is judged against (CAPACITY, or the lower one `fit_capacity_to_load` set).
     capacity: int = CAPACITY
     capacity_fitted_from_peak: int = 0
+    # The most first-pass runs judged at once under the fitted capacity, before the drain.
+    most_judging_at_fitted_capacity: int = 0
+    # The fleet had all of the fitted capacity in use with jobs waiting for it (GetOverview).
+    fitted_capacity_filled: bool = False
     most_passed_over: int = 0
     stream_reconnects: int = 0
     stream_ends: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -459,7 +464,7 @@ def check_core_judges_at_most_the_capacity(core: DevCore, summary: Summary) -> N
 async def fit_capacity_to_load(cluster: Cluster, summary: Summary, stop: asyncio.Event) -> None:
     """Lowers the capacity when the users have not filled it, so I12 and I13 are put to the test
     on any machine: on a slow one (a starved CPU, a shared CI runner) the admits come too slowly
-    for CAPACITY first-pass runs to judge at once. Then the capacity becomes half the most seen
+    for CAPACITY first-pass runs to judge at once. Then the capacity becomes a third of the most seen
     (the operator's SetCoreCapacity); runs granted under the old one end first (a lowered
     capacity is reached as they end), and once the fleet has no more in use than the new one,
     the core's count starts afresh and I12 is judged against the new capacity."""
@@ -472,6 +477,7 @@ async def fit_capacity_to_load(cluster: Cluster, summary: Summary, stop: asyncio
     while not stop.is_set():
         try:
             await operator_stub(cluster.pick()).SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=fitted), timeout=CALL_DEADLINE)
+            summary.capacity_fitted_from_peak = peak
             break
         except grpc.aio.AioRpcError:
             await asyncio.sleep(0.5)  # a replica dying or PostgreSQL restarting: try again
@@ -481,12 +487,45 @@ async def fit_capacity_to_load(cluster: Cluster, summary: Summary, stop: asyncio
             overview = (await operator_stub(cluster.pick()).GetOverview(op_pb2.GetOverviewRequest(), timeout=CALL_DEADLINE)).overview
             if overview.capacity_limit == fitted and overview.capacity_in_use <= fitted:
                 # The core judges no more runs than the fleet has in use: from here the new capacity holds.
-                summary.capacity, summary.capacity_fitted_from_peak = fitted, peak
+                summary.capacity = fitted
                 core.most_first_pass_judging = core.first_pass_judging()
+                break
+        except grpc.aio.AioRpcError:
+            pass
+        await asyncio.sleep(0.2)
+    # On a starved machine a run holds its capacity longer in release and completion than it
+    # judges at the core, so whether the fitted capacity was filled is read from the fleet's own
+    # count: all of it in use while jobs wait for it (their grant order is what I13 judges).
+    while not stop.is_set() and summary.capacity == fitted:
+        try:
+            overview = (await operator_stub(cluster.pick()).GetOverview(op_pb2.GetOverviewRequest(), timeout=CALL_DEADLINE)).overview
+            if overview.capacity_limit == fitted and overview.capacity_in_use >= fitted and overview.capacity_waiting_jobs > 0:
+                summary.fitted_capacity_filled = True
                 return
         except grpc.aio.AioRpcError:
             pass
         await asyncio.sleep(0.2)
+
+
+async def restore_capacity(cluster: Cluster, summary: Summary) -> None:
+    """After the chaos, a fitted capacity is judged (I12) and CAPACITY restored: the backlog a slow
+    machine built under the lower one drains at the usual pace (a raised capacity fills its new
+    slots at once), and I12 is judged against CAPACITY from here."""
+    if not summary.capacity_fitted_from_peak:
+        return
+    check_core_judges_at_most_the_capacity(cluster.core, summary)
+    summary.most_judging_at_fitted_capacity = cluster.core.most_first_pass_judging
+    give_up_at = time.monotonic() + 30
+    while True:
+        try:
+            await operator_stub(cluster.pick()).SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=CAPACITY), timeout=CALL_DEADLINE)
+            break
+        except grpc.aio.AioRpcError as exc:
+            if time.monotonic() > give_up_at:
+                summary.violations.append(f"the capacity could not be restored to {CAPACITY} after the chaos: {exc.code().name}")
+                break
+            await asyncio.sleep(0.5)
+    summary.capacity = CAPACITY
 
 
 # I13 from the grant order: for each job that waited for capacity, how many of another user's
@@ -753,6 +792,8 @@ async def test_torture(tmp_path: Path) -> None:
         core.unavailable = core.fail_releases = core.drop_callbacks = False
         core.answer_faults.clear()
         cluster.point_core_at_live_replicas()
+        fitted_capacity = summary.capacity
+        await restore_capacity(cluster, summary)
         healed_at = time.monotonic()
         deadline = healed_at + 60
         while time.monotonic() < deadline:
@@ -807,8 +848,10 @@ async def test_torture(tmp_path: Path) -> None:
             "i9_checks": summary.i9_checks,
             "i10_checks": summary.i10_checks,
             "i11_checks": summary.i11_checks,
-            "capacity": summary.capacity,
+            "capacity": fitted_capacity,
             "capacity_fitted_from_peak": summary.capacity_fitted_from_peak,
+            "most_judging_at_fitted_capacity": summary.most_judging_at_fitted_capacity,
+            "fitted_capacity_filled": summary.fitted_capacity_filled,
             "i12_checks": summary.i12_checks,
             "core_most_first_pass_judging": core.most_first_pass_judging,
             "i13_most_passed_over_by_one_user": summary.most_passed_over,
@@ -826,10 +869,13 @@ async def test_torture(tmp_path: Path) -> None:
         assert summary.chaos["listener_kill"] >= 1 and sum(core.faults_injected.values()) > 0
         assert summary.chaos["stranger_lock"] >= 1 and summary.chaos["late_commits"] >= 1
         assert summary.i9_checks > 0 and summary.i10_checks > 0 and summary.i12_checks > 0
-        if summary.capacity:
-            # The capacity (perhaps the fitted one) was reached, so I12 and I13 were put to the test.
-            assert core.most_first_pass_judging == summary.capacity, (
-                f"capacity {summary.capacity} never reached: at most {core.most_first_pass_judging} first-pass runs judged at once"
+        if fitted_capacity:
+            # The capacity in force was reached (the fitted one during the chaos, or CAPACITY in the
+            # drain after it), so I12 and I13 were put to the test.
+            reached_fitted = summary.capacity_fitted_from_peak and summary.fitted_capacity_filled
+            assert reached_fitted or core.most_first_pass_judging == CAPACITY, (
+                f"the capacity was never reached: the fitted {fitted_capacity} never all in use with jobs waiting,"
+                f" and at most {core.most_first_pass_judging} first-pass runs judged at once under {CAPACITY}"
             )
             assert waited > 0, "no job waited for capacity: I13 was not put to the test"
     finally:
