@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 import time
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
@@ -25,14 +26,79 @@ T = TypeVar("T")
 _call_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("queue_call_deadline", default=None)
 
 # Kept back from the caller's deadline for building and sending the answer: a tenth of the
-# call's time, at least 50 ms (a busy event loop) and at most half a second.
+# call's time, at least 50 ms and at most half a second while the event loop keeps time.
 _RESERVE_SHARE = 0.1
 _RESERVE_MIN_SECONDS = 0.05
 _RESERVE_MAX_SECONDS = 0.5
+# On a starved CPU the event loop runs late, and an answer waits for the loop twice after its
+# last bounded wait ran out: to wake the call up, then to hand the answer to gRPC. So the reserve
+# is at least LAG_TURNS times the loop's recent lateness (`LoopLag`), but never more than
+# LAG_MAX_SHARE of the call's time: a call then answers its own status, early, instead of
+# leaving the caller to hear DEADLINE_EXCEEDED.
+_LAG_TURNS = 3.0
+_LAG_MAX_SHARE = 0.5
+
+
+class LoopLag:
+    """How late this process's event loop has been running lately: a timer that should fire every
+    `interval` seconds measures how late it fires; the figure kept is the recent peak, decaying
+    by half every `half_life` seconds, so one stall is remembered for a while, not forever."""
+
+    def __init__(self, interval: float = 0.05, half_life: float = 5.0) -> None:
+        self.interval = interval
+        self.half_life = half_life
+        self._peak = 0.0
+        self._peak_at = time.monotonic()
+        self._task: asyncio.Task[None] | None = None
+        self._users = 0
+
+    @property
+    def seconds(self) -> float:
+        return self._peak * math.pow(0.5, (time.monotonic() - self._peak_at) / self.half_life)
+
+    def observe(self, lateness: float) -> None:
+        if lateness >= self.seconds:
+            self._peak, self._peak_at = lateness, time.monotonic()
+
+    def start(self) -> None:
+        """Watches the running loop; every `start` is matched by a `stop` (several servers may
+        share a process: the watch ends with the last)."""
+        self._users += 1
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self._task = spawn_detached(self._watch(), name="loop-lag")
+
+    async def stop(self) -> None:
+        self._users = max(0, self._users - 1)
+        if self._users == 0 and self._task is not None and self._task.get_loop() is asyncio.get_running_loop():
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _watch(self) -> None:
+        while True:
+            planned = time.monotonic() + self.interval
+            await asyncio.sleep(self.interval)
+            self.observe(max(0.0, time.monotonic() - planned))
+
+
+# The process's monitor; the server starts it (unstarted, it reads no lag).
+loop_lag = LoopLag()
+
+
+def lag_allowance() -> float:
+    """How late an answer this process is waiting for may be handled, as the loop runs now: a
+    wait that must end before another (a lock timeout before its statement's deadline) ends
+    this much earlier."""
+    return _LAG_TURNS * loop_lag.seconds
 
 
 def reply_reserve(time_remaining: float) -> float:
-    return min(_RESERVE_MAX_SECONDS, max(_RESERVE_MIN_SECONDS, time_remaining * _RESERVE_SHARE))
+    usual = min(_RESERVE_MAX_SECONDS, max(_RESERVE_MIN_SECONDS, time_remaining * _RESERVE_SHARE))
+    return max(usual, min(_LAG_MAX_SHARE * time_remaining, lag_allowance()))
 
 
 @contextmanager
@@ -103,3 +169,4 @@ def spawn_detached(coro: Coroutine[Any, Any, T], *, name: str | None = None) -> 
     context = contextvars.copy_context()
     context.run(_call_deadline.set, None)
     return asyncio.get_running_loop().create_task(coro, name=name, context=context)
+

@@ -23,7 +23,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from queue_service import errors, telemetry
+from queue_service import deadline, errors, telemetry
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2,
     core_callback_service_pb2_grpc,
@@ -268,6 +268,8 @@ class QueueApp:
         self.dispatcher.start()
         self.sweeper.start()
         self.heartbeat.start()
+        deadline.loop_lag.start()
+        telemetry.metrics.loop_lag = lambda: deadline.loop_lag.seconds
         await server.start()
         if self.web is not None:
             self.http_port = await self.web.start()
@@ -412,6 +414,7 @@ class QueueApp:
             await self.web.stop()
         await self.sweeper.stop()
         await self.heartbeat.stop()
+        await deadline.loop_lag.stop()
         await self.reconciler.stop()
         await self.dispatcher.stop()
         await self.engine.stop()

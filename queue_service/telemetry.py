@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry import metrics as otel_metrics, trace
@@ -64,6 +64,8 @@ class _Instruments:
         # unlimited), waiting (jobs waiting for capacity).
         self.capacity: dict[str, int] = {}
         self.pools: weakref.WeakSet[Any] = weakref.WeakSet()
+        # The event loop's recent lateness in seconds (the server points it at `deadline.loop_lag`).
+        self.loop_lag: Callable[[], float] = lambda: 0.0
         self.admits = _counter("queue.admits", "{admit}", "Admit calls by outcome and reason")
         self.retries = _counter("queue.retries", "{retry}", "OperatorService.RetryJob calls by outcome (admitted, repeated: the retry key had retried the job already, rejected) and reason")
         self.lock_wait = _histogram("queue.lock.wait", "s", "Time spent waiting for a user's queue lock")
@@ -108,6 +110,12 @@ class _Instruments:
         _gauge("queue.db.synchronous_replication", "1", "1 when this replica's commits wait for a synchronous standby that is connected, else 0; attribute mode: synchronous, synchronous_without_standby, asynchronous, single_node, unknown", self._observe_replication)
         _gauge("queue.depth", "{job}", "Jobs by state (queued, pending, running) and users waiting, as of the last sweep", self._observe_depth)
         _gauge("queue.db.pool.connections", "{connection}", "Database pool connections by state (idle, used) and waiting requests", self._observe_pools)
+        _gauge("queue.loop.lag", "s", "How late this replica's event loop has run lately (the recent peak lateness of a 50 ms timer, halving every 5 s); the reply reserve kept from each call's deadline is at least three times it", self._observe_loop_lag)
+
+    def _observe_loop_lag(self, _options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        return [Observation(self.loop_lag())]
 
     def _observe_depth(self, _options: Any) -> list[Any]:
         from opentelemetry.metrics import Observation

@@ -288,7 +288,10 @@ def _session_lock_timeout(pool: AsyncConnectionPool[DictConnection]) -> str | No
 
 def _lock_timeout_within_deadline(pool: AsyncConnectionPool[DictConnection]) -> str | None:
     """The lock timeout for this statement: the session's (None), or less when the call's
-    deadline comes sooner. The lock gives up first, so a busy user queue is named as such."""
+    deadline comes sooner. The lock gives up first, so a busy user queue is named as such: a
+    tenth of what is left earlier, or more while this process's event loop runs late (its reading
+    of the server's lock timeout would come after the statement's own deadline cancelled it, and
+    the outcome of a write cancelled mid-flight is unknown)."""
     left = deadline.remaining()
     if left is None or not isinstance(pool, QueuePool):
         return None
@@ -296,7 +299,8 @@ def _lock_timeout_within_deadline(pool: AsyncConnectionPool[DictConnection]) -> 
     configured = pool.timeouts.lock_timeout_ms
     if left_ms >= configured:
         return None
-    return f"{min(max(1, left_ms * 9 // 10), configured)}ms"
+    earlier_ms = max(left_ms // 10, int(deadline.lag_allowance() * 1000))
+    return f"{min(max(1, left_ms - earlier_ms), configured)}ms"
 
 
 def _record_lock_wait(waited: float, sent_ns: int) -> None:

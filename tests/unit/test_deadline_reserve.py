@@ -1,0 +1,49 @@
+"""The reply reserve grows with the event loop's lateness (`deadline.LoopLag`), so a replica whose
+loop runs late answers its own status early instead of after its caller's deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from queue_service import deadline
+
+
+@pytest.fixture(autouse=True)
+def _quiet_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deadline, "loop_lag", deadline.LoopLag())
+
+
+def test_the_reserve_on_a_punctual_loop_is_a_tenth_within_its_bounds() -> None:
+    assert deadline.reply_reserve(5.0) == pytest.approx(0.5)
+    assert deadline.reply_reserve(1.0) == pytest.approx(0.1)
+    assert deadline.reply_reserve(0.2) == pytest.approx(0.05)
+    assert deadline.reply_reserve(30.0) == pytest.approx(0.5)
+
+
+def test_a_late_loop_widens_the_reserve_to_three_times_its_lateness_at_most_half_the_call() -> None:
+    deadline.loop_lag.observe(0.4)
+    assert deadline.reply_reserve(5.0) == pytest.approx(1.2, abs=0.01)
+    assert deadline.reply_reserve(1.0) == pytest.approx(0.5)
+    assert deadline.lag_allowance() == pytest.approx(1.2, abs=0.01)
+
+
+def test_the_lateness_remembered_decays_by_half_every_half_life() -> None:
+    lag = deadline.LoopLag(half_life=0.2)
+    lag.observe(1.0)
+    time.sleep(0.2)
+    assert lag.seconds == pytest.approx(0.5, abs=0.1)
+    lag.observe(0.1)  # lower than what is remembered: the peak stands
+    assert lag.seconds > 0.3
+
+
+async def test_the_watch_measures_a_loop_blocked_by_synchronous_work() -> None:
+    lag = deadline.LoopLag(interval=0.01)
+    lag.start()
+    await asyncio.sleep(0.05)
+    time.sleep(0.3)  # the loop is blocked: the watch's timer fires about 0.3 s late
+    await asyncio.sleep(0.05)
+    await lag.stop()
+    assert 0.2 < lag.seconds < 0.6
