@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import shlex
 import signal
@@ -127,7 +128,7 @@ async def rust_core_story(procs: Processes, database_url: str, core_bin: str) ->
         jobs = [await stubs.admit(user, f"click-{n}") for n in range(1, 6)]
         assert [j.status for j in jobs[1:]] == [S.JOB_STATUS_QUEUED] * 4, [S.JobStatus.Name(j.status) for j in jobs]
         done = [await stubs.wait_for(j.job_id, S.JOB_STATUS_SUCCEEDED, timeout=90) for j in jobs]
-        for earlier, later in zip(done, done[1:]):
+        for earlier, later in itertools.pairwise(done):
             assert later.start_time.ToDatetime() >= earlier.end_time.ToDatetime(), (earlier, later)
         for job in done:
             assert f"run {job.run_id}: completed" in procs.log("rust-core"), f"no callback from the Rust core for {job.run_id}"
@@ -204,10 +205,15 @@ async def with_tls_replica(procs: Processes, database_url: str, command: str) ->
     for pem in server.cert_chain_pems[1:]:
         pem.write_to_path(str(folder / "server.pem"), append=True)
     core_port, port = free_port(), free_port()
-    core = procs.start("tls-dev-core", QUEUE_SERVICE + ["core", "--listen", f"127.0.0.1:{core_port}", "--callback", f"127.0.0.1:{port}"], {})
+    core = procs.start(
+        "tls-dev-core", QUEUE_SERVICE + ["core", "--listen", f"127.0.0.1:{core_port}", "--callback", f"127.0.0.1:{port}"], {}
+    )
     env = serve_env(
-        database_url, f"127.0.0.1:{core_port}", port,
-        QUEUE_TLS_CERT_FILE=str(folder / "server.pem"), QUEUE_TLS_KEY_FILE=str(folder / "server.key"),
+        database_url,
+        f"127.0.0.1:{core_port}",
+        port,
+        QUEUE_TLS_CERT_FILE=str(folder / "server.pem"),
+        QUEUE_TLS_KEY_FILE=str(folder / "server.key"),
     )
     queue = procs.start("serve-tls", QUEUE_SERVICE + ["serve"], env)
     try:
@@ -235,7 +241,9 @@ async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rust-core", help="the built Rust example core")
     parser.add_argument("--rust-tls-test", help="a command run with QUEUE_TLS_ADDR and QUEUE_TLS_CA_FILE of a TLS replica")
-    parser.add_argument("--ts-test", help="a command run with QUEUE_TEST_DATABASE_URL and QUEUE_TEST_CORE_ADDR (it starts its own replicas)")
+    parser.add_argument(
+        "--ts-test", help="a command run with QUEUE_TEST_DATABASE_URL and QUEUE_TEST_CORE_ADDR (it starts its own replicas)"
+    )
     args = parser.parse_args()
 
     state = Path(tempfile.mkdtemp(prefix="acurio-clients-live."))
@@ -253,15 +261,23 @@ async def main() -> int:
             # The replicas the tests start share this core; it calls back whichever address a
             # test names first (QUEUE_TEST_CALLBACK_PORT is reserved for that replica).
             callback_port = free_port()
-            core = procs.start("ts-dev-core", QUEUE_SERVICE + ["core", "--listen", f"127.0.0.1:{core_port}", "--callback", f"127.0.0.1:{callback_port}", "--judging-seconds", "1"], {})
+            core = procs.start(
+                "ts-dev-core",
+                QUEUE_SERVICE
+                + ["core", "--listen", f"127.0.0.1:{core_port}", "--callback", f"127.0.0.1:{callback_port}", "--judging-seconds", "1"],
+                {},
+            )
             try:
-                run(args.ts_test, {
-                    "QUEUE_TEST_DATABASE_URL": database_url,
-                    "QUEUE_TEST_CORE_ADDR": f"127.0.0.1:{core_port}",
-                    "QUEUE_TEST_CALLBACK_PORT": str(callback_port),
-                    "QUEUE_SERVICE_PYTHON": sys.executable,
-                    "QUEUE_SERVICE_ROOT": str(REPO),
-                })
+                run(
+                    args.ts_test,
+                    {
+                        "QUEUE_TEST_DATABASE_URL": database_url,
+                        "QUEUE_TEST_CORE_ADDR": f"127.0.0.1:{core_port}",
+                        "QUEUE_TEST_CALLBACK_PORT": str(callback_port),
+                        "QUEUE_SERVICE_PYTHON": sys.executable,
+                        "QUEUE_SERVICE_ROOT": str(REPO),
+                    },
+                )
             finally:
                 procs.stop(core)
         return 0

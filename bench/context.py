@@ -84,13 +84,25 @@ class Context:
         return procs.create_database(self.db, name)
 
     def stack(
-        self, dsn: str, name: str, *, env: dict[str, str] | None = None, judging_seconds: float = 1.0, judging_spread_seconds: float = 0.0,
+        self,
+        dsn: str,
+        name: str,
+        *,
+        env: dict[str, str] | None = None,
+        judging_seconds: float = 1.0,
+        judging_spread_seconds: float = 0.0,
         service_command: list[str] | None = None,
     ) -> procs.Stack:
         """A fresh service replica and a manual dev core (see procs.Stack)."""
         return procs.Stack(
-            self.db, dsn, self.workdir, name, service_env={**SERVICE_ENV, **(env or {})},
-            judging_seconds=judging_seconds, judging_spread_seconds=judging_spread_seconds, manual=True,
+            self.db,
+            dsn,
+            self.workdir,
+            name,
+            service_env={**SERVICE_ENV, **(env or {})},
+            judging_seconds=judging_seconds,
+            judging_spread_seconds=judging_spread_seconds,
+            manual=True,
             service_command=service_command,
         )
 

@@ -133,7 +133,7 @@ def _count_by_status(conn: psycopg.Connection, user_prefix: str) -> dict[str, in
     rows = conn.execute(
         "SELECT status, count(*) FROM analysis_jobs WHERE user_id LIKE %s GROUP BY status", (user_prefix + "%",), prepare=True
     ).fetchall()
-    return {status: n for status, n in rows}
+    return dict(rows)
 
 
 def wait_for(dsn: str, user_prefix: str, done, timeout: float, poll: float = 0.05) -> dict[str, int]:  # type: ignore[no-untyped-def]

@@ -57,8 +57,12 @@ async def _bare_pool(dsn: str, max_size: int) -> AsyncConnectionPool:
 
 
 _ADMIT_LIMITS = AdmitLimits(
-    default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
-    release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
+    default_max_active=1,
+    max_queued=2**31 - 1,
+    max_running_deltas=4,
+    release_window_seconds=1800,
+    release_lease_seconds=15,
+    reconcile_after_seconds=900,
 )
 
 
@@ -75,7 +79,9 @@ async def bare_admit(store: Store, user_id: str, key: str) -> None:
         raise RuntimeError(f"{user_id} has no credit left")
 
 
-async def db_floor(dsn: str, user_prefix: str, users: int, concurrency: int, total: int, warmup: int, pool_max_size: int = 20) -> dict[str, Any]:
+async def db_floor(
+    dsn: str, user_prefix: str, users: int, concurrency: int, total: int, warmup: int, pool_max_size: int = 20
+) -> dict[str, Any]:
     pool = await _bare_pool(dsn, pool_max_size)
     store = Store(pool, database_url=dsn)
 
@@ -101,7 +107,12 @@ async def db_floor(dsn: str, user_prefix: str, users: int, concurrency: int, tot
     await _wait_for_go()
     latencies, seconds = await run(total, "measure")
     await pool.close()
-    return {"count": len(latencies), "seconds": seconds, "rps": len(latencies) / seconds, "latency_ms": Latency.from_seconds(latencies).as_dict()}
+    return {
+        "count": len(latencies),
+        "seconds": seconds,
+        "rps": len(latencies) / seconds,
+        "latency_ms": Latency.from_seconds(latencies).as_dict(),
+    }
 
 
 # -- watch_fanout ----------------------------------------------------------------------------------
@@ -114,7 +125,8 @@ FEED_HINT_CHANNEL = "analysis_job_feed"
 async def watch_fanout(
     address: str, dsn: str, user_id: str, tick_job_id: str, streams: int, channels: int, ticks: int, interval: float
 ) -> dict[str, Any]:
-    from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2, queue_service_pb2_grpc as queue_grpc
+    from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+    from queue_service._gen.acurio.queue.v1 import queue_service_pb2_grpc as queue_grpc
 
     # A local subchannel pool gives each channel its own HTTP/2 connection, as separate
     # dashboards would have.
@@ -218,7 +230,9 @@ async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     statements = {
         "users_needing_promotion": lambda db: db.users_needing_promotion(default_max_active=config.max_active_per_user, batch_size=500),
         "expired_pending_releases": lambda db: db.expired_pending_releases(batch_size=500),
-        "claim_due_reconciliations": lambda db: db.claim_due_reconciliations(recheck_seconds=config.reconcile_after_seconds, cancel_recheck_seconds=config.release_lease_seconds, batch_size=500),
+        "claim_due_reconciliations": lambda db: db.claim_due_reconciliations(
+            recheck_seconds=config.reconcile_after_seconds, cancel_recheck_seconds=config.release_lease_seconds, batch_size=500
+        ),
     }
     per_statement = {}
     for name, run in statements.items():
@@ -234,7 +248,11 @@ async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     return {
         "passes": passes,
         "pass_ms": Latency.from_seconds(durations).as_dict(),
-        "acted_on": {"promoted": sum(r.promoted for r in reports), "gave_up": sum(r.gave_up for r in reports), "reconciled": sum(r.reconciled for r in reports)},
+        "acted_on": {
+            "promoted": sum(r.promoted for r in reports),
+            "gave_up": sum(r.gave_up for r in reports),
+            "reconciled": sum(r.reconciled for r in reports),
+        },
         "statement_ms": per_statement,
     }
 

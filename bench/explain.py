@@ -42,7 +42,10 @@ _AUTO_EXPLAIN = [
 
 # (named query, what it is for); the first seven are the brief's list.
 STATEMENTS = [
-    ("admit_job", "admit: INSERT deciding the status + debit + the view (one call, queue_admit_job; an idle user, so the free-slot function runs)"),
+    (
+        "admit_job",
+        "admit: INSERT deciding the status + debit + the view (one call, queue_admit_job; an idle user, so the free-slot function runs)",
+    ),
     ("end_job", "completion: end the running job, promote the next queued one, the views (one call, queue_end_job_viewed)"),
     ("claim_due_releases", "dispatcher: claim due PENDING jobs (FOR UPDATE SKIP LOCKED)"),
     ("users_needing_promotion", "sweeper: users with queued work and a free slot"),
@@ -52,36 +55,63 @@ STATEMENTS = [
     ("reserve_run_and_read_admit_state", "admit: the run reservation with the idempotency / queue length / balance read"),
     ("job_views_by_ids", "the view of one job (for every WatchJobs change)"),
     ("ledger_entries_of_user", "ListLedgerEntries: first page (20) of a user's audit trail"),
-    ("mark_released", "release accepted: mark the jobs RUNNING, one statement for those accepted together (a queued job here: no row changes)"),
+    (
+        "mark_released",
+        "release accepted: mark the jobs RUNNING, one statement for those accepted together (a queued job here: no row changes)",
+    ),
 ]
 
 
 def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[str, tuple[dict[str, Any], Callable | None]]:
-    running = conn.execute(
-        "SELECT job_id FROM analysis_jobs WHERE user_id = %s AND status = 'running'", (busy_user,)
-    ).fetchone()["job_id"]
+    running = conn.execute("SELECT job_id FROM analysis_jobs WHERE user_id = %s AND status = 'running'", (busy_user,)).fetchone()["job_id"]
     queued = conn.execute(
         "SELECT job_id FROM analysis_jobs WHERE user_id = %s AND status = 'queued' ORDER BY queue_seq LIMIT 1", (busy_user,)
     ).fetchone()["job_id"]
 
     end_running_job = {
-        "job_id": running, "status": "succeeded", "from_statuses": ["pending", "running"], "last_error": "", "expected_attempts": None,
-        "run_unsettled": False, "refund": False, "actor": "core:explain", "reason": "completion", "default_max_active": 1,
-        "release_window_seconds": 1800.0, "release_lease_seconds": 15.0,
+        "job_id": running,
+        "status": "succeeded",
+        "from_statuses": ["pending", "running"],
+        "last_error": "",
+        "expected_attempts": None,
+        "run_unsettled": False,
+        "refund": False,
+        "actor": "core:explain",
+        "reason": "completion",
+        "default_max_active": 1,
+        "release_window_seconds": 1800.0,
+        "release_lease_seconds": 15.0,
     }
 
     new_job = {
-        "job_id": uuid.uuid4(), "user_id": idle_user, "run_id": uuid.uuid4(), "idempotency_key": f"explain-{uuid.uuid4()}",
-        "request_digest": b"explain", "delta_of_job_id": None, "price": 1, "is_delta": False, "default_max_active": 1, "max_queued": 100,
-        "max_running_deltas": 4, "release_window_seconds": 1800.0, "release_lease_seconds": 15.0, "reconcile_after_seconds": 900.0,
-        "actor": "web:explain", "reason": "admit",
+        "job_id": uuid.uuid4(),
+        "user_id": idle_user,
+        "run_id": uuid.uuid4(),
+        "idempotency_key": f"explain-{uuid.uuid4()}",
+        "request_digest": b"explain",
+        "delta_of_job_id": None,
+        "price": 1,
+        "is_delta": False,
+        "default_max_active": 1,
+        "max_queued": 100,
+        "max_running_deltas": 4,
+        "release_window_seconds": 1800.0,
+        "release_lease_seconds": 15.0,
+        "reconcile_after_seconds": 900.0,
+        "actor": "web:explain",
+        "reason": "admit",
     }
 
     def reserve_the_run(c: psycopg.Connection) -> None:
         c.execute(
             queries()["reserve_run_and_read_admit_state"],
-            {"run_id": new_job["run_id"], "user_id": idle_user, "idempotency_key": new_job["idempotency_key"], "delta_of_job_id": None,
-             "grace_seconds": 60.0},
+            {
+                "run_id": new_job["run_id"],
+                "user_id": idle_user,
+                "idempotency_key": new_job["idempotency_key"],
+                "delta_of_job_id": None,
+                "grace_seconds": 60.0,
+            },
         )
 
     return {
@@ -93,7 +123,13 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
         "claim_due_reconciliations": ({"recheck_seconds": 900.0, "cancel_recheck_seconds": 15.0, "batch_size": 500}, None),
         "list_job_views": ({"user_id": idle_user, "after_job_id": None, "before_seq": None, "statuses": [], "limit": 11}, None),
         "reserve_run_and_read_admit_state": (
-            {"run_id": uuid.uuid4(), "user_id": idle_user, "idempotency_key": "explain-none", "delta_of_job_id": None, "grace_seconds": 60.0},
+            {
+                "run_id": uuid.uuid4(),
+                "user_id": idle_user,
+                "idempotency_key": "explain-none",
+                "delta_of_job_id": None,
+                "grace_seconds": 60.0,
+            },
             None,
         ),
         "job_views_by_ids": ({"job_ids": [queued]}, None),
@@ -108,7 +144,9 @@ def _nested(notices: list[str], top_level_sql: str) -> list[str]:
     return [n for n in notices if "Query Text: EXPLAIN" not in n and head not in n]
 
 
-def _run(conn: psycopg.Connection, sql: str, values: dict[str, Any], prelude: Callable | None, notices: list[str], *, prepare: bool = False) -> list[dict]:
+def _run(
+    conn: psycopg.Connection, sql: str, values: dict[str, Any], prelude: Callable | None, notices: list[str], *, prepare: bool = False
+) -> list[dict]:
     """Runs one statement (after its prelude) in a transaction that is rolled back; `notices`
     then holds what auto_explain reported for this statement alone."""
     with conn.transaction(force_rollback=True):

@@ -81,9 +81,27 @@ def ghz_report(
 ) -> dict[str, Any]:
     """ghz's whole JSON report, with `details`: each call's start (`timestamp`), latency (ns) and status."""
     args = [
-        GHZ, "--insecure", "--protoset", str(protoset), "--call", call, "--format", "json",
-        "-c", str(concurrency), "-n", str(total), "--connections", str(connections),
-        "--cpus", str(cpus), "--timeout", "30s", "-d", json.dumps(data), target,
+        GHZ,
+        "--insecure",
+        "--protoset",
+        str(protoset),
+        "--call",
+        call,
+        "--format",
+        "json",
+        "-c",
+        str(concurrency),
+        "-n",
+        str(total),
+        "--connections",
+        str(connections),
+        "--cpus",
+        str(cpus),
+        "--timeout",
+        "30s",
+        "-d",
+        json.dumps(data),
+        target,
     ]
     completed = subprocess.run(args, capture_output=True, text=True, check=False)
     if completed.returncode != 0 and not completed.stdout.strip():

@@ -50,8 +50,14 @@ def _install_gc_probe(events: EventFile) -> None:
             cpu_ms = (time.thread_time() - started.pop("cpu")) * 1000
             if ms >= _GC_MIN_MS:
                 # cpu_ms is the collection's own work; ms - cpu_ms is time the thread waited for a CPU.
-                events.write("gc", generation=info["generation"], ms=round(ms, 2), cpu_ms=round(cpu_ms, 2), collected=info["collected"],
-                             tracked=len(gc.get_objects(2)) if info["generation"] == 2 else None)
+                events.write(
+                    "gc",
+                    generation=info["generation"],
+                    ms=round(ms, 2),
+                    cpu_ms=round(cpu_ms, 2),
+                    collected=info["collected"],
+                    tracked=len(gc.get_objects(2)) if info["generation"] == 2 else None,
+                )
 
     gc.callbacks.append(callback)
 
@@ -133,6 +139,7 @@ def install_probes(path: str) -> None:
         pool_logger.setLevel(logging.INFO)  # after the service's logging set-up, which quiets it
         probes = [asyncio.create_task(_lag_probe(events)), asyncio.create_task(_pool_probe(events, pools))]
         events.write("serving", loop=type(asyncio.get_running_loop()).__module__)
+
         def on_serving(app: Any) -> None:
             # BENCH_GC_FREEZE=1/0: start-up objects out of (1) or back into (0) the collector's reach.
             if os.environ.get("BENCH_GC_FREEZE") == "1":

@@ -19,7 +19,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2, queue_service_pb2_grpc as queue_grpc
+from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2_grpc as queue_grpc
 from queue_service.api.servicers.convert import PROTO_OF_STATUS
 from queue_service.model import AdmitLimits, NewJob
 from queue_service.store import Store
@@ -30,8 +32,12 @@ _PRICE = 1
 
 
 _ADMIT_LIMITS = AdmitLimits(
-    default_max_active=1, max_queued=2**31 - 1, max_running_deltas=4,
-    release_window_seconds=1800, release_lease_seconds=15, reconcile_after_seconds=900,
+    default_max_active=1,
+    max_queued=2**31 - 1,
+    max_running_deltas=4,
+    release_window_seconds=1800,
+    release_lease_seconds=15,
+    reconcile_after_seconds=900,
 )
 
 

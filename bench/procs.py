@@ -16,8 +16,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench import statements
-from queue_service.store import migrations
 from queue_service.dev.embedded_postgres import EmbeddedPostgres, free_port
+from queue_service.store import migrations
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -33,7 +33,10 @@ class Database:
         # Buffers sized for the 1M-row history (about 400 MB with indexes), as a production
         # server would be; 128 MB made ListJobs on the history table evict dirty pages mid-run.
         self.embedded = EmbeddedPostgres(
-            workdir / "pgdata", durable=durable, max_connections=400, shared_buffers="1GB",
+            workdir / "pgdata",
+            durable=durable,
+            max_connections=400,
+            shared_buffers="1GB",
             settings=statements.SERVER_SETTINGS if statement_stats else None,
         )
         self.dsn = ""
@@ -152,12 +155,18 @@ class Stack:
         self.address = f"127.0.0.1:{self.service_port}"
         self.record_path = workdir / f"{name}.core-events.jsonl"
         core_args = [
-            QUEUE_SERVICE, "core",
-            "--listen", f"127.0.0.1:{self.core_port}",
-            "--callback", self.address,
-            "--judging-seconds", str(judging_seconds),
-            "--judging-spread-seconds", str(judging_spread_seconds),
-            "--record", str(self.record_path),
+            QUEUE_SERVICE,
+            "core",
+            "--listen",
+            f"127.0.0.1:{self.core_port}",
+            "--callback",
+            self.address,
+            "--judging-seconds",
+            str(judging_seconds),
+            "--judging-spread-seconds",
+            str(judging_spread_seconds),
+            "--record",
+            str(self.record_path),
         ] + (["--manual"] if manual else [])
         self.core = ManagedProcess("core", core_args, _minimal_env({}), workdir / f"{name}.core.log")
         wait_port(self.core_port, self.core.process, self.core.log_path)
@@ -168,7 +177,9 @@ class Stack:
             "QUEUE_MIGRATE_ON_START": "false",
             **(service_env or {}),
         }
-        self.service = ManagedProcess("service", service_command or [QUEUE_SERVICE, "serve"], _minimal_env(env), workdir / f"{name}.service.log")
+        self.service = ManagedProcess(
+            "service", service_command or [QUEUE_SERVICE, "serve"], _minimal_env(env), workdir / f"{name}.service.log"
+        )
         wait_serving(self.address, self.service.process, self.service.log_path)
 
     def cpu_roots(self) -> dict[str, int]:
@@ -222,7 +233,12 @@ def run_driver(task: str, params: dict, cpu_roots: dict[str, int], log_path: Pat
     with open(log_path, "ab") as log:
         driver = subprocess.Popen(
             [sys.executable, "-m", "bench.driver", task, json.dumps(params)],
-            cwd=REPO_ROOT, env=_minimal_env({}), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+            cwd=REPO_ROOT,
+            env=_minimal_env({}),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
         )
         try:
             assert driver.stdin is not None and driver.stdout is not None

@@ -48,45 +48,110 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     return [
         _target("admit @16 callers: throughput >= 0.5 x minimal service floor", admit_vs_floor, ">=", 0.5, admit_vs_floor_detail),
-        _target("admit @16 callers: p99 <= 3 x minimal service floor p99",
-                _exact_ratio(_get(s1, "latency_ms", "p99"), _get(s1, "floors", "minimal", "latency_ms", "p99")), "<=", 3,
-                f"{_get(s1, 'latency_ms', 'p99')} ms vs floor {_get(s1, 'floors', 'minimal', 'latency_ms', 'p99')} ms"),
-        _target("promotion gap p99 <= 20 ms (CompleteRun returned -> next ReleaseRun received)",
-                _get(burst, "latency_ms", "p99"), "<=", 20,
-                f"burst of {_get(burst, 'users')} users; light load "
-                f"({_get(results, 'promotion_gap', 'light', 'users')} users) p99 {_get(results, 'promotion_gap', 'light', 'latency_ms', 'p99')} ms"),
-        _target("admit p99 with history <= 1.5 x empty-table p99", history_ratio("admit"), "<=", 1.5,
-                f"{_get(results, 'history', 'history', 'admit', 'latency_ms', 'p99')} ms vs {_get(results, 'history', 'empty', 'admit', 'latency_ms', 'p99')} ms"),
-        _target("ListJobs p99 with history <= 1.5 x empty-table p99", history_ratio("list_jobs"), "<=", 1.5,
-                f"{_get(results, 'history', 'history', 'list_jobs', 'latency_ms', 'p99')} ms vs {_get(results, 'history', 'empty', 'list_jobs', 'latency_ms', 'p99')} ms"),
-        _target("sweeper pass (median) <= 50 ms at 100 000 idle users", _get(results, "sweeper", "pass_ms", "p50"), "<=", 50,
-                f"max {_get(results, 'sweeper', 'pass_ms', 'max')} ms over {_get(results, 'sweeper', 'passes')} passes, "
-                f"{_get(results, 'sweeper', 'idle_users')} idle users, {_get(results, 'sweeper', 'in_flight')} in flight"),
-        _target("peak RSS per replica <= 200 MB under scenario 1", max((r for r in rss if r is not None), default=None), "<=", 200,
-                "VmHWM of the service process, max over the concurrency levels"),
+        _target(
+            "admit @16 callers: p99 <= 3 x minimal service floor p99",
+            _exact_ratio(_get(s1, "latency_ms", "p99"), _get(s1, "floors", "minimal", "latency_ms", "p99")),
+            "<=",
+            3,
+            f"{_get(s1, 'latency_ms', 'p99')} ms vs floor {_get(s1, 'floors', 'minimal', 'latency_ms', 'p99')} ms",
+        ),
+        _target(
+            "promotion gap p99 <= 20 ms (CompleteRun returned -> next ReleaseRun received)",
+            _get(burst, "latency_ms", "p99"),
+            "<=",
+            20,
+            f"burst of {_get(burst, 'users')} users; light load "
+            f"({_get(results, 'promotion_gap', 'light', 'users')} users) p99 {_get(results, 'promotion_gap', 'light', 'latency_ms', 'p99')} ms",
+        ),
+        _target(
+            "admit p99 with history <= 1.5 x empty-table p99",
+            history_ratio("admit"),
+            "<=",
+            1.5,
+            f"{_get(results, 'history', 'history', 'admit', 'latency_ms', 'p99')} ms vs {_get(results, 'history', 'empty', 'admit', 'latency_ms', 'p99')} ms",
+        ),
+        _target(
+            "ListJobs p99 with history <= 1.5 x empty-table p99",
+            history_ratio("list_jobs"),
+            "<=",
+            1.5,
+            f"{_get(results, 'history', 'history', 'list_jobs', 'latency_ms', 'p99')} ms vs {_get(results, 'history', 'empty', 'list_jobs', 'latency_ms', 'p99')} ms",
+        ),
+        _target(
+            "sweeper pass (median) <= 50 ms at 100 000 idle users",
+            _get(results, "sweeper", "pass_ms", "p50"),
+            "<=",
+            50,
+            f"max {_get(results, 'sweeper', 'pass_ms', 'max')} ms over {_get(results, 'sweeper', 'passes')} passes, "
+            f"{_get(results, 'sweeper', 'idle_users')} idle users, {_get(results, 'sweeper', 'in_flight')} in flight",
+        ),
+        _target(
+            "peak RSS per replica <= 200 MB under scenario 1",
+            max((r for r in rss if r is not None), default=None),
+            "<=",
+            200,
+            "VmHWM of the service process, max over the concurrency levels",
+        ),
         # Round two: the cost of each job.
-        _target("PostgreSQL CPU per admit <= 0.6 ms (16 callers)", _get(s1, "cpu_ms_per_op", "postgres"), "<=", 0.6,
-                "CPU seconds of every PostgreSQL process over the run / admits"),
-        _target("PostgreSQL CPU per completed job <= 1.0 ms (burst: completion + promotion + release)",
-                _get(burst, "cpu_ms_per_op", "postgres"), "<=", 1.0, f"{_get(burst, 'ops')} jobs of {_get(burst, 'users')} users"),
-        _target("service CPU per admit <= 1.0 ms (16 callers)", _get(s1, "cpu_ms_per_op", "service"), "<=", 1.0,
-                "CPU seconds of the service process over the run / admits"),
+        _target(
+            "PostgreSQL CPU per admit <= 0.6 ms (16 callers)",
+            _get(s1, "cpu_ms_per_op", "postgres"),
+            "<=",
+            0.6,
+            "CPU seconds of every PostgreSQL process over the run / admits",
+        ),
+        _target(
+            "PostgreSQL CPU per completed job <= 1.0 ms (burst: completion + promotion + release)",
+            _get(burst, "cpu_ms_per_op", "postgres"),
+            "<=",
+            1.0,
+            f"{_get(burst, 'ops')} jobs of {_get(burst, 'users')} users",
+        ),
+        _target(
+            "service CPU per admit <= 1.0 ms (16 callers)",
+            _get(s1, "cpu_ms_per_op", "service"),
+            "<=",
+            1.0,
+            "CPU seconds of the service process over the run / admits",
+        ),
         _target("admit @16 callers: throughput >= 0.7 x minimal service floor", admit_vs_floor, ">=", 0.7, admit_vs_floor_detail),
-        _target("burst promotion gap p99 <= 10 ms from CompleteRun returned", _get(burst, "latency_ms", "p99"), "<=", 10,
-                f"p50 {_get(burst, 'latency_ms', 'p50')} ms"),
-        _target("burst promotion gap p99 <= 100 ms from CompleteRun sent", _get(burst, "gap_from_send_ms", "p99"), "<=", 100,
-                f"p50 {_get(burst, 'gap_from_send_ms', 'p50')} ms"),
-        _target("burst makespan <= 1.5 x ideal", _get(burst, "makespan_ratio_to_ideal"), "<=", 1.5,
-                f"{_get(burst, 'makespan_seconds')} s vs ideal {_get(burst, 'ideal_makespan_seconds')} s"),
+        _target(
+            "burst promotion gap p99 <= 10 ms from CompleteRun returned",
+            _get(burst, "latency_ms", "p99"),
+            "<=",
+            10,
+            f"p50 {_get(burst, 'latency_ms', 'p50')} ms",
+        ),
+        _target(
+            "burst promotion gap p99 <= 100 ms from CompleteRun sent",
+            _get(burst, "gap_from_send_ms", "p99"),
+            "<=",
+            100,
+            f"p50 {_get(burst, 'gap_from_send_ms', 'p50')} ms",
+        ),
+        _target(
+            "burst makespan <= 1.5 x ideal",
+            _get(burst, "makespan_ratio_to_ideal"),
+            "<=",
+            1.5,
+            f"{_get(burst, 'makespan_seconds')} s vs ideal {_get(burst, 'ideal_makespan_seconds')} s",
+        ),
         # An idle replica polls nothing it does not need: about 1% of a core at most.
-        _target("idle replica: service + PostgreSQL CPU <= 10 ms per second", idle_cost, "<=", 10,
-                "the dearer of its two phases (no job; jobs in flight, none due)"),
+        _target(
+            "idle replica: service + PostgreSQL CPU <= 10 ms per second",
+            idle_cost,
+            "<=",
+            10,
+            "the dearer of its two phases (no job; jobs in flight, none due)",
+        ),
     ]
 
 
 # -- the table ---------------------------------------------------------------------------------------
 
-_HEAD = f"{'':44} {'ok/s':>8} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8}  {'CPU ms/op svc  core    pg':>26} {'RSS MB':>7} {'other':>6}  errors"
+_HEAD = (
+    f"{'':44} {'ok/s':>8} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8}  {'CPU ms/op svc  core    pg':>26} {'RSS MB':>7} {'other':>6}  errors"
+)
 
 
 def _num(value: Any, width: int = 8, digits: int = 1) -> str:
@@ -115,7 +180,11 @@ def _ratio_row(label: str, ratios: dict[str, Any]) -> str:
 
 def _admit_block(title: str, run: dict[str, Any]) -> list[str]:
     lines = [_row(title, run)]
-    labels = {"grpc": "floor: gRPC Health/Check, same server", "db": "floor: bare admit transaction (no gRPC)", "minimal": "floor: minimal gRPC Admit server"}
+    labels = {
+        "grpc": "floor: gRPC Health/Check, same server",
+        "db": "floor: bare admit transaction (no gRPC)",
+        "minimal": "floor: minimal gRPC Admit server",
+    }
     for name, floor in run.get("floors", {}).items():
         lines.append(_row(f"  {labels[name]}", floor))
     for name, ratios in run.get("ratios", {}).items():
@@ -126,22 +195,26 @@ def _admit_block(title: str, run: dict[str, Any]) -> list[str]:
 def render_table(report: dict[str, Any]) -> str:
     results, lines = report["results"], []
     meta = report["meta"]
-    lines.append(f"Acurio queue bench ({meta['size']}), PostgreSQL durable={meta['postgres_durable']} ({meta['postgres_settings']}), "
-                 f"{meta['cpus']} CPUs, {meta['duration_seconds']:.0f}s")
+    lines.append(
+        f"Acurio queue bench ({meta['size']}), PostgreSQL durable={meta['postgres_durable']} ({meta['postgres_settings']}), "
+        f"{meta['cpus']} CPUs, {meta['duration_seconds']:.0f}s"
+    )
     lines.append("latency in ms; CPU in ms per operation (svc = service process, core = dev core, pg = all PostgreSQL processes);")
     lines.append("other = cores' worth of machine CPU used by nothing measured (neighbours, kernel): near 0 on a quiet machine")
     lines.append("")
     lines.append(_HEAD)
-    for key, run in (results.get("admit_many_users") or {}).items():
+    for run in (results.get("admit_many_users") or {}).values():
         lines += _admit_block(f"1) admit, {run['users']} users, {run['callers']} callers", run)
     if "admit_hot_user" in results:
         run = results["admit_hot_user"]
         lines += _admit_block(f"2) admit, one hot user, {run['callers']} callers", run)
     for key, run in (results.get("promotion_gap") or {}).items():
         lines.append(_row(f"3) promotion gap, {key}, {run['users']} users x {run['queue_per_user']}", run))
-        lines.append(f"{'':44} gap from CompleteRun sent: p50 {run['gap_from_send_ms']['p50']:.2f} p99 {run['gap_from_send_ms']['p99']:.2f} ms;"
-                     f" min gap {run['gap_min_ms']} ms; makespan {run['makespan_seconds']}s vs ideal {run['ideal_makespan_seconds']}s"
-                     f" ({run['makespan_ratio_to_ideal']}x); ops = completed jobs")
+        lines.append(
+            f"{'':44} gap from CompleteRun sent: p50 {run['gap_from_send_ms']['p50']:.2f} p99 {run['gap_from_send_ms']['p99']:.2f} ms;"
+            f" min gap {run['gap_min_ms']} ms; makespan {run['makespan_seconds']}s vs ideal {run['ideal_makespan_seconds']}s"
+            f" ({run['makespan_ratio_to_ideal']}x); ops = completed jobs"
+        )
     if "history" in results:
         h = results["history"]
         table = h["history_table"]
@@ -154,34 +227,44 @@ def render_table(report: dict[str, Any]) -> str:
     if "sweeper" in results:
         s = results["sweeper"]
         p = s["pass_ms"]
-        lines.append(f"{'5) sweeper pass (sweep_once)':44} {'':8} {p['p50']:8.2f} {p['p90']:8.2f} {p['p99']:8.2f} {p['max']:8.2f}  "
-                     f"pg {s['cpu_ms_per_pass'].get('postgres', 0):.2f} ms CPU/pass; {s['idle_users']} idle users, {s['in_flight']} in flight")
+        lines.append(
+            f"{'5) sweeper pass (sweep_once)':44} {'':8} {p['p50']:8.2f} {p['p90']:8.2f} {p['p99']:8.2f} {p['max']:8.2f}  "
+            f"pg {s['cpu_ms_per_pass'].get('postgres', 0):.2f} ms CPU/pass; {s['idle_users']} idle users, {s['in_flight']} in flight"
+        )
         for name, stats in s["statement_ms"].items():
             lines.append(f"{'  ' + name:44} {'':8} {stats['p50']:8.2f} {stats['p90']:8.2f} {stats['p99']:8.2f} {stats['max']:8.2f}")
         deep = s.get("deep_queues")
         if deep:
             d, u = deep["pass_ms"], deep["statement_ms"]["users_needing_promotion"]
-            lines.append(f"{'  pass, deep queues (' + str(deep['in_flight']) + ' in flight)':44} {'':8} {d['p50']:8.2f} {d['p90']:8.2f} {d['p99']:8.2f} {d['max']:8.2f}"
-                         f"  of which users_needing_promotion p50 {u['p50']:.2f} ms")
+            lines.append(
+                f"{'  pass, deep queues (' + str(deep['in_flight']) + ' in flight)':44} {'':8} {d['p50']:8.2f} {d['p90']:8.2f} {d['p99']:8.2f} {d['max']:8.2f}"
+                f"  of which users_needing_promotion p50 {u['p50']:.2f} ms"
+            )
     if "watch_fanout" in results:
         w = results["watch_fanout"]
         lines.append(_row(f"6) WatchJobs: change -> last of {w['streams']} watchers", w))
         f = w["first_watcher_ms"]
-        lines.append(f"{'  change -> first watcher':44} {'':8} {f['p50']:8.2f} {f['p90']:8.2f} {f['p99']:8.2f} {f['max']:8.2f}"
-                     f"  service {w['service_cpu_us_per_message']} us CPU per message; missing {w['missing_messages']}; ops = changes")
+        lines.append(
+            f"{'  change -> first watcher':44} {'':8} {f['p50']:8.2f} {f['p90']:8.2f} {f['p99']:8.2f} {f['max']:8.2f}"
+            f"  service {w['service_cpu_us_per_message']} us CPU per message; missing {w['missing_messages']}; ops = changes"
+        )
     if "idle_replica" in results:
         idle = results["idle_replica"]
         for phase, label in (("empty", "no job"), ("in_flight", "jobs in flight, none due")):
             cpu = idle[phase]["cpu_ms_per_second"]
-            lines.append(f"{'7) idle replica, ' + label:44} CPU ms per second: service {cpu.get('service')}, core {cpu.get('core')}, "
-                         f"PostgreSQL {cpu.get('postgres')} (over {idle['idle_seconds']} s)")
+            lines.append(
+                f"{'7) idle replica, ' + label:44} CPU ms per second: service {cpu.get('service')}, core {cpu.get('core')}, "
+                f"PostgreSQL {cpu.get('postgres')} (over {idle['idle_seconds']} s)"
+            )
     breakdowns = [(f"1) admit, {run['callers']} callers: per admit", run) for run in (results.get("admit_many_users") or {}).values()]
     breakdowns += [(f"3) promotion gap, {key}: per completed job", run) for key, run in (results.get("promotion_gap") or {}).items()]
     for phase in ("empty", "history"):
         breakdowns += [(f"4) {call} ({phase} table): per call", run) for call, run in (_get(results, "history", phase) or {}).items()]
     if any("statements" in run for _, run in breakdowns):
         lines.append("")
-        lines.append("PostgreSQL time per statement (pg_stat_statements, track = all: a function's call and its nested statements overlap):")
+        lines.append(
+            "PostgreSQL time per statement (pg_stat_statements, track = all: a function's call and its nested statements overlap):"
+        )
         for title, run in breakdowns:
             if "statements" in run:
                 lines.append(f"  {title}")
@@ -192,9 +275,15 @@ def render_table(report: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"EXPLAIN (see {meta.get('explain_file')}):")
         for name, r in report["explain"].items():
-            scans = "index-driven" if r["index_driven"] and r["generic_plan_index_driven"] else f"SEQ SCAN {r['seq_scans'] or r['generic_plan_seq_scans']}"
-            lines.append(f"  {name:28} {scans:14} {r['execution_ms']:7.3f} ms  partial: {', '.join(r['partial_indexes']) or '-'}"
-                         + (f"  (nested statement runs: {r['nested_statement_runs']})" if r.get("nested_statement_runs", 0) > 1 else ""))
+            scans = (
+                "index-driven"
+                if r["index_driven"] and r["generic_plan_index_driven"]
+                else f"SEQ SCAN {r['seq_scans'] or r['generic_plan_seq_scans']}"
+            )
+            lines.append(
+                f"  {name:28} {scans:14} {r['execution_ms']:7.3f} ms  partial: {', '.join(r['partial_indexes']) or '-'}"
+                + (f"  (nested statement runs: {r['nested_statement_runs']})" if r.get("nested_statement_runs", 0) > 1 else "")
+            )
     lines.append("")
     lines.append("TARGETS:")
     for t in report["targets"]:

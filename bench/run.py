@@ -32,7 +32,17 @@ from bench.protoset import write_protoset
 from bench.scenarios import admit, capacity, history, idle, promotion, sweeper, watch
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SCENARIOS = ("admit_many_users", "admit_hot_user", "promotion_gap", "history", "sweeper", "explain", "watch_fanout", "idle_replica", "capacity_saturated")
+SCENARIOS = (
+    "admit_many_users",
+    "admit_hot_user",
+    "promotion_gap",
+    "history",
+    "sweeper",
+    "explain",
+    "watch_fanout",
+    "idle_replica",
+    "capacity_saturated",
+)
 
 
 def _log(started: float, message: str) -> None:
@@ -43,14 +53,27 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes (under ~2 minutes)")
     parser.add_argument("--out", type=Path, help="JSON report path (default bench/results/report.json, --quick: quick.json)")
-    parser.add_argument("--explain-out", type=Path, help="EXPLAIN text path (default bench/results/explain.txt, --quick: quick-explain.txt)")
-    parser.add_argument("--no-durable", dest="durable", action="store_false",
-                        help="PostgreSQL with fsync/synchronous_commit off (default: durable, as in production)")
-    parser.add_argument("--statement-stats", action="store_true",
-                        help="load pg_stat_statements (track = all) and add a per-statement breakdown to the admit and promotion runs; "
-                        "it costs a few per cent, so judge the targets on runs without it")
+    parser.add_argument(
+        "--explain-out", type=Path, help="EXPLAIN text path (default bench/results/explain.txt, --quick: quick-explain.txt)"
+    )
+    parser.add_argument(
+        "--no-durable",
+        dest="durable",
+        action="store_false",
+        help="PostgreSQL with fsync/synchronous_commit off (default: durable, as in production)",
+    )
+    parser.add_argument(
+        "--statement-stats",
+        action="store_true",
+        help="load pg_stat_statements (track = all) and add a per-statement breakdown to the admit and promotion runs; "
+        "it costs a few per cent, so judge the targets on runs without it",
+    )
     parser.add_argument("--only", nargs="+", choices=SCENARIOS, help="run only these scenarios (development aid)")
-    parser.add_argument("--keep-workdir", action="store_true", help="keep the temp folder (database, logs, core event files); removed otherwise, also after a failure")
+    parser.add_argument(
+        "--keep-workdir",
+        action="store_true",
+        help="keep the temp folder (database, logs, core event files); removed otherwise, also after a failure",
+    )
     return parser.parse_args(argv)
 
 
@@ -90,15 +113,18 @@ def run_scenarios(ctx: Context, selected: tuple[str, ...], explain_path: Path, s
             sweeper.prepare_in_flight(ctx, dsn)
         table = dbsetup.table_sizes(dsn)
         header = (
-            f"EXPLAIN (ANALYZE, BUFFERS) of the service's named queries, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC\n"
+            f"EXPLAIN (ANALYZE, BUFFERS) of the service's named queries, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC\n"
             f"database: {table['jobs']} jobs of {table['users']} users, {table['in_flight']} in flight; "
             f"PostgreSQL durable={ctx.db.durable}; tables VACUUM ANALYZEd after the bulk load\n"
             "custom plan = EXPLAIN with the bound values; generic = the plan of a prepared statement "
             "(plan_cache_mode = force_generic_plan)\n"
         )
         explained = explain.explain_all(
-            dsn, explain_path, idle_user=f"{history.HISTORY_PREFIX}{ctx.sizes.history_probe_users + 1}",
-            busy_user=f"{sweeper.IN_FLIGHT_PREFIX}0", header=header,
+            dsn,
+            explain_path,
+            idle_user=f"{history.HISTORY_PREFIX}{ctx.sizes.history_probe_users + 1}",
+            busy_user=f"{sweeper.IN_FLIGHT_PREFIX}0",
+            header=header,
         )
     if "watch_fanout" in selected:
         _log(started, "6) WatchJobs fan-out")
@@ -120,7 +146,9 @@ def _postgres_settings(dsn: str) -> str:
 
 def _git_head() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -161,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     document = {
         "meta": {
             "size": "quick" if args.quick else "full",
-            "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "git_head": _git_head(),
             "duration_seconds": round(time.monotonic() - started, 1),
             "cpus": os.cpu_count(),

@@ -95,9 +95,7 @@ def table(entries: list[dict[str, Any]]) -> list[str]:
 
 def _labels(dsn: str, database: str) -> dict[int, str]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid, backend_type, datname, query FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
-        ).fetchall()
+        rows = conn.execute("SELECT pid, backend_type, datname, query FROM pg_stat_activity WHERE pid <> pg_backend_pid()").fetchall()
     labels = {}
     for pid, backend_type, datname, query in rows:
         if backend_type != "client backend":

@@ -90,7 +90,9 @@ def _parse_host_names(raw: str) -> tuple[str, ...]:
         except ValueError:
             pass
         if not _HOST_NAME.match(name):
-            raise ValueError(f"{item.strip()!r} is not a host name; expected names without ports or wildcards, comma-separated, e.g. queue.example.com,console.example.com")
+            raise ValueError(
+                f"{item.strip()!r} is not a host name; expected names without ports or wildcards, comma-separated, e.g. queue.example.com,console.example.com"
+            )
         names.append(name.rstrip("."))
     return tuple(names)
 
@@ -109,7 +111,9 @@ def _parse_dsn(raw: str) -> str:
             params = conninfo.conninfo_to_dict(value)
         except Exception as exc:  # psycopg.ProgrammingError: libpq's own words on what is wrong
             problem = redact_dsn_in(str(exc).strip(), value)
-            raise ValueError(f"not a PostgreSQL connection string ({problem}), expected e.g. postgresql://user:password@host:5432/dbname") from None
+            raise ValueError(
+                f"not a PostgreSQL connection string ({problem}), expected e.g. postgresql://user:password@host:5432/dbname"
+            ) from None
         ports = str(params.get("port") or "5432").split(",")
         if not all(port.strip().isdigit() for port in ports):
             raise ValueError(f"port {params.get('port')!r} is not a number")
@@ -128,10 +132,26 @@ def _parse_required_text(raw: str) -> str:
 
 # Keywords whose values a redacted DSN still shows: where and as whom it connects, never a
 # secret. Any other keyword's value is hidden, a misspelt `pasword=` included.
-_SHOWN_DSN_KEYWORDS = frozenset({
-    "host", "hostaddr", "port", "dbname", "user", "sslmode", "sslrootcert", "sslcert", "sslkey", "application_name",
-    "connect_timeout", "target_session_attrs", "load_balance_hosts", "gssencmode", "channel_binding", "service",
-})
+_SHOWN_DSN_KEYWORDS = frozenset(
+    {
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "sslmode",
+        "sslrootcert",
+        "sslcert",
+        "sslkey",
+        "application_name",
+        "connect_timeout",
+        "target_session_attrs",
+        "load_balance_hosts",
+        "gssencmode",
+        "channel_binding",
+        "service",
+    }
+)
 _DSN_WORD = re.compile(r"(\w+)(\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)|(\S+)|(\s+)")
 
 
@@ -196,7 +216,8 @@ def redact_dsn_in(text: str, *dsns: str) -> str:
         redacted, secrets = _redacted_dsn(dsn)
         text = text.replace(dsn, redacted)
         for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
-            text = re.sub(r""""[^"]*"|'[^']*'""", lambda quoted: quoted.group(0).replace(secret, "***"), text)
+            # re.sub calls the lambda before the loop moves on, so it sees this iteration's secret.
+            text = re.sub(r""""[^"]*"|'[^']*'""", lambda quoted: quoted.group(0).replace(secret, "***"), text)  # noqa: B023
     return text
 
 
@@ -211,66 +232,229 @@ class Setting:
 # The order here is the order of docs/configuration.md, which is generated from these tables.
 SETTINGS: dict[str, Setting] = {
     "database_url": Setting("DATABASE_URL", "", _parse_dsn, "PostgreSQL DSN; unset: `dev` starts an embedded PostgreSQL"),
-    "listen_database_url": Setting("QUEUE_LISTEN_DATABASE_URL", "", _parse_dsn, "DSN for the one LISTEN connection per replica when `DATABASE_URL` goes through a transaction-mode pooler (LISTEN needs a session)"),
+    "listen_database_url": Setting(
+        "QUEUE_LISTEN_DATABASE_URL",
+        "",
+        _parse_dsn,
+        "DSN for the one LISTEN connection per replica when `DATABASE_URL` goes through a transaction-mode pooler (LISTEN needs a session)",
+    ),
     "listen_addr": Setting("QUEUE_LISTEN_ADDR", "127.0.0.1:50051", _parse_host_port, "host:port to serve gRPC on"),
-    "http_addr": Setting("QUEUE_HTTP_ADDR", "", _parse_optional_host_port, "host:port of the web console and the Connect / gRPC-Web endpoint (same services, roles and errors as gRPC); empty: none (`dev`: `127.0.0.1:8080`, or a free port when taken)"),
+    "http_addr": Setting(
+        "QUEUE_HTTP_ADDR",
+        "",
+        _parse_optional_host_port,
+        "host:port of the web console and the Connect / gRPC-Web endpoint (same services, roles and errors as gRPC); empty: none (`dev`: `127.0.0.1:8080`, or a free port when taken)",
+    ),
     "http_allowed_hosts": Setting(
-        "QUEUE_HTTP_ALLOWED_HOSTS", "", _parse_host_names,
+        "QUEUE_HTTP_ALLOWED_HOSTS",
+        "",
+        _parse_host_names,
         "comma-separated host names the browser endpoint answers to besides its own address, `localhost`, 127.0.0.1 and ::1 (the names its users and proxies reach it by); a request with any other `Host` hears 421, so a page on another name that resolves to this endpoint (DNS rebinding) cannot use it",
     ),
-    "core_addr": Setting("QUEUE_CORE_ADDR", "", _parse_optional_host_port, "host:port of the core's RunService; unset: `dev` starts the dev core"),
-    "max_active_per_user": Setting("QUEUE_MAX_ACTIVE_PER_USER", "1", _parse_int(1, 1000), "first-pass slots per user (`OperatorService.SetUserQueueLimit` changes it per user)"),
-    "core_capacity": Setting("QUEUE_CORE_CAPACITY", "0", _parse_int(0, 1_000_000), "the most first-pass runs being released or judging at the core at once across every replica (delta re-checks count too but never wait); `0`: unlimited. Only seeds a fresh database: afterwards `OperatorService.SetCoreCapacity` changes it at run time"),
-    "core_probe_interval_seconds": Setting("QUEUE_CORE_PROBE_INTERVAL_SECONDS", "1", _parse_float(0.05, 600), "while the core answers releases `RESOURCE_EXHAUSTED`, the fleet tries one release above what the core took at most this often"),
-    "max_queued_per_user": Setting("QUEUE_MAX_QUEUED_PER_USER", "100", _parse_int(1, 100_000), "queued jobs per user before `USER_QUEUE_FULL`"),
-    "release_window_seconds": Setting("QUEUE_RELEASE_WINDOW_SECONDS", "1800", _parse_float(0.1, 7 * 86400), "how long release is retried after promotion"),
-    "sweep_interval_seconds": Setting("QUEUE_SWEEP_INTERVAL_SECONDS", "30", _parse_float(0.0, 86400), "sweeper period (jittered); `0` disables it"),
-    "max_active_deltas_per_user": Setting("QUEUE_MAX_ACTIVE_DELTAS_PER_USER", "4", _parse_int(1, 10_000), "delta re-checks running at once per user before `USER_DELTA_LIMIT` (`RESOURCE_EXHAUSTED`)"),
+    "core_addr": Setting(
+        "QUEUE_CORE_ADDR", "", _parse_optional_host_port, "host:port of the core's RunService; unset: `dev` starts the dev core"
+    ),
+    "max_active_per_user": Setting(
+        "QUEUE_MAX_ACTIVE_PER_USER",
+        "1",
+        _parse_int(1, 1000),
+        "first-pass slots per user (`OperatorService.SetUserQueueLimit` changes it per user)",
+    ),
+    "core_capacity": Setting(
+        "QUEUE_CORE_CAPACITY",
+        "0",
+        _parse_int(0, 1_000_000),
+        "the most first-pass runs being released or judging at the core at once across every replica (delta re-checks count too but never wait); `0`: unlimited. Only seeds a fresh database: afterwards `OperatorService.SetCoreCapacity` changes it at run time",
+    ),
+    "core_probe_interval_seconds": Setting(
+        "QUEUE_CORE_PROBE_INTERVAL_SECONDS",
+        "1",
+        _parse_float(0.05, 600),
+        "while the core answers releases `RESOURCE_EXHAUSTED`, the fleet tries one release above what the core took at most this often",
+    ),
+    "max_queued_per_user": Setting(
+        "QUEUE_MAX_QUEUED_PER_USER", "100", _parse_int(1, 100_000), "queued jobs per user before `USER_QUEUE_FULL`"
+    ),
+    "release_window_seconds": Setting(
+        "QUEUE_RELEASE_WINDOW_SECONDS", "1800", _parse_float(0.1, 7 * 86400), "how long release is retried after promotion"
+    ),
+    "sweep_interval_seconds": Setting(
+        "QUEUE_SWEEP_INTERVAL_SECONDS", "30", _parse_float(0.0, 86400), "sweeper period (jittered); `0` disables it"
+    ),
+    "max_active_deltas_per_user": Setting(
+        "QUEUE_MAX_ACTIVE_DELTAS_PER_USER",
+        "4",
+        _parse_int(1, 10_000),
+        "delta re-checks running at once per user before `USER_DELTA_LIMIT` (`RESOURCE_EXHAUSTED`)",
+    ),
     "admit_price": Setting("QUEUE_ADMIT_PRICE", "1", _parse_int(0, 1_000_000), "credits per first-pass job"),
     "delta_price": Setting("QUEUE_DELTA_PRICE", "0", _parse_int(0, 1_000_000), "credits per delta re-check"),
-    "core_deadline_seconds": Setting("QUEUE_CORE_DEADLINE_SECONDS", "5", _parse_float(0.05, 120), "deadline of calls to the core (admit retries included)"),
-    "release_lease_seconds": Setting("QUEUE_RELEASE_LEASE_SECONDS", "15", _parse_float(0.1, 3600), "a claimed release is reserved this long before another replica may retry it"),
-    "release_backoff_max_seconds": Setting("QUEUE_RELEASE_BACKOFF_MAX_SECONDS", "60", _parse_float(0.01, 3600), "cap of the release retry backoff"),
-    "core_reconcile_interval_seconds": Setting("QUEUE_CORE_RECONCILE_INTERVAL_SECONDS", "60", _parse_float(0.0, 86400), "the sweeper reconciles the core's live runs (`ListRuns`) with the jobs at most this often, and at once when the database's timeline changes (a failover); `0`: only then"),
-    "reconcile_after_seconds": Setting("QUEUE_RECONCILE_AFTER_SECONDS", "900", _parse_float(0.1, 7 * 86400), "a RUNNING job without completion this long is checked with `GetRun`"),
-    "grace_period_seconds": Setting("QUEUE_GRACE_PERIOD_SECONDS", "10", _parse_float(0.0, 600), "on SIGTERM: time for in-flight calls to finish"),
+    "core_deadline_seconds": Setting(
+        "QUEUE_CORE_DEADLINE_SECONDS", "5", _parse_float(0.05, 120), "deadline of calls to the core (admit retries included)"
+    ),
+    "release_lease_seconds": Setting(
+        "QUEUE_RELEASE_LEASE_SECONDS",
+        "15",
+        _parse_float(0.1, 3600),
+        "a claimed release is reserved this long before another replica may retry it",
+    ),
+    "release_backoff_max_seconds": Setting(
+        "QUEUE_RELEASE_BACKOFF_MAX_SECONDS", "60", _parse_float(0.01, 3600), "cap of the release retry backoff"
+    ),
+    "core_reconcile_interval_seconds": Setting(
+        "QUEUE_CORE_RECONCILE_INTERVAL_SECONDS",
+        "60",
+        _parse_float(0.0, 86400),
+        "the sweeper reconciles the core's live runs (`ListRuns`) with the jobs at most this often, and at once when the database's timeline changes (a failover); `0`: only then",
+    ),
+    "reconcile_after_seconds": Setting(
+        "QUEUE_RECONCILE_AFTER_SECONDS",
+        "900",
+        _parse_float(0.1, 7 * 86400),
+        "a RUNNING job without completion this long is checked with `GetRun`",
+    ),
+    "grace_period_seconds": Setting(
+        "QUEUE_GRACE_PERIOD_SECONDS", "10", _parse_float(0.0, 600), "on SIGTERM: time for in-flight calls to finish"
+    ),
     "lock_timeout_ms": Setting("QUEUE_LOCK_TIMEOUT_MS", "5000", _parse_int(1, 600_000), "`lock_timeout` of every transaction"),
-    "statement_timeout_ms": Setting("QUEUE_STATEMENT_TIMEOUT_MS", "10000", _parse_int(1, 600_000), "`statement_timeout` of every transaction"),
+    "statement_timeout_ms": Setting(
+        "QUEUE_STATEMENT_TIMEOUT_MS", "10000", _parse_int(1, 600_000), "`statement_timeout` of every transaction"
+    ),
     "pool_min_size": Setting("QUEUE_DB_POOL_MIN_SIZE", "2", _parse_int(1, 1000), "database connections kept open"),
     "pool_max_size": Setting("QUEUE_DB_POOL_MAX_SIZE", "20", _parse_int(1, 1000), "database connections at most"),
-    "pool_timeout_seconds": Setting("QUEUE_DB_POOL_TIMEOUT_SECONDS", "5", _parse_float(0.05, 600), "wait for a free connection before `UNAVAILABLE`"),
-    "db_dead_peer_seconds": Setting("QUEUE_DB_DEAD_PEER_SECONDS", "10", _parse_int(2, 3600), "how long a silent database peer (a crashed node, a cut network) may stay unnoticed: every connection gets TCP keepalives (idle half of it, probes a sixth of it apart, 3 probes) and tcp_user_timeout of this many seconds, unless DATABASE_URL sets them"),
-    "db_liveness_seconds": Setting("QUEUE_DB_LIVENESS_SECONDS", "2", _parse_float(0.1, 600), "the LISTEN connection runs a liveness query after this long without traffic and reconnects (then resyncs every stream) when no answer comes within it again"),
-    "db_reconnect_max_seconds": Setting("QUEUE_DB_RECONNECT_MAX_SECONDS", "0.5", _parse_float(0.05, 60), "longest wait between two attempts to reconnect to the database (pool and LISTEN connection), so the service follows a database that is back within about this long"),
-    "db_start_wait_seconds": Setting("QUEUE_DB_START_WAIT_SECONDS", "300", _parse_float(0, 86400), "`serve` waits this long for an unreachable database at start, retrying and logging, before it exits 4; 0: exit at once"),
-    "db_prepared_statements": Setting("QUEUE_DB_PREPARED_STATEMENTS", "true", _parse_bool, "let the driver prepare statements it runs often on the server; false behind PgBouncer in transaction mode before 1.21 (or without max_prepared_statements)"),
-    "health_interval_seconds": Setting("QUEUE_HEALTH_INTERVAL_SECONDS", "0.5", _parse_float(0.05, 60), "how often health commits a tiny durable write (given 1 s): readiness follows the database, writes included, within about this long"),
+    "pool_timeout_seconds": Setting(
+        "QUEUE_DB_POOL_TIMEOUT_SECONDS", "5", _parse_float(0.05, 600), "wait for a free connection before `UNAVAILABLE`"
+    ),
+    "db_dead_peer_seconds": Setting(
+        "QUEUE_DB_DEAD_PEER_SECONDS",
+        "10",
+        _parse_int(2, 3600),
+        "how long a silent database peer (a crashed node, a cut network) may stay unnoticed: every connection gets TCP keepalives (idle half of it, probes a sixth of it apart, 3 probes) and tcp_user_timeout of this many seconds, unless DATABASE_URL sets them",
+    ),
+    "db_liveness_seconds": Setting(
+        "QUEUE_DB_LIVENESS_SECONDS",
+        "2",
+        _parse_float(0.1, 600),
+        "the LISTEN connection runs a liveness query after this long without traffic and reconnects (then resyncs every stream) when no answer comes within it again",
+    ),
+    "db_reconnect_max_seconds": Setting(
+        "QUEUE_DB_RECONNECT_MAX_SECONDS",
+        "0.5",
+        _parse_float(0.05, 60),
+        "longest wait between two attempts to reconnect to the database (pool and LISTEN connection), so the service follows a database that is back within about this long",
+    ),
+    "db_start_wait_seconds": Setting(
+        "QUEUE_DB_START_WAIT_SECONDS",
+        "300",
+        _parse_float(0, 86400),
+        "`serve` waits this long for an unreachable database at start, retrying and logging, before it exits 4; 0: exit at once",
+    ),
+    "db_prepared_statements": Setting(
+        "QUEUE_DB_PREPARED_STATEMENTS",
+        "true",
+        _parse_bool,
+        "let the driver prepare statements it runs often on the server; false behind PgBouncer in transaction mode before 1.21 (or without max_prepared_statements)",
+    ),
+    "health_interval_seconds": Setting(
+        "QUEUE_HEALTH_INTERVAL_SECONDS",
+        "0.5",
+        _parse_float(0.05, 60),
+        "how often health commits a tiny durable write (given 1 s): readiness follows the database, writes included, within about this long",
+    ),
     "migrate_on_start": Setting("QUEUE_MIGRATE_ON_START", "true", _parse_bool, "`serve` applies pending migrations first"),
-    "max_concurrent_calls": Setting("QUEUE_MAX_CONCURRENT_CALLS", "16", _parse_int(1, 100_000), "unary calls one replica works on at once; more wait their turn as long as their deadline allows (without one, `QUEUE_DB_POOL_TIMEOUT_SECONDS`), then hear `UNAVAILABLE` `REPLICA_BUSY`; keeps an overloaded replica answering within deadlines; raise it when the core answers slowly and the replica has CPU to spare"),
-    "max_streams_per_user": Setting("QUEUE_MAX_STREAMS_PER_USER", "16", _parse_int(1, 100_000), "open WatchJobs streams per caller, user and replica (each caller's own: another caller's streams never lock an operator out of a user); operators may open this many beyond `QUEUE_MAX_STREAMS`"),
+    "max_concurrent_calls": Setting(
+        "QUEUE_MAX_CONCURRENT_CALLS",
+        "16",
+        _parse_int(1, 100_000),
+        "unary calls one replica works on at once; more wait their turn as long as their deadline allows (without one, `QUEUE_DB_POOL_TIMEOUT_SECONDS`), then hear `UNAVAILABLE` `REPLICA_BUSY`; keeps an overloaded replica answering within deadlines; raise it when the core answers slowly and the replica has CPU to spare",
+    ),
+    "max_streams_per_user": Setting(
+        "QUEUE_MAX_STREAMS_PER_USER",
+        "16",
+        _parse_int(1, 100_000),
+        "open WatchJobs streams per caller, user and replica (each caller's own: another caller's streams never lock an operator out of a user); operators may open this many beyond `QUEUE_MAX_STREAMS`",
+    ),
     "max_streams": Setting("QUEUE_MAX_STREAMS", "2000", _parse_int(1, 1_000_000), "open WatchJobs streams per replica"),
-    "watch_backlog_bytes": Setting("QUEUE_WATCH_BACKLOG_BYTES", "65536", _parse_int(4096, 1 << 30), "changes one WatchJobs stream may hold for a slow reader, in estimated bytes (about 1 KB a job plus its error text); beyond it they are dropped and the stream resyncs. Part of a stream's memory budget ([operations.md](operations.md#11-memory-per-watchjobs-stream))"),
-    "max_health_watches": Setting("QUEUE_MAX_HEALTH_WATCHES", "256", _parse_int(1, 100_000), "open `Health.Watch` streams per replica (health needs no credentials); more are refused with `RESOURCE_EXHAUSTED` `TOO_MANY_STREAMS`"),
-    "max_streams_per_connection": Setting("QUEUE_MAX_STREAMS_PER_CONNECTION", "4096", _parse_int(1, 1_000_000), "calls one client connection may have open at once (HTTP/2 max concurrent streams); a client beyond it waits for a free stream, so keep it above what one web backend multiplexes (its WatchJobs streams plus its calls in flight). Keepalive and connection-age limits: `queue_service/api/listeners/connection_limits.py`"),
-    "http_max_connections": Setting("QUEUE_HTTP_MAX_CONNECTIONS", "512", _parse_int(1, 1_000_000), "connections the browser listener (`QUEUE_HTTP_ADDR`) holds at once, at most half of the process's descriptor limit (`RLIMIT_NOFILE`) so the rest stays for the gRPC listener and the database; beyond it new connections wait in the kernel's backlog ([security.md](security.md))"),
-    "http_body_timeout_seconds": Setting("QUEUE_HTTP_BODY_TIMEOUT_SECONDS", "10", _parse_float(0.1, 600), "time a browser-listener request may take to send its body after its headers; a slower one is answered `DEADLINE_EXCEEDED` (HTTP 408) and its HTTP/1.1 connection closed"),
+    "watch_backlog_bytes": Setting(
+        "QUEUE_WATCH_BACKLOG_BYTES",
+        "65536",
+        _parse_int(4096, 1 << 30),
+        "changes one WatchJobs stream may hold for a slow reader, in estimated bytes (about 1 KB a job plus its error text); beyond it they are dropped and the stream resyncs. Part of a stream's memory budget ([operations.md](operations.md#11-memory-per-watchjobs-stream))",
+    ),
+    "max_health_watches": Setting(
+        "QUEUE_MAX_HEALTH_WATCHES",
+        "256",
+        _parse_int(1, 100_000),
+        "open `Health.Watch` streams per replica (health needs no credentials); more are refused with `RESOURCE_EXHAUSTED` `TOO_MANY_STREAMS`",
+    ),
+    "max_streams_per_connection": Setting(
+        "QUEUE_MAX_STREAMS_PER_CONNECTION",
+        "4096",
+        _parse_int(1, 1_000_000),
+        "calls one client connection may have open at once (HTTP/2 max concurrent streams); a client beyond it waits for a free stream, so keep it above what one web backend multiplexes (its WatchJobs streams plus its calls in flight). Keepalive and connection-age limits: `queue_service/api/listeners/connection_limits.py`",
+    ),
+    "http_max_connections": Setting(
+        "QUEUE_HTTP_MAX_CONNECTIONS",
+        "512",
+        _parse_int(1, 1_000_000),
+        "connections the browser listener (`QUEUE_HTTP_ADDR`) holds at once, at most half of the process's descriptor limit (`RLIMIT_NOFILE`) so the rest stays for the gRPC listener and the database; beyond it new connections wait in the kernel's backlog ([security.md](security.md))",
+    ),
+    "http_body_timeout_seconds": Setting(
+        "QUEUE_HTTP_BODY_TIMEOUT_SECONDS",
+        "10",
+        _parse_float(0.1, 600),
+        "time a browser-listener request may take to send its body after its headers; a slower one is answered `DEADLINE_EXCEEDED` (HTTP 408) and its HTTP/1.1 connection closed",
+    ),
     "reflection": Setting("QUEUE_REFLECTION", "true", _parse_bool, "serve gRPC server reflection"),
     "log_format": Setting("QUEUE_LOG_FORMAT", "json", _parse_choice("json", "text"), "log lines as JSON or readable text"),
     "log_level": Setting("QUEUE_LOG_LEVEL", "info", _parse_choice("debug", "info", "warning", "error"), "log level"),
     "metrics_addr": Setting("QUEUE_METRICS_ADDR", "", _parse_optional_host_port, "host:port of a Prometheus scrape endpoint; empty: none"),
     "trace_console": Setting("QUEUE_TRACE_CONSOLE", "false", _parse_bool, "print spans to the console (for `dev`)"),
-    "tls_cert_file": Setting("QUEUE_TLS_CERT_FILE", "", _parse_text, "PEM certificate chain of the listener; set with the key to serve TLS"),
+    "tls_cert_file": Setting(
+        "QUEUE_TLS_CERT_FILE", "", _parse_text, "PEM certificate chain of the listener; set with the key to serve TLS"
+    ),
     "tls_key_file": Setting("QUEUE_TLS_KEY_FILE", "", _parse_text, "PEM private key of the listener"),
     "tls_client_ca_file": Setting("QUEUE_TLS_CLIENT_CA_FILE", "", _parse_text, "PEM CA bundle: require client certificates (mutual TLS)"),
-    "auth_file": Setting("QUEUE_AUTH_FILE", "", _parse_text, "JSON file mapping bearer tokens (SHA-256) and certificate names to roles; set: every call but health is authenticated"),
-    "credentials_reload_seconds": Setting("QUEUE_CREDENTIALS_RELOAD_SECONDS", "60", _parse_float(0.0, 86400), "how often the auth file, the listener's TLS files and the user assertion key file are checked and re-read when they changed, without a restart; `SIGHUP` re-reads them at once; `0`: on `SIGHUP` only"),
-    "allow_unauthenticated": Setting("QUEUE_ALLOW_UNAUTHENTICATED", "false", _parse_bool, "allow a non-loopback listener without `QUEUE_AUTH_FILE` (behind a trusted proxy only)"),
-    "tls_terminated_upstream": Setting("QUEUE_TLS_TERMINATED_UPSTREAM", "false", _parse_bool, "with `QUEUE_AUTH_FILE` but no `QUEUE_TLS_CERT_FILE`, a non-loopback listener (`QUEUE_LISTEN_ADDR`, `QUEUE_HTTP_ADDR`) is refused, since bearer tokens would cross the network in plaintext; `true` states that a mesh or ingress terminates TLS in front of it"),
-    "user_assertion_key_file": Setting("QUEUE_USER_ASSERTION_KEY_FILE", "", _parse_text, "per-user assertions (needs `QUEUE_AUTH_FILE`): the web backend's Ed25519, ECDSA P-256 or RSA public key (PEM, recommended; several during a key rotation) or an HS256 secret file; set, every `web` call must carry a JWT in `x-user-assertion` whose `sub` is its `user_id` ([security](security.md))"),
+    "auth_file": Setting(
+        "QUEUE_AUTH_FILE",
+        "",
+        _parse_text,
+        "JSON file mapping bearer tokens (SHA-256) and certificate names to roles; set: every call but health is authenticated",
+    ),
+    "credentials_reload_seconds": Setting(
+        "QUEUE_CREDENTIALS_RELOAD_SECONDS",
+        "60",
+        _parse_float(0.0, 86400),
+        "how often the auth file, the listener's TLS files and the user assertion key file are checked and re-read when they changed, without a restart; `SIGHUP` re-reads them at once; `0`: on `SIGHUP` only",
+    ),
+    "allow_unauthenticated": Setting(
+        "QUEUE_ALLOW_UNAUTHENTICATED",
+        "false",
+        _parse_bool,
+        "allow a non-loopback listener without `QUEUE_AUTH_FILE` (behind a trusted proxy only)",
+    ),
+    "tls_terminated_upstream": Setting(
+        "QUEUE_TLS_TERMINATED_UPSTREAM",
+        "false",
+        _parse_bool,
+        "with `QUEUE_AUTH_FILE` but no `QUEUE_TLS_CERT_FILE`, a non-loopback listener (`QUEUE_LISTEN_ADDR`, `QUEUE_HTTP_ADDR`) is refused, since bearer tokens would cross the network in plaintext; `true` states that a mesh or ingress terminates TLS in front of it",
+    ),
+    "user_assertion_key_file": Setting(
+        "QUEUE_USER_ASSERTION_KEY_FILE",
+        "",
+        _parse_text,
+        "per-user assertions (needs `QUEUE_AUTH_FILE`): the web backend's Ed25519, ECDSA P-256 or RSA public key (PEM, recommended; several during a key rotation) or an HS256 secret file; set, every `web` call must carry a JWT in `x-user-assertion` whose `sub` is its `user_id` ([security](security.md))",
+    ),
     "user_assertion_issuer": Setting("QUEUE_USER_ASSERTION_ISSUER", "", _parse_text, "the `iss` every user assertion must carry"),
-    "user_assertion_audience": Setting("QUEUE_USER_ASSERTION_AUDIENCE", "acurio-queue", _parse_required_text, "the `aud` every user assertion must carry"),
-    "user_assertion_max_age_seconds": Setting("QUEUE_USER_ASSERTION_MAX_AGE_SECONDS", "300", _parse_float(1, 86400), "longest lifetime (`exp` − `iat`) of a user assertion"),
-    "user_assertion_leeway_seconds": Setting("QUEUE_USER_ASSERTION_LEEWAY_SECONDS", "30", _parse_float(0, 600), "clock skew allowed on its `exp`, `iat`, `nbf`"),
+    "user_assertion_audience": Setting(
+        "QUEUE_USER_ASSERTION_AUDIENCE", "acurio-queue", _parse_required_text, "the `aud` every user assertion must carry"
+    ),
+    "user_assertion_max_age_seconds": Setting(
+        "QUEUE_USER_ASSERTION_MAX_AGE_SECONDS", "300", _parse_float(1, 86400), "longest lifetime (`exp` − `iat`) of a user assertion"
+    ),
+    "user_assertion_leeway_seconds": Setting(
+        "QUEUE_USER_ASSERTION_LEEWAY_SECONDS", "30", _parse_float(0, 600), "clock skew allowed on its `exp`, `iat`, `nbf`"
+    ),
     "core_tls_ca_file": Setting("QUEUE_CORE_TLS_CA_FILE", "", _parse_text, "PEM CA bundle: call the core over TLS"),
     "core_tls_cert_file": Setting("QUEUE_CORE_TLS_CERT_FILE", "", _parse_text, "PEM client certificate for the core (mutual TLS)"),
     "core_tls_key_file": Setting("QUEUE_CORE_TLS_KEY_FILE", "", _parse_text, "PEM client key for the core"),
@@ -279,10 +463,17 @@ SETTINGS: dict[str, Setting] = {
 
 # Settings only `queue-service dev` reads (docs/configuration.md lists them under their own heading).
 DEV_SETTINGS: dict[str, Setting] = {
-    "state_dir": Setting("QUEUE_STATE_DIR", ".state", _parse_required_text, "folder of the embedded PostgreSQL's data and the dev core's runs"),
+    "state_dir": Setting(
+        "QUEUE_STATE_DIR", ".state", _parse_required_text, "folder of the embedded PostgreSQL's data and the dev core's runs"
+    ),
     "pg_port": Setting("QUEUE_DEV_PG_PORT", "", _parse_optional_port, "port of the embedded PostgreSQL"),
     "core_judging_seconds": Setting("QUEUE_DEV_CORE_JUDGING_SECONDS", "5", _parse_float(0.0, 86400), "how long the dev core judges a run"),
-    "core_callback_token": Setting("QUEUE_DEV_CORE_CALLBACK_TOKEN", "", _parse_text, "the dev core's bearer token for `CompleteRun` under `QUEUE_AUTH_FILE` (must be a `core` token of that file)"),
+    "core_callback_token": Setting(
+        "QUEUE_DEV_CORE_CALLBACK_TOKEN",
+        "",
+        _parse_text,
+        "the dev core's bearer token for `CompleteRun` under `QUEUE_AUTH_FILE` (must be a `core` token of that file)",
+    ),
 }
 
 
@@ -394,7 +585,16 @@ class Config:
                 "QUEUE_USER_ASSERTION_KEY_FILE needs QUEUE_AUTH_FILE: assertions bind the `web` role's calls to a user, "
                 "and without an auth file no caller has a role"
             )
-        for field in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_file", "user_assertion_key_file", "core_tls_ca_file", "core_tls_cert_file", "core_tls_key_file"):
+        for field in (
+            "tls_cert_file",
+            "tls_key_file",
+            "tls_client_ca_file",
+            "auth_file",
+            "user_assertion_key_file",
+            "core_tls_ca_file",
+            "core_tls_cert_file",
+            "core_tls_key_file",
+        ):
             path = values.get(field)
             if path and not os.path.isfile(path):
                 problems.append(f"{SETTINGS[field].env}={path!r}: no such file")

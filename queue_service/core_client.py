@@ -91,7 +91,7 @@ class CoreCallTally:
             result = await work
         except errors.CoreUnavailable:
             self.unknown += 1
-            self.last_unknown_at = dt.datetime.now(dt.timezone.utc)
+            self.last_unknown_at = dt.datetime.now(dt.UTC)
             raise
         except errors.QueueError:
             self.refused += 1
@@ -228,7 +228,12 @@ class CoreClient:
             # provider budget; admits are bounded so this does not happen (`validation`).
             raise errors.InvalidRequest(
                 f"the run is {size} bytes, over the core's message limit of {CORE_MAX_MESSAGE_BYTES} bytes",
-                field_violations=[("sources", f"the run sent to the core would be {size} bytes; at most {CORE_MAX_MESSAGE_BYTES} bytes fit: send fewer or shorter sources")],
+                field_violations=[
+                    (
+                        "sources",
+                        f"the run sent to the core would be {size} bytes; at most {CORE_MAX_MESSAGE_BYTES} bytes fit: send fewer or shorter sources",
+                    )
+                ],
             )
         budget = deadline.bound(self._deadline, _CREATE_SHARE_OF_CALL)
         try:
@@ -355,7 +360,9 @@ def _admit_error(exc: grpc.aio.AioRpcError) -> errors.QueueError:
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         # The core's per-field reasons (google.rpc.BadRequest) reach the caller as they are.
         violations = _bad_request_violations(exc)
-        return errors.CoreRejected(f"the core rejected the analysis: {detail}", metadata={"coreMessage": detail}, field_violations=violations)
+        return errors.CoreRejected(
+            f"the core rejected the analysis: {detail}", metadata={"coreMessage": detail}, field_violations=violations
+        )
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return errors.ProviderBudgetExhausted(f"the provider budget is exhausted: {detail}", metadata={"coreMessage": detail})
     return errors.CoreUnavailable(

@@ -169,4 +169,3 @@ def spawn_detached(coro: Coroutine[Any, Any, T], *, name: str | None = None) -> 
     context = contextvars.copy_context()
     context.run(_call_deadline.set, None)
     return asyncio.get_running_loop().create_task(coro, name=name, context=context)
-

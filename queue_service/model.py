@@ -204,8 +204,13 @@ class Transition:
         """A PENDING job whose release did not succeed in its window: failed and refunded. Its run
         may judge after all (a release applied, its answer lost), so the slot stays taken."""
         return cls(
-            Cause.RELEASE_GIVE_UP, frozenset({JobStatus.PENDING}), JobStatus.FAILED, reason,
-            refund=True, run_unsettled=True, expected_attempts=attempts,
+            Cause.RELEASE_GIVE_UP,
+            frozenset({JobStatus.PENDING}),
+            JobStatus.FAILED,
+            reason,
+            refund=True,
+            run_unsettled=True,
+            expected_attempts=attempts,
         )
 
     @classmethod
@@ -232,8 +237,12 @@ class Transition:
         if report.fate is RunFate.UNKNOWN_TO_CORE:
             # The core may learn of the run late (a CreateRun still in flight): not yet settled.
             return cls(
-                cause, from_statuses, JobStatus.FAILED, report.message or "the core does not know this run",
-                refund=True, run_unsettled=True,
+                cause,
+                from_statuses,
+                JobStatus.FAILED,
+                report.message or "the core does not know this run",
+                refund=True,
+                run_unsettled=True,
             )
         raise ValueError(f"a {report.fate.value} run has not ended")
 
@@ -492,7 +501,6 @@ class JobView:
     document_title: str = ""
     source_count: int = 0
     sources_preview: tuple[tuple[str, str], ...] = ()
-
 
 
 def estimate_start(

@@ -36,19 +36,19 @@ from queue_service._gen.acurio.queue.v1 import (
 )
 from queue_service.api.access import auth
 from queue_service.api.access.auth import Authorizer, Caller
-from queue_service.api.servicers.callbacks import CoreCallbackServicer
-from queue_service.api.listeners.connection_limits import connection_options
 from queue_service.api.access.credential_reload import CredentialReloader
-from queue_service.api.servicers.credits import CreditsServicer
-from queue_service.api.road.gate import CallGate
-from queue_service.api.servicers.health_service import HealthService
-from queue_service.api.road.interceptor import ErrorInterceptor
-from queue_service.api.servicers.operator import OperatorServicer
-from queue_service.api.servicers.queue import AnalysisQueueServicer
-from queue_service.api.road.road import CallRoad
 from queue_service.api.access.server_tls import ServerTls
 from queue_service.api.access.user_assertions import UserAssertions
+from queue_service.api.listeners.connection_limits import connection_options
 from queue_service.api.listeners.web import WebEndpoint
+from queue_service.api.road.gate import CallGate
+from queue_service.api.road.interceptor import ErrorInterceptor
+from queue_service.api.road.road import CallRoad
+from queue_service.api.servicers.callbacks import CoreCallbackServicer
+from queue_service.api.servicers.credits import CreditsServicer
+from queue_service.api.servicers.health_service import HealthService
+from queue_service.api.servicers.operator import OperatorServicer
+from queue_service.api.servicers.queue import AnalysisQueueServicer
 from queue_service.background import cancel_and_wait
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
@@ -128,9 +128,7 @@ class QueueApp:
         authorizer = Authorizer.from_file(config.auth_file, built_in_tokens=built_in_tokens) if config.auth_file else None
         assertions = UserAssertions.from_config(config, authorizer.identify if authorizer else None)
         check_request = assertions.check if assertions else None
-        core_credentials = auth.core_channel_credentials(
-            config.core_tls_ca_file, config.core_tls_cert_file, config.core_tls_key_file
-        )
+        core_credentials = auth.core_channel_credentials(config.core_tls_ca_file, config.core_tls_cert_file, config.core_tls_key_file)
         self.store = Store(
             create_pool(
                 config.database_url,
@@ -152,6 +150,7 @@ class QueueApp:
         # Set when jobs became PENDING (here or, through NOTIFY, on another replica): the
         # dispatcher releases them at once.
         releases_due = self._releases_due = asyncio.Event()
+
         # The first release of each job this replica makes PENDING, claimed in that statement:
         # the engine hands it to the dispatcher, which starts it at once. Called only once the
         # replica serves, when the dispatcher (built below, around the engine) exists.
@@ -169,7 +168,9 @@ class QueueApp:
         self.releases = Releases(self.engine, self.store, self.core)
         self.recovery = Recovery(self.engine, self.releases, self.store, self.core)
         self.admission = Admission(self.engine, self.recovery, self.store, self.core)
-        self.reads = JobReads(self.store, default_max_active=config.max_active_per_user, reconcile_after_seconds=config.reconcile_after_seconds)
+        self.reads = JobReads(
+            self.store, default_max_active=config.max_active_per_user, reconcile_after_seconds=config.reconcile_after_seconds
+        )
         self.hub = NotificationHub(
             self.store,
             self.reads,
@@ -194,7 +195,7 @@ class QueueApp:
         self.engine.adopt_lost_reserved_run = self.reconciler.adopt_if_lost
         self.sweeper = Sweeper(self.recovery, self.store, config, wake_dispatcher=releases_due.set, reconciler=self.reconciler)
         self.replica_id = new_replica_id()
-        self._started_at = dt.datetime.now(dt.timezone.utc)
+        self._started_at = dt.datetime.now(dt.UTC)
         self.health = HealthService(max_watches=config.max_health_watches)
         self.gate = CallGate(max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds)
         # The one road into the servicers, for gRPC and the browser endpoint alike.
@@ -203,7 +204,9 @@ class QueueApp:
         credits = Credits(self.store)
         # One instance of each servicer, shared by gRPC and the browser endpoint (QUEUE_HTTP_ADDR).
         self.servicers: Servicers = {
-            "AnalysisQueueService": AnalysisQueueServicer(self.engine, self.admission, self.releases, self.reads, self.hub, self.gate.draining),
+            "AnalysisQueueService": AnalysisQueueServicer(
+                self.engine, self.admission, self.releases, self.reads, self.hub, self.gate.draining
+            ),
             "CoreCallbackService": CoreCallbackServicer(self.engine, self.reads),
             "CreditsService": CreditsServicer(credits),
             "OperatorService": OperatorServicer(self.engine, self.admission, self.reads, self.gate.draining, credits),
@@ -312,7 +315,8 @@ class QueueApp:
         if capacity != self.config.core_capacity:
             log.warning(
                 "the core's capacity in force is %d, set at run time; QUEUE_CORE_CAPACITY=%d only seeds a fresh database",
-                capacity, self.config.core_capacity,
+                capacity,
+                self.config.core_capacity,
             )
         self.capacity.learned(capacity > 0)
 
@@ -335,7 +339,8 @@ class QueueApp:
         else:
             log.warning(
                 "durability: %s: an acknowledged commit is %s (docs/operations.md, section 13)",
-                stance.describe(), _AT_RISK.get(stance.mode, "at risk"),
+                stance.describe(),
+                _AT_RISK.get(stance.mode, "at risk"),
             )
 
     async def _watch_database(self) -> None:

@@ -21,17 +21,29 @@ from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 import psycopg
+from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
-from google.rpc import error_details_pb2
 
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2 as callback_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2_grpc as callback_grpc,
+)
+from queue_service._gen.acurio.queue.v1 import (
     credits_service_pb2 as credits_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     credits_service_pb2_grpc as credits_grpc,
+)
+from queue_service._gen.acurio.queue.v1 import (
     job_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2_grpc as queue_grpc,
 )
 from queue_service.config import Config
@@ -326,7 +338,9 @@ class ServiceFactory:
         self._stubs.append(stubs)
         return stubs
 
-    async def start_process(self, core: DevCore, *, port: int | None = None, descriptor_limit: int | None = None, **env: str) -> ProcessHandle:
+    async def start_process(
+        self, core: DevCore, *, port: int | None = None, descriptor_limit: int | None = None, **env: str
+    ) -> ProcessHandle:
         """`descriptor_limit`: the process's RLIMIT_NOFILE (soft and hard), for floods."""
         port = port or free_port()
         environment = {
@@ -350,7 +364,9 @@ class ServiceFactory:
             stderr=subprocess.STDOUT,
             cwd=REPO_ROOT,
             start_new_session=True,
-            preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (descriptor_limit, descriptor_limit))) if descriptor_limit else None,
+            preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (descriptor_limit, descriptor_limit)))
+            if descriptor_limit
+            else None,
         )
         log_file.close()
         handle = ProcessHandle(process, self.stubs(f"127.0.0.1:{port}"), log_path)

@@ -34,7 +34,10 @@ def measure(users: int, jobs: int, capacity: int, cycles: int) -> dict[str, obje
         try:
             asyncio.run(migrations.migrate(database.dsn()))
             with psycopg.connect(database.dsn(), autocommit=True) as conn:
-                conn.execute("INSERT INTO queue_capacity (capacity) VALUES (%s) ON CONFLICT (singleton) DO UPDATE SET capacity = EXCLUDED.capacity", (capacity,))
+                conn.execute(
+                    "INSERT INTO queue_capacity (capacity) VALUES (%s) ON CONFLICT (singleton) DO UPDATE SET capacity = EXCLUDED.capacity",
+                    (capacity,),
+                )
                 rows = [
                     (uuid.uuid4(), f"u{user}", uuid.uuid4(), f"k{job}", "pending" if job == 0 else "queued", 1 if job == 0 else None)
                     for user in range(users)
@@ -55,7 +58,9 @@ def measure(users: int, jobs: int, capacity: int, cycles: int) -> dict[str, obje
                     ).fetchone()
                     if ended is None:
                         break
-                    conn.execute("UPDATE analysis_jobs SET status = 'succeeded', end_time = clock_timestamp() WHERE job_id = %s", (ended[0],))
+                    conn.execute(
+                        "UPDATE analysis_jobs SET status = 'succeeded', end_time = clock_timestamp() WHERE job_id = %s", (ended[0],)
+                    )
                     conn.execute(
                         """UPDATE analysis_jobs SET status = 'pending', slot = 1
                             WHERE job_id = (SELECT job_id FROM analysis_jobs WHERE user_id = %s AND status = 'queued' ORDER BY queue_seq LIMIT 1)""",
@@ -81,7 +86,9 @@ def measure(users: int, jobs: int, capacity: int, cycles: int) -> dict[str, obje
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.probes.capacity_grant", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.probes.capacity_grant", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--users", type=int, nargs="+", default=[50, 200])
     parser.add_argument("--jobs", type=int, default=5)
     parser.add_argument("--capacity", type=int, default=20)

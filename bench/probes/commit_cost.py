@@ -67,8 +67,7 @@ _LIFECYCLE = [
 # The rows an admit must write, nothing read back: the reservation is durable before the core
 # hears of the run (its own commit), then the placement under the user's lock.
 _ADMIT_RESERVATION = (
-    "INSERT INTO run_reservations (run_id, user_id, cancel_after)"
-    " VALUES (%(run_id)s, %(user_id)s, clock_timestamp() + interval '1 minute')"
+    "INSERT INTO run_reservations (run_id, user_id, cancel_after) VALUES (%(run_id)s, %(user_id)s, clock_timestamp() + interval '1 minute')"
 )
 _ADMIT_PLACEMENT = [
     "SELECT pg_advisory_xact_lock(%(lock_key)s)",
@@ -87,8 +86,13 @@ def _admit_user(i: int) -> str:
 
 
 def _admit_writes(conn: psycopg.Connection, i: int) -> None:
-    params = {"run_id": uuid.uuid4(), "job_id": uuid.uuid4(), "user_id": _admit_user(i), "lock_key": abs(i) % _ADMIT_USERS,
-              "key": f"writes-{i}-{uuid.uuid4().hex[:8]}"}
+    params = {
+        "run_id": uuid.uuid4(),
+        "job_id": uuid.uuid4(),
+        "user_id": _admit_user(i),
+        "lock_key": abs(i) % _ADMIT_USERS,
+        "key": f"writes-{i}-{uuid.uuid4().hex[:8]}",
+    }
     conn.execute(_ADMIT_RESERVATION, params, prepare=True)
     with conn.transaction():
         for statement in _ADMIT_PLACEMENT:
@@ -169,9 +173,11 @@ def main() -> None:
             cases: list[tuple[str, Callable[[psycopg.Connection, int], None], bool]] = [
                 (f"commit: {name}", _floor(sql, arg), False) for name, (sql, arg) in _FLOORS.items()
             ]
-            cases += [("job, 4 status commits: all indexes", _lifecycle("all"), False),
-                      ("job, 4 status commits: all indexes, no trigger", _lifecycle("all-quiet"), True),
-                      ("admit: only the rows it writes, 2 commits", _admit_writes, False)]
+            cases += [
+                ("job, 4 status commits: all indexes", _lifecycle("all"), False),
+                ("job, 4 status commits: all indexes, no trigger", _lifecycle("all-quiet"), True),
+                ("admit: only the rows it writes, 2 commits", _admit_writes, False),
+            ]
             dbsetup.grant_credits(dsn, "commit-cost-admit-", _ADMIT_USERS, 10**9)
             served = "admit: the service's two statements"
             for round_ in range(args.rounds):
@@ -183,8 +189,10 @@ def main() -> None:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 for index in _DROPPABLE_INDEXES:
                     conn.execute(f"DROP INDEX {index}")
-            fewer = [("job, 4 status commits: 3 indexes fewer", _lifecycle("fewer"), False),
-                     ("job, 4 status commits: 3 indexes fewer, no trigger", _lifecycle("fewer-quiet"), True)]
+            fewer = [
+                ("job, 4 status commits: 3 indexes fewer", _lifecycle("fewer"), False),
+                ("job, 4 status commits: 3 indexes fewer, no trigger", _lifecycle("fewer-quiet"), True),
+            ]
             for round_ in range(args.rounds):
                 for name, run, quiet in fewer:
                     results.setdefault(name, []).append(round(_per_call_ms(dsn, args.calls, run, without_trigger=quiet), 4))

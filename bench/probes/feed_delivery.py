@@ -36,9 +36,10 @@ from bench.probes.rounds import RESULTS, loadavg, new_report, scratch_database, 
 from bench.procs import REPO_ROOT, Stack, create_database
 
 
-
 async def _phase(a: str, b: str, *, users: list[str], probes: int, load_users: list[str], load_callers: int) -> dict[str, Any]:
-    from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2, queue_service_pb2_grpc as queue_grpc
+    from queue_service._gen.acurio.queue.v1 import job_pb2
+    from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+    from queue_service._gen.acurio.queue.v1 import queue_service_pb2_grpc as queue_grpc
 
     chan_a, chan_b = grpc.aio.insecure_channel(a), grpc.aio.insecure_channel(b)
     stub_a, stub_b = queue_grpc.AnalysisQueueServiceStub(chan_a), queue_grpc.AnalysisQueueServiceStub(chan_b)
@@ -60,7 +61,9 @@ async def _phase(a: str, b: str, *, users: list[str], probes: int, load_users: l
 
     def request(user: str) -> Any:
         return queue_pb2.AdmitRequest(
-            user_id=user, idempotency_key=uuid.uuid4().hex, document=job_pb2.Document(uri="s3://theses/bench.pdf", title="bench"),
+            user_id=user,
+            idempotency_key=uuid.uuid4().hex,
+            document=job_pb2.Document(uri="s3://theses/bench.pdf", title="bench"),
             sources=[job_pb2.Source(doi="10.1234/bench", citation="Bench et al. 2024")],
         )
 
@@ -116,7 +119,10 @@ def main() -> int:
     args = parser.parse_args()
     git_head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
     report = new_report(
-        git_head=git_head or "(not a git checkout)", probes=args.probes, users=args.users, load_callers=args.load_callers,
+        git_head=git_head or "(not a git checkout)",
+        probes=args.probes,
+        users=args.users,
+        load_callers=args.load_callers,
     )
     with scratch_database("acurio-feed-delivery-") as (db, workdir):
         dsn = create_database(db, "feed_delivery")
@@ -130,7 +136,9 @@ def main() -> int:
                 load = loadavg()
                 report[phase] = {
                     "loadavg": load,
-                    **asyncio.run(_phase(a.address, b.address, users=users, probes=args.probes, load_users=load_users, load_callers=callers)),
+                    **asyncio.run(
+                        _phase(a.address, b.address, users=users, probes=args.probes, load_users=load_users, load_callers=callers)
+                    ),
                 }
                 print(phase, json.dumps(report[phase]), flush=True)
     write_report(report, args.out)

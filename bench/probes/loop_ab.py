@@ -41,7 +41,10 @@ def one_run(ctx: Context, loop: str, repeat: int, args: argparse.Namespace) -> d
         result = ctx.ghz(stack.address, ADMIT, admit_data("l-u", _USERS, name), concurrency=args.callers, total=args.calls)
         cpu = meter.stop()
     return {
-        "loop": loop, "repeat": repeat, "loadavg": load, "ok": result.ok,
+        "loop": loop,
+        "repeat": repeat,
+        "loadavg": load,
+        "ok": result.ok,
         "throughput_per_s": round(result.ok / result.seconds, 1),
         "latency_ms": {k: round(v, 2) for k, v in result.latency_dict().items() if k != "count"},
         "cpu_ms_per_op": {k: round(v * 1000 / result.ok, 3) for k, v in cpu.items() if k != "system"},

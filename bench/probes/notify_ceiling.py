@@ -52,10 +52,7 @@ from queue_service.store import JOB_CHANGES_CHANNEL
 
 _ROW_KEY = "notify-ceiling-"
 # Each client updates its own row (no row-lock waits), with a new last_error (the trigger fires).
-_SCRIPT = (
-    "UPDATE analysis_jobs SET last_error = md5(random()::text) "
-    f"WHERE job_id = md5('{_ROW_KEY}' || :client_id)::uuid;\n"
-)
+_SCRIPT = f"UPDATE analysis_jobs SET last_error = md5(random()::text) WHERE job_id = md5('{_ROW_KEY}' || :client_id)::uuid;\n"
 
 
 # The trigger function's body before the job-change feed (migration 0008), for the `notify` mode.
@@ -121,8 +118,14 @@ def pgbench(dsn: str, script: Path, *, clients: int, seconds: float, suppress_no
     if suppress_notify:
         env["PGOPTIONS"] = "-c session_replication_role=replica"
     args = [
-        str(POSTGRES_BIN_PATH / "pgbench"), "--no-vacuum", "--protocol=prepared", f"--time={int(seconds)}",
-        f"--client={clients}", f"--jobs={min(clients, os.cpu_count() or 1)}", f"--file={script}", dsn,
+        str(POSTGRES_BIN_PATH / "pgbench"),
+        "--no-vacuum",
+        "--protocol=prepared",
+        f"--time={int(seconds)}",
+        f"--client={clients}",
+        f"--jobs={min(clients, os.cpu_count() or 1)}",
+        f"--file={script}",
+        dsn,
     ]
     completed = subprocess.run(args, capture_output=True, text=True, env=env, check=False)
     if completed.returncode != 0:
@@ -187,7 +190,15 @@ def measure(db: Database, *, clients: list[int], seconds: float, repeats: int, w
                     if abs(feed_rows - expected_rows) > count:
                         raise RuntimeError(f"{mode}, {count} clients: {result['commits']} commits but {feed_rows} feed rows")
                     runs.append(
-                        {"repeat": repeat, "clients": count, "mode": mode, "loadavg": load, "notifications": heard, "feed_rows": feed_rows, **result}
+                        {
+                            "repeat": repeat,
+                            "clients": count,
+                            "mode": mode,
+                            "loadavg": load,
+                            "notifications": heard,
+                            "feed_rows": feed_rows,
+                            **result,
+                        }
                     )
                     print(
                         f"  repeat {repeat} clients {count:2} {mode:9} {result['commits_per_s']:8.0f} commits/s  "
@@ -204,8 +215,11 @@ def measure(db: Database, *, clients: list[int], seconds: float, repeats: int, w
             rates = [r["commits_per_s"] for r in of[mode]]
             row[f"{mode}_commits_per_s"] = {"median": round(statistics.median(rates)), "range": [round(min(rates)), round(max(rates))]}
         for mode in ("feed", "notify"):
-            ratios = [a["commits_per_s"] / b["commits_per_s"] for a, b in zip(of[mode], of["no_notify"])]
-            row[f"{mode}_over_no_notify"] = {"median": round(statistics.median(ratios), 2), "range": [round(min(ratios), 2), round(max(ratios), 2)]}
+            ratios = [a["commits_per_s"] / b["commits_per_s"] for a, b in zip(of[mode], of["no_notify"], strict=True)]
+            row[f"{mode}_over_no_notify"] = {
+                "median": round(statistics.median(ratios), 2),
+                "range": [round(min(ratios), 2), round(max(ratios), 2)],
+            }
         summary[str(count)] = row
     return {"runs": runs, "summary": summary}
 
@@ -228,9 +242,14 @@ def main() -> int:
                     " WHERE name IN ('server_version', 'fsync', 'synchronous_commit', 'wal_sync_method', 'commit_delay')"
                 ).fetchone()
             print(f"{label}: {settings[0] if settings else ''}", flush=True)
-            report[label] = {"postgres_settings": settings[0] if settings else "", **measure(db, clients=args.clients, seconds=args.seconds, repeats=args.repeats, workdir=workdir)}
+            report[label] = {
+                "postgres_settings": settings[0] if settings else "",
+                **measure(db, clients=args.clients, seconds=args.seconds, repeats=args.repeats, workdir=workdir),
+            }
     print()
-    print(f"{'':10} {'clients':>7} {'feed/s':>8} {'notify/s':>9} {'none/s':>8} {'feed/none':>10} {'notify/none':>12}   (median of {args.repeats})")
+    print(
+        f"{'':10} {'clients':>7} {'feed/s':>8} {'notify/s':>9} {'none/s':>8} {'feed/none':>10} {'notify/none':>12}   (median of {args.repeats})"
+    )
     for label in ("durable", "fsync_off"):
         for count, row in report.get(label, {}).get("summary", {}).items():
             print(

@@ -143,9 +143,22 @@ def profile(ctx: Context, args: argparse.Namespace) -> None:
     with ctx.stack(dsn, "profile") as stack:
         _load(ctx, stack.address, "admit", 500, args.callers, "warm")
         spy = subprocess.Popen(
-            [py_spy, "record", "--pid", str(stack.service.pid), "--rate", "250", "--format", "raw", "--full-filenames",
-             "--output", str(out)] + (["--native"] if args.native else ["--nonblocking"]),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [
+                py_spy,
+                "record",
+                "--pid",
+                str(stack.service.pid),
+                "--rate",
+                "250",
+                "--format",
+                "raw",
+                "--full-filenames",
+                "--output",
+                str(out),
+            ]
+            + (["--native"] if args.native else ["--nonblocking"]),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         time.sleep(1.0)
         result = _load(ctx, stack.address, args.call, args.calls, args.callers, "measure")
@@ -155,8 +168,14 @@ def profile(ctx: Context, args: argparse.Namespace) -> None:
         raise RuntimeError(f"py-spy wrote nothing: {spy.stderr.read().decode()[-2000:] if spy.stderr else ''}")
     print(f"{args.call}: {result.ok} ok, {result.ok / result.seconds:.0f}/s under py-spy, p50 {result.p50_ms:.1f} ms")
     print(summarize(out, args.top))
-    summary = {"call": args.call, "callers": args.callers, "native": args.native, "ok": result.ok,
-               "throughput_per_s_under_py_spy": round(result.ok / result.seconds, 1), **shares(out)}
+    summary = {
+        "call": args.call,
+        "callers": args.callers,
+        "native": args.native,
+        "ok": result.ok,
+        "throughput_per_s_under_py_spy": round(result.ok / result.seconds, 1),
+        **shares(out),
+    }
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"\ncollapsed stacks: {out}")
 
@@ -173,7 +192,9 @@ def ab(ctx: Context, args: argparse.Namespace) -> None:
             result = _load(ctx, stack.address, args.call, args.calls, args.callers, "measure")
             cpu = meter.stop()
         per_op = ", ".join(f"{name} {seconds * 1000 / result.ok:.2f}" for name, seconds in cpu.items())
-        print(f"{label:40} {result.ok / result.seconds:7.1f}/s  p50 {result.p50_ms:6.1f} ms  p99 {result.p99_ms:6.1f} ms  CPU ms/op: {per_op}")
+        print(
+            f"{label:40} {result.ok / result.seconds:7.1f}/s  p50 {result.p50_ms:6.1f} ms  p99 {result.p99_ms:6.1f} ms  CPU ms/op: {per_op}"
+        )
 
 
 def main() -> None:

@@ -41,8 +41,10 @@ def new_report(**meta: Any) -> dict[str, Any]:
     (its start time rides along as `_started` until `write_report`)."""
     return {
         "meta": {
-            "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
-            "loadavg_at_start": loadavg(), **meta,
+            "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "cpus": os.cpu_count(),
+            "loadavg_at_start": loadavg(),
+            **meta,
         },
         "_started": time.time(),
     }

@@ -79,7 +79,7 @@ def pg_log_events(path: Path) -> list[dict[str, Any]]:
         match = _PG_LOG_LINE.match(line)
         if not match:
             continue
-        when = dt.datetime.strptime(match["ts"], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=dt.timezone.utc)
+        when = dt.datetime.strptime(match["ts"], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=dt.UTC)
         events.append({"t": when.timestamp(), "kind": "postgres", "pid": int(match["pid"]), "text": match["text"][:300]})
     return events
 
@@ -119,8 +119,11 @@ def overlapping(group: dict[str, Any], events: list[dict[str, Any]]) -> list[dic
 def pg_category(text: str) -> str | None:
     """What a PostgreSQL log line is about, or None for lines not worth counting (DETAIL, ...)."""
     for needle, category in (
-        ("checkpoint", "pg_checkpoint"), ("automatic vacuum", "pg_autovacuum"), ("automatic analyze", "pg_autoanalyze"),
-        ("still waiting", "pg_lock_wait"), ("connection received", "pg_new_connection"),
+        ("checkpoint", "pg_checkpoint"),
+        ("automatic vacuum", "pg_autovacuum"),
+        ("automatic analyze", "pg_autoanalyze"),
+        ("still waiting", "pg_lock_wait"),
+        ("connection received", "pg_new_connection"),
     ):
         if needle in text:
             return category
@@ -188,8 +191,16 @@ class Sampler(threading.Thread):
                 ).fetchall()
                 for pid, wait_type, wait, running_ms, query in rows:
                     if wait_type is not None or (running_ms or 0) >= 20:
-                        self.events.append({"t": now, "kind": "pg_active", "pid": pid, "wait": f"{wait_type}:{wait}",
-                                            "running_ms": round(running_ms or 0, 1), "query": query})
+                        self.events.append(
+                            {
+                                "t": now,
+                                "kind": "pg_active",
+                                "pid": pid,
+                                "wait": f"{wait_type}:{wait}",
+                                "running_ms": round(running_ms or 0, 1),
+                                "query": query,
+                            }
+                        )
 
     def stop(self) -> list[dict[str, Any]]:
         self._stop_event.set()
@@ -216,14 +227,17 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measured(ctx: Context, address: str, call: str, data: dict[str, Any], total: int, cpu_roots: dict[str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
+def measured(
+    ctx: Context, address: str, call: str, data: dict[str, Any], total: int, cpu_roots: dict[str, int]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     meter = CpuMeter(cpu_roots).start()
     children_before = _children_cpu()
     report = ghz_report(address, call, data, protoset=ctx.protoset, concurrency=_CALLERS, total=total)
     cpu = {**meter.stop(), "loadgen": _children_cpu() - children_before}
     summary = summarize_report(report)
     record = {
-        "ok": summary.ok, "throughput_per_s": round(summary.rps, 1),
+        "ok": summary.ok,
+        "throughput_per_s": round(summary.rps, 1),
         "latency_ms": {k: round(v, 2) for k, v in summary.latency_dict().items() if k != "count"},
         "unattributed_cpu_cores": round(unattributed_cpu(cpu) / summary.seconds, 2) if summary.seconds else None,
     }
@@ -258,22 +272,43 @@ def run_round(ctx: Context, index: int, args: argparse.Namespace, env: dict[str,
         for group in stalls(call_spans(report), args.slow_ms):
             near = overlapping(group, events)
             detail = load == "list_jobs"  # every sample only for ListJobs: admit stalls are many and long
-            found.append({"load": load, **group, "overlapping": digest([e for e in near if e["kind"] not in ("psi", "pg_active")]),
-                          "psi_during": psi_during(group, events),
-                          "pg_waits_during": _wait_counts(e for e in near if e["kind"] == "pg_active"),
-                          **({"pg_active": [e for e in near if e["kind"] == "pg_active"],
-                              "service_events": [e for e in near if e["kind"] not in ("postgres", "psi", "pg_active")],
-                              "postgres_events": [e for e in near if e["kind"] == "postgres" and pg_category(e["text"]) not in (None, "pg_slow_commit")]}
-                             if detail else {})})
+            found.append(
+                {
+                    "load": load,
+                    **group,
+                    "overlapping": digest([e for e in near if e["kind"] not in ("psi", "pg_active")]),
+                    "psi_during": psi_during(group, events),
+                    "pg_waits_during": _wait_counts(e for e in near if e["kind"] == "pg_active"),
+                    **(
+                        {
+                            "pg_active": [e for e in near if e["kind"] == "pg_active"],
+                            "service_events": [e for e in near if e["kind"] not in ("postgres", "psi", "pg_active")],
+                            "postgres_events": [
+                                e for e in near if e["kind"] == "postgres" and pg_category(e["text"]) not in (None, "pg_slow_commit")
+                            ],
+                        }
+                        if detail
+                        else {}
+                    ),
+                }
+            )
     probe_counts: dict[str, int] = {}
     for event in events:
         probe_counts[event["kind"]] = probe_counts.get(event["kind"], 0) + 1
     return {
-        "round": index, "loadavg_at_start": load_at_start, "admit": admit, "list_jobs": listing,
-        "stalls": found, "event_counts": probe_counts,
+        "round": index,
+        "loadavg_at_start": load_at_start,
+        "admit": admit,
+        "list_jobs": listing,
+        "stalls": found,
+        "event_counts": probe_counts,
         "gc_pauses": [e for e in events if e["kind"] == "gc" and e["ms"] >= 20],
-        "pool_and_postgres_events": [e for e in events if e["kind"] in ("pool_log", "estimate_refresh", "sweep_pass")
-                                     or (e["kind"] == "postgres" and pg_category(e["text"]) in ("pg_checkpoint", "pg_autovacuum", "pg_autoanalyze", "pg_lock_wait"))],
+        "pool_and_postgres_events": [
+            e
+            for e in events
+            if e["kind"] in ("pool_log", "estimate_refresh", "sweep_pass")
+            or (e["kind"] == "postgres" and pg_category(e["text"]) in ("pg_checkpoint", "pg_autovacuum", "pg_autoanalyze", "pg_lock_wait"))
+        ],
         "gc_max_ms": max((e["ms"] for e in events if e["kind"] == "gc"), default=0),
         "loop_lag_max_ms": max((e["ms"] for e in events if e["kind"] == "loop_lag"), default=0),
     }
@@ -316,14 +351,25 @@ def main() -> int:
             )
             for stall in result["stalls"]:
                 if stall["load"] == "list_jobs" or stall["max_ms"] >= args.print_admit_ms:
-                    print(f"    {stall['load']} stall: {stall['calls']} calls, max {stall['max_ms']} ms; PSI {stall['psi_during']}; "
-                          f"PostgreSQL waits {stall['pg_waits_during']}; overlapping: {stall['overlapping']}", flush=True)
+                    print(
+                        f"    {stall['load']} stall: {stall['calls']} calls, max {stall['max_ms']} ms; PSI {stall['psi_during']}; "
+                        f"PostgreSQL waits {stall['pg_waits_during']}; overlapping: {stall['overlapping']}",
+                        flush=True,
+                    )
     finally:
         db.stop()
     report = {
-        "meta": {"date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "durable": not args.no_durable,
-                 "rounds": args.rounds, "calls": args.calls, "slow_ms": args.slow_ms, "service_env": env, "alternate_env": args.alternate_env,
-                 "duration_seconds": round(time.time() - started, 1), "loadavg_at_end": loadavg()},
+        "meta": {
+            "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "durable": not args.no_durable,
+            "rounds": args.rounds,
+            "calls": args.calls,
+            "slow_ms": args.slow_ms,
+            "service_env": env,
+            "alternate_env": args.alternate_env,
+            "duration_seconds": round(time.time() - started, 1),
+            "loadavg_at_end": loadavg(),
+        },
         "rounds": rounds,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

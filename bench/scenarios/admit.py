@@ -16,9 +16,9 @@ import time
 from typing import Any
 
 from bench import dbsetup
-from bench.notify_count import NotifyCounter, per_job
 from bench.context import Context, with_peak_rss
 from bench.ghz import ADMIT, admit_data
+from bench.notify_count import NotifyCounter, per_job
 from bench.scenarios.floors import db_floor, grpc_floor, minimal_floor, ratios_against
 
 _WARM_USERS = 50

@@ -53,7 +53,10 @@ def run(ctx: Context) -> dict[str, Any]:
     # at one instant and batches about three completions per statement; this one shows how much
     # of the ratio is that burst, not the capacity's work.
     paced = saturated_batch(
-        ctx, "s8_paced", users=sizes.capacity, capacity=0,
+        ctx,
+        "s8_paced",
+        users=sizes.capacity,
+        capacity=0,
         queue=sizes.capacity_users * sizes.capacity_queue // sizes.capacity,
     )
     return {
@@ -165,7 +168,7 @@ def record_figures(record_path: Path, user_prefix: str) -> dict[str, Any]:
         most = max(most, judging)
     returned = [e for e in ours if e["event"] == "complete_returned"]
     releases_after = [e for e in ours if e["event"] == "release_received" and e["mono_ns"] > started]
-    handover = [(release["mono_ns"] - done["mono_ns"]) / 1e9 for done, release in zip(returned, releases_after)]
+    handover = [(release["mono_ns"] - done["mono_ns"]) / 1e9 for done, release in zip(returned, releases_after, strict=False)]
     # Jain's index of completed jobs per user, every second.
     users = sorted({e["user_id"] for e in ours})
     jobs_of = Counter(e["user_id"] for e in returned)

@@ -20,7 +20,9 @@ from bench.procs import MinimalServer, Stack
 
 def grpc_floor(ctx: Context, stack: Stack, callers: int, calls: int) -> dict[str, Any]:
     ctx.ghz(stack.address, HEALTH_CHECK, {"service": ""}, concurrency=callers, total=min(calls, 500))
-    return ctx.measured_ghz(stack.address, HEALTH_CHECK, {"service": ""}, concurrency=callers, total=calls, cpu_roots={"service": stack.service.pid})
+    return ctx.measured_ghz(
+        stack.address, HEALTH_CHECK, {"service": ""}, concurrency=callers, total=calls, cpu_roots={"service": stack.service.pid}
+    )
 
 
 def db_floor(ctx: Context, name: str, users: int, callers: int, calls: int) -> dict[str, Any]:
@@ -41,7 +43,11 @@ def minimal_floor(ctx: Context, name: str, users: int, callers: int, calls: int)
     with MinimalServer(dsn, ctx.workdir) as server:
         ctx.ghz(server.address, ADMIT, admit_data(prefix, users, "warm"), concurrency=callers, total=warmup)
         return ctx.measured_ghz(
-            server.address, ADMIT, admit_data(prefix, users, "measure"), concurrency=callers, total=calls,
+            server.address,
+            ADMIT,
+            admit_data(prefix, users, "measure"),
+            concurrency=callers,
+            total=calls,
             cpu_roots={"service": server.pid, "postgres": ctx.db.pid},
         )
 

@@ -36,7 +36,13 @@ def run(ctx: Context, dsn: str) -> dict[str, Any]:
         | {"throughput": ratio(full[call]["throughput_per_s"], empty[call]["throughput_per_s"])}
         for call in CALLS
     }
-    return {"empty": empty, "history": full, "history_table": table, "history_load_seconds": round(load_seconds, 1), "ratios_history_to_empty": ratios}
+    return {
+        "empty": empty,
+        "history": full,
+        "history_table": table,
+        "history_load_seconds": round(load_seconds, 1),
+        "ratios_history_to_empty": ratios,
+    }
 
 
 def probe(ctx: Context, dsn: str, name: str, prefix: str) -> dict[str, Any]:
@@ -55,7 +61,12 @@ def probe(ctx: Context, dsn: str, name: str, prefix: str) -> dict[str, Any]:
         database = dsn.rsplit("/", 1)[-1]
         ctx.statements_reset(database)
         listing = ctx.measured_ghz(
-            stack.address, LIST_JOBS, list_jobs_data(prefix, users, _PAGE_SIZE), concurrency=_CALLERS, total=calls, cpu_roots=stack.cpu_roots()
+            stack.address,
+            LIST_JOBS,
+            list_jobs_data(prefix, users, _PAGE_SIZE),
+            concurrency=_CALLERS,
+            total=calls,
+            cpu_roots=stack.cpu_roots(),
         )
         listing.update(ctx.statements_since_reset(database, listing["ops"]))
         # The console's operator reads, over the whole table (not one user's rows).
@@ -63,12 +74,28 @@ def probe(ctx: Context, dsn: str, name: str, prefix: str) -> dict[str, Any]:
             stack.address, GET_OVERVIEW, OVERVIEW_DATA, concurrency=_CALLERS, total=calls, cpu_roots=stack.cpu_roots()
         )
         search_all = ctx.measured_ghz(
-            stack.address, SEARCH_JOBS, search_jobs_data(None, users, _PAGE_SIZE), concurrency=_CALLERS, total=calls, cpu_roots=stack.cpu_roots()
+            stack.address,
+            SEARCH_JOBS,
+            search_jobs_data(None, users, _PAGE_SIZE),
+            concurrency=_CALLERS,
+            total=calls,
+            cpu_roots=stack.cpu_roots(),
         )
         ctx.statements_reset(database)
         search_user = ctx.measured_ghz(
-            stack.address, SEARCH_JOBS, search_jobs_data(prefix, users, _PAGE_SIZE), concurrency=_CALLERS, total=calls, cpu_roots=stack.cpu_roots()
+            stack.address,
+            SEARCH_JOBS,
+            search_jobs_data(prefix, users, _PAGE_SIZE),
+            concurrency=_CALLERS,
+            total=calls,
+            cpu_roots=stack.cpu_roots(),
         )
         search_user.update(ctx.statements_since_reset(database, search_user["ops"]))
         with_peak_rss(listing, stack.service.pid)
-    return {"admit": admit, "list_jobs": listing, "get_overview": overview, "search_jobs_all_users": search_all, "search_jobs_one_user": search_user}
+    return {
+        "admit": admit,
+        "list_jobs": listing,
+        "get_overview": overview,
+        "search_jobs_all_users": search_all,
+        "search_jobs_one_user": search_user,
+    }

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import dbsetup
-from bench.notify_count import NotifyCounter, per_job
 from bench.context import Context, load_record, with_peak_rss
 from bench.ghz import ADMIT, admit_data
 from bench.measure import CpuMeter, Latency
+from bench.notify_count import NotifyCounter, per_job
 
 
 def run(ctx: Context) -> dict[str, Any]:
@@ -110,7 +110,7 @@ def promotion_gaps(record_path: Path, user_prefix: str) -> dict[str, Any]:
         user_releases.sort()
         # One slot per user: job k+1 is released after job k completes, so the k-th completion
         # pairs with the (k+1)-th release (a retried ReleaseRun would show up as an extra one).
-        for k, (sent_ns, returned_ns) in enumerate(zip(sorted(sent[user]), sorted(returned[user]))):
+        for k, (sent_ns, returned_ns) in enumerate(zip(sorted(sent[user]), sorted(returned[user]), strict=False)):
             if k + 1 < len(user_releases):
                 gaps.append((user_releases[k + 1] - returned_ns) / 1e9)
                 gaps_from_send.append((user_releases[k + 1] - sent_ns) / 1e9)

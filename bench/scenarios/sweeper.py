@@ -22,7 +22,9 @@ IN_FLIGHT_PREFIX = "fl-u"
 _UNUSED_CORE = "127.0.0.1:9"
 
 
-def prepare_in_flight(ctx: Context, dsn: str, *, users: int | None = None, queued_per_user: int | None = None, prefix: str = IN_FLIGHT_PREFIX) -> int:
+def prepare_in_flight(
+    ctx: Context, dsn: str, *, users: int | None = None, queued_per_user: int | None = None, prefix: str = IN_FLIGHT_PREFIX
+) -> int:
     dbsetup.finish_in_flight(dsn)
     return dbsetup.add_in_flight(
         dsn,
@@ -43,7 +45,9 @@ def _measure(ctx: Context, dsn: str, passes: int) -> dict[str, Any]:
 
 def run(ctx: Context, dsn: str) -> dict[str, Any]:
     sizes = ctx.sizes
-    deep_in_flight = prepare_in_flight(ctx, dsn, users=sizes.deep_queue_users, queued_per_user=sizes.deep_queue_queued_per_user, prefix="deep-u")
+    deep_in_flight = prepare_in_flight(
+        ctx, dsn, users=sizes.deep_queue_users, queued_per_user=sizes.deep_queue_queued_per_user, prefix="deep-u"
+    )
     deep = _measure(ctx, dsn, max(3, sizes.sweeper_passes // 4))
     deep.update(in_flight=deep_in_flight, users_with_queue=sizes.deep_queue_users)
 

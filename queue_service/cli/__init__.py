@@ -43,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--debug", action="store_true", help="on a failed start, print the traceback too")
     parser = argparse.ArgumentParser(prog="queue-service", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("serve", parents=[common], help="run the gRPC service against DATABASE_URL and QUEUE_CORE_ADDR").set_defaults(func=cmd_serve)
+    sub.add_parser("serve", parents=[common], help="run the gRPC service against DATABASE_URL and QUEUE_CORE_ADDR").set_defaults(
+        func=cmd_serve
+    )
     sub.add_parser("migrate", parents=[common], help="apply pending migrations to DATABASE_URL").set_defaults(func=cmd_migrate)
     dev = sub.add_parser("dev", parents=[common], help="start embedded PostgreSQL, the dev core and the service")
     dev.add_argument("--keep-db-running", action="store_true", help="leave the embedded PostgreSQL running on exit")
@@ -58,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     core.add_argument("--drop-callbacks", action="store_true")
     core.add_argument("--slow-seconds", type=float, default=0.0)
     core.add_argument("--judging-ceiling", type=int, default=None, help="answer ReleaseRun RESOURCE_EXHAUSTED while this many runs judge")
-    core.add_argument("--judging-spread-seconds", type=float, default=0.0, help="on SIGUSR1, spread the held batch's judging starts over this long")
+    core.add_argument(
+        "--judging-spread-seconds", type=float, default=0.0, help="on SIGUSR1, spread the held batch's judging starts over this long"
+    )
     core.add_argument("--record", metavar="PATH", help="append a JSON line per run created, release received, completion sent/returned")
     core.set_defaults(func=cmd_core)
     probe = sub.add_parser("probe", help="exit 0 when the service answers health SERVING (a container HEALTHCHECK)")
@@ -82,4 +86,3 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exception(failure.__cause__, file=sys.stderr)
         print(f"queue-service {args.command}: {failure}", file=sys.stderr)
         return failure.exit_code
-

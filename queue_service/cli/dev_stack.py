@@ -302,8 +302,6 @@ def _dev_http_addr() -> str:
     return f"127.0.0.1:{8080 if port_is_free(8080) else free_port()}"
 
 
-
-
 def _banner(address: str, seconds: float, config: Config) -> str:
     transport = f"-cacert {config.tls_cert_file}" if config.tls_cert_file else "-plaintext"
     operator = web = anyone = ""
@@ -322,5 +320,3 @@ Acurio analysis queue is SERVING on {address} (ready in {seconds:.1f}s). Try:
 
 Ctrl-C stops it.
 """
-
-

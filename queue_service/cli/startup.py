@@ -39,6 +39,7 @@ class StartupFailure(Exception):
         super().__init__(message)
         self.exit_code = exit_code
 
+
 # Time a drain may take beyond the grace period (stopping loops, closing the pool) before the
 # process gives up on it.
 _DRAIN_MARGIN_SECONDS = 15

@@ -52,9 +52,9 @@ def cmd_hash_token(args: argparse.Namespace) -> int:
     else:
         token = sys.stdin.readline().strip()
         if not token:
-            raise StartupFailure(EXIT_CONFIG, "no token on stdin: pipe one in (printf %s \"$TOKEN\" | queue-service hash-token ...) or use --generate")
+            raise StartupFailure(
+                EXIT_CONFIG, 'no token on stdin: pipe one in (printf %s "$TOKEN" | queue-service hash-token ...) or use --generate'
+            )
     entry = {"name": args.name, "role": args.role, "sha256": hashlib.sha256(token.encode()).hexdigest()}
     print(json.dumps(entry))
     return 0
-
-

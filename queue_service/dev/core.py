@@ -55,9 +55,12 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from queue_service._gen.acurio.core.v1 import run_service_pb2 as pb, run_service_pb2_grpc as pb_grpc
+from queue_service._gen.acurio.core.v1 import run_service_pb2 as pb
+from queue_service._gen.acurio.core.v1 import run_service_pb2_grpc as pb_grpc
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2 as callback_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2_grpc as callback_grpc,
 )
 
@@ -129,7 +132,9 @@ class _Refusal(Exception):
         detail = any_pb2.Any()
         detail.Pack(
             error_details_pb2.BadRequest(
-                field_violations=[error_details_pb2.BadRequest.FieldViolation(field=field, description=text) for field, text in self.field_violations]
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(field=field, description=text) for field, text in self.field_violations
+                ]
             )
         )
         status = status_pb2.Status(code=self.code.value[0], message=self.message, details=[detail])
@@ -324,30 +329,42 @@ class DevCore(pb_grpc.RunServiceServicer):
             await refusal.abort(context)
 
     @staticmethod
-    async def _apply_later(seconds: float, apply: Callable[[_Request, _TraceHeaders], _Response], request: _Request, metadata: _TraceHeaders) -> _Response:
+    async def _apply_later(
+        seconds: float, apply: Callable[[_Request, _TraceHeaders], _Response], request: _Request, metadata: _TraceHeaders
+    ) -> _Response:
         await asyncio.sleep(seconds)
         return apply(request, metadata)
 
-    async def CreateRun(self, request: pb.CreateRunRequest, context: grpc.aio.ServicerContext[pb.CreateRunRequest, pb.CreateRunResponse]) -> pb.CreateRunResponse:
+    async def CreateRun(
+        self, request: pb.CreateRunRequest, context: grpc.aio.ServicerContext[pb.CreateRunRequest, pb.CreateRunResponse]
+    ) -> pb.CreateRunResponse:
         return await self._serve("CreateRun", self._create_run, request, context)
 
-    async def ReleaseRun(self, request: pb.ReleaseRunRequest, context: grpc.aio.ServicerContext[pb.ReleaseRunRequest, pb.ReleaseRunResponse]) -> pb.ReleaseRunResponse:
+    async def ReleaseRun(
+        self, request: pb.ReleaseRunRequest, context: grpc.aio.ServicerContext[pb.ReleaseRunRequest, pb.ReleaseRunResponse]
+    ) -> pb.ReleaseRunResponse:
         self.release_log.append((request.run_id, time.monotonic()))
         known = self.runs.get(request.run_id)
         self.record("release_received", request.run_id, known.user_id if known is not None else "")
         return await self._serve("ReleaseRun", self._release_run, request, context)
 
-    async def CancelRun(self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext[pb.CancelRunRequest, pb.CancelRunResponse]) -> pb.CancelRunResponse:
+    async def CancelRun(
+        self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext[pb.CancelRunRequest, pb.CancelRunResponse]
+    ) -> pb.CancelRunResponse:
         run = self.runs.get(request.run_id)
         if self.fail_canceled_runs and run is not None and run.state == pb.RUN_STATE_JUDGING:
             # Like a core that ends a run it is asked to cancel as failed, reporting that first.
             await self.finish(run.run_id, succeeded=False, refund_credit=False, message="canceled at the core")
         return await self._serve("CancelRun", self._cancel_run, request, context)
 
-    async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext[pb.GetRunRequest, pb.GetRunResponse]) -> pb.GetRunResponse:
+    async def GetRun(
+        self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext[pb.GetRunRequest, pb.GetRunResponse]
+    ) -> pb.GetRunResponse:
         return await self._serve("GetRun", self._get_run, request, context)
 
-    async def ListRuns(self, request: pb.ListRunsRequest, context: grpc.aio.ServicerContext[pb.ListRunsRequest, pb.ListRunsResponse]) -> pb.ListRunsResponse:
+    async def ListRuns(
+        self, request: pb.ListRunsRequest, context: grpc.aio.ServicerContext[pb.ListRunsRequest, pb.ListRunsResponse]
+    ) -> pb.ListRunsResponse:
         self.list_calls += 1
         return await self._serve("ListRuns", self._list_runs, request, context)
 
@@ -394,7 +411,9 @@ class DevCore(pb_grpc.RunServiceServicer):
             raise _Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"run {run.run_id} was canceled")
         if run.state == pb.RUN_STATE_HELD and self.judging_ceiling is not None and len(self.judging_all) >= self.judging_ceiling:
             self.refusals += 1
-            raise _Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the core is at its concurrency ceiling ({self.judging_ceiling} runs judging)")
+            raise _Refusal(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"the core is at its concurrency ceiling ({self.judging_ceiling} runs judging)"
+            )
         if run.state == pb.RUN_STATE_HELD:
             # Like the real core: the completion callback continues the trace of the release.
             run.trace_headers = metadata
@@ -489,7 +508,9 @@ class DevCore(pb_grpc.RunServiceServicer):
         await asyncio.sleep(delay + seconds)
         await self.finish(run.run_id, succeeded="fail-judging" not in run.document_uri)
 
-    async def finish(self, run_id: str, *, succeeded: bool = True, refund_credit: bool = False, message: str = "") -> callback_pb2.CompleteRunResponse | None:
+    async def finish(
+        self, run_id: str, *, succeeded: bool = True, refund_credit: bool = False, message: str = ""
+    ) -> callback_pb2.CompleteRunResponse | None:
         """Ends a judging run and reports it (unless callbacks are dropped)."""
         run = self.runs[run_id]
         if run.state != pb.RUN_STATE_JUDGING:
@@ -548,8 +569,13 @@ class DevCore(pb_grpc.RunServiceServicer):
         delivered = {run_id for run_id, _ in self.completion_log}
         runs = [
             {
-                "run_id": r.run_id, "user_id": r.user_id, "document_uri": r.document_uri, "state": r.state, "message": r.message,
-                "first_pass": r.first_pass, "creation": base64.b64encode(r.creation.SerializeToString()).decode(),
+                "run_id": r.run_id,
+                "user_id": r.user_id,
+                "document_uri": r.document_uri,
+                "state": r.state,
+                "message": r.message,
+                "first_pass": r.first_pass,
+                "creation": base64.b64encode(r.creation.SerializeToString()).decode(),
             }
             for r in self.runs.values()
             if not (r.state in _FINISHED and r.run_id in delivered)

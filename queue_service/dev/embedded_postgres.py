@@ -102,9 +102,7 @@ class EmbeddedPostgres:
         except subprocess.CalledProcessError as exc:
             log_file = self.data_dir / "server.log"
             server_log = log_file.read_text()[-1500:] if log_file.exists() else ""
-            raise EmbeddedPostgresError(
-                f"{program} failed ({exc.returncode}): {exc.stderr.strip()[-800:]}\n{server_log}".strip()
-            ) from None
+            raise EmbeddedPostgresError(f"{program} failed ({exc.returncode}): {exc.stderr.strip()[-800:]}\n{server_log}".strip()) from None
 
     def initialized(self) -> bool:
         return (self.data_dir / "PG_VERSION").exists()
@@ -143,8 +141,18 @@ class EmbeddedPostgres:
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
         options += [f"-c {name}={value}" for name, value in self.settings.items()]
         self._pg(
-            "pg_ctl", "-D", str(self.data_dir), "-w", "-t", "60", "-l", str(self.data_dir / "server.log"),
-            "-o", " ".join(options), "start", timeout=90,
+            "pg_ctl",
+            "-D",
+            str(self.data_dir),
+            "-w",
+            "-t",
+            "60",
+            "-l",
+            str(self.data_dir / "server.log"),
+            "-o",
+            " ".join(options),
+            "start",
+            timeout=90,
         )
         return self.dsn()
 

@@ -166,9 +166,7 @@ class Admission:
             )
         return None
 
-    async def _admit_under_lock(
-        self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool
-    ) -> AdmitResult:
+    async def _admit_under_lock(self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool) -> AdmitResult:
         # One statement under the user lock (the placement, the debit and the job's view), with
         # the hand-over of the release it claims: neither is stopped by a caller that gives up.
         return await self._tasks.outliving_the_caller(self._admit_job(item, job_id, run_id, price, is_delta), name=f"admit-{job_id}")
@@ -223,7 +221,9 @@ class Admission:
         if claim is not None:
             await self._recovery.cancel_reserved_run(claim)
         elif job is not None and job.status is JobStatus.PENDING:
-            log.info("an admit whose outcome was unknown did commit; releasing its job", extra={"job_id": job.job_id, "user_id": job.user_id})
+            log.info(
+                "an admit whose outcome was unknown did commit; releasing its job", extra={"job_id": job.job_id, "user_id": job.user_id}
+            )
             self._engine.hand_over(ClaimedRelease(job.job_id, job.user_id, job.run_id, attempt=1))
 
     async def _abandon_run_before_answering(self, run_id: uuid.UUID, *, admitted_job_id: uuid.UUID | None = None) -> None:
@@ -232,9 +232,7 @@ class Admission:
         slow the cancel goes on in the background (and the sweeper's, durably). When the admit's
         outcome is unknown, `admitted_job_id` is its job: if it did commit, its release is handed
         over instead."""
-        task = self._tasks.in_background(
-            self._abandon_reserved_run(run_id, admitted_job_id=admitted_job_id), name=f"abandon-run-{run_id}"
-        )
+        task = self._tasks.in_background(self._abandon_reserved_run(run_id, admitted_job_id=admitted_job_id), name=f"abandon-run-{run_id}")
         wait = deadline.bound(self.config.core_deadline_seconds)
         if wait > 0:
             await asyncio.wait({task}, timeout=wait)

@@ -171,5 +171,3 @@ def counting_batch(statement: str, items: int) -> Iterator[None]:
             telemetry.metrics.statement_batch_failures.add(1, {"statement": statement})
         raise
     telemetry.metrics.statement_batch_size.record(items, {"statement": statement})
-
-

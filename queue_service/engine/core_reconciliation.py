@@ -107,7 +107,10 @@ class CoreReconciler:
             return False
         log.warning(
             "the database changed (system %s timeline %s, was %s timeline %s): reconciling with the core's runs",
-            identity.system_identifier, identity.timeline_id, previous.system_identifier, previous.timeline_id,
+            identity.system_identifier,
+            identity.timeline_id,
+            previous.system_identifier,
+            previous.timeline_id,
         )
         self._on_database_replaced()
         return True

@@ -84,9 +84,7 @@ class QueueEngine:
         # Takes the first release of each job this replica made PENDING (claimed in the same
         # transaction): the dispatcher starts it at once, with no claim of its own.
         self.hand_over = hand_over
-        self._promotion_limits = PromotionLimits(
-            config.max_active_per_user, config.release_window_seconds, config.release_lease_seconds
-        )
+        self._promotion_limits = PromotionLimits(config.max_active_per_user, config.release_window_seconds, config.release_lease_seconds)
         # When the slot a promoted job took was freed (monotonic), for the promotion-gap
         # histogram; bounded, since another replica may release the job and never tell us.
         self._slot_freed_at: collections.OrderedDict[uuid.UUID, float] = collections.OrderedDict()
@@ -109,8 +107,12 @@ class QueueEngine:
         # Completions that arrive while one is being applied are applied together (see
         # `CompletionBatcher`): a burst of completions costs one commit for many.
         self._completions = CompletionBatcher(
-            store, self._promotion_limits, spawn=self.tasks.in_background, owed_releases=self.owed_releases,
-            capacity=self.capacity, hand_over=hand_over,
+            store,
+            self._promotion_limits,
+            spawn=self.tasks.in_background,
+            owed_releases=self.owed_releases,
+            capacity=self.capacity,
+            hand_over=hand_over,
         )
 
     @property
@@ -136,7 +138,9 @@ class QueueEngine:
 
     async def promote(self, user_id: str, *, cause: Cause) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first."""
-        return await self.tasks.outliving_the_caller(self._following_up_if_lost(self._promote(user_id, cause), user_id=user_id), name=f"promote-{user_id}")
+        return await self.tasks.outliving_the_caller(
+            self._following_up_if_lost(self._promote(user_id, cause), user_id=user_id), name=f"promote-{user_id}"
+        )
 
     async def _promote(self, user_id: str, cause: Cause) -> tuple[Promoted, ...]:
         promoted = await self._store.promote(user_id, self._promotion_limits)
@@ -434,7 +438,13 @@ class QueueEngine:
                 change = await db.set_user_queue_limit(user_id=user_id, max_active=max_active)
         log.info(
             "setting changed",
-            extra={"kind": change.setting, "user_id": user_id, "amount": change.new_value, "actor": change.actor, "reason": f"was {change.old_value}"},
+            extra={
+                "kind": change.setting,
+                "user_id": user_id,
+                "amount": change.new_value,
+                "actor": change.actor,
+                "reason": f"was {change.old_value}",
+            },
         )
         await self.promote(user_id, cause=Cause.TOOLING)
         return change
@@ -496,8 +506,10 @@ class CompletionBatcher(Coalescer[RunReportToApply, RunCompletion]):
         with telemetry.tracer.start_as_current_span("capacity.grant") as span:
             span.set_attribute("queue.capacity.with_completions", len(reports))
             completions, grant = await self._store.end_runs_then_grant(
-                reports, self._promotion_limits,
-                probe_interval_seconds=self._capacity.probe_interval_seconds, max_grants=_MAX_GRANTS_WITH_COMPLETIONS,
+                reports,
+                self._promotion_limits,
+                probe_interval_seconds=self._capacity.probe_interval_seconds,
+                max_grants=_MAX_GRANTS_WITH_COMPLETIONS,
             )
             span.set_attribute("queue.capacity.lock_free", grant is not None)
             if grant is None:

@@ -17,7 +17,18 @@ import uuid
 from collections.abc import AsyncIterator, Iterable
 
 from queue_service import deadline, errors, telemetry
-from queue_service.model import CapacityState, JobInputs, JobSearch, JobStatus, JobView, Overview, QueueMinute, ReplicaReport, UserWork, estimate_start
+from queue_service.model import (
+    CapacityState,
+    JobInputs,
+    JobSearch,
+    JobStatus,
+    JobView,
+    Overview,
+    QueueMinute,
+    ReplicaReport,
+    UserWork,
+    estimate_start,
+)
 from queue_service.store import Statements, Store
 
 log = logging.getLogger(__name__)
@@ -48,7 +59,7 @@ class JobReads:
         return self._mean_judging
 
     def _with_estimates(self, views: Iterable[JobView], positions: dict[uuid.UUID, int]) -> list[JobView]:
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         mean = self._mean_judging
         capacity = self._capacity
         limit = capacity.effective_limit if capacity is not None else None
@@ -61,8 +72,12 @@ class JobReads:
                 view = dataclasses.replace(
                     view,
                     estimated_start_time=estimate_start(
-                        view, mean_judging_seconds=mean, default_max_active=self._default_max_active, now=now,
-                        capacity_limit=limit, capacity_waiting=waiting,
+                        view,
+                        mean_judging_seconds=mean,
+                        default_max_active=self._default_max_active,
+                        now=now,
+                        capacity_limit=limit,
+                        capacity_waiting=waiting,
                     ),
                 )
             shown.append(view)
@@ -146,8 +161,12 @@ class JobReads:
         """(job_id, user_id) of the live jobs a bulk cancel matches, oldest first."""
         async with self._store.statements() as db:
             return await db.live_jobs_matching(
-                statuses=statuses, user_id=user_id, created_after=created_after, created_before=created_before,
-                has_error=has_error, limit=limit,
+                statuses=statuses,
+                user_id=user_id,
+                created_after=created_after,
+                created_before=created_before,
+                has_error=has_error,
+                limit=limit,
             )
 
     async def overview(self, window_minutes: int) -> Overview:

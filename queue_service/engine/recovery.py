@@ -57,7 +57,10 @@ class Recovery:
             report = await self._core.cancel_run(run_id)
             if not report.fate.settled:
                 return False
-            log.info("cancel retried for a job whose cancel went unanswered", extra={"job_id": job_id, "run_id": run_id, "status": report.fate.value})
+            log.info(
+                "cancel retried for a job whose cancel went unanswered",
+                extra={"job_id": job_id, "run_id": run_id, "status": report.fate.value},
+            )
             return await self._engine.end_job(job_id, user_id, Transition.canceled(report)) is not None
         report = await self._core.get_run(run_id)
         if report.fate is RunFate.HELD:
@@ -65,7 +68,9 @@ class Recovery:
             report = await self._core.release_run(run_id)
         if not report.fate.settled:
             return False
-        log.info("reconciling a run whose completion never arrived", extra={"job_id": job_id, "run_id": run_id, "status": report.fate.value})
+        log.info(
+            "reconciling a run whose completion never arrived", extra={"job_id": job_id, "run_id": run_id, "status": report.fate.value}
+        )
         return await self._engine.end_job(job_id, user_id, Transition.reconciled(report)) is not None
 
     async def attempt_run_settlement(self, claim: ClaimedSettlement) -> bool:
@@ -102,7 +107,8 @@ class Recovery:
             report = await self._engine.cancel_until_confirmed(claim.run_id, kind="orphan") if adopted is not None else None
             if report is None:
                 async with self._store.statements() as db:
-                    await db.schedule_run_reservation_retry(run_id=claim.run_id, attempt=claim.attempt, backoff_seconds=self._engine.backoff_seconds(claim.attempt)
+                    await db.schedule_run_reservation_retry(
+                        run_id=claim.run_id, attempt=claim.attempt, backoff_seconds=self._engine.backoff_seconds(claim.attempt)
                     )
                 return False
             async with self._store.statements() as db:
@@ -110,4 +116,3 @@ class Recovery:
             telemetry.metrics.run_settlements.add(1, {"kind": "orphan", "result": "settled"})
             log.info("orphaned run canceled", extra={"run_id": claim.run_id, "status": report.fate.value})
             return True
-

@@ -45,7 +45,9 @@ class Releases:
         # Releases the core accepted while the previous ones were being marked RUNNING are marked
         # together (see `ReleaseMarker`): a burst of completions costs one statement and one
         # commit for its releases.
-        self._release_marks = ReleaseMarker(store, reconcile_after_seconds=engine.config.reconcile_after_seconds, spawn=engine.tasks.in_background)
+        self._release_marks = ReleaseMarker(
+            store, reconcile_after_seconds=engine.config.reconcile_after_seconds, spawn=engine.tasks.in_background
+        )
 
     async def claim_due_releases(self, *, batch_size: int) -> list[ClaimedRelease]:
         """Claims the releases that are due (retries, leases run out, jobs nobody claimed), for
@@ -117,7 +119,16 @@ class Releases:
             marked = await self._release_marks.submit(claim)
             self._engine.promotion_gap_ended(claim.job_id)
             if marked:
-                log.info("job released", extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "status": JobStatus.RUNNING, "attempt": claim.attempt})
+                log.info(
+                    "job released",
+                    extra={
+                        "job_id": claim.job_id,
+                        "user_id": claim.user_id,
+                        "run_id": claim.run_id,
+                        "status": JobStatus.RUNNING,
+                        "attempt": claim.attempt,
+                    },
+                )
             return ReleaseResult.RELEASED
         if report is not None and report.fate.settled:
             # The run had ended already (canceled, finished after an earlier release whose answer
@@ -138,9 +149,14 @@ class Releases:
         except errors.CoreUnavailable as exc:
             report, error = None, exc.message
         if report is not None and report.fate.settled:
-            ended = await self._engine.end_job(claim.job_id, claim.user_id, Transition.canceled_instead_of_released(report, attempt=claim.attempt))
+            ended = await self._engine.end_job(
+                claim.job_id, claim.user_id, Transition.canceled_instead_of_released(report, attempt=claim.attempt)
+            )
             if ended is not None:
-                log.info("canceled instead of released", extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "status": ended.ref.status})
+                log.info(
+                    "canceled instead of released",
+                    extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "status": ended.ref.status},
+                )
             return ReleaseResult.CANCELED
         fate = "no answer" if report is None else f"the run is {report.fate.value}"
         return await self._retry_release_later(claim, error or f"core CancelRun: {fate}")
@@ -219,4 +235,3 @@ class ReleaseMarker(Coalescer[ClaimedRelease, bool]):
             async with self._store.statements() as db:
                 marked = await db.mark_released(claims, reconcile_after_seconds=self._reconcile_after_seconds)
         return {claim: claim.job_id in marked for claim in claims}
-

@@ -183,7 +183,9 @@ class Sweeper:
                 users = await db.users_needing_promotion(default_max_active=config.max_active_per_user, batch_size=_BATCH)
                 expired = await db.expired_pending_releases(batch_size=_BATCH)
                 overdue = await db.claim_due_reconciliations(
-                    recheck_seconds=config.reconcile_after_seconds, cancel_recheck_seconds=recovery.cancel_recheck_seconds, batch_size=_BATCH
+                    recheck_seconds=config.reconcile_after_seconds,
+                    cancel_recheck_seconds=recovery.cancel_recheck_seconds,
+                    batch_size=_BATCH,
                 )
                 unsettled = await db.claim_due_run_settlements(lease_seconds=lease, batch_size=_BATCH)
                 orphans = await db.claim_due_run_reservations(lease_seconds=lease, batch_size=_BATCH)
@@ -200,7 +202,9 @@ class Sweeper:
             window = config.release_window_seconds
             for release in expired:
                 gave_up = recovery.give_up_release(
-                    release.job_id, release.user_id, f"release window of {window:g}s passed without a successful release",
+                    release.job_id,
+                    release.user_id,
+                    f"release window of {window:g}s passed without a successful release",
                     attempts=release.attempts,
                 )
                 report.gave_up += int(await self._guarded(gave_up, False))

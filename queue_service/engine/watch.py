@@ -246,7 +246,6 @@ class NotificationHub:
         # old primary's transaction ids, means nothing on the new one; start afresh and resync.
         self._cursor_reset = False
 
-
     @property
     def open_streams(self) -> int:
         """WatchJobs streams open on this replica now."""

@@ -73,6 +73,8 @@ _SECTION_AFTER_LOCK = (
 )
 
 
+# The wrappers' SQL is laid out as the statement reads; the formatter would break it at every `+`.
+# fmt: off
 def _locked_section_sql(owner: str) -> str:
     """The wrapper for a section whose user is `owner` (a query of one row and one column, the
     user's id; NULL takes no lock). The lock's row also names the user it locked
@@ -121,6 +123,7 @@ def _capacity_section_sql() -> str:
         "                FROM " + _SETTINGS + " OFFSET 0) AS lock"
         "      OFFSET 0) AS locked" + _SECTION_AFTER_LOCK
     )
+# fmt: on
 
 
 def _capacity_tried_after_sql(first: str) -> str:
@@ -216,8 +219,11 @@ async def locked_sections_of_runs_then_grant(
     the capacity lock if that lock is free at once; never waits for it. The sections' rows, and
     the grant's rows (None: the lock was busy, nothing was granted here)."""
     rows = await _execute_locked(
-        pool, _RUN_OWNERS_LOCKED_SECTIONS_THEN_GRANT, {"section": section, "grant_section": grant_section},
-        {**params, "run_ids": run_ids}, lock_timeout=_BATCH_LOCK_TIMEOUT,
+        pool,
+        _RUN_OWNERS_LOCKED_SECTIONS_THEN_GRANT,
+        {"section": section, "grant_section": grant_section},
+        {**params, "run_ids": run_ids},
+        lock_timeout=_BATCH_LOCK_TIMEOUT,
     )
     grant = rows[0]["capacity_grant"] if rows else None
     return [row for row in rows if row["row_kind"] is not None], grant

@@ -79,9 +79,7 @@ async def migrate(dsn: str) -> list[int]:
                 known = applied.get(migration.version)
                 if known is not None:
                     if known != migration.checksum:
-                        raise MigrationError(
-                            f"migration {migration.version:04d}_{migration.name} was edited after it was applied"
-                        )
+                        raise MigrationError(f"migration {migration.version:04d}_{migration.name} was edited after it was applied")
                     continue
                 log.info("applying migration %04d_%s", migration.version, migration.name)
                 await conn.execute(migration.sql)

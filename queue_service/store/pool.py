@@ -34,7 +34,8 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeAlias
 
 import psycopg
-from psycopg import AsyncConnection, conninfo, errors as pg_errors, pq
+from psycopg import AsyncConnection, conninfo, pq
+from psycopg import errors as pg_errors
 from psycopg.abc import RV, PQGen
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -80,15 +81,16 @@ def translated_errors() -> Iterator[None]:
         # hands one server connection to several clients, whose prepared statements then clash.
         # Nothing was applied; the call may be retried. QUEUE_DB_PREPARED_STATEMENTS=false ends it.
         telemetry.metrics.prepared_statement_clashes.add(1)
-        log.warning("prepared statement clash (%s): is DATABASE_URL a transaction-mode pooler? set QUEUE_DB_PREPARED_STATEMENTS=false", exc.__class__.__name__)
+        log.warning(
+            "prepared statement clash (%s): is DATABASE_URL a transaction-mode pooler? set QUEUE_DB_PREPARED_STATEMENTS=false",
+            exc.__class__.__name__,
+        )
         raise errors.DatabaseUnavailable(
             f"the database connection's prepared statements were not its own ({exc.__class__.__name__}); retry the call"
         ) from exc
     except pg_errors.UniqueViolation as exc:
         constraint = exc.diag.constraint_name or "unknown"
-        raise errors.Conflict(
-            f"a concurrent change won ({constraint}); retry the call", metadata={"constraint": constraint}
-        ) from exc
+        raise errors.Conflict(f"a concurrent change won ({constraint}); retry the call", metadata={"constraint": constraint}) from exc
     except pg_errors.ReadOnlySqlTransaction as exc:
         # A standby answered: during a failover a router (HAProxy on Patroni's /primary check)
         # or a multi-host DSN can reach a member not yet, or no longer, the primary. Nothing was

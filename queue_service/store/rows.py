@@ -174,10 +174,7 @@ def capacity_state(row: Row) -> CapacityState:
 def capacity_grant_json(rows: list[Row]) -> list[Row]:
     """A grant's rows as the completions' statement returns them (one JSON array,
     `locks.locked_sections_of_runs_then_grant`): the ids back to UUIDs."""
-    return [
-        {**row, "job_id": _uuid_or_none(row["job_id"]), "run_id": _uuid_or_none(row["run_id"])}
-        for row in rows
-    ]
+    return [{**row, "job_id": _uuid_or_none(row["job_id"]), "run_id": _uuid_or_none(row["run_id"])} for row in rows]
 
 
 def _uuid_or_none(value: str | None) -> uuid.UUID | None:
@@ -189,8 +186,12 @@ def capacity_grant(rows: list[Row]) -> CapacityGrant:
     claims = tuple(
         (
             ClaimedRelease(
-                row["job_id"], row["user_id"], row["run_id"], row["release_attempts"],
-                cancel_requested=bool(row["cancel_requested"]), probe=bool(row["probe"]),
+                row["job_id"],
+                row["user_id"],
+                row["run_id"],
+                row["release_attempts"],
+                cancel_requested=bool(row["cancel_requested"]),
+                probe=bool(row["probe"]),
             ),
             float(row["capacity_waited_seconds"] or 0.0),
         )
@@ -250,7 +251,9 @@ def replication_stance(row: Row) -> ReplicationStance:
         mode = "asynchronous"
     else:
         mode = "single_node"
-    return ReplicationStance(mode=mode, synchronous_commit=commit, synchronous_standby_names=names, standbys=standbys, synchronous_standbys=synchronous)
+    return ReplicationStance(
+        mode=mode, synchronous_commit=commit, synchronous_standby_names=names, standbys=standbys, synchronous_standbys=synchronous
+    )
 
 
 def sources_of_json(value: Any) -> tuple[tuple[str, str], ...]:

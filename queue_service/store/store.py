@@ -30,18 +30,16 @@ from psycopg.types.json import Jsonb
 from queue_service import audit, deadline
 from queue_service.model import (
     AdmitLimits,
-    Adoption,
     AdmitState,
-    CoreRun,
-    DatabaseIdentity,
-    LostRun,
-    RunFate,
+    Adoption,
     CapacityGrant,
     CapacityState,
     Cause,
     ClaimedRelease,
     ClaimedReservation,
     ClaimedSettlement,
+    CoreRun,
+    DatabaseIdentity,
     ExpiredRelease,
     GrantOutcome,
     JobEnding,
@@ -53,6 +51,7 @@ from queue_service.model import (
     LedgerEntry,
     LedgerKind,
     LedgerQuery,
+    LostRun,
     NewJob,
     OverdueRun,
     Overview,
@@ -60,17 +59,18 @@ from queue_service.model import (
     PromotionLimits,
     QueueMinute,
     ReplicaReport,
-    RunCompletion,
-    RunReportToApply,
     ReplicationStance,
+    RunCompletion,
+    RunFate,
+    RunReportToApply,
     RunSettlement,
     ScheduledRetry,
     SettingChange,
     Transition,
     UserWork,
 )
-from queue_service.store import migrations, notices, rows as from_row
-from queue_service.store.rows import sources_of_json, sources_to_json
+from queue_service.store import migrations, notices
+from queue_service.store import rows as from_row
 from queue_service.store.feed import HINT_CHANNEL, CommitHints, FeedCursor, FeedRead
 from queue_service.store.locks import (
     capacity_section,
@@ -83,6 +83,7 @@ from queue_service.store.locks import (
     take_user_queue_lock,
 )
 from queue_service.store.pool import QueuePool, connection, connection_parameters, translated_errors
+from queue_service.store.rows import sources_of_json, sources_to_json
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,9 @@ def _ending(rows: list[Row], transition: Transition, actor: str) -> JobEnding:
     ref = from_row.view_ref(view, row)
     refunded = int(row["refunded_amount"])
     if refunded:
-        audit.log_movement(kind=LedgerKind.REFUND, user_id=ref.user_id, amount=refunded, job_id=ref.job_id, actor=actor, reason=transition.refund_cause)
+        audit.log_movement(
+            kind=LedgerKind.REFUND, user_id=ref.user_id, amount=refunded, job_id=ref.job_id, actor=actor, reason=transition.refund_cause
+        )
     return JobEnding(ref, view, refunded, from_row.promoted(rows))
 
 
@@ -230,9 +233,7 @@ class Statements:
         return bool(row["reserved"]), from_row.admit_state(row)
 
     async def admit_state(self, *, user_id: str, idempotency_key: str, delta_of_job_id: uuid.UUID | None) -> AdmitState:
-        row = await self._one(
-            "admit_state", {"user_id": user_id, "idempotency_key": idempotency_key, "delta_of_job_id": delta_of_job_id}
-        )
+        row = await self._one("admit_state", {"user_id": user_id, "idempotency_key": idempotency_key, "delta_of_job_id": delta_of_job_id})
         assert row is not None
         return from_row.admit_state(row)
 
@@ -417,8 +418,14 @@ class Statements:
         rows = await self._all("expired_pending_releases", {"batch_size": batch_size})
         return [from_row.expired_release(r) for r in rows]
 
-    async def claim_due_reconciliations(self, *, recheck_seconds: float, cancel_recheck_seconds: float, batch_size: int) -> list[OverdueRun]:
-        params = {"recheck_seconds": float(recheck_seconds), "cancel_recheck_seconds": float(cancel_recheck_seconds), "batch_size": batch_size}
+    async def claim_due_reconciliations(
+        self, *, recheck_seconds: float, cancel_recheck_seconds: float, batch_size: int
+    ) -> list[OverdueRun]:
+        params = {
+            "recheck_seconds": float(recheck_seconds),
+            "cancel_recheck_seconds": float(cancel_recheck_seconds),
+            "batch_size": batch_size,
+        }
         rows = await self._all("claim_due_reconciliations", params)
         return [from_row.overdue_run(r) for r in rows]
 
@@ -601,7 +608,13 @@ class Statements:
         """A point per minute over the window, oldest first."""
         rows = await self._all("queue_history", {"window_minutes": window_minutes})
         return [
-            QueueMinute(minute=row["minute"], queued=int(row["queued"]), active=int(row["active"]), admitted=int(row["admitted"]), ended=int(row["ended"]))
+            QueueMinute(
+                minute=row["minute"],
+                queued=int(row["queued"]),
+                active=int(row["active"]),
+                admitted=int(row["admitted"]),
+                ended=int(row["ended"]),
+            )
             for row in rows
         ]
 
@@ -729,7 +742,9 @@ class Store:
         if not rows:
             return None
         if job.price > 0:
-            audit.log_movement(kind=LedgerKind.CHARGE, user_id=job.user_id, amount=-job.price, job_id=job.job_id, actor=actor, reason=Cause.ADMIT)
+            audit.log_movement(
+                kind=LedgerKind.CHARGE, user_id=job.user_id, amount=-job.price, job_id=job.job_id, actor=actor, reason=Cause.ADMIT
+            )
         return from_row.job_view(rows[0])
 
     async def end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition, limits: PromotionLimits) -> JobEnding | None:
@@ -815,7 +830,9 @@ class Store:
         kind = row["row_kind"]
         view = from_row.job_view(row) if row["job_id"] is not None else None
         if kind == "adopted" and run.price > 0:
-            audit.log_movement(kind=LedgerKind.CHARGE, user_id=run.user_id, amount=-run.price, job_id=run.job_id, actor=actor, reason=Cause.ADOPT)
+            audit.log_movement(
+                kind=LedgerKind.CHARGE, user_id=run.user_id, amount=-run.price, job_id=run.job_id, actor=actor, reason=Cause.ADOPT
+            )
         return Adoption(kind, view)
 
     async def promote(self, user_id: str, limits: PromotionLimits) -> tuple[Promoted, ...]:
@@ -912,7 +929,9 @@ class Store:
                     raise
                 log.warning(
                     "database not reachable yet (attempt %d: %s); retrying for %.0fs more (QUEUE_DB_START_WAIT_SECONDS)",
-                    attempt, " ".join(str(exc).split()) or exc.__class__.__name__, left,
+                    attempt,
+                    " ".join(str(exc).split()) or exc.__class__.__name__,
+                    left,
                 )
                 await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, max(retry_max_seconds, 1.0))
@@ -921,7 +940,6 @@ class Store:
             if attempt > 1:
                 log.info("database reachable after %d attempts", attempt)
             return
-
 
     @asynccontextmanager
     async def feed_hints(self) -> AsyncIterator[AsyncIterator[str]]:

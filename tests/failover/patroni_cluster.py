@@ -259,13 +259,23 @@ class PatroniCluster:
         data = self.folder / "etcd"
         self._etcd = self._spawn(
             [
-                "etcd", "--name", "etcd-1", "--data-dir", str(data),
-                "--listen-client-urls", f"http://127.0.0.1:{self.etcd_port}",
-                "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_port}",
-                "--listen-peer-urls", f"http://127.0.0.1:{self.etcd_peer_port}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.etcd_peer_port}",
-                "--initial-cluster", f"etcd-1=http://127.0.0.1:{self.etcd_peer_port}",
-                "--initial-cluster-state", "new",
+                "etcd",
+                "--name",
+                "etcd-1",
+                "--data-dir",
+                str(data),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{self.etcd_port}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{self.etcd_port}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{self.etcd_peer_port}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{self.etcd_peer_port}",
+                "--initial-cluster",
+                f"etcd-1=http://127.0.0.1:{self.etcd_peer_port}",
+                "--initial-cluster-state",
+                "new",
             ],
             self.folder / "etcd.log",
             as_postgres=False,
@@ -340,9 +350,7 @@ class PatroniCluster:
         member.process = self._spawn(["patroni", str(member.config_path)], member.log_path, as_postgres=True)
 
     def _start_haproxy(self) -> None:
-        servers = "\n".join(
-            f"    server {m.name} 127.0.0.1:{m.pg_port} maxconn 500 check port {m.rest_port}" for m in self.members
-        )
+        servers = "\n".join(f"    server {m.name} 127.0.0.1:{m.pg_port} maxconn 500 check port {m.rest_port}" for m in self.members)
         config = self.folder / "haproxy.cfg"
         # Patroni's documented HAProxy setup, with checks twice a second: a demoted or dead
         # primary is marked down after two failed checks and its sessions are cut at once.
@@ -508,9 +516,7 @@ class PatroniCluster:
 
     def patronictl(self, *args: str, timeout: float = 60) -> str:
         member = self.members[0]
-        result = subprocess.run(
-            ["patronictl", "-c", str(member.config_path), *args], capture_output=True, text=True, timeout=timeout
-        )
+        result = subprocess.run(["patronictl", "-c", str(member.config_path), *args], capture_output=True, text=True, timeout=timeout)
         if result.returncode != 0:
             raise RuntimeError(f"patronictl {' '.join(args)} exited {result.returncode}: {result.stdout}{result.stderr}")
         return result.stdout
@@ -547,9 +553,7 @@ class PatroniCluster:
         that Patroni picks; off, they do not wait for any."""
         self.patronictl("edit-config", "--force", "-s", f"synchronous_mode={'true' if on else 'false'}", SCOPE)
         self.synchronous_mode = on
-        wait_until(
-            lambda: bool(self.synchronous_standby_names()) == on, timeout, f"synchronous_standby_names {'set' if on else 'empty'}"
-        )
+        wait_until(lambda: bool(self.synchronous_standby_names()) == on, timeout, f"synchronous_standby_names {'set' if on else 'empty'}")
         self.wait_replicas_streaming(timeout)
 
     def stall_replication(self) -> list[int]:

@@ -27,6 +27,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import random
@@ -40,13 +41,14 @@ import psycopg
 import pytest
 
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as run_pb
-from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2
+from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.dev.core import DevCore
 from queue_service.dev.embedded_postgres import free_port
 from queue_service.store import migrations
 from tests.failover import patroni_cluster
 from tests.failover.patroni_cluster import PatroniCluster
-from tests.harness import S, InvariantChecker, ProcessHandle, ServiceFactory, error_info
+from tests.harness import InvariantChecker, ProcessHandle, S, ServiceFactory, error_info
 
 _MISSING = patroni_cluster.missing()
 if _MISSING and os.environ.get("QUEUE_TEST_PATRONI") != "required":
@@ -90,7 +92,9 @@ def database() -> Iterator[Database]:
             cluster.start()
             url = cluster.create_database("queue")
             asyncio.run(migrations.migrate(url))
-            print(f"\nPatroni cluster: PostgreSQL {cluster.version}, members {[m.name for m in cluster.members]}, leader {cluster.leader().name}")  # type: ignore[union-attr]
+            print(
+                f"\nPatroni cluster: PostgreSQL {cluster.version}, members {[m.name for m in cluster.members]}, leader {cluster.leader().name}"
+            )  # type: ignore[union-attr]
             yield Database(cluster, url, cluster.multi_host_dsn("queue"))
         finally:
             cluster.stop()
@@ -261,13 +265,15 @@ def _longest_gap(times: list[float], start: float, end: float) -> tuple[float, f
     events); (gap, time the gap ended)."""
     points = [start, *sorted(t for t in times if start < t < end), end]
     best, ended = 0.0, start
-    for before, after in zip(points, points[1:]):
+    for before, after in itertools.pairwise(points):
         if after - before > best:
             best, ended = after - before, after
     return best, ended
 
 
-def measure(record: Record, fault: str, fault_at: float, window_end: float, old_port: int, names: tuple[str, str], timelines: tuple[int, int]) -> FaultFigures:
+def measure(
+    record: Record, fault: str, fault_at: float, window_end: float, old_port: int, names: tuple[str, str], timelines: tuple[int, int]
+) -> FaultFigures:
     writable_at = next((t for t, port in record.probes if t > fault_at and port and port != old_port), window_end)
     good_probes = [t for t, port in record.probes if port]
     database_outage, _ = _longest_gap(good_probes, fault_at - 1.0, writable_at + 0.5)
@@ -280,7 +286,16 @@ def measure(record: Record, fault: str, fault_at: float, window_end: float, old_
         lags[route] = round(first_after - writable_at, 2)
         failed[route] = sum(1 for r, t in record.failures if r == route and fault_at - 1.0 <= t <= window_end)
     return FaultFigures(
-        fault, names[0], names[1], timelines[0], timelines[1], round(writable_at - fault_at, 2), round(database_outage, 2), callers, lags, failed
+        fault,
+        names[0],
+        names[1],
+        timelines[0],
+        timelines[1],
+        round(writable_at - fault_at, 2),
+        round(database_outage, 2),
+        callers,
+        lags,
+        failed,
     )
 
 
@@ -358,7 +373,7 @@ class Run:
         stubs = self.fleet.replicas["haproxy"].stubs
         for user in self.users:
             grant_key = uuid.uuid4().hex
-            await _retrying(lambda: stubs.grant(user, 100_000, key=grant_key))
+            await _retrying(lambda user=user, grant_key=grant_key: stubs.grant(user, 100_000, key=grant_key))
         self.tasks.append(asyncio.create_task(probe_loop(self.database.url, self.record, self.stop_rest)))
         for i, user in enumerate(self.users):
             route = "haproxy" if i % 2 == 0 else "multi-host"
@@ -384,9 +399,12 @@ class Run:
 
         async def no_live_job() -> bool:
             with contextlib.suppress(psycopg.Error):
-                return await asyncio.to_thread(
-                    checker.count, "SELECT count(*) FROM analysis_jobs WHERE status IN ('queued', 'pending', 'running')"
-                ) == 0
+                return (
+                    await asyncio.to_thread(
+                        checker.count, "SELECT count(*) FROM analysis_jobs WHERE status IN ('queued', 'pending', 'running')"
+                    )
+                    == 0
+                )
             return False
 
         await _until(no_live_job, timeout, "every live job finished")
@@ -414,7 +432,7 @@ class Run:
         problems = []
         for user in watched:
             for job_id, streamed in list(record.streams[user].items()):
-                current = await _retrying(lambda: stubs.job(job_id))
+                current = await _retrying(lambda job_id=job_id: stubs.job(job_id))
                 if streamed.status != current.status or streamed.end_time != current.end_time:
                     problems.append(
                         f"I11: job {job_id} of {user}: stream says {job_pb2.JobStatus.Name(streamed.status)}, GetJob {job_pb2.JobStatus.Name(current.status)}"
@@ -427,7 +445,7 @@ class Run:
         found: dict[str, str] = {}
         for ack in self.record.acks:
             try:
-                job = await _retrying(lambda: stubs.job(ack.job_id))
+                job = await _retrying(lambda ack=ack: stubs.job(ack.job_id))
                 found[ack.job_id] = job_pb2.JobStatus.Name(job.status)
             except grpc.aio.AioRpcError as exc:
                 found[ack.job_id] = error_info(exc)[1] or exc.code().name
@@ -460,7 +478,9 @@ class Run:
         core = self.fleet.core
         assert core is not None
         checker = InvariantChecker(self.database.url)
-        live_jobs_runs = {str(r[0]) for r in checker.rows("SELECT run_id FROM analysis_jobs WHERE status IN ('queued', 'pending', 'running')")}
+        live_jobs_runs = {
+            str(r[0]) for r in checker.rows("SELECT run_id FROM analysis_jobs WHERE status IN ('queued', 'pending', 'running')")
+        }
         known_runs = {str(r[0]) for r in checker.rows("SELECT run_id FROM analysis_jobs")}
         live = core.live_runs()
         two_judging = sorted(u for u, most in core.max_concurrent_judging.items() if most > 1)
@@ -473,7 +493,9 @@ class Run:
             # never recorded (their CompleteRun refused RUN_NOT_FOUND). Admits that failed
             # before committing leave no such run: the queue cancels their held run.
             "finished_runs_unknown_to_queue": sorted(
-                run_id for run_id, run in core.runs.items() if run_id not in known_runs and run.state in (run_pb.RUN_STATE_SUCCEEDED, run_pb.RUN_STATE_FAILED)
+                run_id
+                for run_id, run in core.runs.items()
+                if run_id not in known_runs and run.state in (run_pb.RUN_STATE_SUCCEEDED, run_pb.RUN_STATE_FAILED)
             ),
             "live_jobs_unknown_to_core": sorted(run_id for run_id in live_jobs_runs if run_id not in core.runs),
         }
@@ -612,7 +634,15 @@ async def _asynchronous_failover(database: Database) -> AsyncOutcome:
         after = await _new_timeline(cluster, timeline)
         await _wait_probe_on(run.record, new.pg_port, fault_at)
         await asyncio.sleep(4.0)
-        figures = measure(run.record, "node crash, asynchronous, standby stalled", fault_at, time.monotonic(), old.pg_port, (old.name, new.name), (timeline, after))
+        figures = measure(
+            run.record,
+            "node crash, asynchronous, standby stalled",
+            fault_at,
+            time.monotonic(),
+            old.pg_port,
+            (old.name, new.name),
+            (timeline, after),
+        )
         await run.stop()
         # A job whose admit was lost has no row; jobs that survived finish (a completion the old
         # primary acknowledged and lost is reconciled by the sweeper's GetRun).

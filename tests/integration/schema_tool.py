@@ -195,7 +195,9 @@ def dump(conn: psycopg.Connection[dict[str, Any]]) -> str:
     sections: list[str] = []
     sections += [
         f"CREATE SCHEMA {row['name']};"
-        for row in _rows(conn, f"SELECT quote_ident(n.nspname) AS name FROM pg_namespace n WHERE {_SYSTEM_SCHEMAS} AND n.nspname <> 'public' ORDER BY 1")
+        for row in _rows(
+            conn, f"SELECT quote_ident(n.nspname) AS name FROM pg_namespace n WHERE {_SYSTEM_SCHEMAS} AND n.nspname <> 'public' ORDER BY 1"
+        )
     ]
     sections += [
         f"CREATE EXTENSION {row['name']};"

@@ -11,8 +11,9 @@ import psycopg
 import pytest
 
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
-from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2
-from tests.harness import S, InvariantChecker, error_info, new_user
+from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from tests.harness import InvariantChecker, S, error_info, new_user
 
 
 def _rows_for(database_url: str, user_id: str) -> tuple[int, int]:
@@ -244,10 +245,17 @@ async def test_validation_reports_every_violation_and_limits(service) -> None:
     code, reason, _, violations = error_info(raised.value)
     assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
     assert [f for f, _ in violations] == [
-        "user_id", "idempotency_key", "delta_of_job_id", "document.title", "sources[0]", "sources[1].citation",
+        "user_id",
+        "idempotency_key",
+        "delta_of_job_id",
+        "document.title",
+        "sources[0]",
+        "sources[1].citation",
     ]
     too_many = queue_pb2.AdmitRequest(
-        user_id="u", idempotency_key="k", document=job_pb2.Document(uri="s3://x"),
+        user_id="u",
+        idempotency_key="k",
+        document=job_pb2.Document(uri="s3://x"),
         sources=[job_pb2.Source(doi="10.1234/x")] * 1001,
     )
     with pytest.raises(grpc.aio.AioRpcError) as raised:

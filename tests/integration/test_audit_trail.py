@@ -18,10 +18,20 @@ import pytest
 
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2 as callback_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     credits_service_pb2 as credits_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     job_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     operator_service_pb2 as op_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     operator_service_pb2_grpc as op_grpc,
+)
+from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
 )
 from tests.harness import error_info, new_user
@@ -48,7 +58,10 @@ def _as(role: str) -> tuple[tuple[str, str], ...]:
 
 def _admit_request(user: str) -> queue_pb2.AdmitRequest:
     return queue_pb2.AdmitRequest(
-        user_id=user, idempotency_key=uuid.uuid4().hex, document=job_pb2.Document(uri="s3://theses/t.pdf"), sources=[job_pb2.Source(doi="10.1234/a")]
+        user_id=user,
+        idempotency_key=uuid.uuid4().hex,
+        document=job_pb2.Document(uri="s3://theses/t.pdf"),
+        sources=[job_pb2.Source(doi="10.1234/a")],
     )
 
 
@@ -57,7 +70,9 @@ async def _ledger(service, **filters: str) -> list[op_pb2.LedgerEntry]:  # type:
     operator = op_grpc.OperatorServiceStub(service.stubs.channel)
     found, token = [], ""
     while True:
-        page = await operator.ListLedgerEntries(op_pb2.ListLedgerEntriesRequest(**filters, page_size=2, page_token=token), timeout=10, metadata=_as("operator"))
+        page = await operator.ListLedgerEntries(
+            op_pb2.ListLedgerEntriesRequest(**filters, page_size=2, page_token=token), timeout=10, metadata=_as("operator")
+        )
         found.extend(page.entries)
         token = page.next_page_token
         if not token:
@@ -74,7 +89,9 @@ async def audited(services, auth_file):  # type: ignore[no-untyped-def]
     """A replica with tokens configured (so every caller has an identity), the dev core calling
     back with the core's token, a 1 s release window, and the browser endpoint."""
     core = await services.core(callback_token=TOKENS["core"])
-    return await services.start(core, auth_file=auth_file, http_addr="127.0.0.1:0", release_window_seconds=1.0, release_backoff_max_seconds=0.2)
+    return await services.start(
+        core, auth_file=auth_file, http_addr="127.0.0.1:0", release_window_seconds=1.0, release_backoff_max_seconds=0.2
+    )
 
 
 async def test_each_credit_movement_records_the_caller_or_the_system_and_why(audited, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
@@ -131,7 +148,9 @@ async def test_the_browser_endpoint_and_bulk_cancel_record_their_callers(audited
     """The Connect road marks its caller like the gRPC road; a bulk cancel's concurrent cancels
     keep the operator who asked for them."""
     port, user = audited.app.http_port, new_user()
-    status, _ = await connect_unary(port, "CreditsService/GrantCredits", {"userId": user, "amount": 2, "idempotencyKey": "g"}, TOKENS["operator"])
+    status, _ = await connect_unary(
+        port, "CreditsService/GrantCredits", {"userId": user, "amount": 2, "idempotencyKey": "g"}, TOKENS["operator"]
+    )
     assert status == 200
     admit = {"userId": user, "idempotencyKey": "k1", "document": {"uri": "s3://t/1.pdf"}, "sources": [{"doi": "10.1234/a"}]}
     status, admitted = await connect_unary(port, "AnalysisQueueService/Admit", admit, TOKENS["web"])
@@ -168,7 +187,9 @@ async def test_ledger_pages_newest_first_by_user_by_job_and_across_users(audited
     for index in range(5):
         grant = credits_pb2.GrantCreditsRequest(user_id=user, amount=index + 1, idempotency_key=f"grant-{index}")
         await stubs.credits.GrantCredits(grant, timeout=10, metadata=_as("operator"))
-    await stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=other, amount=9, idempotency_key="g"), timeout=10, metadata=_as("operator"))
+    await stubs.credits.GrantCredits(
+        credits_pb2.GrantCreditsRequest(user_id=other, amount=9, idempotency_key="g"), timeout=10, metadata=_as("operator")
+    )
     # An entry written by a replica of the previous version during a rolling deploy: no actor.
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("INSERT INTO credit_ledger (user_id, kind, amount, idempotency_key) VALUES (%s, 'grant', 7, 'old-replica')", (user,))
@@ -176,7 +197,9 @@ async def test_ledger_pages_newest_first_by_user_by_job_and_across_users(audited
 
     pages, token = [], ""
     while True:
-        page = await operator.ListLedgerEntries(op_pb2.ListLedgerEntriesRequest(user_id=user, page_size=2, page_token=token), timeout=10, metadata=_as("operator"))
+        page = await operator.ListLedgerEntries(
+            op_pb2.ListLedgerEntriesRequest(user_id=user, page_size=2, page_token=token), timeout=10, metadata=_as("operator")
+        )
         pages.append([(e.amount, e.idempotency_key, e.actor) for e in page.entries])
         token = page.next_page_token
         if not token:
@@ -193,14 +216,18 @@ async def test_ledger_pages_newest_first_by_user_by_job_and_across_users(audited
     assert [(e.user_id, e.amount) for e in newest.entries] == [(user, 7), (other, 9), (user, 5)]
 
     # By job, within one user or any.
-    await stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=other, amount=1, idempotency_key="g2"), timeout=10, metadata=_as("operator"))
+    await stubs.credits.GrantCredits(
+        credits_pb2.GrantCreditsRequest(user_id=other, amount=1, idempotency_key="g2"), timeout=10, metadata=_as("operator")
+    )
     job = (await stubs.queue.Admit(_admit_request(other), timeout=10, metadata=_as("web"))).job
     assert [e.kind for e in await _ledger(audited, job_id=job.job_id)] == [CHARGE]
     assert [e.kind for e in await _ledger(audited, job_id=job.job_id, user_id=other)] == [CHARGE]
     assert await _ledger(audited, job_id=job.job_id, user_id=user) == []
 
     # A token is tied to its filter; bad ids and sizes are named.
-    first_page = await operator.ListLedgerEntries(op_pb2.ListLedgerEntriesRequest(user_id=user, page_size=1), timeout=10, metadata=_as("operator"))
+    first_page = await operator.ListLedgerEntries(
+        op_pb2.ListLedgerEntriesRequest(user_id=user, page_size=1), timeout=10, metadata=_as("operator")
+    )
     for request, field in [
         (op_pb2.ListLedgerEntriesRequest(user_id=other, page_token=first_page.next_page_token), "page_token"),
         (op_pb2.ListLedgerEntriesRequest(user_id=user, page_token="not-a-token"), "page_token"),

@@ -92,8 +92,8 @@ async def test_a_hung_core_is_core_unavailable_before_the_callers_deadline(servi
 async def test_health_follows_the_database_and_the_pool_recovers_by_itself(tmp_path) -> None:
     from grpc_health.v1 import health_pb2
 
-    from queue_service.store import migrations
     from queue_service.dev.embedded_postgres import EmbeddedPostgres
+    from queue_service.store import migrations
     from tests.harness import ServiceFactory
 
     database = EmbeddedPostgres(tmp_path / "pg", durable=False)

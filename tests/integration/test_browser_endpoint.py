@@ -77,10 +77,14 @@ async def test_a_connect_deadline_is_the_calls_budget_as_on_grpc(services, auth_
     assert status == 200
     core.slow_seconds = 30  # every call to the core hangs
     try:
-        from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2
+        from queue_service._gen.acurio.queue.v1 import job_pb2
+        from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 
         request = queue_pb2.AdmitRequest(
-            user_id=user, idempotency_key="over-grpc", document=job_pb2.Document(uri="s3://t/1.pdf"), sources=[job_pb2.Source(doi="10.1234/a")]
+            user_id=user,
+            idempotency_key="over-grpc",
+            document=job_pb2.Document(uri="s3://t/1.pdf"),
+            sources=[job_pb2.Source(doi="10.1234/a")],
         )
         started = time.monotonic()
         with pytest.raises(grpc.aio.AioRpcError) as raised:
@@ -91,7 +95,10 @@ async def test_a_connect_deadline_is_the_calls_budget_as_on_grpc(services, auth_
         admit = {"userId": user, "idempotencyKey": "over-connect", "document": {"uri": "s3://t/1.pdf"}, "sources": [{"doi": "10.1234/a"}]}
         started = time.monotonic()
         status, _, body = await asyncio.to_thread(
-            _post, port, "/acurio.queue.v1.AnalysisQueueService/Admit", json.dumps(admit).encode(),
+            _post,
+            port,
+            "/acurio.queue.v1.AnalysisQueueService/Admit",
+            json.dumps(admit).encode(),
             _connect_headers(TOKENS["web"], **{"connect-timeout-ms": "2000"}),
         )
         connect_took = time.monotonic() - started
@@ -107,7 +114,10 @@ async def test_a_connect_deadline_is_the_calls_budget_as_on_grpc(services, auth_
         frame = web_request.SerializeToString()
         started = time.monotonic()
         status, headers, body = await asyncio.to_thread(
-            _post, port, "/acurio.queue.v1.AnalysisQueueService/Admit", b"\x00" + len(frame).to_bytes(4, "big") + frame,
+            _post,
+            port,
+            "/acurio.queue.v1.AnalysisQueueService/Admit",
+            b"\x00" + len(frame).to_bytes(4, "big") + frame,
             {"content-type": "application/grpc-web+proto", "grpc-timeout": "2000m", "authorization": f"Bearer {TOKENS['web']}"},
         )
         took = time.monotonic() - started
@@ -248,7 +258,9 @@ async def test_an_unauthenticated_flood_of_expensive_bodies_leaves_grpc_health_r
     flooded: list[float] = []
     flood = subprocess.Popen(
         [sys.executable, "-c", _FLOOD, str(http_port), "4", "600", str(body_path), "25"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         await asyncio.sleep(0.5)  # the flood's interpreter has started and connected
@@ -276,7 +288,10 @@ async def test_an_unauthenticated_flood_of_expensive_bodies_leaves_grpc_health_r
     # With a token, the same body is refused for its size once inflated past ListJobs' largest
     # valid request, before it is parsed.
     status, _, answer = await asyncio.to_thread(
-        _post, http_port, "/acurio.queue.v1.AnalysisQueueService/ListJobs", body,
+        _post,
+        http_port,
+        "/acurio.queue.v1.AnalysisQueueService/ListJobs",
+        body,
         _connect_headers(TOKENS["web"], **{"content-encoding": "gzip"}),
     )
     error = json.loads(answer)
@@ -292,7 +307,11 @@ async def test_lists_longer_than_validation_allows_are_refused_before_parsing(se
     admit = {"userId": new_user(), "idempotencyKey": "k", "document": {"uri": "s3://t/1.pdf"}, "sources": [{"doi": "10.1/a"}] * 100_000}
     started = time.monotonic()
     status, _, answer = await asyncio.to_thread(
-        _post, service.app.http_port, "/acurio.queue.v1.AnalysisQueueService/Admit", json.dumps(admit).encode(), _connect_headers(TOKENS["web"])
+        _post,
+        service.app.http_port,
+        "/acurio.queue.v1.AnalysisQueueService/Admit",
+        json.dumps(admit).encode(),
+        _connect_headers(TOKENS["web"]),
     )
     print(f"Admit with 100 000 sources refused in {time.monotonic() - started:.3f}s")
     error = json.loads(answer)
@@ -327,19 +346,37 @@ async def test_a_host_that_is_not_one_of_the_endpoints_names_is_refused_421(serv
     core = await services.core(callback_token=TOKENS["core"])
     service = await services.start(core, auth_file=auth_file, http_addr="127.0.0.1:0", http_allowed_hosts=("console.example",))
     port, user = service.app.http_port, new_user()
-    for host in ("attacker.example", f"attacker.example:{port}", f"127.0.0.1.attacker.example:{port}", "localhost.attacker.example", "[::2]", "console.example.attacker"):
+    for host in (
+        "attacker.example",
+        f"attacker.example:{port}",
+        f"127.0.0.1.attacker.example:{port}",
+        "localhost.attacker.example",
+        "[::2]",
+        "console.example.attacker",
+    ):
         status, body = await asyncio.to_thread(_request, port, "GET", "/", host)
         assert (status, body.startswith(b"misdirected request")) == (421, True), host
     grant = json.dumps({"userId": user, "amount": 5, "idempotencyKey": "g"}).encode()
     status, body = await asyncio.to_thread(
-        _request, port, "POST", "/acurio.queue.v1.CreditsService/GrantCredits", "attacker.example", grant, _connect_headers(TOKENS["operator"])
+        _request,
+        port,
+        "POST",
+        "/acurio.queue.v1.CreditsService/GrantCredits",
+        "attacker.example",
+        grant,
+        _connect_headers(TOKENS["operator"]),
     )
     assert status == 421 and b"QUEUE_HTTP_ALLOWED_HOSTS" in body
 
     async def balance() -> int:
         status, body = await asyncio.to_thread(
-            _request, port, "POST", "/acurio.queue.v1.CreditsService/GetBalance", f"127.0.0.1:{port}",
-            json.dumps({"userId": user}).encode(), _connect_headers(TOKENS["operator"]),
+            _request,
+            port,
+            "POST",
+            "/acurio.queue.v1.CreditsService/GetBalance",
+            f"127.0.0.1:{port}",
+            json.dumps({"userId": user}).encode(),
+            _connect_headers(TOKENS["operator"]),
         )
         assert status == 200, body
         return int(json.loads(body).get("balance", 0))
@@ -350,7 +387,13 @@ async def test_a_host_that_is_not_one_of_the_endpoints_names_is_refused_421(serv
         status, body = await asyncio.to_thread(_request, port, "GET", "/", host)
         assert status == 200 and b"<title>" in body, host
     status, _ = await asyncio.to_thread(
-        _request, port, "POST", "/acurio.queue.v1.CreditsService/GrantCredits", f"localhost:{port}", grant, _connect_headers(TOKENS["operator"])
+        _request,
+        port,
+        "POST",
+        "/acurio.queue.v1.CreditsService/GrantCredits",
+        f"localhost:{port}",
+        grant,
+        _connect_headers(TOKENS["operator"]),
     )
     assert status == 200 and await balance() == 5
 
@@ -365,8 +408,14 @@ async def test_chromium_on_a_rebound_name_gets_421(services, auth_file, tmp_path
 
     def dump_dom(url: str) -> str:
         command = [
-            "/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
-            "--host-resolver-rules=MAP attacker.example 127.0.0.1", "--dump-dom", url,
+            "/usr/bin/chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--host-resolver-rules=MAP attacker.example 127.0.0.1",
+            "--dump-dom",
+            url,
         ]
         return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
 
@@ -383,10 +432,15 @@ async def test_a_stream_the_browser_abandons_ends_quietly_and_frees_its_place(se
     service = await services.start(core, auth_file=auth_file, http_addr="127.0.0.1:0")
     port, request = service.app.http_port, json.dumps({"userId": new_user()}).encode()
     head = (
-        f"POST /acurio.queue.v1.AnalysisQueueService/WatchJobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Content-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\nAuthorization: Bearer {TOKENS['web']}\r\n"
-        f"Content-Length: {5 + len(request)}\r\n\r\n"
-    ).encode() + b"\x00" + len(request).to_bytes(4, "big") + request
+        (
+            f"POST /acurio.queue.v1.AnalysisQueueService/WatchJobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Content-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\nAuthorization: Bearer {TOKENS['web']}\r\n"
+            f"Content-Length: {5 + len(request)}\r\n\r\n"
+        ).encode()
+        + b"\x00"
+        + len(request).to_bytes(4, "big")
+        + request
+    )
 
     def open_and_abandon() -> bytes:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:

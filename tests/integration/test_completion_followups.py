@@ -56,9 +56,7 @@ async def test_a_users_held_lock_stalls_neither_other_users_completions_nor_thei
         await asyncio.sleep(0.02)
 
     started = time.monotonic()
-    completions = [
-        asyncio.create_task(_complete(service.stubs, running.run_id, 2)) for _, running, _ in others
-    ]
+    completions = [asyncio.create_task(_complete(service.stubs, running.run_id, 2)) for _, running, _ in others]
     await asyncio.sleep(0.05)
     # Four calls are on the replica (the busy completion and the three others): an unrelated
     # user's read still gets its turn.

@@ -28,7 +28,7 @@ import pytest
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.dev.core import AnswerFault
-from tests.harness import S, InvariantChecker, new_user
+from tests.harness import InvariantChecker, S, new_user
 
 HELD, JUDGING, CANCELED = core_pb2.RUN_STATE_HELD, core_pb2.RUN_STATE_JUDGING, core_pb2.RUN_STATE_CANCELED
 
@@ -139,7 +139,9 @@ async def test_lost_jobs_are_adopted_back_with_their_charges_and_the_core_never_
     assert orphans(core, database_url) == []
 
 
-async def test_a_judging_run_whose_reservation_outlived_its_lost_job_holds_the_next_release_and_is_adopted(services, database_url: str) -> None:
+async def test_a_judging_run_whose_reservation_outlived_its_lost_job_holds_the_next_release_and_is_adopted(
+    services, database_url: str
+) -> None:
     """The standby had the run's reservation but not the admit's commit that consumed it (the job
     was acknowledged and released on the old primary). A first-pass run judges only once its job
     committed, so the core judging it means the job was lost, not that an admit is in flight: the
@@ -173,7 +175,9 @@ async def test_a_judging_run_whose_reservation_outlived_its_lost_job_holds_the_n
     assert orphans(core, database_url) == []
 
 
-async def test_the_sweeper_adopts_a_judging_run_whose_reservation_outlived_its_lost_job_rather_than_cancel_it(services, database_url: str) -> None:
+async def test_the_sweeper_adopts_a_judging_run_whose_reservation_outlived_its_lost_job_rather_than_cancel_it(
+    services, database_url: str
+) -> None:
     """The reservation's grace is over when the sweeper finds it: a held run would be canceled (its
     admit is gone), but a judging first-pass run's admit committed and was acknowledged on the
     lost primary, so it is adopted, never canceled."""
@@ -351,7 +355,9 @@ async def test_a_lost_run_whose_click_was_admitted_again_is_canceled_and_recorde
     assert core.runs[first.run_id].state == CANCELED
     assert core.max_concurrent_judging[user] == 1
     assert await stubs.balance(user) == 2
-    rows = InvariantChecker(database_url).rows(f"SELECT reason, core_state, idempotency_key FROM core_runs_lost WHERE run_id = '{first.run_id}'")
+    rows = InvariantChecker(database_url).rows(
+        f"SELECT reason, core_state, idempotency_key FROM core_runs_lost WHERE run_id = '{first.run_id}'"
+    )
     assert rows == [("key_taken", "judging", key)]
     assert orphans(core, database_url) == []
 
@@ -519,7 +525,9 @@ async def test_an_asynchronous_failover_is_noticed_and_what_it_lost_is_adopted(s
 
             async def adopted() -> bool:
                 try:
-                    return (await stubs.job(running.job_id)).status == S.JOB_STATUS_RUNNING and (await stubs.job(queued.job_id)).status == S.JOB_STATUS_QUEUED
+                    return (await stubs.job(running.job_id)).status == S.JOB_STATUS_RUNNING and (
+                        await stubs.job(queued.job_id)
+                    ).status == S.JOB_STATUS_QUEUED
                 except grpc.aio.AioRpcError:
                     return False
 

@@ -24,8 +24,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from queue_service._gen.acurio.queue.v1 import (
     credits_service_pb2 as credits_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     credits_service_pb2_grpc as credits_grpc,
+)
+from queue_service._gen.acurio.queue.v1 import (
     job_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
 )
 from queue_service.dev.embedded_postgres import free_port
@@ -109,8 +115,11 @@ async def test_sighup_rotates_tokens_without_dropping_calls(services, tmp_path: 
 
     # The stream opened before the reload still delivers: an admit shows up on it.
     admitted = await stubs.queue.Admit(
-        queue_pb2.AdmitRequest(user_id=user, idempotency_key="a", document=job_pb2.Document(uri="s3://d"), sources=[job_pb2.Source(doi="10.1234/x")]),
-        metadata=_bearer("web-token"), timeout=5,
+        queue_pb2.AdmitRequest(
+            user_id=user, idempotency_key="a", document=job_pb2.Document(uri="s3://d"), sources=[job_pb2.Source(doi="10.1234/x")]
+        ),
+        metadata=_bearer("web-token"),
+        timeout=5,
     )
     update = await asyncio.wait_for(stream.read(), 10)
     assert admitted.job.job_id in str(update)
@@ -127,7 +136,12 @@ async def test_a_broken_auth_file_on_sighup_keeps_the_old_one(services, tmp_path
         credits_pb2.GetBalanceRequest(user_id="u"), metadata=_bearer(token), timeout=5
     )
 
-    broken_files = ('{"tokens": [', json.dumps({"tokens": [{"name": "x", "role": "admin", "sha256": "0" * 64}]}), "[1, 2]", '{"tokens": ["x"]}')
+    broken_files = (
+        '{"tokens": [',
+        json.dumps({"tokens": [{"name": "x", "role": "admin", "sha256": "0" * 64}]}),
+        "[1, 2]",
+        '{"tokens": ["x"]}',
+    )
     for count, broken in enumerate(broken_files, start=1):
         auth.write_text(broken)
         replica.process.send_signal(signal.SIGHUP)
@@ -219,8 +233,12 @@ async def test_sighup_rotates_the_listener_certificate_for_new_connections(servi
     log_path = tmp_path / "serve.log"
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "queue_service.cli", "serve"], env=environment, stdout=log_file,
-            stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True,
+            [sys.executable, "-m", "queue_service.cli", "serve"],
+            env=environment,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT,
+            start_new_session=True,
         )
     address = f"127.0.0.1:{port}"
     open_channels: list[grpc.aio.Channel] = []
@@ -302,8 +320,11 @@ async def test_a_reload_swaps_the_client_ca_for_new_mutual_tls_connections(servi
     auth = tmp_path / "auth.json"
     auth.write_text(json.dumps({"certificates": [{"san": "ops-tool", "role": "operator"}]}))
     service = await services.start(
-        tls_cert_file=str(cert), tls_key_file=str(key), tls_client_ca_file=str(client_ca_file),
-        auth_file=str(auth), credentials_reload_seconds=0,
+        tls_cert_file=str(cert),
+        tls_key_file=str(key),
+        tls_client_ca_file=str(client_ca_file),
+        auth_file=str(auth),
+        credentials_reload_seconds=0,
     )
     channels: list[grpc.aio.Channel] = []
 

@@ -96,7 +96,9 @@ async def test_a_frozen_listen_connection_is_noticed_and_every_stream_hears_late
                 return job.job_id in seen
 
             lag = await until(heard, within=6, what="the stream to hear of a job admitted while its listener was frozen")
-            print(f"\nfrozen LISTEN backend: the stream heard the change {lag:.2f}s after the admit, {time.monotonic() - frozen_at:.2f}s after the freeze")
+            print(
+                f"\nfrozen LISTEN backend: the stream heard the change {lag:.2f}s after the admit, {time.monotonic() - frozen_at:.2f}s after the freeze"
+            )
 
             # The change comes through the job-change feed, which the frozen hint listener does not
             # carry: the replica still notices that listener and replaces it.
@@ -291,6 +293,7 @@ async def test_serve_started_while_the_database_is_away_waits_for_it(services, d
     log_path = f"/tmp/queue-service-{port}.log"
     starting = asyncio.create_task(services.start_process(core, port=port, DATABASE_URL=proxy.dsn()))
     try:
+
         async def retried_twice() -> bool:
             assert not starting.done(), "serve gave up while the database was away"
             return os.path.exists(log_path) and open(log_path).read().count("database not reachable yet") >= 2

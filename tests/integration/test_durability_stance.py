@@ -41,8 +41,20 @@ def primary_and_standby() -> Iterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]
             os.chown(state, account.pw_uid, account.pw_gid)
             os.chown(standby_dir, account.pw_uid, account.pw_gid)
         primary._pg(
-            "pg_basebackup", "-D", str(standby_dir), "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
-            "-R", "-X", "stream", "--checkpoint=fast", timeout=120,
+            "pg_basebackup",
+            "-D",
+            str(standby_dir),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(primary.port),
+            "-U",
+            "postgres",
+            "-R",
+            "-X",
+            "stream",
+            "--checkpoint=fast",
+            timeout=120,
         )
         standby.start()
         yield primary, standby
@@ -79,9 +91,7 @@ async def test_the_replica_reports_synchronous_replication_and_a_standby_that_st
     metrics_port = free_port()
     try:
         core = await factory.core()
-        replica = await factory.start_process(
-            core, QUEUE_METRICS_ADDR=f"127.0.0.1:{metrics_port}", QUEUE_HEALTH_INTERVAL_SECONDS="0.2"
-        )
+        replica = await factory.start_process(core, QUEUE_METRICS_ADDR=f"127.0.0.1:{metrics_port}", QUEUE_HEALTH_INTERVAL_SECONDS="0.2")
         user = new_user()
         await replica.stubs.grant(user, 1)
         await replica.stubs.admit(user)

@@ -62,7 +62,9 @@ class _RejectingCore(core_grpc.RunServiceServicer):
     async def CreateRun(self, request, context):  # noqa: N802
         bad_request = error_details_pb2.BadRequest(
             field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(field=f"sources[{index}].doi", description=f"DOI {source.doi} is not registered")
+                error_details_pb2.BadRequest.FieldViolation(
+                    field=f"sources[{index}].doi", description=f"DOI {source.doi} is not registered"
+                )
                 for index, source in enumerate(request.sources)
             ]
         )

@@ -17,15 +17,28 @@ import grpc
 import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2 as callback_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2_grpc as callback_grpc,
+)
+from queue_service._gen.acurio.queue.v1 import (
     credits_service_pb2 as credits_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     credits_service_pb2_grpc as credits_grpc,
+)
+from queue_service._gen.acurio.queue.v1 import (
     job_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2_grpc as queue_grpc,
 )
 from queue_service.dev.embedded_postgres import free_port
@@ -63,9 +76,7 @@ class Target:
         self.calls: dict[str, int] = {}
 
     def footprint(self) -> tuple[int, int]:
-        row = self.database.execute(
-            "SELECT (SELECT count(*) FROM analysis_jobs), (SELECT count(*) FROM credit_ledger)"
-        ).fetchone()
+        row = self.database.execute("SELECT (SELECT count(*) FROM analysis_jobs), (SELECT count(*) FROM credit_ledger)").fetchone()
         assert row is not None
         return row[0], row[1]
 
@@ -105,9 +116,21 @@ def target(database_url: str) -> Iterator[Target]:
         "QUEUE_LOG_LEVEL": "error",
     }
     core = subprocess.Popen(
-        [sys.executable, "-m", "queue_service.cli", "core", "--listen", f"127.0.0.1:{core_port}",
-         "--callback", f"127.0.0.1:{service_port}", "--manual"],
-        cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "queue_service.cli",
+            "core",
+            "--listen",
+            f"127.0.0.1:{core_port}",
+            "--callback",
+            f"127.0.0.1:{service_port}",
+            "--manual",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     log_path = f"/tmp/queue-fuzz-{service_port}.log"
     with open(log_path, "wb") as log:
@@ -145,8 +168,12 @@ def test_admit_answers_cleanly(target: Target, user_id: str, key: str, document:
 
 @FUZZ_TIMEOUT
 @FUZZ
-@given(user_id=odd_text, page_size=st.integers(min_value=-(2**31), max_value=2**31 - 1), token=odd_text,
-       statuses=st.lists(st.integers(min_value=-5, max_value=20), max_size=8))
+@given(
+    user_id=odd_text,
+    page_size=st.integers(min_value=-(2**31), max_value=2**31 - 1),
+    token=odd_text,
+    statuses=st.lists(st.integers(min_value=-5, max_value=20), max_size=8),
+)
 def test_list_jobs_answers_cleanly(target: Target, user_id: str, page_size: int, token: str, statuses: list[int]) -> None:
     request = queue_pb2.ListJobsRequest(user_id=user_id, page_size=page_size, page_token=token, statuses=statuses)
     target.call("ListJobs", target.queue.ListJobs, request)
@@ -154,8 +181,16 @@ def test_list_jobs_answers_cleanly(target: Target, user_id: str, page_size: int,
 
 @FUZZ_TIMEOUT
 @FUZZ
-@given(job_id=uuidish, user_id=odd_text, run_id=uuidish, outcome=st.integers(min_value=-3, max_value=5), message=odd_text,
-       refund=st.booleans(), amount=st.integers(min_value=-(2**63), max_value=2**63 - 1), key=odd_text)
+@given(
+    job_id=uuidish,
+    user_id=odd_text,
+    run_id=uuidish,
+    outcome=st.integers(min_value=-3, max_value=5),
+    message=odd_text,
+    refund=st.booleans(),
+    amount=st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    key=odd_text,
+)
 def test_every_other_rpc_answers_cleanly(
     target: Target, job_id: str, user_id: str, run_id: str, outcome: int, message: str, refund: bool, amount: int, key: str
 ) -> None:
@@ -179,10 +214,46 @@ def test_every_other_rpc_answers_cleanly(
 @pytest.mark.parametrize(
     ("label", "request_factory", "expected"),
     [
-        ("10 kB user id", lambda: queue_pb2.AdmitRequest(user_id="u" * 10_240, idempotency_key="k", document=job_pb2.Document(uri="s3://x"), sources=[job_pb2.Source(doi="10.1234/x")]), grpc.StatusCode.INVALID_ARGUMENT),
-        ("10 000 sources", lambda: queue_pb2.AdmitRequest(user_id="u", idempotency_key="k", document=job_pb2.Document(uri="s3://x"), sources=[job_pb2.Source(doi="10.1234/x")] * 10_000), grpc.StatusCode.INVALID_ARGUMENT),
-        ("a 6 MB message", lambda: queue_pb2.AdmitRequest(user_id="u", idempotency_key="k", document=job_pb2.Document(uri="s3://x"), sources=[job_pb2.Source(citation="c" * 4000)] * 1500), grpc.StatusCode.RESOURCE_EXHAUSTED),
-        ("NUL bytes everywhere", lambda: queue_pb2.AdmitRequest(user_id="u\x00", idempotency_key="\x00", document=job_pb2.Document(uri="\x00"), sources=[job_pb2.Source(doi="10.1234/\x00", citation="\x00")]), grpc.StatusCode.INVALID_ARGUMENT),
+        (
+            "10 kB user id",
+            lambda: queue_pb2.AdmitRequest(
+                user_id="u" * 10_240,
+                idempotency_key="k",
+                document=job_pb2.Document(uri="s3://x"),
+                sources=[job_pb2.Source(doi="10.1234/x")],
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        (
+            "10 000 sources",
+            lambda: queue_pb2.AdmitRequest(
+                user_id="u",
+                idempotency_key="k",
+                document=job_pb2.Document(uri="s3://x"),
+                sources=[job_pb2.Source(doi="10.1234/x")] * 10_000,
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        (
+            "a 6 MB message",
+            lambda: queue_pb2.AdmitRequest(
+                user_id="u",
+                idempotency_key="k",
+                document=job_pb2.Document(uri="s3://x"),
+                sources=[job_pb2.Source(citation="c" * 4000)] * 1500,
+            ),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+        ),
+        (
+            "NUL bytes everywhere",
+            lambda: queue_pb2.AdmitRequest(
+                user_id="u\x00",
+                idempotency_key="\x00",
+                document=job_pb2.Document(uri="\x00"),
+                sources=[job_pb2.Source(doi="10.1234/\x00", citation="\x00")],
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
     ],
 )
 def test_named_hostile_inputs(target: Target, label: str, request_factory, expected: grpc.StatusCode) -> None:

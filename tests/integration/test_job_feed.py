@@ -115,9 +115,7 @@ async def test_racing_commits_reach_the_reader_once_each_and_in_commit_order_per
         async with store.statements() as db:
             cursor: FeedCursor = await db.job_feed_start()
         until = time.monotonic() + _SECONDS
-        writers = [
-            asyncio.create_task(_writer(database_url, jobs, until, committed, random.Random(seed))) for seed in range(_WRITERS)
-        ]
+        writers = [asyncio.create_task(_writer(database_url, jobs, until, committed, random.Random(seed))) for seed in range(_WRITERS)]
         switched = False
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as side:
 
@@ -129,7 +127,9 @@ async def test_racing_commits_reach_the_reader_once_each_and_in_commit_order_per
                     if change_ids and change.change_id < max(change_ids):
                         late += 1
                     change_ids.append(change.change_id)
-                    row = await (await side.execute("SELECT version FROM test_feed_versions WHERE change_id = %s", (change.change_id,))).fetchone()
+                    row = await (
+                        await side.execute("SELECT version FROM test_feed_versions WHERE change_id = %s", (change.change_id,))
+                    ).fetchone()
                     assert row is not None, f"feed row {change.change_id} has no version: read before its transaction committed?"
                     received[change.job_id].append(row[0])
 

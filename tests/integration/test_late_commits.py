@@ -22,7 +22,8 @@ import grpc
 import psycopg
 import pytest
 
-from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2 as callback_pb2, job_pb2
+from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2 as callback_pb2
+from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service.dev.core import AnswerFault
 from tests.harness import InvariantChecker, S, error_info, new_user, running_with_one_queued
 
@@ -92,7 +93,9 @@ async def _admit_acknowledged_late(switch: LateCommits, service, user: str, key:
         await asyncio.to_thread(switch.off)
 
 
-async def test_an_admit_whose_commit_is_acknowledged_late_says_its_outcome_is_unknown_and_its_job_is_released(services, late_commits, database_url) -> None:  # type: ignore[no-untyped-def]
+async def test_an_admit_whose_commit_is_acknowledged_late_says_its_outcome_is_unknown_and_its_job_is_released(
+    services, late_commits, database_url
+) -> None:  # type: ignore[no-untyped-def]
     """At the call's deadline the locked admit is cancelled while PostgreSQL waits for the standby:
     the commit is kept, but its answer is not read. The caller hears OUTCOME_UNKNOWN, never a
     plain DATABASE_UNAVAILABLE beside a charged job, and the committed admit's release is handed
@@ -141,7 +144,9 @@ async def test_a_completion_whose_commit_is_acknowledged_late_starts_the_next_jo
     assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, "OUTCOME_UNKNOWN")
     await service.stubs.wait_for(queued.job_id, S.JOB_STATUS_RUNNING, timeout=_PROMPTLY_SECONDS)
     running = time.monotonic()
-    print(f"\nthe job a lost completion promoted was RUNNING {running - answered:.2f}s after the lost answer, {running - acknowledged_again:.2f}s after commits were acknowledged again")
+    print(
+        f"\nthe job a lost completion promoted was RUNNING {running - answered:.2f}s after the lost answer, {running - acknowledged_again:.2f}s after commits were acknowledged again"
+    )
     # The core's retry finds the job ended as it reported.
     assert (await service.stubs.callback.CompleteRun(completion, timeout=5)).job.status == S.JOB_STATUS_SUCCEEDED
     assert InvariantChecker(database_url).all_violations() == []

@@ -12,14 +12,12 @@ import pytest
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.dev.core import AnswerFault
-from tests.harness import S, InvariantChecker, error_info, new_user
+from tests.harness import InvariantChecker, S, error_info, new_user
 
 
 def _ledger(database_url: str, job_id: str) -> list[tuple[str, int]]:
     with psycopg.connect(database_url) as conn:
-        return conn.execute(
-            "SELECT kind, amount FROM credit_ledger WHERE job_id = %s ORDER BY entry_id", (job_id,)
-        ).fetchall()
+        return conn.execute("SELECT kind, amount FROM credit_ledger WHERE job_id = %s ORDER BY entry_id", (job_id,)).fetchall()
 
 
 async def test_release_gives_up_after_the_window_refunds_once_and_promotes_the_next(services, database_url: str) -> None:
@@ -220,9 +218,7 @@ async def test_sweeper_fails_pending_releases_whose_window_passed_while_no_repli
     await service.app.dispatcher.stop()  # no replica is releasing anything
     # Fake a promotion whose replica vanished long ago: pending, never attempted, window passed.
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(
-            """UPDATE analysis_jobs SET status = 'succeeded', end_time = now() WHERE job_id = %s;""", (first.job_id,)
-        )
+        conn.execute("""UPDATE analysis_jobs SET status = 'succeeded', end_time = now() WHERE job_id = %s;""", (first.job_id,))
         conn.execute(
             """UPDATE analysis_jobs SET status = 'pending', slot = 1, promote_time = now(),
                       next_release_at = now() - interval '1 minute', release_deadline = now() - interval '30 minutes'

@@ -28,9 +28,7 @@ async def test_list_jobs_pages_newest_first_with_keyset_tokens_and_filters(servi
     assert pages == 3
     assert seen == [j.job_id for j in reversed(admitted)]
 
-    queued = await stubs.queue.ListJobs(
-        queue_pb2.ListJobsRequest(user_id=user, statuses=[S.JOB_STATUS_QUEUED], page_size=4), timeout=5
-    )
+    queued = await stubs.queue.ListJobs(queue_pb2.ListJobsRequest(user_id=user, statuses=[S.JOB_STATUS_QUEUED], page_size=4), timeout=5)
     assert [j.queue_position for j in queued.jobs] == [6, 5, 4, 3]
     assert queued.next_page_token
     with pytest.raises(grpc.aio.AioRpcError) as raised:
@@ -70,7 +68,6 @@ async def test_get_job_unknown_and_malformed(service) -> None:
     assert error_info(raised.value)[:2] == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
 
 
-
 async def test_get_job_with_a_user_id_reads_only_that_users_job(service) -> None:
     """`user_id` on GetJob (additive) scopes the read: another user's job is NOT_FOUND, exactly as
     an unknown one, so the answer tells nothing about other users' jobs. Without it, GetJob reads
@@ -88,6 +85,7 @@ async def test_get_job_with_a_user_id_reads_only_that_users_job(service) -> None
         await get(queue_pb2.GetJobRequest(job_id=job.job_id, user_id="x" * 129), timeout=5)
     code, reason, _, violations = error_info(raised.value)
     assert (code, reason, [f for f, _ in violations]) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", ["user_id"])
+
 
 async def _next_matching(stream, predicate, timeout: float = 10):
     async def scan():

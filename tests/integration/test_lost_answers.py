@@ -30,8 +30,8 @@ from queue_service.dev.core import AnswerFault
 from queue_service.dev.embedded_postgres import free_port
 from tests.harness import (
     REPO_ROOT,
-    S,
     InvariantChecker,
+    S,
     Stubs,
     cancel_left_unanswered,
     end_failed_as_a_previous_version,
@@ -153,7 +153,12 @@ async def test_cancelling_a_queued_job_the_core_cannot_cancel_never_starts_it(se
     await eventually(lambda: core.runs[second.run_id].state == CANCELED, what="the held run canceled")
     with psycopg.connect(database_url) as conn:  # confirmed: nothing left to settle
         await eventually(
-            lambda: conn.execute("SELECT count(*) FROM analysis_jobs WHERE run_settle_due_at IS NOT NULL AND user_id = %s", (user,)).fetchone()[0] == 0,
+            lambda: (
+                conn.execute("SELECT count(*) FROM analysis_jobs WHERE run_settle_due_at IS NOT NULL AND user_id = %s", (user,)).fetchone()[
+                    0
+                ]
+                == 0
+            ),
             what="the cancel confirmed",
         )
     assert InvariantChecker(database_url).all_violations() == []
@@ -250,7 +255,9 @@ async def test_a_watch_stream_reports_jobs_that_ended_while_its_listener_was_awa
         await eventually(lambda: any(m.snapshot_complete for m in messages), what="the snapshot")
         hub = service.app.hub
         with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN%%' AND datname = current_database()")
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN%%' AND datname = current_database()"
+            )
         await eventually(lambda: not hub.listening.is_set(), what="the listener to notice")
         await stubs.complete(first.run_id)  # committed while nobody listens
         await eventually(lambda: any(m.resync_complete for m in messages), what="a resync")
@@ -301,7 +308,11 @@ async def test_a_replica_whose_clock_runs_ahead_does_not_spin(services, database
         # faketime runs the replica as its child: a session of its own lets us stop both.
         process = subprocess.Popen(
             ["faketime", "-f", "+30s", sys.executable, "-m", "queue_service.cli", "serve"],
-            env=env, cwd=REPO_ROOT, stdout=log, stderr=log, start_new_session=True,
+            env=env,
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
         )
     stubs = services.stubs(f"127.0.0.1:{port}")
     try:
@@ -312,7 +323,9 @@ async def test_a_replica_whose_clock_runs_ahead_does_not_spin(services, database
         await eventually(lambda: core.release_log, what="a first release attempt")
         with psycopg.connect(database_url, autocommit=True) as conn:
             # The next attempt is due in 20 s (database time).
-            conn.execute("UPDATE analysis_jobs SET next_release_at = clock_timestamp() + interval '20 seconds' WHERE job_id = %s", (job.job_id,))
+            conn.execute(
+                "UPDATE analysis_jobs SET next_release_at = clock_timestamp() + interval '20 seconds' WHERE job_id = %s", (job.job_id,)
+            )
             await asyncio.sleep(1.0)
             before = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").fetchone()[0]
             await asyncio.sleep(2.0)
@@ -417,7 +430,9 @@ async def test_cancelling_a_job_the_core_already_finished_keeps_its_charge(servi
     with pytest.raises(grpc.aio.AioRpcError) as finished:
         await cancel(stubs, job.job_id, user)
     assert error_info(finished.value)[:3] == (
-        grpc.StatusCode.FAILED_PRECONDITION, "JOB_ALREADY_FINISHED", {"jobId": job.job_id, "status": "SUCCEEDED"}
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "JOB_ALREADY_FINISHED",
+        {"jobId": job.job_id, "status": "SUCCEEDED"},
     )
     final = await stubs.job(job.job_id)
     assert (final.status, final.refunded) == (S.JOB_STATUS_SUCCEEDED, False)
@@ -449,7 +464,9 @@ async def test_deltas_beyond_the_users_limit_are_refused(services) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await stubs.admit(user, uri="", delta_of=base.job_id)
     assert error_info(refused.value)[:3] == (
-        grpc.StatusCode.RESOURCE_EXHAUSTED, "USER_DELTA_LIMIT", {"maxActiveDeltas": "2", "activeDeltas": "2"}
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "USER_DELTA_LIMIT",
+        {"maxActiveDeltas": "2", "activeDeltas": "2"},
     )
     assert _live_runs_of(core, user) and len([r for r in core.runs.values() if r.user_id == user]) == 3
 
@@ -479,7 +496,9 @@ async def test_a_cancel_whose_answer_is_lost_after_the_core_failed_the_run_is_re
     with pytest.raises(grpc.aio.AioRpcError) as retried:
         await cancel(stubs, job.job_id, user)
     assert error_info(retried.value)[:3] == (
-        grpc.StatusCode.FAILED_PRECONDITION, "JOB_ALREADY_FINISHED", {"jobId": job.job_id, "status": "FAILED"}
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "JOB_ALREADY_FINISHED",
+        {"jobId": job.job_id, "status": "FAILED"},
     )
     assert await stubs.balance(user) == 1
     assert _refund_reasons(database_url, job.job_id) == ["cancel"]

@@ -20,10 +20,20 @@ from google.rpc import error_details_pb2
 
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2 as callback_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     credits_service_pb2 as credits_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     job_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     operator_service_pb2 as op_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     operator_service_pb2_grpc as op_grpc,
+)
+from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
 )
 from tests.harness import error_info, new_user, role_tokens, write_auth_file
@@ -77,7 +87,7 @@ async def test_search_pages_newest_first_across_users_by_every_filter(service) -
     first, second = new_user(), new_user()
     for user in (first, second):
         await stubs.grant(user, 10)
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
     admitted = []
     for index in range(6):
         admitted.append(await stubs.admit(first if index % 2 == 0 else second))
@@ -105,7 +115,7 @@ async def test_search_pages_newest_first_across_users_by_every_filter(service) -
     assert {job.job_id for job in await search_all(queued)} == {ids[2], ids[3], ids[4], ids[5]}
 
     before = op_pb2.JobFilter(user_id=second)
-    before.created_before.FromDatetime(admitted[3].create_time.ToDatetime(dt.timezone.utc))
+    before.created_before.FromDatetime(admitted[3].create_time.ToDatetime(dt.UTC))
     assert [job.job_id for job in await search_all(before)] == [ids[1]]
 
     running = await stubs.wait_for(ids[0], S.JOB_STATUS_RUNNING)
@@ -115,7 +125,9 @@ async def test_search_pages_newest_first_across_users_by_every_filter(service) -
 
     page = await operator.SearchJobs(op_pb2.SearchJobsRequest(filter=op_pb2.JobFilter(user_id=first), page_size=1), timeout=10)
     with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await operator.SearchJobs(op_pb2.SearchJobsRequest(filter=op_pb2.JobFilter(user_id=second), page_token=page.next_page_token), timeout=10)
+        await operator.SearchJobs(
+            op_pb2.SearchJobsRequest(filter=op_pb2.JobFilter(user_id=second), page_token=page.next_page_token), timeout=10
+        )
     code, reason, _, violations = error_info(raised.value)
     assert (code, reason, violations[0][0]) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", "page_token")
 
@@ -276,7 +288,9 @@ async def test_connect_endpoint_applies_the_same_roles_and_error_details(web_ser
     assert (status, error["code"], _details(error)[0]) == (403, "permission_denied", "PERMISSION_DENIED")
     assert "may not call /acurio.queue.v1.OperatorService/GetOverview" in error["message"]
 
-    status, granted = await connect_unary(port, "CreditsService/GrantCredits", {"userId": user, "amount": 2, "idempotencyKey": "g"}, TOKENS["operator"])
+    status, granted = await connect_unary(
+        port, "CreditsService/GrantCredits", {"userId": user, "amount": 2, "idempotencyKey": "g"}, TOKENS["operator"]
+    )
     assert (status, granted) == (200, {"balance": "2"})
     admit = {"userId": user, "idempotencyKey": "k1", "document": {"uri": "s3://t/1.pdf"}, "sources": [{"doi": "10.1234/a"}]}
     status, admitted = await connect_unary(port, "AnalysisQueueService/Admit", admit, TOKENS["web"])
@@ -367,7 +381,10 @@ def _sources(count: int, citation_chars: int = 40) -> list[job_pb2.Source]:
 
 async def _admit(service, user: str, sources: list[job_pb2.Source], *, title: str = "On queues") -> job_pb2.Job:  # type: ignore[no-untyped-def]
     request = queue_pb2.AdmitRequest(
-        user_id=user, idempotency_key=uuid.uuid4().hex, document=job_pb2.Document(uri=f"s3://theses/{user}.pdf", title=title), sources=sources
+        user_id=user,
+        idempotency_key=uuid.uuid4().hex,
+        document=job_pb2.Document(uri=f"s3://theses/{user}.pdf", title=title),
+        sources=sources,
     )
     return (await service.stubs.queue.Admit(request, timeout=20, metadata=_as("web"))).job
 
@@ -381,7 +398,9 @@ async def _fail(service, job_id: str) -> job_pb2.Job:  # type: ignore[no-untyped
             break
         await asyncio.sleep(0.05)
     assert job.status == S.JOB_STATUS_RUNNING, job
-    completion = callback_pb2.CompleteRunRequest(run_id=job.run_id, outcome=callback_pb2.RUN_OUTCOME_FAILED, message="the provider timed out")
+    completion = callback_pb2.CompleteRunRequest(
+        run_id=job.run_id, outcome=callback_pb2.RUN_OUTCOME_FAILED, message="the provider timed out"
+    )
     return (await stubs.callback.CompleteRun(completion, timeout=10, metadata=_as("core"))).job
 
 
@@ -392,12 +411,20 @@ async def _balance(service, user: str) -> int:  # type: ignore[no-untyped-def]
 
 async def _ledger_of(service, **filters: str) -> list[op_pb2.LedgerEntry]:  # type: ignore[no-untyped-def]
     operator = _operator(service)
-    return list((await operator.ListLedgerEntries(op_pb2.ListLedgerEntriesRequest(**filters, page_size=100), timeout=10, metadata=_as("operator"))).entries)
+    return list(
+        (
+            await operator.ListLedgerEntries(
+                op_pb2.ListLedgerEntriesRequest(**filters, page_size=100), timeout=10, metadata=_as("operator")
+            )
+        ).entries
+    )
 
 
 async def test_a_job_carries_its_document_and_a_bounded_preview_of_its_sources(web_service) -> None:  # type: ignore[no-untyped-def]
     user, operator = new_user(), _operator(web_service)
-    await web_service.stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key="g"), timeout=10, metadata=_as("operator"))
+    await web_service.stubs.credits.GrantCredits(
+        credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key="g"), timeout=10, metadata=_as("operator")
+    )
     many = _sources(12, citation_chars=2000)
     admitted = await _admit(web_service, user, many, title="Queues, fairly")
     few = await _admit(web_service, user, _sources(2))
@@ -412,7 +439,9 @@ async def test_a_job_carries_its_document_and_a_bounded_preview_of_its_sources(w
 
     check(admitted)
     check((await web_service.stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=admitted.job_id), timeout=10, metadata=_as("operator"))).job)
-    found = (await operator.SearchJobs(op_pb2.SearchJobsRequest(filter=op_pb2.JobFilter(user_id=user)), timeout=10, metadata=_as("operator"))).jobs
+    found = (
+        await operator.SearchJobs(op_pb2.SearchJobsRequest(filter=op_pb2.JobFilter(user_id=user)), timeout=10, metadata=_as("operator"))
+    ).jobs
     assert [job.job_id for job in found] == [few.job_id, admitted.job_id]
     check(found[1])
     assert found[0].source_count == 2 and [s.citation for s in found[0].sources] == [s.citation for s in _sources(2)]
@@ -422,7 +451,9 @@ async def test_a_job_carries_its_document_and_a_bounded_preview_of_its_sources(w
 
 async def test_retry_admits_a_failed_job_again_as_its_user_through_the_same_checks_and_charge(web_service) -> None:  # type: ignore[no-untyped-def]
     user, operator = new_user(), _operator(web_service)
-    await web_service.stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key="g"), timeout=10, metadata=_as("operator"))
+    await web_service.stubs.credits.GrantCredits(
+        credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key="g"), timeout=10, metadata=_as("operator")
+    )
     sources = _sources(3)
     failed = await _fail(web_service, (await _admit(web_service, user, sources)).job_id)
     assert failed.status == S.JOB_STATUS_FAILED and not failed.refunded
@@ -436,8 +467,10 @@ async def test_retry_admits_a_failed_job_again_as_its_user_through_the_same_chec
     assert (job.document.uri, job.document.title, job.source_count) == (f"s3://theses/{user}.pdf", "On queues", 3)
     assert [(s.doi, s.citation) for s in job.sources] == [(s.doi, s.citation) for s in sources]
     assert await _balance(web_service, user) == 0  # charged as an admit is
-    charge = [e for e in await _ledger_of(web_service, job_id=job.job_id)]
-    assert [(e.kind, e.amount, e.actor, e.reason) for e in charge] == [(op_pb2.LEDGER_ENTRY_KIND_CHARGE, -1, "operator:operator-caller", "admit")]
+    charge = list(await _ledger_of(web_service, job_id=job.job_id))
+    assert [(e.kind, e.amount, e.actor, e.reason) for e in charge] == [
+        (op_pb2.LEDGER_ENTRY_KIND_CHARGE, -1, "operator:operator-caller", "admit")
+    ]
 
     # The same retry key again (a lost answer, a double click): the same job, nothing charged.
     again = await operator.RetryJob(retry, timeout=20, metadata=_as("operator"))
@@ -460,7 +493,11 @@ async def test_retry_admits_a_failed_job_again_as_its_user_through_the_same_chec
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await operator.RetryJob(op_pb2.RetryJobRequest(job_id="nope", retry_key=""), timeout=10, metadata=_as("operator"))
     code, reason, _, violations = error_info(raised.value)
-    assert (code, reason, [field for field, _ in violations]) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", ["job_id", "retry_key"])
+    assert (code, reason, [field for field, _ in violations]) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_REQUEST",
+        ["job_id", "retry_key"],
+    )
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await operator.RetryJob(retry, timeout=10, metadata=_as("web"))
     assert error_info(raised.value)[:2] == (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
@@ -474,7 +511,9 @@ async def test_retry_admits_a_failed_job_again_as_its_user_through_the_same_chec
 
 async def test_retry_refuses_a_job_admitted_before_its_inputs_were_stored(web_service, database_url: str) -> None:  # type: ignore[no-untyped-def]
     user, operator = new_user(), _operator(web_service)
-    await web_service.stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key="g"), timeout=10, metadata=_as("operator"))
+    await web_service.stubs.credits.GrantCredits(
+        credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key="g"), timeout=10, metadata=_as("operator")
+    )
     failed = await _fail(web_service, (await _admit(web_service, user, _sources(1))).job_id)
     # As a row written by the previous version looks: no document, no sources.
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -495,14 +534,27 @@ async def test_retry_refuses_a_job_admitted_before_its_inputs_were_stored(web_se
 async def test_a_grant_keeps_the_operators_note_on_its_ledger_entry(web_service) -> None:  # type: ignore[no-untyped-def]
     user, credits = new_user(), web_service.stubs.credits
     note = "refund for the outage of 2 May"
-    await credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=3, idempotency_key="g1", note=note), timeout=10, metadata=_as("operator"))
+    await credits.GrantCredits(
+        credits_pb2.GrantCreditsRequest(user_id=user, amount=3, idempotency_key="g1", note=note), timeout=10, metadata=_as("operator")
+    )
     # A repeated grant keeps the first note; a grant without one has none.
-    await credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=3, idempotency_key="g1", note="other"), timeout=10, metadata=_as("operator"))
-    await credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key="g2"), timeout=10, metadata=_as("operator"))
+    await credits.GrantCredits(
+        credits_pb2.GrantCreditsRequest(user_id=user, amount=3, idempotency_key="g1", note="other"), timeout=10, metadata=_as("operator")
+    )
+    await credits.GrantCredits(
+        credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key="g2"), timeout=10, metadata=_as("operator")
+    )
     entries = await _ledger_of(web_service, user_id=user)
-    assert [(e.amount, e.note, e.actor, e.reason) for e in entries] == [(1, "", "operator:operator-caller", "grant"), (3, note, "operator:operator-caller", "grant")]
+    assert [(e.amount, e.note, e.actor, e.reason) for e in entries] == [
+        (1, "", "operator:operator-caller", "grant"),
+        (3, note, "operator:operator-caller", "grant"),
+    ]
     with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key="g3", note="x" * 513), timeout=10, metadata=_as("operator"))
+        await credits.GrantCredits(
+            credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key="g3", note="x" * 513),
+            timeout=10,
+            metadata=_as("operator"),
+        )
     code, reason, _, violations = error_info(raised.value)
     assert (code, reason, [field for field, _ in violations]) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", ["note"])
 
@@ -511,7 +563,9 @@ async def test_users_with_work_lists_who_waits_longest_first_with_their_counts(w
     operator, credits = _operator(web_service), web_service.stubs.credits
     waits_long, waits_short, only_running, done = new_user(), new_user(), new_user(), new_user()
     for user in (waits_long, waits_short, only_running, done):
-        await credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=5, idempotency_key="g"), timeout=10, metadata=_as("operator"))
+        await credits.GrantCredits(
+            credits_pb2.GrantCreditsRequest(user_id=user, amount=5, idempotency_key="g"), timeout=10, metadata=_as("operator")
+        )
     # Admitted in this order: the first two users' second jobs queue (one slot each).
     await _admit(web_service, only_running, _sources(1))
     await _admit(web_service, waits_long, _sources(1))
@@ -543,26 +597,33 @@ async def test_users_with_work_lists_who_waits_longest_first_with_their_counts(w
 
 
 def _by_minute(history: op_pb2.GetQueueHistoryResponse) -> dict[dt.datetime, op_pb2.QueueMinute]:
-    return {point.minute.ToDatetime(dt.timezone.utc): point for point in history.minutes}
+    return {point.minute.ToDatetime(dt.UTC): point for point in history.minutes}
 
 
 async def test_queue_history_is_derived_from_job_timestamps_minute_by_minute(web_service, database_url: str) -> None:  # type: ignore[no-untyped-def]
     operator, user = _operator(web_service), new_user()
     history = op_pb2.GetQueueHistoryRequest(window_minutes=60)
-    await web_service.stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=5, idempotency_key="g"), timeout=10, metadata=_as("operator"))
+    await web_service.stubs.credits.GrantCredits(
+        credits_pb2.GrantCreditsRequest(user_id=user, amount=5, idempotency_key="g"), timeout=10, metadata=_as("operator")
+    )
     before = await operator.GetQueueHistory(history, timeout=10, metadata=_as("operator"))
     assert before.window_minutes == 60 and len(before.minutes) == 60
 
     # One job's life placed in the past: admitted 30 minutes ago, promoted at 25, ended at 20 —
     # long before any console was open.
     past = await _fail(web_service, (await _admit(web_service, user, _sources(1))).job_id)
-    now = dt.datetime.now(dt.timezone.utc).replace(second=0, microsecond=0)
+    now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
     at = {name: now - dt.timedelta(minutes=m) for name, m in (("admitted", 30), ("promoted", 25), ("ended", 20))}
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(
             "UPDATE analysis_jobs SET create_time = %s, promote_time = %s, start_time = %s, end_time = %s WHERE job_id = %s",
-            (at["admitted"] + dt.timedelta(seconds=10), at["promoted"] + dt.timedelta(seconds=10), at["promoted"] + dt.timedelta(seconds=10),
-             at["ended"] + dt.timedelta(seconds=10), uuid.UUID(past.job_id)),
+            (
+                at["admitted"] + dt.timedelta(seconds=10),
+                at["promoted"] + dt.timedelta(seconds=10),
+                at["promoted"] + dt.timedelta(seconds=10),
+                at["ended"] + dt.timedelta(seconds=10),
+                uuid.UUID(past.job_id),
+            ),
         )
     # And now: three jobs admitted (one running, two queued).
     for _ in range(3):
@@ -624,10 +685,13 @@ async def test_replicas_report_calls_streams_and_the_cores_answers_refusals_and_
     try:
         replicas = await _replicas_until(
             operator,
-            lambda r: all(i in r for i in ids)
-            and r[ids[0]].core_calls.answered >= 2 and r[ids[0]].core_calls.refused >= 1
-            and sum(r[i].core_calls.unknown for i in ids) >= 1
-            and r[ids[1]].watch_streams == 1,
+            lambda r: (
+                all(i in r for i in ids)
+                and r[ids[0]].core_calls.answered >= 2
+                and r[ids[0]].core_calls.refused >= 1
+                and sum(r[i].core_calls.unknown for i in ids) >= 1
+                and r[ids[1]].watch_streams == 1
+            ),
             "both replicas' reports",
         )
         mine = replicas[ids[1]]

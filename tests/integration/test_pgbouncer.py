@@ -86,7 +86,10 @@ async def pgbouncer(database_url: str, *, server_connections: int) -> AsyncItera
         os.chown(entry, account.pw_uid, account.pw_gid)
     process = subprocess.Popen(
         ["pgbouncer", str(folder / "pgbouncer.ini")],
-        user=account.pw_uid, group=account.pw_gid, stdout=open(folder / "stderr.log", "wb"), stderr=subprocess.STDOUT,
+        user=account.pw_uid,
+        group=account.pw_gid,
+        stdout=open(folder / "stderr.log", "wb"),
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 15
@@ -117,7 +120,7 @@ async def _load(stubs, users: list[str], job_ids: list[str], rounds: int) -> lis
                     code, reason, _, _ = error_info(exc)
                     failures.append((code.name, reason))
 
-    await asyncio.gather(*(one(user, job_id) for user, job_id in zip(users, job_ids)))
+    await asyncio.gather(*(one(user, job_id) for user, job_id in zip(users, job_ids, strict=True)))
     return failures
 
 
@@ -138,8 +141,8 @@ async def _users_with_a_job(stubs, count: int) -> tuple[list[str], list[str]]:
     job_ids = []
     for user in users:
         grant_key, admit_key = uuid.uuid4().hex, uuid.uuid4().hex
-        await _retrying(lambda: stubs.grant(user, 5, key=grant_key))
-        job_ids.append((await _retrying(lambda: stubs.admit(user, key=admit_key))).job_id)
+        await _retrying(lambda user=user, grant_key=grant_key: stubs.grant(user, 5, key=grant_key))
+        job_ids.append((await _retrying(lambda user=user, admit_key=admit_key: stubs.admit(user, key=admit_key))).job_id)
     return users, job_ids
 
 

@@ -111,7 +111,9 @@ async def test_a_completion_finds_its_runs_user_and_waits_for_that_users_lock(se
         completion = asyncio.create_task(stubs.complete(running.run_id))
         await asyncio.sleep(0.3)
         assert not completion.done()  # it waits for the user's lock
-        await holder.execute("UPDATE analysis_jobs SET status = 'canceled', end_time = clock_timestamp() WHERE job_id = %s", (queued.job_id,))
+        await holder.execute(
+            "UPDATE analysis_jobs SET status = 'canceled', end_time = clock_timestamp() WHERE job_id = %s", (queued.job_id,)
+        )
         await holder.commit()
         ended = await asyncio.wait_for(completion, 10)
     assert ended.status == S.JOB_STATUS_SUCCEEDED

@@ -19,9 +19,7 @@ def _claim_passes(metrics_port: int) -> float:
     """The replica's own count of claiming passes (its `queue.release.claim_passes` counter)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
         exposition = response.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in exposition.splitlines() if line.startswith("queue_release_claim_passes_total{")
-    )
+    return sum(float(line.rsplit(" ", 1)[1]) for line in exposition.splitlines() if line.startswith("queue_release_claim_passes_total{"))
 
 
 async def test_an_idle_replica_does_not_poll_the_database_for_releases(services) -> None:  # type: ignore[no-untyped-def]

@@ -12,16 +12,28 @@ import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from queue_service.config import Config, ConfigError
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2 as callback_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2_grpc as callback_grpc,
+)
+from queue_service._gen.acurio.queue.v1 import (
     credits_service_pb2 as credits_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     credits_service_pb2_grpc as credits_grpc,
+)
+from queue_service._gen.acurio.queue.v1 import (
     job_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2_grpc as queue_grpc,
 )
+from queue_service.config import Config, ConfigError
 from tests.harness import error_info, new_user, role_tokens
 
 TOKENS = {"web": "web-secret-token", "core": "core-secret-token", "operator": "operator-secret-token"}
@@ -43,7 +55,7 @@ def _issue_with_uri_san(ca: trustme.CA, *, common_name: str, uri: str) -> tuple[
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem.bytes())
     ca_key = serialization.load_pem_private_key(ca.private_key_pem.bytes(), password=None)
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
@@ -128,9 +140,7 @@ def _admit_request(user: str) -> queue_pb2.AdmitRequest:
 
 @pytest.fixture
 async def tls_service(services, pki):
-    return await services.start(
-        tls_cert_file=str(pki["server_cert"]), tls_key_file=str(pki["server_key"]), auth_file=str(pki["auth"])
-    )
+    return await services.start(tls_cert_file=str(pki["server_cert"]), tls_key_file=str(pki["server_key"]), auth_file=str(pki["auth"]))
 
 
 async def _refusal(call) -> tuple[grpc.StatusCode, str, dict[str, str]]:
@@ -181,7 +191,9 @@ async def test_each_role_may_call_its_methods_and_is_refused_the_others(tls_serv
 
         # Core: completions only.
         assert (await _refusal(callback.CompleteRun(unknown_run, timeout=5, metadata=_token("core"))))[1] == "RUN_NOT_FOUND"
-        assert (await _refusal(queue.ListJobs(queue_pb2.ListJobsRequest(user_id=user), timeout=5, metadata=_token("core"))))[1] == "PERMISSION_DENIED"
+        assert (await _refusal(queue.ListJobs(queue_pb2.ListJobsRequest(user_id=user), timeout=5, metadata=_token("core"))))[
+            1
+        ] == "PERMISSION_DENIED"
 
         # Health is open; reflection needs any authenticated caller.
         health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
@@ -246,7 +258,11 @@ async def test_a_client_certificate_is_identified_by_its_subject_alternative_nam
     assert (await complete_run("cn-stranger-san-rust-core"))[:2] == (grpc.StatusCode.NOT_FOUND, "RUN_NOT_FOUND")
     assert (await complete_run("cn-rust-core-san-stranger"))[:2] == (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED")
     code, reason, metadata = await complete_run("two-identities")
-    assert (code, reason, metadata["subjectAlternativeNames"]) == (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED", "rust-core,web-backend")
+    assert (code, reason, metadata["subjectAlternativeNames"]) == (
+        grpc.StatusCode.UNAUTHENTICATED,
+        "UNAUTHENTICATED",
+        "rust-core,web-backend",
+    )
 
     async with _channel(service.address, pki, "spiffe-operator") as channel:
         balance = await credits_grpc.CreditsServiceStub(channel).GetBalance(credits_pb2.GetBalanceRequest(user_id=new_user()), timeout=5)
@@ -360,7 +376,9 @@ def test_bearer_tokens_are_never_served_in_plaintext_beyond_loopback(pki, listen
     readable on the wire: refused, unless the operator says TLS ends in front of it."""
     base = {"database_url": "postgresql://x/y", "core_addr": "127.0.0.1:1"}
     public = {"QUEUE_LISTEN_ADDR": "127.0.0.1:50051", listener: "0.0.0.0:50051", "QUEUE_AUTH_FILE": str(pki["auth"])}
-    with pytest.raises(ConfigError, match=rf"{listener}=0.0.0.0:50051 is not a loopback address and serves plaintext.*QUEUE_TLS_TERMINATED_UPSTREAM=true"):
+    with pytest.raises(
+        ConfigError, match=rf"{listener}=0.0.0.0:50051 is not a loopback address and serves plaintext.*QUEUE_TLS_TERMINATED_UPSTREAM=true"
+    ):
         Config.from_env(public, **base).require_service_targets()
     with pytest.raises(ConfigError, match="QUEUE_TLS_TERMINATED_UPSTREAM"):
         Config.from_env({**public, "QUEUE_TLS_TERMINATED_UPSTREAM": "false"}, **base).require_service_targets()

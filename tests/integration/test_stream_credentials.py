@@ -17,7 +17,9 @@ from typing import Any
 import grpc
 from google.rpc import error_details_pb2
 
-from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2, operator_service_pb2_grpc as op_grpc, queue_service_pb2 as queue_pb2
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.api.access.stream_credentials import RECHECK_SECONDS
 from queue_service.dev.embedded_postgres import free_port
 from tests.harness import error_info, new_user, token_entry, write_auth_file
@@ -33,7 +35,9 @@ def _connect_stream(port: int, method: str, message: dict[str, Any], headers: di
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
         connection.request(
-            "POST", f"/acurio.queue.v1.{method}", body=struct.pack(">BI", 0, len(body)) + body,
+            "POST",
+            f"/acurio.queue.v1.{method}",
+            body=struct.pack(">BI", 0, len(body)) + body,
             headers={"content-type": "application/connect+json", "connect-protocol-version": "1", **headers},
         )
         response = connection.getresponse()
@@ -74,7 +78,10 @@ async def test_a_revoked_token_loses_its_open_streams_on_both_listeners(services
     core = await services.core()
     http_port = free_port()
     replica = await services.start_process(
-        core, QUEUE_AUTH_FILE=str(auth), QUEUE_CREDENTIALS_RELOAD_SECONDS="0", QUEUE_HTTP_ADDR=f"127.0.0.1:{http_port}",
+        core,
+        QUEUE_AUTH_FILE=str(auth),
+        QUEUE_CREDENTIALS_RELOAD_SECONDS="0",
+        QUEUE_HTTP_ADDR=f"127.0.0.1:{http_port}",
     )
     user = new_user()
     bearer = lambda token: (("authorization", f"Bearer {token}"),)  # noqa: E731
@@ -85,12 +92,24 @@ async def test_a_revoked_token_loses_its_open_streams_on_both_listeners(services
     kept_overview = operator.WatchOverview(op_pb2.WatchOverviewRequest(), metadata=bearer("kept-token"), timeout=60)
     for call in (grpc_jobs, grpc_overview, kept_overview):
         await asyncio.wait_for(call.read(), 10)  # open: the snapshot, the first overview
-    web_jobs = asyncio.create_task(asyncio.to_thread(
-        _connect_stream, http_port, "AnalysisQueueService/WatchJobs", {"userId": user}, {"authorization": "Bearer web-token"},
-    ))
-    web_overview = asyncio.create_task(asyncio.to_thread(
-        _connect_stream, http_port, "OperatorService/WatchOverview", {}, {"authorization": "Bearer operator-token"},
-    ))
+    web_jobs = asyncio.create_task(
+        asyncio.to_thread(
+            _connect_stream,
+            http_port,
+            "AnalysisQueueService/WatchJobs",
+            {"userId": user},
+            {"authorization": "Bearer web-token"},
+        )
+    )
+    web_overview = asyncio.create_task(
+        asyncio.to_thread(
+            _connect_stream,
+            http_port,
+            "OperatorService/WatchOverview",
+            {},
+            {"authorization": "Bearer operator-token"},
+        )
+    )
     grpc_ends = [asyncio.create_task(_grpc_stream_end(call)) for call in (grpc_jobs, grpc_overview)]
     await asyncio.sleep(RECHECK_SECONDS + 1)  # a recheck passed with the tokens still valid
     assert not web_jobs.done() and not web_overview.done() and not any(end.done() for end in grpc_ends)
@@ -100,7 +119,7 @@ async def test_a_revoked_token_loses_its_open_streams_on_both_listeners(services
     revoked_at = time.monotonic()
     bound = RECHECK_SECONDS + SLACK_SECONDS
     ended = await asyncio.wait_for(asyncio.gather(*grpc_ends), bound)
-    for when, code, reason, metadata in ended:
+    for when, code, reason, _metadata in ended:
         assert (code, reason) == (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED") and when - revoked_at < bound
     for task, method in ((web_jobs, "WatchJobs"), (web_overview, "WatchOverview")):
         when, end = await asyncio.wait_for(task, bound)
@@ -118,8 +137,12 @@ async def test_a_revoked_token_loses_its_open_streams_on_both_listeners(services
 async def test_a_stream_ends_when_its_user_assertion_expires_on_both_listeners(services, files) -> None:  # noqa: F811
     core = await services.core(callback_token=TOKENS["core"])
     service = await services.start(
-        core, auth_file=str(files["auth"]), user_assertion_key_file=str(files["key"]), user_assertion_issuer=ISSUER,
-        user_assertion_leeway_seconds=0.0, http_addr="127.0.0.1:0",
+        core,
+        auth_file=str(files["auth"]),
+        user_assertion_key_file=str(files["key"]),
+        user_assertion_issuer=ISSUER,
+        user_assertion_leeway_seconds=0.0,
+        http_addr="127.0.0.1:0",
     )
     user, lifetime = new_user(), 3
     assertion = mint(user, lifetime=lifetime)
@@ -127,10 +150,15 @@ async def test_a_stream_ends_when_its_user_assertion_expires_on_both_listeners(s
     call = service.stubs.queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id=user), metadata=web(assertion), timeout=60)
     await asyncio.wait_for(call.read(), 10)
     grpc_end = asyncio.create_task(_grpc_stream_end(call))
-    web_end = asyncio.create_task(asyncio.to_thread(
-        _connect_stream, service.app.http_port, "AnalysisQueueService/WatchJobs", {"userId": user},
-        {"authorization": f"Bearer {TOKENS['web']}", "x-user-assertion": assertion},
-    ))
+    web_end = asyncio.create_task(
+        asyncio.to_thread(
+            _connect_stream,
+            service.app.http_port,
+            "AnalysisQueueService/WatchJobs",
+            {"userId": user},
+            {"authorization": f"Bearer {TOKENS['web']}", "x-user-assertion": assertion},
+        )
+    )
 
     bound = lifetime + RECHECK_SECONDS + SLACK_SECONDS
     when, code, reason, metadata = await asyncio.wait_for(grpc_end, bound)

@@ -13,7 +13,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2, operator_service_pb2_grpc as op_grpc, queue_service_pb2 as queue_pb2
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.api.servicers.operator import MAX_OVERVIEW_STREAMS_PER_CALLER
 from tests.harness import error_info, new_user
 

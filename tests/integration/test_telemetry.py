@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from opentelemetry import metrics as otel_metrics, trace
+from opentelemetry import metrics as otel_metrics
+from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -108,7 +109,8 @@ async def test_a_full_cycle_emits_spans_metrics_and_job_log_lines(otel, services
 
     # Trace context travels to the core and back: the completion continues the release's trace.
     release_call = next(
-        s for s in by_name["/acurio.core.v1.RunService/ReleaseRun"]
+        s
+        for s in by_name["/acurio.core.v1.RunService/ReleaseRun"]
         if s.kind == trace.SpanKind.CLIENT and s.attributes.get("rpc.method") == "ReleaseRun"
     )
     carried = dict(core.runs[first.run_id].trace_headers)["traceparent"]
@@ -120,8 +122,16 @@ async def test_a_full_cycle_emits_spans_metrics_and_job_log_lines(otel, services
 
     # Metrics of the cycle.
     for name in (
-        "queue.admits", "queue.lock.wait", "queue.promotions", "queue.promotion.gap", "queue.release.attempts",
-        "queue.completions", "queue.sweep.duration", "queue.depth", "queue.db.pool.connections", "queue.watch.streams",
+        "queue.admits",
+        "queue.lock.wait",
+        "queue.promotions",
+        "queue.promotion.gap",
+        "queue.release.attempts",
+        "queue.completions",
+        "queue.sweep.duration",
+        "queue.depth",
+        "queue.db.pool.connections",
+        "queue.watch.streams",
     ):
         assert name in points, f"metric {name} was not recorded"
     outcomes = {tuple(sorted(p.attributes.items())): p.value for p in points["queue.admits"]}
@@ -139,7 +149,12 @@ async def test_a_full_cycle_emits_spans_metrics_and_job_log_lines(otel, services
     # And one per credit movement, with who moved it (no tokens here: the anonymous caller).
     [charge] = [r for r in records if r.get("job_id") == second.job_id and r["logger"] == "queue_service.credits"]
     assert {k: charge[k] for k in ("message", "kind", "amount", "user_id", "actor", "reason")} == {
-        "message": "credits moved", "kind": "charge", "amount": "-1", "user_id": user, "actor": "anonymous", "reason": "admit",
+        "message": "credits moved",
+        "kind": "charge",
+        "amount": "-1",
+        "user_id": user,
+        "actor": "anonymous",
+        "reason": "admit",
     }
     assert first.job_id in {r.get("job_id") for r in records}
 
@@ -200,23 +215,48 @@ async def test_refused_calls_record_their_status_and_reason_not_a_stack_trace(ot
 
     spans, _ = otel
     auth_file = tmp_path / "auth.json"
-    auth_file.write_text(json.dumps({"tokens": [
-        {"name": "web-backend", "role": "web", "sha256": hashlib.sha256(b"web-token").hexdigest()},
-    ]}))
+    auth_file.write_text(
+        json.dumps(
+            {
+                "tokens": [
+                    {"name": "web-backend", "role": "web", "sha256": hashlib.sha256(b"web-token").hexdigest()},
+                ]
+            }
+        )
+    )
     service = await services.start(auth_file=str(auth_file))
     web = (("authorization", "Bearer web-token"),)
     stubs = service.stubs
     missing_job = str(uuid.uuid4())
     # Each call starts when made: one at a time, so each has its span alone.
     refusals = {
-        "GetJob-no-token": (lambda: stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=missing_job), timeout=5), grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED"),
-        "GrantCredits-as-web": (
-            lambda: stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id="u", amount=1, idempotency_key="k"), metadata=web, timeout=5),
-            grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED",
+        "GetJob-no-token": (
+            lambda: stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=missing_job), timeout=5),
+            grpc.StatusCode.UNAUTHENTICATED,
+            "UNAUTHENTICATED",
         ),
-        "GetJob-bad-id": (lambda: stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id="not-a-uuid"), metadata=web, timeout=5), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"),
-        "GetJob-unknown": (lambda: stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=missing_job), metadata=web, timeout=5), grpc.StatusCode.NOT_FOUND, "JOB_NOT_FOUND"),
-        "Health-unknown-service": (lambda: stubs.health.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=5), grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
+        "GrantCredits-as-web": (
+            lambda: stubs.credits.GrantCredits(
+                credits_pb2.GrantCreditsRequest(user_id="u", amount=1, idempotency_key="k"), metadata=web, timeout=5
+            ),
+            grpc.StatusCode.PERMISSION_DENIED,
+            "PERMISSION_DENIED",
+        ),
+        "GetJob-bad-id": (
+            lambda: stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id="not-a-uuid"), metadata=web, timeout=5),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_REQUEST",
+        ),
+        "GetJob-unknown": (
+            lambda: stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=missing_job), metadata=web, timeout=5),
+            grpc.StatusCode.NOT_FOUND,
+            "JOB_NOT_FOUND",
+        ),
+        "Health-unknown-service": (
+            lambda: stubs.health.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=5),
+            grpc.StatusCode.NOT_FOUND,
+            "NOT_FOUND",
+        ),
     }
     for label, (call, code, reason) in refusals.items():
         spans.clear()
@@ -267,10 +307,16 @@ async def test_browser_calls_have_server_spans_with_their_outcome(otel, services
 
     spans, _ = otel
     auth_file = tmp_path / "auth.json"
-    auth_file.write_text(json.dumps({"tokens": [
-        {"name": "web-backend", "role": "web", "sha256": hashlib.sha256(b"web-token").hexdigest()},
-        {"name": "operator", "role": "operator", "sha256": hashlib.sha256(b"operator-token").hexdigest()},
-    ]}))
+    auth_file.write_text(
+        json.dumps(
+            {
+                "tokens": [
+                    {"name": "web-backend", "role": "web", "sha256": hashlib.sha256(b"web-token").hexdigest()},
+                    {"name": "operator", "role": "operator", "sha256": hashlib.sha256(b"operator-token").hexdigest()},
+                ]
+            }
+        )
+    )
     service = await services.start(auth_file=str(auth_file), http_addr="127.0.0.1:0")
 
     def post(method: str, message: dict[str, Any], token: str | None) -> int:
@@ -302,7 +348,9 @@ async def test_browser_calls_have_server_spans_with_their_outcome(otel, services
     assert invalid.attributes["queue.error.reason"] == "INVALID_REQUEST" and list(invalid.events) == []
 
     user = new_user()
-    granted = await server_span_of("CreditsService/GrantCredits", {"userId": user, "amount": 1, "idempotencyKey": "g"}, "operator-token", 200)
+    granted = await server_span_of(
+        "CreditsService/GrantCredits", {"userId": user, "amount": 1, "idempotencyKey": "g"}, "operator-token", 200
+    )
     assert granted.attributes["rpc.grpc.status_code"] == 0 and "queue.error.reason" not in granted.attributes
     admit = {"userId": user, "idempotencyKey": "a", "document": {"uri": "s3://t/1.pdf"}, "sources": [{"doi": "10.1234/a"}]}
     admitted = await server_span_of("AnalysisQueueService/Admit", admit, "web-token", 200)

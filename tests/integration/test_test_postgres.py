@@ -15,13 +15,13 @@ import pytest
 
 from tests.harness import REPO_ROOT
 
-_WAITING_TEST = '''
+_WAITING_TEST = """
 import time
 
 def test_waits(postgres):
     print("POSTGRES-UP", postgres.embedded.data_dir, flush=True)
     time.sleep(120)
-'''
+"""
 
 
 @pytest.mark.skipif(bool(os.environ.get("TEST_DATABASE_URL")), reason="runs only with the embedded PostgreSQL")
@@ -33,8 +33,23 @@ def test_a_run_killed_with_sigterm_stops_its_embedded_postgres(tmp_path: Path) -
     env = {**os.environ, "PYTHONPATH": REPO_ROOT, "QUEUE_TEST_USE_DOCKER": "never"}
     env.pop("TEST_DATABASE_URL", None)
     run = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path / "test_waiting.py")],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-s",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_waiting.py"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         assert run.stdout is not None

@@ -20,8 +20,14 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2 as callback_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     credits_service_pb2 as credits_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     job_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
 )
 from queue_service.api.access.user_assertions import AssertionVerifier, load_keys
@@ -49,7 +55,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"auth": folder / "auth.json", "key": folder / "web-backend.pub.pem", "folder": folder}
 
 
-def mint(user: str | None, *, key: Any = SIGNING_KEY, algorithm: str = "EdDSA", lifetime: int = 60, issued_ago: int = 0, **claims: Any) -> str:
+def mint(
+    user: str | None, *, key: Any = SIGNING_KEY, algorithm: str = "EdDSA", lifetime: int = 60, issued_ago: int = 0, **claims: Any
+) -> str:
     """An assertion as the web backend signs it; a claim given as None is left out."""
     now = int(time.time()) - issued_ago
     payload = {"sub": user, "aud": AUDIENCE, "iss": ISSUER, "iat": now, "exp": now + lifetime, **claims}
@@ -100,11 +108,15 @@ async def test_the_web_role_acts_only_for_the_user_its_assertion_names(asserting
     USER_MISMATCH (nothing charged, nothing read), the right one goes through."""
     stubs, alice, mallory = asserting_service.stubs, new_user(), new_user()
     queue = stubs.queue
-    await stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=alice, amount=3, idempotency_key="g"), timeout=5, metadata=operator())
+    await stubs.credits.GrantCredits(
+        credits_pb2.GrantCreditsRequest(user_id=alice, amount=3, idempotency_key="g"), timeout=5, metadata=operator()
+    )
 
     code, reason, metadata, _ = await refusal(queue.Admit(admit_request(alice), timeout=5, metadata=web()))
     assert (code, reason, metadata) == (
-        grpc.StatusCode.UNAUTHENTICATED, "USER_ASSERTION_INVALID", {"method": "/acurio.queue.v1.AnalysisQueueService/Admit", "problem": "missing"}
+        grpc.StatusCode.UNAUTHENTICATED,
+        "USER_ASSERTION_INVALID",
+        {"method": "/acurio.queue.v1.AnalysisQueueService/Admit", "problem": "missing"},
     )
     # A backend bug sends alice's id with mallory's session: refused before anything is charged.
     code, reason, metadata, _ = await refusal(queue.Admit(admit_request(alice), timeout=5, metadata=web(mint(mallory))))
@@ -125,7 +137,11 @@ async def test_the_web_role_acts_only_for_the_user_its_assertion_names(asserting
     for name, call in reads.items():
         for metadata in (web(), as_mallory):
             code, reason, details, _ = await refusal(call(alice, metadata))
-            expected = (grpc.StatusCode.UNAUTHENTICATED, "USER_ASSERTION_INVALID") if metadata == web() else (grpc.StatusCode.PERMISSION_DENIED, "USER_MISMATCH")
+            expected = (
+                (grpc.StatusCode.UNAUTHENTICATED, "USER_ASSERTION_INVALID")
+                if metadata == web()
+                else (grpc.StatusCode.PERMISSION_DENIED, "USER_MISMATCH")
+            )
             assert (code, reason, details["method"]) == (*expected, f"/acurio.queue.v1.AnalysisQueueService/{name}")
     assert [j.job_id for j in (await reads["ListJobs"](alice, as_alice)).jobs] == [job.job_id]
     assert (await reads["GetJob"](alice, as_alice)).job.job_id == job.job_id
@@ -157,13 +173,20 @@ async def test_the_web_role_acts_only_for_the_user_its_assertion_names(asserting
         ("missing_claim", lambda user: mint(None)),
         ("too_long_lived", lambda user: mint(user, lifetime=3600)),
         # `alg: none` and an HMAC signed with the public key (algorithm confusion) are refused.
-        ("wrong_algorithm", lambda user: jwt.encode({"sub": user, "aud": AUDIENCE, "iss": ISSUER, "iat": int(time.time()), "exp": int(time.time()) + 60}, None, algorithm="none")),
+        (
+            "wrong_algorithm",
+            lambda user: jwt.encode(
+                {"sub": user, "aud": AUDIENCE, "iss": ISSUER, "iat": int(time.time()), "exp": int(time.time()) + 60}, None, algorithm="none"
+            ),
+        ),
         ("wrong_algorithm", lambda user: mint(user, key=b"not the key" * 4, algorithm="HS256")),
         ("malformed", lambda user: "not.a.jwt"),
         ("malformed", lambda user: "x" * 5000),
     ],
 )
-async def test_an_assertion_that_does_not_verify_is_unauthenticated_with_its_problem(asserting_service, problem: str, assertion: Any) -> None:  # type: ignore[no-untyped-def]
+async def test_an_assertion_that_does_not_verify_is_unauthenticated_with_its_problem(
+    asserting_service, problem: str, assertion: Any
+) -> None:  # type: ignore[no-untyped-def]
     user = new_user()
     request = queue_pb2.ListJobsRequest(user_id=user)
     code, reason, metadata, _ = await refusal(asserting_service.stubs.queue.ListJobs(request, timeout=5, metadata=web(assertion(user))))
@@ -174,7 +197,9 @@ async def test_an_assertion_that_does_not_verify_is_unauthenticated_with_its_pro
 
 async def test_operator_and_core_calls_need_no_assertion(asserting_service) -> None:  # type: ignore[no-untyped-def]
     stubs, user = asserting_service.stubs, new_user()
-    await stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key="g"), timeout=5, metadata=operator())
+    await stubs.credits.GrantCredits(
+        credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key="g"), timeout=5, metadata=operator()
+    )
     job = (await stubs.queue.Admit(admit_request(user), timeout=5, metadata=web(mint(user)))).job
     assert (await stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=job.job_id), timeout=5, metadata=operator())).job.user_id == user
     assert len((await stubs.queue.ListJobs(queue_pb2.ListJobsRequest(user_id=user), timeout=5, metadata=operator())).jobs) == 1
@@ -192,7 +217,9 @@ async def test_without_a_key_the_web_role_works_as_before(services, files) -> No
     core = await services.core(callback_token=TOKENS["core"])
     service = await services.start(core, auth_file=str(files["auth"]))
     user = new_user()
-    await service.stubs.credits.GrantCredits(credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key="g"), timeout=5, metadata=operator())
+    await service.stubs.credits.GrantCredits(
+        credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key="g"), timeout=5, metadata=operator()
+    )
     job = (await service.stubs.queue.Admit(admit_request(user), timeout=5, metadata=web())).job
     assert (await service.stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=job.job_id), timeout=5, metadata=web())).job.user_id == user
     # An assertion sent anyway is not read (not even a broken one).
@@ -255,7 +282,10 @@ def test_key_files_choose_one_algorithm_and_bad_ones_stop_start(tmp_path: Path, 
         assert [key.algorithm for key in load_keys(path)] == [algorithm]
         assert verifier(path).subject(mint("u-1", key=signing_key, algorithm=algorithm), "m") == "u-1"
         with pytest.raises(UserAssertionInvalid) as refused:
-            verifier(path).subject(mint("u-1", key=SIGNING_KEY if algorithm != "EdDSA" else p256_key, algorithm="EdDSA" if algorithm != "EdDSA" else "ES256"), "m")
+            verifier(path).subject(
+                mint("u-1", key=SIGNING_KEY if algorithm != "EdDSA" else p256_key, algorithm="EdDSA" if algorithm != "EdDSA" else "ES256"),
+                "m",
+            )
         assert refused.value.metadata["problem"] == "wrong_algorithm"
 
     # A rotation: the file holds the old and the new public key; either verifies, a third does not.
@@ -268,12 +298,27 @@ def test_key_files_choose_one_algorithm_and_bad_ones_stop_start(tmp_path: Path, 
 
     private = SIGNING_KEY.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     weak_rsa = _public_pem(rsa.generate_private_key(65537, 1024))
-    for data, message in ((private, "holds a private key"), (b"short", "at least 32 bytes"), (weak_rsa, "at least 2048 bits"), (b"-----BEGIN PUBLIC KEY-----\nnope\n", "not a PEM public key")):
+    for data, message in (
+        (private, "holds a private key"),
+        (b"short", "at least 32 bytes"),
+        (weak_rsa, "at least 2048 bits"),
+        (b"-----BEGIN PUBLIC KEY-----\nnope\n", "not a PEM public key"),
+    ):
         with pytest.raises(ConfigError, match=message):
             load_keys(write("bad", data))
     with pytest.raises(ConfigError, match="QUEUE_USER_ASSERTION_KEY_FILE needs QUEUE_AUTH_FILE"):
         Config.from_env({"QUEUE_USER_ASSERTION_KEY_FILE": str(files["key"])})
     with pytest.raises(ConfigError, match="QUEUE_USER_ASSERTION_AUDIENCE"):
-        Config.from_env({"QUEUE_AUTH_FILE": str(files["auth"]), "QUEUE_USER_ASSERTION_KEY_FILE": str(files["key"]), "QUEUE_USER_ASSERTION_AUDIENCE": " "})
+        Config.from_env(
+            {
+                "QUEUE_AUTH_FILE": str(files["auth"]),
+                "QUEUE_USER_ASSERTION_KEY_FILE": str(files["key"]),
+                "QUEUE_USER_ASSERTION_AUDIENCE": " ",
+            }
+        )
     config = Config.from_env({"QUEUE_AUTH_FILE": str(files["auth"]), "QUEUE_USER_ASSERTION_KEY_FILE": str(files["key"])})
-    assert (config.user_assertion_audience, config.user_assertion_max_age_seconds, config.user_assertion_leeway_seconds) == (AUDIENCE, 300, 30)
+    assert (config.user_assertion_audience, config.user_assertion_max_age_seconds, config.user_assertion_leeway_seconds) == (
+        AUDIENCE,
+        300,
+        30,
+    )

@@ -16,9 +16,19 @@ import grpc
 import psycopg
 import pytest
 
-from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2
+from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.dev.core import AnswerFault
-from tests.harness import S, Stubs, cancel_left_unanswered, end_failed_as_a_previous_version, error_info, eventually, new_user, one_running_job
+from tests.harness import (
+    S,
+    Stubs,
+    cancel_left_unanswered,
+    end_failed_as_a_previous_version,
+    error_info,
+    eventually,
+    new_user,
+    one_running_job,
+)
 
 
 class Watched:

@@ -228,12 +228,20 @@ async def _stall(replica, streams: list[str]):  # type: ignore[no-untyped-def]
     connection = await StalledWatches.open(replica.address)
     for user in streams:
         await connection.watch(user)
-    await _until(lambda: connection.stalled() or connection.ended, "every stream to use up its window", details=lambda: f"({sum(n < STALLED_WINDOW for n in connection.received.values())} of {len(connection.received)} streams short of it)")
+    await _until(
+        lambda: connection.stalled() or connection.ended,
+        "every stream to use up its window",
+        details=lambda: (
+            f"({sum(n < STALLED_WINDOW for n in connection.received.values())} of {len(connection.received)} streams short of it)"
+        ),
+    )
     assert not connection.ended, f"streams ended: {connection.ended}"
     return connection
 
 
-async def test_stalled_watch_streams_of_a_user_with_1500_running_deltas_hold_a_page_of_the_snapshot_each(services, database_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_stalled_watch_streams_of_a_user_with_1500_running_deltas_hold_a_page_of_the_snapshot_each(
+    services, database_url: str
+) -> None:  # type: ignore[no-untyped-def]
     """16 streams (the per-user cap) of a user with 1 500 running delta re-checks, none read past
     the first 4 KB. Unbounded, each held the whole snapshot: 2.6 MB each, +41 MiB in all."""
     core = await services.core()

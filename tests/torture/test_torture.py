@@ -44,17 +44,23 @@ import grpc
 import psycopg
 import pytest
 
-from queue_service.store import migrations
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as run_pb
 from queue_service._gen.acurio.queue.v1 import (
     job_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     operator_service_pb2 as op_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     operator_service_pb2_grpc as op_grpc,
+)
+from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
 )
 from queue_service.dev.core import AnswerFault, DevCore
 from queue_service.dev.embedded_postgres import EmbeddedPostgres, free_port
-from tests.harness import REPO_ROOT, S, InvariantChecker, Stubs, error_info, stranger_holds_user_locks, wait_serving
+from queue_service.store import migrations
+from tests.harness import REPO_ROOT, InvariantChecker, S, Stubs, error_info, stranger_holds_user_locks, wait_serving
 
 pytestmark = pytest.mark.torture
 
@@ -292,9 +298,7 @@ def _log_event(event: str) -> None:
         print(f"{time.monotonic() - EPOCH:7.2f}s {event}", flush=True)
 
 
-async def _call(
-    summary: Summary, name: str, coro, address: str = "", refusals: list[str] | None = None, state: UserState | None = None
-):
+async def _call(summary: Summary, name: str, coro, address: str = "", refusals: list[str] | None = None, state: UserState | None = None):
     started = time.monotonic()
     summary.operations[name] += 1
     try:
@@ -333,7 +337,12 @@ async def simulate_user(cluster: Cluster, state: UserState, stop: asyncio.Event,
                 key, expected = f"click-{uuid.uuid4().hex[:12]}", ""
             refusals: list[str] = []
             job = await _call(
-                summary, "Admit", stubs.admit(state.user_id, key, uri=f"s3://theses/{key}.pdf", timeout=CALL_DEADLINE), stubs.address, refusals, state
+                summary,
+                "Admit",
+                stubs.admit(state.user_id, key, uri=f"s3://theses/{key}.pdf", timeout=CALL_DEADLINE),
+                stubs.address,
+                refusals,
+                state,
             )
             if job is None and not expected and refusals and refusals[0] not in ("", "OUTCOME_UNKNOWN"):
                 state.refused_keys.append((key, refusals[0]))
@@ -345,16 +354,28 @@ async def simulate_user(cluster: Cluster, state: UserState, stop: asyncio.Event,
                 admitted[job.job_id] = state.user_id
         elif roll < 0.65:
             _, job_id = random.choice(state.keys)
-            await _call(summary, "CancelJob", stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=job_id, user_id=state.user_id), timeout=CALL_DEADLINE), state=state)
+            await _call(
+                summary,
+                "CancelJob",
+                stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=job_id, user_id=state.user_id), timeout=CALL_DEADLINE),
+                state=state,
+            )
         elif roll < 0.75:
             _, job_id = random.choice(state.keys)
-            job = await _call(summary, "Admit(delta)", stubs.admit(state.user_id, uri="", delta_of=job_id, timeout=CALL_DEADLINE), state=state)
+            job = await _call(
+                summary, "Admit(delta)", stubs.admit(state.user_id, uri="", delta_of=job_id, timeout=CALL_DEADLINE), state=state
+            )
             if job is not None:
                 admitted[job.job_id] = state.user_id
                 if job.status == S.JOB_STATUS_QUEUED:
                     summary.violations.append(f"I6: delta {job.job_id} was queued")
         elif roll < 0.9:
-            await _call(summary, "ListJobs", stubs.queue.ListJobs(queue_pb2.ListJobsRequest(user_id=state.user_id, page_size=20), timeout=CALL_DEADLINE), state=state)
+            await _call(
+                summary,
+                "ListJobs",
+                stubs.queue.ListJobs(queue_pb2.ListJobsRequest(user_id=state.user_id, page_size=20), timeout=CALL_DEADLINE),
+                state=state,
+            )
         else:
             balance = await _call(summary, "GrantCredits", stubs.grant(state.user_id, 5), state=state)
             if balance is not None:
@@ -823,9 +844,18 @@ async def test_torture(tmp_path: Path) -> None:
         summary.i10_checks += 1
         orphans = core.live_runs()
         if orphans:
-            jobs = dict(checker.rows("SELECT run_id::text, status || CASE WHEN delta_of_job_id IS NULL THEN '' ELSE ' delta' END FROM analysis_jobs"))
-            described = [f"{run_id} ({'held' if run.state == run_pb.RUN_STATE_HELD else 'judging'}, user {run.user_id}, job {jobs.get(run_id, 'none')})" for run_id, run in orphans.items()]
-            summary.violations.append(f"I10: the core still holds or judges {len(orphans)} runs with no live job: " + ", ".join(described[:10]))
+            jobs = dict(
+                checker.rows(
+                    "SELECT run_id::text, status || CASE WHEN delta_of_job_id IS NULL THEN '' ELSE ' delta' END FROM analysis_jobs"
+                )
+            )
+            described = [
+                f"{run_id} ({'held' if run.state == run_pb.RUN_STATE_HELD else 'judging'}, user {run.user_id}, job {jobs.get(run_id, 'none')})"
+                for run_id, run in orphans.items()
+            ]
+            summary.violations.append(
+                f"I10: the core still holds or judges {len(orphans)} runs with no live job: " + ", ".join(described[:10])
+            )
         await check_streams_match_get_job(cluster, watched_users, quiet_seconds=2.0, timeout=30)
         counts = _final_checks(database_url, admitted, users, summary)
         summary.checks = checker.checks_run

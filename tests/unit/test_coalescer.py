@@ -15,7 +15,6 @@ import pytest
 from queue_service import deadline
 from queue_service.engine.coalescer import Coalescer, Spawn
 
-
 _CALLER = contextvars.ContextVar("caller", default="")
 
 

@@ -14,7 +14,7 @@ from queue_service.api.servicers import convert
 from queue_service.errors import InvalidRequest
 from queue_service.model import JobStatus, JobView, Overview
 
-NOW = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.UTC)
 
 
 def view(**changes: Any) -> JobView:
@@ -78,8 +78,8 @@ def test_a_queued_job_carries_what_it_waits_for_and_its_estimate() -> None:
     assert job.job_id == str(queued.job_id) and job.run_id == str(queued.run_id) and job.user_id == "ada"
     assert job.status == job_pb2.JOB_STATUS_QUEUED and job.queue_position == 2
     assert job.waiting_for_job_id == str(queued.waiting_for_job_id)
-    assert job.estimated_start_time.ToDatetime(dt.timezone.utc) == NOW + dt.timedelta(minutes=5)
-    assert job.create_time.ToDatetime(dt.timezone.utc) == NOW
+    assert job.estimated_start_time.ToDatetime(dt.UTC) == NOW + dt.timedelta(minutes=5)
+    assert job.create_time.ToDatetime(dt.UTC) == NOW
     assert job.delta_of_job_id == ""
     for unset in ("promote_time", "start_time", "end_time"):
         assert not job.HasField(unset)
@@ -101,7 +101,7 @@ def test_a_job_past_the_queue_carries_no_wait_and_no_estimate_but_its_times() ->
     assert job.status == job_pb2.JOB_STATUS_FAILED
     assert job.waiting_for_job_id == "" and not job.HasField("estimated_start_time")
     assert job.delta_of_job_id == str(base)
-    assert job.end_time.ToDatetime(dt.timezone.utc) == NOW + dt.timedelta(seconds=3)
+    assert job.end_time.ToDatetime(dt.UTC) == NOW + dt.timedelta(seconds=3)
     assert (job.last_error, job.release_attempts, job.refunded, job.price) == ("the core reported a failure", 2, True, 1)
 
 
@@ -112,14 +112,24 @@ def test_a_queued_job_without_an_estimate_leaves_the_field_unset() -> None:
 
 def test_the_overview() -> None:
     overview = Overview(
-        queued=4, pending=1, running=2, succeeded_in_window=10, failed_in_window=1, canceled_in_window=3,
-        users_waiting=2, releases_retrying=1, runs_reconciling=0, oldest_queued_create_time=NOW,
-        read_time=NOW + dt.timedelta(seconds=9), admits_per_minute=(1, 0, 5), window_minutes=60,
+        queued=4,
+        pending=1,
+        running=2,
+        succeeded_in_window=10,
+        failed_in_window=1,
+        canceled_in_window=3,
+        users_waiting=2,
+        releases_retrying=1,
+        runs_reconciling=0,
+        oldest_queued_create_time=NOW,
+        read_time=NOW + dt.timedelta(seconds=9),
+        admits_per_minute=(1, 0, 5),
+        window_minutes=60,
     )
     message = convert.overview_to_proto(overview)
     assert (message.queued, message.pending, message.running, message.canceled_in_window) == (4, 1, 2, 3)
     assert list(message.admits_per_minute) == [1, 0, 5] and message.window_minutes == 60
-    assert message.oldest_queued_create_time.ToDatetime(dt.timezone.utc) == NOW
-    assert message.read_time.ToDatetime(dt.timezone.utc) == NOW + dt.timedelta(seconds=9)
+    assert message.oldest_queued_create_time.ToDatetime(dt.UTC) == NOW
+    assert message.read_time.ToDatetime(dt.UTC) == NOW + dt.timedelta(seconds=9)
     empty = convert.overview_to_proto(dataclasses.replace(overview, oldest_queued_create_time=None))
     assert not empty.HasField("oldest_queued_create_time")

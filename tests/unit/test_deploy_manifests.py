@@ -236,11 +236,7 @@ def compose_argv(name: str, service: dict[str, Any]) -> list[str]:
 
 
 def compose_by_subcommand(subcommand: str) -> dict[str, dict[str, Any]]:
-    return {
-        n: s
-        for n, s in compose_queue_services().items()
-        if check_argv(compose_argv(n, s), f"compose service {n}") == subcommand
-    }
+    return {n: s for n, s in compose_queue_services().items() if check_argv(compose_argv(n, s), f"compose service {n}") == subcommand}
 
 
 def compose_image_env(service: dict[str, Any]) -> dict[str, str]:
@@ -305,7 +301,7 @@ def test_compose_runs_postgres_migrate_two_replicas_the_core_and_a_collector() -
     assert len(compose_by_subcommand("migrate")) == 1
     assert len(compose_by_subcommand("serve")) >= 2
     assert len(compose_by_subcommand("core")) == 1
-    for name, service in services.items():
+    for name in services:
         assert name in compose_queue_services() or not images[name].startswith("acurio-queue-service"), name
 
 
@@ -699,4 +695,6 @@ def test_each_replica_pod_migrates_before_it_serves() -> None:
     assert database["valueFrom"]["secretKeyRef"]["key"] == "DATABASE_URL"
     config_of(container_env(init, where), where)
     assert init["image"] == spec["containers"][0]["image"]
-    assert init["securityContext"].get("readOnlyRootFilesystem") is True and init["securityContext"].get("allowPrivilegeEscalation") is False
+    assert (
+        init["securityContext"].get("readOnlyRootFilesystem") is True and init["securityContext"].get("allowPrivilegeEscalation") is False
+    )

@@ -7,7 +7,7 @@ import asyncio
 import uuid
 
 from queue_service.engine import dispatcher as dispatcher_module
-from queue_service.engine.dispatcher import Releasing, ReleaseDispatcher
+from queue_service.engine.dispatcher import ReleaseDispatcher, Releasing
 from queue_service.model import CapacityGrant, ClaimedRelease, ReleaseResult
 
 

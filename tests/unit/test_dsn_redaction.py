@@ -40,7 +40,10 @@ def test_a_configuration_error_holds_no_piece_of_a_secret(dsn: str, secrets: lis
 
 
 def test_the_redacted_dsn_keeps_where_and_as_whom_it_connects() -> None:
-    assert redact_dsn("host=db port=5433 user=queue password=x dbname=q sslmode=require") == "host=db port=5433 user=queue password=*** dbname=q sslmode=require"
+    assert (
+        redact_dsn("host=db port=5433 user=queue password=x dbname=q sslmode=require")
+        == "host=db port=5433 user=queue password=*** dbname=q sslmode=require"
+    )
     assert redact_dsn("postgresql://queue:x@db:5433/q?sslmode=require") == "postgresql://queue:***@db:5433/q?sslmode=require"
     assert redact_dsn("postgresql://db/q") == "postgresql://db/q"
 
@@ -48,4 +51,7 @@ def test_the_redacted_dsn_keeps_where_and_as_whom_it_connects() -> None:
 def test_secrets_quoted_in_a_driver_message_are_hidden() -> None:
     dsn = "postgresql://queue:hunter@two@db/queue"
     message = f'could not translate host name "two@db" to address; connecting to {dsn}'
-    assert config.redact_dsn_in(message, dsn) == 'could not translate host name "***@db" to address; connecting to postgresql://queue:***@db/queue'
+    assert (
+        config.redact_dsn_in(message, dsn)
+        == 'could not translate host name "***@db" to address; connecting to postgresql://queue:***@db/queue'
+    )

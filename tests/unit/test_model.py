@@ -25,7 +25,11 @@ def report(fate: RunFate, message: str = "") -> RunReport:
 
 @pytest.mark.parametrize(
     ("fate", "to", "refund"),
-    [(RunFate.CANCELED, JobStatus.CANCELED, True), (RunFate.FAILED, JobStatus.FAILED, True), (RunFate.SUCCEEDED, JobStatus.SUCCEEDED, False)],
+    [
+        (RunFate.CANCELED, JobStatus.CANCELED, True),
+        (RunFate.FAILED, JobStatus.FAILED, True),
+        (RunFate.SUCCEEDED, JobStatus.SUCCEEDED, False),
+    ],
 )
 def test_a_cancel_made_at_a_release_attempt_ends_a_pending_job_as_the_core_answered(fate: RunFate, to: JobStatus, refund: bool) -> None:
     transition = Transition.canceled_instead_of_released(report(fate), attempt=3)
@@ -37,7 +41,6 @@ def test_a_refund_an_ending_did_not_ask_for_is_the_recorded_cancels() -> None:
     assert Transition.completed(succeeded=False, refund=False, message="").refund_cause is Cause.CANCEL
     assert Transition.completed(succeeded=False, refund=True, message="").refund_cause is Cause.COMPLETION
     assert Transition.reconciled(report(RunFate.FAILED)).refund_cause is Cause.RECONCILE
-
 
 
 def test_a_completion_ends_an_active_job_as_the_core_says() -> None:
@@ -69,8 +72,13 @@ def test_a_cancel_that_meets_a_finished_run_ends_as_the_run_did() -> None:
 
 def test_giving_up_a_release_fails_refunds_keeps_the_slot_and_is_fenced_to_the_attempt() -> None:
     assert Transition.given_up("release window passed", attempts=7) == Transition(
-        Cause.RELEASE_GIVE_UP, PENDING, JobStatus.FAILED, "release window passed",
-        refund=True, run_unsettled=True, expected_attempts=7,
+        Cause.RELEASE_GIVE_UP,
+        PENDING,
+        JobStatus.FAILED,
+        "release window passed",
+        refund=True,
+        run_unsettled=True,
+        expected_attempts=7,
     )
 
 
@@ -166,15 +174,29 @@ def test_statuses_by_kind() -> None:
 
 # -- the start estimate -------------------------------------------------------------------------
 
-NOW = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.UTC)
 MINUTE = dt.timedelta(minutes=1)
 
 
 def queued(**changes: Any) -> JobView:
     base = JobView(
-        job_id=uuid.uuid4(), user_id="ada", run_id=uuid.uuid4(), status=JobStatus.QUEUED, delta_of_job_id=None,
-        release_attempts=0, last_error="", create_time=NOW, promote_time=None, start_time=None, end_time=None,
-        price=1, refunded=False, queue_seq=1, queue_position=1, waiting_for_job_id=None, active_since=None,
+        job_id=uuid.uuid4(),
+        user_id="ada",
+        run_id=uuid.uuid4(),
+        status=JobStatus.QUEUED,
+        delta_of_job_id=None,
+        release_attempts=0,
+        last_error="",
+        create_time=NOW,
+        promote_time=None,
+        start_time=None,
+        end_time=None,
+        price=1,
+        refunded=False,
+        queue_seq=1,
+        queue_position=1,
+        waiting_for_job_id=None,
+        active_since=None,
         max_active_override=None,
     )
     return dataclasses.replace(base, **changes)

@@ -10,7 +10,8 @@ import uuid
 from typing import Any
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from queue_service.api.servicers import page_tokens
 from queue_service.errors import InvalidRequest
@@ -96,9 +97,7 @@ def test_an_oversized_list_token_is_refused_before_it_is_decoded() -> None:
 
 # -- SearchJobs ---------------------------------------------------------------------------------
 
-MOMENTS = st.datetimes(
-    min_value=dt.datetime(1970, 1, 1), max_value=dt.datetime(2200, 1, 1), timezones=st.just(dt.timezone.utc)
-)
+MOMENTS = st.datetimes(min_value=dt.datetime(1970, 1, 1), max_value=dt.datetime(2200, 1, 1), timezones=st.just(dt.UTC))
 
 
 @QUICK
@@ -121,7 +120,7 @@ def test_an_empty_search_token_is_the_first_page() -> None:
 
 
 def test_a_search_token_of_another_filter_is_refused() -> None:
-    token = page_tokens.encode_search_token(dt.datetime.now(dt.timezone.utc), uuid.uuid4(), SEARCH_KEY)
+    token = page_tokens.encode_search_token(dt.datetime.now(dt.UTC), uuid.uuid4(), SEARCH_KEY)
     refused = assert_refused(lambda: page_tokens.decode_search_token(token, page_tokens.filter_key("ada", [], True)))
     assert "same filter" in refused.message
 

@@ -47,9 +47,7 @@ _MACHINE_PATH = re.compile(r"(?<![\w.])(/work/|/home/|/root/|/Users/|\.\./shared
 
 
 def _markdown_files() -> list[Path]:
-    return sorted(
-        path for path in ROOT.rglob("*.md") if not _SKIP_DIRS.intersection(path.relative_to(ROOT).parts)
-    )
+    return sorted(path for path in ROOT.rglob("*.md") if not _SKIP_DIRS.intersection(path.relative_to(ROOT).parts))
 
 
 def _anchors(markdown: str) -> set[str]:

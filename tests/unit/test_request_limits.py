@@ -8,16 +8,18 @@ import json
 import pytest
 from google.protobuf import descriptor_pool, json_format
 
-from queue_service.api.servicers import validation
-from queue_service.api.road.request_limits import check_repeated, largest_json_bytes
-from queue_service.errors import InvalidRequest
 from queue_service._gen.acurio.queue.v1 import (  # noqa: F401 (registers every service's descriptors)
     core_callback_service_pb2,
     credits_service_pb2,
     job_pb2,
     operator_service_pb2,
+)
+from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
 )
+from queue_service.api.road.request_limits import check_repeated, largest_json_bytes
+from queue_service.api.servicers import validation
+from queue_service.errors import InvalidRequest
 
 SERVICES = ("AnalysisQueueService", "CoreCallbackService", "CreditsService", "OperatorService")
 
@@ -29,14 +31,16 @@ def test_every_request_of_the_contract_has_a_bound() -> None:
 
 
 def test_the_longest_valid_get_job_fits_even_with_every_character_escaped() -> None:
-    request = queue_pb2.GetJobRequest(job_id="1" * validation.MAX_UUID_CHARS, user_id="\U0001F600" * validation.MAX_ID_CHARS)
+    request = queue_pb2.GetJobRequest(job_id="1" * validation.MAX_UUID_CHARS, user_id="\U0001f600" * validation.MAX_ID_CHARS)
     escaped = json.dumps(json_format.MessageToDict(request), indent=8, ensure_ascii=True).encode()
     assert len(escaped) <= largest_json_bytes(queue_pb2.GetJobRequest.DESCRIPTOR)
 
 
 def test_the_longest_valid_list_jobs_fits() -> None:
     request = queue_pb2.ListJobsRequest(
-        user_id="u" * validation.MAX_ID_CHARS, page_size=validation.MAX_PAGE_SIZE, page_token="t" * 300,
+        user_id="u" * validation.MAX_ID_CHARS,
+        page_size=validation.MAX_PAGE_SIZE,
+        page_token="t" * 300,
         statuses=[job_pb2.JOB_STATUS_SUCCEEDED] * 16,
     )
     text = json.dumps(json_format.MessageToDict(request), indent=2).encode()

@@ -11,8 +11,13 @@ from queue_service.store.rows import job_change
 
 def _row(status: str, old_status: str | None, release_claimed: bool) -> dict[str, object]:
     return {
-        "change_id": 7, "job_id": uuid.uuid4(), "user_id": "user-1", "status": status, "old_status": old_status,
-        "release_claimed": release_claimed, "lag_seconds": -0.001,
+        "change_id": 7,
+        "job_id": uuid.uuid4(),
+        "user_id": "user-1",
+        "status": status,
+        "old_status": old_status,
+        "release_claimed": release_claimed,
+        "lag_seconds": -0.001,
     }
 
 

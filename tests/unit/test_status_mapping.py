@@ -17,9 +17,7 @@ from queue_service.api.road import status
 ROOT = Path(__file__).resolve().parents[2]
 QUEUE_PROTO = ROOT / "protos" / "acurio" / "queue" / "v1" / "queue_service.proto"
 
-ERROR_CLASSES = [
-    cls for _, cls in inspect.getmembers(errors, inspect.isclass) if issubclass(cls, errors.QueueError)
-]
+ERROR_CLASSES = [cls for _, cls in inspect.getmembers(errors, inspect.isclass) if issubclass(cls, errors.QueueError)]
 
 
 def details_of(proto: status_pb2.Status) -> dict[str, object]:
@@ -77,7 +75,11 @@ def test_a_status_carries_the_code_message_and_error_info() -> None:
     assert set(details) == {"ErrorInfo"}
     info = details["ErrorInfo"]
     assert isinstance(info, error_details_pb2.ErrorInfo)
-    assert (info.reason, info.domain, dict(info.metadata)) == ("INSUFFICIENT_CREDITS", "queue.acurio.app", {"balance": "0", "required": "1"})
+    assert (info.reason, info.domain, dict(info.metadata)) == (
+        "INSUFFICIENT_CREDITS",
+        "queue.acurio.app",
+        {"balance": "0", "required": "1"},
+    )
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2
+from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.api.servicers import validation
 from queue_service.errors import InvalidRequest
 

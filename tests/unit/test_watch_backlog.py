@@ -13,12 +13,26 @@ from queue_service.model import JobStatus, JobView
 
 
 def _view(seq: int, status: JobStatus = JobStatus.RUNNING, last_error: str = "") -> JobView:
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     return JobView(
-        job_id=uuid.uuid4(), user_id="ada", run_id=uuid.uuid4(), status=status, delta_of_job_id=None,
-        release_attempts=0, last_error=last_error, create_time=now, promote_time=None, start_time=None,
-        end_time=None, price=1, refunded=False, queue_seq=seq, queue_position=0, waiting_for_job_id=None,
-        active_since=None, max_active_override=None,
+        job_id=uuid.uuid4(),
+        user_id="ada",
+        run_id=uuid.uuid4(),
+        status=status,
+        delta_of_job_id=None,
+        release_attempts=0,
+        last_error=last_error,
+        create_time=now,
+        promote_time=None,
+        start_time=None,
+        end_time=None,
+        price=1,
+        refunded=False,
+        queue_seq=seq,
+        queue_position=0,
+        waiting_for_job_id=None,
+        active_since=None,
+        max_active_override=None,
     )
 
 

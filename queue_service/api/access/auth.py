@@ -100,7 +100,9 @@ class Authorizer:
     """Who a call's credentials name. `reload` swaps in a new reading of the auth file at once:
     a call sees either the old file or the new one, never a mix."""
 
-    def __init__(self, tokens: dict[str, Caller], certificates: dict[str, Caller], *, built_in_tokens: Mapping[str, Caller] | None = None) -> None:
+    def __init__(
+        self, tokens: dict[str, Caller], certificates: dict[str, Caller], *, built_in_tokens: Mapping[str, Caller] | None = None
+    ) -> None:
         # Token digests every reading of the file is extended with: the `dev` command's own
         # core, whose token is in no file the developer edits.
         self._built_in = dict(built_in_tokens or {})

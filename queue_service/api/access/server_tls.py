@@ -62,7 +62,9 @@ def read_tls_files(cert_file: str, key_file: str, client_ca_file: str) -> TlsFil
         try:
             x509.load_pem_x509_certificates(client_ca)
         except ValueError as exc:
-            raise ConfigError(f"invalid configuration: QUEUE_TLS_CLIENT_CA_FILE={client_ca_file!r} holds no PEM certificate: {exc}") from None
+            raise ConfigError(
+                f"invalid configuration: QUEUE_TLS_CLIENT_CA_FILE={client_ca_file!r} holds no PEM certificate: {exc}"
+            ) from None
     return TlsFiles(chain, key, client_ca)
 
 

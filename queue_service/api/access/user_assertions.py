@@ -139,7 +139,8 @@ class AssertionVerifier:
         subject, lifetime = claims["sub"], claims["exp"] - claims["iat"]
         if lifetime > self._max_age:
             raise _invalid(
-                method, "too_long_lived",
+                method,
+                "too_long_lived",
                 f"lives {lifetime:.0f}s (`exp` - `iat`), longer than the {self._max_age:.0f}s allowed (QUEUE_USER_ASSERTION_MAX_AGE_SECONDS)",
             )
         if not isinstance(subject, str) or not subject:
@@ -161,7 +162,9 @@ class AssertionVerifier:
         except jwt.ExpiredSignatureError:
             raise _invalid(method, "expired", "has expired; mint a fresh one for each call or each minute") from None
         except jwt.ImmatureSignatureError:
-            raise _invalid(method, "not_yet_valid", "is not valid yet (`iat` or `nbf` in the future); check the web backend's clock") from None
+            raise _invalid(
+                method, "not_yet_valid", "is not valid yet (`iat` or `nbf` in the future); check the web backend's clock"
+            ) from None
         except jwt.MissingRequiredClaimError as exc:
             raise _invalid(method, "missing_claim", f"lacks the `{exc.claim}` claim (required: {', '.join(self._required)})") from None
         except jwt.InvalidAudienceError:
@@ -175,7 +178,9 @@ class AssertionVerifier:
 
 
 def _invalid(method: str, problem: str, what: str) -> errors.UserAssertionInvalid:
-    return errors.UserAssertionInvalid(f"the `{USER_ASSERTION_HEADER}` user assertion {what}", metadata={"method": method, "problem": problem})
+    return errors.UserAssertionInvalid(
+        f"the `{USER_ASSERTION_HEADER}` user assertion {what}", metadata={"method": method, "problem": problem}
+    )
 
 
 class UserAssertions:
@@ -192,7 +197,9 @@ class UserAssertions:
         if not config.user_assertion_key_file:
             return None
         if identify is None:
-            raise ConfigError("invalid configuration: QUEUE_USER_ASSERTION_KEY_FILE needs QUEUE_AUTH_FILE (without it no caller has a role)")
+            raise ConfigError(
+                "invalid configuration: QUEUE_USER_ASSERTION_KEY_FILE needs QUEUE_AUTH_FILE (without it no caller has a role)"
+            )
         verifier = AssertionVerifier(
             load_keys(config.user_assertion_key_file),
             audience=config.user_assertion_audience,
@@ -219,7 +226,10 @@ class UserAssertions:
         user_id = request.user_id
         if not user_id:
             violations = Violations()
-            violations.add("user_id", f"user_id is required: per-user assertions are on, so every call of the `{ASSERTING_ROLE}` role names the user it acts for")
+            violations.add(
+                "user_id",
+                f"user_id is required: per-user assertions are on, so every call of the `{ASSERTING_ROLE}` role names the user it acts for",
+            )
             violations.raise_if_any()
         tokens = [value for key, value in context.invocation_metadata() or () if key == USER_ASSERTION_HEADER]
         if not tokens:

@@ -26,10 +26,10 @@ from typing import Any
 from hypercorn.config import Config as HypercornConfig
 
 from queue_service import telemetry
-from queue_service.api.road.road import CallRoad
-from queue_service.api.listeners.web_hosts import AllowedHosts, header
-from queue_service.api.road.web_road import PACKAGE, connect_applications
 from queue_service.api.listeners import web_limits
+from queue_service.api.listeners.web_hosts import AllowedHosts, header
+from queue_service.api.road.road import CallRoad
+from queue_service.api.road.web_road import PACKAGE, connect_applications
 from queue_service.config import Config
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,9 @@ class WebEndpoint:
 
     # -- ASGI ------------------------------------------------------------------------------
 
-    async def __call__(self, scope: Mapping[str, Any], receive: Callable[..., Awaitable[Mapping[str, Any]]], send: Callable[..., Awaitable[None]]) -> None:
+    async def __call__(
+        self, scope: Mapping[str, Any], receive: Callable[..., Awaitable[Mapping[str, Any]]], send: Callable[..., Awaitable[None]]
+    ) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
@@ -135,13 +137,17 @@ class WebEndpoint:
             hypercorn.certfile, hypercorn.keyfile = self._config.tls_cert_file, self._config.tls_key_file
         self._hypercorn = hypercorn
         self._listener = web_limits.BoundedListener(
-            web_limits.RequestLimits(self, self._config.http_body_timeout_seconds), hypercorn, listener,
+            web_limits.RequestLimits(self, self._config.http_body_timeout_seconds),
+            hypercorn,
+            listener,
             web_limits.connection_cap(self._config.http_max_connections),
         )
         self._task = asyncio.create_task(self._listener.serve(), name="http-endpoint")
         log.info(
             "web console and Connect endpoint on %s (port %d), at most %d connections at once",
-            self._config.http_addr, bound, self._listener.cap,
+            self._config.http_addr,
+            bound,
+            self._listener.cap,
         )
         return bound
 

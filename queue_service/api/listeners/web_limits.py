@@ -167,8 +167,12 @@ class RequestLimits:
             # could not take. Anyone can send these, so no traceback.
             telemetry.metrics.http_refusals.add(1, {"reason": "unhandled"})
             _quiet.warning(
-                "unhandled", "browser request %s %.100r failed outside every handler: %s: %.200s",
-                scope.get("method"), scope.get("path"), type(error).__name__, error,
+                "unhandled",
+                "browser request %s %.100r failed outside every handler: %s: %.200s",
+                scope.get("method"),
+                scope.get("path"),
+                type(error).__name__,
+                error,
             )
             if not response_started:
                 await _plain_response(send, 400, b"bad request\n")
@@ -234,7 +238,9 @@ class BoundedListener:
             protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
             try:
                 transport, _ = await loop.connect_accepted_socket(
-                    lambda: protocol, connection, ssl=self._ssl,
+                    lambda: protocol,
+                    connection,
+                    ssl=self._ssl,
                     ssl_handshake_timeout=self._config.ssl_handshake_timeout if self._ssl is not None else None,
                 )
             except (OSError, TimeoutError):

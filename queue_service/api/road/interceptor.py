@@ -24,7 +24,9 @@ class _MethodHandlerTuple(Protocol):
     def _replace(self, **behavior: Callable[..., Any]) -> grpc.RpcMethodHandler[Any, Any]: ...
 
 
-def _with_behavior(handler: grpc.RpcMethodHandler[_Request, _Response], **behavior: Callable[..., Any]) -> grpc.RpcMethodHandler[_Request, _Response]:
+def _with_behavior(
+    handler: grpc.RpcMethodHandler[_Request, _Response], **behavior: Callable[..., Any]
+) -> grpc.RpcMethodHandler[_Request, _Response]:
     return cast(_MethodHandlerTuple, handler)._replace(**behavior)
 
 

@@ -92,7 +92,9 @@ def _limit(limits: Mapping[str, int], field: FieldDescriptor) -> int:
     try:
         return limits[field.name]
     except KeyError:
-        raise ValueError(f"{field.full_name}: no limit for this field in api/road/request_limits.py; add the one validation enforces") from None
+        raise ValueError(
+            f"{field.full_name}: no limit for this field in api/road/request_limits.py; add the one validation enforces"
+        ) from None
 
 
 def check_repeated(message: Descriptor, value: Any, path: str = "") -> None:

@@ -30,9 +30,9 @@ from google.rpc import status_pb2
 
 from queue_service import audit, deadline
 from queue_service.api.access.auth import CallCredentialsSource
+from queue_service.api.access.stream_credentials import while_authorized
 from queue_service.api.road.call_spans import record_outcome
 from queue_service.api.road.gate import CallGate
-from queue_service.api.access.stream_credentials import while_authorized
 from queue_service.api.road.status import code_for, internal_status_proto, status_proto_for
 from queue_service.errors import QueueError
 

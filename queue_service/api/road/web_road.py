@@ -35,11 +35,11 @@ from opentelemetry import propagate, trace
 from protobuf.wkt import Any as AnyDetail
 
 from queue_service import telemetry
+from queue_service.api.access.user_assertions import USER_ASSERTION_HEADER
 from queue_service.api.road.call_spans import STATUS_CODE_ATTRIBUTE, record_outcome
 from queue_service.api.road.request_limits import check_repeated, largest_json_bytes
 from queue_service.api.road.road import CallRoad
 from queue_service.api.road.status import status_proto_for
-from queue_service.api.access.user_assertions import USER_ASSERTION_HEADER
 from queue_service.errors import QueueError
 
 if TYPE_CHECKING:
@@ -119,10 +119,15 @@ class _RoadInterceptor:
         timeout_ms = ctx.timeout_ms
         stack = AsyncExitStack()
         try:
-            stack.enter_context(trace.use_span(_server_span(method, ctx), end_on_exit=True, record_exception=False, set_status_on_exception=False))
+            stack.enter_context(
+                trace.use_span(_server_span(method, ctx), end_on_exit=True, record_exception=False, set_status_on_exception=False)
+            )
             await stack.enter_async_context(
                 self._road.call(
-                    method, _HttpCallContext(ctx), None if timeout_ms is None else timeout_ms / 1000, _TRANSPORT,
+                    method,
+                    _HttpCallContext(ctx),
+                    None if timeout_ms is None else timeout_ms / 1000,
+                    _TRANSPORT,
                     unary=ctx.method.stream_type == StreamType.UNARY,
                 )
             )
@@ -142,7 +147,7 @@ class _RoadInterceptor:
 
 def _server_span(method: str, ctx: RequestContext[Any, Any]) -> trace.Span:
     """The call's server span, a child of the caller's trace when it sends `traceparent`."""
-    parent = propagate.extract({key: value for key, value in ctx.request_headers.allitems()})
+    parent = propagate.extract(dict(ctx.request_headers.allitems()))
     service, _, name = method[1:].partition("/")
     return telemetry.tracer.start_span(
         method,
@@ -205,7 +210,9 @@ def connect_applications(servicers: Mapping[str, Any], road: CallRoad) -> dict[s
     return applications
 
 
-def _endpoint(path: str, method: MethodDescriptor, handler: Callable[..., Any], road: CallRoad) -> EndpointUnary[Any, Any] | EndpointServerStream[Any, Any]:
+def _endpoint(
+    path: str, method: MethodDescriptor, handler: Callable[..., Any], road: CallRoad
+) -> EndpointUnary[Any, Any] | EndpointServerStream[Any, Any]:
     info = MethodInfo(
         name=method.name,
         service_name=method.containing_service.full_name,

@@ -7,7 +7,8 @@ import asyncio
 import grpc
 
 from queue_service import deadline, errors
-from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2 as callback_pb2, core_callback_service_pb2_grpc as callback_grpc
+from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2 as callback_pb2
+from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2_grpc as callback_grpc
 from queue_service.api.servicers import validation
 from queue_service.api.servicers.convert import job_to_proto
 from queue_service.engine import JobReads, QueueEngine
@@ -23,7 +24,11 @@ class CoreCallbackServicer(callback_grpc.CoreCallbackServiceServicer):
         self._reads = reads
         self._completion_slots = asyncio.Semaphore(_CONCURRENT_COMPLETIONS)
 
-    async def CompleteRun(self, request: callback_pb2.CompleteRunRequest, context: grpc.aio.ServicerContext[callback_pb2.CompleteRunRequest, callback_pb2.CompleteRunResponse]) -> callback_pb2.CompleteRunResponse:
+    async def CompleteRun(
+        self,
+        request: callback_pb2.CompleteRunRequest,
+        context: grpc.aio.ServicerContext[callback_pb2.CompleteRunRequest, callback_pb2.CompleteRunResponse],
+    ) -> callback_pb2.CompleteRunResponse:
         v = validation.Violations()
         run_id = v.check_uuid("run_id", request.run_id)
         if request.outcome not in (callback_pb2.RUN_OUTCOME_SUCCEEDED, callback_pb2.RUN_OUTCOME_FAILED):

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from queue_service._gen.acurio.queue.v1 import job_pb2, operator_service_pb2 as operator_pb2
+from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as operator_pb2
 from queue_service.errors import InvalidRequest
-from queue_service.model import CapacityState, JobStatus, JobView, LedgerEntry, LedgerKind, Overview, QueueMinute, ReplicaReport, SettingChange, UserWork
+from queue_service.model import (
+    CapacityState,
+    JobStatus,
+    JobView,
+    LedgerEntry,
+    LedgerKind,
+    Overview,
+    QueueMinute,
+    ReplicaReport,
+    SettingChange,
+    UserWork,
+)
 
 PROTO_OF_STATUS: dict[JobStatus, job_pb2.JobStatus.ValueType] = {
     JobStatus.QUEUED: job_pb2.JOB_STATUS_QUEUED,

@@ -39,18 +39,25 @@ class HealthService(health_pb2_grpc.HealthServicer):
             self._statuses[service] = status
             self._changed.notify_all()
 
-    async def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse]) -> health_pb2.HealthCheckResponse:
+    async def Check(
+        self,
+        request: health_pb2.HealthCheckRequest,
+        context: grpc.aio.ServicerContext[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse],
+    ) -> health_pb2.HealthCheckResponse:
         status = self._statuses.get(request.service)
         if status is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
         return health_pb2.HealthCheckResponse(status=status)
 
-    async def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse]) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+    async def Watch(
+        self,
+        request: health_pb2.HealthCheckRequest,
+        context: grpc.aio.ServicerContext[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse],
+    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
         """The current status at once, then every change (SERVICE_UNKNOWN for a name not set)."""
         if self.open_watches >= self._max_watches:
             raise errors.TooManyStreams(
-                f"this replica has {self.open_watches} open Health.Watch streams (the maximum); "
-                "retry later, or poll Health.Check",
+                f"this replica has {self.open_watches} open Health.Watch streams (the maximum); retry later, or poll Health.Check",
                 metadata={"maxHealthWatches": str(self._max_watches)},
             )
         self.open_watches += 1
@@ -62,6 +69,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
                     sent = status
                     yield health_pb2.HealthCheckResponse(status=status)
                 async with self._changed:
-                    await self._changed.wait_for(lambda: self._statuses.get(request.service, _UNKNOWN) != sent)
+                    # wait_for calls the predicate only while this iteration waits: it sees its `sent`.
+                    await self._changed.wait_for(lambda: self._statuses.get(request.service, _UNKNOWN) != sent)  # noqa: B023
         finally:
             self.open_watches -= 1

@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from queue_service import audit, errors
-from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as pb, operator_service_pb2_grpc as pb_grpc
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as pb
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as pb_grpc
 from queue_service.api.servicers import page_tokens, validation
-from queue_service.api.servicers.retry import retry_job
 from queue_service.api.servicers.convert import (
     capacity_to_proto,
     job_to_proto,
@@ -34,6 +34,7 @@ from queue_service.api.servicers.convert import (
     status_filter,
     user_work_to_proto,
 )
+from queue_service.api.servicers.retry import retry_job
 from queue_service.engine import Admission, Credits, JobReads, QueueEngine
 from queue_service.model import LIVE, JobSearch, LedgerQuery
 
@@ -77,14 +78,18 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
             response.read_time.GetCurrentTime()
         return response
 
-    async def GetOverview(self, request: pb.GetOverviewRequest, context: grpc.aio.ServicerContext[pb.GetOverviewRequest, pb.GetOverviewResponse]) -> pb.GetOverviewResponse:
+    async def GetOverview(
+        self, request: pb.GetOverviewRequest, context: grpc.aio.ServicerContext[pb.GetOverviewRequest, pb.GetOverviewResponse]
+    ) -> pb.GetOverviewResponse:
         window = _window(request.window_minutes)
         return pb.GetOverviewResponse(overview=await self._overview(window))
 
     async def _overview(self, window_minutes: int) -> pb.Overview:
         return overview_to_proto(await self._reads.overview(window_minutes))
 
-    async def WatchOverview(self, request: pb.WatchOverviewRequest, context: grpc.aio.ServicerContext[pb.WatchOverviewRequest, pb.WatchOverviewResponse]) -> AsyncIterator[pb.WatchOverviewResponse]:
+    async def WatchOverview(
+        self, request: pb.WatchOverviewRequest, context: grpc.aio.ServicerContext[pb.WatchOverviewRequest, pb.WatchOverviewResponse]
+    ) -> AsyncIterator[pb.WatchOverviewResponse]:
         v = validation.Violations()
         window = _window(request.window_minutes, v)
         interval_ms = request.interval_ms or _DEFAULT_INTERVAL_MS
@@ -113,7 +118,9 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
             if self._overview_streams[caller] <= 0:
                 del self._overview_streams[caller]
 
-    async def SearchJobs(self, request: pb.SearchJobsRequest, context: grpc.aio.ServicerContext[pb.SearchJobsRequest, pb.SearchJobsResponse]) -> pb.SearchJobsResponse:
+    async def SearchJobs(
+        self, request: pb.SearchJobsRequest, context: grpc.aio.ServicerContext[pb.SearchJobsRequest, pb.SearchJobsResponse]
+    ) -> pb.SearchJobsResponse:
         page_size = validation.validate_page_size(request.page_size)
         search, filter_key = _search(request.filter)
         position = page_tokens.decode_search_token(request.page_token, filter_key)
@@ -124,14 +131,18 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         token = page_tokens.encode_search_token(page[-1].create_time, page[-1].job_id, filter_key) if more else ""
         return pb.SearchJobsResponse(jobs=[job_to_proto(view) for view in page], next_page_token=token)
 
-    async def CancelJobs(self, request: pb.CancelJobsRequest, context: grpc.aio.ServicerContext[pb.CancelJobsRequest, pb.CancelJobsResponse]) -> pb.CancelJobsResponse:
+    async def CancelJobs(
+        self, request: pb.CancelJobsRequest, context: grpc.aio.ServicerContext[pb.CancelJobsRequest, pb.CancelJobsResponse]
+    ) -> pb.CancelJobsResponse:
         search, _ = _search(request.filter)
         statuses = search.statuses or tuple(sorted(LIVE))
         v = validation.Violations()
         if not LIVE.intersection(statuses):
             v.add("filter.statuses", "only QUEUED, PENDING and RUNNING jobs can be canceled; leave statuses empty for all three")
         if not request.dry_run and not 1 <= request.max_jobs <= MAX_BULK_CANCEL:
-            v.add("max_jobs", f"max_jobs must be between 1 and {MAX_BULK_CANCEL}: the number of jobs you confirmed (count them with dry_run)")
+            v.add(
+                "max_jobs", f"max_jobs must be between 1 and {MAX_BULK_CANCEL}: the number of jobs you confirmed (count them with dry_run)"
+            )
         v.raise_if_any()
         rows = await self._reads.live_jobs_matching(
             statuses=[s for s in statuses if s in LIVE],
@@ -148,12 +159,15 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         chosen = matched[: request.max_jobs]
         failures = await self._engine.cancel_each(chosen)
         response.canceled = len(chosen) - len(failures)
-        response.failures.extend(pb.CancelFailure(job_id=str(job_id), reason=error.reason, message=error.message) for job_id, error in failures)
+        response.failures.extend(
+            pb.CancelFailure(job_id=str(job_id), reason=error.reason, message=error.message) for job_id, error in failures
+        )
         return response
 
-
     async def ListLedgerEntries(
-        self, request: pb.ListLedgerEntriesRequest, context: grpc.aio.ServicerContext[pb.ListLedgerEntriesRequest, pb.ListLedgerEntriesResponse]
+        self,
+        request: pb.ListLedgerEntriesRequest,
+        context: grpc.aio.ServicerContext[pb.ListLedgerEntriesRequest, pb.ListLedgerEntriesResponse],
     ) -> pb.ListLedgerEntriesResponse:
         v = validation.Violations()
         if request.user_id:
@@ -169,7 +183,6 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         token = page_tokens.encode_ledger_token(page[-1].entry_id, key) if more else ""
         return pb.ListLedgerEntriesResponse(entries=[ledger_entry_to_proto(entry) for entry in page], next_page_token=token)
 
-
     async def SetCoreCapacity(
         self, request: pb.SetCoreCapacityRequest, context: grpc.aio.ServicerContext[pb.SetCoreCapacityRequest, pb.SetCoreCapacityResponse]
     ) -> pb.SetCoreCapacityResponse:
@@ -183,7 +196,9 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         return pb.SetCoreCapacityResponse(change=setting_change_to_proto(change), overview=overview)
 
     async def SetUserQueueLimit(
-        self, request: pb.SetUserQueueLimitRequest, context: grpc.aio.ServicerContext[pb.SetUserQueueLimitRequest, pb.SetUserQueueLimitResponse]
+        self,
+        request: pb.SetUserQueueLimitRequest,
+        context: grpc.aio.ServicerContext[pb.SetUserQueueLimitRequest, pb.SetUserQueueLimitResponse],
     ) -> pb.SetUserQueueLimitResponse:
         v = validation.Violations()
         v.check_id("user_id", request.user_id)
@@ -193,7 +208,9 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         change = await self._engine.set_user_queue_limit(request.user_id, request.max_active)
         return pb.SetUserQueueLimitResponse(change=setting_change_to_proto(change))
 
-    async def RetryJob(self, request: pb.RetryJobRequest, context: grpc.aio.ServicerContext[pb.RetryJobRequest, pb.RetryJobResponse]) -> pb.RetryJobResponse:
+    async def RetryJob(
+        self, request: pb.RetryJobRequest, context: grpc.aio.ServicerContext[pb.RetryJobRequest, pb.RetryJobResponse]
+    ) -> pb.RetryJobResponse:
         v = validation.Violations()
         job_id = v.check_uuid("job_id", request.job_id)
         v.check_id("retry_key", request.retry_key)
@@ -203,7 +220,9 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         return pb.RetryJobResponse(job=job_to_proto(view), admitted_now=admitted_now)
 
     async def ListUsersWithWork(
-        self, request: pb.ListUsersWithWorkRequest, context: grpc.aio.ServicerContext[pb.ListUsersWithWorkRequest, pb.ListUsersWithWorkResponse]
+        self,
+        request: pb.ListUsersWithWorkRequest,
+        context: grpc.aio.ServicerContext[pb.ListUsersWithWorkRequest, pb.ListUsersWithWorkResponse],
     ) -> pb.ListUsersWithWorkResponse:
         page_size = validation.validate_page_size(request.page_size)
         users, total = await self._reads.users_with_work(limit=page_size)
@@ -219,7 +238,9 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         return response
 
     async def ListSettingChanges(
-        self, request: pb.ListSettingChangesRequest, context: grpc.aio.ServicerContext[pb.ListSettingChangesRequest, pb.ListSettingChangesResponse]
+        self,
+        request: pb.ListSettingChangesRequest,
+        context: grpc.aio.ServicerContext[pb.ListSettingChangesRequest, pb.ListSettingChangesResponse],
     ) -> pb.ListSettingChangesResponse:
         page_size = validation.validate_page_size(request.page_size)
         before = page_tokens.decode_setting_changes_token(request.page_token)

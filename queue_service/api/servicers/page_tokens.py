@@ -23,7 +23,7 @@ _MAX_LIST_TOKEN_CHARS = 200
 _MAX_SEARCH_TOKEN_CHARS = 300
 # The longest page token of any kind: the request limits of the browser endpoint count on it.
 MAX_TOKEN_CHARS = max(_MAX_LIST_TOKEN_CHARS, _MAX_SEARCH_TOKEN_CHARS)
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def filter_key(*parts: object) -> str:

@@ -15,9 +15,11 @@ import grpc
 from opentelemetry import trace
 
 from queue_service import audit, errors, telemetry
-from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2, queue_service_pb2_grpc as queue_grpc
-from queue_service.api.servicers import page_tokens, validation
+from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2_grpc as queue_grpc
 from queue_service.api.access.auth import OPERATOR_ACTOR_PREFIX
+from queue_service.api.servicers import page_tokens, validation
 from queue_service.api.servicers.convert import job_to_proto, status_filter
 from queue_service.engine import (
     Admission,
@@ -51,7 +53,9 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
             raise errors.Internal(f"job {job_id} vanished after this call changed it", metadata={"jobId": job_id})
         return job_to_proto(view)
 
-    async def Admit(self, request: queue_pb2.AdmitRequest, context: grpc.aio.ServicerContext[queue_pb2.AdmitRequest, queue_pb2.AdmitResponse]) -> queue_pb2.AdmitResponse:
+    async def Admit(
+        self, request: queue_pb2.AdmitRequest, context: grpc.aio.ServicerContext[queue_pb2.AdmitRequest, queue_pb2.AdmitResponse]
+    ) -> queue_pb2.AdmitResponse:
         with telemetry.tracer.start_as_current_span("admit") as span:
             try:
                 view = await self._admit(request, span)
@@ -93,19 +97,25 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         span.set_attribute("queue.position", view.queue_position)
         return view
 
-    async def Promote(self, request: queue_pb2.PromoteRequest, context: grpc.aio.ServicerContext[queue_pb2.PromoteRequest, queue_pb2.PromoteResponse]) -> queue_pb2.PromoteResponse:
+    async def Promote(
+        self, request: queue_pb2.PromoteRequest, context: grpc.aio.ServicerContext[queue_pb2.PromoteRequest, queue_pb2.PromoteResponse]
+    ) -> queue_pb2.PromoteResponse:
         validation.validate_user_id(request.user_id)
         promoted = await self._engine.promote(request.user_id, cause=Cause.TOOLING)
         if not promoted:
             return queue_pb2.PromoteResponse()
         return queue_pb2.PromoteResponse(job=await self._job(str(promoted[0].job_id)))
 
-    async def Release(self, request: queue_pb2.ReleaseRequest, context: grpc.aio.ServicerContext[queue_pb2.ReleaseRequest, queue_pb2.ReleaseResponse]) -> queue_pb2.ReleaseResponse:
+    async def Release(
+        self, request: queue_pb2.ReleaseRequest, context: grpc.aio.ServicerContext[queue_pb2.ReleaseRequest, queue_pb2.ReleaseResponse]
+    ) -> queue_pb2.ReleaseResponse:
         job_id = validation.validate_job_id(request.job_id)
         await self._releases.release_now(job_id)
         return queue_pb2.ReleaseResponse(job=await self._job(str(job_id)))
 
-    async def ListJobs(self, request: queue_pb2.ListJobsRequest, context: grpc.aio.ServicerContext[queue_pb2.ListJobsRequest, queue_pb2.ListJobsResponse]) -> queue_pb2.ListJobsResponse:
+    async def ListJobs(
+        self, request: queue_pb2.ListJobsRequest, context: grpc.aio.ServicerContext[queue_pb2.ListJobsRequest, queue_pb2.ListJobsResponse]
+    ) -> queue_pb2.ListJobsResponse:
         validation.validate_user_id(request.user_id)
         page_size = validation.validate_page_size(request.page_size)
         statuses = status_filter(request.statuses)
@@ -118,7 +128,9 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         token = page_tokens.encode_list_token(page[-1].job_id, key) if more else ""
         return queue_pb2.ListJobsResponse(jobs=[job_to_proto(view) for view in page], next_page_token=token)
 
-    async def GetJob(self, request: queue_pb2.GetJobRequest, context: grpc.aio.ServicerContext[queue_pb2.GetJobRequest, queue_pb2.GetJobResponse]) -> queue_pb2.GetJobResponse:
+    async def GetJob(
+        self, request: queue_pb2.GetJobRequest, context: grpc.aio.ServicerContext[queue_pb2.GetJobRequest, queue_pb2.GetJobResponse]
+    ) -> queue_pb2.GetJobResponse:
         v = validation.Violations()
         job_id = v.check_uuid("job_id", request.job_id)
         if request.user_id:  # optional: scopes the read to one user, as CancelJob's does
@@ -130,7 +142,11 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
             raise errors.JobNotFound(f"job {job_id} does not exist", metadata={"jobId": str(job_id)})
         return queue_pb2.GetJobResponse(job=job_to_proto(view))
 
-    async def CancelJob(self, request: queue_pb2.CancelJobRequest, context: grpc.aio.ServicerContext[queue_pb2.CancelJobRequest, queue_pb2.CancelJobResponse]) -> queue_pb2.CancelJobResponse:
+    async def CancelJob(
+        self,
+        request: queue_pb2.CancelJobRequest,
+        context: grpc.aio.ServicerContext[queue_pb2.CancelJobRequest, queue_pb2.CancelJobResponse],
+    ) -> queue_pb2.CancelJobResponse:
         v = validation.Violations()
         job_id = v.check_uuid("job_id", request.job_id)
         v.check_id("user_id", request.user_id)
@@ -139,7 +155,11 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         await self._engine.cancel(job_id, request.user_id)
         return queue_pb2.CancelJobResponse(job=await self._job(str(job_id)))
 
-    async def WatchJobs(self, request: queue_pb2.WatchJobsRequest, context: grpc.aio.ServicerContext[queue_pb2.WatchJobsRequest, queue_pb2.WatchJobsResponse]) -> AsyncIterator[queue_pb2.WatchJobsResponse]:
+    async def WatchJobs(
+        self,
+        request: queue_pb2.WatchJobsRequest,
+        context: grpc.aio.ServicerContext[queue_pb2.WatchJobsRequest, queue_pb2.WatchJobsResponse],
+    ) -> AsyncIterator[queue_pb2.WatchJobsResponse]:
         validation.validate_user_id(request.user_id)
         if self._draining.is_set():
             raise errors.ShuttingDown("this replica is draining; reconnect to another")

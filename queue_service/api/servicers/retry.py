@@ -14,7 +14,8 @@ import logging
 import uuid
 
 from queue_service import audit, errors, telemetry
-from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2 as queue_pb2
+from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.engine import Admission, JobReads, request_digest
 from queue_service.model import AdmitRequest, JobInputs, JobStatus, JobView
 
@@ -65,9 +66,7 @@ async def _retry(admission: Admission, reads: JobReads, job_id: uuid.UUID, retry
         raise errors.JobNotFound(f"job {job_id} does not exist", metadata={"jobId": str(job_id)})
     metadata = {"jobId": str(job_id), "status": inputs.status.upper()}
     if inputs.status not in RETRYABLE:
-        raise errors.JobNotRetryable(
-            f"job {job_id} is {inputs.status}; only a failed or canceled job can be retried", metadata=metadata
-        )
+        raise errors.JobNotRetryable(f"job {job_id} is {inputs.status}; only a failed or canceled job can be retried", metadata=metadata)
     if inputs.sources is None:
         raise errors.JobNotRetryable(
             f"job {job_id} was admitted before the queue stored its document and sources; admit it again from the web app",
@@ -91,6 +90,12 @@ async def _retry(admission: Admission, reads: JobReads, job_id: uuid.UUID, retry
     view = (await reads.estimated([view]))[0]
     log.info(
         "job retried",
-        extra={"job_id": view.job_id, "retry_of_job_id": job_id, "user_id": inputs.user_id, "actor": audit.actor_for("retry"), "duplicate": result.duplicate},
+        extra={
+            "job_id": view.job_id,
+            "retry_of_job_id": job_id,
+            "user_id": inputs.user_id,
+            "actor": audit.actor_for("retry"),
+            "duplicate": result.duplicate,
+        },
     )
     return view, not result.duplicate

@@ -96,12 +96,15 @@ class Violations:
         """The timestamp as an aware UTC datetime; one outside google.protobuf.Timestamp's range
         (years 1 to 9999, nanos 0 to 999999999) is a violation, and None is returned."""
         if not _MIN_TIMESTAMP_SECONDS <= value.seconds <= _MAX_TIMESTAMP_SECONDS:
-            self.add(field, f"{field}.seconds must be between {_MIN_TIMESTAMP_SECONDS} and {_MAX_TIMESTAMP_SECONDS} (years 1 to 9999; got {value.seconds})")
+            self.add(
+                field,
+                f"{field}.seconds must be between {_MIN_TIMESTAMP_SECONDS} and {_MAX_TIMESTAMP_SECONDS} (years 1 to 9999; got {value.seconds})",
+            )
             return None
         if not 0 <= value.nanos <= 999_999_999:
             self.add(field, f"{field}.nanos must be between 0 and 999999999 (got {value.nanos})")
             return None
-        return value.ToDatetime(dt.timezone.utc)
+        return value.ToDatetime(dt.UTC)
 
     def raise_if_any(self) -> None:
         if self.items:
@@ -126,7 +129,10 @@ def validate_admit(request: queue_pb2.AdmitRequest) -> uuid.UUID | None:
     sources = request.sources
     size = request.ByteSize()
     if size > MAX_ADMIT_BYTES:
-        v.add("sources", f"the request is {size} bytes; at most {MAX_ADMIT_BYTES} bytes are accepted (the run sent to the core must fit its 4 MiB message limit): send fewer or shorter sources")
+        v.add(
+            "sources",
+            f"the request is {size} bytes; at most {MAX_ADMIT_BYTES} bytes are accepted (the run sent to the core must fit its 4 MiB message limit): send fewer or shorter sources",
+        )
     if not sources:
         v.add("sources", "at least one source is required")
     elif len(sources) > MAX_SOURCES:
