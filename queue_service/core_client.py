@@ -17,8 +17,8 @@ import dataclasses
 import datetime as dt
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -31,6 +31,7 @@ from queue_service._gen.acurio.core.v1 import run_service_pb2_grpc as core_grpc
 from queue_service.model import CoreRun, RunFate, RunReport
 
 T = TypeVar("T")
+_P = ParamSpec("_P")
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
 
@@ -100,6 +101,17 @@ class CoreCallTally:
         return result
 
 
+def _tallied(
+    call: Callable[Concatenate[CoreClient, _P], Awaitable[T]],
+) -> Callable[Concatenate[CoreClient, _P], Coroutine[Any, Any, T]]:
+    """Counts the call's outcome in the client's tally (answered, refused, unknown)."""
+
+    async def counted(client: CoreClient, /, *args: _P.args, **kwargs: _P.kwargs) -> T:
+        return await client.tally.count(call(client, *args, **kwargs))
+
+    return counted
+
+
 class CoreClient:
     def __init__(self, channel: grpc.aio.Channel, *, deadline_seconds: float) -> None:
         self._channel = channel
@@ -155,45 +167,8 @@ class CoreClient:
                 return await call(request, timeout=left)
         raise AssertionError("unreachable")
 
+    @_tallied
     async def create_run(
-        self,
-        *,
-        run_id: uuid.UUID,
-        user_id: str,
-        document_uri: str,
-        sources: Sequence[tuple[str, str]],
-        hold: bool,
-        delta_of_run_id: uuid.UUID | None,
-        job_id: uuid.UUID | None = None,
-        idempotency_key: str = "",
-        request_digest: bytes = b"",
-        price: int = 0,
-    ) -> RunReport:
-        return await self.tally.count(
-            self._create_run(
-                run_id=run_id,
-                user_id=user_id,
-                document_uri=document_uri,
-                sources=sources,
-                hold=hold,
-                delta_of_run_id=delta_of_run_id,
-                job_id=job_id,
-                idempotency_key=idempotency_key,
-                request_digest=request_digest,
-                price=price,
-            )
-        )
-
-    async def release_run(self, run_id: uuid.UUID) -> RunReport:
-        return await self.tally.count(self._release_run(run_id))
-
-    async def cancel_run(self, run_id: uuid.UUID) -> RunReport:
-        return await self.tally.count(self._cancel_run(run_id))
-
-    async def get_run(self, run_id: uuid.UUID) -> RunReport:
-        return await self.tally.count(self._get_run(run_id))
-
-    async def _create_run(
         self,
         *,
         run_id: uuid.UUID,
@@ -242,7 +217,8 @@ class CoreClient:
             raise _admit_error(exc) from exc
         return _report_of(response.run)
 
-    async def _release_run(self, run_id: uuid.UUID) -> RunReport:
+    @_tallied
+    async def release_run(self, run_id: uuid.UUID) -> RunReport:
         """Releases a held run. NOT_FOUND reads as UNKNOWN_TO_CORE, FAILED_PRECONDITION (the core
         refuses to release a canceled run) as CANCELED; RESOURCE_EXHAUSTED (the core is at its
         concurrency ceiling, nothing applied) raises CoreAtCapacity; no answer raises CoreUnavailable."""
@@ -262,7 +238,8 @@ class CoreClient:
             raise _unknown_outcome("ReleaseRun", exc) from exc
         return _report_of(response.run)
 
-    async def _cancel_run(self, run_id: uuid.UUID) -> RunReport:
+    @_tallied
+    async def cancel_run(self, run_id: uuid.UUID) -> RunReport:
         """Cancels a run. The answer says what the run is now (CANCELED, or how it had finished
         before the cancel); NOT_FOUND reads as UNKNOWN_TO_CORE. No answer raises CoreUnavailable."""
         request = core_pb2.CancelRunRequest(run_id=str(run_id))
@@ -274,7 +251,8 @@ class CoreClient:
             raise _unknown_outcome("CancelRun", exc) from exc
         return _report_of(response.run)
 
-    async def _get_run(self, run_id: uuid.UUID) -> RunReport:
+    @_tallied
+    async def get_run(self, run_id: uuid.UUID) -> RunReport:
         """The run as the core sees it; NOT_FOUND reads as UNKNOWN_TO_CORE. No answer raises
         CoreUnavailable."""
         request = core_pb2.GetRunRequest(run_id=str(run_id))
@@ -286,13 +264,8 @@ class CoreClient:
             raise _unknown_outcome("GetRun", exc) from exc
         return _report_of(response.run)
 
+    @_tallied
     async def get_run_record(self, run_id: uuid.UUID) -> CoreRun | None:
-        return await self.tally.count(self._get_run_record(run_id))
-
-    async def list_runs(self, *, user_id: str = "", judging_only: bool = False, page_size: int = 500) -> list[CoreRun] | None:
-        return await self.tally.count(self._list_runs(user_id=user_id, judging_only=judging_only, page_size=page_size))
-
-    async def _get_run_record(self, run_id: uuid.UUID) -> CoreRun | None:
         """The run with what it was created with; None when the core does not know it. No answer
         raises CoreUnavailable."""
         request = core_pb2.GetRunRequest(run_id=str(run_id))
@@ -304,7 +277,8 @@ class CoreClient:
             raise _unknown_outcome("GetRun", exc) from exc
         return _core_run_of(response.run)
 
-    async def _list_runs(self, *, user_id: str = "", judging_only: bool = False, page_size: int = 500) -> list[CoreRun] | None:
+    @_tallied
+    async def list_runs(self, *, user_id: str = "", judging_only: bool = False, page_size: int = 500) -> list[CoreRun] | None:
         """Every live run the core holds or judges (of `user_id` when given; judging ones only
         when asked), all pages, within one deadline. None when the core does not list runs
         (UNIMPLEMENTED: an older core). No answer, or a refusal, raises CoreUnavailable: a
