@@ -28,7 +28,7 @@ import pytest
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.dev.core import AnswerFault
-from tests.harness import InvariantChecker, S, new_user
+from tests.harness import InvariantChecker, S, eventually, new_user
 
 HELD, JUDGING, CANCELED = core_pb2.RUN_STATE_HELD, core_pb2.RUN_STATE_JUDGING, core_pb2.RUN_STATE_CANCELED
 
@@ -71,19 +71,6 @@ def orphans(core, database_url: str) -> list[str]:
             ).fetchall()
         }
     return [run_id for run_id in live if run_id not in owned]
-
-
-async def eventually(check, timeout: float = 10.0, what: str = "condition"):
-    give_up_at = time.monotonic() + timeout
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > give_up_at:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def test_lost_jobs_are_adopted_back_with_their_charges_and_the_core_never_judges_two(services, database_url: str) -> None:
