@@ -6,7 +6,7 @@ import { date, operator, Problem, queue } from "./api.js";
 import { Modal } from "./dialog.js";
 import { ACTIVE, ago, dateTime, duration, shortId, spoken, STATUS_LABELS } from "./format.js";
 import { go, useNow } from "./hooks.js";
-import { LedgerTable, useLedger } from "./ledger.js";
+import { LedgerPanel, useLedger } from "./ledger.js";
 import { useAction, useNotice } from "./notice.js";
 import { useLiveStream } from "./stream.js";
 import { type Job, JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
@@ -701,11 +701,11 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
 
 /** The job's credit movements: its charge and, once, its refund. */
 function JobLedger({ jobId, version }: { jobId: string; version: string }) {
-  const { entries } = useLedger("", jobId, version);
+  const { entries, refusal } = useLedger("", jobId, version, 20, "", true);
   return (
     <>
       <h2>Credits</h2>
-      {entries === null ? <p class="muted">Loading…</p> : <LedgerTable entries={entries} showUser={false} showJob={false} />}
+      <LedgerPanel entries={entries} refusal={refusal} showUser={false} showJob={false} />
     </>
   );
 }

@@ -3,7 +3,7 @@
 // note. Shown per job (job detail), per user (User queue) and as its own page with filters.
 import { useEffect, useState } from "preact/hooks";
 
-import { date, operator } from "./api.js";
+import { date, describeError, operator } from "./api.js";
 import { dateTime, shortId } from "./format.js";
 import { go } from "./hooks.js";
 import { useNotice } from "./notice.js";
@@ -16,10 +16,14 @@ const KIND_LABELS: Record<LedgerEntryKind, string> = {
   [LedgerEntryKind.REFUND]: "refund",
 };
 
-/** A page of entries for a filter; read again when `version` changes (a grant, a cancel). */
-export function useLedger(userId: string, jobId: string, version: unknown, pageSize = 20, pageToken = "") {
+/** A page of entries for a filter; read again when `version` changes (a grant, a cancel).
+ * `inline`: a panel of another page (the job detail, the User queue) shows a refusal in its own
+ * place (`refusal`), not as the page's notice: the web role may watch a queue but not read the
+ * ledger, and that refusal must not stand for the page's own actions. */
+export function useLedger(userId: string, jobId: string, version: unknown, pageSize = 20, pageToken = "", inline = false) {
   const [entries, setEntries] = useState<LedgerEntry[] | null>(null);
   const [next, setNext] = useState("");
+  const [refusal, setRefusal] = useState("");
   const notice = useNotice();
   useEffect(() => {
     let current = true;
@@ -28,14 +32,26 @@ export function useLedger(userId: string, jobId: string, version: unknown, pageS
         if (!current) return;
         setEntries(page.entries);
         setNext(page.nextPageToken);
+        setRefusal("");
       },
-      (error) => current && notice.error(error),
+      (error) => {
+        if (!current) return;
+        if (inline) setRefusal(describeError(error));
+        else notice.error(error);
+      },
     );
     return () => {
       current = false;
     };
   }, [userId, jobId, version, pageSize, pageToken]);
-  return { entries, next };
+  return { entries, next, refusal };
+}
+
+/** Where a panel's ledger is: loading, refused (said in place), or its table. */
+export function LedgerPanel({ entries, refusal, showUser, showJob }: { entries: LedgerEntry[] | null; refusal: string; showUser?: boolean; showJob?: boolean }) {
+  if (refusal !== "") return <p class="muted" data-testid="ledger-refused">The ledger is not shown: {refusal}</p>;
+  if (entries === null) return <p class="muted">Loading…</p>;
+  return <LedgerTable entries={entries} showUser={showUser} showJob={showJob} />;
 }
 
 export function LedgerTable({ entries, showUser = true, showJob = true }: { entries: LedgerEntry[]; showUser?: boolean; showJob?: boolean }) {

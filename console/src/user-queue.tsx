@@ -6,7 +6,7 @@ import { go, useNow } from "./hooks.js";
 import { useAction } from "./notice.js";
 import { useLiveStream } from "./stream.js";
 import { StatusBadge } from "./jobs.js";
-import { LedgerTable, useLedger } from "./ledger.js";
+import { LedgerPanel, useLedger } from "./ledger.js";
 import { type Job, JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import type { UserWork } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
@@ -259,11 +259,11 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
 
 /** The user's latest credit movements, with who moved each and why. */
 function UserLedger({ userId, version }: { userId: string; version: number }) {
-  const { entries, next } = useLedger(userId, "", version, 10);
+  const { entries, next, refusal } = useLedger(userId, "", version, 10, "", true);
   return (
     <>
       <h2>Credits ledger</h2>
-      {entries === null ? <p class="muted">Loading…</p> : <LedgerTable entries={entries} showUser={false} />}
+      <LedgerPanel entries={entries} refusal={refusal} showUser={false} />
       {next !== "" && (
         <p>
           <a href={`#/ledger?user=${encodeURIComponent(userId)}`}>Older entries →</a>

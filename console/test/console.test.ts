@@ -152,6 +152,11 @@ test("an operator action with a web-role token shows PERMISSION_DENIED", async (
   await useToken(TOKENS.web);
   await page.goto(`${CONSOLE_URL}#/users/${user}`);
   await waitForPositions([0, 1, 2]); // the web role may watch the queue
+  // The ledger is the operator's: its panel says so in place, and the page's notice stays free
+  // for what the page itself is asked to do.
+  await page.getByTestId("ledger-refused").waitFor({ timeout: WAIT_MS });
+  assert.match(await page.getByTestId("ledger-refused").innerText(), /PERMISSION_DENIED/);
+  assert.equal(await page.getByTestId("notice").filter({ hasText: "ListLedgerEntries" }).count(), 0);
   await page.getByTestId("promote").click();
   const notice = page.getByTestId("notice");
   await notice.filter({ hasText: "PERMISSION_DENIED" }).waitFor({ timeout: WAIT_MS });
