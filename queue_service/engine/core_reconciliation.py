@@ -189,7 +189,14 @@ class CoreReconciler:
             return "known"
         return await self._adopt_or_cancel(run)
 
+    async def _abandoned(self, run_id: uuid.UUID) -> bool:
+        """A failed admit's run, confirmed settled at the core: no lost job, never adopted (I5)."""
+        async with self._store.statements() as db:
+            return await db.run_abandoned(run_id=run_id)
+
     async def _adopt_or_cancel(self, run: CoreRun, *, cancel: bool = True) -> str:
+        if await self._abandoned(run.run_id):
+            return "abandoned"
         if not run.adoptable:
             return await self._lose(run, "record_incomplete", cancel=cancel)
         adoption = await self._store.adopt_run(run, self._limits, reconcile_after_seconds=self._config.reconcile_after_seconds)
@@ -299,7 +306,11 @@ class CoreReconciler:
         with telemetry.tracer.start_as_current_span("core.adopt_for_completion") as span:
             span.set_attribute("queue.run_id", str(run_id))
             run = await self._core.get_run_record(run_id)
-            if run is None:
+            # A run the core holds or canceled never judged to an end: its completion records no
+            # work. A failed admit's run (a delta judges at once, and may finish before the admit's
+            # cancel reaches it) was answered as an error: adopting it would charge a job behind
+            # that answer (I5).
+            if run is None or run.fate in (RunFate.HELD, RunFate.CANCELED) or await self._abandoned(run_id):
                 return False
             if not run.adoptable:
                 await self._lose(run, "record_incomplete", cancel=False)

@@ -112,7 +112,7 @@ class Recovery:
                     )
                 return False
             async with self._store.statements() as db:
-                await db.drop_run_reservation(run_id=claim.run_id)
+                await db.settle_run_reservation(run_id=claim.run_id)
             telemetry.metrics.run_settlements.add(1, {"kind": "orphan", "result": "settled"})
             log.info("orphaned run canceled", extra={"run_id": claim.run_id, "status": report.fate.value})
             return True

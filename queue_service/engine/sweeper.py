@@ -41,6 +41,10 @@ _CORE_CALLS_AT_ONCE = 16
 # Feed rows deleted per statement, and statements per pass at most (the rest waits for the next).
 _FEED_TRIM_BATCH = 10_000
 _FEED_TRIM_STATEMENTS = 20
+# A failed admit's run settled at the core is remembered this long (no core reports a run a day
+# later), then forgotten, at most this many per pass.
+_ABANDONED_RUN_RETENTION_SECONDS = 86_400.0
+_ABANDONED_RUNS_PER_PASS = 1_000
 # How often the database's identity (its timeline) is looked at, for a failover.
 _IDENTITY_CHECK_SECONDS = 2.0
 
@@ -53,6 +57,7 @@ class SweepReport:
     runs_settled: int = 0
     orphans_canceled: int = 0
     feed_rows_trimmed: int = 0
+    abandoned_runs_forgotten: int = 0
     runs_adopted: int = 0
     runs_lost: int = 0
 
@@ -216,6 +221,7 @@ class Sweeper:
             report.runs_settled += await self._each_asking_core([recovery.attempt_run_settlement(c) for c in unsettled])
             report.orphans_canceled += await self._each_asking_core([recovery.cancel_reserved_run(o) for o in orphans])
             report.feed_rows_trimmed += await self._guarded(self._trim_feed(), 0)
+            report.abandoned_runs_forgotten += await self._guarded(self._forget_abandoned_runs(), 0)
             self._wake_dispatcher()
             span.set_attribute("queue.sweep.promoted", report.promoted)
             span.set_attribute("queue.sweep.gave_up", report.gave_up)
@@ -225,6 +231,10 @@ class Sweeper:
             if count:
                 telemetry.metrics.sweep_rows.add(count, {"action": action})
         return report
+
+    async def _forget_abandoned_runs(self) -> int:
+        async with self._store.statements() as db:
+            return await db.forget_abandoned_runs(retention_seconds=_ABANDONED_RUN_RETENTION_SECONDS, batch_size=_ABANDONED_RUNS_PER_PASS)
 
     async def _trim_feed(self) -> int:
         """Deletes the feed's rows of transactions that ended more than its retention ago."""

@@ -264,6 +264,19 @@ class Statements:
     async def drop_run_reservation(self, *, run_id: uuid.UUID) -> None:
         await self._send("drop_run_reservation", {"run_id": run_id})
 
+    async def settle_run_reservation(self, *, run_id: uuid.UUID) -> None:
+        """Remembers a failed admit's run, confirmed settled at the core, as abandoned."""
+        await self._send("settle_run_reservation", {"run_id": run_id})
+
+    async def run_abandoned(self, *, run_id: uuid.UUID) -> bool:
+        """Whether the run was a failed admit's, confirmed settled: never to be adopted."""
+        row = await self._one("run_abandoned", {"run_id": run_id})
+        return bool(row and row["abandoned"])
+
+    async def forget_abandoned_runs(self, *, retention_seconds: float, batch_size: int) -> int:
+        cursor = await self._send("forget_abandoned_runs", {"retention_seconds": retention_seconds, "batch_size": batch_size})
+        return max(0, cursor.rowcount)
+
     # -- the core's runs as the second copy (engine/core_reconciliation.py) ---------------------
 
     async def runs_unknown_to_queue(self, *, run_ids: Sequence[uuid.UUID], judging_first_pass: Sequence[uuid.UUID] = ()) -> set[uuid.UUID]:

@@ -259,7 +259,7 @@ async def _status(stubs, job_id: str):
 
 def _reserved(database_url: str, run_id: str) -> int:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        return int(conn.execute("SELECT count(*) FROM run_reservations WHERE run_id = %s", (run_id,)).fetchone()[0])
+        return int(conn.execute("SELECT count(*) FROM run_reservations WHERE run_id = %s AND settled_at IS NULL", (run_id,)).fetchone()[0])
 
 
 async def test_a_completion_of_a_lost_run_is_adopted_and_applied(services, database_url: str) -> None:

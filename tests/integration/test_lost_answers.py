@@ -189,7 +189,7 @@ async def test_a_create_run_whose_answer_never_came_leaves_no_held_run(services,
     assert job.status == S.JOB_STATUS_PENDING
     await eventually(lambda: _live_runs_of(core, user) == [job.run_id], what="one live run")
     with psycopg.connect(database_url) as conn:
-        assert conn.execute("SELECT count(*) FROM run_reservations WHERE user_id = %s", (user,)).fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM run_reservations WHERE user_id = %s AND settled_at IS NULL", (user,)).fetchone()[0] == 0
     assert await stubs.balance(user) == 0
 
 
@@ -228,6 +228,43 @@ async def test_deltas_judged_faster_than_their_admit_commits_all_complete(servic
     deltas = [await stubs.admit(user, uri="", delta_of=base.job_id) for _ in range(30)]
     for delta in deltas:
         await stubs.wait_for(delta.job_id, S.JOB_STATUS_SUCCEEDED, timeout=30)
+
+
+async def test_a_delta_judged_before_its_failed_admit_gave_it_up_never_becomes_a_job(services, database_url: str) -> None:
+    """I5 with the core as the second copy: a delta judges at CreateRun, whose answer is lost, so
+    the Admit answers CORE_UNAVAILABLE and the admit's clean-up finds the run already finished.
+    The core keeps retrying its CompleteRun; a run no job owns is otherwise taken for a job lost in
+    a failover and adopted. The failed admit's run is remembered as abandoned instead: no job, no
+    charge, ever (the torture run found the adoption on one starved core)."""
+    core = await services.core(manual=False, judging_seconds=0.01)
+    core.delta_judging_seconds = 0
+    service = await services.start(core, core_deadline_seconds=0.5, delta_price=1, sweep_interval_seconds=0.2)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 2)
+    base = await stubs.admit(user)
+    await stubs.wait_for(base.job_id, S.JOB_STATUS_SUCCEEDED)
+    core.answer_faults["CreateRun"] = AnswerFault("lose")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stubs.admit(user, "delta-1", uri="", delta_of=base.job_id)
+    assert error_info(refused.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "CORE_UNAVAILABLE")
+    core.answer_faults.clear()
+    delta_runs = [r for r in core.runs.values() if r.user_id == user and r.run_id != base.run_id]
+    assert len(delta_runs) == 1 and delta_runs[0].state == core_pb2.RUN_STATE_SUCCEEDED  # judged to the end
+
+    def live_reservation() -> bool:
+        with psycopg.connect(database_url) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM run_reservations WHERE run_id = %s AND cancel_after < 'infinity'", (delta_runs[0].run_id,)
+            ).fetchone()
+        return bool(row and row[0])
+
+    await eventually(lambda: not live_reservation(), what="the failed admit's clean-up done")
+    # The core retries its CompleteRun for a minute (pauses up to 2 s): for 4 s after the
+    # clean-up, no retry may turn the run into a job.
+    for _ in range(20):
+        assert [job.job_id for job in await stubs.jobs(user)] == [base.job_id]
+        await asyncio.sleep(0.2)
+    assert await stubs.balance(user) == 1  # the base's charge only
 
 
 # -- 6. WatchJobs after a gap ------------------------------------------------------------------

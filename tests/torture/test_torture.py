@@ -820,7 +820,7 @@ async def test_torture(tmp_path: Path) -> None:
         while time.monotonic() < deadline:
             active = checker.count("SELECT count(*) FROM analysis_jobs WHERE status IN ('queued', 'pending', 'running')")
             unsettled = checker.count("SELECT count(*) FROM analysis_jobs WHERE run_settle_due_at IS NOT NULL")
-            reserved = checker.count("SELECT count(*) FROM run_reservations")
+            reserved = checker.count("SELECT count(*) FROM run_reservations WHERE settled_at IS NULL")
             # A late arrival sent during the chaos may still be applied until LONGEST_FAULT_SECONDS after it.
             if active == 0 and unsettled == 0 and reserved == 0 and time.monotonic() > healed_at + LONGEST_FAULT_SECONDS:
                 break

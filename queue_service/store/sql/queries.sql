@@ -117,8 +117,28 @@ UPDATE run_reservations
  WHERE run_id = %(run_id)s AND canceling AND cancel_attempts = %(attempt)s;
 
 -- name: drop_run_reservation
--- The reserved run is confirmed settled at the core (or was never created): forget it.
+-- The reserved run was never created at the core, or a job owns it now: forget it.
 DELETE FROM run_reservations WHERE run_id = %(run_id)s;
+
+-- name: settle_run_reservation
+-- The failed admit's run is confirmed settled at the core: remembered as abandoned (never due
+-- again), so a report of it that comes later is not taken for a job lost in a failover
+-- (migration 0020).
+UPDATE run_reservations
+   SET settled_at = clock_timestamp(), cancel_after = 'infinity'
+ WHERE run_id = %(run_id)s AND settled_at IS NULL;
+
+-- name: run_abandoned
+-- Whether the run was a failed admit's, confirmed settled at the core.
+SELECT EXISTS (SELECT 1 FROM run_reservations WHERE run_id = %(run_id)s AND settled_at IS NOT NULL) AS abandoned;
+
+-- name: forget_abandoned_runs
+-- Abandoned runs older than the retention: the core reports none of them any more.
+DELETE FROM run_reservations
+ WHERE run_id IN (SELECT run_id FROM run_reservations
+                   WHERE settled_at < clock_timestamp() - make_interval(secs => %(retention_seconds)s)
+                   ORDER BY settled_at
+                   LIMIT %(batch_size)s);
 
 -- name: refund_failed_job
 -- A locked section: refunds a job that ended FAILED while its user canceled it

@@ -188,9 +188,11 @@ CREATE TABLE public.run_reservations (
     canceling       boolean DEFAULT false NOT NULL,
     cancel_attempts integer DEFAULT 0 NOT NULL,
     timeline_id     integer,
+    settled_at      timestamp with time zone,
     CONSTRAINT run_reservations_pkey PRIMARY KEY (run_id)
 );
 CREATE INDEX run_reservations_cancel_due ON public.run_reservations USING btree (cancel_after);
+CREATE INDEX run_reservations_settled ON public.run_reservations USING btree (settled_at) WHERE (settled_at IS NOT NULL);
 
 CREATE TABLE public.user_capacity_turns (
     user_id      text NOT NULL,
