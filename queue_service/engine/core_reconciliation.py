@@ -92,6 +92,10 @@ class CoreReconciler:
         self._wake_dispatcher = wake_dispatcher
         self._on_database_replaced = on_database_replaced
         self._identity: DatabaseIdentity | None = None
+        # A reconciliation the database's change asked for and that has not yet gone through
+        # whole (the core or the new primary not answering yet, an adoption to retry): every
+        # sweep tries again, not only the next periodic one.
+        self._reconcile_owed = False
         self._last_reconciled = float("-inf")
         self._background: set[asyncio.Task[None]] = set()
 
@@ -112,13 +116,14 @@ class CoreReconciler:
             previous.system_identifier,
             previous.timeline_id,
         )
+        self._reconcile_owed = True
         self._on_database_replaced()
         return True
 
     async def reconcile_if_due(self) -> ReconcileReport | None:
         """The sweeper's step: reconciles at once after the database changed, else once per
         QUEUE_CORE_RECONCILE_INTERVAL_SECONDS."""
-        replaced = await self.database_replaced()
+        replaced = await self.database_replaced() or self._reconcile_owed
         interval = self._config.core_reconcile_interval_seconds
         if not replaced and (interval <= 0 or time.monotonic() - self._last_reconciled < interval):
             return None
@@ -137,6 +142,7 @@ class CoreReconciler:
                 telemetry.metrics.core_reconciliations.add(1, {"trigger": trigger, "result": "unavailable"})
                 raise
             if runs is None:
+                self._reconcile_owed = False  # a core that lists no runs: nothing to retry
                 report.supported = False
                 telemetry.metrics.core_reconciliations.add(1, {"trigger": trigger, "result": "unsupported"})
                 return report
@@ -160,6 +166,8 @@ class CoreReconciler:
             report.adopted = outcomes.count("adopted")
             report.lost = outcomes.count("lost")
             self._last_reconciled = time.monotonic()
+            if "retry" not in outcomes:
+                self._reconcile_owed = False
             for name, value in dataclasses.asdict(report).items():
                 if name != "trigger":
                     span.set_attribute(f"queue.reconcile.{name}", value)
@@ -279,6 +287,13 @@ class CoreReconciler:
         run = await self._core.get_run_record(run_id)
         if run is None or run.fate.settled:
             return False
+        if not (run.first_pass and run.fate is RunFate.JUDGING):
+            # A held run: adopted only when an earlier timeline wrote its reservation. Asked
+            # without the user's lock, so a failed admit's clean-up (the common case, this
+            # timeline's) never waits for a busy user queue before it cancels.
+            async with self._store.statements() as db:
+                if not await db.reservation_of_an_earlier_timeline(run_id=run_id):
+                    return False
         # "known": adopted meanwhile (the release gate, another replica's reconciliation): a job
         # owns the run now, and a claim taken before must not cancel it. "reserved": an admit's
         # reservation of this timeline, canceled as before.

@@ -268,6 +268,10 @@ class Statements:
         """Remembers a failed admit's run, confirmed settled at the core, as abandoned."""
         await self._send("settle_run_reservation", {"run_id": run_id})
 
+    async def reservation_of_an_earlier_timeline(self, *, run_id: uuid.UUID) -> bool:
+        row = await self._one("reservation_of_an_earlier_timeline", {"run_id": run_id})
+        return bool(row and row["earlier"])
+
     async def run_abandoned(self, *, run_id: uuid.UUID) -> bool:
         """Whether the run was a failed admit's, confirmed settled: never to be adopted."""
         row = await self._one("run_abandoned", {"run_id": run_id})

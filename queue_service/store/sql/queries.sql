@@ -128,6 +128,11 @@ UPDATE run_reservations
    SET settled_at = clock_timestamp(), cancel_after = 'infinity'
  WHERE run_id = %(run_id)s AND settled_at IS NULL;
 
+-- name: reservation_of_an_earlier_timeline
+-- Whether the run's reservation was written on a primary a failover replaced (migration 0019).
+SELECT EXISTS (SELECT 1 FROM run_reservations
+                WHERE run_id = %(run_id)s AND settled_at IS NULL AND timeline_id < queue_current_timeline()) AS earlier;
+
 -- name: run_abandoned
 -- Whether the run was a failed admit's, confirmed settled at the core.
 SELECT EXISTS (SELECT 1 FROM run_reservations WHERE run_id = %(run_id)s AND settled_at IS NOT NULL) AS abandoned;
