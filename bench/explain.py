@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from queue_service.store.store import queries
 
@@ -91,6 +92,9 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
         "request_digest": b"explain",
         "delta_of_job_id": None,
         "price": 1,
+        "document_uri": "s3://theses/explain.pdf",
+        "document_title": "Explained",
+        "sources": Jsonb([{"doi": "10.1234/explain", "citation": "A study of queues"}]),
         "is_delta": False,
         "default_max_active": 1,
         "max_queued": 100,
