@@ -38,12 +38,12 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 from queue_service import errors, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
+from queue_service.engine.tasks import BackgroundTasks
 from queue_service.model import (
     ClaimedRelease,
     CoreRun,
@@ -97,7 +97,8 @@ class CoreReconciler:
         # sweep tries again, not only the next periodic one.
         self._reconcile_owed = False
         self._last_reconciled = float("-inf")
-        self._background: set[asyncio.Task[None]] = set()
+        # Settlements of strays the release check found, not waited for by the release.
+        self._tasks = BackgroundTasks(stop_seconds=1.0)
 
     # -- when ------------------------------------------------------------------------------------
 
@@ -263,7 +264,7 @@ class CoreReconciler:
             unknown = await db.runs_unknown_to_queue(run_ids=run_ids, judging_first_pass=run_ids) if counted else set()
         for run in others:
             if run.run_id in unknown:
-                self._in_background(self._settle_stray(run), name=f"settle-stray-{run.run_id}")
+                self._tasks.in_background(self._settle_stray(run), name=f"settle-stray-{run.run_id}")
         if len(counted) < limit:
             return None
         telemetry.metrics.releases_held_for_core.add(1)
@@ -305,11 +306,6 @@ class CoreReconciler:
         except errors.QueueError as exc:
             log.warning("a judging run the queue does not count was not settled yet (%s); reconciliation retries", exc.message)
 
-    def _in_background(self, work: Coroutine[Any, Any, None], *, name: str) -> None:
-        task = asyncio.get_running_loop().create_task(work, name=name)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
     # -- completions of unknown runs ---------------------------------------------------------------
 
     async def adopt_for_completion(self, run_id: uuid.UUID) -> bool:
@@ -348,7 +344,4 @@ class CoreReconciler:
             return False
 
     async def stop(self) -> None:
-        for task in list(self._background):
-            task.cancel()
-        if self._background:
-            await asyncio.wait(set(self._background), timeout=1.0)
+        await self._tasks.stop()
