@@ -102,6 +102,16 @@ class CoreReconciler:
 
     # -- when ------------------------------------------------------------------------------------
 
+    @property
+    def identity(self) -> DatabaseIdentity | None:
+        """The database's identity at the last look (None before the first)."""
+        return self._identity
+
+    @property
+    def reconcile_owed(self) -> bool:
+        """A reconciliation the database's change asked for has not gone through whole yet."""
+        return self._reconcile_owed
+
     async def database_replaced(self) -> bool:
         """Whether the database's identity changed since the last look (the first look only
         learns it). A failover to a promoted standby changes the timeline."""

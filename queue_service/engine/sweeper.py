@@ -25,10 +25,12 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
-from queue_service import errors, telemetry
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from queue_service import deadline, errors, telemetry
 from queue_service.background import cancel_and_wait
 from queue_service.config import Config
-from queue_service.model import Cause, ClaimedReservation, ClaimedSettlement, Promoted
+from queue_service.model import Cause, ClaimedReservation, ClaimedSettlement, OverdueRun, Promoted
 from queue_service.store import Store
 from queue_service.store.feed import RETENTION_SECONDS
 
@@ -45,8 +47,26 @@ _FEED_TRIM_STATEMENTS = 20
 # later), then forgotten, at most this many per pass.
 _ABANDONED_RUN_RETENTION_SECONDS = 86_400.0
 _ABANDONED_RUNS_PER_PASS = 1_000
-# How often the database's identity (its timeline) is looked at, for a failover.
+# How often the database's identity (its timeline) is looked at, for a failover; failed looks in
+# a row before one is logged as a warning.
 _IDENTITY_CHECK_SECONDS = 2.0
+_IDENTITY_FAILURES_BEFORE_WARNING = 3
+_IDENTITY_LOOK_SECONDS = 4.0
+# A reconciliation the core or the database failed is tried this often within the pass, the
+# retries about this many seconds apart (jittered, doubling).
+_RECONCILE_ATTEMPTS = 3
+_RECONCILE_RETRY_SECONDS = 0.5
+
+
+@dataclasses.dataclass
+class IdentityWatch:
+    """What the database identity watch has done (for logs, tests and diagnosis)."""
+
+    looks: int = 0
+    changes_seen: int = 0
+    work_owed: bool = False
+    failures_in_a_row: int = 0
+    last_failure: str = ""
 
 
 @dataclasses.dataclass
@@ -93,6 +113,9 @@ class Reconciling(Protocol):
 
     async def database_replaced(self) -> bool: ...
 
+    @property
+    def reconcile_owed(self) -> bool: ...
+
     async def reconcile(self, *, trigger: str = "periodic") -> Reconciliation: ...
 
     async def reconcile_if_due(self) -> Reconciliation | None: ...
@@ -116,6 +139,7 @@ class Sweeper:
         self._wake_dispatcher = wake_dispatcher
         self._runner: asyncio.Task[None] | None = None
         self._identity_watch: asyncio.Task[None] | None = None
+        self.identity_watch = IdentityWatch()
         # (when, horizon) of each pass: the oldest transaction in flight then. Rows of transactions
         # below a horizon seen RETENTION_SECONDS ago ended at least that long ago, and every
         # reader of the feed has read them (a reader that has not read for half of it resyncs).
@@ -134,29 +158,59 @@ class Sweeper:
     async def after_database_replaced(self) -> None:
         """A failover may have lost commits: the core's live runs are reconciled (lost jobs
         adopted), every RUNNING job is asked about at the core now (a completion the old primary
-        acknowledged may be lost), and a whole pass runs at once."""
+        acknowledged may be lost), and a whole pass runs at once. Raises when a step could not
+        run; the identity watch then tries the whole again at its next look."""
         assert self.reconciler is not None
-        await self._guarded(self.reconciler.reconcile(trigger="database_changed"), None)
+        await self.reconciler.reconcile(trigger="database_changed")
         async with self._store.statements() as db:
             due = await db.reconcile_running_jobs_now()
         log.info("after the database changed: %d running jobs to reconcile with the core now", due)
         await self.sweep_once()
 
     async def _watch_database_identity(self) -> None:
-        """Looks at the database's identity every few seconds (one cheap query) and reconciles
-        with the core's runs at once when it changed: a failover is seen within seconds, not a
-        sweep interval later."""
+        """Looks at the database's identity every few seconds (one cheap query), first at once
+        (the identity this replica started on), and reconciles with the core's runs as soon as it
+        changed: a failover is seen within seconds, not a sweep interval later. The work after a
+        change is owed until it has gone through whole (the new primary or the core not answering
+        yet), retried at every look rather than at the next sweep. Failing looks are logged
+        quietly at first, then as a warning, so a watch that cannot see the database is noticed."""
         assert self.reconciler is not None
         every = min(_IDENTITY_CHECK_SECONDS, self._config.sweep_interval_seconds)
+        watch = self.identity_watch
         while True:
-            await asyncio.sleep(every * random.uniform(0.8, 1.0))
+            watch.looks += 1
             try:
-                if await self.reconciler.database_replaced():
+                # A look is one trivial read: bounded like a call, so a look whose exchange
+                # stalls (a connection left half-open by the failover) is given up in seconds.
+                with deadline.call_budget(_IDENTITY_LOOK_SECONDS):
+                    replaced = await self.reconciler.database_replaced()
+                if replaced:
+                    watch.changes_seen += 1
+                    watch.work_owed = True
+                if watch.work_owed:
                     await self.after_database_replaced()
-            except errors.QueueError as exc:
-                log.debug("database identity check failed (%s); retrying", exc.message)
-            except Exception:
-                log.exception("database identity check failed; retrying")
+                    watch.work_owed = False
+                elif self.reconciler.reconcile_owed:
+                    # An orphan the reconciliation after the change could not settle yet.
+                    await self.reconciler.reconcile_if_due()
+                if watch.failures_in_a_row >= _IDENTITY_FAILURES_BEFORE_WARNING:
+                    log.info("database identity watch works again after %d failed looks", watch.failures_in_a_row)
+                watch.failures_in_a_row = 0
+            except Exception as exc:
+                watch.failures_in_a_row += 1
+                watch.last_failure = f"{exc.__class__.__name__}: {exc}"
+                loud = watch.failures_in_a_row % _IDENTITY_FAILURES_BEFORE_WARNING == 0
+                if isinstance(exc, errors.QueueError):
+                    log.log(
+                        logging.WARNING if loud else logging.DEBUG,
+                        "database identity look failed (%s, %d in a row%s); retrying",
+                        exc.message,
+                        watch.failures_in_a_row,
+                        ", failover work owed" if watch.work_owed else "",
+                    )
+                else:
+                    log.exception("database identity look failed; retrying")
+            await asyncio.sleep(every * random.uniform(0.8, 1.0))
 
     async def _run(self) -> None:
         interval = self._config.sweep_interval_seconds
@@ -215,9 +269,7 @@ class Sweeper:
                 report.gave_up += int(await self._guarded(gave_up, False))
             # Steps that ask the core run side by side (bounded), so a slow core costs one
             # deadline per pass, not one per row.
-            report.reconciled += await self._each_asking_core(
-                [recovery.reconcile(run.job_id, run.user_id, run.run_id, cancel_requested=run.cancel_requested) for run in overdue]
-            )
+            report.reconciled += await self._each_asking_core([self._reconcile(run) for run in overdue])
             report.runs_settled += await self._each_asking_core([recovery.attempt_run_settlement(c) for c in unsettled])
             report.orphans_canceled += await self._each_asking_core([recovery.cancel_reserved_run(o) for o in orphans])
             report.feed_rows_trimmed += await self._guarded(self._trim_feed(), 0)
@@ -231,6 +283,23 @@ class Sweeper:
             if count:
                 telemetry.metrics.sweep_rows.add(count, {"action": action})
         return report
+
+    async def _reconcile(self, run: OverdueRun) -> bool:
+        """One claimed reconciliation, tried again within the pass when the core or the database
+        failed it (a connection lost mid-failover, an answer lost): its claim pushed the job's
+        next look out by QUEUE_RECONCILE_AFTER_SECONDS, so without a retry a completion the core
+        has would wait that long. Each attempt is fenced (a completion applied by an attempt whose
+        answer was lost leaves the next nothing to do)."""
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(_RECONCILE_ATTEMPTS),
+            wait=wait_random_exponential(multiplier=_RECONCILE_RETRY_SECONDS, max=4 * _RECONCILE_RETRY_SECONDS),
+            retry=retry_if_exception_type(errors.QueueError),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                ended = await self._recovery.reconcile(run.job_id, run.user_id, run.run_id, cancel_requested=run.cancel_requested)
+        return ended
 
     async def _forget_abandoned_runs(self) -> int:
         async with self._store.statements() as db:

@@ -338,3 +338,30 @@ async def test_an_admit_whose_connection_breaks_after_its_commit_answers_its_job
         assert (await stubs.admit(user, key)).job_id == queued.job_id
     finally:
         await proxy.down()
+
+
+async def test_a_reconciliation_whose_write_is_cut_is_tried_again_within_the_pass(services, database_url: str) -> None:
+    """The sweeper asks the core about a RUNNING job whose completion never arrived (the core
+    says it succeeded); the connection that writes the ending breaks before the server sees it
+    (a failover, a cut route). The claim pushed the job's next look out by
+    QUEUE_RECONCILE_AFTER_SECONDS, so the pass tries again at once: the job ends in this pass,
+    charged once, not a recheck interval later."""
+    proxy = TcpProxy(database_url)
+    await proxy.up()
+    try:
+        service = await services.start(database_url=proxy.dsn(), reconcile_after_seconds=0.2, sweep_interval_seconds=3600.0)
+        stubs, user = service.stubs, new_user()
+        await stubs.grant(user, 2)
+        job = await stubs.admit(user)
+        await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+        service.core.drop_callbacks = True
+        await service.core.finish(job.run_id)
+        await asyncio.sleep(0.3)
+        proxy.cut_when_sent(b"queue_end_job_viewed")
+        report = await service.app.sweeper.sweep_once()
+        assert proxy.cut_done.is_set(), "the ending's statement was not cut: the test did not inject its fault"
+        assert report.reconciled == 1
+        assert (await stubs.job(job.job_id)).status == S.JOB_STATUS_SUCCEEDED
+        assert await stubs.balance(user) == 1
+    finally:
+        await proxy.down()
