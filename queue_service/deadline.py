@@ -42,14 +42,9 @@ _LAG_MAX_SHARE = 0.5
 class LoopLag:
     """How late this process's event loop has been running lately: a timer that should fire every
     `interval` seconds measures how late it fires; the figure kept is the recent peak, decaying
-    by half every `half_life` seconds, so one stall is remembered for a while, not forever.
+    by half every `half_life` seconds, so one stall is remembered for a while, not forever."""
 
-    Every 0.2 s: a starved CPU makes every timer late, so a longer interval sees the same lag,
-    and an idle replica wakes 5 times a second for it instead of 20 (bench idle_replica: the idle
-    service's CPU 9 -> 5 ms per second). A single stall shorter than the interval is seen when it
-    covers the timer's due time."""
-
-    def __init__(self, interval: float = 0.2, half_life: float = 5.0) -> None:
+    def __init__(self, interval: float = 0.05, half_life: float = 5.0) -> None:
         self.interval = interval
         self.half_life = half_life
         self._peak = 0.0
