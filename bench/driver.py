@@ -56,7 +56,9 @@ async def _bare_pool(dsn: str, max_size: int) -> AsyncConnectionPool:
 # -- db_floor --------------------------------------------------------------------------------------
 
 
-_ADMIT_LIMITS = AdmitLimits(
+# The admit's limits as the service's defaults, but a queue without bound: the db floor here and
+# the minimal server's admit (bench/minimal_server.py) run the admit statement with these.
+ADMIT_LIMITS = AdmitLimits(
     default_max_active=1,
     max_queued=2**31 - 1,
     max_running_deltas=4,
@@ -74,7 +76,7 @@ async def bare_admit(store: Store, user_id: str, key: str) -> None:
         await db.reserve_run_and_read_admit_state(
             run_id=job.run_id, user_id=user_id, idempotency_key=key, delta_of_job_id=None, grace_seconds=60
         )
-    view = await store.admit_job(job, _ADMIT_LIMITS)
+    view = await store.admit_job(job, ADMIT_LIMITS)
     if view is None:
         raise RuntimeError(f"{user_id} has no credit left")
 

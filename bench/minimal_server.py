@@ -19,26 +19,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from bench.driver import ADMIT_LIMITS, TIMEOUTS
 from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2_grpc as queue_grpc
 from queue_service.api.servicers.convert import PROTO_OF_STATUS
-from queue_service.model import AdmitLimits, NewJob
+from queue_service.model import NewJob
 from queue_service.store import Store
-from queue_service.store.pool import Timeouts, create_pool
+from queue_service.store.pool import create_pool
 
-_TIMEOUTS = Timeouts(lock_timeout_ms=5000, statement_timeout_ms=10000)
 _PRICE = 1
-
-
-_ADMIT_LIMITS = AdmitLimits(
-    default_max_active=1,
-    max_queued=2**31 - 1,
-    max_running_deltas=4,
-    release_window_seconds=1800,
-    release_lease_seconds=15,
-    reconcile_after_seconds=900,
-)
 
 
 class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
@@ -59,7 +49,7 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
             await db.reserve_run_and_read_admit_state(
                 run_id=job.run_id, user_id=job.user_id, idempotency_key=job.idempotency_key, delta_of_job_id=None, grace_seconds=60
             )
-        view = await self._store.admit_job(job, _ADMIT_LIMITS)
+        view = await self._store.admit_job(job, ADMIT_LIMITS)
         if view is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "insufficient credits")
         return queue_pb2.AdmitResponse(
@@ -68,7 +58,7 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
 
 
 async def serve(listen: str, dsn: str, pool_max_size: int) -> None:
-    pool = create_pool(dsn, timeouts=_TIMEOUTS, min_size=2, max_size=pool_max_size, timeout=10)
+    pool = create_pool(dsn, timeouts=TIMEOUTS, min_size=2, max_size=pool_max_size, timeout=10)
     await pool.open(wait=True)
     server = grpc.aio.server()
     queue_grpc.add_AnalysisQueueServiceServicer_to_server(MinimalAdmit(Store(pool, database_url=dsn)), server)
