@@ -175,11 +175,9 @@ async def test_the_sweeper_adopts_a_judging_run_whose_reservation_outlived_its_l
     job = await stubs.admit(user)
     await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
     lose_commits(database_url, [job.job_id], reservations_survive_for=-1)
-    async with service.app.store.statements() as db:
-        claims = [c for c in await db.claim_due_run_reservations(lease_seconds=30, batch_size=100) if str(c.run_id) == job.run_id]
-    assert len(claims) == 1
+    claim = await _claim_reservation(service, job.run_id)
 
-    assert await service.app.recovery.cancel_reserved_run(claims[0]) is True
+    assert await service.app.recovery.cancel_reserved_run(claim) is True
     assert core.runs[job.run_id].state == JUDGING, "the sweeper canceled an acknowledged, judging run"
     assert (await stubs.job(job.job_id)).status == S.JOB_STATUS_RUNNING
     assert _reserved(database_url, job.run_id) == 0
@@ -198,13 +196,11 @@ async def test_a_reservation_claimed_before_its_run_was_adopted_does_not_cancel_
     job = await stubs.admit(user)
     await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
     lose_commits(database_url, [job.job_id], reservations_survive_for=-1)
-    async with service.app.store.statements() as db:
-        claims = [c for c in await db.claim_due_run_reservations(lease_seconds=30, batch_size=100) if str(c.run_id) == job.run_id]
-    assert len(claims) == 1
+    claim = await _claim_reservation(service, job.run_id)
     report = await service.app.reconciler.reconcile()
     assert report.adopted == 1, report
 
-    assert await service.app.recovery.cancel_reserved_run(claims[0]) is True
+    assert await service.app.recovery.cancel_reserved_run(claim) is True
     assert core.runs[job.run_id].state == JUDGING, "a stale claim canceled the adopted run"
     assert (await stubs.job(job.job_id)).status == S.JOB_STATUS_RUNNING
     assert _reserved(database_url, job.run_id) == 0
@@ -231,11 +227,9 @@ async def test_a_held_run_whose_reservation_an_earlier_timeline_wrote_is_adopted
     if earlier_timeline:
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute("UPDATE run_reservations SET timeline_id = queue_current_timeline() - 1 WHERE run_id = %s", (queued.run_id,))
-    async with service.app.store.statements() as db:
-        claims = [c for c in await db.claim_due_run_reservations(lease_seconds=30, batch_size=100) if str(c.run_id) == queued.run_id]
-    assert len(claims) == 1
+    claim = await _claim_reservation(service, queued.run_id)
 
-    assert await service.app.recovery.cancel_reserved_run(claims[0]) is True
+    assert await service.app.recovery.cancel_reserved_run(claim) is True
     assert _reserved(database_url, queued.run_id) == 0
     if earlier_timeline:
         assert core.runs[queued.run_id].state == HELD, "the sweeper canceled the run of an acknowledged admit"
@@ -255,6 +249,14 @@ async def _status(stubs, job_id: str):
         if exc.code() == grpc.StatusCode.NOT_FOUND:
             return None
         raise
+
+
+async def _claim_reservation(service, run_id: str):
+    """Claims the run's reservation as the sweeper would (its grace over); exactly one."""
+    async with service.app.store.statements() as db:
+        claims = [c for c in await db.claim_due_run_reservations(lease_seconds=30, batch_size=100) if str(c.run_id) == run_id]
+    assert len(claims) == 1
+    return claims[0]
 
 
 def _reserved(database_url: str, run_id: str) -> int:
