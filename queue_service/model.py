@@ -151,6 +151,9 @@ class DatabaseIdentity:
 
     system_identifier: str | None
     timeline_id: int | None
+    # The queue has reconciled this history with the core's runs (so it forgot none the core
+    # judges): a fact about the history at the look, not part of which history it is.
+    reconciled: bool = dataclasses.field(default=False, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,10 +357,12 @@ class Promoted:
     run_id: uuid.UUID
     # The fleet's capacity is limited: the job waits for a grant, its release not yet claimed.
     waiting: bool = False
+    # As `ClaimedRelease.history_reconciled`, from the promoting statement.
+    history_reconciled: bool | None = None
 
     @property
     def first_release(self) -> ClaimedRelease:
-        return ClaimedRelease(self.job_id, self.user_id, self.run_id, attempt=1)
+        return ClaimedRelease(self.job_id, self.user_id, self.run_id, attempt=1, history_reconciled=self.history_reconciled)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,6 +377,10 @@ class ClaimedRelease:
     cancel_requested: bool = False
     # Granted above the limit the core taught us (one probe per interval, fleet-wide).
     probe: bool = False
+    # Whether the database history the claim was made on had been reconciled with the core's
+    # runs (the claim's statement says; None: not known). Only on an unreconciled history can the
+    # database have forgotten a run the core judges, so only then does the release ask the core.
+    history_reconciled: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -211,6 +211,11 @@ class _Instruments:
             "{attempt}",
             "First-pass releases held back because the core reported another of the user's first-pass runs judging that the queue did not count (I9 at the core)",
         )
+        self.release_checks_at_core = _counter(
+            "queue.release.checked_at_core",
+            "{attempt}",
+            "First-pass releases that asked the core for the user's judging runs first: only on a database history not yet reconciled with the core (after a start on a new history, a failover, a restore)",
+        )
         self.health_probes = _counter(
             "queue.health.probes", "{probe}", "Heartbeat writes of the health probe, by result (ok, failed, timeout)"
         )

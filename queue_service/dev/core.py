@@ -185,6 +185,7 @@ class DevCore(pb_grpc.RunServiceServicer):
         self.answer_faults: dict[str, AnswerFault] = {}
         self.faults_injected: collections.Counter[str] = collections.Counter()
         self.list_calls = 0  # ListRuns calls received
+        self.user_list_calls = 0  # of which for one user's runs (the queue's check before a release)
         self._late_applications: set[asyncio.Future[Any]] = set()
         # Judging time of delta re-checks (None: judging_seconds); 0 completes them at once.
         self.delta_judging_seconds: float | None = None
@@ -366,6 +367,8 @@ class DevCore(pb_grpc.RunServiceServicer):
         self, request: pb.ListRunsRequest, context: grpc.aio.ServicerContext[pb.ListRunsRequest, pb.ListRunsResponse]
     ) -> pb.ListRunsResponse:
         self.list_calls += 1
+        if request.user_id:
+            self.user_list_calls += 1
         return await self._serve("ListRuns", self._list_runs, request, context)
 
     def _create_run(self, request: pb.CreateRunRequest, _metadata: _TraceHeaders) -> pb.CreateRunResponse:

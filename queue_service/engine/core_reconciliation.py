@@ -21,10 +21,15 @@ runs of those jobs. Three things follow, each here:
   delta's base job was lost too, or the user's balance cannot pay the charge again (I3).
   It runs every QUEUE_CORE_RECONCILE_INTERVAL_SECONDS and at once when the database's identity
   (system identifier, timeline) changes: a promoted standby starts a new timeline.
-- **I9 at the core** (`release_gate`): before a first-pass release, the core is asked which of
-  the user's first-pass runs are judging; one the queue does not count as holding a slot (its job
-  lost, or ended while the core still judges) holds the release back, retried like a release
-  with no answer, and is adopted (or canceled) at once.
+- **I9 at the core** (`release_gate`): before a first-pass release on a database history the
+  queue has not reconciled yet, the core is asked which of the user's first-pass runs are
+  judging; one the queue does not count as holding a slot (its job lost, or ended while the core
+  still judges) holds the release back, retried like a release with no answer, and is adopted
+  (or canceled) at once. Only a failover or a restore makes the database forget a judging run,
+  and both start a new history (timeline, system identifier): once a reconciliation has gone
+  through whole on the current history, begun after any release from the old one could still
+  reach the core, the history is recorded (`core_reconciled_histories`) and releases rely on the
+  slot index alone again, without a call to the core each.
 - **A completion of an unknown run** (`adopt_for_completion`) adopts the run first (the core's
   record, by GetRun), so the completion applies; while that cannot be decided (the core or the
   database does not answer) the completion is answered RUN_NOT_YET_ADMITTED, which the core
@@ -71,6 +76,8 @@ class ReconcileReport:
     lost: int = 0
     supported: bool = True
     trigger: str = "periodic"
+    # This reconciliation recorded the current database history as reconciled.
+    history_recorded: bool = False
 
 
 class CoreReconciler:
@@ -92,10 +99,14 @@ class CoreReconciler:
         self._wake_dispatcher = wake_dispatcher
         self._on_database_replaced = on_database_replaced
         self._identity: DatabaseIdentity | None = None
-        # A reconciliation the database's change asked for and that has not yet gone through
-        # whole (the core or the new primary not answering yet, an adoption to retry): every
-        # sweep tries again, not only the next periodic one.
-        self._reconcile_owed = False
+        # When this replica first saw the current history (monotonic).
+        self._identity_seen_at = time.monotonic()
+        # A reconciliation that has not yet gone through whole (the core or the new primary not
+        # answering yet, an adoption to retry), and why it is owed ("database_changed" after a
+        # failover; "history_unreconciled" for a history found unrecorded at start): every look
+        # and sweep tries again, not only the next periodic one.
+        self._owed_trigger: str | None = None
+        self._core_lists_runs = True
         self._last_reconciled = float("-inf")
         # Settlements of strays the release check found, not waited for by the release.
         self._tasks = BackgroundTasks(stop_seconds=1.0)
@@ -109,15 +120,37 @@ class CoreReconciler:
 
     @property
     def reconcile_owed(self) -> bool:
-        """A reconciliation the database's change asked for has not gone through whole yet."""
-        return self._reconcile_owed
+        """A reconciliation is owed: the database's change (or an unrecorded history) asked for
+        one that has not gone through whole yet, or the current history is due to be recorded."""
+        return self._owed_trigger is not None or self._history_record_due()
+
+    def _straggler_seconds(self) -> float:
+        """How long after a new history appeared a ReleaseRun begun on the old one may still
+        reach the core: its deadline, and a second to spare. A reconciliation that listed the
+        core's runs sooner may have missed such a run, so it does not record the history."""
+        return self._config.core_deadline_seconds + 1.0
+
+    def _history_record_due(self) -> bool:
+        identity = self._identity
+        return (
+            identity is not None
+            and identity.timeline_id is not None
+            and not identity.reconciled
+            and self._core_lists_runs
+            and time.monotonic() - self._identity_seen_at >= self._straggler_seconds()
+        )
 
     async def database_replaced(self) -> bool:
         """Whether the database's identity changed since the last look (the first look only
-        learns it). A failover to a promoted standby changes the timeline."""
+        learns it, and owes a reconciliation when that history was never reconciled: the fleet
+        may have restarted on a promoted standby). A failover changes the timeline."""
         async with self._store.statements() as db:
             identity = await db.database_identity()
         previous, self._identity = self._identity, identity
+        if identity != previous:
+            self._identity_seen_at = time.monotonic()
+        if previous is None and not identity.reconciled and identity.timeline_id is not None and self._core_lists_runs:
+            self._owed_trigger = self._owed_trigger or "history_unreconciled"
         if previous is None or identity == previous or identity.timeline_id is None:
             return False
         log.warning(
@@ -127,24 +160,26 @@ class CoreReconciler:
             previous.system_identifier,
             previous.timeline_id,
         )
-        self._reconcile_owed = True
+        self._owed_trigger = "database_changed"
         self._on_database_replaced()
         return True
 
     async def reconcile_if_due(self) -> ReconcileReport | None:
-        """The sweeper's step: reconciles at once after the database changed, else once per
-        QUEUE_CORE_RECONCILE_INTERVAL_SECONDS."""
-        replaced = await self.database_replaced() or self._reconcile_owed
+        """The sweeper's step: reconciles at once after the database changed (or when its
+        history is unrecorded), else once per QUEUE_CORE_RECONCILE_INTERVAL_SECONDS."""
+        await self.database_replaced()
+        trigger = self._owed_trigger or ("history_unreconciled" if self._history_record_due() else None)
         interval = self._config.core_reconcile_interval_seconds
-        if not replaced and (interval <= 0 or time.monotonic() - self._last_reconciled < interval):
+        if trigger is None and (interval <= 0 or time.monotonic() - self._last_reconciled < interval):
             return None
-        return await self.reconcile(trigger="database_changed" if replaced else "periodic")
+        return await self.reconcile(trigger=trigger or "periodic")
 
     # -- reconciliation ------------------------------------------------------------------------
 
     async def reconcile(self, *, trigger: str = "periodic") -> ReconcileReport:
         """Lists the core's live runs and settles every one the queue does not know."""
         report = ReconcileReport(trigger=trigger)
+        identity, seen_at, listed_at = self._identity, self._identity_seen_at, time.monotonic()
         with telemetry.tracer.start_as_current_span("core.reconcile") as span:
             span.set_attribute("queue.reconcile.trigger", trigger)
             try:
@@ -153,7 +188,9 @@ class CoreReconciler:
                 telemetry.metrics.core_reconciliations.add(1, {"trigger": trigger, "result": "unavailable"})
                 raise
             if runs is None:
-                self._reconcile_owed = False  # a core that lists no runs: nothing to retry
+                # A core that lists no runs: nothing to retry, no history to record (I9 at the
+                # core is not asked of it either: it lists nothing).
+                self._owed_trigger, self._core_lists_runs = None, False
                 report.supported = False
                 telemetry.metrics.core_reconciliations.add(1, {"trigger": trigger, "result": "unsupported"})
                 return report
@@ -178,7 +215,9 @@ class CoreReconciler:
             report.lost = outcomes.count("lost")
             self._last_reconciled = time.monotonic()
             if "retry" not in outcomes:
-                self._reconcile_owed = False
+                self._owed_trigger = None
+                if identity is not None and listed_at - seen_at >= self._straggler_seconds():
+                    report.history_recorded = await self._record_history(identity)
             for name, value in dataclasses.asdict(report).items():
                 if name != "trigger":
                     span.set_attribute(f"queue.reconcile.{name}", value)
@@ -186,6 +225,24 @@ class CoreReconciler:
         if report.orphans:
             log.info("reconciled the core's live runs", extra={"reason": trigger, "amount": report.orphans})
         return report
+
+    async def _record_history(self, identity: DatabaseIdentity) -> bool:
+        """Records that `identity`'s history is reconciled (when the database still writes it)."""
+        if identity.timeline_id is None or identity.reconciled:
+            return False
+        try:
+            async with self._store.statements() as db:
+                recorded = await db.record_reconciled_history(identity)
+        except errors.QueueError as exc:
+            log.info("could not record the reconciled database history yet (%s); the next look retries", exc.message)
+            return False
+        if recorded and self._identity == identity:
+            self._identity = dataclasses.replace(identity, reconciled=True)
+            log.info(
+                "database history reconciled with the core: releases no longer ask the core first",
+                extra={"reason": f"system {identity.system_identifier} timeline {identity.timeline_id}"},
+            )
+        return recorded
 
     async def _unknown(self, runs: list[CoreRun]) -> list[CoreRun]:
         """The runs no job owns and no admit has reserved, and the judging first-pass runs no job
@@ -262,7 +319,18 @@ class CoreReconciler:
         forgotten a judging run in a failover (I9). A run whose job ended with the core's
         confirmation that it settled is not counted. The unknown ones are adopted (or canceled)
         at once. Raises CoreUnavailable when the
-        core does not answer (the release waits, as for no answer)."""
+        core does not answer (the release waits, as for no answer).
+
+        Asked only on a database history not yet reconciled with the core: the claim's own
+        statement says which (`history_reconciled`); where it did not, the database is asked,
+        once the replica's last look found the history recorded."""
+        reconciled = claim.history_reconciled
+        if reconciled is None and self._identity is not None and self._identity.reconciled:
+            async with self._store.statements() as db:
+                reconciled = await db.history_reconciled()
+        if reconciled:
+            return None
+        telemetry.metrics.release_checks_at_core.add(1)
         runs = await self._core.list_runs(user_id=claim.user_id, judging_only=True)
         others = [run for run in runs or () if run.first_pass and run.run_id != claim.run_id]
         if not others:

@@ -81,7 +81,13 @@ def view_ref(view: JobView, row: Row) -> JobRef:
 
 def promoted(rows: list[Row]) -> tuple[Promoted, ...]:
     return tuple(
-        Promoted(row["job_id"], row["user_id"], row["run_id"], waiting=bool(row.get("waiting_for_capacity", False)))
+        Promoted(
+            row["job_id"],
+            row["user_id"],
+            row["run_id"],
+            waiting=bool(row.get("waiting_for_capacity", False)),
+            history_reconciled=row.get("history_reconciled"),
+        )
         for row in rows
         if row["row_kind"] == "promoted"
     )
@@ -94,6 +100,7 @@ def claimed_release(row: Row) -> ClaimedRelease:
         run_id=row["run_id"],
         attempt=row["release_attempts"],
         cancel_requested=bool(row.get("cancel_requested", False)),
+        history_reconciled=row.get("history_reconciled"),
     )
 
 
@@ -192,6 +199,7 @@ def capacity_grant(rows: list[Row]) -> CapacityGrant:
                 row["release_attempts"],
                 cancel_requested=bool(row["cancel_requested"]),
                 probe=bool(row["probe"]),
+                history_reconciled=row.get("history_reconciled"),
             ),
             float(row["capacity_waited_seconds"] or 0.0),
         )

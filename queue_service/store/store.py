@@ -316,7 +316,23 @@ class Statements:
         except psycopg.errors.InsufficientPrivilege:
             return DatabaseIdentity(None, None)
         assert row is not None
-        return DatabaseIdentity(row["system_identifier"], row["timeline_id"])
+        return DatabaseIdentity(row["system_identifier"], row["timeline_id"], reconciled=bool(row["reconciled"]))
+
+    async def history_reconciled(self) -> bool:
+        """Whether the history the primary writes now has been reconciled with the core's runs
+        (False where the role may not read the database's identity)."""
+        try:
+            row = await self._one("history_reconciled", {})
+        except psycopg.errors.InsufficientPrivilege:
+            return False
+        return row is not None and bool(row["reconciled"])
+
+    async def record_reconciled_history(self, identity: DatabaseIdentity) -> bool:
+        """Records that a reconciliation went through whole on `identity`, if the database still
+        writes that history; whether it is recorded now."""
+        params = {"system_identifier": identity.system_identifier, "timeline_id": identity.timeline_id}
+        row = await self._one("record_reconciled_history", params)
+        return row is not None and bool(row["recorded"])
 
     # -- jobs and runs -------------------------------------------------------------------------
 

@@ -38,9 +38,11 @@ def lose_commits(database_url: str, job_ids: list[str], *, reservations_survive_
     charge (the balance as before), no reservation, no feed row. With `reservations_survive_for`
     the standby had received the runs' reservations (written before CreateRun) but not the
     admits' commits that consumed them: each comes back, its grace ending that many seconds from
-    now (negative: over already)."""
+    now (negative: over already). A failover begins a history the queue has not reconciled with
+    the core, so the record of the current one goes too."""
     ids = [uuid.UUID(j) for j in job_ids]
     with psycopg.connect(database_url, autocommit=True) as conn, conn.transaction():
+        conn.execute("DELETE FROM core_reconciled_histories")
         owners = conn.execute("SELECT run_id, user_id FROM analysis_jobs WHERE job_id = ANY(%s)", (ids,)).fetchall()
         runs = [row[0] for row in owners]
         conn.execute(
@@ -395,6 +397,55 @@ async def test_the_sweeper_reconciles_and_reads_the_database_identity(services, 
         identity = await db.database_identity()
     assert identity.timeline_id is not None and identity.timeline_id >= 1 and identity.system_identifier
     assert await service.app.reconciler.database_replaced() is False
+
+
+def reconciled_histories(database_url: str) -> int:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM core_reconciled_histories").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_releases_ask_the_core_only_until_the_database_history_is_reconciled(services, database_url: str) -> None:
+    """I9 at the core costs a call per release only while it can matter: on a history the queue
+    has not reconciled (a fresh one here, as after a failover), every first-pass release asks the
+    core first; once a reconciliation begun past the straggler bound (the core deadline and a
+    second) went through whole, the history is recorded and releases go straight to the core; a
+    history that is no longer the recorded one (its record gone) is asked about again."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM core_reconciled_histories")
+    core = await services.core()
+    core.judging_seconds = 0.05
+    service = await services.start(core, core_deadline_seconds=1.0, sweep_interval_seconds=1.0, release_backoff_max_seconds=0.1)
+    stubs = service.stubs
+
+    async def run_two_jobs() -> int:
+        """A new user's two jobs, the second promoted when the first ends: the release checks
+        the core made meanwhile."""
+        user = new_user()
+        await stubs.grant(user, 2)
+        checks_before = core.user_list_calls
+        jobs = [await stubs.admit(user) for _ in range(2)]
+        for job in jobs:
+            await stubs.wait_for(job.job_id, S.JOB_STATUS_SUCCEEDED, timeout=20)
+        assert core.max_concurrent_judging[user] == 1
+        return core.user_list_calls - checks_before
+
+    core.start_judging()
+    assert await run_two_jobs() == 2, "a release on an unreconciled history must ask the core"
+    await eventually(lambda: _replica_knows_reconciled(service), what="the history recorded as reconciled", timeout=15)
+    assert reconciled_histories(database_url) == 1
+    assert await run_two_jobs() == 0, "a release on the reconciled history asked the core"
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM core_reconciled_histories")
+    assert await run_two_jobs() == 2, "a release on a history no longer recorded must ask the core"
+    assert orphans(core, database_url) == []
+
+
+def _replica_knows_reconciled(service) -> bool:
+    identity = service.app.reconciler.identity
+    return identity is not None and identity.reconciled
 
 
 async def test_a_watch_stream_learns_that_a_job_vanished(services, database_url: str) -> None:

@@ -49,7 +49,7 @@ SELECT existing.job_id AS existing_job_id,
 -- price and writes the charge (`queue_admit_job`, migration 0009). One 'admitted' row with the
 -- job's view; none when the key is taken, the balance is short, the user's queue or delta limit
 -- is full, or the reservation is gone. The job keeps its document and sources (migration 0017).
-SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
   FROM queue_admit_job(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
                        %(delta_of_job_id)s::uuid, %(price)s, %(actor)s, %(reason)s, %(default_max_active)s,
                        %(max_queued)s, %(max_running_deltas)s, %(release_window_seconds)s,
@@ -61,7 +61,7 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
 -- A locked section: the core confirmed an ended job's run settled, so the job lets go of its slot
 -- and the user's free slots are filled (`queue_settle_job_run`, migration 0009). A 'settled' row
 -- when the run was unsettled until now, then a 'promoted' row per promoted job.
-SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
   FROM queue_settle_job_run(%(job_id)s, %(settle_user_id)s, %(default_max_active)s, %(release_window_seconds)s,
                             %(release_lease_seconds)s) AS s
 
@@ -149,7 +149,7 @@ DELETE FROM run_reservations
 -- A locked section: refunds a job that ended FAILED while its user canceled it
 -- (`queue_refund_failed_job`, migration 0009). A 'refunded' row with the amount; none when the job
 -- did not fail.
-SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
   FROM queue_refund_failed_job(%(job_id)s, %(actor)s, %(reason)s) AS s
 
 -- name: end_job
@@ -157,7 +157,7 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
 -- settled, fills the freed slots (`queue_end_job_viewed`, migration 0009). No rows when the job
 -- was not in an expected status (fenced); else an 'ended' row with the job's view, then a
 -- 'promoted' row per promoted job.
-SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
   FROM queue_end_job_viewed(%(job_id)s, %(status)s, %(from_statuses)s::text[], %(last_error)s,
                             %(expected_attempts)s::integer, %(run_unsettled)s, %(refund)s, %(actor)s,
                             %(reason)s, %(default_max_active)s, %(release_window_seconds)s,
@@ -167,7 +167,7 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
 -- A locked section: fills every free slot of the user from the queue, oldest first, each promoted
 -- job's first release claimed for this replica (`queue_promote_viewed`, migration 0009). A
 -- 'promoted' row per promoted job, in order.
-SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
   FROM queue_promote_viewed(%(promote_user_id)s, %(default_max_active)s, %(release_window_seconds)s,
                             %(release_lease_seconds)s) AS s
 
@@ -204,7 +204,8 @@ UPDATE analysis_jobs j
          LIMIT %(batch_size)s
          FOR UPDATE SKIP LOCKED) AS due
  WHERE j.job_id = due.job_id
-RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested;
+RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested,
+          (SELECT queue_history_reconciled()) AS history_reconciled;
 
 -- name: run_owner
 -- The user whose job owns a run (a job's user never changes); no row when no job owns it.
@@ -216,7 +217,8 @@ SELECT user_id FROM analysis_jobs WHERE run_id = %(run_id)s;
 -- does not wait for the core's capacity (a grant hands those over). Run after a locked change
 -- whose outcome was unknown, holding the user's lock (`Store.first_releases_owed`), so that a
 -- change still committing has ended: the hand-over its answer would have made is made here.
-SELECT job_id, user_id, run_id, release_attempts, cancel_requested_at IS NOT NULL AS cancel_requested
+SELECT job_id, user_id, run_id, release_attempts, cancel_requested_at IS NOT NULL AS cancel_requested,
+       (SELECT queue_history_reconciled()) AS history_reconciled
   FROM analysis_jobs
  WHERE user_id = %(user_id)s AND status = 'pending' AND release_attempts = 1
    AND next_release_at > clock_timestamp() AND capacity_wait_since IS NULL;
@@ -233,7 +235,8 @@ UPDATE analysis_jobs j
            AND NOT (capacity_wait_since IS NOT NULL AND capacity_token IS NULL)  -- waits for capacity
          FOR UPDATE SKIP LOCKED) AS target
  WHERE j.job_id = target.job_id
-RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested;
+RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested,
+          (SELECT queue_history_reconciled()) AS history_reconciled;
 
 -- name: mark_released
 -- The core accepted these releases: each job is RUNNING (fenced by the attempt that released it).
@@ -631,7 +634,7 @@ SELECT job_id, user_id
 -- `end_run` for several runs in one statement (`locks.locked_sections_of_runs`: every run's user
 -- locked first). Each run's rows carry its 1-based place in the arrays (`batch_index`); each
 -- run's owner is read in the statement's snapshot, the one its lock was chosen from.
-SELECT r.batch_index, s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+SELECT r.batch_index, s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
   FROM unnest(%(run_ids)s::uuid[], %(statuses)s::text[], %(last_errors)s::text[], %(refunds)s::boolean[],
               %(actors)s::text[], %(reasons)s::text[])
        WITH ORDINALITY AS r(run_id, status, last_error, refund, actor, reason, batch_index),
@@ -644,7 +647,7 @@ SELECT r.batch_index, s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_vie
 -- the core reported, refunds when asked and fills the freed slots (`queue_end_run_viewed`,
 -- migration 0011). An 'ended' row then 'promoted' rows; an 'owner' row (the job was not active);
 -- or a 'reserved' / 'unknown' row without a job.
-SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
   FROM queue_end_run_viewed(%(run_id)s, locked.locked_user_id, %(status)s, %(last_error)s, %(refund)s,
                             %(actor)s, %(reason)s, %(default_max_active)s, %(release_window_seconds)s,
                             %(release_lease_seconds)s) AS s
@@ -654,7 +657,7 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
 -- capacity to waiting jobs in fair order, each one's release claimed for this replica
 -- (`queue_grant_capacity`, migration 0014). 'granted' rows, then a 'state' row.
 SELECT s.row_kind, s.job_id, s.user_id, s.run_id, s.release_attempts, s.waited_seconds AS capacity_waited_seconds, s.probe, s.limited,
-       s.in_use, s.capacity_limit, s.cancel_requested
+       s.in_use, s.capacity_limit, s.cancel_requested, (SELECT queue_history_reconciled()) AS history_reconciled
   FROM queue_grant_capacity(%(lease_seconds)s, %(release_window_seconds)s, %(probe_interval_seconds)s,
                             %(max_grants)s) AS s
 
@@ -811,7 +814,7 @@ SELECT pg_notify('analysis_job_feed', %(sender)s);
 -- A locked section: adopts a run the core holds or judges into a job its database lost, with
 -- its charge (`queue_adopt_run`, migration 0018). One row: 'adopted', 'known' or 'key_taken'
 -- with a job's view, or 'reserved', 'delta_base_lost', 'balance_short' without one.
-SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
   FROM queue_adopt_run(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
                        %(delta_of_run_id)s::uuid, %(price)s, %(judging)s, %(actor)s, %(reason)s,
                        %(default_max_active)s, %(release_window_seconds)s, %(release_lease_seconds)s,
@@ -858,10 +861,33 @@ RETURNING run_id;
 -- first 8 hex digits of its file name), while the last checkpoint's timeline follows only when
 -- the (spread) checkpoint after promotion completes, so it is only the fallback (on a standby).
 -- A change means a failover may have lost commits.
+-- `reconciled`: the queue has reconciled this history with the core's runs (migration 0021).
 SELECT (SELECT system_identifier FROM pg_control_system())::text AS system_identifier,
        CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint())
             ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
-       END AS timeline_id;
+       END AS timeline_id,
+       queue_history_reconciled() AS reconciled;
+
+-- name: history_reconciled
+-- Whether the queue has reconciled the history this primary writes now with the core's runs: if
+-- so, it has forgotten no run the core judges, and a release need not ask the core (I9).
+SELECT queue_history_reconciled() AS reconciled;
+
+-- name: record_reconciled_history
+-- A reconciliation that went through whole on this history: recorded, but only while the
+-- database still writes the history the reconciliation began on. Whether it is recorded now.
+WITH current_history AS (
+    SELECT (SELECT system_identifier FROM pg_control_system())::text AS system_identifier,
+           ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int AS timeline_id
+), recorded AS (
+    INSERT INTO core_reconciled_histories (system_identifier, timeline_id)
+    SELECT system_identifier, timeline_id FROM current_history
+     WHERE system_identifier = %(system_identifier)s AND timeline_id = %(timeline_id)s
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM current_history
+                WHERE system_identifier = %(system_identifier)s AND timeline_id = %(timeline_id)s) AS recorded;
 
 -- name: reconcile_running_jobs_now
 -- After a failover: every RUNNING job is due for the sweeper's reconciliation with the core

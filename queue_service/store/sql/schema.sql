@@ -84,6 +84,13 @@ CREATE INDEX analysis_jobs_user_newest_admitted ON public.analysis_jobs USING bt
 CREATE INDEX analysis_jobs_user_newest_first ON public.analysis_jobs USING btree (user_id, queue_seq DESC);
 CREATE INDEX analysis_jobs_waiting_for_capacity ON public.analysis_jobs USING btree (capacity_wait_since) WHERE ((status = 'pending'::text) AND (capacity_wait_since IS NOT NULL) AND (capacity_token IS NULL));
 
+CREATE TABLE public.core_reconciled_histories (
+    system_identifier text NOT NULL,
+    timeline_id       integer NOT NULL,
+    reconciled_at     timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT core_reconciled_histories_pkey PRIMARY KEY (system_identifier, timeline_id)
+);
+
 CREATE TABLE public.core_runs_lost (
     run_id          uuid NOT NULL,
     user_id         text NOT NULL,
@@ -515,6 +522,19 @@ BEGIN
                                     WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL),
                         v_in_use, v_limit, NULL::boolean;
 END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_history_reconciled()
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT CASE WHEN pg_is_in_recovery() OR NOT has_function_privilege('pg_control_system()', 'EXECUTE') THEN false
+                ELSE EXISTS (
+                    SELECT 1 FROM core_reconciled_histories
+                     WHERE system_identifier = (SELECT system_identifier FROM pg_control_system())::text
+                       AND timeline_id = ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int)
+           END
 $function$;
 
 CREATE OR REPLACE FUNCTION public.queue_promote_queued_jobs(p_user_id text, p_default_max_active integer, p_release_window_seconds double precision, p_lease_seconds double precision)
