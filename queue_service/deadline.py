@@ -42,15 +42,27 @@ _LAG_MAX_SHARE = 0.5
 class LoopLag:
     """How late this process's event loop has been running lately: a timer that should fire every
     `interval` seconds measures how late it fires; the figure kept is the recent peak, decaying
-    by half every `half_life` seconds, so one stall is remembered for a while, not forever."""
+    by half every `half_life` seconds, so one stall is remembered for a while, not forever.
 
-    def __init__(self, interval: float = 0.05, half_life: float = 5.0) -> None:
+    The figure serves calls (their reserves, `lag_allowance`). While no call has come for
+    `busy_for` seconds the timer fires only every `idle_interval` seconds, so an idle replica is
+    not woken twenty times a second; the next call (`note_call`) ends that rest at once, and how
+    late the timer then resumes is itself a reading of the loop's lateness."""
+
+    def __init__(self, interval: float = 0.05, half_life: float = 5.0, idle_interval: float = 1.0, busy_for: float = 2.0) -> None:
         self.interval = interval
         self.half_life = half_life
+        self.idle_interval = idle_interval
+        self.busy_for = busy_for
         self._peak = 0.0
         self._peak_at = time.monotonic()
         self._task: asyncio.Task[None] | None = None
         self._users = 0
+        self._call_at = float("-inf")
+        # While resting: the future the slow tick waits on, and when a call woke it.
+        self._rest: asyncio.Future[None] | None = None
+        self._woken_at = 0.0
+        self.ticks = 0
 
     @property
     def seconds(self) -> float:
@@ -59,6 +71,19 @@ class LoopLag:
     def observe(self, lateness: float) -> None:
         if lateness >= self.seconds:
             self._peak, self._peak_at = lateness, time.monotonic()
+
+    def note_call(self) -> None:
+        """A call began: the loop is watched closely again (at once, if it was resting)."""
+        now = time.monotonic()
+        self._call_at = now
+        rest = self._rest
+        if rest is not None and not rest.done():
+            self._woken_at = now
+            rest.set_result(None)
+
+    @property
+    def resting(self) -> bool:
+        return self._rest is not None
 
     def start(self) -> None:
         """Watches the running loop; every `start` is matched by a `stop` (several servers may
@@ -79,10 +104,30 @@ class LoopLag:
             self._task = None
 
     async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            planned = time.monotonic() + self.interval
-            await asyncio.sleep(self.interval)
-            self.observe(max(0.0, time.monotonic() - planned))
+            self.ticks += 1
+            if time.monotonic() - self._call_at < self.busy_for:
+                planned = time.monotonic() + self.interval
+                await asyncio.sleep(self.interval)
+                self.observe(max(0.0, time.monotonic() - planned))
+                continue
+            rest = self._rest = loop.create_future()
+            planned = time.monotonic() + self.idle_interval
+            timer = loop.call_later(self.idle_interval, _settle, rest)
+            try:
+                await rest
+            finally:
+                timer.cancel()
+                self._rest = None
+            now = time.monotonic()
+            # Woken by a call: how long the loop took to resume the watch is its lateness now.
+            self.observe(max(0.0, now - planned) if now >= planned else now - self._woken_at)
+
+
+def _settle(rest: asyncio.Future[None]) -> None:
+    if not rest.done():
+        rest.set_result(None)
 
 
 # The process's monitor; the server starts it (unstarted, it reads no lag).

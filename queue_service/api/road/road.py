@@ -77,6 +77,7 @@ class CallRoad:
         """The road around one call, unary or streaming; the handler runs in the block."""
         entered = False
         started = time.monotonic()
+        deadline.loop_lag.note_call()
         try:
             with deadline.call_budget(time_remaining), audit.acting_for_call():
                 if self._authorize is not None:
