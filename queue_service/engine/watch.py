@@ -34,6 +34,7 @@ import uuid
 from array import array
 from collections import defaultdict
 from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 from queue_service import errors, telemetry
 from queue_service.background import cancel_and_wait
@@ -70,11 +71,15 @@ def estimated_bytes(job: JobView) -> int:
     return _ITEM_BYTES + len(job.last_error) + len(job.user_id)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class WatchItem:
-    """A job's view to send; its queue_seq marks where the stream's knowledge of the user ends."""
+    """A job's view to send; its queue_seq marks where the stream's knowledge of the user ends.
+
+    One change is one item offered to every stream of its user: `rendered` keeps what the API
+    made of it (its message), so a change fanned out to a thousand streams is converted once."""
 
     job: JobView
+    rendered: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -181,7 +181,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
                         yield message
                 else:
                     stream.saw(item)
-                    yield queue_pb2.WatchJobsResponse(job=job_to_proto(item.job))
+                    yield _change_message(item)
         finally:
             # A caller who hangs up cancels this generator mid-wait: no task may outlive it.
             for pending in (drain, getter):
@@ -204,6 +204,15 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
                     message = queue_pb2.WatchJobsResponse()
                     _mark_end(message, resync=resync)
                     yield message
+
+
+def _change_message(item: WatchItem) -> queue_pb2.WatchJobsResponse:
+    """The message of a change, made once for all the streams it is offered to (never mutated
+    after: each stream's write serializes the same message)."""
+    message = item.rendered.get("watch_message")
+    if message is None:
+        message = item.rendered["watch_message"] = queue_pb2.WatchJobsResponse(job=job_to_proto(item.job))
+    return message
 
 
 def _page_messages(page: WatchPage, user_id: str) -> Iterator[queue_pb2.WatchJobsResponse]:
