@@ -878,7 +878,9 @@ SELECT queue_history_reconciled() AS reconciled;
 -- database still writes the history the reconciliation began on. Whether it is recorded now.
 WITH current_history AS (
     SELECT (SELECT system_identifier FROM pg_control_system())::text AS system_identifier,
-           ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int AS timeline_id
+           CASE WHEN NOT pg_is_in_recovery()  -- a standby writes no history of its own
+                THEN ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
+           END AS timeline_id
 ), recorded AS (
     INSERT INTO core_reconciled_histories (system_identifier, timeline_id)
     SELECT system_identifier, timeline_id FROM current_history
