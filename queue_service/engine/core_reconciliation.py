@@ -130,15 +130,13 @@ class CoreReconciler:
         core's runs sooner may have missed such a run, so it does not record the history."""
         return self._config.core_deadline_seconds + 1.0
 
-    def _history_record_due(self) -> bool:
+    def _history_unrecorded(self) -> bool:
+        """The last look found a history this replica could record and that is not recorded."""
         identity = self._identity
-        return (
-            identity is not None
-            and identity.timeline_id is not None
-            and not identity.reconciled
-            and self._core_lists_runs
-            and time.monotonic() - self._identity_seen_at >= self._straggler_seconds()
-        )
+        return identity is not None and identity.timeline_id is not None and not identity.reconciled and self._core_lists_runs
+
+    def _history_record_due(self) -> bool:
+        return self._history_unrecorded() and time.monotonic() - self._identity_seen_at >= self._straggler_seconds()
 
     async def database_replaced(self) -> bool:
         """Whether the database's identity changed since the last look (the first look only
@@ -149,7 +147,7 @@ class CoreReconciler:
         previous, self._identity = self._identity, identity
         if identity != previous:
             self._identity_seen_at = time.monotonic()
-        if previous is None and not identity.reconciled and identity.timeline_id is not None and self._core_lists_runs:
+        if previous is None and self._history_unrecorded():
             self._owed_trigger = self._owed_trigger or "history_unreconciled"
         if previous is None or identity == previous or identity.timeline_id is None:
             return False

@@ -856,16 +856,13 @@ ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 
 -- name: database_identity
--- Which database history this is: the cluster's system identifier and its current timeline. A
--- promoted standby starts a new timeline at once: it names the WAL segment being written (the
--- first 8 hex digits of its file name), while the last checkpoint's timeline follows only when
--- the (spread) checkpoint after promotion completes, so it is only the fallback (on a standby).
--- A change means a failover may have lost commits.
+-- Which database history this is: the cluster's system identifier and its current timeline
+-- (`queue_current_timeline()`, migration 0019: the WAL segment being written names it, which a
+-- promoted standby changes at once; the last checkpoint's only on a standby). A change means a
+-- failover may have lost commits.
 -- `reconciled`: the queue has reconciled this history with the core's runs (migration 0021).
 SELECT (SELECT system_identifier FROM pg_control_system())::text AS system_identifier,
-       CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint())
-            ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
-       END AS timeline_id,
+       queue_current_timeline() AS timeline_id,
        queue_history_reconciled() AS reconciled;
 
 -- name: history_reconciled
@@ -878,9 +875,8 @@ SELECT queue_history_reconciled() AS reconciled;
 -- database still writes the history the reconciliation began on. Whether it is recorded now.
 WITH current_history AS (
     SELECT (SELECT system_identifier FROM pg_control_system())::text AS system_identifier,
-           CASE WHEN NOT pg_is_in_recovery()  -- a standby writes no history of its own
-                THEN ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
-           END AS timeline_id
+           queue_current_timeline() AS timeline_id
+     WHERE NOT pg_is_in_recovery()  -- a standby writes no history of its own
 ), recorded AS (
     INSERT INTO core_reconciled_histories (system_identifier, timeline_id)
     SELECT system_identifier, timeline_id FROM current_history

@@ -533,7 +533,7 @@ AS $function$
                 ELSE EXISTS (
                     SELECT 1 FROM core_reconciled_histories
                      WHERE system_identifier = (SELECT system_identifier FROM pg_control_system())::text
-                       AND timeline_id = ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int)
+                       AND timeline_id = queue_current_timeline())
            END
 $function$;
 

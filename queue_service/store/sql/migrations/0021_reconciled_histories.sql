@@ -11,8 +11,8 @@ CREATE TABLE core_reconciled_histories (
 );
 
 -- Whether the history this primary writes now is recorded above (false on a standby). The
--- timeline is the one the current WAL segment is written on: a promoted standby starts a new one
--- at once. A role that may not read the control file's system identifier gets false (every
+-- timeline is `queue_current_timeline()` (migration 0019): the one the current WAL segment is
+-- written on, which a promoted standby starts at once. A role that may not read the control file's system identifier gets false (every
 -- release asks the core, as before the record). Evaluated by the statements that claim releases,
 -- so a claim knows whether its own database history is reconciled.
 CREATE FUNCTION queue_history_reconciled() RETURNS boolean
@@ -21,6 +21,6 @@ LANGUAGE sql STABLE AS $$
                 ELSE EXISTS (
                     SELECT 1 FROM core_reconciled_histories
                      WHERE system_identifier = (SELECT system_identifier FROM pg_control_system())::text
-                       AND timeline_id = ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int)
+                       AND timeline_id = queue_current_timeline())
            END
 $$;
