@@ -76,8 +76,8 @@ async def bare_admit(store: Store, user_id: str, key: str) -> None:
         await db.reserve_run_and_read_admit_state(
             run_id=job.run_id, user_id=user_id, idempotency_key=key, delta_of_job_id=None, grace_seconds=60
         )
-    view = await store.admit_job(job, ADMIT_LIMITS)
-    if view is None:
+    admitted = await store.admit_job(job, ADMIT_LIMITS)
+    if admitted is None:
         raise RuntimeError(f"{user_id} has no credit left")
 
 

@@ -49,11 +49,13 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
             await db.reserve_run_and_read_admit_state(
                 run_id=job.run_id, user_id=job.user_id, idempotency_key=job.idempotency_key, delta_of_job_id=None, grace_seconds=60
             )
-        view = await self._store.admit_job(job, ADMIT_LIMITS)
-        if view is None:
+        admitted = await self._store.admit_job(job, ADMIT_LIMITS)
+        if admitted is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "insufficient credits")
         return queue_pb2.AdmitResponse(
-            job=job_pb2.Job(job_id=str(job.job_id), user_id=job.user_id, run_id=str(job.run_id), status=PROTO_OF_STATUS[view.status])
+            job=job_pb2.Job(
+                job_id=str(job.job_id), user_id=job.user_id, run_id=str(job.run_id), status=PROTO_OF_STATUS[admitted.view.status]
+            )
         )
 
 

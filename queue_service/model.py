@@ -544,6 +544,16 @@ def estimate_start(
 
 
 @dataclasses.dataclass(frozen=True)
+class AdmittedJob:
+    """What the admit's statement wrote: the job's view, and whether the database history it was
+    written on is reconciled with the core (`ClaimedRelease.history_reconciled`, for the release a
+    PENDING job's admit claimed)."""
+
+    view: JobView
+    history_reconciled: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class AdmitResult:
     job_id: uuid.UUID
     duplicate: bool

@@ -172,7 +172,7 @@ class Admission:
         return await self._tasks.outliving_the_caller(self._admit_job(item, job_id, run_id, price, is_delta), name=f"admit-{job_id}")
 
     async def _admit_job(self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool) -> AdmitResult:
-        view = await self._store.admit_job(
+        admitted = await self._store.admit_job(
             NewJob(
                 job_id=job_id,
                 user_id=item.user_id,
@@ -187,7 +187,7 @@ class Admission:
             ),
             self._admit_limits,
         )
-        if view is None:
+        if admitted is None:
             # Something changed since the pre-check (nothing was written): find out what.
             async with self._store.statements() as db:
                 state = await db.admit_state(
@@ -197,12 +197,15 @@ class Admission:
             if duplicate is None:
                 raise errors.Conflict("the admit took too long and its run was given up; retry with the same idempotency key")
             return duplicate
+        view = admitted.view
         log.info("job admitted", extra={"job_id": job_id, "user_id": item.user_id, "run_id": run_id, "status": view.status})
         if view.status is JobStatus.PENDING:
             if view.waiting_for_capacity:
                 self.capacity.note_waiting()
             else:
-                self._engine.hand_over(ClaimedRelease(job_id, item.user_id, run_id, attempt=1))
+                self._engine.hand_over(
+                    ClaimedRelease(job_id, item.user_id, run_id, attempt=1, history_reconciled=admitted.history_reconciled)
+                )
         return AdmitResult(job_id, duplicate=False, view=view)
 
     async def _drop_reservation(self, run_id: uuid.UUID) -> None:

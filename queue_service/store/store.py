@@ -31,6 +31,7 @@ from queue_service import audit, deadline
 from queue_service.model import (
     AdmitLimits,
     AdmitState,
+    AdmittedJob,
     Adoption,
     CapacityGrant,
     CapacityState,
@@ -750,7 +751,7 @@ class Store:
             self.hints.committed()
         return rows
 
-    async def admit_job(self, job: NewJob, limits: AdmitLimits) -> JobView | None:
+    async def admit_job(self, job: NewJob, limits: AdmitLimits) -> AdmittedJob | None:
         """Admits the job under its user's lock; its view, or None when the key is taken, the
         balance is short, the queue or delta limit is full, or the run's reservation is gone.
         The charge records the current actor (`audit`)."""
@@ -775,7 +776,7 @@ class Store:
             audit.log_movement(
                 kind=LedgerKind.CHARGE, user_id=job.user_id, amount=-job.price, job_id=job.job_id, actor=actor, reason=Cause.ADMIT
             )
-        return from_row.job_view(rows[0])
+        return AdmittedJob(from_row.job_view(rows[0]), history_reconciled=rows[0].get("history_reconciled"))
 
     async def end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition, limits: PromotionLimits) -> JobEnding | None:
         """Applies a named transition under the user's lock if the job is still in one of its
