@@ -399,6 +399,13 @@ async def test_the_sweeper_reconciles_and_reads_the_database_identity(services, 
     assert await service.app.reconciler.database_replaced() is False
 
 
+def forget_reconciled_histories(database_url: str) -> None:
+    """What a failover or a restore means for the record: the history now written is not one the
+    queue reconciled."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM core_reconciled_histories")
+
+
 def reconciled_histories(database_url: str) -> int:
     with psycopg.connect(database_url, autocommit=True) as conn:
         row = conn.execute("SELECT count(*) FROM core_reconciled_histories").fetchone()
@@ -412,8 +419,7 @@ async def test_releases_ask_the_core_only_until_the_database_history_is_reconcil
     core first; once a reconciliation begun past the straggler bound (the core deadline and a
     second) went through whole, the history is recorded and releases go straight to the core; a
     history that is no longer the recorded one (its record gone) is asked about again."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("DELETE FROM core_reconciled_histories")
+    forget_reconciled_histories(database_url)
     core = await services.core()
     core.judging_seconds = 0.05
     service = await services.start(core, core_deadline_seconds=1.0, sweep_interval_seconds=1.0, release_backoff_max_seconds=0.1)
@@ -437,8 +443,7 @@ async def test_releases_ask_the_core_only_until_the_database_history_is_reconcil
     assert reconciled_histories(database_url) == 1
     assert await run_two_jobs() == 0, "a release on the reconciled history asked the core"
 
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("DELETE FROM core_reconciled_histories")
+    forget_reconciled_histories(database_url)
     assert await run_two_jobs() == 2, "a release on a history no longer recorded must ask the core"
     assert orphans(core, database_url) == []
 
