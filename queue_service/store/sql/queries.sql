@@ -149,7 +149,7 @@ DELETE FROM run_reservations
 -- A locked section: refunds a job that ended FAILED while its user canceled it
 -- (`queue_refund_failed_job`, migration 0009). A 'refunded' row with the amount; none when the job
 -- did not fail.
-SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
   FROM queue_refund_failed_job(%(job_id)s, %(actor)s, %(reason)s) AS s
 
 -- name: end_job
@@ -814,7 +814,7 @@ SELECT pg_notify('analysis_job_feed', %(sender)s);
 -- A locked section: adopts a run the core holds or judges into a job its database lost, with
 -- its charge (`queue_adopt_run`, migration 0018). One row: 'adopted', 'known' or 'key_taken'
 -- with a job's view, or 'reserved', 'delta_base_lost', 'balance_short' without one.
-SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
   FROM queue_adopt_run(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
                        %(delta_of_run_id)s::uuid, %(price)s, %(judging)s, %(actor)s, %(reason)s,
                        %(default_max_active)s, %(release_window_seconds)s, %(release_lease_seconds)s,
