@@ -8,6 +8,8 @@ once, each user's next job promoted into her slot), and the figures are also giv
 (`ratios_to_paced`): the cost of the capacity itself, apart from the unlimited burst's batching. As in scenario 3 the core starts manual, so the runs released before
 judging starts (20, or every user's first) are held judging; SIGUSR1 starts them all at one
 instant, and the core records each ReleaseRun received and each CompleteRun sent and returned.
+Before judging starts the jobs table is vacuumed and analyzed, as autovacuum keeps a database in
+service (a database made a moment ago has no statistics for the planner).
 
 From the core's record:
 - `most_runs_at_once`: the most runs judging at once (+1 at a release, -1 at its completion);
@@ -94,6 +96,7 @@ def saturated_batch(ctx: Context, name: str, *, users: int, capacity: int, queue
         ready = dbsetup.wait_for(dsn, prefix, lambda c: c.get("running", 0) == first_wave, timeout=60)
         if ready.get("running", 0) != first_wave:
             raise RuntimeError(f"{name}: first runs not all running: {ready}")
+        dbsetup.vacuum_analyze(dsn)
         ctx.statements_reset(name)
         meter = CpuMeter(stack.cpu_roots()).start()
         stack.start_judging()

@@ -450,3 +450,49 @@ def test_a_grant_reads_the_next_in_line_not_every_waiting_job(database_url: str)
             (counted,) = conn.execute("SELECT pg_stat_get_xact_function_calls('queue_capacity_in_use_of_user'::regproc)").fetchone()
         assert granted == [(users[0],)]
         assert counted == 1
+
+
+def test_a_grant_takes_the_lowest_free_token_and_counts_only_the_runs_in_use(database_url: str) -> None:
+    """A grant's token is the lowest one no run in use holds (a gap left by an ended run first,
+    then the next above those held), and the count of what is in use is served by an index of the
+    runs in use, not by the slot index and a filter over every job holding a slot (200 waiting here)."""
+    users = [new_user() for _ in range(203)]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO queue_capacity (capacity) VALUES (4) ON CONFLICT (singleton) DO UPDATE SET capacity = 4")
+        with conn.cursor() as cursor:
+            cursor.executemany(
+                """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot, price)
+                   VALUES (gen_random_uuid(), %s, gen_random_uuid(), 'k', '\\x00', 'pending', nextval('analysis_jobs_queue_seq'), 1, 1)""",
+                [(user,) for user in users],
+            )
+
+        def grant() -> tuple[str, int]:
+            granted = "SELECT user_id FROM queue_grant_capacity(30, 1800, 1, 1) WHERE row_kind = 'granted'"
+            (user_id,) = conn.execute(granted).fetchone()
+            (token,) = conn.execute("SELECT capacity_token FROM analysis_jobs WHERE user_id = %s", (user_id,)).fetchone()
+            return user_id, token
+
+        holders = [grant() for _ in range(3)]
+        assert [token for _, token in holders] == [1, 2, 3]
+        conn.execute("UPDATE analysis_jobs SET status = 'succeeded', end_time = clock_timestamp() WHERE user_id = %s", (holders[1][0],))
+        assert grant()[1] == 2  # the gap the ended run left
+        conn.execute("UPDATE analysis_jobs SET status = 'succeeded', end_time = clock_timestamp() WHERE user_id = %s", (holders[0][0],))
+        (in_use,) = conn.execute("SELECT queue_capacity_in_use()").fetchone()
+        assert in_use == 2
+        # This table is a few pages (a sequential scan would win): which index serves the count.
+        conn.execute("ANALYZE analysis_jobs")
+        conn.execute("SET enable_seqscan = off")
+        plan = "\n".join(
+            row[0]
+            for row in conn.execute(
+                """EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)
+                   SELECT count(*) FROM analysis_jobs a
+                    WHERE (a.status IN ('pending', 'running') OR a.run_settle_due_at IS NOT NULL) AND a.delta_of_job_id IS NULL
+                      AND a.slot IS NOT NULL
+                      AND (a.capacity_wait_since IS NULL OR a.capacity_token IS NOT NULL)"""
+            ).fetchall()
+        )
+        assert "analysis_jobs_first_pass_taking_capacity" in plan, plan
+        assert "Rows Removed by Filter" not in plan, plan
+        assert grant()[1] == 1  # the lowest gap, with 2 and 3 held
+        assert grant()[1] == 4

@@ -70,6 +70,7 @@ CREATE TABLE public.analysis_jobs (
 CREATE INDEX analysis_jobs_capacity_turn_order ON public.analysis_jobs USING btree (capacity_turn_key, capacity_wait_since, queue_seq) WHERE ((status = 'pending'::text) AND (capacity_wait_since IS NOT NULL) AND (capacity_token IS NULL));
 CREATE INDEX analysis_jobs_delta_base ON public.analysis_jobs USING btree (delta_of_job_id) WHERE (delta_of_job_id IS NOT NULL);
 CREATE INDEX analysis_jobs_ended_status_newest_admitted ON public.analysis_jobs USING btree (status, create_time DESC, job_id DESC) WHERE (status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text]));
+CREATE INDEX analysis_jobs_first_pass_taking_capacity ON public.analysis_jobs USING btree (user_id) WHERE (((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)) AND (delta_of_job_id IS NULL) AND (slot IS NOT NULL) AND ((capacity_wait_since IS NULL) OR (capacity_token IS NOT NULL)));
 CREATE INDEX analysis_jobs_newest_admitted ON public.analysis_jobs USING btree (create_time DESC, job_id DESC);
 CREATE UNIQUE INDEX analysis_jobs_one_holder_per_capacity_token ON public.analysis_jobs USING btree (capacity_token) WHERE ((capacity_token IS NOT NULL) AND ((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)));
 CREATE UNIQUE INDEX analysis_jobs_one_holder_per_slot ON public.analysis_jobs USING btree (user_id, slot) WHERE (((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)) AND (delta_of_job_id IS NULL));
@@ -313,6 +314,7 @@ DECLARE
     v_rank integer;
     v_best uuid;
     v_best_rank integer;
+    v_locked record;
     v_skipped uuid[] := '{}';
 BEGIN
     LOOP
@@ -347,10 +349,12 @@ BEGIN
         IF v_best IS NULL THEN
             RETURN NULL;
         END IF;
-        PERFORM 1 FROM analysis_jobs w
-          WHERE w.job_id = v_best AND w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
-            FOR UPDATE SKIP LOCKED;
-        IF FOUND THEN
+        SELECT w.status, w.capacity_wait_since, w.capacity_token INTO v_locked
+          FROM analysis_jobs w
+         WHERE w.job_id = v_best
+           FOR UPDATE SKIP LOCKED;
+        IF FOUND AND v_locked.status = 'pending' AND v_locked.capacity_wait_since IS NOT NULL
+           AND v_locked.capacity_token IS NULL THEN
             RETURN v_best;
         END IF;
         -- Locked by another transaction (or changed meanwhile): the order without it.
