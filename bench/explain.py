@@ -60,11 +60,14 @@ STATEMENTS = [
         "mark_released",
         "release accepted: mark the jobs RUNNING, one statement for those accepted together (a queued job here: no row changes)",
     ),
+    ("end_runs", "completions of several runs in one statement, each run's section as end_job's (one run here)"),
 ]
 
 
 def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[str, tuple[dict[str, Any], Callable | None]]:
-    running = conn.execute("SELECT job_id FROM analysis_jobs WHERE user_id = %s AND status = 'running'", (busy_user,)).fetchone()["job_id"]
+    running, running_run = (
+        conn.execute("SELECT job_id, run_id FROM analysis_jobs WHERE user_id = %s AND status = 'running'", (busy_user,)).fetchone().values()
+    )
     queued = conn.execute(
         "SELECT job_id FROM analysis_jobs WHERE user_id = %s AND status = 'queued' ORDER BY queue_seq LIMIT 1", (busy_user,)
     ).fetchone()["job_id"]
@@ -139,6 +142,20 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
         "job_views_by_ids": ({"job_ids": [queued]}, None),
         "ledger_entries_of_user": ({"user_id": idle_user, "job_id": None, "before_entry_id": None, "limit": 21}, None),
         "mark_released": ({"job_ids": [queued], "attempts": [1], "reconcile_after_seconds": 900.0}, None),
+        "end_runs": (
+            {
+                "run_ids": [running_run],
+                "statuses": ["succeeded"],
+                "last_errors": [""],
+                "refunds": [False],
+                "actors": ["core:explain"],
+                "reasons": ["completion"],
+                "default_max_active": 1,
+                "release_window_seconds": 1800.0,
+                "release_lease_seconds": 15.0,
+            },
+            None,
+        ),
     }
 
 

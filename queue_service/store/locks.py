@@ -156,9 +156,10 @@ _LOCKED_SECTION = _locked_section_sql("SELECT %(user_id)s::text AS user_id")
 _RUN_OWNER_LOCKED_SECTION = _locked_section_sql("SELECT (SELECT j.user_id FROM analysis_jobs j WHERE j.run_id = %(run_id)s) AS user_id")
 
 # Several runs' sections: the users are those of the runs' jobs as the statement began (the
-# sections read each run's owner in the same snapshot).
+# sections read each run's owner in the same snapshot). The run ids are read through a subquery,
+# so the prepared statement keeps a generic plan (queries.sql, `mark_released`).
 _RUN_OWNERS_LOCKED_SECTIONS = _locked_sections_sql(
-    "SELECT DISTINCT j.user_id FROM analysis_jobs j WHERE j.run_id = ANY(%(run_ids)s::uuid[])"
+    "SELECT DISTINCT j.user_id FROM analysis_jobs j WHERE j.run_id = ANY((SELECT %(run_ids)s::uuid[])::uuid[])"
 )
 _RUN_OWNERS_LOCKED_SECTIONS_THEN_GRANT = _capacity_tried_after_sql(_RUN_OWNERS_LOCKED_SECTIONS)
 # A batch waits this long at most for any one user's lock; then its callers run their sections

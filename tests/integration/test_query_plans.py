@@ -5,14 +5,17 @@ what the previous holder of the lock committed and run its statements on generic
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
 from queue_service import deadline
+from queue_service.model import PromotionLimits, RunReportToApply, Transition
 from queue_service.store import locks
 from queue_service.store.pool import Timeouts, create_pool
+from queue_service.store.store import _end_runs_params, _statement
 from tests.harness import S, new_user
 
 # A section the way migration 0009's functions are written: VOLATILE PL/pgSQL, rows with a kind.
@@ -123,3 +126,47 @@ async def test_a_completion_finds_its_runs_user_and_waits_for_that_users_lock(se
     assert ended.status == S.JOB_STATUS_SUCCEEDED
     # Read after the holder's commit: the canceled job was not promoted into the freed slot.
     assert (await stubs.job(queued.job_id)).status == S.JOB_STATUS_CANCELED
+
+
+async def test_batched_completions_and_release_marks_keep_their_generic_plans(database_url: str) -> None:
+    """The statements that end a batch of runs and mark a burst of releases run once per batch,
+    most batches of one at a steady pace. Prepared (the pool's connections prepare a statement
+    after 5 executions), PostgreSQL settles on their generic plans instead of planning every call
+    afresh: the arrays are read through subqueries, so a custom plan of a batch of one is not
+    cheaper than the generic plan. Given the arrays as constants, every call was planned anew."""
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        with admin.cursor() as cursor:
+            cursor.executemany(
+                """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, price)
+                   VALUES (gen_random_uuid(), %s, gen_random_uuid(), 'k', '\\x00', 'succeeded', nextval('analysis_jobs_queue_seq'), 1)""",
+                [(new_user(),) for _ in range(250)],
+            )
+    pool = create_pool(database_url, timeouts=Timeouts(5000, 10000), min_size=1, max_size=1, timeout=5)
+    await pool.open(wait=True)
+    try:
+        limits = PromotionLimits(default_max_active=1, release_window_seconds=1800, release_lease_seconds=30)
+        for batch in (1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 3, 1) * 2:
+            reports = [
+                RunReportToApply(
+                    run_id=uuid.uuid4(), transition=Transition.completed(succeeded=True, refund=False, message=""), actor="core"
+                )
+                for _ in range(batch)
+            ]
+            rows = await locks.locked_sections_of_runs(
+                pool, [r.run_id for r in reports], _statement("end_runs"), _end_runs_params(reports, limits)
+            )
+            assert {row["row_kind"] for row in rows} == {"unknown"}, rows
+            async with pool.connection() as conn:
+                releases = {"job_ids": [uuid.uuid4() for _ in range(batch)], "attempts": [1] * batch, "reconcile_after_seconds": 30.0}
+                await conn.execute(_statement("mark_released"), releases)
+        async with pool.connection() as conn:
+            cursor = await conn.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
+            plans = {
+                ("end_runs" if "queue_end_run_viewed" in row["statement"] else "mark_released"): row for row in await cursor.fetchall()
+            }
+    finally:
+        await pool.close()
+    assert set(plans) == {"end_runs", "mark_released"}, plans
+    for name, row in plans.items():
+        # 24 calls: 5 unprepared, then PostgreSQL's 5 custom plans before it compares, then generic.
+        assert (row["custom_plans"], row["generic_plans"]) == (5, 14), (name, row["statement"])

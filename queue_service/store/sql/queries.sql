@@ -243,13 +243,20 @@ RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_
 -- One statement for every release whose answer came while the previous one ran (the engine's
 -- `Coalescer`): one commit and one WAL flush for a burst. The caller sorts the job ids, so two
 -- such statements lock their rows in the same order.
+--
+-- The arrays are read through subqueries: a custom plan then does not see how many releases the
+-- burst holds and costs what the generic plan costs, so PostgreSQL settles on the prepared
+-- statement's generic plan. Given the arrays as constants, a custom plan of a burst of one is
+-- cheaper than the generic plan's guess of ten, and whether PostgreSQL ever switched depended on
+-- the sizes of a connection's first five bursts: in a saturated run it planned every call
+-- afresh, the planning costing as much as the update.
 UPDATE analysis_jobs j
    SET status = 'running',
        start_time = clock_timestamp(),
        next_release_at = NULL,
        last_error = '',
        next_reconcile_at = clock_timestamp() + make_interval(secs => %(reconcile_after_seconds)s)
-  FROM unnest(%(job_ids)s::uuid[], %(attempts)s::integer[]) AS released(job_id, attempt)
+  FROM unnest((SELECT %(job_ids)s::uuid[]), (SELECT %(attempts)s::integer[])) AS released(job_id, attempt)
  WHERE j.job_id = released.job_id AND j.status = 'pending' AND j.release_attempts = released.attempt
 RETURNING j.job_id;
 
@@ -633,10 +640,11 @@ SELECT job_id, user_id
 -- name: end_runs
 -- `end_run` for several runs in one statement (`locks.locked_sections_of_runs`: every run's user
 -- locked first). Each run's rows carry its 1-based place in the arrays (`batch_index`); each
--- run's owner is read in the statement's snapshot, the one its lock was chosen from.
+-- run's owner is read in the statement's snapshot, the one its lock was chosen from. The arrays
+-- are read through subqueries, so its prepared statement keeps a generic plan (see `mark_released`).
 SELECT r.batch_index, s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
-  FROM unnest(%(run_ids)s::uuid[], %(statuses)s::text[], %(last_errors)s::text[], %(refunds)s::boolean[],
-              %(actors)s::text[], %(reasons)s::text[])
+  FROM unnest((SELECT %(run_ids)s::uuid[]), (SELECT %(statuses)s::text[]), (SELECT %(last_errors)s::text[]),
+              (SELECT %(refunds)s::boolean[]), (SELECT %(actors)s::text[]), (SELECT %(reasons)s::text[]))
        WITH ORDINALITY AS r(run_id, status, last_error, refund, actor, reason, batch_index),
        LATERAL queue_end_run_viewed(r.run_id, (SELECT j.user_id FROM analysis_jobs j WHERE j.run_id = r.run_id),
                                     r.status, r.last_error, r.refund, r.actor, r.reason, %(default_max_active)s,
