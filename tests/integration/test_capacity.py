@@ -431,19 +431,29 @@ async def test_a_capacity_change_takes_effect_on_every_replica(services) -> None
     ]
 
 
+def _users_waiting_for_capacity(conn: psycopg.Connection, *, users: int, capacity: int) -> list[str]:
+    """`capacity` set, then one PENDING job in slot 1 for each of `users` new users, in order: each
+    begins to wait for capacity as it is inserted. The users, first admitted first."""
+    conn.execute(
+        "INSERT INTO queue_capacity (capacity) VALUES (%(capacity)s) ON CONFLICT (singleton) DO UPDATE SET capacity = %(capacity)s",
+        {"capacity": capacity},
+    )
+    waiting = [new_user() for _ in range(users)]
+    with conn.cursor() as cursor:
+        cursor.executemany(
+            """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot, price)
+               VALUES (gen_random_uuid(), %s, gen_random_uuid(), 'k', '\\x00', 'pending', nextval('analysis_jobs_queue_seq'), 1, 1)""",
+            [(user,) for user in waiting],
+        )
+    return waiting
+
+
 def test_a_grant_reads_the_next_in_line_not_every_waiting_job(database_url: str) -> None:
     """The grant's cost does not grow with the jobs waiting: with 300 users waiting (one slot each)
     it counts the runs in use of one candidate, not of every waiting job (migration 0014 counted
     and sorted all of them on every grant), and still serves the user who waited longest."""
-    users = [new_user() for _ in range(300)]
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("INSERT INTO queue_capacity (capacity) VALUES (1) ON CONFLICT (singleton) DO UPDATE SET capacity = 1")
-        with conn.cursor() as cursor:
-            cursor.executemany(
-                """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot, price)
-                   VALUES (gen_random_uuid(), %s, gen_random_uuid(), 'k', '\\x00', 'pending', nextval('analysis_jobs_queue_seq'), 1, 1)""",
-                [(user,) for user in users],
-            )
+        users = _users_waiting_for_capacity(conn, users=300, capacity=1)
         with conn.transaction():
             conn.execute("SET LOCAL track_functions = 'all'")
             granted = conn.execute("SELECT user_id FROM queue_grant_capacity(30, 1800, 1, 10) WHERE row_kind = 'granted'").fetchall()
@@ -456,15 +466,8 @@ def test_a_grant_takes_the_lowest_free_token_and_counts_only_the_runs_in_use(dat
     """A grant's token is the lowest one no run in use holds (a gap left by an ended run first,
     then the next above those held), and the count of what is in use is served by an index of the
     runs in use, not by the slot index and a filter over every job holding a slot (200 waiting here)."""
-    users = [new_user() for _ in range(203)]
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("INSERT INTO queue_capacity (capacity) VALUES (4) ON CONFLICT (singleton) DO UPDATE SET capacity = 4")
-        with conn.cursor() as cursor:
-            cursor.executemany(
-                """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot, price)
-                   VALUES (gen_random_uuid(), %s, gen_random_uuid(), 'k', '\\x00', 'pending', nextval('analysis_jobs_queue_seq'), 1, 1)""",
-                [(user,) for user in users],
-            )
+        _users_waiting_for_capacity(conn, users=203, capacity=4)
 
         def grant() -> tuple[str, int]:
             granted = "SELECT user_id FROM queue_grant_capacity(30, 1800, 1, 1) WHERE row_kind = 'granted'"
