@@ -8,11 +8,12 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+
+from queue_service.dev.embedded_postgres import free_port
 
 
 class TcpProxy:
@@ -24,9 +25,7 @@ class TcpProxy:
         parts = urlsplit(target_dsn)
         self._target = (parts.hostname or "127.0.0.1", parts.port or 5432)
         self._target_dsn = target_dsn
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()

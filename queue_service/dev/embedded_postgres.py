@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import pwd
+import random
 import socket
 import subprocess
 import warnings
@@ -46,7 +47,34 @@ def port_is_free(port: int) -> bool:
         return True
 
 
+# The ports this process has handed out: two callers that have not bound theirs yet never share one.
+_HANDED_OUT: set[int] = set()
+_PORT_CHOICE = random.SystemRandom()
+
+
+def _ephemeral_ports_start() -> int:
+    """The first port the kernel gives outbound connections (Linux's default when unreadable)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A port nothing listens on now, for a server the caller starts next, below the kernel's
+    range of ephemeral ports.
+
+    A port the kernel picks (a bind to port 0) goes back to that range when the probe closes, and
+    any outbound connection of the machine (a client's, a server's) may take it as its own local
+    port before the caller's server binds it, which then fails with "address in use". Below the
+    range, only another listener can take it."""
+    start = _ephemeral_ports_start()
+    lowest = 10000 if start > 12000 else 1024
+    for _ in range(200):
+        port = _PORT_CHOICE.randrange(lowest, start)
+        if port not in _HANDED_OUT and port_is_free(port):
+            _HANDED_OUT.add(port)
+            return port
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])

@@ -39,6 +39,8 @@ from typing import Any, TypeVar
 import psycopg
 import yaml
 
+from queue_service.dev.embedded_postgres import free_port
+
 SYSTEM_USER = "postgres"
 SCOPE = "acurio-queue-failover"
 SUPERUSER = "postgres"
@@ -72,12 +74,6 @@ def missing() -> str:
         except KeyError:
             return f"needs a system user {SYSTEM_USER!r} to run PostgreSQL as (it refuses root)"
     return ""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1) -> T:
