@@ -752,9 +752,10 @@ class Store:
         return rows
 
     async def admit_job(self, job: NewJob, limits: AdmitLimits) -> AdmittedJob | None:
-        """Admits the job under its user's lock; its view, or None when the key is taken, the
-        balance is short, the queue or delta limit is full, or the run's reservation is gone.
-        The charge records the current actor (`audit`)."""
+        """Admits the job under its user's lock; its view and whether the statement's database
+        history is reconciled (`AdmittedJob`), or None when the key is taken, the balance is
+        short, the queue or delta limit is full, or the run's reservation is gone. The charge
+        records the current actor (`audit`)."""
         actor = audit.actor_for(Cause.ADMIT)
         params = {
             **dataclasses.asdict(job),
