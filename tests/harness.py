@@ -74,6 +74,17 @@ def new_user() -> str:
     return f"user-{uuid.uuid4().hex[:12]}"
 
 
+def insert_jobs(conn: psycopg.Connection, users: list[str], *, status: str, slot: int | None = None) -> None:
+    """One job of price 1 for each user, in order, written straight into the table (no admit,
+    no ledger): for tests of what the database does with many rows in a given state."""
+    with conn.cursor() as cursor:
+        cursor.executemany(
+            """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot, price)
+               VALUES (gen_random_uuid(), %s, gen_random_uuid(), 'k', '\\x00', %s, nextval('analysis_jobs_queue_seq'), %s, 1)""",
+            [(user, status, slot) for user in users],
+        )
+
+
 async def running_with_one_queued(stubs: Stubs) -> tuple[str, job_pb2.Job, job_pb2.Job]:
     """A new user with a RUNNING job (its run judging at a manual core) and a QUEUED one behind it."""
     user = new_user()

@@ -25,7 +25,7 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
 )
 from queue_service.dev.core import AnswerFault, DevCore
-from tests.harness import Stubs, new_user
+from tests.harness import Stubs, insert_jobs, new_user
 
 S = job_pb2
 
@@ -439,12 +439,7 @@ def _users_waiting_for_capacity(conn: psycopg.Connection, *, users: int, capacit
         {"capacity": capacity},
     )
     waiting = [new_user() for _ in range(users)]
-    with conn.cursor() as cursor:
-        cursor.executemany(
-            """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot, price)
-               VALUES (gen_random_uuid(), %s, gen_random_uuid(), 'k', '\\x00', 'pending', nextval('analysis_jobs_queue_seq'), 1, 1)""",
-            [(user,) for user in waiting],
-        )
+    insert_jobs(conn, waiting, status="pending", slot=1)
     return waiting
 
 

@@ -16,7 +16,7 @@ from queue_service.model import PromotionLimits, RunReportToApply, Transition
 from queue_service.store import locks
 from queue_service.store.pool import Timeouts, create_pool
 from queue_service.store.store import _end_runs_params, _statement
-from tests.harness import S, new_user
+from tests.harness import S, insert_jobs, new_user
 
 # A section the way migration 0009's functions are written: VOLATILE PL/pgSQL, rows with a kind.
 _PROBE_FUNCTION = """
@@ -135,12 +135,7 @@ async def test_batched_completions_and_release_marks_keep_their_generic_plans(da
     afresh: the arrays are read through subqueries, so a custom plan of a batch of one is not
     cheaper than the generic plan. Given the arrays as constants, every call was planned anew."""
     with psycopg.connect(database_url, autocommit=True) as admin:
-        with admin.cursor() as cursor:
-            cursor.executemany(
-                """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, price)
-                   VALUES (gen_random_uuid(), %s, gen_random_uuid(), 'k', '\\x00', 'succeeded', nextval('analysis_jobs_queue_seq'), 1)""",
-                [(new_user(),) for _ in range(250)],
-            )
+        insert_jobs(admin, [new_user() for _ in range(250)], status="succeeded")
     pool = create_pool(database_url, timeouts=Timeouts(5000, 10000), min_size=1, max_size=1, timeout=5)
     await pool.open(wait=True)
     try:
