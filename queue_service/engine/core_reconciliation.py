@@ -145,8 +145,14 @@ class CoreReconciler:
         async with self._store.statements() as db:
             identity = await db.database_identity()
         previous, self._identity = self._identity, identity
-        if identity != previous:
+        # A record that vanished from a history this replica saw recorded (a restore that kept
+        # the identity, an operator clearing it to have releases ask the core again) is a new
+        # history too: the straggler bound runs again before it may be recorded.
+        record_vanished = previous is not None and previous.reconciled and not identity.reconciled
+        if identity != previous or record_vanished:
             self._identity_seen_at = time.monotonic()
+        if record_vanished and identity == previous:
+            log.warning("the record that this database history was reconciled with the core is gone: releases ask the core first again")
         if previous is None and self._history_unrecorded():
             self._owed_trigger = self._owed_trigger or "history_unreconciled"
         if previous is None or identity == previous or identity.timeline_id is None:

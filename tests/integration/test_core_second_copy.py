@@ -418,11 +418,13 @@ async def test_releases_ask_the_core_only_until_the_database_history_is_reconcil
     has not reconciled (a fresh one here, as after a failover), every first-pass release asks the
     core first; once a reconciliation begun past the straggler bound (the core deadline and a
     second) went through whole, the history is recorded and releases go straight to the core; a
-    history that is no longer the recorded one (its record gone) is asked about again."""
+    history that is no longer the recorded one (its record gone) is asked about again, for at least
+    the straggler bound from when the replica noticed, and then recorded again."""
     forget_reconciled_histories(database_url)
     core = await services.core()
     core.judging_seconds = 0.05
-    service = await services.start(core, core_deadline_seconds=1.0, sweep_interval_seconds=1.0, release_backoff_max_seconds=0.1)
+    # A straggler bound of 4 s: each phase's two jobs end well inside it, also on a slow machine.
+    service = await services.start(core, core_deadline_seconds=3.0, sweep_interval_seconds=1.0, release_backoff_max_seconds=0.1)
     stubs = service.stubs
 
     async def run_two_jobs() -> int:
@@ -444,7 +446,12 @@ async def test_releases_ask_the_core_only_until_the_database_history_is_reconcil
     assert await run_two_jobs() == 0, "a release on the reconciled history asked the core"
 
     forget_reconciled_histories(database_url)
+    # The sweeper's next look notices the record gone, and does not record the history again
+    # at once (a release begun before may still reach the core): the releases ask meanwhile.
+    await eventually(lambda: not _replica_knows_reconciled(service), what="the record's loss noticed", timeout=15)
     assert await run_two_jobs() == 2, "a release on a history no longer recorded must ask the core"
+    await eventually(lambda: _replica_knows_reconciled(service), what="the history recorded again", timeout=15)
+    assert reconciled_histories(database_url) == 1
     assert orphans(core, database_url) == []
 
 
