@@ -14,6 +14,9 @@ service (a database made a moment ago has no statistics for the planner).
 From the core's record:
 - `most_runs_at_once`: the most runs judging at once (+1 at a release, -1 at its completion);
   it must equal the capacity, never more;
+- `completions_together`: the instants the core's completions were sent at (each within 2 ms of
+  the previous one) and how many came at each: what the completion coalescer can share a
+  statement among. The unlimited burst's come bunched, the capacity's spread out;
 - `jain_index`: Jain's fairness index of the users' completed jobs, sampled every second of the
   run ((sum x)^2 / (n sum x^2)); `min` and `mean` over the samples. Low by construction, whatever
   the order: completions are whole jobs, and 20 runs at once cannot serve 200 users each second
@@ -118,6 +121,7 @@ def saturated_batch(ctx: Context, name: str, *, users: int, capacity: int, queue
         capacity=capacity,
         judging_seconds=judging,
         most_runs_at_once=figures["most_runs_at_once"],
+        completions_together=figures["completions_together"],
         jain_index=figures["jain_index"],
         jain_of_best=figures["jain_of_best"],
         most_passed_over=figures["most_passed_over"],
@@ -155,6 +159,25 @@ def most_even_split(total: int, caps: list[int]) -> list[int]:
             split[i] += 1
             left -= 1
     return split
+
+
+# Completions sent this close after the previous one arrive "together": a statement applying one
+# takes about this long, so the coalescer can share a statement only among completions this close.
+_TOGETHER_NS = 2_000_000
+
+
+def completions_together(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the core's completions bunch in time: the instants they were sent at (each within 2 ms
+    of the previous completion) and how many came at each. A statement is shared only by
+    completions that arrive while another is being applied, so this bounds the batching."""
+    sent = sorted(e["mono_ns"] for e in events if e["event"] == "complete_sent")
+    sizes = [1]
+    for before, after in zip(sent, sent[1:], strict=False):
+        if after - before <= _TOGETHER_NS:
+            sizes[-1] += 1
+        else:
+            sizes.append(1)
+    return {"instants": len(sizes), "mean_per_instant": round(len(sent) / len(sizes), 2), "largest": max(sizes)}
 
 
 def record_figures(record_path: Path, user_prefix: str) -> dict[str, Any]:
@@ -212,6 +235,7 @@ def record_figures(record_path: Path, user_prefix: str) -> dict[str, Any]:
                 most_passed = max(most_passed, max(others.values()))
     return {
         "most_runs_at_once": most,
+        "completions_together": completions_together(ours),
         "handover_gap_ms": Latency.from_seconds(handover).as_dict(),
         "jain_index": {"min": round(min(samples), 3), "mean": round(sum(samples) / len(samples), 3), "samples": len(samples)},
         "jain_of_best": {"min": round(min(of_best), 3), "mean": round(sum(of_best) / len(of_best), 3), "samples": len(of_best)},
