@@ -5,12 +5,12 @@ which in Kubernetes runs past the grace period into SIGKILL)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 
 from queue_service import telemetry
+from queue_service.dev.embedded_postgres import free_port
 
 _PROCESS = """
 from queue_service import telemetry
@@ -21,14 +21,8 @@ print("configured", flush=True)
 """
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_exit_with_an_unreachable_collector_takes_the_budget_not_the_exporters_timeouts() -> None:
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{_closed_port()}", "OTEL_SDK_DISABLED": "false"}
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}", "OTEL_SDK_DISABLED": "false"}
     process = subprocess.Popen([sys.executable, "-c", _PROCESS], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
