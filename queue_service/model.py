@@ -190,6 +190,22 @@ class Transition:
         return cls(Cause.CANCEL, frozenset({JobStatus.QUEUED}), JobStatus.CANCELED, "canceled by the user", refund=True, run_unsettled=True)
 
     @classmethod
+    def canceled_while_waiting_for_capacity(cls, *, attempts: int) -> Transition:
+        """A cancel of a PENDING job waiting for the fleet's capacity: its run was never released
+        (only a grant releases it, and a grant counts an attempt: `attempts` fences one that came
+        meanwhile), so the job ends at once, refunded, without the core; its held run is canceled
+        afterwards, durably, and its slot stays taken until the core confirms that."""
+        return cls(
+            Cause.CANCEL,
+            frozenset({JobStatus.PENDING}),
+            JobStatus.CANCELED,
+            "canceled by the user",
+            refund=True,
+            run_unsettled=True,
+            expected_attempts=attempts,
+        )
+
+    @classmethod
     def canceled(cls, report: RunReport) -> Transition:
         """A cancel of an active job, ended as the core's answer to CancelRun says."""
         if report.fate in (RunFate.SUCCEEDED, RunFate.FAILED):
@@ -266,6 +282,11 @@ class JobRef:
     run_unsettled: bool = False
     # The user asked to cancel it while it was active (recorded before the core was asked).
     cancel_requested: bool = False
+    # Release attempts so far (a capacity grant counts one): fences a change decided on this read.
+    release_attempts: int = 0
+    # PENDING and waiting for the fleet's capacity: its run has not been released since it began
+    # to wait (only a grant releases it), so the core holds it.
+    waiting_for_capacity: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -217,7 +217,8 @@ class Admission:
         """Cancels the run of a failed admit, unless the admit committed after all. The claim
         waits for an admit still committing (it holds the reservation's row): when the admit whose
         outcome was unknown (its job `admitted_job_id`) did commit, the release its PENDING job
-        claimed is handed over at once, as the admit would have."""
+        claimed is handed over at once, as the admit would have; a job that waits for capacity
+        claimed none (a grant releases it)."""
         async with self._store.statements() as db:
             claim = await db.claim_run_reservation(run_id=run_id, lease_seconds=self.config.release_lease_seconds)
             job = None if claim is not None or admitted_job_id is None else await db.job_by_id(job_id=admitted_job_id)
@@ -227,7 +228,13 @@ class Admission:
             log.info(
                 "an admit whose outcome was unknown did commit; releasing its job", extra={"job_id": job.job_id, "user_id": job.user_id}
             )
-            self._engine.hand_over(ClaimedRelease(job.job_id, job.user_id, job.run_id, attempt=1))
+            if job.waiting_for_capacity:
+                # Its admit claimed no release: only a grant releases it, in its turn (I12).
+                self.capacity.note_waiting()
+            else:
+                # Exactly the first release the committed admit claimed, as its answer would have
+                # handed it over (the owed releases' one rule, read under the user's lock).
+                await self._engine.owed_releases.hand_over_owed(user_id=job.user_id)
 
     async def _abandon_run_before_answering(self, run_id: uuid.UUID, *, admitted_job_id: uuid.UUID | None = None) -> None:
         """Cancels a spare or failed admit's run, waiting for it as long as the caller's deadline

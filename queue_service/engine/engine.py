@@ -293,8 +293,9 @@ class QueueEngine:
     async def cancel(self, job_id: uuid.UUID, user_id: str) -> None:
         """Cancels a job; the core's answer decides how an active job ends (see docs/design.md).
 
-        A QUEUED job ends at once (its held run is canceled afterwards, durably). For a PENDING or
-        RUNNING job the user's intent is recorded first, then the core is asked: CANCELED (or an
+        A QUEUED job, or a PENDING one waiting for the fleet's capacity (never released), ends at
+        once (its held run is canceled afterwards, durably). For any other PENDING or RUNNING job
+        the user's intent is recorded first, then the core is asked: CANCELED (or an
         unknown run) ends the job CANCELED and refunded; a run that had already finished ends the
         job as it finished and the caller hears JOB_ALREADY_FINISHED; no answer changes nothing
         and the caller may retry. Whatever ends the job after the intent was recorded (this
@@ -317,6 +318,11 @@ class QueueEngine:
                 if await self.end_job(job_id, user_id, Transition.canceled_while_queued()):
                     return
                 continue  # promoted meanwhile: cancel it as an active job
+            if job.waiting_for_capacity:
+                # Never released while it waits: nothing at the core to ask, and no turn to wait for.
+                if await self.end_job(job_id, user_id, Transition.canceled_while_waiting_for_capacity(attempts=job.release_attempts)):
+                    return
+                continue  # granted meanwhile: cancel it as an active job
             if not await self._record_cancel_request(job):
                 continue  # ended meanwhile: the next pass reports how
             report = await self._core.cancel_run(job.run_id)

@@ -50,6 +50,12 @@ class Recovery:
         """A release whose window passed: the releases give it up (fail and refund the job)."""
         return await self._releases.give_up_release(job_id, user_id, reason, attempts=attempts)
 
+    async def cancel_waiting_job(self, job_id: uuid.UUID, user_id: str) -> bool:
+        """A job waiting for capacity whose user's cancel was recorded: the lifecycle core's cancel
+        ends it (without the core, while it still waits); True once it is canceled."""
+        await self._engine.cancel(job_id, user_id)
+        return True
+
     async def reconcile(self, job_id: uuid.UUID, user_id: str, run_id: uuid.UUID, *, cancel_requested: bool = False) -> bool:
         """Asks the core about a RUNNING job whose completion never arrived, or cancels the run of
         one whose user's cancel went unanswered; returns whether the job ended."""

@@ -4,7 +4,8 @@ Each pass (every QUEUE_SWEEP_INTERVAL_SECONDS, jittered so replicas spread out) 
 with a free slot and queued work, wakes the dispatcher for due releases, fails releases past
 their window, reconciles RUNNING jobs whose completion never came by asking the core, confirms
 with the core that the runs of ended jobs are settled (which frees their slots), cancels runs
-reserved by admits that failed or died, deletes the job-change feed's rows past their
+reserved by admits that failed or died, ends jobs waiting for capacity whose user's cancel is
+recorded (no release of theirs is due to apply it), deletes the job-change feed's rows past their
 retention, and reconciles the core's live runs with the jobs when due (every
 QUEUE_CORE_RECONCILE_INTERVAL_SECONDS, and at once after the database's timeline changed:
 `core_reconciliation`). It is
@@ -80,6 +81,7 @@ class SweepReport:
     abandoned_runs_forgotten: int = 0
     runs_adopted: int = 0
     runs_lost: int = 0
+    waiting_canceled: int = 0
 
 
 class Recovering(Protocol):
@@ -97,6 +99,8 @@ class Recovering(Protocol):
     async def attempt_run_settlement(self, claim: ClaimedSettlement) -> bool: ...
 
     async def cancel_reserved_run(self, claim: ClaimedReservation) -> bool: ...
+
+    async def cancel_waiting_job(self, job_id: uuid.UUID, user_id: str) -> bool: ...
 
 
 class Reconciliation(Protocol):
@@ -248,6 +252,7 @@ class Sweeper:
                 )
                 unsettled = await db.claim_due_run_settlements(lease_seconds=lease, batch_size=_BATCH)
                 orphans = await db.claim_due_run_reservations(lease_seconds=lease, batch_size=_BATCH)
+                waiting_canceled = await db.waiting_jobs_to_cancel(batch_size=_BATCH)
                 telemetry.metrics.depth = await db.queue_depth()
                 capacity = await db.capacity_state()
             telemetry.metrics.capacity["in_use"] = capacity.in_use
@@ -272,6 +277,8 @@ class Sweeper:
             report.reconciled += await self._each_asking_core([self._reconcile(run) for run in overdue])
             report.runs_settled += await self._each_asking_core([recovery.attempt_run_settlement(c) for c in unsettled])
             report.orphans_canceled += await self._each_asking_core([recovery.cancel_reserved_run(o) for o in orphans])
+            for job_id, user_id in waiting_canceled:
+                report.waiting_canceled += int(await self._guarded(recovery.cancel_waiting_job(job_id, user_id), False))
             report.feed_rows_trimmed += await self._guarded(self._trim_feed(), 0)
             report.abandoned_runs_forgotten += await self._guarded(self._forget_abandoned_runs(), 0)
             self._wake_dispatcher()

@@ -72,6 +72,8 @@ def job_ref(row: Row) -> JobRef:
         delta_of_job_id=row["delta_of_job_id"],
         run_unsettled=bool(row.get("run_unsettled", False)),
         cancel_requested=bool(row.get("cancel_requested", False)),
+        release_attempts=int(row.get("release_attempts") or 0),
+        waiting_for_capacity=bool(row.get("waiting_for_capacity", False)),
     )
 
 

@@ -338,6 +338,11 @@ class Statements:
         row = await self._one("job_by_id", {"job_id": job_id})
         return None if row is None else from_row.job_ref(row)
 
+    async def waiting_jobs_to_cancel(self, *, batch_size: int) -> list[tuple[uuid.UUID, str]]:
+        """Jobs waiting for capacity whose user's cancel is recorded: (job, user) each."""
+        rows = await self._all("waiting_jobs_to_cancel", {"batch_size": batch_size})
+        return [(row["job_id"], str(row["user_id"])) for row in rows]
+
     async def record_cancel_request(self, *, job_id: uuid.UUID, cancel_recheck_seconds: float) -> bool:
         """Records that the user asked to cancel the job (a RUNNING one is reconciled, so asked
         to cancel again, after `cancel_recheck_seconds`); False when it is no longer PENDING or

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import psycopg
 import pytest
@@ -25,7 +26,7 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
 )
 from queue_service.dev.core import AnswerFault, DevCore
-from tests.harness import Stubs, insert_jobs, new_user
+from tests.harness import ServiceFactory, Stubs, eventually, insert_jobs, new_user
 
 S = job_pb2
 
@@ -494,3 +495,100 @@ def test_a_grant_takes_the_lowest_free_token_and_counts_only_the_runs_in_use(dat
         assert "Rows Removed by Filter" not in plan, plan
         assert grant()[1] == 1  # the lowest gap, with 2 and 3 held
         assert grant()[1] == 4
+
+
+async def test_a_job_waiting_for_capacity_that_its_user_cancels_ends_at_once_without_the_core(services, database_url: str) -> None:
+    """Capacity 1, one run judging, two users waiting. The first waiting user cancels while the
+    core's answers to CancelRun are lost: her run was never released, so the job ends CANCELED and
+    refunded at once (no turn to wait for, nothing to ask the core first), and the next capacity
+    goes to the other waiting user. Her held run is canceled at the core once it answers again."""
+    service = await services.start(sweep_interval_seconds=0.5)
+    stubs, core = service.stubs, service.core
+    await _set_capacity(stubs, 1)
+    judging_user, canceling, patient = new_user(), new_user(), new_user()
+    jobs = await _admitted(stubs, [judging_user, canceling, patient])
+    judging = await stubs.wait_for(jobs[judging_user][0].job_id, S.JOB_STATUS_RUNNING)
+    waiting = jobs[canceling][0]
+    assert (await stubs.job(waiting.job_id)).capacity_position == 1
+    balance = await stubs.balance(canceling)
+
+    core.answer_faults["CancelRun"] = AnswerFault("lose")
+    canceled = await stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=waiting.job_id, user_id=canceling), timeout=10)
+    assert canceled.job.status == S.JOB_STATUS_CANCELED
+    assert await stubs.balance(canceling) == balance + 1
+    assert (await stubs.job(jobs[patient][0].job_id)).capacity_position == 1
+    core.answer_faults.clear()
+    await _run_canceled_at_core(core, waiting.run_id)
+
+    await core.finish(judging.run_id)
+    await stubs.wait_for(jobs[patient][0].job_id, S.JOB_STATUS_RUNNING)
+    assert core.most_first_pass_judging == 1
+
+
+async def test_a_waiting_job_left_with_a_recorded_cancel_is_ended_by_the_sweeper(services, database_url: str) -> None:
+    """A cancel recorded on a job that then went back to wait for capacity (its release met the
+    core at its capacity while the cancel's answer was lost) has no release due to apply it: the
+    sweeper ends it, refunded, without waiting for a grant."""
+    service = await services.start(sweep_interval_seconds=0.5)
+    stubs, core = service.stubs, service.core
+    await _set_capacity(stubs, 1)
+    judging_user, canceling = new_user(), new_user()
+    jobs = await _admitted(stubs, [judging_user, canceling])
+    await stubs.wait_for(jobs[judging_user][0].job_id, S.JOB_STATUS_RUNNING)
+    waiting = jobs[canceling][0]
+    balance = await stubs.balance(canceling)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        recorded = conn.execute(
+            "UPDATE analysis_jobs SET cancel_requested_at = clock_timestamp() WHERE job_id = %s AND capacity_token IS NULL",
+            (waiting.job_id,),
+        ).rowcount
+    assert recorded == 1
+    ended = await stubs.wait_for(waiting.job_id, S.JOB_STATUS_CANCELED, timeout=10)
+    assert ended.status == S.JOB_STATUS_CANCELED
+    assert await stubs.balance(canceling) == balance + 1
+    await _run_canceled_at_core(core, waiting.run_id)
+    assert core.most_first_pass_judging == 1
+
+
+async def _run_canceled_at_core(core: DevCore, run_id: str, *, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while core.runs[run_id].state != run_pb.RUN_STATE_CANCELED:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"run {run_id} is {run_pb.RunState.Name(core.runs[run_id].state)} at the core, expected CANCELED")
+        await asyncio.sleep(0.05)
+
+
+async def test_replicas_started_together_on_a_fresh_database_all_serve(postgres, template_database: str) -> None:  # type: ignore[no-untyped-def]
+    """Two `serve` processes seeding one fresh database's capacity at once: the one whose seed
+    waits for the other's (held open here so the race is certain) reads the committed capacity and
+    serves, rather than dying at start-up."""
+    name = f"t_fresh_fleet_{uuid.uuid4().hex[:6]}"
+    postgres.execute_admin(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+    database_url = postgres.dsn_for(name)
+    factory = ServiceFactory(database_url)
+    try:
+        core = await factory.core()
+        with psycopg.connect(database_url) as seeding:
+            assert seeding.execute("SELECT count(*) FROM queue_capacity").fetchone() == (0,)
+            seeding.execute("INSERT INTO queue_capacity (capacity, updated_by) VALUES (2, 'test:first-replica')")
+            starting = [
+                asyncio.create_task(factory.start_process(core, QUEUE_CORE_CAPACITY="2", QUEUE_MIGRATE_ON_START="true")) for _ in range(2)
+            ]
+            await eventually(lambda: _seeds_waiting(database_url) == 2, timeout=60, what="both replicas' seeds waiting for the first one's")
+            seeding.commit()
+        replicas = await asyncio.gather(*starting)
+        assert all(replica.process.poll() is None for replica in replicas)
+        for replica in replicas:
+            await replica.stubs.grant(new_user(), 1)
+    finally:
+        await factory.close()
+        postgres.execute_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _seeds_waiting(database_url: str) -> int:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(
+            """SELECT count(*) FROM pg_stat_activity
+                WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%%queue_capacity%%'"""
+        ).fetchone()
+    return int(row[0]) if row else 0

@@ -24,6 +24,8 @@ import pytest
 
 from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2 as callback_pb2
 from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
 from queue_service.dev.core import AnswerFault
 from tests.harness import InvariantChecker, S, error_info, new_user, running_with_one_queued
 
@@ -150,3 +152,45 @@ async def test_a_completion_whose_commit_is_acknowledged_late_starts_the_next_jo
     # The core's retry finds the job ended as it reported.
     assert (await service.stubs.callback.CompleteRun(completion, timeout=5)).job.status == S.JOB_STATUS_SUCCEEDED
     assert InvariantChecker(database_url).all_violations() == []
+
+
+async def test_an_admit_with_an_unknown_outcome_that_waits_for_capacity_is_released_only_by_a_grant(
+    services, late_commits, database_url
+) -> None:  # type: ignore[no-untyped-def]
+    """Capacity 1 and one run judging: a second user's admit commits its job PENDING and waiting
+    for capacity, but the commit is acknowledged late, so the caller hears OUTCOME_UNKNOWN. The
+    admit's clean-up finds the job committed; it claimed no release, so it is not released past
+    the capacity (I12): it keeps its place and starts when the judging run ends, by a grant."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        # The module's earlier tests leave runs in flight, which would take the capacity.
+        conn.execute(
+            """UPDATE analysis_jobs SET status = 'canceled', end_time = clock_timestamp(), run_settle_due_at = NULL,
+                      next_release_at = NULL, next_reconcile_at = NULL
+                WHERE status IN ('queued', 'pending', 'running') OR run_settle_due_at IS NOT NULL"""
+        )
+    service = await services.start()
+    await _operator(service).SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=1), timeout=10)
+    first = new_user()
+    await service.stubs.grant(first, 1)
+    judging = await service.stubs.admit(first)
+    await service.stubs.wait_for(judging.job_id, S.JOB_STATUS_RUNNING)
+    second = new_user()
+    await service.stubs.grant(second, 1)
+    async with _admit_acknowledged_late(late_commits, service, second, uuid.uuid4().hex) as admit:
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await admit
+    assert error_info(unknown.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "OUTCOME_UNKNOWN")
+    (waiting,) = await service.stubs.jobs(second)
+    # Time for the clean-up (it waits for the admit's commit) to do whatever it does.
+    for _ in range(int(_PROMPTLY_SECONDS / 0.1)):
+        assert service.core.first_pass_judging() == 1, "a run was released past the capacity"
+        await asyncio.sleep(0.1)
+    waiting = await service.stubs.job(waiting.job_id)
+    assert (waiting.status, waiting.capacity_position) == (S.JOB_STATUS_PENDING, 1)
+    await service.core.finish(judging.run_id)
+    await service.stubs.wait_for(waiting.job_id, S.JOB_STATUS_RUNNING, timeout=_PROMPTLY_SECONDS)
+    assert service.core.most_first_pass_judging == 1
+
+
+def _operator(service) -> op_grpc.OperatorServiceStub:  # type: ignore[no-untyped-def]
+    return op_grpc.OperatorServiceStub(service.stubs.channel)

@@ -172,10 +172,22 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT q
                             %(release_lease_seconds)s) AS s
 
 -- name: job_by_id
--- One job's row fields the lifecycle needs.
+-- One job's row fields the lifecycle needs. A job waits for capacity as the view says
+-- (analysis_job_views.waiting_for_capacity): its run was never released since it began to wait.
 SELECT job_id, user_id, run_id, status, delta_of_job_id, run_settle_due_at IS NOT NULL AS run_unsettled,
-       cancel_requested_at IS NOT NULL AS cancel_requested
+       cancel_requested_at IS NOT NULL AS cancel_requested, release_attempts,
+       status = 'pending' AND capacity_wait_since IS NOT NULL AND capacity_token IS NULL AS waiting_for_capacity
   FROM analysis_jobs WHERE job_id = %(job_id)s;
+
+-- name: waiting_jobs_to_cancel
+-- PENDING jobs waiting for the fleet's capacity whose user's cancel was recorded (the intent came
+-- while a grant was being released, and that release met the core at its capacity): no release
+-- of theirs is due until a grant, so the sweeper ends them instead (`Sweeper.sweep_once`).
+SELECT job_id, user_id
+  FROM analysis_jobs
+ WHERE status = 'pending' AND capacity_wait_since IS NOT NULL AND capacity_token IS NULL
+   AND cancel_requested_at IS NOT NULL
+ LIMIT %(batch_size)s;
 
 -- name: record_cancel_request
 -- The user asked to cancel a PENDING or RUNNING job: recorded before the core is asked, so every
@@ -681,13 +693,13 @@ SELECT queue_capacity_probe_taken();
 
 -- name: seed_capacity
 -- A fresh database takes its capacity from QUEUE_CORE_CAPACITY; afterwards only the operator call
--- changes it. Returns the capacity in force.
-WITH seeded AS (
-    INSERT INTO queue_capacity (capacity, updated_by) VALUES (%(capacity)s, 'system:seed')
-    ON CONFLICT (singleton) DO NOTHING
-    RETURNING capacity
-)
-SELECT COALESCE((SELECT capacity FROM seeded), (SELECT capacity FROM queue_capacity)) AS capacity;
+-- changes it. Returns the capacity in force. Replicas starting together race for the seed: the
+-- loser's insert waits for the winner's and then conflicts with a row its own snapshot cannot see,
+-- so the row is returned through ON CONFLICT DO UPDATE (which reads the committed row), changing
+-- nothing, rather than read again.
+INSERT INTO queue_capacity AS c (capacity, updated_by) VALUES (%(capacity)s, 'system:seed')
+ON CONFLICT (singleton) DO UPDATE SET capacity = c.capacity
+RETURNING c.capacity;
 
 -- name: set_core_capacity
 -- The operator's change of the capacity, with its actor in the row and in the change log; what
