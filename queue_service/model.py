@@ -309,11 +309,14 @@ class AdmitState:
     existing_job_id: uuid.UUID | None
     existing_digest: bytes | None
     queued_count: int
+    # The user's re-checks waiting for a turn or judging (her delta limit counts both).
     running_deltas: int
     balance: int
     base_user_id: str | None
     base_status: JobStatus | None
     base_run_id: uuid.UUID | None
+    # The fleet's capacity is limited: a delta's run is created held, to wait for a turn (I12).
+    capacity_limited: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,6 +346,9 @@ class NewJob:
     document_uri: str = ""
     document_title: str = ""
     sources: tuple[tuple[str, str], ...] = ()
+    # A delta whose run was created held (the capacity was limited): admitted PENDING, released
+    # by a grant; otherwise a delta's run judges at once and the job is RUNNING.
+    delta_held: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -402,6 +408,9 @@ class ClaimedRelease:
     # runs (the claim's statement says; None: not known). Only on an unreconciled history can the
     # database have forgotten a run the core judges, so only then does the release ask the core.
     history_reconciled: bool | None = None
+    # A delta re-check's release (under a limited capacity): I9's check at the core is for
+    # first-pass runs only.
+    delta: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -96,7 +96,9 @@ class Admission:
                 user_id=item.user_id,
                 document_uri=item.document_uri,
                 sources=item.sources,
-                hold=not is_delta,
+                # A delta judges at once, unless the fleet's capacity is limited: then it waits
+                # for its turn like any run (I12), released by a grant.
+                hold=not is_delta or state.capacity_limited,
                 delta_of_run_id=state.base_run_id if is_delta else None,
                 # The core stores these and lists them back: the second copy of the admit (I14).
                 job_id=job_id,
@@ -107,7 +109,8 @@ class Admission:
             if created.fate is RunFate.CANCELED:
                 # The run was canceled before this admit got to it (its reservation given up).
                 raise errors.Conflict("the admit took too long and its run was given up; retry with the same idempotency key")
-            result = await self._admit_under_lock(item, job_id, run_id, price, is_delta)
+            delta_held = is_delta and state.capacity_limited
+            result = await self._admit_under_lock(item, job_id, run_id, price, is_delta, delta_held)
         except asyncio.CancelledError:
             # The caller gave up: clean up without it. A locked admit already sent goes on by
             # itself (it hands its release over if it commits); the reservation decides which wins.
@@ -151,7 +154,7 @@ class Admission:
             limit = self.config.max_active_deltas_per_user
             if state.running_deltas >= limit:
                 raise errors.UserDeltaLimit(
-                    f"the user already has {state.running_deltas} delta re-checks running (the maximum); wait for one to finish",
+                    f"the user already has {state.running_deltas} delta re-checks waiting or running (the maximum); wait for one to finish",
                     metadata={"maxActiveDeltas": str(limit), "activeDeltas": str(state.running_deltas)},
                 )
         elif state.queued_count >= self.config.max_queued_per_user:
@@ -166,12 +169,18 @@ class Admission:
             )
         return None
 
-    async def _admit_under_lock(self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool) -> AdmitResult:
+    async def _admit_under_lock(
+        self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool, delta_held: bool
+    ) -> AdmitResult:
         # One statement under the user lock (the placement, the debit and the job's view), with
         # the hand-over of the release it claims: neither is stopped by a caller that gives up.
-        return await self._tasks.outliving_the_caller(self._admit_job(item, job_id, run_id, price, is_delta), name=f"admit-{job_id}")
+        return await self._tasks.outliving_the_caller(
+            self._admit_job(item, job_id, run_id, price, is_delta, delta_held), name=f"admit-{job_id}"
+        )
 
-    async def _admit_job(self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool) -> AdmitResult:
+    async def _admit_job(
+        self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool, delta_held: bool
+    ) -> AdmitResult:
         admitted = await self._store.admit_job(
             NewJob(
                 job_id=job_id,
@@ -184,6 +193,7 @@ class Admission:
                 document_uri=item.document_uri,
                 document_title=item.document_title,
                 sources=item.sources,
+                delta_held=delta_held,
             ),
             self._admit_limits,
         )
@@ -204,7 +214,7 @@ class Admission:
                 self.capacity.note_waiting()
             else:
                 self._engine.hand_over(
-                    ClaimedRelease(job_id, item.user_id, run_id, attempt=1, history_reconciled=admitted.history_reconciled)
+                    ClaimedRelease(job_id, item.user_id, run_id, attempt=1, history_reconciled=admitted.history_reconciled, delta=is_delta)
                 )
         return AdmitResult(job_id, duplicate=False, view=view)
 

@@ -103,6 +103,7 @@ def claimed_release(row: Row) -> ClaimedRelease:
         attempt=row["release_attempts"],
         cancel_requested=bool(row.get("cancel_requested", False)),
         history_reconciled=row.get("history_reconciled"),
+        delta=bool(row.get("delta", False)),
     )
 
 
@@ -116,6 +117,7 @@ def admit_state(row: Row) -> AdmitState:
         base_user_id=row["base_user_id"],
         base_status=None if row["base_status"] is None else JobStatus(row["base_status"]),
         base_run_id=row["base_run_id"],
+        capacity_limited=bool(row.get("capacity_limited", False)),
     )
 
 
@@ -202,6 +204,7 @@ def capacity_grant(rows: list[Row]) -> CapacityGrant:
                 cancel_requested=bool(row["cancel_requested"]),
                 probe=bool(row["probe"]),
                 history_reconciled=row.get("history_reconciled"),
+                delta=bool(row.get("delta", False)),
             ),
             float(row["capacity_waited_seconds"] or 0.0),
         )

@@ -9,6 +9,7 @@ import asyncio
 import time
 import uuid
 
+import grpc
 import psycopg
 import pytest
 
@@ -26,7 +27,7 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
 )
 from queue_service.dev.core import AnswerFault, DevCore
-from tests.harness import ServiceFactory, Stubs, eventually, insert_jobs, new_user
+from tests.harness import ServiceFactory, Stubs, error_info, eventually, insert_jobs, new_user
 
 S = job_pb2
 
@@ -95,25 +96,28 @@ async def test_a_job_waits_for_capacity_with_its_place_and_starts_when_capacity_
     assert (overview.capacity_waiting_jobs, overview.capacity_waiting_users) == (2, 2)
     assert overview.HasField("oldest_capacity_wait_time")
 
-    # A delta re-check never waits for capacity, but takes it: first-pass releases yield.
+    # A delta re-check waits for a turn like any run (it never waits for its user's slot): its
+    # user has no run in use, as few as the third user, and a delta goes ahead among equals.
     finished = await core.finish(running.run_id)
     assert finished is not None
     base = finished.job
     assert base.status == S.JOB_STATUS_SUCCEEDED
     await stubs.wait_for(jobs[second][0].job_id, S.JOB_STATUS_RUNNING)
     delta = await stubs.admit(first, delta_of=base.job_id, uri="")
-    assert delta.status == S.JOB_STATUS_RUNNING
-    assert (await _overview(stubs)).capacity_in_use == 2
-    assert (await stubs.job(jobs[third][0].job_id)).capacity_position == 1
+    assert (delta.status, delta.capacity_position) == (S.JOB_STATUS_PENDING, 1)
+    assert core.runs[delta.run_id].state == run_pb.RUN_STATE_HELD
+    assert (await _overview(stubs)).capacity_in_use == 1
+    assert (await stubs.job(jobs[third][0].job_id)).capacity_position == 2
 
-    # Capacity frees when the runs end: the third user's job starts.
-    await core.finish(delta.run_id)
-    assert (await stubs.job(jobs[third][0].job_id)).status == S.JOB_STATUS_PENDING  # one run still takes the capacity
+    # Capacity frees when the runs end: the delta's turn, then the third user's.
     second_job = await stubs.job(jobs[second][0].job_id)
     await core.finish(second_job.run_id)
+    await stubs.wait_for(delta.job_id, S.JOB_STATUS_RUNNING)
+    assert (await stubs.job(jobs[third][0].job_id)).capacity_position == 1
+    await core.finish(delta.run_id)
     started = await stubs.wait_for(jobs[third][0].job_id, S.JOB_STATUS_RUNNING)
     assert started.capacity_position == 0
-    assert core.most_first_pass_judging == 1
+    assert (core.most_first_pass_judging, core.most_judging) == (1, 1)
 
 
 async def test_capacity_goes_to_users_in_fair_order(service) -> None:
@@ -245,44 +249,53 @@ async def test_a_waiting_user_is_passed_over_at_most_once_by_each_other_user(ser
     assert core.most_first_pass_judging == 1
 
 
-async def test_a_users_delta_takes_capacity_but_not_her_place(service) -> None:
-    """Deltas count toward what is in use (first-pass releases yield to them) but not toward their
-    user's rank: a user with a re-check judging and no first-pass run in use is served before a
-    user with a first-pass run in use, even one who has waited longer (max-min on first-pass runs)."""
+async def test_a_users_deltas_count_toward_her_rank_and_go_ahead_among_equals(service) -> None:
+    """Every run a user has at the core counts toward her place, re-checks included (max-min on
+    all runs): a user with a re-check judging ranks behind a user with nothing in use; among users
+    with equally few runs in use a waiting re-check goes first. The core never judges more runs
+    than the capacity, re-checks included (I12)."""
     stubs, core = service.stubs, service.core
     light, heavy, blocker = new_user(), new_user(), new_user()
-    await _operator(stubs).SetUserQueueLimit(op_pb2.SetUserQueueLimitRequest(user_id=heavy, max_active=2), timeout=10)
-    await _admitted(stubs, [heavy, blocker])
+    await _admitted(stubs, [blocker])
     await stubs.grant(light, 10)
-    # The light user's first job finishes while the capacity is unlimited: the base of a re-check.
+    await stubs.grant(heavy, 10)
+    # The light user's first job finishes while the capacity is unlimited: the base of re-checks.
     base = await stubs.admit(light)
-    base_run = next(run_id for run_id, run in core.runs.items() if run.user_id == light)
-    await _judging_at(core, 3)
-    await core.finish(base_run)
+    await _judging_at(core, 2)
+    await core.finish(base.run_id)
     await stubs.wait_for(base.job_id, S.JOB_STATUS_SUCCEEDED)
-    for job in (await stubs.jobs(heavy)) + (await stubs.jobs(blocker)):
+    for job in await stubs.jobs(blocker):
         await core.finish(job.run_id)
     await _judging_at(core, 0)
 
-    await _set_capacity(stubs, 3)
-    await stubs.admit(heavy)  # granted at once: her first-pass run in use
-    await stubs.admit(blocker)
-    blocking = await _judging_at(core, 2)
-    delta = await stubs.admit(light, delta_of=base.job_id, uri="")
-    assert delta.status == S.JOB_STATUS_RUNNING
-    heavy_waiting = await stubs.admit(heavy)
+    await _set_capacity(stubs, 2)
+    judging_delta = await stubs.admit(light, delta_of=base.job_id, uri="")  # granted at once
+    await stubs.wait_for(judging_delta.job_id, S.JOB_STATUS_RUNNING)
+    blocking = await stubs.admit(blocker)
+    await stubs.wait_for(blocking.job_id, S.JOB_STATUS_RUNNING)
     light_waiting = await stubs.admit(light)
+    heavy_waiting = await stubs.admit(heavy)
+    waiting_delta = await stubs.admit(blocker, delta_of=(await _succeeded_base(stubs, core, blocker)).job_id, uri="")
     overview = await _overview(stubs)
-    assert (overview.capacity_in_use, overview.capacity_waiting_jobs) == (3, 2), overview
-    # The light user has no first-pass run in use (her delta does not count): she is first.
-    assert (await stubs.job(light_waiting.job_id)).capacity_position == 1
-    assert (await stubs.job(heavy_waiting.job_id)).capacity_position == 2
-    blocker_run = next(run_id for run_id in blocking if core.runs[run_id].user_id == blocker)
+    assert (overview.capacity_in_use, overview.capacity_waiting_jobs) == (2, 3), overview
+    # heavy has nothing in use; blocker and light one run each, and blocker's waiting job is a
+    # re-check: it goes ahead of light's first-pass job.
+    assert [(await stubs.job(job.job_id)).capacity_position for job in (heavy_waiting, waiting_delta, light_waiting)] == [1, 2, 3]
+    # The re-check ends: light has nothing in use either, and has waited longer for her turn.
     seen = len(core.start_order)
-    await core.finish(blocker_run)
+    await core.finish(judging_delta.run_id)
     assert await _next_start(core, seen) == light
+    assert [(await stubs.job(job.job_id)).capacity_position for job in (heavy_waiting, waiting_delta)] == [1, 2]
+    # blocker's first-pass run ends: she and heavy have nothing in use, and her re-check goes first.
+    await core.finish(blocking.run_id)
+    await stubs.wait_for(waiting_delta.job_id, S.JOB_STATUS_RUNNING)
     assert (await stubs.job(heavy_waiting.job_id)).capacity_position == 1
-    assert core.runs[delta.run_id].state == run_pb.RUN_STATE_JUDGING  # still judging all along
+    assert core.most_judging == 2
+
+
+async def _succeeded_base(stubs: Stubs, core: DevCore, user: str) -> job_pb2.Job:
+    """The user's most recent succeeded job (the base of a re-check)."""
+    return next(job for job in await stubs.jobs(user) if job.status == S.JOB_STATUS_SUCCEEDED)
 
 
 async def _next_start(core: DevCore, seen: int, timeout: float = 10) -> str:
@@ -592,3 +605,81 @@ def _seeds_waiting(database_url: str) -> int:
                 WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%%queue_capacity%%'"""
         ).fetchone()
     return int(row[0]) if row else 0
+
+
+async def test_a_user_looping_free_deltas_neither_exceeds_the_capacity_nor_starves_others(services) -> None:
+    """Capacity 2, and a user with a finished job and no credits re-checks it in four loops (free,
+    as fast as her delta limit allows) while another user clicks once: the core never judges more
+    than two runs (re-checks included, I12), and the other user's job takes the next turn that
+    frees (she has no run in use, the looping user has), not the end of the loop."""
+    core = await services.core(judging_seconds=0.3, manual=False)
+    service = await services.start(core)
+    stubs = service.stubs
+    looper, clicker = new_user(), new_user()
+    await stubs.grant(looper, 1)
+    base = await stubs.wait_for((await stubs.admit(looper)).job_id, S.JOB_STATUS_SUCCEEDED)
+    assert await stubs.balance(looper) == 0
+    await _set_capacity(stubs, 2)
+    loop_ends = time.monotonic() + 6
+    rechecks: list[str] = []
+
+    async def recheck_in_a_loop() -> None:
+        while time.monotonic() < loop_ends:
+            try:
+                delta = await stubs.admit(looper, delta_of=base.job_id, uri="")
+            except grpc.aio.AioRpcError as refused:
+                assert error_info(refused)[1] == "USER_DELTA_LIMIT", error_info(refused)
+                await asyncio.sleep(0.05)
+                continue
+            rechecks.append(delta.run_id)
+            await stubs.wait_for(delta.job_id, S.JOB_STATUS_SUCCEEDED, timeout=30)
+
+    loops = [asyncio.create_task(recheck_in_a_loop()) for _ in range(4)]
+    await asyncio.sleep(1.5)
+    await stubs.grant(clicker, 1)
+    clicked = await stubs.admit(clicker)
+    clicked_at = time.monotonic()
+    started = await stubs.wait_for(clicked.job_id, S.JOB_STATUS_RUNNING, S.JOB_STATUS_SUCCEEDED, timeout=30)
+    await asyncio.gather(*loops)
+    released_at: dict[str, float] = {}
+    for run_id, at in core.release_log:
+        released_at.setdefault(run_id, at)  # the first ReleaseRun of each run
+    assert started.run_id in released_at
+    # Re-checks released after the click and before it: at most the grants already made then.
+    passed_by = [run_id for run_id in rechecks if clicked_at < released_at.get(run_id, 0) < released_at[started.run_id]]
+    assert len(passed_by) <= 2, passed_by
+    assert released_at[started.run_id] < loop_ends, "the other user's job waited for the loop to end"
+    assert len(rechecks) >= 8, "the loop re-checked too little to prove anything"
+    assert core.most_judging == 2
+
+
+def test_a_refused_release_gives_back_only_its_own_turn(database_url: str) -> None:
+    """A user with two slots is granted twice (her second grant after another user's); the core then
+    refuses her first release. Her turn goes back only while the refused grant's turn is still her
+    latest: the later turn she got through her other slot stays, and the refused job waits behind
+    it (it used to erase that turn, putting her ahead of users she had been served before, I13)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO queue_capacity (capacity) VALUES (10) ON CONFLICT (singleton) DO UPDATE SET capacity = 10")
+        two_slots, other = new_user(), new_user()
+        insert_jobs(conn, [two_slots], status="pending", slot=1)
+        insert_jobs(conn, [other], status="pending", slot=1)
+        conn.execute(
+            """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot, price)
+               VALUES (gen_random_uuid(), %s, gen_random_uuid(), 'k2', '\\x00', 'pending', nextval('analysis_jobs_queue_seq'), 2, 1)""",
+            (two_slots,),
+        )
+
+        def grant() -> tuple[str, str, int]:
+            return conn.execute(
+                "SELECT user_id, job_id::text, release_attempts FROM queue_grant_capacity(30, 1800, 1, 1) WHERE row_kind = 'granted'"
+            ).fetchone()
+
+        first = grant()
+        assert [first[0], grant()[0]] == [two_slots, other]
+        second = grant()
+        assert second[0] == two_slots
+        (latest,) = conn.execute("SELECT last_turn_at FROM user_capacity_turns WHERE user_id = %s", (two_slots,)).fetchone()
+        conn.execute("SELECT * FROM queue_capacity_refused(%s, %s, 1)", (first[1], first[2]))
+        assert conn.execute("SELECT last_turn_at FROM user_capacity_turns WHERE user_id = %s", (two_slots,)).fetchone() == (latest,)
+        (key,) = conn.execute("SELECT capacity_turn_key FROM analysis_jobs WHERE job_id = %s", (first[1],)).fetchone()
+        assert key == latest

@@ -25,14 +25,16 @@ SELECT EXISTS (SELECT 1 FROM reserved) AS reserved, state.*
 
 -- name: admit_state
 -- What admit decides on: the job already holding this idempotency key, the user's queue length,
--- running deltas and balance, and the delta base. Read with the run's reservation (above), and
--- again after an admit placed nothing, to say why.
+-- active deltas (waiting for a turn or judging) and balance, the delta base, and whether the
+-- fleet's capacity is limited (a delta's run is then created held, to wait for its turn). Read
+-- with the run's reservation (above), and again after an admit placed nothing, to say why.
 SELECT existing.job_id AS existing_job_id,
        existing.request_digest AS existing_digest,
        (SELECT count(*) FROM analysis_jobs q
          WHERE q.user_id = %(user_id)s AND q.status = 'queued') AS queued_count,
        (SELECT count(*) FROM analysis_jobs d
-         WHERE d.user_id = %(user_id)s AND d.status = 'running' AND d.delta_of_job_id IS NOT NULL) AS running_deltas,
+         WHERE d.user_id = %(user_id)s AND d.status IN ('pending', 'running') AND d.delta_of_job_id IS NOT NULL) AS running_deltas,
+       EXISTS (SELECT 1 FROM queue_capacity c WHERE c.capacity > 0 OR c.core_limit IS NOT NULL) AS capacity_limited,
        COALESCE((SELECT c.balance FROM credit_accounts c WHERE c.user_id = %(user_id)s), 0) AS balance,
        base.user_id AS base_user_id,
        base.status AS base_status,
@@ -49,13 +51,14 @@ SELECT existing.job_id AS existing_job_id,
 -- price and writes the charge (`queue_admit_job`, migration 0009). One 'admitted' row with the
 -- job's view; none when the key is taken, the balance is short, the user's queue or delta limit
 -- is full, or the reservation is gone. The job keeps its document and sources (migration 0017).
+-- A delta whose run was created held is PENDING, waiting for a turn (migration 0023).
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
   FROM queue_admit_job(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
                        %(delta_of_job_id)s::uuid, %(price)s, %(actor)s, %(reason)s, %(default_max_active)s,
                        %(max_queued)s, %(max_running_deltas)s, %(release_window_seconds)s,
                        %(release_lease_seconds)s, %(reconcile_after_seconds)s,
                        NULLIF(%(document_uri)s::text, ''), NULLIF(%(document_title)s::text, ''),
-                       %(sources)s::jsonb) AS s
+                       %(sources)s::jsonb, %(delta_held)s) AS s
 
 -- name: settle_job_run
 -- A locked section: the core confirmed an ended job's run settled, so the job lets go of its slot
@@ -217,7 +220,7 @@ UPDATE analysis_jobs j
          FOR UPDATE SKIP LOCKED) AS due
  WHERE j.job_id = due.job_id
 RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested,
-          (SELECT queue_history_reconciled()) AS history_reconciled;
+          (SELECT queue_history_reconciled()) AS history_reconciled, j.delta_of_job_id IS NOT NULL AS delta;
 
 -- name: run_owner
 -- The user whose job owns a run (a job's user never changes); no row when no job owns it.
@@ -230,7 +233,7 @@ SELECT user_id FROM analysis_jobs WHERE run_id = %(run_id)s;
 -- whose outcome was unknown, holding the user's lock (`Store.first_releases_owed`), so that a
 -- change still committing has ended: the hand-over its answer would have made is made here.
 SELECT job_id, user_id, run_id, release_attempts, cancel_requested_at IS NOT NULL AS cancel_requested,
-       (SELECT queue_history_reconciled()) AS history_reconciled
+       (SELECT queue_history_reconciled()) AS history_reconciled, delta_of_job_id IS NOT NULL AS delta
   FROM analysis_jobs
  WHERE user_id = %(user_id)s AND status = 'pending' AND release_attempts = 1
    AND next_release_at > clock_timestamp() AND capacity_wait_since IS NULL;
@@ -248,7 +251,7 @@ UPDATE analysis_jobs j
          FOR UPDATE SKIP LOCKED) AS target
  WHERE j.job_id = target.job_id
 RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested,
-          (SELECT queue_history_reconciled()) AS history_reconciled;
+          (SELECT queue_history_reconciled()) AS history_reconciled, j.delta_of_job_id IS NOT NULL AS delta;
 
 -- name: mark_released
 -- The core accepted these releases: each job is RUNNING (fenced by the attempt that released it).
@@ -677,7 +680,8 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT q
 -- capacity to waiting jobs in fair order, each one's release claimed for this replica
 -- (`queue_grant_capacity`, migration 0014). 'granted' rows, then a 'state' row.
 SELECT s.row_kind, s.job_id, s.user_id, s.run_id, s.release_attempts, s.waited_seconds AS capacity_waited_seconds, s.probe, s.limited,
-       s.in_use, s.capacity_limit, s.cancel_requested, (SELECT queue_history_reconciled()) AS history_reconciled
+       s.in_use, s.capacity_limit, s.cancel_requested, (SELECT queue_history_reconciled()) AS history_reconciled,
+       (SELECT g.delta_of_job_id IS NOT NULL FROM analysis_jobs g WHERE g.job_id = s.job_id) AS delta
   FROM queue_grant_capacity(%(lease_seconds)s, %(release_window_seconds)s, %(probe_interval_seconds)s,
                             %(max_grants)s) AS s
 

@@ -67,8 +67,11 @@ CREATE TABLE public.analysis_jobs (
     CONSTRAINT analysis_jobs_sources_bounded CHECK (source_count >= 0 AND source_count <= 1000 AND jsonb_array_length(sources_preview) <= 10),
     CONSTRAINT analysis_jobs_status_check CHECK (status = ANY (ARRAY['queued'::text, 'pending'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text]))
 );
+CREATE INDEX analysis_jobs_active_deltas ON public.analysis_jobs USING btree (user_id) WHERE ((status = ANY (ARRAY['pending'::text, 'running'::text])) AND (delta_of_job_id IS NOT NULL));
 CREATE INDEX analysis_jobs_capacity_turn_order ON public.analysis_jobs USING btree (capacity_turn_key, capacity_wait_since, queue_seq) WHERE ((status = 'pending'::text) AND (capacity_wait_since IS NOT NULL) AND (capacity_token IS NULL));
 CREATE INDEX analysis_jobs_delta_base ON public.analysis_jobs USING btree (delta_of_job_id) WHERE (delta_of_job_id IS NOT NULL);
+CREATE INDEX analysis_jobs_deltas_taking_capacity ON public.analysis_jobs USING btree (user_id) WHERE (((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)) AND (delta_of_job_id IS NOT NULL) AND ((capacity_wait_since IS NULL) OR (capacity_token IS NOT NULL)));
+CREATE INDEX analysis_jobs_deltas_waiting_turn_order ON public.analysis_jobs USING btree (capacity_turn_key, capacity_wait_since, queue_seq) WHERE ((status = 'pending'::text) AND (capacity_wait_since IS NOT NULL) AND (capacity_token IS NULL) AND (delta_of_job_id IS NOT NULL));
 CREATE INDEX analysis_jobs_ended_status_newest_admitted ON public.analysis_jobs USING btree (status, create_time DESC, job_id DESC) WHERE (status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text]));
 CREATE INDEX analysis_jobs_first_pass_taking_capacity ON public.analysis_jobs USING btree (user_id) WHERE (((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)) AND (delta_of_job_id IS NULL) AND (slot IS NOT NULL) AND ((capacity_wait_since IS NULL) OR (capacity_token IS NOT NULL)));
 CREATE INDEX analysis_jobs_newest_admitted ON public.analysis_jobs USING btree (create_time DESC, job_id DESC);
@@ -278,6 +281,72 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.queue_capacity_first_waiting(p_deltas_only boolean, p_skipped uuid[], p_rank_to_beat integer)
+ RETURNS TABLE(job_id uuid, runs_in_use integer)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_job_id uuid;
+    v_user_id text;
+    v_key timestamptz;
+    v_wait timestamptz;
+    v_seq bigint;
+    v_rank integer;
+BEGIN
+    job_id := NULL;
+    runs_in_use := p_rank_to_beat;
+    LOOP
+        -- The next waiting job after (v_key, v_wait, v_seq) in turn order, each query spelled so
+        -- that its partial index serves it.
+        IF p_deltas_only AND v_job_id IS NULL THEN
+            SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+              INTO v_job_id, v_user_id, v_key, v_wait, v_seq
+              FROM analysis_jobs w
+             WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
+               AND w.delta_of_job_id IS NOT NULL AND w.job_id <> ALL (p_skipped)
+             ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+             LIMIT 1;
+        ELSIF p_deltas_only THEN
+            SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+              INTO v_job_id, v_user_id, v_key, v_wait, v_seq
+              FROM analysis_jobs w
+             WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
+               AND w.delta_of_job_id IS NOT NULL AND w.job_id <> ALL (p_skipped)
+               AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq) > (v_key, v_wait, v_seq)
+             ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+             LIMIT 1;
+        ELSIF v_job_id IS NULL THEN
+            SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+              INTO v_job_id, v_user_id, v_key, v_wait, v_seq
+              FROM analysis_jobs w
+             WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
+               AND w.job_id <> ALL (p_skipped)
+             ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+             LIMIT 1;
+        ELSE
+            SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+              INTO v_job_id, v_user_id, v_key, v_wait, v_seq
+              FROM analysis_jobs w
+             WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
+               AND w.job_id <> ALL (p_skipped)
+               AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq) > (v_key, v_wait, v_seq)
+             ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+             LIMIT 1;
+        END IF;
+        EXIT WHEN NOT FOUND;
+        v_rank := queue_capacity_in_use_of_user(v_user_id);
+        IF runs_in_use IS NULL OR v_rank < runs_in_use THEN
+            job_id := v_job_id;
+            runs_in_use := v_rank;
+        END IF;
+        EXIT WHEN v_rank = 0;
+    END LOOP;
+    IF job_id IS NOT NULL THEN
+        RETURN NEXT;
+    END IF;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.queue_capacity_in_use()
  RETURNS integer
  LANGUAGE sql
@@ -288,9 +357,8 @@ AS $function$
                AND a.slot IS NOT NULL
                AND (a.capacity_wait_since IS NULL OR a.capacity_token IS NOT NULL))::integer
          + (SELECT count(*) FROM analysis_jobs d
-             WHERE d.status = 'running' AND d.delta_of_job_id IS NOT NULL)::integer
-         + (SELECT count(*) FROM analysis_jobs u
-             WHERE u.run_settle_due_at IS NOT NULL AND u.delta_of_job_id IS NOT NULL)::integer
+             WHERE (d.status IN ('pending', 'running') OR d.run_settle_due_at IS NOT NULL) AND d.delta_of_job_id IS NOT NULL
+               AND (d.capacity_wait_since IS NULL OR d.capacity_token IS NOT NULL))::integer
 $function$;
 
 CREATE OR REPLACE FUNCTION public.queue_capacity_in_use_of_user(p_user_id text)
@@ -298,11 +366,15 @@ CREATE OR REPLACE FUNCTION public.queue_capacity_in_use_of_user(p_user_id text)
  LANGUAGE sql
  STABLE
 AS $function$
-    SELECT count(*)::integer FROM analysis_jobs a
-     WHERE a.user_id = p_user_id
-       AND (a.status IN ('pending', 'running') OR a.run_settle_due_at IS NOT NULL) AND a.delta_of_job_id IS NULL
-       AND a.slot IS NOT NULL
-       AND (a.capacity_wait_since IS NULL OR a.capacity_token IS NOT NULL)
+    SELECT (SELECT count(*) FROM analysis_jobs a
+             WHERE a.user_id = p_user_id
+               AND (a.status IN ('pending', 'running') OR a.run_settle_due_at IS NOT NULL) AND a.delta_of_job_id IS NULL
+               AND a.slot IS NOT NULL
+               AND (a.capacity_wait_since IS NULL OR a.capacity_token IS NOT NULL))::integer
+         + (SELECT count(*) FROM analysis_jobs d
+             WHERE d.user_id = p_user_id
+               AND (d.status IN ('pending', 'running') OR d.run_settle_due_at IS NOT NULL) AND d.delta_of_job_id IS NOT NULL
+               AND (d.capacity_wait_since IS NULL OR d.capacity_token IS NOT NULL))::integer
 $function$;
 
 CREATE OR REPLACE FUNCTION public.queue_capacity_next_in_line()
@@ -310,42 +382,21 @@ CREATE OR REPLACE FUNCTION public.queue_capacity_next_in_line()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    v_row record;
-    v_rank integer;
+    v_delta record;
+    v_first_pass record;
     v_best uuid;
-    v_best_rank integer;
     v_locked record;
     v_skipped uuid[] := '{}';
 BEGIN
     LOOP
-        v_best := NULL;
-        v_row := NULL;
-        LOOP
-            IF v_row IS NULL THEN
-                SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq INTO v_row
-                  FROM analysis_jobs w
-                 WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
-                   AND w.job_id <> ALL (v_skipped)
-                 ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
-                 LIMIT 1;
-            ELSE
-                SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq INTO v_row
-                  FROM analysis_jobs w
-                 WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
-                   AND w.job_id <> ALL (v_skipped)
-                   AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq)
-                       > (v_row.capacity_turn_key, v_row.capacity_wait_since, v_row.queue_seq)
-                 ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
-                 LIMIT 1;
-            END IF;
-            EXIT WHEN NOT FOUND;
-            v_rank := queue_capacity_in_use_of_user(v_row.user_id);
-            IF v_best IS NULL OR v_rank < v_best_rank THEN
-                v_best := v_row.job_id;
-                v_best_rank := v_rank;
-            END IF;
-            EXIT WHEN v_rank = 0;
-        END LOOP;
+        SELECT f.job_id, f.runs_in_use INTO v_delta FROM queue_capacity_first_waiting(true, v_skipped, NULL) f;
+        v_best := v_delta.job_id;
+        IF v_best IS NULL OR v_delta.runs_in_use > 0 THEN
+            -- Anyone with strictly fewer runs in use goes ahead of the delta.
+            SELECT f.job_id, f.runs_in_use INTO v_first_pass
+              FROM queue_capacity_first_waiting(false, v_skipped, v_delta.runs_in_use) f;
+            v_best := COALESCE(v_first_pass.job_id, v_best);
+        END IF;
         IF v_best IS NULL THEN
             RETURN NULL;
         END IF;
@@ -381,25 +432,28 @@ DECLARE
     v_in_use integer;
     v_user_id text;
     v_turn_before timestamptz;
+    v_turn_granted timestamptz;
+    v_turn_now timestamptz;
 BEGIN
     UPDATE analysis_jobs a
        SET capacity_token = NULL,
            next_release_at = NULL,
            capacity_wait_since = COALESCE(a.capacity_wait_since, clock_timestamp())
      WHERE a.job_id = p_job_id AND a.status = 'pending' AND a.release_attempts = p_attempt
-    RETURNING a.user_id, a.capacity_turn_before INTO v_user_id, v_turn_before;
+    RETURNING a.user_id, a.capacity_turn_before, a.capacity_turn_key INTO v_user_id, v_turn_before, v_turn_granted;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    -- The turn was not taken: the user's turn is what it was before this grant.
     IF v_turn_before IS NULL THEN
-        DELETE FROM user_capacity_turns t WHERE t.user_id = v_user_id;
+        DELETE FROM user_capacity_turns t WHERE t.user_id = v_user_id AND t.last_turn_at = v_turn_granted;
     ELSE
-        UPDATE user_capacity_turns t SET last_turn_at = v_turn_before WHERE t.user_id = v_user_id;
+        UPDATE user_capacity_turns t SET last_turn_at = v_turn_before
+         WHERE t.user_id = v_user_id AND t.last_turn_at = v_turn_granted;
     END IF;
+    SELECT t.last_turn_at INTO v_turn_now FROM user_capacity_turns t WHERE t.user_id = v_user_id;
     UPDATE analysis_jobs w
-       SET capacity_turn_key = GREATEST(v_turn_before, w.capacity_wait_since)
-     WHERE w.user_id = v_user_id AND w.status = 'pending' AND w.delta_of_job_id IS NULL
+       SET capacity_turn_key = GREATEST(v_turn_now, w.capacity_wait_since)
+     WHERE w.user_id = v_user_id AND w.status = 'pending'
        AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
     v_in_use := queue_capacity_in_use();
     INSERT INTO queue_capacity AS c (capacity, core_limit, next_probe_at, core_refusals)
@@ -472,7 +526,6 @@ DECLARE
     v_job_id uuid;
     v_job record;
     v_token integer;
-    v_turn_before timestamptz;
 BEGIN
     SELECT * INTO v_settings FROM queue_capacity;
     IF v_settings.capacity > 0 THEN
@@ -504,10 +557,10 @@ BEGIN
         RETURNING a.job_id, a.user_id, a.run_id, a.release_attempts, a.capacity_wait_since, a.cancel_requested_at INTO v_job;
         INSERT INTO user_capacity_turns AS t (user_id, last_turn_at) VALUES (v_job.user_id, v_now)
         ON CONFLICT ON CONSTRAINT user_capacity_turns_pkey DO UPDATE SET last_turn_at = EXCLUDED.last_turn_at;
-        -- Her other waiting jobs (several slots) wait behind every user waiting now.
+        -- Her other waiting jobs (several slots, re-checks) wait behind every user waiting now.
         UPDATE analysis_jobs o
            SET capacity_turn_key = v_now
-         WHERE o.user_id = v_job.user_id AND o.status = 'pending' AND o.delta_of_job_id IS NULL
+         WHERE o.user_id = v_job.user_id AND o.status = 'pending'
            AND o.capacity_wait_since IS NOT NULL AND o.capacity_token IS NULL AND o.capacity_turn_key < v_now;
         v_in_use := v_in_use + 1;
         v_granted := v_granted + 1;
@@ -648,7 +701,7 @@ CREATE VIEW public.analysis_jobs_capacity_order AS
     user_id,
     run_id,
     capacity_wait_since,
-    row_number() OVER (ORDER BY (queue_capacity_in_use_of_user(user_id)), capacity_turn_key, capacity_wait_since, queue_seq) AS capacity_position
+    row_number() OVER (ORDER BY (queue_capacity_in_use_of_user(user_id)), (delta_of_job_id IS NULL), capacity_turn_key, capacity_wait_since, queue_seq) AS capacity_position
    FROM analysis_jobs w
   WHERE status = 'pending'::text AND capacity_wait_since IS NOT NULL AND capacity_token IS NULL;
 
@@ -664,10 +717,22 @@ $function$;
 
 CREATE OR REPLACE FUNCTION public.queue_admit_job(p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea, p_delta_of_job_id uuid, p_price integer, p_actor text, p_reason text, p_default_max_active integer, p_max_queued integer, p_max_running_deltas integer, p_release_window_seconds double precision, p_release_lease_seconds double precision, p_reconcile_after_seconds double precision, p_document_uri text, p_document_title text, p_sources jsonb)
  RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
+ LANGUAGE sql
+AS $function$
+    SELECT * FROM queue_admit_job(p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest, p_delta_of_job_id,
+                                  p_price, p_actor, p_reason, p_default_max_active, p_max_queued, p_max_running_deltas,
+                                  p_release_window_seconds, p_release_lease_seconds, p_reconcile_after_seconds,
+                                  p_document_uri, p_document_title, p_sources, false)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_admit_job(p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea, p_delta_of_job_id uuid, p_price integer, p_actor text, p_reason text, p_default_max_active integer, p_max_queued integer, p_max_running_deltas integer, p_release_window_seconds double precision, p_release_lease_seconds double precision, p_reconcile_after_seconds double precision, p_document_uri text, p_document_title text, p_sources jsonb, p_delta_held boolean)
+ RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
  LANGUAGE plpgsql
 AS $function$
 DECLARE
     v_is_delta constant boolean := p_delta_of_job_id IS NOT NULL;
+    v_delta_judging constant boolean := p_delta_of_job_id IS NOT NULL AND NOT p_delta_held;
+    v_delta_held constant boolean := p_delta_of_job_id IS NOT NULL AND p_delta_held;
     v_admitted uuid;
 BEGIN
     WITH reservation AS (
@@ -696,18 +761,18 @@ BEGIN
             release_deadline, start_time, next_reconcile_at,
             document_uri, document_title, sources, source_count, sources_preview)
         SELECT p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest,
-               CASE WHEN v_is_delta THEN 'running' WHEN pl.slot IS NOT NULL THEN 'pending' ELSE 'queued' END,
+               CASE WHEN v_delta_judging THEN 'running' WHEN v_delta_held OR pl.slot IS NOT NULL THEN 'pending' ELSE 'queued' END,
                nextval('analysis_jobs_queue_seq'),
                pl.slot,
                p_delta_of_job_id,
                p_price,
                pl.now,
                CASE WHEN v_is_delta OR pl.slot IS NOT NULL THEN pl.now END,
-               CASE WHEN pl.slot IS NOT NULL THEN pl.now + make_interval(secs => p_release_lease_seconds) END,
-               CASE WHEN pl.slot IS NOT NULL THEN 1 ELSE 0 END,
-               CASE WHEN pl.slot IS NOT NULL THEN pl.now + make_interval(secs => p_release_window_seconds) END,
-               CASE WHEN v_is_delta THEN pl.now END,
-               CASE WHEN v_is_delta THEN pl.now + make_interval(secs => p_reconcile_after_seconds) END,
+               CASE WHEN v_delta_held OR pl.slot IS NOT NULL THEN pl.now + make_interval(secs => p_release_lease_seconds) END,
+               CASE WHEN v_delta_held OR pl.slot IS NOT NULL THEN 1 ELSE 0 END,
+               CASE WHEN v_delta_held OR pl.slot IS NOT NULL THEN pl.now + make_interval(secs => p_release_window_seconds) END,
+               CASE WHEN v_delta_judging THEN pl.now END,
+               CASE WHEN v_delta_judging THEN pl.now + make_interval(secs => p_reconcile_after_seconds) END,
                p_document_uri, p_document_title, p_sources, jsonb_array_length(p_sources),
                (SELECT jsonb_agg(jsonb_build_object('doi', s.e->>'doi', 'citation', left(s.e->>'citation', 512)) ORDER BY s.n)
                   FROM jsonb_array_elements(p_sources) WITH ORDINALITY AS s(e, n)
@@ -717,7 +782,7 @@ BEGIN
                                         WHERE c.user_id = p_user_id AND c.balance >= p_price))
            AND (v_is_delta OR pl.queued < p_max_queued)
            AND (NOT v_is_delta OR (SELECT count(*) FROM analysis_jobs d
-                                    WHERE d.user_id = p_user_id AND d.status = 'running'
+                                    WHERE d.user_id = p_user_id AND d.status IN ('pending', 'running')
                                       AND d.delta_of_job_id IS NOT NULL) < p_max_running_deltas)
         ON CONFLICT (user_id, idempotency_key) DO NOTHING
         RETURNING analysis_jobs.job_id, analysis_jobs.user_id, analysis_jobs.price
@@ -959,4 +1024,4 @@ $function$;
 
 CREATE TRIGGER analysis_jobs_announce_insert AFTER INSERT ON analysis_jobs FOR EACH ROW EXECUTE FUNCTION analysis_jobs_announce_change();
 CREATE TRIGGER analysis_jobs_announce_update AFTER UPDATE ON analysis_jobs FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR old.last_error IS DISTINCT FROM new.last_error OR old.release_attempts IS DISTINCT FROM new.release_attempts) EXECUTE FUNCTION analysis_jobs_announce_change();
-CREATE TRIGGER analysis_jobs_wait_for_capacity BEFORE INSERT OR UPDATE OF status ON analysis_jobs FOR EACH ROW WHEN (new.status = 'pending'::text AND new.delta_of_job_id IS NULL) EXECUTE FUNCTION analysis_jobs_wait_for_capacity();
+CREATE TRIGGER analysis_jobs_wait_for_capacity BEFORE INSERT OR UPDATE OF status ON analysis_jobs FOR EACH ROW WHEN (new.status = 'pending'::text) EXECUTE FUNCTION analysis_jobs_wait_for_capacity();
