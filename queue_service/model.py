@@ -124,10 +124,12 @@ class CoreRun:
 @dataclasses.dataclass(frozen=True)
 class Adoption:
     """What adopting a core's run came to: `kind` is 'adopted', 'known', 'key_taken' (with a
-    job's view), or 'reserved', 'delta_base_lost', 'balance_short' (without)."""
+    job's view), or 'reserved', 'delta_base_lost', 'balance_short' (without). `taken_back`: the
+    user's PENDING jobs an adopted judging run sent back to her queue (migration 0024)."""
 
     kind: str
     view: JobView | None
+    taken_back: tuple[JobView, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

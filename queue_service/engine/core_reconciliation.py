@@ -50,6 +50,7 @@ from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.engine.tasks import BackgroundTasks
 from queue_service.model import (
+    Adoption,
     ClaimedRelease,
     CoreRun,
     DatabaseIdentity,
@@ -289,6 +290,7 @@ class CoreReconciler:
                 "adopted a run whose job the database had lost",
                 extra={"job_id": view.job_id, "user_id": view.user_id, "run_id": run.run_id, "status": view.status, "amount": run.price},
             )
+            self._log_taken_back(adoption)
             if view.status is JobStatus.PENDING:
                 self._wake_dispatcher()
             return "adopted"
@@ -297,6 +299,16 @@ class CoreReconciler:
         if adoption.kind == "known":
             return "known"
         return await self._lose(run, adoption.kind, cancel=cancel)
+
+    @staticmethod
+    def _log_taken_back(adoption: Adoption) -> None:
+        """The user's PENDING jobs an adopted judging run sent back to her queue: the database
+        keeps them from the core until that run settles (I9), then promotes them first."""
+        for job in adoption.taken_back:
+            log.warning(
+                "a job went back to its queue: a run adopted after a database failover judges in its place",
+                extra={"job_id": job.job_id, "user_id": job.user_id, "run_id": job.run_id, "status": job.status},
+            )
 
     async def _lose(self, run: CoreRun, reason: str, *, cancel: bool) -> str:
         """Records the run as lost for the operator, then cancels it (confirmed by the core, or
@@ -419,6 +431,7 @@ class CoreReconciler:
                 )
             if adoption.kind in ("adopted", "known"):
                 if adoption.kind == "adopted":
+                    self._log_taken_back(adoption)
                     telemetry.metrics.core_runs_adopted.add(1, {"state": "finished"})
                     log.warning("adopted a finished run whose job the database had lost", extra={"run_id": run_id, "user_id": run.user_id})
                 return True

@@ -870,7 +870,8 @@ class Store:
             audit.log_movement(
                 kind=LedgerKind.CHARGE, user_id=run.user_id, amount=-run.price, job_id=run.job_id, actor=actor, reason=Cause.ADOPT
             )
-        return Adoption(kind, view)
+        taken_back = tuple(from_row.job_view(taken) for taken in rows[1:] if taken["row_kind"] == "taken_back")
+        return Adoption(kind, view, taken_back)
 
     async def promote(self, user_id: str, limits: PromotionLimits) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first, each promoted job's

@@ -164,6 +164,57 @@ async def test_a_judging_run_whose_reservation_outlived_its_lost_job_holds_the_n
     assert orphans(core, database_url) == []
 
 
+async def test_an_adopted_judging_run_keeps_the_users_next_job_from_the_core_once_the_history_is_recorded(
+    services, database_url: str
+) -> None:
+    """After an asynchronous failover the user's new click takes the slot the new primary thinks
+    free while the core still judges her lost run. Reconciliation adopts that run RUNNING, then
+    records the history as reconciled: from then on releases no longer ask the core, so the
+    database alone must keep her new job from the core until the adopted run settles (I9, I14).
+    The job goes back to the head of her queue, and its release window does not run out while
+    the adopted run judges: it is released once that run ends, one run at a time at the core."""
+    core = await services.core()
+    window = 6.0
+    # The sweeper adopts the lost run and, past the straggler bound (the core deadline, 2 s, and
+    # a second), records the history.
+    service = await services.start(core, release_backoff_max_seconds=0.1, release_window_seconds=window, sweep_interval_seconds=0.5)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 5)
+    lost = await stubs.admit(user)
+    await stubs.wait_for(lost.job_id, S.JOB_STATUS_RUNNING)
+    lose_commits(database_url, [lost.job_id])
+
+    later = await stubs.admit(user)
+    assert later.status == S.JOB_STATUS_PENDING
+    window_over_at = time.monotonic() + window
+    assert await eventually(lambda: _status(stubs, lost.job_id), what="the lost judging run adopted") == S.JOB_STATUS_RUNNING
+    await eventually(lambda: _replica_knows_reconciled(service), what="the history recorded as reconciled", timeout=15)
+    # Releases go straight to the core now; the dispatcher has its turns until past the window.
+    await asyncio.sleep(max(0.0, window_over_at - time.monotonic()) + 1.0)
+    assert core.runs[later.run_id].state == HELD, "released while the core judged the user's adopted run (I9)"
+    assert core.max_concurrent_judging[user] == 1
+    held_back = await stubs.job(later.job_id)
+    assert held_back.status == S.JOB_STATUS_QUEUED and held_back.queue_position == 1, held_back
+    assert InvariantChecker(database_url).i1_slot_limit() == []
+    # Another click queues behind it.
+    third = await stubs.admit(user)
+    assert third.status == S.JOB_STATUS_QUEUED and third.queue_position == 2
+
+    assert await core.finish(lost.run_id) is not None
+    await stubs.wait_for(later.job_id, S.JOB_STATUS_RUNNING, timeout=15)
+    assert core.runs[third.run_id].state == HELD
+    core.judging_seconds = 0.05
+    core.start_judging()
+    for job in (later, third):
+        await stubs.wait_for(job.job_id, S.JOB_STATUS_SUCCEEDED, timeout=20)
+    assert core.max_concurrent_judging[user] == 1
+    assert await stubs.balance(user) == 2  # three clicks acknowledged, three charges
+    checker = InvariantChecker(database_url)
+    assert checker.i3_ledger() == [] and checker.i1_slot_limit() == []
+    assert checker.i2_fifo(exempt_adopted_judging=True) == []
+    assert orphans(core, database_url) == []
+
+
 async def test_the_sweeper_adopts_a_judging_run_whose_reservation_outlived_its_lost_job_rather_than_cancel_it(
     services, database_url: str
 ) -> None:

@@ -836,8 +836,10 @@ SELECT pg_notify('analysis_job_feed', %(sender)s);
 
 -- name: adopt_run
 -- A locked section: adopts a run the core holds or judges into a job its database lost, with
--- its charge (`queue_adopt_run`, migration 0018). One row: 'adopted', 'known' or 'key_taken'
--- with a job's view, or 'reserved', 'delta_base_lost', 'balance_short' without one.
+-- its charge (`queue_adopt_run`, migrations 0018, 0019, 0024). First row: 'adopted', 'known' or
+-- 'key_taken' with a job's view, or 'reserved', 'delta_base_lost', 'balance_short' without one;
+-- after an adopted judging run, a 'taken_back' row for each of the user's PENDING jobs it sent
+-- back to her queue (the database then keeps them from the core until the run settles).
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
   FROM queue_adopt_run(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
                        %(delta_of_run_id)s::uuid, %(price)s, %(judging)s, %(actor)s, %(reason)s,

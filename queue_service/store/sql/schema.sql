@@ -644,6 +644,51 @@ AS $function$
     SELECT COALESCE((SELECT amount FROM credited), 0)
 $function$;
 
+CREATE OR REPLACE FUNCTION public.queue_take_back_unreleased_jobs(p_user_id text, p_default_max_active integer)
+ RETURNS SETOF uuid
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_job record;
+BEGIN
+    WHILE analysis_jobs_free_slot(p_user_id, p_default_max_active) IS NULL LOOP
+        SELECT p.job_id, p.capacity_token, p.capacity_turn_before INTO v_job
+          FROM analysis_jobs p
+         WHERE p.user_id = p_user_id AND p.status = 'pending' AND p.delta_of_job_id IS NULL
+           AND p.cancel_requested_at IS NULL
+         ORDER BY p.queue_seq DESC
+         LIMIT 1
+           FOR UPDATE;
+        EXIT WHEN NOT FOUND;
+        UPDATE analysis_jobs j
+           SET status = 'queued',
+               slot = NULL,
+               promote_time = NULL,
+               next_release_at = NULL,
+               release_deadline = NULL,
+               release_attempts = 0,
+               capacity_wait_since = NULL,
+               capacity_token = NULL,
+               capacity_turn_before = NULL,
+               capacity_turn_key = NULL
+         WHERE j.job_id = v_job.job_id;
+        IF v_job.capacity_token IS NOT NULL THEN
+            -- Its grant is given back, and the turn with it (as `queue_capacity_refused` does).
+            IF v_job.capacity_turn_before IS NULL THEN
+                DELETE FROM user_capacity_turns t WHERE t.user_id = p_user_id;
+            ELSE
+                UPDATE user_capacity_turns t SET last_turn_at = v_job.capacity_turn_before WHERE t.user_id = p_user_id;
+            END IF;
+            UPDATE analysis_jobs w
+               SET capacity_turn_key = GREATEST(v_job.capacity_turn_before, w.capacity_wait_since)
+             WHERE w.user_id = p_user_id AND w.status = 'pending' AND w.delta_of_job_id IS NULL
+               AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
+        END IF;
+        RETURN NEXT v_job.job_id;
+    END LOOP;
+END
+$function$;
+
 CREATE VIEW public.analysis_job_views AS
  SELECT job_id,
     user_id,
@@ -818,6 +863,7 @@ DECLARE
     v_base uuid;
     v_slot integer;
     v_status text;
+    v_taken_back uuid[] := '{}';
     v_now timestamptz := clock_timestamp();
 BEGIN
     SELECT j.job_id INTO v_existing FROM analysis_jobs j WHERE j.run_id = p_run_id;
@@ -859,6 +905,9 @@ BEGIN
         v_status := 'running';
     ELSIF p_judging THEN
         v_status := 'running';
+        -- The core judges this run: the user's jobs it has not been asked to judge give way.
+        SELECT coalesce(array_agg(t.job_id), '{}') INTO v_taken_back
+          FROM queue_take_back_unreleased_jobs(p_user_id, p_default_max_active) AS t(job_id);
         v_slot := COALESCE(analysis_jobs_free_slot(p_user_id, p_default_max_active),
                            (SELECT COALESCE(max(h.slot), 0) + 1 FROM analysis_jobs h
                              WHERE h.user_id = p_user_id AND h.delta_of_job_id IS NULL AND h.slot IS NOT NULL
@@ -891,6 +940,8 @@ BEGIN
         VALUES (p_user_id, 'charge', -p_price, p_job_id, p_actor, p_reason);
     END IF;
     RETURN QUERY SELECT 'adopted'::text, 0, false, v FROM analysis_job_views v WHERE v.job_id = p_job_id;
+    RETURN QUERY SELECT 'taken_back'::text, 0, false, v
+                   FROM analysis_job_views v WHERE v.job_id = ANY (v_taken_back) ORDER BY v.queue_seq;
 END
 $function$;
 
