@@ -26,6 +26,8 @@ import psycopg
 import pytest
 
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.dev.core import AnswerFault
 from tests.harness import InvariantChecker, S, eventually, new_user
@@ -164,15 +166,17 @@ async def test_a_judging_run_whose_reservation_outlived_its_lost_job_holds_the_n
     assert orphans(core, database_url) == []
 
 
+@pytest.mark.parametrize("capacity", [0, 1000], ids=["unlimited", "capacity-limited"])
 async def test_an_adopted_judging_run_keeps_the_users_next_job_from_the_core_once_the_history_is_recorded(
-    services, database_url: str
+    services, database_url: str, capacity: int
 ) -> None:
     """After an asynchronous failover the user's new click takes the slot the new primary thinks
     free while the core still judges her lost run. Reconciliation adopts that run RUNNING, then
     records the history as reconciled: from then on releases no longer ask the core, so the
     database alone must keep her new job from the core until the adopted run settles (I9, I14).
-    The job goes back to the head of her queue, and its release window does not run out while
-    the adopted run judges: it is released once that run ends, one run at a time at the core."""
+    The job goes back to the head of her queue (with a capacity set, its grant and her turn
+    given back), and its release window does not run out while the adopted run judges: it is
+    released once that run ends, one run at a time at the core."""
     core = await services.core()
     window = 6.0
     # The sweeper adopts the lost run and, past the straggler bound (the core deadline, 2 s, and
@@ -183,9 +187,28 @@ async def test_an_adopted_judging_run_keeps_the_users_next_job_from_the_core_onc
     lost = await stubs.admit(user)
     await stubs.wait_for(lost.job_id, S.JOB_STATUS_RUNNING)
     lose_commits(database_url, [lost.job_id])
+    try:
+        await _set_capacity(stubs, capacity)
+        await _the_adopted_run_keeps_the_next_job_back(service, database_url, user, lost, window, capacity_limited=capacity > 0)
+    finally:
+        await _set_capacity(stubs, 0)
 
+
+async def _set_capacity(stubs, capacity: int) -> None:
+    operator = op_grpc.OperatorServiceStub(stubs.channel)
+    await operator.SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=capacity), timeout=10)
+
+
+async def _the_adopted_run_keeps_the_next_job_back(
+    service, database_url: str, user: str, lost, window: float, *, capacity_limited: bool
+) -> None:
+    core, stubs = service.core, service.stubs
+    checks_before = core.user_list_calls
     later = await stubs.admit(user)
     assert later.status == S.JOB_STATUS_PENDING
+    # Its release was tried (with a capacity set: granted, her turn recorded) and held back by
+    # the core's count: the lost run judges.
+    await eventually(lambda: core.user_list_calls > checks_before, what="the release to ask the core")
     window_over_at = time.monotonic() + window
     assert await eventually(lambda: _status(stubs, lost.job_id), what="the lost judging run adopted") == S.JOB_STATUS_RUNNING
     await eventually(lambda: _replica_knows_reconciled(service), what="the history recorded as reconciled", timeout=15)
@@ -195,6 +218,8 @@ async def test_an_adopted_judging_run_keeps_the_users_next_job_from_the_core_onc
     assert core.max_concurrent_judging[user] == 1
     held_back = await stubs.job(later.job_id)
     assert held_back.status == S.JOB_STATUS_QUEUED and held_back.queue_position == 1, held_back
+    if capacity_limited:
+        assert _turns_of(database_url, user) == 0, "the grant taken back kept the user's turn"
     assert InvariantChecker(database_url).i1_slot_limit() == []
     # Another click queues behind it.
     third = await stubs.admit(user)
@@ -310,6 +335,12 @@ async def _claim_reservation(service, run_id: str):
         claims = [c for c in await db.claim_due_run_reservations(lease_seconds=30, batch_size=100) if str(c.run_id) == run_id]
     assert len(claims) == 1
     return claims[0]
+
+
+def _turns_of(database_url: str, user: str) -> int:
+    """The user's recorded turns at the core's capacity (0 or 1)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        return int(conn.execute("SELECT count(*) FROM user_capacity_turns WHERE user_id = %s", (user,)).fetchone()[0])
 
 
 def _reserved(database_url: str, run_id: str) -> int:
