@@ -14,8 +14,10 @@ runs of those jobs. Three things follow, each here:
   digest and price travel with CreateRun and come back in `Run.creation`): the click was
   acknowledged, the user was told her job exists, and the core did or does the work, so the job
   comes back with its charge, under its user's lock, idempotently across replicas (the run id and
-  the idempotency key are unique). A judging run comes back RUNNING holding a slot, a held one
-  QUEUED or PENDING by the normal rules. It cancels, and records the loss in `core_runs_lost`
+  the idempotency key are unique). A judging run comes back RUNNING holding a slot, the user's
+  PENDING jobs going back to her queue to make room for it (migration 0024: from then on the
+  database alone keeps them from the core until it settles, whatever the history's record says);
+  a held one QUEUED or PENDING by the normal rules. It cancels, and records the loss in `core_runs_lost`
   for the operator, only when adoption would be wrong or impossible: the record lacks the
   queue's fields, the same click was admitted again meanwhile (another run now carries it), a
   delta's base job was lost too, or the user's balance cannot pay the charge again (I3).
