@@ -13,7 +13,8 @@ commits again.
   service guarantees with any replication is asserted in one test (I1-I3, I2 leaving out jobs
   adopted back from judging runs, which left the queue on the lost primary); what reconciliation
   with the core adds (nothing acknowledged lost after adoption, no orphaned runs, never two of a
-  user's first-pass runs judging at once at the core) in another.
+  user's first-pass runs judging at once at the core, also while adopted runs judge on past the
+  new history's record) in another.
 
 CI runs one cycle of each (a few minutes with the cluster's start); QUEUE_FAILOVER_SECONDS=600
 repeats the synchronous cycle (switchover, crash, the node back) for that long. Figures are
@@ -594,12 +595,18 @@ class AsyncOutcome:
     old_leader: str
     unexpected: list[str]
     acks_after_failover: int
+    # Runs adopted back while judging whose judging went on past the new history's record.
+    adopted_judging_past_record: int
+    # Jobs a judging run's adoption sent back to their queue (the replicas' log lines).
+    jobs_taken_back: int
 
 
 STALL_SECONDS = 3.0
-# Runs released while the standby is stalled judge this long: longer than the failover, so a run
-# the new primary never heard of is still judging when that user's next job is released.
-STALL_JUDGING_SECONDS = 15.0
+# Runs released while the standby is stalled judge this long: longer than the failover and than
+# the record of the new history as reconciled after it (the core deadline and a second after a
+# replica saw the new timeline), so a run the new primary never heard of still judges, adopted,
+# when releases stop asking the core: only the database then keeps that user's next job back.
+STALL_JUDGING_SECONDS = 40.0
 
 
 @pytest.fixture(scope="module")
@@ -653,6 +660,8 @@ async def _asynchronous_failover(database: Database) -> AsyncOutcome:
         violations = await asyncio.to_thread(
             lambda: checker.i1_slot_limit() + checker.i2_fifo(exempt_adopted_judging=True) + checker.i3_ledger()
         )
+        past_record = await asyncio.to_thread(_adopted_judging_past_record, run, checker, after)
+        taken_back = sum(replica.log().count("a job went back to its queue") for replica in run.fleet.replicas.values())
         # Evidence for the exemption: what I2 reports without it, and how many jobs were adopted.
         i2_counting_adopted_judging = await asyncio.to_thread(checker.i2_fifo)
         adopted = {
@@ -689,6 +698,8 @@ async def _asynchronous_failover(database: Database) -> AsyncOutcome:
         old_leader=old.name,
         unexpected=record.unexpected,
         acks_after_failover=sum(1 for a in record.acks if a.answered_at > fault_at),
+        adopted_judging_past_record=past_record,
+        jobs_taken_back=taken_back,
     )
     _report(
         "asynchronous",
@@ -707,10 +718,33 @@ async def _asynchronous_failover(database: Database) -> AsyncOutcome:
             "two_judging_timelines": core["two_judging_timelines"],
             "violations": violations,
             "adopted_jobs": adopted,
+            "adopted_judging_past_record": past_record,
+            "jobs_taken_back": taken_back,
             "i2_counting_adopted_judging_jobs": i2_counting_adopted_judging,
         },
     )
     return outcome
+
+
+def _adopted_judging_past_record(run: Run, checker: InvariantChecker, timeline: int) -> int:
+    """Runs adopted back while judging (inserted RUNNING: start_time = create_time) that the core
+    went on judging after the new history was recorded as reconciled, when releases stopped
+    asking the core. The record's time is the database's clock, the core's log the monotonic one
+    of this process, on the same machine."""
+    core = run.fleet.core
+    assert core is not None
+    recorded = checker.rows(f"SELECT extract(epoch FROM reconciled_at) FROM core_reconciled_histories WHERE timeline_id = {timeline}")
+    if not recorded:
+        return 0
+    recorded_at = float(recorded[0][0]) - time.time() + time.monotonic()
+    adopted = {
+        str(r[0])
+        for r in checker.rows(
+            """SELECT j.run_id FROM analysis_jobs j JOIN credit_ledger l ON l.job_id = j.job_id AND l.reason = 'adopt'
+                WHERE j.start_time = j.create_time AND j.delta_of_job_id IS NULL"""
+        )
+    }
+    return sum(1 for at, event, run_id, _ in core.judging_log if event == "end" and run_id in adopted and at > recorded_at)
 
 
 def core_runs_by_job(run: Run) -> list[Any]:
@@ -751,8 +785,12 @@ def test_asynchronous_failover_keeps_the_database_consistent_and_reports_what_it
 def test_asynchronous_failover_loses_no_acknowledged_admit_after_reconciliation(asynchronous_failover: AsyncOutcome) -> None:
     """With the core as the second copy: the orphaned runs of lost admits are adopted back into
     jobs (with their charges), so nothing acknowledged is lost, no run is left orphaned, and the
-    core never judged two of a user's first-pass runs at once."""
+    core never judged two of a user's first-pass runs at once, also while an adopted run judged
+    on after the new history was recorded as reconciled (releases no longer asking the core)."""
     outcome = asynchronous_failover
+    # The case of an adopted run judging on once releases no longer ask the core happened: the
+    # database alone kept its user's next job back (I9 below).
+    assert outcome.adopted_judging_past_record > 0, "no adopted run judged past the history's record"
     assert outcome.lost == [], f"{len(outcome.lost)} acknowledged admits lost"
     assert outcome.core["orphaned_runs"] == [], f"{len(outcome.core['orphaned_runs'])} orphaned runs at the core"
     assert outcome.core["users_with_two_runs_judging"] == [], "I9 at the core"
