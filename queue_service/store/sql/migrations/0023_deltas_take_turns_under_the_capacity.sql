@@ -258,9 +258,32 @@ BEGIN
 END
 $$;
 
--- The core answered a granted release "not now": the job waits again with its place, and the
--- fleet learns the core's limit. The user's turn goes back to what it was before this grant only
--- while the turn this grant gave her (its time is the job's turn key) is still her latest.
+-- A grant given back (the core's "not now", or a job taken back to its queue): the user's turn
+-- goes back to what it was before that grant (`p_turn_before`) only while the turn the grant gave
+-- her (`p_turn_granted`, the granted job's turn key) is still her latest, so one she got meanwhile
+-- through another slot is kept; her waiting jobs then wait from her latest turn.
+CREATE FUNCTION queue_capacity_give_back_turn(p_user_id text, p_turn_before timestamptz, p_turn_granted timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_turn_now timestamptz;
+BEGIN
+    IF p_turn_before IS NULL THEN
+        DELETE FROM user_capacity_turns t WHERE t.user_id = p_user_id AND t.last_turn_at = p_turn_granted;
+    ELSE
+        UPDATE user_capacity_turns t SET last_turn_at = p_turn_before
+         WHERE t.user_id = p_user_id AND t.last_turn_at = p_turn_granted;
+    END IF;
+    SELECT t.last_turn_at INTO v_turn_now FROM user_capacity_turns t WHERE t.user_id = p_user_id;
+    UPDATE analysis_jobs w
+       SET capacity_turn_key = GREATEST(v_turn_now, w.capacity_wait_since)
+     WHERE w.user_id = p_user_id AND w.status = 'pending'
+       AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
+END
+$$;
+
+-- The core answered a granted release "not now": the job waits again with its place (its turn
+-- given back), and the fleet learns the core's limit.
 CREATE OR REPLACE FUNCTION queue_capacity_refused(p_job_id uuid, p_attempt integer, p_probe_interval_seconds double precision)
 RETURNS TABLE(row_kind text, core_limit integer)
 LANGUAGE plpgsql AS $$
@@ -269,7 +292,6 @@ DECLARE
     v_user_id text;
     v_turn_before timestamptz;
     v_turn_granted timestamptz;
-    v_turn_now timestamptz;
 BEGIN
     UPDATE analysis_jobs a
        SET capacity_token = NULL,
@@ -280,17 +302,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    IF v_turn_before IS NULL THEN
-        DELETE FROM user_capacity_turns t WHERE t.user_id = v_user_id AND t.last_turn_at = v_turn_granted;
-    ELSE
-        UPDATE user_capacity_turns t SET last_turn_at = v_turn_before
-         WHERE t.user_id = v_user_id AND t.last_turn_at = v_turn_granted;
-    END IF;
-    SELECT t.last_turn_at INTO v_turn_now FROM user_capacity_turns t WHERE t.user_id = v_user_id;
-    UPDATE analysis_jobs w
-       SET capacity_turn_key = GREATEST(v_turn_now, w.capacity_wait_since)
-     WHERE w.user_id = v_user_id AND w.status = 'pending'
-       AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
+    PERFORM queue_capacity_give_back_turn(v_user_id, v_turn_before, v_turn_granted);
     v_in_use := queue_capacity_in_use();
     INSERT INTO queue_capacity AS c (capacity, core_limit, next_probe_at, core_refusals)
     VALUES (0, v_in_use, clock_timestamp() + make_interval(secs => p_probe_interval_seconds), 1)

@@ -26,6 +26,9 @@
 -- holds back. On a recorded history a judging run is adopted only for a completion (the run has
 -- finished: nothing judges beside it), and the completion that follows promotes the job again.
 --
+-- A re-check the core still holds (created held under a limited capacity, migration 0023) is
+-- adopted PENDING, so it waits for its turn like any other, rather than RUNNING.
+--
 -- Additive: `queue_adopt_run` keeps its signature and its first row; the jobs taken back follow
 -- as 'taken_back' rows, which a replica of the previous version does not read.
 
@@ -36,7 +39,7 @@ DECLARE
     v_job record;
 BEGIN
     WHILE analysis_jobs_free_slot(p_user_id, p_default_max_active) IS NULL LOOP
-        SELECT p.job_id, p.capacity_token, p.capacity_turn_before INTO v_job
+        SELECT p.job_id, p.capacity_token, p.capacity_turn_before, p.capacity_turn_key INTO v_job
           FROM analysis_jobs p
          WHERE p.user_id = p_user_id AND p.status = 'pending' AND p.delta_of_job_id IS NULL
            AND p.cancel_requested_at IS NULL
@@ -58,15 +61,7 @@ BEGIN
          WHERE j.job_id = v_job.job_id;
         IF v_job.capacity_token IS NOT NULL THEN
             -- Its grant is given back, and the turn with it (as `queue_capacity_refused` does).
-            IF v_job.capacity_turn_before IS NULL THEN
-                DELETE FROM user_capacity_turns t WHERE t.user_id = p_user_id;
-            ELSE
-                UPDATE user_capacity_turns t SET last_turn_at = v_job.capacity_turn_before WHERE t.user_id = p_user_id;
-            END IF;
-            UPDATE analysis_jobs w
-               SET capacity_turn_key = GREATEST(v_job.capacity_turn_before, w.capacity_wait_since)
-             WHERE w.user_id = p_user_id AND w.status = 'pending' AND w.delta_of_job_id IS NULL
-               AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
+            PERFORM queue_capacity_give_back_turn(p_user_id, v_job.capacity_turn_before, v_job.capacity_turn_key);
         END IF;
         RETURN NEXT v_job.job_id;
     END LOOP;
@@ -126,7 +121,8 @@ BEGIN
     END IF;
 
     IF v_base IS NOT NULL THEN
-        v_status := 'running';
+        -- A re-check the core holds waits for its turn while the capacity is limited (0023).
+        v_status := CASE WHEN p_judging THEN 'running' ELSE 'pending' END;
     ELSIF p_judging THEN
         v_status := 'running';
         -- The core judges this run: the user's jobs it has not been asked to judge give way.
