@@ -119,6 +119,11 @@ class _Instruments:
             "{read}",
             "Reads of the job-change feed, by what started them (woken_by: start; local, a change this replica committed; hint, another replica's; timer) and outcome (complete: false when more rows came than one read takes, and the streams resync)",
         )
+        self.watch_line_rereads = _counter(
+            "queue.watch.line_rereads",
+            "{read}",
+            "Re-reads of the places in the capacity line of the waiting jobs this replica's WatchJobs streams show (after changes that may have moved the line, or on the timer)",
+        )
         self.feed_rows_per_read = _histogram(
             "queue.feed.rows_per_read",
             "{row}",

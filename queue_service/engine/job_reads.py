@@ -58,6 +58,12 @@ class JobReads:
             self._mean_read_at = time.monotonic()
         return self._mean_judging
 
+    def estimate_basis(self) -> tuple[float | None, int | None]:
+        """What the latest estimates were made from besides each job's own place: the mean judging
+        time and the capacity's limit."""
+        capacity = self._capacity
+        return self._mean_judging, capacity.effective_limit if capacity is not None else None
+
     def _with_estimates(self, views: Iterable[JobView], positions: dict[uuid.UUID, int]) -> list[JobView]:
         now = dt.datetime.now(dt.UTC)
         mean = self._mean_judging

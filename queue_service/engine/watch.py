@@ -15,6 +15,16 @@ connection loses no change. When the hint connection drops, when the cursor is t
 backlog is dropped), each stream resyncs, re-reading every job it may have missed, ended ones
 included, so that a stream's last message for a job is what GetJob returns (I11).
 
+A job waiting for the fleet's capacity shows its place in the fleet-wide line (`capacity_position`)
+and an estimate from it, which move when other users' jobs change (a grant, a job leaving the line,
+a run ending), changes the feed announces as theirs, not as this job's. The hub keeps which
+waiting jobs its streams show and what it last sent of each; when a read of the feed finds a
+change of any user that may have moved the line (`FeedRead.line_moved`), it re-reads those jobs
+in one statement, at most every `LINE_REREAD_SPACING_SECONDS` however many changes came, and
+offers the ones whose place or estimate changed. It also re-reads them every
+`LINE_REREAD_EVERY_SECONDS` while there are any, for what moves an estimate without a job's
+change (the operator's capacity, the mean judging time).
+
 What one stream holds is bounded whatever its user's jobs and however slowly its client reads
 (docs/operations.md, section 11): the snapshot and a resync are read and sent a
 page (`CATCH_UP_PAGE` jobs) at a time; the changes waiting for a slow reader are capped in
@@ -61,6 +71,11 @@ _MIN_READ_SPACING_SECONDS = 0.01
 _FILTERED_READ_TRIES = 3
 # How long a stream's first read waits for the hub's first read of the feed.
 _FEED_READY_SECONDS = 10.0
+# The places in line of the waiting jobs this replica's streams show are re-read at most this often
+# after changes that may have moved the line, one statement for all of them.
+LINE_REREAD_SPACING_SECONDS = 0.2
+# ...and at least this often while any are shown, changes or not.
+LINE_REREAD_EVERY_SECONDS = 5.0
 # What a job waiting in a stream's backlog costs beyond its error text: the view (a dataclass of
 # some twenty fields, its UUIDs and timestamps; ~0.8 KB measured) and its place in the backlog.
 _ITEM_BYTES = 1024
@@ -132,6 +147,11 @@ class SeqSet:
 
 
 _NO_JOB = uuid.UUID(int=0)
+
+# A waiting job as offered, its estimate as what it was made from: the view without the estimate,
+# and the mean judging time and capacity limit when its place is not the first (the first place's
+# estimate is the read's own moment).
+_LineKey = tuple[JobView, tuple[float | None, int | None] | None]
 
 
 class WatchStream:
@@ -250,6 +270,12 @@ class NotificationHub:
         # Set when the database was replaced (a failover): the feed's cursor, a snapshot of the
         # old primary's transaction ids, means nothing on the new one; start afresh and resync.
         self._cursor_reset = False
+        # The jobs waiting for capacity that streams show, by user: what was last offered to every
+        # stream of the user (`_LineKey`), or None when unknown (a snapshot or resync read it).
+        self._waiting_shown: dict[str, dict[uuid.UUID, _LineKey | None]] = {}
+        # A change may have moved the line since the last re-read of those jobs.
+        self._line_moved = False
+        self._line_read_at = float("-inf")
 
     @property
     def open_streams(self) -> int:
@@ -301,6 +327,7 @@ class NotificationHub:
             telemetry.metrics.watch_streams.add(-1)
             if not streams:
                 del self._streams[stream.user_id]
+                self._waiting_shown.pop(stream.user_id, None)
 
     async def _run(self) -> None:
         """Reads the feed until stopped: at once, then whenever woken or its timer runs out."""
@@ -341,6 +368,10 @@ class NotificationHub:
         streams_open = self._stream_count > 0
         event = self._wake if streams_open else self._subscribed
         timeout = READ_EVERY_SECONDS if streams_open else READ_EVERY_IDLE_SECONDS
+        if self._waiting_shown:
+            # The next read also re-reads the line once due.
+            due = self._line_read_at + (LINE_REREAD_SPACING_SECONDS if self._line_moved else LINE_REREAD_EVERY_SECONDS)
+            timeout = max(0.0, min(timeout, due - time.monotonic()))
         try:
             await asyncio.wait_for(event.wait(), timeout)
             woken_by = "subscribe" if not streams_open else "hint" if self._hinted else "local"
@@ -363,7 +394,7 @@ class NotificationHub:
             for attempt in range(_FILTERED_READ_TRIES + 1):
                 subscriptions = self._subscriptions
                 user_ids = list(self._streams) if attempt < _FILTERED_READ_TRIES else None
-                read = await db.job_feed_since(cursor, user_ids=user_ids, limit=MAX_ROWS_PER_READ)
+                read = await db.job_feed_since(cursor, user_ids=user_ids, limit=MAX_ROWS_PER_READ, watch_line=bool(self._waiting_shown))
                 if user_ids is None or self._subscriptions == subscriptions:
                     break
                 # A stream subscribed while the read ran: its user's changes were left out, and
@@ -378,7 +409,78 @@ class NotificationHub:
             for change in read.changes:
                 metrics.feed_lag.record(change.lag_seconds)
                 await self._dispatch(change, db)
+            self._line_moved = self._line_moved or read.line_moved
+            if self._waiting_shown and self._line_reread_due():
+                await self._reread_the_line(db)
         return read.cursor
+
+    def _line_reread_due(self) -> bool:
+        since = time.monotonic() - self._line_read_at
+        return since >= LINE_REREAD_EVERY_SECONDS or (self._line_moved and since >= LINE_REREAD_SPACING_SECONDS)
+
+    def _line_key(self, view: JobView) -> _LineKey:
+        """What a stream shows of a waiting job, its estimate as the place and basis it was made from
+        (the estimate's own moment is the read's clock)."""
+        basis = self._reads.estimate_basis() if view.capacity_position > 1 else None
+        return dataclasses.replace(view, estimated_start_time=None), basis
+
+    def _offered(self, view: JobView) -> None:
+        """Records what was offered to every stream of the job's user, for the line's re-reads."""
+        shown = self._waiting_shown.get(view.user_id)
+        if view.waiting_for_capacity:
+            if shown is None:
+                shown = self._waiting_shown[view.user_id] = {}
+            shown[view.job_id] = self._line_key(view)
+        elif shown is not None:
+            shown.pop(view.job_id, None)
+            if not shown:
+                del self._waiting_shown[view.user_id]
+
+    def _caught_up(self, view: JobView) -> None:
+        """A snapshot or resync sent a waiting job, read apart from what the user's other streams
+        were offered: when that differs, the next re-read of the line offers the job to them all.
+        The line may have moved since that read, while the hub's reads of the feed did not ask
+        (no waiting job shown yet): the next read re-reads it."""
+        shown = self._waiting_shown.setdefault(view.user_id, {})
+        key = self._line_key(view)
+        if view.job_id not in shown:
+            shown[view.job_id] = key
+            self._line_moved = True
+        elif shown[view.job_id] != key:
+            shown[view.job_id] = None
+            self._line_moved = True
+
+    async def _reread_the_line(self, db: Statements) -> None:
+        """Re-reads the waiting jobs the streams show and offers those whose place in line (or its
+        estimate) is not what was last offered: their places move with other users' changes."""
+        self._line_moved = False
+        self._line_read_at = time.monotonic()
+        for user_id in [user_id for user_id in self._waiting_shown if user_id not in self._streams]:
+            del self._waiting_shown[user_id]
+        job_ids = [job_id for shown in self._waiting_shown.values() for job_id in shown]
+        if not job_ids:
+            return
+        views = await self._reads.estimated(await db.job_views_by_ids(job_ids=job_ids), db)
+        telemetry.metrics.watch_line_rereads.add(1)
+        read = {view.job_id for view in views}
+        for view in views:
+            shown = self._waiting_shown.get(view.user_id)
+            if shown is None or view.job_id not in shown:
+                continue  # its stream closed meanwhile
+            if view.waiting_for_capacity and shown[view.job_id] == self._line_key(view):
+                continue
+            self._offered(view)
+            item = WatchItem(view)
+            for stream in list(self._streams.get(view.user_id, ())):
+                stream.offer(item)
+        # A job that no longer exists (a failover lost it) is the resync's to report. (Jobs a
+        # snapshot added during the read are kept.)
+        lost = set(job_ids) - read
+        for user_id, shown in list(self._waiting_shown.items()):
+            for job_id in lost.intersection(shown):
+                del shown[job_id]
+            if not shown:
+                del self._waiting_shown[user_id]
 
     async def _listen_for_hints(self) -> None:
         """Wakes the reader when another replica's hint arrives; resyncs the streams when the hint
@@ -435,6 +537,8 @@ class NotificationHub:
         if _changes_the_users_queue(change, views):
             views += await db.queued_job_views_of_user(user_id=user_id)
         items = [WatchItem(view) for view in await self._reads.estimated(views, db)]
+        for item in items:
+            self._offered(item.job)
         for stream in list(streams):
             for item in items:
                 stream.offer(item)
@@ -479,6 +583,8 @@ class NotificationHub:
             for item in items:
                 stream.saw(item)
                 resent.add(item.job.job_id)
+                if item.job.waiting_for_capacity and user_id in self._streams:
+                    self._caught_up(item.job)
             vanished: list[uuid.UUID] = []
             if last:
                 stream.newest_seq = max(stream.newest_seq, newest_seq)

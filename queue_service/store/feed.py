@@ -81,11 +81,13 @@ class JobChange:
 @dataclasses.dataclass(frozen=True)
 class FeedRead:
     """What one read found; `complete` is False when there were more than the read's limit (the
-    changes are then not handed on: the reader resyncs from `cursor`)."""
+    changes are then not handed on: the reader resyncs from `cursor`). `line_moved`: a change of
+    any user may have moved the fleet's line for capacity (asked for by the read)."""
 
     cursor: FeedCursor
     changes: list[JobChange]
     complete: bool
+    line_moved: bool = False
 
 
 class CommitHints:

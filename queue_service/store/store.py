@@ -514,18 +514,25 @@ class Statements:
         assert row is not None
         return FeedCursor(row["snapshot"], time.monotonic())
 
-    async def job_feed_since(self, after: FeedCursor, *, user_ids: list[str] | None, limit: int) -> FeedRead:
+    async def job_feed_since(self, after: FeedCursor, *, user_ids: list[str] | None, limit: int, watch_line: bool = False) -> FeedRead:
         """The changes committed since `after`, in change_id order (of `user_ids` and of PENDING
         jobs nobody claimed; of every user when None), and the cursor to read from next; not
-        `complete` (and no changes) when there were more than `limit`."""
+        `complete` (and no changes) when there were more than `limit`. With `watch_line`, also
+        whether a change of any user may have moved the fleet's line for capacity."""
         read_at = time.monotonic()
         rows = await self._all(
             "job_feed_since",
-            {"after": after.snapshot, "all_users": user_ids is None, "user_ids": user_ids or [], "limit": limit + 1},
+            {
+                "after": after.snapshot,
+                "all_users": user_ids is None,
+                "user_ids": user_ids or [],
+                "limit": limit + 1,
+                "watch_line": watch_line,
+            },
         )
         changes = [from_row.job_change(row) for row in rows if row["change_id"] is not None]
         complete = len(changes) <= limit
-        return FeedRead(FeedCursor(rows[0]["snapshot"], read_at), changes if complete else [], complete)
+        return FeedRead(FeedCursor(rows[0]["snapshot"], read_at), changes if complete else [], complete, bool(rows[0]["line_moved"]))
 
     async def job_feed_horizon(self) -> int:
         """The oldest transaction still in flight: every older one has ended."""

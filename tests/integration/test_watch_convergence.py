@@ -1,23 +1,28 @@
 """I11 for every field a WatchJobs stream reports: changes a job's view shows without a status
-change of its own (a refund, a release attempt, what a queued job waits behind) reach the stream,
-so its last message for each job equals GetJob.
+change of its own (a refund, a release attempt, what a queued job waits behind, a place in the
+fleet's line for capacity that another user's grant moved, the core's "not now") reach the
+stream, so its last message for each job equals GetJob.
 
-`estimated_start_time` is left out of the comparisons: it is an estimate made at each read, from
-the read's own clock (docs/design.md, I11).
+`estimated_start_time` is left out of the exact comparisons: it is an estimate made at each read,
+from the read's own clock (docs/design.md, I11); the capacity tests compare it to GetJob's within
+a quarter of the hour each place in line stands for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import datetime as dt
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import psycopg
 import pytest
 
 from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service._gen.acurio.queue.v1.operator_service_pb2_grpc import OperatorServiceStub as Operator
 from queue_service.dev.core import AnswerFault
 from tests.harness import (
     S,
@@ -26,6 +31,7 @@ from tests.harness import (
     end_failed_as_a_previous_version,
     error_info,
     eventually,
+    insert_jobs,
     new_user,
     one_running_job,
 )
@@ -136,3 +142,114 @@ async def test_a_queued_job_stops_waiting_behind_a_job_that_ended_unsettled(serv
         assert (now.status, now.waiting_for_job_id) == (S.JOB_STATUS_QUEUED, "")
         await eventually(lambda: watched.converged(stubs, second.job_id), timeout=5, what="the queued job on the stream")
         await eventually(lambda: watched.converged(stubs, first.job_id), timeout=5, what="the ended job on the stream")
+
+
+@pytest.fixture
+def fleet_capacity(database_url: str) -> Iterator[None]:
+    """A test of the fleet's capacity starts, and leaves the module's database, with nothing in
+    flight (the other tests leave runs judging or unsettled), the capacity unlimited and nothing
+    learned of the core."""
+    _nothing_in_flight(database_url)
+    yield
+    _nothing_in_flight(database_url)
+
+
+def _nothing_in_flight(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            """UPDATE analysis_jobs SET status = 'canceled', end_time = clock_timestamp(), run_settle_due_at = NULL,
+                      next_release_at = NULL, next_reconcile_at = NULL
+                WHERE status IN ('queued', 'pending', 'running') OR run_settle_due_at IS NOT NULL"""
+        )
+        conn.execute("DELETE FROM user_capacity_turns")
+        conn.execute("UPDATE queue_capacity SET capacity = 0, core_limit = NULL, next_probe_at = NULL, core_refusals = 0")
+
+
+_LONG_JUDGING = dt.timedelta(hours=1)
+
+
+def judged_for_an_hour_recently(database_url: str) -> None:
+    """The latest succeeded first-pass jobs judged for an hour each, so a job's estimate shows its
+    place in line: an hour (over the capacity) per place ahead of it."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        insert_jobs(conn, [new_user() for _ in range(50)], status="succeeded")
+        conn.execute(
+            """UPDATE analysis_jobs SET end_time = clock_timestamp(), start_time = clock_timestamp() - %s
+                WHERE status = 'succeeded' AND start_time IS NULL""",
+            (_LONG_JUDGING,),
+        )
+
+
+def _estimate(job: job_pb2.Job) -> dt.datetime:
+    assert job.HasField("estimated_start_time"), job
+    return job.estimated_start_time.ToDatetime(tzinfo=dt.UTC)
+
+
+async def test_a_waiting_jobs_place_in_line_follows_another_users_grant(services, database_url: str, fleet_capacity: None) -> None:
+    """Capacity 1: A judging, B waiting first, C second; C's stream is on another replica than the
+    one the core calls back. A ends and B is granted there, which changes no row of C, yet C's
+    stream says what GetJob says: first in line, with the estimate of the first place."""
+    judged_for_an_hour_recently(database_url)
+    core = await services.core()
+    granting = await services.start(core)  # the core's CompleteRun goes here: its completion grants
+    other = await services.start(core)
+    await Operator(granting.stubs.channel).SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=1), timeout=10)
+    users = [new_user() for _ in range(3)]
+    jobs = []
+    for user in users:
+        await granting.stubs.grant(user, 2)
+        jobs.append(await granting.stubs.admit(user))
+    first, second, third = jobs
+    running = await granting.stubs.wait_for(first.job_id, S.JOB_STATUS_RUNNING)
+    async with watching(other.stubs, users[2]) as watched:
+        assert watched.last[third.job_id].capacity_position == 2
+        await core.finish(running.run_id)
+        await granting.stubs.wait_for(second.job_id, S.JOB_STATUS_RUNNING)
+        now = await other.stubs.job(third.job_id)
+        assert (now.status, now.capacity_position) == (S.JOB_STATUS_PENDING, 1)
+        await eventually(lambda: watched.converged(other.stubs, third.job_id), timeout=5, what="the new place on the stream")
+        # The second place's estimate was an hour away; the first place's is the read's own moment.
+        gap = abs(_estimate(watched.last[third.job_id]) - _estimate(await other.stubs.job(third.job_id)))
+        assert gap < _LONG_JUDGING / 4, gap
+
+
+async def test_the_cores_not_now_reaches_the_stream(services, database_url: str, fleet_capacity: None) -> None:
+    """The core refuses a release (its ceiling): the job waits for capacity again, a change of its
+    capacity columns only, and its stream, on the replica that did not release it, reports the
+    place in line GetJob reports instead of the granted attempt."""
+    judged_for_an_hour_recently(database_url)
+    core = await services.core()
+    core.judging_ceiling = 1
+    # No probe of the core within the test (the refused job stays in line), and time for a release
+    # that reaches the core late.
+    settings = {"core_probe_interval_seconds": 600, "core_deadline_seconds": 5.0}
+    releasing = await services.start(core, **settings)
+    other = await services.start(core, **settings)
+    blocker, user = new_user(), new_user()
+    for someone in (blocker, user):
+        await releasing.stubs.grant(someone, 2)
+    running = await releasing.stubs.admit(blocker)
+    await releasing.stubs.wait_for(running.job_id, S.JOB_STATUS_RUNNING)
+    # The next release reaches the core a second late: the stream shows the granted attempt first.
+    core.answer_faults["ReleaseRun"] = AnswerFault("late_arrival", seconds=1.0)
+    async with watching(other.stubs, user) as watched:
+        refused = await releasing.stubs.admit(user)  # its release is claimed by the replica that admits it
+        assert (refused.status, refused.release_attempts, refused.capacity_position) == (S.JOB_STATUS_PENDING, 1, 0)
+        await eventually(lambda: refused.job_id in watched.last, timeout=5, what="the granted attempt on the stream")
+        assert core.refusals == 0, "the stream must show the attempt before the core refuses it"
+        await eventually(lambda: _waiting_first(other.stubs, refused.job_id), timeout=5, what="the refusal")
+        assert core.refusals == 1
+        core.answer_faults.clear()
+        await eventually(lambda: watched.converged(other.stubs, refused.job_id), timeout=5, what="the refusal on the stream")
+        sent = watched.last[refused.job_id]
+        assert (sent.status, sent.capacity_position, sent.release_attempts) == (S.JOB_STATUS_PENDING, 1, 1)
+        assert abs(_estimate(sent) - _estimate(await other.stubs.job(refused.job_id))) < _LONG_JUDGING / 4
+
+        # The blocker's run ends: the job is granted, released and runs, and the stream follows.
+        await core.finish(running.run_id)
+        await other.stubs.wait_for(refused.job_id, S.JOB_STATUS_RUNNING)
+        await eventually(lambda: watched.converged(other.stubs, refused.job_id), timeout=5, what="the run on the stream")
+
+
+async def _waiting_first(stubs: Stubs, job_id: str) -> bool:
+    return (await stubs.job(job_id)).capacity_position == 1

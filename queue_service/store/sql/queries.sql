@@ -801,10 +801,19 @@ SELECT pg_current_snapshot()::text AS snapshot;
 -- own snapshot, the one the rows are read with, so a row of a transaction still in flight is not
 -- passed over: it is not visible, and its xid stays in the next `after`. Only rows of the
 -- watched users and of PENDING jobs nobody claimed, unless `all_users`. The first row carries the
--- snapshot even when no change came.
-SELECT now_snapshot.snapshot::text AS snapshot, f.change_id, f.job_id, f.user_id, f.status, f.old_status,
+-- snapshot even when no change came, and, when `watch_line`, whether any of the new rows, of any
+-- user, may have moved the fleet's line for capacity (`line_moved`: a job that is or was PENDING
+-- or RUNNING changed; the first such row answers it).
+SELECT now_snapshot.snapshot::text AS snapshot, now_snapshot.line_moved,
+       f.change_id, f.job_id, f.user_id, f.status, f.old_status,
        f.release_claimed, extract(epoch FROM clock_timestamp() - f.change_time)::float8 AS lag_seconds
-  FROM (SELECT pg_current_snapshot() AS snapshot) AS now_snapshot
+  FROM (SELECT pg_current_snapshot() AS snapshot,
+               %(watch_line)s AND EXISTS (
+                   SELECT 1 FROM analysis_job_feed m
+                    WHERE (m.xid >= pg_snapshot_xmax(%(after)s::pg_snapshot)
+                           OR m.xid = ANY(ARRAY(SELECT pg_snapshot_xip(%(after)s::pg_snapshot))))
+                      AND (m.status IN ('pending', 'running') OR m.old_status IN ('pending', 'running'))) AS line_moved
+       ) AS now_snapshot
   LEFT JOIN LATERAL (
       SELECT c.change_id, c.job_id, c.user_id, c.status, c.old_status, c.release_claimed, c.change_time
         FROM analysis_job_feed c
