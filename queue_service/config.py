@@ -287,6 +287,24 @@ SETTINGS: dict[str, Setting] = {
         _parse_int(1, 10_000),
         "delta re-checks running at once per user before `USER_DELTA_LIMIT` (`RESOURCE_EXHAUSTED`)",
     ),
+    "max_free_admits_per_user_per_hour": Setting(
+        "QUEUE_MAX_FREE_ADMITS_PER_USER_PER_HOUR",
+        "20",
+        _parse_int(1, 100_000),
+        'jobs of a user admitted within the last hour that cost nothing in the end (a delta re-check at `QUEUE_DELTA_PRICE` 0, a job refunded, such as a canceled one) before her next Admit answers `USER_FREE_WORK_LIMIT` (`RESOURCE_EXHAUSTED`, RetryInfo: when the oldest of them leaves the hour). Bounds what one user can store for free (docs/security.md, "What one user can store")',
+    ),
+    "job_inputs_retention_seconds": Setting(
+        "QUEUE_JOB_INPUTS_RETENTION_SECONDS",
+        "86400",
+        _parse_float(1, 10 * 366 * 86400),
+        "an ended job's full sources (what `OperatorService.RetryJob` admits again) are deleted this long after it ended; its document, first 10 sources and source count stay. A retry after that answers `JOB_INPUTS_PRUNED`",
+    ),
+    "job_retention_seconds": Setting(
+        "QUEUE_JOB_RETENTION_SECONDS",
+        str(30 * 86400),
+        _parse_float(1, 10 * 366 * 86400),
+        "an ended job (its run settled) is deleted this long after it ended, once no kept delta re-check names it as its base; its ledger entries stay. Its idempotency key is remembered as long. Keep it well above how long the core retries a `CompleteRun` (a day)",
+    ),
     "admit_price": Setting("QUEUE_ADMIT_PRICE", "1", _parse_int(0, 1_000_000), "credits per first-pass job"),
     "delta_price": Setting("QUEUE_DELTA_PRICE", "0", _parse_int(0, 1_000_000), "credits per delta re-check"),
     "core_deadline_seconds": Setting(
@@ -518,6 +536,9 @@ class Config:
     core_probe_interval_seconds: float
     max_queued_per_user: int
     max_active_deltas_per_user: int
+    max_free_admits_per_user_per_hour: int
+    job_inputs_retention_seconds: float
+    job_retention_seconds: float
     release_window_seconds: float
     sweep_interval_seconds: float
     admit_price: int

@@ -27,11 +27,17 @@ class QueueError(Exception):
         *,
         metadata: Mapping[str, str] | None = None,
         field_violations: Sequence[tuple[str, str]] = (),
+        quota_violations: Sequence[tuple[str, str]] = (),
+        retry_delay_seconds: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.metadata = dict(metadata or {})
         self.field_violations = list(field_violations)
+        # (subject, description) of each quota exceeded: a google.rpc.QuotaFailure.
+        self.quota_violations = list(quota_violations)
+        if retry_delay_seconds is not None:
+            self.retry_delay_seconds = retry_delay_seconds
 
 
 class InvalidRequest(QueueError):
@@ -116,6 +122,13 @@ class JobNotRetryable(QueueError):
     reason = "JOB_NOT_RETRYABLE"
 
 
+class JobInputsPruned(QueueError):
+    """The job's full sources were deleted past QUEUE_JOB_INPUTS_RETENTION_SECONDS: it cannot be
+    admitted again from what the queue kept (admit it again from the web app)."""
+
+    reason = "JOB_INPUTS_PRUNED"
+
+
 class JobAlreadyFinished(QueueError):
     """The job already succeeded or failed."""
 
@@ -139,6 +152,14 @@ class UserDeltaLimit(QueueError):
     """The user has the maximum number of delta re-checks running."""
 
     reason = "USER_DELTA_LIMIT"
+
+
+class UserFreeWorkLimit(QueueError):
+    """The user had QUEUE_MAX_FREE_ADMITS_PER_USER_PER_HOUR jobs within the last hour that cost
+    nothing in the end (free delta re-checks, refunded jobs): each stores its sources all the
+    same. RetryInfo says when the oldest of them leaves the hour; a QuotaFailure names the quota."""
+
+    reason = "USER_FREE_WORK_LIMIT"
 
 
 class RunNotReleased(QueueError):

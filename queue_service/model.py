@@ -319,6 +319,10 @@ class AdmitState:
     base_run_id: uuid.UUID | None
     # The fleet's capacity is limited: a delta's run is created held, to wait for a turn (I12).
     capacity_limited: bool = False
+    # The user's jobs admitted within the last hour that cost nothing in the end (at most the
+    # limit asked for), and the seconds until the oldest of those leaves the hour.
+    free_admits_last_hour: int = 0
+    free_admit_frees_in_seconds: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,7 +360,8 @@ class NewJob:
 @dataclasses.dataclass(frozen=True)
 class JobInputs:
     """What a job was admitted with, in full: what OperatorService.RetryJob admits again.
-    `sources` is None for a job admitted before the service stored them."""
+    `sources` is None for a job admitted before the service stored them, and for one whose
+    sources were pruned past their retention (`sources_pruned`)."""
 
     job_id: uuid.UUID
     user_id: str
@@ -365,6 +370,7 @@ class JobInputs:
     document_uri: str
     document_title: str
     sources: tuple[tuple[str, str], ...] | None
+    sources_pruned: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

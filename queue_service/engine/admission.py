@@ -78,6 +78,7 @@ class Admission:
                 idempotency_key=item.idempotency_key,
                 delta_of_job_id=item.delta_of_job_id,
                 grace_seconds=self.reservation_grace_seconds,
+                max_free_admits=self.config.max_free_admits_per_user_per_hour,
             )
         try:
             duplicate = self._check_admit_state(state, item, price, is_delta)
@@ -140,6 +141,7 @@ class Admission:
                     metadata={"jobId": str(state.existing_job_id)},
                 )
             return AdmitResult(state.existing_job_id, duplicate=True)
+        self._check_free_work(state)
         if is_delta:
             if state.base_status is None or state.base_user_id != item.user_id:
                 raise errors.DeltaBaseNotFound(
@@ -168,6 +170,29 @@ class Admission:
                 metadata={"balance": str(state.balance), "required": str(price)},
             )
         return None
+
+    def _check_free_work(self, state: AdmitState) -> None:
+        """Refuses any admit while the user's free work of the last hour is at its limit: a free
+        re-check, and a job charged now and refunded later (a cancel), each store what they judge
+        at no cost to her (docs/security.md, "What one user can store"). Decided at the pre-check
+        only: admits racing past it still pass the locked admit's own limits (credit, running
+        deltas), which bound the overshoot."""
+        limit = self.config.max_free_admits_per_user_per_hour
+        if state.free_admits_last_hour < limit:
+            return
+        frees_in = max(1.0, state.free_admit_frees_in_seconds or 0.0)
+        raise errors.UserFreeWorkLimit(
+            f"the user had {limit} jobs within the last hour that cost nothing (free re-checks, refunded jobs; the maximum); "
+            f"retry in {frees_in:.0f} s",
+            metadata={"maxFreeAdmitsPerHour": str(limit), "retryAfterSeconds": str(round(frees_in))},
+            quota_violations=[
+                (
+                    "user",
+                    f"at most {limit} jobs per user per hour that cost nothing in the end (QUEUE_MAX_FREE_ADMITS_PER_USER_PER_HOUR)",
+                )
+            ],
+            retry_delay_seconds=frees_in,
+        )
 
     async def _admit_under_lock(
         self, item: AdmitRequest, job_id: uuid.UUID, run_id: uuid.UUID, price: int, is_delta: bool, delta_held: bool
@@ -201,7 +226,10 @@ class Admission:
             # Something changed since the pre-check (nothing was written): find out what.
             async with self._store.statements() as db:
                 state = await db.admit_state(
-                    user_id=item.user_id, idempotency_key=item.idempotency_key, delta_of_job_id=item.delta_of_job_id
+                    user_id=item.user_id,
+                    idempotency_key=item.idempotency_key,
+                    delta_of_job_id=item.delta_of_job_id,
+                    max_free_admits=self.config.max_free_admits_per_user_per_hour,
                 )
             duplicate = self._check_admit_state(state, item, price, is_delta)
             if duplicate is None:

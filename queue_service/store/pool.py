@@ -91,6 +91,14 @@ def translated_errors() -> Iterator[None]:
     except pg_errors.UniqueViolation as exc:
         constraint = exc.diag.constraint_name or "unknown"
         raise errors.Conflict(f"a concurrent change won ({constraint}); retry the call", metadata={"constraint": constraint}) from exc
+    except pg_errors.ForeignKeyViolation as exc:
+        # A row the change names went meanwhile (a delta's base pruned past its retention between
+        # the admit's pre-check and its insert): nothing was applied, and the retry's pre-check
+        # says why (`DELTA_BASE_NOT_FOUND`).
+        constraint = exc.diag.constraint_name or "unknown"
+        raise errors.Conflict(
+            f"a row this change names was deleted meanwhile ({constraint}); retry the call", metadata={"constraint": constraint}
+        ) from exc
     except pg_errors.ReadOnlySqlTransaction as exc:
         # A standby answered: during a failover a router (HAProxy on Patroni's /primary check)
         # or a multi-host DSN can reach a member not yet, or no longer, the primary. Nothing was

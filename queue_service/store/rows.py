@@ -118,6 +118,8 @@ def admit_state(row: Row) -> AdmitState:
         base_status=None if row["base_status"] is None else JobStatus(row["base_status"]),
         base_run_id=row["base_run_id"],
         capacity_limited=bool(row.get("capacity_limited", False)),
+        free_admits_last_hour=int(row["free_admits_last_hour"]),
+        free_admit_frees_in_seconds=row["free_admit_frees_in_seconds"],
     )
 
 

@@ -216,7 +216,14 @@ class Statements:
     # -- admit ---------------------------------------------------------------------------------
 
     async def reserve_run_and_read_admit_state(
-        self, *, run_id: uuid.UUID, user_id: str, idempotency_key: str, delta_of_job_id: uuid.UUID | None, grace_seconds: float
+        self,
+        *,
+        run_id: uuid.UUID,
+        user_id: str,
+        idempotency_key: str,
+        delta_of_job_id: uuid.UUID | None,
+        grace_seconds: float,
+        max_free_admits: int,
     ) -> tuple[bool, AdmitState]:
         """Reserves the run for this admit and reads what the admit checks, in one statement.
         Returns whether the run was reserved (False: the key already has a job) and the state."""
@@ -228,13 +235,24 @@ class Statements:
                 "idempotency_key": idempotency_key,
                 "delta_of_job_id": delta_of_job_id,
                 "grace_seconds": float(grace_seconds),
+                "max_free_admits": max_free_admits,
             },
         )
         assert row is not None
         return bool(row["reserved"]), from_row.admit_state(row)
 
-    async def admit_state(self, *, user_id: str, idempotency_key: str, delta_of_job_id: uuid.UUID | None) -> AdmitState:
-        row = await self._one("admit_state", {"user_id": user_id, "idempotency_key": idempotency_key, "delta_of_job_id": delta_of_job_id})
+    async def admit_state(
+        self, *, user_id: str, idempotency_key: str, delta_of_job_id: uuid.UUID | None, max_free_admits: int
+    ) -> AdmitState:
+        row = await self._one(
+            "admit_state",
+            {
+                "user_id": user_id,
+                "idempotency_key": idempotency_key,
+                "delta_of_job_id": delta_of_job_id,
+                "max_free_admits": max_free_admits,
+            },
+        )
         assert row is not None
         return from_row.admit_state(row)
 
@@ -277,6 +295,16 @@ class Statements:
         """Whether the run was a failed admit's, confirmed settled: never to be adopted."""
         row = await self._one("run_abandoned", {"run_id": run_id})
         return bool(row and row["abandoned"])
+
+    async def prune_ended_job_inputs(self, *, retention_seconds: float, batch_size: int) -> int:
+        """Empties the full sources of up to `batch_size` jobs ended before the retention; how many."""
+        cursor = await self._send("prune_ended_job_inputs", {"retention_seconds": float(retention_seconds), "batch_size": batch_size})
+        return max(0, cursor.rowcount)
+
+    async def prune_ended_jobs(self, *, retention_seconds: float, batch_size: int) -> int:
+        """Deletes up to `batch_size` jobs ended before the retention; how many."""
+        cursor = await self._send("prune_ended_jobs", {"retention_seconds": float(retention_seconds), "batch_size": batch_size})
+        return max(0, cursor.rowcount)
 
     async def forget_abandoned_runs(self, *, retention_seconds: float, batch_size: int) -> int:
         cursor = await self._send("forget_abandoned_runs", {"retention_seconds": retention_seconds, "batch_size": batch_size})
@@ -584,6 +612,7 @@ class Statements:
             document_uri=row["document_uri"] or "",
             document_title=row["document_title"] or "",
             sources=None if row["sources"] is None else sources_of_json(row["sources"]),
+            sources_pruned=row["sources"] is None and row["source_count"] is not None,
         )
 
     async def ledger_entries(self, query: LedgerQuery, *, limit: int) -> list[LedgerEntry]:

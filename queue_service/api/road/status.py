@@ -1,7 +1,8 @@
 """The table from a domain error's reason to its gRPC status code, and the status it becomes.
 
 A `QueueError` becomes its code plus `google.rpc.ErrorInfo` (its reason, domain and metadata),
-`RetryInfo` when it names a delay, and `BadRequest` when it lists field violations. Anything else
+`RetryInfo` when it names a delay, `BadRequest` when it lists field violations, and
+`QuotaFailure` when it names the quotas it exceeded. Anything else
 is a bug: INTERNAL, logged with the trace id, never dressed up as a plausible code. gRPC (the
 interceptor) and the browser endpoint (`web`) both answer through here, so both carry the same
 details.
@@ -32,11 +33,13 @@ CODE_OF_REASON: dict[str, grpc.StatusCode] = {
     "PROVIDER_BUDGET_EXHAUSTED": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "USER_QUEUE_FULL": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "USER_DELTA_LIMIT": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "USER_FREE_WORK_LIMIT": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "CORE_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
     "CORE_AT_CAPACITY": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "JOB_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
     "JOB_NOT_PENDING": grpc.StatusCode.FAILED_PRECONDITION,
     "JOB_NOT_RETRYABLE": grpc.StatusCode.FAILED_PRECONDITION,
+    "JOB_INPUTS_PRUNED": grpc.StatusCode.FAILED_PRECONDITION,
     "JOB_ALREADY_FINISHED": grpc.StatusCode.FAILED_PRECONDITION,
     "RUN_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
     "RUN_NOT_YET_ADMITTED": grpc.StatusCode.UNAVAILABLE,
@@ -81,6 +84,15 @@ def status_proto_for(error: QueueError) -> status_pb2.Status:
                 field_violations=[
                     error_details_pb2.BadRequest.FieldViolation(field=field, description=description)
                     for field, description in error.field_violations
+                ]
+            )
+        )
+    if error.quota_violations:
+        details.append(
+            error_details_pb2.QuotaFailure(
+                violations=[
+                    error_details_pb2.QuotaFailure.Violation(subject=subject, description=description)
+                    for subject, description in error.quota_violations
                 ]
             )
         )

@@ -67,6 +67,11 @@ async def _retry(admission: Admission, reads: JobReads, job_id: uuid.UUID, retry
     metadata = {"jobId": str(job_id), "status": inputs.status.upper()}
     if inputs.status not in RETRYABLE:
         raise errors.JobNotRetryable(f"job {job_id} is {inputs.status}; only a failed or canceled job can be retried", metadata=metadata)
+    if inputs.sources is None and inputs.sources_pruned:
+        raise errors.JobInputsPruned(
+            f"job {job_id} ended longer ago than its sources are kept (QUEUE_JOB_INPUTS_RETENTION_SECONDS); admit it again from the web app",
+            metadata=metadata,
+        )
     if inputs.sources is None:
         raise errors.JobNotRetryable(
             f"job {job_id} was admitted before the queue stored its document and sources; admit it again from the web app",

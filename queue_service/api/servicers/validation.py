@@ -22,18 +22,22 @@ MAX_URI_CHARS = 2048
 MAX_TITLE_CHARS = 512
 MAX_SOURCES = 1000
 MAX_DOI_CHARS = 256
-MAX_CITATION_CHARS = 4096
+# What a real thesis needs sets the caps, not the transport's 4 MiB: a PhD thesis cites about 100
+# to 500 sources, rarely over 1000, and a formatted reference rarely runs past 1 to 2 KB (a long
+# author list included). Every admitted job stores its sources until they are pruned
+# (QUEUE_JOB_INPUTS_RETENTION_SECONDS), so the caps are what one user can store per job
+# (docs/security.md, "What one user can store").
+MAX_CITATION_CHARS = 2048
 MAX_MESSAGE_CHARS = 1024
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 20
 MAX_GRANT = 1_000_000
-# An admit becomes a CreateRun at the core, which must fit the core's receive limit (4 MiB, gRPC's
-# default, `core_client.CORE_MAX_MESSAGE_BYTES`). The CreateRun drops the idempotency key and the
-# title and adds the run's id, the base run's id and the hold flag (under 100 bytes more), so an
-# admit at most this size always makes a CreateRun that fits; a larger one (the server takes up to
-# 4 MiB) would be refused by the core's transport, RESOURCE_EXHAUSTED, indistinguishable from a
-# spent provider budget.
-MAX_ADMIT_BYTES = 4 * 1024 * 1024 - 1024
+# An admit's encoded size: 1 MiB holds 1000 sources of about 1 KB each, three times the
+# references of a long thesis. It also keeps the CreateRun the admit becomes far within the core's
+# receive limit (4 MiB, gRPC's default, `core_client.CORE_MAX_MESSAGE_BYTES`): a larger one would
+# be refused by the core's transport, RESOURCE_EXHAUSTED, indistinguishable from a spent provider
+# budget. The server receives up to 4 MiB, so a larger admit hears INVALID_REQUEST, naming its size.
+MAX_ADMIT_BYTES = 1024 * 1024
 # A grant's note (why, in the operator's words); the ledger's check says the same.
 MAX_NOTE_CHARS = 512
 # A BadRequest lists at most this many violations (a trailer of thousands would exceed a client's
@@ -131,7 +135,7 @@ def validate_admit(request: queue_pb2.AdmitRequest) -> uuid.UUID | None:
     if size > MAX_ADMIT_BYTES:
         v.add(
             "sources",
-            f"the request is {size} bytes; at most {MAX_ADMIT_BYTES} bytes are accepted (the run sent to the core must fit its 4 MiB message limit): send fewer or shorter sources",
+            f"the request is {size} bytes; at most {MAX_ADMIT_BYTES} bytes are accepted (about 1000 references of 1 KB): send fewer or shorter sources",
         )
     if not sources:
         v.add("sources", "at least one source is required")

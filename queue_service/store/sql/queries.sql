@@ -25,9 +25,13 @@ SELECT EXISTS (SELECT 1 FROM reserved) AS reserved, state.*
 
 -- name: admit_state
 -- What admit decides on: the job already holding this idempotency key, the user's queue length,
--- active deltas (waiting for a turn or judging) and balance, the delta base, and whether the
--- fleet's capacity is limited (a delta's run is then created held, to wait for its turn). Read
--- with the run's reservation (above), and again after an admit placed nothing, to say why.
+-- active deltas (waiting for a turn or judging) and balance, the delta base, whether the fleet's
+-- capacity is limited (a delta's run is then created held, to wait for its turn), and her free
+-- work of the last hour: her jobs admitted within it that cost nothing in the end (priced 0, or
+-- refunded), at most `max_free_admits` of them (read newest first on
+-- `analysis_jobs_user_newest_admitted`, each refund by `credit_ledger_once_per_job`), with the
+-- seconds until the oldest of those leaves the hour. Read with the run's reservation (above), and
+-- again after an admit placed nothing, to say why.
 SELECT existing.job_id AS existing_job_id,
        existing.request_digest AS existing_digest,
        (SELECT count(*) FROM analysis_jobs q
@@ -38,8 +42,18 @@ SELECT existing.job_id AS existing_job_id,
        COALESCE((SELECT c.balance FROM credit_accounts c WHERE c.user_id = %(user_id)s), 0) AS balance,
        base.user_id AS base_user_id,
        base.status AS base_status,
-       base.run_id AS base_run_id
+       base.run_id AS base_run_id,
+       free.admits AS free_admits_last_hour,
+       free.frees_in_seconds AS free_admit_frees_in_seconds
   FROM (SELECT 1) AS one
+ CROSS JOIN LATERAL (
+       SELECT count(*) AS admits,
+              extract(epoch FROM min(f.create_time) + interval '1 hour' - clock_timestamp())::float8 AS frees_in_seconds
+         FROM (SELECT j.create_time FROM analysis_jobs j
+                WHERE j.user_id = %(user_id)s AND j.create_time > clock_timestamp() - interval '1 hour'
+                  AND (j.price = 0 OR EXISTS (SELECT 1 FROM credit_ledger r WHERE r.job_id = j.job_id AND r.kind = 'refund'))
+                ORDER BY j.create_time DESC
+                LIMIT %(max_free_admits)s) AS f) AS free
   LEFT JOIN analysis_jobs existing
          ON existing.user_id = %(user_id)s AND existing.idempotency_key = %(idempotency_key)s
   LEFT JOIN analysis_jobs base
@@ -147,6 +161,38 @@ DELETE FROM run_reservations
                    WHERE settled_at < clock_timestamp() - make_interval(secs => %(retention_seconds)s)
                    ORDER BY settled_at
                    LIMIT %(batch_size)s);
+
+-- name: prune_ended_job_inputs
+-- Empties the full sources of ended jobs (their runs settled) that ended more than the retention
+-- ago, oldest first, at most `batch_size` (engine/pruner.py); the preview, the counts and the
+-- document stay. `analysis_jobs_ended_holding_sources` finds exactly the jobs still holding them;
+-- rows another transaction holds are left for the next batch.
+UPDATE analysis_jobs j
+   SET sources = NULL
+  FROM (SELECT job_id FROM analysis_jobs
+         WHERE end_time < clock_timestamp() - make_interval(secs => %(retention_seconds)s)
+           AND end_time IS NOT NULL AND sources IS NOT NULL
+           AND status IN ('succeeded', 'failed', 'canceled') AND run_settle_due_at IS NULL
+         ORDER BY end_time
+         LIMIT %(batch_size)s
+         FOR UPDATE SKIP LOCKED) AS due
+ WHERE j.job_id = due.job_id;
+
+-- name: prune_ended_jobs
+-- Deletes ended jobs (their runs settled) that ended more than the retention ago, oldest first,
+-- at most `batch_size` (engine/pruner.py), read on `analysis_jobs_recently_ended`. A job a kept
+-- delta re-check names as its base stays until that delta goes (the delta's reference must hold).
+-- Their ledger entries stay (migration 0026).
+DELETE FROM analysis_jobs j
+ USING (SELECT e.job_id FROM analysis_jobs e
+         WHERE e.end_time < clock_timestamp() - make_interval(secs => %(retention_seconds)s)
+           AND e.end_time IS NOT NULL
+           AND e.status IN ('succeeded', 'failed', 'canceled') AND e.run_settle_due_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM analysis_jobs d WHERE d.delta_of_job_id = e.job_id)
+         ORDER BY e.end_time
+         LIMIT %(batch_size)s
+         FOR UPDATE SKIP LOCKED) AS due
+ WHERE j.job_id = due.job_id;
 
 -- name: refund_failed_job
 -- A locked section: refunds a job that ended FAILED while its user canceled it
@@ -442,7 +488,8 @@ SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, ac
 
 -- name: job_inputs
 -- What a job was admitted with, in full (OperatorService.RetryJob); its primary key finds it.
-SELECT job_id, user_id, status, delta_of_job_id, document_uri, document_title, sources
+-- `source_count` set with `sources` NULL: the sources were pruned past their retention.
+SELECT job_id, user_id, status, delta_of_job_id, document_uri, document_title, sources, source_count
   FROM analysis_jobs
  WHERE job_id = %(job_id)s;
 

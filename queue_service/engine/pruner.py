@@ -1,0 +1,58 @@
+"""The pruner: ended jobs do not stay forever (docs/security.md, "What one user can store").
+
+Each sweeper pass empties the full sources of jobs that ended more than
+QUEUE_JOB_INPUTS_RETENTION_SECONDS ago (their document, first 10 sources and counts stay; a
+RetryJob of them answers `JOB_INPUTS_PRUNED`), then deletes jobs that ended more than
+QUEUE_JOB_RETENTION_SECONDS ago, as River's job cleaner and Oban's pruner do: in bounded batches,
+oldest first, each found by an index, rows another transaction holds skipped, so every replica may
+prune at once. A job still active, one whose run is not yet settled, and the base of a kept delta
+re-check are never deleted. The credit ledger keeps a pruned job's entries (migration 0026), so
+every balance still equals its ledger (I3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from queue_service import telemetry
+from queue_service.config import Config
+from queue_service.store import Store
+
+log = logging.getLogger(__name__)
+
+# Sources are up to about a megabyte a job, so their batches are small (one statement's work stays
+# well within the statement timeout); a pass does at most this many statements of each kind, the
+# rest waits for the next pass.
+_INPUTS_BATCH = 50
+_JOBS_BATCH = 500
+_STATEMENTS_PER_PASS = 20
+
+
+@dataclasses.dataclass
+class PruneReport:
+    inputs_pruned: int = 0
+    jobs_pruned: int = 0
+
+
+async def prune_ended_jobs(store: Store, config: Config) -> PruneReport:
+    """One pass: ended jobs' sources past their retention, then ended jobs past theirs."""
+    report = PruneReport()
+    for _ in range(_STATEMENTS_PER_PASS):
+        async with store.statements() as db:
+            count = await db.prune_ended_job_inputs(retention_seconds=config.job_inputs_retention_seconds, batch_size=_INPUTS_BATCH)
+        report.inputs_pruned += count
+        if count < _INPUTS_BATCH:
+            break
+    for _ in range(_STATEMENTS_PER_PASS):
+        async with store.statements() as db:
+            count = await db.prune_ended_jobs(retention_seconds=config.job_retention_seconds, batch_size=_JOBS_BATCH)
+        report.jobs_pruned += count
+        if count < _JOBS_BATCH:
+            break
+    for action, count in dataclasses.asdict(report).items():
+        if count:
+            telemetry.metrics.sweep_rows.add(count, {"action": action})
+    if report.inputs_pruned or report.jobs_pruned:
+        log.info("pruned ended jobs past their retention", extra=dataclasses.asdict(report))
+    return report
