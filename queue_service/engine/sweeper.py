@@ -31,7 +31,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from queue_service import deadline, errors, telemetry
 from queue_service.background import cancel_and_wait
 from queue_service.config import Config
-from queue_service.engine import pruner
+from queue_service.engine.pruner import prune_ended_jobs
 from queue_service.model import Cause, ClaimedReservation, ClaimedSettlement, OverdueRun, Promoted
 from queue_service.store import Store
 from queue_service.store.feed import RETENTION_SECONDS
@@ -282,7 +282,7 @@ class Sweeper:
                 report.waiting_canceled += int(await self._guarded(recovery.cancel_waiting_job(job_id, user_id), False))
             report.feed_rows_trimmed += await self._guarded(self._trim_feed(), 0)
             report.abandoned_runs_forgotten += await self._guarded(self._forget_abandoned_runs(), 0)
-            await self._guarded(pruner.prune_ended_jobs(self._store, config), None)
+            await self._guarded(prune_ended_jobs(self._store, config), None)
             self._wake_dispatcher()
             span.set_attribute("queue.sweep.promoted", report.promoted)
             span.set_attribute("queue.sweep.gave_up", report.gave_up)

@@ -264,18 +264,18 @@ def _create_run_size(request: queue_service_pb2.AdmitRequest) -> int:
     ).ByteSize()
 
 
-async def test_an_admit_whose_run_would_not_fit_the_cores_message_limit_is_refused_as_too_large(service) -> None:
-    """An admit just under the 4 MiB the server receives becomes a CreateRun just over the 4 MiB
-    the core receives: the core's transport would answer RESOURCE_EXHAUSTED, which reads as a
-    spent provider budget. The admit is refused INVALID_ARGUMENT (INVALID_REQUEST) with a
-    BadRequest naming the size, and charges nothing; one that fits is admitted."""
+async def test_an_admit_over_the_size_a_thesis_needs_is_refused_as_too_large(service) -> None:
+    """An admit one byte over MAX_ADMIT_BYTES (1 MiB: what a long thesis's references need, three
+    times over; docs/security.md) is refused INVALID_ARGUMENT (INVALID_REQUEST) with a BadRequest
+    naming the size, and charges nothing; one of exactly that size is admitted, and the CreateRun
+    it becomes fits the core's 4 MiB receive limit (whose transport's RESOURCE_EXHAUSTED would
+    read as a spent provider budget)."""
     user = new_user()
     await service.stubs.grant(user, 1)
-    too_large = _admit_of_size(user, "too-large", 4 * 1024 * 1024 - 16)
-    assert _create_run_size(too_large) > 4 * 1024 * 1024  # the edge this test is about
+    too_large = _admit_of_size(user, "too-large", validation.MAX_ADMIT_BYTES + 1)
     try:
         await service.stubs.queue.Admit(too_large, timeout=20)
-        raise AssertionError("an admit whose run cannot reach the core was accepted")
+        raise AssertionError("an admit over the size cap was accepted")
     except grpc.aio.AioRpcError as exc:
         code, reason, _, violations = error_info(exc)
         assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"), (code, reason, exc.details())

@@ -67,7 +67,7 @@ def test_a_well_formed_admit_passes() -> None:
         ({"sources": [job_pb2.Source(doi="doi:10.1234/abc")]}, "sources[0].doi", "is not a DOI"),
         ({"sources": [job_pb2.Source(doi="10.12/abc")]}, "sources[0].doi", "is not a DOI"),  # registrant too short
         ({"sources": [job_pb2.Source(doi="10.1234/a b")]}, "sources[0].doi", "is not a DOI"),
-        ({"sources": [job_pb2.Source(citation="c" * 4097)]}, "sources[0].citation", "at most 4096 characters"),
+        ({"sources": [job_pb2.Source(citation="c" * 2049)]}, "sources[0].citation", "at most 2048 characters"),
         ({"sources": [job_pb2.Source(doi=DOI, citation="a\x00")]}, "sources[0].citation", "NUL"),
     ],
 )
