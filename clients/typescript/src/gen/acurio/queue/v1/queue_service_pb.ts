@@ -751,6 +751,10 @@ export const WatchJobsResponseSchema: GenMessage<WatchJobsResponse, {jsonType: W
  * - RESOURCE_EXHAUSTED `PROVIDER_BUDGET_EXHAUSTED` (`coreMessage`).
  * - RESOURCE_EXHAUSTED `USER_QUEUE_FULL` (`maxQueued`, `queued`).
  * - RESOURCE_EXHAUSTED `USER_DELTA_LIMIT` (`maxActiveDeltas`, `activeDeltas`).
+ * - RESOURCE_EXHAUSTED `USER_FREE_WORK_LIMIT` (`maxFreeAdmitsPerHour`, `retryAfterSeconds`): the
+ *   user had that many jobs within the last hour that cost nothing in the end (free delta
+ *   re-checks, refunded jobs such as canceled ones); a QuotaFailure names the quota, RetryInfo
+ *   says when the oldest of them leaves the hour. Added in v1, additive.
  * - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, or
  *   `maxStreamsPerUser` for the user).
  * - RESOURCE_EXHAUSTED `CORE_AT_CAPACITY` (`coreCode`): the core answered a release that it is
@@ -761,6 +765,9 @@ export const WatchJobsResponseSchema: GenMessage<WatchJobsResponse, {jsonType: W
  * - FAILED_PRECONDITION `JOB_ALREADY_FINISHED` (`jobId`, `status`).
  * - FAILED_PRECONDITION `JOB_NOT_RETRYABLE` (`jobId`, `status`): OperatorService.RetryJob of a
  *   job that has not failed or been canceled, or whose document and sources were not stored.
+ * - FAILED_PRECONDITION `JOB_INPUTS_PRUNED` (`jobId`, `status`): OperatorService.RetryJob of a
+ *   job whose full sources were deleted past their retention (QUEUE_JOB_INPUTS_RETENTION_SECONDS);
+ *   admit it again from its source. Added in v1, additive.
  * - NOT_FOUND `RUN_NOT_FOUND` (`runId`); FAILED_PRECONDITION `RUN_NOT_RELEASED` (`runId`).
  * - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
  * - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may
