@@ -386,6 +386,12 @@ SETTINGS: dict[str, Setting] = {
         _parse_int(1, 100_000),
         "unary calls one replica works on at once; more wait their turn as long as their deadline allows (without one, `QUEUE_DB_POOL_TIMEOUT_SECONDS`), then hear `UNAVAILABLE` `REPLICA_BUSY`; keeps an overloaded replica answering within deadlines; raise it when the core answers slowly and the replica has CPU to spare",
     ),
+    "max_concurrent_calls_per_caller": Setting(
+        "QUEUE_MAX_CONCURRENT_CALLS_PER_CALLER",
+        "0",
+        _parse_int(0, 100_000),
+        "of `QUEUE_MAX_CONCURRENT_CALLS`, the unary calls one caller may have worked on at once, on both listeners together: a caller is a token's or certificate's entry in the auth file (the core, an operator, each web token), or a connection when authentication is off; more of its calls wait their turn within their deadline, then hear `UNAVAILABLE` `REPLICA_BUSY`, so one caller leaves the rest of the slots to the others; `0`: half of `QUEUE_MAX_CONCURRENT_CALLS` (at least 1) ([security.md](security.md))",
+    ),
     "max_streams_per_user": Setting(
         "QUEUE_MAX_STREAMS_PER_USER",
         "16",
@@ -562,6 +568,7 @@ class Config:
     health_interval_seconds: float
     migrate_on_start: bool
     max_concurrent_calls: int
+    max_concurrent_calls_per_caller: int
     max_streams_per_user: int
     max_streams: int
     watch_backlog_bytes: int
@@ -599,6 +606,8 @@ class Config:
         for first, second in (("tls_cert_file", "tls_key_file"), ("core_tls_cert_file", "core_tls_key_file")):
             if bool(values.get(first)) != bool(values.get(second)):
                 problems.append(f"{SETTINGS[first].env} and {SETTINGS[second].env} must be set together")
+        if not problems and values["max_concurrent_calls_per_caller"] > values["max_concurrent_calls"]:
+            problems.append("QUEUE_MAX_CONCURRENT_CALLS_PER_CALLER must not exceed QUEUE_MAX_CONCURRENT_CALLS (it is a share of them)")
         if values.get("tls_client_ca_file") and not values.get("tls_cert_file"):
             problems.append("QUEUE_TLS_CLIENT_CA_FILE needs QUEUE_TLS_CERT_FILE and QUEUE_TLS_KEY_FILE (mutual TLS is TLS first)")
         if values.get("user_assertion_key_file") and not values.get("auth_file"):
@@ -623,6 +632,11 @@ class Config:
             raise ConfigError("invalid configuration: " + "; ".join(problems))
         values.update(overrides)
         return cls(**values)
+
+    @property
+    def unary_calls_per_caller(self) -> int:
+        """QUEUE_MAX_CONCURRENT_CALLS_PER_CALLER, its `0` read as half of the replica's cap."""
+        return self.max_concurrent_calls_per_caller or max(1, self.max_concurrent_calls // 2)
 
     @property
     def listens_on_loopback(self) -> bool:

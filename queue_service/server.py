@@ -197,7 +197,9 @@ class QueueApp:
         self.replica_id = new_replica_id()
         self._started_at = dt.datetime.now(dt.UTC)
         self.health = HealthService(max_watches=config.max_health_watches)
-        self.gate = CallGate(max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds)
+        self.gate = CallGate(
+            max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds, max_unary_per_caller=config.unary_calls_per_caller
+        )
         # The one road into the servicers, for gRPC and the browser endpoint alike.
         road = CallRoad(authorizer.authorize if authorizer else None, self.gate, check_request)
         self._interceptors = [ErrorInterceptor(road)]

@@ -15,8 +15,9 @@ each to Hypercorn's connection server, and wraps the application:
   ending (Hypercorn's keep-alive timeout, which stops once a request's headers are in), a TLS
   handshake within TLS_HANDSHAKE_TIMEOUT_SECONDS, and the whole request body within
   QUEUE_HTTP_BODY_TIMEOUT_SECONDS (10) of its headers (`RequestLimits`); a request past it is answered
-  DEADLINE_EXCEEDED (Connect) or 408, and its HTTP/1.1 connection is closed. A response stream
-  (WatchJobs) has no time limit once its request is in.
+  DEADLINE_EXCEEDED (Connect) or 408, and its HTTP/1.1 connection is closed. While its body
+  arrives a request holds no turn at the call gate (`web_road` takes it once the body is in). A
+  response stream (WatchJobs) has no time limit once its request is in.
 - HTTP/2: at most MAX_STREAMS_PER_CONNECTION requests open on one connection.
 - The log: an accept that fails (EMFILE, ENFILE, ENOBUFS) and a request that fails outside
   every handler write at most one line per LOG_INTERVAL_SECONDS and kind, with the count since

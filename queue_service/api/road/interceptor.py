@@ -1,5 +1,8 @@
 """The gRPC listener's adapter to the road every call takes (`road`): it reads the caller's
-credentials and deadline from the grpc.aio context and answers refusals with `abort_with_status`."""
+credentials and deadline from the grpc.aio context and answers refusals with `abort_with_status`.
+grpcio has read a request message before the handler runs, so the call takes its turn at the gate
+at once. (A client-streaming method would read its requests inside its turn; the contract has
+none.)"""
 
 from __future__ import annotations
 
@@ -79,7 +82,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def _wrap_unary(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             with aborts_stay_inside():
-                async with self._road.call(method, context, context.time_remaining(), _GrpcTransport(context), unary=True):
+                async with (
+                    self._road.call(method, context, context.time_remaining(), _GrpcTransport(context)),
+                    self._road.turn(method, context.peer(), unary=True),
+                ):
                     self._road.check(method, request, context)
                     return await behavior(request, context)
 
@@ -88,7 +94,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def _wrap_stream(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             with aborts_stay_inside():
-                async with self._road.call(method, context, context.time_remaining(), _GrpcTransport(context), unary=False):
+                async with (
+                    self._road.call(method, context, context.time_remaining(), _GrpcTransport(context)),
+                    self._road.turn(method, context.peer(), unary=False),
+                ):
                     self._road.check(method, request, context)
                     async for message in self._road.while_authorized(method, request, context, behavior(request, context)):
                         yield message

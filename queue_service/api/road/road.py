@@ -2,7 +2,8 @@
 
 The gRPC listener (`interceptor`) and the browser endpoint (`web_road`, for Connect and gRPC-Web)
 only adapt their transport to it: what the caller's credentials are, how much of its deadline is
-left, how a refusal is answered. Everything else is written here once, in this order:
+left, how a refusal is answered, when the request is in. Everything else is written here once,
+in this order:
 
 1. the caller's deadline becomes the call's budget (`deadline`), so every wait inside the call
    gives up, with the reason of the wait, before the caller does;
@@ -10,7 +11,11 @@ left, how a refusal is answered. Everything else is written here once, in this o
 3. authorization from the credentials alone (`auth`), before the gate, so a caller without a
    valid token neither waits for nor takes a slot of those who have one (and, on the browser
    endpoint, is refused before its body is read);
-4. the gate (`gate`): the drain and the cap on concurrent unary calls;
+4. the gate (`gate`), entered with `turn` once the request has been read (gRPC reads it before
+   the handler runs; the browser endpoint after step 3): the drain, the cap on concurrent unary
+   calls and the caller's share of them. A request whose body is slow to arrive takes no slot
+   while it arrives, and one caller cannot take every slot: its share is keyed by the caller
+   authorization identified (`<role>:<name>`), or by its connection when authentication is off;
 5. the checks that need the request message (`check`: the per-user assertions);
 6. domain errors become a status with ErrorInfo and BadRequest details (`status`), recorded on the
    call's server span as a status code and a reason, not a stack trace (`call_spans`);
@@ -63,7 +68,9 @@ class Transport(Protocol):
 
 class CallRoad:
     """Budget, actor, authorization, gate, request checks, error mapping, span outcome and the
-    late-answer log around one call (see the module docstring for why in this order)."""
+    late-answer log around one call (see the module docstring for why in this order): a transport
+    runs the call in `call`, and in it, once the request is in, `turn` around the checks and the
+    handler."""
 
     def __init__(self, authorize: Authorize | None = None, gate: CallGate | None = None, check_request: CheckRequest | None = None) -> None:
         self._authorize = authorize
@@ -72,17 +79,16 @@ class CallRoad:
 
     @asynccontextmanager
     async def call(
-        self, method: str, credentials: CallCredentialsSource, time_remaining: float | None, transport: Transport, *, unary: bool
+        self, method: str, credentials: CallCredentialsSource, time_remaining: float | None, transport: Transport
     ) -> AsyncIterator[None]:
-        """The road around one call, unary or streaming; the handler runs in the block."""
-        entered = False
+        """The road around one call, unary or streaming; the request is read and the handler runs
+        (in `turn`) in the block."""
         started = time.monotonic()
         deadline.loop_lag.note_call()
         try:
             with deadline.call_budget(time_remaining), audit.acting_for_call():
                 if self._authorize is not None:
                     await self._authorize(method, credentials)
-                entered = await self._gate.enter(method, unary=unary)
                 yield
         except QueueError as error:
             record_outcome(code_for(error), error.reason, error.message, error)
@@ -97,12 +103,22 @@ class CallRoad:
             record_outcome(grpc.StatusCode.INTERNAL, "INTERNAL", status.message, unexpected)
             await transport.refuse(status)
         finally:
-            if entered:
-                self._gate.exit(unary=unary)
             took = time.monotonic() - started
             if time_remaining is not None and took > time_remaining:
                 # The caller heard DEADLINE_EXCEEDED, not our answer: a sign of an overloaded replica.
                 log.warning("%s answered after the caller's deadline (%.3fs left at the start, took %.3fs)", method, time_remaining, took)
+
+    @asynccontextmanager
+    async def turn(self, method: str, peer: str, *, unary: bool) -> AsyncIterator[None]:
+        """The call's turn at the gate (step 4), taken inside `call` once its request is in and held
+        for the block; `peer` names the caller's connection, its key when no caller was identified."""
+        caller = _gate_key(peer)
+        entered = await self._gate.enter(method, unary=unary, caller=caller)
+        try:
+            yield
+        finally:
+            if entered:
+                self._gate.exit(unary=unary, caller=caller)
 
     def check(self, method: str, request: Any, credentials: CallCredentialsSource) -> None:
         """The checks that need the request message; call inside `call`, before the handler."""
@@ -123,3 +139,13 @@ class CallRoad:
             self.check(method, request, credentials)
 
         return while_authorized(method, messages, recheck)
+
+
+def _gate_key(peer: str) -> str:
+    """Whose share of the gate a call takes: the caller authorization identified, else (no
+    authentication) its connection. Not the peer's host: behind a trusted proxy, or on a loopback
+    `dev` replica, every caller comes from one host."""
+    actor = audit.current_caller()
+    if actor is None or actor == audit.ANONYMOUS:
+        return f"peer:{peer}"
+    return actor

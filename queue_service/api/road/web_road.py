@@ -1,5 +1,6 @@
 """The browser endpoint's adapter to the road every call takes (`road`): Connect and gRPC-Web
-calls, served by the `connectrpc` library, enter it from their headers, before their body is read.
+calls, served by the `connectrpc` library, enter it from their headers, before their body is read,
+and take their turn at the gate once the body is in.
 
 The road is entered by a connectrpc metadata interceptor, whose `on_start` runs once the headers
 are in and before the library reads or decodes the body, and left in its `on_end`, which receives
@@ -7,7 +8,9 @@ whatever the call ended with. So a caller without a valid token is refused befor
 body is read, inflated or parsed; the caller's deadline (`Connect-Timeout-Ms`, or `grpc-timeout`
 for gRPC-Web) is the call's budget from the start, reading and decoding included; and the call has
 a server span, as the gRPC instrumentation gives a gRPC call, with the same status code and reason
-attributes (`call_spans`).
+attributes (`call_spans`). The gate's turn (`CallRoad.turn`) is taken by the endpoint function,
+which connectrpc calls only once the whole body has been read (bounded in size by the method's
+limit and in time by `web_limits`) and decoded: a body that never finishes holds no unary slot.
 
 Each method is its own connectrpc application, whose body limit is the largest valid request of
 that method (`request_limits`), and whose JSON codec refuses an overlong list before protobuf's
@@ -128,7 +131,6 @@ class _RoadInterceptor:
                     _HttpCallContext(ctx),
                     None if timeout_ms is None else timeout_ms / 1000,
                     _TRANSPORT,
-                    unary=ctx.method.stream_type == StreamType.UNARY,
                 )
             )
         except BaseException as refused:
@@ -226,24 +228,32 @@ def _endpoint(
     return Endpoint.unary(info, _unary(path, handler, road))
 
 
-# The road is entered before the body is read (`_RoadInterceptor`); what remains for the endpoint
-# are the checks that need the request, and the servicer.
+# The road is entered before the body is read (`_RoadInterceptor`); what remains for the endpoint,
+# which runs once the body is in, are the gate's turn, the checks that need the request, and the
+# servicer.
 def _unary(method: str, handler: Callable[..., Awaitable[Any]], road: CallRoad) -> Callable[..., Awaitable[Any]]:
     async def call(request: Any, ctx: RequestContext[Any, Any]) -> Any:
-        road.check(method, request, _HttpCallContext(ctx))
-        return await handler(request, None)
+        async with road.turn(method, _peer(ctx), unary=True):
+            road.check(method, request, _HttpCallContext(ctx))
+            return await handler(request, None)
 
     return call
 
 
 def _stream(method: str, handler: Callable[..., AsyncIterator[Any]], road: CallRoad) -> Callable[..., AsyncIterator[Any]]:
     async def call(request: Any, ctx: RequestContext[Any, Any]) -> AsyncIterator[Any]:
-        credentials = _HttpCallContext(ctx)
-        road.check(method, request, credentials)
-        async for response in road.while_authorized(method, request, credentials, handler(request, None)):
-            yield response
+        async with road.turn(method, _peer(ctx), unary=False):
+            credentials = _HttpCallContext(ctx)
+            road.check(method, request, credentials)
+            async for response in road.while_authorized(method, request, credentials, handler(request, None)):
+                yield response
 
     return call
+
+
+def _peer(ctx: RequestContext[Any, Any]) -> str:
+    """The caller's connection, as gRPC spells a peer (`CallRoad.turn`'s key without authentication)."""
+    return f"http:{ctx.client_address or 'unknown'}"
 
 
 def _idempotency(method: MethodDescriptor) -> IdempotencyLevel:
