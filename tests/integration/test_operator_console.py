@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import hashlib
 import http.client
 import json
 import struct
@@ -507,6 +508,43 @@ async def test_retry_admits_a_failed_job_again_as_its_user_through_the_same_chec
     assert await _balance(web_service, user) == 1
     third = await operator.RetryJob(op_pb2.RetryJobRequest(job_id=job.job_id, retry_key="click-3"), timeout=20, metadata=_as("operator"))
     assert third.admitted_now and third.job.source_count == 3 and await _balance(web_service, user) == 0
+
+
+async def test_a_web_caller_cannot_take_a_retrys_idempotency_key_first(web_service) -> None:  # type: ignore[no-untyped-def]
+    user, operator = new_user(), _operator(web_service)
+    await web_service.stubs.credits.GrantCredits(
+        credits_pb2.GrantCreditsRequest(user_id=user, amount=3, idempotency_key="g"), timeout=10, metadata=_as("operator")
+    )
+    sources = _sources(2)
+    failed = await _fail(web_service, (await _admit(web_service, user, sources)).job_id)
+    # The user knows the job and may read the retry key in a ticket: the retry's key is theirs to
+    # compute. Admitting the same payload under it first would answer the operator's retry with
+    # the user's own job (charged as the user); another payload would make it IDEMPOTENCY_KEY_REUSED.
+    digest = hashlib.sha256(f"{failed.job_id}\x00ticket-4711".encode()).hexdigest()[:32]
+    for key in (f"retry:{failed.job_id}:{digest}", "retry:anything"):
+        taken = queue_pb2.AdmitRequest(
+            user_id=user,
+            idempotency_key=key,
+            document=job_pb2.Document(uri=f"s3://theses/{user}.pdf", title="On queues"),
+            sources=sources,
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await web_service.stubs.queue.Admit(taken, timeout=20, metadata=_as("web"))
+        code, reason, _, violations = error_info(raised.value)
+        assert (code, reason, [field for field, _ in violations]) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_REQUEST",
+            ["idempotency_key"],
+        )
+        assert "reserved for OperatorService.RetryJob" in violations[0][1]
+    assert await _balance(web_service, user) == 2  # nothing charged by the refused admits
+
+    retried = await operator.RetryJob(
+        op_pb2.RetryJobRequest(job_id=failed.job_id, retry_key="ticket-4711"), timeout=20, metadata=_as("operator")
+    )
+    assert retried.admitted_now
+    charge = await _ledger_of(web_service, job_id=retried.job.job_id)
+    assert [(e.kind, e.actor) for e in charge] == [(op_pb2.LEDGER_ENTRY_KIND_CHARGE, "operator:operator-caller")]
 
 
 async def test_retry_refuses_a_job_admitted_before_its_inputs_were_stored(web_service, database_url: str) -> None:  # type: ignore[no-untyped-def]

@@ -16,15 +16,16 @@ import uuid
 from queue_service import audit, errors, telemetry
 from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service.api.servicers import validation
 from queue_service.engine import Admission, JobReads, request_digest
 from queue_service.model import AdmitRequest, JobInputs, JobStatus, JobView
 
 log = logging.getLogger(__name__)
 
 RETRYABLE = frozenset({JobStatus.FAILED, JobStatus.CANCELED})
-# Marks the keys retries admit with (a web backend's keys are its own; one that began with this
-# and named the same job and digest would be the only collision).
-RETRY_KEY_PREFIX = "retry:"
+# Marks the keys retries admit with; Admit refuses keys with this prefix, so no caller's key is
+# ever a retry's.
+RETRY_KEY_PREFIX = validation.RETRY_KEY_PREFIX
 
 
 def retry_idempotency_key(job_id: uuid.UUID, retry_key: str) -> str:

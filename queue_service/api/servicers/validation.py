@@ -40,6 +40,11 @@ MAX_GRANT = 1_000_000
 MAX_ADMIT_BYTES = 1024 * 1024
 # A grant's note (why, in the operator's words); the ledger's check says the same.
 MAX_NOTE_CHARS = 512
+# Idempotency keys that begin with this are OperatorService.RetryJob's (`retry.retry_idempotency_key`
+# derives them from the job and the retry key, both of which the job's user may know); Admit refuses
+# them, so a user who admits first under a retry's key cannot make the operator's retry fail or
+# answer it with the user's own job.
+RETRY_KEY_PREFIX = "retry:"
 # A BadRequest lists at most this many violations (a trailer of thousands would exceed a client's
 # header limit, and the caller would hear RESOURCE_EXHAUSTED instead of INVALID_ARGUMENT).
 MAX_LISTED_VIOLATIONS = 50
@@ -126,6 +131,11 @@ def validate_admit(request: queue_pb2.AdmitRequest) -> uuid.UUID | None:
     v = Violations()
     v.check_id("user_id", request.user_id)
     v.check_id("idempotency_key", request.idempotency_key)
+    if request.idempotency_key.startswith(RETRY_KEY_PREFIX):
+        v.add(
+            "idempotency_key",
+            f"idempotency_key must not begin with {RETRY_KEY_PREFIX!r}: keys with that prefix are reserved for OperatorService.RetryJob; choose another key",
+        )
     delta_of = v.check_uuid("delta_of_job_id", request.delta_of_job_id, required=False)
     if not request.delta_of_job_id:
         v.check_text("document.uri", request.document.uri, max_chars=MAX_URI_CHARS, required=True)

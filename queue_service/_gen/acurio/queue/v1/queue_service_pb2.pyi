@@ -33,7 +33,10 @@ class AdmitRequest(_message.Message):
     user_id: _builtins.str
     """The user the analysis is for. Required, 1-128 printable characters."""
     idempotency_key: _builtins.str
-    """A caller-chosen key (for example one per click), 1-128 printable characters. Required."""
+    """A caller-chosen key (for example one per click), 1-128 printable characters. Required.
+    Keys beginning with `retry:` are reserved for OperatorService.RetryJob and refused here
+    (INVALID_ARGUMENT, a BadRequest violation on `idempotency_key`).
+    """
     delta_of_job_id: _builtins.str
     """Set for a delta re-check: the user's finished job whose changed citations are re-checked."""
     @_builtins.property

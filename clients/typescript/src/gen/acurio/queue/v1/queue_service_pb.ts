@@ -29,6 +29,8 @@ export type AdmitRequest = Message<"acurio.queue.v1.AdmitRequest"> & {
 
   /**
    * A caller-chosen key (for example one per click), 1-128 printable characters. Required.
+   * Keys beginning with `retry:` are reserved for OperatorService.RetryJob and refused here
+   * (INVALID_ARGUMENT, a BadRequest violation on `idempotency_key`).
    *
    * @generated from field: string idempotency_key = 2;
    */
@@ -71,6 +73,8 @@ export type AdmitRequestJson = {
 
   /**
    * A caller-chosen key (for example one per click), 1-128 printable characters. Required.
+   * Keys beginning with `retry:` are reserved for OperatorService.RetryJob and refused here
+   * (INVALID_ARGUMENT, a BadRequest violation on `idempotency_key`).
    *
    * @generated from field: string idempotency_key = 2;
    */
