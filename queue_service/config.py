@@ -633,6 +633,11 @@ class Config:
         values.update(overrides)
         return cls(**values)
 
+    def redact_secrets(self, text: str) -> str:
+        """`text` without the secrets of this configuration's DSNs (for log lines and tracebacks
+        that quote what the driver said about them)."""
+        return redact_dsn_in(text, self.database_url, self.listen_database_url)
+
     @property
     def unary_calls_per_caller(self) -> int:
         """QUEUE_MAX_CONCURRENT_CALLS_PER_CALLER, its `0` read as half of the replica's cap."""

@@ -392,10 +392,19 @@ def current_trace_id() -> str:
     return format(context.trace_id, "032x") if context.is_valid else ""
 
 
+def _unredacted(text: str) -> str:
+    return text
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line, with the trace id and any job fields passed in `extra`."""
+    """One JSON object per line, with the trace id and any job fields passed in `extra`; the
+    message and the exception pass `redact` (the DSNs' secrets, which driver messages may quote)."""
 
     _FIELDS = ("job_id", "user_id", "run_id", "status", "old_status", "cause", "reason", "attempt", "kind", "amount", "actor")
+
+    def __init__(self, redact: Callable[[str], str] = _unredacted) -> None:
+        super().__init__()
+        self._redact = redact
 
     def format(self, record: logging.LogRecord) -> str:
         moment = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
@@ -403,7 +412,7 @@ class JsonFormatter(logging.Formatter):
             "time": moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": self._redact(record.getMessage()),
         }
         trace_id = getattr(record, "trace_id", None) or current_trace_id()
         if trace_id:
@@ -413,12 +422,16 @@ class JsonFormatter(logging.Formatter):
             if value is not None:
                 entry[field] = str(value)
         if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
+            entry["exception"] = self._redact(self.formatException(record.exc_info))
         return json.dumps(entry)
 
 
 class TextFormatter(logging.Formatter):
-    """Readable lines for `dev`: the message plus the job fields."""
+    """Readable lines for `dev`: the message plus the job fields, the whole passing `redact`."""
+
+    def __init__(self, redact: Callable[[str], str] = _unredacted) -> None:
+        super().__init__()
+        self._redact = redact
 
     def format(self, record: logging.LogRecord) -> str:
         fields = " ".join(
@@ -428,7 +441,7 @@ class TextFormatter(logging.Formatter):
         line = f"{line}  {fields}" if fields else line
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
-        return line
+        return self._redact(line)
 
 
 _PLAIN_VALUE = re.compile(r"[A-Za-z0-9_.:/@+-]+")
@@ -441,9 +454,12 @@ def _text_value(value: object) -> str:
     return text if _PLAIN_VALUE.fullmatch(text) else json.dumps(text)
 
 
-def configure_logging(*, log_format: str, level: str) -> None:
+def configure_logging(*, log_format: str, level: str, redact: Callable[[str], str] = _unredacted) -> None:
+    """Log lines to stderr; every line's text (message and exception) passes `redact` last, so a
+    secret a library quotes in its message (libpq naming a DSN's password as its host) is hidden
+    wherever it was logged from."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    handler.setFormatter(JsonFormatter(redact) if log_format == "json" else TextFormatter(redact))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

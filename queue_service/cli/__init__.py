@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except StartupFailure as failure:
         debug = getattr(args, "debug", False) or os.environ.get("QUEUE_LOG_LEVEL", "").strip().lower() == "debug"
-        if debug and failure.__cause__ is not None:
-            traceback.print_exception(failure.__cause__, file=sys.stderr)
+        if debug and failure.__cause__ is not None and not failure.expected:
+            print(failure.redact("".join(traceback.format_exception(failure.__cause__))), end="", file=sys.stderr)
         print(f"queue-service {args.command}: {failure}", file=sys.stderr)
         return failure.exit_code

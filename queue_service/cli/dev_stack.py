@@ -107,7 +107,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     with _hold_state_dir(state_dir) as claim:
         require_free_listen_addr(base.listen_addr)
         callback_token, built_in_tokens = _dev_core_credentials(base, dev)
-        telemetry.configure_logging(log_format=base.log_format, level=base.log_level)
+        telemetry.configure_logging(log_format=base.log_format, level=base.log_level, redact=base.redact_secrets)
         telemetry.configure(service_name="acurio-queue-dev", console_traces=base.trace_console, metrics_addr=base.metrics_addr)
         return _run_dev(args, base, dev, state_dir, claim, callback_token, built_in_tokens, started)
 

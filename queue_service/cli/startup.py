@@ -33,11 +33,16 @@ EXIT_MISSING_EXTRA = 7  # `dev` without the `dev` extra installed
 
 
 class StartupFailure(Exception):
-    """Start-up cannot go on: one line for the operator and the process's exit code."""
+    """Start-up cannot go on: one line for the operator and the process's exit code.
 
-    def __init__(self, exit_code: int, message: str) -> None:
+    `expected`: the line says all there is (an unreachable database), so even `--debug` prints no
+    traceback; `redact` hides the DSNs' secrets in the traceback `--debug` prints otherwise."""
+
+    def __init__(self, exit_code: int, message: str, *, expected: bool = False, redact: Callable[[str], str] = lambda text: text) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.expected = expected
+        self.redact = redact
 
 
 # Time a drain may take beyond the grace period (stopping loops, closing the pool) before the
@@ -52,8 +57,9 @@ def _load_config(**overrides: Any) -> Config:
         raise StartupFailure(EXIT_CONFIG, str(exc)) from None
 
 
-def explain_start_failure(exc: BaseException, database_url: str = "") -> StartupFailure | None:
-    """The one line (and exit code) for a failure at start; None for one we did not foresee."""
+def explain_start_failure(exc: BaseException, database_url: str = "", *other_dsns: str) -> StartupFailure | None:
+    """The one line (and exit code) for a failure at start; None for one we did not foresee.
+    Every DSN given is redacted in the line and in the traceback `--debug` prints."""
     import psycopg
     from psycopg_pool import PoolTimeout
 
@@ -61,20 +67,25 @@ def explain_start_failure(exc: BaseException, database_url: str = "") -> Startup
     from queue_service.api.access.auth import AuthConfigError
     from queue_service.store import migrations
 
+    def redact(text: str) -> str:
+        return redact_dsn_in(text, database_url, *other_dsns)
+
     where = f" at {redact_dsn(database_url)}" if database_url else ""
     if isinstance(exc, StartupFailure):
         return exc
     if isinstance(exc, (ConfigError, AuthConfigError)):
-        return StartupFailure(EXIT_CONFIG, str(exc))
+        return StartupFailure(EXIT_CONFIG, str(exc), redact=redact)
     if isinstance(exc, migrations.MigrationError):
-        return StartupFailure(EXIT_SCHEMA, f"database schema{where}: {redact_dsn_in(str(exc), database_url)}")
+        return StartupFailure(EXIT_SCHEMA, f"database schema{where}: {redact(str(exc))}", redact=redact)
     cause = exc.__cause__ if isinstance(exc, errors.DatabaseUnavailable) and exc.__cause__ is not None else exc
     if isinstance(cause, psycopg.ProgrammingError):
-        return StartupFailure(EXIT_CONFIG, f"DATABASE_URL is not usable: {redact_dsn_in(_first_line(cause), database_url)}")
+        return StartupFailure(EXIT_CONFIG, f"DATABASE_URL is not usable: {redact(_first_line(cause))}", redact=redact)
     if isinstance(cause, (psycopg.OperationalError, PoolTimeout, errors.DatabaseUnavailable)):
         return StartupFailure(
             EXIT_DATABASE_UNREACHABLE,
-            f"cannot reach the database{where}: {redact_dsn_in(_first_line(cause), database_url)}; check DATABASE_URL and that PostgreSQL is running",
+            f"cannot reach the database{where}: {redact(_first_line(cause))}; check DATABASE_URL and that PostgreSQL is running",
+            expected=True,
+            redact=redact,
         )
     bind = re.match(r"Failed to bind to address (\S+?);", str(exc)) if isinstance(exc, RuntimeError) else None
     if bind:
@@ -131,7 +142,7 @@ async def _serve_until_signal(
     try:
         app = QueueApp(config, built_in_tokens=built_in_tokens)
     except Exception as exc:
-        raise explain_start_failure(exc) or exc from None
+        raise explain_start_failure(exc, config.database_url, config.listen_database_url) or exc from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -141,7 +152,7 @@ async def _serve_until_signal(
     try:
         await app.start()
     except Exception as exc:
-        failure = explain_start_failure(exc, config.database_url)
+        failure = explain_start_failure(exc, config.database_url, config.listen_database_url)
         with contextlib.suppress(Exception):  # nothing was serving yet: close what start opened
             await asyncio.wait_for(asyncio.gather(app.store.close(), app.core.close()), 10)
         if failure is None:
@@ -170,7 +181,7 @@ def cmd_serve(_: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise StartupFailure(EXIT_CONFIG, str(exc)) from None
     require_free_listen_addr(config.listen_addr)
-    telemetry.configure_logging(log_format=config.log_format, level=config.log_level)
+    telemetry.configure_logging(log_format=config.log_format, level=config.log_level, redact=config.redact_secrets)
     telemetry.configure(service_name="acurio-queue", console_traces=config.trace_console, metrics_addr=config.metrics_addr)
     asyncio.run(_serve_until_signal(config))
     return 0
@@ -183,7 +194,7 @@ def cmd_migrate(_: argparse.Namespace) -> int:
     config = _load_config()
     if not config.database_url:
         raise StartupFailure(EXIT_CONFIG, "invalid configuration: DATABASE_URL must be set for `migrate`")
-    telemetry.configure_logging(log_format=config.log_format, level=config.log_level)
+    telemetry.configure_logging(log_format=config.log_format, level=config.log_level, redact=config.redact_secrets)
     try:
         applied = asyncio.run(migrations.migrate(config.database_url))
     except Exception as exc:

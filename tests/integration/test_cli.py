@@ -336,6 +336,26 @@ def test_a_start_up_failure_prints_no_piece_of_a_password_with_an_at_in_it() -> 
     assert "postgresql://queue:***@127.0.0.1:" in line and "hunter" not in line and "secret" not in line, line
 
 
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_waiting_for_a_database_logs_no_piece_of_a_password_with_an_at_in_it_and_no_traceback(log_format: str) -> None:
+    # libpq splits at the first @: "Part2only@127.0.0.1" is its host, named in every failed
+    # attempt's message; debug logging on, as an operator chasing the failure would set it.
+    env = _env(
+        DATABASE_URL=f"postgresql://u:Part1@Part2only@127.0.0.1:{_closed_port()}/db",
+        QUEUE_CORE_ADDR="127.0.0.1:1",
+        QUEUE_DB_START_WAIT_SECONDS="1.5",
+        QUEUE_LOG_LEVEL="debug",
+        QUEUE_LOG_FORMAT=log_format,
+    )
+    completed = run_cli("serve", env=env)
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == cli.EXIT_DATABASE_UNREACHABLE, output
+    assert output.count("database not reachable yet") >= 2, output  # the wait's attempts were logged
+    assert "***@127.0.0.1" in output, output
+    assert not [word for word in ("Part1", "Part2only", "Traceback") if word in output], output
+    assert completed.stderr.strip().splitlines()[-1].startswith("queue-service serve: cannot reach the database at postgresql://u:***@")
+
+
 def test_a_taken_listen_address_is_one_line_and_debug_adds_the_traceback(database_url: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -351,9 +371,10 @@ def test_a_taken_listen_address_is_one_line_and_debug_adds_the_traceback(databas
     unreachable = _env(
         DATABASE_URL=f"postgresql://queue@127.0.0.1:{_closed_port()}/queue", QUEUE_CORE_ADDR="127.0.0.1:1", QUEUE_DB_START_WAIT_SECONDS="0"
     )
+    # An unreachable database is an expected failure: its line says all, even with --debug.
     debug = run_cli("serve", "--debug", env=unreachable)
     assert debug.returncode == cli.EXIT_DATABASE_UNREACHABLE
-    assert "Traceback" in debug.stderr and debug.stderr.strip().splitlines()[-1].startswith("queue-service serve: cannot reach")
+    assert one_line(debug).startswith("queue-service serve: cannot reach")
 
 
 def test_a_database_without_the_schema_is_one_line_naming_the_fix(postgres) -> None:
@@ -369,6 +390,9 @@ def test_a_database_without_the_schema_is_one_line_naming_the_fix(postgres) -> N
         completed = run_cli("serve", env=env)
         assert completed.returncode == cli.EXIT_SCHEMA
         assert "queue-service migrate" in one_line(completed)
+        debug = run_cli("serve", "--debug", env=env)  # --debug adds the traceback of a failure it may explain
+        assert debug.returncode == cli.EXIT_SCHEMA
+        assert "Traceback" in debug.stderr and debug.stderr.strip().splitlines()[-1].startswith("queue-service serve: database schema")
     finally:
         postgres.execute_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

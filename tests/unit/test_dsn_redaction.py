@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+
 import pytest
 
-from queue_service import config
+from queue_service import config, telemetry
 from queue_service.config import Config, ConfigError, redact_dsn
 
 # (DSN, pieces of a secret that must never be printed)
@@ -55,3 +58,22 @@ def test_secrets_quoted_in_a_driver_message_are_hidden() -> None:
         config.redact_dsn_in(message, dsn)
         == 'could not translate host name "***@db" to address; connecting to postgresql://queue:***@db/queue'
     )
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_a_log_line_hides_the_secrets_of_either_dsn_in_its_message_and_its_exception(log_format: str) -> None:
+    settings = Config.from_env(
+        {"DATABASE_URL": "postgresql://queue:good@db/queue", "QUEUE_LISTEN_DATABASE_URL": "postgresql://queue:Part1@Part2only@db/queue"}
+    )
+    formatter = (
+        telemetry.JsonFormatter(settings.redact_secrets) if log_format == "json" else telemetry.TextFormatter(settings.redact_secrets)
+    )
+    try:
+        raise OSError("failed to resolve host 'Part2only@db'")
+    except OSError:
+        record = logging.LogRecord(
+            "feed", logging.WARNING, __file__, 1, "lost (%s)", ("failed to resolve host 'Part2only@db'",), sys.exc_info()
+        )
+    line = formatter.format(record)
+    assert "***@db" in line and "Traceback" in line
+    assert "Part2only" not in line and "Part1" not in line, line
