@@ -365,7 +365,7 @@ SETTINGS: dict[str, Setting] = {
         "QUEUE_DB_START_WAIT_SECONDS",
         "300",
         _parse_float(0, 86400),
-        "`serve` waits this long for an unreachable database at start, retrying and logging, before it exits 4; 0: exit at once",
+        "`serve` waits this long for an unreachable database at start, retrying and logging, before it exits 4; 0: exit at once. SIGTERM ends the wait at once (exit 0)",
     ),
     "db_prepared_statements": Setting(
         "QUEUE_DB_PREPARED_STATEMENTS",

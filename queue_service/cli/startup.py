@@ -149,12 +149,21 @@ async def _serve_until_signal(
         loop.add_signal_handler(signum, stop.set)
     # SIGHUP re-reads the credential files (auth file, TLS, assertion keys) without a restart.
     loop.add_signal_handler(signal.SIGHUP, app.reload_credentials)
+    # A stop signal during start-up (waiting for the database, migrating) ends the start at once
+    # and exits 0, as a stop while serving does: nothing was serving, so nothing drains.
+    starting = asyncio.create_task(app.start(), name="start-up")
+    stop_asked = asyncio.create_task(stop.wait(), name="stop-signal")
+    await asyncio.wait((starting, stop_asked), return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        log.info("stopped during start-up: a stop signal came before the replica served")
+        await _cancel_start(app, starting)
+        return
+    stop_asked.cancel()
     try:
-        await app.start()
+        starting.result()
     except Exception as exc:
         failure = explain_start_failure(exc, config.database_url, config.listen_database_url)
-        with contextlib.suppress(Exception):  # nothing was serving yet: close what start opened
-            await asyncio.wait_for(asyncio.gather(app.store.close(), app.core.close()), 10)
+        await _close_unserved(app)
         if failure is None:
             raise
         raise failure from exc
@@ -170,6 +179,24 @@ async def _serve_until_signal(
         log.error("drain did not finish within the grace period plus %ss; exiting anyway", _DRAIN_MARGIN_SECONDS)
         logging.shutdown()
         os._exit(1)
+
+
+async def _close_unserved(app: QueueApp) -> None:
+    with contextlib.suppress(Exception):  # nothing was serving yet: close what start opened
+        await asyncio.wait_for(asyncio.gather(app.store.close(), app.core.close()), 10)
+
+
+async def _cancel_start(app: QueueApp, starting: asyncio.Task[int]) -> None:
+    """Cancels a start still in progress and closes what it opened; a start that got as far as
+    its listener is stopped without a grace period (no call was answered yet)."""
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await starting
+    if app.server is None:
+        await _close_unserved(app)
+        return
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(app.stop(grace=0), _DRAIN_MARGIN_SECONDS)
 
 
 def cmd_serve(_: argparse.Namespace) -> int:

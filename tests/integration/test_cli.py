@@ -356,6 +356,31 @@ def test_waiting_for_a_database_logs_no_piece_of_a_password_with_an_at_in_it_and
     assert completed.stderr.strip().splitlines()[-1].startswith("queue-service serve: cannot reach the database at postgresql://u:***@")
 
 
+def test_sigterm_ends_the_wait_for_the_database_at_start_and_exits_zero(tmp_path: Path) -> None:
+    log_path = tmp_path / "serve.log"
+    # The default wait: 300 s of retries before exit 4, unless the stop is heard.
+    env = _env(DATABASE_URL=f"postgresql://queue@127.0.0.1:{_closed_port()}/queue", QUEUE_CORE_ADDR="127.0.0.1:1")
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "queue_service.cli", "serve"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "database not reachable yet (attempt 2" not in log_path.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        # Far inside the 300 s wait: a process that ignored the signal would still be waiting.
+        exit_code = process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+    output = log_path.read_text()
+    assert exit_code == 0, output
+    assert "stopped during start-up" in output and "Traceback" not in output, output
+
+
 def test_a_taken_listen_address_is_one_line_and_debug_adds_the_traceback(database_url: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
