@@ -9,6 +9,7 @@ import { go, useNow } from "./hooks.js";
 import { LedgerPanel, useLedger } from "./ledger.js";
 import { useAction, useNotice } from "./notice.js";
 import { useLiveStream } from "./stream.js";
+import { revealBidiControls, UserText } from "./user-text.js";
 import { type Job, JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import { JobFilterSchema, type JobFilter } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
@@ -85,7 +86,7 @@ function BulkCancel({ filter, onDone }: { filter: JobFilter; onDone: () => void 
                 ) : (
                   <>
                     {" "}
-                    of <span class="mono">{filter.userId}</span>
+                    of <UserText class="mono" text={filter.userId} />
                   </>
                 )}
                 {count.more ? " (the first 1000 of more)" : ""}? Each is canceled at the core and refunded; ended jobs are not
@@ -172,8 +173,8 @@ function DocumentCell({ job }: { job: Job }) {
   if (!job.document && job.sourceCount === 0) return <span class="muted">not stored</span>;
   const title = job.document?.title || job.document?.uri || "(delta re-check)";
   return (
-    <span class="document-cell" title={job.document?.uri}>
-      {title} <span class="muted">· {job.sourceCount} {job.sourceCount === 1 ? "source" : "sources"}</span>
+    <span class="document-cell" title={revealBidiControls(job.document?.uri ?? "")}>
+      <UserText text={title} /> <span class="muted">· {job.sourceCount} {job.sourceCount === 1 ? "source" : "sources"}</span>
     </span>
   );
 }
@@ -230,7 +231,7 @@ function CancelSelected({ selected, onDone }: { selected: Map<string, Job>; onDo
             <ul class="selected-list">
               {jobs.slice(0, 8).map((job) => (
                 <li class="mono">
-                  {shortId(job.jobId)} <span class="muted">{job.userId}</span>
+                  {shortId(job.jobId)} <UserText class="muted" text={job.userId} />
                 </li>
               ))}
               {jobs.length > 8 && <li class="muted">and {jobs.length - 8} more</li>}
@@ -437,7 +438,9 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
                 </a>
               </td>
               <td>
-                <a href={`#/users/${encodeURIComponent(job.userId)}`}>{job.userId}</a>
+                <a href={`#/users/${encodeURIComponent(job.userId)}`}>
+                  <UserText text={job.userId} />
+                </a>
               </td>
               {columns.has("document") && (
                 <td data-testid="document-cell">
@@ -453,7 +456,9 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
               <td class="num">{job.queuePosition || ""}</td>
               <td title={dateTime(date(job.createTime))}>{ago(date(job.createTime), now)}</td>
               <td class="num">{job.releaseAttempts}</td>
-              <td class="error-text">{job.lastError}</td>
+              <td class="error-text">
+                <UserText text={job.lastError} />
+              </td>
             </tr>
           ))}
         </tbody>
@@ -535,14 +540,16 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
       {problem && <p class="problem">{problem}</p>}
       {job.status === JobStatus.PENDING && job.lastError && (
         <p class="warning" data-testid="release-retrying">
-          The release to the core is being retried (attempt {job.releaseAttempts}: {job.lastError}). The queue keeps trying
+          The release to the core is being retried (attempt {job.releaseAttempts}: <UserText text={job.lastError} />). The queue keeps trying
           until the release window is over, then fails the job and refunds it.
         </p>
       )}
       <dl class="facts">
         <dt>User</dt>
         <dd>
-          <a href={`#/users/${encodeURIComponent(job.userId)}`}>{job.userId}</a>
+          <a href={`#/users/${encodeURIComponent(job.userId)}`}>
+                  <UserText text={job.userId} />
+                </a>
         </dd>
         <dt>Run id</dt>
         <dd class="mono">{job.runId}</dd>
@@ -564,7 +571,12 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
         <dd data-testid="job-document">
           {job.document ? (
             <>
-              {job.document.title && <strong>{job.document.title}</strong>} <span class="mono break">{job.document.uri}</span>
+              {job.document.title && (
+                <strong>
+                  <UserText text={job.document.title} />
+                </strong>
+              )}{" "}
+              <UserText class="mono break" text={job.document.uri} />
             </>
           ) : (
             <span class="muted">{job.deltaOfJobId ? "the re-checked job's" : "not stored (admitted before the queue kept it)"}</span>
@@ -589,11 +601,11 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
               <li>
                 {source.doi && (
                   <a class="mono" href={`https://doi.org/${source.doi}`} rel="noreferrer noopener" target="_blank">
-                    {source.doi}
+                    <UserText text={source.doi} />
                   </a>
                 )}
                 {source.doi && source.citation ? " · " : ""}
-                <span class="citation">{source.citation}</span>
+                <UserText class="citation" text={source.citation} />
               </li>
             ))}
           </ol>
@@ -610,7 +622,7 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
         <Step label="Promoted (took a slot)" at={promoted} state={promoted ? "done" : active ? "now" : "later"} />
         <Step
           label={`Release attempts: ${job.releaseAttempts}`}
-          detail={job.status === JobStatus.PENDING && job.lastError ? `last error: ${job.lastError}` : undefined}
+          detail={job.status === JobStatus.PENDING && job.lastError ? `last error: ${revealBidiControls(job.lastError)}` : undefined}
           state={started ? "done" : job.status === JobStatus.PENDING ? "now" : "later"}
         />
         <Step

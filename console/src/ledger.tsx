@@ -7,6 +7,7 @@ import { date, describeError, operator } from "./api.js";
 import { dateTime, shortId } from "./format.js";
 import { go } from "./hooks.js";
 import { useNotice } from "./notice.js";
+import { revealBidiControls, UserText } from "./user-text.js";
 import { type LedgerEntry, LedgerEntryKind } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
 const KIND_LABELS: Record<LedgerEntryKind, string> = {
@@ -75,7 +76,9 @@ export function LedgerTable({ entries, showUser = true, showJob = true }: { entr
             <td>{dateTime(date(entry.createTime))}</td>
             {showUser && (
               <td>
-                <a href={`#/users/${encodeURIComponent(entry.userId)}`}>{entry.userId}</a>
+                <a href={`#/users/${encodeURIComponent(entry.userId)}`}>
+                  <UserText text={entry.userId} />
+                </a>
               </td>
             )}
             <td>
@@ -89,21 +92,21 @@ export function LedgerTable({ entries, showUser = true, showJob = true }: { entr
                     {shortId(entry.jobId)}
                   </a>
                 ) : (
-                  <span class="muted mono grant-key" title={`the grant's idempotency key: ${entry.idempotencyKey}`}>
-                    {entry.idempotencyKey}
+                  <span class="muted mono grant-key" title={`the grant's idempotency key: ${revealBidiControls(entry.idempotencyKey)}`}>
+                    <UserText text={entry.idempotencyKey} />
                   </span>
                 )}
               </td>
             )}
             <td class="mono" data-testid="ledger-actor">
-              {entry.actor}
+              <UserText text={entry.actor} />
             </td>
             <td data-testid="ledger-reason">
               {entry.reason}
               {entry.note && (
                 <span class="note" data-testid="ledger-note">
                   {" "}
-                  · “{entry.note}”
+                  · “<UserText text={entry.note} />”
                 </span>
               )}
             </td>

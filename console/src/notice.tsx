@@ -4,6 +4,7 @@ import { createContext, type ComponentChildren } from "preact";
 import { useContext, useEffect, useState } from "preact/hooks";
 
 import { describeError } from "./api.js";
+import { UserText } from "./user-text.js";
 
 interface NoticeState {
   kind: "error" | "ok";
@@ -40,7 +41,7 @@ export function Notice() {
   if (notice === null) return null;
   return (
     <div class={`notice ${notice.kind}`} role={notice.kind === "error" ? "alert" : "status"} data-testid="notice">
-      <span>{notice.text}</span>
+      <UserText text={notice.text} />
       <button aria-label="Dismiss" onClick={() => set(null)}>
         ×
       </button>

@@ -7,6 +7,7 @@ import { useAction } from "./notice.js";
 import { useLiveStream } from "./stream.js";
 import { StatusBadge } from "./jobs.js";
 import { LedgerPanel, useLedger } from "./ledger.js";
+import { revealBidiControls, UserText } from "./user-text.js";
 import { type Job, JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import type { UserWork } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
@@ -176,7 +177,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
     <section class="page" data-testid="user-queue">
       <UserPicker userId={userId} />
       <h1>
-        Queue of <span class="mono">{userId}</span>
+        Queue of <UserText class="mono" text={userId} />
       </h1>
       {problem && <p class="problem">{problem}</p>}
       <div class="toolbar">
@@ -210,7 +211,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
                 : job.capacityPosition > 0
                   ? <span data-testid="capacity-position">waiting for the core: {ordinal(job.capacityPosition)} in line · <Countdown at={date(job.estimatedStartTime)} now={now} /></span>
                   : job.lastError
-                  ? `release retrying: ${job.lastError}`
+                  ? `release retrying: ${revealBidiControls(job.lastError)}`
                   : "starting"}
             </span>
             <button class="small danger" disabled={busy} onClick={() => cancel(job)} data-testid="cancel">
@@ -322,7 +323,9 @@ function UsersWithWork({ live, now }: { live: boolean; now: number }) {
             return (
               <tr data-testid="user-with-work" data-user-id={user.userId} tabIndex={0} onKeyDown={(e) => e.key === "Enter" && go(`users/${encodeURIComponent(user.userId)}`)}>
                 <td>
-                  <a href={`#/users/${encodeURIComponent(user.userId)}`}>{user.userId}</a>
+                  <a href={`#/users/${encodeURIComponent(user.userId)}`}>
+                    <UserText text={user.userId} />
+                  </a>
                 </td>
                 <td class="num">{String(user.queued)}</td>
                 <td class="num">{String(user.pending)}</td>

@@ -168,6 +168,30 @@ test("the User queue's ledger lists every movement with its actor and reason, an
   await shot(page, "records-ledger-page");
 });
 
+test("text a caller chose is shown isolated, with its bidirectional control characters written out", async () => {
+  const user = `bidi-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 1n, idempotencyKey: "grant" });
+  const job = await admit(user);
+  const running = await until("the job runs", async () => (await asWeb.getJob({ jobId: job.jobId })).job!, (j) => j.status === JobStatus.RUNNING);
+  // The core's words are kept as they came (the service refuses such characters in what users
+  // send); unisolated, U+202E would show "gpj.exe" as "exe.jpg" and reverse the rest of the row.
+  await asCore.completeRun({ runId: running.runId, outcome: RunOutcome.FAILED, message: "could not read \u202Egpj.exe" });
+  await visit(page, `jobs?user=${user}`);
+  const row = page.locator(`[data-testid="job-row"][data-job-id="${job.jobId}"]`);
+  const error = row.locator("td.error-text bdi");
+  await error.filter({ hasText: "[U+202E]" }).waitFor({ timeout: WAIT_MS });
+  assert.equal(await error.innerText(), "could not read [U+202E]gpj.exe");
+  assert.equal(await row.locator("a bdi").filter({ hasText: user }).count(), 1, "the user id is isolated too");
+  assert.ok(!(await row.innerText()).includes("\u202E"), "no bidirectional control reaches the page");
+  await shot(page, "records-bidi-isolated");
+
+  await visit(page, `jobs/${job.jobId}`);
+  const sources = page.getByTestId("job-sources");
+  await sources.locator("li").first().waitFor({ timeout: WAIT_MS });
+  assert.equal(await sources.locator("li").first().locator("bdi").count(), 2, "a source's DOI and citation are isolated");
+  assert.equal(await page.getByTestId("job-document").locator("bdi").count(), 2, "the document's title and uri are isolated");
+});
+
 test("ticked rows are canceled, and only they", async () => {
   const user = `select-${stamp}`;
   await asOperator.grantCredits({ userId: user, amount: 4n, idempotencyKey: "grant" });

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
+from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb2
 from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from tests.harness import InvariantChecker, S, error_info, new_user
@@ -261,6 +262,50 @@ async def test_validation_reports_every_violation_and_limits(service) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await service.stubs.queue.Admit(too_many, timeout=5)
     assert [f for f, _ in error_info(raised.value)[3]] == ["sources"]
+
+
+async def test_bidirectional_control_characters_are_refused_in_every_field_a_user_stores(service, database_url: str) -> None:
+    user = new_user()
+    await service.stubs.grant(user, 5)
+    # A DOI ending "\u202egpj.exe" displays as "...exe.jpg": each field names its first such character.
+    request = queue_pb2.AdmitRequest(
+        user_id=user,
+        idempotency_key="click\u2066-1",
+        document=job_pb2.Document(uri="s3://theses/\u202athesis.pdf", title="On queues\u2069"),
+        sources=[
+            job_pb2.Source(doi="10.1234/abc\u202egpj.exe"),
+            job_pb2.Source(doi="10.1234/ok", citation="Smith\u202d 2020"),
+            job_pb2.Source(doi="10.1234/fine", citation="Jones 2021"),
+        ],
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await service.stubs.queue.Admit(request, timeout=5)
+    code, reason, _, violations = error_info(raised.value)
+    assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
+    assert violations == [
+        ("idempotency_key", _bidi("idempotency_key", 0x2066, 5)),
+        ("document.uri", _bidi("document.uri", 0x202A, 12)),
+        ("document.title", _bidi("document.title", 0x2069, 9)),
+        ("sources[0].doi", _bidi("sources[0].doi", 0x202E, 11)),
+        ("sources[1].citation", _bidi("sources[1].citation", 0x202D, 5)),
+    ]
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await service.stubs.queue.Admit(queue_pb2.AdmitRequest(user_id=f"{user}\u2067", idempotency_key="k"), timeout=5)
+    assert ("user_id", _bidi("user_id", 0x2067, len(user))) in error_info(raised.value)[3]
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await service.stubs.credits.GrantCredits(
+            credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key="g", note="ticket \u202e1174"), timeout=5
+        )
+    assert error_info(raised.value)[3] == [("note", _bidi("note", 0x202E, 7))]
+    assert _rows_for(database_url, user) == (0, 0)
+    assert await service.stubs.balance(user) == 5  # the refused grant added nothing
+
+
+def _bidi(field: str, code_point: int, at: int) -> str:
+    return (
+        f"{field} must not contain bidirectional control characters (U+202A-U+202E, U+2066-U+2069): "
+        f"U+{code_point:04X} at character {at} makes the text display in another order than it is stored"
+    )
 
 
 async def test_lowering_a_users_limit_never_lets_more_jobs_run_than_the_new_limit(service, database_url: str) -> None:

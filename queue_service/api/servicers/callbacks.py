@@ -33,7 +33,9 @@ class CoreCallbackServicer(callback_grpc.CoreCallbackServiceServicer):
         run_id = v.check_uuid("run_id", request.run_id)
         if request.outcome not in (callback_pb2.RUN_OUTCOME_SUCCEEDED, callback_pb2.RUN_OUTCOME_FAILED):
             v.add("outcome", "outcome must be RUN_OUTCOME_SUCCEEDED or RUN_OUTCOME_FAILED")
-        v.check_text("message", request.message, max_chars=validation.MAX_MESSAGE_CHARS)
+        # The core's words are kept as they came: refusing a completion over its message would
+        # leave the job running; the console shows the message isolated.
+        v.check_text("message", request.message, max_chars=validation.MAX_MESSAGE_CHARS, bidi_controls=True)
         v.raise_if_any()
         assert run_id is not None
         # Waits for a turn no longer than the caller's deadline allows: past it, the caller (the

@@ -57,8 +57,25 @@ _MAX_TIMESTAMP_SECONDS = 253_402_300_799
 _DOI = re.compile(r"^10\.\d{4,9}(\.\d+)*/[^\s\x00-\x1f\x7f]+$")
 
 
+# Bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069): a DOI ending
+# "\u202egpj.exe" displays as "exe.jpg", so text holding them shows something other than what it
+# says. Refused in everything a caller stores and others read; the console isolates user text too.
+_BIDI_CONTROL = re.compile("[\u202a-\u202e\u2066-\u2069]")
+
+
 def _is_printable(value: str) -> bool:
     return value.isprintable()
+
+
+def _bidi_control(field: str, value: str) -> str | None:
+    """The violation's description when `value` holds a bidirectional control character."""
+    found = _BIDI_CONTROL.search(value)
+    if found is None:
+        return None
+    return (
+        f"{field} must not contain bidirectional control characters (U+202A-U+202E, U+2066-U+2069): "
+        f"U+{ord(found.group()):04X} at character {found.start()} makes the text display in another order than it is stored"
+    )
 
 
 class Violations:
@@ -75,6 +92,8 @@ class Violations:
             self.add(field, f"{field} is required")
         elif len(value) > MAX_ID_CHARS:
             self.add(field, f"{field} must be at most {MAX_ID_CHARS} characters (got {len(value)})")
+        elif bidi := _bidi_control(field, value):
+            self.add(field, bidi)
         elif not _is_printable(value):
             self.add(field, f"{field} must be printable text without control characters")
 
@@ -91,7 +110,9 @@ class Violations:
             self.add(field, f"{field} must be a UUID such as 123e4567-e89b-12d3-a456-426614174000")
             return None
 
-    def check_text(self, field: str, value: str, *, max_chars: int, required: bool = False) -> None:
+    def check_text(self, field: str, value: str, *, max_chars: int, required: bool = False, bidi_controls: bool = False) -> None:
+        """`bidi_controls`: allow bidirectional control characters (text from a trusted party
+        that is only ever shown isolated)."""
         if not value:
             if required:
                 self.add(field, f"{field} is required")
@@ -100,6 +121,8 @@ class Violations:
             self.add(field, f"{field} must be at most {max_chars} characters (got {len(value)})")
         elif "\x00" in value:
             self.add(field, f"{field} must not contain NUL characters")
+        elif not bidi_controls and (bidi := _bidi_control(field, value)):
+            self.add(field, bidi)
 
     def check_timestamp(self, field: str, value: timestamp_pb2.Timestamp) -> dt.datetime | None:
         """The timestamp as an aware UTC datetime; one outside google.protobuf.Timestamp's range
@@ -160,6 +183,8 @@ def validate_admit(request: queue_pb2.AdmitRequest) -> uuid.UUID | None:
             if source.doi:
                 if len(source.doi) > MAX_DOI_CHARS:
                     v.add(f"{field}.doi", f"{field}.doi must be at most {MAX_DOI_CHARS} characters")
+                elif bidi := _bidi_control(f"{field}.doi", source.doi):
+                    v.add(f"{field}.doi", bidi)
                 elif not _DOI.match(source.doi):
                     v.add(f"{field}.doi", f"{field}.doi {source.doi[:64]!r} is not a DOI (expected 10.<registrant>/<suffix>)")
             v.check_text(f"{field}.citation", source.citation, max_chars=MAX_CITATION_CHARS)
