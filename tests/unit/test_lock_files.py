@@ -73,7 +73,7 @@ def test_the_dev_lock_runs_the_versions_the_image_ships() -> None:
     assert set(runtime) <= set(dev)
 
 
-@pytest.mark.parametrize("lock", LOCKS)
+@pytest.mark.parametrize("lock", [*LOCKS, "deploy/requirements-audit.lock", "deploy/requirements-pip-tools.lock"])
 def test_a_lock_file_names_no_index_and_no_path_of_a_machine(lock: str) -> None:
     text = (ROOT / lock).read_text()
     assert not re.search(r"^\s*-(-index-url|-extra-index-url|-find-links|-trusted-host|i |f )", text, re.MULTILINE)
