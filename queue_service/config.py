@@ -390,7 +390,7 @@ SETTINGS: dict[str, Setting] = {
         "QUEUE_MAX_CONCURRENT_CALLS_PER_CALLER",
         "0",
         _parse_int(0, 100_000),
-        "of `QUEUE_MAX_CONCURRENT_CALLS`, the unary calls one caller may have worked on at once, on both listeners together: a caller is a token's or certificate's entry in the auth file (the core, an operator, each web token), or a connection when authentication is off; more of its calls wait their turn within their deadline, then hear `UNAVAILABLE` `REPLICA_BUSY`, so one caller leaves the rest of the slots to the others; `0`: half of `QUEUE_MAX_CONCURRENT_CALLS` (at least 1) ([security.md](security.md))",
+        "of `QUEUE_MAX_CONCURRENT_CALLS`, the unary calls one caller may have worked on at once, on both listeners together: a caller is a token's or certificate's entry in the auth file (the core, an operator, each web token); with authentication off no caller is told apart and only `QUEUE_MAX_CONCURRENT_CALLS` applies; more of its calls wait their turn within their deadline, then hear `UNAVAILABLE` `REPLICA_BUSY`, so one caller leaves the rest of the slots to the others; `0`: half of `QUEUE_MAX_CONCURRENT_CALLS` (at least 1) ([security.md](security.md))",
     ),
     "max_streams_per_user": Setting(
         "QUEUE_MAX_STREAMS_PER_USER",

@@ -466,7 +466,7 @@ async def check_streams_match_get_job(cluster: Cluster, watched_users: list[Watc
             current = await stubs.job(job_id)
             differences = [
                 f"{field} {_shown(streamed, field)} but GetJob {_shown(current, field)}"
-                for field in ("status", "queue_position", "release_attempts", "last_error", "end_time")
+                for field in ("status", "queue_position", "capacity_position", "release_attempts", "last_error", "end_time")
                 if getattr(streamed, field) != getattr(current, field)
             ]
             if differences:

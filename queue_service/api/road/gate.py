@@ -86,7 +86,8 @@ class CallGate:
     def _share_of(self, caller: str) -> _CallerShare:
         share = self._shares.get(caller)
         if share is None:
-            share = self._shares[caller] = _CallerShare(self._max_per_caller)
+            # No caller identified (authentication off): the replica's cap is the only bound.
+            share = self._shares[caller] = _CallerShare(self._max_per_caller if caller else self._max_unary)
         share.users += 1
         return share
 

@@ -15,7 +15,7 @@ in this order:
    the handler runs; the browser endpoint after step 3): the drain, the cap on concurrent unary
    calls and the caller's share of them. A request whose body is slow to arrive takes no slot
    while it arrives, and one caller cannot take every slot: its share is keyed by the caller
-   authorization identified (`<role>:<name>`), or by its connection when authentication is off;
+   authorization identified (`<role>:<name>`; with authentication off only the replica's cap applies);
 5. the checks that need the request message (`check`: the per-user assertions);
 6. domain errors become a status with ErrorInfo and BadRequest details (`status`), recorded on the
    call's server span as a status code and a reason, not a stack trace (`call_spans`);
@@ -142,10 +142,12 @@ class CallRoad:
 
 
 def _gate_key(peer: str) -> str:
-    """Whose share of the gate a call takes: the caller authorization identified, else (no
-    authentication) its connection. Not the peer's host: behind a trusted proxy, or on a loopback
-    `dev` replica, every caller comes from one host."""
+    """Whose share of the gate a call takes: the caller authorization identified; "" (the replica's
+    cap alone) with authentication off, where no caller can be told apart: a connection is not one
+    (a flooding client opens more, and a trusted web backend's one channel would be throttled),
+    nor is a host (behind a proxy, or on a loopback `dev` replica, every caller comes from one)."""
+    del peer  # kept in the signature: the transport's name for the connection, should a key need it
     actor = audit.current_caller()
     if actor is None or actor == audit.ANONYMOUS:
-        return f"peer:{peer}"
+        return ""
     return actor

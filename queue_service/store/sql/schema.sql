@@ -72,6 +72,7 @@ CREATE INDEX analysis_jobs_capacity_turn_order ON public.analysis_jobs USING btr
 CREATE INDEX analysis_jobs_delta_base ON public.analysis_jobs USING btree (delta_of_job_id) WHERE (delta_of_job_id IS NOT NULL);
 CREATE INDEX analysis_jobs_deltas_taking_capacity ON public.analysis_jobs USING btree (user_id) WHERE (((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)) AND (delta_of_job_id IS NOT NULL) AND ((capacity_wait_since IS NULL) OR (capacity_token IS NOT NULL)));
 CREATE INDEX analysis_jobs_deltas_waiting_turn_order ON public.analysis_jobs USING btree (capacity_turn_key, capacity_wait_since, queue_seq) WHERE ((status = 'pending'::text) AND (capacity_wait_since IS NOT NULL) AND (capacity_token IS NULL) AND (delta_of_job_id IS NOT NULL));
+CREATE INDEX analysis_jobs_ended_holding_sources ON public.analysis_jobs USING btree (end_time) WHERE ((end_time IS NOT NULL) AND (sources IS NOT NULL));
 CREATE INDEX analysis_jobs_ended_status_newest_admitted ON public.analysis_jobs USING btree (status, create_time DESC, job_id DESC) WHERE (status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text]));
 CREATE INDEX analysis_jobs_first_pass_taking_capacity ON public.analysis_jobs USING btree (user_id) WHERE (((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)) AND (delta_of_job_id IS NULL) AND (slot IS NOT NULL) AND ((capacity_wait_since IS NULL) OR (capacity_token IS NOT NULL)));
 CREATE INDEX analysis_jobs_newest_admitted ON public.analysis_jobs USING btree (create_time DESC, job_id DESC);
@@ -129,7 +130,6 @@ CREATE TABLE public.credit_ledger (
     note            text,
     CONSTRAINT credit_ledger_grant_key CHECK ((kind = 'grant'::text) = (idempotency_key IS NOT NULL)),
     CONSTRAINT credit_ledger_job_entries CHECK ((kind = 'grant'::text) = (job_id IS NULL)),
-    CONSTRAINT credit_ledger_job_id_fkey FOREIGN KEY (job_id) REFERENCES analysis_jobs(job_id),
     CONSTRAINT credit_ledger_kind_check CHECK (kind = ANY (ARRAY['grant'::text, 'charge'::text, 'refund'::text])),
     CONSTRAINT credit_ledger_note_bounded CHECK (char_length(note) <= 512),
     CONSTRAINT credit_ledger_once_per_job UNIQUE (job_id, kind),
@@ -347,6 +347,27 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.queue_capacity_give_back_turn(p_user_id text, p_turn_before timestamp with time zone, p_turn_granted timestamp with time zone)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_turn_now timestamptz;
+BEGIN
+    IF p_turn_before IS NULL THEN
+        DELETE FROM user_capacity_turns t WHERE t.user_id = p_user_id AND t.last_turn_at = p_turn_granted;
+    ELSE
+        UPDATE user_capacity_turns t SET last_turn_at = p_turn_before
+         WHERE t.user_id = p_user_id AND t.last_turn_at = p_turn_granted;
+    END IF;
+    SELECT t.last_turn_at INTO v_turn_now FROM user_capacity_turns t WHERE t.user_id = p_user_id;
+    UPDATE analysis_jobs w
+       SET capacity_turn_key = GREATEST(v_turn_now, w.capacity_wait_since)
+     WHERE w.user_id = p_user_id AND w.status = 'pending'
+       AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.queue_capacity_in_use()
  RETURNS integer
  LANGUAGE sql
@@ -433,7 +454,6 @@ DECLARE
     v_user_id text;
     v_turn_before timestamptz;
     v_turn_granted timestamptz;
-    v_turn_now timestamptz;
 BEGIN
     UPDATE analysis_jobs a
        SET capacity_token = NULL,
@@ -444,17 +464,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    IF v_turn_before IS NULL THEN
-        DELETE FROM user_capacity_turns t WHERE t.user_id = v_user_id AND t.last_turn_at = v_turn_granted;
-    ELSE
-        UPDATE user_capacity_turns t SET last_turn_at = v_turn_before
-         WHERE t.user_id = v_user_id AND t.last_turn_at = v_turn_granted;
-    END IF;
-    SELECT t.last_turn_at INTO v_turn_now FROM user_capacity_turns t WHERE t.user_id = v_user_id;
-    UPDATE analysis_jobs w
-       SET capacity_turn_key = GREATEST(v_turn_now, w.capacity_wait_since)
-     WHERE w.user_id = v_user_id AND w.status = 'pending'
-       AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
+    PERFORM queue_capacity_give_back_turn(v_user_id, v_turn_before, v_turn_granted);
     v_in_use := queue_capacity_in_use();
     INSERT INTO queue_capacity AS c (capacity, core_limit, next_probe_at, core_refusals)
     VALUES (0, v_in_use, clock_timestamp() + make_interval(secs => p_probe_interval_seconds), 1)
@@ -652,7 +662,7 @@ DECLARE
     v_job record;
 BEGIN
     WHILE analysis_jobs_free_slot(p_user_id, p_default_max_active) IS NULL LOOP
-        SELECT p.job_id, p.capacity_token, p.capacity_turn_before INTO v_job
+        SELECT p.job_id, p.capacity_token, p.capacity_turn_before, p.capacity_turn_key INTO v_job
           FROM analysis_jobs p
          WHERE p.user_id = p_user_id AND p.status = 'pending' AND p.delta_of_job_id IS NULL
            AND p.cancel_requested_at IS NULL
@@ -674,15 +684,7 @@ BEGIN
          WHERE j.job_id = v_job.job_id;
         IF v_job.capacity_token IS NOT NULL THEN
             -- Its grant is given back, and the turn with it (as `queue_capacity_refused` does).
-            IF v_job.capacity_turn_before IS NULL THEN
-                DELETE FROM user_capacity_turns t WHERE t.user_id = p_user_id;
-            ELSE
-                UPDATE user_capacity_turns t SET last_turn_at = v_job.capacity_turn_before WHERE t.user_id = p_user_id;
-            END IF;
-            UPDATE analysis_jobs w
-               SET capacity_turn_key = GREATEST(v_job.capacity_turn_before, w.capacity_wait_since)
-             WHERE w.user_id = p_user_id AND w.status = 'pending' AND w.delta_of_job_id IS NULL
-               AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
+            PERFORM queue_capacity_give_back_turn(p_user_id, v_job.capacity_turn_before, v_job.capacity_turn_key);
         END IF;
         RETURN NEXT v_job.job_id;
     END LOOP;
@@ -902,7 +904,8 @@ BEGIN
     END IF;
 
     IF v_base IS NOT NULL THEN
-        v_status := 'running';
+        -- A re-check the core holds waits for its turn while the capacity is limited (0023).
+        v_status := CASE WHEN p_judging THEN 'running' ELSE 'pending' END;
     ELSIF p_judging THEN
         v_status := 'running';
         -- The core judges this run: the user's jobs it has not been asked to judge give way.
@@ -1074,5 +1077,5 @@ END
 $function$;
 
 CREATE TRIGGER analysis_jobs_announce_insert AFTER INSERT ON analysis_jobs FOR EACH ROW EXECUTE FUNCTION analysis_jobs_announce_change();
-CREATE TRIGGER analysis_jobs_announce_update AFTER UPDATE ON analysis_jobs FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR old.last_error IS DISTINCT FROM new.last_error OR old.release_attempts IS DISTINCT FROM new.release_attempts) EXECUTE FUNCTION analysis_jobs_announce_change();
+CREATE TRIGGER analysis_jobs_announce_update AFTER UPDATE ON analysis_jobs FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR old.last_error IS DISTINCT FROM new.last_error OR old.release_attempts IS DISTINCT FROM new.release_attempts OR old.capacity_token IS DISTINCT FROM new.capacity_token OR old.capacity_wait_since IS DISTINCT FROM new.capacity_wait_since) EXECUTE FUNCTION analysis_jobs_announce_change();
 CREATE TRIGGER analysis_jobs_wait_for_capacity BEFORE INSERT OR UPDATE OF status ON analysis_jobs FOR EACH ROW WHEN (new.status = 'pending'::text) EXECUTE FUNCTION analysis_jobs_wait_for_capacity();

@@ -189,8 +189,8 @@ class Overview(_message.Message):
     """The window the `*_in_window` figures and `admits_per_minute` cover, in minutes."""
     capacity_in_use: _builtins.int
     """The fleet's capacity at the core (fields 14-19, added to the contract additively).
-    Runs that take capacity now: first-pass runs being released, judging, or whose fate at the
-    core is not yet confirmed, and delta re-checks running.
+    Runs that take capacity now, first-pass runs and delta re-checks alike: granted (being
+    released), judging, or whose fate at the core is not yet confirmed.
     """
     capacity_limit: _builtins.int
     """The capacity set (SetCoreCapacity, QUEUE_CORE_CAPACITY); 0 means unlimited."""

@@ -72,6 +72,10 @@ class AnalysisQueueServiceStub:
     - RESOURCE_EXHAUSTED `PROVIDER_BUDGET_EXHAUSTED` (`coreMessage`).
     - RESOURCE_EXHAUSTED `USER_QUEUE_FULL` (`maxQueued`, `queued`).
     - RESOURCE_EXHAUSTED `USER_DELTA_LIMIT` (`maxActiveDeltas`, `activeDeltas`).
+    - RESOURCE_EXHAUSTED `USER_FREE_WORK_LIMIT` (`maxFreeAdmitsPerHour`, `retryAfterSeconds`): the
+    user had that many jobs within the last hour that cost nothing in the end (free delta
+    re-checks, refunded jobs such as canceled ones); a QuotaFailure names the quota, RetryInfo
+    says when the oldest of them leaves the hour. Added in v1, additive.
     - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, or
     `maxStreamsPerUser` for the user).
     - RESOURCE_EXHAUSTED `CORE_AT_CAPACITY` (`coreCode`): the core answered a release that it is
@@ -82,6 +86,9 @@ class AnalysisQueueServiceStub:
     - FAILED_PRECONDITION `JOB_ALREADY_FINISHED` (`jobId`, `status`).
     - FAILED_PRECONDITION `JOB_NOT_RETRYABLE` (`jobId`, `status`): OperatorService.RetryJob of a
     job that has not failed or been canceled, or whose document and sources were not stored.
+    - FAILED_PRECONDITION `JOB_INPUTS_PRUNED` (`jobId`, `status`): OperatorService.RetryJob of a
+    job whose full sources were deleted past their retention (QUEUE_JOB_INPUTS_RETENTION_SECONDS);
+    admit it again from its source. Added in v1, additive.
     - NOT_FOUND `RUN_NOT_FOUND` (`runId`); FAILED_PRECONDITION `RUN_NOT_RELEASED` (`runId`).
     - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
     - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may
@@ -189,6 +196,10 @@ class AnalysisQueueServiceServicer:
     - RESOURCE_EXHAUSTED `PROVIDER_BUDGET_EXHAUSTED` (`coreMessage`).
     - RESOURCE_EXHAUSTED `USER_QUEUE_FULL` (`maxQueued`, `queued`).
     - RESOURCE_EXHAUSTED `USER_DELTA_LIMIT` (`maxActiveDeltas`, `activeDeltas`).
+    - RESOURCE_EXHAUSTED `USER_FREE_WORK_LIMIT` (`maxFreeAdmitsPerHour`, `retryAfterSeconds`): the
+    user had that many jobs within the last hour that cost nothing in the end (free delta
+    re-checks, refunded jobs such as canceled ones); a QuotaFailure names the quota, RetryInfo
+    says when the oldest of them leaves the hour. Added in v1, additive.
     - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, or
     `maxStreamsPerUser` for the user).
     - RESOURCE_EXHAUSTED `CORE_AT_CAPACITY` (`coreCode`): the core answered a release that it is
@@ -199,6 +210,9 @@ class AnalysisQueueServiceServicer:
     - FAILED_PRECONDITION `JOB_ALREADY_FINISHED` (`jobId`, `status`).
     - FAILED_PRECONDITION `JOB_NOT_RETRYABLE` (`jobId`, `status`): OperatorService.RetryJob of a
     job that has not failed or been canceled, or whose document and sources were not stored.
+    - FAILED_PRECONDITION `JOB_INPUTS_PRUNED` (`jobId`, `status`): OperatorService.RetryJob of a
+    job whose full sources were deleted past their retention (QUEUE_JOB_INPUTS_RETENTION_SECONDS);
+    admit it again from its source. Added in v1, additive.
     - NOT_FOUND `RUN_NOT_FOUND` (`runId`); FAILED_PRECONDITION `RUN_NOT_RELEASED` (`runId`).
     - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
     - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may
@@ -220,7 +234,10 @@ class AnalysisQueueServiceServicer:
         """Admits one analysis: validates the request, checks and charges the credit, creates the run
         held at the core (so the core's own validation answers now), and stores the job as PENDING
         (it holds a slot and starts at once) or QUEUED (it waits for the user's earlier jobs).
-        A delta re-check (`delta_of_job_id` set) never waits: it starts RUNNING.
+        A delta re-check (`delta_of_job_id` set) never waits for its user's slot: it starts RUNNING,
+        or, while the fleet's capacity at the core is limited (OperatorService.SetCoreCapacity), it
+        is PENDING with a `capacity_position` until its turn, ahead of first-pass work among users
+        with equally few runs at the core (the wait under a capacity is additive to v1).
 
         Idempotent by (`user_id`, `idempotency_key`): the same key and payload return the same job
         and charge once; retrying after CORE_UNAVAILABLE with the same key is safe.
@@ -237,8 +254,8 @@ class AnalysisQueueServiceServicer:
         - RESOURCE_EXHAUSTED `USER_QUEUE_FULL`: the user has the maximum of queued jobs
         (metadata `maxQueued`).
         - RESOURCE_EXHAUSTED `USER_DELTA_LIMIT`: the user has QUEUE_MAX_ACTIVE_DELTAS_PER_USER
-        (default 4) delta re-checks running (metadata `maxActiveDeltas`, `activeDeltas`); added
-        in v1, additive.
+        (default 4) delta re-checks waiting for their turn or running (metadata `maxActiveDeltas`,
+        `activeDeltas`); added in v1, additive.
         - UNAVAILABLE `CORE_UNAVAILABLE`: the core did not answer within the admit deadline.
         - UNAVAILABLE `SHUTTING_DOWN`, `REPLICA_BUSY`, `DATABASE_UNAVAILABLE`, `LOCK_TIMEOUT`; ABORTED
         `CONFLICT`: transient; retry with the same key (see the service comment). Every wait inside
@@ -419,6 +436,10 @@ class AnalysisQueueService:
     - RESOURCE_EXHAUSTED `PROVIDER_BUDGET_EXHAUSTED` (`coreMessage`).
     - RESOURCE_EXHAUSTED `USER_QUEUE_FULL` (`maxQueued`, `queued`).
     - RESOURCE_EXHAUSTED `USER_DELTA_LIMIT` (`maxActiveDeltas`, `activeDeltas`).
+    - RESOURCE_EXHAUSTED `USER_FREE_WORK_LIMIT` (`maxFreeAdmitsPerHour`, `retryAfterSeconds`): the
+    user had that many jobs within the last hour that cost nothing in the end (free delta
+    re-checks, refunded jobs such as canceled ones); a QuotaFailure names the quota, RetryInfo
+    says when the oldest of them leaves the hour. Added in v1, additive.
     - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, or
     `maxStreamsPerUser` for the user).
     - RESOURCE_EXHAUSTED `CORE_AT_CAPACITY` (`coreCode`): the core answered a release that it is
@@ -429,6 +450,9 @@ class AnalysisQueueService:
     - FAILED_PRECONDITION `JOB_ALREADY_FINISHED` (`jobId`, `status`).
     - FAILED_PRECONDITION `JOB_NOT_RETRYABLE` (`jobId`, `status`): OperatorService.RetryJob of a
     job that has not failed or been canceled, or whose document and sources were not stored.
+    - FAILED_PRECONDITION `JOB_INPUTS_PRUNED` (`jobId`, `status`): OperatorService.RetryJob of a
+    job whose full sources were deleted past their retention (QUEUE_JOB_INPUTS_RETENTION_SECONDS);
+    admit it again from its source. Added in v1, additive.
     - NOT_FOUND `RUN_NOT_FOUND` (`runId`); FAILED_PRECONDITION `RUN_NOT_RELEASED` (`runId`).
     - UNAUTHENTICATED `UNAUTHENTICATED` (`method`): no valid token or client certificate.
     - PERMISSION_DENIED `PERMISSION_DENIED` (`method`, `role`, `caller`): the caller's role may

@@ -278,8 +278,8 @@ export type Overview = Message<"acurio.queue.v1.Overview"> & {
 
   /**
    * The fleet's capacity at the core (fields 14-19, added to the contract additively).
-   * Runs that take capacity now: first-pass runs being released, judging, or whose fate at the
-   * core is not yet confirmed, and delta re-checks running.
+   * Runs that take capacity now, first-pass runs and delta re-checks alike: granted (being
+   * released), judging, or whose fate at the core is not yet confirmed.
    *
    * @generated from field: int64 capacity_in_use = 14;
    */
@@ -430,8 +430,8 @@ export type OverviewJson = {
 
   /**
    * The fleet's capacity at the core (fields 14-19, added to the contract additively).
-   * Runs that take capacity now: first-pass runs being released, judging, or whose fate at the
-   * core is not yet confirmed, and delta re-checks running.
+   * Runs that take capacity now, first-pass runs and delta re-checks alike: granted (being
+   * released), judging, or whose fate at the core is not yet confirmed.
    *
    * @generated from field: int64 capacity_in_use = 14;
    */

@@ -795,7 +795,10 @@ export const AnalysisQueueService: GenService<{
    * Admits one analysis: validates the request, checks and charges the credit, creates the run
    * held at the core (so the core's own validation answers now), and stores the job as PENDING
    * (it holds a slot and starts at once) or QUEUED (it waits for the user's earlier jobs).
-   * A delta re-check (`delta_of_job_id` set) never waits: it starts RUNNING.
+   * A delta re-check (`delta_of_job_id` set) never waits for its user's slot: it starts RUNNING,
+   * or, while the fleet's capacity at the core is limited (OperatorService.SetCoreCapacity), it
+   * is PENDING with a `capacity_position` until its turn, ahead of first-pass work among users
+   * with equally few runs at the core (the wait under a capacity is additive to v1).
    *
    * Idempotent by (`user_id`, `idempotency_key`): the same key and payload return the same job
    * and charge once; retrying after CORE_UNAVAILABLE with the same key is safe.
@@ -812,8 +815,8 @@ export const AnalysisQueueService: GenService<{
    * - RESOURCE_EXHAUSTED `USER_QUEUE_FULL`: the user has the maximum of queued jobs
    *   (metadata `maxQueued`).
    * - RESOURCE_EXHAUSTED `USER_DELTA_LIMIT`: the user has QUEUE_MAX_ACTIVE_DELTAS_PER_USER
-   *   (default 4) delta re-checks running (metadata `maxActiveDeltas`, `activeDeltas`); added
-   *   in v1, additive.
+   *   (default 4) delta re-checks waiting for their turn or running (metadata `maxActiveDeltas`,
+   *   `activeDeltas`); added in v1, additive.
    * - UNAVAILABLE `CORE_UNAVAILABLE`: the core did not answer within the admit deadline.
    * - UNAVAILABLE `SHUTTING_DOWN`, `REPLICA_BUSY`, `DATABASE_UNAVAILABLE`, `LOCK_TIMEOUT`; ABORTED
    *   `CONFLICT`: transient; retry with the same key (see the service comment). Every wait inside
