@@ -613,7 +613,8 @@ async def test_a_user_looping_free_deltas_neither_exceeds_the_capacity_nor_starv
     than two runs (re-checks included, I12), and the other user's job takes the next turn that
     frees (she has no run in use, the looping user has), not the end of the loop."""
     core = await services.core(judging_seconds=0.3, manual=False)
-    service = await services.start(core)
+    # The free-work bound (USER_FREE_WORK_LIMIT) would end the loop early: the capacity is the subject here.
+    service = await services.start(core, max_free_admits_per_user_per_hour=10_000)
     stubs = service.stubs
     looper, clicker = new_user(), new_user()
     await stubs.grant(looper, 1)
