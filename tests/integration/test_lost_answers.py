@@ -220,7 +220,7 @@ async def test_deltas_judged_faster_than_their_admit_commits_all_complete(servic
     and every delta ends SUCCEEDED long before reconciliation would notice."""
     core = await services.core(manual=False, judging_seconds=0.01)
     core.delta_judging_seconds = 0
-    service = await services.start(core, max_active_deltas_per_user=100)
+    service = await services.start(core, max_active_deltas_per_user=100, max_free_admits_per_user_per_hour=100)
     stubs, user = service.stubs, new_user()
     await stubs.grant(user, 1)
     base = await stubs.admit(user)
