@@ -207,15 +207,30 @@ async def watch_fanout(
 async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     from queue_service.config import Config
     from queue_service.core_client import CoreClient
-    from queue_service.engine import QueueEngine, Recovery, Releases, Sweeper
+    from queue_service.engine import (
+        BackgroundTasks,
+        FleetCapacity,
+        NoFailoverGuard,
+        OwedReleases,
+        QueueEngine,
+        Recovery,
+        ReleaseHandoff,
+        Releases,
+        Sweeper,
+    )
 
     config = Config.from_env(environ={}, database_url=dsn, core_addr=core_addr)
     pool = create_pool(dsn, timeouts=TIMEOUTS, min_size=2, max_size=4, timeout=10)
     await pool.open(wait=True)
     core = CoreClient.connect(core_addr, deadline_seconds=5)
     store = Store(pool, database_url=dsn)
-    engine = QueueEngine(store, core, config, hand_over=lambda claim: None)
-    recovery = Recovery(engine, Releases(engine, store, core), store, core)
+    # No dispatcher: the releases handed over wait in the handoff.
+    handoff, tasks, guard = ReleaseHandoff(), BackgroundTasks(), NoFailoverGuard()
+    capacity = FleetCapacity(wake_grant=handoff.request_grant, probe_interval_seconds=config.core_probe_interval_seconds)
+    owed = OwedReleases(store, handoff, lease_seconds=config.release_lease_seconds, spawn=tasks.in_background)
+    engine = QueueEngine(store, core, config, starter=handoff, capacity=capacity, tasks=tasks, owed_releases=owed)
+    releases = Releases(engine, store, core, config, capacity=capacity, tasks=tasks, guard=guard)
+    recovery = Recovery(engine, releases, store, core, guard=guard)
     sweep = Sweeper(recovery, store, config, wake_dispatcher=lambda: None)
     await sweep.sweep_once()  # warm: connections, prepared plans, caches
     _emit({"ready": True})

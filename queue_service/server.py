@@ -54,20 +54,24 @@ from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.engine import (
     Admission,
+    BackgroundTasks,
+    Completions,
     CoreReconciler,
     Credits,
     FleetCapacity,
     JobReads,
     NotificationHub,
+    OwedReleases,
     QueueEngine,
     Recovery,
     ReleaseDispatcher,
+    ReleaseHandoff,
     Releases,
     ReplicaHeartbeat,
     Sweeper,
     new_replica_id,
 )
-from queue_service.model import ClaimedRelease, ReplicaReport, ReplicationStance
+from queue_service.model import ReplicaReport, ReplicationStance
 from queue_service.store import Store
 from queue_service.store.migrations import MigrationError
 from queue_service.store.pool import Timeouts, create_pool
@@ -150,24 +154,15 @@ class QueueApp:
         # Set when jobs became PENDING (here or, through NOTIFY, on another replica): the
         # dispatcher releases them at once.
         releases_due = self._releases_due = asyncio.Event()
-
-        # The first release of each job this replica makes PENDING, claimed in that statement:
-        # the engine hands it to the dispatcher, which starts it at once. Called only once the
-        # replica serves, when the dispatcher (built below, around the engine) exists.
-        def hand_over(claim: ClaimedRelease) -> None:
-            self.dispatcher.start_claimed(claim)
-
+        # The rooms start the releases they claim, and ask for grants, through the handoff; the
+        # dispatcher, built after them around the releases, takes both from it.
+        handoff = ReleaseHandoff()
         # What this replica knows of the fleet's capacity at the core; asking for a grant starts
-        # one in the dispatcher (reached, like hand_over, only once serving).
-        def request_grant() -> None:
-            self.dispatcher.request_grant()
-
-        self.capacity = FleetCapacity(wake_grant=request_grant, probe_interval_seconds=config.core_probe_interval_seconds)
-        # The lifecycle core (ending, promotion, completion, cancel) and the rooms around it.
-        self.engine = QueueEngine(self.store, self.core, config, hand_over=hand_over, capacity=self.capacity)
-        self.releases = Releases(self.engine, self.store, self.core)
-        self.recovery = Recovery(self.engine, self.releases, self.store, self.core)
-        self.admission = Admission(self.engine, self.recovery, self.store, self.core)
+        # one in the dispatcher.
+        self.capacity = FleetCapacity(wake_grant=handoff.request_grant, probe_interval_seconds=config.core_probe_interval_seconds)
+        # Clean-ups and changes that outlive their caller, of every room below.
+        self.tasks = BackgroundTasks()
+        owed_releases = OwedReleases(self.store, handoff, lease_seconds=config.release_lease_seconds, spawn=self.tasks.in_background)
         self.reads = JobReads(
             self.store, default_max_active=config.max_active_per_user, reconcile_after_seconds=config.reconcile_after_seconds
         )
@@ -180,19 +175,44 @@ class QueueApp:
             backlog_bytes=config.watch_backlog_bytes,
             reconnect_max_seconds=config.db_reconnect_max_seconds,
         )
+        # The core's live runs as the second copy of the jobs (design I14): the rooms' guard
+        # against runs a database failover lost.
+        self.reconciler = CoreReconciler(
+            self.store, self.core, config, wake_dispatcher=releases_due.set, on_database_replaced=self.hub.database_replaced
+        )
+        guard = self.reconciler
+        # The lifecycle core (ending, promotion, cancel, settlement) and the rooms around it.
+        self.engine = QueueEngine(
+            self.store, self.core, config, starter=handoff, capacity=self.capacity, tasks=self.tasks, owed_releases=owed_releases
+        )
+        self.completions = Completions(
+            self.engine,
+            self.store,
+            tasks=self.tasks,
+            owed_releases=owed_releases,
+            capacity=self.capacity,
+            starter=handoff,
+            guard=guard,
+        )
+        self.releases = Releases(self.engine, self.store, self.core, config, capacity=self.capacity, tasks=self.tasks, guard=guard)
+        self.recovery = Recovery(self.engine, self.releases, self.store, self.core, guard=guard)
+        self.admission = Admission(
+            self.recovery,
+            self.store,
+            self.core,
+            config,
+            starter=handoff,
+            capacity=self.capacity,
+            tasks=self.tasks,
+            owed_releases=owed_releases,
+        )
         self.dispatcher = ReleaseDispatcher(
             self.releases,
             wake=releases_due,
             core_deadline_seconds=config.core_deadline_seconds,
             capacity=self.capacity,
+            handoff=handoff,
         )
-        # The core's live runs as the second copy of the jobs (design I14).
-        self.reconciler = CoreReconciler(
-            self.store, self.core, config, wake_dispatcher=releases_due.set, on_database_replaced=self.hub.database_replaced
-        )
-        self.engine.release_gate = self.reconciler.release_gate
-        self.engine.adopt_unknown_run = self.reconciler.adopt_for_completion
-        self.engine.adopt_lost_reserved_run = self.reconciler.adopt_if_lost
         self.sweeper = Sweeper(self.recovery, self.store, config, wake_dispatcher=releases_due.set, reconciler=self.reconciler)
         self.replica_id = new_replica_id()
         self._started_at = dt.datetime.now(dt.UTC)
@@ -209,7 +229,7 @@ class QueueApp:
             "AnalysisQueueService": AnalysisQueueServicer(
                 self.engine, self.admission, self.releases, self.reads, self.hub, self.gate.draining
             ),
-            "CoreCallbackService": CoreCallbackServicer(self.engine, self.reads),
+            "CoreCallbackService": CoreCallbackServicer(self.completions, self.reads),
             "CreditsService": CreditsServicer(credits),
             "OperatorService": OperatorServicer(self.engine, self.admission, self.reads, self.gate.draining, credits),
         }
@@ -424,7 +444,7 @@ class QueueApp:
         await deadline.loop_lag.stop()
         await self.reconciler.stop()
         await self.dispatcher.stop()
-        await self.engine.stop()
+        await self.tasks.stop()
         await self.hub.stop()
         await self.core.close()
         await self.store.close()

@@ -1,35 +1,48 @@
 """The engine: the queue's rules, between the edge (`api`, `server`) and the store.
 
-The lifecycle core (`engine.QueueEngine`: ending, promotion, completion, cancel, settlement) and
-the rooms around it: `admission` (admit), `releases` (release a PENDING job; the dispatcher's
-work), `recovery` (what the sweeper asks), `core_reconciliation` (the core's live runs against the
-jobs after a database failover), the reads (`job_reads`, `credits`) and the watch hub.
-Their background tasks (`tasks.BackgroundTasks`) belong to the core, `QueueEngine.tasks`.
+The lifecycle core (`engine.QueueEngine`: ending, promotion, cancel, settlement) and the rooms
+around it: `admission` (admit), `completions` (the core's report of a run's end), `releases`
+(release a PENDING job; the dispatcher's work), `recovery` (what the sweeper asks),
+`core_reconciliation` (the core's live runs against the jobs after a database failover), the
+reads (`job_reads`, `credits`) and the watch hub. What the rooms ask of the loops and of the
+failover checks are ports (`ports`: `ReleaseStarter`, `FailoverGuard`), given to each room by its
+constructor, as are the background tasks they share (`tasks.BackgroundTasks`).
 """
 
 from queue_service.engine.admission import Admission, request_digest
 from queue_service.engine.capacity import FleetCapacity
+from queue_service.engine.completions import Completions
 from queue_service.engine.core_reconciliation import CoreReconciler
 from queue_service.engine.credits import Credits
 from queue_service.engine.dispatcher import ReleaseDispatcher
 from queue_service.engine.engine import QueueEngine
 from queue_service.engine.job_reads import JobReads
+from queue_service.engine.owed_releases import OwedReleases
+from queue_service.engine.ports import FailoverGuard, NoFailoverGuard, ReleaseHandoff, ReleaseStarter
 from queue_service.engine.recovery import Recovery
 from queue_service.engine.releases import Releases
 from queue_service.engine.replica_heartbeat import ReplicaHeartbeat, new_replica_id
 from queue_service.engine.sweeper import Sweeper
+from queue_service.engine.tasks import BackgroundTasks
 from queue_service.engine.watch import NotificationHub, WatchItem, WatchPage, WatchStream
 
 __all__ = [
     "Admission",
+    "BackgroundTasks",
+    "Completions",
     "CoreReconciler",
     "Credits",
+    "FailoverGuard",
     "FleetCapacity",
     "JobReads",
+    "NoFailoverGuard",
     "NotificationHub",
+    "OwedReleases",
     "QueueEngine",
     "Recovery",
     "ReleaseDispatcher",
+    "ReleaseHandoff",
+    "ReleaseStarter",
     "Releases",
     "ReplicaHeartbeat",
     "Sweeper",

@@ -17,9 +17,13 @@ import logging
 import uuid
 
 from queue_service import deadline, errors
+from queue_service.config import Config
 from queue_service.core_client import CoreClient
-from queue_service.engine.engine import QueueEngine
+from queue_service.engine.capacity import FleetCapacity
+from queue_service.engine.owed_releases import OwedReleases
+from queue_service.engine.ports import ReleaseStarter
 from queue_service.engine.recovery import Recovery
+from queue_service.engine.tasks import BackgroundTasks
 from queue_service.model import (
     AdmitLimits,
     AdmitRequest,
@@ -40,15 +44,27 @@ def request_digest(payload: bytes) -> bytes:
 
 
 class Admission:
-    def __init__(self, engine: QueueEngine, recovery: Recovery, store: Store, core: CoreClient) -> None:
-        self._engine = engine
-        self._tasks = engine.tasks
+    def __init__(
+        self,
+        recovery: Recovery,
+        store: Store,
+        core: CoreClient,
+        config: Config,
+        *,
+        starter: ReleaseStarter,
+        capacity: FleetCapacity,
+        tasks: BackgroundTasks,
+        owed_releases: OwedReleases,
+    ) -> None:
         self._recovery = recovery
         self._store = store
         self._core = core
-        self.config = engine.config
-        self.capacity = engine.capacity
-        config = engine.config
+        self.config = config
+        # Starts the first release of a job the locked admit made PENDING (claimed in it).
+        self._starter = starter
+        self._capacity = capacity
+        self._tasks = tasks
+        self._owed_releases = owed_releases
         self._admit_limits = AdmitLimits(
             default_max_active=config.max_active_per_user,
             max_queued=config.max_queued_per_user,
@@ -239,9 +255,9 @@ class Admission:
         log.info("job admitted", extra={"job_id": job_id, "user_id": item.user_id, "run_id": run_id, "status": view.status})
         if view.status is JobStatus.PENDING:
             if view.waiting_for_capacity:
-                self.capacity.note_waiting()
+                self._capacity.note_waiting()
             else:
-                self._engine.hand_over(
+                self._starter.start_claimed(
                     ClaimedRelease(job_id, item.user_id, run_id, attempt=1, history_reconciled=admitted.history_reconciled, delta=is_delta)
                 )
         return AdmitResult(job_id, duplicate=False, view=view)
@@ -268,11 +284,11 @@ class Admission:
             )
             if job.waiting_for_capacity:
                 # Its admit claimed no release: only a grant releases it, in its turn (I12).
-                self.capacity.note_waiting()
+                self._capacity.note_waiting()
             else:
                 # Exactly the first release the committed admit claimed, as its answer would have
                 # handed it over (the owed releases' one rule, read under the user's lock).
-                await self._engine.owed_releases.hand_over_owed(user_id=job.user_id)
+                await self._owed_releases.hand_over_owed(user_id=job.user_id)
 
     async def _abandon_run_before_answering(self, run_id: uuid.UUID, *, admitted_job_id: uuid.UUID | None = None) -> None:
         """Cancels a spare or failed admit's run, waiting for it as long as the caller's deadline

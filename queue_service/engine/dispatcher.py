@@ -28,6 +28,7 @@ from typing import Protocol
 from queue_service import audit, deadline, errors
 from queue_service.background import cancel_and_wait
 from queue_service.engine.capacity import FleetCapacity
+from queue_service.engine.ports import ReleaseHandoff
 from queue_service.model import CapacityGrant, ClaimedRelease, ReleaseResult
 from queue_service.telemetry import metrics
 
@@ -58,6 +59,7 @@ class ReleaseDispatcher:
         wake: asyncio.Event,
         core_deadline_seconds: float,
         capacity: FleetCapacity | None = None,
+        handoff: ReleaseHandoff | None = None,
     ) -> None:
         self._releases = releases
         # Shared with the engine (the server builds one per replica).
@@ -77,6 +79,10 @@ class ReleaseDispatcher:
         self._slot_freed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
+        # The rooms hand claims and grant requests to the handoff they were built with; from here
+        # on it passes them to this dispatcher (`start_claimed`, `request_grant`).
+        if handoff is not None:
+            handoff.deliver_to(self)
 
     def start(self) -> None:
         self._runner = asyncio.create_task(self._run(), name="release-dispatcher")

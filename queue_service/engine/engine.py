@@ -19,35 +19,31 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from opentelemetry.trace import Span
 from tenacity import RetryCallState, wait_random_exponential
 
-from queue_service import audit, errors, telemetry
+from queue_service import errors, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.engine.capacity import FleetCapacity
-from queue_service.engine.coalescer import Coalescer, Spawn, counting_batch
 from queue_service.engine.owed_releases import OwedReleases
+from queue_service.engine.ports import ReleaseStarter
 from queue_service.engine.tasks import BackgroundTasks
 from queue_service.model import (
     Cause,
-    ClaimedRelease,
     EndedJob,
     JobEnding,
     JobRef,
     JobStatus,
     Promoted,
     PromotionLimits,
-    RunCompletion,
     RunReport,
-    RunReportToApply,
     SettingChange,
     Transition,
 )
@@ -58,10 +54,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _GAP_TRACKING_LIMIT = 10_000
-# Every user in a batch waits for the whole batch's commit: a few milliseconds at most.
-_MAX_COMPLETIONS_PER_STATEMENT = 16
-# A batch of completions grants at most this many releases in its own statement (as one grant).
-_MAX_GRANTS_WITH_COMPLETIONS = 64
 # Bulk cancels run this many single cancels at once (each may call the core).
 _CANCEL_CONCURRENCY = 8
 
@@ -73,47 +65,29 @@ class QueueEngine:
         core: CoreClient,
         config: Config,
         *,
-        hand_over: Callable[[ClaimedRelease], None],
-        capacity: FleetCapacity | None = None,
+        starter: ReleaseStarter,
+        capacity: FleetCapacity,
+        tasks: BackgroundTasks,
+        owed_releases: OwedReleases,
     ) -> None:
         self._store = store
         self._core = core
         self.config = config
         # What this replica knows of the fleet's capacity at the core, and how to ask for a grant.
-        self.capacity = capacity or FleetCapacity(wake_grant=lambda: None, probe_interval_seconds=config.core_probe_interval_seconds)
-        # Takes the first release of each job this replica made PENDING (claimed in the same
-        # transaction): the dispatcher starts it at once, with no claim of its own.
-        self.hand_over = hand_over
-        self._promotion_limits = PromotionLimits(config.max_active_per_user, config.release_window_seconds, config.release_lease_seconds)
+        self._capacity = capacity
+        # Starts the first release of each job this replica made PENDING (claimed in the same
+        # statement): the dispatcher starts it at once, with no claim of its own.
+        self._starter = starter
+        self.promotion_limits = PromotionLimits(config.max_active_per_user, config.release_window_seconds, config.release_lease_seconds)
         # When the slot a promoted job took was freed (monotonic), for the promotion-gap
         # histogram; bounded, since another replica may release the job and never tell us.
         self._slot_freed_at: collections.OrderedDict[uuid.UUID, float] = collections.OrderedDict()
-        # I9 at the core (engine/core_reconciliation.py), asked by `Releases.release`: why a
-        # first-pass release must wait while the core judges another of the user's runs the queue
-        # does not count (None: release).
-        self.release_gate: Callable[[ClaimedRelease], Awaitable[str | None]] | None = None
-        # A completion of a run no job owns: adopts it from the core's record first (True: a job
-        # owns it now; False: it never will).
-        self.adopt_unknown_run: Callable[[uuid.UUID], Awaitable[bool]] | None = None
-        # A reserved run about to be canceled: adopts it instead when its job was lost in a
-        # failover (True: a job owns it, do not cancel).
-        self.adopt_lost_reserved_run: Callable[[uuid.UUID], Awaitable[bool]] | None = None
         self._backoff = wait_random_exponential(multiplier=1.0, max=config.release_backoff_max_seconds)
-        # Clean-ups and changes that outlive their caller, of this core and of the rooms around it.
-        self.tasks = BackgroundTasks()
+        # Clean-ups and changes that outlive their caller, shared with the rooms around this core.
+        self._tasks = tasks
         # Locked changes whose outcome is unknown: the releases they may have claimed are handed
         # over at once, not after the lease (`owed_releases`).
-        self.owed_releases = OwedReleases(store, hand_over, lease_seconds=config.release_lease_seconds, spawn=self.tasks.in_background)
-        # Completions that arrive while one is being applied are applied together (see
-        # `CompletionBatcher`): a burst of completions costs one commit for many.
-        self._completions = CompletionBatcher(
-            store,
-            self._promotion_limits,
-            spawn=self.tasks.in_background,
-            owed_releases=self.owed_releases,
-            capacity=self.capacity,
-            hand_over=hand_over,
-        )
+        self._owed_releases = owed_releases
 
     @property
     def cancel_recheck_seconds(self) -> float:
@@ -128,22 +102,19 @@ class QueueEngine:
         try:
             return await change
         except errors.OutcomeUnknown:
-            self.owed_releases.follow_up(user_id=user_id)
+            self._owed_releases.follow_up(user_id=user_id)
             raise
-
-    async def stop(self) -> None:
-        await self.tasks.stop()
 
     # -- promotion ---------------------------------------------------------------------------
 
     async def promote(self, user_id: str, *, cause: Cause) -> tuple[Promoted, ...]:
         """Fills every free slot of the user from the queue, oldest first."""
-        return await self.tasks.outliving_the_caller(
+        return await self._tasks.outliving_the_caller(
             self._following_up_if_lost(self._promote(user_id, cause), user_id=user_id), name=f"promote-{user_id}"
         )
 
     async def _promote(self, user_id: str, cause: Cause) -> tuple[Promoted, ...]:
-        promoted = await self._store.promote(user_id, self._promotion_limits)
+        promoted = await self._store.promote(user_id, self.promotion_limits)
         self._after_promotion(user_id, promoted, cause)
         return promoted
 
@@ -165,9 +136,9 @@ class QueueEngine:
             if job.waiting:
                 waiting = True
             else:
-                self.hand_over(job.first_release)
+                self._starter.start_claimed(job.first_release)
         if waiting and not capacity_granted:
-            self.capacity.note_waiting()
+            self._capacity.note_waiting()
 
     def _note_slot_freed(self, promoted: tuple[Promoted, ...]) -> None:
         now = time.monotonic()
@@ -190,29 +161,29 @@ class QueueEngine:
         the user's next job, in one statement that also returns the job's view; None when the job
         was not in a status the transition starts from (fenced). An unsettled run keeps the slot:
         `settle_run` frees it."""
-        return await self.tasks.outliving_the_caller(
+        return await self._tasks.outliving_the_caller(
             self._following_up_if_lost(self._end_job(job_id, user_id, transition), user_id=user_id), name=f"end-job-{job_id}"
         )
 
     async def _end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition) -> EndedJob | None:
-        with self._ending_span(transition) as span:
+        with self.ending_span(transition) as span:
             span.set_attribute("queue.job_id", str(job_id))
             # One statement under the user lock: the ending, its refund, the promotions and the view.
-            outcome = await self._store.end_job(job_id, user_id, transition, self._promotion_limits)
+            outcome = await self._store.end_job(job_id, user_id, transition, self.promotion_limits)
             if outcome is None:
                 return None
             span.set_attribute("queue.refunded", outcome.refunded)
-        return self._after_ending(outcome, transition)
+        return self.after_ending(outcome, transition)
 
     @contextlib.contextmanager
-    def _ending_span(self, transition: Transition) -> Iterator[Span]:
+    def ending_span(self, transition: Transition) -> Iterator[Span]:
         with telemetry.tracer.start_as_current_span("complete") as span:
             span.set_attribute("queue.status", str(transition.to))
             span.set_attribute("queue.cause", str(transition.cause))
             span.set_attribute("queue.run_unsettled", transition.run_unsettled)
             yield span
 
-    def _after_ending(self, outcome: JobEnding, transition: Transition, *, capacity_granted: bool = False) -> EndedJob:
+    def after_ending(self, outcome: JobEnding, transition: Transition, *, capacity_granted: bool = False) -> EndedJob:
         """Records a committed ending and starts what follows it: the run's settlement when it is
         unsettled, else the releases of the jobs promoted into the freed slot, and a grant of the
         capacity it freed (unless its own statement granted: `capacity_granted`)."""
@@ -228,67 +199,13 @@ class QueueEngine:
         )
         if transition.run_unsettled:
             # The slot stays taken, so nothing was promoted: the settlement promotes later.
-            self.tasks.in_background(self._settle_now(ended), name=f"settle-run-{ended.run_id}")
+            self._tasks.in_background(self._settle_now(ended), name=f"settle-run-{ended.run_id}")
         else:
             self._after_promotion(ended.user_id, promoted, cause, capacity_granted=capacity_granted)
             # The run is settled: its capacity at the core is free for the next in line.
             if not capacity_granted:
-                self.capacity.freed()
+                self._capacity.freed()
         return EndedJob(ended, outcome.view)
-
-    async def complete_run(self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str) -> EndedJob:
-        """Ends the run's job as the core reports, in one statement that finds the job under its
-        user's lock; the job's view as this call left it."""
-        transition = Transition.completed(succeeded=succeeded, refund=refund, message=message)
-        report = RunReportToApply(run_id, transition, audit.actor_for(transition.cause))
-        # The completion and what it owes once committed (the promoted job's hand-over) go on
-        # when the core gives up on this call: the core's retry finds the job ended.
-        try:
-            return await self.tasks.outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
-        except errors.RunNotFound:
-            if self.adopt_unknown_run is None:
-                raise
-        # No job owns the run (a failover lost it, say): adopt it from the core's record, then
-        # apply; while that cannot be decided, the core retries (RUN_NOT_YET_ADMITTED).
-        try:
-            adopted = await self.adopt_unknown_run(run_id)
-        except (errors.CoreUnavailable, errors.DatabaseUnavailable, errors.LockTimeout, errors.OutcomeUnknown) as exc:
-            raise errors.RunNotYetAdmitted(
-                f"no job owns run {run_id} yet and adopting it could not be decided now ({exc.reason}); retry the completion",
-                metadata={"runId": str(run_id)},
-            ) from exc
-        if not adopted:
-            raise errors.RunNotFound(f"no job owns run {run_id}", metadata={"runId": str(run_id)})
-        return await self.tasks.outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
-
-    async def _complete(self, report: RunReportToApply) -> EndedJob:
-        run_id, transition = report.run_id, report.transition
-        with self._ending_span(transition) as span:
-            span.set_attribute("queue.run_id", str(run_id))
-            # Applied by `CompletionBatcher.run_batch` with others that came meanwhile, or by
-            # `CompletionBatcher.run_alone`.
-            found = await self._completions.submit(report)
-            if found.ending is not None:
-                span.set_attribute("queue.job_id", str(found.ending.ref.job_id))
-                span.set_attribute("queue.refunded", found.ending.refunded)
-        if found.ending is not None:
-            return self._after_ending(found.ending, transition, capacity_granted=found.capacity_granted)
-        job = found.job
-        if job is None:
-            if found.reserved:
-                raise errors.RunNotYetAdmitted(
-                    f"the admit of run {run_id} has not committed yet; retry the completion shortly",
-                    metadata={"runId": str(run_id)},
-                )
-            raise errors.RunNotFound(f"no job owns run {run_id}", metadata={"runId": str(run_id)})
-        if job.status is JobStatus.QUEUED:
-            raise errors.RunNotReleased(
-                f"the job of run {run_id} is still queued; a held run cannot complete", metadata={"runId": str(run_id)}
-            )
-        if job.run_unsettled:
-            # The job ended while its run's fate was unknown; the core's callback settles it.
-            await self.settle_run(job.job_id, job.user_id, cause=Cause.COMPLETION)
-        return EndedJob(job, found.view)
 
     async def cancel(self, job_id: uuid.UUID, user_id: str) -> None:
         """Cancels a job; the core's answer decides how an active job ends (see docs/design.md).
@@ -376,18 +293,18 @@ class QueueEngine:
 
     async def settle_run(self, job_id: uuid.UUID, user_id: str, *, cause: Cause) -> None:
         """The core confirmed the ended job's run settled: free its slot and promote."""
-        await self.tasks.outliving_the_caller(
+        await self._tasks.outliving_the_caller(
             self._following_up_if_lost(self._settle_run(job_id, user_id, cause), user_id=user_id), name=f"settle-run-{job_id}"
         )
 
     async def _settle_run(self, job_id: uuid.UUID, user_id: str, cause: Cause) -> None:
-        settlement = await self._store.settle_job_run(job_id, user_id, self._promotion_limits)
+        settlement = await self._store.settle_job_run(job_id, user_id, self.promotion_limits)
         promoted = settlement.promoted
         if settlement.settled:
             self._note_slot_freed(promoted)
             telemetry.metrics.run_settlements.add(1, {"kind": "job", "result": "settled"})
             log.info("run settled", extra={"job_id": job_id, "user_id": user_id, "cause": cause})
-            self.capacity.freed()
+            self._capacity.freed()
         # Promotions made anyway (a slot freed by someone else) are released too.
         self._after_promotion(user_id, promoted, cause)
 
@@ -431,8 +348,8 @@ class QueueEngine:
             extra={"kind": change.setting, "amount": change.new_value, "actor": change.actor, "reason": f"was {change.old_value}"},
         )
         # Every replica applies it at its next grant; this one grants now (capacity may be free).
-        self.capacity.learned(True)
-        self.capacity.freed()
+        self._capacity.learned(True)
+        self._capacity.freed()
         return change
 
     async def set_user_queue_limit(self, user_id: str, max_active: int) -> SettingChange:
@@ -458,85 +375,6 @@ class QueueEngine:
     async def setting_changes(self, *, before_change_id: int | None, limit: int) -> list[SettingChange]:
         async with self._store.statements() as db:
             return await db.setting_changes(before_change_id=before_change_id, limit=limit)
-
-
-class CompletionBatcher(Coalescer[RunReportToApply, RunCompletion]):
-    """Completions that arrive while one is being applied are applied together, in one statement
-    (`run_batch`: `Store.end_runs`) that holds each of their users' locks (a burst of completions:
-    one commit for many). That statement waits for a user's lock only briefly; a completion whose
-    user's lock is busy is then applied alone (`run_alone`: `Store.end_run`), within its caller's
-    deadline, and holds up no other.
-
-    While the fleet's capacity is limited, the statement also grants the capacity it freed when the
-    capacity lock is free at once (`Store.end_runs_then_grant`): the next in line is released on
-    the completion's own commit, with no grant statement after it. When the lock is busy (another
-    grant runs), nothing is granted there and the completions ask for a grant as before."""
-
-    applies_alone = True
-
-    def __init__(
-        self,
-        store: Store,
-        limits: PromotionLimits,
-        *,
-        spawn: Spawn,
-        owed_releases: OwedReleases,
-        capacity: FleetCapacity,
-        hand_over: Callable[[ClaimedRelease], None],
-    ) -> None:
-        super().__init__(max_batch=_MAX_COMPLETIONS_PER_STATEMENT, spawn=spawn, name="end-runs")
-        self._store = store
-        self._promotion_limits = limits
-        self._owed_releases = owed_releases
-        self._capacity = capacity
-        self._hand_over = hand_over
-
-    async def run_batch(self, reports: list[RunReportToApply]) -> dict[RunReportToApply, RunCompletion]:
-        """The coalesced statement, a lone completion's too: it waits for no user's lock long."""
-        try:
-            with counting_batch("end_runs", len(reports)):
-                if self._capacity.limited:
-                    completions = await self._end_then_grant(reports)
-                else:
-                    completions = await self._store.end_runs(reports, self._promotion_limits)
-        except errors.OutcomeUnknown:
-            # The batch may have committed: each caller's retry alone then finds its job ended,
-            # and the releases its commit claimed are handed over here (a grant it made is
-            # released when its lease runs out, as a grant statement's lost answer is).
-            for report in reports:
-                self._owed_releases.follow_up(run_id=report.run_id)
-            raise
-        return dict(zip(reports, completions, strict=True))
-
-    async def _end_then_grant(self, reports: list[RunReportToApply]) -> list[RunCompletion]:
-        with telemetry.tracer.start_as_current_span("capacity.grant") as span:
-            span.set_attribute("queue.capacity.with_completions", len(reports))
-            completions, grant = await self._store.end_runs_then_grant(
-                reports,
-                self._promotion_limits,
-                probe_interval_seconds=self._capacity.probe_interval_seconds,
-                max_grants=_MAX_GRANTS_WITH_COMPLETIONS,
-            )
-            span.set_attribute("queue.capacity.lock_free", grant is not None)
-            if grant is None:
-                return completions
-            span.set_attribute("queue.capacity.granted", len(grant.claims))
-            span.set_attribute("queue.capacity.limited", grant.limited)
-        self._capacity.granted(grant)
-        for claim, _waited in grant.claims:
-            self._hand_over(claim)
-        if len(grant.claims) == _MAX_GRANTS_WITH_COMPLETIONS:
-            self._capacity.freed()  # more may be free: the dispatcher grants the rest
-        return [dataclasses.replace(completion, capacity_granted=True) for completion in completions]
-
-    async def run_alone(self, report: RunReportToApply) -> RunCompletion:
-        """A completion on its own, waiting for its user's lock as long as its call allows."""
-        try:
-            with counting_batch("end_runs", 1):
-                return await self._store.end_run(report, self._promotion_limits)
-        except errors.OutcomeUnknown:
-            self._owed_releases.follow_up(run_id=report.run_id)
-            raise
 
 
 def _already_finished(job_id: uuid.UUID, status: JobStatus) -> errors.QueueError:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from queue_service import errors, telemetry
-from queue_service.model import ClaimedRelease
+from queue_service.engine.ports import ReleaseStarter
 from queue_service.store import Store
 
 log = logging.getLogger(__name__)
@@ -39,13 +39,13 @@ class OwedReleases:
     def __init__(
         self,
         store: Store,
-        hand_over: Callable[[ClaimedRelease], None],
+        starter: ReleaseStarter,
         *,
         lease_seconds: float,
         spawn: Callable[[Coroutine[Any, Any, Any], str], object],
     ) -> None:
         self._store = store
-        self._hand_over = hand_over
+        self._starter = starter
         self._lease_seconds = lease_seconds
         self._spawn = spawn
 
@@ -73,7 +73,7 @@ class OwedReleases:
                 "a change whose outcome was unknown promoted this job; releasing it",
                 extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt},
             )
-            self._hand_over(claim)
+            self._starter.start_claimed(claim)
         if owed:
             telemetry.metrics.owed_release_handovers.add(len(owed), {"result": "handed_over"})
         else:

@@ -16,6 +16,7 @@ import uuid
 from queue_service import errors, telemetry
 from queue_service.core_client import CoreClient
 from queue_service.engine.engine import QueueEngine
+from queue_service.engine.ports import FailoverGuard
 from queue_service.engine.releases import Releases
 from queue_service.model import (
     Cause,
@@ -31,8 +32,10 @@ log = logging.getLogger(__name__)
 
 
 class Recovery:
-    def __init__(self, engine: QueueEngine, releases: Releases, store: Store, core: CoreClient) -> None:
+    def __init__(self, engine: QueueEngine, releases: Releases, store: Store, core: CoreClient, *, guard: FailoverGuard) -> None:
         self._engine = engine
+        # A reserved run whose job a failover lost is adopted, not canceled (`cancel_reserved_run`).
+        self._guard = guard
         self._releases = releases
         self._store = store
         self._core = core
@@ -99,9 +102,8 @@ class Recovery:
         instead: its job was lost in a failover (`CoreReconciler.adopt_if_lost`)."""
         with telemetry.tracer.start_as_current_span("run.cancel_orphan") as span:
             span.set_attribute("queue.run_id", str(claim.run_id))
-            adopt = self._engine.adopt_lost_reserved_run
             try:
-                adopted = adopt is not None and await adopt(claim.run_id)
+                adopted: bool | None = await self._guard.adopt_if_lost(claim.run_id)
             except errors.CoreUnavailable:
                 adopted = None
             span.set_attribute("queue.reservation.adopted", bool(adopted))

@@ -14,9 +14,13 @@ import logging
 import uuid
 
 from queue_service import errors, telemetry
+from queue_service.config import Config
 from queue_service.core_client import CoreClient
+from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.coalescer import Coalescer, Spawn, counting_batch
 from queue_service.engine.engine import QueueEngine
+from queue_service.engine.ports import FailoverGuard
+from queue_service.engine.tasks import BackgroundTasks
 from queue_service.model import (
     CapacityGrant,
     ClaimedRelease,
@@ -35,25 +39,35 @@ _MAX_MARKS_PER_STATEMENT = 64
 
 
 class Releases:
-    def __init__(self, engine: QueueEngine, store: Store, core: CoreClient) -> None:
+    def __init__(
+        self,
+        engine: QueueEngine,
+        store: Store,
+        core: CoreClient,
+        config: Config,
+        *,
+        capacity: FleetCapacity,
+        tasks: BackgroundTasks,
+        guard: FailoverGuard,
+    ) -> None:
         self._engine = engine
-        self._tasks = engine.tasks
         self._store = store
         self._core = core
-        self.config = engine.config
-        self.capacity = engine.capacity
+        self._config = config
+        self._capacity = capacity
+        # I9 at the core: a first-pass release waits while the core judges a run the queue does
+        # not count (`FailoverGuard.release_gate`).
+        self._guard = guard
         # Releases the core accepted while the previous ones were being marked RUNNING are marked
         # together (see `ReleaseMarker`): a burst of completions costs one statement and one
         # commit for its releases.
-        self._release_marks = ReleaseMarker(
-            store, reconcile_after_seconds=engine.config.reconcile_after_seconds, spawn=engine.tasks.in_background
-        )
+        self._release_marks = ReleaseMarker(store, reconcile_after_seconds=config.reconcile_after_seconds, spawn=tasks.in_background)
 
     async def claim_due_releases(self, *, batch_size: int) -> list[ClaimedRelease]:
         """Claims the releases that are due (retries, leases run out, jobs nobody claimed), for
         this replica, each leased for QUEUE_RELEASE_LEASE_SECONDS."""
         async with self._store.statements() as db:
-            return await db.claim_due_releases(lease_seconds=self.config.release_lease_seconds, batch_size=batch_size)
+            return await db.claim_due_releases(lease_seconds=self._config.release_lease_seconds, batch_size=batch_size)
 
     async def next_release_due_in(self) -> float | None:
         """Seconds until the earliest retry or lease is due; None when nothing is."""
@@ -65,7 +79,7 @@ class Releases:
         another replica is releasing right now, or one waiting for the core's capacity (only a
         grant releases it, in its turn), is left as it is."""
         async with self._store.statements() as db:
-            claim = await db.claim_release_of_job(job_id=job_id, lease_seconds=self.config.release_lease_seconds)
+            claim = await db.claim_release_of_job(job_id=job_id, lease_seconds=self._config.release_lease_seconds)
             job = None if claim else await db.job_by_id(job_id=job_id)
         if claim is not None:
             await self.release(claim)
@@ -89,8 +103,7 @@ class Releases:
             else:
                 try:
                     # I9 at the core is about first-pass runs: a delta's release is not held for it.
-                    gate = None if claim.delta else self._engine.release_gate
-                    held_back = await gate(claim) if gate is not None else None
+                    held_back = None if claim.delta else await self._guard.release_gate(claim)
                     if held_back is not None:
                         result = await self._retry_release_later(claim, held_back)
                         telemetry.metrics.release_attempts.add(1, {"result": str(result)})
@@ -167,7 +180,7 @@ class Releases:
         async with self._store.statements() as db:
             retry = await db.schedule_release_retry(job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=backoff, last_error=error)
         if retry is not None and retry.window_over:
-            window = self.config.release_window_seconds
+            window = self._config.release_window_seconds
             await self.give_up_release(
                 claim.job_id,
                 claim.user_id,
@@ -188,10 +201,10 @@ class Releases:
         telemetry.metrics.core_refusals.add(1, {"probe": str(claim.probe).lower()})
         async with self._store.statements() as db:
             learned = await db.capacity_refused(
-                job_id=claim.job_id, attempt=claim.attempt, probe_interval_seconds=self.capacity.probe_interval_seconds
+                job_id=claim.job_id, attempt=claim.attempt, probe_interval_seconds=self._capacity.probe_interval_seconds
             )
         if learned is not False:
-            self.capacity.learned(True)
+            self._capacity.learned(True)
         log.info(
             "the core is at its capacity; the job waits for capacity",
             extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt, "reason": message},
@@ -203,14 +216,14 @@ class Releases:
         (in the fair order), to start now."""
         with telemetry.tracer.start_as_current_span("capacity.grant") as span:
             grant = await self._store.grant_capacity(
-                lease_seconds=self.config.release_lease_seconds,
-                release_window_seconds=self.config.release_window_seconds,
-                probe_interval_seconds=self.capacity.probe_interval_seconds,
+                lease_seconds=self._config.release_lease_seconds,
+                release_window_seconds=self._config.release_window_seconds,
+                probe_interval_seconds=self._capacity.probe_interval_seconds,
                 max_grants=max_grants,
             )
             span.set_attribute("queue.capacity.granted", len(grant.claims))
             span.set_attribute("queue.capacity.limited", grant.limited)
-        self.capacity.granted(grant)
+        self._capacity.granted(grant)
         return grant
 
     async def give_up_release(self, job_id: uuid.UUID, user_id: str, reason: str, *, attempts: int) -> bool:

@@ -13,7 +13,11 @@ import pytest
 from tenacity import wait as tenacity_wait
 
 from queue_service.config import Config
+from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.engine import QueueEngine
+from queue_service.engine.owed_releases import OwedReleases
+from queue_service.engine.ports import ReleaseHandoff
+from queue_service.engine.tasks import BackgroundTasks
 
 CAP = 60.0
 
@@ -27,7 +31,16 @@ class Unreachable:
 
 def engine(cap: float = CAP) -> QueueEngine:
     config = Config.from_env({}, release_backoff_max_seconds=cap)
-    return QueueEngine(cast(Any, Unreachable()), cast(Any, Unreachable()), config, hand_over=lambda claim: None)
+    store, core, handoff, tasks = cast(Any, Unreachable()), cast(Any, Unreachable()), ReleaseHandoff(), BackgroundTasks()
+    return QueueEngine(
+        store,
+        core,
+        config,
+        starter=handoff,
+        capacity=FleetCapacity(wake_grant=handoff.request_grant, probe_interval_seconds=1.0),
+        tasks=tasks,
+        owed_releases=OwedReleases(store, handoff, lease_seconds=1.0, spawn=tasks.in_background),
+    )
 
 
 def window(attempt: int, cap: float = CAP) -> float:

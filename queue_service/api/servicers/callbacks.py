@@ -11,7 +11,7 @@ from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2 as call
 from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2_grpc as callback_grpc
 from queue_service.api.servicers import validation
 from queue_service.api.servicers.convert import job_to_proto
-from queue_service.engine import JobReads, QueueEngine
+from queue_service.engine import Completions, JobReads
 
 # Completions processed at once per replica. A burst of callbacks beyond this waits its turn
 # before doing any work, so the releases the finished ones start are not starved by the backlog.
@@ -19,8 +19,8 @@ _CONCURRENT_COMPLETIONS = 8
 
 
 class CoreCallbackServicer(callback_grpc.CoreCallbackServiceServicer):
-    def __init__(self, engine: QueueEngine, reads: JobReads) -> None:
-        self._engine = engine
+    def __init__(self, completions: Completions, reads: JobReads) -> None:
+        self._completions = completions
         self._reads = reads
         self._completion_slots = asyncio.Semaphore(_CONCURRENT_COMPLETIONS)
 
@@ -43,7 +43,7 @@ class CoreCallbackServicer(callback_grpc.CoreCallbackServiceServicer):
         if not await deadline.acquire(self._completion_slots):
             raise errors.ReplicaBusy("this replica is busy finishing other completions; retry the call")
         try:
-            ended = await self._engine.complete_run(
+            ended = await self._completions.complete_run(
                 run_id,
                 succeeded=request.outcome == callback_pb2.RUN_OUTCOME_SUCCEEDED,
                 refund=request.refund_credit,

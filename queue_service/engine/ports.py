@@ -1,0 +1,94 @@
+"""What the engine's rooms ask of the loops and the failover checks that answer them.
+
+The lifecycle core, the admission and the releases start releases and ask for grants, which the
+dispatcher does; the core, the releases and the recovery ask the core's second copy (design I14)
+about runs a failover may have lost, which `CoreReconciler` answers. Each room gets these ports
+through its constructor and knows only the protocol: the grant's whole path, from a completion
+that frees a turn to the next user's release, is read inside `engine/`.
+
+The dispatcher needs the releases, and the releases (through the core) start releases: that
+circle is closed by `ReleaseHandoff`, built before both. The rooms hand it claims and grant
+requests; the dispatcher, when it is built, takes them from it (`ReleaseHandoff.deliver_to`).
+"""
+
+from __future__ import annotations
+
+import collections
+import uuid
+from typing import Protocol
+
+from queue_service.model import ClaimedRelease
+
+
+class ReleaseStarter(Protocol):
+    """Starts releases this replica claimed, and asks for grants of the fleet's capacity."""
+
+    def start_claimed(self, claim: ClaimedRelease) -> None:
+        """A release claimed in the statement that made its job PENDING: start it now."""
+
+    def request_grant(self) -> None:
+        """Capacity may have freed, or a job began to wait for it: grant now."""
+
+
+class ReleaseHandoff:
+    """The `ReleaseStarter` the rooms are built with: it passes each claim and grant request to
+    the dispatcher at once, in the caller's turn of the event loop (no queue and taker task: a
+    promoted job's release starts one turn sooner). What comes before the dispatcher is built
+    (nothing does in the service: the rooms start releases only once it serves) waits here."""
+
+    def __init__(self) -> None:
+        self._starter: ReleaseStarter | None = None
+        self._early_claims: collections.deque[ClaimedRelease] = collections.deque()
+        self._early_grant = False
+
+    def deliver_to(self, starter: ReleaseStarter) -> None:
+        """The dispatcher's constructor: from now on it starts what is handed over."""
+        self._starter = starter
+        while self._early_claims:
+            starter.start_claimed(self._early_claims.popleft())
+        if self._early_grant:
+            self._early_grant = False
+            starter.request_grant()
+
+    def start_claimed(self, claim: ClaimedRelease) -> None:
+        if self._starter is None:
+            self._early_claims.append(claim)
+        else:
+            self._starter.start_claimed(claim)
+
+    def request_grant(self) -> None:
+        if self._starter is None:
+            self._early_grant = True
+        else:
+            self._starter.request_grant()
+
+
+class FailoverGuard(Protocol):
+    """What the rooms ask of the core's second copy (`CoreReconciler`) about runs a database
+    failover may have lost."""
+
+    async def release_gate(self, claim: ClaimedRelease) -> str | None:
+        """Why this first-pass release must wait while the core judges another of the user's runs
+        the queue does not count (I9 at the core); None: release."""
+
+    async def adopt_for_completion(self, run_id: uuid.UUID) -> bool:
+        """A completion of a run no job owns: adopts it from the core's record first (True: a job
+        owns it now; False: it never will)."""
+
+    async def adopt_if_lost(self, run_id: uuid.UUID) -> bool:
+        """A reserved run about to be canceled: adopts it instead when its job was lost in a
+        failover (True: a job owns it, do not cancel)."""
+
+
+class NoFailoverGuard:
+    """A `FailoverGuard` that knows of no lost run (tools and tests that build the engine alone):
+    every release goes ahead, no completion's run is adopted, every reserved run is canceled."""
+
+    async def release_gate(self, claim: ClaimedRelease) -> str | None:
+        return None
+
+    async def adopt_for_completion(self, run_id: uuid.UUID) -> bool:
+        return False
+
+    async def adopt_if_lost(self, run_id: uuid.UUID) -> bool:
+        return False
