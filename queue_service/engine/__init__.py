@@ -24,7 +24,8 @@ from queue_service.engine.releases import Releases
 from queue_service.engine.replica_heartbeat import ReplicaHeartbeat, new_replica_id
 from queue_service.engine.sweeper import Sweeper
 from queue_service.engine.tasks import BackgroundTasks
-from queue_service.engine.watch import NotificationHub, WatchItem, WatchPage, WatchStream
+from queue_service.engine.watch import NotificationHub
+from queue_service.engine.watch_stream import WatchItem, WatchPage, WatchStream
 
 __all__ = [
     "Admission",

@@ -85,47 +85,12 @@ class Admission:
         is_delta = item.delta_of_job_id is not None
         price = self.config.delta_price if is_delta else self.config.admit_price
         run_id, job_id = uuid.uuid4(), uuid.uuid4()
-
-        async with self._store.statements() as db:
-            # The reservation travels with the state read: no extra round trip.
-            reserved, state = await db.reserve_run_and_read_admit_state(
-                run_id=run_id,
-                user_id=item.user_id,
-                idempotency_key=item.idempotency_key,
-                delta_of_job_id=item.delta_of_job_id,
-                grace_seconds=self.reservation_grace_seconds,
-                max_free_admits=self.config.max_free_admits_per_user_per_hour,
-            )
-        try:
-            duplicate = self._check_admit_state(state, item, price, is_delta)
-            if duplicate is None and not reserved:
-                raise errors.Conflict("a concurrent admit with this idempotency key won; retry with the same key")
-        except errors.QueueError:
-            if reserved:
-                self._tasks.in_background(self._drop_reservation(run_id), name=f"drop-reservation-{run_id}")
-            raise
+        state, duplicate = await self._reserve_run(item, run_id, price, is_delta)
         if duplicate is not None:
             return duplicate
 
         try:
-            created = await self._core.create_run(
-                run_id=run_id,
-                user_id=item.user_id,
-                document_uri=item.document_uri,
-                sources=item.sources,
-                # A delta judges at once, unless the fleet's capacity is limited: then it waits
-                # for its turn like any run (I12), released by a grant.
-                hold=not is_delta or state.capacity_limited,
-                delta_of_run_id=state.base_run_id if is_delta else None,
-                # The core stores these and lists them back: the second copy of the admit (I14).
-                job_id=job_id,
-                idempotency_key=item.idempotency_key,
-                request_digest=item.request_digest,
-                price=price,
-            )
-            if created.fate is RunFate.CANCELED:
-                # The run was canceled before this admit got to it (its reservation given up).
-                raise errors.Conflict("the admit took too long and its run was given up; retry with the same idempotency key")
+            await self._create_held_run(item, run_id, job_id, price, is_delta, state)
             delta_held = is_delta and state.capacity_limited
             result = await self._admit_under_lock(item, job_id, run_id, price, is_delta, delta_held)
         except asyncio.CancelledError:
@@ -147,6 +112,56 @@ class Admission:
             # A concurrent admit with the same key won; ours is a spare run.
             await self._abandon_run_before_answering(run_id)
         return result
+
+    async def _reserve_run(
+        self, item: AdmitRequest, run_id: uuid.UUID, price: int, is_delta: bool
+    ) -> tuple[AdmitState, AdmitResult | None]:
+        """Reserves the run and reads the admit's state in one statement, then checks the state:
+        raises the admit's errors (the reservation dropped in the background), or returns the
+        earlier job of a repeated key."""
+        async with self._store.statements() as db:
+            # The reservation travels with the state read: no extra round trip.
+            reserved, state = await db.reserve_run_and_read_admit_state(
+                run_id=run_id,
+                user_id=item.user_id,
+                idempotency_key=item.idempotency_key,
+                delta_of_job_id=item.delta_of_job_id,
+                grace_seconds=self.reservation_grace_seconds,
+                max_free_admits=self.config.max_free_admits_per_user_per_hour,
+            )
+        try:
+            duplicate = self._check_admit_state(state, item, price, is_delta)
+            if duplicate is None and not reserved:
+                raise errors.Conflict("a concurrent admit with this idempotency key won; retry with the same key")
+        except errors.QueueError:
+            if reserved:
+                self._tasks.in_background(self._drop_reservation(run_id), name=f"drop-reservation-{run_id}")
+            raise
+        return state, duplicate
+
+    async def _create_held_run(
+        self, item: AdmitRequest, run_id: uuid.UUID, job_id: uuid.UUID, price: int, is_delta: bool, state: AdmitState
+    ) -> None:
+        """Creates the reserved run at the core, held until its release (a delta's too while the
+        fleet's capacity is limited)."""
+        created = await self._core.create_run(
+            run_id=run_id,
+            user_id=item.user_id,
+            document_uri=item.document_uri,
+            sources=item.sources,
+            # A delta judges at once, unless the fleet's capacity is limited: then it waits
+            # for its turn like any run (I12), released by a grant.
+            hold=not is_delta or state.capacity_limited,
+            delta_of_run_id=state.base_run_id if is_delta else None,
+            # The core stores these and lists them back: the second copy of the admit (I14).
+            job_id=job_id,
+            idempotency_key=item.idempotency_key,
+            request_digest=item.request_digest,
+            price=price,
+        )
+        if created.fate is RunFate.CANCELED:
+            # The run was canceled before this admit got to it (its reservation given up).
+            raise errors.Conflict("the admit took too long and its run was given up; retry with the same idempotency key")
 
     def _check_admit_state(self, state: AdmitState, item: AdmitRequest, price: int, is_delta: bool) -> AdmitResult | None:
         """Raises the admit errors the state shows; returns the earlier job for a repeated key."""

@@ -15,15 +15,8 @@ connection loses no change. When the hint connection drops, when the cursor is t
 backlog is dropped), each stream resyncs, re-reading every job it may have missed, ended ones
 included, so that a stream's last message for a job is what GetJob returns (I11).
 
-A job waiting for the fleet's capacity shows its place in the fleet-wide line (`capacity_position`)
-and an estimate from it, which move when other users' jobs change (a grant, a job leaving the line,
-a run ending), changes the feed announces as theirs, not as this job's. The hub keeps which
-waiting jobs its streams show and what it last sent of each; when a read of the feed finds a
-change of any user that may have moved the line (`FeedRead.line_moved`), it re-reads those jobs
-in one statement, at most every `LINE_REREAD_SPACING_SECONDS` however many changes came, and
-offers the ones whose place or estimate changed. It also re-reads them every
-`LINE_REREAD_EVERY_SECONDS` while there are any, for what moves an estimate without a job's
-change (the operator's capacity, the mean judging time).
+A job waiting for the fleet's capacity shows its place in the fleet-wide line, which moves with
+other users' changes: the hub re-reads the places its streams show (`watch_line.ShownLine`).
 
 What one stream holds is bounded whatever its user's jobs and however slowly its client reads
 (docs/operations.md, section 11): the snapshot and a resync are read and sent a
@@ -35,20 +28,18 @@ jobs it reported active is their queue_seq, 8 bytes each.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
-import dataclasses
 import logging
 import time
 import uuid
-from array import array
 from collections import defaultdict
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
 
 from queue_service import errors, telemetry
 from queue_service.background import cancel_and_wait
 from queue_service.engine.job_reads import JobReads
+from queue_service.engine.watch_line import ShownLine
+from queue_service.engine.watch_stream import NO_JOB, WatchItem, WatchPage, WatchStream
 from queue_service.model import JobStatus, JobView
 from queue_service.store import JobChange, Statements, Store
 from queue_service.store.feed import MAX_ROWS_PER_READ, STALE_AFTER_SECONDS, FeedCursor
@@ -71,146 +62,6 @@ _MIN_READ_SPACING_SECONDS = 0.01
 _FILTERED_READ_TRIES = 3
 # How long a stream's first read waits for the hub's first read of the feed.
 _FEED_READY_SECONDS = 10.0
-# The places in line of the waiting jobs this replica's streams show are re-read at most this often
-# after changes that may have moved the line, one statement for all of them.
-LINE_REREAD_SPACING_SECONDS = 0.2
-# ...and at least this often while any are shown, changes or not.
-LINE_REREAD_EVERY_SECONDS = 5.0
-# What a job waiting in a stream's backlog costs beyond its error text: the view (a dataclass of
-# some twenty fields, its UUIDs and timestamps; ~0.8 KB measured) and its place in the backlog.
-_ITEM_BYTES = 1024
-
-
-def estimated_bytes(job: JobView) -> int:
-    """What a view waiting in a backlog costs, roughly; its error text is the one unbounded part."""
-    return _ITEM_BYTES + len(job.last_error) + len(job.user_id)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class WatchItem:
-    """A job's view to send; its queue_seq marks where the stream's knowledge of the user ends.
-
-    One change is one item offered to every stream of its user: `rendered` keeps what the API
-    made of it (its message), so a change fanned out to a thousand streams is converted once."""
-
-    job: JobView
-    rendered: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
-
-
-@dataclasses.dataclass(frozen=True)
-class WatchPage:
-    """One page of a snapshot or resync; `last` ends it."""
-
-    items: list[WatchItem]
-    last: bool
-    # On a resync's last page: jobs the stream had reported active that no longer exist (a
-    # failover lost them); each gets a `vanished` message.
-    vanished: list[uuid.UUID] = dataclasses.field(default_factory=list)
-
-
-class SeqSet:
-    """A set of queue_seqs kept as a sorted array (8 bytes a job, where a set of UUIDs costs ~130),
-    each with the id of its job alongside (16 bytes more), so a resync can name a job that
-    vanished (a failover lost it)."""
-
-    def __init__(self) -> None:
-        self._seqs = array("q")
-        self._ids = bytearray()
-
-    def add(self, seq: int, job_id: uuid.UUID | None = None) -> None:
-        at = bisect.bisect_left(self._seqs, seq)
-        raw = (job_id or _NO_JOB).bytes
-        if at == len(self._seqs) or self._seqs[at] != seq:
-            self._seqs.insert(at, seq)
-            self._ids[at * 16 : at * 16] = raw
-        else:
-            self._ids[at * 16 : at * 16 + 16] = raw
-
-    def discard(self, seq: int, job_id: uuid.UUID | None = None) -> None:
-        """Forgets `seq` (only while it names `job_id`, when given)."""
-        at = bisect.bisect_left(self._seqs, seq)
-        if at < len(self._seqs) and self._seqs[at] == seq:
-            if job_id is not None and bytes(self._ids[at * 16 : at * 16 + 16]) != job_id.bytes:
-                return
-            del self._seqs[at]
-            del self._ids[at * 16 : at * 16 + 16]
-
-    def tolist(self) -> list[int]:
-        return self._seqs.tolist()
-
-    def items(self) -> list[tuple[int, uuid.UUID]]:
-        """(queue_seq, job id) pairs in queue order."""
-        return [(seq, uuid.UUID(bytes=bytes(self._ids[i * 16 : i * 16 + 16]))) for i, seq in enumerate(self._seqs)]
-
-    def __len__(self) -> int:
-        return len(self._seqs)
-
-
-_NO_JOB = uuid.UUID(int=0)
-
-# A waiting job as offered, its estimate as what it was made from: the view without the estimate,
-# and the mean judging time and capacity limit when its place is not the first (the first place's
-# estimate is the read's own moment).
-_LineKey = tuple[JobView, tuple[float | None, int | None] | None]
-
-
-class WatchStream:
-    """What one WatchJobs call reads from: jobs to send, or None when it must resync; and what
-    it has told its caller, so a resync can cover exactly what may have been missed."""
-
-    def __init__(self, user_id: str, *, backlog_bytes: int, caller: str = "") -> None:
-        self.user_id = user_id
-        self.caller = caller
-        self._backlog: collections.deque[tuple[WatchItem, int]] = collections.deque()
-        self._backlog_bytes = 0
-        self._max_backlog_bytes = backlog_bytes
-        self._resync_due = False
-        self._ready = asyncio.Event()
-        # Jobs last reported active (by queue_seq, which names a job within its user's queue):
-        # after a gap they may have ended.
-        self.active_seqs = SeqSet()
-        # The newest queue_seq reported: jobs after it were admitted during a gap.
-        self.newest_seq = 0
-
-    def saw(self, item: WatchItem) -> None:
-        """Records that the caller is told of this job's state."""
-        job = item.job
-        if job.status.is_live:
-            self.active_seqs.add(job.queue_seq, job.job_id)
-        else:
-            self.active_seqs.discard(job.queue_seq)
-        self.newest_seq = max(self.newest_seq, job.queue_seq)
-
-    def offer(self, item: WatchItem) -> None:
-        cost = estimated_bytes(item.job)
-        if self._backlog_bytes + cost > self._max_backlog_bytes:
-            # A slow reader: drop its backlog and make it resync from a fresh read instead.
-            self.resync()
-            return
-        self._backlog.append((item, cost))
-        self._backlog_bytes += cost
-        self._ready.set()
-
-    def resync(self) -> None:
-        """Changes may have been missed: the reader re-reads what it may have missed. What waits
-        in the backlog is dropped, since that read comes later and covers it."""
-        self._backlog.clear()
-        self._backlog_bytes = 0
-        self._resync_due = True
-        self._ready.set()
-
-    async def next(self) -> WatchItem | None:
-        """The next job to send, or None: resync first."""
-        while True:
-            if self._resync_due:
-                self._resync_due = False
-                return None
-            if self._backlog:
-                item, cost = self._backlog.popleft()
-                self._backlog_bytes -= cost
-                return item
-            self._ready.clear()
-            await self._ready.wait()
 
 
 def _changes_the_users_queue(change: JobChange, views: list[JobView]) -> bool:
@@ -270,12 +121,8 @@ class NotificationHub:
         # Set when the database was replaced (a failover): the feed's cursor, a snapshot of the
         # old primary's transaction ids, means nothing on the new one; start afresh and resync.
         self._cursor_reset = False
-        # The jobs waiting for capacity that streams show, by user: what was last offered to every
-        # stream of the user (`_LineKey`), or None when unknown (a snapshot or resync read it).
-        self._waiting_shown: dict[str, dict[uuid.UUID, _LineKey | None]] = {}
-        # A change may have moved the line since the last re-read of those jobs.
-        self._line_moved = False
-        self._line_read_at = float("-inf")
+        # The places in the fleet-wide line of the waiting jobs the streams show.
+        self._line = ShownLine(reads)
 
     @property
     def open_streams(self) -> int:
@@ -327,7 +174,7 @@ class NotificationHub:
             telemetry.metrics.watch_streams.add(-1)
             if not streams:
                 del self._streams[stream.user_id]
-                self._waiting_shown.pop(stream.user_id, None)
+                self._line.forget_user(stream.user_id)
 
     async def _run(self) -> None:
         """Reads the feed until stopped: at once, then whenever woken or its timer runs out."""
@@ -368,10 +215,9 @@ class NotificationHub:
         streams_open = self._stream_count > 0
         event = self._wake if streams_open else self._subscribed
         timeout = READ_EVERY_SECONDS if streams_open else READ_EVERY_IDLE_SECONDS
-        if self._waiting_shown:
+        if self._line:
             # The next read also re-reads the line once due.
-            due = self._line_read_at + (LINE_REREAD_SPACING_SECONDS if self._line_moved else LINE_REREAD_EVERY_SECONDS)
-            timeout = max(0.0, min(timeout, due - time.monotonic()))
+            timeout = min(timeout, self._line.reread_due_in())
         try:
             await asyncio.wait_for(event.wait(), timeout)
             woken_by = "subscribe" if not streams_open else "hint" if self._hinted else "local"
@@ -394,7 +240,7 @@ class NotificationHub:
             for attempt in range(_FILTERED_READ_TRIES + 1):
                 subscriptions = self._subscriptions
                 user_ids = list(self._streams) if attempt < _FILTERED_READ_TRIES else None
-                read = await db.job_feed_since(cursor, user_ids=user_ids, limit=MAX_ROWS_PER_READ, watch_line=bool(self._waiting_shown))
+                read = await db.job_feed_since(cursor, user_ids=user_ids, limit=MAX_ROWS_PER_READ, watch_line=bool(self._line))
                 if user_ids is None or self._subscriptions == subscriptions:
                     break
                 # A stream subscribed while the read ran: its user's changes were left out, and
@@ -409,78 +255,10 @@ class NotificationHub:
             for change in read.changes:
                 metrics.feed_lag.record(change.lag_seconds)
                 await self._dispatch(change, db)
-            self._line_moved = self._line_moved or read.line_moved
-            if self._waiting_shown and self._line_reread_due():
-                await self._reread_the_line(db)
+            self._line.may_have_moved(read.line_moved)
+            if self._line and self._line.reread_due():
+                await self._line.reread(db, self._streams)
         return read.cursor
-
-    def _line_reread_due(self) -> bool:
-        since = time.monotonic() - self._line_read_at
-        return since >= LINE_REREAD_EVERY_SECONDS or (self._line_moved and since >= LINE_REREAD_SPACING_SECONDS)
-
-    def _line_key(self, view: JobView) -> _LineKey:
-        """What a stream shows of a waiting job, its estimate as the place and basis it was made from
-        (the estimate's own moment is the read's clock)."""
-        basis = self._reads.estimate_basis() if view.capacity_position > 1 else None
-        return dataclasses.replace(view, estimated_start_time=None), basis
-
-    def _offered(self, view: JobView) -> None:
-        """Records what was offered to every stream of the job's user, for the line's re-reads."""
-        shown = self._waiting_shown.get(view.user_id)
-        if view.waiting_for_capacity:
-            if shown is None:
-                shown = self._waiting_shown[view.user_id] = {}
-            shown[view.job_id] = self._line_key(view)
-        elif shown is not None:
-            shown.pop(view.job_id, None)
-            if not shown:
-                del self._waiting_shown[view.user_id]
-
-    def _caught_up(self, view: JobView) -> None:
-        """A snapshot or resync sent a waiting job, read apart from what the user's other streams
-        were offered: when that differs, the next re-read of the line offers the job to them all.
-        The line may have moved since that read, while the hub's reads of the feed did not ask
-        (no waiting job shown yet): the next read re-reads it."""
-        shown = self._waiting_shown.setdefault(view.user_id, {})
-        key = self._line_key(view)
-        if view.job_id not in shown:
-            shown[view.job_id] = key
-            self._line_moved = True
-        elif shown[view.job_id] != key:
-            shown[view.job_id] = None
-            self._line_moved = True
-
-    async def _reread_the_line(self, db: Statements) -> None:
-        """Re-reads the waiting jobs the streams show and offers those whose place in line (or its
-        estimate) is not what was last offered: their places move with other users' changes."""
-        self._line_moved = False
-        self._line_read_at = time.monotonic()
-        for user_id in [user_id for user_id in self._waiting_shown if user_id not in self._streams]:
-            del self._waiting_shown[user_id]
-        job_ids = [job_id for shown in self._waiting_shown.values() for job_id in shown]
-        if not job_ids:
-            return
-        views = await self._reads.estimated(await db.job_views_by_ids(job_ids=job_ids), db)
-        telemetry.metrics.watch_line_rereads.add(1)
-        read = {view.job_id for view in views}
-        for view in views:
-            shown = self._waiting_shown.get(view.user_id)
-            if shown is None or view.job_id not in shown:
-                continue  # its stream closed meanwhile
-            if view.waiting_for_capacity and shown[view.job_id] == self._line_key(view):
-                continue
-            self._offered(view)
-            item = WatchItem(view)
-            for stream in list(self._streams.get(view.user_id, ())):
-                stream.offer(item)
-        # A job that no longer exists (a failover lost it) is the resync's to report. (Jobs a
-        # snapshot added during the read are kept.)
-        lost = set(job_ids) - read
-        for user_id, shown in list(self._waiting_shown.items()):
-            for job_id in lost.intersection(shown):
-                del shown[job_id]
-            if not shown:
-                del self._waiting_shown[user_id]
 
     async def _listen_for_hints(self) -> None:
         """Wakes the reader when another replica's hint arrives; resyncs the streams when the hint
@@ -538,7 +316,7 @@ class NotificationHub:
             views += await db.queued_job_views_of_user(user_id=user_id)
         items = [WatchItem(view) for view in await self._reads.estimated(views, db)]
         for item in items:
-            self._offered(item.job)
+            self._line.offered(item.job)
         for stream in list(streams):
             for item in items:
                 stream.offer(item)
@@ -584,14 +362,14 @@ class NotificationHub:
                 stream.saw(item)
                 resent.add(item.job.job_id)
                 if item.job.waiting_for_capacity and user_id in self._streams:
-                    self._caught_up(item.job)
+                    self._line.caught_up(item.job)
             vanished: list[uuid.UUID] = []
             if last:
                 stream.newest_seq = max(stream.newest_seq, newest_seq)
                 # A job reported active is read again by the resync whatever became of it,
                 # unless it no longer exists: the database that had it failed over without it.
                 for seq, job_id in reported_active:
-                    if job_id not in resent and job_id != _NO_JOB:
+                    if job_id not in resent and job_id != NO_JOB:
                         vanished.append(job_id)
                         stream.active_seqs.discard(seq, job_id)
             yield WatchPage(items, last, vanished)

@@ -8,7 +8,7 @@ import dataclasses
 import datetime as dt
 import uuid
 
-from queue_service.engine.watch import SeqSet, WatchItem, WatchStream, estimated_bytes
+from queue_service.engine.watch_stream import SeqSet, WatchItem, WatchStream, estimated_bytes
 from queue_service.model import JobStatus, JobView
 
 
