@@ -664,6 +664,17 @@ class JobSearch:
 
 
 @dataclasses.dataclass(frozen=True)
+class LiveJobFilter:
+    """Which queued, pending or running jobs a bulk cancel matches (OperatorService.CancelJobs)."""
+
+    statuses: tuple[JobStatus, ...]
+    user_id: str
+    created_after: dt.datetime | None
+    created_before: dt.datetime | None
+    has_error: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class Overview:
     """The operator's figures: the queue now and the endings of the last window."""
 

@@ -23,6 +23,7 @@ from queue_service.model import (
     JobSearch,
     JobStatus,
     JobView,
+    LiveJobFilter,
     Overview,
     QueueMinute,
     ReplicaReport,
@@ -154,26 +155,10 @@ class JobReads:
             views = await db.search_job_views(search, limit=limit)
             return await self.estimated(views, db)
 
-    async def live_jobs_matching(
-        self,
-        *,
-        statuses: Iterable[JobStatus],
-        user_id: str,
-        created_after: dt.datetime | None,
-        created_before: dt.datetime | None,
-        has_error: bool,
-        limit: int,
-    ) -> list[tuple[uuid.UUID, str]]:
+    async def live_jobs_matching(self, live_filter: LiveJobFilter, *, limit: int) -> list[tuple[uuid.UUID, str]]:
         """(job_id, user_id) of the live jobs a bulk cancel matches, oldest first."""
         async with self._store.statements() as db:
-            return await db.live_jobs_matching(
-                statuses=statuses,
-                user_id=user_id,
-                created_after=created_after,
-                created_before=created_before,
-                has_error=has_error,
-                limit=limit,
-            )
+            return await db.live_jobs_matching(live_filter, limit=limit)
 
     async def overview(self, window_minutes: int) -> Overview:
         async with self._store.statements() as db:

@@ -52,6 +52,7 @@ from queue_service.model import (
     LedgerEntry,
     LedgerKind,
     LedgerQuery,
+    LiveJobFilter,
     LostRun,
     NewJob,
     OverdueRun,
@@ -699,25 +700,16 @@ class Statements:
             return await self._views("search_job_views_in_status", {**params, "status": str(search.statuses[0])})
         return await self._views("search_job_views", params)
 
-    async def live_jobs_matching(
-        self,
-        *,
-        statuses: Iterable[JobStatus],
-        user_id: str,
-        created_after: dt.datetime | None,
-        created_before: dt.datetime | None,
-        has_error: bool,
-        limit: int,
-    ) -> list[tuple[uuid.UUID, str]]:
+    async def live_jobs_matching(self, live_filter: LiveJobFilter, *, limit: int) -> list[tuple[uuid.UUID, str]]:
         """(job_id, user_id) of the queued, pending or running jobs a bulk cancel matches."""
         rows = await self._all(
             "active_jobs_matching",
             {
-                "statuses": _statuses(statuses),
-                "user_id": user_id,
-                "created_after": created_after,
-                "created_before": created_before,
-                "has_error": has_error,
+                "statuses": _statuses(live_filter.statuses),
+                "user_id": live_filter.user_id,
+                "created_after": live_filter.created_after,
+                "created_before": live_filter.created_before,
+                "has_error": live_filter.has_error,
                 "limit": limit,
             },
         )

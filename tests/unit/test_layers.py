@@ -109,11 +109,13 @@ def test_no_servicer_reaches_the_store() -> None:
 # Inside the engine: the loops depend on what they ask for (a Protocol each), not on the rooms
 # that answer, and the lifecycle core depends on none of the rooms around it.
 ENGINE_MODULES_KEPT_APART: dict[str, set[str]] = {
-    "dispatcher": {"engine", "admission", "releases", "recovery", "sweeper"},
-    "sweeper": {"engine", "admission", "releases", "recovery", "dispatcher"},
-    "engine": {"admission", "releases", "recovery", "dispatcher", "sweeper"},
+    "dispatcher": {"engine", "admission", "completions", "releases", "recovery", "sweeper"},
+    "sweeper": {"engine", "admission", "completions", "releases", "recovery", "dispatcher"},
+    "engine": {"admission", "completions", "releases", "recovery", "dispatcher", "sweeper", "core_reconciliation"},
     # The background tasks serve every room and know none of them.
-    "tasks": {"engine", "admission", "releases", "recovery", "dispatcher", "sweeper", "watch", "job_reads"},
+    "tasks": {"engine", "admission", "completions", "releases", "recovery", "dispatcher", "sweeper", "watch", "job_reads"},
+    # The ports are what the rooms ask for: they know no room that asks or answers.
+    "ports": {"engine", "admission", "completions", "releases", "recovery", "dispatcher", "sweeper", "core_reconciliation", "tasks"},
 }
 
 
@@ -140,16 +142,13 @@ def test_the_edge_enters_the_engine_by_its_front() -> None:
     assert found == []
 
 
-# Inside the edge (api/__init__.py): a listener enters the road, the road reaches access and the
-# servicers' adapters, and the servicers know neither the road nor a listener (they answer the
-# same whichever transport brought the call).
-API_GROUPS = {"road", "access", "servicers", "listeners"}
-API_GROUPS_KEPT_APART: dict[str, set[str]] = {
-    "servicers": {"road", "listeners"},
-    "access": {"road", "listeners"},
-    "road": {"listeners"},
-    "listeners": set(),
-}
+# Inside the edge (api/__init__.py) the groups import one way: a listener enters the road, the
+# road reaches access (who the caller is) and the servicers' adapters, access checks requests with
+# the servicers' validation, and the servicers know no other group (they answer the same whichever
+# transport brought the call, whoever authorized it). Each group may import only the groups after it.
+API_GROUP_ORDER = ("listeners", "road", "access", "servicers")
+API_GROUPS = set(API_GROUP_ORDER)
+API_GROUPS_KEPT_APART: dict[str, set[str]] = {group: set(API_GROUP_ORDER[: API_GROUP_ORDER.index(group)]) for group in API_GROUP_ORDER}
 
 
 def api_group_violations() -> list[str]:
@@ -180,6 +179,24 @@ def test_the_group_scan_catches_a_servicer_that_knows_the_road(tmp_path: Path, m
     (servicers / "bad.py").write_text("from queue_service.api.road.road import CallRoad\n")
     monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", tmp_path / "queue_service")
     assert api_group_violations() == ["queue_service/api/servicers/bad.py:1: servicers may not import queue_service.api.road.road"]
+
+
+def test_the_edge_groups_import_one_way() -> None:
+    """No two groups of the edge import each other: each pair has one direction."""
+    assert API_GROUPS_KEPT_APART == {
+        "listeners": set(),
+        "road": {"listeners"},
+        "access": {"listeners", "road"},
+        "servicers": {"listeners", "road", "access"},
+    }
+
+
+def test_the_group_scan_catches_a_servicer_that_knows_access(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    servicers = tmp_path / "queue_service" / "api" / "servicers"
+    servicers.mkdir(parents=True)
+    (servicers / "bad.py").write_text("from queue_service.api.access.auth import Caller\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", tmp_path / "queue_service")
+    assert api_group_violations() == ["queue_service/api/servicers/bad.py:1: servicers may not import queue_service.api.access.auth"]
 
 
 @pytest.mark.parametrize(

@@ -59,8 +59,6 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
         + [_QUEUE + "CancelJob"]
     ),
 }
-# The actor (`audit`) of every operator's call: their streams have room reserved.
-OPERATOR_ACTOR_PREFIX = audit.caller_actor("operator", "")
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 _ANY_CALLER_PREFIXES = ("/grpc.reflection.",)
 # The auth-context properties gRPC fills from a verified client certificate's subject

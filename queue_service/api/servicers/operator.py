@@ -36,7 +36,7 @@ from queue_service.api.servicers.convert import (
 )
 from queue_service.api.servicers.retry import retry_job
 from queue_service.engine import Admission, Credits, JobReads, QueueEngine
-from queue_service.model import LIVE, JobSearch, LedgerQuery
+from queue_service.model import LIVE, JobSearch, LedgerQuery, LiveJobFilter
 
 _DEFAULT_WINDOW_MINUTES = 60
 _MAX_WINDOW_MINUTES = 1440
@@ -144,14 +144,14 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
                 "max_jobs", f"max_jobs must be between 1 and {MAX_BULK_CANCEL}: the number of jobs you confirmed (count them with dry_run)"
             )
         v.raise_if_any()
-        rows = await self._reads.live_jobs_matching(
-            statuses=[s for s in statuses if s in LIVE],
+        live_filter = LiveJobFilter(
+            statuses=tuple(s for s in statuses if s in LIVE),
             user_id=search.user_id,
             created_after=search.created_after,
             created_before=search.upper_time,
             has_error=search.has_error,
-            limit=MAX_BULK_CANCEL + 1,
         )
+        rows = await self._reads.live_jobs_matching(live_filter, limit=MAX_BULK_CANCEL + 1)
         matched = rows[:MAX_BULK_CANCEL]
         response = pb.CancelJobsResponse(matched=len(matched), more_than_counted=len(rows) > MAX_BULK_CANCEL)
         if request.dry_run:

@@ -18,7 +18,6 @@ from queue_service import audit, errors, telemetry
 from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2_grpc as queue_grpc
-from queue_service.api.access.auth import OPERATOR_ACTOR_PREFIX
 from queue_service.api.servicers import page_tokens, validation
 from queue_service.api.servicers.convert import job_to_proto, status_filter
 from queue_service.engine import (
@@ -33,6 +32,9 @@ from queue_service.engine import (
     request_digest,
 )
 from queue_service.model import AdmitRequest, Cause, JobStatus, JobView
+
+# The actor (`audit`) of every operator's call, whatever the name: their streams have room reserved.
+_OPERATOR_ACTOR_PREFIX = audit.caller_actor("operator", "")
 
 
 class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
@@ -164,7 +166,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         if self._draining.is_set():
             raise errors.ShuttingDown("this replica is draining; reconnect to another")
         caller = audit.current_caller() or audit.ANONYMOUS
-        stream = self._hub.subscribe(request.user_id, caller=caller, reserved=caller.startswith(OPERATOR_ACTOR_PREFIX))
+        stream = self._hub.subscribe(request.user_id, caller=caller, reserved=caller.startswith(_OPERATOR_ACTOR_PREFIX))
         drain = asyncio.ensure_future(self._draining.wait())
         getter: asyncio.Future[WatchItem | None] | None = None
         try:
