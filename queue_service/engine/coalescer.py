@@ -35,7 +35,7 @@ class Coalescer(Generic[Item, Result]):
     """Runs `run_batch` over one item at once when nothing is in flight, else over the items
     submitted while the previous batch ran (at most `max_batch`, in arrival order). A subclass
     writes the statement: its `run_batch` answers every item of its batch or raises (the
-    subclasses: `engine.CompletionBatcher`, `releases.ReleaseMarker`). An error goes to the items
+    subclasses: `completions.CompletionBatcher`, `releases.ReleaseMarker`). An error goes to the items
     of that batch only. When the batch had several items, or the subclass `applies_alone`, each
     caller then applies its own item alone, with `run_alone` (by default `run_batch` over it
     alone), in its own task, within its own deadline and outside the coalescer: one item that
