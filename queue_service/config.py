@@ -19,6 +19,10 @@ class ConfigError(ValueError):
     """A configuration variable has a value the service cannot run with."""
 
 
+# The parsers of the settings: each takes a variable's raw text and returns its value, or raises
+# ValueError saying what is allowed (the start-up message quotes it).
+
+
 def _parse_number(kind: type, low: float, high: float) -> Callable[[str], Any]:
     noun = "an integer" if kind is int else "a number"
 
@@ -34,15 +38,15 @@ def _parse_number(kind: type, low: float, high: float) -> Callable[[str], Any]:
     return parse
 
 
-def _parse_int(low: int, high: int) -> Callable[[str], int]:
+def int_between(low: int, high: int) -> Callable[[str], int]:
     return _parse_number(int, low, high)
 
 
-def _parse_float(low: float, high: float) -> Callable[[str], float]:
+def float_between(low: float, high: float) -> Callable[[str], float]:
     return _parse_number(float, low, high)
 
 
-def _parse_bool(raw: str) -> bool:
+def boolean(raw: str) -> bool:
     lowered = raw.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
         return True
@@ -51,18 +55,18 @@ def _parse_bool(raw: str) -> bool:
     raise ValueError("expected true or false")
 
 
-def _parse_host_port(raw: str) -> str:
+def host_port(raw: str) -> str:
     host, sep, port = raw.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError("expected host:port, for example 127.0.0.1:50051")
     return raw.strip()
 
 
-def _parse_optional_host_port(raw: str) -> str:
-    return _parse_host_port(raw) if raw.strip() else ""
+def optional_host_port(raw: str) -> str:
+    return host_port(raw) if raw.strip() else ""
 
 
-def _parse_choice(*choices: str) -> Callable[[str], str]:
+def one_of(*choices: str) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         value = raw.strip().lower()
         if value not in choices:
@@ -76,7 +80,7 @@ def _parse_choice(*choices: str) -> Callable[[str], str]:
 _HOST_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*\.?$")
 
 
-def _parse_host_names(raw: str) -> tuple[str, ...]:
+def host_names(raw: str) -> tuple[str, ...]:
     names = []
     for item in raw.split(","):
         name = item.strip().lower()
@@ -97,11 +101,11 @@ def _parse_host_names(raw: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _parse_text(raw: str) -> str:
+def trimmed_text(raw: str) -> str:
     return raw.strip()
 
 
-def _parse_dsn(raw: str) -> str:
+def connection_string(raw: str) -> str:
     """A libpq connection string or URI, checked for syntax only (reachability is a start-up check)."""
     from psycopg import conninfo
 
@@ -120,11 +124,11 @@ def _parse_dsn(raw: str) -> str:
     return value
 
 
-def _parse_optional_port(raw: str) -> int:
-    return _parse_int(1, 65535)(raw) if raw.strip() else 0
+def optional_port(raw: str) -> int:
+    return int_between(1, 65535)(raw) if raw.strip() else 0
 
 
-def _parse_required_text(raw: str) -> str:
+def non_empty_text(raw: str) -> str:
     if not raw.strip():
         raise ValueError("expected a non-empty value")
     return raw.strip()
@@ -223,307 +227,57 @@ def redact_dsn_in(text: str, *dsns: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
+    """One environment variable: its name, its default as written in the environment (parsed like
+    any other value), the parser that checks it, and its meaning for docs/configuration.md."""
+
     env: str
     default: str
     parse: Callable[[str], Any]
     meaning: str
 
 
-# The order here is the order of docs/configuration.md, which is generated from these tables.
-SETTINGS: dict[str, Setting] = {
-    "database_url": Setting("DATABASE_URL", "", _parse_dsn, "PostgreSQL DSN; unset: `dev` starts an embedded PostgreSQL"),
-    "listen_database_url": Setting(
-        "QUEUE_LISTEN_DATABASE_URL",
-        "",
-        _parse_dsn,
-        "DSN for the one LISTEN connection per replica when `DATABASE_URL` goes through a transaction-mode pooler (LISTEN needs a session)",
-    ),
-    "listen_addr": Setting("QUEUE_LISTEN_ADDR", "127.0.0.1:50051", _parse_host_port, "host:port to serve gRPC on"),
-    "http_addr": Setting(
-        "QUEUE_HTTP_ADDR",
-        "",
-        _parse_optional_host_port,
-        "host:port of the web console and the Connect / gRPC-Web endpoint (same services, roles and errors as gRPC); empty: none (`dev`: `127.0.0.1:8080`, or a free port when taken)",
-    ),
-    "http_allowed_hosts": Setting(
-        "QUEUE_HTTP_ALLOWED_HOSTS",
-        "",
-        _parse_host_names,
-        "comma-separated host names the browser endpoint answers to besides its own address, `localhost`, 127.0.0.1 and ::1 (the names its users and proxies reach it by); a request with any other `Host` hears 421, so a page on another name that resolves to this endpoint (DNS rebinding) cannot use it",
-    ),
-    "core_addr": Setting(
-        "QUEUE_CORE_ADDR", "", _parse_optional_host_port, "host:port of the core's RunService; unset: `dev` starts the dev core"
-    ),
-    "max_active_per_user": Setting(
-        "QUEUE_MAX_ACTIVE_PER_USER",
-        "1",
-        _parse_int(1, 1000),
-        "first-pass slots per user (`OperatorService.SetUserQueueLimit` changes it per user)",
-    ),
-    "core_capacity": Setting(
-        "QUEUE_CORE_CAPACITY",
-        "0",
-        _parse_int(0, 1_000_000),
-        "the most first-pass runs being released or judging at the core at once across every replica (delta re-checks count too but never wait); `0`: unlimited. Only seeds a fresh database: afterwards `OperatorService.SetCoreCapacity` changes it at run time",
-    ),
-    "core_probe_interval_seconds": Setting(
-        "QUEUE_CORE_PROBE_INTERVAL_SECONDS",
-        "1",
-        _parse_float(0.05, 600),
-        "while the core answers releases `RESOURCE_EXHAUSTED`, the fleet tries one release above what the core took at most this often",
-    ),
-    "max_queued_per_user": Setting(
-        "QUEUE_MAX_QUEUED_PER_USER", "100", _parse_int(1, 100_000), "queued jobs per user before `USER_QUEUE_FULL`"
-    ),
-    "release_window_seconds": Setting(
-        "QUEUE_RELEASE_WINDOW_SECONDS", "1800", _parse_float(0.1, 7 * 86400), "how long release is retried after promotion"
-    ),
-    "sweep_interval_seconds": Setting(
-        "QUEUE_SWEEP_INTERVAL_SECONDS", "30", _parse_float(0.0, 86400), "sweeper period (jittered); `0` disables it"
-    ),
-    "max_active_deltas_per_user": Setting(
-        "QUEUE_MAX_ACTIVE_DELTAS_PER_USER",
-        "4",
-        _parse_int(1, 10_000),
-        "delta re-checks running at once per user before `USER_DELTA_LIMIT` (`RESOURCE_EXHAUSTED`)",
-    ),
-    "max_free_admits_per_user_per_hour": Setting(
-        "QUEUE_MAX_FREE_ADMITS_PER_USER_PER_HOUR",
-        "20",
-        _parse_int(1, 100_000),
-        'jobs of a user admitted within the last hour that cost nothing in the end (a delta re-check at `QUEUE_DELTA_PRICE` 0, a job refunded, such as a canceled one) before her next Admit answers `USER_FREE_WORK_LIMIT` (`RESOURCE_EXHAUSTED`, RetryInfo: when the oldest of them leaves the hour). Bounds what one user can store for free (docs/security.md, "What one user can store")',
-    ),
-    "job_inputs_retention_seconds": Setting(
-        "QUEUE_JOB_INPUTS_RETENTION_SECONDS",
-        "86400",
-        _parse_float(1, 10 * 366 * 86400),
-        "an ended job's full sources (what `OperatorService.RetryJob` admits again) are deleted this long after it ended; its document, first 10 sources and source count stay. A retry after that answers `JOB_INPUTS_PRUNED`",
-    ),
-    "job_retention_seconds": Setting(
-        "QUEUE_JOB_RETENTION_SECONDS",
-        str(30 * 86400),
-        _parse_float(1, 10 * 366 * 86400),
-        "an ended job (its run settled) is deleted this long after it ended, once no kept delta re-check names it as its base; its ledger entries stay. Its idempotency key is remembered as long. Keep it well above how long the core retries a `CompleteRun` (a day)",
-    ),
-    "admit_price": Setting("QUEUE_ADMIT_PRICE", "1", _parse_int(0, 1_000_000), "credits per first-pass job"),
-    "delta_price": Setting("QUEUE_DELTA_PRICE", "0", _parse_int(0, 1_000_000), "credits per delta re-check"),
-    "core_deadline_seconds": Setting(
-        "QUEUE_CORE_DEADLINE_SECONDS", "5", _parse_float(0.05, 120), "deadline of calls to the core (admit retries included)"
-    ),
-    "release_lease_seconds": Setting(
-        "QUEUE_RELEASE_LEASE_SECONDS",
-        "15",
-        _parse_float(0.1, 3600),
-        "a claimed release is reserved this long before another replica may retry it",
-    ),
-    "release_backoff_max_seconds": Setting(
-        "QUEUE_RELEASE_BACKOFF_MAX_SECONDS", "60", _parse_float(0.01, 3600), "cap of the release retry backoff"
-    ),
-    "core_reconcile_interval_seconds": Setting(
-        "QUEUE_CORE_RECONCILE_INTERVAL_SECONDS",
-        "60",
-        _parse_float(0.0, 86400),
-        "the sweeper reconciles the core's live runs (`ListRuns`) with the jobs at most this often, and at once when the database's timeline changes (a failover); `0`: only then",
-    ),
-    "reconcile_after_seconds": Setting(
-        "QUEUE_RECONCILE_AFTER_SECONDS",
-        "900",
-        _parse_float(0.1, 7 * 86400),
-        "a RUNNING job without completion this long is checked with `GetRun`",
-    ),
-    "grace_period_seconds": Setting(
-        "QUEUE_GRACE_PERIOD_SECONDS", "10", _parse_float(0.0, 600), "on SIGTERM: time for in-flight calls to finish"
-    ),
-    "lock_timeout_ms": Setting("QUEUE_LOCK_TIMEOUT_MS", "5000", _parse_int(1, 600_000), "`lock_timeout` of every transaction"),
-    "statement_timeout_ms": Setting(
-        "QUEUE_STATEMENT_TIMEOUT_MS", "10000", _parse_int(1, 600_000), "`statement_timeout` of every transaction"
-    ),
-    "pool_min_size": Setting("QUEUE_DB_POOL_MIN_SIZE", "2", _parse_int(1, 1000), "database connections kept open"),
-    "pool_max_size": Setting("QUEUE_DB_POOL_MAX_SIZE", "20", _parse_int(1, 1000), "database connections at most"),
-    "pool_timeout_seconds": Setting(
-        "QUEUE_DB_POOL_TIMEOUT_SECONDS", "5", _parse_float(0.05, 600), "wait for a free connection before `UNAVAILABLE`"
-    ),
-    "db_dead_peer_seconds": Setting(
-        "QUEUE_DB_DEAD_PEER_SECONDS",
-        "10",
-        _parse_int(2, 3600),
-        "how long a silent database peer (a crashed node, a cut network) may stay unnoticed: every connection gets TCP keepalives (idle half of it, probes a sixth of it apart, 3 probes) and tcp_user_timeout of this many seconds, unless DATABASE_URL sets them",
-    ),
-    "db_liveness_seconds": Setting(
-        "QUEUE_DB_LIVENESS_SECONDS",
-        "2",
-        _parse_float(0.1, 600),
-        "the LISTEN connection runs a liveness query after this long without traffic and reconnects (then resyncs every stream) when no answer comes within it again",
-    ),
-    "db_reconnect_max_seconds": Setting(
-        "QUEUE_DB_RECONNECT_MAX_SECONDS",
-        "0.5",
-        _parse_float(0.05, 60),
-        "longest wait between two attempts to reconnect to the database (pool and LISTEN connection), so the service follows a database that is back within about this long",
-    ),
-    "db_start_wait_seconds": Setting(
-        "QUEUE_DB_START_WAIT_SECONDS",
-        "300",
-        _parse_float(0, 86400),
-        "`serve` waits this long for an unreachable database at start, retrying and logging, before it exits 4; 0: exit at once. SIGTERM ends the wait at once (exit 0)",
-    ),
-    "db_prepared_statements": Setting(
-        "QUEUE_DB_PREPARED_STATEMENTS",
-        "true",
-        _parse_bool,
-        "let the driver prepare statements it runs often on the server; false behind PgBouncer in transaction mode before 1.21 (or without max_prepared_statements)",
-    ),
-    "health_interval_seconds": Setting(
-        "QUEUE_HEALTH_INTERVAL_SECONDS",
-        "0.5",
-        _parse_float(0.05, 60),
-        "how often health commits a tiny durable write (given 1 s): readiness follows the database, writes included, within about this long",
-    ),
-    "migrate_on_start": Setting("QUEUE_MIGRATE_ON_START", "true", _parse_bool, "`serve` applies pending migrations first"),
-    "max_concurrent_calls": Setting(
-        "QUEUE_MAX_CONCURRENT_CALLS",
-        "16",
-        _parse_int(1, 100_000),
-        "unary calls one replica works on at once; more wait their turn as long as their deadline allows (without one, `QUEUE_DB_POOL_TIMEOUT_SECONDS`), then hear `UNAVAILABLE` `REPLICA_BUSY`; keeps an overloaded replica answering within deadlines; raise it when the core answers slowly and the replica has CPU to spare",
-    ),
-    "max_concurrent_calls_per_caller": Setting(
-        "QUEUE_MAX_CONCURRENT_CALLS_PER_CALLER",
-        "0",
-        _parse_int(0, 100_000),
-        "of `QUEUE_MAX_CONCURRENT_CALLS`, the unary calls one caller may have worked on at once, on both listeners together: a caller is a token's or certificate's entry in the auth file (the core, an operator, each web token); with authentication off no caller is told apart and only `QUEUE_MAX_CONCURRENT_CALLS` applies; more of its calls wait their turn within their deadline, then hear `UNAVAILABLE` `REPLICA_BUSY`, so one caller leaves the rest of the slots to the others; `0`: half of `QUEUE_MAX_CONCURRENT_CALLS` (at least 1) ([security.md](security.md))",
-    ),
-    "max_streams_per_user": Setting(
-        "QUEUE_MAX_STREAMS_PER_USER",
-        "16",
-        _parse_int(1, 100_000),
-        "open WatchJobs streams per caller, user and replica (each caller's own: another caller's streams never lock an operator out of a user); operators may open this many beyond `QUEUE_MAX_STREAMS`",
-    ),
-    "max_streams": Setting("QUEUE_MAX_STREAMS", "2000", _parse_int(1, 1_000_000), "open WatchJobs streams per replica"),
-    "watch_backlog_bytes": Setting(
-        "QUEUE_WATCH_BACKLOG_BYTES",
-        "65536",
-        _parse_int(4096, 1 << 30),
-        "changes one WatchJobs stream may hold for a slow reader, in estimated bytes (about 1 KB a job plus its error text); beyond it they are dropped and the stream resyncs. Part of a stream's memory budget ([operations.md](operations.md#11-memory-per-watchjobs-stream))",
-    ),
-    "max_health_watches": Setting(
-        "QUEUE_MAX_HEALTH_WATCHES",
-        "256",
-        _parse_int(1, 100_000),
-        "open `Health.Watch` streams per replica (health needs no credentials); more are refused with `RESOURCE_EXHAUSTED` `TOO_MANY_STREAMS`",
-    ),
-    "max_streams_per_connection": Setting(
-        "QUEUE_MAX_STREAMS_PER_CONNECTION",
-        "4096",
-        _parse_int(1, 1_000_000),
-        "calls one client connection may have open at once (HTTP/2 max concurrent streams); a client beyond it waits for a free stream, so keep it above what one web backend multiplexes (its WatchJobs streams plus its calls in flight). Keepalive and connection-age limits: `queue_service/api/listeners/connection_limits.py`",
-    ),
-    "http_max_connections": Setting(
-        "QUEUE_HTTP_MAX_CONNECTIONS",
-        "512",
-        _parse_int(1, 1_000_000),
-        "connections the browser listener (`QUEUE_HTTP_ADDR`) holds at once, at most half of the process's descriptor limit (`RLIMIT_NOFILE`) so the rest stays for the gRPC listener and the database; beyond it new connections wait in the kernel's backlog ([security.md](security.md))",
-    ),
-    "http_body_timeout_seconds": Setting(
-        "QUEUE_HTTP_BODY_TIMEOUT_SECONDS",
-        "10",
-        _parse_float(0.1, 600),
-        "time a browser-listener request may take to send its body after its headers; a slower one is answered `DEADLINE_EXCEEDED` (HTTP 408) and its HTTP/1.1 connection closed",
-    ),
-    "reflection": Setting("QUEUE_REFLECTION", "true", _parse_bool, "serve gRPC server reflection"),
-    "log_format": Setting("QUEUE_LOG_FORMAT", "json", _parse_choice("json", "text"), "log lines as JSON or readable text"),
-    "log_level": Setting("QUEUE_LOG_LEVEL", "info", _parse_choice("debug", "info", "warning", "error"), "log level"),
-    "metrics_addr": Setting("QUEUE_METRICS_ADDR", "", _parse_optional_host_port, "host:port of a Prometheus scrape endpoint; empty: none"),
-    "trace_console": Setting("QUEUE_TRACE_CONSOLE", "false", _parse_bool, "print spans to the console (for `dev`)"),
-    "tls_cert_file": Setting(
-        "QUEUE_TLS_CERT_FILE", "", _parse_text, "PEM certificate chain of the listener; set with the key to serve TLS"
-    ),
-    "tls_key_file": Setting("QUEUE_TLS_KEY_FILE", "", _parse_text, "PEM private key of the listener"),
-    "tls_client_ca_file": Setting("QUEUE_TLS_CLIENT_CA_FILE", "", _parse_text, "PEM CA bundle: require client certificates (mutual TLS)"),
-    "auth_file": Setting(
-        "QUEUE_AUTH_FILE",
-        "",
-        _parse_text,
-        "JSON file mapping bearer tokens (SHA-256) and certificate names to roles; set: every call but health is authenticated",
-    ),
-    "credentials_reload_seconds": Setting(
-        "QUEUE_CREDENTIALS_RELOAD_SECONDS",
-        "60",
-        _parse_float(0.0, 86400),
-        "how often the auth file, the listener's TLS files and the user assertion key file are checked and re-read when they changed, without a restart; `SIGHUP` re-reads them at once; `0`: on `SIGHUP` only",
-    ),
-    "allow_unauthenticated": Setting(
-        "QUEUE_ALLOW_UNAUTHENTICATED",
-        "false",
-        _parse_bool,
-        "allow a non-loopback listener without `QUEUE_AUTH_FILE` (behind a trusted proxy only)",
-    ),
-    "tls_terminated_upstream": Setting(
-        "QUEUE_TLS_TERMINATED_UPSTREAM",
-        "false",
-        _parse_bool,
-        "with `QUEUE_AUTH_FILE` but no `QUEUE_TLS_CERT_FILE`, a non-loopback listener (`QUEUE_LISTEN_ADDR`, `QUEUE_HTTP_ADDR`) is refused, since bearer tokens would cross the network in plaintext; `true` states that a mesh or ingress terminates TLS in front of it",
-    ),
-    "user_assertion_key_file": Setting(
-        "QUEUE_USER_ASSERTION_KEY_FILE",
-        "",
-        _parse_text,
-        "per-user assertions (needs `QUEUE_AUTH_FILE`): the web backend's Ed25519, ECDSA P-256 or RSA public key (PEM, recommended; several during a key rotation) or an HS256 secret file; set, every `web` call must carry a JWT in `x-user-assertion` whose `sub` is its `user_id` ([security](security.md))",
-    ),
-    "user_assertion_issuer": Setting("QUEUE_USER_ASSERTION_ISSUER", "", _parse_text, "the `iss` every user assertion must carry"),
-    "user_assertion_audience": Setting(
-        "QUEUE_USER_ASSERTION_AUDIENCE", "acurio-queue", _parse_required_text, "the `aud` every user assertion must carry"
-    ),
-    "user_assertion_max_age_seconds": Setting(
-        "QUEUE_USER_ASSERTION_MAX_AGE_SECONDS", "300", _parse_float(1, 86400), "longest lifetime (`exp` − `iat`) of a user assertion"
-    ),
-    "user_assertion_leeway_seconds": Setting(
-        "QUEUE_USER_ASSERTION_LEEWAY_SECONDS", "30", _parse_float(0, 600), "clock skew allowed on its `exp`, `iat`, `nbf`"
-    ),
-    "core_tls_ca_file": Setting("QUEUE_CORE_TLS_CA_FILE", "", _parse_text, "PEM CA bundle: call the core over TLS"),
-    "core_tls_cert_file": Setting("QUEUE_CORE_TLS_CERT_FILE", "", _parse_text, "PEM client certificate for the core (mutual TLS)"),
-    "core_tls_key_file": Setting("QUEUE_CORE_TLS_KEY_FILE", "", _parse_text, "PEM client key for the core"),
-}
+def setting(env: str, default: str, parse: Callable[[str], Any], meaning: str) -> Any:
+    """A field of Config or DevConfig read from `env`: the one place a setting is declared."""
+    return dataclasses.field(metadata={"setting": Setting(env, default, parse, meaning)})
 
 
-# Settings only `queue-service dev` reads (docs/configuration.md lists them under their own heading).
-DEV_SETTINGS: dict[str, Setting] = {
-    "state_dir": Setting(
-        "QUEUE_STATE_DIR", ".state", _parse_required_text, "folder of the embedded PostgreSQL's data and the dev core's runs"
-    ),
-    "pg_port": Setting("QUEUE_DEV_PG_PORT", "", _parse_optional_port, "port of the embedded PostgreSQL"),
-    "core_judging_seconds": Setting("QUEUE_DEV_CORE_JUDGING_SECONDS", "5", _parse_float(0.0, 86400), "how long the dev core judges a run"),
-    "core_callback_token": Setting(
-        "QUEUE_DEV_CORE_CALLBACK_TOKEN",
-        "",
-        _parse_text,
-        "the dev core's bearer token for `CompleteRun` under `QUEUE_AUTH_FILE` (must be a `core` token of that file)",
-    ),
-}
+def _settings_of(cls: type) -> dict[str, Setting]:
+    return {field.name: field.metadata["setting"] for field in dataclasses.fields(cls)}
 
 
 def _parse_settings(settings: Mapping[str, Setting], environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
     values: dict[str, Any] = {}
     problems: list[str] = []
-    for field, setting in settings.items():
-        raw = environ.get(setting.env, setting.default)
+    for field, declared in settings.items():
+        raw = environ.get(declared.env, declared.default)
         try:
-            values[field] = setting.parse(raw)
+            values[field] = declared.parse(raw)
         except ValueError as exc:
-            shown = redact_dsn(raw) if setting.parse is _parse_dsn else raw
-            problems.append(f"{setting.env}={shown!r}: {exc}")
+            shown = redact_dsn(raw) if declared.parse is connection_string else raw
+            problems.append(f"{declared.env}={shown!r}: {exc}")
     return values, problems
 
 
+# Settings only `queue-service dev` reads (docs/configuration.md lists them under their own heading).
 @dataclasses.dataclass(frozen=True)
 class DevConfig:
-    state_dir: str
-    pg_port: int
-    core_judging_seconds: float
-    core_callback_token: str
+    state_dir: str = setting(
+        "QUEUE_STATE_DIR", ".state", non_empty_text, "folder of the embedded PostgreSQL's data and the dev core's runs"
+    )
+    pg_port: int = setting("QUEUE_DEV_PG_PORT", "", optional_port, "port of the embedded PostgreSQL")
+    core_judging_seconds: float = setting(
+        "QUEUE_DEV_CORE_JUDGING_SECONDS", "5", float_between(0.0, 86400), "how long the dev core judges a run"
+    )
+    core_callback_token: str = setting(
+        "QUEUE_DEV_CORE_CALLBACK_TOKEN",
+        "",
+        trimmed_text,
+        "the dev core's bearer token for `CompleteRun` under `QUEUE_AUTH_FILE` (must be a `core` token of that file)",
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> DevConfig:
-        values, problems = _parse_settings(DEV_SETTINGS, os.environ if environ is None else environ)
+        values, problems = _parse_settings(_settings_of(cls), os.environ if environ is None else environ)
         if problems:
             raise ConfigError("invalid configuration: " + "; ".join(problems))
         return cls(**values)
@@ -531,71 +285,260 @@ class DevConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    database_url: str
-    listen_database_url: str
-    listen_addr: str
-    http_addr: str
-    http_allowed_hosts: tuple[str, ...]
-    core_addr: str
-    max_active_per_user: int
-    core_capacity: int
-    core_probe_interval_seconds: float
-    max_queued_per_user: int
-    max_active_deltas_per_user: int
-    max_free_admits_per_user_per_hour: int
-    job_inputs_retention_seconds: float
-    job_retention_seconds: float
-    release_window_seconds: float
-    sweep_interval_seconds: float
-    admit_price: int
-    delta_price: int
-    core_deadline_seconds: float
-    release_lease_seconds: float
-    release_backoff_max_seconds: float
-    core_reconcile_interval_seconds: float
-    reconcile_after_seconds: float
-    grace_period_seconds: float
-    lock_timeout_ms: int
-    statement_timeout_ms: int
-    pool_min_size: int
-    pool_max_size: int
-    pool_timeout_seconds: float
-    db_dead_peer_seconds: int
-    db_liveness_seconds: float
-    db_reconnect_max_seconds: float
-    db_start_wait_seconds: float
-    db_prepared_statements: bool
-    health_interval_seconds: float
-    migrate_on_start: bool
-    max_concurrent_calls: int
-    max_concurrent_calls_per_caller: int
-    max_streams_per_user: int
-    max_streams: int
-    watch_backlog_bytes: int
-    max_health_watches: int
-    max_streams_per_connection: int
-    http_max_connections: int
-    http_body_timeout_seconds: float
-    reflection: bool
-    log_format: str
-    log_level: str
-    metrics_addr: str
-    trace_console: bool
-    tls_cert_file: str
-    tls_key_file: str
-    tls_client_ca_file: str
-    auth_file: str
-    credentials_reload_seconds: float
-    allow_unauthenticated: bool
-    tls_terminated_upstream: bool
-    user_assertion_key_file: str
-    user_assertion_issuer: str
-    user_assertion_audience: str
-    user_assertion_max_age_seconds: float
-    user_assertion_leeway_seconds: float
-    core_tls_ca_file: str
-    core_tls_cert_file: str
-    core_tls_key_file: str
+    # Each field is one setting (`setting`); their order is the order of docs/configuration.md.
+    database_url: str = setting("DATABASE_URL", "", connection_string, "PostgreSQL DSN; unset: `dev` starts an embedded PostgreSQL")
+    listen_database_url: str = setting(
+        "QUEUE_LISTEN_DATABASE_URL",
+        "",
+        connection_string,
+        "DSN for the one LISTEN connection per replica when `DATABASE_URL` goes through a transaction-mode pooler (LISTEN needs a session)",
+    )
+    listen_addr: str = setting("QUEUE_LISTEN_ADDR", "127.0.0.1:50051", host_port, "host:port to serve gRPC on")
+    http_addr: str = setting(
+        "QUEUE_HTTP_ADDR",
+        "",
+        optional_host_port,
+        "host:port of the web console and the Connect / gRPC-Web endpoint (same services, roles and errors as gRPC); empty: none (`dev`: `127.0.0.1:8080`, or a free port when taken)",
+    )
+    http_allowed_hosts: tuple[str, ...] = setting(
+        "QUEUE_HTTP_ALLOWED_HOSTS",
+        "",
+        host_names,
+        "comma-separated host names the browser endpoint answers to besides its own address, `localhost`, 127.0.0.1 and ::1 (the names its users and proxies reach it by); a request with any other `Host` hears 421, so a page on another name that resolves to this endpoint (DNS rebinding) cannot use it",
+    )
+    core_addr: str = setting(
+        "QUEUE_CORE_ADDR", "", optional_host_port, "host:port of the core's RunService; unset: `dev` starts the dev core"
+    )
+    max_active_per_user: int = setting(
+        "QUEUE_MAX_ACTIVE_PER_USER",
+        "1",
+        int_between(1, 1000),
+        "first-pass slots per user (`OperatorService.SetUserQueueLimit` changes it per user)",
+    )
+    core_capacity: int = setting(
+        "QUEUE_CORE_CAPACITY",
+        "0",
+        int_between(0, 1_000_000),
+        "the most first-pass runs being released or judging at the core at once across every replica (delta re-checks count too but never wait); `0`: unlimited. Only seeds a fresh database: afterwards `OperatorService.SetCoreCapacity` changes it at run time",
+    )
+    core_probe_interval_seconds: float = setting(
+        "QUEUE_CORE_PROBE_INTERVAL_SECONDS",
+        "1",
+        float_between(0.05, 600),
+        "while the core answers releases `RESOURCE_EXHAUSTED`, the fleet tries one release above what the core took at most this often",
+    )
+    max_queued_per_user: int = setting(
+        "QUEUE_MAX_QUEUED_PER_USER", "100", int_between(1, 100_000), "queued jobs per user before `USER_QUEUE_FULL`"
+    )
+    release_window_seconds: float = setting(
+        "QUEUE_RELEASE_WINDOW_SECONDS", "1800", float_between(0.1, 7 * 86400), "how long release is retried after promotion"
+    )
+    sweep_interval_seconds: float = setting(
+        "QUEUE_SWEEP_INTERVAL_SECONDS", "30", float_between(0.0, 86400), "sweeper period (jittered); `0` disables it"
+    )
+    max_active_deltas_per_user: int = setting(
+        "QUEUE_MAX_ACTIVE_DELTAS_PER_USER",
+        "4",
+        int_between(1, 10_000),
+        "delta re-checks running at once per user before `USER_DELTA_LIMIT` (`RESOURCE_EXHAUSTED`)",
+    )
+    max_free_admits_per_user_per_hour: int = setting(
+        "QUEUE_MAX_FREE_ADMITS_PER_USER_PER_HOUR",
+        "20",
+        int_between(1, 100_000),
+        'jobs of a user admitted within the last hour that cost nothing in the end (a delta re-check at `QUEUE_DELTA_PRICE` 0, a job refunded, such as a canceled one) before her next Admit answers `USER_FREE_WORK_LIMIT` (`RESOURCE_EXHAUSTED`, RetryInfo: when the oldest of them leaves the hour). Bounds what one user can store for free (docs/security.md, "What one user can store")',
+    )
+    job_inputs_retention_seconds: float = setting(
+        "QUEUE_JOB_INPUTS_RETENTION_SECONDS",
+        "86400",
+        float_between(1, 10 * 366 * 86400),
+        "an ended job's full sources (what `OperatorService.RetryJob` admits again) are deleted this long after it ended; its document, first 10 sources and source count stay. A retry after that answers `JOB_INPUTS_PRUNED`",
+    )
+    job_retention_seconds: float = setting(
+        "QUEUE_JOB_RETENTION_SECONDS",
+        str(30 * 86400),
+        float_between(1, 10 * 366 * 86400),
+        "an ended job (its run settled) is deleted this long after it ended, once no kept delta re-check names it as its base; its ledger entries stay. Its idempotency key is remembered as long. Keep it well above how long the core retries a `CompleteRun` (a day)",
+    )
+    admit_price: int = setting("QUEUE_ADMIT_PRICE", "1", int_between(0, 1_000_000), "credits per first-pass job")
+    delta_price: int = setting("QUEUE_DELTA_PRICE", "0", int_between(0, 1_000_000), "credits per delta re-check")
+    core_deadline_seconds: float = setting(
+        "QUEUE_CORE_DEADLINE_SECONDS", "5", float_between(0.05, 120), "deadline of calls to the core (admit retries included)"
+    )
+    release_lease_seconds: float = setting(
+        "QUEUE_RELEASE_LEASE_SECONDS",
+        "15",
+        float_between(0.1, 3600),
+        "a claimed release is reserved this long before another replica may retry it",
+    )
+    release_backoff_max_seconds: float = setting(
+        "QUEUE_RELEASE_BACKOFF_MAX_SECONDS", "60", float_between(0.01, 3600), "cap of the release retry backoff"
+    )
+    core_reconcile_interval_seconds: float = setting(
+        "QUEUE_CORE_RECONCILE_INTERVAL_SECONDS",
+        "60",
+        float_between(0.0, 86400),
+        "the sweeper reconciles the core's live runs (`ListRuns`) with the jobs at most this often, and at once when the database's timeline changes (a failover); `0`: only then",
+    )
+    reconcile_after_seconds: float = setting(
+        "QUEUE_RECONCILE_AFTER_SECONDS",
+        "900",
+        float_between(0.1, 7 * 86400),
+        "a RUNNING job without completion this long is checked with `GetRun`",
+    )
+    grace_period_seconds: float = setting(
+        "QUEUE_GRACE_PERIOD_SECONDS", "10", float_between(0.0, 600), "on SIGTERM: time for in-flight calls to finish"
+    )
+    lock_timeout_ms: int = setting("QUEUE_LOCK_TIMEOUT_MS", "5000", int_between(1, 600_000), "`lock_timeout` of every transaction")
+    statement_timeout_ms: int = setting(
+        "QUEUE_STATEMENT_TIMEOUT_MS", "10000", int_between(1, 600_000), "`statement_timeout` of every transaction"
+    )
+    pool_min_size: int = setting("QUEUE_DB_POOL_MIN_SIZE", "2", int_between(1, 1000), "database connections kept open")
+    pool_max_size: int = setting("QUEUE_DB_POOL_MAX_SIZE", "20", int_between(1, 1000), "database connections at most")
+    pool_timeout_seconds: float = setting(
+        "QUEUE_DB_POOL_TIMEOUT_SECONDS", "5", float_between(0.05, 600), "wait for a free connection before `UNAVAILABLE`"
+    )
+    db_dead_peer_seconds: int = setting(
+        "QUEUE_DB_DEAD_PEER_SECONDS",
+        "10",
+        int_between(2, 3600),
+        "how long a silent database peer (a crashed node, a cut network) may stay unnoticed: every connection gets TCP keepalives (idle half of it, probes a sixth of it apart, 3 probes) and tcp_user_timeout of this many seconds, unless DATABASE_URL sets them",
+    )
+    db_liveness_seconds: float = setting(
+        "QUEUE_DB_LIVENESS_SECONDS",
+        "2",
+        float_between(0.1, 600),
+        "the LISTEN connection runs a liveness query after this long without traffic and reconnects (then resyncs every stream) when no answer comes within it again",
+    )
+    db_reconnect_max_seconds: float = setting(
+        "QUEUE_DB_RECONNECT_MAX_SECONDS",
+        "0.5",
+        float_between(0.05, 60),
+        "longest wait between two attempts to reconnect to the database (pool and LISTEN connection), so the service follows a database that is back within about this long",
+    )
+    db_start_wait_seconds: float = setting(
+        "QUEUE_DB_START_WAIT_SECONDS",
+        "300",
+        float_between(0, 86400),
+        "`serve` waits this long for an unreachable database at start, retrying and logging, before it exits 4; 0: exit at once. SIGTERM ends the wait at once (exit 0)",
+    )
+    db_prepared_statements: bool = setting(
+        "QUEUE_DB_PREPARED_STATEMENTS",
+        "true",
+        boolean,
+        "let the driver prepare statements it runs often on the server; false behind PgBouncer in transaction mode before 1.21 (or without max_prepared_statements)",
+    )
+    health_interval_seconds: float = setting(
+        "QUEUE_HEALTH_INTERVAL_SECONDS",
+        "0.5",
+        float_between(0.05, 60),
+        "how often health commits a tiny durable write (given 1 s): readiness follows the database, writes included, within about this long",
+    )
+    migrate_on_start: bool = setting("QUEUE_MIGRATE_ON_START", "true", boolean, "`serve` applies pending migrations first")
+    max_concurrent_calls: int = setting(
+        "QUEUE_MAX_CONCURRENT_CALLS",
+        "16",
+        int_between(1, 100_000),
+        "unary calls one replica works on at once; more wait their turn as long as their deadline allows (without one, `QUEUE_DB_POOL_TIMEOUT_SECONDS`), then hear `UNAVAILABLE` `REPLICA_BUSY`; keeps an overloaded replica answering within deadlines; raise it when the core answers slowly and the replica has CPU to spare",
+    )
+    max_concurrent_calls_per_caller: int = setting(
+        "QUEUE_MAX_CONCURRENT_CALLS_PER_CALLER",
+        "0",
+        int_between(0, 100_000),
+        "of `QUEUE_MAX_CONCURRENT_CALLS`, the unary calls one caller may have worked on at once, on both listeners together: a caller is a token's or certificate's entry in the auth file (the core, an operator, each web token); with authentication off no caller is told apart and only `QUEUE_MAX_CONCURRENT_CALLS` applies; more of its calls wait their turn within their deadline, then hear `UNAVAILABLE` `REPLICA_BUSY`, so one caller leaves the rest of the slots to the others; `0`: half of `QUEUE_MAX_CONCURRENT_CALLS` (at least 1) ([security.md](security.md))",
+    )
+    max_streams_per_user: int = setting(
+        "QUEUE_MAX_STREAMS_PER_USER",
+        "16",
+        int_between(1, 100_000),
+        "open WatchJobs streams per caller, user and replica (each caller's own: another caller's streams never lock an operator out of a user); operators may open this many beyond `QUEUE_MAX_STREAMS`",
+    )
+    max_streams: int = setting("QUEUE_MAX_STREAMS", "2000", int_between(1, 1_000_000), "open WatchJobs streams per replica")
+    watch_backlog_bytes: int = setting(
+        "QUEUE_WATCH_BACKLOG_BYTES",
+        "65536",
+        int_between(4096, 1 << 30),
+        "changes one WatchJobs stream may hold for a slow reader, in estimated bytes (about 1 KB a job plus its error text); beyond it they are dropped and the stream resyncs. Part of a stream's memory budget ([operations.md](operations.md#11-memory-per-watchjobs-stream))",
+    )
+    max_health_watches: int = setting(
+        "QUEUE_MAX_HEALTH_WATCHES",
+        "256",
+        int_between(1, 100_000),
+        "open `Health.Watch` streams per replica (health needs no credentials); more are refused with `RESOURCE_EXHAUSTED` `TOO_MANY_STREAMS`",
+    )
+    max_streams_per_connection: int = setting(
+        "QUEUE_MAX_STREAMS_PER_CONNECTION",
+        "4096",
+        int_between(1, 1_000_000),
+        "calls one client connection may have open at once (HTTP/2 max concurrent streams); a client beyond it waits for a free stream, so keep it above what one web backend multiplexes (its WatchJobs streams plus its calls in flight). Keepalive and connection-age limits: `queue_service/api/listeners/connection_limits.py`",
+    )
+    http_max_connections: int = setting(
+        "QUEUE_HTTP_MAX_CONNECTIONS",
+        "512",
+        int_between(1, 1_000_000),
+        "connections the browser listener (`QUEUE_HTTP_ADDR`) holds at once, at most half of the process's descriptor limit (`RLIMIT_NOFILE`) so the rest stays for the gRPC listener and the database; beyond it new connections wait in the kernel's backlog ([security.md](security.md))",
+    )
+    http_body_timeout_seconds: float = setting(
+        "QUEUE_HTTP_BODY_TIMEOUT_SECONDS",
+        "10",
+        float_between(0.1, 600),
+        "time a browser-listener request may take to send its body after its headers; a slower one is answered `DEADLINE_EXCEEDED` (HTTP 408) and its HTTP/1.1 connection closed",
+    )
+    reflection: bool = setting("QUEUE_REFLECTION", "true", boolean, "serve gRPC server reflection")
+    log_format: str = setting("QUEUE_LOG_FORMAT", "json", one_of("json", "text"), "log lines as JSON or readable text")
+    log_level: str = setting("QUEUE_LOG_LEVEL", "info", one_of("debug", "info", "warning", "error"), "log level")
+    metrics_addr: str = setting("QUEUE_METRICS_ADDR", "", optional_host_port, "host:port of a Prometheus scrape endpoint; empty: none")
+    trace_console: bool = setting("QUEUE_TRACE_CONSOLE", "false", boolean, "print spans to the console (for `dev`)")
+    tls_cert_file: str = setting(
+        "QUEUE_TLS_CERT_FILE", "", trimmed_text, "PEM certificate chain of the listener; set with the key to serve TLS"
+    )
+    tls_key_file: str = setting("QUEUE_TLS_KEY_FILE", "", trimmed_text, "PEM private key of the listener")
+    tls_client_ca_file: str = setting(
+        "QUEUE_TLS_CLIENT_CA_FILE", "", trimmed_text, "PEM CA bundle: require client certificates (mutual TLS)"
+    )
+    auth_file: str = setting(
+        "QUEUE_AUTH_FILE",
+        "",
+        trimmed_text,
+        "JSON file mapping bearer tokens (SHA-256) and certificate names to roles; set: every call but health is authenticated",
+    )
+    credentials_reload_seconds: float = setting(
+        "QUEUE_CREDENTIALS_RELOAD_SECONDS",
+        "60",
+        float_between(0.0, 86400),
+        "how often the auth file, the listener's TLS files and the user assertion key file are checked and re-read when they changed, without a restart; `SIGHUP` re-reads them at once; `0`: on `SIGHUP` only",
+    )
+    allow_unauthenticated: bool = setting(
+        "QUEUE_ALLOW_UNAUTHENTICATED",
+        "false",
+        boolean,
+        "allow a non-loopback listener without `QUEUE_AUTH_FILE` (behind a trusted proxy only)",
+    )
+    tls_terminated_upstream: bool = setting(
+        "QUEUE_TLS_TERMINATED_UPSTREAM",
+        "false",
+        boolean,
+        "with `QUEUE_AUTH_FILE` but no `QUEUE_TLS_CERT_FILE`, a non-loopback listener (`QUEUE_LISTEN_ADDR`, `QUEUE_HTTP_ADDR`) is refused, since bearer tokens would cross the network in plaintext; `true` states that a mesh or ingress terminates TLS in front of it",
+    )
+    user_assertion_key_file: str = setting(
+        "QUEUE_USER_ASSERTION_KEY_FILE",
+        "",
+        trimmed_text,
+        "per-user assertions (needs `QUEUE_AUTH_FILE`): the web backend's Ed25519, ECDSA P-256 or RSA public key (PEM, recommended; several during a key rotation) or an HS256 secret file; set, every `web` call must carry a JWT in `x-user-assertion` whose `sub` is its `user_id` ([security](security.md))",
+    )
+    user_assertion_issuer: str = setting("QUEUE_USER_ASSERTION_ISSUER", "", trimmed_text, "the `iss` every user assertion must carry")
+    user_assertion_audience: str = setting(
+        "QUEUE_USER_ASSERTION_AUDIENCE", "acurio-queue", non_empty_text, "the `aud` every user assertion must carry"
+    )
+    user_assertion_max_age_seconds: float = setting(
+        "QUEUE_USER_ASSERTION_MAX_AGE_SECONDS", "300", float_between(1, 86400), "longest lifetime (`exp` − `iat`) of a user assertion"
+    )
+    user_assertion_leeway_seconds: float = setting(
+        "QUEUE_USER_ASSERTION_LEEWAY_SECONDS", "30", float_between(0, 600), "clock skew allowed on its `exp`, `iat`, `nbf`"
+    )
+    core_tls_ca_file: str = setting("QUEUE_CORE_TLS_CA_FILE", "", trimmed_text, "PEM CA bundle: call the core over TLS")
+    core_tls_cert_file: str = setting("QUEUE_CORE_TLS_CERT_FILE", "", trimmed_text, "PEM client certificate for the core (mutual TLS)")
+    core_tls_key_file: str = setting("QUEUE_CORE_TLS_KEY_FILE", "", trimmed_text, "PEM client key for the core")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
@@ -686,6 +629,11 @@ class Config:
                 )
 
 
+# Every setting by field name, in the order of the fields (the deploy manifests' and docs' tests read these).
+SETTINGS: dict[str, Setting] = _settings_of(Config)
+DEV_SETTINGS: dict[str, Setting] = _settings_of(DevConfig)
+
+
 def _is_loopback(addr: str) -> bool:
     """True for a literal loopback address (127.0.0.0/8, ::1) or `localhost`. Any other name is
     not loopback, whatever it starts with: `127.attacker.example` or `127.0.0.1.nip.io` resolve
@@ -700,8 +648,8 @@ def _is_loopback(addr: str) -> bool:
 
 
 def reference_markdown() -> str:
-    """docs/configuration.md: every setting with its meaning and default, written from the tables
-    above so a meaning is written once (`python -m queue_service.config > docs/configuration.md`;
+    """docs/configuration.md: every setting with its meaning and default, written from the fields
+    of Config and DevConfig so a meaning is written once (`python -m queue_service.config > docs/configuration.md`;
     tests/unit/test_readme.py fails when the file is stale)."""
 
     def rows(settings: Mapping[str, Setting]) -> list[str]:
