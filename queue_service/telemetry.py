@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import functools
 import json
 import logging
 import os
@@ -23,12 +24,12 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, TypeVar, overload
 
 from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace
-from opentelemetry.metrics import CallbackT, Counter, Histogram, UpDownCounter
+from opentelemetry.metrics import CallbackOptions, Counter, Histogram, ObservableGauge, Observation, UpDownCounter
 
 tracer = trace.get_tracer("queue_service")
 _meter = otel_metrics.get_meter("queue_service")
@@ -39,241 +40,92 @@ SHUTDOWN_BUDGET_SECONDS = 3.0
 _SECONDS_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
 
 
-# The instruments below are one row each: name, unit, what it counts (and buckets or a callback).
-def _counter(name: str, unit: str, description: str) -> Counter:
-    return _meter.create_counter(name, unit=unit, description=description)
+InstrumentT = TypeVar("InstrumentT")
 
 
-def _up_down_counter(name: str, unit: str, description: str) -> UpDownCounter:
-    return _meter.create_up_down_counter(name, unit=unit, description=description)
+class _Declared(Generic[InstrumentT]):
+    """One instrument, declared as a row of `_Instruments`: its kind, OTel name, unit and
+    description, and how to create it from the meter (which `_Instruments()` does once)."""
+
+    def __init__(self, kind: str, name: str, unit: str, description: str, create: Callable[[Any], InstrumentT]) -> None:
+        self.kind, self.name, self.unit, self.description = kind, name, unit, description
+        self._create = create
+        self._attribute = ""
+
+    def __set_name__(self, owner: type, attribute: str) -> None:
+        self._attribute = attribute
+
+    def create_on(self, instruments: Any) -> None:
+        vars(instruments)[self._attribute] = self._create(instruments)
+
+    @overload
+    def __get__(self, instruments: None, owner: type) -> _Declared[InstrumentT]: ...
+    @overload
+    def __get__(self, instruments: object, owner: type) -> InstrumentT: ...
+    def __get__(self, instruments: object | None, owner: type) -> _Declared[InstrumentT] | InstrumentT:
+        # Only reached before `create_on` (afterwards the instance's own attribute answers) or on the class.
+        if instruments is None:
+            return self
+        raise AttributeError(f"{self.name} is read before the instruments were created")
 
 
-def _histogram(name: str, unit: str, description: str, *, buckets: Sequence[float] = _SECONDS_BUCKETS) -> Histogram:
-    return _meter.create_histogram(name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets)
+def _counter(name: str, unit: str, description: str) -> _Declared[Counter]:
+    return _Declared("counter", name, unit, description, lambda _: _meter.create_counter(name, unit=unit, description=description))
 
 
-def _gauge(name: str, unit: str, description: str, observe: CallbackT) -> None:
-    _meter.create_observable_gauge(name, callbacks=[observe], unit=unit, description=description)
+def _up_down_counter(name: str, unit: str, description: str) -> _Declared[UpDownCounter]:
+    return _Declared(
+        "up_down_counter", name, unit, description, lambda _: _meter.create_up_down_counter(name, unit=unit, description=description)
+    )
+
+
+def _histogram(name: str, unit: str, description: str, *, buckets: Sequence[float] = _SECONDS_BUCKETS) -> _Declared[Histogram]:
+    return _Declared(
+        "histogram",
+        name,
+        unit,
+        description,
+        lambda _: _meter.create_histogram(name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets),
+    )
+
+
+def _gauge(
+    name: str, unit: str, description: str, observe: Callable[[Any, CallbackOptions], Iterable[Observation]]
+) -> _Declared[ObservableGauge]:
+    """An observable gauge whose callback is `observe`, a method of `_Instruments`, bound to the instance."""
+    return _Declared(
+        "gauge",
+        name,
+        unit,
+        description,
+        lambda instruments: _meter.create_observable_gauge(
+            name, callbacks=[functools.partial(observe, instruments)], unit=unit, description=description
+        ),
+    )
 
 
 class _Instruments:
-    """The service's metrics; names follow OTel semantic conventions (dots, units)."""
+    """The service's metrics; names follow OTel semantic conventions (dots, units).
 
-    def __init__(self) -> None:
-        self.depth: dict[str, int] = {}
-        # The core's capacity as of this replica's last grant or sweep: in_use, limit (absent:
-        # unlimited), waiting (jobs waiting for capacity).
-        self.capacity: dict[str, int] = {}
-        self.pools: weakref.WeakSet[Any] = weakref.WeakSet()
-        # The event loop's recent lateness in seconds (the server points it at `deadline.loop_lag`).
-        self.loop_lag: Callable[[], float] = lambda: 0.0
-        self.admits = _counter("queue.admits", "{admit}", "Admit calls by outcome and reason")
-        self.retries = _counter(
-            "queue.retries",
-            "{retry}",
-            "OperatorService.RetryJob calls by outcome (admitted, repeated: the retry key had retried the job already, rejected) and reason",
-        )
-        self.lock_wait = _histogram("queue.lock.wait", "s", "Time spent waiting for a user's queue lock")
-        self.promotions = _counter("queue.promotions", "{job}", "Jobs promoted from QUEUED to PENDING, by trigger")
-        self.promotion_gap = _histogram(
-            "queue.promotion.gap", "s", "From a job ending to the next job's release being accepted by the core"
-        )
-        self.release_attempts = _counter("queue.release.attempts", "{attempt}", "Release attempts by result")
-        self.release_claim_passes = _counter(
-            "queue.release.claim_passes",
-            "{pass}",
-            "Passes of the release dispatcher's claiming loop, by what started them (woken_by: start; event: a PENDING job nobody claimed, a sweep, a retry; timer: the earliest due release; full_batch)",
-        )
-        self.statement_batch_size = _histogram(
-            "queue.statement.batch_size",
-            "{item}",
-            "Items one coalesced statement applied (statement: mark_released, releases the core accepted; end_runs, completions): those that arrived while the previous such statement ran",
-            buckets=[1, 2, 4, 8, 16, 32, 64],
-        )
-        self.statement_batch_failures = _counter(
-            "queue.statement.batch_failures",
-            "{batch}",
-            "Coalesced statements of several items that failed as a whole (statement: mark_released, end_runs); each item was then applied alone",
-        )
-        self.release_give_ups = _counter("queue.release.give_ups", "{job}", "Jobs failed because release gave up")
-        self.refunds = _counter("queue.refunds", "{credit}", "Credits refunded, by cause")
-        self.completions = _counter("queue.completions", "{job}", "Jobs ended, by status")
-        self.sweep_duration = _histogram("queue.sweep.duration", "s", "Duration of one sweeper pass")
-        self.sweep_rows = _counter("queue.sweep.rows", "{row}", "Rows the sweeper acted on, by action")
-        self.http_misdirected = _counter(
-            "queue.http.misdirected",
-            "{request}",
-            "Browser endpoint requests refused 421 because their Host is none of the endpoint's names (a DNS rebinding page, or a name missing from QUEUE_HTTP_ALLOWED_HOSTS)",
-        )
-        self.watch_streams = _up_down_counter("queue.watch.streams", "{stream}", "Open WatchJobs streams")
-        self.http_connections = _up_down_counter(
-            "queue.http.connections", "{connection}", "Open connections of the browser listener (QUEUE_HTTP_ADDR)"
-        )
-        self.http_refusals = _counter(
-            "queue.http.refusals",
-            "{request}",
-            "Browser listener requests and connections refused by its limits, by reason (body_timeout, not_served, accept_failed, unhandled)",
-        )
-        self.feed_reads = _counter(
-            "queue.feed.reads",
-            "{read}",
-            "Reads of the job-change feed, by what started them (woken_by: start; local, a change this replica committed; hint, another replica's; timer) and outcome (complete: false when more rows came than one read takes, and the streams resync)",
-        )
-        self.watch_line_rereads = _counter(
-            "queue.watch.line_rereads",
-            "{read}",
-            "Re-reads of the places in the capacity line of the waiting jobs this replica's WatchJobs streams show (after changes that may have moved the line, or on the timer)",
-        )
-        self.feed_rows_per_read = _histogram(
-            "queue.feed.rows_per_read",
-            "{row}",
-            "Job changes one read of the feed handed on",
-            buckets=[0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096],
-        )
-        self.feed_lag = _histogram(
-            "queue.feed.lag", "s", "From a job change written (in its transaction) to this replica reading it from the feed"
-        )
-        self.feed_hints_sent = _counter(
-            "queue.feed.hints_sent",
-            "{notify}",
-            "Wake-up hints (one NOTIFY each, in a transaction of its own) this replica sent after committing job changes",
-        )
-        self.run_settlements = _counter(
-            "queue.run.settlements",
-            "{attempt}",
-            "Attempts to confirm with the core that a run is settled (kind: job or orphan; result: settled or retry)",
-        )
-        self.core_refusals = _counter(
-            "queue.core.refusals",
-            "{release}",
-            "Releases the core answered RESOURCE_EXHAUSTED (at its concurrency ceiling): the job waited for capacity again (probe: a release above the limit the core had shown)",
-        )
-        self.capacity_wait = _histogram(
-            "queue.capacity.wait",
-            "s",
-            "How long a PENDING job waited for the fleet's capacity at the core before its release was granted",
-            buckets=_SECONDS_BUCKETS + [60, 120, 300, 600, 1800],
-        )
-        _gauge(
-            "queue.capacity",
-            "{run}",
-            "The core's capacity as of this replica's last grant or sweep (state: in_use, the runs that take it; limit, the limit in force, absent when unlimited; waiting, jobs waiting for it)",
-            self._observe_capacity,
-        )
-        self.core_retries = _counter("queue.core.retries", "{retry}", "Retried calls to the core, by method")
-        self.prepared_statement_clashes = _counter(
-            "queue.db.prepared_statement_clashes",
-            "{error}",
-            "Statements that failed because the server connection's prepared statements were not this replica's (a transaction-mode pooler); answered UNAVAILABLE",
-        )
-        self.stale_connections = _counter(
-            "queue.db.stale_connections",
-            "{connection}",
-            "Pooled connections found closed by the server (a restart, a failover) when about to be lent, and replaced without failing a call",
-        )
-        self.read_only_connections = _counter(
-            "queue.db.read_only_connections",
-            "{connection}",
-            "Pooled connections closed because a write on them met a read-only node (a standby reached mid-failover); the call was answered DATABASE_UNAVAILABLE",
-        )
-        self.abandoned_connections = _counter(
-            "queue.db.abandoned_connections",
-            "{connection}",
-            "Connections given up because a statement outlived its call's deadline and the server did not end it when cancelled (a frozen or unreachable database)",
-        )
-        self.listener_liveness_failures = _counter(
-            "queue.db.listener.liveness_failures",
-            "{failure}",
-            "LISTEN connections dropped because a liveness query got no answer in time (then reconnected, every stream resynced)",
-        )
-        self.estimates_left_out = _counter(
-            "queue.answer.estimates_left_out",
-            "{answer}",
-            "Answers of committed admits sent without fresh estimated start times, because reading them failed (by reason): the change stands, only the estimate is missing",
-        )
-        self.owed_release_handovers = _counter(
-            "queue.release.owed_handovers",
-            "{handover}",
-            "Follow-ups of a locked change whose outcome was unknown, by result: jobs it may have promoted handed over at once (handed_over, one per job), none found (none), not looked up before the lease would end it (gave_up)",
-        )
-        self.core_reconciliations = _counter(
-            "queue.core.reconciliations",
-            "{pass}",
-            "Reconciliations of the core's live runs against the jobs (trigger: periodic, database_changed, completion, release; result: ok, unavailable, unsupported)",
-        )
-        self.core_runs_adopted = _counter(
-            "queue.core.runs_adopted",
-            "{run}",
-            "Runs the core held or judged whose job the database had lost, adopted back into a job with its charge (state: held or judging)",
-        )
-        self.core_runs_lost = _counter(
-            "queue.core.runs_lost",
-            "{run}",
-            "Runs whose job the database had lost and that could not be adopted: canceled and recorded for the operator (reason)",
-        )
-        self.releases_held_for_core = _counter(
-            "queue.release.held_for_core",
-            "{attempt}",
-            "First-pass releases held back because the core reported another of the user's first-pass runs judging that the queue did not count (I9 at the core)",
-        )
-        self.release_checks_at_core = _counter(
-            "queue.release.checked_at_core",
-            "{attempt}",
-            "First-pass releases that asked the core for the user's judging runs first: only on a database history not yet reconciled with the core (after a start on a new history, a failover, a restore)",
-        )
-        self.health_probes = _counter(
-            "queue.health.probes", "{probe}", "Heartbeat writes of the health probe, by result (ok, failed, timeout)"
-        )
-        # The durability stance of the database this replica commits to (`store.replication`).
-        self.replication: dict[str, Any] = {}
-        _gauge(
-            "queue.db.synchronous_replication",
-            "1",
-            "1 when this replica's commits wait for a synchronous standby that is connected, else 0; attribute mode: synchronous, synchronous_without_standby, asynchronous, single_node, unknown",
-            self._observe_replication,
-        )
-        _gauge(
-            "queue.depth", "{job}", "Jobs by state (queued, pending, running) and users waiting, as of the last sweep", self._observe_depth
-        )
-        _gauge(
-            "queue.db.pool.connections",
-            "{connection}",
-            "Database pool connections by state (idle, used) and waiting requests",
-            self._observe_pools,
-        )
-        _gauge(
-            "queue.loop.lag",
-            "s",
-            "How late this replica's event loop has run lately (the recent peak lateness of a 50 ms timer, halving every 5 s); the reply reserve kept from each call's deadline is at least three times it",
-            self._observe_loop_lag,
-        )
+    Each instrument is one row below (attribute = kind(name, unit, description, and buckets or
+    an observer)); the constructor creates them all from the meter, in this order."""
 
     def _observe_loop_lag(self, _options: Any) -> list[Any]:
-        from opentelemetry.metrics import Observation
-
         return [Observation(self.loop_lag())]
 
     def _observe_depth(self, _options: Any) -> list[Any]:
-        from opentelemetry.metrics import Observation
-
         return [Observation(value, {"state": state}) for state, value in self.depth.items()]
 
     def _observe_capacity(self, _options: Any) -> list[Any]:
-        from opentelemetry.metrics import Observation
-
         return [Observation(value, {"state": state}) for state, value in self.capacity.items()]
 
     def _observe_replication(self, _options: Any) -> list[Any]:
-        from opentelemetry.metrics import Observation
-
         if not self.replication:
             return []
         mode = self.replication.get("mode", "unknown")
         return [Observation(1 if mode == "synchronous" else 0, {"mode": mode})]
 
     def _observe_pools(self, _options: Any) -> list[Any]:
-        from opentelemetry.metrics import Observation
-
         observations = []
         for pool in list(self.pools):
             stats = pool.get_stats()
@@ -285,6 +137,193 @@ class _Instruments:
                 Observation(stats.get("requests_waiting", 0), {**labels, "state": "waiting"}),
             ]
         return observations
+
+    admits = _counter("queue.admits", "{admit}", "Admit calls by outcome and reason")
+    retries = _counter(
+        "queue.retries",
+        "{retry}",
+        "OperatorService.RetryJob calls by outcome (admitted, repeated: the retry key had retried the job already, rejected) and reason",
+    )
+    lock_wait = _histogram("queue.lock.wait", "s", "Time spent waiting for a user's queue lock")
+    promotions = _counter("queue.promotions", "{job}", "Jobs promoted from QUEUED to PENDING, by trigger")
+    promotion_gap = _histogram("queue.promotion.gap", "s", "From a job ending to the next job's release being accepted by the core")
+    release_attempts = _counter("queue.release.attempts", "{attempt}", "Release attempts by result")
+    release_claim_passes = _counter(
+        "queue.release.claim_passes",
+        "{pass}",
+        "Passes of the release dispatcher's claiming loop, by what started them (woken_by: start; event: a PENDING job nobody claimed, a sweep, a retry; timer: the earliest due release; full_batch)",
+    )
+    statement_batch_size = _histogram(
+        "queue.statement.batch_size",
+        "{item}",
+        "Items one coalesced statement applied (statement: mark_released, releases the core accepted; end_runs, completions): those that arrived while the previous such statement ran",
+        buckets=[1, 2, 4, 8, 16, 32, 64],
+    )
+    statement_batch_failures = _counter(
+        "queue.statement.batch_failures",
+        "{batch}",
+        "Coalesced statements of several items that failed as a whole (statement: mark_released, end_runs); each item was then applied alone",
+    )
+    release_give_ups = _counter("queue.release.give_ups", "{job}", "Jobs failed because release gave up")
+    refunds = _counter("queue.refunds", "{credit}", "Credits refunded, by cause")
+    completions = _counter("queue.completions", "{job}", "Jobs ended, by status")
+    sweep_duration = _histogram("queue.sweep.duration", "s", "Duration of one sweeper pass")
+    sweep_rows = _counter("queue.sweep.rows", "{row}", "Rows the sweeper acted on, by action")
+    http_misdirected = _counter(
+        "queue.http.misdirected",
+        "{request}",
+        "Browser endpoint requests refused 421 because their Host is none of the endpoint's names (a DNS rebinding page, or a name missing from QUEUE_HTTP_ALLOWED_HOSTS)",
+    )
+    watch_streams = _up_down_counter("queue.watch.streams", "{stream}", "Open WatchJobs streams")
+    http_connections = _up_down_counter(
+        "queue.http.connections", "{connection}", "Open connections of the browser listener (QUEUE_HTTP_ADDR)"
+    )
+    http_refusals = _counter(
+        "queue.http.refusals",
+        "{request}",
+        "Browser listener requests and connections refused by its limits, by reason (body_timeout, not_served, accept_failed, unhandled)",
+    )
+    feed_reads = _counter(
+        "queue.feed.reads",
+        "{read}",
+        "Reads of the job-change feed, by what started them (woken_by: start; local, a change this replica committed; hint, another replica's; timer) and outcome (complete: false when more rows came than one read takes, and the streams resync)",
+    )
+    watch_line_rereads = _counter(
+        "queue.watch.line_rereads",
+        "{read}",
+        "Re-reads of the places in the capacity line of the waiting jobs this replica's WatchJobs streams show (after changes that may have moved the line, or on the timer)",
+    )
+    feed_rows_per_read = _histogram(
+        "queue.feed.rows_per_read",
+        "{row}",
+        "Job changes one read of the feed handed on",
+        buckets=[0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096],
+    )
+    feed_lag = _histogram("queue.feed.lag", "s", "From a job change written (in its transaction) to this replica reading it from the feed")
+    feed_hints_sent = _counter(
+        "queue.feed.hints_sent",
+        "{notify}",
+        "Wake-up hints (one NOTIFY each, in a transaction of its own) this replica sent after committing job changes",
+    )
+    run_settlements = _counter(
+        "queue.run.settlements",
+        "{attempt}",
+        "Attempts to confirm with the core that a run is settled (kind: job or orphan; result: settled or retry)",
+    )
+    core_refusals = _counter(
+        "queue.core.refusals",
+        "{release}",
+        "Releases the core answered RESOURCE_EXHAUSTED (at its concurrency ceiling): the job waited for capacity again (probe: a release above the limit the core had shown)",
+    )
+    capacity_wait = _histogram(
+        "queue.capacity.wait",
+        "s",
+        "How long a PENDING job waited for the fleet's capacity at the core before its release was granted",
+        buckets=_SECONDS_BUCKETS + [60, 120, 300, 600, 1800],
+    )
+    capacity_gauge = _gauge(
+        "queue.capacity",
+        "{run}",
+        "The core's capacity as of this replica's last grant or sweep (state: in_use, the runs that take it; limit, the limit in force, absent when unlimited; waiting, jobs waiting for it)",
+        _observe_capacity,
+    )
+    core_retries = _counter("queue.core.retries", "{retry}", "Retried calls to the core, by method")
+    prepared_statement_clashes = _counter(
+        "queue.db.prepared_statement_clashes",
+        "{error}",
+        "Statements that failed because the server connection's prepared statements were not this replica's (a transaction-mode pooler); answered UNAVAILABLE",
+    )
+    stale_connections = _counter(
+        "queue.db.stale_connections",
+        "{connection}",
+        "Pooled connections found closed by the server (a restart, a failover) when about to be lent, and replaced without failing a call",
+    )
+    read_only_connections = _counter(
+        "queue.db.read_only_connections",
+        "{connection}",
+        "Pooled connections closed because a write on them met a read-only node (a standby reached mid-failover); the call was answered DATABASE_UNAVAILABLE",
+    )
+    abandoned_connections = _counter(
+        "queue.db.abandoned_connections",
+        "{connection}",
+        "Connections given up because a statement outlived its call's deadline and the server did not end it when cancelled (a frozen or unreachable database)",
+    )
+    listener_liveness_failures = _counter(
+        "queue.db.listener.liveness_failures",
+        "{failure}",
+        "LISTEN connections dropped because a liveness query got no answer in time (then reconnected, every stream resynced)",
+    )
+    estimates_left_out = _counter(
+        "queue.answer.estimates_left_out",
+        "{answer}",
+        "Answers of committed admits sent without fresh estimated start times, because reading them failed (by reason): the change stands, only the estimate is missing",
+    )
+    owed_release_handovers = _counter(
+        "queue.release.owed_handovers",
+        "{handover}",
+        "Follow-ups of a locked change whose outcome was unknown, by result: jobs it may have promoted handed over at once (handed_over, one per job), none found (none), not looked up before the lease would end it (gave_up)",
+    )
+    core_reconciliations = _counter(
+        "queue.core.reconciliations",
+        "{pass}",
+        "Reconciliations of the core's live runs against the jobs (trigger: periodic, database_changed, completion, release; result: ok, unavailable, unsupported)",
+    )
+    core_runs_adopted = _counter(
+        "queue.core.runs_adopted",
+        "{run}",
+        "Runs the core held or judged whose job the database had lost, adopted back into a job with its charge (state: held or judging)",
+    )
+    core_runs_lost = _counter(
+        "queue.core.runs_lost",
+        "{run}",
+        "Runs whose job the database had lost and that could not be adopted: canceled and recorded for the operator (reason)",
+    )
+    releases_held_for_core = _counter(
+        "queue.release.held_for_core",
+        "{attempt}",
+        "First-pass releases held back because the core reported another of the user's first-pass runs judging that the queue did not count (I9 at the core)",
+    )
+    release_checks_at_core = _counter(
+        "queue.release.checked_at_core",
+        "{attempt}",
+        "First-pass releases that asked the core for the user's judging runs first: only on a database history not yet reconciled with the core (after a start on a new history, a failover, a restore)",
+    )
+    health_probes = _counter("queue.health.probes", "{probe}", "Heartbeat writes of the health probe, by result (ok, failed, timeout)")
+    replication_gauge = _gauge(
+        "queue.db.synchronous_replication",
+        "1",
+        "1 when this replica's commits wait for a synchronous standby that is connected, else 0; attribute mode: synchronous, synchronous_without_standby, asynchronous, single_node, unknown",
+        _observe_replication,
+    )
+    depth_gauge = _gauge(
+        "queue.depth", "{job}", "Jobs by state (queued, pending, running) and users waiting, as of the last sweep", _observe_depth
+    )
+    pool_connections_gauge = _gauge(
+        "queue.db.pool.connections",
+        "{connection}",
+        "Database pool connections by state (idle, used) and waiting requests",
+        _observe_pools,
+    )
+    loop_lag_gauge = _gauge(
+        "queue.loop.lag",
+        "s",
+        "How late this replica's event loop has run lately (the recent peak lateness of a 50 ms timer, halving every 5 s); the reply reserve kept from each call's deadline is at least three times it",
+        _observe_loop_lag,
+    )
+
+    def __init__(self) -> None:
+        self.depth: dict[str, int] = {}
+        # The core's capacity as of this replica's last grant or sweep: in_use, limit (absent:
+        # unlimited), waiting (jobs waiting for capacity).
+        self.capacity: dict[str, int] = {}
+        self.pools: weakref.WeakSet[Any] = weakref.WeakSet()
+        # The event loop's recent lateness in seconds (the server points it at `deadline.loop_lag`).
+        self.loop_lag: Callable[[], float] = lambda: 0.0
+        # The durability stance of the database this replica commits to (`store.replication`).
+        self.replication: dict[str, Any] = {}
+        for declared in vars(_Instruments).values():
+            if isinstance(declared, _Declared):
+                declared.create_on(self)
 
 
 metrics = _Instruments()
