@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name
 
-from tests.unit.test_lock_files import locked
+from tests.repository.files import locked
 
 ROOT = Path(__file__).resolve().parents[2]
 # Names package managers give their lock files; any of them in the repository must be audited.

@@ -8,36 +8,17 @@ from __future__ import annotations
 
 import re
 import tomllib
-from functools import cache
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.unit.test_readme import _MACHINE_PATH
+from tests.repository.files import MACHINE_PATH, locked
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 LOCKS = ("requirements.lock", "requirements-dev.lock")
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+) \\$")
-
-
-@cache
-def locked(name: str) -> dict[str, tuple[str, int]]:
-    """package -> (version, number of hashes) of a lock file."""
-    pins: dict[str, tuple[str, int]] = {}
-    current = ""
-    for line in (ROOT / name).read_text().splitlines():
-        pin = _PIN.match(line)
-        if pin:
-            current = canonicalize_name(pin.group(1))
-            assert current not in pins, f"{name}: {current} pinned twice"
-            pins[current] = (pin.group(2), 0)
-        elif line.strip().startswith("--hash=sha256:") and current:
-            version, hashes = pins[current]
-            pins[current] = (version, hashes + 1)
-    return pins
 
 
 def _check_pinned(requirements: list[str], lock: str) -> list[str]:
@@ -77,7 +58,7 @@ def test_the_dev_lock_runs_the_versions_the_image_ships() -> None:
 def test_a_lock_file_names_no_index_and_no_path_of_a_machine(lock: str) -> None:
     text = (ROOT / lock).read_text()
     assert not re.search(r"^\s*-(-index-url|-extra-index-url|-find-links|-trusted-host|i |f )", text, re.MULTILINE)
-    assert not re.search(r"(https?://|/tmp/)", text) and not _MACHINE_PATH.search(text)
+    assert not re.search(r"(https?://|/tmp/)", text) and not MACHINE_PATH.search(text)
 
 
 def test_ci_and_the_image_install_from_the_lock_files_with_hashes() -> None:
