@@ -160,6 +160,29 @@ async def eventually(check: Any, timeout: float = 10.0, what: str = "condition")
         await asyncio.sleep(0.02)
 
 
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def health(stubs: Stubs, service: str = "") -> int | None:
+    """The health status of `service` ("": the replica), None when the check fails or times out."""
+    try:
+        return (await stubs.health.Check(health_pb2.HealthCheckRequest(service=service), timeout=0.5)).status
+    except grpc.aio.AioRpcError:
+        return None
+
+
+async def until(check: Any, *, within: float, what: str, every: float = 0.02) -> float:
+    """Seconds until the async `check` is true; fails after `within` seconds."""
+    started = time.monotonic()
+    while True:
+        if await check():
+            return time.monotonic() - started
+        if time.monotonic() - started > within:
+            raise AssertionError(f"{what}: not within {within}s")
+        await asyncio.sleep(every)
+
+
 async def stranger_holds_user_locks(database_url: str, user_ids: list[str], seconds: float, holding: asyncio.Event | None = None) -> None:
     """A transaction of nobody in the service (an operator's, a replica of another version's)
     holds the users' queue locks for `seconds`, taken through the one helper that takes them;

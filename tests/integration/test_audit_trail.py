@@ -34,8 +34,8 @@ from queue_service._gen.acurio.queue.v1 import (
 from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
 )
+from tests.connect_client import connect_unary
 from tests.harness import error_info, new_user
-from tests.integration.test_operator_console import connect_unary
 
 S = job_pb2
 TOKENS = {"web": "audit-web-token", "operator": "audit-operator-token", "core": "audit-core-token"}

@@ -17,14 +17,13 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
-from grpc_health.v1 import health_pb2
 
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.config import Config
 from queue_service.dev.core import AnswerFault
 from queue_service.dev.embedded_postgres import free_port
 from tests.faults import TcpProxy, backend_pids, frozen
-from tests.harness import S, Stubs, error_info, new_user
+from tests.harness import NOT_SERVING, SERVING, S, Stubs, error_info, health, new_user, until
 
 _FIELDS = {field.name for field in dataclasses.fields(Config)}
 
@@ -35,34 +34,12 @@ def settings(**overrides: Any) -> dict[str, Any]:
     return {name: value for name, value in overrides.items() if name in _FIELDS}
 
 
-async def health(stubs: Stubs, service: str = "") -> int | None:
-    try:
-        return (await stubs.health.Check(health_pb2.HealthCheckRequest(service=service), timeout=0.5)).status
-    except grpc.aio.AioRpcError:
-        return None
-
-
-async def until(check, *, within: float, what: str, every: float = 0.02) -> float:
-    """Seconds until the async `check` is true; fails after `within` seconds."""
-    started = time.monotonic()
-    while True:
-        if await check():
-            return time.monotonic() - started
-        if time.monotonic() - started > within:
-            raise AssertionError(f"{what}: not within {within}s")
-        await asyncio.sleep(every)
-
-
 async def answers(stubs: Stubs, job_id: str) -> bool:
     try:
         await stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=job_id), timeout=0.5)
     except grpc.aio.AioRpcError:
         return False
     return True
-
-
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 async def test_a_frozen_listen_connection_is_noticed_and_every_stream_hears_later_changes(services, database_url: str) -> None:

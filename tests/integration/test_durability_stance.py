@@ -22,8 +22,7 @@ import pytest
 
 from queue_service.dev.embedded_postgres import SYSTEM_USER, EmbeddedPostgres, free_port
 from queue_service.store import migrations
-from tests.harness import ServiceFactory, new_user
-from tests.integration.test_database_faults import NOT_SERVING, SERVING, health, until
+from tests.harness import NOT_SERVING, SERVING, ServiceFactory, health, new_user, until
 
 
 @pytest.fixture

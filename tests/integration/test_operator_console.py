@@ -4,20 +4,17 @@ with the same roles and the same ErrorInfo/BadRequest details, against real Post
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime as dt
 import hashlib
 import http.client
 import json
 import struct
 import uuid
-from typing import Any
 
 import grpc
 import psycopg
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
-from google.rpc import error_details_pb2
 
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2 as callback_pb2,
@@ -37,6 +34,7 @@ from queue_service._gen.acurio.queue.v1 import (
 from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
 )
+from tests.connect_client import connect_unary, envelopes, error_details, post
 from tests.harness import error_info, new_user, role_tokens, write_auth_file
 
 S = job_pb2
@@ -232,47 +230,6 @@ async def test_watch_overview_sends_a_new_overview_when_a_figure_changes(service
 # -- the browser endpoint: Connect over HTTP/1.1 --------------------------------------------
 
 
-def _post(port: int, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
-    try:
-        connection.request("POST", path, body=body, headers=headers)
-        response = connection.getresponse()
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-    finally:
-        connection.close()
-
-
-async def connect_unary(port: int, method: str, message: dict[str, Any], token: str | None = None) -> tuple[int, dict[str, Any]]:
-    headers = {"content-type": "application/json", "connect-protocol-version": "1"}
-    if token:
-        headers["authorization"] = f"Bearer {token}"
-    status, _, body = await asyncio.to_thread(_post, port, f"/acurio.queue.v1.{method}", json.dumps(message).encode(), headers)
-    return status, json.loads(body)
-
-
-def _details(error: dict[str, Any]) -> tuple[str, list[str]]:
-    """(ErrorInfo reason, BadRequest fields) of a Connect error body."""
-    reason, fields = "", []
-    for detail in error.get("details", []):
-        raw = base64.b64decode(detail["value"] + "=" * (-len(detail["value"]) % 4))
-        if detail["type"] == "google.rpc.ErrorInfo":
-            info = error_details_pb2.ErrorInfo.FromString(raw)
-            assert info.domain == "queue.acurio.app"
-            reason = info.reason
-        elif detail["type"] == "google.rpc.BadRequest":
-            fields = [v.field for v in error_details_pb2.BadRequest.FromString(raw).field_violations]
-    return reason, fields
-
-
-def _envelopes(body: bytes) -> list[tuple[int, dict[str, Any]]]:
-    found, offset = [], 0
-    while offset < len(body):
-        flags, length = struct.unpack(">BI", body[offset : offset + 5])
-        found.append((flags, json.loads(body[offset + 5 : offset + 5 + length] or b"{}")))
-        offset += 5 + length
-    return found
-
-
 @pytest.fixture
 async def web_service(services, auth_file):
     core = await services.core(callback_token=TOKENS["core"])
@@ -284,9 +241,9 @@ async def test_connect_endpoint_applies_the_same_roles_and_error_details(web_ser
     assert port > 0
 
     status, error = await connect_unary(port, "OperatorService/GetOverview", {})
-    assert (status, error["code"], _details(error)[0]) == (401, "unauthenticated", "UNAUTHENTICATED")
+    assert (status, error["code"], error_details(error)[0]) == (401, "unauthenticated", "UNAUTHENTICATED")
     status, error = await connect_unary(port, "OperatorService/GetOverview", {}, TOKENS["web"])
-    assert (status, error["code"], _details(error)[0]) == (403, "permission_denied", "PERMISSION_DENIED")
+    assert (status, error["code"], error_details(error)[0]) == (403, "permission_denied", "PERMISSION_DENIED")
     assert "may not call /acurio.queue.v1.OperatorService/GetOverview" in error["message"]
 
     status, granted = await connect_unary(
@@ -298,7 +255,7 @@ async def test_connect_endpoint_applies_the_same_roles_and_error_details(web_ser
     assert status == 200 and admitted["job"]["status"] == "JOB_STATUS_PENDING"
     status, error = await connect_unary(port, "AnalysisQueueService/Admit", {**admit, "idempotencyKey": "", "sources": []}, TOKENS["web"])
     assert (status, error["code"]) == (400, "invalid_argument")
-    assert _details(error) == ("INVALID_REQUEST", ["idempotency_key", "sources"])
+    assert error_details(error) == ("INVALID_REQUEST", ["idempotency_key", "sources"])
 
     status, overview = await connect_unary(port, "OperatorService/GetOverview", {}, TOKENS["operator"])
     assert status == 200 and int(overview["overview"].get("pending", 0)) + int(overview["overview"].get("running", 0)) >= 1
@@ -327,10 +284,10 @@ async def test_watch_jobs_streams_over_http_1_1(web_service) -> None:
         "authorization": f"Bearer {TOKENS['web']}",
     }
     status, response_headers, body = await asyncio.to_thread(
-        _post, port, "/acurio.queue.v1.AnalysisQueueService/WatchJobs", struct.pack(">BI", 0, len(request)) + request, headers
+        post, port, "/acurio.queue.v1.AnalysisQueueService/WatchJobs", struct.pack(">BI", 0, len(request)) + request, headers
     )
     assert status == 200 and response_headers["content-type"] == "application/connect+json"
-    messages = _envelopes(body)
+    messages = envelopes(body)
     data = [m for flags, m in messages if flags == 0]
     # The snapshot ends at its marker; changes committed around the stream's start may follow it.
     ends = [i for i, m in enumerate(data) if m.get("snapshotComplete")]
@@ -342,10 +299,10 @@ async def test_watch_jobs_streams_over_http_1_1(web_service) -> None:
 
     unauthenticated = {**headers, "authorization": "Bearer wrong"}
     _, _, body = await asyncio.to_thread(
-        _post, port, "/acurio.queue.v1.AnalysisQueueService/WatchJobs", struct.pack(">BI", 0, len(request)) + request, unauthenticated
+        post, port, "/acurio.queue.v1.AnalysisQueueService/WatchJobs", struct.pack(">BI", 0, len(request)) + request, unauthenticated
     )
-    flags, end = _envelopes(body)[-1]
-    assert flags == 2 and end["error"]["code"] == "unauthenticated" and _details(end["error"])[0] == "UNAUTHENTICATED"
+    flags, end = envelopes(body)[-1]
+    assert flags == 2 and end["error"]["code"] == "unauthenticated" and error_details(end["error"])[0] == "UNAUTHENTICATED"
 
 
 async def test_the_console_is_served_with_a_strict_content_policy(web_service) -> None:

@@ -33,8 +33,8 @@ from queue_service._gen.acurio.queue.v1 import (
 from queue_service.api.access.user_assertions import AssertionVerifier, load_keys
 from queue_service.config import Config, ConfigError
 from queue_service.errors import UserAssertionInvalid
+from tests import connect_client
 from tests.harness import error_info, new_user, role_tokens
-from tests.integration.test_operator_console import _details, _envelopes, _post
 
 TOKENS = {"web": "web-token-for-assertions", "core": "core-token-for-assertions", "operator": "operator-token-for-assertions"}
 ISSUER = "https://web.acurio.example"
@@ -239,23 +239,23 @@ async def test_the_browser_endpoint_checks_assertions_like_grpc(asserting_servic
         if stream:
             headers["connect-timeout-ms"] = "1000"
             body = struct.pack(">BI", 0, len(body)) + body
-        status, _, answer = _post(port, f"/acurio.queue.v1.AnalysisQueueService/{method}", body, headers)
+        status, _, answer = connect_client.post(port, f"/acurio.queue.v1.AnalysisQueueService/{method}", body, headers)
         return status, answer
 
     async def unary(method: str, message: dict[str, Any], assertion: str | None) -> tuple[int, str, dict[str, Any]]:
         status, body = await asyncio.to_thread(post, method, message, assertion)
         answer = json.loads(body)
-        return status, _details(answer)[0] if status != 200 else "", answer
+        return status, connect_client.error_details(answer)[0] if status != 200 else "", answer
 
     assert (await unary("ListJobs", {"userId": alice}, None))[:2] == (401, "USER_ASSERTION_INVALID")
     assert (await unary("ListJobs", {"userId": alice}, mint(mallory)))[:2] == (403, "USER_MISMATCH")
     assert (await unary("ListJobs", {"userId": alice}, mint(alice)))[:2] == (200, "")
 
     _, body = await asyncio.to_thread(post, "WatchJobs", {"userId": alice}, mint(mallory), stream=True)
-    flags, end = _envelopes(body)[-1]
-    assert flags == 2 and end["error"]["code"] == "permission_denied" and _details(end["error"])[0] == "USER_MISMATCH"
+    flags, end = connect_client.envelopes(body)[-1]
+    assert flags == 2 and end["error"]["code"] == "permission_denied" and connect_client.error_details(end["error"])[0] == "USER_MISMATCH"
     _, body = await asyncio.to_thread(post, "WatchJobs", {"userId": alice}, mint(alice), stream=True)
-    assert [m.get("snapshotComplete") for flags, m in _envelopes(body) if flags == 0] == [True]
+    assert [m.get("snapshotComplete") for flags, m in connect_client.envelopes(body) if flags == 0] == [True]
 
 
 def test_key_files_choose_one_algorithm_and_bad_ones_stop_start(tmp_path: Path, files: dict[str, Path]) -> None:
