@@ -650,7 +650,7 @@ def _is_loopback(addr: str) -> bool:
 def reference_markdown() -> str:
     """docs/configuration.md: every setting with its meaning and default, written from the fields
     of Config and DevConfig so a meaning is written once (`python -m queue_service.config > docs/configuration.md`;
-    tests/unit/test_readme.py fails when the file is stale)."""
+    tests/repository/test_readme.py fails when the file is stale)."""
 
     def rows(settings: Mapping[str, Setting]) -> list[str]:
         return [f"| `{s.env}` | {s.meaning} | {f'`{s.default}`' if s.default else '—'} |" for s in settings.values()]

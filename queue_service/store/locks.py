@@ -3,7 +3,7 @@
 `locked_section` owns the key `analysis_queue:<user_id>`: every admit, promotion, completion,
 give-up, cancel and settlement of a user runs under it, so they serialize per user across every
 replica and code version. A typo in the namespace would silently split the lock in two, so
-`tests/unit/test_lock_scan.py` fails if any other file spells the namespace or takes an advisory lock.
+`tests/repository/test_lock_scan.py` fails if any other file spells the namespace or takes an advisory lock.
 
 `capacity_section` owns the fleet-wide key `analysis_queue_capacity`: every grant of the core's
 capacity runs under it, so two replicas never hand out the same free capacity. It is taken alone,

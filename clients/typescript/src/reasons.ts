@@ -9,7 +9,7 @@ export const QUEUE_ERROR_DOMAIN = "queue.acurio.app";
  * Every `ErrorInfo.reason` the queue sends (see the comment on `AnalysisQueueService` in
  * `queue_service.proto` for each one's code and metadata). Reasons are only ever added; treat an
  * unknown one by its status code. The service's own table (`queue_service/api/road/status.py`) is the
- * source: `tests/unit/test_reason_vocabulary.py` fails when this list differs from it.
+ * source: `tests/repository/test_reason_vocabulary.py` fails when this list differs from it.
  */
 export const QUEUE_REASONS = [
   "INVALID_REQUEST",
