@@ -13,7 +13,7 @@ import pytest
 from queue_service import errors
 from queue_service.config import Config
 from queue_service.engine.admission import Admission
-from queue_service.engine.engine import QueueEngine, _already_finished
+from queue_service.engine.engine import _already_finished
 from queue_service.model import AdmitRequest, AdmitResult, AdmitState, JobStatus, Transition
 
 USER = "alice"
@@ -29,8 +29,17 @@ class Unreachable:
 
 def admission(**settings: Any) -> Admission:
     config = Config.from_env({}, **settings)
-    engine = QueueEngine(cast(Any, Unreachable()), cast(Any, Unreachable()), config, hand_over=lambda claim: None)
-    return Admission(engine, cast(Any, Unreachable()), cast(Any, Unreachable()), cast(Any, Unreachable()))
+    unreachable = cast(Any, Unreachable())
+    return Admission(
+        unreachable,
+        unreachable,
+        unreachable,
+        config,
+        starter=unreachable,
+        capacity=unreachable,
+        tasks=unreachable,
+        owed_releases=unreachable,
+    )
 
 
 def state(**fields: Any) -> AdmitState:
