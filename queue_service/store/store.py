@@ -942,11 +942,13 @@ class Store:
         await self.pool.close()
 
     async def migrate(self) -> list[int]:
-        """Applies every pending migration; returns the versions this call applied."""
+        """Applies every pending migration and changed function file; returns the versions this
+        call applied."""
         with translated_errors():
             return await migrations.migrate(self._database_url)
 
-    async def pending_migrations(self) -> list[int]:
+    async def pending_migrations(self) -> list[str]:
+        """Migrations and function files not yet applied (`migrations.pending_migrations`)."""
         with translated_errors():
             async with self.pool.connection() as conn:
                 return await migrations.pending_migrations(conn)

@@ -1,4 +1,4 @@
-"""The schema the migrations produce, read from PostgreSQL's catalog and written as SQL to read:
+"""The schema the migrations and the function files produce, read from PostgreSQL's catalog and written as SQL to read:
 `queue_service/store/sql/schema.sql`.
 
     python -m tests.integration.schema_tool            # rewrite schema.sql (embedded PostgreSQL)
@@ -45,11 +45,11 @@ SCHEMA_FILE = ROOT / "queue_service" / "store" / "sql" / "schema.sql"
 REGENERATE = "python -m tests.integration.schema_tool"
 
 HEADER = f"""\
--- The schema that the migrations in migrations/ produce, dumped from PostgreSQL's catalog.
--- Read this file to know the schema; change it only through a new migration, then regenerate it
--- with `{REGENERATE}` (tests/integration/test_schema.py fails while it is stale).
--- Every object appears once, as the last migration that touched it left it: a function or view
--- that a later migration replaces shows its final definition. In the order it applies in:
+-- The schema that the migrations in migrations/ and the files in functions/ produce, dumped from
+-- PostgreSQL's catalog. Read this file to know the schema; change a table or an index through a
+-- new migration, a function, trigger or view in its file in functions/ (where its why is), then
+-- regenerate this file with `{REGENERATE}` (tests/integration/test_schema.py fails while it is
+-- stale). Every object appears once, in its final definition. In the order it applies in:
 -- sequences, tables (with their indexes), functions, views, functions over views, triggers; each
 -- sorted by name.
 """
@@ -312,7 +312,7 @@ def new_database(admin_dsn: str) -> Iterator[str]:
 
 
 def migrated_schema(admin_dsn: str) -> str:
-    """schema.sql's text for a new database that the migrations built."""
+    """schema.sql's text for a new database that the migrations (and the function files) built."""
     with new_database(admin_dsn) as dsn:
         asyncio.run(migrations.migrate(dsn))
         with psycopg.connect(dsn, row_factory=dict_row) as conn:
@@ -381,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if found:
         print(f"schema.sql is stale: run `{REGENERATE}`")
         return 1
-    print("schema.sql matches the migrations")
+    print("schema.sql matches the migrations and the function files")
     return 0
 
 

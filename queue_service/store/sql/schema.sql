@@ -1,8 +1,8 @@
--- The schema that the migrations in migrations/ produce, dumped from PostgreSQL's catalog.
--- Read this file to know the schema; change it only through a new migration, then regenerate it
--- with `python -m tests.integration.schema_tool` (tests/integration/test_schema.py fails while it is stale).
--- Every object appears once, as the last migration that touched it left it: a function or view
--- that a later migration replaces shows its final definition. In the order it applies in:
+-- The schema that the migrations in migrations/ and the files in functions/ produce, dumped from
+-- PostgreSQL's catalog. Read this file to know the schema; change a table or an index through a
+-- new migration, a function, trigger or view in its file in functions/ (where its why is), then
+-- regenerate this file with `python -m tests.integration.schema_tool` (tests/integration/test_schema.py fails while it is
+-- stale). Every object appears once, in its final definition. In the order it applies in:
 -- sequences, tables (with their indexes), functions, views, functions over views, triggers; each
 -- sorted by name.
 -- Dumped on PostgreSQL 18.
@@ -169,6 +169,13 @@ CREATE TABLE public.queue_replicas (
     CONSTRAINT queue_replicas_pkey PRIMARY KEY (replica_id)
 );
 CREATE INDEX queue_replicas_by_heartbeat ON public.queue_replicas USING btree (heartbeat_time);
+
+CREATE TABLE public.queue_schema_functions (
+    name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT queue_schema_functions_pkey PRIMARY KEY (name, checksum)
+);
 
 CREATE TABLE public.queue_schema_migrations (
     version    integer NOT NULL,

@@ -1,0 +1,74 @@
+-- queue_capacity_first_waiting: the function.
+--
+-- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- * 0023 (deltas take turns under the capacity): The waiting job that would be served first among
+--   those of one kind (`p_deltas_only`) or of both, and its user's runs in use: the first in turn
+--   order whose user has the fewest runs in use, considering only users with fewer than
+--   `p_rank_to_beat` (NULL: any). Walks the turn-order index one entry at a time and stops at a
+--   user with none in use.
+
+CREATE OR REPLACE FUNCTION public.queue_capacity_first_waiting(p_deltas_only boolean, p_skipped uuid[], p_rank_to_beat integer)
+ RETURNS TABLE(job_id uuid, runs_in_use integer)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_job_id uuid;
+    v_user_id text;
+    v_key timestamptz;
+    v_wait timestamptz;
+    v_seq bigint;
+    v_rank integer;
+BEGIN
+    job_id := NULL;
+    runs_in_use := p_rank_to_beat;
+    LOOP
+        -- The next waiting job after (v_key, v_wait, v_seq) in turn order, each query spelled so
+        -- that its partial index serves it.
+        IF p_deltas_only AND v_job_id IS NULL THEN
+            SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+              INTO v_job_id, v_user_id, v_key, v_wait, v_seq
+              FROM analysis_jobs w
+             WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
+               AND w.delta_of_job_id IS NOT NULL AND w.job_id <> ALL (p_skipped)
+             ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+             LIMIT 1;
+        ELSIF p_deltas_only THEN
+            SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+              INTO v_job_id, v_user_id, v_key, v_wait, v_seq
+              FROM analysis_jobs w
+             WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
+               AND w.delta_of_job_id IS NOT NULL AND w.job_id <> ALL (p_skipped)
+               AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq) > (v_key, v_wait, v_seq)
+             ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+             LIMIT 1;
+        ELSIF v_job_id IS NULL THEN
+            SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+              INTO v_job_id, v_user_id, v_key, v_wait, v_seq
+              FROM analysis_jobs w
+             WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
+               AND w.job_id <> ALL (p_skipped)
+             ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+             LIMIT 1;
+        ELSE
+            SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+              INTO v_job_id, v_user_id, v_key, v_wait, v_seq
+              FROM analysis_jobs w
+             WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
+               AND w.job_id <> ALL (p_skipped)
+               AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq) > (v_key, v_wait, v_seq)
+             ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
+             LIMIT 1;
+        END IF;
+        EXIT WHEN NOT FOUND;
+        v_rank := queue_capacity_in_use_of_user(v_user_id);
+        IF runs_in_use IS NULL OR v_rank < runs_in_use THEN
+            job_id := v_job_id;
+            runs_in_use := v_rank;
+        END IF;
+        EXIT WHEN v_rank = 0;
+    END LOOP;
+    IF job_id IS NOT NULL THEN
+        RETURN NEXT;
+    END IF;
+END
+$function$;

@@ -1,0 +1,29 @@
+-- queue_capacity_give_back_turn: the function.
+--
+-- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- * 0023 (deltas take turns under the capacity): A grant given back (the core's "not now", or a job
+--   taken back to its queue): the user's turn goes back to what it was before that grant
+--   (`p_turn_before`) only while the turn the grant gave her (`p_turn_granted`, the granted job's
+--   turn key) is still her latest, so one she got meanwhile through another slot is kept; her
+--   waiting jobs then wait from her latest turn.
+
+CREATE OR REPLACE FUNCTION public.queue_capacity_give_back_turn(p_user_id text, p_turn_before timestamp with time zone, p_turn_granted timestamp with time zone)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_turn_now timestamptz;
+BEGIN
+    IF p_turn_before IS NULL THEN
+        DELETE FROM user_capacity_turns t WHERE t.user_id = p_user_id AND t.last_turn_at = p_turn_granted;
+    ELSE
+        UPDATE user_capacity_turns t SET last_turn_at = p_turn_before
+         WHERE t.user_id = p_user_id AND t.last_turn_at = p_turn_granted;
+    END IF;
+    SELECT t.last_turn_at INTO v_turn_now FROM user_capacity_turns t WHERE t.user_id = p_user_id;
+    UPDATE analysis_jobs w
+       SET capacity_turn_key = GREATEST(v_turn_now, w.capacity_wait_since)
+     WHERE w.user_id = p_user_id AND w.status = 'pending'
+       AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
+END
+$function$;

@@ -1,0 +1,87 @@
+-- queue_grant_capacity: the function.
+--
+-- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- * 0014 (fleet capacity): Hands the free capacity to waiting jobs, one at a time in the fair order
+--   (each grant changes the order: the user's runs in use grow), numbering each with the lowest
+--   free token and claiming its release for the caller (attempt counted, leased; its release window
+--   starts now; like every release claim it carries a recorded cancel intent, and then the attempt
+--   cancels the run). Only ever called under the fleet-wide capacity lock, so grants of two
+--   replicas never see the same free capacity. Rows skipped while another transaction holds them (a
+--   cancel) wait for the next grant. While the core refuses, the limit is what it last took plus
+--   one probe per probe interval. Returns a 'granted' row per grant, then one 'state' row: whether
+--   the capacity is limited (a replica keeps granting while it is), what is in use after the grants
+--   and the limit they used.
+-- * 0016 (capacity turn order): As in 0014, with the next in line from
+--   `queue_capacity_next_in_line` and the user's other waiting jobs moved behind every waiting user
+--   with the grant (their keys: the grant's time).
+-- * 0023 (deltas take turns under the capacity): As in 0014/0016; a grant moves all of the user's
+--   other waiting jobs, deltas included, behind every user waiting now.
+
+CREATE OR REPLACE FUNCTION public.queue_grant_capacity(p_lease_seconds double precision, p_release_window_seconds double precision, p_probe_interval_seconds double precision, p_max_grants integer)
+ RETURNS TABLE(row_kind text, job_id uuid, user_id text, run_id uuid, release_attempts integer, waited_seconds double precision, probe boolean, limited boolean, in_use integer, capacity_limit integer, cancel_requested boolean)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_settings queue_capacity%ROWTYPE;
+    v_now constant timestamptz := clock_timestamp();
+    v_limit integer;
+    v_in_use integer;
+    v_granted integer := 0;
+    v_probe boolean;
+    v_job_id uuid;
+    v_job record;
+    v_token integer;
+BEGIN
+    SELECT * INTO v_settings FROM queue_capacity;
+    IF v_settings.capacity > 0 THEN
+        v_limit := v_settings.capacity;
+    END IF;
+    IF v_settings.core_limit IS NOT NULL THEN
+        v_limit := least(coalesce(v_limit, 2147483647),
+                         v_settings.core_limit
+                         + CASE WHEN v_settings.next_probe_at IS NULL OR v_settings.next_probe_at <= v_now THEN 1 ELSE 0 END);
+    END IF;
+    v_in_use := queue_capacity_in_use();
+    WHILE v_granted < p_max_grants AND (v_limit IS NULL OR v_in_use < v_limit) LOOP
+        v_job_id := queue_capacity_next_in_line();
+        EXIT WHEN v_job_id IS NULL;
+        SELECT min(s) INTO v_token
+          FROM generate_series(1, v_in_use + 1) AS s
+         WHERE NOT EXISTS (SELECT 1 FROM analysis_jobs h
+                            WHERE h.capacity_token = s
+                              AND (h.status IN ('pending', 'running') OR h.run_settle_due_at IS NOT NULL));
+        v_probe := v_settings.core_limit IS NOT NULL AND v_in_use >= v_settings.core_limit;
+        UPDATE analysis_jobs a
+           SET capacity_token = v_token,
+               capacity_turn_before = (SELECT t.last_turn_at FROM user_capacity_turns t WHERE t.user_id = a.user_id),
+               capacity_turn_key = v_now,
+               release_attempts = a.release_attempts + 1,
+               next_release_at = v_now + make_interval(secs => p_lease_seconds),
+               release_deadline = v_now + make_interval(secs => p_release_window_seconds)
+         WHERE a.job_id = v_job_id
+        RETURNING a.job_id, a.user_id, a.run_id, a.release_attempts, a.capacity_wait_since, a.cancel_requested_at INTO v_job;
+        INSERT INTO user_capacity_turns AS t (user_id, last_turn_at) VALUES (v_job.user_id, v_now)
+        ON CONFLICT ON CONSTRAINT user_capacity_turns_pkey DO UPDATE SET last_turn_at = EXCLUDED.last_turn_at;
+        -- Her other waiting jobs (several slots, re-checks) wait behind every user waiting now.
+        UPDATE analysis_jobs o
+           SET capacity_turn_key = v_now
+         WHERE o.user_id = v_job.user_id AND o.status = 'pending'
+           AND o.capacity_wait_since IS NOT NULL AND o.capacity_token IS NULL AND o.capacity_turn_key < v_now;
+        v_in_use := v_in_use + 1;
+        v_granted := v_granted + 1;
+        RETURN QUERY SELECT 'granted'::text, v_job.job_id, v_job.user_id, v_job.run_id, v_job.release_attempts,
+                            extract(epoch FROM v_now - v_job.capacity_wait_since)::float8, v_probe, true, v_in_use, v_limit,
+                            v_job.cancel_requested_at IS NOT NULL;
+        IF v_probe THEN
+            -- One release above what the core last took, then none until the next probe is due.
+            UPDATE queue_capacity SET next_probe_at = v_now + make_interval(secs => p_probe_interval_seconds);
+            EXIT;
+        END IF;
+    END LOOP;
+    RETURN QUERY SELECT 'state'::text, NULL::uuid, NULL::text, NULL::uuid, NULL::integer, NULL::float8, NULL::boolean,
+                        coalesce(v_settings.capacity > 0 OR v_settings.core_limit IS NOT NULL, false)
+                        OR EXISTS (SELECT 1 FROM analysis_jobs w
+                                    WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL),
+                        v_in_use, v_limit, NULL::boolean;
+END
+$function$;

@@ -1,0 +1,42 @@
+-- queue_take_back_unreleased_jobs: the function.
+--
+-- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- * 0024 (adopted judging run takes back unreleased jobs): An adopted judging run keeps the user's
+--   other first-pass work from the core, in the database.
+
+CREATE OR REPLACE FUNCTION public.queue_take_back_unreleased_jobs(p_user_id text, p_default_max_active integer)
+ RETURNS SETOF uuid
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_job record;
+BEGIN
+    WHILE analysis_jobs_free_slot(p_user_id, p_default_max_active) IS NULL LOOP
+        SELECT p.job_id, p.capacity_token, p.capacity_turn_before, p.capacity_turn_key INTO v_job
+          FROM analysis_jobs p
+         WHERE p.user_id = p_user_id AND p.status = 'pending' AND p.delta_of_job_id IS NULL
+           AND p.cancel_requested_at IS NULL
+         ORDER BY p.queue_seq DESC
+         LIMIT 1
+           FOR UPDATE;
+        EXIT WHEN NOT FOUND;
+        UPDATE analysis_jobs j
+           SET status = 'queued',
+               slot = NULL,
+               promote_time = NULL,
+               next_release_at = NULL,
+               release_deadline = NULL,
+               release_attempts = 0,
+               capacity_wait_since = NULL,
+               capacity_token = NULL,
+               capacity_turn_before = NULL,
+               capacity_turn_key = NULL
+         WHERE j.job_id = v_job.job_id;
+        IF v_job.capacity_token IS NOT NULL THEN
+            -- Its grant is given back, and the turn with it (as `queue_capacity_refused` does).
+            PERFORM queue_capacity_give_back_turn(p_user_id, v_job.capacity_turn_before, v_job.capacity_turn_key);
+        END IF;
+        RETURN NEXT v_job.job_id;
+    END LOOP;
+END
+$function$;
