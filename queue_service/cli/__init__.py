@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("serve", parents=[common], help="run the gRPC service against DATABASE_URL and QUEUE_CORE_ADDR").set_defaults(
         func=cmd_serve
     )
-    sub.add_parser("migrate", parents=[common], help="apply pending migrations to DATABASE_URL").set_defaults(func=cmd_migrate)
+    sub.add_parser(
+        "migrate", parents=[common], help="apply pending migrations and changed SQL function files to DATABASE_URL"
+    ).set_defaults(func=cmd_migrate)
     dev = sub.add_parser("dev", parents=[common], help="start embedded PostgreSQL, the dev core and the service")
     dev.add_argument("--keep-db-running", action="store_true", help="leave the embedded PostgreSQL running on exit")
     dev.set_defaults(func=cmd_dev)

@@ -42,8 +42,8 @@ def _user_queue_key(user_id: str) -> str:
 # A locked section is one autocommit statement: the statement is the transaction. Its FROM
 # takes the lock first (each `OFFSET 0` keeps a subquery from being merged into its parent, so
 # the order holds); the section's query is a LATERAL subquery that reads the lock's row, so it
-# can only run once the lock is granted. Sections call VOLATILE PL/pgSQL functions (migration
-# 0009), whose statements each take a fresh snapshot: they see what the previous holder committed.
+# can only run once the lock is granted. Sections call VOLATILE PL/pgSQL functions (each in its
+# file in sql/functions/), whose statements each take a fresh snapshot: they see what the previous holder committed.
 #
 # Before the lock, the statement sets for itself:
 # - lock_timeout: the session's, or less inside a call whose deadline comes sooner, so a busy user
@@ -182,7 +182,7 @@ _Connection = TypeVar("_Connection", bound=AsyncConnection[Any])
 async def locked_section(
     pool: AsyncConnectionPool[DictConnection], user_id: str, section: sql.Composable, params: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    """Runs `section` (a query over one of migration 0009's functions) holding the user's queue
+    """Runs `section` (a query over one of the section functions in sql/functions/) holding the user's queue
     lock, as one statement and one round trip; returns its rows once committed (none when the
     section returned none).
 

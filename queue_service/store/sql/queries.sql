@@ -62,10 +62,11 @@ SELECT existing.job_id AS existing_job_id,
 -- name: admit_job
 -- A locked section (`locks.locked_section`): inserts the job deciding its status, claims a
 -- 'pending' job's first release for this replica, consumes the run's reservation, debits the
--- price and writes the charge (`queue_admit_job`, migration 0009). One 'admitted' row with the
+-- price and writes the charge (functions/queue_admit_job.sql). One 'admitted' row with the
 -- job's view; none when the key is taken, the balance is short, the user's queue or delta limit
--- is full, or the reservation is gone. The job keeps its document and sources (migration 0017).
--- A delta whose run was created held is PENDING, waiting for a turn (migration 0023).
+-- is full, or the reservation is gone. The job keeps its document and sources.
+-- A delta whose run was created held is PENDING, waiting for a turn (the trigger of
+-- functions/analysis_jobs_wait_for_capacity.sql).
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
   FROM queue_admit_job(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
                        %(delta_of_job_id)s::uuid, %(price)s, %(actor)s, %(reason)s, %(default_max_active)s,
@@ -76,7 +77,7 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT q
 
 -- name: settle_job_run
 -- A locked section: the core confirmed an ended job's run settled, so the job lets go of its slot
--- and the user's free slots are filled (`queue_settle_job_run`, migration 0009). A 'settled' row
+-- and the user's free slots are filled (functions/queue_settle_job_run.sql). A 'settled' row
 -- when the run was unsettled until now, then a 'promoted' row per promoted job.
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
   FROM queue_settle_job_run(%(job_id)s, %(settle_user_id)s, %(default_max_active)s, %(release_window_seconds)s,
@@ -140,13 +141,14 @@ DELETE FROM run_reservations WHERE run_id = %(run_id)s;
 -- name: settle_run_reservation
 -- The failed admit's run is confirmed settled at the core: remembered as abandoned (never due
 -- again), so a report of it that comes later is not taken for a job lost in a failover
--- (migration 0020).
+-- (`run_reservations.settled_at`).
 UPDATE run_reservations
    SET settled_at = clock_timestamp(), cancel_after = 'infinity'
  WHERE run_id = %(run_id)s AND settled_at IS NULL;
 
 -- name: reservation_of_an_earlier_timeline
--- Whether the run's reservation was written on a primary a failover replaced (migration 0019).
+-- Whether the run's reservation was written on a primary a failover replaced
+-- (functions/queue_current_timeline.sql).
 SELECT EXISTS (SELECT 1 FROM run_reservations
                 WHERE run_id = %(run_id)s AND settled_at IS NULL AND timeline_id < queue_current_timeline()) AS earlier;
 
@@ -182,7 +184,7 @@ UPDATE analysis_jobs j
 -- Deletes ended jobs (their runs settled) that ended more than the retention ago, oldest first,
 -- at most `batch_size` (engine/pruner.py), read on `analysis_jobs_recently_ended`. A job a kept
 -- delta re-check names as its base stays until that delta goes (the delta's reference must hold).
--- Their ledger entries stay (migration 0026).
+-- Their ledger entries stay (`credit_ledger.job_id` references no job).
 DELETE FROM analysis_jobs j
  USING (SELECT e.job_id FROM analysis_jobs e
          WHERE e.end_time < clock_timestamp() - make_interval(secs => %(retention_seconds)s)
@@ -196,14 +198,14 @@ DELETE FROM analysis_jobs j
 
 -- name: refund_failed_job
 -- A locked section: refunds a job that ended FAILED while its user canceled it
--- (`queue_refund_failed_job`, migration 0009). A 'refunded' row with the amount; none when the job
+-- (functions/queue_refund_failed_job.sql). A 'refunded' row with the amount; none when the job
 -- did not fail.
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
   FROM queue_refund_failed_job(%(job_id)s, %(actor)s, %(reason)s) AS s
 
 -- name: end_job
 -- A locked section: ends a job by a named transition, refunds it when asked and, when its run is
--- settled, fills the freed slots (`queue_end_job_viewed`, migration 0009). No rows when the job
+-- settled, fills the freed slots (functions/queue_end_job_viewed.sql). No rows when the job
 -- was not in an expected status (fenced); else an 'ended' row with the job's view, then a
 -- 'promoted' row per promoted job.
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
@@ -214,7 +216,7 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT q
 
 -- name: promote
 -- A locked section: fills every free slot of the user from the queue, oldest first, each promoted
--- job's first release claimed for this replica (`queue_promote_viewed`, migration 0009). A
+-- job's first release claimed for this replica (functions/queue_promote_viewed.sql). A
 -- 'promoted' row per promoted job, in order.
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
   FROM queue_promote_viewed(%(promote_user_id)s, %(default_max_active)s, %(release_window_seconds)s,
@@ -240,7 +242,7 @@ SELECT job_id, user_id
 
 -- name: record_cancel_request
 -- The user asked to cancel a PENDING or RUNNING job: recorded before the core is asked, so every
--- ending that follows applies it (migration 0014). Fenced: no row when the job is no longer
+-- ending that follows applies it (`cancel_requested_at`). Fenced: no row when the job is no longer
 -- active (it ended, or is still QUEUED). The first request's time is kept. A RUNNING job is due
 -- for the sweeper's reconciliation after `cancel_recheck_seconds`, which asks the core to cancel
 -- again if no answer has ended the job by then.
@@ -445,7 +447,7 @@ SELECT (SELECT count(*) FROM analysis_jobs WHERE status = 'queued') AS queued,
 
 -- name: grant_credits
 -- Adds a grant to the ledger and the balance, once per (user, key). No row for a repeated key.
--- The operator's note (migration 0017) is NULL when none was given.
+-- The operator's note is NULL when none was given.
 WITH grant_entry AS (
     INSERT INTO credit_ledger (user_id, kind, amount, idempotency_key, actor, reason, note)
     VALUES (%(user_id)s, 'grant', %(amount)s, %(idempotency_key)s, %(actor)s, %(reason)s, NULLIF(%(note)s::text, ''))
@@ -470,7 +472,7 @@ SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, ac
  LIMIT %(limit)s;
 
 -- name: ledger_entries_of_user
--- One page of a user's ledger entries, newest first (keyset on entry_id, migration 0007's index).
+-- One page of a user's ledger entries, newest first (keyset on entry_id, `credit_ledger_user_newest_first`).
 SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason, note
   FROM credit_ledger
  WHERE user_id = %(user_id)s
@@ -504,7 +506,8 @@ SELECT COALESCE((SELECT balance FROM credit_accounts WHERE user_id = %(user_id)s
 
 -- name: operator_overview
 -- The operator's overview: active jobs from the partial indexes over the rows in flight, ended
--- jobs and admits within the window from the time indexes (migration 0005). `now()`, not
+-- jobs and admits within the window from the time indexes (`analysis_jobs_*newest_admitted`,
+-- `analysis_jobs_recently_ended`). `now()`, not
 -- clock_timestamp(): a volatile bound cannot be an index condition (the statement runs alone in
 -- its transaction, so both are the same instant).
 SELECT (SELECT count(*) FROM analysis_jobs WHERE status = 'queued') AS queued,
@@ -608,7 +611,7 @@ WINDOW later AS (ORDER BY p.minute DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 P
  ORDER BY p.minute;
 
 -- name: replica_heartbeat
--- This replica's report (migration 0017), and the rows of replicas whose heartbeat stopped an
+-- This replica's report (`queue_replicas`), and the rows of replicas whose heartbeat stopped an
 -- hour ago deleted (the index on heartbeat_time finds them).
 WITH forgotten AS (
     DELETE FROM queue_replicas WHERE heartbeat_time < clock_timestamp() - interval '1 hour'
@@ -650,7 +653,7 @@ SELECT count(j.job_id) AS admits
 -- name: search_job_views_of_user
 -- One page of the operator's job search within one user, newest admitted first. The upper
 -- bound is the page token's keyset position or `created_before`, whichever is lower, so the
--- walk over the user index (migration 0005) starts right there; one query shape per index keeps
+-- walk over the user index (`analysis_jobs_user_newest_admitted`) starts right there; one query shape per index keeps
 -- the plan index-driven when the statement is prepared.
 SELECT * FROM analysis_job_views
  WHERE user_id = %(user_id)s
@@ -663,8 +666,8 @@ SELECT * FROM analysis_job_views
  LIMIT %(limit)s;
 
 -- name: search_job_views_in_status
--- One page of the job search within one status across users (an ended status: the status index of
--- 0010; an active one: that status's partial index).
+-- One page of the job search within one status across users (an ended status:
+-- `analysis_jobs_ended_status_newest_admitted`; an active one: that status's partial index).
 SELECT * FROM analysis_job_views
  WHERE status = %(status)s
    AND (create_time, job_id) < (COALESCE(%(upper_time)s::timestamptz, 'infinity'),
@@ -675,7 +678,7 @@ SELECT * FROM analysis_job_views
  LIMIT %(limit)s;
 
 -- name: search_job_views
--- One page of the job search across users and statuses (the admit-time index of 0005).
+-- One page of the job search across users and statuses (the admit-time index, `analysis_jobs_newest_admitted`).
 SELECT * FROM analysis_job_views
  WHERE (cardinality(%(statuses)s::text[]) = 0 OR status = ANY(%(statuses)s::text[]))
    AND (create_time, job_id) < (COALESCE(%(upper_time)s::timestamptz, 'infinity'),
@@ -687,7 +690,7 @@ SELECT * FROM analysis_job_views
 
 -- name: active_jobs_matching
 -- The QUEUED, PENDING and RUNNING jobs a bulk cancel would touch, oldest admitted first (the
--- status index of 0005: only the rows in flight are read).
+-- partial indexes over the rows in flight: only those are read).
 SELECT job_id, user_id
   FROM analysis_jobs
  WHERE status IN ('queued', 'pending', 'running')  -- lets a prepared (generic) plan see how few rows that is
@@ -714,8 +717,7 @@ SELECT r.batch_index, s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_vie
 
 -- name: end_run
 -- A locked section keyed by the run's job's user (`locks.locked_section_of_run`): ends that job as
--- the core reported, refunds when asked and fills the freed slots (`queue_end_run_viewed`,
--- migration 0011). An 'ended' row then 'promoted' rows; an 'owner' row (the job was not active);
+-- the core reported, refunds when asked and fills the freed slots (functions/queue_end_run_viewed.sql). An 'ended' row then 'promoted' rows; an 'owner' row (the job was not active);
 -- or a 'reserved' / 'unknown' row without a job.
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
   FROM queue_end_run_viewed(%(run_id)s, locked.locked_user_id, %(status)s, %(last_error)s, %(refund)s,
@@ -725,7 +727,7 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT q
 -- name: grant_capacity
 -- A section under the fleet-wide capacity lock (`locks.capacity_section`): hands the free
 -- capacity to waiting jobs in fair order, each one's release claimed for this replica
--- (`queue_grant_capacity`, migration 0014). 'granted' rows, then a 'state' row.
+-- (functions/queue_grant_capacity.sql). 'granted' rows, then a 'state' row.
 SELECT s.row_kind, s.job_id, s.user_id, s.run_id, s.release_attempts, s.waited_seconds AS capacity_waited_seconds, s.probe, s.limited,
        s.in_use, s.capacity_limit, s.cancel_requested, (SELECT queue_history_reconciled()) AS history_reconciled,
        (SELECT g.delta_of_job_id IS NOT NULL FROM analysis_jobs g WHERE g.job_id = s.job_id) AS delta
@@ -734,7 +736,7 @@ SELECT s.row_kind, s.job_id, s.user_id, s.run_id, s.release_attempts, s.waited_s
 
 -- name: capacity_refused
 -- The core answered a release RESOURCE_EXHAUSTED: the job waits again with its place, and the
--- fleet learns the core's limit (`queue_capacity_refused`, migration 0014). One row with the limit
+-- fleet learns the core's limit (functions/queue_capacity_refused.sql). One row with the limit
 -- learned; none when the attempt was fenced.
 SELECT s.row_kind, s.core_limit FROM queue_capacity_refused(%(job_id)s, %(attempt)s, %(probe_interval_seconds)s) AS s;
 
@@ -892,7 +894,7 @@ SELECT pg_notify('analysis_job_feed', %(sender)s);
 
 -- name: adopt_run
 -- A locked section: adopts a run the core holds or judges into a job its database lost, with
--- its charge (`queue_adopt_run`, migrations 0018, 0019, 0024). First row: 'adopted', 'known' or
+-- its charge (functions/queue_adopt_run.sql). First row: 'adopted', 'known' or
 -- 'key_taken' with a job's view, or 'reserved', 'delta_base_lost', 'balance_short' without one;
 -- after an adopted judging run, a 'taken_back' row for each of the user's PENDING jobs it sent
 -- back to her queue (the database then keeps them from the core until the run settles).
@@ -939,10 +941,11 @@ RETURNING run_id;
 
 -- name: database_identity
 -- Which database history this is: the cluster's system identifier and its current timeline
--- (`queue_current_timeline()`, migration 0019: the WAL segment being written names it, which a
+-- (functions/queue_current_timeline.sql: the WAL segment being written names it, which a
 -- promoted standby changes at once; the last checkpoint's only on a standby). A change means a
 -- failover may have lost commits.
--- `reconciled`: the queue has reconciled this history with the core's runs (migration 0021).
+-- `reconciled`: the queue has reconciled this history with the core's runs
+-- (functions/queue_history_reconciled.sql).
 SELECT (SELECT system_identifier FROM pg_control_system())::text AS system_identifier,
        queue_current_timeline() AS timeline_id,
        queue_history_reconciled() AS reconciled;
