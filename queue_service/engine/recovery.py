@@ -89,9 +89,7 @@ class Recovery:
             span.set_attribute("queue.run.settle.attempt", claim.attempt)
             if await self._engine.cancel_until_confirmed(claim.run_id, kind="job") is None:
                 async with self._store.statements() as db:
-                    await db.schedule_run_settle_retry(
-                        job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=self._engine.backoff_seconds(claim.attempt)
-                    )
+                    await db.schedule_retry(claim, backoff_seconds=self._engine.backoff_seconds(claim.attempt))
                 return False
             await self._engine.settle_run(claim.job_id, claim.user_id, cause=Cause.RUN_SETTLED)
             return True
@@ -115,9 +113,7 @@ class Recovery:
             report = await self._engine.cancel_until_confirmed(claim.run_id, kind="orphan") if adopted is not None else None
             if report is None:
                 async with self._store.statements() as db:
-                    await db.schedule_run_reservation_retry(
-                        run_id=claim.run_id, attempt=claim.attempt, backoff_seconds=self._engine.backoff_seconds(claim.attempt)
-                    )
+                    await db.schedule_retry(claim, backoff_seconds=self._engine.backoff_seconds(claim.attempt))
                 return False
             async with self._store.statements() as db:
                 await db.settle_run_reservation(run_id=claim.run_id)

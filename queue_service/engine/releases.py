@@ -178,7 +178,7 @@ class Releases:
     async def _retry_release_later(self, claim: ClaimedRelease, error: str) -> ReleaseResult:
         backoff = self._engine.backoff_seconds(claim.attempt)
         async with self._store.statements() as db:
-            retry = await db.schedule_release_retry(job_id=claim.job_id, attempt=claim.attempt, backoff_seconds=backoff, last_error=error)
+            retry = await db.schedule_retry(claim, backoff_seconds=backoff, last_error=error)
         if retry is not None and retry.window_over:
             window = self._config.release_window_seconds
             await self.give_up_release(

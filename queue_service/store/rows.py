@@ -12,6 +12,7 @@ from queue_service.model import (
     AdmitState,
     CapacityGrant,
     CapacityState,
+    ClaimedReconciliation,
     ClaimedRelease,
     ClaimedReservation,
     ClaimedSettlement,
@@ -21,7 +22,6 @@ from queue_service.model import (
     JobView,
     LedgerEntry,
     LedgerKind,
-    OverdueRun,
     Overview,
     Promoted,
     ReplicationStance,
@@ -166,8 +166,8 @@ def expired_release(row: Row) -> ExpiredRelease:
     return ExpiredRelease(row["job_id"], row["user_id"], row["release_attempts"])
 
 
-def overdue_run(row: Row) -> OverdueRun:
-    return OverdueRun(row["job_id"], row["user_id"], row["run_id"], cancel_requested=bool(row["cancel_requested"]))
+def claimed_reconciliation(row: Row) -> ClaimedReconciliation:
+    return ClaimedReconciliation(row["job_id"], row["user_id"], row["run_id"], cancel_requested=bool(row["cancel_requested"]))
 
 
 def capacity_state(row: Row) -> CapacityState:

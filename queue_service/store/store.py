@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, overload
 
 import psycopg
 from psycopg import AsyncConnection, AsyncCursor, sql
@@ -36,6 +36,7 @@ from queue_service.model import (
     CapacityGrant,
     CapacityState,
     Cause,
+    ClaimedReconciliation,
     ClaimedRelease,
     ClaimedReservation,
     ClaimedSettlement,
@@ -55,7 +56,6 @@ from queue_service.model import (
     LiveJobFilter,
     LostRun,
     NewJob,
-    OverdueRun,
     Overview,
     Promoted,
     PromotionLimits,
@@ -265,9 +265,6 @@ class Statements:
         rows = await self._all("claim_due_run_settlements", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
         return [from_row.claimed_settlement(r) for r in rows]
 
-    async def schedule_run_settle_retry(self, *, job_id: uuid.UUID, attempt: int, backoff_seconds: float) -> None:
-        await self._send("schedule_run_settle_retry", {"job_id": job_id, "attempt": attempt, "backoff_seconds": float(backoff_seconds)})
-
     async def claim_run_reservation(self, *, run_id: uuid.UUID, lease_seconds: float) -> ClaimedReservation | None:
         row = await self._one("claim_run_reservation", {"run_id": run_id, "lease_seconds": float(lease_seconds)})
         return None if row is None else from_row.claimed_reservation(row)
@@ -275,11 +272,6 @@ class Statements:
     async def claim_due_run_reservations(self, *, lease_seconds: float, batch_size: int) -> list[ClaimedReservation]:
         rows = await self._all("claim_due_run_reservations", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
         return [from_row.claimed_reservation(r) for r in rows]
-
-    async def schedule_run_reservation_retry(self, *, run_id: uuid.UUID, attempt: int, backoff_seconds: float) -> None:
-        await self._send(
-            "schedule_run_reservation_retry", {"run_id": run_id, "attempt": attempt, "backoff_seconds": float(backoff_seconds)}
-        )
 
     async def drop_run_reservation(self, *, run_id: uuid.UUID) -> None:
         await self._send("drop_run_reservation", {"run_id": run_id})
@@ -410,17 +402,31 @@ class Statements:
             self._committed()
         return {row["job_id"] for row in rows}
 
-    async def schedule_release_retry(
-        self, *, job_id: uuid.UUID, attempt: int, backoff_seconds: float, last_error: str
+    @overload
+    async def schedule_retry(self, claim: ClaimedRelease, *, backoff_seconds: float, last_error: str) -> ScheduledRetry | None: ...
+
+    @overload
+    async def schedule_retry(self, claim: ClaimedSettlement | ClaimedReservation, *, backoff_seconds: float) -> None: ...
+
+    async def schedule_retry(
+        self, claim: ClaimedRelease | ClaimedSettlement | ClaimedReservation, *, backoff_seconds: float, last_error: str = ""
     ) -> ScheduledRetry | None:
-        """None when the job is no longer this attempt's (fenced)."""
-        row = await self._one(
-            "schedule_release_retry",
-            {"job_id": job_id, "attempt": attempt, "backoff_seconds": float(backoff_seconds), "last_error": last_error},
-        )
-        if row is not None:
-            self._committed()
-        return None if row is None else from_row.scheduled_retry(row)
+        """The claim's next attempt, due after `backoff_seconds`: one shape for every durable retry
+        (each kind has its named statement; every one is fenced by the claim's attempt). A
+        release's answers when its next attempt is due and whether its window is over (None when
+        the job is no longer this attempt's); a reconciliation is never scheduled, its claim
+        pushed its next look ahead."""
+        params = {"attempt": claim.attempt, "backoff_seconds": float(backoff_seconds)}
+        if isinstance(claim, ClaimedRelease):
+            row = await self._one("schedule_release_retry", {**params, "job_id": claim.key, "last_error": last_error})
+            if row is not None:
+                self._committed()
+            return None if row is None else from_row.scheduled_retry(row)
+        if isinstance(claim, ClaimedSettlement):
+            await self._send("schedule_run_settle_retry", {**params, "job_id": claim.key})
+        else:
+            await self._send("schedule_run_reservation_retry", {**params, "run_id": claim.key})
+        return None
 
     async def next_release_due_in(self) -> float | None:
         """Seconds until the earliest pending release is due, in the database's clock (None: none)."""
@@ -485,14 +491,14 @@ class Statements:
 
     async def claim_due_reconciliations(
         self, *, recheck_seconds: float, cancel_recheck_seconds: float, batch_size: int
-    ) -> list[OverdueRun]:
+    ) -> list[ClaimedReconciliation]:
         params = {
             "recheck_seconds": float(recheck_seconds),
             "cancel_recheck_seconds": float(cancel_recheck_seconds),
             "batch_size": batch_size,
         }
         rows = await self._all("claim_due_reconciliations", params)
-        return [from_row.overdue_run(r) for r in rows]
+        return [from_row.claimed_reconciliation(r) for r in rows]
 
     async def queue_depth(self) -> dict[str, int]:
         row = await self._one("queue_depth", {})

@@ -22,7 +22,8 @@ import uuid
 import psycopg
 
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
-from queue_service.engine import sweeper, watch
+from queue_service.engine import watch
+from queue_service.engine.maintenance import feed_trimmer
 from queue_service.store import JOB_CHANGES_CHANNEL, Store
 from queue_service.store.feed import HINT_CHANNEL, FeedCursor
 from queue_service.store.pool import Timeouts, create_pool
@@ -255,7 +256,7 @@ async def test_the_sweeper_deletes_feed_rows_past_the_retention_only(services, d
             return [r[0] for r in conn.execute("SELECT job_id FROM analysis_job_feed WHERE user_id = %s ORDER BY change_id", (user,))]
 
     assert len(rows()) == 3
-    monkeypatch.setattr(sweeper, "RETENTION_SECONDS", 0.5)
+    monkeypatch.setattr(feed_trimmer, "RETENTION_SECONDS", 0.5)
     first = await service.app.sweeper.sweep_once()  # records a horizon past the three rows
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("UPDATE analysis_jobs SET last_error = 'new' WHERE job_id = %s", (jobs[3],))

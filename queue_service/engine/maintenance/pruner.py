@@ -1,6 +1,6 @@
 """The pruner: ended jobs do not stay forever (docs/security.md, "What one user can store").
 
-Each sweeper pass empties the full sources of jobs that ended more than
+Each sweep empties the full sources of jobs that ended more than
 QUEUE_JOB_INPUTS_RETENTION_SECONDS ago (their document, first 10 sources and counts stay; a
 RetryJob of them answers `JOB_INPUTS_PRUNED`), then deletes jobs that ended more than
 QUEUE_JOB_RETENTION_SECONDS ago, as River's job cleaner and Oban's pruner do: in bounded batches,
@@ -17,7 +17,8 @@ import logging
 
 from queue_service import telemetry
 from queue_service.config import Config
-from queue_service.store import Store
+from queue_service.engine.maintenance.service import Work, guarded
+from queue_service.store import Statements, Store
 
 log = logging.getLogger(__name__)
 
@@ -56,3 +57,21 @@ async def prune_ended_jobs(store: Store, config: Config) -> PruneReport:
     if report.inputs_pruned or report.jobs_pruned:
         log.info("pruned ended jobs past their retention", extra=dataclasses.asdict(report))
     return report
+
+
+class Pruner:
+    """The pruner as a maintenance service: its pass runs after every read of the sweep (it
+    reports its own rows: `inputs_pruned`, `jobs_pruned`)."""
+
+    action = None
+
+    def __init__(self, store: Store, config: Config) -> None:
+        self._store = store
+        self._config = config
+
+    async def find(self, db: Statements) -> Work:
+        async def work() -> int:
+            await guarded(prune_ended_jobs(self._store, self._config), None)
+            return 0
+
+        return work

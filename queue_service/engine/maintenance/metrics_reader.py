@@ -1,0 +1,23 @@
+"""Metrics reader: the queue's depth and the fleet's capacity at the core, read once a pass for
+the gauges (`queue.depth`, `queue.capacity.*`)."""
+
+from __future__ import annotations
+
+from queue_service import telemetry
+from queue_service.engine.maintenance.service import Work, nothing_to_do
+from queue_service.store import Statements
+
+
+class MetricsReader:
+    action = None
+
+    async def find(self, db: Statements) -> Work:
+        telemetry.metrics.depth = await db.queue_depth()
+        capacity = await db.capacity_state()
+        telemetry.metrics.capacity["in_use"] = capacity.in_use
+        telemetry.metrics.capacity["waiting"] = capacity.waiting_jobs
+        if capacity.effective_limit is None:
+            telemetry.metrics.capacity.pop("limit", None)
+        else:
+            telemetry.metrics.capacity["limit"] = capacity.effective_limit
+        return nothing_to_do

@@ -1,0 +1,36 @@
+"""Release expirer: a PENDING job whose release window passed while no replica released it is
+given up (failed and refunded)."""
+
+from __future__ import annotations
+
+from queue_service.config import Config
+from queue_service.engine.maintenance.ports import Recovering
+from queue_service.engine.maintenance.service import BATCH, Work, guarded
+from queue_service.store import Statements
+
+
+class ReleaseExpirer:
+    action = "gave_up"
+
+    def __init__(self, recovery: Recovering, config: Config, *, batch_size: int = BATCH) -> None:
+        self._recovery = recovery
+        self._config = config
+        self.batch_size = batch_size
+
+    async def find(self, db: Statements) -> Work:
+        expired = await db.expired_pending_releases(batch_size=self.batch_size)
+
+        async def work() -> int:
+            window = self._config.release_window_seconds
+            gave_up = 0
+            for release in expired:
+                step = self._recovery.give_up_release(
+                    release.job_id,
+                    release.user_id,
+                    f"release window of {window:g}s passed without a successful release",
+                    attempts=release.attempts,
+                )
+                gave_up += int(await guarded(step, False))
+            return gave_up
+
+        return work
