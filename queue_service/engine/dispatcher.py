@@ -26,7 +26,7 @@ import logging
 from typing import Protocol
 
 from queue_service import audit, deadline, errors
-from queue_service.background import cancel_and_wait
+from queue_service.background import SupervisedLoop, cancel_and_wait
 from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.ports import ReleaseHandoff
 from queue_service.model import CapacityGrant, ClaimedRelease, ReleaseResult
@@ -78,19 +78,29 @@ class ReleaseDispatcher:
         self._claimed_waiting: collections.deque[ClaimedRelease] = collections.deque()
         self._slot_freed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._runner: asyncio.Task[None] | None = None
+        # The claiming loop: woken by `wake`, otherwise when the earliest release is due; while
+        # the database is away, it backs off (doubling, at most _MAX_IDLE_SECONDS).
+        self._loop = SupervisedLoop(
+            "release-dispatcher",
+            self._claim_pass,
+            interval_seconds=_MAX_IDLE_SECONDS,
+            wake=wake,
+            expected=(errors.QueueError, OSError),
+            backoff_seconds=(0.1, _MAX_IDLE_SECONDS),
+            failure_log=("release dispatcher could not reach the database: %s", "release dispatcher pass failed"),
+        )
         # The rooms hand claims and grant requests to the handoff they were built with; from here
         # on it passes them to this dispatcher (`start_claimed`, `request_grant`).
         if handoff is not None:
             handoff.deliver_to(self)
 
     def start(self) -> None:
-        self._runner = asyncio.create_task(self._run(), name="release-dispatcher")
+        self._loop.start()
 
     async def stop(self) -> None:
         if self._probe_wake is not None:
             self._probe_wake.cancel()
-        await cancel_and_wait(self._runner)
+        await self._loop.stop()
         await cancel_and_wait(self._granting)
         # Claims still waiting for a slot are left to their leases: any replica claims them then.
         self._claimed_waiting.clear()
@@ -98,32 +108,16 @@ class ReleaseDispatcher:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self._core_deadline_seconds + 1)
 
-    async def _run(self) -> None:
-        failures = 0
-        woken_by = "start"
-        while True:
-            metrics.release_claim_passes.add(1, {"woken_by": woken_by})
-            try:
-                self._wake.clear()
-                claimed = await self._claim_and_start(grant=self._capacity.limited or woken_by != "full_batch")
-                failures = 0
-                if claimed == _BATCH:
-                    woken_by = "full_batch"
-                    continue
-                delay = await self._seconds_until_next_due()
-            except (errors.QueueError, OSError) as exc:
-                failures += 1
-                delay = min(_MAX_IDLE_SECONDS, 0.1 * 2**failures)
-                log.warning("release dispatcher could not reach the database: %s", exc)
-            except Exception:
-                failures += 1
-                delay = min(_MAX_IDLE_SECONDS, 0.1 * 2**failures)
-                log.exception("release dispatcher pass failed")
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=delay)
-                woken_by = "event"
-            except TimeoutError:
-                woken_by = "timer"
+    async def _claim_pass(self) -> float | None:
+        """One pass of the claiming loop; the seconds until the next (a full batch: at once)."""
+        woken_by = "full_batch" if self._loop.woken_by == "at_once" else self._loop.woken_by
+        metrics.release_claim_passes.add(1, {"woken_by": woken_by})
+        self._wake.clear()
+        claimed = await self._claim_and_start(grant=self._capacity.limited or woken_by != "full_batch")
+        if claimed == _BATCH:
+            self._loop.again_at_once()
+            return None
+        return await self._seconds_until_next_due()
 
     def request_grant(self) -> None:
         """Capacity may have freed or a job began to wait: ask for a grant now, in a task of its

@@ -9,7 +9,6 @@ One failed write never stops the loop (the database may be away: the next one ca
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -17,7 +16,7 @@ import uuid
 from collections.abc import Callable
 
 from queue_service import telemetry
-from queue_service.background import cancel_and_wait
+from queue_service.background import SupervisedLoop
 from queue_service.model import ReplicaReport
 from queue_service.store import Store
 
@@ -35,29 +34,27 @@ class ReplicaHeartbeat:
     def __init__(self, store: Store, report: Callable[[], ReplicaReport], *, interval_seconds: float = HEARTBEAT_SECONDS) -> None:
         self._store = store
         self._report = report
-        self._interval = interval_seconds
-        self._task: asyncio.Task[None] | None = None
+        # Any failure is a warning: the database may be away, and the next beat catches up.
+        self._loop = SupervisedLoop(
+            "replica-heartbeat",
+            self.beat_once,
+            interval_seconds=interval_seconds,
+            expected=(Exception,),
+            failure_log=("replica heartbeat not written: %s", "replica heartbeat not written"),
+        )
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._beat(), name="replica-heartbeat")
+        self._loop.start()
 
     async def beat_once(self) -> None:
         with telemetry.tracer.start_as_current_span("replica_heartbeat"):
             async with self._store.statements() as db:
                 await db.write_replica_heartbeat(self._report())
 
-    async def _beat(self) -> None:
-        while True:
-            try:
-                await self.beat_once()
-            except Exception as exc:  # the next beat catches up
-                log.warning("replica heartbeat not written: %s", exc)
-            await asyncio.sleep(self._interval)
-
     async def stop(self) -> None:
         """Stops beating and leaves the list (best effort: a replica that cannot reach the
         database now shows as not heard from)."""
-        await cancel_and_wait(self._task)
+        await self._loop.stop()
         try:
             async with self._store.statements() as db:
                 await db.forget_replica(replica_id=self._report().replica_id)

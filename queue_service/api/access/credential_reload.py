@@ -13,7 +13,6 @@ Not re-read: the core's TLS files (QUEUE_CORE_TLS_*) and every other setting; th
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from pathlib import Path
 from queue_service.api.access.auth import Authorizer
 from queue_service.api.access.server_tls import ServerTls
 from queue_service.api.access.user_assertions import UserAssertions
+from queue_service.background import SupervisedLoop
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +105,17 @@ class CredentialReloader:
 
     async def watch(self, interval_seconds: float) -> None:
         """Reloads whenever the files' contents change, checked every `interval_seconds`."""
-        while True:
-            await asyncio.sleep(interval_seconds)
-            if self.fingerprint() != self._fingerprint:
-                log.info("credentials: a credential file changed; reloading")
-                self.reload()
+        watch = SupervisedLoop(
+            "credentials-watch",
+            self._reload_if_changed,
+            interval_seconds=interval_seconds,
+            wait_first=True,
+            expected=(),
+            failure_log=("", "credentials: the watch of the credential files failed; it looks again"),
+        )
+        await watch.run()
+
+    async def _reload_if_changed(self) -> None:
+        if self.fingerprint() != self._fingerprint:
+            log.info("credentials: a credential file changed; reloading")
+            self.reload()
