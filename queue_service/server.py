@@ -122,6 +122,26 @@ class Servicers(TypedDict):
     OperatorService: OperatorServicer
 
 
+def _connect_store(config: Config) -> Store:
+    """The replica's store: its pool, with the timeouts and the feed's connection settings."""
+    return Store(
+        create_pool(
+            config.database_url,
+            timeouts=Timeouts(config.lock_timeout_ms, config.statement_timeout_ms),
+            min_size=config.pool_min_size,
+            max_size=config.pool_max_size,
+            timeout=config.pool_timeout_seconds,
+            dead_peer_seconds=config.db_dead_peer_seconds,
+            reconnect_max_seconds=config.db_reconnect_max_seconds,
+            prepared_statements=config.db_prepared_statements,
+        ),
+        database_url=config.database_url,
+        listen_database_url=config.listen_database_url,
+        dead_peer_seconds=config.db_dead_peer_seconds,
+        liveness_seconds=config.db_liveness_seconds,
+    )
+
+
 class QueueApp:
     """One replica of the service; `start` returns the bound port."""
 
@@ -131,26 +151,23 @@ class QueueApp:
         self.config = config
         authorizer = Authorizer.from_file(config.auth_file, built_in_tokens=built_in_tokens) if config.auth_file else None
         assertions = UserAssertions.from_config(config, authorizer.identify if authorizer else None)
-        check_request = assertions.check if assertions else None
         core_credentials = auth.core_channel_credentials(config.core_tls_ca_file, config.core_tls_cert_file, config.core_tls_key_file)
-        self.store = Store(
-            create_pool(
-                config.database_url,
-                timeouts=Timeouts(config.lock_timeout_ms, config.statement_timeout_ms),
-                min_size=config.pool_min_size,
-                max_size=config.pool_max_size,
-                timeout=config.pool_timeout_seconds,
-                dead_peer_seconds=config.db_dead_peer_seconds,
-                reconnect_max_seconds=config.db_reconnect_max_seconds,
-                prepared_statements=config.db_prepared_statements,
-            ),
-            database_url=config.database_url,
-            listen_database_url=config.listen_database_url,
-            dead_peer_seconds=config.db_dead_peer_seconds,
-            liveness_seconds=config.db_liveness_seconds,
-        )
+        self.store = _connect_store(config)
         telemetry.metrics.pools.add(self.store.pool)
         self.core = CoreClient.connect(config.core_addr, deadline_seconds=config.core_deadline_seconds, credentials=core_credentials)
+        self._build_engine(config)
+        self.replica_id = new_replica_id()
+        self._started_at = dt.datetime.now(dt.UTC)
+        self._build_edge(config, authorizer, assertions)
+        self._credentials_watch: asyncio.Task[None] | None = None
+        self.server: grpc.aio.Server | None = None
+        self._health_watch: asyncio.Task[None] | None = None
+        self._stance: ReplicationStance | None = None
+        self.port = 0
+        self.http_port = 0
+
+    def _build_engine(self, config: Config) -> None:
+        """The engine's rooms, each given at construction what it uses (the ports included)."""
         # Set when jobs became PENDING (here or, through NOTIFY, on another replica): the
         # dispatcher releases them at once.
         releases_due = self._releases_due = asyncio.Event()
@@ -206,6 +223,12 @@ class QueueApp:
             tasks=self.tasks,
             owed_releases=owed_releases,
         )
+        self._build_loops(config, handoff)
+
+    def _build_loops(self, config: Config, handoff: ReleaseHandoff) -> None:
+        """The replica's two loops around the rooms: the release dispatcher, which takes the claims
+        and grant requests the rooms hand to `handoff`, and the sweeper's maintenance services."""
+        releases_due = self._releases_due
         self.dispatcher = ReleaseDispatcher(
             self.releases,
             wake=releases_due,
@@ -214,8 +237,11 @@ class QueueApp:
             handoff=handoff,
         )
         self.sweeper = Sweeper(self.recovery, self.store, config, wake_dispatcher=releases_due.set, reconciler=self.reconciler)
-        self.replica_id = new_replica_id()
-        self._started_at = dt.datetime.now(dt.UTC)
+
+    def _build_edge(self, config: Config, authorizer: Authorizer | None, assertions: UserAssertions | None) -> None:
+        """The edge: health, the gate and the one road, the servicers, the browser listener, the
+        heartbeat and the credential files' reloader."""
+        check_request = assertions.check if assertions else None
         self.health = HealthService(max_watches=config.max_health_watches)
         self.gate = CallGate(
             max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds, max_unary_per_caller=config.unary_calls_per_caller
@@ -245,12 +271,6 @@ class QueueApp:
             assertion_key_file=config.user_assertion_key_file,
             on_new_certificate=self.web.reload_certificate if self.web is not None else None,
         )
-        self._credentials_watch: asyncio.Task[None] | None = None
-        self.server: grpc.aio.Server | None = None
-        self._health_watch: asyncio.Task[None] | None = None
-        self._stance: ReplicationStance | None = None
-        self.port = 0
-        self.http_port = 0
 
     async def start(self) -> int:
         await self.store.wait_until_reachable(

@@ -24,6 +24,7 @@ from queue_service.config import Config, ConfigError, DevConfig, redact_dsn
 if TYPE_CHECKING:
     from queue_service.api.access.auth import Caller
     from queue_service.dev.core import DevCore
+    from queue_service.dev.embedded_postgres import EmbeddedPostgres
     from queue_service.server import QueueApp
 
 log = logging.getLogger("queue_service")
@@ -124,25 +125,8 @@ def _run_dev(
 ) -> int:
     """Starts the embedded PostgreSQL (unless DATABASE_URL), the dev core (unless QUEUE_CORE_ADDR)
     and the service, all checks passed; stops them again on SIGTERM or Ctrl-C."""
-    from queue_service.dev.core import DevCore
 
-    database_url = base.database_url
-    embedded = None
-    if not database_url:
-        from queue_service.dev.embedded_postgres import (
-            EmbeddedPostgres,
-            EmbeddedPostgresError,
-        )
-
-        embedded = EmbeddedPostgres(state_dir / "postgres", port=_dev_pg_port(dev))
-        try:
-            database_url = embedded.start()
-        except EmbeddedPostgresError as exc:
-            raise StartupFailure(
-                EXIT_EMBEDDED_POSTGRES,
-                f"could not start the embedded PostgreSQL: {str(exc).splitlines()[0]} (its log: {embedded.data_dir / 'server.log'})",
-            ) from None
-        log.info("embedded PostgreSQL at %s (data in %s)", redact_dsn(database_url), embedded.data_dir)
+    embedded, database_url = _start_embedded_postgres(state_dir, dev) if not base.database_url else (None, base.database_url)
     runs_file = state_dir / "dev-core-runs.json"
 
     async def run() -> None:
@@ -150,14 +134,7 @@ def _run_dev(
         saver: asyncio.Task[None] | None = None
         core_addr = base.core_addr
         if not core_addr:
-            core = DevCore(judging_seconds=dev.core_judging_seconds, callback_token=callback_token)
-            # The dev core remembers its runs across restarts of `dev`: held runs can still be
-            # released and a run that was judging judges again and reports, so no user waits for
-            # the sweeper's reconciliation (QUEUE_RECONCILE_AFTER_SECONDS) after a restart.
-            restored = core.load_runs(runs_file)
-            core_port = await core.start("127.0.0.1:0")
-            core_addr = f"127.0.0.1:{core_port}"
-            log.info("dev core on %s (judging %.1fs, %d runs restored)", core_addr, core.judging_seconds, restored)
+            core, core_addr = await _start_dev_core(dev, callback_token, runs_file)
             saver = asyncio.create_task(_save_runs_periodically(core, runs_file), name="dev-core-saver")
         config = _load_config(
             database_url=database_url,
@@ -194,6 +171,37 @@ def _run_dev(
         if embedded is not None and not args.keep_db_running:
             embedded.stop()
     return 0
+
+
+def _start_embedded_postgres(state_dir: Path, dev: DevConfig) -> tuple[EmbeddedPostgres, str]:
+    """The embedded PostgreSQL of `dev`, its data in the state folder; its DSN."""
+    from queue_service.dev.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
+
+    embedded = EmbeddedPostgres(state_dir / "postgres", port=_dev_pg_port(dev))
+    try:
+        database_url = embedded.start()
+    except EmbeddedPostgresError as exc:
+        raise StartupFailure(
+            EXIT_EMBEDDED_POSTGRES,
+            f"could not start the embedded PostgreSQL: {str(exc).splitlines()[0]} (its log: {embedded.data_dir / 'server.log'})",
+        ) from None
+    log.info("embedded PostgreSQL at %s (data in %s)", redact_dsn(database_url), embedded.data_dir)
+    return embedded, database_url
+
+
+async def _start_dev_core(dev: DevConfig, callback_token: str, runs_file: Path) -> tuple[DevCore, str]:
+    """The dev core, with the runs it had when `dev` last stopped; it and its address."""
+    from queue_service.dev.core import DevCore
+
+    core = DevCore(judging_seconds=dev.core_judging_seconds, callback_token=callback_token)
+    # The dev core remembers its runs across restarts of `dev`: held runs can still be released
+    # and a run that was judging judges again and reports, so no user waits for the sweeper's
+    # reconciliation (QUEUE_RECONCILE_AFTER_SECONDS) after a restart.
+    restored = core.load_runs(runs_file)
+    core_port = await core.start("127.0.0.1:0")
+    core_addr = f"127.0.0.1:{core_port}"
+    log.info("dev core on %s (judging %.1fs, %d runs restored)", core_addr, core.judging_seconds, restored)
+    return core, core_addr
 
 
 async def _save_runs_periodically(core: DevCore, path: Path) -> None:
