@@ -651,13 +651,14 @@ class AdmitResult:
 
 @dataclasses.dataclass(frozen=True)
 class JobEnding:
-    """What ending a job did under the user's lock: the job as it ended (and its view), the
-    credit given back, and the jobs promoted into the freed slot."""
+    """A job after a change that ended it (or found it ended): the job as it ended and its view
+    (read in the ending transaction itself; None when not asked for), the credit given back, and
+    the jobs promoted into the freed slot."""
 
     ref: JobRef
-    view: JobView
-    refunded: int
-    promoted: tuple[Promoted, ...]
+    view: JobView | None
+    refunded: int = 0
+    promoted: tuple[Promoted, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -692,13 +693,6 @@ class RunSettlement:
 
     settled: bool
     promoted: tuple[Promoted, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class EndedJob:
-    ref: JobRef
-    # The job's view, read in the ending transaction itself when asked for.
-    view: JobView | None = None
 
 
 @dataclasses.dataclass(frozen=True)

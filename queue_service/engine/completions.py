@@ -24,7 +24,7 @@ from queue_service.engine.ports import FailoverGuard, ReleaseStarter
 from queue_service.engine.tasks import BackgroundTasks
 from queue_service.model import (
     Cause,
-    EndedJob,
+    JobEnding,
     JobStatus,
     PromotionLimits,
     RunCompletion,
@@ -60,7 +60,7 @@ class Completions:
             store, engine.promotion_limits, spawn=tasks.in_background, owed_releases=owed_releases, capacity=capacity, starter=starter
         )
 
-    async def complete_run(self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str) -> EndedJob:
+    async def complete_run(self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str) -> JobEnding:
         """Ends the run's job as the core reports, in one statement that finds the job under its
         user's lock; the job's view as this call left it."""
         transition = Transition.completed(succeeded=succeeded, refund=refund, message=message)
@@ -84,7 +84,7 @@ class Completions:
             raise errors.RunNotFound(f"no job owns run {run_id}", metadata={"runId": str(run_id)})
         return await self._tasks.outliving_the_caller(self._complete(report), name=f"complete-run-{run_id}")
 
-    async def _complete(self, report: RunReportToApply) -> EndedJob:
+    async def _complete(self, report: RunReportToApply) -> JobEnding:
         run_id, transition = report.run_id, report.transition
         with self._engine.ending_span(transition) as span:
             span.set_attribute("queue.run_id", str(run_id))
@@ -111,7 +111,7 @@ class Completions:
         if job.run_unsettled:
             # The job ended while its run's fate was unknown; the core's callback settles it.
             await self._engine.settle_run(job.job_id, job.user_id, cause=Cause.COMPLETION)
-        return EndedJob(job, found.view)
+        return JobEnding(job, found.view)
 
 
 class CompletionBatcher(Coalescer[RunReportToApply, RunCompletion]):

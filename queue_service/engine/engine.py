@@ -37,7 +37,6 @@ from queue_service.engine.ports import ReleaseStarter
 from queue_service.engine.tasks import BackgroundTasks
 from queue_service.model import (
     Cause,
-    EndedJob,
     JobEnding,
     JobRef,
     JobStatus,
@@ -156,7 +155,7 @@ class QueueEngine:
 
     # -- ending a job ------------------------------------------------------------------------
 
-    async def end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition) -> EndedJob | None:
+    async def end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition) -> JobEnding | None:
         """Applies the transition, refunds when it says so, and (when the run is settled) promotes
         the user's next job, in one statement that also returns the job's view; None when the job
         was not in a status the transition starts from (fenced). An unsettled run keeps the slot:
@@ -165,7 +164,7 @@ class QueueEngine:
             self._following_up_if_lost(self._end_job(job_id, user_id, transition), user_id=user_id), name=f"end-job-{job_id}"
         )
 
-    async def _end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition) -> EndedJob | None:
+    async def _end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition) -> JobEnding | None:
         with self.ending_span(transition) as span:
             span.set_attribute("queue.job_id", str(job_id))
             # One statement under the user lock: the ending, its refund, the promotions and the view.
@@ -183,7 +182,7 @@ class QueueEngine:
             span.set_attribute("queue.run_unsettled", transition.run_unsettled)
             yield span
 
-    def after_ending(self, outcome: JobEnding, transition: Transition, *, capacity_granted: bool = False) -> EndedJob:
+    def after_ending(self, outcome: JobEnding, transition: Transition, *, capacity_granted: bool = False) -> JobEnding:
         """Records a committed ending and starts what follows it: the run's settlement when it is
         unsettled, else the releases of the jobs promoted into the freed slot, and a grant of the
         capacity it freed (unless its own statement granted: `capacity_granted`)."""
@@ -205,7 +204,7 @@ class QueueEngine:
             # The run is settled: its capacity at the core is free for the next in line.
             if not capacity_granted:
                 self._capacity.freed()
-        return EndedJob(ended, outcome.view)
+        return outcome
 
     async def cancel(self, job_id: uuid.UUID, user_id: str) -> None:
         """Cancels a job; the core's answer decides how an active job ends (see docs/design.md).
