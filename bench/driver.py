@@ -29,6 +29,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from bench.measure import Latency
+from queue_service.config import SETTINGS
 from queue_service.model import AdmitLimits, NewJob
 from queue_service.store import Store
 from queue_service.store.pool import Timeouts, create_pool
@@ -68,13 +69,22 @@ ADMIT_LIMITS = AdmitLimits(
 )
 
 
+# The pre-check reads the user's free work of the last hour up to the service's limit: the default.
+FREE_ADMITS_PER_HOUR = int(SETTINGS["max_free_admits_per_user_per_hour"].default)
+
+
 async def bare_admit(store: Store, user_id: str, key: str) -> None:
     """The admit's database work and nothing else: the run reservation with the state read, then
     the locked admit statement (`Store.admit_job`), as the service runs them."""
     job = NewJob(uuid.uuid4(), user_id, uuid.uuid4(), key, _DIGEST, None, 1)
     async with store.statements() as db:
         await db.reserve_run_and_read_admit_state(
-            run_id=job.run_id, user_id=user_id, idempotency_key=key, delta_of_job_id=None, grace_seconds=60
+            run_id=job.run_id,
+            user_id=user_id,
+            idempotency_key=key,
+            delta_of_job_id=None,
+            grace_seconds=60,
+            max_free_admits=FREE_ADMITS_PER_HOUR,
         )
     admitted = await store.admit_job(job, ADMIT_LIMITS)
     if admitted is None:

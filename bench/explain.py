@@ -24,6 +24,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from bench.driver import FREE_ADMITS_PER_HOUR
 from queue_service.store.store import queries
 
 _SEQ_SCAN = re.compile(r"Seq Scan on (\w+)")
@@ -99,6 +100,7 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
         "document_title": "Explained",
         "sources": Jsonb([{"doi": "10.1234/explain", "citation": "A study of queues"}]),
         "is_delta": False,
+        "delta_held": False,
         "default_max_active": 1,
         "max_queued": 100,
         "max_running_deltas": 4,
@@ -118,6 +120,7 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
                 "idempotency_key": new_job["idempotency_key"],
                 "delta_of_job_id": None,
                 "grace_seconds": 60.0,
+                "max_free_admits": FREE_ADMITS_PER_HOUR,
             },
         )
 
@@ -136,6 +139,7 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
                 "idempotency_key": "explain-none",
                 "delta_of_job_id": None,
                 "grace_seconds": 60.0,
+                "max_free_admits": FREE_ADMITS_PER_HOUR,
             },
             None,
         ),

@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from bench.driver import ADMIT_LIMITS, TIMEOUTS
+from bench.driver import ADMIT_LIMITS, FREE_ADMITS_PER_HOUR, TIMEOUTS
 from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2_grpc as queue_grpc
@@ -47,7 +47,12 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
         )
         async with self._store.statements() as db:
             await db.reserve_run_and_read_admit_state(
-                run_id=job.run_id, user_id=job.user_id, idempotency_key=job.idempotency_key, delta_of_job_id=None, grace_seconds=60
+                run_id=job.run_id,
+                user_id=job.user_id,
+                idempotency_key=job.idempotency_key,
+                delta_of_job_id=None,
+                grace_seconds=60,
+                max_free_admits=FREE_ADMITS_PER_HOUR,
             )
         admitted = await self._store.admit_job(job, ADMIT_LIMITS)
         if admitted is None:
