@@ -14,13 +14,5 @@
 --
 -- Additive: the trigger's function and the feed's rows are those of 0015.
 
-DROP TRIGGER analysis_jobs_announce_update ON analysis_jobs;
-CREATE TRIGGER analysis_jobs_announce_update
-    AFTER UPDATE ON analysis_jobs
-    FOR EACH ROW
-    WHEN (OLD.status IS DISTINCT FROM NEW.status
-          OR OLD.last_error IS DISTINCT FROM NEW.last_error
-          OR OLD.release_attempts IS DISTINCT FROM NEW.release_attempts
-          OR OLD.capacity_token IS DISTINCT FROM NEW.capacity_token
-          OR OLD.capacity_wait_since IS DISTINCT FROM NEW.capacity_wait_since)
-    EXECUTE FUNCTION analysis_jobs_announce_change();
+-- The trigger lives with the function it runs, `store/sql/functions/analysis_jobs_announce_change.sql`,
+-- applied after the migrations. This migration changes no table.
