@@ -85,6 +85,20 @@ def insert_jobs(conn: psycopg.Connection, users: list[str], *, status: str, slot
         )
 
 
+def nothing_in_flight(database_url: str) -> None:
+    """A database that test modules share, as if fresh for the fleet's capacity: every job in
+    flight ended (its run settled), no turn recorded, the capacity unlimited and nothing learned of
+    the core. Written straight into the tables: the jobs' runs at the core are not touched."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            """UPDATE analysis_jobs SET status = 'canceled', end_time = clock_timestamp(), run_settle_due_at = NULL,
+                      next_release_at = NULL, next_reconcile_at = NULL
+                WHERE status IN ('queued', 'pending', 'running') OR run_settle_due_at IS NOT NULL"""
+        )
+        conn.execute("DELETE FROM user_capacity_turns")
+        conn.execute("UPDATE queue_capacity SET capacity = 0, core_limit = NULL, next_probe_at = NULL, core_refusals = 0")
+
+
 async def running_with_one_queued(stubs: Stubs) -> tuple[str, job_pb2.Job, job_pb2.Job]:
     """A new user with a RUNNING job (its run judging at a manual core) and a QUEUED one behind it."""
     user = new_user()

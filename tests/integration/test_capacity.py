@@ -27,7 +27,7 @@ from queue_service._gen.acurio.queue.v1 import (
     queue_service_pb2 as queue_pb2,
 )
 from queue_service.dev.core import AnswerFault, DevCore
-from tests.harness import ServiceFactory, Stubs, error_info, eventually, insert_jobs, new_user
+from tests.harness import ServiceFactory, Stubs, error_info, eventually, insert_jobs, new_user, nothing_in_flight
 
 S = job_pb2
 
@@ -39,14 +39,7 @@ def _operator(stubs: Stubs) -> op_grpc.OperatorServiceStub:
 @pytest.fixture(autouse=True)
 def _fresh_fleet(database_url: str) -> None:
     """Tests of this module share a database: each starts with nothing in flight, unlimited."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(
-            """UPDATE analysis_jobs SET status = 'canceled', end_time = clock_timestamp(), run_settle_due_at = NULL,
-                      next_release_at = NULL, next_reconcile_at = NULL
-                WHERE status IN ('queued', 'pending', 'running') OR run_settle_due_at IS NOT NULL"""
-        )
-        conn.execute("DELETE FROM user_capacity_turns")
-        conn.execute("UPDATE queue_capacity SET capacity = 0, core_limit = NULL, next_probe_at = NULL, core_refusals = 0")
+    nothing_in_flight(database_url)
 
 
 async def _set_capacity(stubs: Stubs, capacity: int) -> op_pb2.SetCoreCapacityResponse:

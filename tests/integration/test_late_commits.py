@@ -27,7 +27,7 @@ from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
 from queue_service.dev.core import AnswerFault
-from tests.harness import InvariantChecker, S, error_info, new_user, running_with_one_queued
+from tests.harness import InvariantChecker, S, error_info, new_user, nothing_in_flight, running_with_one_queued
 
 # Well under the release lease (15 s): handed over at once, not found again after the lease.
 _PROMPTLY_SECONDS = 3.0
@@ -161,13 +161,7 @@ async def test_an_admit_with_an_unknown_outcome_that_waits_for_capacity_is_relea
     for capacity, but the commit is acknowledged late, so the caller hears OUTCOME_UNKNOWN. The
     admit's clean-up finds the job committed; it claimed no release, so it is not released past
     the capacity (I12): it keeps its place and starts when the judging run ends, by a grant."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        # The module's earlier tests leave runs in flight, which would take the capacity.
-        conn.execute(
-            """UPDATE analysis_jobs SET status = 'canceled', end_time = clock_timestamp(), run_settle_due_at = NULL,
-                      next_release_at = NULL, next_reconcile_at = NULL
-                WHERE status IN ('queued', 'pending', 'running') OR run_settle_due_at IS NOT NULL"""
-        )
+    nothing_in_flight(database_url)  # the module's earlier tests leave runs that would take the capacity
     service = await services.start()
     await _operator(service).SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=1), timeout=10)
     first = new_user()

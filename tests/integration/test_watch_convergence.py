@@ -33,6 +33,7 @@ from tests.harness import (
     eventually,
     insert_jobs,
     new_user,
+    nothing_in_flight,
     one_running_job,
 )
 
@@ -149,20 +150,9 @@ def fleet_capacity(database_url: str) -> Iterator[None]:
     """A test of the fleet's capacity starts, and leaves the module's database, with nothing in
     flight (the other tests leave runs judging or unsettled), the capacity unlimited and nothing
     learned of the core."""
-    _nothing_in_flight(database_url)
+    nothing_in_flight(database_url)
     yield
-    _nothing_in_flight(database_url)
-
-
-def _nothing_in_flight(database_url: str) -> None:
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(
-            """UPDATE analysis_jobs SET status = 'canceled', end_time = clock_timestamp(), run_settle_due_at = NULL,
-                      next_release_at = NULL, next_reconcile_at = NULL
-                WHERE status IN ('queued', 'pending', 'running') OR run_settle_due_at IS NOT NULL"""
-        )
-        conn.execute("DELETE FROM user_capacity_turns")
-        conn.execute("UPDATE queue_capacity SET capacity = 0, core_limit = NULL, next_probe_at = NULL, core_refusals = 0")
+    nothing_in_flight(database_url)
 
 
 _LONG_JUDGING = dt.timedelta(hours=1)

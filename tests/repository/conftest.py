@@ -4,21 +4,6 @@ overridden here, as in tests/unit)."""
 
 from __future__ import annotations
 
-import pytest
+from tests.no_database import refusing_database
 
-_NO_DATABASE = "tests/repository runs without PostgreSQL: move this test to tests/integration"
-
-
-@pytest.fixture(scope="session")
-def postgres() -> None:
-    pytest.fail(_NO_DATABASE)
-
-
-@pytest.fixture(scope="session")
-def template_database() -> None:
-    pytest.fail(_NO_DATABASE)
-
-
-@pytest.fixture(scope="module")
-def database_url() -> None:
-    pytest.fail(_NO_DATABASE)
+postgres, template_database, database_url = refusing_database("repository")
