@@ -12,7 +12,14 @@ export {
   withUserAssertion,
   type MintUserAssertion,
 } from "./assertions.js";
-export { codeName, describeError, formatError, type DescribedError, type FieldViolation } from "./errors.js";
+export {
+  camelCaseFieldPath,
+  codeName,
+  describeError,
+  formatError,
+  type DescribedError,
+  type FieldViolation,
+} from "./errors.js";
 export {
   isQueueReason,
   isRetryable,
