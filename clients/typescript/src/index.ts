@@ -1,4 +1,4 @@
-// Public surface of @acurio/queue-client (ES module only; Node >= 22).
+// Public surface of @acurio/queue-client (ES module only; Node >= 20).
 export {
   bearerTokenInterceptor,
   createQueueClients,
