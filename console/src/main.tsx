@@ -42,6 +42,8 @@ function TokenDialog({ onClose }: { onClose: () => void }) {
           data-autofocus
           autoComplete="off"
           value={value}
+          // Selected on focus: a pasted token replaces the one set instead of joining it.
+          onFocus={(e) => e.currentTarget.select()}
           onInput={(e) => setValue(e.currentTarget.value)}
           placeholder="token"
         />
@@ -121,10 +123,16 @@ function App() {
         return;
       }
       const match = PAGES.find((p) => p.key === e.key);
+      // A key that opens a dialog is consumed: its text would otherwise land in the field the
+      // dialog has just focused (a `t` in front of every pasted token).
       if (match) go(match.path);
-      else if (e.key === "t") setTokenOpen(true);
-      else if (e.key === "?") setHelpOpen(true);
-      else if (e.key === "Escape") {
+      else if (e.key === "t") {
+        e.preventDefault();
+        setTokenOpen(true);
+      } else if (e.key === "?") {
+        e.preventDefault();
+        setHelpOpen(true);
+      } else if (e.key === "Escape") {
         // From a job (or a user's queue), back to where such pages are listed.
         const [first, second] = window.location.hash.replace(/^#\/?/, "").split("?")[0].split("/");
         if (first === "jobs" && second) go("jobs");
