@@ -2748,7 +2748,8 @@ export const OperatorService: GenService<{
    * one: the run is canceled at the core, the charge refunded, the user's next job promoted).
    * With `dry_run` it only counts them, so a person can confirm "cancel N jobs"; the real call
    * then cancels at most `max_jobs` (the number confirmed), oldest first, and reports how many
-   * it canceled and which ones failed.
+   * it canceled and which ones failed. Each job records the operator as who canceled it
+   * (`Job.canceled_by`; added to the contract additively).
    * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad filter, `max_jobs` outside 1-1000
    * on a real call, or a filter that names only ended statuses.
    *
