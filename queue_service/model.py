@@ -159,6 +159,22 @@ class DatabaseIdentity:
     reconciled: bool = dataclasses.field(default=False, compare=False)
 
 
+def cancel_message(actor: str) -> str:
+    """A canceled job's `last_error`, naming who asked (an actor as the ledger names it, empty
+    when not known here): a user's cancel through the web app is the user's, an operator's names
+    the operator, so an operator's cancel never reads as the user's."""
+    role, _, name = actor.partition(":")
+    if not actor:
+        return "canceled"
+    if role == "web":
+        return "canceled by the user"
+    if role == "operator":
+        return f"canceled by operator {name}"
+    if role == "system":
+        return "canceled by the service"
+    return f"canceled by {actor}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Transition:
     """A named way for a job to end: from which statuses, to which, and what it does to the
@@ -188,12 +204,13 @@ class Transition:
         return cls(Cause.COMPLETION, ACTIVE, JobStatus.FAILED, message or "the core reported a failure", refund=refund)
 
     @classmethod
-    def canceled_while_queued(cls) -> Transition:
-        """A cancel of a QUEUED job: refunded at once; its held run is canceled afterwards."""
-        return cls(Cause.CANCEL, frozenset({JobStatus.QUEUED}), JobStatus.CANCELED, "canceled by the user", refund=True, run_unsettled=True)
+    def canceled_while_queued(cls, *, by: str = "") -> Transition:
+        """A cancel of a QUEUED job (asked for by the actor `by`): refunded at once; its held run is
+        canceled afterwards."""
+        return cls(Cause.CANCEL, frozenset({JobStatus.QUEUED}), JobStatus.CANCELED, cancel_message(by), refund=True, run_unsettled=True)
 
     @classmethod
-    def canceled_while_waiting_for_capacity(cls, *, attempts: int) -> Transition:
+    def canceled_while_waiting_for_capacity(cls, *, attempts: int, by: str = "") -> Transition:
         """A cancel of a PENDING job waiting for the fleet's capacity: its run was never released
         (only a grant releases it, and a grant counts an attempt: `attempts` fences one that came
         meanwhile), so the job ends at once, refunded, without the core; its held run is canceled
@@ -202,18 +219,19 @@ class Transition:
             Cause.CANCEL,
             frozenset({JobStatus.PENDING}),
             JobStatus.CANCELED,
-            "canceled by the user",
+            cancel_message(by),
             refund=True,
             run_unsettled=True,
             expected_attempts=attempts,
         )
 
     @classmethod
-    def canceled(cls, report: RunReport) -> Transition:
-        """A cancel of an active job, ended as the core's answer to CancelRun says."""
+    def canceled(cls, report: RunReport, *, by: str = "") -> Transition:
+        """A cancel of an active job (asked for by the actor `by`, when known), ended as the core's
+        answer to CancelRun says."""
         if report.fate in (RunFate.SUCCEEDED, RunFate.FAILED):
             return cls._as_reported(Cause.CANCEL, ACTIVE, report)
-        return cls(Cause.CANCEL, ACTIVE, JobStatus.CANCELED, "canceled by the user", refund=True)
+        return cls(Cause.CANCEL, ACTIVE, JobStatus.CANCELED, cancel_message(by), refund=True)
 
     @classmethod
     def canceled_instead_of_released(cls, report: RunReport, *, attempt: int) -> Transition:
@@ -285,6 +303,8 @@ class JobRef:
     run_unsettled: bool = False
     # The user asked to cancel it while it was active (recorded before the core was asked).
     cancel_requested: bool = False
+    # Who asked to cancel it (the first asker, as the ledger names actors); empty when nobody did.
+    canceled_by: str = ""
     # Release attempts so far (a capacity grant counts one): fences a change decided on this read.
     release_attempts: int = 0
     # PENDING and waiting for the fleet's capacity: its run has not been released since it began
@@ -372,6 +392,8 @@ class JobInputs:
     document_title: str
     sources: tuple[tuple[str, str], ...] | None
     sources_pruned: bool = False
+    # The newest job admitted as a retry of this one; None when it was never retried.
+    newest_retry_job_id: uuid.UUID | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -598,6 +620,12 @@ class JobView:
     document_title: str = ""
     source_count: int = 0
     sources_preview: tuple[tuple[str, str], ...] = ()
+    # Retry lineage (migration 0027): the ended job this one admits again, and the jobs admitted
+    # as retries of this one, oldest first.
+    retry_of_job_id: uuid.UUID | None = None
+    retried_as_job_ids: tuple[uuid.UUID, ...] = ()
+    # Who asked to cancel it, as the ledger names actors; empty when nobody did.
+    canceled_by: str = ""
 
 
 def estimate_start(

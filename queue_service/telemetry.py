@@ -142,7 +142,7 @@ class _Instruments:
     retries = _counter(
         "queue.retries",
         "{retry}",
-        "OperatorService.RetryJob calls by outcome (admitted, repeated: the retry key had retried the job already, rejected) and reason",
+        "OperatorService.RetryJob calls and RetryJobs jobs by outcome (admitted, repeated: the job was retried already, rejected) and reason",
     )
     lock_wait = _histogram("queue.lock.wait", "s", "Time spent waiting for a user's queue lock")
     promotions = _counter("queue.promotions", "{job}", "Jobs promoted from QUEUED to PENDING, by trigger")

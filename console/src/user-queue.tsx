@@ -5,7 +5,7 @@ import { ACTIVE, clock, duration, ordinal, shortId, STATUS_LABELS } from "./form
 import { go, useNow } from "./hooks.js";
 import { useAction } from "./notice.js";
 import { useLiveStream } from "./stream.js";
-import { StatusBadge } from "./jobs.js";
+import { CancelJobButton, StatusBadge } from "./jobs.js";
 import { LedgerPanel, useLedger } from "./ledger.js";
 import { revealBidiControls, UserText } from "./user-text.js";
 import { type Job, JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
@@ -166,12 +166,6 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
   const active = [...jobs.values()];
   const running = active.filter((j) => j.status !== JobStatus.QUEUED).sort((a, b) => Number(a.createTime!.seconds - b.createTime!.seconds));
   const waiting = active.filter((j) => j.status === JobStatus.QUEUED).sort((a, b) => a.queuePosition - b.queuePosition);
-  const cancel = (job: Job) =>
-    run(async () => {
-      await queue.cancelJob({ jobId: job.jobId, userId });
-      setBalanceVersion((v) => v + 1);
-      return `Canceled job ${shortId(job.jobId)}; its credit is refunded`;
-    });
 
   return (
     <section class="page" data-testid="user-queue">
@@ -214,9 +208,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
                   ? `release retrying: ${revealBidiControls(job.lastError)}`
                   : "starting"}
             </span>
-            <button class="small danger" disabled={busy} onClick={() => cancel(job)} data-testid="cancel">
-              Cancel
-            </button>
+            <CancelJobButton job={job} small testId="cancel" onCanceled={() => setBalanceVersion((v) => v + 1)} />
           </li>
         ))}
         {waiting.map((job) => (
@@ -231,9 +223,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
             <span class="muted">
               waiting for <span class="mono">{shortId(job.waitingForJobId)}</span> · <StartsWhen job={job} jobs={jobs} now={now} />
             </span>
-            <button class="small danger" disabled={busy} onClick={() => cancel(job)} data-testid="cancel">
-              Cancel
-            </button>
+            <CancelJobButton job={job} small testId="cancel" onCanceled={() => setBalanceVersion((v) => v + 1)} />
           </li>
         ))}
       </ol>

@@ -130,6 +130,8 @@ test("cancel in the page cancels the job and refunds its credit", async () => {
   const jobId = await last.getAttribute("data-job-id");
   await timed("cancel from the page", async () => {
     await last.getByTestId("cancel").click();
+    // A single cancel asks first.
+    await page.getByRole("alertdialog").getByTestId("cancel-job-confirm").click();
     await waitForPositions([0, 1, 2]);
   });
   await page.getByTestId("notice").filter({ hasText: "refunded" }).waitFor({ timeout: WAIT_MS });

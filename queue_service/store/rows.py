@@ -60,6 +60,9 @@ def job_view(row: Row) -> JobView:
         document_title=row.get("document_title") or "",
         source_count=int(row.get("source_count") or 0),
         sources_preview=sources_of_json(row.get("sources_preview")),
+        retry_of_job_id=row.get("retry_of_job_id"),
+        retried_as_job_ids=tuple(row.get("retried_as_job_ids") or ()),
+        canceled_by=row.get("canceled_by") or "",
     )
 
 
@@ -72,6 +75,7 @@ def job_ref(row: Row) -> JobRef:
         delta_of_job_id=row["delta_of_job_id"],
         run_unsettled=bool(row.get("run_unsettled", False)),
         cancel_requested=bool(row.get("cancel_requested", False)),
+        canceled_by=row.get("canceled_by") or "",
         release_attempts=int(row.get("release_attempts") or 0),
         waiting_for_capacity=bool(row.get("waiting_for_capacity", False)),
     )

@@ -365,10 +365,10 @@ class Statements:
         return [(row["job_id"], str(row["user_id"])) for row in rows]
 
     async def record_cancel_request(self, *, job_id: uuid.UUID, cancel_recheck_seconds: float) -> bool:
-        """Records that the user asked to cancel the job (a RUNNING one is reconciled, so asked
-        to cancel again, after `cancel_recheck_seconds`); False when it is no longer PENDING or
-        RUNNING (fenced)."""
-        params = {"job_id": job_id, "cancel_recheck_seconds": float(cancel_recheck_seconds)}
+        """Records that the caller (`audit`: the current actor, kept as `canceled_by`) asked to
+        cancel the job (a RUNNING one is reconciled, so asked to cancel again, after
+        `cancel_recheck_seconds`); False when it is no longer PENDING or RUNNING (fenced)."""
+        params = {"job_id": job_id, "cancel_recheck_seconds": float(cancel_recheck_seconds), "actor": audit.actor_for(Cause.CANCEL)}
         return await self._one("record_cancel_request", params) is not None
 
     # -- releases ------------------------------------------------------------------------------
@@ -620,6 +620,7 @@ class Statements:
             document_title=row["document_title"] or "",
             sources=None if row["sources"] is None else sources_of_json(row["sources"]),
             sources_pruned=row["sources"] is None and row["source_count"] is not None,
+            newest_retry_job_id=row.get("newest_retry_job_id"),
         )
 
     async def ledger_entries(self, query: LedgerQuery, *, limit: int) -> list[LedgerEntry]:

@@ -50,8 +50,9 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
         + [_OPERATOR + m for m in ("GetOverview", "SearchJobs", "WatchOverview", "CancelJobs", "ListLedgerEntries")]
         # The fleet settings: the core's capacity, users' limits, and who changed them.
         + [_OPERATOR + m for m in ("SetCoreCapacity", "SetUserQueueLimit", "ListSettingChanges")]
-        # A failed or canceled job admitted again (charged to its user, the operator its actor).
-        + [_OPERATOR + "RetryJob"]
+        # A failed or canceled job admitted again (charged to its user, the operator its actor),
+        # one or many.
+        + [_OPERATOR + m for m in ("RetryJob", "RetryJobs")]
         # Who has work (the User queue's picker), and the queue's history (the overview's charts).
         + [_OPERATOR + m for m in ("ListUsersWithWork", "GetQueueHistory")]
         # Which replicas serve, and the core's health as each sees it.

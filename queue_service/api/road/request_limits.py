@@ -39,12 +39,14 @@ _STRING_CHARS: Mapping[str, int] = {
     "message": validation.MAX_MESSAGE_CHARS,
     "note": validation.MAX_NOTE_CHARS,
     "retry_key": validation.MAX_ID_CHARS,
+    "job_ids": validation.MAX_UUID_CHARS,
     "page_token": page_tokens.MAX_TOKEN_CHARS,
 }
 # The most entries a repeated field may hold, by field name.
 _REPEATED_ENTRIES: Mapping[str, int] = {
     "sources": validation.MAX_SOURCES,
     "statuses": MAX_STATUS_FILTERS,
+    "job_ids": validation.MAX_BULK_JOB_IDS,
 }
 _JSON_BYTES_PER_CHAR = 12
 # Whitespace a pretty-printing client may put around one field or entry (a newline and indentation).

@@ -71,6 +71,9 @@ def job_to_proto(view: JobView) -> job_pb2.Job:
         price=view.price,
         refunded=view.refunded,
         source_count=view.source_count,
+        retry_of_job_id=str(view.retry_of_job_id) if view.retry_of_job_id else "",
+        retried_as_job_ids=[str(job_id) for job_id in view.retried_as_job_ids],
+        canceled_by=view.canceled_by,
     )
     if view.document_uri or view.document_title:
         job.document.uri = view.document_uri

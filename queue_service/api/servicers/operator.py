@@ -34,7 +34,7 @@ from queue_service.api.servicers.convert import (
     status_filter,
     user_work_to_proto,
 )
-from queue_service.api.servicers.retry import retry_job
+from queue_service.api.servicers.retry import MAX_BULK_RETRY, RETRYABLE, choose_for_bulk_retry, retry_each, retry_job
 from queue_service.engine import Admission, Credits, JobReads, QueueEngine
 from queue_service.model import LIVE, JobSearch, LedgerQuery, LiveJobFilter
 
@@ -213,11 +213,63 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
     ) -> pb.RetryJobResponse:
         v = validation.Violations()
         job_id = v.check_uuid("job_id", request.job_id)
-        v.check_id("retry_key", request.retry_key)
+        if request.another_retry or request.retry_key:
+            # A further retry is keyed by it; a plain retry's key is the job's alone.
+            v.check_id("retry_key", request.retry_key)
         v.raise_if_any()
         assert job_id is not None
-        view, admitted_now = await retry_job(self._admission, self._reads, job_id, request.retry_key)
+        view, admitted_now = await retry_job(
+            self._admission, self._reads, job_id, another_retry=request.another_retry, retry_key=request.retry_key
+        )
         return pb.RetryJobResponse(job=job_to_proto(view), admitted_now=admitted_now)
+
+    async def RetryJobs(
+        self, request: pb.RetryJobsRequest, context: grpc.aio.ServicerContext[pb.RetryJobsRequest, pb.RetryJobsResponse]
+    ) -> pb.RetryJobsResponse:
+        v = validation.Violations()
+        by_filter = request.HasField("filter")
+        if by_filter == bool(request.job_ids):
+            v.add("job_ids", "give either job_ids (the jobs chosen) or filter (the jobs matching it), not both or neither")
+        if len(request.job_ids) > MAX_BULK_RETRY:
+            v.add("job_ids", f"at most {MAX_BULK_RETRY} job ids per call (got {len(request.job_ids)})")
+        job_ids = [v.check_uuid(f"job_ids[{i}]", raw) for i, raw in enumerate(request.job_ids[:MAX_BULK_RETRY])]
+        if not request.dry_run and not 1 <= request.max_jobs <= MAX_BULK_RETRY:
+            v.add(
+                "max_jobs", f"max_jobs must be between 1 and {MAX_BULK_RETRY}: the number of jobs you confirmed (count them with dry_run)"
+            )
+        v.raise_if_any()
+        response = pb.RetryJobsResponse()
+        if by_filter:
+            search, _ = _search(request.filter)
+            if not set(search.statuses) <= RETRYABLE:
+                v.add("filter.statuses", "only FAILED and CANCELED jobs can be retried; leave statuses empty for both")
+                v.raise_if_any()
+            search = dataclasses.replace(search, statuses=search.statuses or tuple(sorted(RETRYABLE)))
+            views = await self._reads.search(search, limit=MAX_BULK_RETRY + 1)
+            response.more_than_counted = len(views) > MAX_BULK_RETRY
+            choice = choose_for_bulk_retry(views[:MAX_BULK_RETRY])
+        else:
+            wanted = list(dict.fromkeys(job_id for job_id in job_ids if job_id is not None))
+            views = await self._reads.by_ids(wanted)
+            found = {view.job_id for view in views}
+            choice = choose_for_bulk_retry(views, missing=[job_id for job_id in wanted if job_id not in found])
+        response.matched = len(choice.to_retry)
+        already = list(choice.already_retried)
+        failures = list(choice.refused)
+        if not request.dry_run:
+            for job_id, outcome in await retry_each(self._admission, self._reads, choice.to_retry[: request.max_jobs]):
+                if isinstance(outcome, errors.QueueError):
+                    failures.append((job_id, outcome))
+                elif outcome[1]:
+                    response.retried += 1
+                    response.jobs.append(job_to_proto(outcome[0]))
+                else:
+                    already.append(job_id)  # retried by someone else meanwhile: not charged again
+        response.already_retried_job_ids.extend(str(job_id) for job_id in already)
+        response.failures.extend(
+            pb.RetryFailure(job_id=str(job_id), reason=error.reason, message=error.message) for job_id, error in failures
+        )
+        return response
 
     async def ListUsersWithWork(
         self,

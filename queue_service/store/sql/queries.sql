@@ -226,7 +226,7 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT q
 -- One job's row fields the lifecycle needs. A job waits for capacity as the view says
 -- (analysis_job_views.waiting_for_capacity): its run was never released since it began to wait.
 SELECT job_id, user_id, run_id, status, delta_of_job_id, run_settle_due_at IS NOT NULL AS run_unsettled,
-       cancel_requested_at IS NOT NULL AS cancel_requested, release_attempts,
+       cancel_requested_at IS NOT NULL AS cancel_requested, canceled_by, release_attempts,
        status = 'pending' AND capacity_wait_since IS NOT NULL AND capacity_token IS NULL AS waiting_for_capacity
   FROM analysis_jobs WHERE job_id = %(job_id)s;
 
@@ -245,9 +245,11 @@ SELECT job_id, user_id
 -- ending that follows applies it (`cancel_requested_at`). Fenced: no row when the job is no longer
 -- active (it ended, or is still QUEUED). The first request's time is kept. A RUNNING job is due
 -- for the sweeper's reconciliation after `cancel_recheck_seconds`, which asks the core to cancel
--- again if no answer has ended the job by then.
+-- again if no answer has ended the job by then. Who asked is kept with it (`canceled_by`, the
+-- first asker), so the ending names them whoever applies it.
 UPDATE analysis_jobs
    SET cancel_requested_at = COALESCE(cancel_requested_at, clock_timestamp()),
+       canceled_by = COALESCE(canceled_by, %(actor)s),
        next_reconcile_at = CASE WHEN status = 'running'
                                 THEN LEAST(next_reconcile_at, clock_timestamp() + make_interval(secs => %(cancel_recheck_seconds)s))
                            END
@@ -490,10 +492,14 @@ SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, ac
 
 -- name: job_inputs
 -- What a job was admitted with, in full (OperatorService.RetryJob); its primary key finds it.
--- `source_count` set with `sources` NULL: the sources were pruned past their retention.
-SELECT job_id, user_id, status, delta_of_job_id, document_uri, document_title, sources, source_count
-  FROM analysis_jobs
- WHERE job_id = %(job_id)s;
+-- `source_count` set with `sources` NULL: the sources were pruned past their retention. Its
+-- newest retry, if any (the index of retries), guards a plain retry from admitting another.
+SELECT j.job_id, j.user_id, j.status, j.delta_of_job_id, j.document_uri, j.document_title, j.sources, j.source_count,
+       (SELECT r.job_id FROM analysis_jobs r
+         WHERE r.retry_of_job_id = j.job_id
+         ORDER BY r.create_time DESC, r.job_id DESC LIMIT 1) AS newest_retry_job_id
+  FROM analysis_jobs j
+ WHERE j.job_id = %(job_id)s;
 
 -- name: grant_by_key
 -- The earlier grant made with this key.

@@ -53,6 +53,8 @@ CREATE TABLE public.analysis_jobs (
     sources              jsonb,
     source_count         integer,
     sources_preview      jsonb,
+    retry_of_job_id      uuid,
+    canceled_by          text,
     CONSTRAINT analysis_jobs_active_first_pass_has_slot CHECK ((status <> ALL (ARRAY['pending'::text, 'running'::text])) OR delta_of_job_id IS NOT NULL OR slot IS NOT NULL),
     CONSTRAINT analysis_jobs_capacity_token_check CHECK (capacity_token >= 1),
     CONSTRAINT analysis_jobs_delta_of_job_id_fkey FOREIGN KEY (delta_of_job_id) REFERENCES analysis_jobs(job_id),
@@ -83,6 +85,7 @@ CREATE INDEX analysis_jobs_recent_first_pass_durations ON public.analysis_jobs U
 CREATE INDEX analysis_jobs_recently_ended ON public.analysis_jobs USING btree (end_time DESC) WHERE (end_time IS NOT NULL);
 CREATE INDEX analysis_jobs_reconcile_due ON public.analysis_jobs USING btree (next_reconcile_at) WHERE (status = 'running'::text);
 CREATE INDEX analysis_jobs_release_due ON public.analysis_jobs USING btree (next_release_at) WHERE (status = 'pending'::text);
+CREATE INDEX analysis_jobs_retries ON public.analysis_jobs USING btree (retry_of_job_id, create_time) WHERE (retry_of_job_id IS NOT NULL);
 CREATE INDEX analysis_jobs_run_settle_due ON public.analysis_jobs USING btree (run_settle_due_at) WHERE (run_settle_due_at IS NOT NULL);
 CREATE INDEX analysis_jobs_running_deltas ON public.analysis_jobs USING btree (user_id) WHERE ((status = 'running'::text) AND (delta_of_job_id IS NOT NULL));
 CREATE INDEX analysis_jobs_user_newest_admitted ON public.analysis_jobs USING btree (user_id, create_time DESC, job_id DESC);
@@ -267,6 +270,18 @@ AS $function$
        AND s NOT IN (SELECT slot FROM holders)
      ORDER BY s
      LIMIT 1
+$function$;
+
+CREATE OR REPLACE FUNCTION public.analysis_jobs_retry_lineage()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NEW.retry_of_job_id IS NULL AND NEW.idempotency_key ~ '^retry:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}' THEN
+        NEW.retry_of_job_id := substring(NEW.idempotency_key FROM 7 FOR 36)::uuid;
+    END IF;
+    RETURN NEW;
+END
 $function$;
 
 CREATE OR REPLACE FUNCTION public.analysis_jobs_wait_for_capacity()
@@ -505,7 +520,9 @@ BEGIN
            last_error = CASE WHEN p_last_error <> '' THEN p_last_error ELSE a.last_error END,
            next_release_at = NULL,
            next_reconcile_at = NULL,
-           run_settle_due_at = CASE WHEN p_run_unsettled THEN clock_timestamp() END
+           run_settle_due_at = CASE WHEN p_run_unsettled THEN clock_timestamp() END,
+           canceled_by = CASE WHEN p_status = 'canceled' AND p_reason = 'cancel' THEN COALESCE(a.canceled_by, p_actor)
+                              ELSE a.canceled_by END
      WHERE a.job_id = p_job_id
        AND a.status = ANY(p_from_statuses)
        AND (p_expected_attempts IS NULL OR a.release_attempts = p_expected_attempts)
@@ -747,7 +764,13 @@ CREATE VIEW public.analysis_job_views AS
     document_uri,
     document_title,
     source_count,
-    sources_preview
+    sources_preview,
+    retry_of_job_id,
+    ARRAY( SELECT r.job_id
+           FROM analysis_jobs r
+          WHERE r.retry_of_job_id = j.job_id
+          ORDER BY r.create_time, r.job_id) AS retried_as_job_ids,
+    canceled_by
    FROM analysis_jobs j;
 
 CREATE VIEW public.analysis_jobs_capacity_order AS
@@ -1085,4 +1108,5 @@ $function$;
 
 CREATE TRIGGER analysis_jobs_announce_insert AFTER INSERT ON analysis_jobs FOR EACH ROW EXECUTE FUNCTION analysis_jobs_announce_change();
 CREATE TRIGGER analysis_jobs_announce_update AFTER UPDATE ON analysis_jobs FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR old.last_error IS DISTINCT FROM new.last_error OR old.release_attempts IS DISTINCT FROM new.release_attempts OR old.capacity_token IS DISTINCT FROM new.capacity_token OR old.capacity_wait_since IS DISTINCT FROM new.capacity_wait_since) EXECUTE FUNCTION analysis_jobs_announce_change();
+CREATE TRIGGER analysis_jobs_retry_lineage_insert BEFORE INSERT ON analysis_jobs FOR EACH ROW WHEN (new.idempotency_key ~~ 'retry:%'::text) EXECUTE FUNCTION analysis_jobs_retry_lineage();
 CREATE TRIGGER analysis_jobs_wait_for_capacity BEFORE INSERT OR UPDATE OF status ON analysis_jobs FOR EACH ROW WHEN (new.status = 'pending'::text) EXECUTE FUNCTION analysis_jobs_wait_for_capacity();

@@ -823,21 +823,28 @@ class RetryJobRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     RETRY_KEY_FIELD_NUMBER: _builtins.int
+    ANOTHER_RETRY_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The FAILED or CANCELED job to admit again (a UUID)."""
     retry_key: _builtins.str
-    """A caller-chosen key, 1-128 printable characters, new for each retry a person asks for (the
-    console sends one per click). The same key again returns the job the first call admitted.
+    """A caller-chosen key, 1-128 printable characters, new for each further retry a person asks
+    for (`another_retry`); the same key again returns the job the first call admitted. Optional
+    for a plain retry, whose key comes from the job alone.
+    """
+    another_retry: _builtins.bool
+    """Admit a further retry although the job was retried already (the operator asked for another
+    explicitly). Requires `retry_key`. Added to the contract additively.
     """
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         retry_key: _builtins.str = ...,
+        another_retry: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "retry_key", b"retry_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["another_retry", b"another_retry", "job_id", b"job_id", "retry_key", b"retry_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -852,7 +859,9 @@ class RetryJobResponse(_message.Message):
     JOB_FIELD_NUMBER: _builtins.int
     ADMITTED_NOW_FIELD_NUMBER: _builtins.int
     admitted_now: _builtins.bool
-    """False when this `retry_key` had already retried the job: `job` is the job admitted then."""
+    """False when the job had been retried already (a plain retry), or this `retry_key` had
+    retried it (`another_retry`): `job` is the retry admitted then, no second charge.
+    """
     @_builtins.property
     def job(self) -> _job_pb2.Job:
         """The new job, as AnalysisQueueService.Admit answers it."""
@@ -870,6 +879,132 @@ class RetryJobResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RetryJobResponse: _TypeAlias = RetryJobResponse  # noqa: Y015
+
+@_typing.final
+class RetryJobsRequest(_message.Message):
+    """Request for OperatorService.RetryJobs. Exactly one of `job_ids` and `filter`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_IDS_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    MAX_JOBS_FIELD_NUMBER: _builtins.int
+    dry_run: _builtins.bool
+    """Only count the jobs that would be retried and those skipped; admit nothing."""
+    max_jobs: _builtins.int
+    """Retry at most this many jobs (1-1000), oldest admitted first: the number the person
+    confirmed. Ignored with `dry_run`.
+    """
+    @_builtins.property
+    def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """These jobs (UUIDs, at most 1000): the rows a person ticked."""
+
+    @_builtins.property
+    def filter(self) -> Global___JobFilter:
+        """Or the jobs matching a filter: only FAILED and CANCELED ones (empty `statuses` means those
+        two), newest admitted first, up to 1000 of them.
+        """
+
+    def __init__(
+        self,
+        *,
+        job_ids: _abc.Iterable[_builtins.str] | None = ...,
+        filter: Global___JobFilter | None = ...,
+        dry_run: _builtins.bool = ...,
+        max_jobs: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "filter", b"filter", "job_ids", b"job_ids", "max_jobs", b"max_jobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryJobsRequest: _TypeAlias = RetryJobsRequest  # noqa: Y015
+
+@_typing.final
+class RetryJobsResponse(_message.Message):
+    """Response for OperatorService.RetryJobs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MATCHED_FIELD_NUMBER: _builtins.int
+    MORE_THAN_COUNTED_FIELD_NUMBER: _builtins.int
+    RETRIED_FIELD_NUMBER: _builtins.int
+    ALREADY_RETRIED_JOB_IDS_FIELD_NUMBER: _builtins.int
+    FAILURES_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    matched: _builtins.int
+    """How many of the chosen jobs are FAILED or CANCELED and not yet retried: what a real call
+    retries (up to `max_jobs`).
+    """
+    more_than_counted: _builtins.bool
+    """True when more than the counted jobs match the filter."""
+    retried: _builtins.int
+    """How many jobs this call retried (0 with `dry_run`)."""
+    @_builtins.property
+    def already_retried_job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The jobs skipped because they had been retried already (one retry per job; RetryJob with
+        `another_retry` admits a further one).
+        """
+
+    @_builtins.property
+    def failures(self) -> _containers.RepeatedCompositeFieldContainer[Global___RetryFailure]:
+        """The chosen jobs that were not retried: JOB_NOT_FOUND, JOB_NOT_RETRYABLE, JOB_INPUTS_PRUNED,
+        or the admit's refusal (INSUFFICIENT_CREDITS, CORE_UNAVAILABLE, ...).
+        """
+
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[_job_pb2.Job]:
+        """The jobs this call admitted, each with `retry_of_job_id` naming the job it retries."""
+
+    def __init__(
+        self,
+        *,
+        matched: _builtins.int = ...,
+        more_than_counted: _builtins.bool = ...,
+        retried: _builtins.int = ...,
+        already_retried_job_ids: _abc.Iterable[_builtins.str] | None = ...,
+        failures: _abc.Iterable[Global___RetryFailure] | None = ...,
+        jobs: _abc.Iterable[_job_pb2.Job] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_retried_job_ids", b"already_retried_job_ids", "failures", b"failures", "jobs", b"jobs", "matched", b"matched", "more_than_counted", b"more_than_counted", "retried", b"retried"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryJobsResponse: _TypeAlias = RetryJobsResponse  # noqa: Y015
+
+@_typing.final
+class RetryFailure(_message.Message):
+    """One job a bulk retry did not retry."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job."""
+    reason: _builtins.str
+    """The ErrorInfo reason of the refusal, for example INSUFFICIENT_CREDITS."""
+    message: _builtins.str
+    """The refusal's message."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "message", b"message", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryFailure: _TypeAlias = RetryFailure  # noqa: Y015
 
 @_typing.final
 class ListUsersWithWorkRequest(_message.Message):

@@ -85,6 +85,11 @@ class OperatorServiceStub:
                 request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobRequest.SerializeToString,
                 response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobResponse.FromString,
                 _registered_method=True)
+        self.RetryJobs = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/RetryJobs',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobsRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobsResponse.FromString,
+                _registered_method=True)
         self.ListUsersWithWork = channel.unary_unary(
                 '/acurio.queue.v1.OperatorService/ListUsersWithWork',
                 request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListUsersWithWorkRequest.SerializeToString,
@@ -147,7 +152,8 @@ class OperatorServiceServicer:
         one: the run is canceled at the core, the charge refunded, the user's next job promoted).
         With `dry_run` it only counts them, so a person can confirm "cancel N jobs"; the real call
         then cancels at most `max_jobs` (the number confirmed), oldest first, and reports how many
-        it canceled and which ones failed.
+        it canceled and which ones failed. Each job records the operator as who canceled it
+        (`Job.canceled_by`; added to the contract additively).
         Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad filter, `max_jobs` outside 1-1000
         on a real call, or a filter that names only ended statuses.
         """
@@ -202,14 +208,34 @@ class OperatorServiceServicer:
     def RetryJob(self, request, context):
         """Admits a FAILED or CANCELED job again: a new job of the same user with the same document
         and sources (and, for a delta re-check, the same base), through the same checks and the same
-        charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
-        `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
-        of admitting twice. The charge is recorded with the operator as its actor. Added to the
-        contract additively.
+        charge as AnalysisQueueService.Admit. The charge is recorded with the operator as its actor.
+        Added to the contract additively.
+        One retry per ended job unless asked for another: a plain retry's idempotency key is derived
+        from the ended job alone, so every plain retry of one job (a double click, two operators, a
+        lost answer, concurrent calls) is the same admit and charges once; a plain retry of a job
+        already retried answers its newest retry with `admitted_now: false` (its `retry_of_job_id`
+        names the job, which lists it in `retried_as_job_ids`). `another_retry` admits a further one,
+        keyed by `retry_key` (the same key again answers the same job). Added to the contract
+        additively.
         Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
         `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
         been canceled, or one admitted before the service stored what it judges; and every error of
         Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetryJobs(self, request, context):
+        """Retries ended jobs in bulk, each as a plain RetryJob (one retry per job: a job already
+        retried is skipped and counted, never charged again), chosen by `job_ids` or by a filter
+        over FAILED and CANCELED jobs. With `dry_run` it only counts them, so a person can confirm
+        "retry N jobs"; the real call then retries at most `max_jobs` (the number confirmed), oldest
+        admitted first, and reports how many it retried, skipped and which ones failed (each retry is
+        an admit: `INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, ...). Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for both or neither of `job_ids` and `filter`, a
+        bad job id, more than 1000 job ids, a bad filter or one naming a status other than FAILED and
+        CANCELED, or `max_jobs` outside 1-1000 on a real call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -296,6 +322,11 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.RetryJob,
                     request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobRequest.FromString,
                     response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobResponse.SerializeToString,
+            ),
+            'RetryJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryJobs,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobsRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobsResponse.SerializeToString,
             ),
             'ListUsersWithWork': grpc.unary_unary_rpc_method_handler(
                     servicer.ListUsersWithWork,
@@ -562,6 +593,33 @@ class OperatorService:
             '/acurio.queue.v1.OperatorService/RetryJob',
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobRequest.SerializeToString,
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/RetryJobs',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobsRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/operator_service.proto.
  */
 export const file_acurio_queue_v1_operator_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyLWBAoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2NhcGFjaXR5X2luX3VzZRgOIAEoAxIWCg5jYXBhY2l0eV9saW1pdBgPIAEoAxIdChVjYXBhY2l0eV93YWl0aW5nX2pvYnMYECABKAMSHgoWY2FwYWNpdHlfd2FpdGluZ191c2VycxgRIAEoAxI9ChlvbGRlc3RfY2FwYWNpdHlfd2FpdF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjb3JlX2xpbWl0GBMgASgDEhUKDWNvcmVfcmVmdXNhbHMYFCABKAMiZgoRU2VhcmNoSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJRChJTZWFyY2hKb2JzUmVzcG9uc2USIgoEam9icxgBIAMoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkMKFFdhdGNoT3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFEhMKC2ludGVydmFsX21zGAIgASgFIkQKFVdhdGNoT3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJiChFDYW5jZWxKb2JzUmVxdWVzdBIqCgZmaWx0ZXIYASABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEg8KB2RyeV9ydW4YAiABKAgSEAoIbWF4X2pvYnMYAyABKAUihAEKEkNhbmNlbEpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEhAKCGNhbmNlbGVkGAMgASgFEjAKCGZhaWx1cmVzGAQgAygLMh4uYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEZhaWx1cmUiQAoNQ2FuY2VsRmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiYgoYTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSDgoGam9iX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJImMKGUxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USLQoHZW50cmllcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5MZWRnZXJFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki9wEKC0xlZGdlckVudHJ5EhAKCGVudHJ5X2lkGAEgASgDEi8KC2NyZWF0ZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgd1c2VyX2lkGAMgASgJEi4KBGtpbmQYBCABKA4yIC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnlLaW5kEg4KBmFtb3VudBgFIAEoAxIOCgZqb2JfaWQYBiABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEg0KBWFjdG9yGAggASgJEg4KBnJlYXNvbhgJIAEoCRIMCgRub3RlGAogASgJIioKFlNldENvcmVDYXBhY2l0eVJlcXVlc3QSEAoIY2FwYWNpdHkYASABKAUidgoXU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USLgoGY2hhbmdlGAEgASgLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2USKwoIb3ZlcnZpZXcYAiABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciPwoYU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSEgoKbWF4X2FjdGl2ZRgCIAEoBSJLChlTZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlIkIKGUxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiZgoaTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USLwoHY2hhbmdlcxgBIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKqAQoNU2V0dGluZ0NoYW5nZRIRCgljaGFuZ2VfaWQYASABKAMSDwoHc2V0dGluZxgCIAEoCRIPCgd1c2VyX2lkGAMgASgJEhEKCW9sZF92YWx1ZRgEIAEoBRIRCgluZXdfdmFsdWUYBSABKAUSDQoFYWN0b3IYBiABKAkSLwoLY3JlYXRlX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjQKD1JldHJ5Sm9iUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEQoJcmV0cnlfa2V5GAIgASgJIksKEFJldHJ5Sm9iUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIUCgxhZG1pdHRlZF9ub3cYAiABKAgiLQoYTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBSJaChlMaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEigKBXVzZXJzGAEgAygLMhkuYWN1cmlvLnF1ZXVlLnYxLlVzZXJXb3JrEhMKC3VzZXJzX3RvdGFsGAIgASgDIsQBCghVc2VyV29yaxIPCgd1c2VyX2lkGAEgASgJEg4KBnF1ZXVlZBgCIAEoAxIPCgdwZW5kaW5nGAMgASgDEg8KB3J1bm5pbmcYBCABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSb2xkZXN0X2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIwChZHZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIo8BChdHZXRRdWV1ZUhpc3RvcnlSZXNwb25zZRItCgdtaW51dGVzGAEgAygLMhwuYWN1cmlvLnF1ZXVlLnYxLlF1ZXVlTWludXRlEhYKDndpbmRvd19taW51dGVzGAIgASgFEi0KCXJlYWRfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiegoLUXVldWVNaW51dGUSKgoGbWludXRlGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZxdWV1ZWQYAiABKAMSDgoGYWN0aXZlGAMgASgDEhAKCGFkbWl0dGVkGAQgASgDEg0KBWVuZGVkGAUgASgDIhUKE0xpc3RSZXBsaWNhc1JlcXVlc3QicQoUTGlzdFJlcGxpY2FzUmVzcG9uc2USKgoIcmVwbGljYXMYASADKAsyGC5hY3VyaW8ucXVldWUudjEuUmVwbGljYRItCglyZWFkX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpsCCgdSZXBsaWNhEhIKCnJlcGxpY2FfaWQYASABKAkSDAoEaG9zdBgCIAEoCRIuCgpzdGFydF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5oZWFydGJlYXRfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIZHJhaW5pbmcYBSABKAgSFwoPY2FsbHNfaW5fZmxpZ2h0GAYgASgFEhUKDXdhdGNoX3N0cmVhbXMYByABKAUSGAoQb3ZlcnZpZXdfc3RyZWFtcxgIIAEoBRIuCgpjb3JlX2NhbGxzGAkgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkNvcmVDYWxscyJ2CglDb3JlQ2FsbHMSEAoIYW5zd2VyZWQYASABKAMSDwoHcmVmdXNlZBgCIAEoAxIPCgd1bmtub3duGAMgASgDEjUKEWxhc3RfdW5rbm93bl90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCqNAQoPTGVkZ2VyRW50cnlLaW5kEiEKHUxFREdFUl9FTlRSWV9LSU5EX1VOU1BFQ0lGSUVEEAASGwoXTEVER0VSX0VOVFJZX0tJTkRfR1JBTlQQARIcChhMRURHRVJfRU5UUllfS0lORF9DSEFSR0UQAhIcChhMRURHRVJfRU5UUllfS0lORF9SRUZVTkQQAzKoCQoPT3BlcmF0b3JTZXJ2aWNlElgKC0dldE92ZXJ2aWV3EiMuYWN1cmlvLnF1ZXVlLnYxLkdldE92ZXJ2aWV3UmVxdWVzdBokLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1Jlc3BvbnNlElUKClNlYXJjaEpvYnMSIi5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1Jlc3BvbnNlEmAKDVdhdGNoT3ZlcnZpZXcSJS5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1JlcXVlc3QaJi5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1Jlc3BvbnNlMAESVQoKQ2FuY2VsSm9icxIiLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVxdWVzdBojLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVzcG9uc2USagoRTGlzdExlZGdlckVudHJpZXMSKS5hY3VyaW8ucXVldWUudjEuTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USZAoPU2V0Q29yZUNhcGFjaXR5EicuYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlcXVlc3QaKC5hY3VyaW8ucXVldWUudjEuU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USagoRU2V0VXNlclF1ZXVlTGltaXQSKS5hY3VyaW8ucXVldWUudjEuU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVzcG9uc2USbQoSTGlzdFNldHRpbmdDaGFuZ2VzEiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QaKy5hY3VyaW8ucXVldWUudjEuTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USTwoIUmV0cnlKb2ISIC5hY3VyaW8ucXVldWUudjEuUmV0cnlKb2JSZXF1ZXN0GiEuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9iUmVzcG9uc2USagoRTGlzdFVzZXJzV2l0aFdvcmsSKS5hY3VyaW8ucXVldWUudjEuTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RVc2Vyc1dpdGhXb3JrUmVzcG9uc2USZAoPR2V0UXVldWVIaXN0b3J5EicuYWN1cmlvLnF1ZXVlLnYxLkdldFF1ZXVlSGlzdG9yeVJlcXVlc3QaKC5hY3VyaW8ucXVldWUudjEuR2V0UXVldWVIaXN0b3J5UmVzcG9uc2USWwoMTGlzdFJlcGxpY2FzEiQuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZXBsaWNhc1JlcXVlc3QaJS5hY3VyaW8ucXVldWUudjEuTGlzdFJlcGxpY2FzUmVzcG9uc2ViBnByb3RvMw", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
+  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyLWBAoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2NhcGFjaXR5X2luX3VzZRgOIAEoAxIWCg5jYXBhY2l0eV9saW1pdBgPIAEoAxIdChVjYXBhY2l0eV93YWl0aW5nX2pvYnMYECABKAMSHgoWY2FwYWNpdHlfd2FpdGluZ191c2VycxgRIAEoAxI9ChlvbGRlc3RfY2FwYWNpdHlfd2FpdF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjb3JlX2xpbWl0GBMgASgDEhUKDWNvcmVfcmVmdXNhbHMYFCABKAMiZgoRU2VhcmNoSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJRChJTZWFyY2hKb2JzUmVzcG9uc2USIgoEam9icxgBIAMoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkMKFFdhdGNoT3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFEhMKC2ludGVydmFsX21zGAIgASgFIkQKFVdhdGNoT3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJiChFDYW5jZWxKb2JzUmVxdWVzdBIqCgZmaWx0ZXIYASABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEg8KB2RyeV9ydW4YAiABKAgSEAoIbWF4X2pvYnMYAyABKAUihAEKEkNhbmNlbEpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEhAKCGNhbmNlbGVkGAMgASgFEjAKCGZhaWx1cmVzGAQgAygLMh4uYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEZhaWx1cmUiQAoNQ2FuY2VsRmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiYgoYTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSDgoGam9iX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJImMKGUxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USLQoHZW50cmllcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5MZWRnZXJFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki9wEKC0xlZGdlckVudHJ5EhAKCGVudHJ5X2lkGAEgASgDEi8KC2NyZWF0ZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgd1c2VyX2lkGAMgASgJEi4KBGtpbmQYBCABKA4yIC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnlLaW5kEg4KBmFtb3VudBgFIAEoAxIOCgZqb2JfaWQYBiABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEg0KBWFjdG9yGAggASgJEg4KBnJlYXNvbhgJIAEoCRIMCgRub3RlGAogASgJIioKFlNldENvcmVDYXBhY2l0eVJlcXVlc3QSEAoIY2FwYWNpdHkYASABKAUidgoXU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USLgoGY2hhbmdlGAEgASgLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2USKwoIb3ZlcnZpZXcYAiABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciPwoYU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSEgoKbWF4X2FjdGl2ZRgCIAEoBSJLChlTZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlIkIKGUxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiZgoaTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USLwoHY2hhbmdlcxgBIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKqAQoNU2V0dGluZ0NoYW5nZRIRCgljaGFuZ2VfaWQYASABKAMSDwoHc2V0dGluZxgCIAEoCRIPCgd1c2VyX2lkGAMgASgJEhEKCW9sZF92YWx1ZRgEIAEoBRIRCgluZXdfdmFsdWUYBSABKAUSDQoFYWN0b3IYBiABKAkSLwoLY3JlYXRlX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIksKD1JldHJ5Sm9iUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEQoJcmV0cnlfa2V5GAIgASgJEhUKDWFub3RoZXJfcmV0cnkYAyABKAgiSwoQUmV0cnlKb2JSZXNwb25zZRIhCgNqb2IYASABKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iEhQKDGFkbWl0dGVkX25vdxgCIAEoCCJyChBSZXRyeUpvYnNSZXF1ZXN0Eg8KB2pvYl9pZHMYASADKAkSKgoGZmlsdGVyGAIgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIPCgdkcnlfcnVuGAMgASgIEhAKCG1heF9qb2JzGAQgASgFIsYBChFSZXRyeUpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEg8KB3JldHJpZWQYAyABKAUSHwoXYWxyZWFkeV9yZXRyaWVkX2pvYl9pZHMYBCADKAkSLwoIZmFpbHVyZXMYBSADKAsyHS5hY3VyaW8ucXVldWUudjEuUmV0cnlGYWlsdXJlEiIKBGpvYnMYBiADKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iIj8KDFJldHJ5RmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiLQoYTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBSJaChlMaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEigKBXVzZXJzGAEgAygLMhkuYWN1cmlvLnF1ZXVlLnYxLlVzZXJXb3JrEhMKC3VzZXJzX3RvdGFsGAIgASgDIsQBCghVc2VyV29yaxIPCgd1c2VyX2lkGAEgASgJEg4KBnF1ZXVlZBgCIAEoAxIPCgdwZW5kaW5nGAMgASgDEg8KB3J1bm5pbmcYBCABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSb2xkZXN0X2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIwChZHZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIo8BChdHZXRRdWV1ZUhpc3RvcnlSZXNwb25zZRItCgdtaW51dGVzGAEgAygLMhwuYWN1cmlvLnF1ZXVlLnYxLlF1ZXVlTWludXRlEhYKDndpbmRvd19taW51dGVzGAIgASgFEi0KCXJlYWRfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiegoLUXVldWVNaW51dGUSKgoGbWludXRlGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZxdWV1ZWQYAiABKAMSDgoGYWN0aXZlGAMgASgDEhAKCGFkbWl0dGVkGAQgASgDEg0KBWVuZGVkGAUgASgDIhUKE0xpc3RSZXBsaWNhc1JlcXVlc3QicQoUTGlzdFJlcGxpY2FzUmVzcG9uc2USKgoIcmVwbGljYXMYASADKAsyGC5hY3VyaW8ucXVldWUudjEuUmVwbGljYRItCglyZWFkX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpsCCgdSZXBsaWNhEhIKCnJlcGxpY2FfaWQYASABKAkSDAoEaG9zdBgCIAEoCRIuCgpzdGFydF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5oZWFydGJlYXRfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIZHJhaW5pbmcYBSABKAgSFwoPY2FsbHNfaW5fZmxpZ2h0GAYgASgFEhUKDXdhdGNoX3N0cmVhbXMYByABKAUSGAoQb3ZlcnZpZXdfc3RyZWFtcxgIIAEoBRIuCgpjb3JlX2NhbGxzGAkgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkNvcmVDYWxscyJ2CglDb3JlQ2FsbHMSEAoIYW5zd2VyZWQYASABKAMSDwoHcmVmdXNlZBgCIAEoAxIPCgd1bmtub3duGAMgASgDEjUKEWxhc3RfdW5rbm93bl90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCqNAQoPTGVkZ2VyRW50cnlLaW5kEiEKHUxFREdFUl9FTlRSWV9LSU5EX1VOU1BFQ0lGSUVEEAASGwoXTEVER0VSX0VOVFJZX0tJTkRfR1JBTlQQARIcChhMRURHRVJfRU5UUllfS0lORF9DSEFSR0UQAhIcChhMRURHRVJfRU5UUllfS0lORF9SRUZVTkQQAzL8CQoPT3BlcmF0b3JTZXJ2aWNlElgKC0dldE92ZXJ2aWV3EiMuYWN1cmlvLnF1ZXVlLnYxLkdldE92ZXJ2aWV3UmVxdWVzdBokLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1Jlc3BvbnNlElUKClNlYXJjaEpvYnMSIi5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1Jlc3BvbnNlEmAKDVdhdGNoT3ZlcnZpZXcSJS5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1JlcXVlc3QaJi5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1Jlc3BvbnNlMAESVQoKQ2FuY2VsSm9icxIiLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVxdWVzdBojLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVzcG9uc2USagoRTGlzdExlZGdlckVudHJpZXMSKS5hY3VyaW8ucXVldWUudjEuTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USZAoPU2V0Q29yZUNhcGFjaXR5EicuYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlcXVlc3QaKC5hY3VyaW8ucXVldWUudjEuU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USagoRU2V0VXNlclF1ZXVlTGltaXQSKS5hY3VyaW8ucXVldWUudjEuU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVzcG9uc2USbQoSTGlzdFNldHRpbmdDaGFuZ2VzEiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QaKy5hY3VyaW8ucXVldWUudjEuTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USTwoIUmV0cnlKb2ISIC5hY3VyaW8ucXVldWUudjEuUmV0cnlKb2JSZXF1ZXN0GiEuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9iUmVzcG9uc2USUgoJUmV0cnlKb2JzEiEuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9ic1JlcXVlc3QaIi5hY3VyaW8ucXVldWUudjEuUmV0cnlKb2JzUmVzcG9uc2USagoRTGlzdFVzZXJzV2l0aFdvcmsSKS5hY3VyaW8ucXVldWUudjEuTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RVc2Vyc1dpdGhXb3JrUmVzcG9uc2USZAoPR2V0UXVldWVIaXN0b3J5EicuYWN1cmlvLnF1ZXVlLnYxLkdldFF1ZXVlSGlzdG9yeVJlcXVlc3QaKC5hY3VyaW8ucXVldWUudjEuR2V0UXVldWVIaXN0b3J5UmVzcG9uc2USWwoMTGlzdFJlcGxpY2FzEiQuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZXBsaWNhc1JlcXVlc3QaJS5hY3VyaW8ucXVldWUudjEuTGlzdFJlcGxpY2FzUmVzcG9uc2ViBnByb3RvMw", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
 
 /**
  * Which jobs a search or a bulk cancel is about. Every set field narrows the match.
@@ -1607,12 +1607,21 @@ export type RetryJobRequest = Message<"acurio.queue.v1.RetryJobRequest"> & {
   jobId: string;
 
   /**
-   * A caller-chosen key, 1-128 printable characters, new for each retry a person asks for (the
-   * console sends one per click). The same key again returns the job the first call admitted.
+   * A caller-chosen key, 1-128 printable characters, new for each further retry a person asks
+   * for (`another_retry`); the same key again returns the job the first call admitted. Optional
+   * for a plain retry, whose key comes from the job alone.
    *
    * @generated from field: string retry_key = 2;
    */
   retryKey: string;
+
+  /**
+   * Admit a further retry although the job was retried already (the operator asked for another
+   * explicitly). Requires `retry_key`. Added to the contract additively.
+   *
+   * @generated from field: bool another_retry = 3;
+   */
+  anotherRetry: boolean;
 };
 
 /**
@@ -1629,12 +1638,21 @@ export type RetryJobRequestJson = {
   jobId?: string;
 
   /**
-   * A caller-chosen key, 1-128 printable characters, new for each retry a person asks for (the
-   * console sends one per click). The same key again returns the job the first call admitted.
+   * A caller-chosen key, 1-128 printable characters, new for each further retry a person asks
+   * for (`another_retry`); the same key again returns the job the first call admitted. Optional
+   * for a plain retry, whose key comes from the job alone.
    *
    * @generated from field: string retry_key = 2;
    */
   retryKey?: string;
+
+  /**
+   * Admit a further retry although the job was retried already (the operator asked for another
+   * explicitly). Requires `retry_key`. Added to the contract additively.
+   *
+   * @generated from field: bool another_retry = 3;
+   */
+  anotherRetry?: boolean;
 };
 
 /**
@@ -1658,7 +1676,8 @@ export type RetryJobResponse = Message<"acurio.queue.v1.RetryJobResponse"> & {
   job?: Job | undefined;
 
   /**
-   * False when this `retry_key` had already retried the job: `job` is the job admitted then.
+   * False when the job had been retried already (a plain retry), or this `retry_key` had
+   * retried it (`another_retry`): `job` is the retry admitted then, no second charge.
    *
    * @generated from field: bool admitted_now = 2;
    */
@@ -1679,7 +1698,8 @@ export type RetryJobResponseJson = {
   job?: JobJson;
 
   /**
-   * False when this `retry_key` had already retried the job: `job` is the job admitted then.
+   * False when the job had been retried already (a plain retry), or this `retry_key` had
+   * retried it (`another_retry`): `job` is the retry admitted then, no second charge.
    *
    * @generated from field: bool admitted_now = 2;
    */
@@ -1692,6 +1712,261 @@ export type RetryJobResponseJson = {
  */
 export const RetryJobResponseSchema: GenMessage<RetryJobResponse, {jsonType: RetryJobResponseJson}> = /*@__PURE__*/
   messageDesc(file_acurio_queue_v1_operator_service, 22);
+
+/**
+ * Request for OperatorService.RetryJobs. Exactly one of `job_ids` and `filter`.
+ *
+ * @generated from message acurio.queue.v1.RetryJobsRequest
+ */
+export type RetryJobsRequest = Message<"acurio.queue.v1.RetryJobsRequest"> & {
+  /**
+   * These jobs (UUIDs, at most 1000): the rows a person ticked.
+   *
+   * @generated from field: repeated string job_ids = 1;
+   */
+  jobIds: string[];
+
+  /**
+   * Or the jobs matching a filter: only FAILED and CANCELED ones (empty `statuses` means those
+   * two), newest admitted first, up to 1000 of them.
+   *
+   * @generated from field: acurio.queue.v1.JobFilter filter = 2;
+   */
+  filter?: JobFilter | undefined;
+
+  /**
+   * Only count the jobs that would be retried and those skipped; admit nothing.
+   *
+   * @generated from field: bool dry_run = 3;
+   */
+  dryRun: boolean;
+
+  /**
+   * Retry at most this many jobs (1-1000), oldest admitted first: the number the person
+   * confirmed. Ignored with `dry_run`.
+   *
+   * @generated from field: int32 max_jobs = 4;
+   */
+  maxJobs: number;
+};
+
+/**
+ * Request for OperatorService.RetryJobs. Exactly one of `job_ids` and `filter`.
+ *
+ * @generated from message acurio.queue.v1.RetryJobsRequest
+ */
+export type RetryJobsRequestJson = {
+  /**
+   * These jobs (UUIDs, at most 1000): the rows a person ticked.
+   *
+   * @generated from field: repeated string job_ids = 1;
+   */
+  jobIds?: string[];
+
+  /**
+   * Or the jobs matching a filter: only FAILED and CANCELED ones (empty `statuses` means those
+   * two), newest admitted first, up to 1000 of them.
+   *
+   * @generated from field: acurio.queue.v1.JobFilter filter = 2;
+   */
+  filter?: JobFilterJson;
+
+  /**
+   * Only count the jobs that would be retried and those skipped; admit nothing.
+   *
+   * @generated from field: bool dry_run = 3;
+   */
+  dryRun?: boolean;
+
+  /**
+   * Retry at most this many jobs (1-1000), oldest admitted first: the number the person
+   * confirmed. Ignored with `dry_run`.
+   *
+   * @generated from field: int32 max_jobs = 4;
+   */
+  maxJobs?: number;
+};
+
+/**
+ * Describes the message acurio.queue.v1.RetryJobsRequest.
+ * Use `create(RetryJobsRequestSchema)` to create a new message.
+ */
+export const RetryJobsRequestSchema: GenMessage<RetryJobsRequest, {jsonType: RetryJobsRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 23);
+
+/**
+ * Response for OperatorService.RetryJobs.
+ *
+ * @generated from message acurio.queue.v1.RetryJobsResponse
+ */
+export type RetryJobsResponse = Message<"acurio.queue.v1.RetryJobsResponse"> & {
+  /**
+   * How many of the chosen jobs are FAILED or CANCELED and not yet retried: what a real call
+   * retries (up to `max_jobs`).
+   *
+   * @generated from field: int32 matched = 1;
+   */
+  matched: number;
+
+  /**
+   * True when more than the counted jobs match the filter.
+   *
+   * @generated from field: bool more_than_counted = 2;
+   */
+  moreThanCounted: boolean;
+
+  /**
+   * How many jobs this call retried (0 with `dry_run`).
+   *
+   * @generated from field: int32 retried = 3;
+   */
+  retried: number;
+
+  /**
+   * The jobs skipped because they had been retried already (one retry per job; RetryJob with
+   * `another_retry` admits a further one).
+   *
+   * @generated from field: repeated string already_retried_job_ids = 4;
+   */
+  alreadyRetriedJobIds: string[];
+
+  /**
+   * The chosen jobs that were not retried: JOB_NOT_FOUND, JOB_NOT_RETRYABLE, JOB_INPUTS_PRUNED,
+   * or the admit's refusal (INSUFFICIENT_CREDITS, CORE_UNAVAILABLE, ...).
+   *
+   * @generated from field: repeated acurio.queue.v1.RetryFailure failures = 5;
+   */
+  failures: RetryFailure[];
+
+  /**
+   * The jobs this call admitted, each with `retry_of_job_id` naming the job it retries.
+   *
+   * @generated from field: repeated acurio.queue.v1.Job jobs = 6;
+   */
+  jobs: Job[];
+};
+
+/**
+ * Response for OperatorService.RetryJobs.
+ *
+ * @generated from message acurio.queue.v1.RetryJobsResponse
+ */
+export type RetryJobsResponseJson = {
+  /**
+   * How many of the chosen jobs are FAILED or CANCELED and not yet retried: what a real call
+   * retries (up to `max_jobs`).
+   *
+   * @generated from field: int32 matched = 1;
+   */
+  matched?: number;
+
+  /**
+   * True when more than the counted jobs match the filter.
+   *
+   * @generated from field: bool more_than_counted = 2;
+   */
+  moreThanCounted?: boolean;
+
+  /**
+   * How many jobs this call retried (0 with `dry_run`).
+   *
+   * @generated from field: int32 retried = 3;
+   */
+  retried?: number;
+
+  /**
+   * The jobs skipped because they had been retried already (one retry per job; RetryJob with
+   * `another_retry` admits a further one).
+   *
+   * @generated from field: repeated string already_retried_job_ids = 4;
+   */
+  alreadyRetriedJobIds?: string[];
+
+  /**
+   * The chosen jobs that were not retried: JOB_NOT_FOUND, JOB_NOT_RETRYABLE, JOB_INPUTS_PRUNED,
+   * or the admit's refusal (INSUFFICIENT_CREDITS, CORE_UNAVAILABLE, ...).
+   *
+   * @generated from field: repeated acurio.queue.v1.RetryFailure failures = 5;
+   */
+  failures?: RetryFailureJson[];
+
+  /**
+   * The jobs this call admitted, each with `retry_of_job_id` naming the job it retries.
+   *
+   * @generated from field: repeated acurio.queue.v1.Job jobs = 6;
+   */
+  jobs?: JobJson[];
+};
+
+/**
+ * Describes the message acurio.queue.v1.RetryJobsResponse.
+ * Use `create(RetryJobsResponseSchema)` to create a new message.
+ */
+export const RetryJobsResponseSchema: GenMessage<RetryJobsResponse, {jsonType: RetryJobsResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 24);
+
+/**
+ * One job a bulk retry did not retry.
+ *
+ * @generated from message acurio.queue.v1.RetryFailure
+ */
+export type RetryFailure = Message<"acurio.queue.v1.RetryFailure"> & {
+  /**
+   * The job.
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId: string;
+
+  /**
+   * The ErrorInfo reason of the refusal, for example INSUFFICIENT_CREDITS.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+
+  /**
+   * The refusal's message.
+   *
+   * @generated from field: string message = 3;
+   */
+  message: string;
+};
+
+/**
+ * One job a bulk retry did not retry.
+ *
+ * @generated from message acurio.queue.v1.RetryFailure
+ */
+export type RetryFailureJson = {
+  /**
+   * The job.
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId?: string;
+
+  /**
+   * The ErrorInfo reason of the refusal, for example INSUFFICIENT_CREDITS.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason?: string;
+
+  /**
+   * The refusal's message.
+   *
+   * @generated from field: string message = 3;
+   */
+  message?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.RetryFailure.
+ * Use `create(RetryFailureSchema)` to create a new message.
+ */
+export const RetryFailureSchema: GenMessage<RetryFailure, {jsonType: RetryFailureJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 25);
 
 /**
  * Request for OperatorService.ListUsersWithWork.
@@ -1726,7 +2001,7 @@ export type ListUsersWithWorkRequestJson = {
  * Use `create(ListUsersWithWorkRequestSchema)` to create a new message.
  */
 export const ListUsersWithWorkRequestSchema: GenMessage<ListUsersWithWorkRequest, {jsonType: ListUsersWithWorkRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 23);
+  messageDesc(file_acurio_queue_v1_operator_service, 26);
 
 /**
  * Response for OperatorService.ListUsersWithWork.
@@ -1775,7 +2050,7 @@ export type ListUsersWithWorkResponseJson = {
  * Use `create(ListUsersWithWorkResponseSchema)` to create a new message.
  */
 export const ListUsersWithWorkResponseSchema: GenMessage<ListUsersWithWorkResponse, {jsonType: ListUsersWithWorkResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 24);
+  messageDesc(file_acurio_queue_v1_operator_service, 27);
 
 /**
  * One user's work in the queue now.
@@ -1880,7 +2155,7 @@ export type UserWorkJson = {
  * Use `create(UserWorkSchema)` to create a new message.
  */
 export const UserWorkSchema: GenMessage<UserWork, {jsonType: UserWorkJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 25);
+  messageDesc(file_acurio_queue_v1_operator_service, 28);
 
 /**
  * Request for OperatorService.GetQueueHistory.
@@ -1915,7 +2190,7 @@ export type GetQueueHistoryRequestJson = {
  * Use `create(GetQueueHistoryRequestSchema)` to create a new message.
  */
 export const GetQueueHistoryRequestSchema: GenMessage<GetQueueHistoryRequest, {jsonType: GetQueueHistoryRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 26);
+  messageDesc(file_acurio_queue_v1_operator_service, 29);
 
 /**
  * Response for OperatorService.GetQueueHistory.
@@ -1978,7 +2253,7 @@ export type GetQueueHistoryResponseJson = {
  * Use `create(GetQueueHistoryResponseSchema)` to create a new message.
  */
 export const GetQueueHistoryResponseSchema: GenMessage<GetQueueHistoryResponse, {jsonType: GetQueueHistoryResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 27);
+  messageDesc(file_acurio_queue_v1_operator_service, 30);
 
 /**
  * The queue in one minute.
@@ -2071,7 +2346,7 @@ export type QueueMinuteJson = {
  * Use `create(QueueMinuteSchema)` to create a new message.
  */
 export const QueueMinuteSchema: GenMessage<QueueMinute, {jsonType: QueueMinuteJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 28);
+  messageDesc(file_acurio_queue_v1_operator_service, 31);
 
 /**
  * Request for OperatorService.ListReplicas.
@@ -2094,7 +2369,7 @@ export type ListReplicasRequestJson = {
  * Use `create(ListReplicasRequestSchema)` to create a new message.
  */
 export const ListReplicasRequestSchema: GenMessage<ListReplicasRequest, {jsonType: ListReplicasRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 29);
+  messageDesc(file_acurio_queue_v1_operator_service, 32);
 
 /**
  * Response for OperatorService.ListReplicas.
@@ -2143,7 +2418,7 @@ export type ListReplicasResponseJson = {
  * Use `create(ListReplicasResponseSchema)` to create a new message.
  */
 export const ListReplicasResponseSchema: GenMessage<ListReplicasResponse, {jsonType: ListReplicasResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 30);
+  messageDesc(file_acurio_queue_v1_operator_service, 33);
 
 /**
  * What one replica reported about itself in its latest heartbeat.
@@ -2290,7 +2565,7 @@ export type ReplicaJson = {
  * Use `create(ReplicaSchema)` to create a new message.
  */
 export const ReplicaSchema: GenMessage<Replica, {jsonType: ReplicaJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 31);
+  messageDesc(file_acurio_queue_v1_operator_service, 34);
 
 /**
  * Calls a replica made to the core since it started, by outcome.
@@ -2367,7 +2642,7 @@ export type CoreCallsJson = {
  * Use `create(CoreCallsSchema)` to create a new message.
  */
 export const CoreCallsSchema: GenMessage<CoreCalls, {jsonType: CoreCallsJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 32);
+  messageDesc(file_acurio_queue_v1_operator_service, 35);
 
 /**
  * How a ledger entry moves credits.
@@ -2473,7 +2748,8 @@ export const OperatorService: GenService<{
    * one: the run is canceled at the core, the charge refunded, the user's next job promoted).
    * With `dry_run` it only counts them, so a person can confirm "cancel N jobs"; the real call
    * then cancels at most `max_jobs` (the number confirmed), oldest first, and reports how many
-   * it canceled and which ones failed.
+   * it canceled and which ones failed. Each job records the operator as who canceled it
+   * (`Job.canceled_by`; added to the contract additively).
    * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad filter, `max_jobs` outside 1-1000
    * on a real call, or a filter that names only ended statuses.
    *
@@ -2543,10 +2819,15 @@ export const OperatorService: GenService<{
   /**
    * Admits a FAILED or CANCELED job again: a new job of the same user with the same document
    * and sources (and, for a delta re-check, the same base), through the same checks and the same
-   * charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
-   * `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
-   * of admitting twice. The charge is recorded with the operator as its actor. Added to the
-   * contract additively.
+   * charge as AnalysisQueueService.Admit. The charge is recorded with the operator as its actor.
+   * Added to the contract additively.
+   * One retry per ended job unless asked for another: a plain retry's idempotency key is derived
+   * from the ended job alone, so every plain retry of one job (a double click, two operators, a
+   * lost answer, concurrent calls) is the same admit and charges once; a plain retry of a job
+   * already retried answers its newest retry with `admitted_now: false` (its `retry_of_job_id`
+   * names the job, which lists it in `retried_as_job_ids`). `another_retry` admits a further one,
+   * keyed by `retry_key` (the same key again answers the same job). Added to the contract
+   * additively.
    * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
    * `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
    * been canceled, or one admitted before the service stored what it judges; and every error of
@@ -2558,6 +2839,24 @@ export const OperatorService: GenService<{
     methodKind: "unary";
     input: typeof RetryJobRequestSchema;
     output: typeof RetryJobResponseSchema;
+  },
+  /**
+   * Retries ended jobs in bulk, each as a plain RetryJob (one retry per job: a job already
+   * retried is skipped and counted, never charged again), chosen by `job_ids` or by a filter
+   * over FAILED and CANCELED jobs. With `dry_run` it only counts them, so a person can confirm
+   * "retry N jobs"; the real call then retries at most `max_jobs` (the number confirmed), oldest
+   * admitted first, and reports how many it retried, skipped and which ones failed (each retry is
+   * an admit: `INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, ...). Added to the contract additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for both or neither of `job_ids` and `filter`, a
+   * bad job id, more than 1000 job ids, a bad filter or one naming a status other than FAILED and
+   * CANCELED, or `max_jobs` outside 1-1000 on a real call.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.RetryJobs
+   */
+  retryJobs: {
+    methodKind: "unary";
+    input: typeof RetryJobsRequestSchema;
+    output: typeof RetryJobsResponseSchema;
   },
   /**
    * The users who have work in the queue now (a QUEUED, PENDING or RUNNING job), the one waiting
