@@ -1,0 +1,3 @@
+-- Reserved: migration 0027 is the retry lineage and the cancel actor's, being written alongside
+-- 0028. This empty placeholder keeps the versions without gaps until it lands, and is replaced
+-- by it (it changes nothing, so a database that applied it loses nothing).
