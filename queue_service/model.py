@@ -71,6 +71,7 @@ class ReleaseResult(enum.StrEnum):
     GAVE_UP = "gave_up"  # the release window passed without a confirmed release
     RETRY = "retry"  # no answer (maybe applied) or the run is still held: try again later
     WAITING = "waiting"  # the core said "not now" (RESOURCE_EXHAUSTED): back in line for capacity
+    PAUSED = "paused"  # its releases were paused after it was claimed: back to waiting, not sent
 
 
 class RunFate(enum.Enum):
@@ -446,6 +447,9 @@ class ClaimedRelease(Claim):
     # A delta re-check's release (under a limited capacity): I9's check at the core is for
     # first-pass runs only.
     delta: bool = False
+    # The dispatcher held it back for a free place among the releases in flight: a pause of
+    # releases may have committed since it was claimed, so the attempt checks before it is sent.
+    waited_for_a_slot: bool = False
 
     @property
     def key(self) -> uuid.UUID:

@@ -444,6 +444,10 @@ class Statements:
         )
         return False if row is None else row["core_limit"]
 
+    async def hold_release_if_paused(self, *, job_id: uuid.UUID, attempt: int) -> bool:
+        """Puts a claimed release back to waiting when its releases are paused; whether it did."""
+        return await self._one("hold_release_if_paused", {"job_id": job_id, "attempt": attempt}) is not None
+
     async def capacity_probe_taken(self) -> None:
         await self._send("capacity_probe_taken", {})
 

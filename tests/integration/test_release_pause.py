@@ -8,6 +8,7 @@ Also SetCoreCapacity's capacity 0, which no longer silently means unlimited."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import grpc
 import pytest
@@ -17,6 +18,7 @@ from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
 from queue_service.dev.core import DevCore
+from queue_service.model import ClaimedRelease, ReleaseResult
 from tests.harness import Stubs, error_info, eventually, new_user, nothing_in_flight
 
 S = job_pb2
@@ -148,6 +150,33 @@ async def test_a_release_falling_due_while_paused_goes_back_to_waiting(services)
     assert (waiting.status, len(core.release_log)) == (S.JOB_STATUS_PENDING, sent)
     assert waiting.capacity_position > 0 and core.runs[job.run_id].state == run_pb.RUN_STATE_HELD
     await _pause(stubs, False)
+    await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING, timeout=3)
+
+
+async def test_a_claim_that_waited_for_a_place_in_flight_is_not_sent_once_paused(services) -> None:
+    """The dispatcher holds a claim back while its releases in flight are at their bound (up to a
+    core deadline each): a pause committed meanwhile keeps it from the core. Here the claim is the
+    retry of a release the core did not answer, attempted as the dispatcher attempts one that
+    waited for a place."""
+    core = await services.core()
+    service = await services.start(core, release_backoff_max_seconds=600)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 5)
+    core.fail_releases = True
+    job = await stubs.admit(user)
+    await eventually(lambda: len(core.release_log) == 1, what="the first release refused")
+    core.fail_releases = False
+    await _pause(stubs, True, user_id=user)
+    pending = await stubs.job(job.job_id)
+    assert (pending.status, pending.capacity_position) == (S.JOB_STATUS_PENDING, 0)
+
+    claim = ClaimedRelease(uuid.UUID(job.job_id), user, uuid.UUID(job.run_id), attempt=pending.release_attempts, waited_for_a_slot=True)
+    assert await service.app.releases.release(claim) is ReleaseResult.PAUSED
+    await asyncio.sleep(SETTLE_SECONDS)
+    held = await stubs.job(job.job_id)
+    assert (held.status, len(core.release_log), core.runs[job.run_id].state) == (S.JOB_STATUS_PENDING, 1, run_pb.RUN_STATE_HELD)
+    assert held.capacity_position > 0
+    await _pause(stubs, False, user_id=user)
     await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING, timeout=3)
 
 

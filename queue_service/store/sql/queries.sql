@@ -289,6 +289,20 @@ UPDATE analysis_jobs j
 RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested,
           (SELECT queue_history_reconciled()) AS history_reconciled, j.delta_of_job_id IS NOT NULL AS delta;
 
+-- name: hold_release_if_paused
+-- A claimed release that waited in the dispatcher (for a place among the releases in flight) and
+-- whose releases were paused meanwhile is not sent: the job goes back to waiting for a grant, as
+-- `claim_due_releases` does with a paused due release. Fenced by the attempt; the job's id when
+-- held, no row when its releases are not paused (or the attempt was overtaken).
+UPDATE analysis_jobs
+   SET capacity_wait_since = clock_timestamp(),
+       capacity_turn_key = clock_timestamp(),
+       capacity_token = NULL,
+       next_release_at = NULL
+ WHERE job_id = %(job_id)s AND status = 'pending' AND release_attempts = %(attempt)s
+   AND cancel_requested_at IS NULL AND queue_releases_paused(user_id)
+RETURNING job_id;
+
 -- name: run_owner
 -- The user whose job owns a run (a job's user never changes); no row when no job owns it.
 SELECT user_id FROM analysis_jobs WHERE run_id = %(run_id)s;
