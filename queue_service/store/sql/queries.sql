@@ -270,7 +270,9 @@ WITH held AS (
            capacity_token = NULL,
            next_release_at = NULL
       FROM (SELECT job_id FROM analysis_jobs
-             WHERE status = 'pending' AND next_release_at <= clock_timestamp()
+             -- With no pause in force (the usual case) a one-time filter: nothing is scanned.
+             WHERE EXISTS (SELECT 1 FROM queue_release_pauses)
+               AND status = 'pending' AND next_release_at <= clock_timestamp()
                AND cancel_requested_at IS NULL AND queue_releases_paused(user_id)
              LIMIT %(batch_size)s
              FOR UPDATE SKIP LOCKED) AS paused
@@ -281,7 +283,8 @@ UPDATE analysis_jobs j
        next_release_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
   FROM (SELECT job_id FROM analysis_jobs
          WHERE status = 'pending' AND next_release_at <= clock_timestamp()
-           AND (cancel_requested_at IS NOT NULL OR NOT queue_releases_paused(user_id))
+           AND (NOT EXISTS (SELECT 1 FROM queue_release_pauses) OR cancel_requested_at IS NOT NULL
+                OR NOT queue_releases_paused(user_id))
          ORDER BY next_release_at
          LIMIT %(batch_size)s
          FOR UPDATE SKIP LOCKED) AS due
