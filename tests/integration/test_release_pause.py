@@ -13,11 +13,13 @@ import uuid
 import grpc
 import pytest
 
+from queue_service import telemetry
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as run_pb
 from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
 from queue_service.dev.core import DevCore
+from queue_service.engine.maintenance.metrics_reader import MetricsReader
 from queue_service.model import ClaimedRelease, ReleaseResult
 from tests.harness import Stubs, error_info, eventually, new_user, nothing_in_flight
 
@@ -88,6 +90,10 @@ async def test_a_fleet_pause_holds_every_release_admits_go_on_and_a_resume_relea
     overview = await _overview(stubs)
     assert (overview.releases_paused, overview.releases_paused_by, overview.releases_paused_note) == (True, "anonymous", "core upgrade")
     assert overview.HasField("releases_paused_since") and overview.paused_users == 0
+    # The sweeper's metrics pass reports the pause on the capacity gauge.
+    async with service.app.store.statements() as db:
+        await MetricsReader().find(db)
+    assert (telemetry.metrics.capacity["fleet_paused"], telemetry.metrics.capacity["paused_users"]) == (1, 0)
 
     resumed = await _pause(stubs, False, note="upgrade done")
     assert (resumed.change.old_value, resumed.change.new_value, resumed.change.note) == (1, 0, "upgrade done")
