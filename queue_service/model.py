@@ -71,6 +71,7 @@ class ReleaseResult(enum.StrEnum):
     GAVE_UP = "gave_up"  # the release window passed without a confirmed release
     RETRY = "retry"  # no answer (maybe applied) or the run is still held: try again later
     WAITING = "waiting"  # the core said "not now" (RESOURCE_EXHAUSTED): back in line for capacity
+    PAUSED = "paused"  # its releases were paused after it was claimed: back to waiting, not sent
 
 
 class RunFate(enum.Enum):
@@ -468,6 +469,9 @@ class ClaimedRelease(Claim):
     # A delta re-check's release (under a limited capacity): I9's check at the core is for
     # first-pass runs only.
     delta: bool = False
+    # The dispatcher held it back for a free place among the releases in flight: a pause of
+    # releases may have committed since it was claimed, so the attempt checks before it is sent.
+    waited_for_a_slot: bool = False
 
     @property
     def key(self) -> uuid.UUID:
@@ -500,6 +504,10 @@ class CapacityState:
     core_refusals: int
     updated_by: str
     updated_at: dt.datetime | None
+    # The fleet-wide pause of releases in force (None: releases go on), and how many users'
+    # releases are paused on their own (migration 0028).
+    fleet_pause: ReleasePause | None = None
+    paused_users: int = 0
 
     @property
     def effective_limit(self) -> int | None:
@@ -509,8 +517,18 @@ class CapacityState:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReleasePause:
+    """A pause of releases in force (the fleet's or one user's): since when, by whom and why."""
+
+    since: dt.datetime
+    paused_by: str
+    note: str
+
+
+@dataclasses.dataclass(frozen=True)
 class SettingChange:
-    """One change of a fleet setting (`core_capacity`, `user_max_active`) and who made it."""
+    """One change of a fleet setting (`core_capacity`, `user_max_active`, `releases_paused`) and
+    who made it, with the operator's note (pauses)."""
 
     change_id: int
     setting: str
@@ -519,6 +537,19 @@ class SettingChange:
     new_value: int | None
     actor: str
     create_time: dt.datetime
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class UserSettings:
+    """One user's settings in force: her first-pass limit (her own, or the service's default)
+    and the pauses holding her runs back."""
+
+    user_id: str
+    max_active: int
+    max_active_is_default: bool
+    own_pause: ReleasePause | None
+    fleet_paused: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -849,12 +880,13 @@ class LedgerEntry:
 
 @dataclasses.dataclass(frozen=True)
 class LedgerQuery:
-    """Which ledger entries an operator reads: by user and/or job (empty: every one), below the
-    keyset position `before_entry_id` (None: from the newest)."""
+    """Which ledger entries an operator reads: by user, job and/or actor (empty: every one), below
+    the keyset position `before_entry_id` (None: from the newest)."""
 
     user_id: str
     job_id: uuid.UUID | None
     before_entry_id: int | None
+    actor: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ import { LedgerPage } from "./ledger.js";
 import { ReplicasPage } from "./replicas.js";
 import { OverviewPage } from "./overview.js";
 import { Notice, NoticeProvider } from "./notice.js";
+import { SettingsPage } from "./settings.js";
 import { UserQueuePage } from "./user-queue.js";
 
 const PAGES = [
@@ -17,6 +18,7 @@ const PAGES = [
   { key: "3", path: "users", label: "User queue" },
   { key: "4", path: "ledger", label: "Ledger" },
   { key: "5", path: "replicas", label: "Replicas" },
+  { key: "6", path: "settings", label: "Settings & audit" },
 ];
 
 function TokenDialog({ onClose }: { onClose: () => void }) {
@@ -61,7 +63,7 @@ function TokenDialog({ onClose }: { onClose: () => void }) {
 }
 
 const SHORTCUTS: [string, string][] = [
-  ["1 – 5", "Overview, Jobs, User queue, Ledger, Replicas"],
+  ["1 – 6", "Overview, Jobs, User queue, Ledger, Replicas, Settings & audit"],
   ["/", "the page's search field"],
   ["t", "set the bearer token"],
   ["Enter", "open the focused row"],
@@ -156,6 +158,7 @@ function App() {
   else if (page === "users") content = <UserQueuePage userId={route.parts[1] ?? ""} live={visible} />;
   else if (page === "ledger") content = <LedgerPage params={route.params} />;
   else if (page === "replicas") content = <ReplicasPage live={visible} />;
+  else if (page === "settings") content = <SettingsPage />;
   else content = <OverviewPage live={visible} />;
 
   return (

@@ -365,6 +365,24 @@ class QueueEngine:
         await self.promote(user_id, cause=Cause.TOOLING)
         return change
 
+    async def set_releases_paused(self, user_id: str, *, paused: bool, note: str) -> SettingChange | None:
+        """Pauses or resumes the releases of the fleet ('') or of one user, recorded with the
+        caller; None when nothing changed. Every replica obeys it at its next claim or grant (it is
+        in the database); on a resume this replica grants at once, so the held runs start now."""
+        with telemetry.tracer.start_as_current_span("releases.pause") as span:
+            span.set_attribute("queue.user_id", user_id)
+            span.set_attribute("queue.releases_paused", paused)
+            change = await self._store.set_releases_paused(user_id=user_id, paused=paused, note=note)
+        if change is not None:
+            log.info(
+                "setting changed",
+                extra={"kind": change.setting, "user_id": user_id, "amount": change.new_value, "actor": change.actor, "reason": note},
+            )
+        # Paused or not, jobs wait for grants now: this replica asks (a resume is granted at once).
+        self._capacity.learned(True)
+        self._capacity.freed()
+        return change
+
     async def setting_changes(self, *, before_change_id: int | None, limit: int) -> list[SettingChange]:
         async with self._store.statements() as db:
             return await db.setting_changes(before_change_id=before_change_id, limit=limit)

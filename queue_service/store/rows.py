@@ -5,6 +5,7 @@ By column name, so a column a newer schema adds is ignored; statuses become `Job
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from typing import Any
 
@@ -24,9 +25,11 @@ from queue_service.model import (
     LedgerKind,
     Overview,
     Promoted,
+    ReleasePause,
     ReplicationStance,
     ScheduledRetry,
     SettingChange,
+    UserSettings,
 )
 from queue_service.store.feed import JobChange
 
@@ -151,6 +154,7 @@ def setting_change(row: Row) -> SettingChange:
         new_value=row["new_value"],
         actor=row["actor"],
         create_time=row["create_time"],
+        note=row.get("note") or "",
     )
 
 
@@ -185,6 +189,22 @@ def capacity_state(row: Row) -> CapacityState:
         core_refusals=int(row["core_refusals"]),
         updated_by=row["updated_by"] or "",
         updated_at=row["updated_at"],
+        fleet_pause=release_pause(row["fleet_paused_at"], row["fleet_paused_by"], row["fleet_pause_note"]),
+        paused_users=int(row["paused_users"]),
+    )
+
+
+def release_pause(since: dt.datetime | None, paused_by: str | None, note: str | None) -> ReleasePause | None:
+    return None if since is None else ReleasePause(since=since, paused_by=paused_by or "", note=note or "")
+
+
+def user_settings(user_id: str, row: Row) -> UserSettings:
+    return UserSettings(
+        user_id=user_id,
+        max_active=int(row["max_active"]),
+        max_active_is_default=bool(row["max_active_is_default"]),
+        own_pause=release_pause(row["paused_at"], row["paused_by"], row["pause_note"]),
+        fleet_paused=row["fleet_paused_at"] is not None,
     )
 
 

@@ -40,6 +40,7 @@ _STRING_CHARS: Mapping[str, int] = {
     "note": validation.MAX_NOTE_CHARS,
     "retry_key": validation.MAX_ID_CHARS,
     "job_ids": validation.MAX_UUID_CHARS,
+    "actor": validation.MAX_ID_CHARS,
     "page_token": page_tokens.MAX_TOKEN_CHARS,
 }
 # The most entries a repeated field may hold, by field name.

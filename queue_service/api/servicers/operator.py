@@ -1,6 +1,7 @@
 """OperatorService: the overview, the job search across users, live overview, bulk cancel, the
 credits' audit trail (ledger entries with their actor and reason), retry of an ended job
-(`servicers/retry.py`), and the fleet settings (the core's capacity, users' limits) with their change log.
+(`servicers/retry.py`), and the fleet settings (the core's capacity, users' limits, pauses of
+releases) with their change log.
 
 The same adapters as the other servicers: validate, read through the engine's reads (index-driven
 queries of migration 0005), build responses, raise domain errors only. Bulk cancel goes
@@ -32,6 +33,7 @@ from queue_service.api.servicers.convert import (
     replica_to_proto,
     setting_change_to_proto,
     status_filter,
+    user_settings_to_proto,
     user_work_to_proto,
 )
 from queue_service.api.servicers.retry import MAX_BULK_RETRY, RETRYABLE, choose_for_bulk_retry, retry_each, retry_job
@@ -172,12 +174,16 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         v = validation.Violations()
         if request.user_id:
             v.check_id("user_id", request.user_id)
+        if request.actor:
+            v.check_id("actor", request.actor)
         job_id = v.check_uuid("job_id", request.job_id, required=False)
         v.raise_if_any()
         page_size = validation.validate_page_size(request.page_size)
-        key = page_tokens.filter_key("ledger", request.user_id, str(job_id or ""))
+        # A token of an unfiltered actor keeps the key it had before the actor filter existed.
+        key_parts = (request.user_id, str(job_id or "")) + ((request.actor,) if request.actor else ())
+        key = page_tokens.filter_key("ledger", *key_parts)
         before = page_tokens.decode_ledger_token(request.page_token, key)
-        query = LedgerQuery(user_id=request.user_id, job_id=job_id, before_entry_id=before)
+        query = LedgerQuery(user_id=request.user_id, job_id=job_id, before_entry_id=before, actor=request.actor)
         entries = await self._credits.ledger_entries(query, limit=page_size + 1)
         page, more = entries[:page_size], len(entries) > page_size
         token = page_tokens.encode_ledger_token(page[-1].entry_id, key) if more else ""
@@ -186,14 +192,53 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
     async def SetCoreCapacity(
         self, request: pb.SetCoreCapacityRequest, context: grpc.aio.ServicerContext[pb.SetCoreCapacityRequest, pb.SetCoreCapacityResponse]
     ) -> pb.SetCoreCapacityResponse:
-        if not 0 <= request.capacity <= MAX_CORE_CAPACITY:
-            v = validation.Violations()
-            v.add("capacity", f"capacity must be between 0 and {MAX_CORE_CAPACITY}; 0 means unlimited")
-            v.raise_if_any()
+        v = validation.Violations()
+        if request.unlimited and request.capacity != 0:
+            v.add("capacity", f"capacity must be 0 with unlimited (got {request.capacity}); to set a limit, leave unlimited false")
+        elif not request.unlimited and request.capacity == 0:
+            v.add(
+                "capacity",
+                "capacity 0 would not stop anything: to stop releases use SetReleasesPaused; "
+                "to remove the limit set unlimited (with capacity 0)",
+            )
+        elif not 0 <= request.capacity <= MAX_CORE_CAPACITY:
+            v.add("capacity", f"capacity must be between 1 and {MAX_CORE_CAPACITY}, or 0 with unlimited")
+        v.raise_if_any()
+        # Stored as 0: the database's meaning of no limit.
         change = await self._engine.set_core_capacity(request.capacity)
+        return pb.SetCoreCapacityResponse(change=setting_change_to_proto(change), overview=await self._capacity_overview())
+
+    async def SetReleasesPaused(
+        self,
+        request: pb.SetReleasesPausedRequest,
+        context: grpc.aio.ServicerContext[pb.SetReleasesPausedRequest, pb.SetReleasesPausedResponse],
+    ) -> pb.SetReleasesPausedResponse:
+        v = validation.Violations()
+        if request.user_id:
+            v.check_id("user_id", request.user_id)
+        v.check_text("note", request.note, max_chars=validation.MAX_NOTE_CHARS)
+        v.raise_if_any()
+        change = await self._engine.set_releases_paused(request.user_id, paused=request.paused, note=request.note)
+        response = pb.SetReleasesPausedResponse(overview=await self._capacity_overview())
+        if change is not None:
+            response.change.CopyFrom(setting_change_to_proto(change))
+        return response
+
+    async def GetUserSettings(
+        self,
+        request: pb.GetUserSettingsRequest,
+        context: grpc.aio.ServicerContext[pb.GetUserSettingsRequest, pb.GetUserSettingsResponse],
+    ) -> pb.GetUserSettingsResponse:
+        v = validation.Violations()
+        v.check_id("user_id", request.user_id)
+        v.raise_if_any()
+        return user_settings_to_proto(await self._reads.user_settings(request.user_id))
+
+    async def _capacity_overview(self) -> pb.Overview:
+        """The overview's capacity and pause figures, read now."""
         overview = pb.Overview()
         capacity_to_proto(await self._reads.capacity(), overview)
-        return pb.SetCoreCapacityResponse(change=setting_change_to_proto(change), overview=overview)
+        return overview
 
     async def SetUserQueueLimit(
         self,

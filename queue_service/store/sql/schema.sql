@@ -139,6 +139,7 @@ CREATE TABLE public.credit_ledger (
     CONSTRAINT credit_ledger_pkey PRIMARY KEY (entry_id),
     CONSTRAINT credit_ledger_sign CHECK (kind = 'charge'::text AND amount < 0 OR (kind = ANY (ARRAY['grant'::text, 'refund'::text])) AND amount > 0)
 );
+CREATE INDEX credit_ledger_actor_newest_first ON public.credit_ledger USING btree (actor, entry_id DESC);
 CREATE UNIQUE INDEX credit_ledger_grant_idempotency ON public.credit_ledger USING btree (user_id, idempotency_key) WHERE (kind = 'grant'::text);
 CREATE INDEX credit_ledger_user_newest_first ON public.credit_ledger USING btree (user_id, entry_id DESC);
 
@@ -154,6 +155,15 @@ CREATE TABLE public.queue_capacity (
     CONSTRAINT queue_capacity_core_limit_check CHECK (core_limit >= 0),
     CONSTRAINT queue_capacity_pkey PRIMARY KEY (singleton),
     CONSTRAINT queue_capacity_singleton_check CHECK (singleton)
+);
+
+CREATE TABLE public.queue_release_pauses (
+    user_id   text NOT NULL,
+    paused_by text NOT NULL,
+    note      text DEFAULT ''::text NOT NULL,
+    paused_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT queue_release_pauses_note_check CHECK (char_length(note) <= 512),
+    CONSTRAINT queue_release_pauses_pkey PRIMARY KEY (user_id)
 );
 
 CREATE TABLE public.queue_replicas (
@@ -196,9 +206,11 @@ CREATE TABLE public.queue_setting_changes (
     new_value   integer,
     actor       text NOT NULL,
     create_time timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    CONSTRAINT queue_setting_changes_check CHECK ((setting = 'user_max_active'::text) = (user_id IS NOT NULL)),
+    note        text DEFAULT ''::text NOT NULL,
+    CONSTRAINT queue_setting_changes_check CHECK (setting = 'releases_paused'::text OR (setting = 'user_max_active'::text) = (user_id IS NOT NULL)),
+    CONSTRAINT queue_setting_changes_note_check CHECK (char_length(note) <= 512),
     CONSTRAINT queue_setting_changes_pkey PRIMARY KEY (change_id),
-    CONSTRAINT queue_setting_changes_setting_check CHECK (setting = ANY (ARRAY['core_capacity'::text, 'user_max_active'::text]))
+    CONSTRAINT queue_setting_changes_setting_check CHECK (setting = ANY (ARRAY['core_capacity'::text, 'user_max_active'::text, 'releases_paused'::text]))
 );
 
 CREATE TABLE public.run_reservations (
@@ -292,7 +304,8 @@ DECLARE
     v_now constant timestamptz := clock_timestamp();
 BEGIN
     IF (TG_OP = 'INSERT' OR OLD.status = 'queued')
-       AND EXISTS (SELECT 1 FROM queue_capacity c WHERE c.capacity > 0 OR c.core_limit IS NOT NULL) THEN
+       AND (EXISTS (SELECT 1 FROM queue_capacity c WHERE c.capacity > 0 OR c.core_limit IS NOT NULL)
+            OR queue_releases_paused(NEW.user_id)) THEN
         NEW.capacity_wait_since := v_now;
         NEW.capacity_turn_key := v_now;
         NEW.capacity_token := NULL;
@@ -326,6 +339,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.delta_of_job_id IS NOT NULL AND w.job_id <> ALL (p_skipped)
+               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;
         ELSIF p_deltas_only THEN
@@ -334,6 +348,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.delta_of_job_id IS NOT NULL AND w.job_id <> ALL (p_skipped)
+               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
                AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq) > (v_key, v_wait, v_seq)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;
@@ -343,6 +358,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.job_id <> ALL (p_skipped)
+               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;
         ELSE
@@ -351,6 +367,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.job_id <> ALL (p_skipped)
+               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
                AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq) > (v_key, v_wait, v_seq)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;
@@ -571,7 +588,8 @@ BEGIN
                          + CASE WHEN v_settings.next_probe_at IS NULL OR v_settings.next_probe_at <= v_now THEN 1 ELSE 0 END);
     END IF;
     v_in_use := queue_capacity_in_use();
-    WHILE v_granted < p_max_grants AND (v_limit IS NULL OR v_in_use < v_limit) LOOP
+    WHILE NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = '')
+          AND v_granted < p_max_grants AND (v_limit IS NULL OR v_in_use < v_limit) LOOP
         v_job_id := queue_capacity_next_in_line();
         EXIT WHEN v_job_id IS NULL;
         SELECT min(s) INTO v_token
@@ -609,6 +627,7 @@ BEGIN
     END LOOP;
     RETURN QUERY SELECT 'state'::text, NULL::uuid, NULL::text, NULL::uuid, NULL::integer, NULL::float8, NULL::boolean,
                         coalesce(v_settings.capacity > 0 OR v_settings.core_limit IS NOT NULL, false)
+                        OR EXISTS (SELECT 1 FROM queue_release_pauses)
                         OR EXISTS (SELECT 1 FROM analysis_jobs w
                                     WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL),
                         v_in_use, v_limit, NULL::boolean;
@@ -676,6 +695,36 @@ AS $function$
         RETURNING refund.amount
     )
     SELECT COALESCE((SELECT amount FROM credited), 0)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_releases_paused(p_user_id text)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = '' OR p.user_id = p_user_id)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_set_releases_paused(p_user_id text, p_paused boolean, p_actor text, p_note text)
+ RETURNS TABLE(row_kind text, change_id bigint, setting text, user_id text, old_value integer, new_value integer, actor text, create_time timestamp with time zone, note text)
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF p_paused THEN
+        INSERT INTO queue_release_pauses AS p (user_id, paused_by, note) VALUES (p_user_id, p_actor, p_note)
+        ON CONFLICT ON CONSTRAINT queue_release_pauses_pkey DO NOTHING;
+    ELSE
+        DELETE FROM queue_release_pauses p WHERE p.user_id = p_user_id;
+    END IF;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    INSERT INTO queue_setting_changes AS c (setting, user_id, old_value, new_value, actor, note)
+    VALUES ('releases_paused', NULLIF(p_user_id, ''), CASE WHEN p_paused THEN 0 ELSE 1 END,
+            CASE WHEN p_paused THEN 1 ELSE 0 END, p_actor, p_note)
+    RETURNING 'changed'::text, c.change_id, c.setting, c.user_id, c.old_value, c.new_value, c.actor, c.create_time, c.note;
+END
 $function$;
 
 CREATE OR REPLACE FUNCTION public.queue_take_back_unreleased_jobs(p_user_id text, p_default_max_active integer)

@@ -70,6 +70,16 @@ class OperatorServiceStub:
                 request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityRequest.SerializeToString,
                 response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityResponse.FromString,
                 _registered_method=True)
+        self.SetReleasesPaused = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/SetReleasesPaused',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetReleasesPausedRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetReleasesPausedResponse.FromString,
+                _registered_method=True)
+        self.GetUserSettings = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/GetUserSettings',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetUserSettingsRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetUserSettingsResponse.FromString,
+                _registered_method=True)
         self.SetUserQueueLimit = channel.unary_unary(
                 '/acurio.queue.v1.OperatorService/SetUserQueueLimit',
                 request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetUserQueueLimitRequest.SerializeToString,
@@ -175,11 +185,40 @@ class OperatorServiceServicer:
 
     def SetCoreCapacity(self, request, context):
         """Sets the fleet's capacity at the core: the most first-pass runs being released or judging at
-        once across every replica (0: unlimited). Stored in the database, so every replica applies it
-        at its next grant; what the core taught the fleet by refusing releases is forgotten. Runs
-        already released are not stopped: a lower capacity is reached as they end. Recorded with its
-        actor (ListSettingChanges). Added to the contract additively.
-        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 0-1000000.
+        once across every replica, or, with `unlimited`, no limit. Stored in the database, so every
+        replica applies it at its next grant; what the core taught the fleet by refusing releases is
+        forgotten. Runs already released are not stopped: a lower capacity is reached as they end.
+        Recorded with its actor (ListSettingChanges). Added to the contract additively.
+        Changed: a capacity of 0 once meant unlimited; it is now refused unless `unlimited` is set, so
+        that nobody reaching for a stop removes the limit instead (to stop releases:
+        SetReleasesPaused). This tightens the service's own addition, not the original contract.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 1-1000000 without
+        `unlimited`, or a capacity other than 0 with it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetReleasesPaused(self, request, context):
+        """Pauses or resumes the releases of the fleet (`user_id` empty) or of one user: while paused, no
+        held run is released to the core (first-pass jobs and delta re-checks wait, as for capacity);
+        admits are still accepted, charged and queued or made PENDING as usual; runs already at the
+        core go on, as do releases already on their way when the pause commits. On a resume the held
+        runs are granted at once, in the fair order, within the capacity. Stored in the database, so
+        every replica obeys it. A change is recorded with its actor and note (ListSettingChanges,
+        setting `releases_paused`); a call that changes nothing (pausing what is paused) records
+        nothing. Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id or a note over 512 characters.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUserSettings(self, request, context):
+        """One user's settings in force: her first-pass limit (her own or the service's default) and
+        whether her releases are paused (her own pause, the fleet's). Added to the contract
+        additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -307,6 +346,16 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.SetCoreCapacity,
                     request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityRequest.FromString,
                     response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityResponse.SerializeToString,
+            ),
+            'SetReleasesPaused': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetReleasesPaused,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetReleasesPausedRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetReleasesPausedResponse.SerializeToString,
+            ),
+            'GetUserSettings': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUserSettings,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetUserSettingsRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetUserSettingsResponse.SerializeToString,
             ),
             'SetUserQueueLimit': grpc.unary_unary_rpc_method_handler(
                     servicer.SetUserQueueLimit,
@@ -512,6 +561,60 @@ class OperatorService:
             '/acurio.queue.v1.OperatorService/SetCoreCapacity',
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityRequest.SerializeToString,
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetReleasesPaused(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/SetReleasesPaused',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetReleasesPausedRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetReleasesPausedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUserSettings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/GetUserSettings',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetUserSettingsRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetUserSettingsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -78,11 +78,32 @@ class OperatorServiceStub:
     """
     SetCoreCapacity: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.SetCoreCapacityRequest, _operator_service_pb2.SetCoreCapacityResponse]
     """Sets the fleet's capacity at the core: the most first-pass runs being released or judging at
-    once across every replica (0: unlimited). Stored in the database, so every replica applies it
-    at its next grant; what the core taught the fleet by refusing releases is forgotten. Runs
-    already released are not stopped: a lower capacity is reached as they end. Recorded with its
-    actor (ListSettingChanges). Added to the contract additively.
-    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 0-1000000.
+    once across every replica, or, with `unlimited`, no limit. Stored in the database, so every
+    replica applies it at its next grant; what the core taught the fleet by refusing releases is
+    forgotten. Runs already released are not stopped: a lower capacity is reached as they end.
+    Recorded with its actor (ListSettingChanges). Added to the contract additively.
+    Changed: a capacity of 0 once meant unlimited; it is now refused unless `unlimited` is set, so
+    that nobody reaching for a stop removes the limit instead (to stop releases:
+    SetReleasesPaused). This tightens the service's own addition, not the original contract.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 1-1000000 without
+    `unlimited`, or a capacity other than 0 with it.
+    """
+    SetReleasesPaused: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.SetReleasesPausedRequest, _operator_service_pb2.SetReleasesPausedResponse]
+    """Pauses or resumes the releases of the fleet (`user_id` empty) or of one user: while paused, no
+    held run is released to the core (first-pass jobs and delta re-checks wait, as for capacity);
+    admits are still accepted, charged and queued or made PENDING as usual; runs already at the
+    core go on, as do releases already on their way when the pause commits. On a resume the held
+    runs are granted at once, in the fair order, within the capacity. Stored in the database, so
+    every replica obeys it. A change is recorded with its actor and note (ListSettingChanges,
+    setting `releases_paused`); a call that changes nothing (pausing what is paused) records
+    nothing. Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id or a note over 512 characters.
+    """
+    GetUserSettings: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.GetUserSettingsRequest, _operator_service_pb2.GetUserSettingsResponse]
+    """One user's settings in force: her first-pass limit (her own or the service's default) and
+    whether her releases are paused (her own pause, the fleet's). Added to the contract
+    additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id.
     """
     SetUserQueueLimit: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.SetUserQueueLimitRequest, _operator_service_pb2.SetUserQueueLimitResponse]
     """Sets how many first-pass jobs of one user may be active at once (0: back to the service's
@@ -197,11 +218,32 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     """
     SetCoreCapacity: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.SetCoreCapacityRequest, _operator_service_pb2.SetCoreCapacityResponse]  # type: ignore[assignment]
     """Sets the fleet's capacity at the core: the most first-pass runs being released or judging at
-    once across every replica (0: unlimited). Stored in the database, so every replica applies it
-    at its next grant; what the core taught the fleet by refusing releases is forgotten. Runs
-    already released are not stopped: a lower capacity is reached as they end. Recorded with its
-    actor (ListSettingChanges). Added to the contract additively.
-    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 0-1000000.
+    once across every replica, or, with `unlimited`, no limit. Stored in the database, so every
+    replica applies it at its next grant; what the core taught the fleet by refusing releases is
+    forgotten. Runs already released are not stopped: a lower capacity is reached as they end.
+    Recorded with its actor (ListSettingChanges). Added to the contract additively.
+    Changed: a capacity of 0 once meant unlimited; it is now refused unless `unlimited` is set, so
+    that nobody reaching for a stop removes the limit instead (to stop releases:
+    SetReleasesPaused). This tightens the service's own addition, not the original contract.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 1-1000000 without
+    `unlimited`, or a capacity other than 0 with it.
+    """
+    SetReleasesPaused: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.SetReleasesPausedRequest, _operator_service_pb2.SetReleasesPausedResponse]  # type: ignore[assignment]
+    """Pauses or resumes the releases of the fleet (`user_id` empty) or of one user: while paused, no
+    held run is released to the core (first-pass jobs and delta re-checks wait, as for capacity);
+    admits are still accepted, charged and queued or made PENDING as usual; runs already at the
+    core go on, as do releases already on their way when the pause commits. On a resume the held
+    runs are granted at once, in the fair order, within the capacity. Stored in the database, so
+    every replica obeys it. A change is recorded with its actor and note (ListSettingChanges,
+    setting `releases_paused`); a call that changes nothing (pausing what is paused) records
+    nothing. Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id or a note over 512 characters.
+    """
+    GetUserSettings: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.GetUserSettingsRequest, _operator_service_pb2.GetUserSettingsResponse]  # type: ignore[assignment]
+    """One user's settings in force: her first-pass limit (her own or the service's default) and
+    whether her releases are paused (her own pause, the fleet's). Added to the contract
+    additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id.
     """
     SetUserQueueLimit: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.SetUserQueueLimitRequest, _operator_service_pb2.SetUserQueueLimitResponse]  # type: ignore[assignment]
     """Sets how many first-pass jobs of one user may be active at once (0: back to the service's
@@ -349,11 +391,44 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_operator_service_pb2.SetCoreCapacityResponse, _abc.Awaitable[_operator_service_pb2.SetCoreCapacityResponse]]:
         """Sets the fleet's capacity at the core: the most first-pass runs being released or judging at
-        once across every replica (0: unlimited). Stored in the database, so every replica applies it
-        at its next grant; what the core taught the fleet by refusing releases is forgotten. Runs
-        already released are not stopped: a lower capacity is reached as they end. Recorded with its
-        actor (ListSettingChanges). Added to the contract additively.
-        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 0-1000000.
+        once across every replica, or, with `unlimited`, no limit. Stored in the database, so every
+        replica applies it at its next grant; what the core taught the fleet by refusing releases is
+        forgotten. Runs already released are not stopped: a lower capacity is reached as they end.
+        Recorded with its actor (ListSettingChanges). Added to the contract additively.
+        Changed: a capacity of 0 once meant unlimited; it is now refused unless `unlimited` is set, so
+        that nobody reaching for a stop removes the limit instead (to stop releases:
+        SetReleasesPaused). This tightens the service's own addition, not the original contract.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 1-1000000 without
+        `unlimited`, or a capacity other than 0 with it.
+        """
+
+    @_abc_1.abstractmethod
+    def SetReleasesPaused(
+        self,
+        request: _operator_service_pb2.SetReleasesPausedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.SetReleasesPausedResponse, _abc.Awaitable[_operator_service_pb2.SetReleasesPausedResponse]]:
+        """Pauses or resumes the releases of the fleet (`user_id` empty) or of one user: while paused, no
+        held run is released to the core (first-pass jobs and delta re-checks wait, as for capacity);
+        admits are still accepted, charged and queued or made PENDING as usual; runs already at the
+        core go on, as do releases already on their way when the pause commits. On a resume the held
+        runs are granted at once, in the fair order, within the capacity. Stored in the database, so
+        every replica obeys it. A change is recorded with its actor and note (ListSettingChanges,
+        setting `releases_paused`); a call that changes nothing (pausing what is paused) records
+        nothing. Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id or a note over 512 characters.
+        """
+
+    @_abc_1.abstractmethod
+    def GetUserSettings(
+        self,
+        request: _operator_service_pb2.GetUserSettingsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.GetUserSettingsResponse, _abc.Awaitable[_operator_service_pb2.GetUserSettingsResponse]]:
+        """One user's settings in force: her first-pass limit (her own or the service's default) and
+        whether her releases are paused (her own pause, the fleet's). Added to the contract
+        additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id.
         """
 
     @_abc_1.abstractmethod

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/operator_service.proto.
  */
 export const file_acurio_queue_v1_operator_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyLWBAoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2NhcGFjaXR5X2luX3VzZRgOIAEoAxIWCg5jYXBhY2l0eV9saW1pdBgPIAEoAxIdChVjYXBhY2l0eV93YWl0aW5nX2pvYnMYECABKAMSHgoWY2FwYWNpdHlfd2FpdGluZ191c2VycxgRIAEoAxI9ChlvbGRlc3RfY2FwYWNpdHlfd2FpdF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjb3JlX2xpbWl0GBMgASgDEhUKDWNvcmVfcmVmdXNhbHMYFCABKAMiZgoRU2VhcmNoSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJRChJTZWFyY2hKb2JzUmVzcG9uc2USIgoEam9icxgBIAMoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkMKFFdhdGNoT3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFEhMKC2ludGVydmFsX21zGAIgASgFIkQKFVdhdGNoT3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJiChFDYW5jZWxKb2JzUmVxdWVzdBIqCgZmaWx0ZXIYASABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEg8KB2RyeV9ydW4YAiABKAgSEAoIbWF4X2pvYnMYAyABKAUihAEKEkNhbmNlbEpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEhAKCGNhbmNlbGVkGAMgASgFEjAKCGZhaWx1cmVzGAQgAygLMh4uYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEZhaWx1cmUiQAoNQ2FuY2VsRmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiYgoYTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSDgoGam9iX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJImMKGUxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USLQoHZW50cmllcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5MZWRnZXJFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki9wEKC0xlZGdlckVudHJ5EhAKCGVudHJ5X2lkGAEgASgDEi8KC2NyZWF0ZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgd1c2VyX2lkGAMgASgJEi4KBGtpbmQYBCABKA4yIC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnlLaW5kEg4KBmFtb3VudBgFIAEoAxIOCgZqb2JfaWQYBiABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEg0KBWFjdG9yGAggASgJEg4KBnJlYXNvbhgJIAEoCRIMCgRub3RlGAogASgJIioKFlNldENvcmVDYXBhY2l0eVJlcXVlc3QSEAoIY2FwYWNpdHkYASABKAUidgoXU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USLgoGY2hhbmdlGAEgASgLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2USKwoIb3ZlcnZpZXcYAiABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciPwoYU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSEgoKbWF4X2FjdGl2ZRgCIAEoBSJLChlTZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlIkIKGUxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiZgoaTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USLwoHY2hhbmdlcxgBIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKqAQoNU2V0dGluZ0NoYW5nZRIRCgljaGFuZ2VfaWQYASABKAMSDwoHc2V0dGluZxgCIAEoCRIPCgd1c2VyX2lkGAMgASgJEhEKCW9sZF92YWx1ZRgEIAEoBRIRCgluZXdfdmFsdWUYBSABKAUSDQoFYWN0b3IYBiABKAkSLwoLY3JlYXRlX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIksKD1JldHJ5Sm9iUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEQoJcmV0cnlfa2V5GAIgASgJEhUKDWFub3RoZXJfcmV0cnkYAyABKAgiSwoQUmV0cnlKb2JSZXNwb25zZRIhCgNqb2IYASABKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iEhQKDGFkbWl0dGVkX25vdxgCIAEoCCJyChBSZXRyeUpvYnNSZXF1ZXN0Eg8KB2pvYl9pZHMYASADKAkSKgoGZmlsdGVyGAIgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIPCgdkcnlfcnVuGAMgASgIEhAKCG1heF9qb2JzGAQgASgFIsYBChFSZXRyeUpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEg8KB3JldHJpZWQYAyABKAUSHwoXYWxyZWFkeV9yZXRyaWVkX2pvYl9pZHMYBCADKAkSLwoIZmFpbHVyZXMYBSADKAsyHS5hY3VyaW8ucXVldWUudjEuUmV0cnlGYWlsdXJlEiIKBGpvYnMYBiADKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iIj8KDFJldHJ5RmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiLQoYTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBSJaChlMaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEigKBXVzZXJzGAEgAygLMhkuYWN1cmlvLnF1ZXVlLnYxLlVzZXJXb3JrEhMKC3VzZXJzX3RvdGFsGAIgASgDIsQBCghVc2VyV29yaxIPCgd1c2VyX2lkGAEgASgJEg4KBnF1ZXVlZBgCIAEoAxIPCgdwZW5kaW5nGAMgASgDEg8KB3J1bm5pbmcYBCABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSb2xkZXN0X2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIwChZHZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIo8BChdHZXRRdWV1ZUhpc3RvcnlSZXNwb25zZRItCgdtaW51dGVzGAEgAygLMhwuYWN1cmlvLnF1ZXVlLnYxLlF1ZXVlTWludXRlEhYKDndpbmRvd19taW51dGVzGAIgASgFEi0KCXJlYWRfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiegoLUXVldWVNaW51dGUSKgoGbWludXRlGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZxdWV1ZWQYAiABKAMSDgoGYWN0aXZlGAMgASgDEhAKCGFkbWl0dGVkGAQgASgDEg0KBWVuZGVkGAUgASgDIhUKE0xpc3RSZXBsaWNhc1JlcXVlc3QicQoUTGlzdFJlcGxpY2FzUmVzcG9uc2USKgoIcmVwbGljYXMYASADKAsyGC5hY3VyaW8ucXVldWUudjEuUmVwbGljYRItCglyZWFkX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpsCCgdSZXBsaWNhEhIKCnJlcGxpY2FfaWQYASABKAkSDAoEaG9zdBgCIAEoCRIuCgpzdGFydF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5oZWFydGJlYXRfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIZHJhaW5pbmcYBSABKAgSFwoPY2FsbHNfaW5fZmxpZ2h0GAYgASgFEhUKDXdhdGNoX3N0cmVhbXMYByABKAUSGAoQb3ZlcnZpZXdfc3RyZWFtcxgIIAEoBRIuCgpjb3JlX2NhbGxzGAkgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkNvcmVDYWxscyJ2CglDb3JlQ2FsbHMSEAoIYW5zd2VyZWQYASABKAMSDwoHcmVmdXNlZBgCIAEoAxIPCgd1bmtub3duGAMgASgDEjUKEWxhc3RfdW5rbm93bl90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCqNAQoPTGVkZ2VyRW50cnlLaW5kEiEKHUxFREdFUl9FTlRSWV9LSU5EX1VOU1BFQ0lGSUVEEAASGwoXTEVER0VSX0VOVFJZX0tJTkRfR1JBTlQQARIcChhMRURHRVJfRU5UUllfS0lORF9DSEFSR0UQAhIcChhMRURHRVJfRU5UUllfS0lORF9SRUZVTkQQAzL8CQoPT3BlcmF0b3JTZXJ2aWNlElgKC0dldE92ZXJ2aWV3EiMuYWN1cmlvLnF1ZXVlLnYxLkdldE92ZXJ2aWV3UmVxdWVzdBokLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1Jlc3BvbnNlElUKClNlYXJjaEpvYnMSIi5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1Jlc3BvbnNlEmAKDVdhdGNoT3ZlcnZpZXcSJS5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1JlcXVlc3QaJi5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1Jlc3BvbnNlMAESVQoKQ2FuY2VsSm9icxIiLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVxdWVzdBojLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVzcG9uc2USagoRTGlzdExlZGdlckVudHJpZXMSKS5hY3VyaW8ucXVldWUudjEuTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USZAoPU2V0Q29yZUNhcGFjaXR5EicuYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlcXVlc3QaKC5hY3VyaW8ucXVldWUudjEuU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USagoRU2V0VXNlclF1ZXVlTGltaXQSKS5hY3VyaW8ucXVldWUudjEuU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVzcG9uc2USbQoSTGlzdFNldHRpbmdDaGFuZ2VzEiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QaKy5hY3VyaW8ucXVldWUudjEuTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USTwoIUmV0cnlKb2ISIC5hY3VyaW8ucXVldWUudjEuUmV0cnlKb2JSZXF1ZXN0GiEuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9iUmVzcG9uc2USUgoJUmV0cnlKb2JzEiEuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9ic1JlcXVlc3QaIi5hY3VyaW8ucXVldWUudjEuUmV0cnlKb2JzUmVzcG9uc2USagoRTGlzdFVzZXJzV2l0aFdvcmsSKS5hY3VyaW8ucXVldWUudjEuTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RVc2Vyc1dpdGhXb3JrUmVzcG9uc2USZAoPR2V0UXVldWVIaXN0b3J5EicuYWN1cmlvLnF1ZXVlLnYxLkdldFF1ZXVlSGlzdG9yeVJlcXVlc3QaKC5hY3VyaW8ucXVldWUudjEuR2V0UXVldWVIaXN0b3J5UmVzcG9uc2USWwoMTGlzdFJlcGxpY2FzEiQuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZXBsaWNhc1JlcXVlc3QaJS5hY3VyaW8ucXVldWUudjEuTGlzdFJlcGxpY2FzUmVzcG9uc2ViBnByb3RvMw", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
+  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyL6BQoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2NhcGFjaXR5X2luX3VzZRgOIAEoAxIWCg5jYXBhY2l0eV9saW1pdBgPIAEoAxIdChVjYXBhY2l0eV93YWl0aW5nX2pvYnMYECABKAMSHgoWY2FwYWNpdHlfd2FpdGluZ191c2VycxgRIAEoAxI9ChlvbGRlc3RfY2FwYWNpdHlfd2FpdF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjb3JlX2xpbWl0GBMgASgDEhUKDWNvcmVfcmVmdXNhbHMYFCABKAMSFwoPcmVsZWFzZXNfcGF1c2VkGB4gASgIEjkKFXJlbGVhc2VzX3BhdXNlZF9zaW5jZRgfIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGgoScmVsZWFzZXNfcGF1c2VkX2J5GCAgASgJEhwKFHJlbGVhc2VzX3BhdXNlZF9ub3RlGCIgASgJEhQKDHBhdXNlZF91c2VycxghIAEoAyJmChFTZWFyY2hKb2JzUmVxdWVzdBIqCgZmaWx0ZXIYASABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIlEKElNlYXJjaEpvYnNSZXNwb25zZRIiCgRqb2JzGAEgAygLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiQwoUV2F0Y2hPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUSEwoLaW50ZXJ2YWxfbXMYAiABKAUiRAoVV2F0Y2hPdmVydmlld1Jlc3BvbnNlEisKCG92ZXJ2aWV3GAEgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLk92ZXJ2aWV3ImIKEUNhbmNlbEpvYnNSZXF1ZXN0EioKBmZpbHRlchgBIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Kb2JGaWx0ZXISDwoHZHJ5X3J1bhgCIAEoCBIQCghtYXhfam9icxgDIAEoBSKEAQoSQ2FuY2VsSm9ic1Jlc3BvbnNlEg8KB21hdGNoZWQYASABKAUSGQoRbW9yZV90aGFuX2NvdW50ZWQYAiABKAgSEAoIY2FuY2VsZWQYAyABKAUSMAoIZmFpbHVyZXMYBCADKAsyHi5hY3VyaW8ucXVldWUudjEuQ2FuY2VsRmFpbHVyZSJACg1DYW5jZWxGYWlsdXJlEg4KBmpvYl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkSDwoHbWVzc2FnZRgDIAEoCSJxChhMaXN0TGVkZ2VyRW50cmllc1JlcXVlc3QSDwoHdXNlcl9pZBgBIAEoCRIOCgZqb2JfaWQYAiABKAkSEQoJcGFnZV9zaXplGAMgASgFEhIKCnBhZ2VfdG9rZW4YBCABKAkSDQoFYWN0b3IYBSABKAkiYwoZTGlzdExlZGdlckVudHJpZXNSZXNwb25zZRItCgdlbnRyaWVzGAEgAygLMhwuYWN1cmlvLnF1ZXVlLnYxLkxlZGdlckVudHJ5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSL3AQoLTGVkZ2VyRW50cnkSEAoIZW50cnlfaWQYASABKAMSLwoLY3JlYXRlX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB3VzZXJfaWQYAyABKAkSLgoEa2luZBgEIAEoDjIgLmFjdXJpby5xdWV1ZS52MS5MZWRnZXJFbnRyeUtpbmQSDgoGYW1vdW50GAUgASgDEg4KBmpvYl9pZBgGIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYByABKAkSDQoFYWN0b3IYCCABKAkSDgoGcmVhc29uGAkgASgJEgwKBG5vdGUYCiABKAkiPQoWU2V0Q29yZUNhcGFjaXR5UmVxdWVzdBIQCghjYXBhY2l0eRgBIAEoBRIRCgl1bmxpbWl0ZWQYAiABKAgidgoXU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USLgoGY2hhbmdlGAEgASgLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2USKwoIb3ZlcnZpZXcYAiABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciSQoYU2V0UmVsZWFzZXNQYXVzZWRSZXF1ZXN0Eg4KBnBhdXNlZBgBIAEoCBIPCgd1c2VyX2lkGAIgASgJEgwKBG5vdGUYAyABKAkieAoZU2V0UmVsZWFzZXNQYXVzZWRSZXNwb25zZRIuCgZjaGFuZ2UYASABKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZRIrCghvdmVydmlldxgCIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyIpChZHZXRVc2VyU2V0dGluZ3NSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkiigIKF0dldFVzZXJTZXR0aW5nc1Jlc3BvbnNlEg8KB3VzZXJfaWQYASABKAkSEgoKbWF4X2FjdGl2ZRgCIAEoBRIdChVtYXhfYWN0aXZlX2lzX2RlZmF1bHQYAyABKAgSFwoPcmVsZWFzZXNfcGF1c2VkGAQgASgIEjkKFXJlbGVhc2VzX3BhdXNlZF9zaW5jZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGgoScmVsZWFzZXNfcGF1c2VkX2J5GAYgASgJEhwKFHJlbGVhc2VzX3BhdXNlZF9ub3RlGAcgASgJEh0KFWZsZWV0X3JlbGVhc2VzX3BhdXNlZBgIIAEoCCI/ChhTZXRVc2VyUXVldWVMaW1pdFJlcXVlc3QSDwoHdXNlcl9pZBgBIAEoCRISCgptYXhfYWN0aXZlGAIgASgFIksKGVNldFVzZXJRdWV1ZUxpbWl0UmVzcG9uc2USLgoGY2hhbmdlGAEgASgLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2UiQgoZTGlzdFNldHRpbmdDaGFuZ2VzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJmChpMaXN0U2V0dGluZ0NoYW5nZXNSZXNwb25zZRIvCgdjaGFuZ2VzGAEgAygLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2USFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIrgBCg1TZXR0aW5nQ2hhbmdlEhEKCWNoYW5nZV9pZBgBIAEoAxIPCgdzZXR0aW5nGAIgASgJEg8KB3VzZXJfaWQYAyABKAkSEQoJb2xkX3ZhbHVlGAQgASgFEhEKCW5ld192YWx1ZRgFIAEoBRINCgVhY3RvchgGIAEoCRIvCgtjcmVhdGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDAoEbm90ZRgIIAEoCSJLCg9SZXRyeUpvYlJlcXVlc3QSDgoGam9iX2lkGAEgASgJEhEKCXJldHJ5X2tleRgCIAEoCRIVCg1hbm90aGVyX3JldHJ5GAMgASgIIksKEFJldHJ5Sm9iUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIUCgxhZG1pdHRlZF9ub3cYAiABKAgicgoQUmV0cnlKb2JzUmVxdWVzdBIPCgdqb2JfaWRzGAEgAygJEioKBmZpbHRlchgCIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Kb2JGaWx0ZXISDwoHZHJ5X3J1bhgDIAEoCBIQCghtYXhfam9icxgEIAEoBSLGAQoRUmV0cnlKb2JzUmVzcG9uc2USDwoHbWF0Y2hlZBgBIAEoBRIZChFtb3JlX3RoYW5fY291bnRlZBgCIAEoCBIPCgdyZXRyaWVkGAMgASgFEh8KF2FscmVhZHlfcmV0cmllZF9qb2JfaWRzGAQgAygJEi8KCGZhaWx1cmVzGAUgAygLMh0uYWN1cmlvLnF1ZXVlLnYxLlJldHJ5RmFpbHVyZRIiCgRqb2JzGAYgAygLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYiI/CgxSZXRyeUZhaWx1cmUSDgoGam9iX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIPCgdtZXNzYWdlGAMgASgJIi0KGExpc3RVc2Vyc1dpdGhXb3JrUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUiWgoZTGlzdFVzZXJzV2l0aFdvcmtSZXNwb25zZRIoCgV1c2VycxgBIAMoCzIZLmFjdXJpby5xdWV1ZS52MS5Vc2VyV29yaxITCgt1c2Vyc190b3RhbBgCIAEoAyLEAQoIVXNlcldvcmsSDwoHdXNlcl9pZBgBIAEoCRIOCgZxdWV1ZWQYAiABKAMSDwoHcGVuZGluZxgDIAEoAxIPCgdydW5uaW5nGAQgASgDEj0KGW9sZGVzdF9xdWV1ZWRfY3JlYXRlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjYKEm9sZGVzdF9jcmVhdGVfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiMAoWR2V0UXVldWVIaXN0b3J5UmVxdWVzdBIWCg53aW5kb3dfbWludXRlcxgBIAEoBSKPAQoXR2V0UXVldWVIaXN0b3J5UmVzcG9uc2USLQoHbWludXRlcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5RdWV1ZU1pbnV0ZRIWCg53aW5kb3dfbWludXRlcxgCIAEoBRItCglyZWFkX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wInoKC1F1ZXVlTWludXRlEioKBm1pbnV0ZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGcXVldWVkGAIgASgDEg4KBmFjdGl2ZRgDIAEoAxIQCghhZG1pdHRlZBgEIAEoAxINCgVlbmRlZBgFIAEoAyIVChNMaXN0UmVwbGljYXNSZXF1ZXN0InEKFExpc3RSZXBsaWNhc1Jlc3BvbnNlEioKCHJlcGxpY2FzGAEgAygLMhguYWN1cmlvLnF1ZXVlLnYxLlJlcGxpY2ESLQoJcmVhZF90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKbAgoHUmVwbGljYRISCgpyZXBsaWNhX2lkGAEgASgJEgwKBGhvc3QYAiABKAkSLgoKc3RhcnRfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOaGVhcnRiZWF0X3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGRyYWluaW5nGAUgASgIEhcKD2NhbGxzX2luX2ZsaWdodBgGIAEoBRIVCg13YXRjaF9zdHJlYW1zGAcgASgFEhgKEG92ZXJ2aWV3X3N0cmVhbXMYCCABKAUSLgoKY29yZV9jYWxscxgJIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Db3JlQ2FsbHMidgoJQ29yZUNhbGxzEhAKCGFuc3dlcmVkGAEgASgDEg8KB3JlZnVzZWQYAiABKAMSDwoHdW5rbm93bhgDIAEoAxI1ChFsYXN0X3Vua25vd25fdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAqjQEKD0xlZGdlckVudHJ5S2luZBIhCh1MRURHRVJfRU5UUllfS0lORF9VTlNQRUNJRklFRBAAEhsKF0xFREdFUl9FTlRSWV9LSU5EX0dSQU5UEAESHAoYTEVER0VSX0VOVFJZX0tJTkRfQ0hBUkdFEAISHAoYTEVER0VSX0VOVFJZX0tJTkRfUkVGVU5EEAMyzgsKD09wZXJhdG9yU2VydmljZRJYCgtHZXRPdmVydmlldxIjLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1JlcXVlc3QaJC5hY3VyaW8ucXVldWUudjEuR2V0T3ZlcnZpZXdSZXNwb25zZRJVCgpTZWFyY2hKb2JzEiIuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXNwb25zZRJgCg1XYXRjaE92ZXJ2aWV3EiUuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXF1ZXN0GiYuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXNwb25zZTABElUKCkNhbmNlbEpvYnMSIi5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1Jlc3BvbnNlEmoKEUxpc3RMZWRnZXJFbnRyaWVzEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEmQKD1NldENvcmVDYXBhY2l0eRInLmFjdXJpby5xdWV1ZS52MS5TZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlc3BvbnNlEmoKEVNldFJlbGVhc2VzUGF1c2VkEikuYWN1cmlvLnF1ZXVlLnYxLlNldFJlbGVhc2VzUGF1c2VkUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5TZXRSZWxlYXNlc1BhdXNlZFJlc3BvbnNlEmQKD0dldFVzZXJTZXR0aW5ncxInLmFjdXJpby5xdWV1ZS52MS5HZXRVc2VyU2V0dGluZ3NSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkdldFVzZXJTZXR0aW5nc1Jlc3BvbnNlEmoKEVNldFVzZXJRdWV1ZUxpbWl0EikuYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5TZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEm0KEkxpc3RTZXR0aW5nQ2hhbmdlcxIqLmFjdXJpby5xdWV1ZS52MS5MaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0GisuYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEk8KCFJldHJ5Sm9iEiAuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9iUmVxdWVzdBohLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYlJlc3BvbnNlElIKCVJldHJ5Sm9icxIhLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYnNSZXF1ZXN0GiIuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9ic1Jlc3BvbnNlEmoKEUxpc3RVc2Vyc1dpdGhXb3JrEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RVc2Vyc1dpdGhXb3JrUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEmQKD0dldFF1ZXVlSGlzdG9yeRInLmFjdXJpby5xdWV1ZS52MS5HZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkdldFF1ZXVlSGlzdG9yeVJlc3BvbnNlElsKDExpc3RSZXBsaWNhcxIkLmFjdXJpby5xdWV1ZS52MS5MaXN0UmVwbGljYXNSZXF1ZXN0GiUuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZXBsaWNhc1Jlc3BvbnNlYgZwcm90bzM", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
 
 /**
  * Which jobs a search or a bulk cancel is about. Every set field narrows the match.
@@ -327,6 +327,42 @@ export type Overview = Message<"acurio.queue.v1.Overview"> & {
    * @generated from field: int64 core_refusals = 20;
    */
   coreRefusals: bigint;
+
+  /**
+   * Whether the whole fleet's releases are paused (SetReleasesPaused). Added to the contract
+   * additively.
+   *
+   * @generated from field: bool releases_paused = 30;
+   */
+  releasesPaused: boolean;
+
+  /**
+   * Since when the fleet's releases are paused; unset when they are not.
+   *
+   * @generated from field: google.protobuf.Timestamp releases_paused_since = 31;
+   */
+  releasesPausedSince?: Timestamp | undefined;
+
+  /**
+   * Who paused the fleet's releases (an actor, as on ledger entries); empty when not paused.
+   *
+   * @generated from field: string releases_paused_by = 32;
+   */
+  releasesPausedBy: string;
+
+  /**
+   * Why, in the words of who paused them; empty when not paused.
+   *
+   * @generated from field: string releases_paused_note = 34;
+   */
+  releasesPausedNote: string;
+
+  /**
+   * How many users' releases are paused on their own.
+   *
+   * @generated from field: int64 paused_users = 33;
+   */
+  pausedUsers: bigint;
 };
 
 /**
@@ -479,6 +515,42 @@ export type OverviewJson = {
    * @generated from field: int64 core_refusals = 20;
    */
   coreRefusals?: string;
+
+  /**
+   * Whether the whole fleet's releases are paused (SetReleasesPaused). Added to the contract
+   * additively.
+   *
+   * @generated from field: bool releases_paused = 30;
+   */
+  releasesPaused?: boolean;
+
+  /**
+   * Since when the fleet's releases are paused; unset when they are not.
+   *
+   * @generated from field: google.protobuf.Timestamp releases_paused_since = 31;
+   */
+  releasesPausedSince?: TimestampJson;
+
+  /**
+   * Who paused the fleet's releases (an actor, as on ledger entries); empty when not paused.
+   *
+   * @generated from field: string releases_paused_by = 32;
+   */
+  releasesPausedBy?: string;
+
+  /**
+   * Why, in the words of who paused them; empty when not paused.
+   *
+   * @generated from field: string releases_paused_note = 34;
+   */
+  releasesPausedNote?: string;
+
+  /**
+   * How many users' releases are paused on their own.
+   *
+   * @generated from field: int64 paused_users = 33;
+   */
+  pausedUsers?: string;
 };
 
 /**
@@ -926,11 +998,19 @@ export type ListLedgerEntriesRequest = Message<"acurio.queue.v1.ListLedgerEntrie
 
   /**
    * The `next_page_token` of the previous page; empty for the first page. Only valid with the
-   * same `user_id` and `job_id`.
+   * same `user_id`, `job_id` and `actor`.
    *
    * @generated from field: string page_token = 4;
    */
   pageToken: string;
+
+  /**
+   * Only the entries this actor wrote (exact, as `LedgerEntry.actor`: `operator:alice`,
+   * `system:release_give_up`); empty means every actor. Added to the contract additively.
+   *
+   * @generated from field: string actor = 5;
+   */
+  actor: string;
 };
 
 /**
@@ -962,11 +1042,19 @@ export type ListLedgerEntriesRequestJson = {
 
   /**
    * The `next_page_token` of the previous page; empty for the first page. Only valid with the
-   * same `user_id` and `job_id`.
+   * same `user_id`, `job_id` and `actor`.
    *
    * @generated from field: string page_token = 4;
    */
   pageToken?: string;
+
+  /**
+   * Only the entries this actor wrote (exact, as `LedgerEntry.actor`: `operator:alice`,
+   * `system:release_give_up`); empty means every actor. Added to the contract additively.
+   *
+   * @generated from field: string actor = 5;
+   */
+  actor?: string;
 };
 
 /**
@@ -1211,12 +1299,19 @@ export const LedgerEntrySchema: GenMessage<LedgerEntry, {jsonType: LedgerEntryJs
  */
 export type SetCoreCapacityRequest = Message<"acurio.queue.v1.SetCoreCapacityRequest"> & {
   /**
-   * The most first-pass runs at the core at once across every replica: 0-1000000; 0 means
-   * unlimited.
+   * The most first-pass runs at the core at once across every replica: 1-1000000. 0 is refused
+   * unless `unlimited` is set (it would stop nothing: to stop releases, SetReleasesPaused).
    *
    * @generated from field: int32 capacity = 1;
    */
   capacity: number;
+
+  /**
+   * Remove the limit (with `capacity` 0). Added to the contract additively.
+   *
+   * @generated from field: bool unlimited = 2;
+   */
+  unlimited: boolean;
 };
 
 /**
@@ -1226,12 +1321,19 @@ export type SetCoreCapacityRequest = Message<"acurio.queue.v1.SetCoreCapacityReq
  */
 export type SetCoreCapacityRequestJson = {
   /**
-   * The most first-pass runs at the core at once across every replica: 0-1000000; 0 means
-   * unlimited.
+   * The most first-pass runs at the core at once across every replica: 1-1000000. 0 is refused
+   * unless `unlimited` is set (it would stop nothing: to stop releases, SetReleasesPaused).
    *
    * @generated from field: int32 capacity = 1;
    */
   capacity?: number;
+
+  /**
+   * Remove the limit (with `capacity` 0). Added to the contract additively.
+   *
+   * @generated from field: bool unlimited = 2;
+   */
+  unlimited?: boolean;
 };
 
 /**
@@ -1291,6 +1393,286 @@ export const SetCoreCapacityResponseSchema: GenMessage<SetCoreCapacityResponse, 
   messageDesc(file_acurio_queue_v1_operator_service, 15);
 
 /**
+ * Request for OperatorService.SetReleasesPaused. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.SetReleasesPausedRequest
+ */
+export type SetReleasesPausedRequest = Message<"acurio.queue.v1.SetReleasesPausedRequest"> & {
+  /**
+   * True to pause, false to resume.
+   *
+   * @generated from field: bool paused = 1;
+   */
+  paused: boolean;
+
+  /**
+   * Whose releases: empty for the whole fleet's, else one user's.
+   *
+   * @generated from field: string user_id = 2;
+   */
+  userId: string;
+
+  /**
+   * Why, in the operator's words (at most 512 characters); recorded with the change.
+   *
+   * @generated from field: string note = 3;
+   */
+  note: string;
+};
+
+/**
+ * Request for OperatorService.SetReleasesPaused. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.SetReleasesPausedRequest
+ */
+export type SetReleasesPausedRequestJson = {
+  /**
+   * True to pause, false to resume.
+   *
+   * @generated from field: bool paused = 1;
+   */
+  paused?: boolean;
+
+  /**
+   * Whose releases: empty for the whole fleet's, else one user's.
+   *
+   * @generated from field: string user_id = 2;
+   */
+  userId?: string;
+
+  /**
+   * Why, in the operator's words (at most 512 characters); recorded with the change.
+   *
+   * @generated from field: string note = 3;
+   */
+  note?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.SetReleasesPausedRequest.
+ * Use `create(SetReleasesPausedRequestSchema)` to create a new message.
+ */
+export const SetReleasesPausedRequestSchema: GenMessage<SetReleasesPausedRequest, {jsonType: SetReleasesPausedRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 16);
+
+/**
+ * Response for OperatorService.SetReleasesPaused. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.SetReleasesPausedResponse
+ */
+export type SetReleasesPausedResponse = Message<"acurio.queue.v1.SetReleasesPausedResponse"> & {
+  /**
+   * The change as recorded; unset when the call changed nothing.
+   *
+   * @generated from field: acurio.queue.v1.SettingChange change = 1;
+   */
+  change?: SettingChange | undefined;
+
+  /**
+   * The overview's capacity and pause figures right after the call.
+   *
+   * @generated from field: acurio.queue.v1.Overview overview = 2;
+   */
+  overview?: Overview | undefined;
+};
+
+/**
+ * Response for OperatorService.SetReleasesPaused. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.SetReleasesPausedResponse
+ */
+export type SetReleasesPausedResponseJson = {
+  /**
+   * The change as recorded; unset when the call changed nothing.
+   *
+   * @generated from field: acurio.queue.v1.SettingChange change = 1;
+   */
+  change?: SettingChangeJson;
+
+  /**
+   * The overview's capacity and pause figures right after the call.
+   *
+   * @generated from field: acurio.queue.v1.Overview overview = 2;
+   */
+  overview?: OverviewJson;
+};
+
+/**
+ * Describes the message acurio.queue.v1.SetReleasesPausedResponse.
+ * Use `create(SetReleasesPausedResponseSchema)` to create a new message.
+ */
+export const SetReleasesPausedResponseSchema: GenMessage<SetReleasesPausedResponse, {jsonType: SetReleasesPausedResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 17);
+
+/**
+ * Request for OperatorService.GetUserSettings. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.GetUserSettingsRequest
+ */
+export type GetUserSettingsRequest = Message<"acurio.queue.v1.GetUserSettingsRequest"> & {
+  /**
+   * The user.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId: string;
+};
+
+/**
+ * Request for OperatorService.GetUserSettings. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.GetUserSettingsRequest
+ */
+export type GetUserSettingsRequestJson = {
+  /**
+   * The user.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.GetUserSettingsRequest.
+ * Use `create(GetUserSettingsRequestSchema)` to create a new message.
+ */
+export const GetUserSettingsRequestSchema: GenMessage<GetUserSettingsRequest, {jsonType: GetUserSettingsRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 18);
+
+/**
+ * Response for OperatorService.GetUserSettings. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.GetUserSettingsResponse
+ */
+export type GetUserSettingsResponse = Message<"acurio.queue.v1.GetUserSettingsResponse"> & {
+  /**
+   * The user.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId: string;
+
+  /**
+   * Her first-pass jobs active at once, in force now.
+   *
+   * @generated from field: int32 max_active = 2;
+   */
+  maxActive: number;
+
+  /**
+   * Whether that is the service's default (QUEUE_MAX_ACTIVE_PER_USER) rather than her own limit.
+   *
+   * @generated from field: bool max_active_is_default = 3;
+   */
+  maxActiveIsDefault: boolean;
+
+  /**
+   * Whether her own releases are paused (SetReleasesPaused with her user id).
+   *
+   * @generated from field: bool releases_paused = 4;
+   */
+  releasesPaused: boolean;
+
+  /**
+   * Since when her own releases are paused; unset when they are not.
+   *
+   * @generated from field: google.protobuf.Timestamp releases_paused_since = 5;
+   */
+  releasesPausedSince?: Timestamp | undefined;
+
+  /**
+   * Who paused them (an actor, as on ledger entries); empty when not paused.
+   *
+   * @generated from field: string releases_paused_by = 6;
+   */
+  releasesPausedBy: string;
+
+  /**
+   * Why, in the words of who paused them; empty when not paused.
+   *
+   * @generated from field: string releases_paused_note = 7;
+   */
+  releasesPausedNote: string;
+
+  /**
+   * Whether the whole fleet's releases are paused (holding hers too).
+   *
+   * @generated from field: bool fleet_releases_paused = 8;
+   */
+  fleetReleasesPaused: boolean;
+};
+
+/**
+ * Response for OperatorService.GetUserSettings. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.GetUserSettingsResponse
+ */
+export type GetUserSettingsResponseJson = {
+  /**
+   * The user.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId?: string;
+
+  /**
+   * Her first-pass jobs active at once, in force now.
+   *
+   * @generated from field: int32 max_active = 2;
+   */
+  maxActive?: number;
+
+  /**
+   * Whether that is the service's default (QUEUE_MAX_ACTIVE_PER_USER) rather than her own limit.
+   *
+   * @generated from field: bool max_active_is_default = 3;
+   */
+  maxActiveIsDefault?: boolean;
+
+  /**
+   * Whether her own releases are paused (SetReleasesPaused with her user id).
+   *
+   * @generated from field: bool releases_paused = 4;
+   */
+  releasesPaused?: boolean;
+
+  /**
+   * Since when her own releases are paused; unset when they are not.
+   *
+   * @generated from field: google.protobuf.Timestamp releases_paused_since = 5;
+   */
+  releasesPausedSince?: TimestampJson;
+
+  /**
+   * Who paused them (an actor, as on ledger entries); empty when not paused.
+   *
+   * @generated from field: string releases_paused_by = 6;
+   */
+  releasesPausedBy?: string;
+
+  /**
+   * Why, in the words of who paused them; empty when not paused.
+   *
+   * @generated from field: string releases_paused_note = 7;
+   */
+  releasesPausedNote?: string;
+
+  /**
+   * Whether the whole fleet's releases are paused (holding hers too).
+   *
+   * @generated from field: bool fleet_releases_paused = 8;
+   */
+  fleetReleasesPaused?: boolean;
+};
+
+/**
+ * Describes the message acurio.queue.v1.GetUserSettingsResponse.
+ * Use `create(GetUserSettingsResponseSchema)` to create a new message.
+ */
+export const GetUserSettingsResponseSchema: GenMessage<GetUserSettingsResponse, {jsonType: GetUserSettingsResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 19);
+
+/**
  * Request for OperatorService.SetUserQueueLimit.
  *
  * @generated from message acurio.queue.v1.SetUserQueueLimitRequest
@@ -1337,7 +1719,7 @@ export type SetUserQueueLimitRequestJson = {
  * Use `create(SetUserQueueLimitRequestSchema)` to create a new message.
  */
 export const SetUserQueueLimitRequestSchema: GenMessage<SetUserQueueLimitRequest, {jsonType: SetUserQueueLimitRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 16);
+  messageDesc(file_acurio_queue_v1_operator_service, 20);
 
 /**
  * Response for OperatorService.SetUserQueueLimit.
@@ -1372,7 +1754,7 @@ export type SetUserQueueLimitResponseJson = {
  * Use `create(SetUserQueueLimitResponseSchema)` to create a new message.
  */
 export const SetUserQueueLimitResponseSchema: GenMessage<SetUserQueueLimitResponse, {jsonType: SetUserQueueLimitResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 17);
+  messageDesc(file_acurio_queue_v1_operator_service, 21);
 
 /**
  * Request for OperatorService.ListSettingChanges.
@@ -1421,7 +1803,7 @@ export type ListSettingChangesRequestJson = {
  * Use `create(ListSettingChangesRequestSchema)` to create a new message.
  */
 export const ListSettingChangesRequestSchema: GenMessage<ListSettingChangesRequest, {jsonType: ListSettingChangesRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 18);
+  messageDesc(file_acurio_queue_v1_operator_service, 22);
 
 /**
  * Response for OperatorService.ListSettingChanges.
@@ -1470,7 +1852,7 @@ export type ListSettingChangesResponseJson = {
  * Use `create(ListSettingChangesResponseSchema)` to create a new message.
  */
 export const ListSettingChangesResponseSchema: GenMessage<ListSettingChangesResponse, {jsonType: ListSettingChangesResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 19);
+  messageDesc(file_acurio_queue_v1_operator_service, 23);
 
 /**
  * One change of a fleet setting and who made it.
@@ -1486,14 +1868,15 @@ export type SettingChange = Message<"acurio.queue.v1.SettingChange"> & {
   changeId: bigint;
 
   /**
-   * `core_capacity` or `user_max_active`.
+   * `core_capacity`, `user_max_active` or `releases_paused` (1 paused, 0 resumed).
    *
    * @generated from field: string setting = 2;
    */
   setting: string;
 
   /**
-   * For `user_max_active`: whose limit; empty otherwise.
+   * For `user_max_active`: whose limit; for `releases_paused`: whose releases (empty: the
+   * fleet's); empty otherwise.
    *
    * @generated from field: string user_id = 3;
    */
@@ -1527,6 +1910,14 @@ export type SettingChange = Message<"acurio.queue.v1.SettingChange"> & {
    * @generated from field: google.protobuf.Timestamp create_time = 7;
    */
   createTime?: Timestamp | undefined;
+
+  /**
+   * Why, in the operator's words (a pause's note); empty otherwise. Added to the contract
+   * additively.
+   *
+   * @generated from field: string note = 8;
+   */
+  note: string;
 };
 
 /**
@@ -1543,14 +1934,15 @@ export type SettingChangeJson = {
   changeId?: string;
 
   /**
-   * `core_capacity` or `user_max_active`.
+   * `core_capacity`, `user_max_active` or `releases_paused` (1 paused, 0 resumed).
    *
    * @generated from field: string setting = 2;
    */
   setting?: string;
 
   /**
-   * For `user_max_active`: whose limit; empty otherwise.
+   * For `user_max_active`: whose limit; for `releases_paused`: whose releases (empty: the
+   * fleet's); empty otherwise.
    *
    * @generated from field: string user_id = 3;
    */
@@ -1584,6 +1976,14 @@ export type SettingChangeJson = {
    * @generated from field: google.protobuf.Timestamp create_time = 7;
    */
   createTime?: TimestampJson;
+
+  /**
+   * Why, in the operator's words (a pause's note); empty otherwise. Added to the contract
+   * additively.
+   *
+   * @generated from field: string note = 8;
+   */
+  note?: string;
 };
 
 /**
@@ -1591,7 +1991,7 @@ export type SettingChangeJson = {
  * Use `create(SettingChangeSchema)` to create a new message.
  */
 export const SettingChangeSchema: GenMessage<SettingChange, {jsonType: SettingChangeJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 20);
+  messageDesc(file_acurio_queue_v1_operator_service, 24);
 
 /**
  * Request for OperatorService.RetryJob.
@@ -1660,7 +2060,7 @@ export type RetryJobRequestJson = {
  * Use `create(RetryJobRequestSchema)` to create a new message.
  */
 export const RetryJobRequestSchema: GenMessage<RetryJobRequest, {jsonType: RetryJobRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 21);
+  messageDesc(file_acurio_queue_v1_operator_service, 25);
 
 /**
  * Response for OperatorService.RetryJob.
@@ -1711,7 +2111,7 @@ export type RetryJobResponseJson = {
  * Use `create(RetryJobResponseSchema)` to create a new message.
  */
 export const RetryJobResponseSchema: GenMessage<RetryJobResponse, {jsonType: RetryJobResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 22);
+  messageDesc(file_acurio_queue_v1_operator_service, 26);
 
 /**
  * Request for OperatorService.RetryJobs. Exactly one of `job_ids` and `filter`.
@@ -1792,7 +2192,7 @@ export type RetryJobsRequestJson = {
  * Use `create(RetryJobsRequestSchema)` to create a new message.
  */
 export const RetryJobsRequestSchema: GenMessage<RetryJobsRequest, {jsonType: RetryJobsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 23);
+  messageDesc(file_acurio_queue_v1_operator_service, 27);
 
 /**
  * Response for OperatorService.RetryJobs.
@@ -1903,7 +2303,7 @@ export type RetryJobsResponseJson = {
  * Use `create(RetryJobsResponseSchema)` to create a new message.
  */
 export const RetryJobsResponseSchema: GenMessage<RetryJobsResponse, {jsonType: RetryJobsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 24);
+  messageDesc(file_acurio_queue_v1_operator_service, 28);
 
 /**
  * One job a bulk retry did not retry.
@@ -1966,7 +2366,7 @@ export type RetryFailureJson = {
  * Use `create(RetryFailureSchema)` to create a new message.
  */
 export const RetryFailureSchema: GenMessage<RetryFailure, {jsonType: RetryFailureJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 25);
+  messageDesc(file_acurio_queue_v1_operator_service, 29);
 
 /**
  * Request for OperatorService.ListUsersWithWork.
@@ -2001,7 +2401,7 @@ export type ListUsersWithWorkRequestJson = {
  * Use `create(ListUsersWithWorkRequestSchema)` to create a new message.
  */
 export const ListUsersWithWorkRequestSchema: GenMessage<ListUsersWithWorkRequest, {jsonType: ListUsersWithWorkRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 26);
+  messageDesc(file_acurio_queue_v1_operator_service, 30);
 
 /**
  * Response for OperatorService.ListUsersWithWork.
@@ -2050,7 +2450,7 @@ export type ListUsersWithWorkResponseJson = {
  * Use `create(ListUsersWithWorkResponseSchema)` to create a new message.
  */
 export const ListUsersWithWorkResponseSchema: GenMessage<ListUsersWithWorkResponse, {jsonType: ListUsersWithWorkResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 27);
+  messageDesc(file_acurio_queue_v1_operator_service, 31);
 
 /**
  * One user's work in the queue now.
@@ -2155,7 +2555,7 @@ export type UserWorkJson = {
  * Use `create(UserWorkSchema)` to create a new message.
  */
 export const UserWorkSchema: GenMessage<UserWork, {jsonType: UserWorkJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 28);
+  messageDesc(file_acurio_queue_v1_operator_service, 32);
 
 /**
  * Request for OperatorService.GetQueueHistory.
@@ -2190,7 +2590,7 @@ export type GetQueueHistoryRequestJson = {
  * Use `create(GetQueueHistoryRequestSchema)` to create a new message.
  */
 export const GetQueueHistoryRequestSchema: GenMessage<GetQueueHistoryRequest, {jsonType: GetQueueHistoryRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 29);
+  messageDesc(file_acurio_queue_v1_operator_service, 33);
 
 /**
  * Response for OperatorService.GetQueueHistory.
@@ -2253,7 +2653,7 @@ export type GetQueueHistoryResponseJson = {
  * Use `create(GetQueueHistoryResponseSchema)` to create a new message.
  */
 export const GetQueueHistoryResponseSchema: GenMessage<GetQueueHistoryResponse, {jsonType: GetQueueHistoryResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 30);
+  messageDesc(file_acurio_queue_v1_operator_service, 34);
 
 /**
  * The queue in one minute.
@@ -2346,7 +2746,7 @@ export type QueueMinuteJson = {
  * Use `create(QueueMinuteSchema)` to create a new message.
  */
 export const QueueMinuteSchema: GenMessage<QueueMinute, {jsonType: QueueMinuteJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 31);
+  messageDesc(file_acurio_queue_v1_operator_service, 35);
 
 /**
  * Request for OperatorService.ListReplicas.
@@ -2369,7 +2769,7 @@ export type ListReplicasRequestJson = {
  * Use `create(ListReplicasRequestSchema)` to create a new message.
  */
 export const ListReplicasRequestSchema: GenMessage<ListReplicasRequest, {jsonType: ListReplicasRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 32);
+  messageDesc(file_acurio_queue_v1_operator_service, 36);
 
 /**
  * Response for OperatorService.ListReplicas.
@@ -2418,7 +2818,7 @@ export type ListReplicasResponseJson = {
  * Use `create(ListReplicasResponseSchema)` to create a new message.
  */
 export const ListReplicasResponseSchema: GenMessage<ListReplicasResponse, {jsonType: ListReplicasResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 33);
+  messageDesc(file_acurio_queue_v1_operator_service, 37);
 
 /**
  * What one replica reported about itself in its latest heartbeat.
@@ -2565,7 +2965,7 @@ export type ReplicaJson = {
  * Use `create(ReplicaSchema)` to create a new message.
  */
 export const ReplicaSchema: GenMessage<Replica, {jsonType: ReplicaJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 34);
+  messageDesc(file_acurio_queue_v1_operator_service, 38);
 
 /**
  * Calls a replica made to the core since it started, by outcome.
@@ -2642,7 +3042,7 @@ export type CoreCallsJson = {
  * Use `create(CoreCallsSchema)` to create a new message.
  */
 export const CoreCallsSchema: GenMessage<CoreCalls, {jsonType: CoreCallsJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 35);
+  messageDesc(file_acurio_queue_v1_operator_service, 39);
 
 /**
  * How a ledger entry moves credits.
@@ -2777,11 +3177,15 @@ export const OperatorService: GenService<{
   },
   /**
    * Sets the fleet's capacity at the core: the most first-pass runs being released or judging at
-   * once across every replica (0: unlimited). Stored in the database, so every replica applies it
-   * at its next grant; what the core taught the fleet by refusing releases is forgotten. Runs
-   * already released are not stopped: a lower capacity is reached as they end. Recorded with its
-   * actor (ListSettingChanges). Added to the contract additively.
-   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 0-1000000.
+   * once across every replica, or, with `unlimited`, no limit. Stored in the database, so every
+   * replica applies it at its next grant; what the core taught the fleet by refusing releases is
+   * forgotten. Runs already released are not stopped: a lower capacity is reached as they end.
+   * Recorded with its actor (ListSettingChanges). Added to the contract additively.
+   * Changed: a capacity of 0 once meant unlimited; it is now refused unless `unlimited` is set, so
+   * that nobody reaching for a stop removes the limit instead (to stop releases:
+   * SetReleasesPaused). This tightens the service's own addition, not the original contract.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 1-1000000 without
+   * `unlimited`, or a capacity other than 0 with it.
    *
    * @generated from rpc acurio.queue.v1.OperatorService.SetCoreCapacity
    */
@@ -2789,6 +3193,37 @@ export const OperatorService: GenService<{
     methodKind: "unary";
     input: typeof SetCoreCapacityRequestSchema;
     output: typeof SetCoreCapacityResponseSchema;
+  },
+  /**
+   * Pauses or resumes the releases of the fleet (`user_id` empty) or of one user: while paused, no
+   * held run is released to the core (first-pass jobs and delta re-checks wait, as for capacity);
+   * admits are still accepted, charged and queued or made PENDING as usual; runs already at the
+   * core go on, as do releases already on their way when the pause commits. On a resume the held
+   * runs are granted at once, in the fair order, within the capacity. Stored in the database, so
+   * every replica obeys it. A change is recorded with its actor and note (ListSettingChanges,
+   * setting `releases_paused`); a call that changes nothing (pausing what is paused) records
+   * nothing. Added to the contract additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id or a note over 512 characters.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.SetReleasesPaused
+   */
+  setReleasesPaused: {
+    methodKind: "unary";
+    input: typeof SetReleasesPausedRequestSchema;
+    output: typeof SetReleasesPausedResponseSchema;
+  },
+  /**
+   * One user's settings in force: her first-pass limit (her own or the service's default) and
+   * whether her releases are paused (her own pause, the fleet's). Added to the contract
+   * additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.GetUserSettings
+   */
+  getUserSettings: {
+    methodKind: "unary";
+    input: typeof GetUserSettingsRequestSchema;
+    output: typeof GetUserSettingsResponseSchema;
   },
   /**
    * Sets how many first-pass jobs of one user may be active at once (0: back to the service's
