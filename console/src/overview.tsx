@@ -1,6 +1,7 @@
 import { useEffect, useState } from "preact/hooks";
 
 import { date, operator } from "./api.js";
+import { CoreHealthPanel } from "./core-health.js";
 import { duration } from "./format.js";
 import { useNow } from "./hooks.js";
 import { useLiveStream } from "./stream.js";
@@ -163,6 +164,7 @@ export function OverviewPage({ live }: { live: boolean }) {
     <section class="page" data-testid="overview">
       <h1>Overview</h1>
       {problem && <p class="problem">{problem}</p>}
+      <CoreHealthPanel health={overview.coreHealth} now={now} />
       <div class="figures">
         <Figure label="Queued" href={jobs("status=queued")} value={String(overview.queued)} hint={`${overview.usersWaiting} ${overview.usersWaiting === 1n ? "user" : "users"} waiting`} />
         <Figure label="Pending" href={jobs("status=pending")} value={String(overview.pending)} hint="being released" />

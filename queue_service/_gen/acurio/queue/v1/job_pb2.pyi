@@ -209,7 +209,8 @@ class Job(_message.Message):
         for it. Unset when there is no history to estimate from, and while the core is unreachable
         (the answering replica's latest call to the core, its probe included, got no answer;
         Overview.core_health): no start can be promised then. It comes back with the core's next
-        answer. Added to the contract additively.
+        answer. WatchJobs sends a job when it changes, so a message sent before the core became
+        unreachable keeps its estimate. Added to the contract additively.
         """
 
     @_builtins.property

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/operator_service.proto.
  */
 export const file_acurio_queue_v1_operator_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyLWBAoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2NhcGFjaXR5X2luX3VzZRgOIAEoAxIWCg5jYXBhY2l0eV9saW1pdBgPIAEoAxIdChVjYXBhY2l0eV93YWl0aW5nX2pvYnMYECABKAMSHgoWY2FwYWNpdHlfd2FpdGluZ191c2VycxgRIAEoAxI9ChlvbGRlc3RfY2FwYWNpdHlfd2FpdF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjb3JlX2xpbWl0GBMgASgDEhUKDWNvcmVfcmVmdXNhbHMYFCABKAMiZgoRU2VhcmNoSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJRChJTZWFyY2hKb2JzUmVzcG9uc2USIgoEam9icxgBIAMoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkMKFFdhdGNoT3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFEhMKC2ludGVydmFsX21zGAIgASgFIkQKFVdhdGNoT3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJiChFDYW5jZWxKb2JzUmVxdWVzdBIqCgZmaWx0ZXIYASABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEg8KB2RyeV9ydW4YAiABKAgSEAoIbWF4X2pvYnMYAyABKAUihAEKEkNhbmNlbEpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEhAKCGNhbmNlbGVkGAMgASgFEjAKCGZhaWx1cmVzGAQgAygLMh4uYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEZhaWx1cmUiQAoNQ2FuY2VsRmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiYgoYTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSDgoGam9iX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJImMKGUxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USLQoHZW50cmllcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5MZWRnZXJFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki9wEKC0xlZGdlckVudHJ5EhAKCGVudHJ5X2lkGAEgASgDEi8KC2NyZWF0ZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgd1c2VyX2lkGAMgASgJEi4KBGtpbmQYBCABKA4yIC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnlLaW5kEg4KBmFtb3VudBgFIAEoAxIOCgZqb2JfaWQYBiABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEg0KBWFjdG9yGAggASgJEg4KBnJlYXNvbhgJIAEoCRIMCgRub3RlGAogASgJIioKFlNldENvcmVDYXBhY2l0eVJlcXVlc3QSEAoIY2FwYWNpdHkYASABKAUidgoXU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USLgoGY2hhbmdlGAEgASgLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2USKwoIb3ZlcnZpZXcYAiABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciPwoYU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSEgoKbWF4X2FjdGl2ZRgCIAEoBSJLChlTZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlIkIKGUxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiZgoaTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USLwoHY2hhbmdlcxgBIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKqAQoNU2V0dGluZ0NoYW5nZRIRCgljaGFuZ2VfaWQYASABKAMSDwoHc2V0dGluZxgCIAEoCRIPCgd1c2VyX2lkGAMgASgJEhEKCW9sZF92YWx1ZRgEIAEoBRIRCgluZXdfdmFsdWUYBSABKAUSDQoFYWN0b3IYBiABKAkSLwoLY3JlYXRlX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjQKD1JldHJ5Sm9iUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEQoJcmV0cnlfa2V5GAIgASgJIksKEFJldHJ5Sm9iUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIUCgxhZG1pdHRlZF9ub3cYAiABKAgiLQoYTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBSJaChlMaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEigKBXVzZXJzGAEgAygLMhkuYWN1cmlvLnF1ZXVlLnYxLlVzZXJXb3JrEhMKC3VzZXJzX3RvdGFsGAIgASgDIsQBCghVc2VyV29yaxIPCgd1c2VyX2lkGAEgASgJEg4KBnF1ZXVlZBgCIAEoAxIPCgdwZW5kaW5nGAMgASgDEg8KB3J1bm5pbmcYBCABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSb2xkZXN0X2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIwChZHZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIo8BChdHZXRRdWV1ZUhpc3RvcnlSZXNwb25zZRItCgdtaW51dGVzGAEgAygLMhwuYWN1cmlvLnF1ZXVlLnYxLlF1ZXVlTWludXRlEhYKDndpbmRvd19taW51dGVzGAIgASgFEi0KCXJlYWRfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiegoLUXVldWVNaW51dGUSKgoGbWludXRlGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZxdWV1ZWQYAiABKAMSDgoGYWN0aXZlGAMgASgDEhAKCGFkbWl0dGVkGAQgASgDEg0KBWVuZGVkGAUgASgDIhUKE0xpc3RSZXBsaWNhc1JlcXVlc3QicQoUTGlzdFJlcGxpY2FzUmVzcG9uc2USKgoIcmVwbGljYXMYASADKAsyGC5hY3VyaW8ucXVldWUudjEuUmVwbGljYRItCglyZWFkX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpsCCgdSZXBsaWNhEhIKCnJlcGxpY2FfaWQYASABKAkSDAoEaG9zdBgCIAEoCRIuCgpzdGFydF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5oZWFydGJlYXRfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIZHJhaW5pbmcYBSABKAgSFwoPY2FsbHNfaW5fZmxpZ2h0GAYgASgFEhUKDXdhdGNoX3N0cmVhbXMYByABKAUSGAoQb3ZlcnZpZXdfc3RyZWFtcxgIIAEoBRIuCgpjb3JlX2NhbGxzGAkgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkNvcmVDYWxscyJ2CglDb3JlQ2FsbHMSEAoIYW5zd2VyZWQYASABKAMSDwoHcmVmdXNlZBgCIAEoAxIPCgd1bmtub3duGAMgASgDEjUKEWxhc3RfdW5rbm93bl90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCqNAQoPTGVkZ2VyRW50cnlLaW5kEiEKHUxFREdFUl9FTlRSWV9LSU5EX1VOU1BFQ0lGSUVEEAASGwoXTEVER0VSX0VOVFJZX0tJTkRfR1JBTlQQARIcChhMRURHRVJfRU5UUllfS0lORF9DSEFSR0UQAhIcChhMRURHRVJfRU5UUllfS0lORF9SRUZVTkQQAzKoCQoPT3BlcmF0b3JTZXJ2aWNlElgKC0dldE92ZXJ2aWV3EiMuYWN1cmlvLnF1ZXVlLnYxLkdldE92ZXJ2aWV3UmVxdWVzdBokLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1Jlc3BvbnNlElUKClNlYXJjaEpvYnMSIi5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1Jlc3BvbnNlEmAKDVdhdGNoT3ZlcnZpZXcSJS5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1JlcXVlc3QaJi5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1Jlc3BvbnNlMAESVQoKQ2FuY2VsSm9icxIiLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVxdWVzdBojLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVzcG9uc2USagoRTGlzdExlZGdlckVudHJpZXMSKS5hY3VyaW8ucXVldWUudjEuTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USZAoPU2V0Q29yZUNhcGFjaXR5EicuYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlcXVlc3QaKC5hY3VyaW8ucXVldWUudjEuU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USagoRU2V0VXNlclF1ZXVlTGltaXQSKS5hY3VyaW8ucXVldWUudjEuU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVzcG9uc2USbQoSTGlzdFNldHRpbmdDaGFuZ2VzEiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QaKy5hY3VyaW8ucXVldWUudjEuTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USTwoIUmV0cnlKb2ISIC5hY3VyaW8ucXVldWUudjEuUmV0cnlKb2JSZXF1ZXN0GiEuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9iUmVzcG9uc2USagoRTGlzdFVzZXJzV2l0aFdvcmsSKS5hY3VyaW8ucXVldWUudjEuTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RVc2Vyc1dpdGhXb3JrUmVzcG9uc2USZAoPR2V0UXVldWVIaXN0b3J5EicuYWN1cmlvLnF1ZXVlLnYxLkdldFF1ZXVlSGlzdG9yeVJlcXVlc3QaKC5hY3VyaW8ucXVldWUudjEuR2V0UXVldWVIaXN0b3J5UmVzcG9uc2USWwoMTGlzdFJlcGxpY2FzEiQuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZXBsaWNhc1JlcXVlc3QaJS5hY3VyaW8ucXVldWUudjEuTGlzdFJlcGxpY2FzUmVzcG9uc2ViBnByb3RvMw", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
+  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyKIBQoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2NhcGFjaXR5X2luX3VzZRgOIAEoAxIWCg5jYXBhY2l0eV9saW1pdBgPIAEoAxIdChVjYXBhY2l0eV93YWl0aW5nX2pvYnMYECABKAMSHgoWY2FwYWNpdHlfd2FpdGluZ191c2VycxgRIAEoAxI9ChlvbGRlc3RfY2FwYWNpdHlfd2FpdF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjb3JlX2xpbWl0GBMgASgDEhUKDWNvcmVfcmVmdXNhbHMYFCABKAMSMAoLY29yZV9oZWFsdGgYFSABKAsyGy5hY3VyaW8ucXVldWUudjEuQ29yZUhlYWx0aCKRAwoKQ29yZUhlYWx0aBIpCgVzdGF0ZRgBIAEoDjIaLmFjdXJpby5xdWV1ZS52MS5Db3JlU3RhdGUSNQoRbGFzdF9zdWNjZXNzX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEWxhc3RfZmFpbHVyZV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIbChNsYXN0X2ZhaWx1cmVfcmVhc29uGAQgASgJEhYKDndpbmRvd19taW51dGVzGAUgASgFEhAKCGFuc3dlcmVkGAYgASgDEg8KB3JlZnVzZWQYByABKAMSDwoHdW5rbm93bhgIIAEoAxIaChJhZG1pdHNfdW5hdmFpbGFibGUYCSABKAMSFgoObGF0ZW5jeV9wNTBfbXMYCiABKAESFgoObGF0ZW5jeV9wOTlfbXMYCyABKAESGgoScmVwbGljYXNfcmVwb3J0aW5nGAwgASgFEhkKEXJlcGxpY2FzX3JlYWNoaW5nGA0gASgFImYKEVNlYXJjaEpvYnNSZXF1ZXN0EioKBmZpbHRlchgBIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Kb2JGaWx0ZXISEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiUQoSU2VhcmNoSm9ic1Jlc3BvbnNlEiIKBGpvYnMYASADKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJDChRXYXRjaE92ZXJ2aWV3UmVxdWVzdBIWCg53aW5kb3dfbWludXRlcxgBIAEoBRITCgtpbnRlcnZhbF9tcxgCIAEoBSJEChVXYXRjaE92ZXJ2aWV3UmVzcG9uc2USKwoIb3ZlcnZpZXcYASABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciYgoRQ2FuY2VsSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIPCgdkcnlfcnVuGAIgASgIEhAKCG1heF9qb2JzGAMgASgFIoQBChJDYW5jZWxKb2JzUmVzcG9uc2USDwoHbWF0Y2hlZBgBIAEoBRIZChFtb3JlX3RoYW5fY291bnRlZBgCIAEoCBIQCghjYW5jZWxlZBgDIAEoBRIwCghmYWlsdXJlcxgEIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxGYWlsdXJlIkAKDUNhbmNlbEZhaWx1cmUSDgoGam9iX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIPCgdtZXNzYWdlGAMgASgJImIKGExpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSJjChlMaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEi0KB2VudHJpZXMYASADKAsyHC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIvcBCgtMZWRnZXJFbnRyeRIQCghlbnRyeV9pZBgBIAEoAxIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHdXNlcl9pZBgDIAEoCRIuCgRraW5kGAQgASgOMiAuYWN1cmlvLnF1ZXVlLnYxLkxlZGdlckVudHJ5S2luZBIOCgZhbW91bnQYBSABKAMSDgoGam9iX2lkGAYgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgHIAEoCRINCgVhY3RvchgIIAEoCRIOCgZyZWFzb24YCSABKAkSDAoEbm90ZRgKIAEoCSIqChZTZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0EhAKCGNhcGFjaXR5GAEgASgFInYKF1NldENvcmVDYXBhY2l0eVJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEisKCG92ZXJ2aWV3GAIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLk92ZXJ2aWV3Ij8KGFNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEhIKCm1heF9hY3RpdmUYAiABKAUiSwoZU2V0VXNlclF1ZXVlTGltaXRSZXNwb25zZRIuCgZjaGFuZ2UYASABKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZSJCChlMaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJImYKGkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEi8KB2NoYW5nZXMYASADKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiqgEKDVNldHRpbmdDaGFuZ2USEQoJY2hhbmdlX2lkGAEgASgDEg8KB3NldHRpbmcYAiABKAkSDwoHdXNlcl9pZBgDIAEoCRIRCglvbGRfdmFsdWUYBCABKAUSEQoJbmV3X3ZhbHVlGAUgASgFEg0KBWFjdG9yGAYgASgJEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI0Cg9SZXRyeUpvYlJlcXVlc3QSDgoGam9iX2lkGAEgASgJEhEKCXJldHJ5X2tleRgCIAEoCSJLChBSZXRyeUpvYlJlc3BvbnNlEiEKA2pvYhgBIAEoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFAoMYWRtaXR0ZWRfbm93GAIgASgIIi0KGExpc3RVc2Vyc1dpdGhXb3JrUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUiWgoZTGlzdFVzZXJzV2l0aFdvcmtSZXNwb25zZRIoCgV1c2VycxgBIAMoCzIZLmFjdXJpby5xdWV1ZS52MS5Vc2VyV29yaxITCgt1c2Vyc190b3RhbBgCIAEoAyLEAQoIVXNlcldvcmsSDwoHdXNlcl9pZBgBIAEoCRIOCgZxdWV1ZWQYAiABKAMSDwoHcGVuZGluZxgDIAEoAxIPCgdydW5uaW5nGAQgASgDEj0KGW9sZGVzdF9xdWV1ZWRfY3JlYXRlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjYKEm9sZGVzdF9jcmVhdGVfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiMAoWR2V0UXVldWVIaXN0b3J5UmVxdWVzdBIWCg53aW5kb3dfbWludXRlcxgBIAEoBSKPAQoXR2V0UXVldWVIaXN0b3J5UmVzcG9uc2USLQoHbWludXRlcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5RdWV1ZU1pbnV0ZRIWCg53aW5kb3dfbWludXRlcxgCIAEoBRItCglyZWFkX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wInoKC1F1ZXVlTWludXRlEioKBm1pbnV0ZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGcXVldWVkGAIgASgDEg4KBmFjdGl2ZRgDIAEoAxIQCghhZG1pdHRlZBgEIAEoAxINCgVlbmRlZBgFIAEoAyIVChNMaXN0UmVwbGljYXNSZXF1ZXN0InEKFExpc3RSZXBsaWNhc1Jlc3BvbnNlEioKCHJlcGxpY2FzGAEgAygLMhguYWN1cmlvLnF1ZXVlLnYxLlJlcGxpY2ESLQoJcmVhZF90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLNAgoHUmVwbGljYRISCgpyZXBsaWNhX2lkGAEgASgJEgwKBGhvc3QYAiABKAkSLgoKc3RhcnRfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOaGVhcnRiZWF0X3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGRyYWluaW5nGAUgASgIEhcKD2NhbGxzX2luX2ZsaWdodBgGIAEoBRIVCg13YXRjaF9zdHJlYW1zGAcgASgFEhgKEG92ZXJ2aWV3X3N0cmVhbXMYCCABKAUSLgoKY29yZV9jYWxscxgJIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Db3JlQ2FsbHMSMAoLY29yZV9oZWFsdGgYCiABKAsyGy5hY3VyaW8ucXVldWUudjEuQ29yZUhlYWx0aCJ2CglDb3JlQ2FsbHMSEAoIYW5zd2VyZWQYASABKAMSDwoHcmVmdXNlZBgCIAEoAxIPCgd1bmtub3duGAMgASgDEjUKEWxhc3RfdW5rbm93bl90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCqlAQoJQ29yZVN0YXRlEhoKFkNPUkVfU1RBVEVfVU5TUEVDSUZJRUQQABIWChJDT1JFX1NUQVRFX1VOS05PV04QARIWChJDT1JFX1NUQVRFX0hFQUxUSFkQAhIXChNDT1JFX1NUQVRFX0RFR1JBREVEEAMSGgoWQ09SRV9TVEFURV9VTlJFQUNIQUJMRRAEEhcKE0NPUkVfU1RBVEVfUkVGVVNJTkcQBSqNAQoPTGVkZ2VyRW50cnlLaW5kEiEKHUxFREdFUl9FTlRSWV9LSU5EX1VOU1BFQ0lGSUVEEAASGwoXTEVER0VSX0VOVFJZX0tJTkRfR1JBTlQQARIcChhMRURHRVJfRU5UUllfS0lORF9DSEFSR0UQAhIcChhMRURHRVJfRU5UUllfS0lORF9SRUZVTkQQAzKoCQoPT3BlcmF0b3JTZXJ2aWNlElgKC0dldE92ZXJ2aWV3EiMuYWN1cmlvLnF1ZXVlLnYxLkdldE92ZXJ2aWV3UmVxdWVzdBokLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1Jlc3BvbnNlElUKClNlYXJjaEpvYnMSIi5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuU2VhcmNoSm9ic1Jlc3BvbnNlEmAKDVdhdGNoT3ZlcnZpZXcSJS5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1JlcXVlc3QaJi5hY3VyaW8ucXVldWUudjEuV2F0Y2hPdmVydmlld1Jlc3BvbnNlMAESVQoKQ2FuY2VsSm9icxIiLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVxdWVzdBojLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxKb2JzUmVzcG9uc2USagoRTGlzdExlZGdlckVudHJpZXMSKS5hY3VyaW8ucXVldWUudjEuTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USZAoPU2V0Q29yZUNhcGFjaXR5EicuYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlcXVlc3QaKC5hY3VyaW8ucXVldWUudjEuU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USagoRU2V0VXNlclF1ZXVlTGltaXQSKS5hY3VyaW8ucXVldWUudjEuU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVzcG9uc2USbQoSTGlzdFNldHRpbmdDaGFuZ2VzEiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QaKy5hY3VyaW8ucXVldWUudjEuTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USTwoIUmV0cnlKb2ISIC5hY3VyaW8ucXVldWUudjEuUmV0cnlKb2JSZXF1ZXN0GiEuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9iUmVzcG9uc2USagoRTGlzdFVzZXJzV2l0aFdvcmsSKS5hY3VyaW8ucXVldWUudjEuTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0GiouYWN1cmlvLnF1ZXVlLnYxLkxpc3RVc2Vyc1dpdGhXb3JrUmVzcG9uc2USZAoPR2V0UXVldWVIaXN0b3J5EicuYWN1cmlvLnF1ZXVlLnYxLkdldFF1ZXVlSGlzdG9yeVJlcXVlc3QaKC5hY3VyaW8ucXVldWUudjEuR2V0UXVldWVIaXN0b3J5UmVzcG9uc2USWwoMTGlzdFJlcGxpY2FzEiQuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZXBsaWNhc1JlcXVlc3QaJS5hY3VyaW8ucXVldWUudjEuTGlzdFJlcGxpY2FzUmVzcG9uc2ViBnByb3RvMw", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
 
 /**
  * Which jobs a search or a bulk cancel is about. Every set field narrows the match.
@@ -327,6 +327,17 @@ export type Overview = Message<"acurio.queue.v1.Overview"> & {
    * @generated from field: int64 core_refusals = 20;
    */
   coreRefusals: bigint;
+
+  /**
+   * The core's health as the replicas read it: their last answer, failures and latency over the
+   * last minutes, and the state (red when no replica reaches the core or it refuses service).
+   * With the core stopped, the state turns UNREACHABLE within 15 seconds (three heartbeats of 5
+   * seconds: each replica probes the core when nothing answered since its previous heartbeat),
+   * plus the watch's interval for WatchOverview. Added to the contract additively.
+   *
+   * @generated from field: acurio.queue.v1.CoreHealth core_health = 21;
+   */
+  coreHealth?: CoreHealth | undefined;
 };
 
 /**
@@ -479,6 +490,17 @@ export type OverviewJson = {
    * @generated from field: int64 core_refusals = 20;
    */
   coreRefusals?: string;
+
+  /**
+   * The core's health as the replicas read it: their last answer, failures and latency over the
+   * last minutes, and the state (red when no replica reaches the core or it refuses service).
+   * With the core stopped, the state turns UNREACHABLE within 15 seconds (three heartbeats of 5
+   * seconds: each replica probes the core when nothing answered since its previous heartbeat),
+   * plus the watch's interval for WatchOverview. Added to the contract additively.
+   *
+   * @generated from field: acurio.queue.v1.CoreHealth core_health = 21;
+   */
+  coreHealth?: CoreHealthJson;
 };
 
 /**
@@ -487,6 +509,219 @@ export type OverviewJson = {
  */
 export const OverviewSchema: GenMessage<Overview, {jsonType: OverviewJson}> = /*@__PURE__*/
   messageDesc(file_acurio_queue_v1_operator_service, 3);
+
+/**
+ * The core's recent health: fleet-wide on the Overview (from the replicas' reports of the last
+ * 15 seconds), or as one replica reads it (Replica.core_health). Calls include each replica's
+ * probe: a GetRun of a run that does not exist, made when nothing answered since its previous
+ * heartbeat (every 5 seconds). Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.CoreHealth
+ */
+export type CoreHealth = Message<"acurio.queue.v1.CoreHealth"> & {
+  /**
+   * The state; see CoreState.
+   *
+   * @generated from field: acurio.queue.v1.CoreState state = 1;
+   */
+  state: CoreState;
+
+  /**
+   * The latest call the core answered (a refusal of the request is an answer); unset when none.
+   *
+   * @generated from field: google.protobuf.Timestamp last_success_time = 2;
+   */
+  lastSuccessTime?: Timestamp | undefined;
+
+  /**
+   * The latest call that got no answer, or that the core refused service; unset when none.
+   *
+   * @generated from field: google.protobuf.Timestamp last_failure_time = 3;
+   */
+  lastFailureTime?: Timestamp | undefined;
+
+  /**
+   * Why that call failed: the gRPC code (UNAVAILABLE, DEADLINE_EXCEEDED) or the reason
+   * (PROVIDER_BUDGET_EXHAUSTED).
+   *
+   * @generated from field: string last_failure_reason = 4;
+   */
+  lastFailureReason: string;
+
+  /**
+   * The window the counts and latencies cover, in minutes (the current, partial minute included).
+   *
+   * @generated from field: int32 window_minutes = 5;
+   */
+  windowMinutes: number;
+
+  /**
+   * Calls the core answered within the window.
+   *
+   * @generated from field: int64 answered = 6;
+   */
+  answered: bigint;
+
+  /**
+   * Calls the core refused within the window (a rejected admit, no capacity, no budget).
+   *
+   * @generated from field: int64 refused = 7;
+   */
+  refused: bigint;
+
+  /**
+   * Calls that got no answer within the window (maybe applied).
+   *
+   * @generated from field: int64 unknown = 8;
+   */
+  unknown: bigint;
+
+  /**
+   * Admits answered CORE_UNAVAILABLE within the window.
+   *
+   * @generated from field: int64 admits_unavailable = 9;
+   */
+  admitsUnavailable: bigint;
+
+  /**
+   * The median latency of the core's answers within the window, in milliseconds (an upper
+   * bound: 1, 2, 5, 10, 20, 50 ... 5000 ms buckets); 0 without an answer.
+   *
+   * @generated from field: double latency_p50_ms = 10;
+   */
+  latencyP50Ms: number;
+
+  /**
+   * The 99th percentile of the same; 0 without an answer.
+   *
+   * @generated from field: double latency_p99_ms = 11;
+   */
+  latencyP99Ms: number;
+
+  /**
+   * Replicas whose report counts (on the Overview: heartbeats of the last 15 seconds).
+   *
+   * @generated from field: int32 replicas_reporting = 12;
+   */
+  replicasReporting: number;
+
+  /**
+   * Of those, the replicas that reach the core (their state is not UNREACHABLE).
+   *
+   * @generated from field: int32 replicas_reaching = 13;
+   */
+  replicasReaching: number;
+};
+
+/**
+ * The core's recent health: fleet-wide on the Overview (from the replicas' reports of the last
+ * 15 seconds), or as one replica reads it (Replica.core_health). Calls include each replica's
+ * probe: a GetRun of a run that does not exist, made when nothing answered since its previous
+ * heartbeat (every 5 seconds). Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.CoreHealth
+ */
+export type CoreHealthJson = {
+  /**
+   * The state; see CoreState.
+   *
+   * @generated from field: acurio.queue.v1.CoreState state = 1;
+   */
+  state?: CoreStateJson;
+
+  /**
+   * The latest call the core answered (a refusal of the request is an answer); unset when none.
+   *
+   * @generated from field: google.protobuf.Timestamp last_success_time = 2;
+   */
+  lastSuccessTime?: TimestampJson;
+
+  /**
+   * The latest call that got no answer, or that the core refused service; unset when none.
+   *
+   * @generated from field: google.protobuf.Timestamp last_failure_time = 3;
+   */
+  lastFailureTime?: TimestampJson;
+
+  /**
+   * Why that call failed: the gRPC code (UNAVAILABLE, DEADLINE_EXCEEDED) or the reason
+   * (PROVIDER_BUDGET_EXHAUSTED).
+   *
+   * @generated from field: string last_failure_reason = 4;
+   */
+  lastFailureReason?: string;
+
+  /**
+   * The window the counts and latencies cover, in minutes (the current, partial minute included).
+   *
+   * @generated from field: int32 window_minutes = 5;
+   */
+  windowMinutes?: number;
+
+  /**
+   * Calls the core answered within the window.
+   *
+   * @generated from field: int64 answered = 6;
+   */
+  answered?: string;
+
+  /**
+   * Calls the core refused within the window (a rejected admit, no capacity, no budget).
+   *
+   * @generated from field: int64 refused = 7;
+   */
+  refused?: string;
+
+  /**
+   * Calls that got no answer within the window (maybe applied).
+   *
+   * @generated from field: int64 unknown = 8;
+   */
+  unknown?: string;
+
+  /**
+   * Admits answered CORE_UNAVAILABLE within the window.
+   *
+   * @generated from field: int64 admits_unavailable = 9;
+   */
+  admitsUnavailable?: string;
+
+  /**
+   * The median latency of the core's answers within the window, in milliseconds (an upper
+   * bound: 1, 2, 5, 10, 20, 50 ... 5000 ms buckets); 0 without an answer.
+   *
+   * @generated from field: double latency_p50_ms = 10;
+   */
+  latencyP50Ms?: number | "NaN" | "Infinity" | "-Infinity";
+
+  /**
+   * The 99th percentile of the same; 0 without an answer.
+   *
+   * @generated from field: double latency_p99_ms = 11;
+   */
+  latencyP99Ms?: number | "NaN" | "Infinity" | "-Infinity";
+
+  /**
+   * Replicas whose report counts (on the Overview: heartbeats of the last 15 seconds).
+   *
+   * @generated from field: int32 replicas_reporting = 12;
+   */
+  replicasReporting?: number;
+
+  /**
+   * Of those, the replicas that reach the core (their state is not UNREACHABLE).
+   *
+   * @generated from field: int32 replicas_reaching = 13;
+   */
+  replicasReaching?: number;
+};
+
+/**
+ * Describes the message acurio.queue.v1.CoreHealth.
+ * Use `create(CoreHealthSchema)` to create a new message.
+ */
+export const CoreHealthSchema: GenMessage<CoreHealth, {jsonType: CoreHealthJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 4);
 
 /**
  * Request for OperatorService.SearchJobs.
@@ -551,7 +786,7 @@ export type SearchJobsRequestJson = {
  * Use `create(SearchJobsRequestSchema)` to create a new message.
  */
 export const SearchJobsRequestSchema: GenMessage<SearchJobsRequest, {jsonType: SearchJobsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 4);
+  messageDesc(file_acurio_queue_v1_operator_service, 5);
 
 /**
  * Response for OperatorService.SearchJobs.
@@ -600,7 +835,7 @@ export type SearchJobsResponseJson = {
  * Use `create(SearchJobsResponseSchema)` to create a new message.
  */
 export const SearchJobsResponseSchema: GenMessage<SearchJobsResponse, {jsonType: SearchJobsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 5);
+  messageDesc(file_acurio_queue_v1_operator_service, 6);
 
 /**
  * Request for OperatorService.WatchOverview.
@@ -649,7 +884,7 @@ export type WatchOverviewRequestJson = {
  * Use `create(WatchOverviewRequestSchema)` to create a new message.
  */
 export const WatchOverviewRequestSchema: GenMessage<WatchOverviewRequest, {jsonType: WatchOverviewRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 6);
+  messageDesc(file_acurio_queue_v1_operator_service, 7);
 
 /**
  * One message of the OperatorService.WatchOverview stream.
@@ -684,7 +919,7 @@ export type WatchOverviewResponseJson = {
  * Use `create(WatchOverviewResponseSchema)` to create a new message.
  */
 export const WatchOverviewResponseSchema: GenMessage<WatchOverviewResponse, {jsonType: WatchOverviewResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 7);
+  messageDesc(file_acurio_queue_v1_operator_service, 8);
 
 /**
  * Request for OperatorService.CancelJobs.
@@ -751,7 +986,7 @@ export type CancelJobsRequestJson = {
  * Use `create(CancelJobsRequestSchema)` to create a new message.
  */
 export const CancelJobsRequestSchema: GenMessage<CancelJobsRequest, {jsonType: CancelJobsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 8);
+  messageDesc(file_acurio_queue_v1_operator_service, 9);
 
 /**
  * Response for OperatorService.CancelJobs.
@@ -832,7 +1067,7 @@ export type CancelJobsResponseJson = {
  * Use `create(CancelJobsResponseSchema)` to create a new message.
  */
 export const CancelJobsResponseSchema: GenMessage<CancelJobsResponse, {jsonType: CancelJobsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 9);
+  messageDesc(file_acurio_queue_v1_operator_service, 10);
 
 /**
  * One job a bulk cancel could not cancel.
@@ -895,7 +1130,7 @@ export type CancelFailureJson = {
  * Use `create(CancelFailureSchema)` to create a new message.
  */
 export const CancelFailureSchema: GenMessage<CancelFailure, {jsonType: CancelFailureJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 10);
+  messageDesc(file_acurio_queue_v1_operator_service, 11);
 
 /**
  * Request for OperatorService.ListLedgerEntries.
@@ -974,7 +1209,7 @@ export type ListLedgerEntriesRequestJson = {
  * Use `create(ListLedgerEntriesRequestSchema)` to create a new message.
  */
 export const ListLedgerEntriesRequestSchema: GenMessage<ListLedgerEntriesRequest, {jsonType: ListLedgerEntriesRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 11);
+  messageDesc(file_acurio_queue_v1_operator_service, 12);
 
 /**
  * Response for OperatorService.ListLedgerEntries.
@@ -1023,7 +1258,7 @@ export type ListLedgerEntriesResponseJson = {
  * Use `create(ListLedgerEntriesResponseSchema)` to create a new message.
  */
 export const ListLedgerEntriesResponseSchema: GenMessage<ListLedgerEntriesResponse, {jsonType: ListLedgerEntriesResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 12);
+  messageDesc(file_acurio_queue_v1_operator_service, 13);
 
 /**
  * One credit movement: who moved what, when and why. Balances are the sum of a user's entries.
@@ -1202,7 +1437,7 @@ export type LedgerEntryJson = {
  * Use `create(LedgerEntrySchema)` to create a new message.
  */
 export const LedgerEntrySchema: GenMessage<LedgerEntry, {jsonType: LedgerEntryJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 13);
+  messageDesc(file_acurio_queue_v1_operator_service, 14);
 
 /**
  * Request for OperatorService.SetCoreCapacity.
@@ -1239,7 +1474,7 @@ export type SetCoreCapacityRequestJson = {
  * Use `create(SetCoreCapacityRequestSchema)` to create a new message.
  */
 export const SetCoreCapacityRequestSchema: GenMessage<SetCoreCapacityRequest, {jsonType: SetCoreCapacityRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 14);
+  messageDesc(file_acurio_queue_v1_operator_service, 15);
 
 /**
  * Response for OperatorService.SetCoreCapacity.
@@ -1288,7 +1523,7 @@ export type SetCoreCapacityResponseJson = {
  * Use `create(SetCoreCapacityResponseSchema)` to create a new message.
  */
 export const SetCoreCapacityResponseSchema: GenMessage<SetCoreCapacityResponse, {jsonType: SetCoreCapacityResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 15);
+  messageDesc(file_acurio_queue_v1_operator_service, 16);
 
 /**
  * Request for OperatorService.SetUserQueueLimit.
@@ -1337,7 +1572,7 @@ export type SetUserQueueLimitRequestJson = {
  * Use `create(SetUserQueueLimitRequestSchema)` to create a new message.
  */
 export const SetUserQueueLimitRequestSchema: GenMessage<SetUserQueueLimitRequest, {jsonType: SetUserQueueLimitRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 16);
+  messageDesc(file_acurio_queue_v1_operator_service, 17);
 
 /**
  * Response for OperatorService.SetUserQueueLimit.
@@ -1372,7 +1607,7 @@ export type SetUserQueueLimitResponseJson = {
  * Use `create(SetUserQueueLimitResponseSchema)` to create a new message.
  */
 export const SetUserQueueLimitResponseSchema: GenMessage<SetUserQueueLimitResponse, {jsonType: SetUserQueueLimitResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 17);
+  messageDesc(file_acurio_queue_v1_operator_service, 18);
 
 /**
  * Request for OperatorService.ListSettingChanges.
@@ -1421,7 +1656,7 @@ export type ListSettingChangesRequestJson = {
  * Use `create(ListSettingChangesRequestSchema)` to create a new message.
  */
 export const ListSettingChangesRequestSchema: GenMessage<ListSettingChangesRequest, {jsonType: ListSettingChangesRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 18);
+  messageDesc(file_acurio_queue_v1_operator_service, 19);
 
 /**
  * Response for OperatorService.ListSettingChanges.
@@ -1470,7 +1705,7 @@ export type ListSettingChangesResponseJson = {
  * Use `create(ListSettingChangesResponseSchema)` to create a new message.
  */
 export const ListSettingChangesResponseSchema: GenMessage<ListSettingChangesResponse, {jsonType: ListSettingChangesResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 19);
+  messageDesc(file_acurio_queue_v1_operator_service, 20);
 
 /**
  * One change of a fleet setting and who made it.
@@ -1591,7 +1826,7 @@ export type SettingChangeJson = {
  * Use `create(SettingChangeSchema)` to create a new message.
  */
 export const SettingChangeSchema: GenMessage<SettingChange, {jsonType: SettingChangeJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 20);
+  messageDesc(file_acurio_queue_v1_operator_service, 21);
 
 /**
  * Request for OperatorService.RetryJob.
@@ -1642,7 +1877,7 @@ export type RetryJobRequestJson = {
  * Use `create(RetryJobRequestSchema)` to create a new message.
  */
 export const RetryJobRequestSchema: GenMessage<RetryJobRequest, {jsonType: RetryJobRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 21);
+  messageDesc(file_acurio_queue_v1_operator_service, 22);
 
 /**
  * Response for OperatorService.RetryJob.
@@ -1691,7 +1926,7 @@ export type RetryJobResponseJson = {
  * Use `create(RetryJobResponseSchema)` to create a new message.
  */
 export const RetryJobResponseSchema: GenMessage<RetryJobResponse, {jsonType: RetryJobResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 22);
+  messageDesc(file_acurio_queue_v1_operator_service, 23);
 
 /**
  * Request for OperatorService.ListUsersWithWork.
@@ -1726,7 +1961,7 @@ export type ListUsersWithWorkRequestJson = {
  * Use `create(ListUsersWithWorkRequestSchema)` to create a new message.
  */
 export const ListUsersWithWorkRequestSchema: GenMessage<ListUsersWithWorkRequest, {jsonType: ListUsersWithWorkRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 23);
+  messageDesc(file_acurio_queue_v1_operator_service, 24);
 
 /**
  * Response for OperatorService.ListUsersWithWork.
@@ -1775,7 +2010,7 @@ export type ListUsersWithWorkResponseJson = {
  * Use `create(ListUsersWithWorkResponseSchema)` to create a new message.
  */
 export const ListUsersWithWorkResponseSchema: GenMessage<ListUsersWithWorkResponse, {jsonType: ListUsersWithWorkResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 24);
+  messageDesc(file_acurio_queue_v1_operator_service, 25);
 
 /**
  * One user's work in the queue now.
@@ -1880,7 +2115,7 @@ export type UserWorkJson = {
  * Use `create(UserWorkSchema)` to create a new message.
  */
 export const UserWorkSchema: GenMessage<UserWork, {jsonType: UserWorkJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 25);
+  messageDesc(file_acurio_queue_v1_operator_service, 26);
 
 /**
  * Request for OperatorService.GetQueueHistory.
@@ -1915,7 +2150,7 @@ export type GetQueueHistoryRequestJson = {
  * Use `create(GetQueueHistoryRequestSchema)` to create a new message.
  */
 export const GetQueueHistoryRequestSchema: GenMessage<GetQueueHistoryRequest, {jsonType: GetQueueHistoryRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 26);
+  messageDesc(file_acurio_queue_v1_operator_service, 27);
 
 /**
  * Response for OperatorService.GetQueueHistory.
@@ -1978,7 +2213,7 @@ export type GetQueueHistoryResponseJson = {
  * Use `create(GetQueueHistoryResponseSchema)` to create a new message.
  */
 export const GetQueueHistoryResponseSchema: GenMessage<GetQueueHistoryResponse, {jsonType: GetQueueHistoryResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 27);
+  messageDesc(file_acurio_queue_v1_operator_service, 28);
 
 /**
  * The queue in one minute.
@@ -2071,7 +2306,7 @@ export type QueueMinuteJson = {
  * Use `create(QueueMinuteSchema)` to create a new message.
  */
 export const QueueMinuteSchema: GenMessage<QueueMinute, {jsonType: QueueMinuteJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 28);
+  messageDesc(file_acurio_queue_v1_operator_service, 29);
 
 /**
  * Request for OperatorService.ListReplicas.
@@ -2094,7 +2329,7 @@ export type ListReplicasRequestJson = {
  * Use `create(ListReplicasRequestSchema)` to create a new message.
  */
 export const ListReplicasRequestSchema: GenMessage<ListReplicasRequest, {jsonType: ListReplicasRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 29);
+  messageDesc(file_acurio_queue_v1_operator_service, 30);
 
 /**
  * Response for OperatorService.ListReplicas.
@@ -2143,7 +2378,7 @@ export type ListReplicasResponseJson = {
  * Use `create(ListReplicasResponseSchema)` to create a new message.
  */
 export const ListReplicasResponseSchema: GenMessage<ListReplicasResponse, {jsonType: ListReplicasResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 30);
+  messageDesc(file_acurio_queue_v1_operator_service, 31);
 
 /**
  * What one replica reported about itself in its latest heartbeat.
@@ -2213,6 +2448,14 @@ export type Replica = Message<"acurio.queue.v1.Replica"> & {
    * @generated from field: acurio.queue.v1.CoreCalls core_calls = 9;
    */
   coreCalls?: CoreCalls | undefined;
+
+  /**
+   * The core's recent health as this replica read it at its last heartbeat (unset from a
+   * replica of an older version). Added to the contract additively.
+   *
+   * @generated from field: acurio.queue.v1.CoreHealth core_health = 10;
+   */
+  coreHealth?: CoreHealth | undefined;
 };
 
 /**
@@ -2283,6 +2526,14 @@ export type ReplicaJson = {
    * @generated from field: acurio.queue.v1.CoreCalls core_calls = 9;
    */
   coreCalls?: CoreCallsJson;
+
+  /**
+   * The core's recent health as this replica read it at its last heartbeat (unset from a
+   * replica of an older version). Added to the contract additively.
+   *
+   * @generated from field: acurio.queue.v1.CoreHealth core_health = 10;
+   */
+  coreHealth?: CoreHealthJson;
 };
 
 /**
@@ -2290,7 +2541,7 @@ export type ReplicaJson = {
  * Use `create(ReplicaSchema)` to create a new message.
  */
 export const ReplicaSchema: GenMessage<Replica, {jsonType: ReplicaJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 31);
+  messageDesc(file_acurio_queue_v1_operator_service, 32);
 
 /**
  * Calls a replica made to the core since it started, by outcome.
@@ -2367,7 +2618,72 @@ export type CoreCallsJson = {
  * Use `create(CoreCallsSchema)` to create a new message.
  */
 export const CoreCallsSchema: GenMessage<CoreCalls, {jsonType: CoreCallsJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 32);
+  messageDesc(file_acurio_queue_v1_operator_service, 33);
+
+/**
+ * The core's health, as an operator reads it. Added to the contract additively.
+ *
+ * @generated from enum acurio.queue.v1.CoreState
+ */
+export enum CoreState {
+  /**
+   * Not read (a service that does not report the core's health).
+   *
+   * @generated from enum value: CORE_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * No fresh replica report says anything about the core yet (nothing called it).
+   *
+   * @generated from enum value: CORE_STATE_UNKNOWN = 1;
+   */
+  UNKNOWN = 1,
+
+  /**
+   * The core answers every replica, and no call failed within the last minute.
+   *
+   * @generated from enum value: CORE_STATE_HEALTHY = 2;
+   */
+  HEALTHY = 2,
+
+  /**
+   * The core answers, but some calls failed within the last minute (no answer, or service
+   * refused), or some replicas do not reach it.
+   *
+   * @generated from enum value: CORE_STATE_DEGRADED = 3;
+   */
+  DEGRADED = 3,
+
+  /**
+   * No replica reaches the core: since its previous heartbeat, none of its calls (the probe
+   * included) got an answer. Admits fail CORE_UNAVAILABLE; estimated start times are unset.
+   *
+   * @generated from enum value: CORE_STATE_UNREACHABLE = 4;
+   */
+  UNREACHABLE = 4,
+
+  /**
+   * The core refuses new runs (the provider's budget used up): since its previous heartbeat, no
+   * replica's CreateRun was taken, and some were refused. Admits fail PROVIDER_BUDGET_EXHAUSTED.
+   *
+   * @generated from enum value: CORE_STATE_REFUSING = 5;
+   */
+  REFUSING = 5,
+}
+
+/**
+ * The core's health, as an operator reads it. Added to the contract additively.
+ *
+ * @generated from enum acurio.queue.v1.CoreState
+ */
+export type CoreStateJson = "CORE_STATE_UNSPECIFIED" | "CORE_STATE_UNKNOWN" | "CORE_STATE_HEALTHY" | "CORE_STATE_DEGRADED" | "CORE_STATE_UNREACHABLE" | "CORE_STATE_REFUSING";
+
+/**
+ * Describes the enum acurio.queue.v1.CoreState.
+ */
+export const CoreStateSchema: GenEnum<CoreState, CoreStateJson> = /*@__PURE__*/
+  enumDesc(file_acurio_queue_v1_operator_service, 0);
 
 /**
  * How a ledger entry moves credits.
@@ -2415,7 +2731,7 @@ export type LedgerEntryKindJson = "LEDGER_ENTRY_KIND_UNSPECIFIED" | "LEDGER_ENTR
  * Describes the enum acurio.queue.v1.LedgerEntryKind.
  */
 export const LedgerEntryKindSchema: GenEnum<LedgerEntryKind, LedgerEntryKindJson> = /*@__PURE__*/
-  enumDesc(file_acurio_queue_v1_operator_service, 0);
+  enumDesc(file_acurio_queue_v1_operator_service, 1);
 
 /**
  * What an operator (and the web console) sees across all users: the queue's overview, a job
