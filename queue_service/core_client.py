@@ -114,8 +114,9 @@ class RecentCoreCalls:
         self.last_success_at: dt.datetime | None = None
         self.last_failure_at: dt.datetime | None = None
         self.last_failure_reason = ""
-        # Whether the latest call got no answer (until one is answered or refused).
-        self._silent = False
+        # Whether the latest call got no answer (until one is answered or refused), and whether
+        # the latest heartbeat read the core as unreachable.
+        self._silent = self._unreachable_at_beat = False
         self._answered_since_beat = self._refused_since_beat = self._silent_since_beat = self._created_since_beat = False
 
     def _bucket(self, now: dt.datetime) -> dict[str, Any]:
@@ -166,8 +167,10 @@ class RecentCoreCalls:
         return self._answered_since_beat or self._refused_since_beat
 
     def reachable(self) -> bool:
-        """False while the latest call got no answer: no start at the core can be promised."""
-        return not self._silent
+        """False from a heartbeat that read the core as unreachable until its next answer: no
+        start at the core can be promised meanwhile. (One unanswered call among answers is not
+        enough: estimates would come and go with each failed release.)"""
+        return not (self._silent and self._unreachable_at_beat)
 
     def state(self, now: dt.datetime) -> CoreState:
         """The state since the previous heartbeat (see CoreState)."""
@@ -191,6 +194,7 @@ class RecentCoreCalls:
             minutes=tuple(CoreMinute(**{**bucket, "latency_counts": tuple(bucket["latency_counts"])}) for bucket in self._minutes),
         )
         self._answered_since_beat = self._refused_since_beat = self._silent_since_beat = self._created_since_beat = False
+        self._unreachable_at_beat = report.state is CoreState.UNREACHABLE
         return report
 
 

@@ -4,8 +4,8 @@ The estimate comes from the mean judging time of recent first-pass jobs (`model.
 cached briefly per replica so reads stay cheap, and, while the fleet's capacity at the core is
 limited, from the wait for it (the capacity's state, cached for a second). A PENDING job waiting
 for capacity gets its place in the fleet-wide order (`capacity_position`), read when it is shown.
-While this replica's latest call to the core (its heartbeat's probe included) got no answer, no
-estimate is made: no start can be promised then.
+From a heartbeat of this replica that read the core as unreachable until the core's next answer,
+no estimate is made: no start can be promised then.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ class JobReads:
         core_reachable: Callable[[], bool] = lambda: True,
     ) -> None:
         self._store = store
-        # Whether this replica's latest word from the core was an answer: while it was not, no
-        # start at the core can be promised, and estimates are left out.
+        # False while this replica reads the core as unreachable: no start at the core can be
+        # promised then, and estimates are left out.
         self._core_reachable = core_reachable
         self._default_max_active = default_max_active
         self._reconcile_after_seconds = reconcile_after_seconds

@@ -79,6 +79,10 @@ async def test_with_the_core_stopped_the_overview_turns_unreachable_admits_are_c
     assert red.core_health.state == op_pb2.CORE_STATE_UNREACHABLE and red.core_health.replicas_reaching == 0
     assert red.core_health.unknown >= 1 and red.core_health.last_failure_reason == "UNAVAILABLE"
     assert red.core_health.last_failure_time.ToDatetime() > red.core_health.last_success_time.ToDatetime()
+    # ListReplicas shows the replica's own reading.
+    replicas = (await operator.ListReplicas(op_pb2.ListReplicasRequest(), timeout=10)).replicas
+    mine = next(r for r in replicas if r.replica_id == service.app.replica_id)
+    assert mine.core_health.state == op_pb2.CORE_STATE_UNREACHABLE and mine.core_health.replicas_reporting == 1
 
     # Estimates stop promising a start, on every read: GetJob, ListJobs, WatchJobs.
     assert not (await stubs.job(queued.job_id)).HasField("estimated_start_time")
