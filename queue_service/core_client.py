@@ -93,14 +93,6 @@ def _unknown_outcome(method: str, exc: grpc.aio.AioRpcError) -> errors.CoreUnava
     )
 
 
-def _minute_of(at: dt.datetime) -> dt.datetime:
-    return at.replace(second=0, microsecond=0)
-
-
-def _latency_bucket(latency_ms: float) -> int:
-    return bisect.bisect_left(CORE_LATENCY_BOUNDS_MS, latency_ms)
-
-
 class RecentCoreCalls:
     """The core's recent health as this replica sees it, for its heartbeat: per-minute buckets of
     the last `CORE_WINDOW_MINUTES` (answered, refused, unknown, admits answered CORE_UNAVAILABLE,
@@ -238,9 +230,11 @@ def _tallied(
     call: Callable[Concatenate[CoreClient, _P], Awaitable[T]],
 ) -> Callable[Concatenate[CoreClient, _P], Coroutine[Any, Any, T]]:
     """Counts the call's outcome in the client's tally (answered, refused, unknown)."""
+    # A core that takes new runs is not refusing service, whatever else it refuses.
+    creates_run = call.__name__ == "create_run"
 
     async def counted(client: CoreClient, /, *args: _P.args, **kwargs: _P.kwargs) -> T:
-        return await client.tally.count(call(client, *args, **kwargs), creates_run=call.__name__ == "create_run")
+        return await client.tally.count(call(client, *args, **kwargs), creates_run=creates_run)
 
     return counted
 
@@ -302,8 +296,9 @@ class CoreClient:
 
     @_tallied
     async def probe(self) -> None:
-        """A cheap call that proves the core answers: GetRun of a run that never exists (its
-        NOT_FOUND, or any status but no answer, is an answer). No answer raises CoreUnavailable."""
+        """A cheap call that proves the core answers: GetRun of a run that never exists (NOT_FOUND,
+        or any status but UNAVAILABLE and DEADLINE_EXCEEDED, is an answer). No answer raises
+        CoreUnavailable."""
         request = core_pb2.GetRunRequest(run_id=str(_PROBE_RUN_ID))
         with telemetry.tracer.start_as_current_span("core.probe"):
             try:

@@ -1,11 +1,11 @@
 """Each replica's heartbeat: a row in `queue_replicas` (migration 0017) rewritten every few
 seconds with what the replica reports about itself (calls in flight, open streams, the core's
 answers, refusals and unknown outcomes since it started, and its recent health: migration 0030),
-deleted when it stops cleanly. The
-console's Replicas view reads the rows (OperatorService.ListReplicas); a row whose heartbeat
+deleted when it stops cleanly. The console's Replicas view reads the rows
+(OperatorService.ListReplicas), the Overview the fresh rows' core health; a row whose heartbeat
 stopped is a replica that died without stopping.
 
-Before each write, the core is probed when none of its answers came since the previous beat
+Before each write, the core is probed when it said nothing since the previous beat
 (`CoreClient.probe_if_quiet`): the report's core state is then at most one beat old, with no
 statement beyond the write, so OperatorService.GetOverview turns the core's health red within
 three beats of the core stopping (docs/operations.md).
