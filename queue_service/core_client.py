@@ -13,6 +13,9 @@ the job row (see `dispatcher`).
 
 from __future__ import annotations
 
+import bisect
+import collections
+import contextlib
 import dataclasses
 import datetime as dt
 import time
@@ -28,7 +31,17 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_r
 from queue_service import deadline, errors, telemetry
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.core.v1 import run_service_pb2_grpc as core_grpc
-from queue_service.model import CoreRun, RunFate, RunReport
+from queue_service.model import (
+    CORE_DEGRADED_AFTER_FAILURE,
+    CORE_LATENCY_BOUNDS_MS,
+    CORE_WINDOW_MINUTES,
+    CoreHealthReport,
+    CoreMinute,
+    CoreRun,
+    CoreState,
+    RunFate,
+    RunReport,
+)
 
 T = TypeVar("T")
 _P = ParamSpec("_P")
@@ -40,6 +53,11 @@ _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # The admit path's CreateRun may use at most this share of what is left of the caller's deadline:
 # the locked transaction after it needs time too.
 _CREATE_SHARE_OF_CALL = 0.6
+# The probe's deadline (`CoreClient.probe`), at most: a core that answers nothing within it is
+# unreachable for the probe.
+PROBE_DEADLINE_SECONDS = 2.0
+# The run the probe asks about: no run has the nil UUID.
+_PROBE_RUN_ID = uuid.UUID(int=0)
 # The largest message the core receives (gRPC's default receive limit, which the core keeps).
 CORE_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
@@ -75,29 +93,136 @@ def _unknown_outcome(method: str, exc: grpc.aio.AioRpcError) -> errors.CoreUnava
     )
 
 
+class RecentCoreCalls:
+    """The core's recent health as this replica sees it, for its heartbeat: per-minute buckets of
+    the last `CORE_WINDOW_MINUTES` (answered, refused, unknown, admits answered CORE_UNAVAILABLE,
+    latencies), the last answer and the last failure (no answer, or a refusal of service: the
+    provider's budget used up), and what the core said since the previous heartbeat, which
+    decides the state the heartbeat reports. A refusal of one request (CORE_REJECTED,
+    CORE_AT_CAPACITY) is an answer: the core works."""
+
+    def __init__(self) -> None:
+        self._minutes: collections.deque[dict[str, Any]] = collections.deque(maxlen=CORE_WINDOW_MINUTES)
+        self.last_success_at: dt.datetime | None = None
+        self.last_failure_at: dt.datetime | None = None
+        self.last_failure_reason = ""
+        # Whether the latest call got no answer (until one is answered or refused), and whether
+        # the latest heartbeat read the core as unreachable.
+        self._silent = self._unreachable_at_beat = False
+        self._answered_since_beat = self._refused_since_beat = self._silent_since_beat = self._created_since_beat = False
+
+    def _bucket(self, now: dt.datetime) -> dict[str, Any]:
+        minute = now.replace(second=0, microsecond=0)
+        if not self._minutes or self._minutes[-1]["minute"] != minute:
+            self._minutes.append(
+                {"minute": minute, "answered": 0, "refused": 0, "unknown": 0, "admits_unavailable": 0,
+                 "latency_counts": [0] * (len(CORE_LATENCY_BOUNDS_MS) + 1), "latency_max_ms": 0.0}
+            )  # fmt: skip
+        return self._minutes[-1]
+
+    def _heard(self, outcome: str, latency_seconds: float) -> dt.datetime:
+        now = dt.datetime.now(dt.UTC)
+        bucket = self._bucket(now)
+        bucket[outcome] += 1
+        latency_ms = latency_seconds * 1000
+        bucket["latency_counts"][bisect.bisect_left(CORE_LATENCY_BOUNDS_MS, latency_ms)] += 1
+        bucket["latency_max_ms"] = max(bucket["latency_max_ms"], latency_ms)
+        self._silent = False
+        return now
+
+    def answered(self, latency_seconds: float, *, refused: bool = False, created_run: bool = False) -> None:
+        """The core answered (`refused`: it refused this request, and works; `created_run`: it
+        took a new run)."""
+        self.last_success_at = self._heard("refused" if refused else "answered", latency_seconds)
+        self._answered_since_beat = True
+        self._created_since_beat |= created_run
+
+    def refused_service(self, reason: str, latency_seconds: float) -> None:
+        """The core answered only to refuse service (`reason`: PROVIDER_BUDGET_EXHAUSTED)."""
+        self.last_failure_at, self.last_failure_reason = self._heard("refused", latency_seconds), reason
+        self._refused_since_beat = True
+
+    def unanswered(self, code: str) -> None:
+        """No answer (`code`: UNAVAILABLE, DEADLINE_EXCEEDED): the outcome is unknown."""
+        now = dt.datetime.now(dt.UTC)
+        self._bucket(now)["unknown"] += 1
+        self.last_failure_at, self.last_failure_reason = now, code
+        self._silent = self._silent_since_beat = True
+
+    def admit_unavailable(self) -> None:
+        """An admit answered CORE_UNAVAILABLE (the caller retries with the same key)."""
+        self._bucket(dt.datetime.now(dt.UTC))["admits_unavailable"] += 1
+
+    @property
+    def heard_since_beat(self) -> bool:
+        """Whether the core said anything (an answer or a refusal) since the previous heartbeat."""
+        return self._answered_since_beat or self._refused_since_beat
+
+    def reachable(self) -> bool:
+        """False from a heartbeat that read the core as unreachable until its next answer: no
+        start at the core can be promised meanwhile. (One unanswered call among answers is not
+        enough: estimates would come and go with each failed release.)"""
+        return not (self._silent and self._unreachable_at_beat)
+
+    def state(self, now: dt.datetime) -> CoreState:
+        """The state since the previous heartbeat (see CoreState)."""
+        if not self._answered_since_beat and self._silent_since_beat and self._silent:
+            return CoreState.UNREACHABLE
+        if self._refused_since_beat and not self._created_since_beat:
+            # It may answer the rest (cancels, reads, the probe), but takes no new run.
+            return CoreState.REFUSING
+        if self.last_failure_at is not None and now - self.last_failure_at < CORE_DEGRADED_AFTER_FAILURE:
+            return CoreState.DEGRADED
+        return CoreState.HEALTHY if self.last_success_at is not None else CoreState.UNKNOWN
+
+    def beat(self) -> CoreHealthReport:
+        """The report of this heartbeat; the next state is read from what happens after it."""
+        now = dt.datetime.now(dt.UTC)
+        report = CoreHealthReport(
+            state=self.state(now),
+            last_success_at=self.last_success_at,
+            last_failure_at=self.last_failure_at,
+            last_failure_reason=self.last_failure_reason,
+            minutes=tuple(CoreMinute(**{**bucket, "latency_counts": tuple(bucket["latency_counts"])}) for bucket in self._minutes),
+        )
+        self._answered_since_beat = self._refused_since_beat = self._silent_since_beat = self._created_since_beat = False
+        self._unreachable_at_beat = report.state is CoreState.UNREACHABLE
+        return report
+
+
 @dataclasses.dataclass
 class CoreCallTally:
     """The core's health as this replica saw it since it started: calls it answered (a run's
     state, NOT_FOUND and the like included), refused (a domain error: the admit rejected, the
     budget or the capacity used up), and whose outcome is unknown (no answer: maybe applied).
-    Reported in the replica's heartbeat (OperatorService.ListReplicas)."""
+    Reported in the replica's heartbeat (OperatorService.ListReplicas), with the recent minutes
+    (`recent`)."""
 
     answered: int = 0
     refused: int = 0
     unknown: int = 0
     last_unknown_at: dt.datetime | None = None
+    recent: RecentCoreCalls = dataclasses.field(default_factory=RecentCoreCalls)
 
-    async def count(self, work: Awaitable[T]) -> T:
+    async def count(self, work: Awaitable[T], *, creates_run: bool = False) -> T:
+        started = time.monotonic()
         try:
             result = await work
-        except errors.CoreUnavailable:
+        except errors.CoreUnavailable as exc:
             self.unknown += 1
             self.last_unknown_at = dt.datetime.now(dt.UTC)
+            self.recent.unanswered(exc.metadata.get("coreCode", exc.reason))
+            raise
+        except errors.ProviderBudgetExhausted as exc:
+            self.refused += 1
+            self.recent.refused_service(exc.reason, time.monotonic() - started)
             raise
         except errors.QueueError:
             self.refused += 1
+            self.recent.answered(time.monotonic() - started, refused=True)
             raise
         self.answered += 1
+        self.recent.answered(time.monotonic() - started, created_run=creates_run)
         return result
 
 
@@ -105,9 +230,11 @@ def _tallied(
     call: Callable[Concatenate[CoreClient, _P], Awaitable[T]],
 ) -> Callable[Concatenate[CoreClient, _P], Coroutine[Any, Any, T]]:
     """Counts the call's outcome in the client's tally (answered, refused, unknown)."""
+    # A core that takes new runs is not refusing service, whatever else it refuses.
+    creates_run = call.__name__ == "create_run"
 
     async def counted(client: CoreClient, /, *args: _P.args, **kwargs: _P.kwargs) -> T:
-        return await client.tally.count(call(client, *args, **kwargs))
+        return await client.tally.count(call(client, *args, **kwargs), creates_run=creates_run)
 
     return counted
 
@@ -166,6 +293,28 @@ class CoreClient:
                     )
                 return await call(request, timeout=left)
         raise AssertionError("unreachable")
+
+    @_tallied
+    async def probe(self) -> None:
+        """A cheap call that proves the core answers: GetRun of a run that never exists (NOT_FOUND,
+        or any status but UNAVAILABLE and DEADLINE_EXCEEDED, is an answer). No answer raises
+        CoreUnavailable."""
+        request = core_pb2.GetRunRequest(run_id=str(_PROBE_RUN_ID))
+        with telemetry.tracer.start_as_current_span("core.probe"):
+            try:
+                await self._stub.GetRun(request, timeout=min(self._deadline, PROBE_DEADLINE_SECONDS))
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in _RETRYABLE:
+                    raise _unknown_outcome("GetRun", exc) from exc
+
+    async def probe_if_quiet(self) -> None:
+        """Probes the core when it said nothing since the previous heartbeat, so that
+        an idle replica still finds out the core stopped (and an idle, healthy one costs one
+        call per heartbeat at most)."""
+        if self.tally.recent.heard_since_beat:
+            return
+        with contextlib.suppress(errors.CoreUnavailable):
+            await self.probe()
 
     @_tallied
     async def create_run(

@@ -796,6 +796,137 @@ class Overview:
     window_minutes: int
     # The core's capacity, fleet-wide (None before the first read of it).
     capacity: CapacityState | None = None
+    # The core's health, fleet-wide, from the replicas' fresh heartbeats (None before read).
+    core_health: CoreHealth | None = None
+
+
+class CoreState(enum.StrEnum):
+    """The core's health as an operator reads it (`CoreHealth.state`)."""
+
+    # No fresh report of any replica says anything about the core yet.
+    UNKNOWN = "unknown"
+    # The core answers every replica, and no call failed within the last minute.
+    HEALTHY = "healthy"
+    # The core answers, but some calls failed within the last minute, or some replicas do not reach it.
+    DEGRADED = "degraded"
+    # No replica's calls got an answer since its previous heartbeat, and the last got none.
+    UNREACHABLE = "unreachable"
+    # The core refuses new runs (the provider's budget used up): since its previous heartbeat, no
+    # replica's CreateRun was taken, and some were refused.
+    REFUSING = "refusing"
+
+
+# Upper bounds, in milliseconds, of the latency buckets the core's answers are counted in (the
+# last bucket, above the last bound, is open); fleet-wide percentiles add replicas' buckets.
+CORE_LATENCY_BOUNDS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+# The recent window of the core's health: this many minutes, one bucket each.
+CORE_WINDOW_MINUTES = 5
+# A failure this recent still shows as DEGRADED after the core answers again.
+CORE_DEGRADED_AFTER_FAILURE = dt.timedelta(seconds=60)
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreMinute:
+    """One minute of a replica's calls to the core (probes included): answered, refused (an
+    answer too: the core works), outcome unknown, admits answered CORE_UNAVAILABLE, and the
+    latency of answered and refused calls in `CORE_LATENCY_BOUNDS_MS` buckets (one more, open)."""
+
+    minute: dt.datetime
+    answered: int = 0
+    refused: int = 0
+    unknown: int = 0
+    admits_unavailable: int = 0
+    latency_counts: tuple[int, ...] = ()
+    latency_max_ms: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreHealthReport:
+    """A replica's view of the core, written in its heartbeat: the state it read at the beat,
+    its last answer and last failure, and the recent minutes."""
+
+    state: CoreState
+    last_success_at: dt.datetime | None
+    last_failure_at: dt.datetime | None
+    last_failure_reason: str
+    minutes: tuple[CoreMinute, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreHealth:
+    """The core's health fleet-wide (Overview.core_health), from the fresh heartbeats only."""
+
+    state: CoreState
+    replicas_reporting: int
+    replicas_reaching: int
+    last_success_at: dt.datetime | None
+    last_failure_at: dt.datetime | None
+    last_failure_reason: str
+    answered: int
+    refused: int
+    unknown: int
+    admits_unavailable: int
+    latency_p50_ms: float | None
+    latency_p99_ms: float | None
+    window_minutes: int = CORE_WINDOW_MINUTES
+
+
+def _latency_quantile(counts: list[int], max_ms: float, quantile: float) -> float | None:
+    """The upper bound of the bucket holding the quantile (the largest latency seen when lower,
+    or in the open bucket)."""
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank = quantile * total
+    seen = 0
+    for index, count in enumerate(counts):
+        seen += count
+        if seen >= rank and count:
+            bound = CORE_LATENCY_BOUNDS_MS[index] if index < len(CORE_LATENCY_BOUNDS_MS) else max_ms
+            return float(min(bound, max_ms))
+    return max_ms
+
+
+def combined_core_health(reports: list[CoreHealthReport], now: dt.datetime) -> CoreHealth:
+    """The core's health from replicas' reports (the fleet's fresh ones, or one replica's):
+    UNREACHABLE (or REFUSING) when no replica reaches it, DEGRADED when some do not or it failed
+    recently, UNKNOWN without a report; the counts and latencies of the last
+    `CORE_WINDOW_MINUTES` before `now`."""
+    first_minute = now.replace(second=0, microsecond=0) - dt.timedelta(minutes=CORE_WINDOW_MINUTES - 1)
+    minutes = [m for r in reports for m in r.minutes if m.minute >= first_minute]
+    counts = [0] * (len(CORE_LATENCY_BOUNDS_MS) + 1)
+    for minute in minutes:
+        for index, count in enumerate(minute.latency_counts[: len(counts)]):
+            counts[index] += count
+    max_ms = max((m.latency_max_ms for m in minutes), default=0.0)
+    states = [r.state for r in reports if r.state is not CoreState.UNKNOWN]
+    reaching = sum(1 for state in states if state is not CoreState.UNREACHABLE)
+    if not states:
+        state = CoreState.UNKNOWN
+    elif reaching == 0:
+        state = CoreState.UNREACHABLE
+    elif all(state in (CoreState.REFUSING, CoreState.UNREACHABLE) for state in states):
+        state = CoreState.REFUSING
+    elif any(state is not CoreState.HEALTHY for state in states):
+        state = CoreState.DEGRADED
+    else:
+        state = CoreState.HEALTHY
+    failures = [r for r in reports if r.last_failure_at is not None]
+    latest_failure = max(failures, key=lambda r: r.last_failure_at or now, default=None)
+    return CoreHealth(
+        state=state,
+        replicas_reporting=len(reports),
+        replicas_reaching=reaching,
+        last_success_at=max((r.last_success_at for r in reports if r.last_success_at is not None), default=None),
+        last_failure_at=latest_failure.last_failure_at if latest_failure else None,
+        last_failure_reason=latest_failure.last_failure_reason if latest_failure else "",
+        answered=sum(m.answered for m in minutes),
+        refused=sum(m.refused for m in minutes),
+        unknown=sum(m.unknown for m in minutes),
+        admits_unavailable=sum(m.admits_unavailable for m in minutes),
+        latency_p50_ms=_latency_quantile(counts, max_ms, 0.5),
+        latency_p99_ms=_latency_quantile(counts, max_ms, 0.99),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -837,6 +968,8 @@ class ReplicaReport:
     core_refused: int
     core_unknown: int
     core_last_unknown_at: dt.datetime | None
+    # The core's recent health as this replica reads it (None from a replica of an older version).
+    core_health: CoreHealthReport | None = None
     # When the row was last written (set by the database; None in a report not yet written).
     heartbeat_time: dt.datetime | None = None
 

@@ -181,7 +181,10 @@ class QueueApp:
         self.tasks = BackgroundTasks()
         owed_releases = OwedReleases(self.store, handoff, lease_seconds=config.release_lease_seconds, spawn=self.tasks.in_background)
         self.reads = JobReads(
-            self.store, default_max_active=config.max_active_per_user, reconcile_after_seconds=config.reconcile_after_seconds
+            self.store,
+            default_max_active=config.max_active_per_user,
+            reconcile_after_seconds=config.reconcile_after_seconds,
+            core_reachable=self.core.tally.recent.reachable,
         )
         self.hub = NotificationHub(
             self.store,
@@ -260,7 +263,7 @@ class QueueApp:
             "OperatorService": OperatorServicer(self.engine, self.admission, self.reads, self.gate.draining, credits),
         }
         self.web = WebEndpoint(self.servicers, road, config) if config.http_addr else None
-        self.heartbeat = ReplicaHeartbeat(self.store, self._replica_report)
+        self.heartbeat = ReplicaHeartbeat(self.store, self._replica_report, probe_core=self.core.probe_if_quiet)
         tls = ServerTls(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file) if config.tls_cert_file else None
         self._server_credentials = tls.grpc_credentials() if tls is not None else None
         self.credentials = CredentialReloader(
@@ -436,6 +439,7 @@ class QueueApp:
             core_refused=tally.refused,
             core_unknown=tally.unknown,
             core_last_unknown_at=tally.last_unknown_at,
+            core_health=tally.recent.beat(),
         )
 
     async def _set_health(self, status: int) -> None:

@@ -1,6 +1,7 @@
 import { useEffect, useState } from "preact/hooks";
 
 import { date, operator } from "./api.js";
+import { CoreHealthPanel } from "./core-health.js";
 import { clock, duration } from "./format.js";
 import { useNow } from "./hooks.js";
 import { useLiveStream } from "./stream.js";
@@ -181,6 +182,7 @@ export function OverviewPage({ live }: { live: boolean }) {
           {String(overview.pausedUsers)} {overview.pausedUsers === 1n ? "user's releases are" : "users' releases are"} paused. <a href="#/settings">Settings &amp; audit</a>
         </p>
       )}
+      <CoreHealthPanel health={overview.coreHealth} now={now} />
       <div class="figures">
         <Figure label="Queued" href={jobs("status=queued")} value={String(overview.queued)} hint={`${overview.usersWaiting} ${overview.usersWaiting === 1n ? "user" : "users"} waiting`} />
         <Figure label="Pending" href={jobs("status=pending")} value={String(overview.pending)} hint="being released" />

@@ -1,6 +1,7 @@
 import { useEffect, useState } from "preact/hooks";
 
 import { credits, date, describeError, operator, queue } from "./api.js";
+import { useCoreUnreachable } from "./core-health.js";
 import { ACTIVE, clock, dateTime, duration, ordinal, shortId, STATUS_LABELS } from "./format.js";
 import { go, useNow } from "./hooks.js";
 import { useAction } from "./notice.js";
@@ -11,7 +12,8 @@ import { revealBidiControls, UserText } from "./user-text.js";
 import { type Job, JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import type { GetUserSettingsResponse, UserWork } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
-function Countdown({ at, now }: { at: Date | undefined; now: number }) {
+function Countdown({ at, now, coreUnreachable }: { at: Date | undefined; now: number; coreUnreachable: boolean }) {
+  if (coreUnreachable) return <span class="bad-text" data-testid="no-start-promised">no start expected while the core is unreachable</span>;
   if (at === undefined) return <span class="muted">no estimate yet</span>;
   const left = at.getTime() - now;
   return <span title={`estimated at ${clock(at)}`}>{left > 0 ? `starts in ~${duration(left)}` : "starting any moment"}</span>;
@@ -152,7 +154,7 @@ function headOf(job: Job, jobs: Map<string, Job>): Job | undefined {
 
 /** When a queued job should start: the estimate, unless it waits behind a release being retried
  * (then it may wait up to the release window, whatever the estimate says). */
-function StartsWhen({ job, jobs, now }: { job: Job; jobs: Map<string, Job>; now: number }) {
+function StartsWhen({ job, jobs, now, coreUnreachable }: { job: Job; jobs: Map<string, Job>; now: number; coreUnreachable: boolean }) {
   const head = headOf(job, jobs);
   if (head !== undefined && head.status === JobStatus.PENDING && head.lastError) {
     return (
@@ -162,7 +164,7 @@ function StartsWhen({ job, jobs, now }: { job: Job; jobs: Map<string, Job>; now:
       </span>
     );
   }
-  return <Countdown at={date(job.estimatedStartTime)} now={now} />;
+  return <Countdown at={date(job.estimatedStartTime)} now={now} coreUnreachable={coreUnreachable} />;
 }
 
 export function UserQueuePage({ userId, live }: { userId: string; live: boolean }) {
@@ -170,6 +172,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
   const [finished, setFinished] = useState<Job[]>([]);
   const [balanceVersion, setBalanceVersion] = useState(0);
   const now = useNow();
+  const coreUnreachable = useCoreUnreachable(live);
   const { run, busy } = useAction();
 
   useEffect(() => {
@@ -249,9 +252,11 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
             <StatusBadge status={job.status} />
             <span>
               {job.status === JobStatus.RUNNING && job.startTime
-                ? `running for ${duration(now - date(job.startTime)!.getTime())}`
+                ? coreUnreachable
+                  ? <span class="bad-text" data-testid="running-core-unreachable">started {duration(now - date(job.startTime)!.getTime())} ago; the core is unreachable, so whether it still runs is unknown</span>
+                  : `running for ${duration(now - date(job.startTime)!.getTime())}`
                 : job.capacityPosition > 0
-                  ? <span data-testid="capacity-position">waiting for the core: {ordinal(job.capacityPosition)} in line · <Countdown at={date(job.estimatedStartTime)} now={now} /></span>
+                  ? <span data-testid="capacity-position">waiting for the core: {ordinal(job.capacityPosition)} in line · <Countdown at={date(job.estimatedStartTime)} now={now} coreUnreachable={coreUnreachable} /></span>
                   : job.lastError
                   ? `release retrying: ${revealBidiControls(job.lastError)}`
                   : "starting"}
@@ -269,7 +274,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
             </a>
             <StatusBadge status={job.status} />
             <span class="muted">
-              waiting for <span class="mono">{shortId(job.waitingForJobId)}</span> · <StartsWhen job={job} jobs={jobs} now={now} />
+              waiting for <span class="mono">{shortId(job.waitingForJobId)}</span> · <StartsWhen job={job} jobs={jobs} now={now} coreUnreachable={coreUnreachable} />
             </span>
             <CancelJobButton job={job} small testId="cancel" onCanceled={() => setBalanceVersion((v) => v + 1)} />
           </li>

@@ -150,6 +150,9 @@ def _run_dev(
             if core is not None:
                 core.set_callback_addr(address)
                 core.start_judging()  # the restored runs that were judging
+                # SIGUSR2 stops the dev core's listener, and starts it again on the same port:
+                # the core down and back, for the console's health (docs/operations.md).
+                asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, core.toggle_serving)
             claim.update(listen=address)
             console_url = f"http://{reachable_addr(config.http_addr).rpartition(':')[0]}:{app.http_port}/" if app.http_port else None
             print(_banner(address, time.monotonic() - started, config, console_url), flush=True)

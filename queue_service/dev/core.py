@@ -14,6 +14,7 @@ Fault switches (attributes, flipped by tests; flags when run as a process): `una
 (ReleaseRun UNAVAILABLE), `refuse_releases` (ReleaseRun NOT_FOUND), `drop_callbacks` (judge but
 never call back), and per method `answer_faults` (an `AnswerFault`: the call is applied but its
 answer lost, or late, or the request itself arrives late), counted in `faults_injected`.
+`toggle_serving` stops the listener or starts it again on the same port (a core down and back).
 `max_concurrent_judging` records the most first-pass runs of each user ever judging at once (the
 core's own view of I1, checked as I9). `judging_ceiling` (None: none) makes ReleaseRun answer
 RESOURCE_EXHAUSTED while that many runs judge (the core contract's "not now"; `refusals` counts
@@ -212,12 +213,15 @@ class DevCore(pb_grpc.RunServiceServicer):
         self._channel: grpc.aio.Channel | None = None
         self._callback: callback_grpc.CoreCallbackServiceAsyncStub | None = None
         self._server: grpc.aio.Server | None = None
+        self._listen: tuple[str, grpc.ServerCredentials | None] = ("127.0.0.1:0", None)
+        self._toggling: asyncio.Task[None] | None = None
         self.port = 0
         self._record_file = open(record_path, "a", buffering=1 << 16) if record_path else None  # noqa: SIM115
 
     # -- serving -------------------------------------------------------------------------------
 
     async def start(self, listen_addr: str = "127.0.0.1:0", credentials: grpc.ServerCredentials | None = None) -> int:
+        self._listen = (listen_addr, credentials)
         self._server = grpc.aio.server()
         pb_grpc.add_RunServiceServicer_to_server(self, self._server)
         health_servicer = health.aio.HealthServicer()
@@ -229,6 +233,24 @@ class DevCore(pb_grpc.RunServiceServicer):
             self.port = self._server.add_insecure_port(listen_addr)
         await self._server.start()
         return self.port
+
+    def toggle_serving(self) -> None:
+        """Stops listening (calls find nothing there: a stopped core), or listens again on the same
+        port, keeping the runs (`queue-service dev` on SIGUSR2)."""
+        previous = self._toggling
+        self._toggling = asyncio.create_task(self._toggle_serving(previous), name="dev-core-toggle")
+
+    async def _toggle_serving(self, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            await previous
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None
+            log.warning("dev core stopped listening (SIGUSR2 starts it again)")
+        else:
+            listen_addr, credentials = self._listen
+            await self.start(f"{listen_addr.rpartition(':')[0]}:{self.port}", credentials)
+            log.warning("dev core listening again on port %d", self.port)
 
     async def stop(self) -> None:
         for applying in list(self._late_applications):

@@ -82,6 +82,14 @@ class Admission:
         return 2 * config.core_deadline_seconds + 2 * config.pool_timeout_seconds + config.lock_timeout_ms / 1000 + 1
 
     async def admit(self, item: AdmitRequest) -> AdmitResult:
+        try:
+            return await self._admit(item)
+        except errors.CoreUnavailable:
+            # Counted for the core's health on the Overview: admits the core's silence turned away.
+            self._core.tally.recent.admit_unavailable()
+            raise
+
+    async def _admit(self, item: AdmitRequest) -> AdmitResult:
         is_delta = item.delta_of_job_id is not None
         price = self.config.delta_price if is_delta else self.config.admit_price
         run_id, job_id = uuid.uuid4(), uuid.uuid4()

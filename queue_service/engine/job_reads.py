@@ -4,6 +4,8 @@ The estimate comes from the mean judging time of recent first-pass jobs (`model.
 cached briefly per replica so reads stay cheap, and, while the fleet's capacity at the core is
 limited, from the wait for it (the capacity's state, cached for a second). A PENDING job waiting
 for capacity gets its place in the fleet-wide order (`capacity_position`), read when it is shown.
+From a heartbeat of this replica that read the core as unreachable until the core's next answer,
+no estimate is made: no start can be promised then.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 from queue_service import deadline, errors, telemetry
 from queue_service.model import (
@@ -29,6 +31,7 @@ from queue_service.model import (
     ReplicaReport,
     UserSettings,
     UserWork,
+    combined_core_health,
     estimate_start,
 )
 from queue_service.store import Statements, Store
@@ -40,13 +43,26 @@ _ESTIMATE_CACHE_SECONDS = 10.0
 # so that the answer still goes out when the read does not come back.
 _ANSWER_READ_SHARE = 0.5
 _CAPACITY_CACHE_SECONDS = 1.0
+# A replica's report of the core counts in the Overview while its heartbeat is this fresh: three
+# heartbeats (a replica that stopped beating says nothing of the core now).
+CORE_REPORT_FRESH_SECONDS = 15.0
 # A watched overview is re-sent at least this often, so ages ("oldest wait") stay current.
 _HEARTBEAT_SECONDS = 15.0
 
 
 class JobReads:
-    def __init__(self, store: Store, *, default_max_active: int, reconcile_after_seconds: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        default_max_active: int,
+        reconcile_after_seconds: float,
+        core_reachable: Callable[[], bool] = lambda: True,
+    ) -> None:
         self._store = store
+        # False while this replica reads the core as unreachable: no start at the core can be
+        # promised then, and estimates are left out.
+        self._core_reachable = core_reachable
         self._default_max_active = default_max_active
         self._reconcile_after_seconds = reconcile_after_seconds
         self._mean_judging: float | None = None
@@ -72,6 +88,8 @@ class JobReads:
         capacity = self._capacity
         limit = capacity.effective_limit if capacity is not None else None
         waiting = capacity.waiting_jobs if capacity is not None else 0
+        if not self._core_reachable():
+            mean = None  # the core neither answers nor takes runs: no start can be promised
         shown = []
         for view in views:
             if view.waiting_for_capacity:
@@ -165,7 +183,8 @@ class JobReads:
         async with self._store.statements() as db:
             overview = await db.operator_overview(window_minutes=window_minutes, reconcile_after_seconds=self._reconcile_after_seconds)
             capacity = await db.capacity_state()
-        return dataclasses.replace(overview, capacity=capacity)
+            core_reports, read_time = await db.fresh_core_health_reports(fresh_seconds=CORE_REPORT_FRESH_SECONDS)
+        return dataclasses.replace(overview, capacity=capacity, core_health=combined_core_health(core_reports, read_time))
 
     async def watch_overview(self, window_minutes: int, interval_seconds: float, *, until: asyncio.Event) -> AsyncIterator[Overview]:
         """The overview every interval when its figures changed (or a heartbeat is due), until

@@ -5,6 +5,7 @@ By column name, so a column a newer schema adds is ignored; statuses become `Job
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from typing import Any
@@ -17,6 +18,9 @@ from queue_service.model import (
     ClaimedRelease,
     ClaimedReservation,
     ClaimedSettlement,
+    CoreHealthReport,
+    CoreMinute,
+    CoreState,
     ExpiredRelease,
     JobRef,
     JobStatus,
@@ -303,3 +307,47 @@ def sources_of_json(value: Any) -> tuple[tuple[str, str], ...]:
 def sources_to_json(sources: tuple[tuple[str, str], ...]) -> list[dict[str, str]]:
     """The JSON array a job's sources are stored as."""
     return [{"doi": doi, "citation": citation} for doi, citation in sources]
+
+
+def _time_of_json(value: Any) -> dt.datetime | None:
+    return dt.datetime.fromisoformat(value) if value else None
+
+
+def core_health_to_json(report: CoreHealthReport) -> dict[str, Any]:
+    """The JSON object a replica's reading of the core is stored as (`queue_replicas.core_health`)."""
+    return {
+        "state": str(report.state),
+        "last_success_at": report.last_success_at.isoformat() if report.last_success_at else None,
+        "last_failure_at": report.last_failure_at.isoformat() if report.last_failure_at else None,
+        "last_failure_reason": report.last_failure_reason,
+        "minutes": [
+            {**dataclasses.asdict(minute), "minute": minute.minute.isoformat(), "latency_counts": list(minute.latency_counts)}
+            for minute in report.minutes
+        ],
+    }
+
+
+def core_health_of_json(value: Any) -> CoreHealthReport | None:
+    """A replica's reading of the core from its stored JSON (None for NULL; an unknown state, from
+    a newer version, reads as UNKNOWN)."""
+    if not value:
+        return None
+    state = value.get("state")
+    return CoreHealthReport(
+        state=CoreState(state) if state in CoreState.__members__.values() else CoreState.UNKNOWN,
+        last_success_at=_time_of_json(value.get("last_success_at")),
+        last_failure_at=_time_of_json(value.get("last_failure_at")),
+        last_failure_reason=str(value.get("last_failure_reason") or ""),
+        minutes=tuple(
+            CoreMinute(
+                minute=dt.datetime.fromisoformat(m["minute"]),
+                answered=int(m.get("answered", 0)),
+                refused=int(m.get("refused", 0)),
+                unknown=int(m.get("unknown", 0)),
+                admits_unavailable=int(m.get("admits_unavailable", 0)),
+                latency_counts=tuple(int(c) for c in m.get("latency_counts", ())),
+                latency_max_ms=float(m.get("latency_max_ms", 0.0)),
+            )
+            for m in value.get("minutes", ())
+        ),
+    )

@@ -40,6 +40,7 @@ from queue_service.model import (
     ClaimedRelease,
     ClaimedReservation,
     ClaimedSettlement,
+    CoreHealthReport,
     CoreRun,
     DatabaseIdentity,
     ExpiredRelease,
@@ -657,9 +658,18 @@ class Statements:
         return from_row.overview(row, admits, window_minutes=window_minutes)
 
     async def write_replica_heartbeat(self, report: ReplicaReport) -> None:
-        params = dataclasses.asdict(report)
+        params = {field.name: getattr(report, field.name) for field in dataclasses.fields(report)}
         del params["heartbeat_time"]
+        health = report.core_health
+        params["core_health"] = Jsonb(from_row.core_health_to_json(health)) if health is not None else None
         await self._send("replica_heartbeat", params)
+
+    async def fresh_core_health_reports(self, *, fresh_seconds: float) -> tuple[list[CoreHealthReport], dt.datetime]:
+        """The core's health as each replica heard from within `fresh_seconds` reads it, and when
+        they were read."""
+        rows = await self._all("fresh_core_health_reports", {"fresh_seconds": fresh_seconds})
+        reports = [from_row.core_health_of_json(row["core_health"]) for row in rows]
+        return [report for report in reports if report is not None], rows[0]["read_time"]
 
     async def forget_replica(self, *, replica_id: str) -> None:
         await self._send("forget_replica", {"replica_id": replica_id})
@@ -680,6 +690,7 @@ class Statements:
                 core_refused=int(row["core_refused"]),
                 core_unknown=int(row["core_unknown"]),
                 core_last_unknown_at=row["core_last_unknown_at"],
+                core_health=from_row.core_health_of_json(row["core_health"]),
                 heartbeat_time=row["heartbeat_time"],
             )
             for row in rows

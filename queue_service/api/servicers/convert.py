@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
 
 from queue_service._gen.acurio.queue.v1 import job_pb2
@@ -9,6 +10,8 @@ from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as operator_
 from queue_service.errors import InvalidRequest
 from queue_service.model import (
     CapacityState,
+    CoreHealth,
+    CoreState,
     JobStatus,
     JobView,
     LedgerEntry,
@@ -19,6 +22,7 @@ from queue_service.model import (
     SettingChange,
     UserSettings,
     UserWork,
+    combined_core_health,
 )
 
 PROTO_OF_STATUS: dict[JobStatus, job_pb2.JobStatus.ValueType] = {
@@ -116,6 +120,38 @@ def overview_to_proto(overview: Overview) -> operator_pb2.Overview:
     message.read_time.FromDatetime(overview.read_time)
     if overview.capacity is not None:
         capacity_to_proto(overview.capacity, message)
+    if overview.core_health is not None:
+        message.core_health.CopyFrom(core_health_to_proto(overview.core_health))
+    return message
+
+
+PROTO_OF_CORE_STATE: dict[CoreState, operator_pb2.CoreState.ValueType] = {
+    CoreState.UNKNOWN: operator_pb2.CORE_STATE_UNKNOWN,
+    CoreState.HEALTHY: operator_pb2.CORE_STATE_HEALTHY,
+    CoreState.DEGRADED: operator_pb2.CORE_STATE_DEGRADED,
+    CoreState.UNREACHABLE: operator_pb2.CORE_STATE_UNREACHABLE,
+    CoreState.REFUSING: operator_pb2.CORE_STATE_REFUSING,
+}
+
+
+def core_health_to_proto(health: CoreHealth) -> operator_pb2.CoreHealth:
+    message = operator_pb2.CoreHealth(
+        state=PROTO_OF_CORE_STATE[health.state],
+        last_failure_reason=health.last_failure_reason,
+        window_minutes=health.window_minutes,
+        answered=health.answered,
+        refused=health.refused,
+        unknown=health.unknown,
+        admits_unavailable=health.admits_unavailable,
+        latency_p50_ms=health.latency_p50_ms or 0.0,
+        latency_p99_ms=health.latency_p99_ms or 0.0,
+        replicas_reporting=health.replicas_reporting,
+        replicas_reaching=health.replicas_reaching,
+    )
+    if health.last_success_at is not None:
+        message.last_success_time.FromDatetime(health.last_success_at)
+    if health.last_failure_at is not None:
+        message.last_failure_time.FromDatetime(health.last_failure_at)
     return message
 
 
@@ -213,6 +249,10 @@ def replica_to_proto(replica: ReplicaReport) -> operator_pb2.Replica:
         overview_streams=replica.overview_streams,
         core_calls=operator_pb2.CoreCalls(answered=replica.core_answered, refused=replica.core_refused, unknown=replica.core_unknown),
     )
+    if replica.core_health is not None:
+        # As the replica read the core at its heartbeat (its window ends there).
+        at = replica.heartbeat_time or dt.datetime.now(dt.UTC)
+        message.core_health.CopyFrom(core_health_to_proto(combined_core_health([replica.core_health], at)))
     message.start_time.FromDatetime(replica.start_time)
     if replica.heartbeat_time is not None:
         message.heartbeat_time.FromDatetime(replica.heartbeat_time)

@@ -672,15 +672,16 @@ WITH forgotten AS (
     DELETE FROM queue_replicas WHERE heartbeat_time < clock_timestamp() - interval '1 hour'
 )
 INSERT INTO queue_replicas AS r (replica_id, host, start_time, heartbeat_time, draining, calls_in_flight, watch_streams,
-                                 overview_streams, core_answered, core_refused, core_unknown, core_last_unknown_at)
+                                 overview_streams, core_answered, core_refused, core_unknown, core_last_unknown_at, core_health)
 VALUES (%(replica_id)s, %(host)s, %(start_time)s, clock_timestamp(), %(draining)s, %(calls_in_flight)s, %(watch_streams)s,
-        %(overview_streams)s, %(core_answered)s, %(core_refused)s, %(core_unknown)s, %(core_last_unknown_at)s)
+        %(overview_streams)s, %(core_answered)s, %(core_refused)s, %(core_unknown)s, %(core_last_unknown_at)s,
+        %(core_health)s)
 ON CONFLICT (replica_id) DO UPDATE
    SET heartbeat_time = EXCLUDED.heartbeat_time, draining = EXCLUDED.draining,
        calls_in_flight = EXCLUDED.calls_in_flight, watch_streams = EXCLUDED.watch_streams,
        overview_streams = EXCLUDED.overview_streams, core_answered = EXCLUDED.core_answered,
        core_refused = EXCLUDED.core_refused, core_unknown = EXCLUDED.core_unknown,
-       core_last_unknown_at = EXCLUDED.core_last_unknown_at;
+       core_last_unknown_at = EXCLUDED.core_last_unknown_at, core_health = EXCLUDED.core_health;
 
 -- name: forget_replica
 -- A replica that stops cleanly leaves the list at once.
@@ -689,10 +690,18 @@ DELETE FROM queue_replicas WHERE replica_id = %(replica_id)s;
 -- name: replicas
 -- The replicas heard from within the last hour, the longest running first.
 SELECT replica_id, host, start_time, heartbeat_time, draining, calls_in_flight, watch_streams, overview_streams,
-       core_answered, core_refused, core_unknown, core_last_unknown_at, clock_timestamp() AS read_time
+       core_answered, core_refused, core_unknown, core_last_unknown_at, core_health, clock_timestamp() AS read_time
   FROM queue_replicas
  WHERE heartbeat_time >= clock_timestamp() - interval '1 hour'
  ORDER BY start_time, replica_id;
+
+-- name: fresh_core_health_reports
+-- The core's health as each replica heard from within `fresh_seconds` reads it (the Overview's
+-- CoreHealth), and when they were read (one row with a NULL report when none is fresh).
+SELECT r.core_health, c.read_time
+  FROM (SELECT clock_timestamp() AS read_time) c
+  LEFT JOIN queue_replicas r
+         ON r.heartbeat_time >= c.read_time - make_interval(secs => %(fresh_seconds)s) AND r.core_health IS NOT NULL;
 
 -- name: admits_per_minute
 -- Admits per minute over the window, oldest minute first, empty minutes included.

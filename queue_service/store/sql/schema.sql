@@ -179,6 +179,7 @@ CREATE TABLE public.queue_replicas (
     core_refused         bigint DEFAULT 0 NOT NULL,
     core_unknown         bigint DEFAULT 0 NOT NULL,
     core_last_unknown_at timestamp with time zone,
+    core_health          jsonb,
     CONSTRAINT queue_replicas_pkey PRIMARY KEY (replica_id)
 );
 CREATE INDEX queue_replicas_by_heartbeat ON public.queue_replicas USING btree (heartbeat_time);

@@ -224,7 +224,11 @@ class Job(_message.Message):
     def estimated_start_time(self) -> _timestamp_pb2.Timestamp:
         """For a QUEUED job, or a PENDING job waiting for the core's capacity: an estimate of when it
         starts, from recent judging durations and, while the fleet's capacity is limited, the wait
-        for it. Unset when there is no history to estimate from.
+        for it. Unset when there is no history to estimate from, and while the core is unreachable
+        (the answering replica's last heartbeat found no call answered since the previous one, its
+        probe included, and no answer came since; Overview.core_health): no start can be promised
+        then. It comes back with the core's next answer. WatchJobs sends a job when it changes, so a message sent before the core became
+        unreachable keeps its estimate. Added to the contract additively.
         """
 
     @_builtins.property

@@ -21,6 +21,54 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _CoreState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CoreStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CoreState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CORE_STATE_UNSPECIFIED: _CoreState.ValueType  # 0
+    """Not read (a service that does not report the core's health)."""
+    CORE_STATE_UNKNOWN: _CoreState.ValueType  # 1
+    """No fresh replica report says anything about the core yet (nothing called it)."""
+    CORE_STATE_HEALTHY: _CoreState.ValueType  # 2
+    """The core answers every replica, and no call failed within the last minute."""
+    CORE_STATE_DEGRADED: _CoreState.ValueType  # 3
+    """The core answers, but some calls failed within the last minute (no answer, or service
+    refused), or some replicas do not reach it.
+    """
+    CORE_STATE_UNREACHABLE: _CoreState.ValueType  # 4
+    """No replica reaches the core: since its previous heartbeat, none of its calls (the probe
+    included) got an answer. Admits fail CORE_UNAVAILABLE; estimated start times are unset.
+    """
+    CORE_STATE_REFUSING: _CoreState.ValueType  # 5
+    """The core refuses new runs (the provider's budget used up): since its previous heartbeat, no
+    replica's CreateRun was taken, and some were refused. Admits fail PROVIDER_BUDGET_EXHAUSTED.
+    """
+
+class CoreState(_CoreState, metaclass=_CoreStateEnumTypeWrapper):
+    """The core's health, as an operator reads it. Added to the contract additively."""
+
+CORE_STATE_UNSPECIFIED: CoreState.ValueType  # 0
+"""Not read (a service that does not report the core's health)."""
+CORE_STATE_UNKNOWN: CoreState.ValueType  # 1
+"""No fresh replica report says anything about the core yet (nothing called it)."""
+CORE_STATE_HEALTHY: CoreState.ValueType  # 2
+"""The core answers every replica, and no call failed within the last minute."""
+CORE_STATE_DEGRADED: CoreState.ValueType  # 3
+"""The core answers, but some calls failed within the last minute (no answer, or service
+refused), or some replicas do not reach it.
+"""
+CORE_STATE_UNREACHABLE: CoreState.ValueType  # 4
+"""No replica reaches the core: since its previous heartbeat, none of its calls (the probe
+included) got an answer. Admits fail CORE_UNAVAILABLE; estimated start times are unset.
+"""
+CORE_STATE_REFUSING: CoreState.ValueType  # 5
+"""The core refuses new runs (the provider's budget used up): since its previous heartbeat, no
+replica's CreateRun was taken, and some were refused. Admits fail PROVIDER_BUDGET_EXHAUSTED.
+"""
+Global___CoreState: _TypeAlias = CoreState  # noqa: Y015
+
 class _LedgerEntryKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -170,6 +218,7 @@ class Overview(_message.Message):
     RELEASES_PAUSED_BY_FIELD_NUMBER: _builtins.int
     RELEASES_PAUSED_NOTE_FIELD_NUMBER: _builtins.int
     PAUSED_USERS_FIELD_NUMBER: _builtins.int
+    CORE_HEALTH_FIELD_NUMBER: _builtins.int
     queued: _builtins.int
     """Jobs waiting for a slot."""
     pending: _builtins.int
@@ -241,6 +290,15 @@ class Overview(_message.Message):
     def releases_paused_since(self) -> _timestamp_pb2.Timestamp:
         """Since when the fleet's releases are paused; unset when they are not."""
 
+    @_builtins.property
+    def core_health(self) -> Global___CoreHealth:
+        """The core's health as the replicas read it: their last answer, failures and latency over the
+        last minutes, and the state (red when no replica reaches the core or it refuses service).
+        With the core stopped, the state turns UNREACHABLE within 15 seconds (three heartbeats of 5
+        seconds: each replica probes the core when nothing answered since its previous heartbeat),
+        plus the watch's interval for WatchOverview. Added to the contract additively.
+        """
+
     def __init__(
         self,
         *,
@@ -269,14 +327,97 @@ class Overview(_message.Message):
         releases_paused_by: _builtins.str = ...,
         releases_paused_note: _builtins.str = ...,
         paused_users: _builtins.int = ...,
+        core_health: Global___CoreHealth | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_capacity_wait_time", b"oldest_capacity_wait_time", "oldest_queued_create_time", b"oldest_queued_create_time", "read_time", b"read_time", "releases_paused_since", b"releases_paused_since"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["core_health", b"core_health", "oldest_capacity_wait_time", b"oldest_capacity_wait_time", "oldest_queued_create_time", b"oldest_queued_create_time", "read_time", b"read_time", "releases_paused_since", b"releases_paused_since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admits_per_minute", b"admits_per_minute", "canceled_in_window", b"canceled_in_window", "capacity_in_use", b"capacity_in_use", "capacity_limit", b"capacity_limit", "capacity_waiting_jobs", b"capacity_waiting_jobs", "capacity_waiting_users", b"capacity_waiting_users", "core_limit", b"core_limit", "core_refusals", b"core_refusals", "failed_in_window", b"failed_in_window", "oldest_capacity_wait_time", b"oldest_capacity_wait_time", "oldest_queued_create_time", b"oldest_queued_create_time", "paused_users", b"paused_users", "pending", b"pending", "queued", b"queued", "read_time", b"read_time", "releases_paused", b"releases_paused", "releases_paused_by", b"releases_paused_by", "releases_paused_note", b"releases_paused_note", "releases_paused_since", b"releases_paused_since", "releases_retrying", b"releases_retrying", "running", b"running", "runs_reconciling", b"runs_reconciling", "succeeded_in_window", b"succeeded_in_window", "users_waiting", b"users_waiting", "window_minutes", b"window_minutes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admits_per_minute", b"admits_per_minute", "canceled_in_window", b"canceled_in_window", "capacity_in_use", b"capacity_in_use", "capacity_limit", b"capacity_limit", "capacity_waiting_jobs", b"capacity_waiting_jobs", "capacity_waiting_users", b"capacity_waiting_users", "core_health", b"core_health", "core_limit", b"core_limit", "core_refusals", b"core_refusals", "failed_in_window", b"failed_in_window", "oldest_capacity_wait_time", b"oldest_capacity_wait_time", "oldest_queued_create_time", b"oldest_queued_create_time", "paused_users", b"paused_users", "pending", b"pending", "queued", b"queued", "read_time", b"read_time", "releases_paused", b"releases_paused", "releases_paused_by", b"releases_paused_by", "releases_paused_note", b"releases_paused_note", "releases_paused_since", b"releases_paused_since", "releases_retrying", b"releases_retrying", "running", b"running", "runs_reconciling", b"runs_reconciling", "succeeded_in_window", b"succeeded_in_window", "users_waiting", b"users_waiting", "window_minutes", b"window_minutes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Overview: _TypeAlias = Overview  # noqa: Y015
+
+@_typing.final
+class CoreHealth(_message.Message):
+    """The core's recent health: fleet-wide on the Overview (from the replicas' reports of the last
+    15 seconds), or as one replica reads it (Replica.core_health). Calls include each replica's
+    probe: a GetRun of a run that does not exist, made when nothing answered since its previous
+    heartbeat (every 5 seconds). Added to the contract additively.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    LAST_SUCCESS_TIME_FIELD_NUMBER: _builtins.int
+    LAST_FAILURE_TIME_FIELD_NUMBER: _builtins.int
+    LAST_FAILURE_REASON_FIELD_NUMBER: _builtins.int
+    WINDOW_MINUTES_FIELD_NUMBER: _builtins.int
+    ANSWERED_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    UNKNOWN_FIELD_NUMBER: _builtins.int
+    ADMITS_UNAVAILABLE_FIELD_NUMBER: _builtins.int
+    LATENCY_P50_MS_FIELD_NUMBER: _builtins.int
+    LATENCY_P99_MS_FIELD_NUMBER: _builtins.int
+    REPLICAS_REPORTING_FIELD_NUMBER: _builtins.int
+    REPLICAS_REACHING_FIELD_NUMBER: _builtins.int
+    state: Global___CoreState.ValueType
+    """The state; see CoreState."""
+    last_failure_reason: _builtins.str
+    """Why that call failed: the gRPC code (UNAVAILABLE, DEADLINE_EXCEEDED) or the reason
+    (PROVIDER_BUDGET_EXHAUSTED).
+    """
+    window_minutes: _builtins.int
+    """The window the counts and latencies cover, in minutes (the current, partial minute included)."""
+    answered: _builtins.int
+    """Calls the core answered within the window."""
+    refused: _builtins.int
+    """Calls the core refused within the window (a rejected admit, no capacity, no budget)."""
+    unknown: _builtins.int
+    """Calls that got no answer within the window (maybe applied)."""
+    admits_unavailable: _builtins.int
+    """Admits answered CORE_UNAVAILABLE within the window."""
+    latency_p50_ms: _builtins.float
+    """The median latency of the core's answers within the window, in milliseconds (an upper
+    bound: 1, 2, 5, 10, 20, 50 ... 5000 ms buckets); 0 without an answer.
+    """
+    latency_p99_ms: _builtins.float
+    """The 99th percentile of the same; 0 without an answer."""
+    replicas_reporting: _builtins.int
+    """Replicas whose report counts (on the Overview: heartbeats of the last 15 seconds)."""
+    replicas_reaching: _builtins.int
+    """Of those, the replicas that reach the core (their state is not UNREACHABLE)."""
+    @_builtins.property
+    def last_success_time(self) -> _timestamp_pb2.Timestamp:
+        """The latest call the core answered (a refusal of the request is an answer); unset when none."""
+
+    @_builtins.property
+    def last_failure_time(self) -> _timestamp_pb2.Timestamp:
+        """The latest call that got no answer, or that the core refused service; unset when none."""
+
+    def __init__(
+        self,
+        *,
+        state: Global___CoreState.ValueType = ...,
+        last_success_time: _timestamp_pb2.Timestamp | None = ...,
+        last_failure_time: _timestamp_pb2.Timestamp | None = ...,
+        last_failure_reason: _builtins.str = ...,
+        window_minutes: _builtins.int = ...,
+        answered: _builtins.int = ...,
+        refused: _builtins.int = ...,
+        unknown: _builtins.int = ...,
+        admits_unavailable: _builtins.int = ...,
+        latency_p50_ms: _builtins.float = ...,
+        latency_p99_ms: _builtins.float = ...,
+        replicas_reporting: _builtins.int = ...,
+        replicas_reaching: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_failure_time", b"last_failure_time", "last_success_time", b"last_success_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admits_unavailable", b"admits_unavailable", "answered", b"answered", "last_failure_reason", b"last_failure_reason", "last_failure_time", b"last_failure_time", "last_success_time", b"last_success_time", "latency_p50_ms", b"latency_p50_ms", "latency_p99_ms", b"latency_p99_ms", "refused", b"refused", "replicas_reaching", b"replicas_reaching", "replicas_reporting", b"replicas_reporting", "state", b"state", "unknown", b"unknown", "window_minutes", b"window_minutes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CoreHealth: _TypeAlias = CoreHealth  # noqa: Y015
 
 @_typing.final
 class SearchJobsRequest(_message.Message):
@@ -1438,6 +1579,7 @@ class Replica(_message.Message):
     WATCH_STREAMS_FIELD_NUMBER: _builtins.int
     OVERVIEW_STREAMS_FIELD_NUMBER: _builtins.int
     CORE_CALLS_FIELD_NUMBER: _builtins.int
+    CORE_HEALTH_FIELD_NUMBER: _builtins.int
     replica_id: _builtins.str
     """`host:pid:random`, new at each start of the process."""
     host: _builtins.str
@@ -1462,6 +1604,12 @@ class Replica(_message.Message):
     def core_calls(self) -> Global___CoreCalls:
         """The core's health as this replica saw it since it started."""
 
+    @_builtins.property
+    def core_health(self) -> Global___CoreHealth:
+        """The core's recent health as this replica read it at its last heartbeat (unset from a
+        replica of an older version). Added to the contract additively.
+        """
+
     def __init__(
         self,
         *,
@@ -1474,10 +1622,11 @@ class Replica(_message.Message):
         watch_streams: _builtins.int = ...,
         overview_streams: _builtins.int = ...,
         core_calls: Global___CoreCalls | None = ...,
+        core_health: Global___CoreHealth | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["core_calls", b"core_calls", "heartbeat_time", b"heartbeat_time", "start_time", b"start_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["core_calls", b"core_calls", "core_health", b"core_health", "heartbeat_time", b"heartbeat_time", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls_in_flight", b"calls_in_flight", "core_calls", b"core_calls", "draining", b"draining", "heartbeat_time", b"heartbeat_time", "host", b"host", "overview_streams", b"overview_streams", "replica_id", b"replica_id", "start_time", b"start_time", "watch_streams", b"watch_streams"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls_in_flight", b"calls_in_flight", "core_calls", b"core_calls", "core_health", b"core_health", "draining", b"draining", "heartbeat_time", b"heartbeat_time", "host", b"host", "overview_streams", b"overview_streams", "replica_id", b"replica_id", "start_time", b"start_time", "watch_streams", b"watch_streams"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/operator_service.proto.
  */
 export const file_acurio_queue_v1_operator_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyL6BQoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2NhcGFjaXR5X2luX3VzZRgOIAEoAxIWCg5jYXBhY2l0eV9saW1pdBgPIAEoAxIdChVjYXBhY2l0eV93YWl0aW5nX2pvYnMYECABKAMSHgoWY2FwYWNpdHlfd2FpdGluZ191c2VycxgRIAEoAxI9ChlvbGRlc3RfY2FwYWNpdHlfd2FpdF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjb3JlX2xpbWl0GBMgASgDEhUKDWNvcmVfcmVmdXNhbHMYFCABKAMSFwoPcmVsZWFzZXNfcGF1c2VkGB4gASgIEjkKFXJlbGVhc2VzX3BhdXNlZF9zaW5jZRgfIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGgoScmVsZWFzZXNfcGF1c2VkX2J5GCAgASgJEhwKFHJlbGVhc2VzX3BhdXNlZF9ub3RlGCIgASgJEhQKDHBhdXNlZF91c2VycxghIAEoAyJmChFTZWFyY2hKb2JzUmVxdWVzdBIqCgZmaWx0ZXIYASABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIlEKElNlYXJjaEpvYnNSZXNwb25zZRIiCgRqb2JzGAEgAygLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiQwoUV2F0Y2hPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUSEwoLaW50ZXJ2YWxfbXMYAiABKAUiRAoVV2F0Y2hPdmVydmlld1Jlc3BvbnNlEisKCG92ZXJ2aWV3GAEgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLk92ZXJ2aWV3ImIKEUNhbmNlbEpvYnNSZXF1ZXN0EioKBmZpbHRlchgBIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Kb2JGaWx0ZXISDwoHZHJ5X3J1bhgCIAEoCBIQCghtYXhfam9icxgDIAEoBSKEAQoSQ2FuY2VsSm9ic1Jlc3BvbnNlEg8KB21hdGNoZWQYASABKAUSGQoRbW9yZV90aGFuX2NvdW50ZWQYAiABKAgSEAoIY2FuY2VsZWQYAyABKAUSMAoIZmFpbHVyZXMYBCADKAsyHi5hY3VyaW8ucXVldWUudjEuQ2FuY2VsRmFpbHVyZSJACg1DYW5jZWxGYWlsdXJlEg4KBmpvYl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkSDwoHbWVzc2FnZRgDIAEoCSJxChhMaXN0TGVkZ2VyRW50cmllc1JlcXVlc3QSDwoHdXNlcl9pZBgBIAEoCRIOCgZqb2JfaWQYAiABKAkSEQoJcGFnZV9zaXplGAMgASgFEhIKCnBhZ2VfdG9rZW4YBCABKAkSDQoFYWN0b3IYBSABKAkiYwoZTGlzdExlZGdlckVudHJpZXNSZXNwb25zZRItCgdlbnRyaWVzGAEgAygLMhwuYWN1cmlvLnF1ZXVlLnYxLkxlZGdlckVudHJ5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSL3AQoLTGVkZ2VyRW50cnkSEAoIZW50cnlfaWQYASABKAMSLwoLY3JlYXRlX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB3VzZXJfaWQYAyABKAkSLgoEa2luZBgEIAEoDjIgLmFjdXJpby5xdWV1ZS52MS5MZWRnZXJFbnRyeUtpbmQSDgoGYW1vdW50GAUgASgDEg4KBmpvYl9pZBgGIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYByABKAkSDQoFYWN0b3IYCCABKAkSDgoGcmVhc29uGAkgASgJEgwKBG5vdGUYCiABKAkiPQoWU2V0Q29yZUNhcGFjaXR5UmVxdWVzdBIQCghjYXBhY2l0eRgBIAEoBRIRCgl1bmxpbWl0ZWQYAiABKAgidgoXU2V0Q29yZUNhcGFjaXR5UmVzcG9uc2USLgoGY2hhbmdlGAEgASgLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2USKwoIb3ZlcnZpZXcYAiABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciSQoYU2V0UmVsZWFzZXNQYXVzZWRSZXF1ZXN0Eg4KBnBhdXNlZBgBIAEoCBIPCgd1c2VyX2lkGAIgASgJEgwKBG5vdGUYAyABKAkieAoZU2V0UmVsZWFzZXNQYXVzZWRSZXNwb25zZRIuCgZjaGFuZ2UYASABKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZRIrCghvdmVydmlldxgCIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyIpChZHZXRVc2VyU2V0dGluZ3NSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkiigIKF0dldFVzZXJTZXR0aW5nc1Jlc3BvbnNlEg8KB3VzZXJfaWQYASABKAkSEgoKbWF4X2FjdGl2ZRgCIAEoBRIdChVtYXhfYWN0aXZlX2lzX2RlZmF1bHQYAyABKAgSFwoPcmVsZWFzZXNfcGF1c2VkGAQgASgIEjkKFXJlbGVhc2VzX3BhdXNlZF9zaW5jZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGgoScmVsZWFzZXNfcGF1c2VkX2J5GAYgASgJEhwKFHJlbGVhc2VzX3BhdXNlZF9ub3RlGAcgASgJEh0KFWZsZWV0X3JlbGVhc2VzX3BhdXNlZBgIIAEoCCI/ChhTZXRVc2VyUXVldWVMaW1pdFJlcXVlc3QSDwoHdXNlcl9pZBgBIAEoCRISCgptYXhfYWN0aXZlGAIgASgFIksKGVNldFVzZXJRdWV1ZUxpbWl0UmVzcG9uc2USLgoGY2hhbmdlGAEgASgLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2UiQgoZTGlzdFNldHRpbmdDaGFuZ2VzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJmChpMaXN0U2V0dGluZ0NoYW5nZXNSZXNwb25zZRIvCgdjaGFuZ2VzGAEgAygLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2USFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIrgBCg1TZXR0aW5nQ2hhbmdlEhEKCWNoYW5nZV9pZBgBIAEoAxIPCgdzZXR0aW5nGAIgASgJEg8KB3VzZXJfaWQYAyABKAkSEQoJb2xkX3ZhbHVlGAQgASgFEhEKCW5ld192YWx1ZRgFIAEoBRINCgVhY3RvchgGIAEoCRIvCgtjcmVhdGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDAoEbm90ZRgIIAEoCSJLCg9SZXRyeUpvYlJlcXVlc3QSDgoGam9iX2lkGAEgASgJEhEKCXJldHJ5X2tleRgCIAEoCRIVCg1hbm90aGVyX3JldHJ5GAMgASgIIksKEFJldHJ5Sm9iUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIUCgxhZG1pdHRlZF9ub3cYAiABKAgicgoQUmV0cnlKb2JzUmVxdWVzdBIPCgdqb2JfaWRzGAEgAygJEioKBmZpbHRlchgCIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Kb2JGaWx0ZXISDwoHZHJ5X3J1bhgDIAEoCBIQCghtYXhfam9icxgEIAEoBSLGAQoRUmV0cnlKb2JzUmVzcG9uc2USDwoHbWF0Y2hlZBgBIAEoBRIZChFtb3JlX3RoYW5fY291bnRlZBgCIAEoCBIPCgdyZXRyaWVkGAMgASgFEh8KF2FscmVhZHlfcmV0cmllZF9qb2JfaWRzGAQgAygJEi8KCGZhaWx1cmVzGAUgAygLMh0uYWN1cmlvLnF1ZXVlLnYxLlJldHJ5RmFpbHVyZRIiCgRqb2JzGAYgAygLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYiI/CgxSZXRyeUZhaWx1cmUSDgoGam9iX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIPCgdtZXNzYWdlGAMgASgJIi0KGExpc3RVc2Vyc1dpdGhXb3JrUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUiWgoZTGlzdFVzZXJzV2l0aFdvcmtSZXNwb25zZRIoCgV1c2VycxgBIAMoCzIZLmFjdXJpby5xdWV1ZS52MS5Vc2VyV29yaxITCgt1c2Vyc190b3RhbBgCIAEoAyLEAQoIVXNlcldvcmsSDwoHdXNlcl9pZBgBIAEoCRIOCgZxdWV1ZWQYAiABKAMSDwoHcGVuZGluZxgDIAEoAxIPCgdydW5uaW5nGAQgASgDEj0KGW9sZGVzdF9xdWV1ZWRfY3JlYXRlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjYKEm9sZGVzdF9jcmVhdGVfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiMAoWR2V0UXVldWVIaXN0b3J5UmVxdWVzdBIWCg53aW5kb3dfbWludXRlcxgBIAEoBSKPAQoXR2V0UXVldWVIaXN0b3J5UmVzcG9uc2USLQoHbWludXRlcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5RdWV1ZU1pbnV0ZRIWCg53aW5kb3dfbWludXRlcxgCIAEoBRItCglyZWFkX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wInoKC1F1ZXVlTWludXRlEioKBm1pbnV0ZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGcXVldWVkGAIgASgDEg4KBmFjdGl2ZRgDIAEoAxIQCghhZG1pdHRlZBgEIAEoAxINCgVlbmRlZBgFIAEoAyIVChNMaXN0UmVwbGljYXNSZXF1ZXN0InEKFExpc3RSZXBsaWNhc1Jlc3BvbnNlEioKCHJlcGxpY2FzGAEgAygLMhguYWN1cmlvLnF1ZXVlLnYxLlJlcGxpY2ESLQoJcmVhZF90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKbAgoHUmVwbGljYRISCgpyZXBsaWNhX2lkGAEgASgJEgwKBGhvc3QYAiABKAkSLgoKc3RhcnRfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOaGVhcnRiZWF0X3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGRyYWluaW5nGAUgASgIEhcKD2NhbGxzX2luX2ZsaWdodBgGIAEoBRIVCg13YXRjaF9zdHJlYW1zGAcgASgFEhgKEG92ZXJ2aWV3X3N0cmVhbXMYCCABKAUSLgoKY29yZV9jYWxscxgJIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Db3JlQ2FsbHMidgoJQ29yZUNhbGxzEhAKCGFuc3dlcmVkGAEgASgDEg8KB3JlZnVzZWQYAiABKAMSDwoHdW5rbm93bhgDIAEoAxI1ChFsYXN0X3Vua25vd25fdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAqjQEKD0xlZGdlckVudHJ5S2luZBIhCh1MRURHRVJfRU5UUllfS0lORF9VTlNQRUNJRklFRBAAEhsKF0xFREdFUl9FTlRSWV9LSU5EX0dSQU5UEAESHAoYTEVER0VSX0VOVFJZX0tJTkRfQ0hBUkdFEAISHAoYTEVER0VSX0VOVFJZX0tJTkRfUkVGVU5EEAMyzgsKD09wZXJhdG9yU2VydmljZRJYCgtHZXRPdmVydmlldxIjLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1JlcXVlc3QaJC5hY3VyaW8ucXVldWUudjEuR2V0T3ZlcnZpZXdSZXNwb25zZRJVCgpTZWFyY2hKb2JzEiIuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXNwb25zZRJgCg1XYXRjaE92ZXJ2aWV3EiUuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXF1ZXN0GiYuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXNwb25zZTABElUKCkNhbmNlbEpvYnMSIi5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1Jlc3BvbnNlEmoKEUxpc3RMZWRnZXJFbnRyaWVzEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEmQKD1NldENvcmVDYXBhY2l0eRInLmFjdXJpby5xdWV1ZS52MS5TZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlc3BvbnNlEmoKEVNldFJlbGVhc2VzUGF1c2VkEikuYWN1cmlvLnF1ZXVlLnYxLlNldFJlbGVhc2VzUGF1c2VkUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5TZXRSZWxlYXNlc1BhdXNlZFJlc3BvbnNlEmQKD0dldFVzZXJTZXR0aW5ncxInLmFjdXJpby5xdWV1ZS52MS5HZXRVc2VyU2V0dGluZ3NSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkdldFVzZXJTZXR0aW5nc1Jlc3BvbnNlEmoKEVNldFVzZXJRdWV1ZUxpbWl0EikuYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5TZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEm0KEkxpc3RTZXR0aW5nQ2hhbmdlcxIqLmFjdXJpby5xdWV1ZS52MS5MaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0GisuYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEk8KCFJldHJ5Sm9iEiAuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9iUmVxdWVzdBohLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYlJlc3BvbnNlElIKCVJldHJ5Sm9icxIhLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYnNSZXF1ZXN0GiIuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9ic1Jlc3BvbnNlEmoKEUxpc3RVc2Vyc1dpdGhXb3JrEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RVc2Vyc1dpdGhXb3JrUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEmQKD0dldFF1ZXVlSGlzdG9yeRInLmFjdXJpby5xdWV1ZS52MS5HZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkdldFF1ZXVlSGlzdG9yeVJlc3BvbnNlElsKDExpc3RSZXBsaWNhcxIkLmFjdXJpby5xdWV1ZS52MS5MaXN0UmVwbGljYXNSZXF1ZXN0GiUuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZXBsaWNhc1Jlc3BvbnNlYgZwcm90bzM", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
+  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIsQBCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCCIsChJHZXRPdmVydmlld1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiQgoTR2V0T3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyKsBgoIT3ZlcnZpZXcSDgoGcXVldWVkGAEgASgDEg8KB3BlbmRpbmcYAiABKAMSDwoHcnVubmluZxgDIAEoAxIbChNzdWNjZWVkZWRfaW5fd2luZG93GAQgASgDEhgKEGZhaWxlZF9pbl93aW5kb3cYBSABKAMSGgoSY2FuY2VsZWRfaW5fd2luZG93GAYgASgDEhUKDXVzZXJzX3dhaXRpbmcYByABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGQoRcmVsZWFzZXNfcmV0cnlpbmcYCSABKAMSGAoQcnVuc19yZWNvbmNpbGluZxgKIAEoAxIZChFhZG1pdHNfcGVyX21pbnV0ZRgLIAMoAxIWCg53aW5kb3dfbWludXRlcxgMIAEoBRItCglyZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2NhcGFjaXR5X2luX3VzZRgOIAEoAxIWCg5jYXBhY2l0eV9saW1pdBgPIAEoAxIdChVjYXBhY2l0eV93YWl0aW5nX2pvYnMYECABKAMSHgoWY2FwYWNpdHlfd2FpdGluZ191c2VycxgRIAEoAxI9ChlvbGRlc3RfY2FwYWNpdHlfd2FpdF90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjb3JlX2xpbWl0GBMgASgDEhUKDWNvcmVfcmVmdXNhbHMYFCABKAMSFwoPcmVsZWFzZXNfcGF1c2VkGB4gASgIEjkKFXJlbGVhc2VzX3BhdXNlZF9zaW5jZRgfIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGgoScmVsZWFzZXNfcGF1c2VkX2J5GCAgASgJEhwKFHJlbGVhc2VzX3BhdXNlZF9ub3RlGCIgASgJEhQKDHBhdXNlZF91c2VycxghIAEoAxIwCgtjb3JlX2hlYWx0aBgVIAEoCzIbLmFjdXJpby5xdWV1ZS52MS5Db3JlSGVhbHRoIpEDCgpDb3JlSGVhbHRoEikKBXN0YXRlGAEgASgOMhouYWN1cmlvLnF1ZXVlLnYxLkNvcmVTdGF0ZRI1ChFsYXN0X3N1Y2Nlc3NfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNQoRbGFzdF9mYWlsdXJlX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhsKE2xhc3RfZmFpbHVyZV9yZWFzb24YBCABKAkSFgoOd2luZG93X21pbnV0ZXMYBSABKAUSEAoIYW5zd2VyZWQYBiABKAMSDwoHcmVmdXNlZBgHIAEoAxIPCgd1bmtub3duGAggASgDEhoKEmFkbWl0c191bmF2YWlsYWJsZRgJIAEoAxIWCg5sYXRlbmN5X3A1MF9tcxgKIAEoARIWCg5sYXRlbmN5X3A5OV9tcxgLIAEoARIaChJyZXBsaWNhc19yZXBvcnRpbmcYDCABKAUSGQoRcmVwbGljYXNfcmVhY2hpbmcYDSABKAUiZgoRU2VhcmNoSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJRChJTZWFyY2hKb2JzUmVzcG9uc2USIgoEam9icxgBIAMoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkMKFFdhdGNoT3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFEhMKC2ludGVydmFsX21zGAIgASgFIkQKFVdhdGNoT3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJiChFDYW5jZWxKb2JzUmVxdWVzdBIqCgZmaWx0ZXIYASABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEg8KB2RyeV9ydW4YAiABKAgSEAoIbWF4X2pvYnMYAyABKAUihAEKEkNhbmNlbEpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEhAKCGNhbmNlbGVkGAMgASgFEjAKCGZhaWx1cmVzGAQgAygLMh4uYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEZhaWx1cmUiQAoNQ2FuY2VsRmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkicQoYTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSDgoGam9iX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJEg0KBWFjdG9yGAUgASgJImMKGUxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USLQoHZW50cmllcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5MZWRnZXJFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki9wEKC0xlZGdlckVudHJ5EhAKCGVudHJ5X2lkGAEgASgDEi8KC2NyZWF0ZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgd1c2VyX2lkGAMgASgJEi4KBGtpbmQYBCABKA4yIC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnlLaW5kEg4KBmFtb3VudBgFIAEoAxIOCgZqb2JfaWQYBiABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEg0KBWFjdG9yGAggASgJEg4KBnJlYXNvbhgJIAEoCRIMCgRub3RlGAogASgJIj0KFlNldENvcmVDYXBhY2l0eVJlcXVlc3QSEAoIY2FwYWNpdHkYASABKAUSEQoJdW5saW1pdGVkGAIgASgIInYKF1NldENvcmVDYXBhY2l0eVJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEisKCG92ZXJ2aWV3GAIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLk92ZXJ2aWV3IkkKGFNldFJlbGVhc2VzUGF1c2VkUmVxdWVzdBIOCgZwYXVzZWQYASABKAgSDwoHdXNlcl9pZBgCIAEoCRIMCgRub3RlGAMgASgJIngKGVNldFJlbGVhc2VzUGF1c2VkUmVzcG9uc2USLgoGY2hhbmdlGAEgASgLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2USKwoIb3ZlcnZpZXcYAiABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciKQoWR2V0VXNlclNldHRpbmdzUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJIooCChdHZXRVc2VyU2V0dGluZ3NSZXNwb25zZRIPCgd1c2VyX2lkGAEgASgJEhIKCm1heF9hY3RpdmUYAiABKAUSHQoVbWF4X2FjdGl2ZV9pc19kZWZhdWx0GAMgASgIEhcKD3JlbGVhc2VzX3BhdXNlZBgEIAEoCBI5ChVyZWxlYXNlc19wYXVzZWRfc2luY2UYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhoKEnJlbGVhc2VzX3BhdXNlZF9ieRgGIAEoCRIcChRyZWxlYXNlc19wYXVzZWRfbm90ZRgHIAEoCRIdChVmbGVldF9yZWxlYXNlc19wYXVzZWQYCCABKAgiPwoYU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSEgoKbWF4X2FjdGl2ZRgCIAEoBSJLChlTZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlIkIKGUxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiZgoaTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USLwoHY2hhbmdlcxgBIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSK4AQoNU2V0dGluZ0NoYW5nZRIRCgljaGFuZ2VfaWQYASABKAMSDwoHc2V0dGluZxgCIAEoCRIPCgd1c2VyX2lkGAMgASgJEhEKCW9sZF92YWx1ZRgEIAEoBRIRCgluZXdfdmFsdWUYBSABKAUSDQoFYWN0b3IYBiABKAkSLwoLY3JlYXRlX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEgwKBG5vdGUYCCABKAkiSwoPUmV0cnlKb2JSZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCRIRCglyZXRyeV9rZXkYAiABKAkSFQoNYW5vdGhlcl9yZXRyeRgDIAEoCCJLChBSZXRyeUpvYlJlc3BvbnNlEiEKA2pvYhgBIAEoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFAoMYWRtaXR0ZWRfbm93GAIgASgIInIKEFJldHJ5Sm9ic1JlcXVlc3QSDwoHam9iX2lkcxgBIAMoCRIqCgZmaWx0ZXIYAiABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEg8KB2RyeV9ydW4YAyABKAgSEAoIbWF4X2pvYnMYBCABKAUixgEKEVJldHJ5Sm9ic1Jlc3BvbnNlEg8KB21hdGNoZWQYASABKAUSGQoRbW9yZV90aGFuX2NvdW50ZWQYAiABKAgSDwoHcmV0cmllZBgDIAEoBRIfChdhbHJlYWR5X3JldHJpZWRfam9iX2lkcxgEIAMoCRIvCghmYWlsdXJlcxgFIAMoCzIdLmFjdXJpby5xdWV1ZS52MS5SZXRyeUZhaWx1cmUSIgoEam9icxgGIAMoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2IiPwoMUmV0cnlGYWlsdXJlEg4KBmpvYl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkSDwoHbWVzc2FnZRgDIAEoCSItChhMaXN0VXNlcnNXaXRoV29ya1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFIloKGUxpc3RVc2Vyc1dpdGhXb3JrUmVzcG9uc2USKAoFdXNlcnMYASADKAsyGS5hY3VyaW8ucXVldWUudjEuVXNlcldvcmsSEwoLdXNlcnNfdG90YWwYAiABKAMixAEKCFVzZXJXb3JrEg8KB3VzZXJfaWQYASABKAkSDgoGcXVldWVkGAIgASgDEg8KB3BlbmRpbmcYAyABKAMSDwoHcnVubmluZxgEIAEoAxI9ChlvbGRlc3RfcXVldWVkX2NyZWF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI2ChJvbGRlc3RfY3JlYXRlX3RpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjAKFkdldFF1ZXVlSGlzdG9yeVJlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUijwEKF0dldFF1ZXVlSGlzdG9yeVJlc3BvbnNlEi0KB21pbnV0ZXMYASADKAsyHC5hY3VyaW8ucXVldWUudjEuUXVldWVNaW51dGUSFgoOd2luZG93X21pbnV0ZXMYAiABKAUSLQoJcmVhZF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ6CgtRdWV1ZU1pbnV0ZRIqCgZtaW51dGUYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBnF1ZXVlZBgCIAEoAxIOCgZhY3RpdmUYAyABKAMSEAoIYWRtaXR0ZWQYBCABKAMSDQoFZW5kZWQYBSABKAMiFQoTTGlzdFJlcGxpY2FzUmVxdWVzdCJxChRMaXN0UmVwbGljYXNSZXNwb25zZRIqCghyZXBsaWNhcxgBIAMoCzIYLmFjdXJpby5xdWV1ZS52MS5SZXBsaWNhEi0KCXJlYWRfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAizQIKB1JlcGxpY2ESEgoKcmVwbGljYV9pZBgBIAEoCRIMCgRob3N0GAIgASgJEi4KCnN0YXJ0X3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKDmhlYXJ0YmVhdF90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghkcmFpbmluZxgFIAEoCBIXCg9jYWxsc19pbl9mbGlnaHQYBiABKAUSFQoNd2F0Y2hfc3RyZWFtcxgHIAEoBRIYChBvdmVydmlld19zdHJlYW1zGAggASgFEi4KCmNvcmVfY2FsbHMYCSABKAsyGi5hY3VyaW8ucXVldWUudjEuQ29yZUNhbGxzEjAKC2NvcmVfaGVhbHRoGAogASgLMhsuYWN1cmlvLnF1ZXVlLnYxLkNvcmVIZWFsdGgidgoJQ29yZUNhbGxzEhAKCGFuc3dlcmVkGAEgASgDEg8KB3JlZnVzZWQYAiABKAMSDwoHdW5rbm93bhgDIAEoAxI1ChFsYXN0X3Vua25vd25fdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAqpQEKCUNvcmVTdGF0ZRIaChZDT1JFX1NUQVRFX1VOU1BFQ0lGSUVEEAASFgoSQ09SRV9TVEFURV9VTktOT1dOEAESFgoSQ09SRV9TVEFURV9IRUFMVEhZEAISFwoTQ09SRV9TVEFURV9ERUdSQURFRBADEhoKFkNPUkVfU1RBVEVfVU5SRUFDSEFCTEUQBBIXChNDT1JFX1NUQVRFX1JFRlVTSU5HEAUqjQEKD0xlZGdlckVudHJ5S2luZBIhCh1MRURHRVJfRU5UUllfS0lORF9VTlNQRUNJRklFRBAAEhsKF0xFREdFUl9FTlRSWV9LSU5EX0dSQU5UEAESHAoYTEVER0VSX0VOVFJZX0tJTkRfQ0hBUkdFEAISHAoYTEVER0VSX0VOVFJZX0tJTkRfUkVGVU5EEAMyzgsKD09wZXJhdG9yU2VydmljZRJYCgtHZXRPdmVydmlldxIjLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1JlcXVlc3QaJC5hY3VyaW8ucXVldWUudjEuR2V0T3ZlcnZpZXdSZXNwb25zZRJVCgpTZWFyY2hKb2JzEiIuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXNwb25zZRJgCg1XYXRjaE92ZXJ2aWV3EiUuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXF1ZXN0GiYuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXNwb25zZTABElUKCkNhbmNlbEpvYnMSIi5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1Jlc3BvbnNlEmoKEUxpc3RMZWRnZXJFbnRyaWVzEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEmQKD1NldENvcmVDYXBhY2l0eRInLmFjdXJpby5xdWV1ZS52MS5TZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlc3BvbnNlEmoKEVNldFJlbGVhc2VzUGF1c2VkEikuYWN1cmlvLnF1ZXVlLnYxLlNldFJlbGVhc2VzUGF1c2VkUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5TZXRSZWxlYXNlc1BhdXNlZFJlc3BvbnNlEmQKD0dldFVzZXJTZXR0aW5ncxInLmFjdXJpby5xdWV1ZS52MS5HZXRVc2VyU2V0dGluZ3NSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkdldFVzZXJTZXR0aW5nc1Jlc3BvbnNlEmoKEVNldFVzZXJRdWV1ZUxpbWl0EikuYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5TZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEm0KEkxpc3RTZXR0aW5nQ2hhbmdlcxIqLmFjdXJpby5xdWV1ZS52MS5MaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0GisuYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEk8KCFJldHJ5Sm9iEiAuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9iUmVxdWVzdBohLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYlJlc3BvbnNlElIKCVJldHJ5Sm9icxIhLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYnNSZXF1ZXN0GiIuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9ic1Jlc3BvbnNlEmoKEUxpc3RVc2Vyc1dpdGhXb3JrEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RVc2Vyc1dpdGhXb3JrUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEmQKD0dldFF1ZXVlSGlzdG9yeRInLmFjdXJpby5xdWV1ZS52MS5HZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkdldFF1ZXVlSGlzdG9yeVJlc3BvbnNlElsKDExpc3RSZXBsaWNhcxIkLmFjdXJpby5xdWV1ZS52MS5MaXN0UmVwbGljYXNSZXF1ZXN0GiUuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZXBsaWNhc1Jlc3BvbnNlYgZwcm90bzM", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
 
 /**
  * Which jobs a search or a bulk cancel is about. Every set field narrows the match.
@@ -363,6 +363,17 @@ export type Overview = Message<"acurio.queue.v1.Overview"> & {
    * @generated from field: int64 paused_users = 33;
    */
   pausedUsers: bigint;
+
+  /**
+   * The core's health as the replicas read it: their last answer, failures and latency over the
+   * last minutes, and the state (red when no replica reaches the core or it refuses service).
+   * With the core stopped, the state turns UNREACHABLE within 15 seconds (three heartbeats of 5
+   * seconds: each replica probes the core when nothing answered since its previous heartbeat),
+   * plus the watch's interval for WatchOverview. Added to the contract additively.
+   *
+   * @generated from field: acurio.queue.v1.CoreHealth core_health = 21;
+   */
+  coreHealth?: CoreHealth | undefined;
 };
 
 /**
@@ -551,6 +562,17 @@ export type OverviewJson = {
    * @generated from field: int64 paused_users = 33;
    */
   pausedUsers?: string;
+
+  /**
+   * The core's health as the replicas read it: their last answer, failures and latency over the
+   * last minutes, and the state (red when no replica reaches the core or it refuses service).
+   * With the core stopped, the state turns UNREACHABLE within 15 seconds (three heartbeats of 5
+   * seconds: each replica probes the core when nothing answered since its previous heartbeat),
+   * plus the watch's interval for WatchOverview. Added to the contract additively.
+   *
+   * @generated from field: acurio.queue.v1.CoreHealth core_health = 21;
+   */
+  coreHealth?: CoreHealthJson;
 };
 
 /**
@@ -559,6 +581,219 @@ export type OverviewJson = {
  */
 export const OverviewSchema: GenMessage<Overview, {jsonType: OverviewJson}> = /*@__PURE__*/
   messageDesc(file_acurio_queue_v1_operator_service, 3);
+
+/**
+ * The core's recent health: fleet-wide on the Overview (from the replicas' reports of the last
+ * 15 seconds), or as one replica reads it (Replica.core_health). Calls include each replica's
+ * probe: a GetRun of a run that does not exist, made when nothing answered since its previous
+ * heartbeat (every 5 seconds). Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.CoreHealth
+ */
+export type CoreHealth = Message<"acurio.queue.v1.CoreHealth"> & {
+  /**
+   * The state; see CoreState.
+   *
+   * @generated from field: acurio.queue.v1.CoreState state = 1;
+   */
+  state: CoreState;
+
+  /**
+   * The latest call the core answered (a refusal of the request is an answer); unset when none.
+   *
+   * @generated from field: google.protobuf.Timestamp last_success_time = 2;
+   */
+  lastSuccessTime?: Timestamp | undefined;
+
+  /**
+   * The latest call that got no answer, or that the core refused service; unset when none.
+   *
+   * @generated from field: google.protobuf.Timestamp last_failure_time = 3;
+   */
+  lastFailureTime?: Timestamp | undefined;
+
+  /**
+   * Why that call failed: the gRPC code (UNAVAILABLE, DEADLINE_EXCEEDED) or the reason
+   * (PROVIDER_BUDGET_EXHAUSTED).
+   *
+   * @generated from field: string last_failure_reason = 4;
+   */
+  lastFailureReason: string;
+
+  /**
+   * The window the counts and latencies cover, in minutes (the current, partial minute included).
+   *
+   * @generated from field: int32 window_minutes = 5;
+   */
+  windowMinutes: number;
+
+  /**
+   * Calls the core answered within the window.
+   *
+   * @generated from field: int64 answered = 6;
+   */
+  answered: bigint;
+
+  /**
+   * Calls the core refused within the window (a rejected admit, no capacity, no budget).
+   *
+   * @generated from field: int64 refused = 7;
+   */
+  refused: bigint;
+
+  /**
+   * Calls that got no answer within the window (maybe applied).
+   *
+   * @generated from field: int64 unknown = 8;
+   */
+  unknown: bigint;
+
+  /**
+   * Admits answered CORE_UNAVAILABLE within the window.
+   *
+   * @generated from field: int64 admits_unavailable = 9;
+   */
+  admitsUnavailable: bigint;
+
+  /**
+   * The median latency of the core's answers within the window, in milliseconds (an upper
+   * bound: 1, 2, 5, 10, 20, 50 ... 5000 ms buckets); 0 without an answer.
+   *
+   * @generated from field: double latency_p50_ms = 10;
+   */
+  latencyP50Ms: number;
+
+  /**
+   * The 99th percentile of the same; 0 without an answer.
+   *
+   * @generated from field: double latency_p99_ms = 11;
+   */
+  latencyP99Ms: number;
+
+  /**
+   * Replicas whose report counts (on the Overview: heartbeats of the last 15 seconds).
+   *
+   * @generated from field: int32 replicas_reporting = 12;
+   */
+  replicasReporting: number;
+
+  /**
+   * Of those, the replicas that reach the core (their state is not UNREACHABLE).
+   *
+   * @generated from field: int32 replicas_reaching = 13;
+   */
+  replicasReaching: number;
+};
+
+/**
+ * The core's recent health: fleet-wide on the Overview (from the replicas' reports of the last
+ * 15 seconds), or as one replica reads it (Replica.core_health). Calls include each replica's
+ * probe: a GetRun of a run that does not exist, made when nothing answered since its previous
+ * heartbeat (every 5 seconds). Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.CoreHealth
+ */
+export type CoreHealthJson = {
+  /**
+   * The state; see CoreState.
+   *
+   * @generated from field: acurio.queue.v1.CoreState state = 1;
+   */
+  state?: CoreStateJson;
+
+  /**
+   * The latest call the core answered (a refusal of the request is an answer); unset when none.
+   *
+   * @generated from field: google.protobuf.Timestamp last_success_time = 2;
+   */
+  lastSuccessTime?: TimestampJson;
+
+  /**
+   * The latest call that got no answer, or that the core refused service; unset when none.
+   *
+   * @generated from field: google.protobuf.Timestamp last_failure_time = 3;
+   */
+  lastFailureTime?: TimestampJson;
+
+  /**
+   * Why that call failed: the gRPC code (UNAVAILABLE, DEADLINE_EXCEEDED) or the reason
+   * (PROVIDER_BUDGET_EXHAUSTED).
+   *
+   * @generated from field: string last_failure_reason = 4;
+   */
+  lastFailureReason?: string;
+
+  /**
+   * The window the counts and latencies cover, in minutes (the current, partial minute included).
+   *
+   * @generated from field: int32 window_minutes = 5;
+   */
+  windowMinutes?: number;
+
+  /**
+   * Calls the core answered within the window.
+   *
+   * @generated from field: int64 answered = 6;
+   */
+  answered?: string;
+
+  /**
+   * Calls the core refused within the window (a rejected admit, no capacity, no budget).
+   *
+   * @generated from field: int64 refused = 7;
+   */
+  refused?: string;
+
+  /**
+   * Calls that got no answer within the window (maybe applied).
+   *
+   * @generated from field: int64 unknown = 8;
+   */
+  unknown?: string;
+
+  /**
+   * Admits answered CORE_UNAVAILABLE within the window.
+   *
+   * @generated from field: int64 admits_unavailable = 9;
+   */
+  admitsUnavailable?: string;
+
+  /**
+   * The median latency of the core's answers within the window, in milliseconds (an upper
+   * bound: 1, 2, 5, 10, 20, 50 ... 5000 ms buckets); 0 without an answer.
+   *
+   * @generated from field: double latency_p50_ms = 10;
+   */
+  latencyP50Ms?: number | "NaN" | "Infinity" | "-Infinity";
+
+  /**
+   * The 99th percentile of the same; 0 without an answer.
+   *
+   * @generated from field: double latency_p99_ms = 11;
+   */
+  latencyP99Ms?: number | "NaN" | "Infinity" | "-Infinity";
+
+  /**
+   * Replicas whose report counts (on the Overview: heartbeats of the last 15 seconds).
+   *
+   * @generated from field: int32 replicas_reporting = 12;
+   */
+  replicasReporting?: number;
+
+  /**
+   * Of those, the replicas that reach the core (their state is not UNREACHABLE).
+   *
+   * @generated from field: int32 replicas_reaching = 13;
+   */
+  replicasReaching?: number;
+};
+
+/**
+ * Describes the message acurio.queue.v1.CoreHealth.
+ * Use `create(CoreHealthSchema)` to create a new message.
+ */
+export const CoreHealthSchema: GenMessage<CoreHealth, {jsonType: CoreHealthJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 4);
 
 /**
  * Request for OperatorService.SearchJobs.
@@ -623,7 +858,7 @@ export type SearchJobsRequestJson = {
  * Use `create(SearchJobsRequestSchema)` to create a new message.
  */
 export const SearchJobsRequestSchema: GenMessage<SearchJobsRequest, {jsonType: SearchJobsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 4);
+  messageDesc(file_acurio_queue_v1_operator_service, 5);
 
 /**
  * Response for OperatorService.SearchJobs.
@@ -672,7 +907,7 @@ export type SearchJobsResponseJson = {
  * Use `create(SearchJobsResponseSchema)` to create a new message.
  */
 export const SearchJobsResponseSchema: GenMessage<SearchJobsResponse, {jsonType: SearchJobsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 5);
+  messageDesc(file_acurio_queue_v1_operator_service, 6);
 
 /**
  * Request for OperatorService.WatchOverview.
@@ -721,7 +956,7 @@ export type WatchOverviewRequestJson = {
  * Use `create(WatchOverviewRequestSchema)` to create a new message.
  */
 export const WatchOverviewRequestSchema: GenMessage<WatchOverviewRequest, {jsonType: WatchOverviewRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 6);
+  messageDesc(file_acurio_queue_v1_operator_service, 7);
 
 /**
  * One message of the OperatorService.WatchOverview stream.
@@ -756,7 +991,7 @@ export type WatchOverviewResponseJson = {
  * Use `create(WatchOverviewResponseSchema)` to create a new message.
  */
 export const WatchOverviewResponseSchema: GenMessage<WatchOverviewResponse, {jsonType: WatchOverviewResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 7);
+  messageDesc(file_acurio_queue_v1_operator_service, 8);
 
 /**
  * Request for OperatorService.CancelJobs.
@@ -823,7 +1058,7 @@ export type CancelJobsRequestJson = {
  * Use `create(CancelJobsRequestSchema)` to create a new message.
  */
 export const CancelJobsRequestSchema: GenMessage<CancelJobsRequest, {jsonType: CancelJobsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 8);
+  messageDesc(file_acurio_queue_v1_operator_service, 9);
 
 /**
  * Response for OperatorService.CancelJobs.
@@ -904,7 +1139,7 @@ export type CancelJobsResponseJson = {
  * Use `create(CancelJobsResponseSchema)` to create a new message.
  */
 export const CancelJobsResponseSchema: GenMessage<CancelJobsResponse, {jsonType: CancelJobsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 9);
+  messageDesc(file_acurio_queue_v1_operator_service, 10);
 
 /**
  * One job a bulk cancel could not cancel.
@@ -967,7 +1202,7 @@ export type CancelFailureJson = {
  * Use `create(CancelFailureSchema)` to create a new message.
  */
 export const CancelFailureSchema: GenMessage<CancelFailure, {jsonType: CancelFailureJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 10);
+  messageDesc(file_acurio_queue_v1_operator_service, 11);
 
 /**
  * Request for OperatorService.ListLedgerEntries.
@@ -1062,7 +1297,7 @@ export type ListLedgerEntriesRequestJson = {
  * Use `create(ListLedgerEntriesRequestSchema)` to create a new message.
  */
 export const ListLedgerEntriesRequestSchema: GenMessage<ListLedgerEntriesRequest, {jsonType: ListLedgerEntriesRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 11);
+  messageDesc(file_acurio_queue_v1_operator_service, 12);
 
 /**
  * Response for OperatorService.ListLedgerEntries.
@@ -1111,7 +1346,7 @@ export type ListLedgerEntriesResponseJson = {
  * Use `create(ListLedgerEntriesResponseSchema)` to create a new message.
  */
 export const ListLedgerEntriesResponseSchema: GenMessage<ListLedgerEntriesResponse, {jsonType: ListLedgerEntriesResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 12);
+  messageDesc(file_acurio_queue_v1_operator_service, 13);
 
 /**
  * One credit movement: who moved what, when and why. Balances are the sum of a user's entries.
@@ -1290,7 +1525,7 @@ export type LedgerEntryJson = {
  * Use `create(LedgerEntrySchema)` to create a new message.
  */
 export const LedgerEntrySchema: GenMessage<LedgerEntry, {jsonType: LedgerEntryJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 13);
+  messageDesc(file_acurio_queue_v1_operator_service, 14);
 
 /**
  * Request for OperatorService.SetCoreCapacity.
@@ -1341,7 +1576,7 @@ export type SetCoreCapacityRequestJson = {
  * Use `create(SetCoreCapacityRequestSchema)` to create a new message.
  */
 export const SetCoreCapacityRequestSchema: GenMessage<SetCoreCapacityRequest, {jsonType: SetCoreCapacityRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 14);
+  messageDesc(file_acurio_queue_v1_operator_service, 15);
 
 /**
  * Response for OperatorService.SetCoreCapacity.
@@ -1390,7 +1625,7 @@ export type SetCoreCapacityResponseJson = {
  * Use `create(SetCoreCapacityResponseSchema)` to create a new message.
  */
 export const SetCoreCapacityResponseSchema: GenMessage<SetCoreCapacityResponse, {jsonType: SetCoreCapacityResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 15);
+  messageDesc(file_acurio_queue_v1_operator_service, 16);
 
 /**
  * Request for OperatorService.SetReleasesPaused. Added to the contract additively.
@@ -1453,7 +1688,7 @@ export type SetReleasesPausedRequestJson = {
  * Use `create(SetReleasesPausedRequestSchema)` to create a new message.
  */
 export const SetReleasesPausedRequestSchema: GenMessage<SetReleasesPausedRequest, {jsonType: SetReleasesPausedRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 16);
+  messageDesc(file_acurio_queue_v1_operator_service, 17);
 
 /**
  * Response for OperatorService.SetReleasesPaused. Added to the contract additively.
@@ -1502,7 +1737,7 @@ export type SetReleasesPausedResponseJson = {
  * Use `create(SetReleasesPausedResponseSchema)` to create a new message.
  */
 export const SetReleasesPausedResponseSchema: GenMessage<SetReleasesPausedResponse, {jsonType: SetReleasesPausedResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 17);
+  messageDesc(file_acurio_queue_v1_operator_service, 18);
 
 /**
  * Request for OperatorService.GetUserSettings. Added to the contract additively.
@@ -1537,7 +1772,7 @@ export type GetUserSettingsRequestJson = {
  * Use `create(GetUserSettingsRequestSchema)` to create a new message.
  */
 export const GetUserSettingsRequestSchema: GenMessage<GetUserSettingsRequest, {jsonType: GetUserSettingsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 18);
+  messageDesc(file_acurio_queue_v1_operator_service, 19);
 
 /**
  * Response for OperatorService.GetUserSettings. Added to the contract additively.
@@ -1670,7 +1905,7 @@ export type GetUserSettingsResponseJson = {
  * Use `create(GetUserSettingsResponseSchema)` to create a new message.
  */
 export const GetUserSettingsResponseSchema: GenMessage<GetUserSettingsResponse, {jsonType: GetUserSettingsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 19);
+  messageDesc(file_acurio_queue_v1_operator_service, 20);
 
 /**
  * Request for OperatorService.SetUserQueueLimit.
@@ -1719,7 +1954,7 @@ export type SetUserQueueLimitRequestJson = {
  * Use `create(SetUserQueueLimitRequestSchema)` to create a new message.
  */
 export const SetUserQueueLimitRequestSchema: GenMessage<SetUserQueueLimitRequest, {jsonType: SetUserQueueLimitRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 20);
+  messageDesc(file_acurio_queue_v1_operator_service, 21);
 
 /**
  * Response for OperatorService.SetUserQueueLimit.
@@ -1754,7 +1989,7 @@ export type SetUserQueueLimitResponseJson = {
  * Use `create(SetUserQueueLimitResponseSchema)` to create a new message.
  */
 export const SetUserQueueLimitResponseSchema: GenMessage<SetUserQueueLimitResponse, {jsonType: SetUserQueueLimitResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 21);
+  messageDesc(file_acurio_queue_v1_operator_service, 22);
 
 /**
  * Request for OperatorService.ListSettingChanges.
@@ -1803,7 +2038,7 @@ export type ListSettingChangesRequestJson = {
  * Use `create(ListSettingChangesRequestSchema)` to create a new message.
  */
 export const ListSettingChangesRequestSchema: GenMessage<ListSettingChangesRequest, {jsonType: ListSettingChangesRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 22);
+  messageDesc(file_acurio_queue_v1_operator_service, 23);
 
 /**
  * Response for OperatorService.ListSettingChanges.
@@ -1852,7 +2087,7 @@ export type ListSettingChangesResponseJson = {
  * Use `create(ListSettingChangesResponseSchema)` to create a new message.
  */
 export const ListSettingChangesResponseSchema: GenMessage<ListSettingChangesResponse, {jsonType: ListSettingChangesResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 23);
+  messageDesc(file_acurio_queue_v1_operator_service, 24);
 
 /**
  * One change of a fleet setting and who made it.
@@ -1991,7 +2226,7 @@ export type SettingChangeJson = {
  * Use `create(SettingChangeSchema)` to create a new message.
  */
 export const SettingChangeSchema: GenMessage<SettingChange, {jsonType: SettingChangeJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 24);
+  messageDesc(file_acurio_queue_v1_operator_service, 25);
 
 /**
  * Request for OperatorService.RetryJob.
@@ -2060,7 +2295,7 @@ export type RetryJobRequestJson = {
  * Use `create(RetryJobRequestSchema)` to create a new message.
  */
 export const RetryJobRequestSchema: GenMessage<RetryJobRequest, {jsonType: RetryJobRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 25);
+  messageDesc(file_acurio_queue_v1_operator_service, 26);
 
 /**
  * Response for OperatorService.RetryJob.
@@ -2111,7 +2346,7 @@ export type RetryJobResponseJson = {
  * Use `create(RetryJobResponseSchema)` to create a new message.
  */
 export const RetryJobResponseSchema: GenMessage<RetryJobResponse, {jsonType: RetryJobResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 26);
+  messageDesc(file_acurio_queue_v1_operator_service, 27);
 
 /**
  * Request for OperatorService.RetryJobs. Exactly one of `job_ids` and `filter`.
@@ -2192,7 +2427,7 @@ export type RetryJobsRequestJson = {
  * Use `create(RetryJobsRequestSchema)` to create a new message.
  */
 export const RetryJobsRequestSchema: GenMessage<RetryJobsRequest, {jsonType: RetryJobsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 27);
+  messageDesc(file_acurio_queue_v1_operator_service, 28);
 
 /**
  * Response for OperatorService.RetryJobs.
@@ -2303,7 +2538,7 @@ export type RetryJobsResponseJson = {
  * Use `create(RetryJobsResponseSchema)` to create a new message.
  */
 export const RetryJobsResponseSchema: GenMessage<RetryJobsResponse, {jsonType: RetryJobsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 28);
+  messageDesc(file_acurio_queue_v1_operator_service, 29);
 
 /**
  * One job a bulk retry did not retry.
@@ -2366,7 +2601,7 @@ export type RetryFailureJson = {
  * Use `create(RetryFailureSchema)` to create a new message.
  */
 export const RetryFailureSchema: GenMessage<RetryFailure, {jsonType: RetryFailureJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 29);
+  messageDesc(file_acurio_queue_v1_operator_service, 30);
 
 /**
  * Request for OperatorService.ListUsersWithWork.
@@ -2401,7 +2636,7 @@ export type ListUsersWithWorkRequestJson = {
  * Use `create(ListUsersWithWorkRequestSchema)` to create a new message.
  */
 export const ListUsersWithWorkRequestSchema: GenMessage<ListUsersWithWorkRequest, {jsonType: ListUsersWithWorkRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 30);
+  messageDesc(file_acurio_queue_v1_operator_service, 31);
 
 /**
  * Response for OperatorService.ListUsersWithWork.
@@ -2450,7 +2685,7 @@ export type ListUsersWithWorkResponseJson = {
  * Use `create(ListUsersWithWorkResponseSchema)` to create a new message.
  */
 export const ListUsersWithWorkResponseSchema: GenMessage<ListUsersWithWorkResponse, {jsonType: ListUsersWithWorkResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 31);
+  messageDesc(file_acurio_queue_v1_operator_service, 32);
 
 /**
  * One user's work in the queue now.
@@ -2555,7 +2790,7 @@ export type UserWorkJson = {
  * Use `create(UserWorkSchema)` to create a new message.
  */
 export const UserWorkSchema: GenMessage<UserWork, {jsonType: UserWorkJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 32);
+  messageDesc(file_acurio_queue_v1_operator_service, 33);
 
 /**
  * Request for OperatorService.GetQueueHistory.
@@ -2590,7 +2825,7 @@ export type GetQueueHistoryRequestJson = {
  * Use `create(GetQueueHistoryRequestSchema)` to create a new message.
  */
 export const GetQueueHistoryRequestSchema: GenMessage<GetQueueHistoryRequest, {jsonType: GetQueueHistoryRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 33);
+  messageDesc(file_acurio_queue_v1_operator_service, 34);
 
 /**
  * Response for OperatorService.GetQueueHistory.
@@ -2653,7 +2888,7 @@ export type GetQueueHistoryResponseJson = {
  * Use `create(GetQueueHistoryResponseSchema)` to create a new message.
  */
 export const GetQueueHistoryResponseSchema: GenMessage<GetQueueHistoryResponse, {jsonType: GetQueueHistoryResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 34);
+  messageDesc(file_acurio_queue_v1_operator_service, 35);
 
 /**
  * The queue in one minute.
@@ -2746,7 +2981,7 @@ export type QueueMinuteJson = {
  * Use `create(QueueMinuteSchema)` to create a new message.
  */
 export const QueueMinuteSchema: GenMessage<QueueMinute, {jsonType: QueueMinuteJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 35);
+  messageDesc(file_acurio_queue_v1_operator_service, 36);
 
 /**
  * Request for OperatorService.ListReplicas.
@@ -2769,7 +3004,7 @@ export type ListReplicasRequestJson = {
  * Use `create(ListReplicasRequestSchema)` to create a new message.
  */
 export const ListReplicasRequestSchema: GenMessage<ListReplicasRequest, {jsonType: ListReplicasRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 36);
+  messageDesc(file_acurio_queue_v1_operator_service, 37);
 
 /**
  * Response for OperatorService.ListReplicas.
@@ -2818,7 +3053,7 @@ export type ListReplicasResponseJson = {
  * Use `create(ListReplicasResponseSchema)` to create a new message.
  */
 export const ListReplicasResponseSchema: GenMessage<ListReplicasResponse, {jsonType: ListReplicasResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 37);
+  messageDesc(file_acurio_queue_v1_operator_service, 38);
 
 /**
  * What one replica reported about itself in its latest heartbeat.
@@ -2888,6 +3123,14 @@ export type Replica = Message<"acurio.queue.v1.Replica"> & {
    * @generated from field: acurio.queue.v1.CoreCalls core_calls = 9;
    */
   coreCalls?: CoreCalls | undefined;
+
+  /**
+   * The core's recent health as this replica read it at its last heartbeat (unset from a
+   * replica of an older version). Added to the contract additively.
+   *
+   * @generated from field: acurio.queue.v1.CoreHealth core_health = 10;
+   */
+  coreHealth?: CoreHealth | undefined;
 };
 
 /**
@@ -2958,6 +3201,14 @@ export type ReplicaJson = {
    * @generated from field: acurio.queue.v1.CoreCalls core_calls = 9;
    */
   coreCalls?: CoreCallsJson;
+
+  /**
+   * The core's recent health as this replica read it at its last heartbeat (unset from a
+   * replica of an older version). Added to the contract additively.
+   *
+   * @generated from field: acurio.queue.v1.CoreHealth core_health = 10;
+   */
+  coreHealth?: CoreHealthJson;
 };
 
 /**
@@ -2965,7 +3216,7 @@ export type ReplicaJson = {
  * Use `create(ReplicaSchema)` to create a new message.
  */
 export const ReplicaSchema: GenMessage<Replica, {jsonType: ReplicaJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 38);
+  messageDesc(file_acurio_queue_v1_operator_service, 39);
 
 /**
  * Calls a replica made to the core since it started, by outcome.
@@ -3042,7 +3293,72 @@ export type CoreCallsJson = {
  * Use `create(CoreCallsSchema)` to create a new message.
  */
 export const CoreCallsSchema: GenMessage<CoreCalls, {jsonType: CoreCallsJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 39);
+  messageDesc(file_acurio_queue_v1_operator_service, 40);
+
+/**
+ * The core's health, as an operator reads it. Added to the contract additively.
+ *
+ * @generated from enum acurio.queue.v1.CoreState
+ */
+export enum CoreState {
+  /**
+   * Not read (a service that does not report the core's health).
+   *
+   * @generated from enum value: CORE_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * No fresh replica report says anything about the core yet (nothing called it).
+   *
+   * @generated from enum value: CORE_STATE_UNKNOWN = 1;
+   */
+  UNKNOWN = 1,
+
+  /**
+   * The core answers every replica, and no call failed within the last minute.
+   *
+   * @generated from enum value: CORE_STATE_HEALTHY = 2;
+   */
+  HEALTHY = 2,
+
+  /**
+   * The core answers, but some calls failed within the last minute (no answer, or service
+   * refused), or some replicas do not reach it.
+   *
+   * @generated from enum value: CORE_STATE_DEGRADED = 3;
+   */
+  DEGRADED = 3,
+
+  /**
+   * No replica reaches the core: since its previous heartbeat, none of its calls (the probe
+   * included) got an answer. Admits fail CORE_UNAVAILABLE; estimated start times are unset.
+   *
+   * @generated from enum value: CORE_STATE_UNREACHABLE = 4;
+   */
+  UNREACHABLE = 4,
+
+  /**
+   * The core refuses new runs (the provider's budget used up): since its previous heartbeat, no
+   * replica's CreateRun was taken, and some were refused. Admits fail PROVIDER_BUDGET_EXHAUSTED.
+   *
+   * @generated from enum value: CORE_STATE_REFUSING = 5;
+   */
+  REFUSING = 5,
+}
+
+/**
+ * The core's health, as an operator reads it. Added to the contract additively.
+ *
+ * @generated from enum acurio.queue.v1.CoreState
+ */
+export type CoreStateJson = "CORE_STATE_UNSPECIFIED" | "CORE_STATE_UNKNOWN" | "CORE_STATE_HEALTHY" | "CORE_STATE_DEGRADED" | "CORE_STATE_UNREACHABLE" | "CORE_STATE_REFUSING";
+
+/**
+ * Describes the enum acurio.queue.v1.CoreState.
+ */
+export const CoreStateSchema: GenEnum<CoreState, CoreStateJson> = /*@__PURE__*/
+  enumDesc(file_acurio_queue_v1_operator_service, 0);
 
 /**
  * How a ledger entry moves credits.
@@ -3090,7 +3406,7 @@ export type LedgerEntryKindJson = "LEDGER_ENTRY_KIND_UNSPECIFIED" | "LEDGER_ENTR
  * Describes the enum acurio.queue.v1.LedgerEntryKind.
  */
 export const LedgerEntryKindSchema: GenEnum<LedgerEntryKind, LedgerEntryKindJson> = /*@__PURE__*/
-  enumDesc(file_acurio_queue_v1_operator_service, 0);
+  enumDesc(file_acurio_queue_v1_operator_service, 1);
 
 /**
  * What an operator (and the web console) sees across all users: the queue's overview, a job
