@@ -90,6 +90,11 @@ class JobReads:
             shown.append(view)
         return shown
 
+    def _stale(self) -> bool:
+        """Whether the mean judging time or the capacity's state is due to be read again."""
+        now = time.monotonic()
+        return now - self._mean_read_at > _ESTIMATE_CACHE_SECONDS or now - self._capacity_read_at > _CAPACITY_CACHE_SECONDS
+
     async def _refresh(self, views: list[JobView], db: Statements) -> dict[uuid.UUID, int]:
         """Refreshes what the estimates read, when stale; the capacity positions of waiting jobs."""
         if any(view.status is JobStatus.QUEUED or view.waiting_for_capacity for view in views):
@@ -101,15 +106,19 @@ class JobReads:
         return await db.capacity_positions(job_ids=waiting) if waiting else {}
 
     async def estimated(self, views: list[JobView], db: Statements | None = None) -> list[JobView]:
-        """The views with estimates and places in line (read on `db` or a connection of its own)."""
+        """The views with estimates and places in line (read on `db`, or on a connection of its
+        own only when something is to be read: a queued job's estimate from fresh figures needs
+        none, which spares most admits' answers a pool checkout)."""
         needs_reads = any(view.status is JobStatus.QUEUED or view.waiting_for_capacity for view in views)
         if not needs_reads:
             return list(views)
         if db is not None:
             positions = await self._refresh(views, db)
-        else:
+        elif self._stale() or any(view.waiting_for_capacity for view in views):
             async with self._store.statements() as own:
                 positions = await self._refresh(views, own)
+        else:
+            positions = {}
         return self._with_estimates(views, positions)
 
     async def estimated_after_commit(self, view: JobView) -> JobView:
