@@ -90,10 +90,15 @@ class JobReads:
             shown.append(view)
         return shown
 
-    def _stale(self) -> bool:
-        """Whether the mean judging time or the capacity's state is due to be read again."""
+    def _reads_due(self, views: list[JobView]) -> bool:
+        """Whether showing the views reads the database: the mean judging time or the capacity's
+        state is due to be read again, or a view waits for capacity (its place in line)."""
         now = time.monotonic()
-        return now - self._mean_read_at > _ESTIMATE_CACHE_SECONDS or now - self._capacity_read_at > _CAPACITY_CACHE_SECONDS
+        return (
+            now - self._mean_read_at > _ESTIMATE_CACHE_SECONDS
+            or now - self._capacity_read_at > _CAPACITY_CACHE_SECONDS
+            or any(view.waiting_for_capacity for view in views)
+        )
 
     async def _refresh(self, views: list[JobView], db: Statements) -> dict[uuid.UUID, int]:
         """Refreshes what the estimates read, when stale; the capacity positions of waiting jobs."""
@@ -114,7 +119,7 @@ class JobReads:
             return list(views)
         if db is not None:
             positions = await self._refresh(views, db)
-        elif self._stale() or any(view.waiting_for_capacity for view in views):
+        elif self._reads_due(views):
             async with self._store.statements() as own:
                 positions = await self._refresh(views, own)
         else:
@@ -127,6 +132,8 @@ class JobReads:
         must not turn its answer into an error that says otherwise (an admit answered
         DATABASE_UNAVAILABLE beside its charged job), so the view then goes out with the
         estimates last read (none if never), and without its place in the capacity line."""
+        if not self._reads_due([view]):
+            return self._with_estimates([view], {})[0]  # from the figures in hand: nothing to wait for
         try:
             with deadline.share_of_remaining(_ANSWER_READ_SHARE):
                 return (await self.estimated([view]))[0]
