@@ -87,27 +87,28 @@ class CoreCallTally:
     unknown: int = 0
     last_unknown_at: dt.datetime | None = None
 
-    async def count(self, work: Awaitable[T]) -> T:
-        try:
-            result = await work
-        except errors.CoreUnavailable:
+    def count_failure(self, error: errors.QueueError) -> None:
+        if isinstance(error, errors.CoreUnavailable):
             self.unknown += 1
             self.last_unknown_at = dt.datetime.now(dt.UTC)
-            raise
-        except errors.QueueError:
+        else:
             self.refused += 1
-            raise
-        self.answered += 1
-        return result
 
 
 def _tallied(
     call: Callable[Concatenate[CoreClient, _P], Awaitable[T]],
 ) -> Callable[Concatenate[CoreClient, _P], Coroutine[Any, Any, T]]:
-    """Counts the call's outcome in the client's tally (answered, refused, unknown)."""
+    """Counts the call's outcome in the client's tally (answered, refused, unknown); in the one
+    coroutine that wraps the call (every admit's CreateRun goes through it)."""
 
     async def counted(client: CoreClient, /, *args: _P.args, **kwargs: _P.kwargs) -> T:
-        return await client.tally.count(call(client, *args, **kwargs))
+        try:
+            result = await call(client, *args, **kwargs)
+        except errors.QueueError as error:
+            client.tally.count_failure(error)
+            raise
+        client.tally.answered += 1
+        return result
 
     return counted
 
