@@ -499,9 +499,6 @@ def configure_logging(*, log_format: str, level: str, redact: Callable[[str], st
     wherever it was logged from."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(redact) if log_format == "json" else TextFormatter(redact))
-    # Neither format shows the thread or the process: a record need not look them up (a good
-    # share of making one, and an admit makes two).
-    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
