@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import Coroutine
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -32,17 +32,27 @@ def caller_actor(role: str, name: str) -> str:
     return f"{role}:{name}"
 
 
-@contextmanager
-def acting_for_call(actor: str = ANONYMOUS) -> Iterator[None]:
+def acting_for_call(actor: str = ANONYMOUS) -> AbstractContextManager[None]:
     """Marks the block as a call's work by `actor` (narrowed with `identify` once the caller is
     known)."""
-    previous = _call_actor.get()
-    _call_actor.set(actor)
-    try:
-        yield
-    finally:
+    return _ActingFor(actor)
+
+
+class _ActingFor:
+    """`acting_for_call`'s block: a class, not a generator, as every call enters one."""
+
+    __slots__ = ("_actor", "_previous")
+
+    def __init__(self, actor: str = ANONYMOUS) -> None:
+        self._actor = actor
+
+    def __enter__(self) -> None:
+        self._previous = _call_actor.get()
+        _call_actor.set(self._actor)
+
+    def __exit__(self, *exc_info: object) -> None:
         # Not Token.reset: a stream's generator may be closed from another context.
-        _call_actor.set(previous)
+        _call_actor.set(self._previous)
 
 
 def identify(actor: str) -> None:

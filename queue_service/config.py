@@ -8,6 +8,7 @@ a message naming the variable, the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import os
 import re
@@ -211,15 +212,25 @@ def redact_dsn(dsn: str) -> str:
     return _redacted_dsn(dsn)[0]
 
 
+@functools.lru_cache(maxsize=8)
+def _dsn_scrub(dsn: str) -> tuple[str, tuple[str, ...]]:
+    """The redacted DSN and its secrets, longest first: worked out once per DSN, as every log
+    line passes through `redact_dsn_in`."""
+    redacted, secrets = _redacted_dsn(dsn)
+    return redacted, tuple(sorted({s for s in secrets if s}, key=len, reverse=True))
+
+
 def redact_dsn_in(text: str, *dsns: str) -> str:
     """`text` with each of `dsns` redacted, and every piece of their secrets that libpq or
     psycopg quoted in it (`after "ret"`, a host `'ss@db'`) replaced by ***."""
     for dsn in dsns:
         if not dsn:
             continue
-        redacted, secrets = _redacted_dsn(dsn)
+        redacted, secrets = _dsn_scrub(dsn)
         text = text.replace(dsn, redacted)
-        for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        for secret in secrets:
+            if secret not in text:
+                continue  # nothing quoted holds it (the common case: a line with no secret)
             # re.sub calls the lambda before the loop moves on, so it sees this iteration's secret.
             text = re.sub(r""""[^"]*"|'[^']*'""", lambda quoted: quoted.group(0).replace(secret, "***"), text)  # noqa: B023
     return text

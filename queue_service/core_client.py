@@ -204,37 +204,40 @@ class CoreCallTally:
     last_unknown_at: dt.datetime | None = None
     recent: RecentCoreCalls = dataclasses.field(default_factory=RecentCoreCalls)
 
-    async def count(self, work: Awaitable[T], *, creates_run: bool = False) -> T:
-        started = time.monotonic()
-        try:
-            result = await work
-        except errors.CoreUnavailable as exc:
+    def count_answer(self, elapsed: float, *, creates_run: bool) -> None:
+        self.answered += 1
+        self.recent.answered(elapsed, created_run=creates_run)
+
+    def count_failure(self, error: errors.QueueError, elapsed: float) -> None:
+        if isinstance(error, errors.CoreUnavailable):
             self.unknown += 1
             self.last_unknown_at = dt.datetime.now(dt.UTC)
-            self.recent.unanswered(exc.metadata.get("coreCode", exc.reason))
-            raise
-        except errors.ProviderBudgetExhausted as exc:
+            self.recent.unanswered(error.metadata.get("coreCode", error.reason))
+        elif isinstance(error, errors.ProviderBudgetExhausted):
             self.refused += 1
-            self.recent.refused_service(exc.reason, time.monotonic() - started)
-            raise
-        except errors.QueueError:
+            self.recent.refused_service(error.reason, elapsed)
+        else:
             self.refused += 1
-            self.recent.answered(time.monotonic() - started, refused=True)
-            raise
-        self.answered += 1
-        self.recent.answered(time.monotonic() - started, created_run=creates_run)
-        return result
+            self.recent.answered(elapsed, refused=True)
 
 
 def _tallied(
     call: Callable[Concatenate[CoreClient, _P], Awaitable[T]],
 ) -> Callable[Concatenate[CoreClient, _P], Coroutine[Any, Any, T]]:
-    """Counts the call's outcome in the client's tally (answered, refused, unknown)."""
+    """Counts the call's outcome in the client's tally (answered, refused, unknown); in the one
+    coroutine that wraps the call (every admit's CreateRun goes through it)."""
     # A core that takes new runs is not refusing service, whatever else it refuses.
     creates_run = call.__name__ == "create_run"
 
     async def counted(client: CoreClient, /, *args: _P.args, **kwargs: _P.kwargs) -> T:
-        return await client.tally.count(call(client, *args, **kwargs), creates_run=creates_run)
+        started = time.monotonic()
+        try:
+            result = await call(client, *args, **kwargs)
+        except errors.QueueError as error:
+            client.tally.count_failure(error, time.monotonic() - started)
+            raise
+        client.tally.count_answer(time.monotonic() - started, creates_run=creates_run)
+        return result
 
     return counted
 

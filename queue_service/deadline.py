@@ -18,7 +18,7 @@ import contextvars
 import math
 import time
 from collections.abc import Coroutine, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -146,19 +146,29 @@ def reply_reserve(time_remaining: float) -> float:
     return max(usual, min(_LAG_MAX_SHARE * time_remaining, lag_allowance()))
 
 
-@contextmanager
-def call_budget(time_remaining: float | None) -> Iterator[None]:
+def call_budget(time_remaining: float | None) -> AbstractContextManager[None]:
     """Bounds every wait inside the block by the caller's deadline (`None`: no deadline)."""
-    if time_remaining is None:
-        yield
-        return
-    previous = _call_deadline.get()
-    _call_deadline.set(time.monotonic() + time_remaining - reply_reserve(time_remaining))
-    try:
-        yield
-    finally:
+    return _NO_BUDGET if time_remaining is None else _CallBudget(time_remaining)
+
+
+_NO_BUDGET: AbstractContextManager[None] = nullcontext()
+
+
+class _CallBudget:
+    """`call_budget`'s block: a class, not a generator, as every call enters one."""
+
+    __slots__ = ("_time_remaining", "_previous")
+
+    def __init__(self, time_remaining: float) -> None:
+        self._time_remaining = time_remaining
+
+    def __enter__(self) -> None:
+        self._previous = _call_deadline.get()
+        _call_deadline.set(time.monotonic() + self._time_remaining - reply_reserve(self._time_remaining))
+
+    def __exit__(self, *exc_info: object) -> None:
         # Not Token.reset: a stream's generator may be closed from another context.
-        _call_deadline.set(previous)
+        _call_deadline.set(self._previous)
 
 
 @contextmanager

@@ -109,6 +109,16 @@ class JobReads:
             shown.append(view)
         return shown
 
+    def _reads_due(self, views: list[JobView]) -> bool:
+        """Whether showing the views reads the database: the mean judging time or the capacity's
+        state is due to be read again, or a view waits for capacity (its place in line)."""
+        now = time.monotonic()
+        return (
+            now - self._mean_read_at > _ESTIMATE_CACHE_SECONDS
+            or now - self._capacity_read_at > _CAPACITY_CACHE_SECONDS
+            or any(view.waiting_for_capacity for view in views)
+        )
+
     async def _refresh(self, views: list[JobView], db: Statements) -> dict[uuid.UUID, int]:
         """Refreshes what the estimates read, when stale; the capacity positions of waiting jobs."""
         if any(view.status is JobStatus.QUEUED or view.waiting_for_capacity for view in views):
@@ -120,15 +130,19 @@ class JobReads:
         return await db.capacity_positions(job_ids=waiting) if waiting else {}
 
     async def estimated(self, views: list[JobView], db: Statements | None = None) -> list[JobView]:
-        """The views with estimates and places in line (read on `db` or a connection of its own)."""
+        """The views with estimates and places in line (read on `db`, or on a connection of its
+        own only when something is to be read: a queued job's estimate from fresh figures needs
+        none, which spares most admits' answers a pool checkout)."""
         needs_reads = any(view.status is JobStatus.QUEUED or view.waiting_for_capacity for view in views)
         if not needs_reads:
             return list(views)
         if db is not None:
             positions = await self._refresh(views, db)
-        else:
+        elif self._reads_due(views):
             async with self._store.statements() as own:
                 positions = await self._refresh(views, own)
+        else:
+            positions = {}
         return self._with_estimates(views, positions)
 
     async def estimated_after_commit(self, view: JobView) -> JobView:
@@ -137,6 +151,8 @@ class JobReads:
         must not turn its answer into an error that says otherwise (an admit answered
         DATABASE_UNAVAILABLE beside its charged job), so the view then goes out with the
         estimates last read (none if never), and without its place in the capacity line."""
+        if not self._reads_due([view]):
+            return self._with_estimates([view], {})[0]  # from the figures in hand: nothing to wait for
         try:
             with deadline.share_of_remaining(_ANSWER_READ_SHARE):
                 return (await self.estimated([view]))[0]

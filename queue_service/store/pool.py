@@ -30,7 +30,8 @@ import logging
 import select
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, nullcontext
+from types import TracebackType
 from typing import Any, TypeAlias
 
 import psycopg
@@ -196,12 +197,11 @@ class QueueConnection(AsyncConnection[DictRow]):
         limit = self.unanswered_after
         if limit is None or deadline.remaining() is not None:
             return await super().wait(gen, interval, timeout)
-        async with _interrupted_after(limit, "a statement outside any call went unanswered past the statement timeout"):
+        async with _InterruptedAfter(limit, "a statement outside any call went unanswered past the statement timeout"):
             return await super().wait(gen, interval, timeout)
 
 
-@asynccontextmanager
-async def statements_within_deadline() -> AsyncIterator[None]:
+def statements_within_deadline() -> AbstractAsyncContextManager[None]:
     """Bounds the block's statements by the caller's deadline: when it runs out, the running
     statement is cancelled on the server (psycopg does that when its task is cancelled) and the
     block raises TimeoutError. Without a deadline, the session's statement_timeout applies.
@@ -214,39 +214,63 @@ async def statements_within_deadline() -> AsyncIterator[None]:
     TimeoutError all the same."""
     left = deadline.remaining()
     if left is None:
-        yield
-        return
-    async with _interrupted_after(max(0.0, left), "a statement outlived its call's deadline"):
-        yield
+        return _UNBOUNDED
+    return _InterruptedAfter(max(0.0, left), "a statement outlived its call's deadline")
 
 
-@asynccontextmanager
-async def _interrupted_after(left: float, what: str) -> AsyncIterator[None]:
+_UNBOUNDED: AbstractAsyncContextManager[None] = nullcontext()
+
+
+class _InterruptedAfter:
     """Cancels the block after `left` seconds (psycopg cancels the running statement on the
     server) and raises TimeoutError; a block still running `_GIVE_UP_SECONDS` later is
-    interrupted again, and psycopg closes its connection."""
-    task = asyncio.current_task()
-    assert task is not None
-    interrupted_again = False
+    interrupted again, and psycopg closes its connection.
 
-    def give_up() -> None:
-        nonlocal interrupted_again
-        interrupted_again = True
+    One timer, armed again for the give-up only once the deadline has passed: every block of a
+    call's statements (two per admit) enters this, so it costs one timer and no generator, where
+    `asyncio.timeout` with a give-up timer beside it cost two and two."""
+
+    __slots__ = ("_left", "_what", "_task", "_timer", "_cancelling", "_expired", "_interrupted_again")
+
+    def __init__(self, left: float, what: str) -> None:
+        self._left = left
+        self._what = what
+        self._expired = False
+        self._interrupted_again = False
+
+    async def __aenter__(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        # Cancels requested before the block are not ours to turn into a TimeoutError.
+        self._cancelling = task.cancelling()
+        self._timer = asyncio.get_running_loop().call_later(self._left, self._expire)
+
+    def _expire(self) -> None:
+        self._expired = True
+        self._task.cancel()
+        self._timer = asyncio.get_running_loop().call_later(_GIVE_UP_SECONDS, self._give_up)
+
+    def _give_up(self) -> None:
+        self._interrupted_again = True
         telemetry.metrics.abandoned_connections.add(1)
-        log.warning("%s and did not end when cancelled: connection given up", what)
-        task.cancel()
+        log.warning("%s and did not end when cancelled: connection given up", self._what)
+        self._task.cancel()
 
-    timer = asyncio.get_running_loop().call_later(left + _GIVE_UP_SECONDS, give_up)
-    try:
-        async with asyncio.timeout(left):
-            yield
-    except asyncio.CancelledError:
-        if not interrupted_again:
-            raise
-        task.uncancel()
-        raise TimeoutError(what) from None
-    finally:
-        timer.cancel()
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._timer.cancel()
+        if not self._expired:
+            return
+        # As asyncio.timeout: the cancel this block requested is taken back, and a CancelledError
+        # that no other cancel explains becomes a TimeoutError.
+        cancels_left = self._task.uncancel()
+        if exc_type is not asyncio.CancelledError:
+            return
+        if self._interrupted_again:
+            self._task.uncancel()
+            raise TimeoutError(self._what) from None
+        if cancels_left <= self._cancelling:
+            raise TimeoutError from exc
 
 
 @asynccontextmanager

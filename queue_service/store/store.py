@@ -91,6 +91,8 @@ from queue_service.store.rows import sources_of_json, sources_to_json
 
 log = logging.getLogger(__name__)
 
+_NEW_JOB_FIELDS = tuple(field.name for field in dataclasses.fields(NewJob))
+
 _BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n(?P<body>.*?)(?=^-- name: |\Z)", re.MULTILINE | re.DOTALL)
 _INCLUDE = re.compile(r"^-- include: (?P<name>\w+)$", re.MULTILINE)
 
@@ -827,7 +829,8 @@ class Store:
         records the current actor (`audit`)."""
         actor = audit.actor_for(Cause.ADMIT)
         params = {
-            **dataclasses.asdict(job),
+            # Field by field, not dataclasses.asdict: that deep-copies the sources, replaced below.
+            **{name: getattr(job, name) for name in _NEW_JOB_FIELDS},
             # NULL for an admit that carries none (tools, tests): "not stored", not "no sources".
             "sources": Jsonb(sources_to_json(job.sources)) if job.sources else None,
             "actor": actor,

@@ -10,10 +10,12 @@ import grpc
 import psycopg
 import pytest
 
+from queue_service import deadline
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb2
 from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service.engine import job_reads
 from tests.harness import InvariantChecker, S, error_info, new_user
 
 
@@ -77,6 +79,34 @@ async def test_queued_jobs_estimate_their_start_from_recent_judging_times(servic
     third = await stubs.job(third.job_id)
     assert third.HasField("estimated_start_time")
     assert third.estimated_start_time.ToDatetime() >= second.create_time.ToDatetime()
+
+
+async def test_a_queued_admit_answers_its_estimate_from_fresh_figures_without_another_connection(service, monkeypatch) -> None:
+    """An admit takes two connections within its deadline (the pre-check, then the locked admit);
+    its answer's estimate, from the figures another answer read a moment ago, takes none."""
+    monkeypatch.setattr(job_reads, "_CAPACITY_CACHE_SECONDS", 60.0)  # fresh throughout, however slow the machine
+    stubs = service.stubs
+    user = new_user()
+    await stubs.grant(user, 5)
+    first = await stubs.admit(user)
+    await stubs.wait_for(first.job_id, S.JOB_STATUS_RUNNING)
+    await stubs.complete(first.run_id)  # one judging duration of history
+    await stubs.admit(user)
+    await stubs.admit(user)  # queued: its answer read the figures
+    pool = service.app.store.pool
+    getconn = pool.getconn
+    within_calls = 0
+
+    async def counted(timeout: float | None = None):  # type: ignore[no-untyped-def]
+        nonlocal within_calls
+        # Background work (the feed's hint, its reader) runs without a caller's deadline.
+        within_calls += deadline.remaining() is not None
+        return await getconn(timeout)
+
+    monkeypatch.setattr(pool, "getconn", counted)
+    third = await stubs.admit(user)
+    assert third.status == S.JOB_STATUS_QUEUED and third.HasField("estimated_start_time")
+    assert within_calls == 2
 
 
 @pytest.mark.parametrize(

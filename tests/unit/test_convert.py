@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import pytest
+from google.protobuf import timestamp_pb2
 
 from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service.api.servicers import convert
@@ -133,3 +134,21 @@ def test_the_overview() -> None:
     assert message.read_time.ToDatetime(dt.UTC) == NOW + dt.timedelta(seconds=9)
     empty = convert.overview_to_proto(dataclasses.replace(overview, oldest_queued_create_time=None))
     assert not empty.HasField("oldest_queued_create_time")
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        dt.datetime(2026, 12, 3, 12, 39, 49, 123456, tzinfo=dt.UTC),
+        dt.datetime(2026, 12, 3, 12, 39, 49, 123456, tzinfo=dt.timezone(dt.timedelta(hours=-5, minutes=-30))),
+        dt.datetime(2026, 12, 3, 12, 39, 49, 999999),  # naive: read as UTC
+        dt.datetime(1969, 12, 31, 23, 59, 59, 1, tzinfo=dt.UTC),  # before the epoch
+        dt.datetime(1, 1, 1, tzinfo=dt.UTC),
+        dt.datetime(9999, 12, 31, 23, 59, 59, 999999),
+    ],
+)
+def test_set_timestamp_gives_what_from_datetime_gives(moment: dt.datetime) -> None:
+    expected, converted = timestamp_pb2.Timestamp(), timestamp_pb2.Timestamp()
+    expected.FromDatetime(moment)
+    convert.set_timestamp(converted, moment)
+    assert converted == expected

@@ -102,6 +102,11 @@ class CallGate:
             self._idle.set()
 
     async def _take_unary_slot(self, share: _CallerShare) -> None:
+        if not share.slots.locked() and not self._unary_slots.locked():
+            # Both slots free: taken at once, with no timer to arm and cancel (the usual turn).
+            await share.slots.acquire()
+            await self._unary_slots.acquire()
+            return
         # At most half of what is left, for both waits together: a call refused then still has
         # time to retry elsewhere, even from a replica whose event loop is running late. A free
         # slot is taken without waiting (and so whatever is left).

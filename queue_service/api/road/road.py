@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
@@ -108,17 +108,10 @@ class CallRoad:
                 # The caller heard DEADLINE_EXCEEDED, not our answer: a sign of an overloaded replica.
                 log.warning("%s answered after the caller's deadline (%.3fs left at the start, took %.3fs)", method, time_remaining, took)
 
-    @asynccontextmanager
-    async def turn(self, method: str, peer: str, *, unary: bool) -> AsyncIterator[None]:
+    def turn(self, method: str, peer: str, *, unary: bool) -> AbstractAsyncContextManager[None]:
         """The call's turn at the gate (step 4), taken inside `call` once its request is in and held
         for the block; `peer` names the caller's connection, its key when no caller was identified."""
-        caller = _gate_key(peer)
-        entered = await self._gate.enter(method, unary=unary, caller=caller)
-        try:
-            yield
-        finally:
-            if entered:
-                self._gate.exit(unary=unary, caller=caller)
+        return _Turn(self._gate, method, peer, unary)
 
     def check(self, method: str, request: Any, credentials: CallCredentialsSource) -> None:
         """The checks that need the request message; call inside `call`, before the handler."""
@@ -139,6 +132,23 @@ class CallRoad:
             self.check(method, request, credentials)
 
         return while_authorized(method, messages, recheck)
+
+
+class _Turn:
+    """`CallRoad.turn`'s block: a class, not a generator, as every call enters one."""
+
+    __slots__ = ("_gate", "_method", "_peer", "_unary", "_caller", "_entered")
+
+    def __init__(self, gate: CallGate, method: str, peer: str, unary: bool) -> None:
+        self._gate, self._method, self._peer, self._unary = gate, method, peer, unary
+
+    async def __aenter__(self) -> None:
+        self._caller = _gate_key(self._peer)
+        self._entered = await self._gate.enter(self._method, unary=self._unary, caller=self._caller)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._entered:
+            self._gate.exit(unary=self._unary, caller=self._caller)
 
 
 def _gate_key(peer: str) -> str:

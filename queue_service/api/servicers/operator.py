@@ -31,6 +31,7 @@ from queue_service.api.servicers.convert import (
     overview_to_proto,
     queue_minute_to_proto,
     replica_to_proto,
+    set_timestamp,
     setting_change_to_proto,
     status_filter,
     user_settings_to_proto,
@@ -75,7 +76,7 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         replicas, read_time = await self._reads.replicas()
         response = pb.ListReplicasResponse(replicas=[replica_to_proto(replica) for replica in replicas])
         if read_time is not None:
-            response.read_time.FromDatetime(read_time)
+            set_timestamp(response.read_time, read_time)
         else:
             response.read_time.GetCurrentTime()
         return response

@@ -93,10 +93,11 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
             if found is None:
                 raise errors.Internal(f"the admitted job {result.job_id} vanished", metadata={"jobId": str(result.job_id)})
             view = found
-        span.set_attribute("queue.job_id", str(view.job_id))
-        span.set_attribute("queue.admit.decision", str(view.status))
-        span.set_attribute("queue.admit.duplicate", result.duplicate)
-        span.set_attribute("queue.position", view.queue_position)
+        if span.is_recording():  # the attributes' texts are made only for a span that keeps them
+            span.set_attribute("queue.job_id", str(view.job_id))
+            span.set_attribute("queue.admit.decision", str(view.status))
+            span.set_attribute("queue.admit.duplicate", result.duplicate)
+            span.set_attribute("queue.position", view.queue_position)
         return view
 
     async def Promote(
