@@ -1,0 +1,2 @@
+-- Reserved: this number belongs to a change developed in parallel (pause and settings).
+-- Nothing here; when that change lands, its migration replaces this file.
