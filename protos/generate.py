@@ -9,6 +9,10 @@ difference. The output lands in `queue_service/_gen/` and is never edited by han
 protoc emits absolute imports (`from acurio.queue.v1 import job_pb2`); they are rewritten to
 `queue_service._gen.acurio...` so the generated modules live inside our package instead of
 claiming a top-level `acurio` package.
+
+It also writes `descriptor_set.binpb`: the contract as a FileDescriptorSet with its source info
+(the comments of every message, field and RPC) and its imports. The service's reflection serves
+it (`queue_service/api/servicers/reflection.py`), since the `_pb2` modules carry no comments.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 PROTO_ROOT = REPO / "protos"
 OUT = REPO / "queue_service" / "_gen"
 IMPORT_PREFIX = "queue_service._gen."
+DESCRIPTOR_SET = OUT / "descriptor_set.binpb"
 _ABSOLUTE_IMPORT = re.compile(r"^(from|import) acurio\.", re.MULTILINE)
 
 
@@ -43,6 +48,9 @@ def main() -> int:
             *plugins,
             f"--mypy_out=quiet:{OUT}",
             f"--mypy_grpc_out=quiet:{OUT}",
+            "--include_source_info",
+            "--include_imports",
+            f"--descriptor_set_out={DESCRIPTOR_SET}",
             *protos,
         ]
     )
