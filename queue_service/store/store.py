@@ -711,12 +711,16 @@ class Statements:
             "statuses": _statuses(search.statuses),
             "limit": limit,
         }
-        if search.inputs.source_doi:
-            return await self._views("search_job_views_by_source_doi", params)
-        if search.inputs.document_uri_prefix:
-            return await self._views("search_job_views_by_document_uri", params)
-        if search.inputs.title_words:
-            return await self._views("search_job_views_by_title_words", params)
+        inputs = search.inputs
+        for driving, shape in (
+            ("source_doi", "search_job_views_by_source_doi"),
+            ("document_uri_prefix", "search_job_views_by_document_uri"),
+            ("title_words", "search_job_views_by_title_words"),
+        ):
+            if getattr(inputs, driving):
+                # The other search fields narrow the shape's matches; its own is its index's condition.
+                also = {f"also_{name}": value for name, value in _inputs_params(inputs).items() if name != driving}
+                return await self._views(shape, {**params, f"also_{driving}": "", **also})
         if search.user_id:
             return await self._views("search_job_views_of_user", params)
         if len(search.statuses) == 1:

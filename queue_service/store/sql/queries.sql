@@ -691,17 +691,18 @@ SELECT * FROM analysis_job_views
 -- name: job_search_narrowing
 -- The filters of the searches in what jobs judge (below), after the condition whose index each
 -- walks: a fragment they include, never run alone. The user, the statuses, the keyset position,
--- the admit time, errors, and each search field (empty: every job); newest admitted first, one
--- page. The uri is matched exactly by `starts_with` (the shapes' range is its index's bound).
+-- the admit time, errors, and the other search fields (`also_*`; empty: every job, and the store
+-- empties the one the shape walks, so a custom plan counts its selectivity once); newest admitted
+-- first, one page. The uri is matched exactly by `starts_with` (the shapes' range is its bound).
    AND (%(user_id)s::text = '' OR j.user_id = %(user_id)s::text)
    AND (cardinality(%(statuses)s::text[]) = 0 OR j.status = ANY(%(statuses)s::text[]))
    AND (j.create_time, j.job_id) < (COALESCE(%(upper_time)s::timestamptz, 'infinity'),
                                     COALESCE(%(upper_job_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
    AND j.create_time >= COALESCE(%(created_after)s::timestamptz, '-infinity')
    AND (NOT %(has_error)s OR j.last_error <> '')
-   AND (%(document_uri_prefix)s::text = '' OR starts_with(j.document_uri, %(document_uri_prefix)s::text))
-   AND (%(title_words)s::text = '' OR to_tsvector('simple'::regconfig, j.document_title) @@ plainto_tsquery('simple', %(title_words)s::text))
-   AND (%(source_doi)s::text = '' OR j.source_dois @> ARRAY[%(source_doi)s::text])
+   AND (%(also_document_uri_prefix)s::text = '' OR starts_with(j.document_uri, %(also_document_uri_prefix)s::text))
+   AND (%(also_title_words)s::text = '' OR to_tsvector('simple'::regconfig, j.document_title) @@ plainto_tsquery('simple', %(also_title_words)s::text))
+   AND (%(also_source_doi)s::text = '' OR j.source_dois @> ARRAY[%(also_source_doi)s::text])
  ORDER BY j.create_time DESC, j.job_id DESC
  LIMIT %(limit)s
 
@@ -718,11 +719,12 @@ SELECT v.* FROM analysis_job_views v
 -- name: search_job_views_by_document_uri
 -- One page of the job search among the jobs whose document uri starts with a prefix: the range of
 -- `analysis_jobs_by_document_uri` (migration 0029; "C" collation, so a prefix is a range) from the
--- prefix to the prefix followed by the highest code point, then the page's views.
+-- prefix to the prefix followed by the highest code point (`starts_with` decides), then the page's views.
 SELECT v.* FROM analysis_job_views v
  WHERE v.job_id IN (SELECT j.job_id FROM analysis_jobs j
                      WHERE j.document_uri COLLATE "C" >= %(document_uri_prefix)s::text
                        AND j.document_uri COLLATE "C" < %(document_uri_prefix)s::text || chr(1114111)
+                       AND starts_with(j.document_uri, %(document_uri_prefix)s::text)
 -- include: job_search_narrowing
                    )
  ORDER BY v.create_time DESC, v.job_id DESC;
