@@ -39,6 +39,9 @@ _STRING_CHARS: Mapping[str, int] = {
     "message": validation.MAX_MESSAGE_CHARS,
     "note": validation.MAX_NOTE_CHARS,
     "retry_key": validation.MAX_ID_CHARS,
+    "document_uri_prefix": validation.MAX_URI_CHARS,
+    "title_words": validation.MAX_TITLE_CHARS,
+    "source_doi": validation.MAX_DOI_CHARS,
     "page_token": page_tokens.MAX_TOKEN_CHARS,
 }
 # The most entries a repeated field may hold, by field name.

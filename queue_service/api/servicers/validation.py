@@ -149,8 +149,12 @@ class Violations:
 
     def check_trimmed(self, field: str, value: str, *, max_chars: int) -> str:
         """An optional text without its surrounding whitespace ('' when unset); one of
-        whitespace only is a violation (it would match nothing, or everything)."""
+        whitespace only is a violation (it would match nothing, or everything). The length counts
+        the text as sent, so the largest valid request stays what `request_limits` computes."""
         if not value:
+            return ""
+        if len(value) > max_chars:
+            self.add(field, f"{field} must be at most {max_chars} characters (got {len(value)})")
             return ""
         trimmed = value.strip()
         if not trimmed:
