@@ -56,6 +56,7 @@ def main() -> int:
     )
     if status != 0:
         return status
+    _without_json_names(DESCRIPTOR_SET)
     for generated in OUT.rglob("*.py*"):
         text = generated.read_text()
         rewritten = _ABSOLUTE_IMPORT.sub(lambda m: f"{m.group(1)} {IMPORT_PREFIX}acurio.", text)
@@ -63,6 +64,28 @@ def main() -> int:
     for folder in [OUT, *[p for p in OUT.rglob("*") if p.is_dir()]]:
         (folder / "__init__.py").write_text("")
     return 0
+
+
+def _without_json_names(path: Path) -> None:
+    """Drops the `json_name` protoc writes on every field of a descriptor set, as the `_pb2`
+    modules' descriptors have none: given one, grpcurl prints camelCase (`jobId`) instead of
+    the proto names (`job_id`) the docs and scripts read."""
+    from google.protobuf import descriptor_pb2
+
+    files = descriptor_pb2.FileDescriptorSet.FromString(path.read_bytes())
+
+    def clear(message: descriptor_pb2.DescriptorProto) -> None:
+        for field in [*message.field, *message.extension]:
+            field.ClearField("json_name")
+        for nested in message.nested_type:
+            clear(nested)
+
+    for file in files.file:
+        for message in file.message_type:
+            clear(message)
+        for extension in file.extension:
+            extension.ClearField("json_name")
+    path.write_bytes(files.SerializeToString(deterministic=True))
 
 
 def _plugin(name: str) -> str:

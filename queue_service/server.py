@@ -302,7 +302,6 @@ class QueueApp:
             commented_reflection.enable(
                 (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
                 server,
-                extra_files=[health_pb2.DESCRIPTOR],
             )
         if self._server_credentials is not None:
             self.port = server.add_secure_port(self.config.listen_addr, self._server_credentials)

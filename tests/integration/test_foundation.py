@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2
 from queue_service.store import migrations
 from tests.harness import REPO_ROOT, PostgresServer, new_user, wait_serving
 
@@ -109,6 +110,14 @@ async def test_reflection_serves_the_contracts_comments(service) -> None:
         # The path of a field in its file: message_type (4), the message, field (2), the field.
         path = [4, message_index, 2, field_index]
         comments = [loc.leading_comments for loc in operator.source_code_info.location if list(loc.path) == path]
+        # Otherwise the very descriptor the generated module has (no json_name that would make
+        # grpcurl print camelCase, no field of another version of the protos).
+        served = descriptor_pb2.FileDescriptorProto()
+        served.CopyFrom(operator)
+        served.ClearField("source_code_info")
+        generated = descriptor_pb2.FileDescriptorProto()
+        operator_service_pb2.DESCRIPTOR.CopyToProto(generated)
+        assert served == generated
         return " ".join(comments), sorted(f.name for f in files)
 
     comment, names = await asyncio.to_thread(max_active_comment)

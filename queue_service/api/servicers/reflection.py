@@ -3,21 +3,22 @@
 grpcio-reflection answers from a descriptor pool, by default the one the `_pb2` modules fill,
 which holds no source info: `grpcurl describe` then shows no comment, and a field such as
 SetUserQueueLimitRequest.max_active reads as whatever its name suggests. The pool served here is
-built from `_gen/descriptor_set.binpb` (written by `protos/generate.py` with the comments), and
-files go out as they were generated, since the pool's own `CopyToProto` drops the source info.
-Files outside the contract (the health and reflection services) are served from the default pool.
+the default one, but each file of the contract goes out as `_gen/descriptor_set.binpb` holds it
+(written by `protos/generate.py` with the comments from the same protos as the `_pb2` modules),
+since the pool's own `CopyToProto` drops the source info. Other files (health, reflection,
+google.rpc's error details, which grpcurl resolves to print an error) are served as the pool has them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from functools import cache
 from importlib import resources
-from typing import Any, Protocol, cast
+from typing import Any
 
 import grpc
 from google.protobuf import descriptor, descriptor_pb2, descriptor_pool
-from grpc_reflection.v1alpha import reflection, reflection_pb2
+from grpc_reflection.v1alpha import reflection
 
 _DESCRIPTOR_SET = "descriptor_set.binpb"
 
@@ -27,15 +28,6 @@ def contract_files() -> dict[str, descriptor_pb2.FileDescriptorProto]:
     """The contract's files (and the well-known types they import) with their comments, by name."""
     raw = resources.files("queue_service._gen").joinpath(_DESCRIPTOR_SET).read_bytes()
     return {file.name: file for file in descriptor_pb2.FileDescriptorSet.FromString(raw).file}
-
-
-class GeneratedFile(Protocol):
-    """A `_pb2` module's DESCRIPTOR, as far as it is read here."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def serialized_pb(self) -> bytes: ...
 
 
 class _FileWithComments:
@@ -63,12 +55,14 @@ def _with_comments(file: descriptor.FileDescriptor) -> _FileWithComments:
 
 
 class CommentedPool:
-    """The lookups grpc_reflection makes of a pool, answering files with their comments."""
+    """The lookups grpc_reflection makes of a pool, answered by the default pool (every file the
+    service imports: the contract, health, reflection, google.rpc's error details), each file
+    sent with its comments where the contract's set has them."""
 
     def __init__(self, pool: descriptor_pool.DescriptorPool) -> None:
         self._pool = pool
 
-    def FindFileByName(self, name: str) -> _FileWithComments:  # noqa: N802
+    def FindFileByName(self, name: str) -> _FileWithComments:  # noqa: N802 (the pool's API)
         return _with_comments(self._pool.FindFileByName(name))
 
     def FindFileContainingSymbol(self, symbol: str) -> _FileWithComments:  # noqa: N802
@@ -79,13 +73,8 @@ class CommentedPool:
         return getattr(self._pool, name)
 
 
-def enable(service_names: Iterable[str], server: grpc.aio.Server, *, extra_files: Sequence[GeneratedFile] = ()) -> None:
-    """Serves reflection for `service_names` on `server`; `extra_files` are the files outside the
-    contract whose services are listed (health), loaded into the pool from their modules."""
-    pool = descriptor_pool.DescriptorPool()
-    for file in contract_files().values():  # in dependency order, as protoc writes a set
-        pool.Add(file)
-    for extra in (*extra_files, cast(GeneratedFile, reflection_pb2.DESCRIPTOR)):
-        if extra.name not in contract_files():
-            pool.AddSerializedFile(extra.serialized_pb)
-    reflection.enable_server_reflection(tuple(service_names), server, pool=CommentedPool(pool))  # type: ignore[arg-type]
+def enable(service_names: Iterable[str], server: grpc.aio.Server) -> None:
+    """Serves reflection for `service_names` on `server`, the contract's files with their comments."""
+    contract_files()  # read once now: a missing or broken set fails the start, not a client's call
+    pool = CommentedPool(descriptor_pool.Default())
+    reflection.enable_server_reflection(tuple(service_names), server, pool=pool)  # type: ignore[arg-type]
