@@ -71,6 +71,7 @@ class ReleaseResult(enum.StrEnum):
     GAVE_UP = "gave_up"  # the release window passed without a confirmed release
     RETRY = "retry"  # no answer (maybe applied) or the run is still held: try again later
     WAITING = "waiting"  # the core said "not now" (RESOURCE_EXHAUSTED): back in line for capacity
+    PAUSED = "paused"  # its releases were paused after it was claimed: back to waiting, not sent
 
 
 class RunFate(enum.Enum):
@@ -159,6 +160,22 @@ class DatabaseIdentity:
     reconciled: bool = dataclasses.field(default=False, compare=False)
 
 
+def cancel_message(actor: str) -> str:
+    """A canceled job's `last_error`, naming who asked (an actor as the ledger names it, empty
+    when not known here): a user's cancel through the web app is the user's, an operator's names
+    the operator, so an operator's cancel never reads as the user's."""
+    role, _, name = actor.partition(":")
+    if not actor:
+        return "canceled"
+    if role == "web":
+        return "canceled by the user"
+    if role == "operator":
+        return f"canceled by operator {name}"
+    if role == "system":
+        return "canceled by the service"
+    return f"canceled by {actor}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Transition:
     """A named way for a job to end: from which statuses, to which, and what it does to the
@@ -188,12 +205,13 @@ class Transition:
         return cls(Cause.COMPLETION, ACTIVE, JobStatus.FAILED, message or "the core reported a failure", refund=refund)
 
     @classmethod
-    def canceled_while_queued(cls) -> Transition:
-        """A cancel of a QUEUED job: refunded at once; its held run is canceled afterwards."""
-        return cls(Cause.CANCEL, frozenset({JobStatus.QUEUED}), JobStatus.CANCELED, "canceled by the user", refund=True, run_unsettled=True)
+    def canceled_while_queued(cls, *, by: str = "") -> Transition:
+        """A cancel of a QUEUED job (asked for by the actor `by`): refunded at once; its held run is
+        canceled afterwards."""
+        return cls(Cause.CANCEL, frozenset({JobStatus.QUEUED}), JobStatus.CANCELED, cancel_message(by), refund=True, run_unsettled=True)
 
     @classmethod
-    def canceled_while_waiting_for_capacity(cls, *, attempts: int) -> Transition:
+    def canceled_while_waiting_for_capacity(cls, *, attempts: int, by: str = "") -> Transition:
         """A cancel of a PENDING job waiting for the fleet's capacity: its run was never released
         (only a grant releases it, and a grant counts an attempt: `attempts` fences one that came
         meanwhile), so the job ends at once, refunded, without the core; its held run is canceled
@@ -202,18 +220,19 @@ class Transition:
             Cause.CANCEL,
             frozenset({JobStatus.PENDING}),
             JobStatus.CANCELED,
-            "canceled by the user",
+            cancel_message(by),
             refund=True,
             run_unsettled=True,
             expected_attempts=attempts,
         )
 
     @classmethod
-    def canceled(cls, report: RunReport) -> Transition:
-        """A cancel of an active job, ended as the core's answer to CancelRun says."""
+    def canceled(cls, report: RunReport, *, by: str = "") -> Transition:
+        """A cancel of an active job (asked for by the actor `by`, when known), ended as the core's
+        answer to CancelRun says."""
         if report.fate in (RunFate.SUCCEEDED, RunFate.FAILED):
             return cls._as_reported(Cause.CANCEL, ACTIVE, report)
-        return cls(Cause.CANCEL, ACTIVE, JobStatus.CANCELED, "canceled by the user", refund=True)
+        return cls(Cause.CANCEL, ACTIVE, JobStatus.CANCELED, cancel_message(by), refund=True)
 
     @classmethod
     def canceled_instead_of_released(cls, report: RunReport, *, attempt: int) -> Transition:
@@ -285,6 +304,8 @@ class JobRef:
     run_unsettled: bool = False
     # The user asked to cancel it while it was active (recorded before the core was asked).
     cancel_requested: bool = False
+    # Who asked to cancel it (the first asker, as the ledger names actors); empty when nobody did.
+    canceled_by: str = ""
     # Release attempts so far (a capacity grant counts one): fences a change decided on this read.
     release_attempts: int = 0
     # PENDING and waiting for the fleet's capacity: its run has not been released since it began
@@ -372,6 +393,8 @@ class JobInputs:
     document_title: str
     sources: tuple[tuple[str, str], ...] | None
     sources_pruned: bool = False
+    # The newest job admitted as a retry of this one; None when it was never retried.
+    newest_retry_job_id: uuid.UUID | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,6 +469,9 @@ class ClaimedRelease(Claim):
     # A delta re-check's release (under a limited capacity): I9's check at the core is for
     # first-pass runs only.
     delta: bool = False
+    # The dispatcher held it back for a free place among the releases in flight: a pause of
+    # releases may have committed since it was claimed, so the attempt checks before it is sent.
+    waited_for_a_slot: bool = False
 
     @property
     def key(self) -> uuid.UUID:
@@ -478,6 +504,10 @@ class CapacityState:
     core_refusals: int
     updated_by: str
     updated_at: dt.datetime | None
+    # The fleet-wide pause of releases in force (None: releases go on), and how many users'
+    # releases are paused on their own (migration 0028).
+    fleet_pause: ReleasePause | None = None
+    paused_users: int = 0
 
     @property
     def effective_limit(self) -> int | None:
@@ -487,8 +517,18 @@ class CapacityState:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReleasePause:
+    """A pause of releases in force (the fleet's or one user's): since when, by whom and why."""
+
+    since: dt.datetime
+    paused_by: str
+    note: str
+
+
+@dataclasses.dataclass(frozen=True)
 class SettingChange:
-    """One change of a fleet setting (`core_capacity`, `user_max_active`) and who made it."""
+    """One change of a fleet setting (`core_capacity`, `user_max_active`, `releases_paused`) and
+    who made it, with the operator's note (pauses)."""
 
     change_id: int
     setting: str
@@ -497,6 +537,19 @@ class SettingChange:
     new_value: int | None
     actor: str
     create_time: dt.datetime
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class UserSettings:
+    """One user's settings in force: her first-pass limit (her own, or the service's default)
+    and the pauses holding her runs back."""
+
+    user_id: str
+    max_active: int
+    max_active_is_default: bool
+    own_pause: ReleasePause | None
+    fleet_paused: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -598,6 +651,12 @@ class JobView:
     document_title: str = ""
     source_count: int = 0
     sources_preview: tuple[tuple[str, str], ...] = ()
+    # Retry lineage (migration 0027): the ended job this one admits again, and the jobs admitted
+    # as retries of this one, oldest first.
+    retry_of_job_id: uuid.UUID | None = None
+    retried_as_job_ids: tuple[uuid.UUID, ...] = ()
+    # Who asked to cancel it, as the ledger names actors; empty when nobody did.
+    canceled_by: str = ""
 
 
 def estimate_start(
@@ -836,12 +895,13 @@ class LedgerEntry:
 
 @dataclasses.dataclass(frozen=True)
 class LedgerQuery:
-    """Which ledger entries an operator reads: by user and/or job (empty: every one), below the
-    keyset position `before_entry_id` (None: from the newest)."""
+    """Which ledger entries an operator reads: by user, job and/or actor (empty: every one), below
+    the keyset position `before_entry_id` (None: from the newest)."""
 
     user_id: str
     job_id: uuid.UUID | None
     before_entry_id: int | None
+    actor: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -142,7 +142,7 @@ class _Instruments:
     retries = _counter(
         "queue.retries",
         "{retry}",
-        "OperatorService.RetryJob calls by outcome (admitted, repeated: the retry key had retried the job already, rejected) and reason",
+        "OperatorService.RetryJob calls and RetryJobs jobs by outcome (admitted, repeated: the job was retried already, rejected) and reason",
     )
     lock_wait = _histogram("queue.lock.wait", "s", "Time spent waiting for a user's queue lock")
     promotions = _counter("queue.promotions", "{job}", "Jobs promoted from QUEUED to PENDING, by trigger")
@@ -224,7 +224,7 @@ class _Instruments:
     capacity_gauge = _gauge(
         "queue.capacity",
         "{run}",
-        "The core's capacity as of this replica's last grant or sweep (state: in_use, the runs that take it; limit, the limit in force, absent when unlimited; waiting, jobs waiting for it)",
+        "The core's capacity as of this replica's last grant or sweep (state: in_use, the runs that take it; limit, the limit in force, absent when unlimited; waiting, jobs waiting for it; fleet_paused, 1 while the fleet's releases are paused; paused_users, users whose releases are paused on their own)",
         _observe_capacity,
     )
     core_retries = _counter("queue.core.retries", "{retry}", "Retried calls to the core, by method")

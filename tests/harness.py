@@ -88,7 +88,7 @@ def insert_jobs(conn: psycopg.Connection, users: list[str], *, status: str, slot
 def nothing_in_flight(database_url: str) -> None:
     """A database that test modules share, as if fresh for the fleet's capacity: every job in
     flight ended (its run settled), no turn recorded, the capacity unlimited and nothing learned of
-    the core. Written straight into the tables: the jobs' runs at the core are not touched."""
+    the core, no release paused. Written straight into the tables: the jobs' runs at the core are not touched."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(
             """UPDATE analysis_jobs SET status = 'canceled', end_time = clock_timestamp(), run_settle_due_at = NULL,
@@ -97,6 +97,7 @@ def nothing_in_flight(database_url: str) -> None:
         )
         conn.execute("DELETE FROM user_capacity_turns")
         conn.execute("UPDATE queue_capacity SET capacity = 0, core_limit = NULL, next_probe_at = NULL, core_refusals = 0")
+        conn.execute("DELETE FROM queue_release_pauses")
 
 
 async def running_with_one_queued(stubs: Stubs) -> tuple[str, job_pb2.Job, job_pb2.Job]:

@@ -56,3 +56,22 @@ export function ago(d: Date | undefined, now: number): string {
   const ms = now - d.getTime();
   return ms < 5000 ? "just now" : `${spoken(ms)} ago`;
 }
+
+export const RETRYABLE = new Set([JobStatus.FAILED, JobStatus.CANCELED]);
+
+/** Who asked for a cancel, from the actor the job records (as the ledger names actors):
+ * "the user" (through the web app), "operator alice", "the service". */
+export function canceler(actor: string): string {
+  const [role, ...rest] = actor.split(":");
+  const name = rest.join(":");
+  if (role === "web") return `the user (${actor})`;
+  if (role === "operator") return `operator ${name}`;
+  if (role === "system") return "the service";
+  return actor;
+}
+
+/** What ended a canceled job, in words: who canceled it when the job records it (an operator's
+ * cancel never reads as the user's), else the job's own message. */
+export function canceledText(job: { canceledBy: string; lastError: string }): string {
+  return job.canceledBy ? `canceled by ${canceler(job.canceledBy)}` : job.lastError;
+}

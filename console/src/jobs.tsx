@@ -4,14 +4,14 @@ import { useEffect, useRef, useState } from "preact/hooks";
 
 import { date, operator, Problem, queue } from "./api.js";
 import { Modal } from "./dialog.js";
-import { ACTIVE, ago, dateTime, duration, shortId, spoken, STATUS_LABELS } from "./format.js";
+import { ACTIVE, ago, canceledText, canceler, dateTime, duration, RETRYABLE, shortId, spoken, STATUS_LABELS } from "./format.js";
 import { go, useNow } from "./hooks.js";
 import { LedgerPanel, useLedger } from "./ledger.js";
 import { useAction, useNotice } from "./notice.js";
 import { useLiveStream } from "./stream.js";
 import { revealBidiControls, UserText } from "./user-text.js";
 import { type Job, JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
-import { JobFilterSchema, type JobFilter } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
+import { JobFilterSchema, type JobFilter, type RetryJobsResponse } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
 const STATUS_BY_NAME = new Map(Object.entries(STATUS_LABELS).map(([value, name]) => [name, Number(value) as JobStatus]));
 
@@ -51,49 +51,74 @@ export function StatusBadge({ status }: { status: JobStatus }) {
   return <span class={`badge ${STATUS_LABELS[status]}`}>{STATUS_LABELS[status]}</span>;
 }
 
-/** Bulk cancel by filter: a dry run counts first; the dialog names the filter's reach, and with no
- * user in the filter (every user's jobs) the count must be typed before the confirm button works. */
-function BulkCancel({ filter, onDone }: { filter: JobFilter; onDone: () => void }) {
-  const [count, setCount] = useState<{ matched: number; more: boolean } | null>(null);
+interface BulkCount {
+  matched: number;
+  more: boolean;
+  /** Jobs the action leaves out on purpose (a bulk retry's jobs retried already). */
+  skipped: number;
+}
+
+/** A bulk action by filter (cancel, retry): a dry run counts first; the dialog names the filter's
+ * reach, and with no user in the filter (every user's jobs) the count must be typed before the
+ * confirm button works. The real call acts on at most the number confirmed. */
+function BulkByFilter({
+  filter,
+  onDone,
+  name,
+  verb,
+  none,
+  consequence,
+  count,
+  act,
+}: {
+  filter: JobFilter;
+  onDone: () => void;
+  name: "cancel" | "retry";
+  verb: string;
+  none: string;
+  consequence: string;
+  count: () => Promise<BulkCount>;
+  act: (maxJobs: number) => Promise<string>;
+}) {
+  const [counted, setCounted] = useState<BulkCount | null>(null);
   const [typed, setTyped] = useState("");
   const opener = useRef<HTMLButtonElement>(null);
   const { run, busy } = useAction();
   const allUsers = filter.userId === "";
   const ask = () =>
     run(async () => {
-      const response = await operator.cancelJobs({ filter, dryRun: true });
+      const found = await count();
       setTyped("");
-      setCount({ matched: response.matched, more: response.moreThanCounted });
+      setCounted(found);
     });
-  const armed = count !== null && count.matched > 0 && (!allUsers || typed.trim() === String(count.matched));
+  const armed = counted !== null && counted.matched > 0 && (!allUsers || typed.trim() === String(counted.matched));
   const confirm = () =>
     run(async () => {
       if (!armed) return;
-      const response = await operator.cancelJobs({ filter, maxJobs: count!.matched });
-      setCount(null);
+      const text = await act(counted!.matched);
+      setCounted(null);
       onDone();
-      const failed = response.failures.length;
-      return `Canceled ${response.canceled} jobs (refunded)${failed ? `; ${failed} could not be canceled: ${response.failures[0].reason}` : ""}`;
+      return text;
     });
   const jobs = (n: number) => `${n} ${n === 1 ? "job" : "jobs"}`;
   return (
     <>
-      <button type="button" onClick={ask} disabled={busy} data-testid="bulk-cancel" ref={opener}>
-        Cancel all matching this filter…
+      <button type="button" onClick={ask} disabled={busy} data-testid={`bulk-${name}`} ref={opener}>
+        {verb} all matching this filter…
       </button>
-      {count !== null && (
-        <Modal role="alertdialog" label="Confirm bulk cancel" onClose={() => setCount(null)} returnTo={opener}>
+      {counted !== null && (
+        <Modal role="alertdialog" label={`Confirm bulk ${name}`} onClose={() => setCounted(null)} returnTo={opener}>
           <form
             onSubmit={(e) => {
               e.preventDefault();
               confirm();
             }}
           >
-            {count.matched === 0 ? (
-              <p>No queued, pending or running job matches this filter.</p>
+            {counted.matched === 0 ? (
+              <p>{none}</p>
             ) : (
-              <p data-testid="bulk-cancel-count" data-count={count.matched}>
-                Cancel all <strong>{jobs(count.matched)}</strong> matching this filter
+              <p data-testid={`bulk-${name}-count`} data-count={counted.matched}>
+                {verb} all <strong>{jobs(counted.matched)}</strong> matching this filter
                 {allUsers ? (
                   <>
                     {" "}
@@ -105,30 +130,35 @@ function BulkCancel({ filter, onDone }: { filter: JobFilter; onDone: () => void 
                     of <UserText class="mono" text={filter.userId} />
                   </>
                 )}
-                {count.more ? " (the first 1000 of more)" : ""}? Each is canceled at the core and refunded; ended jobs are not
-                touched.
+                {counted.more ? " (the first 1000 of more)" : ""}? {consequence}
               </p>
             )}
-            {count.matched > 0 && allUsers && (
+            {counted.skipped > 0 && (
+              <p class="muted" data-testid={`bulk-${name}-skipped`} data-count={counted.skipped}>
+                {jobs(counted.skipped)} matching it {counted.skipped === 1 ? "was" : "were"} retried already and {counted.skipped === 1 ? "is" : "are"} skipped
+                (open a job to retry it again).
+              </p>
+            )}
+            {counted.matched > 0 && allUsers && (
               <label class="confirm-typed">
-                Type {count.matched} to cancel jobs of every user
+                Type {counted.matched} to {name} jobs of every user
                 <input
                   data-autofocus
                   inputMode="numeric"
                   autoComplete="off"
                   value={typed}
                   onInput={(e) => setTyped(e.currentTarget.value)}
-                  aria-label="Number of jobs to cancel"
+                  aria-label={`Number of jobs to ${name}`}
                 />
               </label>
             )}
             <div class="actions">
-              <button type="button" onClick={() => setCount(null)} data-autofocus={allUsers ? undefined : true}>
+              <button type="button" onClick={() => setCounted(null)} data-autofocus={allUsers ? undefined : true}>
                 Keep them <kbd>Esc</kbd>
               </button>
-              {count.matched > 0 && (
-                <button type="submit" class="danger" disabled={busy || !armed} data-testid="bulk-cancel-confirm">
-                  Cancel {jobs(count.matched)}
+              {counted.matched > 0 && (
+                <button type="submit" class={name === "cancel" ? "danger" : "primary"} disabled={busy || !armed} data-testid={`bulk-${name}-confirm`}>
+                  {verb} {jobs(counted.matched)}
                   {allUsers ? " of all users" : ""}
                 </button>
               )}
@@ -137,6 +167,77 @@ function BulkCancel({ filter, onDone }: { filter: JobFilter; onDone: () => void 
         </Modal>
       )}
     </>
+  );
+}
+
+function BulkCancel({ filter, onDone }: { filter: JobFilter; onDone: () => void }) {
+  return (
+    <BulkByFilter
+      filter={filter}
+      onDone={onDone}
+      name="cancel"
+      verb="Cancel"
+      none="No queued, pending or running job matches this filter."
+      consequence="Each is canceled at the core and refunded; ended jobs are not touched."
+      count={async () => {
+        const response = await operator.cancelJobs({ filter, dryRun: true });
+        return { matched: response.matched, more: response.moreThanCounted, skipped: 0 };
+      }}
+      act={async (maxJobs) => {
+        const response = await operator.cancelJobs({ filter, maxJobs });
+        const failed = response.failures.length;
+        return `Canceled ${response.canceled} jobs (refunded)${failed ? `; ${failed} could not be canceled: ${response.failures[0].reason}` : ""}`;
+      }}
+    />
+  );
+}
+
+/** What a bulk retry did, in one line; a failure makes it the notice's error. */
+function retriedText(response: RetryJobsResponse): string {
+  const skipped = response.alreadyRetriedJobIds.length;
+  const failed = response.failures.length;
+  const text =
+    `Retried ${response.retried} ${response.retried === 1 ? "job" : "jobs"} (each charged to its user)` +
+    (skipped ? `; ${skipped} retried already, skipped` : "") +
+    (failed ? `; ${failed} could not be retried: ${response.failures[0].reason} (${response.failures[0].message})` : "");
+  if (failed) throw new Problem(text);
+  return text;
+}
+
+/** Bulk retry by filter: only the filter's FAILED and CANCELED jobs (all of those when it names no
+ * status), each retried once; jobs retried already are counted and skipped. */
+function BulkRetry({ filter, onDone }: { filter: JobFilter; onDone: () => void }) {
+  const statuses = filter.statuses.filter((s) => RETRYABLE.has(s));
+  if (filter.statuses.length > 0 && statuses.length === 0) return null; // the filter shows only active or succeeded jobs
+  const retryFilter = create(JobFilterSchema, { ...filter, statuses });
+  return (
+    <BulkByFilter
+      filter={retryFilter}
+      onDone={onDone}
+      name="retry"
+      verb="Retry"
+      none="No failed or canceled job matching this filter is left to retry."
+      consequence="Each is admitted again as a new job of its user and charged to that user, once."
+      count={async () => {
+        const response = await operator.retryJobs({ filter: retryFilter, dryRun: true });
+        return { matched: response.matched, more: response.moreThanCounted, skipped: response.alreadyRetriedJobIds.length };
+      }}
+      act={async (maxJobs) => retriedText(await operator.retryJobs({ filter: retryFilter, maxJobs }))}
+    />
+  );
+}
+
+/** The jobs a selection dialog names: the first 8 with their users. */
+function SelectedList({ jobs }: { jobs: Job[] }) {
+  return (
+    <ul class="selected-list">
+      {jobs.slice(0, 8).map((job) => (
+        <li class="mono">
+          {shortId(job.jobId)} <UserText class="muted" text={job.userId} />
+        </li>
+      ))}
+      {jobs.length > 8 && <li class="muted">and {jobs.length - 8} more</li>}
+    </ul>
   );
 }
 
@@ -244,14 +345,7 @@ function CancelSelected({ selected, onDone }: { selected: Map<string, Job>; onDo
               {users.size === 1 ? <span class="mono">{[...users][0]}</span> : <strong>{users.size} users</strong>}? Each is canceled at the core and
               refunded.
             </p>
-            <ul class="selected-list">
-              {jobs.slice(0, 8).map((job) => (
-                <li class="mono">
-                  {shortId(job.jobId)} <UserText class="muted" text={job.userId} />
-                </li>
-              ))}
-              {jobs.length > 8 && <li class="muted">and {jobs.length - 8} more</li>}
-            </ul>
+            <SelectedList jobs={jobs} />
             <div class="actions">
               <button type="button" onClick={() => setOpen(false)} data-autofocus>
                 Keep them <kbd>Esc</kbd>
@@ -266,6 +360,76 @@ function CancelSelected({ selected, onDone }: { selected: Map<string, Job>; onDo
     </>
   );
 }
+
+/** Retry exactly the failed and canceled jobs ticked in the table, each once: a dry run counts
+ * them and the ones retried already (skipped), then the confirmed number is retried. */
+function RetrySelected({ selected, onDone }: { selected: Map<string, Job>; onDone: () => void }) {
+  const [counted, setCounted] = useState<{ matched: number; skipped: number } | null>(null);
+  const opener = useRef<HTMLButtonElement>(null);
+  const { run, busy } = useAction();
+  const jobs = [...selected.values()];
+  const jobIds = jobs.map((job) => job.jobId);
+  const ask = () =>
+    run(async () => {
+      const response = await operator.retryJobs({ jobIds, dryRun: true });
+      setCounted({ matched: response.matched, skipped: response.alreadyRetriedJobIds.length });
+    });
+  const confirm = () =>
+    run(async () => {
+      if (counted === null || counted.matched === 0) return;
+      const response = await operator.retryJobs({ jobIds, maxJobs: counted.matched });
+      setCounted(null);
+      onDone();
+      return retriedText(response);
+    });
+  const many = (n: number) => `${n} ${n === 1 ? "job" : "jobs"}`;
+  return (
+    <>
+      <button type="button" class="primary" disabled={busy || jobs.length === 0} onClick={ask} data-testid="retry-selected" ref={opener}>
+        Retry selected ({jobs.length})
+      </button>
+      {counted !== null && (
+        <Modal role="alertdialog" label="Confirm retry of the selected jobs" onClose={() => setCounted(null)} returnTo={opener}>
+          <form
+            onSubmit={(e) => {
+              e.preventDefault();
+              confirm();
+            }}
+          >
+            <p data-testid="retry-selected-count" data-count={counted.matched} data-skipped={counted.skipped}>
+              {counted.matched > 0 ? (
+                <>
+                  Retry <strong>{many(counted.matched)}</strong> of the {jobs.length} selected? Each is admitted again as a new job of its user and
+                  charged to that user, once.
+                </>
+              ) : (
+                <>Nothing to retry: every selected job was retried already.</>
+              )}
+              {counted.skipped > 0 && ` ${many(counted.skipped)} retried already ${counted.skipped === 1 ? "is" : "are"} skipped (open a job to retry it again).`}
+            </p>
+            <SelectedList jobs={jobs} />
+            <div class="actions">
+              <button type="button" onClick={() => setCounted(null)} data-autofocus>
+                Keep them <kbd>Esc</kbd>
+              </button>
+              {counted.matched > 0 && (
+                <button type="submit" class="primary" disabled={busy} data-testid="retry-selected-confirm">
+                  Retry {many(counted.matched)}
+                </button>
+              )}
+            </div>
+          </form>
+        </Modal>
+      )}
+    </>
+  );
+}
+
+/** A job that can be retried: it ended FAILED or CANCELED and its inputs are stored. */
+const canRetry = (job: Job) => RETRYABLE.has(job.status) && job.sourceCount > 0;
+/** Whether the job is one a cancel (active) or a retry (ended) can take: a ticked job whose kind
+ * changed meanwhile leaves the selection. */
+const kindOf = (job: Job) => (ACTIVE.has(job.status) ? "cancel" : canRetry(job) ? "retry" : "none");
 
 export function JobsPage({ params, live }: { params: URLSearchParams; live: boolean }) {
   const [jobs, setJobs] = useState<Job[]>([]);
@@ -284,15 +448,20 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
 
   useEffect(() => setTokens([""]), [key]);
   useEffect(() => setSelected(new Map()), [key]);
-  // A selected job that ended meanwhile cannot be canceled: it leaves the selection.
+  // A selected job that ended meanwhile cannot be canceled (nor one retried since be retried as
+  // ticked): it leaves the selection.
   useEffect(() => {
     setSelected((old) => {
       const next = new Map(old);
-      for (const job of jobs) if (next.has(job.jobId) && !ACTIVE.has(job.status)) next.delete(job.jobId);
+      for (const job of jobs) {
+        const ticked = next.get(job.jobId);
+        if (ticked && (kindOf(ticked) !== kindOf(job) || job.retriedAsJobIds.length > ticked.retriedAsJobIds.length)) next.delete(job.jobId);
+      }
       return next.size === old.size ? old : next;
     });
   }, [jobs]);
-  const selectable = jobs.filter((job) => ACTIVE.has(job.status));
+  const selectable = jobs.filter((job) => kindOf(job) !== "none");
+  const ticked = (kind: string) => new Map([...selected].filter(([, job]) => kindOf(job) === kind));
   const allSelected = selectable.length > 0 && selectable.every((job) => selected.has(job.jobId));
   const toggle = (job: Job, on: boolean) =>
     setSelected((old) => {
@@ -411,8 +580,10 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
         </label>
       </form>
       <div class="toolbar">
-        <CancelSelected selected={selected} onDone={() => { setSelected(new Map()); setRefresh((n) => n + 1); }} />
+        <CancelSelected selected={ticked("cancel")} onDone={() => { setSelected(new Map()); setRefresh((n) => n + 1); }} />
         <BulkCancel filter={filter} onDone={() => setRefresh((n) => n + 1)} />
+        <RetrySelected selected={ticked("retry")} onDone={() => { setSelected(new Map()); setRefresh((n) => n + 1); }} />
+        <BulkRetry filter={filter} onDone={() => setRefresh((n) => n + 1)} />
         <label class="check column-choice">
           <input type="checkbox" data-testid="column-document" checked={columns.has("document")} onChange={(e) => setColumn("document", e.currentTarget.checked)} />
           Document column
@@ -424,7 +595,7 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
             <th class="select">
               <input
                 type="checkbox"
-                aria-label="Select every active job on this page"
+                aria-label="Select every job on this page that can be canceled or retried"
                 data-testid="select-all"
                 disabled={selectable.length === 0}
                 checked={allSelected}
@@ -446,7 +617,7 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
             <SortHeader label="Position" name="position" sort={sort} setSort={setSort} num />
             <SortHeader label="Admitted" name="admitted" sort={sort} setSort={setSort} />
             <SortHeader label="Releases" name="releases" sort={sort} setSort={setSort} num />
-            <th>Last error</th>
+            <th>Last error or cancel</th>
           </tr>
         </thead>
         <tbody>
@@ -459,7 +630,7 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
               onKeyDown={(e) => e.target === e.currentTarget && e.key === "Enter" && go(`jobs/${job.jobId}`)}
             >
               <td class="select">
-                {ACTIVE.has(job.status) && (
+                {kindOf(job) !== "none" && (
                   <input
                     type="checkbox"
                     data-testid="select-job"
@@ -493,9 +664,15 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
               <td class="num">{job.queuePosition || ""}</td>
               <td title={dateTime(date(job.createTime))}>{ago(date(job.createTime), now)}</td>
               <td class="num">{job.releaseAttempts}</td>
-              <td class="error-text">
-                <UserText text={job.lastError} />
-              </td>
+              {job.status === JobStatus.CANCELED ? (
+                <td class="ended-text" data-testid="canceled-text">
+                  <UserText text={canceledText(job)} />
+                </td>
+              ) : (
+                <td class="error-text">
+                  <UserText text={job.lastError} />
+                </td>
+              )}
             </tr>
           ))}
         </tbody>
@@ -514,7 +691,159 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
   );
 }
 
-function Step({ label, at, detail, state }: { label: string; at?: Date; detail?: string; state: "done" | "now" | "later" | "bad" }) {
+/** Cancel of one job, after a confirmation naming the job, its user and who it is canceled as. */
+export function CancelJobButton({
+  job,
+  onCanceled,
+  small,
+  testId = "cancel-job",
+}: {
+  job: Job;
+  onCanceled: () => void;
+  small?: boolean;
+  testId?: string;
+}) {
+  const [open, setOpen] = useState(false);
+  const opener = useRef<HTMLButtonElement>(null);
+  const { run, busy } = useAction();
+  const confirm = () =>
+    run(async () => {
+      await queue.cancelJob({ jobId: job.jobId, userId: job.userId });
+      setOpen(false);
+      onCanceled();
+      return `Canceled job ${shortId(job.jobId)}; its credit is refunded`;
+    });
+  return (
+    <>
+      <button class={small ? "small danger" : "danger"} disabled={busy} data-testid={testId} onClick={() => setOpen(true)} ref={opener}>
+        Cancel
+      </button>
+      {open && (
+        <Modal role="alertdialog" label="Confirm cancel of the job" onClose={() => setOpen(false)} returnTo={opener}>
+          <form
+            onSubmit={(e) => {
+              e.preventDefault();
+              confirm();
+            }}
+          >
+            <p data-testid="cancel-job-question">
+              Cancel job <span class="mono">{shortId(job.jobId)}</span> of <UserText class="mono" text={job.userId} /> ({STATUS_LABELS[job.status]})? It
+              is canceled at the core and its credit refunded; the job records you as who canceled it.
+            </p>
+            <div class="actions">
+              <button type="button" onClick={() => setOpen(false)} data-autofocus>
+                Keep it <kbd>Esc</kbd>
+              </button>
+              <button type="submit" class="danger" disabled={busy} data-testid="cancel-job-confirm">
+                Cancel the job
+              </button>
+            </div>
+          </form>
+        </Modal>
+      )}
+    </>
+  );
+}
+
+/** Links to jobs by their short ids. */
+function JobLinks({ jobIds }: { jobIds: string[] }) {
+  return (
+    <>
+      {jobIds.map((id, index) => (
+        <>
+          {index > 0 ? ", " : ""}
+          <a href={`#/jobs/${id}`} class="mono">
+            {shortId(id)}
+          </a>
+        </>
+      ))}
+    </>
+  );
+}
+
+/** Retry of an ended job, once: Retry while it has no retry (kept disabled from the click until
+ * the job shows its retry, and the service answers every plain retry of one job with the same
+ * retry anyway); once retried, "Retry again…" asks first and sends one retry key per dialog, so a
+ * double click of its confirm is still one retry. */
+function RetryButtons({ job, onRetried }: { job: Job; onRetried: () => void }) {
+  const { run, busy } = useAction();
+  const [again, setAgain] = useState<string | null>(null); // the open dialog's retry key
+  // Sent and not yet shown on the job: the button stays disabled until the job lists its retry
+  // (the ref also stops a second click that comes before the page re-rendered).
+  const [sent, setSent] = useState(false);
+  const clicked = useRef(false);
+  const opener = useRef<HTMLButtonElement>(null);
+  const retried = job.retriedAsJobIds.length > 0;
+  useEffect(() => {
+    clicked.current = false;
+    setSent(false);
+  }, [job.jobId, job.retriedAsJobIds.length]);
+  const retry = (anotherRetry: boolean, retryKey = "") =>
+    run(async () => {
+      try {
+        const r = await operator.retryJob({ jobId: job.jobId, anotherRetry, retryKey });
+        const next = r.job!;
+        setAgain(null);
+        onRetried();
+        if (!r.admittedNow) return `Already retried as job ${shortId(next.jobId)} (${STATUS_LABELS[next.status]}); nothing charged again`;
+        return `Retried as job ${shortId(next.jobId)} (${STATUS_LABELS[next.status]}), charged ${next.price} to ${next.userId}`;
+      } catch (error) {
+        clicked.current = false;
+        setSent(false);
+        throw error;
+      }
+    });
+  if (!retried) {
+    return (
+      <button
+        class="primary"
+        disabled={busy || sent || job.sourceCount === 0}
+        title={job.sourceCount === 0 ? "admitted before the queue kept its document and sources" : "admit the same document and sources again, charged to the user"}
+        data-testid="retry-job"
+        onClick={() => {
+          if (clicked.current) return;
+          clicked.current = true;
+          setSent(true);
+          retry(false);
+        }}
+      >
+        Retry
+      </button>
+    );
+  }
+  return (
+    <>
+      <button disabled={busy} data-testid="retry-again" ref={opener} onClick={() => setAgain(`console-${crypto.randomUUID()}`)}>
+        Retry again…
+      </button>
+      {again !== null && (
+        <Modal role="alertdialog" label="Confirm another retry" onClose={() => setAgain(null)} returnTo={opener}>
+          <form
+            onSubmit={(e) => {
+              e.preventDefault();
+              retry(true, again);
+            }}
+          >
+            <p data-testid="retry-again-question">
+              This job was retried already, as <JobLinks jobIds={job.retriedAsJobIds} />. Retry it once more? A new job is admitted and{" "}
+              <UserText class="mono" text={job.userId} /> is charged again.
+            </p>
+            <div class="actions">
+              <button type="button" onClick={() => setAgain(null)} data-autofocus>
+                Keep it <kbd>Esc</kbd>
+              </button>
+              <button type="submit" class="primary" disabled={busy} data-testid="retry-again-confirm">
+                Retry again
+              </button>
+            </div>
+          </form>
+        </Modal>
+      )}
+    </>
+  );
+}
+
+function Step({ label, at, detail, state }: { label: string; at?: Date; detail?: string; state: "done" | "now" | "later" | "bad" | "ended" }) {
   return (
     <li class={`step ${state}`}>
       <span class="dot" />
@@ -528,11 +857,9 @@ function Step({ label, at, detail, state }: { label: string; at?: Date; detail?:
 export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
   const [job, setJob] = useState<Job | null>(null);
   const [version, setVersion] = useState(0);
-  const [retried, setRetried] = useState<Job | null>(null);
   const notice = useNotice();
   const { run, busy } = useAction();
   const now = useNow();
-  useEffect(() => setRetried(null), [jobId]);
   useEffect(() => {
     let current = true;
     queue.getJob({ jobId }).then((r) => current && setJob(r.job ?? null), (error) => current && notice.error(error));
@@ -594,6 +921,30 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
         <dd>
           {String(job.price)} charged{job.refunded ? ", refunded" : ""}
         </dd>
+        {job.retryOfJobId && (
+          <>
+            <dt>Retry of</dt>
+            <dd data-testid="retry-of">
+              <JobLinks jobIds={[job.retryOfJobId]} />
+            </dd>
+          </>
+        )}
+        {job.retriedAsJobIds.length > 0 && (
+          <>
+            <dt>Retried as</dt>
+            <dd data-testid="retried-as">
+              <JobLinks jobIds={job.retriedAsJobIds} />
+            </dd>
+          </>
+        )}
+        {job.status === JobStatus.CANCELED && (
+          <>
+            <dt>Canceled by</dt>
+            <dd data-testid="canceled-by" data-actor={job.canceledBy}>
+              {job.canceledBy ? <UserText text={canceler(job.canceledBy)} /> : <span class="muted">not recorded (the core's own cancel, or canceled before the queue kept it)</span>}
+            </dd>
+          </>
+        )}
         {job.deltaOfJobId && (
           <>
             <dt>Re-checks</dt>
@@ -671,28 +1022,21 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
         <Step
           label={ended ? `Ended ${STATUS_LABELS[job.status]}` : "Ended"}
           at={ended}
-          detail={ended && job.lastError ? job.lastError : started && ended ? `judged in ${duration(ended.getTime() - started.getTime())}` : undefined}
-          state={ended ? (ok ? "done" : "bad") : "later"}
+          detail={
+            ended && job.status === JobStatus.CANCELED
+              ? canceledText(job)
+              : ended && job.lastError
+                ? job.lastError
+                : started && ended
+                  ? `judged in ${duration(ended.getTime() - started.getTime())}`
+                  : undefined
+          }
+          state={ended ? (ok ? "done" : job.status === JobStatus.CANCELED ? "ended" : "bad") : "later"}
         />
       </ol>
       <div class="actions left">
         <button onClick={reload}>Refresh</button>
-        {active && (
-          <button
-            class="danger"
-            disabled={busy}
-            data-testid="cancel-job"
-            onClick={() =>
-              run(async () => {
-                await queue.cancelJob({ jobId: job.jobId, userId: job.userId });
-                reload();
-                return `Canceled job ${shortId(job.jobId)}; its credit is refunded`;
-              })
-            }
-          >
-            Cancel
-          </button>
-        )}
+        {active && <CancelJobButton job={job} onCanceled={reload} />}
         {job.status === JobStatus.PENDING && (
           <button
             disabled={busy}
@@ -714,35 +1058,8 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
             Release now
           </button>
         )}
-        {(job.status === JobStatus.FAILED || job.status === JobStatus.CANCELED) && (
-          <button
-            class="primary"
-            disabled={busy || job.sourceCount === 0}
-            title={job.sourceCount === 0 ? "admitted before the queue kept its document and sources" : "admit the same document and sources again, charged to the user"}
-            data-testid="retry-job"
-            onClick={() =>
-              run(async () => {
-                // One key per click: a repeated call (lost answer) returns the same new job.
-                const r = await operator.retryJob({ jobId: job.jobId, retryKey: `console-${crypto.randomUUID()}` });
-                const again = r.job!;
-                setRetried(again);
-                return `Retried as job ${shortId(again.jobId)} (${STATUS_LABELS[again.status]}), charged ${again.price} to ${again.userId}`;
-              })
-            }
-          >
-            Retry
-          </button>
-        )}
+        {RETRYABLE.has(job.status) && <RetryButtons job={job} onRetried={reload} />}
       </div>
-      {retried && (
-        <p class="done-line" data-testid="retried-as">
-          Retried as job{" "}
-          <a class="mono" href={`#/jobs/${retried.jobId}`}>
-            {shortId(retried.jobId)}
-          </a>{" "}
-          <StatusBadge status={retried.status} />
-        </p>
-      )}
       <JobLedger jobId={job.jobId} version={`${version}-${job.status}-${job.refunded}`} />
     </section>
   );

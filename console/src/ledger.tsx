@@ -1,6 +1,7 @@
 // The credits' audit trail (OperatorService.ListLedgerEntries): every grant, charge and refund,
 // newest first, with who moved the credit (actor), why (reason) and, for a grant, the operator's
-// note. Shown per job (job detail), per user (User queue) and as its own page with filters.
+// note. Shown per job (job detail), per user (User queue) and as its own page with filters (user,
+// job, actor).
 import { useEffect, useState } from "preact/hooks";
 
 import { date, describeError, operator } from "./api.js";
@@ -21,14 +22,14 @@ const KIND_LABELS: Record<LedgerEntryKind, string> = {
  * `inline`: a panel of another page (the job detail, the User queue) shows a refusal in its own
  * place (`refusal`), not as the page's notice: the web role may watch a queue but not read the
  * ledger, and that refusal must not stand for the page's own actions. */
-export function useLedger(userId: string, jobId: string, version: unknown, pageSize = 20, pageToken = "", inline = false) {
+export function useLedger(userId: string, jobId: string, version: unknown, pageSize = 20, pageToken = "", inline = false, actor = "") {
   const [entries, setEntries] = useState<LedgerEntry[] | null>(null);
   const [next, setNext] = useState("");
   const [refusal, setRefusal] = useState("");
   const notice = useNotice();
   useEffect(() => {
     let current = true;
-    operator.listLedgerEntries({ userId, jobId, pageSize, pageToken }).then(
+    operator.listLedgerEntries({ userId, jobId, actor, pageSize, pageToken }).then(
       (page) => {
         if (!current) return;
         setEntries(page.entries);
@@ -44,7 +45,7 @@ export function useLedger(userId: string, jobId: string, version: unknown, pageS
     return () => {
       current = false;
     };
-  }, [userId, jobId, version, pageSize, pageToken]);
+  }, [userId, jobId, actor, version, pageSize, pageToken]);
   return { entries, next, refusal };
 }
 
@@ -99,7 +100,9 @@ export function LedgerTable({ entries, showUser = true, showJob = true }: { entr
               </td>
             )}
             <td class="mono" data-testid="ledger-actor">
-              <UserText text={entry.actor} />
+              <a href={`#/ledger?actor=${encodeURIComponent(entry.actor)}`} title="This actor's entries">
+                <UserText text={entry.actor} />
+              </a>
             </td>
             <td data-testid="ledger-reason">
               {entry.reason}
@@ -117,14 +120,15 @@ export function LedgerTable({ entries, showUser = true, showJob = true }: { entr
   );
 }
 
-/** `#/ledger?user=…&job=…`: the trail with filters, page by page. */
+/** `#/ledger?user=…&job=…&actor=…`: the trail with filters, page by page. */
 export function LedgerPage({ params }: { params: URLSearchParams }) {
   const userId = params.get("user") ?? "";
   const jobId = params.get("job") ?? "";
+  const actor = params.get("actor") ?? "";
   const [tokens, setTokens] = useState<string[]>([""]);
   const key = params.toString();
   useEffect(() => setTokens([""]), [key]);
-  const { entries, next } = useLedger(userId, jobId, 0, 50, tokens[tokens.length - 1]);
+  const { entries, next } = useLedger(userId, jobId, 0, 50, tokens[tokens.length - 1], false, actor);
   const update = (name: string, value: string) => {
     const changed = new URLSearchParams(params);
     if (value.trim() === "") changed.delete(name);
@@ -134,7 +138,7 @@ export function LedgerPage({ params }: { params: URLSearchParams }) {
   return (
     <section class="page" data-testid="ledger-page">
       <h1>Credits ledger</h1>
-      <p class="muted">Every grant, charge and refund, newest first: who moved the credit and why.</p>
+      <p class="muted">Every grant, charge and refund, newest first: who moved the credit and why. Click an actor to see only theirs.</p>
       <form class="filters" onSubmit={(e) => e.preventDefault()}>
         <label>
           User
@@ -155,6 +159,16 @@ export function LedgerPage({ params }: { params: URLSearchParams }) {
             value={jobId}
             onChange={(e) => update("job", e.currentTarget.value)}
             onKeyDown={(e) => e.key === "Enter" && update("job", e.currentTarget.value)}
+          />
+        </label>
+        <label>
+          Actor
+          <input
+            name="actor"
+            placeholder="operator:alice, system:…"
+            value={actor}
+            onChange={(e) => update("actor", e.currentTarget.value)}
+            onKeyDown={(e) => e.key === "Enter" && update("actor", e.currentTarget.value)}
           />
         </label>
       </form>

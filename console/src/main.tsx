@@ -9,6 +9,7 @@ import { LedgerPage } from "./ledger.js";
 import { ReplicasPage } from "./replicas.js";
 import { OverviewPage } from "./overview.js";
 import { Notice, NoticeProvider } from "./notice.js";
+import { SettingsPage } from "./settings.js";
 import { UserQueuePage } from "./user-queue.js";
 
 const PAGES = [
@@ -17,6 +18,7 @@ const PAGES = [
   { key: "3", path: "users", label: "User queue" },
   { key: "4", path: "ledger", label: "Ledger" },
   { key: "5", path: "replicas", label: "Replicas" },
+  { key: "6", path: "settings", label: "Settings & audit" },
 ];
 
 function TokenDialog({ onClose }: { onClose: () => void }) {
@@ -42,6 +44,8 @@ function TokenDialog({ onClose }: { onClose: () => void }) {
           data-autofocus
           autoComplete="off"
           value={value}
+          // Selected on focus: a pasted token replaces the one set instead of joining it.
+          onFocus={(e) => e.currentTarget.select()}
           onInput={(e) => setValue(e.currentTarget.value)}
           placeholder="token"
         />
@@ -59,7 +63,7 @@ function TokenDialog({ onClose }: { onClose: () => void }) {
 }
 
 const SHORTCUTS: [string, string][] = [
-  ["1 – 5", "Overview, Jobs, User queue, Ledger, Replicas"],
+  ["1 – 6", "Overview, Jobs, User queue, Ledger, Replicas, Settings & audit"],
   ["/", "the page's search field"],
   ["t", "set the bearer token"],
   ["Enter", "open the focused row"],
@@ -121,10 +125,16 @@ function App() {
         return;
       }
       const match = PAGES.find((p) => p.key === e.key);
+      // A key that opens a dialog is consumed: its text would otherwise land in the field the
+      // dialog has just focused (a `t` in front of every pasted token).
       if (match) go(match.path);
-      else if (e.key === "t") setTokenOpen(true);
-      else if (e.key === "?") setHelpOpen(true);
-      else if (e.key === "Escape") {
+      else if (e.key === "t") {
+        e.preventDefault();
+        setTokenOpen(true);
+      } else if (e.key === "?") {
+        e.preventDefault();
+        setHelpOpen(true);
+      } else if (e.key === "Escape") {
         // From a job (or a user's queue), back to where such pages are listed.
         const [first, second] = window.location.hash.replace(/^#\/?/, "").split("?")[0].split("/");
         if (first === "jobs" && second) go("jobs");
@@ -148,6 +158,7 @@ function App() {
   else if (page === "users") content = <UserQueuePage userId={route.parts[1] ?? ""} live={visible} />;
   else if (page === "ledger") content = <LedgerPage params={route.params} />;
   else if (page === "replicas") content = <ReplicasPage live={visible} />;
+  else if (page === "settings") content = <SettingsPage />;
   else content = <OverviewPage live={visible} />;
 
   return (

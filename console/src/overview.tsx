@@ -1,9 +1,10 @@
 import { useEffect, useState } from "preact/hooks";
 
 import { date, operator } from "./api.js";
-import { duration } from "./format.js";
+import { clock, duration } from "./format.js";
 import { useNow } from "./hooks.js";
 import { useLiveStream } from "./stream.js";
+import { UserText } from "./user-text.js";
 import type { Overview } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
 const HISTORY_MINUTES = 60;
@@ -163,6 +164,23 @@ export function OverviewPage({ live }: { live: boolean }) {
     <section class="page" data-testid="overview">
       <h1>Overview</h1>
       {problem && <p class="problem">{problem}</p>}
+      {overview.releasesPaused && (
+        <p class="warning paused-banner" role="status" data-testid="releases-paused">
+          <strong>Releases are paused fleet-wide</strong> since {clock(date(overview.releasesPausedSince))} by <UserText class="mono" text={overview.releasesPausedBy} />
+          {overview.releasesPausedNote && (
+            <>
+              {" "}
+              · “<UserText text={overview.releasesPausedNote} />”
+            </>
+          )}
+          . Admits are accepted and wait; nothing is released to the core. <a href="#/settings">Resume on Settings &amp; audit</a>
+        </p>
+      )}
+      {!overview.releasesPaused && overview.pausedUsers > 0n && (
+        <p class="warning" data-testid="users-paused">
+          {String(overview.pausedUsers)} {overview.pausedUsers === 1n ? "user's releases are" : "users' releases are"} paused. <a href="#/settings">Settings &amp; audit</a>
+        </p>
+      )}
       <div class="figures">
         <Figure label="Queued" href={jobs("status=queued")} value={String(overview.queued)} hint={`${overview.usersWaiting} ${overview.usersWaiting === 1n ? "user" : "users"} waiting`} />
         <Figure label="Pending" href={jobs("status=pending")} value={String(overview.pending)} hint="being released" />

@@ -1,15 +1,15 @@
 import { useEffect, useState } from "preact/hooks";
 
-import { credits, date, operator, queue } from "./api.js";
-import { ACTIVE, clock, duration, ordinal, shortId, STATUS_LABELS } from "./format.js";
+import { credits, date, describeError, operator, queue } from "./api.js";
+import { ACTIVE, clock, dateTime, duration, ordinal, shortId, STATUS_LABELS } from "./format.js";
 import { go, useNow } from "./hooks.js";
 import { useAction } from "./notice.js";
 import { useLiveStream } from "./stream.js";
-import { StatusBadge } from "./jobs.js";
+import { CancelJobButton, StatusBadge } from "./jobs.js";
 import { LedgerPanel, useLedger } from "./ledger.js";
 import { revealBidiControls, UserText } from "./user-text.js";
 import { type Job, JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
-import type { UserWork } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
+import type { GetUserSettingsResponse, UserWork } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
 function Countdown({ at, now }: { at: Date | undefined; now: number }) {
   if (at === undefined) return <span class="muted">no estimate yet</span>;
@@ -33,6 +33,53 @@ function UserPicker({ userId }: { userId: string }) {
       </label>
       <button type="submit">Watch</button>
     </form>
+  );
+}
+
+/** The user's settings in force: her limit (her own or the default) and whether her releases
+ * are paused (her own pause, the fleet's). Changed on Settings & audit. */
+function UserSettingsLine({ userId, version }: { userId: string; version: number }) {
+  const [settings, setSettings] = useState<GetUserSettingsResponse | null>(null);
+  const [refusal, setRefusal] = useState("");
+  useEffect(() => {
+    let current = true;
+    operator.getUserSettings({ userId }).then(
+      (s) => {
+        if (!current) return;
+        setSettings(s);
+        setRefusal("");
+      },
+      (error) => current && setRefusal(describeError(error)),
+    );
+    return () => {
+      current = false;
+    };
+  }, [userId, version]);
+  if (refusal !== "") return <p class="muted" data-testid="user-settings">Her settings are not shown: {refusal}</p>;
+  if (settings === null) return null;
+  return (
+    <p data-testid="user-settings">
+      <span data-testid="user-limit">
+        At most <strong>{settings.maxActive}</strong> active at once ({settings.maxActiveIsDefault ? "the service's default" : "her own limit"})
+      </span>
+      {" · "}
+      {settings.releasesPaused ? (
+        <span class="warn-text" data-testid="user-paused">
+          releases paused since {dateTime(date(settings.releasesPausedSince))} by <UserText class="mono" text={settings.releasesPausedBy} />
+          {settings.releasesPausedNote && (
+            <>
+              {" "}
+              · “<UserText text={settings.releasesPausedNote} />”
+            </>
+          )}
+        </span>
+      ) : settings.fleetReleasesPaused ? (
+        <span class="warn-text" data-testid="user-paused">releases paused fleet-wide</span>
+      ) : (
+        <span class="muted">releases not paused</span>
+      )}{" "}
+      <a href="#/settings">Settings &amp; audit</a>
+    </p>
   );
 }
 
@@ -166,12 +213,6 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
   const active = [...jobs.values()];
   const running = active.filter((j) => j.status !== JobStatus.QUEUED).sort((a, b) => Number(a.createTime!.seconds - b.createTime!.seconds));
   const waiting = active.filter((j) => j.status === JobStatus.QUEUED).sort((a, b) => a.queuePosition - b.queuePosition);
-  const cancel = (job: Job) =>
-    run(async () => {
-      await queue.cancelJob({ jobId: job.jobId, userId });
-      setBalanceVersion((v) => v + 1);
-      return `Canceled job ${shortId(job.jobId)}; its credit is refunded`;
-    });
 
   return (
     <section class="page" data-testid="user-queue">
@@ -180,6 +221,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
         Queue of <UserText class="mono" text={userId} />
       </h1>
       {problem && <p class="problem">{problem}</p>}
+      <UserSettingsLine userId={userId} version={balanceVersion} />
       <div class="toolbar">
         <Credits userId={userId} version={balanceVersion} live={live} onGranted={() => setBalanceVersion((v) => v + 1)} />
         <button
@@ -214,9 +256,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
                   ? `release retrying: ${revealBidiControls(job.lastError)}`
                   : "starting"}
             </span>
-            <button class="small danger" disabled={busy} onClick={() => cancel(job)} data-testid="cancel">
-              Cancel
-            </button>
+            <CancelJobButton job={job} small testId="cancel" onCanceled={() => setBalanceVersion((v) => v + 1)} />
           </li>
         ))}
         {waiting.map((job) => (
@@ -231,9 +271,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
             <span class="muted">
               waiting for <span class="mono">{shortId(job.waitingForJobId)}</span> · <StartsWhen job={job} jobs={jobs} now={now} />
             </span>
-            <button class="small danger" disabled={busy} onClick={() => cancel(job)} data-testid="cancel">
-              Cancel
-            </button>
+            <CancelJobButton job={job} small testId="cancel" onCanceled={() => setBalanceVersion((v) => v + 1)} />
           </li>
         ))}
       </ol>

@@ -65,7 +65,7 @@ before(async () => {
 
 after(async () => {
   // Unlimited again, and nothing of this file left holding a slot for the tests after it.
-  await asOperator.setCoreCapacity({ capacity: 0 });
+  await asOperator.setCoreCapacity({ capacity: 0, unlimited: true });
   for (const jobId of admitted) await asWeb.cancelJob({ jobId }).catch(() => undefined);
   await browser?.close();
 });

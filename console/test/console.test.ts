@@ -40,11 +40,15 @@ async function shot(name: string): Promise<void> {
   await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
 }
 
+// As a person sets a token: `t`, then a paste where the cursor is (nothing cleared first), Enter.
 async function useToken(token: string): Promise<void> {
   await page.keyboard.press("t");
   const input = page.getByRole("dialog", { name: "Bearer token" }).locator("input");
-  await input.fill(token);
+  await input.waitFor({ timeout: WAIT_MS });
+  await page.keyboard.insertText(token);
+  assert.equal(await input.inputValue(), token, "the field holds the pasted token and nothing else (no `t`, no previous token)");
   await Promise.all([page.waitForEvent("load"), input.press("Enter")]);
+  assert.equal(await page.evaluate(() => sessionStorage.getItem("acurio-queue-console-token")), token);
 }
 
 const shownPositions = () =>
@@ -88,6 +92,12 @@ after(async () => {
   console.log(`screenshots in ${SHOTS}`);
 });
 
+test("t opens the token field without typing a t into it, and a pasted token replaces the one set", async () => {
+  // The page has the operator's token (before); a paste of the same token must give it once.
+  await useToken(TOKENS.operator);
+  await shot("token-set-by-paste");
+});
+
 test("five admitted jobs appear at positions 0-4 and move up on a completion, without a reload", async () => {
   await asOperator.grantCredits({ userId: user, amount: 5n, idempotencyKey: "browser-test" });
   const jobs = [];
@@ -120,6 +130,8 @@ test("cancel in the page cancels the job and refunds its credit", async () => {
   const jobId = await last.getAttribute("data-job-id");
   await timed("cancel from the page", async () => {
     await last.getByTestId("cancel").click();
+    // A single cancel asks first.
+    await page.getByRole("alertdialog").getByTestId("cancel-job-confirm").click();
     await waitForPositions([0, 1, 2]);
   });
   await page.getByTestId("notice").filter({ hasText: "refunded" }).waitFor({ timeout: WAIT_MS });

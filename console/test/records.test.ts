@@ -14,7 +14,7 @@ import { type Browser, type Page } from "playwright-core";
 import { CoreCallbackService, RunOutcome } from "@acurio/queue-client/gen/acurio/queue/v1/core_callback_service_pb.js";
 import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits_service_pb.js";
 import { JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
-import { OperatorService } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
+import { LedgerEntryKind, OperatorService } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
 import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, WAIT_MS } from "./support.js";
 
@@ -135,6 +135,145 @@ test("Retry on a failed job admits it again as its user, charged, with the opera
   assert.match(await row.getByTestId("ledger-actor").innerText(), /^operator:/);
   assert.equal(await row.getByTestId("ledger-reason").innerText(), "admit");
   await shot(page, "records-retried-job-ledger");
+});
+
+async function failedJob(user: string) {
+  const job = await admit(user);
+  const running = await until("the job runs", async () => (await asWeb.getJob({ jobId: job.jobId })).job!, (j) => j.status === JobStatus.RUNNING);
+  await asCore.completeRun({ runId: running.runId, outcome: RunOutcome.FAILED, message: "the provider timed out" });
+  return job;
+}
+
+const charges = async (user: string) =>
+  (await asOperatorConsole.listLedgerEntries({ userId: user, pageSize: 100 })).entries.filter((e) => e.kind === LedgerEntryKind.CHARGE).length;
+
+test("a double-clicked Retry charges once, a stale page's Retry says it was retried, the lineage shows both ways after a reload, and Retry again asks first", async () => {
+  const user = `retry-once-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 4n, idempotencyKey: "grant" });
+  const job = await failedJob(user);
+  // A second console (a colleague, or a tab left open) shows the same failed job with its Retry.
+  const stale = await page.context().newPage();
+  await stale.addInitScript((value) => sessionStorage.setItem("acurio-queue-console-token", value), TOKENS.operator);
+  await visit(stale, `jobs/${job.jobId}`);
+  await stale.getByTestId("retry-job").waitFor({ timeout: WAIT_MS });
+
+  await visit(page, `jobs/${job.jobId}`);
+  const detail = page.getByTestId("job-detail");
+  await detail.locator("h1 .badge.failed").waitFor({ timeout: WAIT_MS });
+  await detail.getByTestId("retry-job").dblclick();
+  const retriedAs = detail.getByTestId("retried-as");
+  await retriedAs.locator("a").waitFor({ timeout: WAIT_MS });
+  assert.equal(await retriedAs.locator("a").count(), 1);
+  const newJobId = (await retriedAs.locator("a").getAttribute("href"))!.replace("#/jobs/", "");
+  assert.equal(await detail.getByTestId("retry-job").count(), 0, "Retry is gone once the job was retried");
+  await detail.getByTestId("retry-again").waitFor({ timeout: WAIT_MS });
+
+  // The stale page's click 1.5 s later: the service answers the same retry, nothing charged.
+  await stale.waitForTimeout(1500);
+  await stale.getByTestId("retry-job").click();
+  await stale.getByTestId("notice").filter({ hasText: "Already retried as job" }).waitFor({ timeout: WAIT_MS });
+  await stale.getByTestId("retried-as").locator(`a[href="#/jobs/${newJobId}"]`).waitFor({ timeout: WAIT_MS });
+  await stale.close();
+  assert.equal((await asOperator.getBalance({ userId: user })).balance, 2n, "one charge for the job, one for its single retry");
+  assert.equal(await charges(user), 2);
+
+  // Reloaded: the lineage is read back, both ways.
+  await visit(page, `jobs/${job.jobId}`);
+  await detail.getByTestId("retried-as").locator(`a[href="#/jobs/${newJobId}"]`).waitFor({ timeout: WAIT_MS });
+  await shot(page, "records-retried-lineage");
+  await visit(page, `jobs/${newJobId}`);
+  await detail.getByTestId("retry-of").locator(`a[href="#/jobs/${job.jobId}"]`).waitFor({ timeout: WAIT_MS });
+
+  // Another retry only after a confirmation; a double click of its confirm is still one retry.
+  await visit(page, `jobs/${job.jobId}`);
+  await detail.getByTestId("retry-again").click();
+  const dialog = page.getByRole("alertdialog");
+  await dialog.getByTestId("retry-again-question").waitFor({ timeout: WAIT_MS });
+  await shot(page, "records-retry-again-dialog");
+  await dialog.getByTestId("retry-again-confirm").dblclick();
+  await detail.getByTestId("retried-as").locator("a").nth(1).waitFor({ timeout: WAIT_MS });
+  assert.equal((await asOperator.getBalance({ userId: user })).balance, 1n);
+  assert.equal(await charges(user), 3);
+});
+
+test("a single cancel asks first; an operator's cancel is shown as the operator's, a user's as the user's, and neither as an error", async () => {
+  const user = `cancel-by-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 3n, idempotencyKey: "grant" });
+  const running = await admit(user);
+  const byUser = await admit(user);
+  await asWeb.cancelJob({ jobId: byUser.jobId, userId: user });
+  await until("the job runs", async () => (await asWeb.getJob({ jobId: running.jobId })).job!, (j) => j.status === JobStatus.RUNNING);
+
+  await visit(page, `jobs/${running.jobId}`);
+  const detail = page.getByTestId("job-detail");
+  await detail.getByTestId("cancel-job").click();
+  const dialog = page.getByRole("alertdialog");
+  await dialog.getByTestId("cancel-job-question").waitFor({ timeout: WAIT_MS });
+  await shot(page, "records-cancel-one-dialog");
+  await page.keyboard.press("Escape");
+  await dialog.waitFor({ state: "detached", timeout: WAIT_MS });
+  assert.equal((await asWeb.getJob({ jobId: running.jobId })).job!.status, JobStatus.RUNNING, "Escape keeps the job");
+  await detail.getByTestId("cancel-job").click();
+  await dialog.getByTestId("cancel-job-confirm").click();
+  const canceledBy = detail.getByTestId("canceled-by");
+  await canceledBy.waitFor({ timeout: WAIT_MS });
+  assert.match(await canceledBy.innerText(), /^operator operator-console-test$/);
+  assert.equal(await detail.locator(".step.bad").count(), 0, "a cancel is not drawn as a failure");
+  assert.match(await detail.locator(".step.ended").innerText(), /canceled by operator operator-console-test/);
+  const job = (await asWeb.getJob({ jobId: running.jobId })).job!;
+  assert.equal(job.canceledBy, "operator:operator-console-test");
+  await shot(page, "records-canceled-by-operator");
+
+  await visit(page, `jobs?user=${user}`);
+  const rowOf = (jobId: string) => page.locator(`[data-testid="job-row"][data-job-id="${jobId}"]`);
+  await rowOf(running.jobId).getByTestId("canceled-text").filter({ hasText: "canceled by operator operator-console-test" }).waitFor({ timeout: WAIT_MS });
+  assert.match(await rowOf(byUser.jobId).getByTestId("canceled-text").innerText(), /^canceled by the user \(web:web-console-test\)$/);
+  assert.equal(await rowOf(running.jobId).locator("td.error-text").count(), 0, "a cancel is not shown as an error");
+  await shot(page, "records-canceled-by-in-table");
+});
+
+test("ticked failed jobs are retried once each, skipping those retried already, and so are a filter's", async () => {
+  const user = `retry-many-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 6n, idempotencyKey: "grant" });
+  const jobs = [await failedJob(user), await failedJob(user), await failedJob(user)];
+  await asOperatorConsole.retryJob({ jobId: jobs[0].jobId });
+  await until("the first retry runs", async () => (await asWeb.getJob({ jobId: jobs[0].jobId })).job!.retriedAsJobIds, (ids) => ids.length === 1);
+  const retriedFirst = (await asWeb.getJob({ jobId: jobs[0].jobId })).job!.retriedAsJobIds[0];
+  await until("the retry runs", async () => (await asWeb.getJob({ jobId: retriedFirst })).job!, (j) => j.status === JobStatus.RUNNING);
+  await asCore.completeRun({ runId: (await asWeb.getJob({ jobId: retriedFirst })).job!.runId, outcome: RunOutcome.SUCCEEDED });
+  const before = await charges(user);
+
+  await visit(page, `jobs?user=${user}&status=failed`);
+  const rowOf = (jobId: string) => page.locator(`[data-testid="job-row"][data-job-id="${jobId}"]`);
+  await rowOf(jobs[2].jobId).waitFor({ timeout: WAIT_MS });
+  await rowOf(jobs[0].jobId).getByTestId("select-job").check();
+  await rowOf(jobs[1].jobId).getByTestId("select-job").check();
+  const button = page.getByTestId("retry-selected");
+  assert.equal(await button.innerText(), "Retry selected (2)");
+  await button.click();
+  const dialog = page.getByRole("alertdialog");
+  const count = dialog.getByTestId("retry-selected-count");
+  await count.waitFor({ timeout: WAIT_MS });
+  assert.equal(await count.getAttribute("data-count"), "1");
+  assert.equal(await count.getAttribute("data-skipped"), "1");
+  await shot(page, "records-retry-selected-dialog");
+  await dialog.getByTestId("retry-selected-confirm").dblclick();
+  await page.getByTestId("notice").filter({ hasText: "Retried 1 job" }).waitFor({ timeout: WAIT_MS });
+  assert.equal(await charges(user), before + 1);
+
+  // By filter: the one failed job left; the two retried are counted and skipped.
+  await page.getByTestId("bulk-retry").click();
+  const bulk = page.getByRole("alertdialog");
+  await bulk.getByTestId("bulk-retry-count").waitFor({ timeout: WAIT_MS });
+  assert.equal(await bulk.getByTestId("bulk-retry-count").getAttribute("data-count"), "1");
+  assert.equal(await bulk.getByTestId("bulk-retry-skipped").getAttribute("data-count"), "2");
+  await shot(page, "records-bulk-retry-dialog");
+  await bulk.getByTestId("bulk-retry-confirm").click();
+  await bulk.waitFor({ state: "detached", timeout: WAIT_MS });
+  await page.getByTestId("notice").filter({ hasText: "Retried 1 job" }).waitFor({ timeout: WAIT_MS });
+  await until("the filter's job is retried", () => charges(user), (n) => n >= before + 2);
+  assert.equal(await charges(user), before + 2);
+  for (const job of jobs) assert.equal((await asWeb.getJob({ jobId: job.jobId })).job!.retriedAsJobIds.length, 1, "each job retried once");
 });
 
 test("the User queue's ledger lists every movement with its actor and reason, and a grant keeps its note", async () => {

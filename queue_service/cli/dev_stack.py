@@ -151,10 +151,8 @@ def _run_dev(
                 core.set_callback_addr(address)
                 core.start_judging()  # the restored runs that were judging
             claim.update(listen=address)
-            print(_banner(address, time.monotonic() - started, config), flush=True)
-            if app.http_port:
-                http_host = reachable_addr(config.http_addr).rpartition(":")[0]
-                print(f"Web console: http://{http_host}:{app.http_port}/\n", flush=True)
+            console_url = f"http://{reachable_addr(config.http_addr).rpartition(':')[0]}:{app.http_port}/" if app.http_port else None
+            print(_banner(address, time.monotonic() - started, config, console_url), flush=True)
 
         try:
             await _serve_until_signal(config, on_serving=announce, built_in_tokens=built_in_tokens)
@@ -310,7 +308,9 @@ def _dev_http_addr() -> str:
     return f"127.0.0.1:{8080 if port_is_free(8080) else free_port()}"
 
 
-def _banner(address: str, seconds: float, config: Config) -> str:
+def _banner(address: str, seconds: float, config: Config, console_url: str | None) -> str:
+    """What `dev` prints once it serves: how to try it, the console's address, and last, how to
+    stop it (the line people look for at the end)."""
     transport = f"-cacert {config.tls_cert_file}" if config.tls_cert_file else "-plaintext"
     operator = web = anyone = ""
     note = ""
@@ -319,12 +319,13 @@ def _banner(address: str, seconds: float, config: Config) -> str:
         web = '-H "authorization: Bearer $WEB_TOKEN" '
         anyone = operator
         note = "\n  (QUEUE_AUTH_FILE is on: OPERATOR_TOKEN and WEB_TOKEN are tokens of roles operator and web)\n"
+    console = f"\nWeb console: {console_url}\n" if console_url else ""
     return f"""
 Acurio analysis queue is SERVING on {address} (ready in {seconds:.1f}s). Try:
 {note}
   grpcurl {transport} {anyone}{address} list
   grpcurl {transport} {operator}-d '{{"user_id":"ada","amount":5,"idempotency_key":"grant-1"}}' {address} acurio.queue.v1.CreditsService/GrantCredits
   grpcurl {transport} {web}-d '{{"user_id":"ada","idempotency_key":"click-1","document":{{"uri":"s3://theses/1.pdf"}},"sources":[{{"doi":"10.1234/abc"}}]}}' {address} acurio.queue.v1.AnalysisQueueService/Admit
-
+{console}
 Ctrl-C stops it.
 """

@@ -23,7 +23,7 @@ from queue_service.engine.recovery import Recovery
 from queue_service.engine.releases import Releases
 from queue_service.engine.replica_heartbeat import ReplicaHeartbeat, new_replica_id
 from queue_service.engine.sweeper import Sweeper
-from queue_service.engine.tasks import BackgroundTasks
+from queue_service.engine.tasks import BackgroundTasks, each_at_most
 from queue_service.engine.watch import NotificationHub
 from queue_service.engine.watch_stream import WatchItem, WatchPage, WatchStream
 
@@ -50,6 +50,7 @@ __all__ = [
     "WatchItem",
     "WatchPage",
     "WatchStream",
+    "each_at_most",
     "new_replica_id",
     "request_digest",
 ]

@@ -16,12 +16,17 @@ fair order for this replica. When capacity may have freed (an ending, a settleme
 to wait, the engine asks for a grant at once (`request_grant`: one grant in flight per replica, one
 more after it if asked meanwhile); a release the core refused ("not now") wakes the loop again
 after the probe interval, once for the whole replica.
+
+A claim held back for a place among the releases in flight is started marked
+`waited_for_a_slot`: the attempt then checks the pauses of releases before it is sent
+(`Releases.release`), since one may have committed while it waited.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 from typing import Protocol
 
@@ -171,10 +176,12 @@ class ReleaseDispatcher:
         return max(granted, len(claims))
 
     async def _start(self, claim: ClaimedRelease) -> None:
+        waited = False
         while len(self._tasks) >= _MAX_CONCURRENT_RELEASES:
+            waited = True
             self._slot_freed.clear()
             await self._slot_freed.wait()
-        self._spawn(claim)
+        self._spawn(dataclasses.replace(claim, waited_for_a_slot=True) if waited else claim)
 
     def _spawn(self, claim: ClaimedRelease) -> None:
         # A release handed over from a call is the system's work: not bounded by that call's
@@ -186,7 +193,7 @@ class ReleaseDispatcher:
     def _release_ended(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if self._claimed_waiting:
-            self._spawn(self._claimed_waiting.popleft())
+            self._spawn(dataclasses.replace(self._claimed_waiting.popleft(), waited_for_a_slot=True))
         else:
             self._slot_freed.set()
 

@@ -16,7 +16,6 @@ failed is canceled until the core confirms it.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import logging
@@ -28,13 +27,13 @@ from typing import Any, TypeVar
 from opentelemetry.trace import Span
 from tenacity import RetryCallState, wait_random_exponential
 
-from queue_service import errors, telemetry
+from queue_service import audit, errors, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.owed_releases import OwedReleases
 from queue_service.engine.ports import ReleaseStarter
-from queue_service.engine.tasks import BackgroundTasks
+from queue_service.engine.tasks import BackgroundTasks, each_at_most
 from queue_service.model import (
     Cause,
     JobEnding,
@@ -230,13 +229,18 @@ class QueueEngine:
                     # apply the intent, say): the intent still decides the credit.
                     await self._refund_if_failed(job_id, user_id)
                 raise _already_finished(job_id, job.status)
+            # Who asked: the recorded intent's asker (the sweeper ends a waiting job for them), or
+            # this call's caller.
+            by = job.canceled_by or audit.actor_for(Cause.CANCEL)
             if job.status is JobStatus.QUEUED:
-                if await self.end_job(job_id, user_id, Transition.canceled_while_queued()):
+                if await self.end_job(job_id, user_id, Transition.canceled_while_queued(by=by)):
                     return
                 continue  # promoted meanwhile: cancel it as an active job
             if job.waiting_for_capacity:
                 # Never released while it waits: nothing at the core to ask, and no turn to wait for.
-                if await self.end_job(job_id, user_id, Transition.canceled_while_waiting_for_capacity(attempts=job.release_attempts)):
+                if await self.end_job(
+                    job_id, user_id, Transition.canceled_while_waiting_for_capacity(attempts=job.release_attempts, by=by)
+                ):
                     return
                 continue  # granted meanwhile: cancel it as an active job
             if not await self._record_cancel_request(job):
@@ -247,7 +251,7 @@ class QueueEngine:
                     f"the core did not cancel run {job.run_id} (it is {report.fate.value}); retry",
                     metadata={"coreCode": "OK", "runState": report.fate.value.upper()},
                 )
-            await self.end_job(job_id, user_id, Transition.canceled(report))
+            await self.end_job(job_id, user_id, Transition.canceled(report, by=by))
             # Ended by us or meanwhile (a completion, or a release that met the canceled run):
             # the next pass reports what it is now, and applies the intent to a FAILED job.
         raise errors.Conflict(f"job {job_id} kept changing during the cancel; retry", metadata={"jobId": str(job_id)})
@@ -256,18 +260,8 @@ class QueueEngine:
         """Cancels each (job, user) as `cancel` does, a few at once (each may call the core); the
         jobs that were not canceled, with why. JOB_ALREADY_FINISHED is one: its run finished before
         the cancel reached it (a SUCCEEDED job keeps its charge), so it is not counted as canceled."""
-        slots = asyncio.Semaphore(_CANCEL_CONCURRENCY)
-
-        async def cancel_one(job_id: uuid.UUID, user_id: str) -> tuple[uuid.UUID, errors.QueueError] | None:
-            async with slots:
-                try:
-                    await self.cancel(job_id, user_id)
-                except errors.QueueError as error:
-                    return job_id, error
-            return None
-
-        outcomes = await asyncio.gather(*(cancel_one(job_id, user_id) for job_id, user_id in jobs))
-        return [failure for failure in outcomes if failure is not None]
+        outcomes = await each_at_most(_CANCEL_CONCURRENCY, jobs, lambda job: self.cancel(*job))
+        return [(job_id, outcome) for (job_id, _), outcome in zip(jobs, outcomes, strict=True) if isinstance(outcome, errors.QueueError)]
 
     async def _record_cancel_request(self, job: JobRef) -> bool:
         """Records the user's intent to cancel an active job before the core hears of it, so that
@@ -369,6 +363,24 @@ class QueueEngine:
             },
         )
         await self.promote(user_id, cause=Cause.TOOLING)
+        return change
+
+    async def set_releases_paused(self, user_id: str, *, paused: bool, note: str) -> SettingChange | None:
+        """Pauses or resumes the releases of the fleet ('') or of one user, recorded with the
+        caller; None when nothing changed. Every replica obeys it at its next claim or grant (it is
+        in the database); on a resume this replica grants at once, so the held runs start now."""
+        with telemetry.tracer.start_as_current_span("releases.pause") as span:
+            span.set_attribute("queue.user_id", user_id)
+            span.set_attribute("queue.releases_paused", paused)
+            change = await self._store.set_releases_paused(user_id=user_id, paused=paused, note=note)
+        if change is not None:
+            log.info(
+                "setting changed",
+                extra={"kind": change.setting, "user_id": user_id, "amount": change.new_value, "actor": change.actor, "reason": note},
+            )
+        # Paused or not, jobs wait for grants now: this replica asks (a resume is granted at once).
+        self._capacity.learned(True)
+        self._capacity.freed()
         return change
 
     async def setting_changes(self, *, before_change_id: int | None, limit: int) -> list[SettingChange]:

@@ -27,6 +27,7 @@ from queue_service.model import (
     Overview,
     QueueMinute,
     ReplicaReport,
+    UserSettings,
     UserWork,
     estimate_start,
 )
@@ -199,6 +200,11 @@ class JobReads:
         """What the job was admitted with, in full (for a retry)."""
         async with self._store.statements() as db:
             return await db.job_inputs(job_id=job_id)
+
+    async def user_settings(self, user_id: str) -> UserSettings:
+        """The user's first-pass limit in force (her own or the default) and her pauses."""
+        async with self._store.statements() as db:
+            return await db.user_settings(user_id=user_id, default_max_active=self._default_max_active)
 
     async def capacity(self) -> CapacityState:
         async with self._store.statements() as db:

@@ -100,6 +100,8 @@ class Releases:
             span.set_attribute("queue.release.probe", claim.probe)
             if claim.cancel_requested:
                 result = await self._cancel_instead_of_releasing(claim)
+            elif claim.waited_for_a_slot and await self._held_by_pause(claim):
+                result = ReleaseResult.PAUSED
             else:
                 try:
                     # I9 at the core is about first-pass runs: a delta's release is not held for it.
@@ -122,6 +124,20 @@ class Releases:
             telemetry.metrics.release_attempts.add(1, {"result": str(result)})
             span.set_attribute("queue.release.result", str(result))
             return result
+
+    async def _held_by_pause(self, claim: ClaimedRelease) -> bool:
+        """A claim that waited for a place among the releases in flight (up to a core deadline
+        per release ahead of it) is checked against the pauses before it is sent: a pause that
+        committed meanwhile puts the job back to waiting. One claimed and started at once is sent
+        (a pause committing in that moment lets it through, like a run already at the core)."""
+        async with self._store.statements() as db:
+            held = await db.hold_release_if_paused(job_id=claim.job_id, attempt=claim.attempt)
+        if held:
+            log.info(
+                "releases paused; the job waits",
+                extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt},
+            )
+        return held
 
     async def _record_release(self, claim: ClaimedRelease, report: RunReport | None, error: str) -> ReleaseResult:
         if report is not None and report.fate is RunFate.JUDGING:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from queue_service import audit, deadline, errors
@@ -18,6 +18,7 @@ from queue_service import audit, deadline, errors
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 # How long stopping waits for background clean-ups (they are durable: the sweeper finishes any
 # that do not get done).
@@ -75,3 +76,18 @@ def _forget_outlived(task: asyncio.Task[Any]) -> None:
     exc = task.exception()
     if exc is not None and not isinstance(exc, errors.QueueError):
         log.debug("%s failed after its caller stopped listening: %r", task.get_name(), exc)
+
+
+async def each_at_most(at_once: int, items: Sequence[T], work: Callable[[T], Awaitable[R]]) -> list[R | errors.QueueError]:
+    """Runs `work` for every item, at most `at_once` at a time (bulk cancel, bulk retry: each may
+    call the core); per item, in order, its result or the refusal it raised."""
+    slots = asyncio.Semaphore(at_once)
+
+    async def one(item: T) -> R | errors.QueueError:
+        async with slots:
+            try:
+                return await work(item)
+            except errors.QueueError as error:
+                return error
+
+    return list(await asyncio.gather(*(one(item) for item in items)))

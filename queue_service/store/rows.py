@@ -5,6 +5,7 @@ By column name, so a column a newer schema adds is ignored; statuses become `Job
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from typing import Any
 
@@ -24,9 +25,11 @@ from queue_service.model import (
     LedgerKind,
     Overview,
     Promoted,
+    ReleasePause,
     ReplicationStance,
     ScheduledRetry,
     SettingChange,
+    UserSettings,
 )
 from queue_service.store.feed import JobChange
 
@@ -60,6 +63,9 @@ def job_view(row: Row) -> JobView:
         document_title=row.get("document_title") or "",
         source_count=int(row.get("source_count") or 0),
         sources_preview=sources_of_json(row.get("sources_preview")),
+        retry_of_job_id=row.get("retry_of_job_id"),
+        retried_as_job_ids=tuple(row.get("retried_as_job_ids") or ()),
+        canceled_by=row.get("canceled_by") or "",
     )
 
 
@@ -72,6 +78,7 @@ def job_ref(row: Row) -> JobRef:
         delta_of_job_id=row["delta_of_job_id"],
         run_unsettled=bool(row.get("run_unsettled", False)),
         cancel_requested=bool(row.get("cancel_requested", False)),
+        canceled_by=row.get("canceled_by") or "",
         release_attempts=int(row.get("release_attempts") or 0),
         waiting_for_capacity=bool(row.get("waiting_for_capacity", False)),
     )
@@ -147,6 +154,7 @@ def setting_change(row: Row) -> SettingChange:
         new_value=row["new_value"],
         actor=row["actor"],
         create_time=row["create_time"],
+        note=row.get("note") or "",
     )
 
 
@@ -181,6 +189,22 @@ def capacity_state(row: Row) -> CapacityState:
         core_refusals=int(row["core_refusals"]),
         updated_by=row["updated_by"] or "",
         updated_at=row["updated_at"],
+        fleet_pause=release_pause(row["fleet_paused_at"], row["fleet_paused_by"], row["fleet_pause_note"]),
+        paused_users=int(row["paused_users"]),
+    )
+
+
+def release_pause(since: dt.datetime | None, paused_by: str | None, note: str | None) -> ReleasePause | None:
+    return None if since is None else ReleasePause(since=since, paused_by=paused_by or "", note=note or "")
+
+
+def user_settings(user_id: str, row: Row) -> UserSettings:
+    return UserSettings(
+        user_id=user_id,
+        max_active=int(row["max_active"]),
+        max_active_is_default=bool(row["max_active_is_default"]),
+        own_pause=release_pause(row["paused_at"], row["paused_by"], row["pause_note"]),
+        fleet_paused=row["fleet_paused_at"] is not None,
     )
 
 

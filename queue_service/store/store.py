@@ -70,6 +70,7 @@ from queue_service.model import (
     ScheduledRetry,
     SettingChange,
     Transition,
+    UserSettings,
     UserWork,
 )
 from queue_service.store import migrations, notices
@@ -370,10 +371,10 @@ class Statements:
         return [(row["job_id"], str(row["user_id"])) for row in rows]
 
     async def record_cancel_request(self, *, job_id: uuid.UUID, cancel_recheck_seconds: float) -> bool:
-        """Records that the user asked to cancel the job (a RUNNING one is reconciled, so asked
-        to cancel again, after `cancel_recheck_seconds`); False when it is no longer PENDING or
-        RUNNING (fenced)."""
-        params = {"job_id": job_id, "cancel_recheck_seconds": float(cancel_recheck_seconds)}
+        """Records that the caller (`audit`: the current actor, kept as `canceled_by`) asked to
+        cancel the job (a RUNNING one is reconciled, so asked to cancel again, after
+        `cancel_recheck_seconds`); False when it is no longer PENDING or RUNNING (fenced)."""
+        params = {"job_id": job_id, "cancel_recheck_seconds": float(cancel_recheck_seconds), "actor": audit.actor_for(Cause.CANCEL)}
         return await self._one("record_cancel_request", params) is not None
 
     # -- releases ------------------------------------------------------------------------------
@@ -448,6 +449,10 @@ class Statements:
         )
         return False if row is None else row["core_limit"]
 
+    async def hold_release_if_paused(self, *, job_id: uuid.UUID, attempt: int) -> bool:
+        """Puts a claimed release back to waiting when its releases are paused; whether it did."""
+        return await self._one("hold_release_if_paused", {"job_id": job_id, "attempt": attempt}) is not None
+
     async def capacity_probe_taken(self) -> None:
         await self._send("capacity_probe_taken", {})
 
@@ -470,6 +475,11 @@ class Statements:
         row = await self._one("set_user_queue_limit", {"user_id": user_id, "max_active": max_active, "actor": actor})
         assert row is not None
         return from_row.setting_change(row)
+
+    async def user_settings(self, *, user_id: str, default_max_active: int) -> UserSettings:
+        row = await self._one("user_settings", {"user_id": user_id, "default_max_active": default_max_active})
+        assert row is not None
+        return from_row.user_settings(user_id, row)
 
     async def setting_changes(self, *, before_change_id: int | None, limit: int) -> list[SettingChange]:
         rows = await self._all("setting_changes", {"before_change_id": before_change_id, "limit": limit})
@@ -625,12 +635,21 @@ class Statements:
             document_title=row["document_title"] or "",
             sources=None if row["sources"] is None else sources_of_json(row["sources"]),
             sources_pruned=row["sources"] is None and row["source_count"] is not None,
+            newest_retry_job_id=row.get("newest_retry_job_id"),
         )
 
     async def ledger_entries(self, query: LedgerQuery, *, limit: int) -> list[LedgerEntry]:
-        """Newest first; picks the query shape whose index fits: one job, one user, or all."""
+        """Newest first; picks the query shape whose index fits: one job, one actor, one user, or all."""
         params: Row = {**dataclasses.asdict(query), "limit": limit}
-        name = "ledger_entries_of_job" if query.job_id else "ledger_entries_of_user" if query.user_id else "ledger_entries"
+        name = (
+            "ledger_entries_of_job"
+            if query.job_id
+            else "ledger_entries_of_actor"
+            if query.actor
+            else "ledger_entries_of_user"
+            if query.user_id
+            else "ledger_entries"
+        )
         return [from_row.ledger_entry(row) for row in await self._all(name, params)]
 
     # -- the operator's reads ------------------------------------------------------------------
@@ -948,6 +967,14 @@ class Store:
         if refunded:
             audit.log_movement(kind=LedgerKind.REFUND, user_id=user_id, amount=refunded, job_id=job_id, actor=actor, reason=reason)
         return refunded
+
+    async def set_releases_paused(self, *, user_id: str, paused: bool, note: str) -> SettingChange | None:
+        """Pauses or resumes the releases of the fleet ('') or of one user under the fleet-wide
+        capacity lock, recorded with the current actor (`audit`); None when nothing changed."""
+        actor = audit.actor_for("releases_paused")
+        params = {"user_id": user_id, "paused": paused, "actor": actor, "note": note}
+        rows = await capacity_section(self.pool, _statement("set_releases_paused"), params)
+        return from_row.setting_change(rows[0]) if rows else None
 
     async def grant_capacity(
         self, *, lease_seconds: float, release_window_seconds: float, probe_interval_seconds: float, max_grants: int

@@ -241,6 +241,37 @@ async def test_ledger_pages_newest_first_by_user_by_job_and_across_users(audited
         assert (code, reason, [f for f, _ in violations]) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", [field])
 
 
+async def test_the_ledger_filters_by_actor_alone_or_within_a_user(audited) -> None:  # type: ignore[no-untyped-def]
+    stubs, user, other = audited.stubs, new_user(), new_user()
+    for who, amount in [(user, 3), (other, 4), (user, 5)]:
+        grant = credits_pb2.GrantCreditsRequest(user_id=who, amount=amount, idempotency_key=uuid.uuid4().hex)
+        await stubs.credits.GrantCredits(grant, timeout=10, metadata=_as("operator"))
+    job = (await stubs.queue.Admit(_admit_request(user), timeout=10, metadata=_as("web"))).job
+
+    by_operator = await _ledger(audited, actor=ACTOR["operator"])
+    assert {e.actor for e in by_operator} == {ACTOR["operator"]}
+    mine = [(e.user_id, e.amount) for e in by_operator if e.user_id in (user, other)]
+    assert mine == [(user, 5), (other, 4), (user, 3)]
+    assert [(e.amount, e.kind) for e in await _ledger(audited, actor=ACTOR["operator"], user_id=user)] == [(5, GRANT), (3, GRANT)]
+    assert [(e.job_id, e.actor) for e in await _ledger(audited, actor=ACTOR["web"], user_id=user)] == [(job.job_id, ACTOR["web"])]
+    assert await _ledger(audited, actor=ACTOR["operator"], job_id=job.job_id) == []
+    assert [e.kind for e in await _ledger(audited, actor=ACTOR["web"], job_id=job.job_id)] == [CHARGE]
+
+    # A page token is tied to its actor too; an actor id is checked like a user id.
+    operator = op_grpc.OperatorServiceStub(stubs.channel)
+    first_page = await operator.ListLedgerEntries(
+        op_pb2.ListLedgerEntriesRequest(actor=ACTOR["operator"], page_size=1), timeout=10, metadata=_as("operator")
+    )
+    for request, field in [
+        (op_pb2.ListLedgerEntriesRequest(actor=ACTOR["web"], page_token=first_page.next_page_token), "page_token"),
+        (op_pb2.ListLedgerEntriesRequest(actor="a" * 200), "actor"),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await operator.ListLedgerEntries(request, timeout=10, metadata=_as("operator"))
+        code, reason, _, violations = error_info(raised.value)
+        assert (code, reason, [f for f, _ in violations]) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", [field])
+
+
 async def test_without_authentication_the_actor_is_anonymous(service) -> None:  # type: ignore[no-untyped-def]
     user = new_user()
     await service.stubs.grant(user, 1)

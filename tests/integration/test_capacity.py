@@ -43,7 +43,8 @@ def _fresh_fleet(database_url: str) -> None:
 
 
 async def _set_capacity(stubs: Stubs, capacity: int) -> op_pb2.SetCoreCapacityResponse:
-    return await _operator(stubs).SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=capacity), timeout=10)
+    request = op_pb2.SetCoreCapacityRequest(capacity=capacity, unlimited=capacity == 0)
+    return await _operator(stubs).SetCoreCapacity(request, timeout=10)
 
 
 async def _overview(stubs: Stubs) -> op_pb2.Overview:

@@ -252,6 +252,22 @@ async def test_dev_with_an_auth_file_completes_jobs_and_prints_authenticated_grp
     assert dev.stop() == 0
 
 
+async def test_dev_prints_the_console_address_before_how_to_stop_it(
+    tmp_path: Path, database_url: str, dev_processes: list[DevProcess]
+) -> None:
+    """The banner ends with "Ctrl-C stops it.": the console's address above it, not after."""
+    http_port = free_port()
+    dev = DevProcess(tmp_path / "state", DATABASE_URL=database_url, QUEUE_HTTP_ADDR=f"127.0.0.1:{http_port}")
+    dev_processes.append(dev)
+    await dev.wait_serving()
+    deadline = time.monotonic() + 20
+    while "Ctrl-C stops it." not in dev.log() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    banner = dev.log().split("is SERVING on", 1)[1].split("Ctrl-C stops it.", 1)[0]
+    assert f"Web console: http://127.0.0.1:{http_port}/" in banner, dev.log()
+    assert dev.stop() == 0
+
+
 def test_a_callback_token_that_the_auth_file_lacks_is_refused_before_anything_starts(tmp_path: Path) -> None:
     auth_file = tmp_path / "auth.json"
     entry = json.loads(run_cli("hash-token", "--name", "w", "--role", "web", env=_env(), stdin="web-secret\n").stdout)

@@ -196,7 +196,7 @@ async def test_an_adopted_judging_run_keeps_the_users_next_job_from_the_core_onc
 
 async def _set_capacity(stubs, capacity: int) -> None:
     operator = op_grpc.OperatorServiceStub(stubs.channel)
-    await operator.SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=capacity), timeout=10)
+    await operator.SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=capacity, unlimited=capacity == 0), timeout=10)
 
 
 async def _the_adopted_run_keeps_the_next_job_back(

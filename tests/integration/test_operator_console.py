@@ -435,9 +435,11 @@ async def test_retry_admits_a_failed_job_again_as_its_user_through_the_same_chec
     assert (again.job.job_id, again.admitted_now) == (job.job_id, False)
     assert await _balance(web_service, user) == 0
 
-    # A new click goes through Admit's checks: no credits left.
+    # Another retry, asked for explicitly, goes through Admit's checks: no credits left.
     with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await operator.RetryJob(op_pb2.RetryJobRequest(job_id=failed.job_id, retry_key="click-2"), timeout=20, metadata=_as("operator"))
+        await operator.RetryJob(
+            op_pb2.RetryJobRequest(job_id=failed.job_id, retry_key="click-2", another_retry=True), timeout=20, metadata=_as("operator")
+        )
     assert error_info(raised.value)[:2] == (grpc.StatusCode.FAILED_PRECONDITION, "INSUFFICIENT_CREDITS")
 
     # Only a failed or canceled job; an unknown one is not found; a bad request names its fields.
@@ -449,7 +451,9 @@ async def test_retry_admits_a_failed_job_again_as_its_user_through_the_same_chec
         await operator.RetryJob(op_pb2.RetryJobRequest(job_id=str(uuid.uuid4()), retry_key="k"), timeout=10, metadata=_as("operator"))
     assert error_info(raised.value)[:2] == (grpc.StatusCode.NOT_FOUND, "JOB_NOT_FOUND")
     with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await operator.RetryJob(op_pb2.RetryJobRequest(job_id="nope", retry_key=""), timeout=10, metadata=_as("operator"))
+        await operator.RetryJob(
+            op_pb2.RetryJobRequest(job_id="nope", retry_key="", another_retry=True), timeout=10, metadata=_as("operator")
+        )
     code, reason, _, violations = error_info(raised.value)
     assert (code, reason, [field for field, _ in violations]) == (
         grpc.StatusCode.INVALID_ARGUMENT,
@@ -478,7 +482,7 @@ async def test_a_web_caller_cannot_take_a_retrys_idempotency_key_first(web_servi
     # compute. Admitting the same payload under it first would answer the operator's retry with
     # the user's own job (charged as the user); another payload would make it IDEMPOTENCY_KEY_REUSED.
     digest = hashlib.sha256(f"{failed.job_id}\x00ticket-4711".encode()).hexdigest()[:32]
-    for key in (f"retry:{failed.job_id}:{digest}", "retry:anything"):
+    for key in (f"retry:{failed.job_id}", f"retry:{failed.job_id}:{digest}", "retry:anything"):
         taken = queue_pb2.AdmitRequest(
             user_id=user,
             idempotency_key=key,
@@ -497,7 +501,7 @@ async def test_a_web_caller_cannot_take_a_retrys_idempotency_key_first(web_servi
     assert await _balance(web_service, user) == 2  # nothing charged by the refused admits
 
     retried = await operator.RetryJob(
-        op_pb2.RetryJobRequest(job_id=failed.job_id, retry_key="ticket-4711"), timeout=20, metadata=_as("operator")
+        op_pb2.RetryJobRequest(job_id=failed.job_id, retry_key="ticket-4711", another_retry=True), timeout=20, metadata=_as("operator")
     )
     assert retried.admitted_now
     charge = await _ledger_of(web_service, job_id=retried.job.job_id)

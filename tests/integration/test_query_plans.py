@@ -168,6 +168,29 @@ async def test_batched_completions_and_release_marks_keep_their_generic_plans(da
         assert (row["custom_plans"], row["generic_plans"]) == (5, 14), (name, row["statement"])
 
 
+def test_the_ledger_of_one_actor_is_read_off_its_index(database_url: str) -> None:
+    """ListLedgerEntries by actor reads one page off `credit_ledger_actor_newest_first`: an
+    operator's few old entries under many newer ones of another actor are not found by walking
+    the whole ledger backwards."""
+    run = uuid.uuid4().hex
+    insert = (
+        "INSERT INTO credit_ledger (user_id, kind, amount, idempotency_key, actor, reason)"
+        " SELECT 'plan-user-' || (n %% 50), 'grant', 1, %s || n, %s, 'grant' FROM generate_series(1, %s) AS n"
+    )
+    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute(insert, (f"rare-{run}-", "operator:plan-rare", 30))
+        conn.execute(insert, (f"bulk-{run}-", "system:plan-bulk", 20_000))
+        conn.execute("ANALYZE credit_ledger")
+        for params in (
+            {"actor": "operator:plan-rare", "user_id": "", "before_entry_id": None, "limit": 21},
+            {"actor": "operator:plan-rare", "user_id": "plan-user-7", "before_entry_id": None, "limit": 21},
+        ):
+            plan = conn.execute(sql.SQL("EXPLAIN (FORMAT TEXT) ") + _statement("ledger_entries_of_actor"), params).fetchall()
+            text = "\n".join(row["QUERY PLAN"] for row in plan)
+            assert "credit_ledger_actor_newest_first" in text, text
+            assert "Seq Scan" not in text and "Sort" not in text, text
+
+
 _SEARCHES_IN_INPUTS = {
     "search_job_views_by_source_doi": ("analysis_jobs_by_source_doi", {"source_doi": "10.5555/p77"}),
     "search_job_views_by_title_words": ("analysis_jobs_by_title_words", {"title_words": "topic3 TOPIC4"}),

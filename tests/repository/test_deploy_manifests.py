@@ -11,15 +11,20 @@ authentication or an explicit QUEUE_ALLOW_UNAUTHENTICATED), find every file sett
 (QUEUE_AUTH_FILE, QUEUE_TLS_*) on a Secret it mounts readably, and an unauthenticated stack
 may publish ports on loopback only. The replicas' NetworkPolicy opens exactly the gRPC and
 metrics ports to named namespaces and lets them reach only DNS, PostgreSQL, the core and the
-collector; the manifests turn reflection off.
+collector; the manifests turn reflection off. Every host of the Ingress, as `kubectl kustomize`
+renders it, passes the replicas' own host check (queue_service/api/listeners/web_hosts.py) with the
+ConfigMap's settings, so the console is not refused 421 behind it.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import re
 import shlex
+import shutil
+import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -29,6 +34,7 @@ import pytest
 import yaml
 
 from queue_service import cli
+from queue_service.api.listeners.web_hosts import AllowedHosts
 from queue_service.config import SETTINGS, Config, ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -414,11 +420,12 @@ def pod_spec(kind: str) -> dict[str, Any]:
     return k8s_one(kind)["spec"]["template"]["spec"]
 
 
-def container_env(container: dict[str, Any], where: str) -> dict[str, str]:
+def container_env(container: dict[str, Any], where: str, configmap: dict[str, Any] | None = None) -> dict[str, str]:
     """The container's environment as the service sees it: secrets as placeholders, and file
     settings pointing into a mounted volume as an existing stand-in file (a path that is not
-    mounted stays, and `Config.from_env` refuses it, as it would in the pod)."""
-    configmap = k8s_one("ConfigMap")
+    mounted stays, and `Config.from_env` refuses it, as it would in the pod). The ConfigMap is
+    the file's unless given (a rendered one)."""
+    configmap = configmap or k8s_one("ConfigMap")
     env: dict[str, str] = dict(dockerfile()["env"])
     refs = [e["configMapRef"]["name"] for e in container.get("envFrom", []) if "configMapRef" in e]
     assert refs in ([], [configmap["metadata"]["name"]]), f"{where}: envFrom may only be the ConfigMap, got {refs}"
@@ -671,6 +678,71 @@ def test_k8s_serves_the_console_through_its_service_and_a_tls_ingress() -> None:
             backend = path["backend"]["service"]
             assert backend["name"] == service["metadata"]["name"]
             assert backend["port"].get("name", backend["port"].get("number")) in (service_port["name"], service_port["port"])
+
+
+def plain_kustomize_render() -> list[dict[str, Any]]:
+    """`kustomize build` of deploy/k8s for the only fields kustomization.yaml uses: its resources,
+    each namespaced object put in its namespace."""
+    kustomization = yaml.safe_load(KUSTOMIZATION.read_text())
+    unread = sorted(set(kustomization) - {"apiVersion", "kind", "namespace", "resources"})
+    assert unread == [], f"kustomization.yaml uses {unread}, which this plain reading does not apply: install kubectl"
+    objects = []
+    for name in kustomization["resources"]:
+        for document in yaml_documents()[K8S / name]:
+            rendered = copy.deepcopy(document)
+            if rendered["kind"] != "Namespace":
+                rendered["metadata"]["namespace"] = kustomization["namespace"]
+            objects.append(rendered)
+    return objects
+
+
+@cache
+def kubectl_kustomize_render() -> list[dict[str, Any]] | None:
+    """What `kubectl kustomize deploy/k8s` renders (what `kubectl apply -k` sends); None without kubectl."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        return None
+    done = subprocess.run([kubectl, "kustomize", str(K8S)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, f"kubectl kustomize deploy/k8s failed: {done.stderr}"
+    return [d for d in yaml.safe_load_all(done.stdout) if d is not None]
+
+
+def kind_and_name(obj: dict[str, Any]) -> tuple[str, str]:
+    return obj["kind"], obj["metadata"]["name"]
+
+
+def rendered_one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [o for o in objects if o.get("kind") == kind]
+    assert len(found) == 1, f"expected one {kind} in the rendered manifests, found {len(found)}"
+    return found[0]
+
+
+def test_the_replicas_answer_every_host_of_the_rendered_ingress() -> None:
+    """A browser reaches the console by an Ingress host, the controller passes that Host on, and a
+    replica answers only the names its own host check allows (421 otherwise): every host the
+    Ingress serves must pass that check with the ConfigMap's settings."""
+    objects = kubectl_kustomize_render() or plain_kustomize_render()
+    ingress = rendered_one(objects, "Ingress")
+    deployment = rendered_one(objects, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    where = "rendered Deployment"
+    config = serve_config_of(container_env(container, where, rendered_one(objects, "ConfigMap")), where)
+    rules = ingress["spec"]["rules"]
+    assert all(rule.get("host") for rule in rules), (
+        "an Ingress rule without a host sends every Host, and the replicas refuse all but theirs"
+    )
+    hosts = {rule["host"] for rule in rules} | {h for entry in ingress["spec"].get("tls", []) for h in entry.get("hosts", [])}
+    allowed = AllowedHosts(config.http_addr, config.http_allowed_hosts)
+    refused = sorted(host for host in hosts if not allowed.allows(host.encode()))
+    assert refused == [], f"the replicas answer 421 to the Ingress hosts {refused}: list them in QUEUE_HTTP_ALLOWED_HOSTS (configmap.yaml)"
+
+
+def test_the_plain_render_is_what_kubectl_renders() -> None:
+    """Where kubectl is missing, the Ingress test reads the kustomization itself: the same objects."""
+    rendered = kubectl_kustomize_render()
+    if rendered is None:
+        pytest.skip("kubectl is not installed: nothing to compare the plain render with")
+    assert sorted(rendered, key=kind_and_name) == sorted(plain_kustomize_render(), key=kind_and_name)
 
 
 def test_kustomize_applies_every_object_but_the_job_in_its_namespace() -> None:

@@ -16,10 +16,13 @@ class _HeldReleases(Releasing):
 
     def __init__(self) -> None:
         self.started: list[uuid.UUID] = []
+        self.waited: list[uuid.UUID] = []
         self._may_end: dict[uuid.UUID, asyncio.Event] = {}
 
     async def release(self, claim: ClaimedRelease) -> ReleaseResult:
         self.started.append(claim.job_id)
+        if claim.waited_for_a_slot:
+            self.waited.append(claim.job_id)
         await self._may_end.setdefault(claim.job_id, asyncio.Event()).wait()
         return ReleaseResult.RELEASED
 
@@ -62,4 +65,6 @@ async def test_handed_over_releases_start_at_once_up_to_the_bound_and_the_rest_a
     for _ in range(5):
         await asyncio.sleep(0)
     assert engine.started == [c.job_id for c in claims]
+    # Those that waited for a place are sent marked so (a pause may have committed meanwhile).
+    assert engine.waited == [c.job_id for c in claims[bound:]]
     await dispatcher.stop()

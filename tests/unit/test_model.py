@@ -52,14 +52,28 @@ def test_a_completion_ends_an_active_job_as_the_core_says() -> None:
 
 
 def test_a_cancel_of_a_queued_job_refunds_and_keeps_the_run_to_settle() -> None:
-    assert Transition.canceled_while_queued() == Transition(
+    assert Transition.canceled_while_queued(by="web:web-backend") == Transition(
         Cause.CANCEL, QUEUED, JobStatus.CANCELED, "canceled by the user", refund=True, run_unsettled=True
     )
 
 
+@pytest.mark.parametrize(
+    ("actor", "message"),
+    [
+        ("web:web-backend", "canceled by the user"),
+        ("operator:alice", "canceled by operator alice"),
+        ("system:cancel", "canceled by the service"),
+        ("anonymous", "canceled by anonymous"),
+        ("", "canceled"),
+    ],
+)
+def test_a_canceled_job_names_who_asked(actor: str, message: str) -> None:
+    assert Transition.canceled_while_queued(by=actor).last_error == message
+
+
 @pytest.mark.parametrize("fate", [RunFate.CANCELED, RunFate.UNKNOWN_TO_CORE])
 def test_a_cancel_of_an_active_job_the_core_stopped_is_canceled_and_refunded(fate: RunFate) -> None:
-    assert Transition.canceled(report(fate, "whatever the core said")) == Transition(
+    assert Transition.canceled(report(fate, "whatever the core said"), by="web:web-backend") == Transition(
         Cause.CANCEL, ACTIVE, JobStatus.CANCELED, "canceled by the user", refund=True
     )
 

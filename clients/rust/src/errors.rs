@@ -57,12 +57,25 @@ pub enum Error {
         /// The full status.
         status: Box<Status>,
     },
-    /// `INVALID_REQUEST` (or any INVALID_ARGUMENT): the request is malformed.
+    /// `INVALID_REQUEST` (or any other INVALID_ARGUMENT): the request is malformed.
     #[error("invalid request: {}", describe_violations(message, violations))]
     InvalidRequest {
         /// The service's message.
         message: String,
         /// Every offending field (`google.rpc.BadRequest`).
+        violations: Vec<FieldViolation>,
+        /// The full status.
+        status: Box<Status>,
+    },
+    /// The core refused the work: `CORE_REJECTED` from the queue's Admit (the core's CreateRun
+    /// validation, passed through), or `RUN_REJECTED` from a core itself. The request was well
+    /// formed; its content is not acceptable to the core (an unregistered DOI, an unparseable
+    /// document). Nothing was charged.
+    #[error("rejected by the core: {}", describe_violations(message, violations))]
+    CoreRejected {
+        /// The service's message.
+        message: String,
+        /// The fields the core named (`google.rpc.BadRequest`), e.g. `sources[1].doi`.
         violations: Vec<FieldViolation>,
         /// The full status.
         status: Box<Status>,
@@ -135,6 +148,18 @@ fn describe_violations(message: &str, violations: &[FieldViolation]) -> String {
         .join("; ")
 }
 
+/// The queue's reason for a CreateRun rejection passed through to the Admit caller.
+const CORE_REJECTED: &str = "CORE_REJECTED";
+/// A core's own reason for rejecting CreateRun ([`core_errors::rejected`]).
+const RUN_REJECTED: &str = "RUN_REJECTED";
+
+fn field_violations(status: &Status) -> Vec<FieldViolation> {
+    status
+        .get_details_bad_request()
+        .map(|b| b.field_violations)
+        .unwrap_or_default()
+}
+
 /// The status codes after which the same call may be sent again.
 pub(crate) fn is_transient(code: Code) -> bool {
     matches!(
@@ -159,12 +184,14 @@ impl Error {
                 message,
                 status: Box::new(status),
             },
+            (Code::InvalidArgument, CORE_REJECTED | RUN_REJECTED) => Self::CoreRejected {
+                message,
+                violations: field_violations(&status),
+                status: Box::new(status),
+            },
             (Code::InvalidArgument, _) => Self::InvalidRequest {
                 message,
-                violations: status
-                    .get_details_bad_request()
-                    .map(|b| b.field_violations)
-                    .unwrap_or_default(),
+                violations: field_violations(&status),
                 status: Box::new(status),
             },
             (Code::Unauthenticated, _) => Self::Unauthenticated {
@@ -202,6 +229,7 @@ impl Error {
             Self::RunNotFound { status, .. }
             | Self::RunNotReleased { status, .. }
             | Self::InvalidRequest { status, .. }
+            | Self::CoreRejected { status, .. }
             | Self::Unauthenticated { status, .. }
             | Self::PermissionDenied { status, .. }
             | Self::Unavailable { status, .. }
@@ -262,7 +290,7 @@ pub mod core_errors {
             .into_iter()
             .map(|(field, description)| FieldViolation::new(field, description))
             .collect();
-        let mut details = ErrorDetails::with_error_info("RUN_REJECTED", CORE_ERROR_DOMAIN, []);
+        let mut details = ErrorDetails::with_error_info(super::RUN_REJECTED, CORE_ERROR_DOMAIN, []);
         if !violations.is_empty() {
             details.set_bad_request(violations);
         }
@@ -312,23 +340,52 @@ pub mod core_errors {
 
 #[cfg(test)]
 mod tests {
+    use tonic_types::ErrorDetails;
+
     use super::*;
 
     #[test]
-    fn a_core_rejection_carries_its_violations_and_decodes_as_invalid_request() {
+    fn a_core_rejection_carries_its_violations_and_decodes_as_core_rejected() {
         let status = core_errors::rejected(
             "1 source is not registered",
             [("sources[1].doi", "not registered")],
         );
         assert_eq!(status.code(), Code::InvalidArgument);
         match Error::from_status(status) {
-            Error::InvalidRequest { violations, .. } => {
+            Error::CoreRejected { violations, .. } => {
                 assert_eq!(violations.len(), 1);
                 assert_eq!(violations[0].field, "sources[1].doi");
                 assert_eq!(violations[0].description, "not registered");
             }
-            other => panic!("expected InvalidRequest, got {other:?}"),
+            other => panic!("expected CoreRejected, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_queues_core_rejected_is_core_rejected_and_other_invalid_arguments_invalid_request() {
+        let queue_status = |reason: &str| {
+            let mut details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, []);
+            details.set_bad_request(vec![FieldViolation::new(
+                "sources[0].doi",
+                "not registered",
+            )]);
+            Status::with_error_details(Code::InvalidArgument, "refused", details)
+        };
+        let rejected = Error::from_status(queue_status("CORE_REJECTED"));
+        assert!(
+            matches!(rejected, Error::CoreRejected { .. }),
+            "{rejected:?}"
+        );
+        assert_eq!(rejected.reason(), "CORE_REJECTED");
+        assert!(!rejected.is_retryable());
+        assert!(rejected.status().is_some());
+        let malformed = Error::from_status(queue_status("INVALID_REQUEST"));
+        assert!(
+            matches!(malformed, Error::InvalidRequest { .. }),
+            "{malformed:?}"
+        );
+        let bare = Error::from_status(Status::invalid_argument("no details"));
+        assert!(matches!(bare, Error::InvalidRequest { .. }), "{bare:?}");
     }
 
     #[test]

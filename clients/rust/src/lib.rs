@@ -7,7 +7,8 @@
 //! - [`run_service_server`]: the `RunService` server trait the core implements for the queue;
 //!   [`core_errors`] builds the rich errors it answers with (per-source violations, RetryInfo).
 //! - [`Error`]: every failure as one enum (`RunNotFound`, `InvalidRequest { violations }`,
-//!   `Unavailable { retry_delay }`, ...), decoded from the status details.
+//!   `CoreRejected { violations }`, `Unavailable { retry_delay }`, ...), decoded from the
+//!   status details.
 //! - [`acurio::queue::v1`] and [`acurio::core::v1`]: every message, client and server generated
 //!   at build time from the contract (the same protos the Python service serves).
 

@@ -6,6 +6,9 @@
 
 use std::time::{Duration, Instant};
 
+use acurio_queue_client::acurio::queue::v1::analysis_queue_service_client::AnalysisQueueServiceClient;
+use acurio_queue_client::acurio::queue::v1::credits_service_client::CreditsServiceClient;
+use acurio_queue_client::acurio::queue::v1::{AdmitRequest, Document, GrantCreditsRequest, Source};
 use acurio_queue_client::tonic::Code;
 use acurio_queue_client::{
     CallbackClient, Completion, ERROR_DOMAIN, Error, RetryPolicy, error_info,
@@ -89,6 +92,51 @@ async fn complete_run_with_a_malformed_run_id_is_invalid_request_with_its_violat
         other => panic!("expected InvalidRequest, got {other:?}"),
     }
     assert_eq!(error.reason(), "INVALID_REQUEST");
+}
+
+#[tokio::test]
+async fn an_admit_the_core_rejects_is_core_rejected_not_invalid_request() {
+    // The dev core rejects CreateRun for a DOI under 10.9999/ (the README's test inputs); a
+    // real core answers the same for a DOI it cannot resolve: a well-formed request refused.
+    let Some(addr) = queue_addr("an_admit_the_core_rejects_is_core_rejected_not_invalid_request") else {
+        return;
+    };
+    let endpoint = format!("http://{addr}");
+    let user_id = format!("rust-{}", Uuid::new_v4());
+    let mut credits = CreditsServiceClient::connect(endpoint.clone())
+        .await
+        .unwrap_or_else(|err| panic!("cannot connect to the queue at QUEUE_ADDR={addr}: {err:?}"));
+    credits
+        .grant_credits(GrantCreditsRequest {
+            user_id: user_id.clone(),
+            amount: 1,
+            idempotency_key: format!("grant-{user_id}"),
+            note: String::new(),
+        })
+        .await
+        .expect("GrantCredits");
+    let mut queue = AnalysisQueueServiceClient::connect(endpoint).await.expect("connect");
+
+    let status = queue
+        .admit(AdmitRequest {
+            user_id: user_id.clone(),
+            idempotency_key: "click-1".into(),
+            document: Some(Document { uri: "s3://theses/x.pdf".into(), title: String::new() }),
+            sources: vec![Source { doi: "10.9999/unregistered".into(), citation: String::new() }],
+            delta_of_job_id: String::new(),
+        })
+        .await
+        .expect_err("the dev core rejects a DOI under 10.9999/");
+
+    let error = Error::from(status);
+    match &error {
+        Error::CoreRejected { violations, .. } => {
+            assert!(violations.iter().any(|v| v.field == "sources[0].doi"), "{violations:?}");
+        }
+        other => panic!("expected CoreRejected, got {other:?}"),
+    }
+    assert_eq!(error.reason(), "CORE_REJECTED");
+    assert!(error.to_string().starts_with("rejected by the core: sources[0].doi"), "{error}");
 }
 
 #[tokio::test]

@@ -58,7 +58,8 @@ export interface QueueClients {
   coreCallback: Client<typeof CoreCallbackService>;
   /**
    * OperatorService (operator role only): GetOverview, SearchJobs, WatchOverview, CancelJobs
-   * (the web console's reads and bulk cancel), ListLedgerEntries (the credits' audit trail).
+   * (the web console's reads and bulk cancel), ListLedgerEntries (the credits' audit trail),
+   * RetryJob and RetryJobs (failed or canceled jobs admitted again, once each unless asked again).
    */
   operator: Client<typeof OperatorService>;
   /** The underlying gRPC transport, for creating further clients. */

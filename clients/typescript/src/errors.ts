@@ -5,10 +5,27 @@ import { isRetryable, QUEUE_ERROR_DOMAIN, type QueueReason, retryDelayMs } from 
 
 /** One `google.rpc.BadRequest` field violation. */
 export interface FieldViolation {
-  /** The offending request field, as the service names it (for example `user_id`). */
+  /**
+   * The offending request field as this client's messages spell it: camelCase, with indexes
+   * (`userId`, `idempotencyKey`, `sources[1].doi`), so it names the property you set.
+   */
   field: string;
+  /** The same field as the service sent it, in the contract's snake_case (`user_id`); the
+   * `description` is worded with this name. */
+  protoField: string;
   /** Why the value is invalid. */
   description: string;
+}
+
+/**
+ * A field path of the contract (`sources[1].doi`, `idempotency_key`) as protobuf-es names the
+ * properties (`sources[1].doi`, `idempotencyKey`); what stands in brackets (an index, a map key)
+ * is kept as it is.
+ */
+export function camelCaseFieldPath(path: string): string {
+  return path.replace(/\[[^\]]*\]|_([a-z0-9])/g, (match: string, letter: string | undefined) =>
+    letter === undefined ? match : letter.toUpperCase(),
+  );
 }
 
 /** A failed call, decoded from the gRPC status and its details. */
@@ -71,7 +88,7 @@ export function describeError(err: unknown): DescribedError {
   const fieldViolations = error
     .findDetails(BadRequestSchema)
     .flatMap((badRequest) => badRequest.fieldViolations)
-    .map((v) => ({ field: v.field, description: v.description }));
+    .map((v) => ({ field: camelCaseFieldPath(v.field), protoField: v.field, description: v.description }));
   return {
     code: error.code,
     codeName: codeName(error.code),
@@ -89,9 +106,9 @@ type Formatter = (e: DescribedError) => string;
 
 const meta = (e: DescribedError, key: string): string => e.metadata[key] ?? "?";
 
-/** `field: description`, or just the description when it already starts with the field. */
+/** `field: description`, or just the description when it already starts with the field's name. */
 const describeViolation = (v: FieldViolation): string =>
-  v.description.startsWith(v.field) ? v.description : `${v.field}: ${v.description}`;
+  v.description.startsWith(v.protoField) ? v.description : `${v.field}: ${v.description}`;
 
 /** User-facing wording per reason, built from structured fields only (never the message). */
 const FORMATTERS: Readonly<Record<string, Formatter>> = {

@@ -1,4 +1,4 @@
-// Public surface of @acurio/queue-client (ES module only; Node >= 22).
+// Public surface of @acurio/queue-client (ES module only; Node >= 20).
 export {
   bearerTokenInterceptor,
   createQueueClients,
@@ -12,7 +12,14 @@ export {
   withUserAssertion,
   type MintUserAssertion,
 } from "./assertions.js";
-export { codeName, describeError, formatError, type DescribedError, type FieldViolation } from "./errors.js";
+export {
+  camelCaseFieldPath,
+  codeName,
+  describeError,
+  formatError,
+  type DescribedError,
+  type FieldViolation,
+} from "./errors.js";
 export {
   isQueueReason,
   isRetryable,

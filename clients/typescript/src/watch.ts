@@ -1,7 +1,8 @@
+import { equals } from "@bufbuild/protobuf";
 import type { Client } from "@connectrpc/connect";
 import { Code, ConnectError } from "@connectrpc/connect";
 
-import type { Job } from "./gen/acurio/queue/v1/job_pb.js";
+import { type Job, JobSchema } from "./gen/acurio/queue/v1/job_pb.js";
 import type { AnalysisQueueService } from "./gen/acurio/queue/v1/queue_service_pb.js";
 import { isRetryable } from "./reasons.js";
 
@@ -9,8 +10,14 @@ import { isRetryable } from "./reasons.js";
 export type JobWatchEvent =
   /** A (re)connect's snapshot arrived: `jobs` was replaced by it as a whole. */
   | { type: "reset"; jobs: ReadonlyMap<string, Job> }
-  /** One job changed (through any replica). */
-  | { type: "change"; job: Job }
+  /**
+   * One job changed (through any replica): `job` differs from `previous`, the version the watch
+   * held (undefined for a job it had not seen). Compare their `status` to see a transition: a
+   * change may be of another field only (`queuePosition`, `estimatedStartTime`, ...). The stream
+   * also sends jobs again exactly as they were (a hand-over re-reads the user's queue); those are
+   * no change and raise no event.
+   */
+  | { type: "change"; job: Job; previous: Job | undefined }
   /**
    * A job the watch had reported no longer exists: the queue's database failed over without it
    * (`WatchJobsResponse.vanished`); it was dropped from `jobs`, and GetJob answers NOT_FOUND.
@@ -106,8 +113,12 @@ export function watchJobs(
             jobs.delete(message.job.jobId);
             emit({ type: "vanished", jobId: message.job.jobId });
           } else if (message.job !== undefined) {
+            const previous = jobs.get(message.job.jobId);
+            if (previous !== undefined && equals(JobSchema, previous, message.job)) {
+              continue;
+            }
             jobs.set(message.job.jobId, message.job);
-            emit({ type: "change", job: message.job });
+            emit({ type: "change", job: message.job, previous });
           }
         }
         // A clean end of the stream: the server closed it; reconnect like after a failure.

@@ -88,9 +88,17 @@ describe("Admit", () => {
       assert.equal(d.code, Code.InvalidArgument, `got ${d.codeName}: ${d.message}`);
       assert.equal(d.reason, "INVALID_REQUEST");
       assert.equal(d.domain, QUEUE_ERROR_DOMAIN);
-      const fields = d.fieldViolations.map((v) => v.field);
-      for (const field of ["user_id", "idempotency_key", "sources"]) {
-        assert.ok(fields.includes(field), `no violation for ${field}; got ${JSON.stringify(d.fieldViolations)}`);
+      // Named as the request's properties are (camelCase), with the service's name beside.
+      const fields = d.fieldViolations.map((v) => [v.field, v.protoField]);
+      for (const field of [
+        ["userId", "user_id"],
+        ["idempotencyKey", "idempotency_key"],
+        ["sources", "sources"],
+      ]) {
+        assert.ok(
+          fields.some(([camel, proto]) => camel === field[0] && proto === field[1]),
+          `no violation for ${field.join(" / ")}; got ${JSON.stringify(d.fieldViolations)}`,
+        );
       }
       for (const v of d.fieldViolations) {
         assert.notEqual(v.description, "", `violation for ${v.field} has no description`);

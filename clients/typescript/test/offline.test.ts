@@ -12,6 +12,7 @@ import { connectNodeAdapter } from "@connectrpc/connect-node";
 import {
   AnalysisQueueService,
   BadRequestSchema,
+  camelCaseFieldPath,
   createQueueClients,
   CreditsService,
   describeError,
@@ -91,6 +92,13 @@ describe("typed layer (in-process gRPC server, no QUEUE_ADDR needed)", () => {
     assert.throws(() => toBaseUrl(" ", false), /address is empty/);
   });
 
+  test("camelCaseFieldPath spells a contract field path as the messages' properties", () => {
+    assert.equal(camelCaseFieldPath("idempotency_key"), "idempotencyKey");
+    assert.equal(camelCaseFieldPath("sources[1].doi"), "sources[1].doi");
+    assert.equal(camelCaseFieldPath("delta_of_job_id"), "deltaOfJobId");
+    assert.equal(camelCaseFieldPath("labels[some_key].long_name"), "labels[some_key].longName");
+  });
+
   test("sends the bearer token as an authorization header", async () => {
     const c = createQueueClients({ address, bearerToken: "s3cret", timeoutMs: 5_000 });
     try {
@@ -143,13 +151,14 @@ describe("typed layer (in-process gRPC server, no QUEUE_ADDR needed)", () => {
       const d = describeError(err);
       assert.equal(d.code, Code.InvalidArgument);
       assert.equal(d.reason, "INVALID_REQUEST");
+      // Fields as the client's messages spell them; the service's own name kept beside.
       assert.deepEqual(d.fieldViolations, [
-        { field: "user_id", description: "must not be empty" },
-        { field: "sources", description: "at least one source is required" },
+        { field: "userId", protoField: "user_id", description: "must not be empty" },
+        { field: "sources", protoField: "sources", description: "at least one source is required" },
       ]);
       assert.equal(
         formatError(err),
-        "invalid request: user_id: must not be empty; sources: at least one source is required",
+        "invalid request: userId: must not be empty; sources: at least one source is required",
       );
     } finally {
       c.close();

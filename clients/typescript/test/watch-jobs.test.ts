@@ -1,7 +1,9 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import { describeError, JobStatus } from "../src/index.js";
+import { equals } from "@bufbuild/protobuf";
+
+import { describeError, type Job, JobSchema, JobStatus, watchJobs } from "../src/index.js";
 import { admitRequest, uniqueUser, withClients } from "./support.js";
 
 /** How long the stream may take to show the hand-over (dev core judges for ~1 s in CI). */
@@ -63,5 +65,47 @@ describe("WatchJobs", () => {
       assert.ok(snapshotHadSecondQueued, `snapshot lacked the second job as QUEUED; messages: ${seen.join(" | ")}`);
       assert.ok(firstSucceeded, `first job never SUCCEEDED on the stream; messages: ${seen.join(" | ")}`);
       assert.ok(secondStarted, `second job never became PENDING/RUNNING; messages: ${seen.join(" | ")}`);
+    }));
+
+  test("watchJobs reports a change only when the job differs from the version it holds", () =>
+    withClients(async (c) => {
+      // Three jobs run one after another; each hand-over sends the user's other jobs again, often
+      // exactly as they were. Those repeats are no change, and `previous` is what the watch held.
+      const userId = uniqueUser("watch-changes");
+      await c.credits.grantCredits({ userId, amount: 3n, idempotencyKey: `grant-${userId}` });
+      const watch = watchJobs(c.queue, userId);
+      const held = new Map<string, Job>();
+      const repeats: string[] = [];
+      const wrongPrevious: string[] = [];
+      const succeeded = new Set<string>();
+      let allSucceeded!: () => void;
+      const finished = new Promise<void>((resolve) => (allSucceeded = resolve));
+      watch.subscribe((event) => {
+        if (event.type !== "change") return;
+        const before = held.get(event.job.jobId);
+        if (before !== undefined && equals(JobSchema, before, event.job)) {
+          repeats.push(`${event.job.jobId} ${JobStatus[event.job.status]}`);
+        }
+        if (event.previous !== before) wrongPrevious.push(event.job.jobId);
+        held.set(event.job.jobId, event.job);
+        if (event.job.status === JobStatus.SUCCEEDED) succeeded.add(event.job.jobId);
+        if (succeeded.size === 3) allSucceeded();
+      });
+      let timer: NodeJS.Timeout | undefined;
+      try {
+        await watch.nextSync();
+        for (let click = 1; click <= 3; click++) await c.queue.admit(admitRequest(userId, `click-${click}`));
+        await Promise.race([
+          finished,
+          new Promise((_, reject) => {
+            timer = setTimeout(() => reject(new Error(`3 jobs not SUCCEEDED on the watch within ${WATCH_DEADLINE_MS} ms`)), WATCH_DEADLINE_MS);
+          }),
+        ]);
+      } finally {
+        clearTimeout(timer);
+        watch.close();
+      }
+      assert.deepEqual(repeats, [], "change events that repeat the job as the watch held it");
+      assert.deepEqual(wrongPrevious, [], "change events whose `previous` is not the job the watch held");
     }));
 });

@@ -48,10 +48,12 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
         + [_QUEUE + m for m in ("Promote", "Release", "ListJobs", "GetJob", "WatchJobs")]
         # The web console's operator view: its RPCs, and cancel (single and bulk) on any user's job.
         + [_OPERATOR + m for m in ("GetOverview", "SearchJobs", "WatchOverview", "CancelJobs", "ListLedgerEntries")]
-        # The fleet settings: the core's capacity, users' limits, and who changed them.
-        + [_OPERATOR + m for m in ("SetCoreCapacity", "SetUserQueueLimit", "ListSettingChanges")]
-        # A failed or canceled job admitted again (charged to its user, the operator its actor).
-        + [_OPERATOR + "RetryJob"]
+        # The fleet settings: the core's capacity, users' limits, pauses of releases, a user's
+        # settings in force, and who changed them.
+        + [_OPERATOR + m for m in ("SetCoreCapacity", "SetUserQueueLimit", "SetReleasesPaused", "GetUserSettings", "ListSettingChanges")]
+        # A failed or canceled job admitted again (charged to its user, the operator its actor),
+        # one or many.
+        + [_OPERATOR + m for m in ("RetryJob", "RetryJobs")]
         # Who has work (the User queue's picker), and the queue's history (the overview's charts).
         + [_OPERATOR + m for m in ("ListUsersWithWork", "GetQueueHistory")]
         # Which replicas serve, and the core's health as each sees it.

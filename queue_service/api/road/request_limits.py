@@ -42,12 +42,15 @@ _STRING_CHARS: Mapping[str, int] = {
     "document_uri_prefix": validation.MAX_URI_CHARS,
     "title_words": validation.MAX_TITLE_CHARS,
     "source_doi": validation.MAX_DOI_CHARS,
+    "job_ids": validation.MAX_UUID_CHARS,
+    "actor": validation.MAX_ID_CHARS,
     "page_token": page_tokens.MAX_TOKEN_CHARS,
 }
 # The most entries a repeated field may hold, by field name.
 _REPEATED_ENTRIES: Mapping[str, int] = {
     "sources": validation.MAX_SOURCES,
     "statuses": MAX_STATUS_FILTERS,
+    "job_ids": validation.MAX_BULK_JOB_IDS,
 }
 _JSON_BYTES_PER_CHAR = 12
 # Whitespace a pretty-printing client may put around one field or entry (a newline and indentation).

@@ -17,6 +17,7 @@ from queue_service.model import (
     QueueMinute,
     ReplicaReport,
     SettingChange,
+    UserSettings,
     UserWork,
 )
 
@@ -71,6 +72,9 @@ def job_to_proto(view: JobView) -> job_pb2.Job:
         price=view.price,
         refunded=view.refunded,
         source_count=view.source_count,
+        retry_of_job_id=str(view.retry_of_job_id) if view.retry_of_job_id else "",
+        retried_as_job_ids=[str(job_id) for job_id in view.retried_as_job_ids],
+        canceled_by=view.canceled_by,
     )
     if view.document_uri or view.document_title:
         job.document.uri = view.document_uri
@@ -125,6 +129,27 @@ def capacity_to_proto(capacity: CapacityState, message: operator_pb2.Overview) -
     message.core_refusals = capacity.core_refusals
     if capacity.oldest_wait_since is not None:
         message.oldest_capacity_wait_time.FromDatetime(capacity.oldest_wait_since)
+    message.releases_paused = capacity.fleet_pause is not None
+    message.paused_users = capacity.paused_users
+    if capacity.fleet_pause is not None:
+        message.releases_paused_since.FromDatetime(capacity.fleet_pause.since)
+        message.releases_paused_by = capacity.fleet_pause.paused_by
+        message.releases_paused_note = capacity.fleet_pause.note
+
+
+def user_settings_to_proto(settings: UserSettings) -> operator_pb2.GetUserSettingsResponse:
+    message = operator_pb2.GetUserSettingsResponse(
+        user_id=settings.user_id,
+        max_active=settings.max_active,
+        max_active_is_default=settings.max_active_is_default,
+        releases_paused=settings.own_pause is not None,
+        fleet_releases_paused=settings.fleet_paused,
+    )
+    if settings.own_pause is not None:
+        message.releases_paused_since.FromDatetime(settings.own_pause.since)
+        message.releases_paused_by = settings.own_pause.paused_by
+        message.releases_paused_note = settings.own_pause.note
+    return message
 
 
 def setting_change_to_proto(change: SettingChange) -> operator_pb2.SettingChange:
@@ -135,6 +160,7 @@ def setting_change_to_proto(change: SettingChange) -> operator_pb2.SettingChange
         old_value=change.old_value or 0,
         new_value=change.new_value or 0,
         actor=change.actor,
+        note=change.note,
     )
     message.create_time.FromDatetime(change.create_time)
     return message

@@ -1,6 +1,7 @@
 """OperatorService: the overview, the job search across users, live overview, bulk cancel, the
 credits' audit trail (ledger entries with their actor and reason), retry of an ended job
-(`servicers/retry.py`), and the fleet settings (the core's capacity, users' limits) with their change log.
+(`servicers/retry.py`), and the fleet settings (the core's capacity, users' limits, pauses of
+releases) with their change log.
 
 The same adapters as the other servicers: validate, read through the engine's reads (index-driven
 queries of migration 0005), build responses, raise domain errors only. Bulk cancel goes
@@ -32,9 +33,10 @@ from queue_service.api.servicers.convert import (
     replica_to_proto,
     setting_change_to_proto,
     status_filter,
+    user_settings_to_proto,
     user_work_to_proto,
 )
-from queue_service.api.servicers.retry import retry_job
+from queue_service.api.servicers.retry import MAX_BULK_RETRY, RETRYABLE, choose_for_bulk_retry, retry_each, retry_job
 from queue_service.engine import Admission, Credits, JobReads, QueueEngine
 from queue_service.model import LIVE, JobInputsSearch, JobSearch, LedgerQuery, LiveJobFilter
 
@@ -173,12 +175,16 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         v = validation.Violations()
         if request.user_id:
             v.check_id("user_id", request.user_id)
+        if request.actor:
+            v.check_id("actor", request.actor)
         job_id = v.check_uuid("job_id", request.job_id, required=False)
         v.raise_if_any()
         page_size = validation.validate_page_size(request.page_size)
-        key = page_tokens.filter_key("ledger", request.user_id, str(job_id or ""))
+        # A token of an unfiltered actor keeps the key it had before the actor filter existed.
+        key_parts = (request.user_id, str(job_id or "")) + ((request.actor,) if request.actor else ())
+        key = page_tokens.filter_key("ledger", *key_parts)
         before = page_tokens.decode_ledger_token(request.page_token, key)
-        query = LedgerQuery(user_id=request.user_id, job_id=job_id, before_entry_id=before)
+        query = LedgerQuery(user_id=request.user_id, job_id=job_id, before_entry_id=before, actor=request.actor)
         entries = await self._credits.ledger_entries(query, limit=page_size + 1)
         page, more = entries[:page_size], len(entries) > page_size
         token = page_tokens.encode_ledger_token(page[-1].entry_id, key) if more else ""
@@ -187,14 +193,53 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
     async def SetCoreCapacity(
         self, request: pb.SetCoreCapacityRequest, context: grpc.aio.ServicerContext[pb.SetCoreCapacityRequest, pb.SetCoreCapacityResponse]
     ) -> pb.SetCoreCapacityResponse:
-        if not 0 <= request.capacity <= MAX_CORE_CAPACITY:
-            v = validation.Violations()
-            v.add("capacity", f"capacity must be between 0 and {MAX_CORE_CAPACITY}; 0 means unlimited")
-            v.raise_if_any()
+        v = validation.Violations()
+        if request.unlimited and request.capacity != 0:
+            v.add("capacity", f"capacity must be 0 with unlimited (got {request.capacity}); to set a limit, leave unlimited false")
+        elif not request.unlimited and request.capacity == 0:
+            v.add(
+                "capacity",
+                "capacity 0 would not stop anything: to stop releases use SetReleasesPaused; "
+                "to remove the limit set unlimited (with capacity 0)",
+            )
+        elif not 0 <= request.capacity <= MAX_CORE_CAPACITY:
+            v.add("capacity", f"capacity must be between 1 and {MAX_CORE_CAPACITY}, or 0 with unlimited")
+        v.raise_if_any()
+        # Stored as 0: the database's meaning of no limit.
         change = await self._engine.set_core_capacity(request.capacity)
+        return pb.SetCoreCapacityResponse(change=setting_change_to_proto(change), overview=await self._capacity_overview())
+
+    async def SetReleasesPaused(
+        self,
+        request: pb.SetReleasesPausedRequest,
+        context: grpc.aio.ServicerContext[pb.SetReleasesPausedRequest, pb.SetReleasesPausedResponse],
+    ) -> pb.SetReleasesPausedResponse:
+        v = validation.Violations()
+        if request.user_id:
+            v.check_id("user_id", request.user_id)
+        v.check_text("note", request.note, max_chars=validation.MAX_NOTE_CHARS)
+        v.raise_if_any()
+        change = await self._engine.set_releases_paused(request.user_id, paused=request.paused, note=request.note)
+        response = pb.SetReleasesPausedResponse(overview=await self._capacity_overview())
+        if change is not None:
+            response.change.CopyFrom(setting_change_to_proto(change))
+        return response
+
+    async def GetUserSettings(
+        self,
+        request: pb.GetUserSettingsRequest,
+        context: grpc.aio.ServicerContext[pb.GetUserSettingsRequest, pb.GetUserSettingsResponse],
+    ) -> pb.GetUserSettingsResponse:
+        v = validation.Violations()
+        v.check_id("user_id", request.user_id)
+        v.raise_if_any()
+        return user_settings_to_proto(await self._reads.user_settings(request.user_id))
+
+    async def _capacity_overview(self) -> pb.Overview:
+        """The overview's capacity and pause figures, read now."""
         overview = pb.Overview()
         capacity_to_proto(await self._reads.capacity(), overview)
-        return pb.SetCoreCapacityResponse(change=setting_change_to_proto(change), overview=overview)
+        return overview
 
     async def SetUserQueueLimit(
         self,
@@ -214,11 +259,63 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
     ) -> pb.RetryJobResponse:
         v = validation.Violations()
         job_id = v.check_uuid("job_id", request.job_id)
-        v.check_id("retry_key", request.retry_key)
+        if request.another_retry or request.retry_key:
+            # A further retry is keyed by it; a plain retry's key is the job's alone.
+            v.check_id("retry_key", request.retry_key)
         v.raise_if_any()
         assert job_id is not None
-        view, admitted_now = await retry_job(self._admission, self._reads, job_id, request.retry_key)
+        view, admitted_now = await retry_job(
+            self._admission, self._reads, job_id, another_retry=request.another_retry, retry_key=request.retry_key
+        )
         return pb.RetryJobResponse(job=job_to_proto(view), admitted_now=admitted_now)
+
+    async def RetryJobs(
+        self, request: pb.RetryJobsRequest, context: grpc.aio.ServicerContext[pb.RetryJobsRequest, pb.RetryJobsResponse]
+    ) -> pb.RetryJobsResponse:
+        v = validation.Violations()
+        by_filter = request.HasField("filter")
+        if by_filter == bool(request.job_ids):
+            v.add("job_ids", "give either job_ids (the jobs chosen) or filter (the jobs matching it), not both or neither")
+        if len(request.job_ids) > MAX_BULK_RETRY:
+            v.add("job_ids", f"at most {MAX_BULK_RETRY} job ids per call (got {len(request.job_ids)})")
+        job_ids = [v.check_uuid(f"job_ids[{i}]", raw) for i, raw in enumerate(request.job_ids[:MAX_BULK_RETRY])]
+        if not request.dry_run and not 1 <= request.max_jobs <= MAX_BULK_RETRY:
+            v.add(
+                "max_jobs", f"max_jobs must be between 1 and {MAX_BULK_RETRY}: the number of jobs you confirmed (count them with dry_run)"
+            )
+        v.raise_if_any()
+        response = pb.RetryJobsResponse()
+        if by_filter:
+            search, _ = _search(request.filter)
+            if not set(search.statuses) <= RETRYABLE:
+                v.add("filter.statuses", "only FAILED and CANCELED jobs can be retried; leave statuses empty for both")
+                v.raise_if_any()
+            search = dataclasses.replace(search, statuses=search.statuses or tuple(sorted(RETRYABLE)))
+            views = await self._reads.search(search, limit=MAX_BULK_RETRY + 1)
+            response.more_than_counted = len(views) > MAX_BULK_RETRY
+            choice = choose_for_bulk_retry(views[:MAX_BULK_RETRY])
+        else:
+            wanted = list(dict.fromkeys(job_id for job_id in job_ids if job_id is not None))
+            views = await self._reads.by_ids(wanted)
+            found = {view.job_id for view in views}
+            choice = choose_for_bulk_retry(views, missing=[job_id for job_id in wanted if job_id not in found])
+        response.matched = len(choice.to_retry)
+        already = list(choice.already_retried)
+        failures = list(choice.refused)
+        if not request.dry_run:
+            for job_id, outcome in await retry_each(self._admission, self._reads, choice.to_retry[: request.max_jobs]):
+                if isinstance(outcome, errors.QueueError):
+                    failures.append((job_id, outcome))
+                elif outcome[1]:
+                    response.retried += 1
+                    response.jobs.append(job_to_proto(outcome[0]))
+                else:
+                    already.append(job_id)  # retried by someone else meanwhile: not charged again
+        response.already_retried_job_ids.extend(str(job_id) for job_id in already)
+        response.failures.extend(
+            pb.RetryFailure(job_id=str(job_id), reason=error.reason, message=error.message) for job_id, error in failures
+        )
+        return response
 
     async def ListUsersWithWork(
         self,

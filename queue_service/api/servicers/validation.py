@@ -30,6 +30,8 @@ MAX_DOI_CHARS = 256
 MAX_CITATION_CHARS = 2048
 MAX_MESSAGE_CHARS = 1024
 MAX_PAGE_SIZE = 100
+# The most jobs one bulk call names (OperatorService.RetryJobs' `job_ids`).
+MAX_BULK_JOB_IDS = 1000
 DEFAULT_PAGE_SIZE = 20
 MAX_GRANT = 1_000_000
 # An admit's encoded size: 1 MiB holds 1000 sources of about 1 KB each, three times the

@@ -1,5 +1,5 @@
 """Metrics reader: the queue's depth and the fleet's capacity at the core, read once a pass for
-the gauges (`queue.depth`, `queue.capacity.*`)."""
+the gauges (`queue.depth`, `queue.capacity.*`, the pauses of releases among them)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ class MetricsReader:
         capacity = await db.capacity_state()
         telemetry.metrics.capacity["in_use"] = capacity.in_use
         telemetry.metrics.capacity["waiting"] = capacity.waiting_jobs
+        # Pauses of releases in force: 1 while the fleet's are paused; users paused on their own.
+        telemetry.metrics.capacity["fleet_paused"] = int(capacity.fleet_pause is not None)
+        telemetry.metrics.capacity["paused_users"] = capacity.paused_users
         if capacity.effective_limit is None:
             telemetry.metrics.capacity.pop("limit", None)
         else:

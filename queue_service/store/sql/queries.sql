@@ -26,7 +26,8 @@ SELECT EXISTS (SELECT 1 FROM reserved) AS reserved, state.*
 -- name: admit_state
 -- What admit decides on: the job already holding this idempotency key, the user's queue length,
 -- active deltas (waiting for a turn or judging) and balance, the delta base, whether the fleet's
--- capacity is limited (a delta's run is then created held, to wait for its turn), and her free
+-- capacity is limited or her releases are paused (a delta's run is then created held, to wait for
+-- its turn), and her free
 -- work of the last hour: her jobs admitted within it that cost nothing in the end (priced 0, or
 -- refunded), at most `max_free_admits` of them (read newest first on
 -- `analysis_jobs_user_newest_admitted`, each refund by `credit_ledger_once_per_job`), with the
@@ -38,7 +39,8 @@ SELECT existing.job_id AS existing_job_id,
          WHERE q.user_id = %(user_id)s AND q.status = 'queued') AS queued_count,
        (SELECT count(*) FROM analysis_jobs d
          WHERE d.user_id = %(user_id)s AND d.status IN ('pending', 'running') AND d.delta_of_job_id IS NOT NULL) AS running_deltas,
-       EXISTS (SELECT 1 FROM queue_capacity c WHERE c.capacity > 0 OR c.core_limit IS NOT NULL) AS capacity_limited,
+       EXISTS (SELECT 1 FROM queue_capacity c WHERE c.capacity > 0 OR c.core_limit IS NOT NULL)
+       OR queue_releases_paused(%(user_id)s) AS capacity_limited,
        COALESCE((SELECT c.balance FROM credit_accounts c WHERE c.user_id = %(user_id)s), 0) AS balance,
        base.user_id AS base_user_id,
        base.status AS base_status,
@@ -226,7 +228,7 @@ SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT q
 -- One job's row fields the lifecycle needs. A job waits for capacity as the view says
 -- (analysis_job_views.waiting_for_capacity): its run was never released since it began to wait.
 SELECT job_id, user_id, run_id, status, delta_of_job_id, run_settle_due_at IS NOT NULL AS run_unsettled,
-       cancel_requested_at IS NOT NULL AS cancel_requested, release_attempts,
+       cancel_requested_at IS NOT NULL AS cancel_requested, canceled_by, release_attempts,
        status = 'pending' AND capacity_wait_since IS NOT NULL AND capacity_token IS NULL AS waiting_for_capacity
   FROM analysis_jobs WHERE job_id = %(job_id)s;
 
@@ -245,9 +247,11 @@ SELECT job_id, user_id
 -- ending that follows applies it (`cancel_requested_at`). Fenced: no row when the job is no longer
 -- active (it ended, or is still QUEUED). The first request's time is kept. A RUNNING job is due
 -- for the sweeper's reconciliation after `cancel_recheck_seconds`, which asks the core to cancel
--- again if no answer has ended the job by then.
+-- again if no answer has ended the job by then. Who asked is kept with it (`canceled_by`, the
+-- first asker), so the ending names them whoever applies it.
 UPDATE analysis_jobs
    SET cancel_requested_at = COALESCE(cancel_requested_at, clock_timestamp()),
+       canceled_by = COALESCE(canceled_by, %(actor)s),
        next_reconcile_at = CASE WHEN status = 'running'
                                 THEN LEAST(next_reconcile_at, clock_timestamp() + make_interval(secs => %(cancel_recheck_seconds)s))
                            END
@@ -257,18 +261,52 @@ RETURNING job_id;
 -- name: claim_due_releases
 -- Claims pending jobs due for release, skipping rows another replica is claiming, and reserves
 -- them for this replica for the lease (pushes next_release_at ahead, counts the attempt). A job
--- whose user asked to cancel it (`cancel_requested`) is canceled instead of released.
+-- whose user asked to cancel it (`cancel_requested`) is canceled instead of released. A due job
+-- whose releases are paused (functions/queue_releases_paused.sql: a retry or a lease that fell due
+-- during the pause) is not claimed: it goes back to waiting for a grant, with no release window
+-- running, and the grant hands it out once the pause is lifted.
+WITH held AS (
+    UPDATE analysis_jobs h
+       SET capacity_wait_since = clock_timestamp(),
+           capacity_turn_key = clock_timestamp(),
+           capacity_token = NULL,
+           next_release_at = NULL
+      FROM (SELECT job_id FROM analysis_jobs
+             -- With no pause in force (the usual case) a one-time filter: nothing is scanned.
+             WHERE EXISTS (SELECT 1 FROM queue_release_pauses)
+               AND status = 'pending' AND next_release_at <= clock_timestamp()
+               AND cancel_requested_at IS NULL AND queue_releases_paused(user_id)
+             LIMIT %(batch_size)s
+             FOR UPDATE SKIP LOCKED) AS paused
+     WHERE h.job_id = paused.job_id
+)
 UPDATE analysis_jobs j
    SET release_attempts = j.release_attempts + 1,
        next_release_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
   FROM (SELECT job_id FROM analysis_jobs
          WHERE status = 'pending' AND next_release_at <= clock_timestamp()
+           AND (NOT EXISTS (SELECT 1 FROM queue_release_pauses) OR cancel_requested_at IS NOT NULL
+                OR NOT queue_releases_paused(user_id))
          ORDER BY next_release_at
          LIMIT %(batch_size)s
          FOR UPDATE SKIP LOCKED) AS due
  WHERE j.job_id = due.job_id
 RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested,
           (SELECT queue_history_reconciled()) AS history_reconciled, j.delta_of_job_id IS NOT NULL AS delta;
+
+-- name: hold_release_if_paused
+-- A claimed release that waited in the dispatcher (for a place among the releases in flight) and
+-- whose releases were paused meanwhile is not sent: the job goes back to waiting for a grant, as
+-- `claim_due_releases` does with a paused due release. Fenced by the attempt; the job's id when
+-- held, no row when its releases are not paused (or the attempt was overtaken).
+UPDATE analysis_jobs
+   SET capacity_wait_since = clock_timestamp(),
+       capacity_turn_key = clock_timestamp(),
+       capacity_token = NULL,
+       next_release_at = NULL
+ WHERE job_id = %(job_id)s AND status = 'pending' AND release_attempts = %(attempt)s
+   AND cancel_requested_at IS NULL AND queue_releases_paused(user_id)
+RETURNING job_id;
 
 -- name: run_owner
 -- The user whose job owns a run (a job's user never changes); no row when no job owns it.
@@ -288,14 +326,15 @@ SELECT job_id, user_id, run_id, release_attempts, cancel_requested_at IS NOT NUL
 
 -- name: claim_release_of_job
 -- Claims one pending job for an immediate release attempt (the Release RPC), unless another
--- replica holds it right now or it waits for the core's capacity (only a grant releases it); as
--- `claim_due_releases`, with its `cancel_requested`.
+-- replica holds it right now, it waits for the core's capacity (only a grant releases it) or its
+-- releases are paused; as `claim_due_releases`, with its `cancel_requested`.
 UPDATE analysis_jobs j
    SET release_attempts = j.release_attempts + 1,
        next_release_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
   FROM (SELECT job_id FROM analysis_jobs
          WHERE job_id = %(job_id)s AND status = 'pending'
            AND NOT (capacity_wait_since IS NOT NULL AND capacity_token IS NULL)  -- waits for capacity
+           AND (cancel_requested_at IS NOT NULL OR NOT queue_releases_paused(user_id))
          FOR UPDATE SKIP LOCKED) AS target
  WHERE j.job_id = target.job_id
 RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested,
@@ -462,11 +501,12 @@ RETURNING c.balance;
 
 -- name: ledger_entries_of_job
 -- One page of a job's ledger entries (its charge and refund), newest first, optionally within
--- one user; the unique (job_id, kind) index finds them.
+-- one user and of one actor; the unique (job_id, kind) index finds them.
 SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason, note
   FROM credit_ledger
  WHERE job_id = %(job_id)s
    AND (%(user_id)s::text = '' OR user_id = %(user_id)s::text)
+   AND (%(actor)s::text = '' OR actor = %(actor)s::text)
    AND entry_id < COALESCE(%(before_entry_id)s::bigint, 9223372036854775807)
  ORDER BY entry_id DESC
  LIMIT %(limit)s;
@@ -476,6 +516,17 @@ SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, ac
 SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason, note
   FROM credit_ledger
  WHERE user_id = %(user_id)s
+   AND entry_id < COALESCE(%(before_entry_id)s::bigint, 9223372036854775807)
+ ORDER BY entry_id DESC
+ LIMIT %(limit)s;
+
+-- name: ledger_entries_of_actor
+-- One page of one actor's ledger entries, optionally within one user, newest first (keyset on
+-- entry_id, `credit_ledger_actor_newest_first`).
+SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, actor, reason, note
+  FROM credit_ledger
+ WHERE actor = %(actor)s
+   AND (%(user_id)s::text = '' OR user_id = %(user_id)s::text)
    AND entry_id < COALESCE(%(before_entry_id)s::bigint, 9223372036854775807)
  ORDER BY entry_id DESC
  LIMIT %(limit)s;
@@ -490,10 +541,14 @@ SELECT entry_id, create_time, user_id, kind, amount, job_id, idempotency_key, ac
 
 -- name: job_inputs
 -- What a job was admitted with, in full (OperatorService.RetryJob); its primary key finds it.
--- `source_count` set with `sources` NULL: the sources were pruned past their retention.
-SELECT job_id, user_id, status, delta_of_job_id, document_uri, document_title, sources, source_count
-  FROM analysis_jobs
- WHERE job_id = %(job_id)s;
+-- `source_count` set with `sources` NULL: the sources were pruned past their retention. Its
+-- newest retry, if any (the index of retries), guards a plain retry from admitting another.
+SELECT j.job_id, j.user_id, j.status, j.delta_of_job_id, j.document_uri, j.document_title, j.sources, j.source_count,
+       (SELECT r.job_id FROM analysis_jobs r
+         WHERE r.retry_of_job_id = j.job_id
+         ORDER BY r.create_time DESC, r.job_id DESC LIMIT 1) AS newest_retry_job_id
+  FROM analysis_jobs j
+ WHERE j.job_id = %(job_id)s;
 
 -- name: grant_by_key
 -- The earlier grant made with this key.
@@ -824,7 +879,7 @@ changed AS (
 )
 INSERT INTO queue_setting_changes (setting, old_value, new_value, actor)
 SELECT 'core_capacity', (SELECT capacity FROM previous), (SELECT capacity FROM changed), %(actor)s
-RETURNING change_id, setting, user_id, old_value, new_value, actor, create_time;
+RETURNING change_id, setting, user_id, old_value, new_value, actor, create_time, note;
 
 -- name: set_user_queue_limit
 -- The operator's change of a user's slots (`user_queue_limits`; 0: back to the default), with its
@@ -842,11 +897,30 @@ upserted AS (
 )
 INSERT INTO queue_setting_changes (setting, user_id, old_value, new_value, actor)
 SELECT 'user_max_active', %(user_id)s, (SELECT max_active FROM previous), NULLIF(%(max_active)s, 0), %(actor)s
-RETURNING change_id, setting, user_id, old_value, new_value, actor, create_time;
+RETURNING change_id, setting, user_id, old_value, new_value, actor, create_time, note;
+
+-- name: set_releases_paused
+-- A section under the fleet-wide capacity lock (`locks.capacity_section`): pauses or resumes the
+-- releases of the fleet ('') or of one user, recorded with its actor and note
+-- (functions/queue_set_releases_paused.sql). One 'changed' row; none when nothing changed.
+SELECT s.row_kind, s.change_id, s.setting, s.user_id, s.old_value, s.new_value, s.actor, s.create_time, s.note
+  FROM queue_set_releases_paused(%(user_id)s, %(paused)s, %(actor)s, %(note)s) AS s
+
+-- name: user_settings
+-- One user's settings in force: her first-pass limit (her own or the default), and the pauses
+-- that hold her runs back (her own, the fleet's); primary-key reads.
+SELECT COALESCE(l.max_active, %(default_max_active)s) AS max_active,
+       l.max_active IS NULL AS max_active_is_default,
+       own.paused_at AS paused_at, own.paused_by AS paused_by, own.note AS pause_note,
+       fleet.paused_at AS fleet_paused_at
+  FROM (SELECT 1) AS one
+  LEFT JOIN user_queue_limits l ON l.user_id = %(user_id)s
+  LEFT JOIN queue_release_pauses own ON own.user_id = %(user_id)s AND %(user_id)s <> ''
+  LEFT JOIN queue_release_pauses fleet ON fleet.user_id = '';
 
 -- name: setting_changes
 -- One page of the fleet settings' change log, newest first (keyset on change_id).
-SELECT change_id, setting, user_id, old_value, new_value, actor, create_time
+SELECT change_id, setting, user_id, old_value, new_value, actor, create_time, note
   FROM queue_setting_changes
  WHERE change_id < COALESCE(%(before_change_id)s::bigint, 9223372036854775807)
  ORDER BY change_id DESC
@@ -854,7 +928,8 @@ SELECT change_id, setting, user_id, old_value, new_value, actor, create_time
 
 -- name: capacity_state
 -- The core's capacity now: the setting, what the core taught us, what is in use and who waits
--- (the partial index of jobs waiting for capacity; the slot index for what is in use).
+-- (the partial index of jobs waiting for capacity; the slot index for what is in use), and the
+-- pauses of releases in force (the fleet's, and how many users are paused).
 SELECT COALESCE(c.capacity, 0) AS capacity,
        c.core_limit,
        c.next_probe_at,
@@ -867,9 +942,14 @@ SELECT COALESCE(c.capacity, 0) AS capacity,
        (SELECT count(DISTINCT w.user_id) FROM analysis_jobs w
          WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL) AS waiting_users,
        (SELECT min(w.capacity_wait_since) FROM analysis_jobs w
-         WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL) AS oldest_wait_since
+         WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL) AS oldest_wait_since,
+       fleet.paused_at AS fleet_paused_at,
+       fleet.paused_by AS fleet_paused_by,
+       fleet.note AS fleet_pause_note,
+       (SELECT count(*) FROM queue_release_pauses p WHERE p.user_id <> '') AS paused_users
   FROM (SELECT 1) AS one
-  LEFT JOIN queue_capacity c ON true;
+  LEFT JOIN queue_capacity c ON true
+  LEFT JOIN queue_release_pauses fleet ON fleet.user_id = '';
 
 -- name: capacity_positions
 -- The 1-based places of the given jobs in the fleet-wide order for the core (only jobs waiting

@@ -53,6 +53,8 @@ CREATE TABLE public.analysis_jobs (
     sources              jsonb,
     source_count         integer,
     sources_preview      jsonb,
+    retry_of_job_id      uuid,
+    canceled_by          text,
     source_dois          text[],
     title_words          tsvector,
     CONSTRAINT analysis_jobs_active_first_pass_has_slot CHECK ((status <> ALL (ARRAY['pending'::text, 'running'::text])) OR delta_of_job_id IS NOT NULL OR slot IS NOT NULL),
@@ -88,6 +90,7 @@ CREATE INDEX analysis_jobs_recent_first_pass_durations ON public.analysis_jobs U
 CREATE INDEX analysis_jobs_recently_ended ON public.analysis_jobs USING btree (end_time DESC) WHERE (end_time IS NOT NULL);
 CREATE INDEX analysis_jobs_reconcile_due ON public.analysis_jobs USING btree (next_reconcile_at) WHERE (status = 'running'::text);
 CREATE INDEX analysis_jobs_release_due ON public.analysis_jobs USING btree (next_release_at) WHERE (status = 'pending'::text);
+CREATE INDEX analysis_jobs_retries ON public.analysis_jobs USING btree (retry_of_job_id, create_time) WHERE (retry_of_job_id IS NOT NULL);
 CREATE INDEX analysis_jobs_run_settle_due ON public.analysis_jobs USING btree (run_settle_due_at) WHERE (run_settle_due_at IS NOT NULL);
 CREATE INDEX analysis_jobs_running_deltas ON public.analysis_jobs USING btree (user_id) WHERE ((status = 'running'::text) AND (delta_of_job_id IS NOT NULL));
 CREATE INDEX analysis_jobs_user_newest_admitted ON public.analysis_jobs USING btree (user_id, create_time DESC, job_id DESC);
@@ -141,6 +144,7 @@ CREATE TABLE public.credit_ledger (
     CONSTRAINT credit_ledger_pkey PRIMARY KEY (entry_id),
     CONSTRAINT credit_ledger_sign CHECK (kind = 'charge'::text AND amount < 0 OR (kind = ANY (ARRAY['grant'::text, 'refund'::text])) AND amount > 0)
 );
+CREATE INDEX credit_ledger_actor_newest_first ON public.credit_ledger USING btree (actor, entry_id DESC);
 CREATE UNIQUE INDEX credit_ledger_grant_idempotency ON public.credit_ledger USING btree (user_id, idempotency_key) WHERE (kind = 'grant'::text);
 CREATE INDEX credit_ledger_user_newest_first ON public.credit_ledger USING btree (user_id, entry_id DESC);
 
@@ -156,6 +160,15 @@ CREATE TABLE public.queue_capacity (
     CONSTRAINT queue_capacity_core_limit_check CHECK (core_limit >= 0),
     CONSTRAINT queue_capacity_pkey PRIMARY KEY (singleton),
     CONSTRAINT queue_capacity_singleton_check CHECK (singleton)
+);
+
+CREATE TABLE public.queue_release_pauses (
+    user_id   text NOT NULL,
+    paused_by text NOT NULL,
+    note      text DEFAULT ''::text NOT NULL,
+    paused_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT queue_release_pauses_note_check CHECK (char_length(note) <= 512),
+    CONSTRAINT queue_release_pauses_pkey PRIMARY KEY (user_id)
 );
 
 CREATE TABLE public.queue_replicas (
@@ -198,9 +211,11 @@ CREATE TABLE public.queue_setting_changes (
     new_value   integer,
     actor       text NOT NULL,
     create_time timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    CONSTRAINT queue_setting_changes_check CHECK ((setting = 'user_max_active'::text) = (user_id IS NOT NULL)),
+    note        text DEFAULT ''::text NOT NULL,
+    CONSTRAINT queue_setting_changes_check CHECK (setting = 'releases_paused'::text OR (setting = 'user_max_active'::text) = (user_id IS NOT NULL)),
+    CONSTRAINT queue_setting_changes_note_check CHECK (char_length(note) <= 512),
     CONSTRAINT queue_setting_changes_pkey PRIMARY KEY (change_id),
-    CONSTRAINT queue_setting_changes_setting_check CHECK (setting = ANY (ARRAY['core_capacity'::text, 'user_max_active'::text]))
+    CONSTRAINT queue_setting_changes_setting_check CHECK (setting = ANY (ARRAY['core_capacity'::text, 'user_max_active'::text, 'releases_paused'::text]))
 );
 
 CREATE TABLE public.run_reservations (
@@ -287,6 +302,18 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.analysis_jobs_retry_lineage()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NEW.retry_of_job_id IS NULL AND NEW.idempotency_key ~ '^retry:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}' THEN
+        NEW.retry_of_job_id := substring(NEW.idempotency_key FROM 7 FOR 36)::uuid;
+    END IF;
+    RETURN NEW;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.analysis_jobs_wait_for_capacity()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -295,7 +322,8 @@ DECLARE
     v_now constant timestamptz := clock_timestamp();
 BEGIN
     IF (TG_OP = 'INSERT' OR OLD.status = 'queued')
-       AND EXISTS (SELECT 1 FROM queue_capacity c WHERE c.capacity > 0 OR c.core_limit IS NOT NULL) THEN
+       AND (EXISTS (SELECT 1 FROM queue_capacity c WHERE c.capacity > 0 OR c.core_limit IS NOT NULL)
+            OR queue_releases_paused(NEW.user_id)) THEN
         NEW.capacity_wait_since := v_now;
         NEW.capacity_turn_key := v_now;
         NEW.capacity_token := NULL;
@@ -329,6 +357,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.delta_of_job_id IS NOT NULL AND w.job_id <> ALL (p_skipped)
+               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;
         ELSIF p_deltas_only THEN
@@ -337,6 +366,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.delta_of_job_id IS NOT NULL AND w.job_id <> ALL (p_skipped)
+               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
                AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq) > (v_key, v_wait, v_seq)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;
@@ -346,6 +376,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.job_id <> ALL (p_skipped)
+               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;
         ELSE
@@ -354,6 +385,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.job_id <> ALL (p_skipped)
+               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
                AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq) > (v_key, v_wait, v_seq)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;
@@ -523,7 +555,9 @@ BEGIN
            last_error = CASE WHEN p_last_error <> '' THEN p_last_error ELSE a.last_error END,
            next_release_at = NULL,
            next_reconcile_at = NULL,
-           run_settle_due_at = CASE WHEN p_run_unsettled THEN clock_timestamp() END
+           run_settle_due_at = CASE WHEN p_run_unsettled THEN clock_timestamp() END,
+           canceled_by = CASE WHEN p_status = 'canceled' AND p_reason = 'cancel' THEN COALESCE(a.canceled_by, p_actor)
+                              ELSE a.canceled_by END
      WHERE a.job_id = p_job_id
        AND a.status = ANY(p_from_statuses)
        AND (p_expected_attempts IS NULL OR a.release_attempts = p_expected_attempts)
@@ -572,7 +606,8 @@ BEGIN
                          + CASE WHEN v_settings.next_probe_at IS NULL OR v_settings.next_probe_at <= v_now THEN 1 ELSE 0 END);
     END IF;
     v_in_use := queue_capacity_in_use();
-    WHILE v_granted < p_max_grants AND (v_limit IS NULL OR v_in_use < v_limit) LOOP
+    WHILE NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = '')
+          AND v_granted < p_max_grants AND (v_limit IS NULL OR v_in_use < v_limit) LOOP
         v_job_id := queue_capacity_next_in_line();
         EXIT WHEN v_job_id IS NULL;
         SELECT min(s) INTO v_token
@@ -610,6 +645,7 @@ BEGIN
     END LOOP;
     RETURN QUERY SELECT 'state'::text, NULL::uuid, NULL::text, NULL::uuid, NULL::integer, NULL::float8, NULL::boolean,
                         coalesce(v_settings.capacity > 0 OR v_settings.core_limit IS NOT NULL, false)
+                        OR EXISTS (SELECT 1 FROM queue_release_pauses)
                         OR EXISTS (SELECT 1 FROM analysis_jobs w
                                     WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL),
                         v_in_use, v_limit, NULL::boolean;
@@ -677,6 +713,36 @@ AS $function$
         RETURNING refund.amount
     )
     SELECT COALESCE((SELECT amount FROM credited), 0)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_releases_paused(p_user_id text)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = '' OR p.user_id = p_user_id)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_set_releases_paused(p_user_id text, p_paused boolean, p_actor text, p_note text)
+ RETURNS TABLE(row_kind text, change_id bigint, setting text, user_id text, old_value integer, new_value integer, actor text, create_time timestamp with time zone, note text)
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF p_paused THEN
+        INSERT INTO queue_release_pauses AS p (user_id, paused_by, note) VALUES (p_user_id, p_actor, p_note)
+        ON CONFLICT ON CONSTRAINT queue_release_pauses_pkey DO NOTHING;
+    ELSE
+        DELETE FROM queue_release_pauses p WHERE p.user_id = p_user_id;
+    END IF;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    INSERT INTO queue_setting_changes AS c (setting, user_id, old_value, new_value, actor, note)
+    VALUES ('releases_paused', NULLIF(p_user_id, ''), CASE WHEN p_paused THEN 0 ELSE 1 END,
+            CASE WHEN p_paused THEN 1 ELSE 0 END, p_actor, p_note)
+    RETURNING 'changed'::text, c.change_id, c.setting, c.user_id, c.old_value, c.new_value, c.actor, c.create_time, c.note;
+END
 $function$;
 
 CREATE OR REPLACE FUNCTION public.queue_take_back_unreleased_jobs(p_user_id text, p_default_max_active integer)
@@ -765,7 +831,13 @@ CREATE VIEW public.analysis_job_views AS
     document_uri,
     document_title,
     source_count,
-    sources_preview
+    sources_preview,
+    retry_of_job_id,
+    ARRAY( SELECT r.job_id
+           FROM analysis_jobs r
+          WHERE r.retry_of_job_id = j.job_id
+          ORDER BY r.create_time, r.job_id) AS retried_as_job_ids,
+    canceled_by
    FROM analysis_jobs j;
 
 CREATE VIEW public.analysis_jobs_capacity_order AS
@@ -1104,4 +1176,5 @@ $function$;
 CREATE TRIGGER analysis_jobs_announce_insert AFTER INSERT ON analysis_jobs FOR EACH ROW EXECUTE FUNCTION analysis_jobs_announce_change();
 CREATE TRIGGER analysis_jobs_announce_update AFTER UPDATE ON analysis_jobs FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR old.last_error IS DISTINCT FROM new.last_error OR old.release_attempts IS DISTINCT FROM new.release_attempts OR old.capacity_token IS DISTINCT FROM new.capacity_token OR old.capacity_wait_since IS DISTINCT FROM new.capacity_wait_since) EXECUTE FUNCTION analysis_jobs_announce_change();
 CREATE TRIGGER analysis_jobs_keep_search_keys BEFORE INSERT ON analysis_jobs FOR EACH ROW WHEN (new.sources IS NOT NULL OR new.document_title IS NOT NULL) EXECUTE FUNCTION analysis_jobs_keep_search_keys();
+CREATE TRIGGER analysis_jobs_retry_lineage_insert BEFORE INSERT ON analysis_jobs FOR EACH ROW WHEN (new.idempotency_key ~~ 'retry:%'::text) EXECUTE FUNCTION analysis_jobs_retry_lineage();
 CREATE TRIGGER analysis_jobs_wait_for_capacity BEFORE INSERT OR UPDATE OF status ON analysis_jobs FOR EACH ROW WHEN (new.status = 'pending'::text) EXECUTE FUNCTION analysis_jobs_wait_for_capacity();

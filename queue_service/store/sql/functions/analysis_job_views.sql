@@ -14,6 +14,8 @@
 -- * 0017 (job inputs grant notes replica heartbeats): What a job judges: its document and sources,
 --   kept with the job (docs/console.md, "What a job is"; OperatorService.RetryJob admits them
 --   again), a grant's note in the ledger, and a heartbeat row per replica (at the end).
+-- * 0027 (retry lineage and cancel actor): The job it retries, the jobs that retried it (oldest
+--   first, through the index of retries), and who canceled it (appended columns).
 
 CREATE OR REPLACE VIEW public.analysis_job_views AS
  SELECT job_id,
@@ -64,5 +66,11 @@ CREATE OR REPLACE VIEW public.analysis_job_views AS
     document_uri,
     document_title,
     source_count,
-    sources_preview
+    sources_preview,
+    retry_of_job_id,
+    ARRAY( SELECT r.job_id
+           FROM analysis_jobs r
+          WHERE r.retry_of_job_id = j.job_id
+          ORDER BY r.create_time, r.job_id) AS retried_as_job_ids,
+    canceled_by
    FROM analysis_jobs j;

@@ -13,6 +13,9 @@
 -- * 0023 (deltas take turns under the capacity): A PENDING job of either kind waits for a grant
 --   while the capacity is limited (the function is 0016's; only the trigger's condition changes:
 --   deltas too).
+-- * 0028 (release pauses and ledger actor): A job of a user whose releases are paused (the fleet,
+--   or the user) waits for a grant as under a capacity, with no capacity set too: the grant hands
+--   it out once the pause is lifted.
 
 CREATE OR REPLACE FUNCTION public.analysis_jobs_wait_for_capacity()
  RETURNS trigger
@@ -22,7 +25,8 @@ DECLARE
     v_now constant timestamptz := clock_timestamp();
 BEGIN
     IF (TG_OP = 'INSERT' OR OLD.status = 'queued')
-       AND EXISTS (SELECT 1 FROM queue_capacity c WHERE c.capacity > 0 OR c.core_limit IS NOT NULL) THEN
+       AND (EXISTS (SELECT 1 FROM queue_capacity c WHERE c.capacity > 0 OR c.core_limit IS NOT NULL)
+            OR queue_releases_paused(NEW.user_id)) THEN
         NEW.capacity_wait_since := v_now;
         NEW.capacity_turn_key := v_now;
         NEW.capacity_token := NULL;

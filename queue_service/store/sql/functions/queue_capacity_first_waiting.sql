@@ -6,6 +6,8 @@
 --   order whose user has the fewest runs in use, considering only users with fewer than
 --   `p_rank_to_beat` (NULL: any). Walks the turn-order index one entry at a time and stops at a
 --   user with none in use.
+-- * 0028 (release pauses and ledger actor): Passes over the jobs of a user whose releases are
+--   paused (read in the walk: a paused user's waiting jobs cost a filtered index entry each).
 
 CREATE OR REPLACE FUNCTION public.queue_capacity_first_waiting(p_deltas_only boolean, p_skipped uuid[], p_rank_to_beat integer)
  RETURNS TABLE(job_id uuid, runs_in_use integer)
@@ -30,6 +32,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.delta_of_job_id IS NOT NULL AND w.job_id <> ALL (p_skipped)
+               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;
         ELSIF p_deltas_only THEN
@@ -38,6 +41,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.delta_of_job_id IS NOT NULL AND w.job_id <> ALL (p_skipped)
+               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
                AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq) > (v_key, v_wait, v_seq)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;
@@ -47,6 +51,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.job_id <> ALL (p_skipped)
+               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;
         ELSE
@@ -55,6 +60,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.job_id <> ALL (p_skipped)
+               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
                AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq) > (v_key, v_wait, v_seq)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;

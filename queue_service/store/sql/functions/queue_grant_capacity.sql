@@ -16,6 +16,11 @@
 --   with the grant (their keys: the grant's time).
 -- * 0023 (deltas take turns under the capacity): As in 0014/0016; a grant moves all of the user's
 --   other waiting jobs, deltas included, behind every user waiting now.
+-- * 0028 (release pauses and ledger actor): Nothing is granted while the fleet's releases are
+--   paused (taken under the same lock as the pause, so a grant either ran before the pause
+--   committed or sees it), and a paused user's jobs are passed over (queue_capacity_first_waiting).
+--   The state row says limited while any pause is in force, so replicas keep asking and a resume
+--   is granted at once.
 
 CREATE OR REPLACE FUNCTION public.queue_grant_capacity(p_lease_seconds double precision, p_release_window_seconds double precision, p_probe_interval_seconds double precision, p_max_grants integer)
  RETURNS TABLE(row_kind text, job_id uuid, user_id text, run_id uuid, release_attempts integer, waited_seconds double precision, probe boolean, limited boolean, in_use integer, capacity_limit integer, cancel_requested boolean)
@@ -42,7 +47,8 @@ BEGIN
                          + CASE WHEN v_settings.next_probe_at IS NULL OR v_settings.next_probe_at <= v_now THEN 1 ELSE 0 END);
     END IF;
     v_in_use := queue_capacity_in_use();
-    WHILE v_granted < p_max_grants AND (v_limit IS NULL OR v_in_use < v_limit) LOOP
+    WHILE NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = '')
+          AND v_granted < p_max_grants AND (v_limit IS NULL OR v_in_use < v_limit) LOOP
         v_job_id := queue_capacity_next_in_line();
         EXIT WHEN v_job_id IS NULL;
         SELECT min(s) INTO v_token
@@ -80,6 +86,7 @@ BEGIN
     END LOOP;
     RETURN QUERY SELECT 'state'::text, NULL::uuid, NULL::text, NULL::uuid, NULL::integer, NULL::float8, NULL::boolean,
                         coalesce(v_settings.capacity > 0 OR v_settings.core_limit IS NOT NULL, false)
+                        OR EXISTS (SELECT 1 FROM queue_release_pauses)
                         OR EXISTS (SELECT 1 FROM analysis_jobs w
                                     WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL),
                         v_in_use, v_limit, NULL::boolean;

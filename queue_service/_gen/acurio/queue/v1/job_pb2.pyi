@@ -43,7 +43,9 @@ class _JobStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobStatus.V
     a release give-up is always refunded, and so is a failure of a job its user asked to cancel.
     """
     JOB_STATUS_CANCELED: _JobStatus.ValueType  # 6
-    """Terminal: canceled through CancelJob. Always refunded."""
+    """Terminal: canceled through CancelJob or an operator's CancelJobs (`canceled_by` says who).
+    Always refunded.
+    """
 
 class JobStatus(_JobStatus, metaclass=_JobStatusEnumTypeWrapper):
     """Where a job is in its lifecycle. QUEUED -> PENDING -> RUNNING -> a terminal status;
@@ -67,7 +69,9 @@ JOB_STATUS_FAILED: JobStatus.ValueType  # 5
 a release give-up is always refunded, and so is a failure of a job its user asked to cancel.
 """
 JOB_STATUS_CANCELED: JobStatus.ValueType  # 6
-"""Terminal: canceled through CancelJob. Always refunded."""
+"""Terminal: canceled through CancelJob or an operator's CancelJobs (`canceled_by` says who).
+Always refunded.
+"""
 Global___JobStatus: _TypeAlias = JobStatus  # noqa: Y015
 
 @_typing.final
@@ -152,6 +156,9 @@ class Job(_message.Message):
     DOCUMENT_FIELD_NUMBER: _builtins.int
     SOURCES_FIELD_NUMBER: _builtins.int
     SOURCE_COUNT_FIELD_NUMBER: _builtins.int
+    RETRY_OF_JOB_ID_FIELD_NUMBER: _builtins.int
+    RETRIED_AS_JOB_IDS_FIELD_NUMBER: _builtins.int
+    CANCELED_BY_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job's id (a UUID), assigned at admit."""
     user_id: _builtins.str
@@ -185,6 +192,17 @@ class Job(_message.Message):
     source_count: _builtins.int
     """How many sources the job was admitted with; 0 for a delta re-check without sources of its
     own or a job admitted before the service stored them.
+    """
+    retry_of_job_id: _builtins.str
+    """For a job admitted by OperatorService.RetryJob or RetryJobs: the ended job it admits again;
+    empty otherwise. Added to the contract additively.
+    """
+    canceled_by: _builtins.str
+    """For a job someone asked to cancel: who, as ledger entries name their actor (`web:<name>` for
+    the user's CancelJob through the web app, `operator:<name>` for an operator's cancel,
+    `system:<reason>` for the service's own). Empty when nobody asked (a run the core canceled
+    on its own) and for jobs canceled before the service recorded it. Added to the contract
+    additively.
     """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
@@ -222,6 +240,13 @@ class Job(_message.Message):
         OperatorService.RetryJob.
         """
 
+    @_builtins.property
+    def retried_as_job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The jobs admitted as retries of this one, oldest first; empty when it was never retried. A
+        plain retry of a job that has one answers it instead of admitting another. Added to the
+        contract additively.
+        """
+
     def __init__(
         self,
         *,
@@ -245,10 +270,13 @@ class Job(_message.Message):
         document: Global___Document | None = ...,
         sources: _abc.Iterable[Global___Source] | None = ...,
         source_count: _builtins.int = ...,
+        retry_of_job_id: _builtins.str = ...,
+        retried_as_job_ids: _abc.Iterable[_builtins.str] | None = ...,
+        canceled_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "document", b"document", "end_time", b"end_time", "estimated_start_time", b"estimated_start_time", "promote_time", b"promote_time", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity_position", b"capacity_position", "create_time", b"create_time", "delta_of_job_id", b"delta_of_job_id", "document", b"document", "end_time", b"end_time", "estimated_start_time", b"estimated_start_time", "job_id", b"job_id", "last_error", b"last_error", "price", b"price", "promote_time", b"promote_time", "queue_position", b"queue_position", "refunded", b"refunded", "release_attempts", b"release_attempts", "run_id", b"run_id", "source_count", b"source_count", "sources", b"sources", "start_time", b"start_time", "status", b"status", "user_id", b"user_id", "waiting_for_job_id", b"waiting_for_job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["canceled_by", b"canceled_by", "capacity_position", b"capacity_position", "create_time", b"create_time", "delta_of_job_id", b"delta_of_job_id", "document", b"document", "end_time", b"end_time", "estimated_start_time", b"estimated_start_time", "job_id", b"job_id", "last_error", b"last_error", "price", b"price", "promote_time", b"promote_time", "queue_position", b"queue_position", "refunded", b"refunded", "release_attempts", b"release_attempts", "retried_as_job_ids", b"retried_as_job_ids", "retry_of_job_id", b"retry_of_job_id", "run_id", b"run_id", "source_count", b"source_count", "sources", b"sources", "start_time", b"start_time", "status", b"status", "user_id", b"user_id", "waiting_for_job_id", b"waiting_for_job_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

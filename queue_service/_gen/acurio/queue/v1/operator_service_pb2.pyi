@@ -189,6 +189,11 @@ class Overview(_message.Message):
     OLDEST_CAPACITY_WAIT_TIME_FIELD_NUMBER: _builtins.int
     CORE_LIMIT_FIELD_NUMBER: _builtins.int
     CORE_REFUSALS_FIELD_NUMBER: _builtins.int
+    RELEASES_PAUSED_FIELD_NUMBER: _builtins.int
+    RELEASES_PAUSED_SINCE_FIELD_NUMBER: _builtins.int
+    RELEASES_PAUSED_BY_FIELD_NUMBER: _builtins.int
+    RELEASES_PAUSED_NOTE_FIELD_NUMBER: _builtins.int
+    PAUSED_USERS_FIELD_NUMBER: _builtins.int
     queued: _builtins.int
     """Jobs waiting for a slot."""
     pending: _builtins.int
@@ -228,6 +233,16 @@ class Overview(_message.Message):
     """
     core_refusals: _builtins.int
     """Releases the core answered RESOURCE_EXHAUSTED since the capacity was last set."""
+    releases_paused: _builtins.bool
+    """Whether the whole fleet's releases are paused (SetReleasesPaused). Added to the contract
+    additively.
+    """
+    releases_paused_by: _builtins.str
+    """Who paused the fleet's releases (an actor, as on ledger entries); empty when not paused."""
+    releases_paused_note: _builtins.str
+    """Why, in the words of who paused them; empty when not paused."""
+    paused_users: _builtins.int
+    """How many users' releases are paused on their own."""
     @_builtins.property
     def oldest_queued_create_time(self) -> _timestamp_pb2.Timestamp:
         """When the oldest QUEUED job was admitted; unset when nothing is queued."""
@@ -245,6 +260,10 @@ class Overview(_message.Message):
     @_builtins.property
     def oldest_capacity_wait_time(self) -> _timestamp_pb2.Timestamp:
         """Since when the job that has waited longest for capacity waits; unset when none waits."""
+
+    @_builtins.property
+    def releases_paused_since(self) -> _timestamp_pb2.Timestamp:
+        """Since when the fleet's releases are paused; unset when they are not."""
 
     def __init__(
         self,
@@ -269,10 +288,15 @@ class Overview(_message.Message):
         oldest_capacity_wait_time: _timestamp_pb2.Timestamp | None = ...,
         core_limit: _builtins.int = ...,
         core_refusals: _builtins.int = ...,
+        releases_paused: _builtins.bool = ...,
+        releases_paused_since: _timestamp_pb2.Timestamp | None = ...,
+        releases_paused_by: _builtins.str = ...,
+        releases_paused_note: _builtins.str = ...,
+        paused_users: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_capacity_wait_time", b"oldest_capacity_wait_time", "oldest_queued_create_time", b"oldest_queued_create_time", "read_time", b"read_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_capacity_wait_time", b"oldest_capacity_wait_time", "oldest_queued_create_time", b"oldest_queued_create_time", "read_time", b"read_time", "releases_paused_since", b"releases_paused_since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admits_per_minute", b"admits_per_minute", "canceled_in_window", b"canceled_in_window", "capacity_in_use", b"capacity_in_use", "capacity_limit", b"capacity_limit", "capacity_waiting_jobs", b"capacity_waiting_jobs", "capacity_waiting_users", b"capacity_waiting_users", "core_limit", b"core_limit", "core_refusals", b"core_refusals", "failed_in_window", b"failed_in_window", "oldest_capacity_wait_time", b"oldest_capacity_wait_time", "oldest_queued_create_time", b"oldest_queued_create_time", "pending", b"pending", "queued", b"queued", "read_time", b"read_time", "releases_retrying", b"releases_retrying", "running", b"running", "runs_reconciling", b"runs_reconciling", "succeeded_in_window", b"succeeded_in_window", "users_waiting", b"users_waiting", "window_minutes", b"window_minutes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admits_per_minute", b"admits_per_minute", "canceled_in_window", b"canceled_in_window", "capacity_in_use", b"capacity_in_use", "capacity_limit", b"capacity_limit", "capacity_waiting_jobs", b"capacity_waiting_jobs", "capacity_waiting_users", b"capacity_waiting_users", "core_limit", b"core_limit", "core_refusals", b"core_refusals", "failed_in_window", b"failed_in_window", "oldest_capacity_wait_time", b"oldest_capacity_wait_time", "oldest_queued_create_time", b"oldest_queued_create_time", "paused_users", b"paused_users", "pending", b"pending", "queued", b"queued", "read_time", b"read_time", "releases_paused", b"releases_paused", "releases_paused_by", b"releases_paused_by", "releases_paused_note", b"releases_paused_note", "releases_paused_since", b"releases_paused_since", "releases_retrying", b"releases_retrying", "running", b"running", "runs_reconciling", b"runs_reconciling", "succeeded_in_window", b"succeeded_in_window", "users_waiting", b"users_waiting", "window_minutes", b"window_minutes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -505,6 +529,7 @@ class ListLedgerEntriesRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """Only this user's entries (exact id); empty means every user."""
     job_id: _builtins.str
@@ -513,7 +538,11 @@ class ListLedgerEntriesRequest(_message.Message):
     """At most this many entries per page: 1-100; 0 means 20."""
     page_token: _builtins.str
     """The `next_page_token` of the previous page; empty for the first page. Only valid with the
-    same `user_id` and `job_id`.
+    same `user_id`, `job_id` and `actor`.
+    """
+    actor: _builtins.str
+    """Only the entries this actor wrote (exact, as `LedgerEntry.actor`: `operator:alice`,
+    `system:release_give_up`); empty means every actor. Added to the contract additively.
     """
     def __init__(
         self,
@@ -522,10 +551,11 @@ class ListLedgerEntriesRequest(_message.Message):
         job_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        actor: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "job_id", b"job_id", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -638,18 +668,22 @@ class SetCoreCapacityRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CAPACITY_FIELD_NUMBER: _builtins.int
+    UNLIMITED_FIELD_NUMBER: _builtins.int
     capacity: _builtins.int
-    """The most first-pass runs at the core at once across every replica: 0-1000000; 0 means
-    unlimited.
+    """The most first-pass runs at the core at once across every replica: 1-1000000. 0 is refused
+    unless `unlimited` is set (it would stop nothing: to stop releases, SetReleasesPaused).
     """
+    unlimited: _builtins.bool
+    """Remove the limit (with `capacity` 0). Added to the contract additively."""
     def __init__(
         self,
         *,
         capacity: _builtins.int = ...,
+        unlimited: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "unlimited", b"unlimited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -684,6 +718,140 @@ class SetCoreCapacityResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetCoreCapacityResponse: _TypeAlias = SetCoreCapacityResponse  # noqa: Y015
+
+@_typing.final
+class SetReleasesPausedRequest(_message.Message):
+    """Request for OperatorService.SetReleasesPaused. Added to the contract additively."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAUSED_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    paused: _builtins.bool
+    """True to pause, false to resume."""
+    user_id: _builtins.str
+    """Whose releases: empty for the whole fleet's, else one user's."""
+    note: _builtins.str
+    """Why, in the operator's words (at most 512 characters); recorded with the change."""
+    def __init__(
+        self,
+        *,
+        paused: _builtins.bool = ...,
+        user_id: _builtins.str = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["note", b"note", "paused", b"paused", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetReleasesPausedRequest: _TypeAlias = SetReleasesPausedRequest  # noqa: Y015
+
+@_typing.final
+class SetReleasesPausedResponse(_message.Message):
+    """Response for OperatorService.SetReleasesPaused. Added to the contract additively."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_FIELD_NUMBER: _builtins.int
+    OVERVIEW_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def change(self) -> Global___SettingChange:
+        """The change as recorded; unset when the call changed nothing."""
+
+    @_builtins.property
+    def overview(self) -> Global___Overview:
+        """The overview's capacity and pause figures right after the call."""
+
+    def __init__(
+        self,
+        *,
+        change: Global___SettingChange | None = ...,
+        overview: Global___Overview | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "overview", b"overview"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "overview", b"overview"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetReleasesPausedResponse: _TypeAlias = SetReleasesPausedResponse  # noqa: Y015
+
+@_typing.final
+class GetUserSettingsRequest(_message.Message):
+    """Request for OperatorService.GetUserSettings. Added to the contract additively."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The user."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetUserSettingsRequest: _TypeAlias = GetUserSettingsRequest  # noqa: Y015
+
+@_typing.final
+class GetUserSettingsResponse(_message.Message):
+    """Response for OperatorService.GetUserSettings. Added to the contract additively."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    MAX_ACTIVE_FIELD_NUMBER: _builtins.int
+    MAX_ACTIVE_IS_DEFAULT_FIELD_NUMBER: _builtins.int
+    RELEASES_PAUSED_FIELD_NUMBER: _builtins.int
+    RELEASES_PAUSED_SINCE_FIELD_NUMBER: _builtins.int
+    RELEASES_PAUSED_BY_FIELD_NUMBER: _builtins.int
+    RELEASES_PAUSED_NOTE_FIELD_NUMBER: _builtins.int
+    FLEET_RELEASES_PAUSED_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The user."""
+    max_active: _builtins.int
+    """Her first-pass jobs active at once, in force now."""
+    max_active_is_default: _builtins.bool
+    """Whether that is the service's default (QUEUE_MAX_ACTIVE_PER_USER) rather than her own limit."""
+    releases_paused: _builtins.bool
+    """Whether her own releases are paused (SetReleasesPaused with her user id)."""
+    releases_paused_by: _builtins.str
+    """Who paused them (an actor, as on ledger entries); empty when not paused."""
+    releases_paused_note: _builtins.str
+    """Why, in the words of who paused them; empty when not paused."""
+    fleet_releases_paused: _builtins.bool
+    """Whether the whole fleet's releases are paused (holding hers too)."""
+    @_builtins.property
+    def releases_paused_since(self) -> _timestamp_pb2.Timestamp:
+        """Since when her own releases are paused; unset when they are not."""
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        max_active: _builtins.int = ...,
+        max_active_is_default: _builtins.bool = ...,
+        releases_paused: _builtins.bool = ...,
+        releases_paused_since: _timestamp_pb2.Timestamp | None = ...,
+        releases_paused_by: _builtins.str = ...,
+        releases_paused_note: _builtins.str = ...,
+        fleet_releases_paused: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["releases_paused_since", b"releases_paused_since"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fleet_releases_paused", b"fleet_releases_paused", "max_active", b"max_active", "max_active_is_default", b"max_active_is_default", "releases_paused", b"releases_paused", "releases_paused_by", b"releases_paused_by", "releases_paused_note", b"releases_paused_note", "releases_paused_since", b"releases_paused_since", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetUserSettingsResponse: _TypeAlias = GetUserSettingsResponse  # noqa: Y015
 
 @_typing.final
 class SetUserQueueLimitRequest(_message.Message):
@@ -802,12 +970,15 @@ class SettingChange(_message.Message):
     NEW_VALUE_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
     change_id: _builtins.int
     """The change's number: larger for a later change."""
     setting: _builtins.str
-    """`core_capacity` or `user_max_active`."""
+    """`core_capacity`, `user_max_active` or `releases_paused` (1 paused, 0 resumed)."""
     user_id: _builtins.str
-    """For `user_max_active`: whose limit; empty otherwise."""
+    """For `user_max_active`: whose limit; for `releases_paused`: whose releases (empty: the
+    fleet's); empty otherwise.
+    """
     old_value: _builtins.int
     """The value before; 0 for unlimited capacity or a user on the default."""
     new_value: _builtins.int
@@ -815,6 +986,10 @@ class SettingChange(_message.Message):
     actor: _builtins.str
     """Who made the change, as on ledger entries: `<role>:<name>` of the authenticated caller, or
     `anonymous` when the service runs without authentication.
+    """
+    note: _builtins.str
+    """Why, in the operator's words (a pause's note); empty otherwise. Added to the contract
+    additively.
     """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
@@ -830,10 +1005,11 @@ class SettingChange(_message.Message):
         new_value: _builtins.int = ...,
         actor: _builtins.str = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "change_id", b"change_id", "create_time", b"create_time", "new_value", b"new_value", "old_value", b"old_value", "setting", b"setting", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "change_id", b"change_id", "create_time", b"create_time", "new_value", b"new_value", "note", b"note", "old_value", b"old_value", "setting", b"setting", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -847,21 +1023,28 @@ class RetryJobRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     RETRY_KEY_FIELD_NUMBER: _builtins.int
+    ANOTHER_RETRY_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The FAILED or CANCELED job to admit again (a UUID)."""
     retry_key: _builtins.str
-    """A caller-chosen key, 1-128 printable characters, new for each retry a person asks for (the
-    console sends one per click). The same key again returns the job the first call admitted.
+    """A caller-chosen key, 1-128 printable characters, new for each further retry a person asks
+    for (`another_retry`); the same key again returns the job the first call admitted. Optional
+    for a plain retry, whose key comes from the job alone.
+    """
+    another_retry: _builtins.bool
+    """Admit a further retry although the job was retried already (the operator asked for another
+    explicitly). Requires `retry_key`. Added to the contract additively.
     """
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         retry_key: _builtins.str = ...,
+        another_retry: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "retry_key", b"retry_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["another_retry", b"another_retry", "job_id", b"job_id", "retry_key", b"retry_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -876,7 +1059,9 @@ class RetryJobResponse(_message.Message):
     JOB_FIELD_NUMBER: _builtins.int
     ADMITTED_NOW_FIELD_NUMBER: _builtins.int
     admitted_now: _builtins.bool
-    """False when this `retry_key` had already retried the job: `job` is the job admitted then."""
+    """False when the job had been retried already (a plain retry), or this `retry_key` had
+    retried it (`another_retry`): `job` is the retry admitted then, no second charge.
+    """
     @_builtins.property
     def job(self) -> _job_pb2.Job:
         """The new job, as AnalysisQueueService.Admit answers it."""
@@ -894,6 +1079,132 @@ class RetryJobResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RetryJobResponse: _TypeAlias = RetryJobResponse  # noqa: Y015
+
+@_typing.final
+class RetryJobsRequest(_message.Message):
+    """Request for OperatorService.RetryJobs. Exactly one of `job_ids` and `filter`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_IDS_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    MAX_JOBS_FIELD_NUMBER: _builtins.int
+    dry_run: _builtins.bool
+    """Only count the jobs that would be retried and those skipped; admit nothing."""
+    max_jobs: _builtins.int
+    """Retry at most this many jobs (1-1000), oldest admitted first: the number the person
+    confirmed. Ignored with `dry_run`.
+    """
+    @_builtins.property
+    def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """These jobs (UUIDs, at most 1000): the rows a person ticked."""
+
+    @_builtins.property
+    def filter(self) -> Global___JobFilter:
+        """Or the jobs matching a filter: only FAILED and CANCELED ones (empty `statuses` means those
+        two), newest admitted first, up to 1000 of them.
+        """
+
+    def __init__(
+        self,
+        *,
+        job_ids: _abc.Iterable[_builtins.str] | None = ...,
+        filter: Global___JobFilter | None = ...,
+        dry_run: _builtins.bool = ...,
+        max_jobs: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "filter", b"filter", "job_ids", b"job_ids", "max_jobs", b"max_jobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryJobsRequest: _TypeAlias = RetryJobsRequest  # noqa: Y015
+
+@_typing.final
+class RetryJobsResponse(_message.Message):
+    """Response for OperatorService.RetryJobs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MATCHED_FIELD_NUMBER: _builtins.int
+    MORE_THAN_COUNTED_FIELD_NUMBER: _builtins.int
+    RETRIED_FIELD_NUMBER: _builtins.int
+    ALREADY_RETRIED_JOB_IDS_FIELD_NUMBER: _builtins.int
+    FAILURES_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    matched: _builtins.int
+    """How many of the chosen jobs are FAILED or CANCELED and not yet retried: what a real call
+    retries (up to `max_jobs`).
+    """
+    more_than_counted: _builtins.bool
+    """True when more than the counted jobs match the filter."""
+    retried: _builtins.int
+    """How many jobs this call retried (0 with `dry_run`)."""
+    @_builtins.property
+    def already_retried_job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The jobs skipped because they had been retried already (one retry per job; RetryJob with
+        `another_retry` admits a further one).
+        """
+
+    @_builtins.property
+    def failures(self) -> _containers.RepeatedCompositeFieldContainer[Global___RetryFailure]:
+        """The chosen jobs that were not retried: JOB_NOT_FOUND, JOB_NOT_RETRYABLE, JOB_INPUTS_PRUNED,
+        or the admit's refusal (INSUFFICIENT_CREDITS, CORE_UNAVAILABLE, ...).
+        """
+
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[_job_pb2.Job]:
+        """The jobs this call admitted, each with `retry_of_job_id` naming the job it retries."""
+
+    def __init__(
+        self,
+        *,
+        matched: _builtins.int = ...,
+        more_than_counted: _builtins.bool = ...,
+        retried: _builtins.int = ...,
+        already_retried_job_ids: _abc.Iterable[_builtins.str] | None = ...,
+        failures: _abc.Iterable[Global___RetryFailure] | None = ...,
+        jobs: _abc.Iterable[_job_pb2.Job] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_retried_job_ids", b"already_retried_job_ids", "failures", b"failures", "jobs", b"jobs", "matched", b"matched", "more_than_counted", b"more_than_counted", "retried", b"retried"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryJobsResponse: _TypeAlias = RetryJobsResponse  # noqa: Y015
+
+@_typing.final
+class RetryFailure(_message.Message):
+    """One job a bulk retry did not retry."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job."""
+    reason: _builtins.str
+    """The ErrorInfo reason of the refusal, for example INSUFFICIENT_CREDITS."""
+    message: _builtins.str
+    """The refusal's message."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "message", b"message", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryFailure: _TypeAlias = RetryFailure  # noqa: Y015
 
 @_typing.final
 class ListUsersWithWorkRequest(_message.Message):

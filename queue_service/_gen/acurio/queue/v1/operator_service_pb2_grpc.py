@@ -70,6 +70,16 @@ class OperatorServiceStub:
                 request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityRequest.SerializeToString,
                 response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityResponse.FromString,
                 _registered_method=True)
+        self.SetReleasesPaused = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/SetReleasesPaused',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetReleasesPausedRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetReleasesPausedResponse.FromString,
+                _registered_method=True)
+        self.GetUserSettings = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/GetUserSettings',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetUserSettingsRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetUserSettingsResponse.FromString,
+                _registered_method=True)
         self.SetUserQueueLimit = channel.unary_unary(
                 '/acurio.queue.v1.OperatorService/SetUserQueueLimit',
                 request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetUserQueueLimitRequest.SerializeToString,
@@ -84,6 +94,11 @@ class OperatorServiceStub:
                 '/acurio.queue.v1.OperatorService/RetryJob',
                 request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobRequest.SerializeToString,
                 response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobResponse.FromString,
+                _registered_method=True)
+        self.RetryJobs = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/RetryJobs',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobsRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobsResponse.FromString,
                 _registered_method=True)
         self.ListUsersWithWork = channel.unary_unary(
                 '/acurio.queue.v1.OperatorService/ListUsersWithWork',
@@ -150,7 +165,8 @@ class OperatorServiceServicer:
         one: the run is canceled at the core, the charge refunded, the user's next job promoted).
         With `dry_run` it only counts them, so a person can confirm "cancel N jobs"; the real call
         then cancels at most `max_jobs` (the number confirmed), oldest first, and reports how many
-        it canceled and which ones failed.
+        it canceled and which ones failed. Each job records the operator as who canceled it
+        (`Job.canceled_by`; added to the contract additively).
         Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad filter, `max_jobs` outside 1-1000
         on a real call, or a filter that names only ended statuses.
         """
@@ -172,11 +188,40 @@ class OperatorServiceServicer:
 
     def SetCoreCapacity(self, request, context):
         """Sets the fleet's capacity at the core: the most first-pass runs being released or judging at
-        once across every replica (0: unlimited). Stored in the database, so every replica applies it
-        at its next grant; what the core taught the fleet by refusing releases is forgotten. Runs
-        already released are not stopped: a lower capacity is reached as they end. Recorded with its
-        actor (ListSettingChanges). Added to the contract additively.
-        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 0-1000000.
+        once across every replica, or, with `unlimited`, no limit. Stored in the database, so every
+        replica applies it at its next grant; what the core taught the fleet by refusing releases is
+        forgotten. Runs already released are not stopped: a lower capacity is reached as they end.
+        Recorded with its actor (ListSettingChanges). Added to the contract additively.
+        Changed: a capacity of 0 once meant unlimited; it is now refused unless `unlimited` is set, so
+        that nobody reaching for a stop removes the limit instead (to stop releases:
+        SetReleasesPaused). This tightens the service's own addition, not the original contract.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 1-1000000 without
+        `unlimited`, or a capacity other than 0 with it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetReleasesPaused(self, request, context):
+        """Pauses or resumes the releases of the fleet (`user_id` empty) or of one user: while paused, no
+        held run is released to the core (first-pass jobs and delta re-checks wait, as for capacity);
+        admits are still accepted, charged and queued or made PENDING as usual; runs already at the
+        core go on, as do releases already on their way when the pause commits. On a resume the held
+        runs are granted at once, in the fair order, within the capacity. Stored in the database, so
+        every replica obeys it. A change is recorded with its actor and note (ListSettingChanges,
+        setting `releases_paused`); a call that changes nothing (pausing what is paused) records
+        nothing. Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id or a note over 512 characters.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUserSettings(self, request, context):
+        """One user's settings in force: her first-pass limit (her own or the service's default) and
+        whether her releases are paused (her own pause, the fleet's). Added to the contract
+        additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -205,14 +250,34 @@ class OperatorServiceServicer:
     def RetryJob(self, request, context):
         """Admits a FAILED or CANCELED job again: a new job of the same user with the same document
         and sources (and, for a delta re-check, the same base), through the same checks and the same
-        charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
-        `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
-        of admitting twice. The charge is recorded with the operator as its actor. Added to the
-        contract additively.
+        charge as AnalysisQueueService.Admit. The charge is recorded with the operator as its actor.
+        Added to the contract additively.
+        One retry per ended job unless asked for another: a plain retry's idempotency key is derived
+        from the ended job alone, so every plain retry of one job (a double click, two operators, a
+        lost answer, concurrent calls) is the same admit and charges once; a plain retry of a job
+        already retried answers its newest retry with `admitted_now: false` (its `retry_of_job_id`
+        names the job, which lists it in `retried_as_job_ids`). `another_retry` admits a further one,
+        keyed by `retry_key` (the same key again answers the same job). Added to the contract
+        additively.
         Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
         `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
         been canceled, or one admitted before the service stored what it judges; and every error of
         Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetryJobs(self, request, context):
+        """Retries ended jobs in bulk, each as a plain RetryJob (one retry per job: a job already
+        retried is skipped and counted, never charged again), chosen by `job_ids` or by a filter
+        over FAILED and CANCELED jobs. With `dry_run` it only counts them, so a person can confirm
+        "retry N jobs"; the real call then retries at most `max_jobs` (the number confirmed), oldest
+        admitted first, and reports how many it retried, skipped and which ones failed (each retry is
+        an admit: `INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, ...). Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for both or neither of `job_ids` and `filter`, a
+        bad job id, more than 1000 job ids, a bad filter or one naming a status other than FAILED and
+        CANCELED, or `max_jobs` outside 1-1000 on a real call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -285,6 +350,16 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityRequest.FromString,
                     response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetCoreCapacityResponse.SerializeToString,
             ),
+            'SetReleasesPaused': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetReleasesPaused,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetReleasesPausedRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetReleasesPausedResponse.SerializeToString,
+            ),
+            'GetUserSettings': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUserSettings,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetUserSettingsRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetUserSettingsResponse.SerializeToString,
+            ),
             'SetUserQueueLimit': grpc.unary_unary_rpc_method_handler(
                     servicer.SetUserQueueLimit,
                     request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetUserQueueLimitRequest.FromString,
@@ -299,6 +374,11 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.RetryJob,
                     request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobRequest.FromString,
                     response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobResponse.SerializeToString,
+            ),
+            'RetryJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryJobs,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobsRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobsResponse.SerializeToString,
             ),
             'ListUsersWithWork': grpc.unary_unary_rpc_method_handler(
                     servicer.ListUsersWithWork,
@@ -495,6 +575,60 @@ class OperatorService:
             _registered_method=True)
 
     @staticmethod
+    def SetReleasesPaused(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/SetReleasesPaused',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetReleasesPausedRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.SetReleasesPausedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUserSettings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/GetUserSettings',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetUserSettingsRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.GetUserSettingsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def SetUserQueueLimit(request,
             target,
             options=(),
@@ -565,6 +699,33 @@ class OperatorService:
             '/acurio.queue.v1.OperatorService/RetryJob',
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobRequest.SerializeToString,
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/RetryJobs',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobsRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.RetryJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,

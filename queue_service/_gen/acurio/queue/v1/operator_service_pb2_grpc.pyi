@@ -66,7 +66,8 @@ class OperatorServiceStub:
     one: the run is canceled at the core, the charge refunded, the user's next job promoted).
     With `dry_run` it only counts them, so a person can confirm "cancel N jobs"; the real call
     then cancels at most `max_jobs` (the number confirmed), oldest first, and reports how many
-    it canceled and which ones failed.
+    it canceled and which ones failed. Each job records the operator as who canceled it
+    (`Job.canceled_by`; added to the contract additively).
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad filter, `max_jobs` outside 1-1000
     on a real call, or a filter that names only ended statuses.
     """
@@ -80,11 +81,32 @@ class OperatorServiceStub:
     """
     SetCoreCapacity: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.SetCoreCapacityRequest, _operator_service_pb2.SetCoreCapacityResponse]
     """Sets the fleet's capacity at the core: the most first-pass runs being released or judging at
-    once across every replica (0: unlimited). Stored in the database, so every replica applies it
-    at its next grant; what the core taught the fleet by refusing releases is forgotten. Runs
-    already released are not stopped: a lower capacity is reached as they end. Recorded with its
-    actor (ListSettingChanges). Added to the contract additively.
-    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 0-1000000.
+    once across every replica, or, with `unlimited`, no limit. Stored in the database, so every
+    replica applies it at its next grant; what the core taught the fleet by refusing releases is
+    forgotten. Runs already released are not stopped: a lower capacity is reached as they end.
+    Recorded with its actor (ListSettingChanges). Added to the contract additively.
+    Changed: a capacity of 0 once meant unlimited; it is now refused unless `unlimited` is set, so
+    that nobody reaching for a stop removes the limit instead (to stop releases:
+    SetReleasesPaused). This tightens the service's own addition, not the original contract.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 1-1000000 without
+    `unlimited`, or a capacity other than 0 with it.
+    """
+    SetReleasesPaused: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.SetReleasesPausedRequest, _operator_service_pb2.SetReleasesPausedResponse]
+    """Pauses or resumes the releases of the fleet (`user_id` empty) or of one user: while paused, no
+    held run is released to the core (first-pass jobs and delta re-checks wait, as for capacity);
+    admits are still accepted, charged and queued or made PENDING as usual; runs already at the
+    core go on, as do releases already on their way when the pause commits. On a resume the held
+    runs are granted at once, in the fair order, within the capacity. Stored in the database, so
+    every replica obeys it. A change is recorded with its actor and note (ListSettingChanges,
+    setting `releases_paused`); a call that changes nothing (pausing what is paused) records
+    nothing. Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id or a note over 512 characters.
+    """
+    GetUserSettings: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.GetUserSettingsRequest, _operator_service_pb2.GetUserSettingsResponse]
+    """One user's settings in force: her first-pass limit (her own or the service's default) and
+    whether her releases are paused (her own pause, the fleet's). Added to the contract
+    additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id.
     """
     SetUserQueueLimit: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.SetUserQueueLimitRequest, _operator_service_pb2.SetUserQueueLimitResponse]
     """Sets how many first-pass jobs of one user may be active at once (0: back to the service's
@@ -101,14 +123,30 @@ class OperatorServiceStub:
     RetryJob: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.RetryJobRequest, _operator_service_pb2.RetryJobResponse]
     """Admits a FAILED or CANCELED job again: a new job of the same user with the same document
     and sources (and, for a delta re-check, the same base), through the same checks and the same
-    charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
-    `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
-    of admitting twice. The charge is recorded with the operator as its actor. Added to the
-    contract additively.
+    charge as AnalysisQueueService.Admit. The charge is recorded with the operator as its actor.
+    Added to the contract additively.
+    One retry per ended job unless asked for another: a plain retry's idempotency key is derived
+    from the ended job alone, so every plain retry of one job (a double click, two operators, a
+    lost answer, concurrent calls) is the same admit and charges once; a plain retry of a job
+    already retried answers its newest retry with `admitted_now: false` (its `retry_of_job_id`
+    names the job, which lists it in `retried_as_job_ids`). `another_retry` admits a further one,
+    keyed by `retry_key` (the same key again answers the same job). Added to the contract
+    additively.
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
     `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
     been canceled, or one admitted before the service stored what it judges; and every error of
     Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
+    """
+    RetryJobs: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.RetryJobsRequest, _operator_service_pb2.RetryJobsResponse]
+    """Retries ended jobs in bulk, each as a plain RetryJob (one retry per job: a job already
+    retried is skipped and counted, never charged again), chosen by `job_ids` or by a filter
+    over FAILED and CANCELED jobs. With `dry_run` it only counts them, so a person can confirm
+    "retry N jobs"; the real call then retries at most `max_jobs` (the number confirmed), oldest
+    admitted first, and reports how many it retried, skipped and which ones failed (each retry is
+    an admit: `INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, ...). Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for both or neither of `job_ids` and `filter`, a
+    bad job id, more than 1000 job ids, a bad filter or one naming a status other than FAILED and
+    CANCELED, or `max_jobs` outside 1-1000 on a real call.
     """
     ListUsersWithWork: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.ListUsersWithWorkRequest, _operator_service_pb2.ListUsersWithWorkResponse]
     """The users who have work in the queue now (a QUEUED, PENDING or RUNNING job), the one waiting
@@ -171,7 +209,8 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     one: the run is canceled at the core, the charge refunded, the user's next job promoted).
     With `dry_run` it only counts them, so a person can confirm "cancel N jobs"; the real call
     then cancels at most `max_jobs` (the number confirmed), oldest first, and reports how many
-    it canceled and which ones failed.
+    it canceled and which ones failed. Each job records the operator as who canceled it
+    (`Job.canceled_by`; added to the contract additively).
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad filter, `max_jobs` outside 1-1000
     on a real call, or a filter that names only ended statuses.
     """
@@ -185,11 +224,32 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     """
     SetCoreCapacity: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.SetCoreCapacityRequest, _operator_service_pb2.SetCoreCapacityResponse]  # type: ignore[assignment]
     """Sets the fleet's capacity at the core: the most first-pass runs being released or judging at
-    once across every replica (0: unlimited). Stored in the database, so every replica applies it
-    at its next grant; what the core taught the fleet by refusing releases is forgotten. Runs
-    already released are not stopped: a lower capacity is reached as they end. Recorded with its
-    actor (ListSettingChanges). Added to the contract additively.
-    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 0-1000000.
+    once across every replica, or, with `unlimited`, no limit. Stored in the database, so every
+    replica applies it at its next grant; what the core taught the fleet by refusing releases is
+    forgotten. Runs already released are not stopped: a lower capacity is reached as they end.
+    Recorded with its actor (ListSettingChanges). Added to the contract additively.
+    Changed: a capacity of 0 once meant unlimited; it is now refused unless `unlimited` is set, so
+    that nobody reaching for a stop removes the limit instead (to stop releases:
+    SetReleasesPaused). This tightens the service's own addition, not the original contract.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 1-1000000 without
+    `unlimited`, or a capacity other than 0 with it.
+    """
+    SetReleasesPaused: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.SetReleasesPausedRequest, _operator_service_pb2.SetReleasesPausedResponse]  # type: ignore[assignment]
+    """Pauses or resumes the releases of the fleet (`user_id` empty) or of one user: while paused, no
+    held run is released to the core (first-pass jobs and delta re-checks wait, as for capacity);
+    admits are still accepted, charged and queued or made PENDING as usual; runs already at the
+    core go on, as do releases already on their way when the pause commits. On a resume the held
+    runs are granted at once, in the fair order, within the capacity. Stored in the database, so
+    every replica obeys it. A change is recorded with its actor and note (ListSettingChanges,
+    setting `releases_paused`); a call that changes nothing (pausing what is paused) records
+    nothing. Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id or a note over 512 characters.
+    """
+    GetUserSettings: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.GetUserSettingsRequest, _operator_service_pb2.GetUserSettingsResponse]  # type: ignore[assignment]
+    """One user's settings in force: her first-pass limit (her own or the service's default) and
+    whether her releases are paused (her own pause, the fleet's). Added to the contract
+    additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id.
     """
     SetUserQueueLimit: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.SetUserQueueLimitRequest, _operator_service_pb2.SetUserQueueLimitResponse]  # type: ignore[assignment]
     """Sets how many first-pass jobs of one user may be active at once (0: back to the service's
@@ -206,14 +266,30 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     RetryJob: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.RetryJobRequest, _operator_service_pb2.RetryJobResponse]  # type: ignore[assignment]
     """Admits a FAILED or CANCELED job again: a new job of the same user with the same document
     and sources (and, for a delta re-check, the same base), through the same checks and the same
-    charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
-    `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
-    of admitting twice. The charge is recorded with the operator as its actor. Added to the
-    contract additively.
+    charge as AnalysisQueueService.Admit. The charge is recorded with the operator as its actor.
+    Added to the contract additively.
+    One retry per ended job unless asked for another: a plain retry's idempotency key is derived
+    from the ended job alone, so every plain retry of one job (a double click, two operators, a
+    lost answer, concurrent calls) is the same admit and charges once; a plain retry of a job
+    already retried answers its newest retry with `admitted_now: false` (its `retry_of_job_id`
+    names the job, which lists it in `retried_as_job_ids`). `another_retry` admits a further one,
+    keyed by `retry_key` (the same key again answers the same job). Added to the contract
+    additively.
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
     `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
     been canceled, or one admitted before the service stored what it judges; and every error of
     Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
+    """
+    RetryJobs: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.RetryJobsRequest, _operator_service_pb2.RetryJobsResponse]  # type: ignore[assignment]
+    """Retries ended jobs in bulk, each as a plain RetryJob (one retry per job: a job already
+    retried is skipped and counted, never charged again), chosen by `job_ids` or by a filter
+    over FAILED and CANCELED jobs. With `dry_run` it only counts them, so a person can confirm
+    "retry N jobs"; the real call then retries at most `max_jobs` (the number confirmed), oldest
+    admitted first, and reports how many it retried, skipped and which ones failed (each retry is
+    an admit: `INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, ...). Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for both or neither of `job_ids` and `filter`, a
+    bad job id, more than 1000 job ids, a bad filter or one naming a status other than FAILED and
+    CANCELED, or `max_jobs` outside 1-1000 on a real call.
     """
     ListUsersWithWork: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.ListUsersWithWorkRequest, _operator_service_pb2.ListUsersWithWorkResponse]  # type: ignore[assignment]
     """The users who have work in the queue now (a QUEUED, PENDING or RUNNING job), the one waiting
@@ -297,7 +373,8 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         one: the run is canceled at the core, the charge refunded, the user's next job promoted).
         With `dry_run` it only counts them, so a person can confirm "cancel N jobs"; the real call
         then cancels at most `max_jobs` (the number confirmed), oldest first, and reports how many
-        it canceled and which ones failed.
+        it canceled and which ones failed. Each job records the operator as who canceled it
+        (`Job.canceled_by`; added to the contract additively).
         Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad filter, `max_jobs` outside 1-1000
         on a real call, or a filter that names only ended statuses.
         """
@@ -323,11 +400,44 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_operator_service_pb2.SetCoreCapacityResponse, _abc.Awaitable[_operator_service_pb2.SetCoreCapacityResponse]]:
         """Sets the fleet's capacity at the core: the most first-pass runs being released or judging at
-        once across every replica (0: unlimited). Stored in the database, so every replica applies it
-        at its next grant; what the core taught the fleet by refusing releases is forgotten. Runs
-        already released are not stopped: a lower capacity is reached as they end. Recorded with its
-        actor (ListSettingChanges). Added to the contract additively.
-        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 0-1000000.
+        once across every replica, or, with `unlimited`, no limit. Stored in the database, so every
+        replica applies it at its next grant; what the core taught the fleet by refusing releases is
+        forgotten. Runs already released are not stopped: a lower capacity is reached as they end.
+        Recorded with its actor (ListSettingChanges). Added to the contract additively.
+        Changed: a capacity of 0 once meant unlimited; it is now refused unless `unlimited` is set, so
+        that nobody reaching for a stop removes the limit instead (to stop releases:
+        SetReleasesPaused). This tightens the service's own addition, not the original contract.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 1-1000000 without
+        `unlimited`, or a capacity other than 0 with it.
+        """
+
+    @_abc_1.abstractmethod
+    def SetReleasesPaused(
+        self,
+        request: _operator_service_pb2.SetReleasesPausedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.SetReleasesPausedResponse, _abc.Awaitable[_operator_service_pb2.SetReleasesPausedResponse]]:
+        """Pauses or resumes the releases of the fleet (`user_id` empty) or of one user: while paused, no
+        held run is released to the core (first-pass jobs and delta re-checks wait, as for capacity);
+        admits are still accepted, charged and queued or made PENDING as usual; runs already at the
+        core go on, as do releases already on their way when the pause commits. On a resume the held
+        runs are granted at once, in the fair order, within the capacity. Stored in the database, so
+        every replica obeys it. A change is recorded with its actor and note (ListSettingChanges,
+        setting `releases_paused`); a call that changes nothing (pausing what is paused) records
+        nothing. Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id or a note over 512 characters.
+        """
+
+    @_abc_1.abstractmethod
+    def GetUserSettings(
+        self,
+        request: _operator_service_pb2.GetUserSettingsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.GetUserSettingsResponse, _abc.Awaitable[_operator_service_pb2.GetUserSettingsResponse]]:
+        """One user's settings in force: her first-pass limit (her own or the service's default) and
+        whether her releases are paused (her own pause, the fleet's). Added to the contract
+        additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id.
         """
 
     @_abc_1.abstractmethod
@@ -362,14 +472,36 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_operator_service_pb2.RetryJobResponse, _abc.Awaitable[_operator_service_pb2.RetryJobResponse]]:
         """Admits a FAILED or CANCELED job again: a new job of the same user with the same document
         and sources (and, for a delta re-check, the same base), through the same checks and the same
-        charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
-        `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
-        of admitting twice. The charge is recorded with the operator as its actor. Added to the
-        contract additively.
+        charge as AnalysisQueueService.Admit. The charge is recorded with the operator as its actor.
+        Added to the contract additively.
+        One retry per ended job unless asked for another: a plain retry's idempotency key is derived
+        from the ended job alone, so every plain retry of one job (a double click, two operators, a
+        lost answer, concurrent calls) is the same admit and charges once; a plain retry of a job
+        already retried answers its newest retry with `admitted_now: false` (its `retry_of_job_id`
+        names the job, which lists it in `retried_as_job_ids`). `another_retry` admits a further one,
+        keyed by `retry_key` (the same key again answers the same job). Added to the contract
+        additively.
         Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
         `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
         been canceled, or one admitted before the service stored what it judges; and every error of
         Admit (`INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, `CORE_REJECTED`, ...).
+        """
+
+    @_abc_1.abstractmethod
+    def RetryJobs(
+        self,
+        request: _operator_service_pb2.RetryJobsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.RetryJobsResponse, _abc.Awaitable[_operator_service_pb2.RetryJobsResponse]]:
+        """Retries ended jobs in bulk, each as a plain RetryJob (one retry per job: a job already
+        retried is skipped and counted, never charged again), chosen by `job_ids` or by a filter
+        over FAILED and CANCELED jobs. With `dry_run` it only counts them, so a person can confirm
+        "retry N jobs"; the real call then retries at most `max_jobs` (the number confirmed), oldest
+        admitted first, and reports how many it retried, skipped and which ones failed (each retry is
+        an admit: `INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, ...). Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for both or neither of `job_ids` and `filter`, a
+        bad job id, more than 1000 job ids, a bad filter or one naming a status other than FAILED and
+        CANCELED, or `max_jobs` outside 1-1000 on a real call.
         """
 
     @_abc_1.abstractmethod

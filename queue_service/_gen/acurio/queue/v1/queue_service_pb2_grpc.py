@@ -315,7 +315,8 @@ class AnalysisQueueServiceServicer:
         finished there (its completion had not arrived yet), the job ends as it finished and the call
         answers JOB_ALREADY_FINISHED. Once the request is recorded the job is never charged unless
         its run SUCCEEDED: a FAILED ending is refunded whichever answer or callback brings it (added
-        additively). Idempotent for a CANCELED job.
+        additively). Idempotent for a CANCELED job. The job records who asked (`Job.canceled_by`: the
+        caller, as ledger entries name it; the first asker is kept). Added to the contract additively.
         Errors: NOT_FOUND `JOB_NOT_FOUND` (unknown or another user's job);
         FAILED_PRECONDITION `JOB_ALREADY_FINISHED` for a SUCCEEDED or FAILED job (metadata `status`);
         UNAVAILABLE `CORE_UNAVAILABLE` when a PENDING or RUNNING job's run could not be canceled

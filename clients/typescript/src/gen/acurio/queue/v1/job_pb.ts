@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/job.proto.
  */
 export const file_acurio_queue_v1_job: GenFile = /*@__PURE__*/
-  fileDesc("ChlhY3VyaW8vcXVldWUvdjEvam9iLnByb3RvEg9hY3VyaW8ucXVldWUudjEiJgoIRG9jdW1lbnQSCwoDdXJpGAEgASgJEg0KBXRpdGxlGAIgASgJIicKBlNvdXJjZRILCgNkb2kYASABKAkSEAoIY2l0YXRpb24YAiABKAkigQUKA0pvYhIOCgZqb2JfaWQYASABKAkSDwoHdXNlcl9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSKgoGc3RhdHVzGAQgASgOMhouYWN1cmlvLnF1ZXVlLnYxLkpvYlN0YXR1cxIWCg5xdWV1ZV9wb3NpdGlvbhgFIAEoBRIXCg9kZWx0YV9vZl9qb2JfaWQYBiABKAkSGAoQcmVsZWFzZV9hdHRlbXB0cxgHIAEoBRISCgpsYXN0X2Vycm9yGAggASgJEi8KC2NyZWF0ZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxwcm9tb3RlX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0X3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZF90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIaChJ3YWl0aW5nX2Zvcl9qb2JfaWQYDSABKAkSOAoUZXN0aW1hdGVkX3N0YXJ0X3RpbWUYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBXByaWNlGA8gASgDEhAKCHJlZnVuZGVkGBAgASgIEhkKEWNhcGFjaXR5X3Bvc2l0aW9uGBEgASgFEisKCGRvY3VtZW50GBIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLkRvY3VtZW50EigKB3NvdXJjZXMYEyADKAsyFy5hY3VyaW8ucXVldWUudjEuU291cmNlEhQKDHNvdXJjZV9jb3VudBgUIAEoBSq4AQoJSm9iU3RhdHVzEhoKFkpPQl9TVEFUVVNfVU5TUEVDSUZJRUQQABIVChFKT0JfU1RBVFVTX1FVRVVFRBABEhYKEkpPQl9TVEFUVVNfUEVORElORxACEhYKEkpPQl9TVEFUVVNfUlVOTklORxADEhgKFEpPQl9TVEFUVVNfU1VDQ0VFREVEEAQSFQoRSk9CX1NUQVRVU19GQUlMRUQQBRIXChNKT0JfU1RBVFVTX0NBTkNFTEVEEAZiBnByb3RvMw", [file_google_protobuf_timestamp]);
+  fileDesc("ChlhY3VyaW8vcXVldWUvdjEvam9iLnByb3RvEg9hY3VyaW8ucXVldWUudjEiJgoIRG9jdW1lbnQSCwoDdXJpGAEgASgJEg0KBXRpdGxlGAIgASgJIicKBlNvdXJjZRILCgNkb2kYASABKAkSEAoIY2l0YXRpb24YAiABKAkiywUKA0pvYhIOCgZqb2JfaWQYASABKAkSDwoHdXNlcl9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSKgoGc3RhdHVzGAQgASgOMhouYWN1cmlvLnF1ZXVlLnYxLkpvYlN0YXR1cxIWCg5xdWV1ZV9wb3NpdGlvbhgFIAEoBRIXCg9kZWx0YV9vZl9qb2JfaWQYBiABKAkSGAoQcmVsZWFzZV9hdHRlbXB0cxgHIAEoBRISCgpsYXN0X2Vycm9yGAggASgJEi8KC2NyZWF0ZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxwcm9tb3RlX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0X3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZF90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIaChJ3YWl0aW5nX2Zvcl9qb2JfaWQYDSABKAkSOAoUZXN0aW1hdGVkX3N0YXJ0X3RpbWUYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBXByaWNlGA8gASgDEhAKCHJlZnVuZGVkGBAgASgIEhkKEWNhcGFjaXR5X3Bvc2l0aW9uGBEgASgFEisKCGRvY3VtZW50GBIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLkRvY3VtZW50EigKB3NvdXJjZXMYEyADKAsyFy5hY3VyaW8ucXVldWUudjEuU291cmNlEhQKDHNvdXJjZV9jb3VudBgUIAEoBRIXCg9yZXRyeV9vZl9qb2JfaWQYFSABKAkSGgoScmV0cmllZF9hc19qb2JfaWRzGBYgAygJEhMKC2NhbmNlbGVkX2J5GBcgASgJKrgBCglKb2JTdGF0dXMSGgoWSk9CX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEUpPQl9TVEFUVVNfUVVFVUVEEAESFgoSSk9CX1NUQVRVU19QRU5ESU5HEAISFgoSSk9CX1NUQVRVU19SVU5OSU5HEAMSGAoUSk9CX1NUQVRVU19TVUNDRUVERUQQBBIVChFKT0JfU1RBVFVTX0ZBSUxFRBAFEhcKE0pPQl9TVEFUVVNfQ0FOQ0VMRUQQBmIGcHJvdG8z", [file_google_protobuf_timestamp]);
 
 /**
  * The document a first-pass analysis judges.
@@ -271,6 +271,34 @@ export type Job = Message<"acurio.queue.v1.Job"> & {
    * @generated from field: int32 source_count = 20;
    */
   sourceCount: number;
+
+  /**
+   * For a job admitted by OperatorService.RetryJob or RetryJobs: the ended job it admits again;
+   * empty otherwise. Added to the contract additively.
+   *
+   * @generated from field: string retry_of_job_id = 21;
+   */
+  retryOfJobId: string;
+
+  /**
+   * The jobs admitted as retries of this one, oldest first; empty when it was never retried. A
+   * plain retry of a job that has one answers it instead of admitting another. Added to the
+   * contract additively.
+   *
+   * @generated from field: repeated string retried_as_job_ids = 22;
+   */
+  retriedAsJobIds: string[];
+
+  /**
+   * For a job someone asked to cancel: who, as ledger entries name their actor (`web:<name>` for
+   * the user's CancelJob through the web app, `operator:<name>` for an operator's cancel,
+   * `system:<reason>` for the service's own). Empty when nobody asked (a run the core canceled
+   * on its own) and for jobs canceled before the service recorded it. Added to the contract
+   * additively.
+   *
+   * @generated from field: string canceled_by = 23;
+   */
+  canceledBy: string;
 };
 
 /**
@@ -428,6 +456,34 @@ export type JobJson = {
    * @generated from field: int32 source_count = 20;
    */
   sourceCount?: number;
+
+  /**
+   * For a job admitted by OperatorService.RetryJob or RetryJobs: the ended job it admits again;
+   * empty otherwise. Added to the contract additively.
+   *
+   * @generated from field: string retry_of_job_id = 21;
+   */
+  retryOfJobId?: string;
+
+  /**
+   * The jobs admitted as retries of this one, oldest first; empty when it was never retried. A
+   * plain retry of a job that has one answers it instead of admitting another. Added to the
+   * contract additively.
+   *
+   * @generated from field: repeated string retried_as_job_ids = 22;
+   */
+  retriedAsJobIds?: string[];
+
+  /**
+   * For a job someone asked to cancel: who, as ledger entries name their actor (`web:<name>` for
+   * the user's CancelJob through the web app, `operator:<name>` for an operator's cancel,
+   * `system:<reason>` for the service's own). Empty when nobody asked (a run the core canceled
+   * on its own) and for jobs canceled before the service recorded it. Added to the contract
+   * additively.
+   *
+   * @generated from field: string canceled_by = 23;
+   */
+  canceledBy?: string;
 };
 
 /**
@@ -489,7 +545,8 @@ export enum JobStatus {
   FAILED = 5,
 
   /**
-   * Terminal: canceled through CancelJob. Always refunded.
+   * Terminal: canceled through CancelJob or an operator's CancelJobs (`canceled_by` says who).
+   * Always refunded.
    *
    * @generated from enum value: JOB_STATUS_CANCELED = 6;
    */

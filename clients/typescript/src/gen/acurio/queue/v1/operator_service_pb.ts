@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/operator_service.proto.
  */
 export const file_acurio_queue_v1_operator_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIooCCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCBIbChNkb2N1bWVudF91cmlfcHJlZml4GAYgASgJEhMKC3RpdGxlX3dvcmRzGAcgASgJEhIKCnNvdXJjZV9kb2kYCCABKAkiLAoSR2V0T3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIkIKE0dldE92ZXJ2aWV3UmVzcG9uc2USKwoIb3ZlcnZpZXcYASABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXci1gQKCE92ZXJ2aWV3Eg4KBnF1ZXVlZBgBIAEoAxIPCgdwZW5kaW5nGAIgASgDEg8KB3J1bm5pbmcYAyABKAMSGwoTc3VjY2VlZGVkX2luX3dpbmRvdxgEIAEoAxIYChBmYWlsZWRfaW5fd2luZG93GAUgASgDEhoKEmNhbmNlbGVkX2luX3dpbmRvdxgGIAEoAxIVCg11c2Vyc193YWl0aW5nGAcgASgDEj0KGW9sZGVzdF9xdWV1ZWRfY3JlYXRlX3RpbWUYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhkKEXJlbGVhc2VzX3JldHJ5aW5nGAkgASgDEhgKEHJ1bnNfcmVjb25jaWxpbmcYCiABKAMSGQoRYWRtaXRzX3Blcl9taW51dGUYCyADKAMSFgoOd2luZG93X21pbnV0ZXMYDCABKAUSLQoJcmVhZF90aW1lGA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9jYXBhY2l0eV9pbl91c2UYDiABKAMSFgoOY2FwYWNpdHlfbGltaXQYDyABKAMSHQoVY2FwYWNpdHlfd2FpdGluZ19qb2JzGBAgASgDEh4KFmNhcGFjaXR5X3dhaXRpbmdfdXNlcnMYESABKAMSPQoZb2xkZXN0X2NhcGFjaXR5X3dhaXRfdGltZRgSIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKY29yZV9saW1pdBgTIAEoAxIVCg1jb3JlX3JlZnVzYWxzGBQgASgDImYKEVNlYXJjaEpvYnNSZXF1ZXN0EioKBmZpbHRlchgBIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Kb2JGaWx0ZXISEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiUQoSU2VhcmNoSm9ic1Jlc3BvbnNlEiIKBGpvYnMYASADKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJDChRXYXRjaE92ZXJ2aWV3UmVxdWVzdBIWCg53aW5kb3dfbWludXRlcxgBIAEoBRITCgtpbnRlcnZhbF9tcxgCIAEoBSJEChVXYXRjaE92ZXJ2aWV3UmVzcG9uc2USKwoIb3ZlcnZpZXcYASABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciYgoRQ2FuY2VsSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIPCgdkcnlfcnVuGAIgASgIEhAKCG1heF9qb2JzGAMgASgFIoQBChJDYW5jZWxKb2JzUmVzcG9uc2USDwoHbWF0Y2hlZBgBIAEoBRIZChFtb3JlX3RoYW5fY291bnRlZBgCIAEoCBIQCghjYW5jZWxlZBgDIAEoBRIwCghmYWlsdXJlcxgEIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxGYWlsdXJlIkAKDUNhbmNlbEZhaWx1cmUSDgoGam9iX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIPCgdtZXNzYWdlGAMgASgJImIKGExpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSJjChlMaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEi0KB2VudHJpZXMYASADKAsyHC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIvcBCgtMZWRnZXJFbnRyeRIQCghlbnRyeV9pZBgBIAEoAxIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHdXNlcl9pZBgDIAEoCRIuCgRraW5kGAQgASgOMiAuYWN1cmlvLnF1ZXVlLnYxLkxlZGdlckVudHJ5S2luZBIOCgZhbW91bnQYBSABKAMSDgoGam9iX2lkGAYgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgHIAEoCRINCgVhY3RvchgIIAEoCRIOCgZyZWFzb24YCSABKAkSDAoEbm90ZRgKIAEoCSIqChZTZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0EhAKCGNhcGFjaXR5GAEgASgFInYKF1NldENvcmVDYXBhY2l0eVJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEisKCG92ZXJ2aWV3GAIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLk92ZXJ2aWV3Ij8KGFNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEhIKCm1heF9hY3RpdmUYAiABKAUiSwoZU2V0VXNlclF1ZXVlTGltaXRSZXNwb25zZRIuCgZjaGFuZ2UYASABKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZSJCChlMaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJImYKGkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEi8KB2NoYW5nZXMYASADKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiqgEKDVNldHRpbmdDaGFuZ2USEQoJY2hhbmdlX2lkGAEgASgDEg8KB3NldHRpbmcYAiABKAkSDwoHdXNlcl9pZBgDIAEoCRIRCglvbGRfdmFsdWUYBCABKAUSEQoJbmV3X3ZhbHVlGAUgASgFEg0KBWFjdG9yGAYgASgJEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI0Cg9SZXRyeUpvYlJlcXVlc3QSDgoGam9iX2lkGAEgASgJEhEKCXJldHJ5X2tleRgCIAEoCSJLChBSZXRyeUpvYlJlc3BvbnNlEiEKA2pvYhgBIAEoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFAoMYWRtaXR0ZWRfbm93GAIgASgIIi0KGExpc3RVc2Vyc1dpdGhXb3JrUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUiWgoZTGlzdFVzZXJzV2l0aFdvcmtSZXNwb25zZRIoCgV1c2VycxgBIAMoCzIZLmFjdXJpby5xdWV1ZS52MS5Vc2VyV29yaxITCgt1c2Vyc190b3RhbBgCIAEoAyLEAQoIVXNlcldvcmsSDwoHdXNlcl9pZBgBIAEoCRIOCgZxdWV1ZWQYAiABKAMSDwoHcGVuZGluZxgDIAEoAxIPCgdydW5uaW5nGAQgASgDEj0KGW9sZGVzdF9xdWV1ZWRfY3JlYXRlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjYKEm9sZGVzdF9jcmVhdGVfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiMAoWR2V0UXVldWVIaXN0b3J5UmVxdWVzdBIWCg53aW5kb3dfbWludXRlcxgBIAEoBSKPAQoXR2V0UXVldWVIaXN0b3J5UmVzcG9uc2USLQoHbWludXRlcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5RdWV1ZU1pbnV0ZRIWCg53aW5kb3dfbWludXRlcxgCIAEoBRItCglyZWFkX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wInoKC1F1ZXVlTWludXRlEioKBm1pbnV0ZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGcXVldWVkGAIgASgDEg4KBmFjdGl2ZRgDIAEoAxIQCghhZG1pdHRlZBgEIAEoAxINCgVlbmRlZBgFIAEoAyIVChNMaXN0UmVwbGljYXNSZXF1ZXN0InEKFExpc3RSZXBsaWNhc1Jlc3BvbnNlEioKCHJlcGxpY2FzGAEgAygLMhguYWN1cmlvLnF1ZXVlLnYxLlJlcGxpY2ESLQoJcmVhZF90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKbAgoHUmVwbGljYRISCgpyZXBsaWNhX2lkGAEgASgJEgwKBGhvc3QYAiABKAkSLgoKc3RhcnRfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOaGVhcnRiZWF0X3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGRyYWluaW5nGAUgASgIEhcKD2NhbGxzX2luX2ZsaWdodBgGIAEoBRIVCg13YXRjaF9zdHJlYW1zGAcgASgFEhgKEG92ZXJ2aWV3X3N0cmVhbXMYCCABKAUSLgoKY29yZV9jYWxscxgJIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Db3JlQ2FsbHMidgoJQ29yZUNhbGxzEhAKCGFuc3dlcmVkGAEgASgDEg8KB3JlZnVzZWQYAiABKAMSDwoHdW5rbm93bhgDIAEoAxI1ChFsYXN0X3Vua25vd25fdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAqjQEKD0xlZGdlckVudHJ5S2luZBIhCh1MRURHRVJfRU5UUllfS0lORF9VTlNQRUNJRklFRBAAEhsKF0xFREdFUl9FTlRSWV9LSU5EX0dSQU5UEAESHAoYTEVER0VSX0VOVFJZX0tJTkRfQ0hBUkdFEAISHAoYTEVER0VSX0VOVFJZX0tJTkRfUkVGVU5EEAMyqAkKD09wZXJhdG9yU2VydmljZRJYCgtHZXRPdmVydmlldxIjLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1JlcXVlc3QaJC5hY3VyaW8ucXVldWUudjEuR2V0T3ZlcnZpZXdSZXNwb25zZRJVCgpTZWFyY2hKb2JzEiIuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXNwb25zZRJgCg1XYXRjaE92ZXJ2aWV3EiUuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXF1ZXN0GiYuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXNwb25zZTABElUKCkNhbmNlbEpvYnMSIi5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1Jlc3BvbnNlEmoKEUxpc3RMZWRnZXJFbnRyaWVzEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEmQKD1NldENvcmVDYXBhY2l0eRInLmFjdXJpby5xdWV1ZS52MS5TZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlc3BvbnNlEmoKEVNldFVzZXJRdWV1ZUxpbWl0EikuYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5TZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEm0KEkxpc3RTZXR0aW5nQ2hhbmdlcxIqLmFjdXJpby5xdWV1ZS52MS5MaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0GisuYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEk8KCFJldHJ5Sm9iEiAuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9iUmVxdWVzdBohLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYlJlc3BvbnNlEmoKEUxpc3RVc2Vyc1dpdGhXb3JrEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RVc2Vyc1dpdGhXb3JrUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEmQKD0dldFF1ZXVlSGlzdG9yeRInLmFjdXJpby5xdWV1ZS52MS5HZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkdldFF1ZXVlSGlzdG9yeVJlc3BvbnNlElsKDExpc3RSZXBsaWNhcxIkLmFjdXJpby5xdWV1ZS52MS5MaXN0UmVwbGljYXNSZXF1ZXN0GiUuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZXBsaWNhc1Jlc3BvbnNlYgZwcm90bzM", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
+  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIooCCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCBIbChNkb2N1bWVudF91cmlfcHJlZml4GAYgASgJEhMKC3RpdGxlX3dvcmRzGAcgASgJEhIKCnNvdXJjZV9kb2kYCCABKAkiLAoSR2V0T3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIkIKE0dldE92ZXJ2aWV3UmVzcG9uc2USKwoIb3ZlcnZpZXcYASABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXci+gUKCE92ZXJ2aWV3Eg4KBnF1ZXVlZBgBIAEoAxIPCgdwZW5kaW5nGAIgASgDEg8KB3J1bm5pbmcYAyABKAMSGwoTc3VjY2VlZGVkX2luX3dpbmRvdxgEIAEoAxIYChBmYWlsZWRfaW5fd2luZG93GAUgASgDEhoKEmNhbmNlbGVkX2luX3dpbmRvdxgGIAEoAxIVCg11c2Vyc193YWl0aW5nGAcgASgDEj0KGW9sZGVzdF9xdWV1ZWRfY3JlYXRlX3RpbWUYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhkKEXJlbGVhc2VzX3JldHJ5aW5nGAkgASgDEhgKEHJ1bnNfcmVjb25jaWxpbmcYCiABKAMSGQoRYWRtaXRzX3Blcl9taW51dGUYCyADKAMSFgoOd2luZG93X21pbnV0ZXMYDCABKAUSLQoJcmVhZF90aW1lGA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9jYXBhY2l0eV9pbl91c2UYDiABKAMSFgoOY2FwYWNpdHlfbGltaXQYDyABKAMSHQoVY2FwYWNpdHlfd2FpdGluZ19qb2JzGBAgASgDEh4KFmNhcGFjaXR5X3dhaXRpbmdfdXNlcnMYESABKAMSPQoZb2xkZXN0X2NhcGFjaXR5X3dhaXRfdGltZRgSIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKY29yZV9saW1pdBgTIAEoAxIVCg1jb3JlX3JlZnVzYWxzGBQgASgDEhcKD3JlbGVhc2VzX3BhdXNlZBgeIAEoCBI5ChVyZWxlYXNlc19wYXVzZWRfc2luY2UYHyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhoKEnJlbGVhc2VzX3BhdXNlZF9ieRggIAEoCRIcChRyZWxlYXNlc19wYXVzZWRfbm90ZRgiIAEoCRIUCgxwYXVzZWRfdXNlcnMYISABKAMiZgoRU2VhcmNoSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJRChJTZWFyY2hKb2JzUmVzcG9uc2USIgoEam9icxgBIAMoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkMKFFdhdGNoT3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFEhMKC2ludGVydmFsX21zGAIgASgFIkQKFVdhdGNoT3ZlcnZpZXdSZXNwb25zZRIrCghvdmVydmlldxgBIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJiChFDYW5jZWxKb2JzUmVxdWVzdBIqCgZmaWx0ZXIYASABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEg8KB2RyeV9ydW4YAiABKAgSEAoIbWF4X2pvYnMYAyABKAUihAEKEkNhbmNlbEpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEhAKCGNhbmNlbGVkGAMgASgFEjAKCGZhaWx1cmVzGAQgAygLMh4uYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEZhaWx1cmUiQAoNQ2FuY2VsRmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkicQoYTGlzdExlZGdlckVudHJpZXNSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSDgoGam9iX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJEg0KBWFjdG9yGAUgASgJImMKGUxpc3RMZWRnZXJFbnRyaWVzUmVzcG9uc2USLQoHZW50cmllcxgBIAMoCzIcLmFjdXJpby5xdWV1ZS52MS5MZWRnZXJFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki9wEKC0xlZGdlckVudHJ5EhAKCGVudHJ5X2lkGAEgASgDEi8KC2NyZWF0ZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgd1c2VyX2lkGAMgASgJEi4KBGtpbmQYBCABKA4yIC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnlLaW5kEg4KBmFtb3VudBgFIAEoAxIOCgZqb2JfaWQYBiABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEg0KBWFjdG9yGAggASgJEg4KBnJlYXNvbhgJIAEoCRIMCgRub3RlGAogASgJIj0KFlNldENvcmVDYXBhY2l0eVJlcXVlc3QSEAoIY2FwYWNpdHkYASABKAUSEQoJdW5saW1pdGVkGAIgASgIInYKF1NldENvcmVDYXBhY2l0eVJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEisKCG92ZXJ2aWV3GAIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLk92ZXJ2aWV3IkkKGFNldFJlbGVhc2VzUGF1c2VkUmVxdWVzdBIOCgZwYXVzZWQYASABKAgSDwoHdXNlcl9pZBgCIAEoCRIMCgRub3RlGAMgASgJIngKGVNldFJlbGVhc2VzUGF1c2VkUmVzcG9uc2USLgoGY2hhbmdlGAEgASgLMh4uYWN1cmlvLnF1ZXVlLnYxLlNldHRpbmdDaGFuZ2USKwoIb3ZlcnZpZXcYAiABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciKQoWR2V0VXNlclNldHRpbmdzUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJIooCChdHZXRVc2VyU2V0dGluZ3NSZXNwb25zZRIPCgd1c2VyX2lkGAEgASgJEhIKCm1heF9hY3RpdmUYAiABKAUSHQoVbWF4X2FjdGl2ZV9pc19kZWZhdWx0GAMgASgIEhcKD3JlbGVhc2VzX3BhdXNlZBgEIAEoCBI5ChVyZWxlYXNlc19wYXVzZWRfc2luY2UYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhoKEnJlbGVhc2VzX3BhdXNlZF9ieRgGIAEoCRIcChRyZWxlYXNlc19wYXVzZWRfbm90ZRgHIAEoCRIdChVmbGVldF9yZWxlYXNlc19wYXVzZWQYCCABKAgiPwoYU2V0VXNlclF1ZXVlTGltaXRSZXF1ZXN0Eg8KB3VzZXJfaWQYASABKAkSEgoKbWF4X2FjdGl2ZRgCIAEoBSJLChlTZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlIkIKGUxpc3RTZXR0aW5nQ2hhbmdlc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiZgoaTGlzdFNldHRpbmdDaGFuZ2VzUmVzcG9uc2USLwoHY2hhbmdlcxgBIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSK4AQoNU2V0dGluZ0NoYW5nZRIRCgljaGFuZ2VfaWQYASABKAMSDwoHc2V0dGluZxgCIAEoCRIPCgd1c2VyX2lkGAMgASgJEhEKCW9sZF92YWx1ZRgEIAEoBRIRCgluZXdfdmFsdWUYBSABKAUSDQoFYWN0b3IYBiABKAkSLwoLY3JlYXRlX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEgwKBG5vdGUYCCABKAkiSwoPUmV0cnlKb2JSZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCRIRCglyZXRyeV9rZXkYAiABKAkSFQoNYW5vdGhlcl9yZXRyeRgDIAEoCCJLChBSZXRyeUpvYlJlc3BvbnNlEiEKA2pvYhgBIAEoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2ISFAoMYWRtaXR0ZWRfbm93GAIgASgIInIKEFJldHJ5Sm9ic1JlcXVlc3QSDwoHam9iX2lkcxgBIAMoCRIqCgZmaWx0ZXIYAiABKAsyGi5hY3VyaW8ucXVldWUudjEuSm9iRmlsdGVyEg8KB2RyeV9ydW4YAyABKAgSEAoIbWF4X2pvYnMYBCABKAUixgEKEVJldHJ5Sm9ic1Jlc3BvbnNlEg8KB21hdGNoZWQYASABKAUSGQoRbW9yZV90aGFuX2NvdW50ZWQYAiABKAgSDwoHcmV0cmllZBgDIAEoBRIfChdhbHJlYWR5X3JldHJpZWRfam9iX2lkcxgEIAMoCRIvCghmYWlsdXJlcxgFIAMoCzIdLmFjdXJpby5xdWV1ZS52MS5SZXRyeUZhaWx1cmUSIgoEam9icxgGIAMoCzIULmFjdXJpby5xdWV1ZS52MS5Kb2IiPwoMUmV0cnlGYWlsdXJlEg4KBmpvYl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkSDwoHbWVzc2FnZRgDIAEoCSItChhMaXN0VXNlcnNXaXRoV29ya1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFIloKGUxpc3RVc2Vyc1dpdGhXb3JrUmVzcG9uc2USKAoFdXNlcnMYASADKAsyGS5hY3VyaW8ucXVldWUudjEuVXNlcldvcmsSEwoLdXNlcnNfdG90YWwYAiABKAMixAEKCFVzZXJXb3JrEg8KB3VzZXJfaWQYASABKAkSDgoGcXVldWVkGAIgASgDEg8KB3BlbmRpbmcYAyABKAMSDwoHcnVubmluZxgEIAEoAxI9ChlvbGRlc3RfcXVldWVkX2NyZWF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI2ChJvbGRlc3RfY3JlYXRlX3RpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjAKFkdldFF1ZXVlSGlzdG9yeVJlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUijwEKF0dldFF1ZXVlSGlzdG9yeVJlc3BvbnNlEi0KB21pbnV0ZXMYASADKAsyHC5hY3VyaW8ucXVldWUudjEuUXVldWVNaW51dGUSFgoOd2luZG93X21pbnV0ZXMYAiABKAUSLQoJcmVhZF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ6CgtRdWV1ZU1pbnV0ZRIqCgZtaW51dGUYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBnF1ZXVlZBgCIAEoAxIOCgZhY3RpdmUYAyABKAMSEAoIYWRtaXR0ZWQYBCABKAMSDQoFZW5kZWQYBSABKAMiFQoTTGlzdFJlcGxpY2FzUmVxdWVzdCJxChRMaXN0UmVwbGljYXNSZXNwb25zZRIqCghyZXBsaWNhcxgBIAMoCzIYLmFjdXJpby5xdWV1ZS52MS5SZXBsaWNhEi0KCXJlYWRfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAimwIKB1JlcGxpY2ESEgoKcmVwbGljYV9pZBgBIAEoCRIMCgRob3N0GAIgASgJEi4KCnN0YXJ0X3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKDmhlYXJ0YmVhdF90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghkcmFpbmluZxgFIAEoCBIXCg9jYWxsc19pbl9mbGlnaHQYBiABKAUSFQoNd2F0Y2hfc3RyZWFtcxgHIAEoBRIYChBvdmVydmlld19zdHJlYW1zGAggASgFEi4KCmNvcmVfY2FsbHMYCSABKAsyGi5hY3VyaW8ucXVldWUudjEuQ29yZUNhbGxzInYKCUNvcmVDYWxscxIQCghhbnN3ZXJlZBgBIAEoAxIPCgdyZWZ1c2VkGAIgASgDEg8KB3Vua25vd24YAyABKAMSNQoRbGFzdF91bmtub3duX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wKo0BCg9MZWRnZXJFbnRyeUtpbmQSIQodTEVER0VSX0VOVFJZX0tJTkRfVU5TUEVDSUZJRUQQABIbChdMRURHRVJfRU5UUllfS0lORF9HUkFOVBABEhwKGExFREdFUl9FTlRSWV9LSU5EX0NIQVJHRRACEhwKGExFREdFUl9FTlRSWV9LSU5EX1JFRlVORBADMs4LCg9PcGVyYXRvclNlcnZpY2USWAoLR2V0T3ZlcnZpZXcSIy5hY3VyaW8ucXVldWUudjEuR2V0T3ZlcnZpZXdSZXF1ZXN0GiQuYWN1cmlvLnF1ZXVlLnYxLkdldE92ZXJ2aWV3UmVzcG9uc2USVQoKU2VhcmNoSm9icxIiLmFjdXJpby5xdWV1ZS52MS5TZWFyY2hKb2JzUmVxdWVzdBojLmFjdXJpby5xdWV1ZS52MS5TZWFyY2hKb2JzUmVzcG9uc2USYAoNV2F0Y2hPdmVydmlldxIlLmFjdXJpby5xdWV1ZS52MS5XYXRjaE92ZXJ2aWV3UmVxdWVzdBomLmFjdXJpby5xdWV1ZS52MS5XYXRjaE92ZXJ2aWV3UmVzcG9uc2UwARJVCgpDYW5jZWxKb2JzEiIuYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEpvYnNSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEpvYnNSZXNwb25zZRJqChFMaXN0TGVkZ2VyRW50cmllcxIpLmFjdXJpby5xdWV1ZS52MS5MaXN0TGVkZ2VyRW50cmllc1JlcXVlc3QaKi5hY3VyaW8ucXVldWUudjEuTGlzdExlZGdlckVudHJpZXNSZXNwb25zZRJkCg9TZXRDb3JlQ2FwYWNpdHkSJy5hY3VyaW8ucXVldWUudjEuU2V0Q29yZUNhcGFjaXR5UmVxdWVzdBooLmFjdXJpby5xdWV1ZS52MS5TZXRDb3JlQ2FwYWNpdHlSZXNwb25zZRJqChFTZXRSZWxlYXNlc1BhdXNlZBIpLmFjdXJpby5xdWV1ZS52MS5TZXRSZWxlYXNlc1BhdXNlZFJlcXVlc3QaKi5hY3VyaW8ucXVldWUudjEuU2V0UmVsZWFzZXNQYXVzZWRSZXNwb25zZRJkCg9HZXRVc2VyU2V0dGluZ3MSJy5hY3VyaW8ucXVldWUudjEuR2V0VXNlclNldHRpbmdzUmVxdWVzdBooLmFjdXJpby5xdWV1ZS52MS5HZXRVc2VyU2V0dGluZ3NSZXNwb25zZRJqChFTZXRVc2VyUXVldWVMaW1pdBIpLmFjdXJpby5xdWV1ZS52MS5TZXRVc2VyUXVldWVMaW1pdFJlcXVlc3QaKi5hY3VyaW8ucXVldWUudjEuU2V0VXNlclF1ZXVlTGltaXRSZXNwb25zZRJtChJMaXN0U2V0dGluZ0NoYW5nZXMSKi5hY3VyaW8ucXVldWUudjEuTGlzdFNldHRpbmdDaGFuZ2VzUmVxdWVzdBorLmFjdXJpby5xdWV1ZS52MS5MaXN0U2V0dGluZ0NoYW5nZXNSZXNwb25zZRJPCghSZXRyeUpvYhIgLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYlJlcXVlc3QaIS5hY3VyaW8ucXVldWUudjEuUmV0cnlKb2JSZXNwb25zZRJSCglSZXRyeUpvYnMSIS5hY3VyaW8ucXVldWUudjEuUmV0cnlKb2JzUmVxdWVzdBoiLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYnNSZXNwb25zZRJqChFMaXN0VXNlcnNXaXRoV29yaxIpLmFjdXJpby5xdWV1ZS52MS5MaXN0VXNlcnNXaXRoV29ya1JlcXVlc3QaKi5hY3VyaW8ucXVldWUudjEuTGlzdFVzZXJzV2l0aFdvcmtSZXNwb25zZRJkCg9HZXRRdWV1ZUhpc3RvcnkSJy5hY3VyaW8ucXVldWUudjEuR2V0UXVldWVIaXN0b3J5UmVxdWVzdBooLmFjdXJpby5xdWV1ZS52MS5HZXRRdWV1ZUhpc3RvcnlSZXNwb25zZRJbCgxMaXN0UmVwbGljYXMSJC5hY3VyaW8ucXVldWUudjEuTGlzdFJlcGxpY2FzUmVxdWVzdBolLmFjdXJpby5xdWV1ZS52MS5MaXN0UmVwbGljYXNSZXNwb25zZWIGcHJvdG8z", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
 
 /**
  * Which jobs a search or a bulk cancel is about. Every set field narrows the match.
@@ -387,6 +387,42 @@ export type Overview = Message<"acurio.queue.v1.Overview"> & {
    * @generated from field: int64 core_refusals = 20;
    */
   coreRefusals: bigint;
+
+  /**
+   * Whether the whole fleet's releases are paused (SetReleasesPaused). Added to the contract
+   * additively.
+   *
+   * @generated from field: bool releases_paused = 30;
+   */
+  releasesPaused: boolean;
+
+  /**
+   * Since when the fleet's releases are paused; unset when they are not.
+   *
+   * @generated from field: google.protobuf.Timestamp releases_paused_since = 31;
+   */
+  releasesPausedSince?: Timestamp | undefined;
+
+  /**
+   * Who paused the fleet's releases (an actor, as on ledger entries); empty when not paused.
+   *
+   * @generated from field: string releases_paused_by = 32;
+   */
+  releasesPausedBy: string;
+
+  /**
+   * Why, in the words of who paused them; empty when not paused.
+   *
+   * @generated from field: string releases_paused_note = 34;
+   */
+  releasesPausedNote: string;
+
+  /**
+   * How many users' releases are paused on their own.
+   *
+   * @generated from field: int64 paused_users = 33;
+   */
+  pausedUsers: bigint;
 };
 
 /**
@@ -539,6 +575,42 @@ export type OverviewJson = {
    * @generated from field: int64 core_refusals = 20;
    */
   coreRefusals?: string;
+
+  /**
+   * Whether the whole fleet's releases are paused (SetReleasesPaused). Added to the contract
+   * additively.
+   *
+   * @generated from field: bool releases_paused = 30;
+   */
+  releasesPaused?: boolean;
+
+  /**
+   * Since when the fleet's releases are paused; unset when they are not.
+   *
+   * @generated from field: google.protobuf.Timestamp releases_paused_since = 31;
+   */
+  releasesPausedSince?: TimestampJson;
+
+  /**
+   * Who paused the fleet's releases (an actor, as on ledger entries); empty when not paused.
+   *
+   * @generated from field: string releases_paused_by = 32;
+   */
+  releasesPausedBy?: string;
+
+  /**
+   * Why, in the words of who paused them; empty when not paused.
+   *
+   * @generated from field: string releases_paused_note = 34;
+   */
+  releasesPausedNote?: string;
+
+  /**
+   * How many users' releases are paused on their own.
+   *
+   * @generated from field: int64 paused_users = 33;
+   */
+  pausedUsers?: string;
 };
 
 /**
@@ -986,11 +1058,19 @@ export type ListLedgerEntriesRequest = Message<"acurio.queue.v1.ListLedgerEntrie
 
   /**
    * The `next_page_token` of the previous page; empty for the first page. Only valid with the
-   * same `user_id` and `job_id`.
+   * same `user_id`, `job_id` and `actor`.
    *
    * @generated from field: string page_token = 4;
    */
   pageToken: string;
+
+  /**
+   * Only the entries this actor wrote (exact, as `LedgerEntry.actor`: `operator:alice`,
+   * `system:release_give_up`); empty means every actor. Added to the contract additively.
+   *
+   * @generated from field: string actor = 5;
+   */
+  actor: string;
 };
 
 /**
@@ -1022,11 +1102,19 @@ export type ListLedgerEntriesRequestJson = {
 
   /**
    * The `next_page_token` of the previous page; empty for the first page. Only valid with the
-   * same `user_id` and `job_id`.
+   * same `user_id`, `job_id` and `actor`.
    *
    * @generated from field: string page_token = 4;
    */
   pageToken?: string;
+
+  /**
+   * Only the entries this actor wrote (exact, as `LedgerEntry.actor`: `operator:alice`,
+   * `system:release_give_up`); empty means every actor. Added to the contract additively.
+   *
+   * @generated from field: string actor = 5;
+   */
+  actor?: string;
 };
 
 /**
@@ -1271,12 +1359,19 @@ export const LedgerEntrySchema: GenMessage<LedgerEntry, {jsonType: LedgerEntryJs
  */
 export type SetCoreCapacityRequest = Message<"acurio.queue.v1.SetCoreCapacityRequest"> & {
   /**
-   * The most first-pass runs at the core at once across every replica: 0-1000000; 0 means
-   * unlimited.
+   * The most first-pass runs at the core at once across every replica: 1-1000000. 0 is refused
+   * unless `unlimited` is set (it would stop nothing: to stop releases, SetReleasesPaused).
    *
    * @generated from field: int32 capacity = 1;
    */
   capacity: number;
+
+  /**
+   * Remove the limit (with `capacity` 0). Added to the contract additively.
+   *
+   * @generated from field: bool unlimited = 2;
+   */
+  unlimited: boolean;
 };
 
 /**
@@ -1286,12 +1381,19 @@ export type SetCoreCapacityRequest = Message<"acurio.queue.v1.SetCoreCapacityReq
  */
 export type SetCoreCapacityRequestJson = {
   /**
-   * The most first-pass runs at the core at once across every replica: 0-1000000; 0 means
-   * unlimited.
+   * The most first-pass runs at the core at once across every replica: 1-1000000. 0 is refused
+   * unless `unlimited` is set (it would stop nothing: to stop releases, SetReleasesPaused).
    *
    * @generated from field: int32 capacity = 1;
    */
   capacity?: number;
+
+  /**
+   * Remove the limit (with `capacity` 0). Added to the contract additively.
+   *
+   * @generated from field: bool unlimited = 2;
+   */
+  unlimited?: boolean;
 };
 
 /**
@@ -1351,6 +1453,286 @@ export const SetCoreCapacityResponseSchema: GenMessage<SetCoreCapacityResponse, 
   messageDesc(file_acurio_queue_v1_operator_service, 15);
 
 /**
+ * Request for OperatorService.SetReleasesPaused. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.SetReleasesPausedRequest
+ */
+export type SetReleasesPausedRequest = Message<"acurio.queue.v1.SetReleasesPausedRequest"> & {
+  /**
+   * True to pause, false to resume.
+   *
+   * @generated from field: bool paused = 1;
+   */
+  paused: boolean;
+
+  /**
+   * Whose releases: empty for the whole fleet's, else one user's.
+   *
+   * @generated from field: string user_id = 2;
+   */
+  userId: string;
+
+  /**
+   * Why, in the operator's words (at most 512 characters); recorded with the change.
+   *
+   * @generated from field: string note = 3;
+   */
+  note: string;
+};
+
+/**
+ * Request for OperatorService.SetReleasesPaused. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.SetReleasesPausedRequest
+ */
+export type SetReleasesPausedRequestJson = {
+  /**
+   * True to pause, false to resume.
+   *
+   * @generated from field: bool paused = 1;
+   */
+  paused?: boolean;
+
+  /**
+   * Whose releases: empty for the whole fleet's, else one user's.
+   *
+   * @generated from field: string user_id = 2;
+   */
+  userId?: string;
+
+  /**
+   * Why, in the operator's words (at most 512 characters); recorded with the change.
+   *
+   * @generated from field: string note = 3;
+   */
+  note?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.SetReleasesPausedRequest.
+ * Use `create(SetReleasesPausedRequestSchema)` to create a new message.
+ */
+export const SetReleasesPausedRequestSchema: GenMessage<SetReleasesPausedRequest, {jsonType: SetReleasesPausedRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 16);
+
+/**
+ * Response for OperatorService.SetReleasesPaused. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.SetReleasesPausedResponse
+ */
+export type SetReleasesPausedResponse = Message<"acurio.queue.v1.SetReleasesPausedResponse"> & {
+  /**
+   * The change as recorded; unset when the call changed nothing.
+   *
+   * @generated from field: acurio.queue.v1.SettingChange change = 1;
+   */
+  change?: SettingChange | undefined;
+
+  /**
+   * The overview's capacity and pause figures right after the call.
+   *
+   * @generated from field: acurio.queue.v1.Overview overview = 2;
+   */
+  overview?: Overview | undefined;
+};
+
+/**
+ * Response for OperatorService.SetReleasesPaused. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.SetReleasesPausedResponse
+ */
+export type SetReleasesPausedResponseJson = {
+  /**
+   * The change as recorded; unset when the call changed nothing.
+   *
+   * @generated from field: acurio.queue.v1.SettingChange change = 1;
+   */
+  change?: SettingChangeJson;
+
+  /**
+   * The overview's capacity and pause figures right after the call.
+   *
+   * @generated from field: acurio.queue.v1.Overview overview = 2;
+   */
+  overview?: OverviewJson;
+};
+
+/**
+ * Describes the message acurio.queue.v1.SetReleasesPausedResponse.
+ * Use `create(SetReleasesPausedResponseSchema)` to create a new message.
+ */
+export const SetReleasesPausedResponseSchema: GenMessage<SetReleasesPausedResponse, {jsonType: SetReleasesPausedResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 17);
+
+/**
+ * Request for OperatorService.GetUserSettings. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.GetUserSettingsRequest
+ */
+export type GetUserSettingsRequest = Message<"acurio.queue.v1.GetUserSettingsRequest"> & {
+  /**
+   * The user.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId: string;
+};
+
+/**
+ * Request for OperatorService.GetUserSettings. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.GetUserSettingsRequest
+ */
+export type GetUserSettingsRequestJson = {
+  /**
+   * The user.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.GetUserSettingsRequest.
+ * Use `create(GetUserSettingsRequestSchema)` to create a new message.
+ */
+export const GetUserSettingsRequestSchema: GenMessage<GetUserSettingsRequest, {jsonType: GetUserSettingsRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 18);
+
+/**
+ * Response for OperatorService.GetUserSettings. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.GetUserSettingsResponse
+ */
+export type GetUserSettingsResponse = Message<"acurio.queue.v1.GetUserSettingsResponse"> & {
+  /**
+   * The user.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId: string;
+
+  /**
+   * Her first-pass jobs active at once, in force now.
+   *
+   * @generated from field: int32 max_active = 2;
+   */
+  maxActive: number;
+
+  /**
+   * Whether that is the service's default (QUEUE_MAX_ACTIVE_PER_USER) rather than her own limit.
+   *
+   * @generated from field: bool max_active_is_default = 3;
+   */
+  maxActiveIsDefault: boolean;
+
+  /**
+   * Whether her own releases are paused (SetReleasesPaused with her user id).
+   *
+   * @generated from field: bool releases_paused = 4;
+   */
+  releasesPaused: boolean;
+
+  /**
+   * Since when her own releases are paused; unset when they are not.
+   *
+   * @generated from field: google.protobuf.Timestamp releases_paused_since = 5;
+   */
+  releasesPausedSince?: Timestamp | undefined;
+
+  /**
+   * Who paused them (an actor, as on ledger entries); empty when not paused.
+   *
+   * @generated from field: string releases_paused_by = 6;
+   */
+  releasesPausedBy: string;
+
+  /**
+   * Why, in the words of who paused them; empty when not paused.
+   *
+   * @generated from field: string releases_paused_note = 7;
+   */
+  releasesPausedNote: string;
+
+  /**
+   * Whether the whole fleet's releases are paused (holding hers too).
+   *
+   * @generated from field: bool fleet_releases_paused = 8;
+   */
+  fleetReleasesPaused: boolean;
+};
+
+/**
+ * Response for OperatorService.GetUserSettings. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.GetUserSettingsResponse
+ */
+export type GetUserSettingsResponseJson = {
+  /**
+   * The user.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId?: string;
+
+  /**
+   * Her first-pass jobs active at once, in force now.
+   *
+   * @generated from field: int32 max_active = 2;
+   */
+  maxActive?: number;
+
+  /**
+   * Whether that is the service's default (QUEUE_MAX_ACTIVE_PER_USER) rather than her own limit.
+   *
+   * @generated from field: bool max_active_is_default = 3;
+   */
+  maxActiveIsDefault?: boolean;
+
+  /**
+   * Whether her own releases are paused (SetReleasesPaused with her user id).
+   *
+   * @generated from field: bool releases_paused = 4;
+   */
+  releasesPaused?: boolean;
+
+  /**
+   * Since when her own releases are paused; unset when they are not.
+   *
+   * @generated from field: google.protobuf.Timestamp releases_paused_since = 5;
+   */
+  releasesPausedSince?: TimestampJson;
+
+  /**
+   * Who paused them (an actor, as on ledger entries); empty when not paused.
+   *
+   * @generated from field: string releases_paused_by = 6;
+   */
+  releasesPausedBy?: string;
+
+  /**
+   * Why, in the words of who paused them; empty when not paused.
+   *
+   * @generated from field: string releases_paused_note = 7;
+   */
+  releasesPausedNote?: string;
+
+  /**
+   * Whether the whole fleet's releases are paused (holding hers too).
+   *
+   * @generated from field: bool fleet_releases_paused = 8;
+   */
+  fleetReleasesPaused?: boolean;
+};
+
+/**
+ * Describes the message acurio.queue.v1.GetUserSettingsResponse.
+ * Use `create(GetUserSettingsResponseSchema)` to create a new message.
+ */
+export const GetUserSettingsResponseSchema: GenMessage<GetUserSettingsResponse, {jsonType: GetUserSettingsResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 19);
+
+/**
  * Request for OperatorService.SetUserQueueLimit.
  *
  * @generated from message acurio.queue.v1.SetUserQueueLimitRequest
@@ -1397,7 +1779,7 @@ export type SetUserQueueLimitRequestJson = {
  * Use `create(SetUserQueueLimitRequestSchema)` to create a new message.
  */
 export const SetUserQueueLimitRequestSchema: GenMessage<SetUserQueueLimitRequest, {jsonType: SetUserQueueLimitRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 16);
+  messageDesc(file_acurio_queue_v1_operator_service, 20);
 
 /**
  * Response for OperatorService.SetUserQueueLimit.
@@ -1432,7 +1814,7 @@ export type SetUserQueueLimitResponseJson = {
  * Use `create(SetUserQueueLimitResponseSchema)` to create a new message.
  */
 export const SetUserQueueLimitResponseSchema: GenMessage<SetUserQueueLimitResponse, {jsonType: SetUserQueueLimitResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 17);
+  messageDesc(file_acurio_queue_v1_operator_service, 21);
 
 /**
  * Request for OperatorService.ListSettingChanges.
@@ -1481,7 +1863,7 @@ export type ListSettingChangesRequestJson = {
  * Use `create(ListSettingChangesRequestSchema)` to create a new message.
  */
 export const ListSettingChangesRequestSchema: GenMessage<ListSettingChangesRequest, {jsonType: ListSettingChangesRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 18);
+  messageDesc(file_acurio_queue_v1_operator_service, 22);
 
 /**
  * Response for OperatorService.ListSettingChanges.
@@ -1530,7 +1912,7 @@ export type ListSettingChangesResponseJson = {
  * Use `create(ListSettingChangesResponseSchema)` to create a new message.
  */
 export const ListSettingChangesResponseSchema: GenMessage<ListSettingChangesResponse, {jsonType: ListSettingChangesResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 19);
+  messageDesc(file_acurio_queue_v1_operator_service, 23);
 
 /**
  * One change of a fleet setting and who made it.
@@ -1546,14 +1928,15 @@ export type SettingChange = Message<"acurio.queue.v1.SettingChange"> & {
   changeId: bigint;
 
   /**
-   * `core_capacity` or `user_max_active`.
+   * `core_capacity`, `user_max_active` or `releases_paused` (1 paused, 0 resumed).
    *
    * @generated from field: string setting = 2;
    */
   setting: string;
 
   /**
-   * For `user_max_active`: whose limit; empty otherwise.
+   * For `user_max_active`: whose limit; for `releases_paused`: whose releases (empty: the
+   * fleet's); empty otherwise.
    *
    * @generated from field: string user_id = 3;
    */
@@ -1587,6 +1970,14 @@ export type SettingChange = Message<"acurio.queue.v1.SettingChange"> & {
    * @generated from field: google.protobuf.Timestamp create_time = 7;
    */
   createTime?: Timestamp | undefined;
+
+  /**
+   * Why, in the operator's words (a pause's note); empty otherwise. Added to the contract
+   * additively.
+   *
+   * @generated from field: string note = 8;
+   */
+  note: string;
 };
 
 /**
@@ -1603,14 +1994,15 @@ export type SettingChangeJson = {
   changeId?: string;
 
   /**
-   * `core_capacity` or `user_max_active`.
+   * `core_capacity`, `user_max_active` or `releases_paused` (1 paused, 0 resumed).
    *
    * @generated from field: string setting = 2;
    */
   setting?: string;
 
   /**
-   * For `user_max_active`: whose limit; empty otherwise.
+   * For `user_max_active`: whose limit; for `releases_paused`: whose releases (empty: the
+   * fleet's); empty otherwise.
    *
    * @generated from field: string user_id = 3;
    */
@@ -1644,6 +2036,14 @@ export type SettingChangeJson = {
    * @generated from field: google.protobuf.Timestamp create_time = 7;
    */
   createTime?: TimestampJson;
+
+  /**
+   * Why, in the operator's words (a pause's note); empty otherwise. Added to the contract
+   * additively.
+   *
+   * @generated from field: string note = 8;
+   */
+  note?: string;
 };
 
 /**
@@ -1651,7 +2051,7 @@ export type SettingChangeJson = {
  * Use `create(SettingChangeSchema)` to create a new message.
  */
 export const SettingChangeSchema: GenMessage<SettingChange, {jsonType: SettingChangeJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 20);
+  messageDesc(file_acurio_queue_v1_operator_service, 24);
 
 /**
  * Request for OperatorService.RetryJob.
@@ -1667,12 +2067,21 @@ export type RetryJobRequest = Message<"acurio.queue.v1.RetryJobRequest"> & {
   jobId: string;
 
   /**
-   * A caller-chosen key, 1-128 printable characters, new for each retry a person asks for (the
-   * console sends one per click). The same key again returns the job the first call admitted.
+   * A caller-chosen key, 1-128 printable characters, new for each further retry a person asks
+   * for (`another_retry`); the same key again returns the job the first call admitted. Optional
+   * for a plain retry, whose key comes from the job alone.
    *
    * @generated from field: string retry_key = 2;
    */
   retryKey: string;
+
+  /**
+   * Admit a further retry although the job was retried already (the operator asked for another
+   * explicitly). Requires `retry_key`. Added to the contract additively.
+   *
+   * @generated from field: bool another_retry = 3;
+   */
+  anotherRetry: boolean;
 };
 
 /**
@@ -1689,12 +2098,21 @@ export type RetryJobRequestJson = {
   jobId?: string;
 
   /**
-   * A caller-chosen key, 1-128 printable characters, new for each retry a person asks for (the
-   * console sends one per click). The same key again returns the job the first call admitted.
+   * A caller-chosen key, 1-128 printable characters, new for each further retry a person asks
+   * for (`another_retry`); the same key again returns the job the first call admitted. Optional
+   * for a plain retry, whose key comes from the job alone.
    *
    * @generated from field: string retry_key = 2;
    */
   retryKey?: string;
+
+  /**
+   * Admit a further retry although the job was retried already (the operator asked for another
+   * explicitly). Requires `retry_key`. Added to the contract additively.
+   *
+   * @generated from field: bool another_retry = 3;
+   */
+  anotherRetry?: boolean;
 };
 
 /**
@@ -1702,7 +2120,7 @@ export type RetryJobRequestJson = {
  * Use `create(RetryJobRequestSchema)` to create a new message.
  */
 export const RetryJobRequestSchema: GenMessage<RetryJobRequest, {jsonType: RetryJobRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 21);
+  messageDesc(file_acurio_queue_v1_operator_service, 25);
 
 /**
  * Response for OperatorService.RetryJob.
@@ -1718,7 +2136,8 @@ export type RetryJobResponse = Message<"acurio.queue.v1.RetryJobResponse"> & {
   job?: Job | undefined;
 
   /**
-   * False when this `retry_key` had already retried the job: `job` is the job admitted then.
+   * False when the job had been retried already (a plain retry), or this `retry_key` had
+   * retried it (`another_retry`): `job` is the retry admitted then, no second charge.
    *
    * @generated from field: bool admitted_now = 2;
    */
@@ -1739,7 +2158,8 @@ export type RetryJobResponseJson = {
   job?: JobJson;
 
   /**
-   * False when this `retry_key` had already retried the job: `job` is the job admitted then.
+   * False when the job had been retried already (a plain retry), or this `retry_key` had
+   * retried it (`another_retry`): `job` is the retry admitted then, no second charge.
    *
    * @generated from field: bool admitted_now = 2;
    */
@@ -1751,7 +2171,262 @@ export type RetryJobResponseJson = {
  * Use `create(RetryJobResponseSchema)` to create a new message.
  */
 export const RetryJobResponseSchema: GenMessage<RetryJobResponse, {jsonType: RetryJobResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 22);
+  messageDesc(file_acurio_queue_v1_operator_service, 26);
+
+/**
+ * Request for OperatorService.RetryJobs. Exactly one of `job_ids` and `filter`.
+ *
+ * @generated from message acurio.queue.v1.RetryJobsRequest
+ */
+export type RetryJobsRequest = Message<"acurio.queue.v1.RetryJobsRequest"> & {
+  /**
+   * These jobs (UUIDs, at most 1000): the rows a person ticked.
+   *
+   * @generated from field: repeated string job_ids = 1;
+   */
+  jobIds: string[];
+
+  /**
+   * Or the jobs matching a filter: only FAILED and CANCELED ones (empty `statuses` means those
+   * two), newest admitted first, up to 1000 of them.
+   *
+   * @generated from field: acurio.queue.v1.JobFilter filter = 2;
+   */
+  filter?: JobFilter | undefined;
+
+  /**
+   * Only count the jobs that would be retried and those skipped; admit nothing.
+   *
+   * @generated from field: bool dry_run = 3;
+   */
+  dryRun: boolean;
+
+  /**
+   * Retry at most this many jobs (1-1000), oldest admitted first: the number the person
+   * confirmed. Ignored with `dry_run`.
+   *
+   * @generated from field: int32 max_jobs = 4;
+   */
+  maxJobs: number;
+};
+
+/**
+ * Request for OperatorService.RetryJobs. Exactly one of `job_ids` and `filter`.
+ *
+ * @generated from message acurio.queue.v1.RetryJobsRequest
+ */
+export type RetryJobsRequestJson = {
+  /**
+   * These jobs (UUIDs, at most 1000): the rows a person ticked.
+   *
+   * @generated from field: repeated string job_ids = 1;
+   */
+  jobIds?: string[];
+
+  /**
+   * Or the jobs matching a filter: only FAILED and CANCELED ones (empty `statuses` means those
+   * two), newest admitted first, up to 1000 of them.
+   *
+   * @generated from field: acurio.queue.v1.JobFilter filter = 2;
+   */
+  filter?: JobFilterJson;
+
+  /**
+   * Only count the jobs that would be retried and those skipped; admit nothing.
+   *
+   * @generated from field: bool dry_run = 3;
+   */
+  dryRun?: boolean;
+
+  /**
+   * Retry at most this many jobs (1-1000), oldest admitted first: the number the person
+   * confirmed. Ignored with `dry_run`.
+   *
+   * @generated from field: int32 max_jobs = 4;
+   */
+  maxJobs?: number;
+};
+
+/**
+ * Describes the message acurio.queue.v1.RetryJobsRequest.
+ * Use `create(RetryJobsRequestSchema)` to create a new message.
+ */
+export const RetryJobsRequestSchema: GenMessage<RetryJobsRequest, {jsonType: RetryJobsRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 27);
+
+/**
+ * Response for OperatorService.RetryJobs.
+ *
+ * @generated from message acurio.queue.v1.RetryJobsResponse
+ */
+export type RetryJobsResponse = Message<"acurio.queue.v1.RetryJobsResponse"> & {
+  /**
+   * How many of the chosen jobs are FAILED or CANCELED and not yet retried: what a real call
+   * retries (up to `max_jobs`).
+   *
+   * @generated from field: int32 matched = 1;
+   */
+  matched: number;
+
+  /**
+   * True when more than the counted jobs match the filter.
+   *
+   * @generated from field: bool more_than_counted = 2;
+   */
+  moreThanCounted: boolean;
+
+  /**
+   * How many jobs this call retried (0 with `dry_run`).
+   *
+   * @generated from field: int32 retried = 3;
+   */
+  retried: number;
+
+  /**
+   * The jobs skipped because they had been retried already (one retry per job; RetryJob with
+   * `another_retry` admits a further one).
+   *
+   * @generated from field: repeated string already_retried_job_ids = 4;
+   */
+  alreadyRetriedJobIds: string[];
+
+  /**
+   * The chosen jobs that were not retried: JOB_NOT_FOUND, JOB_NOT_RETRYABLE, JOB_INPUTS_PRUNED,
+   * or the admit's refusal (INSUFFICIENT_CREDITS, CORE_UNAVAILABLE, ...).
+   *
+   * @generated from field: repeated acurio.queue.v1.RetryFailure failures = 5;
+   */
+  failures: RetryFailure[];
+
+  /**
+   * The jobs this call admitted, each with `retry_of_job_id` naming the job it retries.
+   *
+   * @generated from field: repeated acurio.queue.v1.Job jobs = 6;
+   */
+  jobs: Job[];
+};
+
+/**
+ * Response for OperatorService.RetryJobs.
+ *
+ * @generated from message acurio.queue.v1.RetryJobsResponse
+ */
+export type RetryJobsResponseJson = {
+  /**
+   * How many of the chosen jobs are FAILED or CANCELED and not yet retried: what a real call
+   * retries (up to `max_jobs`).
+   *
+   * @generated from field: int32 matched = 1;
+   */
+  matched?: number;
+
+  /**
+   * True when more than the counted jobs match the filter.
+   *
+   * @generated from field: bool more_than_counted = 2;
+   */
+  moreThanCounted?: boolean;
+
+  /**
+   * How many jobs this call retried (0 with `dry_run`).
+   *
+   * @generated from field: int32 retried = 3;
+   */
+  retried?: number;
+
+  /**
+   * The jobs skipped because they had been retried already (one retry per job; RetryJob with
+   * `another_retry` admits a further one).
+   *
+   * @generated from field: repeated string already_retried_job_ids = 4;
+   */
+  alreadyRetriedJobIds?: string[];
+
+  /**
+   * The chosen jobs that were not retried: JOB_NOT_FOUND, JOB_NOT_RETRYABLE, JOB_INPUTS_PRUNED,
+   * or the admit's refusal (INSUFFICIENT_CREDITS, CORE_UNAVAILABLE, ...).
+   *
+   * @generated from field: repeated acurio.queue.v1.RetryFailure failures = 5;
+   */
+  failures?: RetryFailureJson[];
+
+  /**
+   * The jobs this call admitted, each with `retry_of_job_id` naming the job it retries.
+   *
+   * @generated from field: repeated acurio.queue.v1.Job jobs = 6;
+   */
+  jobs?: JobJson[];
+};
+
+/**
+ * Describes the message acurio.queue.v1.RetryJobsResponse.
+ * Use `create(RetryJobsResponseSchema)` to create a new message.
+ */
+export const RetryJobsResponseSchema: GenMessage<RetryJobsResponse, {jsonType: RetryJobsResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 28);
+
+/**
+ * One job a bulk retry did not retry.
+ *
+ * @generated from message acurio.queue.v1.RetryFailure
+ */
+export type RetryFailure = Message<"acurio.queue.v1.RetryFailure"> & {
+  /**
+   * The job.
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId: string;
+
+  /**
+   * The ErrorInfo reason of the refusal, for example INSUFFICIENT_CREDITS.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+
+  /**
+   * The refusal's message.
+   *
+   * @generated from field: string message = 3;
+   */
+  message: string;
+};
+
+/**
+ * One job a bulk retry did not retry.
+ *
+ * @generated from message acurio.queue.v1.RetryFailure
+ */
+export type RetryFailureJson = {
+  /**
+   * The job.
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId?: string;
+
+  /**
+   * The ErrorInfo reason of the refusal, for example INSUFFICIENT_CREDITS.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason?: string;
+
+  /**
+   * The refusal's message.
+   *
+   * @generated from field: string message = 3;
+   */
+  message?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.RetryFailure.
+ * Use `create(RetryFailureSchema)` to create a new message.
+ */
+export const RetryFailureSchema: GenMessage<RetryFailure, {jsonType: RetryFailureJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 29);
 
 /**
  * Request for OperatorService.ListUsersWithWork.
@@ -1786,7 +2461,7 @@ export type ListUsersWithWorkRequestJson = {
  * Use `create(ListUsersWithWorkRequestSchema)` to create a new message.
  */
 export const ListUsersWithWorkRequestSchema: GenMessage<ListUsersWithWorkRequest, {jsonType: ListUsersWithWorkRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 23);
+  messageDesc(file_acurio_queue_v1_operator_service, 30);
 
 /**
  * Response for OperatorService.ListUsersWithWork.
@@ -1835,7 +2510,7 @@ export type ListUsersWithWorkResponseJson = {
  * Use `create(ListUsersWithWorkResponseSchema)` to create a new message.
  */
 export const ListUsersWithWorkResponseSchema: GenMessage<ListUsersWithWorkResponse, {jsonType: ListUsersWithWorkResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 24);
+  messageDesc(file_acurio_queue_v1_operator_service, 31);
 
 /**
  * One user's work in the queue now.
@@ -1940,7 +2615,7 @@ export type UserWorkJson = {
  * Use `create(UserWorkSchema)` to create a new message.
  */
 export const UserWorkSchema: GenMessage<UserWork, {jsonType: UserWorkJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 25);
+  messageDesc(file_acurio_queue_v1_operator_service, 32);
 
 /**
  * Request for OperatorService.GetQueueHistory.
@@ -1975,7 +2650,7 @@ export type GetQueueHistoryRequestJson = {
  * Use `create(GetQueueHistoryRequestSchema)` to create a new message.
  */
 export const GetQueueHistoryRequestSchema: GenMessage<GetQueueHistoryRequest, {jsonType: GetQueueHistoryRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 26);
+  messageDesc(file_acurio_queue_v1_operator_service, 33);
 
 /**
  * Response for OperatorService.GetQueueHistory.
@@ -2038,7 +2713,7 @@ export type GetQueueHistoryResponseJson = {
  * Use `create(GetQueueHistoryResponseSchema)` to create a new message.
  */
 export const GetQueueHistoryResponseSchema: GenMessage<GetQueueHistoryResponse, {jsonType: GetQueueHistoryResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 27);
+  messageDesc(file_acurio_queue_v1_operator_service, 34);
 
 /**
  * The queue in one minute.
@@ -2131,7 +2806,7 @@ export type QueueMinuteJson = {
  * Use `create(QueueMinuteSchema)` to create a new message.
  */
 export const QueueMinuteSchema: GenMessage<QueueMinute, {jsonType: QueueMinuteJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 28);
+  messageDesc(file_acurio_queue_v1_operator_service, 35);
 
 /**
  * Request for OperatorService.ListReplicas.
@@ -2154,7 +2829,7 @@ export type ListReplicasRequestJson = {
  * Use `create(ListReplicasRequestSchema)` to create a new message.
  */
 export const ListReplicasRequestSchema: GenMessage<ListReplicasRequest, {jsonType: ListReplicasRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 29);
+  messageDesc(file_acurio_queue_v1_operator_service, 36);
 
 /**
  * Response for OperatorService.ListReplicas.
@@ -2203,7 +2878,7 @@ export type ListReplicasResponseJson = {
  * Use `create(ListReplicasResponseSchema)` to create a new message.
  */
 export const ListReplicasResponseSchema: GenMessage<ListReplicasResponse, {jsonType: ListReplicasResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 30);
+  messageDesc(file_acurio_queue_v1_operator_service, 37);
 
 /**
  * What one replica reported about itself in its latest heartbeat.
@@ -2350,7 +3025,7 @@ export type ReplicaJson = {
  * Use `create(ReplicaSchema)` to create a new message.
  */
 export const ReplicaSchema: GenMessage<Replica, {jsonType: ReplicaJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 31);
+  messageDesc(file_acurio_queue_v1_operator_service, 38);
 
 /**
  * Calls a replica made to the core since it started, by outcome.
@@ -2427,7 +3102,7 @@ export type CoreCallsJson = {
  * Use `create(CoreCallsSchema)` to create a new message.
  */
 export const CoreCallsSchema: GenMessage<CoreCalls, {jsonType: CoreCallsJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 32);
+  messageDesc(file_acurio_queue_v1_operator_service, 39);
 
 /**
  * How a ledger entry moves credits.
@@ -2536,7 +3211,8 @@ export const OperatorService: GenService<{
    * one: the run is canceled at the core, the charge refunded, the user's next job promoted).
    * With `dry_run` it only counts them, so a person can confirm "cancel N jobs"; the real call
    * then cancels at most `max_jobs` (the number confirmed), oldest first, and reports how many
-   * it canceled and which ones failed.
+   * it canceled and which ones failed. Each job records the operator as who canceled it
+   * (`Job.canceled_by`; added to the contract additively).
    * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad filter, `max_jobs` outside 1-1000
    * on a real call, or a filter that names only ended statuses.
    *
@@ -2564,11 +3240,15 @@ export const OperatorService: GenService<{
   },
   /**
    * Sets the fleet's capacity at the core: the most first-pass runs being released or judging at
-   * once across every replica (0: unlimited). Stored in the database, so every replica applies it
-   * at its next grant; what the core taught the fleet by refusing releases is forgotten. Runs
-   * already released are not stopped: a lower capacity is reached as they end. Recorded with its
-   * actor (ListSettingChanges). Added to the contract additively.
-   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 0-1000000.
+   * once across every replica, or, with `unlimited`, no limit. Stored in the database, so every
+   * replica applies it at its next grant; what the core taught the fleet by refusing releases is
+   * forgotten. Runs already released are not stopped: a lower capacity is reached as they end.
+   * Recorded with its actor (ListSettingChanges). Added to the contract additively.
+   * Changed: a capacity of 0 once meant unlimited; it is now refused unless `unlimited` is set, so
+   * that nobody reaching for a stop removes the limit instead (to stop releases:
+   * SetReleasesPaused). This tightens the service's own addition, not the original contract.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a capacity outside 1-1000000 without
+   * `unlimited`, or a capacity other than 0 with it.
    *
    * @generated from rpc acurio.queue.v1.OperatorService.SetCoreCapacity
    */
@@ -2576,6 +3256,37 @@ export const OperatorService: GenService<{
     methodKind: "unary";
     input: typeof SetCoreCapacityRequestSchema;
     output: typeof SetCoreCapacityResponseSchema;
+  },
+  /**
+   * Pauses or resumes the releases of the fleet (`user_id` empty) or of one user: while paused, no
+   * held run is released to the core (first-pass jobs and delta re-checks wait, as for capacity);
+   * admits are still accepted, charged and queued or made PENDING as usual; runs already at the
+   * core go on, as do releases already on their way when the pause commits. On a resume the held
+   * runs are granted at once, in the fair order, within the capacity. Stored in the database, so
+   * every replica obeys it. A change is recorded with its actor and note (ListSettingChanges,
+   * setting `releases_paused`); a call that changes nothing (pausing what is paused) records
+   * nothing. Added to the contract additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id or a note over 512 characters.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.SetReleasesPaused
+   */
+  setReleasesPaused: {
+    methodKind: "unary";
+    input: typeof SetReleasesPausedRequestSchema;
+    output: typeof SetReleasesPausedResponseSchema;
+  },
+  /**
+   * One user's settings in force: her first-pass limit (her own or the service's default) and
+   * whether her releases are paused (her own pause, the fleet's). Added to the contract
+   * additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad user id.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.GetUserSettings
+   */
+  getUserSettings: {
+    methodKind: "unary";
+    input: typeof GetUserSettingsRequestSchema;
+    output: typeof GetUserSettingsResponseSchema;
   },
   /**
    * Sets how many first-pass jobs of one user may be active at once (0: back to the service's
@@ -2606,10 +3317,15 @@ export const OperatorService: GenService<{
   /**
    * Admits a FAILED or CANCELED job again: a new job of the same user with the same document
    * and sources (and, for a delta re-check, the same base), through the same checks and the same
-   * charge as AnalysisQueueService.Admit. Its idempotency key is derived from the ended job and
-   * `retry_key`, so repeating the call with the same `retry_key` returns the same new job instead
-   * of admitting twice. The charge is recorded with the operator as its actor. Added to the
-   * contract additively.
+   * charge as AnalysisQueueService.Admit. The charge is recorded with the operator as its actor.
+   * Added to the contract additively.
+   * One retry per ended job unless asked for another: a plain retry's idempotency key is derived
+   * from the ended job alone, so every plain retry of one job (a double click, two operators, a
+   * lost answer, concurrent calls) is the same admit and charges once; a plain retry of a job
+   * already retried answers its newest retry with `admitted_now: false` (its `retry_of_job_id`
+   * names the job, which lists it in `retried_as_job_ids`). `another_retry` admits a further one,
+   * keyed by `retry_key` (the same key again answers the same job). Added to the contract
+   * additively.
    * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id or retry key; NOT_FOUND
    * `JOB_NOT_FOUND`; FAILED_PRECONDITION `JOB_NOT_RETRYABLE` for a job that has not failed or
    * been canceled, or one admitted before the service stored what it judges; and every error of
@@ -2621,6 +3337,24 @@ export const OperatorService: GenService<{
     methodKind: "unary";
     input: typeof RetryJobRequestSchema;
     output: typeof RetryJobResponseSchema;
+  },
+  /**
+   * Retries ended jobs in bulk, each as a plain RetryJob (one retry per job: a job already
+   * retried is skipped and counted, never charged again), chosen by `job_ids` or by a filter
+   * over FAILED and CANCELED jobs. With `dry_run` it only counts them, so a person can confirm
+   * "retry N jobs"; the real call then retries at most `max_jobs` (the number confirmed), oldest
+   * admitted first, and reports how many it retried, skipped and which ones failed (each retry is
+   * an admit: `INSUFFICIENT_CREDITS`, `USER_QUEUE_FULL`, ...). Added to the contract additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for both or neither of `job_ids` and `filter`, a
+   * bad job id, more than 1000 job ids, a bad filter or one naming a status other than FAILED and
+   * CANCELED, or `max_jobs` outside 1-1000 on a real call.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.RetryJobs
+   */
+  retryJobs: {
+    methodKind: "unary";
+    input: typeof RetryJobsRequestSchema;
+    output: typeof RetryJobsResponseSchema;
   },
   /**
    * The users who have work in the queue now (a QUEUED, PENDING or RUNNING job), the one waiting

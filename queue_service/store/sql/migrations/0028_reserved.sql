@@ -1,2 +1,0 @@
--- Reserved: this number belongs to a change developed in parallel (pause and settings).
--- Nothing here; when that change lands, its migration replaces this file.
