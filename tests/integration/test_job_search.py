@@ -90,6 +90,13 @@ async def test_search_by_document_uri_title_words_and_doi_pages_and_outlives_the
     counted = await operator.CancelJobs(op_pb2.CancelJobsRequest(filter=op_pb2.JobFilter(source_doi=f"10.5555/{mark}.q"), dry_run=True))
     assert counted.matched == 2
 
+    # So does a bulk retry: of the failed jobs, only those citing the DOI.
+    running = await service.stubs.wait_for(fair.job_id, job_pb2.JOB_STATUS_RUNNING)
+    await service.stubs.complete(running.run_id, succeeded=False)
+    for doi, matched in ((f"10.5555/{mark}.q", 1), (f"10.5555/{mark}.other", 0)):
+        request = op_pb2.RetryJobsRequest(filter=op_pb2.JobFilter(source_doi=doi), dry_run=True)
+        assert (await operator.RetryJobs(request, timeout=10)).matched == matched, doi
+
 
 @pytest.mark.parametrize(
     ("field", "value", "problem"),
