@@ -62,6 +62,12 @@ STATEMENTS = [
         "release accepted: mark the jobs RUNNING, one statement for those accepted together (a queued job here: no row changes)",
     ),
     ("end_runs", "completions of several runs in one statement, each run's section as end_job's (one run here)"),
+    ("search_job_views_by_source_doi", "SearchJobs by a source's DOI: first page (20) of the jobs citing it (about 10 in a million)"),
+    (
+        "search_job_views_by_title_words",
+        "SearchJobs by title words: a thesis's whole title, as read out on the phone (the idle user's oldest job, months old)",
+    ),
+    ("search_job_views_by_document_uri", "SearchJobs by document uri prefix: first page (20) of the jobs under one user's folder"),
 ]
 
 
@@ -124,7 +130,29 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
             },
         )
 
+    def search(**inputs: str) -> dict[str, Any]:
+        """A first SearchJobs page by one of the inputs, nothing else set (as the store binds it)."""
+        unset = {"document_uri_prefix": "", "title_words": "", "source_doi": ""}
+        return {
+            **{f"also_{name}": "" for name in unset},
+            "user_id": "",
+            "statuses": [],
+            "upper_time": None,
+            "upper_job_id": None,
+            "created_after": None,
+            "has_error": False,
+            **unset,
+            **inputs,
+            "limit": 21,
+        }
+
+    oldest_title = conn.execute(
+        "SELECT document_title FROM analysis_jobs WHERE user_id = %s ORDER BY create_time LIMIT 1", (idle_user,)
+    ).fetchone()["document_title"]
     return {
+        "search_job_views_by_source_doi": (search(source_doi="10.5555/p4242"), None),
+        "search_job_views_by_title_words": (search(title_words=oldest_title), None),
+        "search_job_views_by_document_uri": (search(document_uri_prefix=f"s3://theses/{idle_user}/"), None),
         "admit_job": (new_job, reserve_the_run),
         "end_job": (end_running_job, None),
         "claim_due_releases": ({"lease_seconds": 15.0, "batch_size": 64}, None),

@@ -764,6 +764,20 @@ class JobSearch:
     upper_time: dt.datetime | None
     upper_job_id: uuid.UUID | None
     has_error: bool
+    inputs: JobInputsSearch = dataclasses.field(default_factory=lambda: JobInputsSearch())
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInputsSearch:
+    """A search in what jobs judge; an empty field matches every job. Values are trimmed, and
+    `source_doi` lowercased, as the keys of migration 0029 are stored."""
+
+    document_uri_prefix: str = ""
+    title_words: str = ""
+    source_doi: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.document_uri_prefix or self.title_words or self.source_doi)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -775,6 +789,7 @@ class LiveJobFilter:
     created_after: dt.datetime | None
     created_before: dt.datetime | None
     has_error: bool
+    inputs: JobInputsSearch = dataclasses.field(default_factory=lambda: JobInputsSearch())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,6 +44,7 @@ from queue_service.api.listeners.web import WebEndpoint
 from queue_service.api.road.gate import CallGate
 from queue_service.api.road.interceptor import ErrorInterceptor
 from queue_service.api.road.road import CallRoad
+from queue_service.api.servicers import reflection as commented_reflection
 from queue_service.api.servicers.callbacks import CoreCallbackServicer
 from queue_service.api.servicers.credits import CreditsServicer
 from queue_service.api.servicers.health_service import HealthService
@@ -301,7 +302,7 @@ class QueueApp:
         operator_service_pb2_grpc.add_OperatorServiceServicer_to_server(self.servicers["OperatorService"], server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if self.config.reflection:
-            reflection.enable_server_reflection(
+            commented_reflection.enable(
                 (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
                 server,
             )

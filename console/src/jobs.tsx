@@ -15,8 +15,24 @@ import { JobFilterSchema, type JobFilter, type RetryJobsResponse } from "@acurio
 
 const STATUS_BY_NAME = new Map(Object.entries(STATUS_LABELS).map(([value, name]) => [name, Number(value) as JobStatus]));
 
+type SearchField = "sourceDoi" | "documentUriPrefix" | "titleWords";
+const SEARCH_AS: Record<SearchField, string> = { sourceDoi: "a source's DOI", documentUriPrefix: "the start of a document uri", titleWords: "words of the title" };
+
+/** What the search box holds, read as the filter field it names: a DOI as it is pasted (`10.…`,
+ * `doi:…`, a doi.org link), a document uri (`scheme://…`, matched as a prefix), else title words. */
+export function searchField(text: string): SearchField | null {
+  const trimmed = text.trim();
+  if (!trimmed) return null;
+  if (/^(doi:|https?:\/\/(dx\.)?doi\.org\/|10\.\d{4,9}\/)/i.test(trimmed)) return "sourceDoi";
+  if (/^[a-z][a-z0-9+.-]*:\/\//i.test(trimmed)) return "documentUriPrefix";
+  return "titleWords";
+}
+
 function filterFrom(params: URLSearchParams): JobFilter {
+  const search = params.get("q") ?? "";
+  const field = searchField(search);
   const filter = create(JobFilterSchema, {
+    ...(field ? { [field]: search.trim() } : {}),
     userId: params.get("user") ?? "",
     hasError: params.get("error") === "1",
     statuses: (params.get("status") ?? "")
@@ -497,10 +513,31 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
         onSubmit={(e) => {
           // Enter in a field applies what it holds (the form has no submit button: nothing else runs).
           e.preventDefault();
-          const user = new FormData(e.currentTarget).get("user");
-          update({ user: String(user ?? "").trim() });
+          const form = new FormData(e.currentTarget);
+          update({ user: String(form.get("user") ?? "").trim(), q: String(form.get("q") ?? "").trim() });
         }}
       >
+        <label class="job-search">
+          Search
+          <input
+            name="q"
+            type="search"
+            data-testid="job-search"
+            placeholder="title words, document uri or DOI"
+            value={params.get("q") ?? ""}
+            onChange={(e) => update({ q: e.currentTarget.value.trim() })}
+            onKeyDown={(e) => {
+              if (e.key === "Enter") {
+                e.preventDefault();
+                update({ q: e.currentTarget.value.trim() });
+              }
+            }}
+            aria-describedby="job-search-as"
+          />
+          <span id="job-search-as" class="muted" data-testid="job-search-as">
+            {searchField(params.get("q") ?? "") ? `as ${SEARCH_AS[searchField(params.get("q") ?? "")!]}` : ""}
+          </span>
+        </label>
         <label>
           Status
           <select value={params.get("status") ?? ""} onChange={(e) => update({ status: e.currentTarget.value })}>

@@ -47,6 +47,7 @@ from queue_service.model import (
     GrantOutcome,
     JobEnding,
     JobInputs,
+    JobInputsSearch,
     JobRef,
     JobSearch,
     JobStatus,
@@ -128,6 +129,10 @@ def _without_leading_comments(body: str) -> str:
 
 def _statuses(statuses: Iterable[JobStatus]) -> list[str]:
     return sorted(str(status) for status in statuses)
+
+
+def _inputs_params(inputs: JobInputsSearch) -> Row:
+    return {"document_uri_prefix": inputs.document_uri_prefix, "title_words": inputs.title_words, "source_doi": inputs.source_doi}
 
 
 def _limit_params(limits: PromotionLimits) -> Row:
@@ -730,8 +735,24 @@ class Statements:
         ]
 
     async def search_job_views(self, search: JobSearch, *, limit: int) -> list[JobView]:
-        """Picks the query shape whose index fits the filter: one user, one status, or all."""
-        params: Row = {**dataclasses.asdict(search), "statuses": _statuses(search.statuses), "limit": limit}
+        """Picks the query shape whose index fits the filter: a search in what jobs judge (a
+        DOI, a uri prefix, title words: the most selective first), one user, one status, or all."""
+        params: Row = {
+            **dataclasses.asdict(search),
+            **_inputs_params(search.inputs),
+            "statuses": _statuses(search.statuses),
+            "limit": limit,
+        }
+        inputs = search.inputs
+        for driving, shape in (
+            ("source_doi", "search_job_views_by_source_doi"),
+            ("document_uri_prefix", "search_job_views_by_document_uri"),
+            ("title_words", "search_job_views_by_title_words"),
+        ):
+            if getattr(inputs, driving):
+                # The other search fields narrow the shape's matches; its own is its index's condition.
+                also = {f"also_{name}": value for name, value in _inputs_params(inputs).items() if name != driving}
+                return await self._views(shape, {**params, f"also_{driving}": "", **also})
         if search.user_id:
             return await self._views("search_job_views_of_user", params)
         if len(search.statuses) == 1:
@@ -748,6 +769,7 @@ class Statements:
                 "created_after": live_filter.created_after,
                 "created_before": live_filter.created_before,
                 "has_error": live_filter.has_error,
+                **_inputs_params(live_filter.inputs),
                 "limit": limit,
             },
         )

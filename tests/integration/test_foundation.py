@@ -12,9 +12,12 @@ import uuid
 import grpc
 import psycopg
 import pytest
+from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2
 from queue_service.store import migrations
 from tests.harness import REPO_ROOT, PostgresServer, new_user, wait_serving
 
@@ -88,6 +91,39 @@ async def test_health_is_serving_and_reflection_lists_our_services(service) -> N
         "grpc.health.v1.Health",
         "grpc.reflection.v1alpha.ServerReflection",
     } <= set(names)
+
+
+async def test_reflection_serves_the_contracts_comments(service) -> None:
+    """A newcomer reading the contract through reflection (`grpcurl describe`) sees what a field
+    means, not only its name: SetUserQueueLimitRequest.max_active is a user's active jobs, not a
+    queue cap."""
+
+    def max_active_comment() -> tuple[str, list[str]]:
+        with grpc.insecure_channel(service.address) as channel:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            request = reflection_pb2.ServerReflectionRequest(file_containing_symbol="acurio.queue.v1.SetUserQueueLimitRequest")
+            response = next(iter(stub.ServerReflectionInfo(iter([request]), timeout=10)))
+        files = [descriptor_pb2.FileDescriptorProto.FromString(raw) for raw in response.file_descriptor_response.file_descriptor_proto]
+        operator = next(f for f in files if f.name == "acurio/queue/v1/operator_service.proto")
+        message_index = [m.name for m in operator.message_type].index("SetUserQueueLimitRequest")
+        field_index = [f.name for f in operator.message_type[message_index].field].index("max_active")
+        # The path of a field in its file: message_type (4), the message, field (2), the field.
+        path = [4, message_index, 2, field_index]
+        comments = [loc.leading_comments for loc in operator.source_code_info.location if list(loc.path) == path]
+        # Otherwise the very descriptor the generated module has (no json_name that would make
+        # grpcurl print camelCase, no field of another version of the protos).
+        served = descriptor_pb2.FileDescriptorProto()
+        served.CopyFrom(operator)
+        served.ClearField("source_code_info")
+        generated = descriptor_pb2.FileDescriptorProto()
+        operator_service_pb2.DESCRIPTOR.CopyToProto(generated)
+        assert served == generated
+        return " ".join(comments), sorted(f.name for f in files)
+
+    comment, names = await asyncio.to_thread(max_active_comment)
+    assert "First-pass jobs of the user active at once" in comment
+    # The imports go along (with their comments too), so a client can resolve every type.
+    assert {"acurio/queue/v1/job.proto", "google/protobuf/timestamp.proto"} <= set(names)
 
 
 @pytest.mark.parametrize(

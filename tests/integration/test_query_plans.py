@@ -5,6 +5,7 @@ what the previous holder of the lock committed and run its statements on generic
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 
 import psycopg
@@ -15,7 +16,7 @@ from queue_service import deadline
 from queue_service.model import PromotionLimits, RunReportToApply, Transition
 from queue_service.store import locks
 from queue_service.store.pool import Timeouts, create_pool
-from queue_service.store.store import _end_runs_params, _statement
+from queue_service.store.store import _end_runs_params, _statement, queries
 from tests.harness import S, insert_jobs, new_user
 
 # A section the way migration 0009's functions are written: VOLATILE PL/pgSQL, rows with a kind.
@@ -188,3 +189,75 @@ def test_the_ledger_of_one_actor_is_read_off_its_index(database_url: str) -> Non
             text = "\n".join(row["QUERY PLAN"] for row in plan)
             assert "credit_ledger_actor_newest_first" in text, text
             assert "Seq Scan" not in text and "Sort" not in text, text
+
+
+_SEARCHES_IN_INPUTS = {
+    "search_job_views_by_source_doi": ("analysis_jobs_by_source_doi", {"source_doi": "10.5555/p77"}),
+    "search_job_views_by_title_words": ("analysis_jobs_by_title_words", {"title_words": "topic3 TOPIC4"}),
+    "search_job_views_by_document_uri": ("analysis_jobs_by_document_uri", {"document_uri_prefix": "s3://plans/u7/"}),
+}
+_NAMED_PARAMETER = re.compile(r"%\((\w+)\)s")
+
+
+def _explain(conn: psycopg.Connection, name: str, values: dict, *, generic: bool) -> str:
+    """The plan of a named query with bound values: its custom plan, or the generic plan of the
+    statement prepared as the service's connections prepare it (psycopg, server-side)."""
+    text = queries()[name]
+    if not generic:
+        return "\n".join(row["QUERY PLAN"] for row in conn.execute("EXPLAIN " + text, values))
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    try:
+        conn.execute(text, values, prepare=True)
+        prepared = conn.execute(
+            "SELECT name, cardinality(parameter_types) AS arguments FROM pg_prepared_statements ORDER BY prepare_time DESC LIMIT 1"
+        ).fetchone()
+        assert prepared is not None
+        # The same values, in the order psycopg numbered them (each name once, as it first appears).
+        order = list(dict.fromkeys(_NAMED_PARAMETER.findall(text)))
+        assert len(order) == prepared["arguments"], (order, prepared)
+        # EXECUTE's arguments are written as literals (a utility statement takes no bound values).
+        arguments = sql.SQL(", ").join(sql.Literal(values[key]) for key in order)
+        rows = conn.execute(sql.SQL("EXPLAIN EXECUTE {}({})").format(sql.Identifier(prepared["name"]), arguments))
+        return "\n".join(row["QUERY PLAN"] for row in rows)
+    finally:
+        conn.execute("RESET plan_cache_mode")
+
+
+def test_the_searches_in_job_inputs_read_their_own_indexes(database_url: str) -> None:
+    """SearchJobs by a source's DOI, title words or a document uri prefix reads the index of
+    migration 0029 that serves it, with bound values and as a prepared generic plan, never the
+    whole table: at a million jobs a search costs its matches, not the history."""
+    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute(
+            """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, price,
+                                          create_time, end_time, document_uri, document_title, sources, source_count)
+               SELECT gen_random_uuid(), 'plans-u' || (g % 500), gen_random_uuid(), 'plans-' || g, '\\x00', 'succeeded',
+                      nextval('analysis_jobs_queue_seq'), 1, now() - g * interval '1 minute', now(),
+                      's3://plans/u' || (g % 500) || '/' || g || '.pdf',
+                      'Topic' || (g % 40) || ' and topic' || ((g / 40) % 40) || ': thesis ' || g,
+                      jsonb_build_array(jsonb_build_object('doi', '10.5555/P' || (g % 2000), 'citation', 'c')), 1
+                 FROM generate_series(1, 20000) AS g"""
+        )
+        conn.execute("ANALYZE analysis_jobs")
+        # Each search matches a few jobs of the 20000 (10 cite the DOI, 12 titles hold both words,
+        # 40 uris are under the folder): reading them from the index beats walking the history.
+        # The DOIs were kept lowercased at insert (the trigger of migration 0029).
+        assert conn.execute("SELECT count(*) AS n FROM analysis_jobs WHERE source_dois @> '{10.5555/p77}'").fetchone() == {"n": 10}
+        unset = {"document_uri_prefix": "", "title_words": "", "source_doi": ""}
+        for name, (index, inputs) in _SEARCHES_IN_INPUTS.items():
+            values = {
+                **{f"also_{field}": "" for field in unset},
+                "user_id": "",
+                "statuses": [],
+                "upper_time": None,
+                "upper_job_id": None,
+                "created_after": None,
+                "has_error": False,
+                **unset,
+                **inputs,
+                "limit": 21,
+            }
+            for generic in (False, True):
+                plan = _explain(conn, name, values, generic=generic)
+                assert re.search(rf"Index (?:Only )?Scan(?: Backward)? (?:using|on) {index} ", plan), (name, generic, plan)
+                assert "Seq Scan on analysis_jobs" not in plan, (name, generic, plan)

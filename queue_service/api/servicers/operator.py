@@ -39,7 +39,7 @@ from queue_service.api.servicers.convert import (
 )
 from queue_service.api.servicers.retry import MAX_BULK_RETRY, RETRYABLE, choose_for_bulk_retry, retry_each, retry_job
 from queue_service.engine import Admission, Credits, JobReads, QueueEngine
-from queue_service.model import LIVE, JobSearch, LedgerQuery, LiveJobFilter
+from queue_service.model import LIVE, JobInputsSearch, JobSearch, LedgerQuery, LiveJobFilter
 
 _DEFAULT_WINDOW_MINUTES = 60
 _MAX_WINDOW_MINUTES = 1440
@@ -153,6 +153,7 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
             created_after=search.created_after,
             created_before=search.upper_time,
             has_error=search.has_error,
+            inputs=search.inputs,
         )
         rows = await self._reads.live_jobs_matching(live_filter, limit=MAX_BULK_CANCEL + 1)
         matched = rows[:MAX_BULK_CANCEL]
@@ -368,6 +369,13 @@ def _search(job_filter: pb.JobFilter) -> tuple[JobSearch, str]:
     v = validation.Violations()
     if job_filter.user_id:
         v.check_id("filter.user_id", job_filter.user_id)
+    inputs = JobInputsSearch(
+        document_uri_prefix=v.check_trimmed(
+            "filter.document_uri_prefix", job_filter.document_uri_prefix, max_chars=validation.MAX_URI_CHARS
+        ),
+        title_words=validation.search_words(v, "filter.title_words", job_filter.title_words),
+        source_doi=validation.search_doi(v, "filter.source_doi", job_filter.source_doi),
+    )
     after = v.check_timestamp("filter.created_after", job_filter.created_after) if job_filter.HasField("created_after") else None
     before = v.check_timestamp("filter.created_before", job_filter.created_before) if job_filter.HasField("created_before") else None
     if after is not None and before is not None and after >= before:
@@ -381,6 +389,10 @@ def _search(job_filter: pb.JobFilter) -> tuple[JobSearch, str]:
         upper_time=before,
         upper_job_id=_MIN_JOB_ID if before is not None else None,
         has_error=job_filter.has_error,
+        inputs=inputs,
     )
-    key = page_tokens.filter_key(search.user_id, [str(s) for s in statuses], str(after), str(before), search.has_error)
+    # The search in inputs joins the key only when set, so a token of a replica without it (during
+    # a deploy) keeps its meaning here.
+    searched = [inputs.document_uri_prefix, inputs.title_words, inputs.source_doi] if inputs else []
+    key = page_tokens.filter_key(search.user_id, [str(s) for s in statuses], str(after), str(before), search.has_error, *searched)
     return search, key

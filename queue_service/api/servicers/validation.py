@@ -55,6 +55,9 @@ MAX_LISTED_VIOLATIONS = 50
 _MIN_TIMESTAMP_SECONDS = -62_135_596_800
 _MAX_TIMESTAMP_SECONDS = 253_402_300_799
 
+# What a DOI search accepts in front of the DOI and ignores (as a DOI is often pasted).
+_DOI_PREFIX = re.compile(r"^(?:doi:\s*|https?://(?:dx\.)?doi\.org/)", re.IGNORECASE)
+
 # Registrant code after "10.", a slash, and a suffix without whitespace or control characters.
 _DOI = re.compile(r"^10\.\d{4,9}(\.\d+)*/[^\s\x00-\x1f\x7f]+$")
 
@@ -78,6 +81,26 @@ def _bidi_control(field: str, value: str) -> str | None:
         f"{field} must not contain bidirectional control characters (U+202A-U+202E, U+2066-U+2069): "
         f"U+{ord(found.group()):04X} at character {found.start()} makes the text display in another order than it is stored"
     )
+
+
+def search_doi(v: Violations, field: str, value: str) -> str:
+    """A DOI to search for, lowercased as the jobs' DOIs are stored (DOIs are case-insensitive),
+    without a `doi:` or `https://doi.org/` in front; '' when unset."""
+    trimmed = v.check_trimmed(field, value, max_chars=MAX_DOI_CHARS)
+    doi = _DOI_PREFIX.sub("", trimmed)
+    if doi and not _DOI.match(doi):
+        v.add(field, f"{field} {doi[:64]!r} is not a DOI (expected 10.<registrant>/<suffix>, such as 10.1000/xyz123)")
+    elif trimmed and not doi:
+        v.add(field, f"{field} holds no DOI after its {trimmed!r}")
+    return doi.lower()
+
+
+def search_words(v: Violations, field: str, value: str) -> str:
+    """Words to find in a title, trimmed; '' when unset. Without a letter or digit it finds nothing."""
+    words = v.check_trimmed(field, value, max_chars=MAX_TITLE_CHARS)
+    if words and not any(character.isalnum() for character in words):
+        v.add(field, f"{field} needs at least one word (a letter or digit); punctuation only separates words")
+    return words
 
 
 class Violations:
@@ -125,6 +148,22 @@ class Violations:
             self.add(field, f"{field} must not contain NUL characters")
         elif not bidi_controls and (bidi := _bidi_control(field, value)):
             self.add(field, bidi)
+
+    def check_trimmed(self, field: str, value: str, *, max_chars: int) -> str:
+        """An optional text without its surrounding whitespace ('' when unset); one of
+        whitespace only is a violation (it would match nothing, or everything). The length counts
+        the text as sent, so the largest valid request stays what `request_limits` computes."""
+        if not value:
+            return ""
+        if len(value) > max_chars:
+            self.add(field, f"{field} must be at most {max_chars} characters (got {len(value)})")
+            return ""
+        trimmed = value.strip()
+        if not trimmed:
+            self.add(field, f"{field} is empty after trimming whitespace; leave it unset to match every job")
+            return ""
+        self.check_text(field, trimmed, max_chars=max_chars)
+        return trimmed
 
     def check_timestamp(self, field: str, value: timestamp_pb2.Timestamp) -> dt.datetime | None:
         """The timestamp as an aware UTC datetime; one outside google.protobuf.Timestamp's range

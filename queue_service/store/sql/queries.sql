@@ -752,6 +752,58 @@ SELECT * FROM analysis_job_views
  ORDER BY create_time DESC, job_id DESC
  LIMIT %(limit)s;
 
+-- name: job_search_narrowing
+-- The filters of the searches in what jobs judge (below), after the condition whose index each
+-- walks: a fragment they include, never run alone. The user, the statuses, the keyset position,
+-- the admit time, errors, and the other search fields (`also_*`; empty: every job, and the store
+-- empties the one the shape walks, so a custom plan counts its selectivity once); newest admitted
+-- first, one page. The uri is matched exactly by `starts_with` (the shapes' range is its bound).
+   AND (%(user_id)s::text = '' OR j.user_id = %(user_id)s::text)
+   AND (cardinality(%(statuses)s::text[]) = 0 OR j.status = ANY(%(statuses)s::text[]))
+   AND (j.create_time, j.job_id) < (COALESCE(%(upper_time)s::timestamptz, 'infinity'),
+                                    COALESCE(%(upper_job_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+   AND j.create_time >= COALESCE(%(created_after)s::timestamptz, '-infinity')
+   AND (NOT %(has_error)s OR j.last_error <> '')
+   AND (%(also_document_uri_prefix)s::text = '' OR starts_with(j.document_uri, %(also_document_uri_prefix)s::text))
+   AND (%(also_title_words)s::text = '' OR j.title_words @@ plainto_tsquery('simple', %(also_title_words)s::text))
+   AND (%(also_source_doi)s::text = '' OR j.source_dois @> ARRAY[%(also_source_doi)s::text])
+ ORDER BY j.create_time DESC, j.job_id DESC
+ LIMIT %(limit)s
+
+-- name: search_job_views_by_source_doi
+-- One page of the job search among the jobs citing a DOI (`analysis_jobs_by_source_doi`, migration
+-- 0029: few jobs cite one DOI, so all are read, narrowed and sorted), then the page's views.
+SELECT v.* FROM analysis_job_views v
+ WHERE v.job_id IN (SELECT j.job_id FROM analysis_jobs j
+                     WHERE j.source_dois @> ARRAY[%(source_doi)s::text]
+-- include: job_search_narrowing
+                   )
+ ORDER BY v.create_time DESC, v.job_id DESC;
+
+-- name: search_job_views_by_document_uri
+-- One page of the job search among the jobs whose document uri starts with a prefix: the range of
+-- `analysis_jobs_by_document_uri` (migration 0029; "C" collation, so a prefix is a range) from the
+-- prefix to the prefix followed by the highest code point (`starts_with` decides), then the page's views.
+SELECT v.* FROM analysis_job_views v
+ WHERE v.job_id IN (SELECT j.job_id FROM analysis_jobs j
+                     WHERE j.document_uri COLLATE "C" >= %(document_uri_prefix)s::text
+                       AND j.document_uri COLLATE "C" < %(document_uri_prefix)s::text || chr(1114111)
+                       AND starts_with(j.document_uri, %(document_uri_prefix)s::text)
+-- include: job_search_narrowing
+                   )
+ ORDER BY v.create_time DESC, v.job_id DESC;
+
+-- name: search_job_views_by_title_words
+-- One page of the job search among the jobs whose title holds every word (`title_words` and its
+-- index `analysis_jobs_by_title_words`, migration 0029, 'simple' configuration), then the page's
+-- views. For words in many titles the planner walks the newest jobs instead, testing the stored words.
+SELECT v.* FROM analysis_job_views v
+ WHERE v.job_id IN (SELECT j.job_id FROM analysis_jobs j
+                     WHERE j.title_words @@ plainto_tsquery('simple', %(title_words)s::text)
+-- include: job_search_narrowing
+                   )
+ ORDER BY v.create_time DESC, v.job_id DESC;
+
 -- name: active_jobs_matching
 -- The QUEUED, PENDING and RUNNING jobs a bulk cancel would touch, oldest admitted first (the
 -- partial indexes over the rows in flight: only those are read).
@@ -763,6 +815,9 @@ SELECT job_id, user_id
    AND create_time >= COALESCE(%(created_after)s::timestamptz, '-infinity')
    AND create_time < COALESCE(%(created_before)s::timestamptz, 'infinity')
    AND (NOT %(has_error)s OR last_error <> '')
+   AND (%(document_uri_prefix)s::text = '' OR starts_with(document_uri, %(document_uri_prefix)s::text))
+   AND (%(title_words)s::text = '' OR title_words @@ plainto_tsquery('simple', %(title_words)s::text))
+   AND (%(source_doi)s::text = '' OR source_dois @> ARRAY[%(source_doi)s::text])
  ORDER BY create_time, job_id
  LIMIT %(limit)s;
 

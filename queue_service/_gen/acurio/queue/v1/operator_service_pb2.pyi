@@ -108,10 +108,31 @@ class JobFilter(_message.Message):
     CREATED_AFTER_FIELD_NUMBER: _builtins.int
     CREATED_BEFORE_FIELD_NUMBER: _builtins.int
     HAS_ERROR_FIELD_NUMBER: _builtins.int
+    DOCUMENT_URI_PREFIX_FIELD_NUMBER: _builtins.int
+    TITLE_WORDS_FIELD_NUMBER: _builtins.int
+    SOURCE_DOI_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """Only this user's jobs (exact id); empty means every user."""
     has_error: _builtins.bool
     """Only jobs with a `last_error` (release failures, core failures, cancel reasons)."""
+    document_uri_prefix: _builtins.str
+    """The search in what jobs judge (fields 6-8). Each is kept as long as the job row is, also
+    after its sources are pruned (QUEUE_JOB_INPUTS_RETENTION_SECONDS), and read from its own
+    index. Leading and trailing spaces are ignored; a field set to spaces only is refused.
+    Added to the contract additively.
+
+    Only jobs whose document uri starts with this (exact, case-sensitive; the whole uri
+    matches itself): at most 2048 characters.
+    """
+    title_words: _builtins.str
+    """Only jobs whose document title holds every one of these words (case-insensitive, whole
+    words, in any order; punctuation separates words): at most 512 characters, at least one
+    letter or digit.
+    """
+    source_doi: _builtins.str
+    """Only jobs with a source of this DOI (`10.<registrant>/<suffix>`; case-insensitive, as DOIs
+    are; a `doi:` or `https://doi.org/` in front is ignored): at most 256 characters.
+    """
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_job_pb2.JobStatus.ValueType]:
         """Only jobs in these statuses; empty means all."""
@@ -132,10 +153,13 @@ class JobFilter(_message.Message):
         created_after: _timestamp_pb2.Timestamp | None = ...,
         created_before: _timestamp_pb2.Timestamp | None = ...,
         has_error: _builtins.bool = ...,
+        document_uri_prefix: _builtins.str = ...,
+        title_words: _builtins.str = ...,
+        source_doi: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before", "has_error", b"has_error", "statuses", b"statuses", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before", "document_uri_prefix", b"document_uri_prefix", "has_error", b"has_error", "source_doi", b"source_doi", "statuses", b"statuses", "title_words", b"title_words", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -138,10 +138,13 @@ class OperatorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SearchJobs(self, request, context):
-        """Searches jobs across users, newest admitted first, by status, user, admit time range and
-        whether the job has an error.
-        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size, status, time range, or a page
-        token that is malformed or was issued for another filter.
+        """Searches jobs across users, newest admitted first, by status, user, admit time range,
+        whether the job has an error, and what it judges: its document uri (a prefix), words of its
+        document title, or a source's DOI (the last three added to the contract additively; each
+        read from its own index, so a search costs the same at a million jobs).
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size, status, time range, a
+        document uri, title words or DOI that is too long or empty after trimming, or a page token
+        that is malformed or was issued for another filter.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

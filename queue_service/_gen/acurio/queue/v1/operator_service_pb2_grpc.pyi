@@ -47,10 +47,13 @@ class OperatorServiceStub:
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a window outside 1-1440 minutes.
     """
     SearchJobs: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.SearchJobsRequest, _operator_service_pb2.SearchJobsResponse]
-    """Searches jobs across users, newest admitted first, by status, user, admit time range and
-    whether the job has an error.
-    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size, status, time range, or a page
-    token that is malformed or was issued for another filter.
+    """Searches jobs across users, newest admitted first, by status, user, admit time range,
+    whether the job has an error, and what it judges: its document uri (a prefix), words of its
+    document title, or a source's DOI (the last three added to the contract additively; each
+    read from its own index, so a search costs the same at a million jobs).
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size, status, time range, a
+    document uri, title words or DOI that is too long or empty after trimming, or a page token
+    that is malformed or was issued for another filter.
     """
     WatchOverview: _grpc.UnaryStreamMultiCallable[_operator_service_pb2.WatchOverviewRequest, _operator_service_pb2.WatchOverviewResponse]
     """Streams the overview: one at once, then a new one whenever a figure changes (checked every
@@ -187,10 +190,13 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a window outside 1-1440 minutes.
     """
     SearchJobs: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.SearchJobsRequest, _operator_service_pb2.SearchJobsResponse]  # type: ignore[assignment]
-    """Searches jobs across users, newest admitted first, by status, user, admit time range and
-    whether the job has an error.
-    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size, status, time range, or a page
-    token that is malformed or was issued for another filter.
+    """Searches jobs across users, newest admitted first, by status, user, admit time range,
+    whether the job has an error, and what it judges: its document uri (a prefix), words of its
+    document title, or a source's DOI (the last three added to the contract additively; each
+    read from its own index, so a search costs the same at a million jobs).
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size, status, time range, a
+    document uri, title words or DOI that is too long or empty after trimming, or a page token
+    that is malformed or was issued for another filter.
     """
     WatchOverview: _aio.UnaryStreamMultiCallable[_operator_service_pb2.WatchOverviewRequest, _operator_service_pb2.WatchOverviewResponse]  # type: ignore[assignment]
     """Streams the overview: one at once, then a new one whenever a figure changes (checked every
@@ -336,10 +342,13 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _operator_service_pb2.SearchJobsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_operator_service_pb2.SearchJobsResponse, _abc.Awaitable[_operator_service_pb2.SearchJobsResponse]]:
-        """Searches jobs across users, newest admitted first, by status, user, admit time range and
-        whether the job has an error.
-        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size, status, time range, or a page
-        token that is malformed or was issued for another filter.
+        """Searches jobs across users, newest admitted first, by status, user, admit time range,
+        whether the job has an error, and what it judges: its document uri (a prefix), words of its
+        document title, or a source's DOI (the last three added to the contract additively; each
+        read from its own index, so a search costs the same at a million jobs).
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad page size, status, time range, a
+        document uri, title words or DOI that is too long or empty after trimming, or a page token
+        that is malformed or was issued for another filter.
         """
 
     @_abc_1.abstractmethod

@@ -1,0 +1,98 @@
+// The Jobs page's search box, in Debian's Chromium against the live `queue-service dev` that
+// .ci/console-browser-test starts: an operator with a lecturer on the phone types a thesis title's
+// words, pastes a DOI in any case (or a doi.org link), or a document uri, and finds the jobs; a
+// search the service refuses says why. Its own users and words, so it runs beside other files.
+import assert from "node:assert/strict";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { after, before, test } from "node:test";
+
+import { createClient } from "@connectrpc/connect";
+import { type Browser, type Page } from "playwright-core";
+
+import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits_service_pb.js";
+import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
+import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, WAIT_MS } from "./support.js";
+
+const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN") };
+const asWeb = createClient(AnalysisQueueService, grpc(TOKENS.web));
+const asOperator = createClient(CreditsService, grpc(TOKENS.operator));
+
+let browser: Browser;
+let page: Page;
+const stamp = Date.now().toString(36);
+
+before(async () => {
+  mkdirSync(SHOTS, { recursive: true });
+  browser = await launchChromium();
+  const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  page = await context.newPage();
+  page.on("pageerror", (error) => console.error(`page error: ${error.message}`));
+  await page.addInitScript((value) => sessionStorage.setItem("acurio-queue-console-token", value), TOKENS.operator);
+});
+
+after(async () => {
+  await browser?.close();
+});
+
+async function admit(user: string, key: string, title: string, doi: string) {
+  const response = await asWeb.admit({
+    userId: user,
+    idempotencyKey: key,
+    document: { uri: `s3://search-${stamp}/${user}/${key}.pdf`, title },
+    sources: [{ doi, citation: `Cited as ${doi}` }],
+  });
+  return response.job!;
+}
+
+/** Types into the search box and presses Enter; waits until the rows shown are exactly `jobIds`. */
+async function search(text: string, jobIds: string[]): Promise<void> {
+  const box = page.getByTestId("job-search");
+  await box.fill(text);
+  await box.press("Enter");
+  const expected = [...jobIds].sort().join(",");
+  await page.waitForFunction(
+    (want) => {
+      const rows = [...document.querySelectorAll<HTMLElement>('[data-testid="job-row"]')].map((row) => row.dataset.jobId ?? "");
+      return rows.sort().join(",") === want;
+    },
+    expected,
+    { timeout: WAIT_MS },
+  );
+}
+
+test("the Jobs page finds jobs by title words, a source's DOI in any case, or a document uri", async () => {
+  const user = `search-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 2n, idempotencyKey: "grant" });
+  const word = `w${stamp}`;
+  const fair = await admit(user, "fair", `Fair queues ${word} for citation checks`, `10.5555/${stamp}.Fair`);
+  const graphs = await admit(user, "graphs", `Citation graphs ${word}`, `10.5555/${stamp}.other`);
+
+  await page.goto("about:blank");
+  await page.goto(`${CONSOLE_URL}#/jobs`);
+  await page.getByTestId("job-search").waitFor({ timeout: WAIT_MS });
+
+  await search(`${word} citation`, [fair.jobId, graphs.jobId]);
+  assert.match(await page.getByTestId("job-search-as").innerText(), /words of the title/);
+  await search(`queues ${word.toUpperCase()}`, [fair.jobId]);
+  await shot("search-title-words");
+
+  await search(`https://doi.org/10.5555/${stamp.toUpperCase()}.FAIR`, [fair.jobId]);
+  assert.match(await page.getByTestId("job-search-as").innerText(), /a source's DOI/);
+  await shot("search-doi");
+
+  await search(`s3://search-${stamp}/${user}/gra`, [graphs.jobId]);
+  assert.match(await page.getByTestId("job-search-as").innerText(), /start of a document uri/);
+
+  // A search the service refuses (no word in it) says why, naming the field.
+  await page.getByTestId("job-search").fill("-- !!");
+  await page.getByTestId("job-search").press("Enter");
+  const notice = page.getByTestId("notice");
+  await notice.filter({ hasText: "title_words" }).waitFor({ timeout: WAIT_MS });
+  assert.match(await notice.innerText(), /at least one word/);
+  await shot("search-refused");
+});
+
+async function shot(name: string): Promise<void> {
+  await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
+}

@@ -1,0 +1,80 @@
+"""Server reflection that carries the contract's comments.
+
+grpcio-reflection answers from a descriptor pool, by default the one the `_pb2` modules fill,
+which holds no source info: `grpcurl describe` then shows no comment, and a field such as
+SetUserQueueLimitRequest.max_active reads as whatever its name suggests. The pool served here is
+the default one, but each file of the contract goes out as `_gen/descriptor_set.binpb` holds it
+(written by `protos/generate.py` with the comments from the same protos as the `_pb2` modules),
+since the pool's own `CopyToProto` drops the source info. Other files (health, reflection,
+google.rpc's error details, which grpcurl resolves to print an error) are served as the pool has them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import grpc
+from google.protobuf import descriptor, descriptor_pb2, descriptor_pool
+from grpc_reflection.v1alpha import reflection
+
+_DESCRIPTOR_SET = "descriptor_set.binpb"
+
+
+@cache
+def contract_files() -> dict[str, descriptor_pb2.FileDescriptorProto]:
+    """The contract's files (and the well-known types they import) with their comments, by name."""
+    raw = resources.files("queue_service._gen").joinpath(_DESCRIPTOR_SET).read_bytes()
+    return {file.name: file for file in descriptor_pb2.FileDescriptorSet.FromString(raw).file}
+
+
+class _FileWithComments:
+    """A file descriptor as reflection reads it (its name, its dependencies, `CopyToProto`),
+    copied from the generated file so the comments go along."""
+
+    def __init__(self, file: descriptor.FileDescriptor, generated: descriptor_pb2.FileDescriptorProto | None) -> None:
+        self._file = file
+        self._generated = generated
+        self.name = file.name
+
+    @property
+    def dependencies(self) -> list[_FileWithComments]:
+        return [_with_comments(dependency) for dependency in self._file.dependencies]
+
+    def CopyToProto(self, proto: descriptor_pb2.FileDescriptorProto) -> None:  # noqa: N802 (the descriptor API's name)
+        if self._generated is not None:
+            proto.CopyFrom(self._generated)
+        else:
+            self._file.CopyToProto(proto)
+
+
+def _with_comments(file: descriptor.FileDescriptor) -> _FileWithComments:
+    return _FileWithComments(file, contract_files().get(file.name))
+
+
+class CommentedPool:
+    """The lookups grpc_reflection makes of a pool, answered by the default pool (every file the
+    service imports: the contract, health, reflection, google.rpc's error details), each file
+    sent with its comments where the contract's set has them."""
+
+    def __init__(self, pool: descriptor_pool.DescriptorPool) -> None:
+        self._pool = pool
+
+    def FindFileByName(self, name: str) -> _FileWithComments:  # noqa: N802 (the pool's API)
+        return _with_comments(self._pool.FindFileByName(name))
+
+    def FindFileContainingSymbol(self, symbol: str) -> _FileWithComments:  # noqa: N802
+        return _with_comments(self._pool.FindFileContainingSymbol(symbol))
+
+    def __getattr__(self, name: str) -> Any:
+        # FindMessageTypeByName, FindExtensionByNumber, FindAllExtensions: as the pool answers.
+        return getattr(self._pool, name)
+
+
+def enable(service_names: Iterable[str], server: grpc.aio.Server) -> None:
+    """Serves reflection for `service_names` on `server`, the contract's files with their comments."""
+    contract_files()  # read once now: a missing or broken set fails the start, not a client's call
+    pool = CommentedPool(descriptor_pool.Default())
+    reflection.enable_server_reflection(tuple(service_names), server, pool=pool)  # type: ignore[arg-type]

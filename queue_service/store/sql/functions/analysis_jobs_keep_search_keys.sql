@@ -1,0 +1,24 @@
+-- analysis_jobs_keep_search_keys: the function and its trigger of the same name.
+--
+-- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- * 0029 (job search by document and DOI): What the job search reads is written once, at insert,
+--   whichever code inserts the job (as the migration's backfill does for the jobs before it):
+--   each distinct DOI of its sources, lowercased (DOIs are case-insensitive), kept for as long as
+--   the row is, after its sources are pruned; and its title's words ('simple': no stemming, no
+--   stop words), stored so a search that walks the newest jobs tests each row cheaply.
+
+CREATE OR REPLACE FUNCTION public.analysis_jobs_keep_search_keys()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    NEW.source_dois := ARRAY(SELECT DISTINCT lower(s.e->>'doi')
+                               FROM jsonb_array_elements(COALESCE(NEW.sources, '[]'::jsonb)) AS s(e)
+                              WHERE COALESCE(s.e->>'doi', '') <> '');
+    NEW.title_words := to_tsvector('simple'::regconfig, COALESCE(NEW.document_title, ''));
+    RETURN NEW;
+END
+$function$;
+
+DROP TRIGGER IF EXISTS analysis_jobs_keep_search_keys ON public.analysis_jobs;
+CREATE TRIGGER analysis_jobs_keep_search_keys BEFORE INSERT ON analysis_jobs FOR EACH ROW WHEN (new.sources IS NOT NULL OR new.document_title IS NOT NULL) EXECUTE FUNCTION analysis_jobs_keep_search_keys();
