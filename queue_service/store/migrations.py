@@ -141,11 +141,10 @@ def available_migrations() -> list[Migration]:
             found.append(Migration(int(match["version"]), match["name"], entry.read_text()))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
-    # Versions are allocated ahead to changes made in parallel, which land in any order: a gap
-    # is one not landed yet (a migration is pending by its version, so it applies when it lands).
-    # Two files of one version are a mistake.
-    if len(set(versions)) != len(versions):
-        raise MigrationError(f"migration versions must be unique, found {versions}")
+    # Migrations apply in their order, each on the schema the ones before it left: a gap would
+    # let a later one run before the one it was written after.
+    if versions != list(range(1, len(found) + 1)):
+        raise MigrationError(f"migration versions must be 1..n without gaps, found {versions}")
     return found
 
 
