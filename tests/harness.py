@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -98,6 +99,19 @@ def nothing_in_flight(database_url: str) -> None:
         conn.execute("DELETE FROM user_capacity_turns")
         conn.execute("UPDATE queue_capacity SET capacity = 0, core_limit = NULL, next_probe_at = NULL, core_refusals = 0")
         conn.execute("DELETE FROM queue_release_pauses")
+
+
+def metric_total(metrics_port: int, name: str, **labels: str) -> float:
+    """The sum of a replica's Prometheus series `name` with these label values (any others), read
+    from its metrics endpoint."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+        exposition = response.read().decode()
+    wanted = [f'{label}="{value}"' for label, value in labels.items()]
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in exposition.splitlines()
+        if line.startswith(name + "{") and all(label in line.split("}", 1)[0] for label in wanted)
+    )
 
 
 async def running_with_one_queued(stubs: Stubs) -> tuple[str, job_pb2.Job, job_pb2.Job]:

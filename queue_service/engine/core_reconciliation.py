@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 
 # Orphans settled side by side at most (each asks the core and takes a user's lock).
 _ORPHANS_AT_ONCE = 8
+# How old a health probe's reading of the database's identity may be for a look to take it
+# instead of reading its own (at most one and a half health intervals): a look comes every 2 s.
+_PROBED_IDENTITY_FRESH_SECONDS = 1.0
 
 
 @dataclasses.dataclass
@@ -89,6 +92,8 @@ class CoreReconciler:
         self._adoption = RunAdoption(store, core, config, wake_dispatcher=wake_dispatcher)
         self._on_database_replaced = on_database_replaced
         self._identity: DatabaseIdentity | None = None
+        # When the reading `_identity` holds was taken (monotonic): an older one is never taken.
+        self._identity_read_at = float("-inf")
         # When this replica first saw the current history (monotonic).
         self._identity_seen_at = time.monotonic()
         # A reconciliation that has not yet gone through whole (the core or the new primary not
@@ -132,9 +137,18 @@ class CoreReconciler:
         """Whether the database's identity changed since the last look (the first look only
         learns it, and owes a reconciliation when that history was never reconciled: the fleet
         may have restarted on a promoted standby). A failover changes the timeline."""
-        async with self._store.statements() as db:
-            identity = await db.database_identity()
-        previous, self._identity = self._identity, identity
+        # Health's probe reads the identity in its commit every QUEUE_HEALTH_INTERVAL_SECONDS: a
+        # reading that fresh, taken after the one this replica holds, saves a statement.
+        now = time.monotonic()
+        fresh_after = now - min(_PROBED_IDENTITY_FRESH_SECONDS, 1.5 * self._config.health_interval_seconds)
+        probed = self._store.probed_identity(started_after=max(fresh_after, self._identity_read_at))
+        if probed is not None:
+            read_at, identity = probed
+        else:
+            read_at = now
+            async with self._store.statements() as db:
+                identity = await db.database_identity()
+        previous, self._identity, self._identity_read_at = self._identity, identity, read_at
         # A record that vanished from a history this replica saw recorded (a restore that kept
         # the identity, an operator clearing it to have releases ask the core again) is a new
         # history too: the straggler bound runs again before it may be recorded.
@@ -232,6 +246,8 @@ class CoreReconciler:
             return False
         if recorded and self._identity == identity:
             self._identity = dataclasses.replace(identity, reconciled=True)
+            # A probe begun before the record would say it is missing.
+            self._identity_read_at = time.monotonic()
             log.info(
                 "database history reconciled with the core: releases no longer ask the core first",
                 extra={"reason": f"system {identity.system_identifier} timeline {identity.timeline_id}"},

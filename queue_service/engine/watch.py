@@ -8,8 +8,9 @@ committed since its previous read, in the order each job's changes committed, re
 job's view and hands it to every stream of that user on this replica, with the user's queued
 jobs when the change moves them. It reads when this replica has committed a change, when another
 replica's wake-up hint arrives (a NOTIFY sent after that replica's commit, on a connection that
-only LISTENs), and on a timer; with no stream open, only on the timer (what it then reads is
-PENDING jobs nobody claimed, for the dispatcher). The feed's cursor is this process's, so a lost
+only LISTENs), and on a timer; with no stream open, only on a slow timer that keeps its cursor
+fresh (what it then reads is PENDING jobs nobody claimed, which the dispatcher's own pass claims
+within 5 s too). The feed's cursor is this process's, so a lost
 connection loses no change. When the hint connection drops, when the cursor is too old to trust
 (the feed's rows are deleted after a retention) or too much came at once (or a slow reader's
 backlog is dropped), each stream resyncs, re-reading every job it may have missed, ended ones
@@ -51,9 +52,11 @@ CATCH_UP_PAGE = 50
 # With streams open, the feed is read at least this often (a change of a replica whose hint was
 # lost, or of a writer that sends none, waits at most this long).
 READ_EVERY_SECONDS = 1.0
-# With no stream open, only PENDING jobs nobody claimed matter (the dispatcher's), and the sweeper
-# backs those up every interval: the feed is read this often, and not on commits or hints.
-READ_EVERY_IDLE_SECONDS = 5.0
+# With no stream open, only PENDING jobs nobody claimed matter, and the dispatcher's own claiming
+# pass finds those within its idle timeout (5 s) as well: the feed is read, not on commits or
+# hints, only often enough that its cursor never goes stale (a replica that stays idle is not woken
+# every 5 s for it).
+READ_EVERY_IDLE_SECONDS = STALE_AFTER_SECONDS / 2
 # Reads come at most this close together, however many commits wake the reader: a replica whose
 # streams watch a few users among many busy ones reads the feed at most 100 times a second, each
 # read taking all that committed meanwhile.

@@ -21,6 +21,7 @@ from queue_service.model import (
     CoreHealthReport,
     CoreMinute,
     CoreState,
+    DatabaseIdentity,
     ExpiredRelease,
     JobRef,
     JobStatus,
@@ -274,6 +275,10 @@ def job_change(row: Row) -> JobChange:
         release_claimed=bool(row["release_claimed"]),
         lag_seconds=max(0.0, float(row["lag_seconds"])),
     )
+
+
+def database_identity(row: Row) -> DatabaseIdentity:
+    return DatabaseIdentity(row["system_identifier"], row["timeline_id"], reconciled=bool(row["reconciled"]))
 
 
 def replication_stance(row: Row) -> ReplicationStance:

@@ -347,7 +347,18 @@ class Statements:
         except psycopg.errors.InsufficientPrivilege:
             return DatabaseIdentity(None, None)
         assert row is not None
-        return DatabaseIdentity(row["system_identifier"], row["timeline_id"], reconciled=bool(row["reconciled"]))
+        return from_row.database_identity(row)
+
+    async def commit_probe_reading_identity(self) -> DatabaseIdentity | None:
+        """Health's durable write, with the database's identity read on the way; None (and the
+        write made alone) where the role may not read the identity."""
+        try:
+            row = await self._one("commit_probe_reading_identity", {})
+        except psycopg.errors.InsufficientPrivilege:
+            await self._send("commit_probe", {})
+            return None
+        assert row is not None
+        return from_row.database_identity(row)
 
     async def history_reconciled(self) -> bool:
         """Whether the history the primary writes now has been reconciled with the core's runs
@@ -793,6 +804,10 @@ class Store:
         self._listen_database_url = listen_database_url or database_url
         self._dead_peer_seconds = dead_peer_seconds
         self._liveness_seconds = liveness_seconds
+        # The database's identity as health's last committed probe read it, and when the probe
+        # began (`commit_probe`); False once the role proved unable to read it.
+        self._probed_identity: tuple[float, DatabaseIdentity] | None = None
+        self._probe_reads_identity = True
         # This replica's commits of job changes: its feed reader wakes at once, the other
         # replicas' through a debounced hint (store/feed.py).
         self.hints = CommitHints(self._send_hint)
@@ -1035,10 +1050,28 @@ class Store:
         """Commits a tiny write (a transactional WAL message) within `timeout` (checkout
         included): the database can take this replica's writes. Raises DatabaseUnavailable otherwise; a commit
         still waiting then (for a synchronous standby, say) is cancelled, its connection given
-        up if the server does not end it at once (`pool.statements_within_deadline`)."""
+        up if the server does not end it at once (`pool.statements_within_deadline`).
+
+        The same statement reads the database's identity (`probed_identity`), unless the role
+        may not read it: then the write is made alone from then on."""
+        started = time.monotonic()
         with deadline.call_budget(timeout):
             async with self.statements() as db:
-                await db._send("commit_probe", {})
+                if self._probe_reads_identity:
+                    identity = await db.commit_probe_reading_identity()
+                else:
+                    identity = None
+                    await db._send("commit_probe", {})
+        if identity is None:
+            self._probe_reads_identity = False
+        else:
+            self._probed_identity = (started, identity)
+
+    def probed_identity(self, *, started_after: float) -> tuple[float, DatabaseIdentity] | None:
+        """The database's identity as the last health probe read it, with when that probe began
+        (monotonic), if it began after `started_after` and its commit went through."""
+        probed = self._probed_identity
+        return probed if probed is not None and probed[0] > started_after else None
 
     async def replication_stance(self, *, timeout: float) -> ReplicationStance:
         """What this replica's commits wait for (`ReplicationStance`)."""

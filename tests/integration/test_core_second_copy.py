@@ -30,6 +30,8 @@ from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.dev.core import AnswerFault
+from queue_service.model import DatabaseIdentity
+from queue_service.store import Statements
 from tests.harness import InvariantChecker, S, eventually, new_user
 
 HELD, JUDGING, CANCELED = core_pb2.RUN_STATE_HELD, core_pb2.RUN_STATE_JUDGING, core_pb2.RUN_STATE_CANCELED
@@ -478,6 +480,34 @@ async def test_the_sweeper_reconciles_and_reads_the_database_identity(services, 
     async with service.app.store.statements() as db:
         identity = await db.database_identity()
     assert identity.timeline_id is not None and identity.timeline_id >= 1 and identity.system_identifier
+    assert await service.app.reconciler.database_replaced() is False
+
+
+async def test_the_identity_watch_takes_the_health_probes_reading_of_the_database(services, monkeypatch) -> None:
+    """Health commits its probe every QUEUE_HEALTH_INTERVAL_SECONDS and reads the database's
+    identity in the same statement: the identity watch's looks, every 2 s, take that reading
+    instead of a statement of their own, and see the same history the database reports."""
+    core = await services.core()
+    service = await services.start(core, sweep_interval_seconds=60.0)
+    own_reads = 0
+    read_alone = Statements.database_identity
+
+    async def counted(self: Statements) -> DatabaseIdentity:
+        nonlocal own_reads
+        own_reads += 1
+        return await read_alone(self)
+
+    await asyncio.sleep(1.0)  # the watch's first look, and the first probes
+    monkeypatch.setattr(Statements, "database_identity", counted)
+    looks_before = service.app.sweeper.identity_watch.looks
+    await asyncio.sleep(5.0)
+    looks = service.app.sweeper.identity_watch.looks - looks_before
+    assert looks >= 2, looks
+    # A look reads on its own only when health's last probe is not fresh (a loaded machine).
+    assert own_reads <= looks // 2, (own_reads, looks)
+    async with service.app.store.statements() as db:
+        identity = await read_alone(db)
+    assert service.app.reconciler.identity == identity and identity.timeline_id is not None
     assert await service.app.reconciler.database_replaced() is False
 
 

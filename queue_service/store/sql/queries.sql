@@ -972,6 +972,15 @@ SELECT job_id, capacity_position FROM analysis_jobs_capacity_order
 -- the synchronous standbys like any commit of the service; a read-only standby refuses it.
 SELECT pg_logical_emit_message(true, 'acurio.queue.health', '') IS NOT NULL AS written
 
+-- name: commit_probe_reading_identity
+-- Health's durable write (`commit_probe`), reading on the way which database history this is, as
+-- `database_identity` does: the identity watch takes a reading this fresh instead of a look of
+-- its own (engine/core_reconciliation.py), one wake-up and round trip fewer every two seconds.
+SELECT pg_logical_emit_message(true, 'acurio.queue.health', '') IS NOT NULL AS written,
+       (SELECT system_identifier FROM pg_control_system())::text AS system_identifier,
+       queue_current_timeline() AS timeline_id,
+       queue_history_reconciled() AS reconciled
+
 -- name: replication_stance
 -- What a commit of this session waits for: its synchronous_commit, the synchronous standbys the
 -- primary names, the standbys streaming from it (sync_state is NULL where the role may not read
