@@ -36,8 +36,8 @@ def grant_credits(dsn: str, user_prefix: str, users: int, amount: int) -> None:
 
 # The history's titles pair two of these words ("Queues and citations: thesis 7"): any two, in either
 # order, name 1 job in 800. Each job cites 3 DOIs, kept as the job search keeps them (its sources themselves
-# pruned long ago), and their titles' words as the trigger of migration 0029 writes them (it is
-# off for the load): `10.5555/p<n>` (about 10 jobs of a million cite each), `10.5555/c<n>` (1 in 1000).
+# pruned long ago), and their titles' words, in `analysis_job_search_keys` as the trigger of
+# migration 0029 writes them (it is off for the load): `10.5555/p<n>` (about 10 jobs of a million cite each), `10.5555/c<n>` (1 in 1000).
 HISTORY_TITLE_WORDS = [
     *("queues citations fairness graphs retrieval provenance plagiarism bibliometrics scheduling networks").split(),
     *("semantics ontologies archives metadata libraries repositories peer review authorship impact").split(),
@@ -69,11 +69,12 @@ def load_history(dsn: str, *, jobs: int, users: int, user_prefix: str = "hist-u"
             conn.execute("SET LOCAL session_replication_role = replica")
             conn.execute(
                 """
+                WITH history AS (
                 INSERT INTO analysis_jobs (
                     job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot,
                     delta_of_job_id, price, release_attempts, last_error,
                     create_time, promote_time, start_time, end_time,
-                    document_uri, document_title, title_words, source_count, source_dois)
+                    document_uri, document_title, source_count)
                 SELECT gen_random_uuid(), %(prefix)s || (g %% %(users)s), gen_random_uuid(), 'history-' || g,
                        sha256(g::text::bytea),
                        CASE WHEN g %% 25 = 0 THEN 'failed' WHEN g %% 40 = 1 THEN 'canceled' ELSE 'succeeded' END,
@@ -82,15 +83,19 @@ def load_history(dsn: str, *, jobs: int, users: int, user_prefix: str = "hist-u"
                        t.created, t.created + interval '1 minute', t.created + interval '1 minute',
                        t.created + interval '6 minutes',
                        's3://theses/' || %(prefix)s || (g %% %(users)s) || '/' || g || '.pdf',
-                       d.title, to_tsvector('simple', d.title),
-                       3,
-                       ARRAY['10.5555/p' || (g %% 200000), '10.5555/p' || ((g * 7 + 3) %% 200000), '10.5555/c' || (g %% 1000)]
+                       d.title, 3
                   FROM generate_series(0, %(jobs)s - 1) AS g,
                        (SELECT %(title_words)s::text[] AS words) AS w,
                        LATERAL (SELECT initcap(w.words[1 + g %% 40]) || ' and ' || w.words[1 + (g / 40) %% 40] || ': thesis ' || g AS title) AS d,
                        LATERAL (SELECT now() - make_interval(secs => %(span)s) + (g * make_interval(secs => %(span)s)) / %(jobs)s
                                     AS created) AS t
                  ORDER BY g
+                 RETURNING job_id, document_uri, document_title, substr(idempotency_key, 9)::bigint AS g)
+                INSERT INTO analysis_job_search_keys (job_id, document_uri, source_dois, title_words)
+                SELECT job_id, document_uri,
+                       ARRAY['10.5555/p' || (g %% 200000), '10.5555/p' || ((g * 7 + 3) %% 200000), '10.5555/c' || (g %% 1000)],
+                       to_tsvector('simple', document_title)
+                  FROM history
                 """,
                 {"prefix": user_prefix, "users": users, "jobs": jobs, "title_words": HISTORY_TITLE_WORDS, "span": _history_span_seconds()},
             )

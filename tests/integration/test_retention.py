@@ -133,6 +133,11 @@ def _ledger_of(database_url: str, user: str) -> list[tuple[str, int, str | None]
     return [(k, int(a), j) for k, a, j in rows]
 
 
+def _has_search_keys(database_url: str, job_id: str) -> bool:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM analysis_job_search_keys WHERE job_id = %s", (job_id,)).fetchone() is not None
+
+
 async def test_the_pruner_empties_ended_jobs_sources_then_deletes_the_jobs_keeping_the_ledger(services, database_url: str) -> None:
     """With retentions of seconds: a sweep first keeps everything; past the inputs' retention the
     ended jobs lose their full sources (the count and preview stay, GetJob still answers, and
@@ -152,6 +157,7 @@ async def test_the_pruner_empties_ended_jobs_sources_then_deletes_the_jobs_keepi
     await service.stubs.complete(delta.run_id)
     active = await service.stubs.admit(user)
     ended = (canceled.job_id, succeeded.job_id, delta.job_id)
+    assert await asyncio.to_thread(_has_search_keys, database_url, canceled.job_id)
     ledger = await asyncio.to_thread(_ledger_of, database_url, user)
 
     await service.app.sweeper.sweep_once()
@@ -176,6 +182,7 @@ async def test_the_pruner_empties_ended_jobs_sources_then_deletes_the_jobs_keepi
     await service.app.sweeper.sweep_once()  # then the base
     for job_id in ended:
         assert await asyncio.to_thread(_job_row, database_url, job_id) is None, f"job {job_id} kept past its retention"
+        assert not await asyncio.to_thread(_has_search_keys, database_url, job_id), f"job {job_id}'s search keys kept"
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await service.stubs.job(job_id)
         assert error_info(raised.value)[:2] == (grpc.StatusCode.NOT_FOUND, "JOB_NOT_FOUND")

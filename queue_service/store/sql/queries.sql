@@ -186,17 +186,24 @@ UPDATE analysis_jobs j
 -- Deletes ended jobs (their runs settled) that ended more than the retention ago, oldest first,
 -- at most `batch_size` (engine/pruner.py), read on `analysis_jobs_recently_ended`. A job a kept
 -- delta re-check names as its base stays until that delta goes (the delta's reference must hold).
--- Their ledger entries stay (`credit_ledger.job_id` references no job).
-DELETE FROM analysis_jobs j
- USING (SELECT e.job_id FROM analysis_jobs e
-         WHERE e.end_time < clock_timestamp() - make_interval(secs => %(retention_seconds)s)
-           AND e.end_time IS NOT NULL
-           AND e.status IN ('succeeded', 'failed', 'canceled') AND e.run_settle_due_at IS NULL
-           AND NOT EXISTS (SELECT 1 FROM analysis_jobs d WHERE d.delta_of_job_id = e.job_id)
-         ORDER BY e.end_time
-         LIMIT %(batch_size)s
-         FOR UPDATE SKIP LOCKED) AS due
- WHERE j.job_id = due.job_id;
+-- Their ledger entries stay (`credit_ledger.job_id` references no job); their search keys go with
+-- them (`analysis_job_search_keys`, migration 0029). Returns how many jobs it deleted.
+WITH pruned AS (
+    DELETE FROM analysis_jobs j
+     USING (SELECT e.job_id FROM analysis_jobs e
+             WHERE e.end_time < clock_timestamp() - make_interval(secs => %(retention_seconds)s)
+               AND e.end_time IS NOT NULL
+               AND e.status IN ('succeeded', 'failed', 'canceled') AND e.run_settle_due_at IS NULL
+               AND NOT EXISTS (SELECT 1 FROM analysis_jobs d WHERE d.delta_of_job_id = e.job_id)
+             ORDER BY e.end_time
+             LIMIT %(batch_size)s
+             FOR UPDATE SKIP LOCKED) AS due
+     WHERE j.job_id = due.job_id
+    RETURNING j.job_id
+), forgotten_keys AS (
+    DELETE FROM analysis_job_search_keys k USING pruned WHERE k.job_id = pruned.job_id
+)
+SELECT count(*) AS pruned FROM pruned;
 
 -- name: refund_failed_job
 -- A locked section: refunds a job that ended FAILED while its user canceled it
@@ -764,42 +771,43 @@ SELECT * FROM analysis_job_views
                                     COALESCE(%(upper_job_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
    AND j.create_time >= COALESCE(%(created_after)s::timestamptz, '-infinity')
    AND (NOT %(has_error)s OR j.last_error <> '')
-   AND (%(also_document_uri_prefix)s::text = '' OR starts_with(j.document_uri, %(also_document_uri_prefix)s::text))
-   AND (%(also_title_words)s::text = '' OR j.title_words @@ plainto_tsquery('simple', %(also_title_words)s::text))
-   AND (%(also_source_doi)s::text = '' OR j.source_dois @> ARRAY[%(also_source_doi)s::text])
+   AND (%(also_document_uri_prefix)s::text = '' OR starts_with(k.document_uri, %(also_document_uri_prefix)s::text))
+   AND (%(also_title_words)s::text = '' OR k.title_words @@ plainto_tsquery('simple', %(also_title_words)s::text))
+   AND (%(also_source_doi)s::text = '' OR k.source_dois @> ARRAY[%(also_source_doi)s::text])
  ORDER BY j.create_time DESC, j.job_id DESC
  LIMIT %(limit)s
 
 -- name: search_job_views_by_source_doi
--- One page of the job search among the jobs citing a DOI (`analysis_jobs_by_source_doi`, migration
--- 0029: few jobs cite one DOI, so all are read, narrowed and sorted), then the page's views.
+-- One page of the job search among the jobs citing a DOI (`analysis_job_search_keys_by_source_doi`,
+-- migration 0029: few jobs cite one DOI, so all are read, narrowed and sorted), then the page's views.
 SELECT v.* FROM analysis_job_views v
- WHERE v.job_id IN (SELECT j.job_id FROM analysis_jobs j
-                     WHERE j.source_dois @> ARRAY[%(source_doi)s::text]
+ WHERE v.job_id IN (SELECT j.job_id FROM analysis_job_search_keys k JOIN analysis_jobs j ON j.job_id = k.job_id
+                     WHERE k.source_dois @> ARRAY[%(source_doi)s::text]
 -- include: job_search_narrowing
                    )
  ORDER BY v.create_time DESC, v.job_id DESC;
 
 -- name: search_job_views_by_document_uri
 -- One page of the job search among the jobs whose document uri starts with a prefix: the range of
--- `analysis_jobs_by_document_uri` (migration 0029; "C" collation, so a prefix is a range) from the
--- prefix to the prefix followed by the highest code point (`starts_with` decides), then the page's views.
+-- `analysis_job_search_keys_by_document_uri` (migration 0029; "C" collation, so a prefix is a range)
+-- from the prefix to the prefix followed by the highest code point (`starts_with` decides), then the
+-- page's views.
 SELECT v.* FROM analysis_job_views v
- WHERE v.job_id IN (SELECT j.job_id FROM analysis_jobs j
-                     WHERE j.document_uri COLLATE "C" >= %(document_uri_prefix)s::text
-                       AND j.document_uri COLLATE "C" < %(document_uri_prefix)s::text || chr(1114111)
-                       AND starts_with(j.document_uri, %(document_uri_prefix)s::text)
+ WHERE v.job_id IN (SELECT j.job_id FROM analysis_job_search_keys k JOIN analysis_jobs j ON j.job_id = k.job_id
+                     WHERE k.document_uri COLLATE "C" >= %(document_uri_prefix)s::text
+                       AND k.document_uri COLLATE "C" < %(document_uri_prefix)s::text || chr(1114111)
+                       AND starts_with(k.document_uri, %(document_uri_prefix)s::text)
 -- include: job_search_narrowing
                    )
  ORDER BY v.create_time DESC, v.job_id DESC;
 
 -- name: search_job_views_by_title_words
 -- One page of the job search among the jobs whose title holds every word (`title_words` and its
--- index `analysis_jobs_by_title_words`, migration 0029, 'simple' configuration), then the page's
--- views. For words in many titles the planner walks the newest jobs instead, testing the stored words.
+-- index `analysis_job_search_keys_by_title_words`, migration 0029, 'simple' configuration), then the
+-- page's views. For words in many titles the planner walks the newest jobs instead, testing the stored words.
 SELECT v.* FROM analysis_job_views v
- WHERE v.job_id IN (SELECT j.job_id FROM analysis_jobs j
-                     WHERE j.title_words @@ plainto_tsquery('simple', %(title_words)s::text)
+ WHERE v.job_id IN (SELECT j.job_id FROM analysis_job_search_keys k JOIN analysis_jobs j ON j.job_id = k.job_id
+                     WHERE k.title_words @@ plainto_tsquery('simple', %(title_words)s::text)
 -- include: job_search_narrowing
                    )
  ORDER BY v.create_time DESC, v.job_id DESC;
@@ -816,8 +824,11 @@ SELECT job_id, user_id
    AND create_time < COALESCE(%(created_before)s::timestamptz, 'infinity')
    AND (NOT %(has_error)s OR last_error <> '')
    AND (%(document_uri_prefix)s::text = '' OR starts_with(document_uri, %(document_uri_prefix)s::text))
-   AND (%(title_words)s::text = '' OR title_words @@ plainto_tsquery('simple', %(title_words)s::text))
-   AND (%(source_doi)s::text = '' OR source_dois @> ARRAY[%(source_doi)s::text])
+   AND (%(title_words)s::text = '' AND %(source_doi)s::text = ''
+        OR EXISTS (SELECT 1 FROM analysis_job_search_keys k
+                    WHERE k.job_id = analysis_jobs.job_id
+                      AND (%(title_words)s::text = '' OR k.title_words @@ plainto_tsquery('simple', %(title_words)s::text))
+                      AND (%(source_doi)s::text = '' OR k.source_dois @> ARRAY[%(source_doi)s::text])))
  ORDER BY create_time, job_id
  LIMIT %(limit)s;
 

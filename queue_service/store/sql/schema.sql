@@ -21,6 +21,17 @@ CREATE TABLE public.analysis_job_feed (
 );
 CREATE INDEX analysis_job_feed_by_xid ON public.analysis_job_feed USING btree (xid);
 
+CREATE TABLE public.analysis_job_search_keys (
+    job_id       uuid NOT NULL,
+    document_uri text,
+    source_dois  text[] NOT NULL,
+    title_words  tsvector NOT NULL,
+    CONSTRAINT analysis_job_search_keys_pkey PRIMARY KEY (job_id)
+);
+CREATE INDEX analysis_job_search_keys_by_document_uri ON public.analysis_job_search_keys USING btree (document_uri COLLATE "C");
+CREATE INDEX analysis_job_search_keys_by_source_doi ON public.analysis_job_search_keys USING gin (source_dois);
+CREATE INDEX analysis_job_search_keys_by_title_words ON public.analysis_job_search_keys USING gin (title_words);
+
 CREATE TABLE public.analysis_jobs (
     job_id               uuid NOT NULL,
     user_id              text NOT NULL,
@@ -55,8 +66,6 @@ CREATE TABLE public.analysis_jobs (
     sources_preview      jsonb,
     retry_of_job_id      uuid,
     canceled_by          text,
-    source_dois          text[],
-    title_words          tsvector,
     CONSTRAINT analysis_jobs_active_first_pass_has_slot CHECK ((status <> ALL (ARRAY['pending'::text, 'running'::text])) OR delta_of_job_id IS NOT NULL OR slot IS NOT NULL),
     CONSTRAINT analysis_jobs_capacity_token_check CHECK (capacity_token >= 1),
     CONSTRAINT analysis_jobs_delta_of_job_id_fkey FOREIGN KEY (delta_of_job_id) REFERENCES analysis_jobs(job_id),
@@ -72,9 +81,6 @@ CREATE TABLE public.analysis_jobs (
     CONSTRAINT analysis_jobs_status_check CHECK (status = ANY (ARRAY['queued'::text, 'pending'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text]))
 );
 CREATE INDEX analysis_jobs_active_deltas ON public.analysis_jobs USING btree (user_id) WHERE ((status = ANY (ARRAY['pending'::text, 'running'::text])) AND (delta_of_job_id IS NOT NULL));
-CREATE INDEX analysis_jobs_by_document_uri ON public.analysis_jobs USING btree (document_uri COLLATE "C");
-CREATE INDEX analysis_jobs_by_source_doi ON public.analysis_jobs USING gin (source_dois);
-CREATE INDEX analysis_jobs_by_title_words ON public.analysis_jobs USING gin (title_words);
 CREATE INDEX analysis_jobs_capacity_turn_order ON public.analysis_jobs USING btree (capacity_turn_key, capacity_wait_since, queue_seq) WHERE ((status = 'pending'::text) AND (capacity_wait_since IS NOT NULL) AND (capacity_token IS NULL));
 CREATE INDEX analysis_jobs_delta_base ON public.analysis_jobs USING btree (delta_of_job_id) WHERE (delta_of_job_id IS NOT NULL);
 CREATE INDEX analysis_jobs_deltas_taking_capacity ON public.analysis_jobs USING btree (user_id) WHERE (((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)) AND (delta_of_job_id IS NOT NULL) AND ((capacity_wait_since IS NULL) OR (capacity_token IS NOT NULL)));
@@ -295,11 +301,13 @@ CREATE OR REPLACE FUNCTION public.analysis_jobs_keep_search_keys()
  LANGUAGE plpgsql
 AS $function$
 BEGIN
-    NEW.source_dois := ARRAY(SELECT DISTINCT lower(s.e->>'doi')
-                               FROM jsonb_array_elements(COALESCE(NEW.sources, '[]'::jsonb)) AS s(e)
-                              WHERE COALESCE(s.e->>'doi', '') <> '');
-    NEW.title_words := to_tsvector('simple'::regconfig, COALESCE(NEW.document_title, ''));
-    RETURN NEW;
+    INSERT INTO analysis_job_search_keys (job_id, document_uri, source_dois, title_words)
+    VALUES (NEW.job_id, NEW.document_uri,
+            ARRAY(SELECT DISTINCT lower(s.e->>'doi')
+                    FROM jsonb_array_elements(COALESCE(NEW.sources, '[]'::jsonb)) AS s(e)
+                   WHERE COALESCE(s.e->>'doi', '') <> ''),
+            to_tsvector('simple'::regconfig, COALESCE(NEW.document_title, '')));
+    RETURN NULL;
 END
 $function$;
 
@@ -1176,6 +1184,6 @@ $function$;
 
 CREATE TRIGGER analysis_jobs_announce_insert AFTER INSERT ON analysis_jobs FOR EACH ROW EXECUTE FUNCTION analysis_jobs_announce_change();
 CREATE TRIGGER analysis_jobs_announce_update AFTER UPDATE ON analysis_jobs FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR old.last_error IS DISTINCT FROM new.last_error OR old.release_attempts IS DISTINCT FROM new.release_attempts OR old.capacity_token IS DISTINCT FROM new.capacity_token OR old.capacity_wait_since IS DISTINCT FROM new.capacity_wait_since) EXECUTE FUNCTION analysis_jobs_announce_change();
-CREATE TRIGGER analysis_jobs_keep_search_keys BEFORE INSERT ON analysis_jobs FOR EACH ROW WHEN (new.sources IS NOT NULL OR new.document_title IS NOT NULL) EXECUTE FUNCTION analysis_jobs_keep_search_keys();
+CREATE TRIGGER analysis_jobs_keep_search_keys AFTER INSERT ON analysis_jobs FOR EACH ROW WHEN (new.sources IS NOT NULL OR new.document_title IS NOT NULL OR new.document_uri IS NOT NULL) EXECUTE FUNCTION analysis_jobs_keep_search_keys();
 CREATE TRIGGER analysis_jobs_retry_lineage_insert BEFORE INSERT ON analysis_jobs FOR EACH ROW WHEN (new.idempotency_key ~~ 'retry:%'::text) EXECUTE FUNCTION analysis_jobs_retry_lineage();
 CREATE TRIGGER analysis_jobs_wait_for_capacity BEFORE INSERT OR UPDATE OF status ON analysis_jobs FOR EACH ROW WHEN (new.status = 'pending'::text) EXECUTE FUNCTION analysis_jobs_wait_for_capacity();

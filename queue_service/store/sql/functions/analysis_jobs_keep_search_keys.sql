@@ -5,20 +5,24 @@
 --   whichever code inserts the job (as the migration's backfill does for the jobs before it):
 --   each distinct DOI of its sources, lowercased (DOIs are case-insensitive), kept for as long as
 --   the row is, after its sources are pruned; and its title's words ('simple': no stemming, no
---   stop words), stored so a search that walks the newest jobs tests each row cheaply.
+--   stop words), stored so a search that walks the newest jobs tests each row cheaply. In a row
+--   of `analysis_job_search_keys` beside the job's, written once: the job's own row is rewritten
+--   at every step of its life, and its indexes with it (the migration says why).
 
 CREATE OR REPLACE FUNCTION public.analysis_jobs_keep_search_keys()
  RETURNS trigger
  LANGUAGE plpgsql
 AS $function$
 BEGIN
-    NEW.source_dois := ARRAY(SELECT DISTINCT lower(s.e->>'doi')
-                               FROM jsonb_array_elements(COALESCE(NEW.sources, '[]'::jsonb)) AS s(e)
-                              WHERE COALESCE(s.e->>'doi', '') <> '');
-    NEW.title_words := to_tsvector('simple'::regconfig, COALESCE(NEW.document_title, ''));
-    RETURN NEW;
+    INSERT INTO analysis_job_search_keys (job_id, document_uri, source_dois, title_words)
+    VALUES (NEW.job_id, NEW.document_uri,
+            ARRAY(SELECT DISTINCT lower(s.e->>'doi')
+                    FROM jsonb_array_elements(COALESCE(NEW.sources, '[]'::jsonb)) AS s(e)
+                   WHERE COALESCE(s.e->>'doi', '') <> ''),
+            to_tsvector('simple'::regconfig, COALESCE(NEW.document_title, '')));
+    RETURN NULL;
 END
 $function$;
 
 DROP TRIGGER IF EXISTS analysis_jobs_keep_search_keys ON public.analysis_jobs;
-CREATE TRIGGER analysis_jobs_keep_search_keys BEFORE INSERT ON analysis_jobs FOR EACH ROW WHEN (new.sources IS NOT NULL OR new.document_title IS NOT NULL) EXECUTE FUNCTION analysis_jobs_keep_search_keys();
+CREATE TRIGGER analysis_jobs_keep_search_keys AFTER INSERT ON analysis_jobs FOR EACH ROW WHEN (new.sources IS NOT NULL OR new.document_title IS NOT NULL OR new.document_uri IS NOT NULL) EXECUTE FUNCTION analysis_jobs_keep_search_keys();
