@@ -122,6 +122,7 @@ def load_history(dsn: str, *, jobs: int, users: int, user_prefix: str = "hist-u"
             )
         conn.execute("VACUUM ANALYZE analysis_jobs")
         conn.execute("VACUUM ANALYZE credit_ledger")
+        conn.execute("VACUUM ANALYZE analysis_job_search_keys")
         conn.execute("VACUUM ANALYZE credit_accounts")
         conn.execute("CHECKPOINT")
     return time.perf_counter() - started
