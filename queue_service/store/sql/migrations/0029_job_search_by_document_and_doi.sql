@@ -52,3 +52,7 @@ CREATE INDEX analysis_job_search_keys_by_source_doi ON analysis_job_search_keys 
 CREATE INDEX analysis_job_search_keys_by_title_words ON analysis_job_search_keys USING gin (title_words);
 
 CREATE INDEX analysis_job_search_keys_by_document_uri ON analysis_job_search_keys (document_uri COLLATE "C");
+
+-- Statistics at once: without them the planner guesses a DOI matches 0.5% of the keys and walks
+-- every job instead of the index (2.1 s at a million jobs, against 0.28 ms with them).
+ANALYZE analysis_job_search_keys;
