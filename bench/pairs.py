@@ -81,6 +81,14 @@ def _run(checkout: Path, scenarios: list[str], quick: bool, out: Path) -> dict[s
     return json.loads(out.read_text())
 
 
+def _head(checkout: Path) -> str:
+    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    dirty = subprocess.run(
+        ["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=False
+    )
+    return head.stdout.strip() + (" with uncommitted changes" if dirty.stdout.strip() else "")
+
+
 def _figures(report: dict[str, Any]) -> dict[str, Any]:
     return {label: _get(report["results"], path) for label, path in FIGURES}
 
@@ -110,7 +118,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     this_checkout, baseline = REPO_ROOT, args.baseline.resolve()
     baseline_scenarios = [name for name in args.only if name in _scenarios_of(baseline)]
-    report = new_report(what="interleaved pairs", this=str(this_checkout), baseline=str(baseline), quick=args.quick, scenarios=args.only)
+    # The commits, not the folders: a report is committed, and a folder names a developer's machine.
+    report = new_report(
+        what="interleaved pairs", this=_head(this_checkout), baseline=_head(baseline), quick=args.quick, scenarios=args.only
+    )
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-pairs-") as scratch:
         for number in range(1, args.rounds + 1):
