@@ -431,11 +431,14 @@ const canRetry = (job: Job) => RETRYABLE.has(job.status) && job.sourceCount > 0;
  * changed meanwhile leaves the selection. */
 const kindOf = (job: Job) => (ACTIVE.has(job.status) ? "cancel" : canRetry(job) ? "retry" : "none");
 
+const NO_JOBS: Job[] = [];
+
 export function JobsPage({ params, live }: { params: URLSearchParams; live: boolean }) {
-  const [jobs, setJobs] = useState<Job[]>([]);
   const [tokens, setTokens] = useState<string[]>([""]); // page tokens: the first page's, then each next one
-  const [next, setNext] = useState("");
-  const [loaded, setLoaded] = useState(false);
+  // A page is kept with the query it answers: while a changed filter (or another page) is read,
+  // the table is empty and says so, instead of showing the previous query's jobs under the new
+  // filters. A live re-read of the same query keeps its rows until the new page arrives.
+  const [answer, setAnswer] = useState<{ query: string; jobs: Job[]; next: string; refused: boolean } | null>(null);
   const [refresh, setRefresh] = useState(0);
   const [selected, setSelected] = useState<Map<string, Job>>(new Map());
   const [columns, setColumn] = useColumns();
@@ -445,6 +448,10 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
   const filter = filterFrom(params);
   const key = params.toString();
   const pageToken = tokens[tokens.length - 1];
+  const query = JSON.stringify([key, pageToken]);
+  const loaded = answer !== null && answer.query === query;
+  const jobs = loaded ? answer.jobs : NO_JOBS;
+  const next = loaded ? answer.next : "";
 
   useEffect(() => setTokens([""]), [key]);
   useEffect(() => setSelected(new Map()), [key]);
@@ -476,11 +483,13 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
       .searchJobs({ filter, pageSize: 25, pageToken })
       .then((page) => {
         if (!current) return;
-        setJobs(page.jobs);
-        setNext(page.nextPageToken);
-        setLoaded(true);
+        setAnswer({ query, jobs: page.jobs, next: page.nextPageToken, refused: false });
       })
-      .catch((error) => current && notice.error(error));
+      .catch((error) => {
+        if (!current) return;
+        notice.error(error);
+        setAnswer({ query, jobs: NO_JOBS, next: "", refused: true });
+      });
     return () => {
       current = false;
     };
@@ -677,7 +686,9 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
           ))}
         </tbody>
       </table>
-      {loaded && jobs.length === 0 && <p class="muted">No job matches these filters.</p>}
+      {!loaded && <p class="muted" data-testid="jobs-loading">Loading…</p>}
+      {loaded && answer.refused && <p class="muted" data-testid="jobs-refused">No job is shown: the service refused these filters (the notice above says why).</p>}
+      {loaded && !answer.refused && jobs.length === 0 && <p class="muted">No job matches these filters.</p>}
       <div class="pager">
         <button disabled={tokens.length === 1} onClick={() => setTokens([""])}>
           First page

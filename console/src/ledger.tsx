@@ -23,8 +23,11 @@ const KIND_LABELS: Record<LedgerEntryKind, string> = {
  * place (`refusal`), not as the page's notice: the web role may watch a queue but not read the
  * ledger, and that refusal must not stand for the page's own actions. */
 export function useLedger(userId: string, jobId: string, version: unknown, pageSize = 20, pageToken = "", inline = false, actor = "") {
-  const [entries, setEntries] = useState<LedgerEntry[] | null>(null);
-  const [next, setNext] = useState("");
+  // The entries are kept with the filter they answer: while a changed filter is read, the page
+  // says "Loading…" instead of showing the previous filter's rows under the new one. A re-read of
+  // the same filter (`version`) keeps its rows until the new page arrives.
+  const filter = JSON.stringify([userId, jobId, actor, pageSize, pageToken]);
+  const [loaded, setLoaded] = useState<{ filter: string; entries: LedgerEntry[]; next: string } | null>(null);
   const [refusal, setRefusal] = useState("");
   const notice = useNotice();
   useEffect(() => {
@@ -32,8 +35,7 @@ export function useLedger(userId: string, jobId: string, version: unknown, pageS
     operator.listLedgerEntries({ userId, jobId, actor, pageSize, pageToken }).then(
       (page) => {
         if (!current) return;
-        setEntries(page.entries);
-        setNext(page.nextPageToken);
+        setLoaded({ filter, entries: page.entries, next: page.nextPageToken });
         setRefusal("");
       },
       (error) => {
@@ -45,8 +47,9 @@ export function useLedger(userId: string, jobId: string, version: unknown, pageS
     return () => {
       current = false;
     };
-  }, [userId, jobId, actor, version, pageSize, pageToken]);
-  return { entries, next, refusal };
+  }, [filter, version]);
+  const answered = loaded !== null && loaded.filter === filter;
+  return { entries: answered ? loaded.entries : null, next: answered ? loaded.next : "", refusal };
 }
 
 /** Where a panel's ledger is: loading, refused (said in place), or its table. */

@@ -81,7 +81,21 @@ test("the Jobs page finds jobs by title words, a source's DOI in any case, or a 
   assert.match(await page.getByTestId("job-search-as").innerText(), /a source's DOI/);
   await shot("search-doi");
 
+  // While a new search's answer is on its way, the previous search's rows are not shown under it.
+  let releaseAnswer = () => {};
+  const answerHeld = new Promise<void>((resolve) => (releaseAnswer = resolve));
+  const searchCall = /\/acurio\.queue\.v1\.OperatorService\/SearchJobs$/;
+  await page.route(searchCall, async (route) => {
+    await answerHeld;
+    await route.continue();
+  });
+  await page.getByTestId("job-search").fill(`s3://search-${stamp}/${user}/gra`);
+  await page.getByTestId("job-search").press("Enter");
+  await page.getByTestId("jobs-loading").waitFor({ timeout: WAIT_MS });
+  assert.equal(await page.getByTestId("job-row").count(), 0, "the previous search's rows are shown under the new one");
+  releaseAnswer();
   await search(`s3://search-${stamp}/${user}/gra`, [graphs.jobId]);
+  await page.unroute(searchCall); // (after the held call was answered: its handler has finished)
   assert.match(await page.getByTestId("job-search-as").innerText(), /start of a document uri/);
 
   // A search the service refuses (no word in it) says why, naming the field.
@@ -90,6 +104,8 @@ test("the Jobs page finds jobs by title words, a source's DOI in any case, or a 
   const notice = page.getByTestId("notice");
   await notice.filter({ hasText: "title_words" }).waitFor({ timeout: WAIT_MS });
   assert.match(await notice.innerText(), /at least one word/);
+  await page.getByTestId("jobs-refused").waitFor({ timeout: WAIT_MS });
+  assert.equal(await page.getByTestId("job-row").count(), 0, "a refused search still shows the previous search's rows");
   await shot("search-refused");
 });
 

@@ -156,10 +156,25 @@ test("the capacity is set and removed behind a confirmation, and the ledger filt
   await page.getByTestId("ledger-row").first().waitFor({ timeout: WAIT_MS });
   const actors = await page.getByTestId("ledger-actor").allInnerTexts();
   assert.ok(actors.length > 0 && actors.every((a) => a.trim() === OPERATOR_ACTOR), actors.join(", "));
-  // Another actor typed in: only theirs (the web backend's charges).
+  // Another actor typed in: only theirs (the web backend's charges). The new filter's answer is
+  // held back a while: until it comes, the page says it is loading and shows none of the previous
+  // filter's rows under the new one.
+  let releaseAnswer = () => {};
+  const answerHeld = new Promise<void>((resolve) => (releaseAnswer = resolve));
+  const ledgerCall = /\/acurio\.queue\.v1\.OperatorService\/ListLedgerEntries$/;
+  await page.route(ledgerCall, async (route) => {
+    await answerHeld;
+    await route.continue();
+  });
   await page.locator('input[name="actor"]').fill("web:web-console-test");
   await page.locator('input[name="actor"]').press("Enter");
-  await page.getByTestId("ledger-row").filter({ hasText: "charge" }).first().waitFor({ timeout: WAIT_MS });
+  await page.getByTestId("ledger-page").getByText("Loading…").waitFor({ timeout: WAIT_MS });
+  assert.equal(await page.getByTestId("ledger-row").count(), 0, "the previous filter's rows are shown under the new filter");
+  releaseAnswer();
+  // (An operator's retry is a charge too: wait for the web backend's own row, then check that
+  // no row of the previous filter is left under the new one.)
+  await page.getByTestId("ledger-row").and(page.locator('[data-kind="charge"]')).filter({ hasText: "web:web-console-test" }).first().waitFor({ timeout: WAIT_MS });
+  await page.unroute(ledgerCall); // (after the held call was answered: its handler has finished)
   const webActors = await page.getByTestId("ledger-actor").allInnerTexts();
   assert.ok(webActors.every((a) => a.trim() === "web:web-console-test"), webActors.join(", "));
   await page.screenshot({ path: join(SHOTS, "ledger-by-actor.png"), fullPage: true });
