@@ -15,7 +15,7 @@ import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits
 import { JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import { OperatorService } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
-import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, WAIT_MS } from "./support.js";
+import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, thesis, until, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN") };
 
@@ -31,24 +31,9 @@ const admitted: string[] = [];
 
 async function admit(user: string) {
   keyCount += 1;
-  const response = await asWeb.admit({
-    userId: user,
-    idempotencyKey: `capacity-${keyCount}`,
-    document: { uri: `s3://theses/${user}.pdf`, title: "A thesis" },
-    sources: [{ doi: "10.1234/abc" }],
-  });
+  const response = await asWeb.admit(thesis(user, `capacity-${keyCount}`));
   admitted.push(response.job!.jobId);
   return response.job!;
-}
-
-async function until<T>(what: string, read: () => Promise<T>, ok: (value: T) => boolean): Promise<T> {
-  const deadline = Date.now() + WAIT_MS;
-  for (;;) {
-    const value = await read();
-    if (ok(value)) return value;
-    if (Date.now() > deadline) throw new Error(`${what}: still ${JSON.stringify(value, (_, v) => (typeof v === "bigint" ? String(v) : v))}`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
 }
 
 const ordinal = (n: number) => `${n}${({ 1: "st", 2: "nd", 3: "rd" } as Record<number, string>)[n] ?? "th"}`;

@@ -15,7 +15,7 @@ import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits
 import { JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import { CoreState, OperatorService } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
-import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, WAIT_MS } from "./support.js";
+import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, thesis, until, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN") };
 const DEV_PID = Number(env("QUEUE_DEV_PID"));
@@ -36,27 +36,12 @@ const user = `core-health-${Date.now().toString(36)}`;
 const admitted: string[] = [];
 
 async function admit(key: string) {
-  const response = await asWeb.admit({
-    userId: user,
-    idempotencyKey: key,
-    document: { uri: `s3://theses/${user}.pdf`, title: "A thesis" },
-    sources: [{ doi: "10.1234/abc" }],
-  });
+  const response = await asWeb.admit(thesis(user, key));
   admitted.push(response.job!.jobId);
   return response.job!;
 }
 
 const coreState = async () => (await asOperator.getOverview({ windowMinutes: 5 })).overview!.coreHealth!.state;
-
-async function until<T>(what: string, read: () => Promise<T>, ok: (value: T) => boolean, within = WAIT_MS): Promise<T> {
-  const deadline = Date.now() + within;
-  for (;;) {
-    const value = await read();
-    if (ok(value)) return value;
-    if (Date.now() > deadline) throw new Error(`${what}: still ${String(value)}`);
-    await new Promise((resolve) => setTimeout(resolve, 200));
-  }
-}
 
 function toggleCore(): void {
   process.kill(DEV_PID, "SIGUSR2");

@@ -15,7 +15,7 @@ import { CoreCallbackService, RunOutcome } from "@acurio/queue-client/gen/acurio
 import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits_service_pb.js";
 import { JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
-import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, WAIT_MS } from "./support.js";
+import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, thesis, until, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN"), core: env("CORE_TOKEN") };
 
@@ -45,23 +45,8 @@ async function openPage(token: string): Promise<Page> {
 
 async function admit(user: string, uri = `s3://theses/${user}.pdf`) {
   keyCount += 1;
-  const response = await asWeb.admit({
-    userId: user,
-    idempotencyKey: `oncall-${keyCount}`,
-    document: { uri, title: "A thesis" },
-    sources: [{ doi: "10.1234/abc" }],
-  });
+  const response = await asWeb.admit(thesis(user, `oncall-${keyCount}`, { uri }));
   return response.job!;
-}
-
-async function until<T>(what: string, read: () => Promise<T>, ok: (value: T) => boolean): Promise<T> {
-  const deadline = Date.now() + WAIT_MS;
-  for (;;) {
-    const value = await read();
-    if (ok(value)) return value;
-    if (Date.now() > deadline) throw new Error(`${what}: still ${JSON.stringify(value, (_, v) => (typeof v === "bigint" ? String(v) : v))}`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
 }
 
 /** A fresh load of the console at `path` (nothing left open by an earlier test). */

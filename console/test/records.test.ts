@@ -16,7 +16,7 @@ import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits
 import { JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import { LedgerEntryKind, OperatorService } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
-import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, WAIT_MS } from "./support.js";
+import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, thesis, until, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN"), core: env("CORE_TOKEN") };
 
@@ -38,23 +38,8 @@ const SOURCES = Array.from({ length: 12 }, (_, i) => ({ doi: `10.1234/src-${i}`,
 
 async function admit(user: string, title = "Fair queues for citation checks") {
   keyCount += 1;
-  const response = await asWeb.admit({
-    userId: user,
-    idempotencyKey: `records-${keyCount}`,
-    document: { uri: `s3://theses/${user}.pdf`, title },
-    sources: SOURCES,
-  });
+  const response = await asWeb.admit(thesis(user, `records-${keyCount}`, { title, sources: SOURCES }));
   return response.job!;
-}
-
-async function until<T>(what: string, read: () => Promise<T>, ok: (value: T) => boolean): Promise<T> {
-  const deadline = Date.now() + WAIT_MS;
-  for (;;) {
-    const value = await read();
-    if (ok(value)) return value;
-    if (Date.now() > deadline) throw new Error(`${what}: still ${JSON.stringify(value, (_, v) => (typeof v === "bigint" ? String(v) : v))}`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
 }
 
 async function visit(target: Page, path: string): Promise<void> {

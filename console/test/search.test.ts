@@ -12,7 +12,7 @@ import { type Browser, type Page } from "playwright-core";
 
 import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits_service_pb.js";
 import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
-import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, WAIT_MS } from "./support.js";
+import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, thesis, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN") };
 const asWeb = createClient(AnalysisQueueService, grpc(TOKENS.web));
@@ -36,12 +36,7 @@ after(async () => {
 });
 
 async function admit(user: string, key: string, title: string, doi: string) {
-  const response = await asWeb.admit({
-    userId: user,
-    idempotencyKey: key,
-    document: { uri: `s3://search-${stamp}/${user}/${key}.pdf`, title },
-    sources: [{ doi, citation: `Cited as ${doi}` }],
-  });
+  const response = await asWeb.admit(thesis(user, key, { uri: `s3://search-${stamp}/${user}/${key}.pdf`, title, sources: [{ doi, citation: `Cited as ${doi}` }] }));
   return response.job!;
 }
 

@@ -15,7 +15,7 @@ import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits
 import { JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import { OperatorService } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
-import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, WAIT_MS } from "./support.js";
+import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, thesis, until, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN") };
 const OPERATOR_ACTOR = "operator:operator-console-test";
@@ -31,24 +31,9 @@ const admitted: string[] = [];
 
 async function admit(user: string) {
   await asCredits.grantCredits({ userId: user, amount: 3n, idempotencyKey: `settings-grant-${user}` });
-  const response = await asWeb.admit({
-    userId: user,
-    idempotencyKey: `settings-${user}`,
-    document: { uri: `s3://theses/${user}.pdf`, title: "A thesis" },
-    sources: [{ doi: "10.1234/abc" }],
-  });
+  const response = await asWeb.admit(thesis(user, `settings-${user}`));
   admitted.push(response.job!.jobId);
   return response.job!;
-}
-
-async function until<T>(what: string, read: () => Promise<T>, ok: (value: T) => boolean): Promise<T> {
-  const deadline = Date.now() + WAIT_MS;
-  for (;;) {
-    const value = await read();
-    if (ok(value)) return value;
-    if (Date.now() > deadline) throw new Error(`${what}: still ${JSON.stringify(value, (_, v) => (typeof v === "bigint" ? String(v) : v))}`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
 }
 
 const getJob = async (jobId: string) => (await asWeb.getJob({ jobId })).job!;

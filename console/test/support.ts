@@ -32,3 +32,23 @@ const bearer = (token: string): Interceptor => (next) => (req) => {
 };
 /** A gRPC transport to the live service that authenticates as the token's role. */
 export const grpc = (token: string) => createGrpcTransport({ baseUrl: `http://${env("QUEUE_ADDR")}`, interceptors: [bearer(token)] });
+
+/** Reads until `ok` holds (every `pollMs`), or fails after `within` ms naming what it waited for
+ * and the last value read. A condition, never a sleep. */
+export async function until<T>(what: string, read: () => Promise<T>, ok: (value: T) => boolean, within = WAIT_MS, pollMs = 100): Promise<T> {
+  const deadline = Date.now() + within;
+  for (;;) {
+    const value = await read();
+    if (ok(value)) return value;
+    if (Date.now() > deadline) throw new Error(`${what}: still ${JSON.stringify(value, (_, v) => (typeof v === "bigint" ? String(v) : v))}`);
+    await new Promise((resolve) => setTimeout(resolve, pollMs));
+  }
+}
+
+/** An Admit request for a one-source thesis of `user` (the tests' usual job); `document` and
+ * `sources` override its parts. */
+export const thesis = (
+  user: string,
+  idempotencyKey: string,
+  { uri = `s3://theses/${user}.pdf`, title = "A thesis", sources = [{ doi: "10.1234/abc" }] }: { uri?: string; title?: string; sources?: { doi: string; citation?: string }[] } = {},
+) => ({ userId: user, idempotencyKey, document: { uri, title }, sources });
