@@ -25,7 +25,8 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from bench.driver import FREE_ADMITS_PER_HOUR
-from queue_service.store.store import queries
+from queue_service.model import JobInputsSearch, JobSearch
+from queue_service.store.store import job_search_statement, queries
 
 _SEQ_SCAN = re.compile(r"Seq Scan on (\w+)")
 _INDEX = re.compile(r"(?:Index Only Scan|Index Scan|Bitmap Index Scan)(?: Backward)? (?:using|on) (\w+)")
@@ -69,6 +70,13 @@ STATEMENTS = [
     ),
     ("search_job_views_by_document_uri", "SearchJobs by document uri prefix: first page (20) of the jobs under one user's folder"),
 ]
+
+
+def search_by(**inputs: str) -> JobSearch:
+    """A search across all users by what jobs judge (`JobInputsSearch`'s fields), nothing else set."""
+    return JobSearch(
+        user_id="", statuses=(), created_after=None, upper_time=None, upper_job_id=None, has_error=False, inputs=JobInputsSearch(**inputs)
+    )
 
 
 def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[str, tuple[dict[str, Any], Callable | None]]:
@@ -131,20 +139,8 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
         )
 
     def search(**inputs: str) -> dict[str, Any]:
-        """A first SearchJobs page by one of the inputs, nothing else set (as the store binds it)."""
-        unset = {"document_uri_prefix": "", "title_words": "", "source_doi": ""}
-        return {
-            **{f"also_{name}": "" for name in unset},
-            "user_id": "",
-            "statuses": [],
-            "upper_time": None,
-            "upper_job_id": None,
-            "created_after": None,
-            "has_error": False,
-            **unset,
-            **inputs,
-            "limit": 21,
-        }
+        """A first SearchJobs page by one of the inputs, nothing else set, as the store binds it."""
+        return job_search_statement(search_by(**inputs), limit=21)[1]
 
     oldest_title = conn.execute(
         "SELECT document_title FROM analysis_jobs WHERE user_id = %s ORDER BY create_time LIMIT 1", (idle_user,)

@@ -135,6 +135,33 @@ def _inputs_params(inputs: JobInputsSearch) -> Row:
     return {"document_uri_prefix": inputs.document_uri_prefix, "title_words": inputs.title_words, "source_doi": inputs.source_doi}
 
 
+def job_search_statement(search: JobSearch, *, limit: int) -> tuple[str, Row]:
+    """The named query a search runs and its parameters: the shape whose index fits the filter, a
+    search in what jobs judge (a DOI, a uri prefix, title words: the most selective first), one
+    user, one status, or all. (The query-plan test and the bench's EXPLAIN bind through it too.)"""
+    params: Row = {
+        **dataclasses.asdict(search),
+        **_inputs_params(search.inputs),
+        "statuses": _statuses(search.statuses),
+        "limit": limit,
+    }
+    inputs = search.inputs
+    for driving, shape in (
+        ("source_doi", "search_job_views_by_source_doi"),
+        ("document_uri_prefix", "search_job_views_by_document_uri"),
+        ("title_words", "search_job_views_by_title_words"),
+    ):
+        if getattr(inputs, driving):
+            # The other search fields narrow the shape's matches; its own is its index's condition.
+            also = {f"also_{name}": value for name, value in _inputs_params(inputs).items() if name != driving}
+            return shape, {**params, f"also_{driving}": "", **also}
+    if search.user_id:
+        return "search_job_views_of_user", params
+    if len(search.statuses) == 1:
+        return "search_job_views_in_status", {**params, "status": str(search.statuses[0])}
+    return "search_job_views", params
+
+
 def _limit_params(limits: PromotionLimits) -> Row:
     return {
         "default_max_active": limits.default_max_active,
@@ -746,29 +773,8 @@ class Statements:
         ]
 
     async def search_job_views(self, search: JobSearch, *, limit: int) -> list[JobView]:
-        """Picks the query shape whose index fits the filter: a search in what jobs judge (a
-        DOI, a uri prefix, title words: the most selective first), one user, one status, or all."""
-        params: Row = {
-            **dataclasses.asdict(search),
-            **_inputs_params(search.inputs),
-            "statuses": _statuses(search.statuses),
-            "limit": limit,
-        }
-        inputs = search.inputs
-        for driving, shape in (
-            ("source_doi", "search_job_views_by_source_doi"),
-            ("document_uri_prefix", "search_job_views_by_document_uri"),
-            ("title_words", "search_job_views_by_title_words"),
-        ):
-            if getattr(inputs, driving):
-                # The other search fields narrow the shape's matches; its own is its index's condition.
-                also = {f"also_{name}": value for name, value in _inputs_params(inputs).items() if name != driving}
-                return await self._views(shape, {**params, f"also_{driving}": "", **also})
-        if search.user_id:
-            return await self._views("search_job_views_of_user", params)
-        if len(search.statuses) == 1:
-            return await self._views("search_job_views_in_status", {**params, "status": str(search.statuses[0])})
-        return await self._views("search_job_views", params)
+        """The jobs a search finds, in the query shape whose index fits it (`job_search_statement`)."""
+        return await self._views(*job_search_statement(search, limit=limit))
 
     async def live_jobs_matching(self, live_filter: LiveJobFilter, *, limit: int) -> list[tuple[uuid.UUID, str]]:
         """(job_id, user_id) of the queued, pending or running jobs a bulk cancel matches."""

@@ -13,10 +13,10 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from queue_service import deadline
-from queue_service.model import PromotionLimits, RunReportToApply, Transition
+from queue_service.model import JobInputsSearch, JobSearch, PromotionLimits, RunReportToApply, Transition
 from queue_service.store import locks
 from queue_service.store.pool import Timeouts, create_pool
-from queue_service.store.store import _end_runs_params, _statement, queries
+from queue_service.store.store import _end_runs_params, _statement, job_search_statement, queries
 from tests.harness import S, insert_jobs, new_user
 
 # A section the way migration 0009's functions are written: VOLATILE PL/pgSQL, rows with a kind.
@@ -246,20 +246,19 @@ def test_the_searches_in_job_inputs_read_their_own_indexes(database_url: str) ->
         assert conn.execute("SELECT count(*) AS n FROM analysis_job_search_keys WHERE source_dois @> '{10.5555/p77}'").fetchone() == {
             "n": 10
         }
-        unset = {"document_uri_prefix": "", "title_words": "", "source_doi": ""}
         for name, (index, inputs) in _SEARCHES_IN_INPUTS.items():
-            values = {
-                **{f"also_{field}": "" for field in unset},
-                "user_id": "",
-                "statuses": [],
-                "upper_time": None,
-                "upper_job_id": None,
-                "created_after": None,
-                "has_error": False,
-                **unset,
-                **inputs,
-                "limit": 21,
-            }
+            # Bound as the store binds a SearchJobs page of 20 (and one to know of a next).
+            search = JobSearch(
+                user_id="",
+                statuses=(),
+                created_after=None,
+                upper_time=None,
+                upper_job_id=None,
+                has_error=False,
+                inputs=JobInputsSearch(**inputs),
+            )
+            shape, values = job_search_statement(search, limit=21)
+            assert shape == name, (inputs, shape)
             for generic in (False, True):
                 plan = _explain(conn, name, values, generic=generic)
                 assert re.search(rf"Index (?:Only )?Scan(?: Backward)? (?:using|on) {index} ", plan), (name, generic, plan)
