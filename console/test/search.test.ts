@@ -12,7 +12,7 @@ import { type Browser, type Page } from "playwright-core";
 
 import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits_service_pb.js";
 import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
-import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, thesis, WAIT_MS } from "./support.js";
+import { CONSOLE_URL, env, grpc, holdAnswers, launchChromium, SHOTS, thesis, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN") };
 const asWeb = createClient(AnalysisQueueService, grpc(TOKENS.web));
@@ -77,20 +77,14 @@ test("the Jobs page finds jobs by title words, a source's DOI in any case, or a 
   await shot("search-doi");
 
   // While a new search's answer is on its way, the previous search's rows are not shown under it.
-  let releaseAnswer = () => {};
-  const answerHeld = new Promise<void>((resolve) => (releaseAnswer = resolve));
-  const searchCall = /\/acurio\.queue\.v1\.OperatorService\/SearchJobs$/;
-  await page.route(searchCall, async (route) => {
-    await answerHeld;
-    await route.continue();
-  });
+  const searches = await holdAnswers(page, "OperatorService/SearchJobs");
   await page.getByTestId("job-search").fill(`s3://search-${stamp}/${user}/gra`);
   await page.getByTestId("job-search").press("Enter");
   await page.getByTestId("jobs-loading").waitFor({ timeout: WAIT_MS });
   assert.equal(await page.getByTestId("job-row").count(), 0, "the previous search's rows are shown under the new one");
-  releaseAnswer();
+  searches.release();
   await search(`s3://search-${stamp}/${user}/gra`, [graphs.jobId]);
-  await page.unroute(searchCall); // (after the held call was answered: its handler has finished)
+  await searches.done();
   assert.match(await page.getByTestId("job-search-as").innerText(), /start of a document uri/);
 
   // A search the service refuses (no word in it) says why, naming the field.

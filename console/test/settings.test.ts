@@ -15,7 +15,7 @@ import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits
 import { JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import { OperatorService } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
-import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, thesis, until, WAIT_MS } from "./support.js";
+import { CONSOLE_URL, env, grpc, holdAnswers, launchChromium, SHOTS, thesis, until, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN") };
 const OPERATOR_ACTOR = "operator:operator-console-test";
@@ -144,22 +144,16 @@ test("the capacity is set and removed behind a confirmation, and the ledger filt
   // Another actor typed in: only theirs (the web backend's charges). The new filter's answer is
   // held back a while: until it comes, the page says it is loading and shows none of the previous
   // filter's rows under the new one.
-  let releaseAnswer = () => {};
-  const answerHeld = new Promise<void>((resolve) => (releaseAnswer = resolve));
-  const ledgerCall = /\/acurio\.queue\.v1\.OperatorService\/ListLedgerEntries$/;
-  await page.route(ledgerCall, async (route) => {
-    await answerHeld;
-    await route.continue();
-  });
+  const ledgerReads = await holdAnswers(page, "OperatorService/ListLedgerEntries");
   await page.locator('input[name="actor"]').fill("web:web-console-test");
   await page.locator('input[name="actor"]').press("Enter");
   await page.getByTestId("ledger-page").getByText("Loading…").waitFor({ timeout: WAIT_MS });
   assert.equal(await page.getByTestId("ledger-row").count(), 0, "the previous filter's rows are shown under the new filter");
-  releaseAnswer();
+  ledgerReads.release();
   // (An operator's retry is a charge too: wait for the web backend's own row, then check that
   // no row of the previous filter is left under the new one.)
   await page.getByTestId("ledger-row").and(page.locator('[data-kind="charge"]')).filter({ hasText: "web:web-console-test" }).first().waitFor({ timeout: WAIT_MS });
-  await page.unroute(ledgerCall); // (after the held call was answered: its handler has finished)
+  await ledgerReads.done();
   const webActors = await page.getByTestId("ledger-actor").allInnerTexts();
   assert.ok(webActors.every((a) => a.trim() === "web:web-console-test"), webActors.join(", "));
   await page.screenshot({ path: join(SHOTS, "ledger-by-actor.png"), fullPage: true });

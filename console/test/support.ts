@@ -2,7 +2,7 @@
 // as CI runs it, and gRPC clients that carry a role's bearer token.
 import { type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import { chromium, type Browser } from "playwright-core";
+import { chromium, type Browser, type Page } from "playwright-core";
 
 export const env = (name: string): string => {
   const value = process.env[name];
@@ -52,3 +52,17 @@ export const thesis = (
   idempotencyKey: string,
   { uri = `s3://theses/${user}.pdf`, title = "A thesis", sources = [{ doi: "10.1234/abc" }] }: { uri?: string; title?: string; sources?: { doi: string; citation?: string }[] } = {},
 ) => ({ userId: user, idempotencyKey, document: { uri, title }, sources });
+
+/** Holds the page's calls of one method (`"OperatorService/SearchJobs"`) until `release()`, to see
+ * what the page shows while an answer is on its way; `done()`, once the held calls were
+ * answered (their handlers have finished), lifts the hold. */
+export async function holdAnswers(page: Page, method: string): Promise<{ release: () => void; done: () => Promise<void> }> {
+  let release = () => {};
+  const held = new Promise<void>((resolve) => (release = resolve));
+  const call = new RegExp(`/acurio\\.queue\\.v1\\.${method}$`);
+  await page.route(call, async (route) => {
+    await held;
+    await route.continue();
+  });
+  return { release, done: () => page.unroute(call) };
+}
