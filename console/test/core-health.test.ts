@@ -15,7 +15,7 @@ import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits
 import { JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import { CoreState, OperatorService } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
-import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, thesis, until, WAIT_MS } from "./support.js";
+import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, signIn, thesis, until, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN") };
 const DEV_PID = Number(env("QUEUE_DEV_PID"));
@@ -54,7 +54,7 @@ before(async () => {
   const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
   page = await context.newPage();
   page.on("pageerror", (error) => console.error(`page error: ${error.message}`));
-  await page.addInitScript((value) => sessionStorage.setItem("acurio-queue-console-token", value), TOKENS.operator);
+  await signIn(page, TOKENS.operator);
 });
 
 after(async () => {

@@ -15,7 +15,7 @@ import { CoreCallbackService, RunOutcome } from "@acurio/queue-client/gen/acurio
 import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits_service_pb.js";
 import { JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
-import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, thesis, until, WAIT_MS } from "./support.js";
+import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, signIn, thesis, until, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN"), core: env("CORE_TOKEN") };
 
@@ -38,7 +38,7 @@ async function openPage(token: string): Promise<Page> {
   const opened = await context.newPage();
   opened.on("pageerror", (error) => console.error(`page error: ${error.message}`));
   if (token !== "") {
-    await opened.addInitScript((value) => sessionStorage.setItem("acurio-queue-console-token", value), token);
+    await signIn(opened, token);
   }
   return opened;
 }

@@ -16,7 +16,7 @@ import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits
 import { JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import { LedgerEntryKind, OperatorService } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
-import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, thesis, until, WAIT_MS } from "./support.js";
+import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, signIn, thesis, until, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN"), core: env("CORE_TOKEN") };
 
@@ -53,7 +53,7 @@ before(async () => {
   const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
   page = await context.newPage();
   page.on("pageerror", (error) => console.error(`page error: ${error.message}`));
-  await page.addInitScript((value) => sessionStorage.setItem("acurio-queue-console-token", value), TOKENS.operator);
+  await signIn(page, TOKENS.operator);
 });
 
 after(async () => {
@@ -138,7 +138,7 @@ test("a double-clicked Retry charges once, a stale page's Retry says it was retr
   const job = await failedJob(user);
   // A second console (a colleague, or a tab left open) shows the same failed job with its Retry.
   const stale = await page.context().newPage();
-  await stale.addInitScript((value) => sessionStorage.setItem("acurio-queue-console-token", value), TOKENS.operator);
+  await signIn(stale, TOKENS.operator);
   await visit(stale, `jobs/${job.jobId}`);
   await stale.getByTestId("retry-job").waitFor({ timeout: WAIT_MS });
 

@@ -12,7 +12,7 @@ import { type Browser, type Page } from "playwright-core";
 
 import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits_service_pb.js";
 import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
-import { CONSOLE_URL, env, grpc, holdAnswers, launchChromium, SHOTS, thesis, WAIT_MS } from "./support.js";
+import { CONSOLE_URL, env, grpc, holdAnswers, launchChromium, SHOTS, signIn, thesis, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN") };
 const asWeb = createClient(AnalysisQueueService, grpc(TOKENS.web));
@@ -28,7 +28,7 @@ before(async () => {
   const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
   page = await context.newPage();
   page.on("pageerror", (error) => console.error(`page error: ${error.message}`));
-  await page.addInitScript((value) => sessionStorage.setItem("acurio-queue-console-token", value), TOKENS.operator);
+  await signIn(page, TOKENS.operator);
 });
 
 after(async () => {

@@ -66,3 +66,11 @@ export async function holdAnswers(page: Page, method: string): Promise<{ release
   });
   return { release, done: () => page.unroute(call) };
 }
+
+/** Signs every document the page opens in with `token`, as the console's token field would (its
+ * sessionStorage key); not about:blank, which has no storage to write. */
+export async function signIn(page: Page, token: string): Promise<void> {
+  await page.addInitScript((value) => {
+    if (window.location.protocol.startsWith("http")) sessionStorage.setItem("acurio-queue-console-token", value);
+  }, token);
+}
