@@ -490,6 +490,11 @@ class CapacityGrant:
     limit: int | None = None
 
 
+# The most users paused on their own (SetReleasesPaused with a user id) whom the capacity's state
+# names, for the estimates to leave out; beyond it every estimate is left out while they are paused.
+PAUSED_USERS_NAMED_AT_MOST = 1000
+
+
 @dataclasses.dataclass(frozen=True)
 class CapacityState:
     """The core's capacity now, fleet-wide: the setting (0: unlimited), the limit the core taught
@@ -508,6 +513,18 @@ class CapacityState:
     # releases are paused on their own (migration 0028).
     fleet_pause: ReleasePause | None = None
     paused_users: int = 0
+    # Which users those are, when the read could name them all (PAUSED_USERS_NAMED_AT_MOST);
+    # None when more are paused than a read names.
+    paused_user_ids: frozenset[str] | None = frozenset()
+
+    def releases_paused_for(self, user_id: str) -> bool:
+        """Whether the user's held runs wait for a resume now: the fleet's pause, her own, or (more
+        users paused on their own than a read names) possibly hers."""
+        if self.fleet_pause is not None:
+            return True
+        if self.paused_users == 0:
+            return False
+        return self.paused_user_ids is None or user_id in self.paused_user_ids
 
     @property
     def effective_limit(self) -> int | None:

@@ -5,7 +5,8 @@ cached briefly per replica so reads stay cheap, and, while the fleet's capacity 
 limited, from the wait for it (the capacity's state, cached for a second). A PENDING job waiting
 for capacity gets its place in the fleet-wide order (`capacity_position`), read when it is shown.
 From a heartbeat of this replica that read the core as unreachable until the core's next answer,
-no estimate is made: no start can be promised then.
+no estimate is made: no start can be promised then. Nor for a job whose releases are paused (the
+fleet's pause or her own, as of the capacity's state read within the second).
 """
 
 from __future__ import annotations
@@ -95,9 +96,14 @@ class JobReads:
             if view.waiting_for_capacity:
                 view = dataclasses.replace(view, capacity_position=positions.get(view.job_id, 0))
             if view.status is JobStatus.QUEUED or view.waiting_for_capacity:
+                # Held by a pause (the fleet's or hers): no start until a resume, which no
+                # estimate can know of.
+                paused = capacity is not None and capacity.releases_paused_for(view.user_id)
                 view = dataclasses.replace(
                     view,
-                    estimated_start_time=estimate_start(
+                    estimated_start_time=None
+                    if paused
+                    else estimate_start(
                         view,
                         mean_judging_seconds=mean,
                         default_max_active=self._default_max_active,

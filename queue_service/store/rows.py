@@ -196,6 +196,7 @@ def capacity_state(row: Row) -> CapacityState:
         updated_at=row["updated_at"],
         fleet_pause=release_pause(row["fleet_paused_at"], row["fleet_paused_by"], row["fleet_pause_note"]),
         paused_users=int(row["paused_users"]),
+        paused_user_ids=frozenset(row["paused_user_ids"]) if len(row["paused_user_ids"]) == int(row["paused_users"]) else None,
     )
 
 

@@ -29,6 +29,7 @@ from psycopg.types.json import Jsonb
 
 from queue_service import audit, deadline
 from queue_service.model import (
+    PAUSED_USERS_NAMED_AT_MOST,
     AdmitLimits,
     AdmitState,
     AdmittedJob,
@@ -527,7 +528,7 @@ class Statements:
         return [from_row.setting_change(row) for row in rows]
 
     async def capacity_state(self) -> CapacityState:
-        row = await self._one("capacity_state", {})
+        row = await self._one("capacity_state", {"paused_users_named": PAUSED_USERS_NAMED_AT_MOST})
         assert row is not None
         return from_row.capacity_state(row)
 

@@ -133,6 +133,46 @@ async def test_a_users_pause_holds_only_her_runs_and_shows_in_her_settings(servi
     assert not settings.releases_paused and not settings.HasField("releases_paused_since")
 
 
+async def test_no_start_is_estimated_for_a_job_held_by_a_pause(service) -> None:
+    """A queued job's `estimated_start_time` is left out while its releases are paused, on GetJob
+    and ListJobs: her own pause leaves out only hers, the fleet's everyone's; a resume brings it
+    back (a pause is read with the capacity's state, within a second)."""
+    stubs, core = service.stubs, service.core
+    paused_user, other = new_user(), new_user()
+    queued: dict[str, job_pb2.Job] = {}
+    for user in (paused_user, other):
+        await stubs.grant(user, 10)
+        # A judged job gives the estimates their mean judging time; then one runs and one waits.
+        judged = await stubs.wait_for((await stubs.admit(user)).job_id, S.JOB_STATUS_RUNNING)
+        await core.finish(judged.run_id)
+        await stubs.wait_for(judged.job_id, S.JOB_STATUS_SUCCEEDED)
+        await stubs.wait_for((await stubs.admit(user)).job_id, S.JOB_STATUS_RUNNING)
+        queued[user] = await stubs.admit(user)
+        assert queued[user].status == S.JOB_STATUS_QUEUED
+
+    async def estimated(user: str) -> tuple[bool, bool]:
+        """Whether GetJob and ListJobs give the user's queued job an estimate."""
+        listed = {job.job_id: job for job in await stubs.jobs(user)}
+        return (
+            (await stubs.job(queued[user].job_id)).HasField("estimated_start_time"),
+            listed[queued[user].job_id].HasField("estimated_start_time"),
+        )
+
+    async def shown(expected: dict[str, bool]) -> bool:
+        return [await estimated(user) for user in expected] == [(want, want) for want in expected.values()]
+
+    # The mean judging time is cached for ten seconds.
+    await eventually(lambda: shown({paused_user: True, other: True}), timeout=15, what="estimates for both users")
+    await _pause(stubs, True, user_id=paused_user, note="abuse review")
+    await eventually(lambda: shown({paused_user: False, other: True}), timeout=5, what="no estimate for the paused user only")
+    await _pause(stubs, True, note="core upgrade")
+    await eventually(lambda: shown({paused_user: False, other: False}), timeout=5, what="no estimate while the fleet is paused")
+    await _pause(stubs, False)
+    await eventually(lambda: shown({paused_user: False, other: True}), timeout=5, what="the fleet resumed, the user still paused")
+    await _pause(stubs, False, user_id=paused_user)
+    await eventually(lambda: shown({paused_user: True, other: True}), timeout=5, what="estimates back after both resumes")
+
+
 async def test_a_release_falling_due_while_paused_goes_back_to_waiting(services) -> None:
     """A release the core did not answer is retried; paused meanwhile, the retry is not sent: the
     job waits again (no release window running) and starts on the resume."""

@@ -949,7 +949,7 @@ SELECT change_id, setting, user_id, old_value, new_value, actor, create_time, no
 -- name: capacity_state
 -- The core's capacity now: the setting, what the core taught us, what is in use and who waits
 -- (the partial index of jobs waiting for capacity; the slot index for what is in use), and the
--- pauses of releases in force (the fleet's, and how many users are paused).
+-- pauses of releases in force (the fleet's, how many users are paused, and who, up to a bound).
 SELECT COALESCE(c.capacity, 0) AS capacity,
        c.core_limit,
        c.next_probe_at,
@@ -966,7 +966,9 @@ SELECT COALESCE(c.capacity, 0) AS capacity,
        fleet.paused_at AS fleet_paused_at,
        fleet.paused_by AS fleet_paused_by,
        fleet.note AS fleet_pause_note,
-       (SELECT count(*) FROM queue_release_pauses p WHERE p.user_id <> '') AS paused_users
+       (SELECT count(*) FROM queue_release_pauses p WHERE p.user_id <> '') AS paused_users,
+       ARRAY(SELECT p.user_id FROM queue_release_pauses p WHERE p.user_id <> ''
+              ORDER BY p.user_id LIMIT %(paused_users_named)s) AS paused_user_ids
   FROM (SELECT 1) AS one
   LEFT JOIN queue_capacity c ON true
   LEFT JOIN queue_release_pauses fleet ON fleet.user_id = '';

@@ -220,8 +220,11 @@ export type Job = Message<"acurio.queue.v1.Job"> & {
    * for it. Unset when there is no history to estimate from, and while the core is unreachable
    * (the answering replica's last heartbeat found no call answered since the previous one, its
    * probe included, and no answer came since; Overview.core_health): no start can be promised
-   * then. It comes back with the core's next answer. WatchJobs sends a job when it changes, so a message sent before the core became
-   * unreachable keeps its estimate. Added to the contract additively.
+   * then. It comes back with the core's next answer. Also unset while the job's releases are paused
+   * (OperatorService.SetReleasesPaused, the fleet's or its user's): no start comes before a
+   * resume, which no estimate can know of. WatchJobs sends a job when it changes, so a message
+   * sent before the core became unreachable, or before a pause, keeps its estimate. Added to the
+   * contract additively.
    *
    * @generated from field: google.protobuf.Timestamp estimated_start_time = 14;
    */
@@ -409,8 +412,11 @@ export type JobJson = {
    * for it. Unset when there is no history to estimate from, and while the core is unreachable
    * (the answering replica's last heartbeat found no call answered since the previous one, its
    * probe included, and no answer came since; Overview.core_health): no start can be promised
-   * then. It comes back with the core's next answer. WatchJobs sends a job when it changes, so a message sent before the core became
-   * unreachable keeps its estimate. Added to the contract additively.
+   * then. It comes back with the core's next answer. Also unset while the job's releases are paused
+   * (OperatorService.SetReleasesPaused, the fleet's or its user's): no start comes before a
+   * resume, which no estimate can know of. WatchJobs sends a job when it changes, so a message
+   * sent before the core became unreachable, or before a pause, keeps its estimate. Added to the
+   * contract additively.
    *
    * @generated from field: google.protobuf.Timestamp estimated_start_time = 14;
    */
