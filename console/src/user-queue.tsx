@@ -12,8 +12,15 @@ import { revealBidiControls, UserText } from "./user-text.js";
 import { type Job, JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import type { GetUserSettingsResponse, UserWork } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
-function Countdown({ at, now, coreUnreachable }: { at: Date | undefined; now: number; coreUnreachable: boolean }) {
-  if (coreUnreachable) return <span class="bad-text" data-testid="no-start-promised">no start expected while the core is unreachable</span>;
+/** Why no start can be promised now ("" when one can): the service then sends no estimate. */
+type Held = "" | "core" | "paused" | "fleet-paused";
+
+function Countdown({ at, now, held }: { at: Date | undefined; now: number; held: Held }) {
+  if (held === "core") return <span class="bad-text" data-testid="no-start-promised">no start expected while the core is unreachable</span>;
+  if (held !== "" && at === undefined) {
+    const whose = held === "paused" ? "her releases are paused" : "releases are paused fleet-wide";
+    return <span class="warn-text" data-testid="no-start-paused">no start expected while {whose}</span>;
+  }
   if (at === undefined) return <span class="muted">no estimate yet</span>;
   const left = at.getTime() - now;
   return <span title={`estimated at ${clock(at)}`}>{left > 0 ? `starts in ~${duration(left)}` : "starting any moment"}</span>;
@@ -38,12 +45,13 @@ function UserPicker({ userId }: { userId: string }) {
   );
 }
 
-/** The user's settings in force: her limit (her own or the default) and whether her releases
- * are paused (her own pause, the fleet's). Changed on Settings & audit. */
-function UserSettingsLine({ userId, version }: { userId: string; version: number }) {
+/** The user's settings in force (GetUserSettings), read again when `version` changes. */
+function useUserSettings(userId: string, version: number) {
   const [settings, setSettings] = useState<GetUserSettingsResponse | null>(null);
   const [refusal, setRefusal] = useState("");
+  useEffect(() => setSettings(null), [userId]); // another user's are not hers
   useEffect(() => {
+    if (userId === "") return; // the page picks a user first
     let current = true;
     operator.getUserSettings({ userId }).then(
       (s) => {
@@ -57,6 +65,12 @@ function UserSettingsLine({ userId, version }: { userId: string; version: number
       current = false;
     };
   }, [userId, version]);
+  return { settings, refusal };
+}
+
+/** The user's settings in force: her limit (her own or the default) and whether her releases
+ * are paused (her own pause, the fleet's). Changed on Settings & audit. */
+function UserSettingsLine({ settings, refusal }: { settings: GetUserSettingsResponse | null; refusal: string }) {
   if (refusal !== "") return <p class="muted" data-testid="user-settings">Her settings are not shown: {refusal}</p>;
   if (settings === null) return null;
   return (
@@ -154,7 +168,7 @@ function headOf(job: Job, jobs: Map<string, Job>): Job | undefined {
 
 /** When a queued job should start: the estimate, unless it waits behind a release being retried
  * (then it may wait up to the release window, whatever the estimate says). */
-function StartsWhen({ job, jobs, now, coreUnreachable }: { job: Job; jobs: Map<string, Job>; now: number; coreUnreachable: boolean }) {
+function StartsWhen({ job, jobs, now, held }: { job: Job; jobs: Map<string, Job>; now: number; held: Held }) {
   const head = headOf(job, jobs);
   if (head !== undefined && head.status === JobStatus.PENDING && head.lastError) {
     return (
@@ -164,7 +178,7 @@ function StartsWhen({ job, jobs, now, coreUnreachable }: { job: Job; jobs: Map<s
       </span>
     );
   }
-  return <Countdown at={date(job.estimatedStartTime)} now={now} coreUnreachable={coreUnreachable} />;
+  return <Countdown at={date(job.estimatedStartTime)} now={now} held={held} />;
 }
 
 export function UserQueuePage({ userId, live }: { userId: string; live: boolean }) {
@@ -173,6 +187,8 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
   const [balanceVersion, setBalanceVersion] = useState(0);
   const now = useNow();
   const coreUnreachable = useCoreUnreachable(live);
+  const { settings, refusal } = useUserSettings(userId, balanceVersion);
+  const held: Held = coreUnreachable ? "core" : settings?.releasesPaused ? "paused" : settings?.fleetReleasesPaused ? "fleet-paused" : "";
   const { run, busy } = useAction();
 
   useEffect(() => {
@@ -224,7 +240,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
         Queue of <UserText class="mono" text={userId} />
       </h1>
       {problem && <p class="problem">{problem}</p>}
-      <UserSettingsLine userId={userId} version={balanceVersion} />
+      <UserSettingsLine settings={settings} refusal={refusal} />
       <div class="toolbar">
         <Credits userId={userId} version={balanceVersion} live={live} onGranted={() => setBalanceVersion((v) => v + 1)} />
         <button
@@ -256,7 +272,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
                   ? <span class="bad-text" data-testid="running-core-unreachable">started {duration(now - date(job.startTime)!.getTime())} ago; the core is unreachable, so whether it still runs is unknown</span>
                   : `running for ${duration(now - date(job.startTime)!.getTime())}`
                 : job.capacityPosition > 0
-                  ? <span data-testid="capacity-position">waiting for the core: {ordinal(job.capacityPosition)} in line · <Countdown at={date(job.estimatedStartTime)} now={now} coreUnreachable={coreUnreachable} /></span>
+                  ? <span data-testid="capacity-position">waiting for the core: {ordinal(job.capacityPosition)} in line · <Countdown at={date(job.estimatedStartTime)} now={now} held={held} /></span>
                   : job.lastError
                   ? `release retrying: ${revealBidiControls(job.lastError)}`
                   : "starting"}
@@ -274,7 +290,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
             </a>
             <StatusBadge status={job.status} />
             <span class="muted">
-              waiting for <span class="mono">{shortId(job.waitingForJobId)}</span> · <StartsWhen job={job} jobs={jobs} now={now} coreUnreachable={coreUnreachable} />
+              waiting for <span class="mono">{shortId(job.waitingForJobId)}</span> · <StartsWhen job={job} jobs={jobs} now={now} held={held} />
             </span>
             <CancelJobButton job={job} small testId="cancel" onCanceled={() => setBalanceVersion((v) => v + 1)} />
           </li>

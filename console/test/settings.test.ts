@@ -88,6 +88,8 @@ test("a fleet-wide pause is confirmed, shown on the Overview, holds an admit, an
 
   await page.goto(`${CONSOLE_URL}#/users/${encodeURIComponent(user)}`);
   await page.getByTestId("user-paused").filter({ hasText: "releases paused fleet-wide" }).waitFor({ timeout: WAIT_MS });
+  // Her held job promises no start (the service sends no estimate while it is paused).
+  await page.getByTestId("no-start-paused").filter({ hasText: "while releases are paused fleet-wide" }).waitFor({ timeout: WAIT_MS });
 
   await page.goto(`${CONSOLE_URL}#/settings`);
   await confirmIn("resume-fleet");
@@ -113,7 +115,10 @@ test("one user's pause and her limit show on her queue; a resume releases her jo
   await paused.filter({ hasText: "releases paused since" }).waitFor({ timeout: WAIT_MS });
   assert.match(await paused.innerText(), new RegExp(`${OPERATOR_ACTOR}[\\s\\S]*review`));
   assert.match(await page.getByTestId("user-limit").innerText(), /At most 1 active at once \(the service's default\)/);
-  assert.equal((await getJob(job.jobId)).status, JobStatus.PENDING);
+  const held = await getJob(job.jobId);
+  assert.equal(held.status, JobStatus.PENDING);
+  assert.equal(held.estimatedStartTime, undefined, "a paused job is sent an estimated start");
+  await page.getByTestId("no-start-paused").filter({ hasText: "while her releases are paused" }).waitFor({ timeout: WAIT_MS });
   await page.screenshot({ path: join(SHOTS, "user-queue-paused.png"), fullPage: true });
 
   await page.goto(`${CONSOLE_URL}#/settings`);
