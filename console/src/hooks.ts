@@ -1,4 +1,4 @@
-import { useEffect, useLayoutEffect, useMemo, useState } from "preact/hooks";
+import { useEffect, useLayoutEffect, useMemo, useRef, useState } from "preact/hooks";
 
 /** The current time, re-rendered every `ms` (countdowns, ages). */
 export function useNow(ms = 1000): number {
@@ -50,4 +50,35 @@ export function useRoute(): Route {
 
 export function go(path: string): void {
   window.location.hash = `#/${path}`;
+}
+
+/** What a read answered for `query` (a page's filter, as a string), read again whenever `query`
+ * or `again` changes (a live refresh, an action's done). Every answer lands unless a read issued
+ * later already did: a re-read never throws away the read still on its way, so a read slower
+ * than the refreshes still shows. An answer for another query than the current one is kept but
+ * not returned: while a changed filter is read the page says "Loading…", never the previous
+ * filter's rows under the new one. `failed` (with `onError`, called for the latest read only)
+ * says the current query's read was refused. */
+export function useQueryRead<T>(
+  query: string,
+  read: () => Promise<T>,
+  again: unknown,
+  onError?: (error: unknown) => void,
+): { answered: false } | { answered: true; value: T; failed: false } | { answered: true; failed: true; error: unknown } {
+  type Landed = { order: number; query: string } & ({ failed: false; value: T } | { failed: true; error: unknown });
+  const issued = useRef(0);
+  const [landed, setLanded] = useState<Landed | null>(null);
+  useEffect(() => {
+    const order = ++issued.current;
+    const land = (answer: Landed) => setLanded((old) => (old !== null && old.order > order ? old : answer));
+    read().then(
+      (value) => land({ order, query, failed: false, value }),
+      (error: unknown) => {
+        if (order === issued.current) onError?.(error);
+        land({ order, query, failed: true, error });
+      },
+    );
+  }, [query, again]);
+  if (landed === null || landed.query !== query) return { answered: false };
+  return landed.failed ? { answered: true, failed: true, error: landed.error } : { answered: true, failed: false, value: landed.value };
 }

@@ -5,7 +5,7 @@ import { useEffect, useRef, useState } from "preact/hooks";
 import { date, operator, Problem, queue } from "./api.js";
 import { Modal } from "./dialog.js";
 import { ACTIVE, ago, canceledText, canceler, dateTime, duration, RETRYABLE, shortId, spoken, STATUS_LABELS } from "./format.js";
-import { go, useNow } from "./hooks.js";
+import { go, useNow, useQueryRead } from "./hooks.js";
 import { LedgerPanel, useLedger } from "./ledger.js";
 import { useAction, useNotice } from "./notice.js";
 import { useLiveStream } from "./stream.js";
@@ -435,10 +435,6 @@ const NO_JOBS: Job[] = [];
 
 export function JobsPage({ params, live }: { params: URLSearchParams; live: boolean }) {
   const [tokens, setTokens] = useState<string[]>([""]); // page tokens: the first page's, then each next one
-  // A page is kept with the query it answers: while a changed filter (or another page) is read,
-  // the table is empty and says so, instead of showing the previous query's jobs under the new
-  // filters. A live re-read of the same query keeps its rows until the new page arrives.
-  const [answer, setAnswer] = useState<{ query: string; jobs: Job[]; next: string; refused: boolean } | null>(null);
   const [refresh, setRefresh] = useState(0);
   const [selected, setSelected] = useState<Map<string, Job>>(new Map());
   const [columns, setColumn] = useColumns();
@@ -448,10 +444,15 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
   const filter = filterFrom(params);
   const key = params.toString();
   const pageToken = tokens[tokens.length - 1];
-  const query = JSON.stringify([key, pageToken]);
-  const loaded = answer !== null && answer.query === query;
-  const jobs = loaded ? answer.jobs : NO_JOBS;
-  const next = loaded ? answer.next : "";
+  // The page of the filter and page token shown (`useQueryRead`): "Loading…" while another
+  // query's is the last that came; a live re-read keeps the rows until its answer lands.
+  const page = useQueryRead(JSON.stringify([key, pageToken]), () => operator.searchJobs({ filter, pageSize: 25, pageToken }), refresh, (error) =>
+    notice.error(error),
+  );
+  const loaded = page.answered;
+  const refused = page.answered && page.failed;
+  const jobs = page.answered && !page.failed ? page.value.jobs : NO_JOBS;
+  const next = page.answered && !page.failed ? page.value.nextPageToken : "";
 
   useEffect(() => setTokens([""]), [key]);
   useEffect(() => setSelected(new Map()), [key]);
@@ -477,23 +478,6 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
       else next.delete(job.jobId);
       return next;
     });
-  useEffect(() => {
-    let current = true;
-    operator
-      .searchJobs({ filter, pageSize: 25, pageToken })
-      .then((page) => {
-        if (!current) return;
-        setAnswer({ query, jobs: page.jobs, next: page.nextPageToken, refused: false });
-      })
-      .catch((error) => {
-        if (!current) return;
-        notice.error(error);
-        setAnswer({ query, jobs: NO_JOBS, next: "", refused: true });
-      });
-    return () => {
-      current = false;
-    };
-  }, [key, pageToken, refresh]);
 
   // Live: the first page follows every change of the overview (a job admitted, moved or ended).
   useLiveStream(
@@ -687,8 +671,8 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
         </tbody>
       </table>
       {!loaded && <p class="muted" data-testid="jobs-loading">Loading…</p>}
-      {loaded && answer.refused && <p class="muted" data-testid="jobs-refused">No job is shown: the service refused these filters (the notice above says why).</p>}
-      {loaded && !answer.refused && jobs.length === 0 && <p class="muted">No job matches these filters.</p>}
+      {refused && <p class="muted" data-testid="jobs-refused">No job is shown: the service refused these filters (the notice above says why).</p>}
+      {loaded && !refused && jobs.length === 0 && <p class="muted">No job matches these filters.</p>}
       <div class="pager">
         <button disabled={tokens.length === 1} onClick={() => setTokens([""])}>
           First page

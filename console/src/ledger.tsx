@@ -6,7 +6,7 @@ import { useEffect, useState } from "preact/hooks";
 
 import { date, describeError, operator } from "./api.js";
 import { dateTime, shortId } from "./format.js";
-import { go } from "./hooks.js";
+import { go, useQueryRead } from "./hooks.js";
 import { useNotice } from "./notice.js";
 import { revealBidiControls, UserText } from "./user-text.js";
 import { type LedgerEntry, LedgerEntryKind } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
@@ -23,33 +23,18 @@ const KIND_LABELS: Record<LedgerEntryKind, string> = {
  * place (`refusal`), not as the page's notice: the web role may watch a queue but not read the
  * ledger, and that refusal must not stand for the page's own actions. */
 export function useLedger(userId: string, jobId: string, version: unknown, pageSize = 20, pageToken = "", inline = false, actor = "") {
-  // The entries are kept with the filter they answer: while a changed filter is read, the page
-  // says "Loading…" instead of showing the previous filter's rows under the new one. A re-read of
-  // the same filter (`version`) keeps its rows until the new page arrives.
-  const filter = JSON.stringify([userId, jobId, actor, pageSize, pageToken]);
-  const [loaded, setLoaded] = useState<{ filter: string; entries: LedgerEntry[]; next: string } | null>(null);
-  const [refusal, setRefusal] = useState("");
   const notice = useNotice();
-  useEffect(() => {
-    let current = true;
-    operator.listLedgerEntries({ userId, jobId, actor, pageSize, pageToken }).then(
-      (page) => {
-        if (!current) return;
-        setLoaded({ filter, entries: page.entries, next: page.nextPageToken });
-        setRefusal("");
-      },
-      (error) => {
-        if (!current) return;
-        if (inline) setRefusal(describeError(error));
-        else notice.error(error);
-      },
-    );
-    return () => {
-      current = false;
-    };
-  }, [filter, version]);
-  const answered = loaded !== null && loaded.filter === filter;
-  return { entries: answered ? loaded.entries : null, next: answered ? loaded.next : "", refusal };
+  // Kept with the filter it answers (`useQueryRead`): a changed filter shows "Loading…", not the
+  // previous filter's rows; a re-read of the same filter (`version`) keeps its rows until it lands.
+  const page = useQueryRead(
+    JSON.stringify([userId, jobId, actor, pageSize, pageToken]),
+    () => operator.listLedgerEntries({ userId, jobId, actor, pageSize, pageToken }),
+    version,
+    inline ? undefined : (error) => notice.error(error),
+  );
+  if (!page.answered) return { entries: null, next: "", refusal: "", failed: false };
+  if (page.failed) return { entries: null, next: "", refusal: inline ? describeError(page.error) : "", failed: true };
+  return { entries: page.value.entries, next: page.value.nextPageToken, refusal: "", failed: false };
 }
 
 /** Where a panel's ledger is: loading, refused (said in place), or its table. */
@@ -131,7 +116,7 @@ export function LedgerPage({ params }: { params: URLSearchParams }) {
   const [tokens, setTokens] = useState<string[]>([""]);
   const key = params.toString();
   useEffect(() => setTokens([""]), [key]);
-  const { entries, next } = useLedger(userId, jobId, 0, 50, tokens[tokens.length - 1], false, actor);
+  const { entries, next, failed } = useLedger(userId, jobId, 0, 50, tokens[tokens.length - 1], false, actor);
   const update = (name: string, value: string) => {
     const changed = new URLSearchParams(params);
     if (value.trim() === "") changed.delete(name);
@@ -175,7 +160,13 @@ export function LedgerPage({ params }: { params: URLSearchParams }) {
           />
         </label>
       </form>
-      {entries === null ? <p class="muted">Loading…</p> : <LedgerTable entries={entries} />}
+      {failed ? (
+        <p class="muted" data-testid="ledger-refused">No entry is shown: the service refused this filter (the notice above says why).</p>
+      ) : entries === null ? (
+        <p class="muted">Loading…</p>
+      ) : (
+        <LedgerTable entries={entries} />
+      )}
       <div class="pager">
         <button disabled={tokens.length === 1} onClick={() => setTokens([""])}>
           First page

@@ -3,7 +3,7 @@ import { useEffect, useState } from "preact/hooks";
 import { credits, date, describeError, operator, queue } from "./api.js";
 import { useCoreUnreachable } from "./core-health.js";
 import { ACTIVE, clock, dateTime, duration, ordinal, shortId, STATUS_LABELS } from "./format.js";
-import { go, useNow } from "./hooks.js";
+import { go, useNow, useQueryRead } from "./hooks.js";
 import { useAction } from "./notice.js";
 import { useLiveStream } from "./stream.js";
 import { CancelJobButton, StatusBadge } from "./jobs.js";
@@ -45,27 +45,14 @@ function UserPicker({ userId }: { userId: string }) {
   );
 }
 
-/** The user's settings in force (GetUserSettings), read again when `version` changes. */
+/** The user's settings in force (GetUserSettings), read again when `version` changes (every
+ * change of her queue): kept with the user they answer, and never thrown away by the next re-read
+ * (`useQueryRead`). */
 function useUserSettings(userId: string, version: number) {
-  const [settings, setSettings] = useState<GetUserSettingsResponse | null>(null);
-  const [refusal, setRefusal] = useState("");
-  useEffect(() => setSettings(null), [userId]); // another user's are not hers
-  useEffect(() => {
-    if (userId === "") return; // the page picks a user first
-    let current = true;
-    operator.getUserSettings({ userId }).then(
-      (s) => {
-        if (!current) return;
-        setSettings(s);
-        setRefusal("");
-      },
-      (error) => current && setRefusal(describeError(error)),
-    );
-    return () => {
-      current = false;
-    };
-  }, [userId, version]);
-  return { settings, refusal };
+  const read = useQueryRead(userId, () => (userId === "" ? Promise.resolve(null) : operator.getUserSettings({ userId })), version);
+  if (!read.answered) return { settings: null, refusal: "" };
+  if (read.failed) return { settings: null, refusal: describeError(read.error) };
+  return { settings: read.value, refusal: "" };
 }
 
 /** The user's settings in force: her limit (her own or the default) and whether her releases

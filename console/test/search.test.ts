@@ -11,12 +11,14 @@ import { createClient } from "@connectrpc/connect";
 import { type Browser, type Page } from "playwright-core";
 
 import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits_service_pb.js";
+import { OperatorService } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
 import { CONSOLE_URL, env, grpc, holdAnswers, launchChromium, SHOTS, signIn, thesis, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN") };
 const asWeb = createClient(AnalysisQueueService, grpc(TOKENS.web));
 const asOperator = createClient(CreditsService, grpc(TOKENS.operator));
+const operator = createClient(OperatorService, grpc(TOKENS.operator));
 
 let browser: Browser;
 let page: Page;
@@ -96,6 +98,42 @@ test("the Jobs page finds jobs by title words, a source's DOI in any case, or a 
   await page.getByTestId("jobs-refused").waitFor({ timeout: WAIT_MS });
   assert.equal(await page.getByTestId("job-row").count(), 0, "a refused search still shows the previous search's rows");
   await shot("search-refused");
+});
+
+test("a search slower than the overview's changes still lands on a busy fleet", async () => {
+  const user = `slow-search-${stamp}`;
+  const churn = `churn-${stamp}`;
+  await asOperator.grantCredits({ userId: user, amount: 1n, idempotencyKey: "grant" });
+  await asOperator.grantCredits({ userId: churn, amount: 200n, idempotencyKey: "grant" });
+  const word = `slow${stamp}`;
+  const wanted = await admit(user, "slow", `A slow search ${word}`, `10.5555/${stamp}.slow`);
+  await page.goto("about:blank");
+  await page.goto(`${CONSOLE_URL}#/jobs`);
+  await page.getByTestId("job-search").waitFor({ timeout: WAIT_MS });
+
+  // Every search is answered 2.5 s late, while another user's admits change the overview (which
+  // the page re-reads on) every few hundred milliseconds: a re-read must not throw away the
+  // answer on its way, or none ever shows.
+  const searchCall = /\/acurio\.queue\.v1\.OperatorService\/SearchJobs$/;
+  await page.route(searchCall, async (route) => {
+    await new Promise((resolve) => setTimeout(resolve, 2500));
+    await route.continue().catch(() => {}); // (the page may have gone on meanwhile)
+  });
+  let churning = true;
+  const churned = (async () => {
+    for (let n = 0; churning && n < 150; n++) {
+      await asWeb.admit(thesis(churn, `churn-${n}`));
+      await new Promise((resolve) => setTimeout(resolve, 300));
+    }
+  })();
+  try {
+    await search(word, [wanted.jobId]);
+  } finally {
+    churning = false;
+    await churned;
+    await page.unrouteAll({ behavior: "ignoreErrors" });
+    await operator.cancelJobs({ filter: { userId: churn }, maxJobs: 1000 });
+  }
 });
 
 async function shot(name: string): Promise<void> {
