@@ -57,8 +57,8 @@ export function go(path: string): void {
  * later already did: a re-read never throws away the read still on its way, so a read slower
  * than the refreshes still shows. An answer for another query than the current one is kept but
  * not returned: while a changed filter is read the page says "Loading…", never the previous
- * filter's rows under the new one. `failed` (with `onError`, called for the latest read only)
- * says the current query's read was refused. */
+ * filter's rows under the new one. `failed` says the current query's read was refused; `onError`
+ * hears each refusal that lands. */
 export function useQueryRead<T>(
   query: string,
   read: () => Promise<T>,
@@ -67,16 +67,21 @@ export function useQueryRead<T>(
 ): { answered: false } | { answered: true; value: T; failed: false } | { answered: true; failed: true; error: unknown } {
   type Landed = { order: number; query: string } & ({ failed: false; value: T } | { failed: true; error: unknown });
   const issued = useRef(0);
+  const newestLanded = useRef(0);
   const [landed, setLanded] = useState<Landed | null>(null);
   useEffect(() => {
     const order = ++issued.current;
-    const land = (answer: Landed) => setLanded((old) => (old !== null && old.order > order ? old : answer));
+    const land = (answer: Landed) => {
+      if (order < newestLanded.current) return; // a read issued later has landed already
+      newestLanded.current = order;
+      setLanded(answer);
+      // A refusal is said when it lands, not only if no re-read was issued meanwhile: on a
+      // busy fleet one always is, and the refusal would never be said.
+      if (answer.failed) onError?.(answer.error);
+    };
     read().then(
       (value) => land({ order, query, failed: false, value }),
-      (error: unknown) => {
-        if (order === issued.current) onError?.(error);
-        land({ order, query, failed: true, error });
-      },
+      (error: unknown) => land({ order, query, failed: true, error }),
     );
   }, [query, again]);
   if (landed === null || landed.query !== query) return { answered: false };

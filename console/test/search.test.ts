@@ -100,7 +100,7 @@ test("the Jobs page finds jobs by title words, a source's DOI in any case, or a 
   await shot("search-refused");
 });
 
-test("a search slower than the overview's changes still lands on a busy fleet", async () => {
+test("a search, or its refusal, slower than the overview's changes still lands on a busy fleet", async () => {
   const user = `slow-search-${stamp}`;
   const churn = `churn-${stamp}`;
   await asOperator.grantCredits({ userId: user, amount: 1n, idempotencyKey: "grant" });
@@ -128,6 +128,11 @@ test("a search slower than the overview's changes still lands on a busy fleet", 
   })();
   try {
     await search(word, [wanted.jobId]);
+    // A refusal answered as late is said too, though the page has re-read meanwhile.
+    await page.getByTestId("job-search").fill("-- !!");
+    await page.getByTestId("job-search").press("Enter");
+    await page.getByTestId("notice").filter({ hasText: "title_words" }).waitFor({ timeout: WAIT_MS });
+    await page.getByTestId("jobs-refused").waitFor({ timeout: WAIT_MS });
   } finally {
     churning = false;
     await churned;
