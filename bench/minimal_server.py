@@ -4,7 +4,12 @@ Same generated service and request as the real one (so ghz sends the identical c
 store methods for the transaction (`reserve_run_and_read_admit_state` + `Store.admit_job`), and
 nothing else: no validation, no core call, no telemetry, no pool ping. What the real Admit costs beyond this is the service's own overhead.
 
-    python -m bench.minimal_server --listen 127.0.0.1:50071 --dsn postgresql://...
+With `--core HOST:PORT` it also makes the one call the contract puts in every admit: the core's
+CreateRun of a held run (a plain grpc.aio stub, one call, no retry), before the transaction as the
+real Admit does. That floor (`minimal_core`) separates the cost of the core call, which no cut of
+the service can remove, from the service's own overhead.
+
+    python -m bench.minimal_server --listen 127.0.0.1:50071 --dsn postgresql://... [--core 127.0.0.1:50061]
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from bench.driver import ADMIT_LIMITS, FREE_ADMITS_PER_HOUR, TIMEOUTS
+from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
+from queue_service._gen.acurio.core.v1 import run_service_pb2_grpc as core_grpc
 from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2_grpc as queue_grpc
@@ -29,11 +36,13 @@ from queue_service.store import Store
 from queue_service.store.pool import create_pool
 
 _PRICE = 1
+_CORE_DEADLINE_SECONDS = 5.0
 
 
 class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, core: core_grpc.RunServiceStub | None) -> None:
         self._store = store
+        self._core = core
 
     async def Admit(self, request: queue_pb2.AdmitRequest, context: grpc.aio.ServicerContext) -> queue_pb2.AdmitResponse:
         job = NewJob(
@@ -45,6 +54,21 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
             delta_of_job_id=None,
             price=_PRICE,
         )
+        if self._core is not None:
+            await self._core.CreateRun(
+                core_pb2.CreateRunRequest(
+                    run_id=str(job.run_id),
+                    user_id=job.user_id,
+                    document_uri=request.document.uri,
+                    sources=[core_pb2.RunSource(doi=source.doi, citation=source.citation) for source in request.sources],
+                    hold=True,
+                    job_id=str(job.job_id),
+                    idempotency_key=job.idempotency_key,
+                    request_digest=job.request_digest,
+                    price=_PRICE,
+                ),
+                timeout=_CORE_DEADLINE_SECONDS,
+            )
         async with self._store.statements() as db:
             await db.reserve_run_and_read_admit_state(
                 run_id=job.run_id,
@@ -64,11 +88,18 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
         )
 
 
-async def serve(listen: str, dsn: str, pool_max_size: int) -> None:
+async def serve(listen: str, dsn: str, pool_max_size: int, core_addr: str | None) -> None:
     pool = create_pool(dsn, timeouts=TIMEOUTS, min_size=2, max_size=pool_max_size, timeout=10)
     await pool.open(wait=True)
+    # The channel options the service's core client uses (core_client.py).
+    channel = (
+        grpc.aio.insecure_channel(core_addr, options=[("grpc.keepalive_time_ms", 30_000), ("grpc.enable_retries", 0)])
+        if core_addr
+        else None
+    )
+    core = core_grpc.RunServiceStub(channel) if channel is not None else None
     server = grpc.aio.server()
-    queue_grpc.add_AnalysisQueueServiceServicer_to_server(MinimalAdmit(Store(pool, database_url=dsn)), server)
+    queue_grpc.add_AnalysisQueueServiceServicer_to_server(MinimalAdmit(Store(pool, database_url=dsn), core), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -89,6 +120,8 @@ async def serve(listen: str, dsn: str, pool_max_size: int) -> None:
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
     await server.stop(1)
+    if channel is not None:
+        await channel.close()
     await pool.close()
 
 
@@ -97,8 +130,9 @@ def main() -> None:
     parser.add_argument("--listen", required=True)
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--pool-max-size", type=int, default=20)
+    parser.add_argument("--core", help="host:port of a core: each admit makes its CreateRun (held) first")
     args = parser.parse_args()
-    asyncio.run(serve(args.listen, args.dsn, args.pool_max_size))
+    asyncio.run(serve(args.listen, args.dsn, args.pool_max_size, args.core))
 
 
 if __name__ == "__main__":

@@ -223,10 +223,12 @@ class Stack:
 class MinimalServer:
     """bench/minimal_server.py as its own process: Admit doing only the admit transaction."""
 
-    def __init__(self, dsn: str, workdir: Path, *, pool_max_size: int = 20) -> None:
+    def __init__(self, dsn: str, workdir: Path, *, pool_max_size: int = 20, core_addr: str | None = None) -> None:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "bench.minimal_server", "--listen", self.address, "--dsn", dsn, "--pool-max-size", str(pool_max_size)]
+        if core_addr is not None:
+            args += ["--core", core_addr]
         self.proc = ManagedProcess("minimal", args, _minimal_env({}), workdir / f"minimal-server-{self.port}.log")
         wait_serving(self.address, self.proc.process, self.proc.log_path)
 

@@ -4,7 +4,10 @@
   unary call through this server costs with no work behind it);
 - db: the bare admit's database work (reservation with state read + the locked admit statement) from the Python
   driver, no gRPC at all;
-- minimal: bench/minimal_server.py, a gRPC Admit doing only that transaction.
+- minimal: bench/minimal_server.py, a gRPC Admit doing only that transaction;
+- minimal_core: the same, making the core's CreateRun of a held run first, as every real admit
+  must (the contract's synchronous check at the core): what is left between it and the real
+  Admit is the service's own overhead.
 """
 
 from __future__ import annotations
@@ -35,12 +38,14 @@ def db_floor(ctx: Context, name: str, users: int, callers: int, calls: int) -> d
     return load_record(ok=result["count"], seconds=result["seconds"], latency_ms=result["latency_ms"], cpu_seconds=cpu)
 
 
-def minimal_floor(ctx: Context, name: str, users: int, callers: int, calls: int) -> dict[str, Any]:
-    dsn = ctx.database(f"{name}_minimal_floor")
-    prefix = f"{name}-min-u"
+def minimal_floor(ctx: Context, name: str, users: int, callers: int, calls: int, *, core_addr: str | None = None) -> dict[str, Any]:
+    """The minimal server's Admit; with `core_addr`, each admit makes its CreateRun there first."""
+    kind = "minimal" if core_addr is None else "minimal_core"
+    dsn = ctx.database(f"{name}_{kind}_floor")
+    prefix = f"{name}-{'min' if core_addr is None else 'minc'}-u"
     warmup = ctx.sizes.warmup_calls
     dbsetup.grant_credits(dsn, prefix, users, (calls + warmup) // users + 10)
-    with MinimalServer(dsn, ctx.workdir) as server:
+    with MinimalServer(dsn, ctx.workdir, core_addr=core_addr) as server:
         ctx.ghz(server.address, ADMIT, admit_data(prefix, users, "warm"), concurrency=callers, total=warmup)
         return ctx.measured_ghz(
             server.address,
