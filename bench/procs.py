@@ -223,12 +223,19 @@ class Stack:
 class MinimalServer:
     """bench/minimal_server.py as its own process: Admit doing only the admit transaction."""
 
-    def __init__(self, dsn: str, workdir: Path, *, pool_max_size: int = 20, core_addr: str | None = None) -> None:
+    def __init__(self, dsn: str, workdir: Path, *, pool_max_size: int = 20, with_core: bool = False) -> None:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "bench.minimal_server", "--listen", self.address, "--dsn", dsn, "--pool-max-size", str(pool_max_size)]
-        if core_addr is not None:
-            args += ["--core", core_addr]
+        # A dev core of its own (manual: it only stores the held runs): the runs the floor creates
+        # must not be in the core a measured service reconciles with afterwards.
+        self.core: ManagedProcess | None = None
+        if with_core:
+            core_port = free_port()
+            core_args = [QUEUE_SERVICE, "core", "--listen", f"127.0.0.1:{core_port}", "--callback", self.address, "--manual"]
+            self.core = ManagedProcess("core", core_args, _minimal_env({}), workdir / f"minimal-core-{core_port}.log")
+            wait_port(core_port, self.core.process, self.core.log_path)
+            args += ["--core", f"127.0.0.1:{core_port}"]
         self.proc = ManagedProcess("minimal", args, _minimal_env({}), workdir / f"minimal-server-{self.port}.log")
         wait_serving(self.address, self.proc.process, self.proc.log_path)
 
@@ -238,6 +245,8 @@ class MinimalServer:
 
     def stop(self) -> None:
         self.proc.stop()
+        if self.core is not None:
+            self.core.stop()
 
     def __enter__(self) -> MinimalServer:
         return self

@@ -44,6 +44,7 @@ def admit_run(ctx: Context, name: str, *, users: int, callers: int, admits: int,
     floors = {
         "db": db_floor(ctx, name, users, callers, sizes.floor_calls),
         "minimal": minimal_floor(ctx, name, users, callers, sizes.floor_calls),
+        "minimal_core": minimal_floor(ctx, name, users, callers, sizes.floor_calls, with_core=True),
     }
     dsn = ctx.database(name)
     prefix, warm_prefix = f"{name}-u", f"{name}-w"
@@ -53,8 +54,6 @@ def admit_run(ctx: Context, name: str, *, users: int, callers: int, admits: int,
     with ctx.stack(dsn, name, env=env) as stack:
         ctx.ghz(stack.address, ADMIT, admit_data(warm_prefix, warm_users, "warm"), concurrency=callers, total=sizes.warmup_calls)
         floors["grpc"] = grpc_floor(ctx, stack, callers, sizes.floor_calls)
-        # The core the real Admit calls, answering the floor's CreateRuns too.
-        floors["minimal_core"] = minimal_floor(ctx, name, users, callers, sizes.floor_calls, core_addr=f"127.0.0.1:{stack.core_port}")
         ctx.statements_reset(name)
         with NotifyCounter(dsn) as notices:
             before = notices.counts()

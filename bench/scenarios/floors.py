@@ -38,14 +38,14 @@ def db_floor(ctx: Context, name: str, users: int, callers: int, calls: int) -> d
     return load_record(ok=result["count"], seconds=result["seconds"], latency_ms=result["latency_ms"], cpu_seconds=cpu)
 
 
-def minimal_floor(ctx: Context, name: str, users: int, callers: int, calls: int, *, core_addr: str | None = None) -> dict[str, Any]:
-    """The minimal server's Admit; with `core_addr`, each admit makes its CreateRun there first."""
-    kind = "minimal" if core_addr is None else "minimal_core"
+def minimal_floor(ctx: Context, name: str, users: int, callers: int, calls: int, *, with_core: bool = False) -> dict[str, Any]:
+    """The minimal server's Admit; `with_core`: each admit makes its CreateRun at a dev core first."""
+    kind = "minimal_core" if with_core else "minimal"
     dsn = ctx.database(f"{name}_{kind}_floor")
-    prefix = f"{name}-{'min' if core_addr is None else 'minc'}-u"
+    prefix = f"{name}-{'minc' if with_core else 'min'}-u"
     warmup = ctx.sizes.warmup_calls
     dbsetup.grant_credits(dsn, prefix, users, (calls + warmup) // users + 10)
-    with MinimalServer(dsn, ctx.workdir, core_addr=core_addr) as server:
+    with MinimalServer(dsn, ctx.workdir, with_core=with_core) as server:
         ctx.ghz(server.address, ADMIT, admit_data(prefix, users, "warm"), concurrency=callers, total=warmup)
         return ctx.measured_ghz(
             server.address,
