@@ -36,6 +36,10 @@ FIGURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("admit@16 minimal floor CPU ms/admit", ("admit_many_users", "c16", "floors", "minimal", "cpu_ms_per_op", "service")),
     ("admit@16 service CPU / minimal floor", ("admit_many_users", "c16", "ratios", "minimal", "cpu_service")),
     ("admit@16 throughput / minimal floor", ("admit_many_users", "c16", "ratios", "minimal", "throughput")),
+    # The floor with the core's CreateRun (a tree without it reports none).
+    ("admit@16 minimal_core floor / minimal floor CPU", ("admit_many_users", "c16", "floors", "minimal_core", "cpu_over_minimal")),
+    ("admit@16 service CPU / minimal_core floor", ("admit_many_users", "c16", "ratios", "minimal_core", "cpu_service")),
+    ("admit@16 throughput / minimal_core floor", ("admit_many_users", "c16", "ratios", "minimal_core", "throughput")),
     ("admit@16 throughput /s", ("admit_many_users", "c16", "throughput_per_s")),
     ("admit@64 throughput / minimal floor", ("admit_many_users", "c64", "ratios", "minimal", "throughput")),
     ("admit@16 PostgreSQL CPU ms/admit", ("admit_many_users", "c16", "cpu_ms_per_op", "postgres")),

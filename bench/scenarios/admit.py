@@ -18,6 +18,7 @@ from typing import Any
 from bench import dbsetup
 from bench.context import Context, with_peak_rss
 from bench.ghz import ADMIT, admit_data
+from bench.measure import ratio
 from bench.notify_count import NotifyCounter, per_job
 from bench.scenarios.floors import db_floor, grpc_floor, minimal_floor, ratios_against
 
@@ -46,6 +47,10 @@ def admit_run(ctx: Context, name: str, *, users: int, callers: int, admits: int,
         "minimal": minimal_floor(ctx, name, users, callers, sizes.floor_calls),
         "minimal_core": minimal_floor(ctx, name, users, callers, sizes.floor_calls, with_core=True),
     }
+    # What the core's CreateRun alone adds to the minimal Admit's CPU.
+    floors["minimal_core"]["cpu_over_minimal"] = ratio(
+        floors["minimal_core"]["cpu_ms_per_op"].get("service"), floors["minimal"]["cpu_ms_per_op"].get("service")
+    )
     dsn = ctx.database(name)
     prefix, warm_prefix = f"{name}-u", f"{name}-w"
     warm_users = min(users, _WARM_USERS)
