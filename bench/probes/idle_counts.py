@@ -12,7 +12,9 @@ disconnection and autovacuum logging:
 - `idle_in_flight`: the same replica after 50 users' admits, one job RUNNING and one QUEUED
   each, nothing due;
 - `burst`: the bench's promotion burst (200 users x 5 jobs, judging 0.2 s, started at one
-  instant), per completed job.
+  instant), per completed job; `--disable-triggers` switches triggers of the job table off in its
+  database first (`analysis_jobs_announce_insert,analysis_jobs_announce_update`: the change feed),
+  so what a design's trigger costs a completed job is measured, not guessed.
 
 Per phase: each statement's calls, rows and shared blocks (toplevel and nested) per second or
 per job; the database's sessions opened, commits, rows written per table; autovacuum and
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from bench import dbsetup, procs, statements
 from bench.ghz import admit_data, run_ghz
@@ -206,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-burst", action="store_true")
     parser.add_argument("--skip-idle", action="store_true")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--disable-triggers",
+        default="",
+        help="comma-separated triggers of analysis_jobs disabled in the burst's database (what a design's trigger costs a job)",
+    )
     parser.add_argument("--keep-workdir", action="store_true")
     args = parser.parse_args(argv)
 
@@ -233,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
                 jobs = users * queue
                 dsn = procs.create_database(db, "burst")
                 dbsetup.grant_credits(dsn, "burst-u", users, queue + 1)
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    for trigger in filter(None, args.disable_triggers.split(",")):
+                        conn.execute(sql.SQL("ALTER TABLE analysis_jobs DISABLE TRIGGER {}").format(sql.Identifier(trigger)))
+                report["burst_disabled_triggers"] = list(filter(None, args.disable_triggers.split(",")))
                 with (
                     psycopg.connect(dsn, autocommit=True) as inside,
                     procs.Stack(db, dsn, workdir, "burst", manual=True, judging_seconds=0.2) as stack,
