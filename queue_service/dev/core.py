@@ -109,11 +109,18 @@ class AnswerFault:
     `lose`: applied, then the answer is lost (the caller hears UNAVAILABLE);
     `late`: applied at once, answered `seconds` later (usually after the caller's deadline);
     `late_arrival`: the request arrives `seconds` late and is applied then, even if the caller
-    has given up meanwhile."""
+    has given up meanwhile;
+    `refuse`: not applied, answered `code` at once (RESOURCE_EXHAUSTED: the core at a ceiling of
+    its own; UNAVAILABLE: a proxy in front of it with no healthy backend)."""
 
     kind: str
     seconds: float = 0.0
     probability: float = 1.0
+    code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE
+
+
+# Every kind of AnswerFault, for whoever must cover them all (the invariant machine's guard).
+ANSWER_FAULT_KINDS = ("lose", "late", "late_arrival", "refuse")
 
 
 class _Refusal(Exception):
@@ -157,6 +164,40 @@ def _violations(request: pb.CreateRunRequest) -> list[tuple[str, str]]:
 
 
 class DevCore(pb_grpc.RunServiceServicer):
+    # The switches that make the dev core misbehave on purpose, besides `answer_faults` (per
+    # method, ANSWER_FAULT_KINDS) and a restart that forgets its runs (a new DevCore on the same
+    # port). Every other public attribute is a setting or an observation; the invariant machine's
+    # guard (tests/repository/test_machine_guard.py) fails on a public attribute that is none of these.
+    FAULT_SWITCHES = (
+        "unavailable",
+        "slow_seconds",
+        "fail_releases",
+        "refuse_releases",
+        "drop_callbacks",
+        "fail_canceled_runs",
+        "judging_ceiling",
+        "daily_budget",
+        "hold_expiry_seconds",
+        "answer_faults",
+    )
+    SETTINGS = ("callback_addr", "callback_token", "judging_seconds", "manual", "delta_judging_seconds", "port")
+    OBSERVATIONS = (
+        "faults_injected",
+        "list_calls",
+        "user_list_calls",
+        "runs",
+        "release_log",
+        "completion_log",
+        "judging_now",
+        "max_concurrent_judging",
+        "judging_log",
+        "refusals",
+        "judging_all",
+        "most_first_pass_judging",
+        "most_judging",
+        "start_order",
+    )
+
     def __init__(
         self,
         *,
@@ -312,6 +353,8 @@ class DevCore(pb_grpc.RunServiceServicer):
         if fault is None or random.random() >= fault.probability:
             return await self._answer(apply, request, metadata, context)
         self.faults_injected[f"{method}:{fault.kind}"] += 1
+        if fault.kind == "refuse":
+            await context.abort(fault.code, f"dev core: {method} refused ({fault.code.name}), not applied")
         if fault.kind == "late_arrival":
             # The request reaches the core late: it is applied even if the caller gave up meanwhile.
             applying = asyncio.ensure_future(self._apply_later(fault.seconds, apply, request, metadata))

@@ -1,0 +1,469 @@
+"""The invariant machine: runs a sequence of steps (every RPC of every role, every fault of the
+harness, waits and quiet periods) against a world, and checks every promise as it goes.
+
+- At the instant the core starts judging a run: I9 (a user's first-pass runs) and I12 (all runs
+  against the fleet's capacity), as the core sees them.
+- After every step, on the rows: I1, I2, I3 (balance equals ledger; charged once, refunded at most
+  once), I5 (a refused admit left no job), I6, I7.
+- At every answer: a status the contract allows; a refusal of a caller with credits only for a
+  stated reason; no retryable answer in a quiet period (no fault in play), which would promise a
+  retry of a request that can never succeed; an operator's retry never refused by her free-work limit.
+- All along (fault-free time): I4, no queued job beside a free slot longer than the sweeper allows.
+- After each quiet period: I10 (the core's live runs against the live jobs), I11 (each open
+  stream's last message per job against GetJob), the storage bound over the whole database.
+- At the end: I13 (how often each waiting user was passed over), after a last quiet period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import psycopg
+
+from queue_service._gen.acurio.core.v1 import run_service_pb2 as run_pb
+from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service.dev.core import DevRun
+from tests.harness import InvariantChecker, error_info
+from tests.machine import world as w
+from tests.machine.model import Model, UserModel
+
+CALL_TIMEOUT = 6.0
+# A period with no fault in play for this long is quiet: the fleet has had time to notice the
+# core and PostgreSQL are back (the core's health, the pool's reconnects).
+QUIET_AFTER = 8.0
+# I4: a queued job beside a free slot is promoted by the tail call or, at the latest, the sweeper.
+I4_GRACE = 3 * w.SWEEP_INTERVAL + 3.0
+QUIESCE_TIMEOUT = 45.0
+# docs/security.md, "What one user can store": a job holds at most this much while it keeps
+# its sources, and this much once they are pruned; a ledger entry a few hundred bytes.
+STATED_BYTES_WITH_SOURCES = 1_200_000
+STATED_BYTES_PRUNED = 36_000
+STATED_BYTES_PER_LEDGER_ENTRY = 1_000
+STORAGE_SLACK_BYTES = 4 * 1024 * 1024
+
+# Codes any call may hear while faults are in play.
+TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED}
+ALLOWED_CODES = TRANSIENT | {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.ALREADY_EXISTS,
+}
+# Reasons an Admit may be refused with, for a caller whose balance pays for it; each is checked
+# against what the machine knows where it can be (`Machine._judge_admit_refusal`).
+ADMIT_REASONS_WITH_CREDIT = {
+    "INVALID_REQUEST",
+    "CORE_REJECTED",
+    "PROVIDER_BUDGET_EXHAUSTED",
+    "USER_QUEUE_FULL",
+    "USER_DELTA_LIMIT",
+    "USER_FREE_WORK_LIMIT",
+    "DELTA_BASE_NOT_FOUND",
+    "DELTA_BASE_NOT_FINISHED",
+    "INSUFFICIENT_CREDITS",
+    "CORE_UNAVAILABLE",
+    "OUTCOME_UNKNOWN",
+    "REPLICA_BUSY",
+    "DATABASE_UNAVAILABLE",
+    "",
+}
+
+
+@dataclasses.dataclass
+class Step:
+    do: str
+    args: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"do": self.do, **self.args}
+
+
+@dataclasses.dataclass
+class Violation:
+    invariant: str
+    message: str
+    step: int
+
+    def __str__(self) -> str:
+        return f"{self.invariant} at step {self.step}: {self.message}"
+
+
+class Machine:
+    def __init__(self, world: w.World, seed: int, users: int = 4) -> None:
+        self.world = world
+        self.rng = random.Random(seed)
+        tag = f"{seed:x}-{world.database[-6:]}"
+        self.model = Model([UserModel(i, f"m{tag}-u{i}") for i in range(users)])
+        self.model.capacity = world.initial_capacity or None
+        self.checker = InvariantChecker(world.database_url)
+        self.violations: list[Violation] = []
+        self.step_index = 0
+        self.streams: list[w.OpenStream] = []
+        self._background: list[asyncio.Task[Any]] = []
+        self._waiting_since: dict[str, float] = {}
+        self._reported: set[str] = set()
+        self.storage_baseline = 0
+        self.storage_peak_allowance = 0
+        self.quiesces = 0
+        world.observer.on_begin.append(self._judging_began)
+
+    # -- life ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        stubs = self.world.replicas[0].stubs
+        for user in self.model.users:
+            await stubs.credits.GrantCredits(
+                _grant(user.user_id, 30, f"{user.user_id}-start"), metadata=w.RoleStubs.metadata("operator"), timeout=CALL_TIMEOUT
+            )
+            user.granted = 30
+        self.storage_baseline = await asyncio.to_thread(self.database_bytes)
+        for user in self.model.users:
+            stream = w.OpenStream(user.user_id)
+            stream.task = asyncio.create_task(w.keep_stream_open(self.world, stream, random.Random(user.index)))
+            self.streams.append(stream)
+        self._background.append(asyncio.create_task(self._watch_i4()))
+
+    async def stop(self) -> None:
+        for task in self._background + [s.task for s in self.streams if s.task]:
+            task.cancel()
+        await asyncio.gather(*self._background, *[s.task for s in self.streams if s.task], return_exceptions=True)
+
+    def violate(self, invariant: str, message: str, *, once: str | None = None) -> None:
+        if once is not None:
+            if once in self._reported:
+                return
+            self._reported.add(once)
+        self.violations.append(Violation(invariant, message, self.step_index))
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    async def call(self, rpc: str, role: str, invoke: Callable[[w.RoleStubs, Any], Awaitable[Any]], *, replica: int = 0) -> Any:
+        """One RPC through a replica (`replica` indexes the live ones), as `role`. Returns the
+        response or the AioRpcError; checks the code against the contract and the quiet period."""
+        self.model.rpcs_driven[rpc] += 1
+        if not self.world.replicas:
+            return None
+        target = self.world.replicas[replica % len(self.world.replicas)]
+        quiet_before = self.model.quiet_for()
+        try:
+            response = await invoke(target.stubs, w.RoleStubs.metadata(role))
+            self.model.codes[f"{rpc}:OK"] += 1
+            return response
+        except grpc.aio.AioRpcError as exc:
+            code, reason = exc.code(), error_info(exc)[1]
+            self.model.codes[f"{rpc}:{code.name}/{reason or '-'}"] += 1
+            if code not in ALLOWED_CODES:
+                self.violate("contract", f"{rpc} as {role} answered {code.name} {reason}: {exc.details()}", once=f"code:{rpc}:{code.name}")
+            elif code in TRANSIENT and quiet_before >= QUIET_AFTER and self.model.quiet_for() >= QUIET_AFTER:
+                self.violate(
+                    "no retryable answer without a cause",
+                    f"{rpc} answered {code.name} {reason} with no fault in play for {quiet_before:.0f} s: {exc.details()[:200]}",
+                    once=f"quiet:{rpc}:{reason}",
+                )
+            return exc
+
+    # -- checks at the core (I9, I12) ------------------------------------------------------------
+
+    def _judging_began(self, run: DevRun, judging: dict[str, DevRun]) -> None:
+        self.model.checks["I9"] += 1
+        self.model.checks["I12"] += 1
+        user = self._user_of(run.user_id)
+        if run.first_pass and user is not None:
+            same_user = [r for r in judging.values() if r.user_id == run.user_id and r.first_pass]
+            if len(same_user) > user.max_active:
+                self.violate("I9", f"the core judges {len(same_user)} first-pass runs of {run.user_id} at once (limit {user.max_active})")
+        capacity = self.model.capacity
+        if capacity is not None and len(judging) > capacity and run.run_id not in self.model.grandfathered_runs:
+            self.violate(
+                "I12",
+                f"the core judges {len(judging)} runs at once, capacity {capacity}: run {run.run_id} of {run.user_id} started past it",
+            )
+
+    def _user_of(self, user_id: str) -> UserModel | None:
+        for user in self.model.users:
+            if user.user_id == user_id:
+                return user
+        return None
+
+    # -- checks on the rows (after every step) ---------------------------------------------------
+
+    def check_rows(self) -> None:
+        try:
+            found = self.checker.all_violations()
+            with psycopg.connect(self.world.database_url, autocommit=True) as conn:
+                dup = conn.execute(
+                    "SELECT user_id, idempotency_key FROM analysis_jobs GROUP BY 1, 2 HAVING count(*) > 1 LIMIT 3"
+                ).fetchall()
+                found += [f"I7: key {k} of {u} has two jobs" for u, k in dup]
+                for user in self.model.users:
+                    for key, reason in user.refused:
+                        hit = conn.execute(
+                            "SELECT job_id FROM analysis_jobs WHERE user_id = %s AND idempotency_key = %s", (user.user_id, key)
+                        ).fetchone()
+                        if hit:
+                            found.append(f"I5: an Admit refused {reason} left job {hit[0]} (key {key})")
+                twice = conn.execute(
+                    """SELECT job_id, kind, count(*) FROM credit_ledger WHERE job_id IS NOT NULL AND kind IN ('charge', 'refund')
+                        GROUP BY 1, 2 HAVING count(*) > 1 LIMIT 3"""
+                ).fetchall()
+                found += [f"I3: job {j} has {n} {k} entries" for j, k, n in twice]
+        except psycopg.OperationalError:
+            return  # PostgreSQL is restarting: the rows are checked after the next step
+        self.model.checks["rows"] += 1
+        for message in found:
+            self.violate(message.split(":", 1)[0], message.split(":", 1)[1].strip(), once=message)
+
+    # -- I4, all along -----------------------------------------------------------------------------
+
+    async def _watch_i4(self) -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            if self.model.faults or self.model.fleet_paused:
+                self._waiting_since.clear()
+                continue
+            try:
+                waiting = await asyncio.to_thread(self.checker.users_waiting_with_free_slot)
+            except psycopg.Error:
+                self._waiting_since.clear()
+                continue
+            self.model.checks["I4"] += 1
+            now = time.monotonic()
+            paused = {u.user_id for u in self.model.users if u.paused}
+            for user in list(self._waiting_since):
+                if user not in waiting or user in paused:
+                    del self._waiting_since[user]
+            for user in waiting - paused:
+                since = self._waiting_since.setdefault(user, now)
+                if now - since > I4_GRACE and self.model.quiet_for() > I4_GRACE:
+                    self.violate("I4", f"{user} has a queued job beside a free slot for {now - since:.1f} s", once=f"I4:{user}")
+
+    # -- quiet periods: I10, I11, storage --------------------------------------------------------
+
+    async def quiesce(self) -> None:
+        """Every fault off; waits until nothing is in motion (no job running or being released,
+        no run to settle, no reservation open), except what a pause holds; then checks I10, I11
+        and the storage bound."""
+        await self.world.heal()
+        for name in list(self.model.faults):
+            self.model.fault_ended(name)
+        self.quiesces += 1
+        give_up = time.monotonic() + QUIESCE_TIMEOUT
+        motion: list[tuple[Any, ...]] = []
+        while time.monotonic() < give_up:
+            try:
+                motion = await asyncio.to_thread(self._in_motion)
+            except psycopg.OperationalError:
+                motion = [("database", "unreachable")]
+            if not motion and not self.world.observer.judging:
+                break
+            await asyncio.sleep(0.25)
+        else:
+            described = ", ".join(" ".join(str(c) for c in row) for row in motion[:6])
+            self.violate("I4/I10", f"not quiet {QUIESCE_TIMEOUT:.0f} s after every fault ended: {described}")
+        await self.check_core_against_jobs()
+        await self.check_streams()
+        await asyncio.to_thread(self.check_storage)
+
+    def _in_motion(self) -> list[tuple[Any, ...]]:
+        paused_users = [u.user_id for u in self.model.users if u.paused]
+        with psycopg.connect(self.world.database_url, autocommit=True) as conn:
+            rows = conn.execute(
+                """SELECT 'job', status, job_id, user_id, last_error FROM analysis_jobs
+                    WHERE (status = 'running' OR (status = 'pending' AND NOT (%(fleet)s OR user_id = ANY(%(paused)s))))
+                   UNION ALL SELECT 'unsettled run', status, job_id, user_id, last_error FROM analysis_jobs WHERE run_settle_due_at IS NOT NULL
+                   UNION ALL SELECT 'open reservation', '', run_id, user_id, '' FROM run_reservations WHERE settled_at IS NULL
+                   LIMIT 20""",
+                {"fleet": self.model.fleet_paused, "paused": paused_users},
+            ).fetchall()
+        if self.model.capacity is not None:
+            # A job waiting for the capacity while the core judges nothing is in motion too: the
+            # capacity is free and it must be granted.
+            return rows
+        return rows
+
+    async def check_core_against_jobs(self) -> None:
+        """I10: every run the core holds or judges belongs to a live job, and every live job's
+        run is held or judged by the core."""
+        self.model.checks["I10"] += 1
+        with psycopg.connect(self.world.database_url, autocommit=True) as conn:
+            live = dict(
+                conn.execute("SELECT run_id::text, status FROM analysis_jobs WHERE status IN ('queued', 'pending', 'running')").fetchall()
+            )
+        core = self.world.core
+        held_or_judging = {
+            run_id: run for run_id, run in core.runs.items() if run.state in (run_pb.RUN_STATE_HELD, run_pb.RUN_STATE_JUDGING)
+        }
+        ours = {u.user_id for u in self.model.users}
+        for run_id, run in held_or_judging.items():
+            if run.user_id in ours and run_id not in live and not core._expired(run):
+                self.violate(
+                    "I10", f"the core {'judges' if run.state == run_pb.RUN_STATE_JUDGING else 'holds'} run {run_id} of no live job"
+                )
+        for run_id, status in live.items():
+            run = held_or_judging.get(run_id)
+            if run is None or core._expired(run):
+                self.violate("I10", f"a {status} job's run {run_id} is unknown to the core (or expired there)", once=f"I10:{run_id}")
+
+    async def check_streams(self, quiet_seconds: float = 1.5, timeout: float = 20.0) -> None:
+        """I11: once every stream has its snapshot and has been quiet a while, its last message
+        per job equals GetJob (and a job GetJob does not find was said to have vanished)."""
+        give_up = time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            if all(s.snapshot_done and now - s.last_message_at >= quiet_seconds for s in self.streams):
+                break
+            if now > give_up:
+                self.violate("I11", f"the WatchJobs streams did not settle within {timeout:.0f} s of a quiet period")
+                return
+            await asyncio.sleep(0.2)
+        for stream in self.streams:
+            for job_id, streamed in list(stream.last.items()):
+                self.model.checks["I11"] += 1
+                answer = await self.call(
+                    "acurio.queue.v1.AnalysisQueueService/GetJob",
+                    "web",
+                    lambda s, md, job_id=job_id: s.queue.GetJob(queue_pb2.GetJobRequest(job_id=job_id), metadata=md, timeout=CALL_TIMEOUT),
+                    replica=self.rng.randrange(8),
+                )
+                if isinstance(answer, grpc.aio.AioRpcError):
+                    if answer.code() == grpc.StatusCode.NOT_FOUND:
+                        self.violate(
+                            "I11",
+                            f"a stream of {stream.user_id} still shows job {job_id}, which GetJob no longer finds",
+                            once=f"I11:gone:{job_id}",
+                        )
+                    continue
+                if answer is None:
+                    continue
+                current = answer.job
+                differences = [
+                    f"{field} {_shown(streamed, field)} but GetJob {_shown(current, field)}"
+                    for field in _COMPARED_FIELDS
+                    if _shown(streamed, field) != _shown(current, field)
+                ]
+                if differences:
+                    self.violate("I11", f"job {job_id}: the stream says " + "; ".join(differences), once=f"I11:{job_id}:{differences[0]}")
+
+    def database_bytes(self) -> int:
+        """Every relation of the database (tables with their TOAST and indexes, materialized
+        views), from the catalog: a table added later counts without anyone naming it."""
+        with psycopg.connect(self.world.database_url, autocommit=True) as conn:
+            (total,) = conn.execute(
+                """SELECT COALESCE(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c
+                     JOIN pg_namespace n ON n.oid = c.relnamespace
+                    WHERE c.relkind IN ('r', 'm', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+                      AND n.nspname NOT LIKE 'pg_toast%%'"""
+            ).fetchone()
+        return int(total)
+
+    def check_storage(self) -> None:
+        """What the machine's users stored stays under the stated bound, over the whole database."""
+        self.model.checks["storage"] += 1
+        with psycopg.connect(self.world.database_url, autocommit=True) as conn:
+            with_sources, pruned, entries = conn.execute(
+                """SELECT count(*) FILTER (WHERE sources IS NOT NULL), count(*) FILTER (WHERE sources IS NULL),
+                          (SELECT count(*) FROM credit_ledger) FROM analysis_jobs"""
+            ).fetchone()
+        allowance = with_sources * STATED_BYTES_WITH_SOURCES + pruned * STATED_BYTES_PRUNED + entries * STATED_BYTES_PER_LEDGER_ENTRY
+        self.storage_peak_allowance = max(self.storage_peak_allowance, allowance)
+        grown = self.database_bytes() - self.storage_baseline
+        if grown > self.storage_peak_allowance + STORAGE_SLACK_BYTES:
+            self.violate(
+                "storage bound",
+                f"the database grew {grown / 1e6:.1f} MB for {with_sources} jobs with sources, {pruned} pruned and {entries} ledger"
+                f" entries; the stated bound allows {self.storage_peak_allowance / 1e6:.1f} MB (+{STORAGE_SLACK_BYTES / 1e6:.0f} MB)",
+                once="storage",
+            )
+
+    # -- I13, at the end ---------------------------------------------------------------------------
+
+    def check_fair_order(self) -> int:
+        """I13: a job that waited for the capacity was passed over by at most one turn of each
+        other user. A turn is a run's first release at the core (first-pass and re-check alike);
+        a wait is from the job's capacity_wait_since to its own first release. Left out: waits in
+        which her releases were paused or she had another run judging (it ranks her behind), and
+        waits in which releases arrived late at the core (a late arrival is not a grant time)."""
+        self.model.checks["I13"] += 1
+        with psycopg.connect(self.world.database_url, autocommit=True) as conn:
+            waited = conn.execute(
+                """SELECT job_id::text, run_id::text, user_id, extract(epoch FROM capacity_wait_since)::float8
+                     FROM analysis_jobs WHERE capacity_wait_since IS NOT NULL"""
+            ).fetchall()
+            owners = dict(conn.execute("SELECT run_id::text, user_id FROM analysis_jobs").fetchall())
+        releases = self.world.observer.first_release
+        spells = self.world.observer.spells
+        most = 0
+        for job_id, run_id, user_id, since in waited:
+            granted = releases.get(run_id)
+            user = self._user_of(user_id)
+            if granted is None or user is None or granted <= since:
+                continue
+            if self.model.paused_during(user.index, since, granted) or self.model.fault_during(
+                "answer:ReleaseRun:late_arrival", since, granted
+            ):
+                continue
+            if any(u == user_id and r != run_id and b < granted and (e is None or e > since) for r, u, _, b, e in spells):
+                continue
+            passes = collections.Counter(
+                owners.get(other_run) for other_run, at in releases.items() if since < at < granted and owners.get(other_run) != user_id
+            )
+            passes.pop(None, None)
+            if passes:
+                other, count = passes.most_common(1)[0]
+                most = max(most, count)
+                if count > 1:
+                    self.violate(
+                        "I13",
+                        f"job {job_id} of {user_id} waited {granted - since:.1f} s and {other} took {count} turns meanwhile",
+                        once=f"I13:{job_id}",
+                    )
+        return most
+
+
+_COMPARED_FIELDS = (
+    "status",
+    "queue_position",
+    "capacity_position",
+    "release_attempts",
+    "last_error",
+    "end_time",
+    "refunded",
+    "retried_as_job_ids",
+)
+
+
+def _shown(job: job_pb2.Job, field: str) -> str:
+    if field == "status":
+        return job_pb2.JobStatus.Name(job.status)
+    if field == "end_time":
+        return job.end_time.ToJsonString() if job.HasField("end_time") else "unset"
+    if field == "retried_as_job_ids":
+        return ",".join(sorted(job.retried_as_job_ids))
+    return repr(getattr(job, field))
+
+
+def _grant(user_id: str, amount: int, key: str) -> Any:
+    from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb2
+
+    return credits_pb2.GrantCreditsRequest(user_id=user_id, amount=amount, idempotency_key=key)
+
+
+@contextlib.contextmanager
+def fault(model: Model, name: str) -> Any:
+    """A fault that lasts as long as the block."""
+    model.fault_started(name)
+    try:
+        yield
+    finally:
+        model.fault_ended(name)
