@@ -29,7 +29,7 @@ from queue_service.dev.core import ANSWER_FAULT_KINDS, AnswerFault
 from tests.faults import backend_pids, frozen
 from tests.harness import error_info, stranger_holds_user_locks
 from tests.machine import world as w
-from tests.machine.machine import CALL_TIMEOUT, Machine, fault
+from tests.machine.machine import CALL_TIMEOUT, TRANSIENT, Machine, fault
 from tests.machine.model import JobRecord
 
 Q = "acurio.queue.v1.AnalysisQueueService/"
@@ -148,6 +148,8 @@ async def _admit(m: Machine, record: JobRecord, request: queue_pb2.AdmitRequest,
     answer = await m.call(Q + "Admit", "web", lambda s, md: s.queue.Admit(request, metadata=md, timeout=CALL_TIMEOUT), replica=replica)
     if isinstance(answer, grpc.aio.AioRpcError):
         await _judge_admit_refusal(m, record, answer, before)
+        if answer.code() in TRANSIENT and not record.payload.get("again"):
+            m.retry_in_quiet.append(lambda: _admit_again(m, record, request))
         return answer
     if answer is not None:
         record.job_id, record.run_id, record.price = answer.job.job_id, answer.job.run_id, answer.job.price
@@ -158,6 +160,20 @@ async def _admit(m: Machine, record: JobRecord, request: queue_pb2.AdmitRequest,
         if record.delta and record.price == 0:
             user.own_free_work.append(time.time())
     return answer
+
+
+async def _admit_again(m: Machine, record: JobRecord, request: queue_pb2.AdmitRequest) -> None:
+    """An Admit that was answered "retry" is retried, same key, in a quiet period: a request that
+    can succeed now succeeds (or is refused for good); one answered "retry" again never will."""
+    record.payload["again"] = True
+    answer = await _admit(m, record, request, replica=0)
+    if isinstance(answer, grpc.aio.AioRpcError) and answer.code() in TRANSIENT:
+        m.violate(
+            "no retryable answer without a cause",
+            f"an Admit ({record.payload.get('kind')}) answered {answer.code().name} {error_info(answer)[1]} again when retried with"
+            f" no fault in play: retrying can never help it ({answer.details()[:200]})",
+            once=f"again:{record.payload.get('kind')}",
+        )
 
 
 def _balance_sync(m: Machine, user_id: str) -> int:
@@ -171,7 +187,7 @@ def _balance_sync(m: Machine, user_id: str) -> int:
 
 async def _judge_admit_refusal(m: Machine, record: JobRecord, exc: grpc.aio.AioRpcError, balance_before: int) -> None:
     """A caller with credits is refused only for a stated reason that holds (docs/design.md)."""
-    from tests.machine.machine import ADMIT_REASONS_WITH_CREDIT, TRANSIENT
+    from tests.machine.machine import ADMIT_REASONS_WITH_CREDIT
 
     user = m.model.users[record.user]
     code, reason = exc.code(), error_info(exc)[1]
@@ -280,7 +296,7 @@ def _gen_job_call(m: Machine, rng: random.Random) -> Args | None:
     return None if job is None else {"job": job, "replica": rng.randrange(8)}
 
 
-for _name in ("cancel_job", "cancel_job_as_operator", "get_job", "release", "retry_job", "core_finishes", "complete_again"):
+for _name in ("cancel_job", "cancel_job_as_operator", "get_job", "release", "retry_job", "complete_again"):
     generator(_name)(_gen_job_call)
 
 
@@ -731,6 +747,14 @@ async def retry_jobs(m: Machine, args: Args) -> None:
 # -- the core's calls ------------------------------------------------------------------------------------
 
 
+@generator("core_finishes")
+def _gen_core_finishes(m: Machine, rng: random.Random) -> Args | None:
+    judging = [r.label for r in m.model.jobs.values() if r.run_id and r.run_id in m.world.core.judging_all]
+    if not judging:
+        return None
+    return {"job": rng.choice(judging), "outcome": rng.choice(("failed_refund", "failed_refund", "failed", "succeeded"))}
+
+
 @action("core_finishes", weight=2, drives=(CB + "CompleteRun",))
 async def core_finishes(m: Machine, args: Args) -> None:
     """The core ends a judging run now: succeeded, failed, or failed with the credit refunded
@@ -738,7 +762,7 @@ async def core_finishes(m: Machine, args: Args) -> None:
     record = _job(m, args)
     if record is None or record.run_id not in m.world.core.judging_all:
         return
-    outcome = args.get("outcome") or ("failed_refund", "failed", "succeeded")[m.step_index % 3]
+    outcome = args["outcome"]
     m.model.rpcs_driven[CB + "CompleteRun"] += 1
     with contextlib.suppress(grpc.aio.AioRpcError, KeyError):
         await m.world.core.finish(record.run_id, succeeded=outcome == "succeeded", refund_credit=outcome == "failed_refund")

@@ -100,7 +100,7 @@ class Violation:
 
 
 class Machine:
-    def __init__(self, world: w.World, seed: int, users: int = 4) -> None:
+    def __init__(self, world: w.World, seed: int, users: int = 3) -> None:
         self.world = world
         self.rng = random.Random(seed)
         tag = f"{seed:x}-{world.database[-6:]}"
@@ -116,6 +116,8 @@ class Machine:
         self.storage_baseline = 0
         self.storage_peak_allowance = 0
         self.quiesces = 0
+        # Calls answered "retry" (UNAVAILABLE, ABORTED), to be made again in the next quiet period.
+        self.retry_in_quiet: list[Callable[[], Awaitable[None]]] = []
         world.observer.on_begin.append(self._judging_began)
 
     # -- life ------------------------------------------------------------------------------------
@@ -274,6 +276,13 @@ class Machine:
         await self.check_core_against_jobs()
         await self.check_streams()
         await asyncio.to_thread(self.check_storage)
+        await asyncio.to_thread(self.check_fair_order)
+        if self.retry_in_quiet:
+            # Quiet long enough for the fleet to have noticed every fault is over.
+            await asyncio.sleep(max(0.0, QUIET_AFTER - self.model.quiet_for()))
+            retries, self.retry_in_quiet = self.retry_in_quiet, []
+            for retry in retries[-10:]:
+                await retry()
 
     def _in_motion(self) -> list[tuple[Any, ...]]:
         paused_users = [u.user_id for u in self.model.users if u.paused]
@@ -353,7 +362,9 @@ class Machine:
                     if _shown(streamed, field) != _shown(current, field)
                 ]
                 if differences:
-                    self.violate("I11", f"job {job_id}: the stream says " + "; ".join(differences), once=f"I11:{job_id}:{differences[0]}")
+                    self.violate(
+                        "I11 fields", f"job {job_id}: the stream says " + "; ".join(differences), once=f"I11:{job_id}:{differences[0]}"
+                    )
 
     def database_bytes(self) -> int:
         """Every relation of the database (tables with their TOAST and indexes, materialized

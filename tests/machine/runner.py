@@ -41,9 +41,9 @@ class RunResult:
     quiesces: int
     most_passed_over: int = 0
 
-    def first(self) -> Violation | None:
-        """The first broken promise not already known to break (KNOWN)."""
-        new = [v for v in self.violations if v.invariant not in KNOWN]
+    def first(self, invariant: str | None = None) -> Violation | None:
+        """The first broken promise not already known to break (KNOWN), or the first of `invariant`."""
+        new = [v for v in self.violations if (v.invariant == invariant if invariant else v.invariant not in KNOWN)]
         return new[0] if new else None
 
     def report(self) -> dict[str, Any]:
@@ -83,10 +83,21 @@ async def run(
     seconds: float = 60.0,
     steps: list[Step] | None = None,
     stop_at_first: bool = True,
+    stop_on: str | None = None,
     log: bool = False,
 ) -> RunResult:
     """One run in a fresh world: `steps` replays a recorded sequence; without them, steps are
-    drawn from `seed` for `seconds`. Ends with every pause lifted and a last quiet period."""
+    drawn from `seed` for `seconds`. Ends with every pause lifted and a last quiet period.
+    It stops at the first broken promise not KNOWN (or, with `stop_on`, at the first of that
+    promise only: what a shortening looks for)."""
+
+    def should_stop() -> bool:
+        if not stop_at_first or machine is None:
+            return False
+        if stop_on is not None:
+            return any(v.invariant == stop_on for v in machine.violations)
+        return _new_finds(machine)
+
     folder = Path(tempfile.mkdtemp(prefix="acurio-machine-"))
     world = World(postgres, folder)
     started = time.monotonic()
@@ -120,13 +131,13 @@ async def run(
             except TimeoutError:
                 machine.violate("bounded waits", f"step {step.do} {step.args} did not finish within {STEP_TIMEOUT:.0f} s")
             await asyncio.to_thread(machine.check_rows)
-            if stop_at_first and _new_finds(machine):
+            if should_stop():
                 break
-        if not (stop_at_first and _new_finds(machine)):
+        if not should_stop():
             machine.step_index = len(executed)
             await _finish(machine)
         most = 0
-        if not (stop_at_first and _new_finds(machine)):
+        if not should_stop():
             most = await asyncio.to_thread(machine.check_fair_order)
         return RunResult(
             seed,
@@ -170,17 +181,19 @@ async def _finish(machine: Machine) -> None:
 
 async def reproduces(postgres: MachinePostgres, seed: int, steps: list[Step], invariant: str, tries: int = 1) -> bool:
     for _ in range(tries):
-        result = await run(postgres, seed=seed, steps=steps)
+        result = await run(postgres, seed=seed, steps=steps, stop_on=invariant)
         if any(v.invariant == invariant for v in result.violations):
             return True
     return False
 
 
-async def shorten(postgres: MachinePostgres, result: RunResult, *, budget_seconds: float, log: bool = False) -> list[Step]:
+async def shorten(
+    postgres: MachinePostgres, result: RunResult, *, budget_seconds: float, invariant: str | None = None, log: bool = False
+) -> list[Step]:
     """Delta debugging over the steps: drops chunks (halves, then quarters, ...) while the same
     promise still breaks, within `budget_seconds`. A replay that does not fail is taken as not
     failing (timing can hide a failure): the result is shorter, never wrong."""
-    first = result.first()
+    first = result.first(invariant)
     assert first is not None
     steps = list(result.steps)
     give_up = time.monotonic() + budget_seconds
@@ -205,8 +218,8 @@ async def shorten(postgres: MachinePostgres, result: RunResult, *, budget_second
     return steps
 
 
-def replay_document(result: RunResult, steps: list[Step], note: str = "") -> dict[str, Any]:
-    first = result.first()
+def replay_document(result: RunResult, steps: list[Step], note: str = "", invariant: str | None = None) -> dict[str, Any]:
+    first = result.first(invariant)
     return {
         "found": str(first) if first else "",
         "invariant": first.invariant if first else "",

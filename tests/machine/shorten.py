@@ -20,13 +20,14 @@ from tests.machine.world import MachinePostgres
 async def shorten_file(postgres: MachinePostgres, path: Path, seconds: float, out: Path | None) -> Path:
     document = json.loads(path.read_text())
     steps = runner.load_steps(document)
-    result = await runner.run(postgres, seed=document["seed"], steps=steps)
-    first = result.first()
-    if first is None or first.invariant != document["invariant"]:
-        raise SystemExit(f"{path.name}: the recorded steps did not break {document['invariant']} this time ({first}); run again")
+    invariant = document["invariant"]
+    result = await runner.run(postgres, seed=document["seed"], steps=steps, stop_on=invariant)
+    first = result.first(invariant)
+    if first is None:
+        raise SystemExit(f"{path.name}: the recorded steps did not break {invariant} this time ({result.violations[:3]}); run again")
     print(f"{path.name}: {first}; shortening {len(result.steps)} steps for up to {seconds:.0f} s", flush=True)
-    shorter = await runner.shorten(postgres, result, budget_seconds=seconds, log=True)
-    shortened = runner.replay_document(result, shorter, note=document.get("note", ""))
+    shorter = await runner.shorten(postgres, result, budget_seconds=seconds, invariant=invariant, log=True)
+    shortened = runner.replay_document(result, shorter, note=document.get("note", ""), invariant=invariant)
     target = out or path.with_name(path.stem + "-short.json")
     target.write_text(json.dumps(shortened, indent=1, ensure_ascii=False) + "\n")
     print(f"{len(shorter)} steps written to {target}", flush=True)

@@ -64,6 +64,7 @@ from queue_service.dev.core import AnswerFault, DevCore
 from queue_service.dev.embedded_postgres import EmbeddedPostgres, free_port
 from queue_service.store import migrations
 from tests.harness import REPO_ROOT, InvariantChecker, S, Stubs, error_info, stranger_holds_user_locks, wait_serving
+from tests.machine.world import skewed_clock_environment
 
 pytestmark = pytest.mark.torture
 
@@ -89,7 +90,6 @@ ANSWER_FAULT_KINDS = ("lose", "late", "late_arrival")
 # The longest an answer fault delays a call: after the chaos, a late arrival may still be applied
 # this long afterwards, so quiescence is not judged before.
 LONGEST_FAULT_SECONDS = 3 * CORE_DEADLINE
-CLOCK_SKEW = "+30s"
 WATCHED_USERS = 10
 # What a caller may hear while replicas die, PostgreSQL restarts and the core is down.
 ALLOWED = {
@@ -100,23 +100,6 @@ ALLOWED = {
     grpc.StatusCode.NOT_FOUND,
     grpc.StatusCode.ABORTED,
 }
-
-
-def skewed_clock_environment() -> dict[str, str]:
-    """What Debian's `faketime` sets for a program whose wall clock runs CLOCK_SKEW ahead (its
-    monotonic clock untouched), to be set on the replica itself: a replica run under the
-    `faketime` wrapper would be the wrapper's child, and SIGTERM (a drain) would reach only
-    the wrapper."""
-    listing = subprocess.run(
-        ["faketime", "-m", "--exclude-monotonic", "-f", CLOCK_SKEW, "env", "-0"], check=True, capture_output=True, text=True
-    ).stdout
-    wanted = {}
-    for entry in listing.split("\0"):
-        name, _, value = entry.partition("=")
-        # FAKETIME_SHARED names shared memory that lives only as long as the wrapper.
-        if name == "LD_PRELOAD" or (name.startswith("FAKETIME") and name != "FAKETIME_SHARED"):
-            wanted[name] = value
-    return wanted
 
 
 @dataclasses.dataclass
