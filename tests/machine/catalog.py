@@ -166,8 +166,13 @@ async def _admit_again(m: Machine, record: JobRecord, request: queue_pb2.AdmitRe
     """An Admit that was answered "retry" is retried, same key, in a quiet period: a request that
     can succeed now succeeds (or is refused for good); one answered "retry" again never will."""
     record.payload["again"] = True
-    answer = await _admit(m, record, request, replica=0)
-    if isinstance(answer, grpc.aio.AioRpcError) and answer.code() in TRANSIENT:
+    answer: Any = None
+    for attempt in range(3):  # a transient refusal (a busy pool on a starved machine) passes
+        answer = await _admit(m, record, request, replica=attempt)
+        if not (isinstance(answer, grpc.aio.AioRpcError) and answer.code() in TRANSIENT):
+            return
+        await asyncio.sleep(1.0)
+    if isinstance(answer, grpc.aio.AioRpcError):
         m.violate(
             "no retryable answer without a cause",
             f"an Admit ({record.payload.get('kind')}) answered {answer.code().name} {error_info(answer)[1]} again when retried with"
@@ -226,7 +231,7 @@ def _gen_admit(m: Machine, rng: random.Random) -> Args:
     return {"user": _user(m, rng), "payload": rng.choice(PAYLOADS), "replica": rng.randrange(8)}
 
 
-@action("admit", weight=6, drives=(Q + "Admit",))
+@action("admit", weight=10, drives=(Q + "Admit",))
 async def admit(m: Machine, args: Args) -> None:
     label = f"j{m.step_index}"
     user = m.model.users[args["user"]]
@@ -277,7 +282,7 @@ def _gen_delta(m: Machine, rng: random.Random) -> Args | None:
     return {"user": owner if rng.random() < 0.9 else _user(m, rng), "base": base, "replica": rng.randrange(8)}
 
 
-@action("admit_delta", weight=3, drives=(Q + "Admit",))
+@action("admit_delta", weight=4, drives=(Q + "Admit",))
 async def admit_delta(m: Machine, args: Args) -> None:
     base = _job(m, args, "base")
     if base is None:
@@ -300,7 +305,7 @@ for _name in ("cancel_job", "cancel_job_as_operator", "get_job", "release", "ret
     generator(_name)(_gen_job_call)
 
 
-@action("cancel_job", weight=2, drives=(Q + "CancelJob",))
+@action("cancel_job", weight=1.5, drives=(Q + "CancelJob",))
 async def cancel_job(m: Machine, args: Args) -> None:
     record = _job(m, args)
     if record is None:
@@ -799,7 +804,7 @@ def _gen_answer_fault(m: Machine, rng: random.Random) -> Args:
     }
 
 
-@action("answer_fault", weight=3, drives=tuple(CORE + m for m in CORE_METHODS), uses=tuple(f"answer:{k}" for k in ANSWER_FAULT_KINDS))
+@action("answer_fault", weight=2, drives=tuple(CORE + m for m in CORE_METHODS), uses=tuple(f"answer:{k}" for k in ANSWER_FAULT_KINDS))
 async def answer_fault(m: Machine, args: Args) -> None:
     """From now until a heal: a share of one core method's calls is applied with its answer lost,
     answered late, arrives late, or is refused."""
@@ -827,7 +832,7 @@ def _gen_switch(m: Machine, rng: random.Random) -> Args:
     return {"switch": rng.choice(sorted(SWITCHES))}
 
 
-@action("core_switch", weight=1.5, uses=tuple(f"switch:{s}" for s in SWITCHES))
+@action("core_switch", weight=0.8, uses=tuple(f"switch:{s}" for s in SWITCHES))
 async def core_switch(m: Machine, args: Args) -> None:
     """The core misbehaves from now until a heal (unavailable, slow, failing or refusing releases,
     dropping its callbacks, failing canceled runs, at its ceiling, out of budget, expiring holds)."""
@@ -985,7 +990,7 @@ def _gen_wait(m: Machine, rng: random.Random) -> Args:
     return {"seconds": rng.choice((0.3, 0.8, 1.5, 3.0, 5.0))}
 
 
-@action("wait", weight=3)
+@action("wait", weight=2)
 async def wait(m: Machine, args: Args) -> None:
     """Time passes: releases retry, judging ends, the sweeper and the pruner turn."""
     await asyncio.sleep(args["seconds"])

@@ -6,8 +6,9 @@ harness, waits and quiet periods) against a world, and checks every promise as i
 - After every step, on the rows: I1, I2, I3 (balance equals ledger; charged once, refunded at most
   once), I5 (a refused admit left no job), I6, I7.
 - At every answer: a status the contract allows; a refusal of a caller with credits only for a
-  stated reason; no retryable answer in a quiet period (no fault in play), which would promise a
-  retry of a request that can never succeed; an operator's retry never refused by her free-work limit.
+  stated reason; an operator's retry never refused by her free-work limit. An Admit answered
+  "retry" is made again in the next quiet period (no fault in play): answered "retry" again, it
+  is a request that can never succeed.
 - All along (fault-free time): I4, no queued job beside a free slot longer than the sweeper allows.
 - After each quiet period: I10 (the core's live runs against the live jobs), I11 (each open
   stream's last message per job against GetJob), the storage bound over the whole database.
@@ -157,7 +158,6 @@ class Machine:
         if not self.world.replicas:
             return None
         target = self.world.replicas[replica % len(self.world.replicas)]
-        quiet_before = self.model.quiet_for()
         try:
             response = await invoke(target.stubs, w.RoleStubs.metadata(role))
             self.model.codes[f"{rpc}:OK"] += 1
@@ -167,12 +167,6 @@ class Machine:
             self.model.codes[f"{rpc}:{code.name}/{reason or '-'}"] += 1
             if code not in ALLOWED_CODES:
                 self.violate("contract", f"{rpc} as {role} answered {code.name} {reason}: {exc.details()}", once=f"code:{rpc}:{code.name}")
-            elif code in TRANSIENT and quiet_before >= QUIET_AFTER and self.model.quiet_for() >= QUIET_AFTER:
-                self.violate(
-                    "no retryable answer without a cause",
-                    f"{rpc} answered {code.name} {reason} with no fault in play for {quiet_before:.0f} s: {exc.details()[:200]}",
-                    once=f"quiet:{rpc}:{reason}",
-                )
             return exc
 
     # -- checks at the core (I9, I12) ------------------------------------------------------------
@@ -321,8 +315,12 @@ class Machine:
                 )
         for run_id, status in live.items():
             run = held_or_judging.get(run_id)
-            if run is None or core._expired(run):
-                self.violate("I10", f"a {status} job's run {run_id} is unknown to the core (or expired there)", once=f"I10:{run_id}")
+            if run is None:
+                known = core.runs.get(run_id)
+                state = "unknown to the core" if known is None else f"{run_pb.RunState.Name(known.state)} at the core"
+                self.violate("I10", f"a {status} job's run {run_id} is {state}", once=f"I10:{run_id}")
+            elif core._expired(run):
+                self.violate("I10", f"a {status} job's held run {run_id} expired at the core", once=f"I10:{run_id}")
 
     async def check_streams(self, quiet_seconds: float = 1.5, timeout: float = 20.0) -> None:
         """I11: once every stream has its snapshot and has been quiet a while, its last message
@@ -424,7 +422,7 @@ class Machine:
                 "answer:ReleaseRun:late_arrival", since, granted
             ):
                 continue
-            if any(u == user_id and r != run_id and b < granted and (e is None or e > since) for r, u, _, b, e in spells):
+            if self._had_another_run_in_use(user_id, run_id, since, granted, owners, releases, spells):
                 continue
             passes = collections.Counter(
                 owners.get(other_run) for other_run, at in releases.items() if since < at < granted and owners.get(other_run) != user_id
@@ -440,6 +438,27 @@ class Machine:
                         once=f"I13:{job_id}",
                     )
         return most
+
+    @staticmethod
+    def _had_another_run_in_use(
+        user_id: str,
+        run_id: str,
+        since: float,
+        granted: float,
+        owners: dict[str, str],
+        releases: dict[str, float],
+        spells: list[tuple[str, str, bool, float, float | None]],
+    ) -> bool:
+        """Whether another run of hers was in use (from its first release at the core to the end
+        of its judging) at some time of [since, granted]: it ranks her behind users with fewer."""
+        ended = {r: e for r, _, _, _, e in spells}
+        for other, released in releases.items():
+            if other == run_id or owners.get(other) != user_id or released >= granted:
+                continue
+            end = ended.get(other, released + 1.0) if other in ended else released + 1.0
+            if end is None or end > since:
+                return True
+        return False
 
 
 _COMPARED_FIELDS = (

@@ -24,7 +24,7 @@ from tests.machine.world import MachinePostgres, World
 STEP_TIMEOUT = 90.0
 QUIESCE_EVERY = 30
 # More than this many faults in play at once and the next step heals one.
-MOST_FAULTS_AT_ONCE = 3
+MOST_FAULTS_AT_ONCE = 2
 
 
 @dataclasses.dataclass

@@ -58,8 +58,8 @@ CORE_DEADLINE = 1.0
 JUDGING_SECONDS = 0.4
 MAX_QUEUED_PER_USER = 6
 FREE_WORK_PER_HOUR = 6
-INPUTS_RETENTION = 4.0
-JOB_RETENTION = 10.0
+INPUTS_RETENTION = 8.0
+JOB_RETENTION = 30.0
 CLOCK_SKEW = "+30s"
 TOKENS = {"web": "machine-web-token", "operator": "machine-operator-token", "core": "machine-core-token"}
 
