@@ -223,7 +223,7 @@ class Admission:
             return
         frees_in = max(1.0, state.free_admit_frees_in_seconds or 0.0)
         raise errors.UserFreeWorkLimit(
-            f"the user had {limit} jobs within the last hour that cost nothing (free re-checks, refunded jobs; the maximum); "
+            f"the user had {limit} jobs within the last hour that cost nothing by her choice (free re-checks, jobs refunded after her cancel; the maximum); "
             f"retry in {frees_in:.0f} s",
             metadata={"maxFreeAdmitsPerHour": str(limit), "retryAfterSeconds": str(round(frees_in))},
             quota_violations=[
