@@ -357,7 +357,7 @@ class Config:
         "QUEUE_MAX_FREE_ADMITS_PER_USER_PER_HOUR",
         "20",
         int_between(1, 100_000),
-        'jobs of a user admitted within the last hour that cost nothing in the end (a delta re-check at `QUEUE_DELTA_PRICE` 0, a job refunded, such as a canceled one) before her next Admit answers `USER_FREE_WORK_LIMIT` (`RESOURCE_EXHAUSTED`, RetryInfo: when the oldest of them leaves the hour). Bounds what one user can store for free (docs/security.md, "What one user can store")',
+        "jobs of a user admitted within the last hour that cost nothing in the end by her own choice (a delta re-check at `QUEUE_DELTA_PRICE` 0, a job refunded after she canceled it; never a refund she did not ask for, such as the core's failure or an operator's cancel) before her next Admit answers `USER_FREE_WORK_LIMIT` (`RESOURCE_EXHAUSTED`, RetryInfo: when the oldest of them leaves the hour). An operator's `RetryJob`/`RetryJobs` is never refused by it. Bounds what one user can store for free (docs/security.md, \"What one user can store\")",
     )
     job_inputs_retention_seconds: float = setting(
         "QUEUE_JOB_INPUTS_RETENTION_SECONDS",
@@ -369,7 +369,7 @@ class Config:
         "QUEUE_JOB_RETENTION_SECONDS",
         str(30 * 86400),
         float_between(1, 10 * 366 * 86400),
-        "an ended job (its run settled) is deleted this long after it ended, once no kept delta re-check names it as its base; its ledger entries stay. Its idempotency key is remembered as long. Keep it well above how long the core retries a `CompleteRun` (a day)",
+        "an ended job (its run settled) is deleted this long after it ended, once no kept delta re-check names it as its base, and never within an hour of its admit (the free-work limit counts the hour's jobs); its ledger entries stay, and open WatchJobs streams are told it vanished. Its idempotency key is remembered as long. Keep it well above how long the core retries a `CompleteRun` (a day)",
     )
     admit_price: int = setting("QUEUE_ADMIT_PRICE", "1", int_between(0, 1_000_000), "credits per first-pass job")
     delta_price: int = setting("QUEUE_DELTA_PRICE", "0", int_between(0, 1_000_000), "credits per delta re-check")

@@ -324,6 +324,9 @@ class AdmitRequest:
     delta_of_job_id: uuid.UUID | None
     request_digest: bytes
     document_title: str = ""
+    # Admitted by an operator's RetryJob or RetryJobs: the user's free-work limit never refuses it
+    # (what counts against the limit is her own choice; docs/security.md).
+    operator_retry: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

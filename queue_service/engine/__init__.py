@@ -25,7 +25,7 @@ from queue_service.engine.replica_heartbeat import ReplicaHeartbeat, new_replica
 from queue_service.engine.sweeper import Sweeper
 from queue_service.engine.tasks import BackgroundTasks, each_at_most
 from queue_service.engine.watch import NotificationHub
-from queue_service.engine.watch_stream import WatchItem, WatchPage, WatchStream
+from queue_service.engine.watch_stream import VanishedJob, WatchItem, WatchPage, WatchStream
 
 __all__ = [
     "Admission",
@@ -47,6 +47,7 @@ __all__ = [
     "Releases",
     "ReplicaHeartbeat",
     "Sweeper",
+    "VanishedJob",
     "WatchItem",
     "WatchPage",
     "WatchStream",

@@ -180,7 +180,8 @@ class Admission:
                     metadata={"jobId": str(state.existing_job_id)},
                 )
             return AdmitResult(state.existing_job_id, duplicate=True)
-        self._check_free_work(state)
+        if not item.operator_retry:
+            self._check_free_work(state)
         if is_delta:
             if state.base_status is None or state.base_user_id != item.user_id:
                 raise errors.DeltaBaseNotFound(
@@ -211,17 +212,18 @@ class Admission:
         return None
 
     def _check_free_work(self, state: AdmitState) -> None:
-        """Refuses any admit while the user's free work of the last hour is at its limit: a free
-        re-check, and a job charged now and refunded later (a cancel), each store what they judge
-        at no cost to her (docs/security.md, "What one user can store"). Decided at the pre-check
-        only: admits racing past it still pass the locked admit's own limits (credit, running
-        deltas), which bound the overshoot."""
+        """Refuses the user's admits while her free work of the last hour is at its limit: a free
+        re-check, and a job charged now and refunded after she canceled it, each store what they
+        judge at no cost to her (docs/security.md, "What one user can store"); refunds she did not
+        ask for are not counted (`admit_state`), and an operator's retry is never refused. Decided
+        at the pre-check only: admits racing past it still pass the locked admit's own limits
+        (credit, running deltas), which bound the overshoot."""
         limit = self.config.max_free_admits_per_user_per_hour
         if state.free_admits_last_hour < limit:
             return
         frees_in = max(1.0, state.free_admit_frees_in_seconds or 0.0)
         raise errors.UserFreeWorkLimit(
-            f"the user had {limit} jobs within the last hour that cost nothing (free re-checks, refunded jobs; the maximum); "
+            f"the user had {limit} jobs within the last hour that cost nothing by her choice (free re-checks, jobs refunded after her cancel; the maximum); "
             f"retry in {frees_in:.0f} s",
             metadata={"maxFreeAdmitsPerHour": str(limit), "retryAfterSeconds": str(round(frees_in))},
             quota_violations=[

@@ -14,7 +14,9 @@ within 5 s too). The feed's cursor is this process's, so a lost
 connection loses no change. When the hint connection drops, when the cursor is too old to trust
 (the feed's rows are deleted after a retention) or too much came at once (or a slow reader's
 backlog is dropped), each stream resyncs, re-reading every job it may have missed, ended ones
-included, so that a stream's last message for a job is what GetJob returns (I11).
+included, so that a stream's last message for a job is what GetJob returns (I11). A job the
+pruner deleted is announced too (its DELETE's feed row): finding no view for it, the hub tells
+its user's streams it vanished.
 
 A job waiting for the fleet's capacity shows its place in the fleet-wide line, which moves with
 other users' changes: the hub re-reads the places its streams show (`watch_line.ShownLine`).
@@ -40,7 +42,7 @@ from queue_service import errors, telemetry
 from queue_service.background import cancel_and_wait
 from queue_service.engine.job_reads import JobReads
 from queue_service.engine.watch_line import ShownLine
-from queue_service.engine.watch_stream import NO_JOB, WatchItem, WatchPage, WatchStream
+from queue_service.engine.watch_stream import NO_JOB, VanishedJob, WatchItem, WatchPage, WatchStream
 from queue_service.model import JobStatus, JobView
 from queue_service.store import JobChange, Statements, Store
 from queue_service.store.feed import MAX_ROWS_PER_READ, STALE_AFTER_SECONDS, FeedCursor
@@ -315,6 +317,12 @@ class NotificationHub:
         if not streams:
             return
         views = await db.job_views_by_ids(job_ids=[job_id])
+        if not views:
+            # The job is gone (the pruner deleted it past its retention, announcing it): its
+            # streams' last message for it says so, as GetJob answers NOT_FOUND (I11).
+            gone = VanishedJob(job_id, user_id)
+            for stream in list(streams):
+                stream.offer(gone)
         if _changes_the_users_queue(change, views):
             views += await db.queued_job_views_of_user(user_id=user_id)
         items = [WatchItem(view) for view in await self._reads.estimated(views, db)]

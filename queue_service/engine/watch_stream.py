@@ -5,7 +5,8 @@ The hub (`watch.NotificationHub`) offers each stream the views of its user's cha
 them, and a slow reader's backlog is dropped for a resync. A snapshot or resync is sent a page at a
 time (`WatchPage`). What a stream remembers of the jobs it reported active is their queue_seq
 (`SeqSet`, 8 bytes each and the job's id), so a resync can cover exactly what it may have missed,
-and name the jobs that vanished.
+and name the jobs that vanished. A job deleted by the pruner reaches the backlog as a
+`VanishedJob`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,19 @@ class WatchItem:
 
     job: JobView
     rendered: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class VanishedJob:
+    """A job of the stream's user that no longer exists (the pruner deleted it past its retention):
+    the stream's last message for it says so (`vanished`), as GetJob answers NOT_FOUND (I11)."""
+
+    job_id: uuid.UUID
+    user_id: str
+
+
+# What a vanished job waiting in a backlog costs: its two ids and its place in the backlog.
+_VANISHED_BYTES = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +93,15 @@ class SeqSet:
             del self._seqs[at]
             del self._ids[at * 16 : at * 16 + 16]
 
+    def discard_job(self, job_id: uuid.UUID) -> None:
+        """Forgets the job, whatever its seq (a vanished job's is not known)."""
+        raw = job_id.bytes
+        for at in range(len(self._seqs)):
+            if bytes(self._ids[at * 16 : at * 16 + 16]) == raw:
+                del self._seqs[at]
+                del self._ids[at * 16 : at * 16 + 16]
+                return
+
     def tolist(self) -> list[int]:
         return self._seqs.tolist()
 
@@ -100,7 +123,7 @@ class WatchStream:
     def __init__(self, user_id: str, *, backlog_bytes: int, caller: str = "") -> None:
         self.user_id = user_id
         self.caller = caller
-        self._backlog: collections.deque[tuple[WatchItem, int]] = collections.deque()
+        self._backlog: collections.deque[tuple[WatchItem | VanishedJob, int]] = collections.deque()
         self._backlog_bytes = 0
         self._max_backlog_bytes = backlog_bytes
         self._resync_due = False
@@ -120,8 +143,12 @@ class WatchStream:
             self.active_seqs.discard(job.queue_seq)
         self.newest_seq = max(self.newest_seq, job.queue_seq)
 
-    def offer(self, item: WatchItem) -> None:
-        cost = estimated_bytes(item.job)
+    def saw_vanish(self, gone: VanishedJob) -> None:
+        """Records that the caller is told the job no longer exists: a resync need not say it again."""
+        self.active_seqs.discard_job(gone.job_id)
+
+    def offer(self, item: WatchItem | VanishedJob) -> None:
+        cost = _VANISHED_BYTES if isinstance(item, VanishedJob) else estimated_bytes(item.job)
         if self._backlog_bytes + cost > self._max_backlog_bytes:
             # A slow reader: drop its backlog and make it resync from a fresh read instead.
             self.resync()
@@ -138,8 +165,8 @@ class WatchStream:
         self._resync_due = True
         self._ready.set()
 
-    async def next(self) -> WatchItem | None:
-        """The next job to send, or None: resync first."""
+    async def next(self) -> WatchItem | VanishedJob | None:
+        """The next job to send (or to say it vanished), or None: resync first."""
         while True:
             if self._resync_due:
                 self._resync_due = False

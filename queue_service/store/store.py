@@ -27,7 +27,7 @@ import psycopg
 from psycopg import AsyncConnection, AsyncCursor, sql
 from psycopg.types.json import Jsonb
 
-from queue_service import audit, deadline
+from queue_service import audit, deadline, errors
 from queue_service.model import (
     PAUSED_USERS_NAMED_AT_MOST,
     AdmitLimits,
@@ -94,6 +94,8 @@ from queue_service.store.rows import sources_of_json, sources_to_json
 log = logging.getLogger(__name__)
 
 _NEW_JOB_FIELDS = tuple(field.name for field in dataclasses.fields(NewJob))
+# A delta names its base by this foreign key: the pruner may delete the base as the delta commits.
+_DELTA_BASE_REFERENCE = "analysis_jobs_delta_of_job_id_fkey"
 
 _BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n(?P<body>.*?)(?=^-- name: |\Z)", re.MULTILINE | re.DOTALL)
 _INCLUDE = re.compile(r"^-- include: (?P<name>\w+)$", re.MULTILINE)
@@ -869,8 +871,8 @@ class Store:
     async def admit_job(self, job: NewJob, limits: AdmitLimits) -> AdmittedJob | None:
         """Admits the job under its user's lock; its view and whether the statement's database
         history is reconciled (`AdmittedJob`), or None when the key is taken, the balance is
-        short, the queue or delta limit is full, or the run's reservation is gone. The charge
-        records the current actor (`audit`)."""
+        short, the queue or delta limit is full, the run's reservation is gone, or the delta's
+        base was deleted since the pre-check. The charge records the current actor (`audit`)."""
         actor = audit.actor_for(Cause.ADMIT)
         params = {
             # Field by field, not dataclasses.asdict: that deep-copies the sources, replaced below.
@@ -886,7 +888,14 @@ class Store:
             "release_lease_seconds": float(limits.release_lease_seconds),
             "reconcile_after_seconds": float(limits.reconcile_after_seconds),
         }
-        rows = await self._locked(job.user_id, "admit_job", params)
+        try:
+            rows = await self._locked(job.user_id, "admit_job", params)
+        except errors.Conflict as conflict:
+            if job.delta_of_job_id is None or conflict.metadata.get("constraint") != _DELTA_BASE_REFERENCE:
+                raise
+            # The pruner deleted the base after the admit's pre-check (past its retention): nothing
+            # was written, and the admit's state read again says DELTA_BASE_NOT_FOUND.
+            return None
         if not rows:
             return None
         if job.price > 0:

@@ -15,11 +15,13 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from queue_service._gen.acurio.core.v1 import run_service_pb2 as run_pb2
 from queue_service._gen.acurio.queue.v1 import job_pb2, queue_service_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
 from queue_service.api.servicers import validation
-from tests.harness import InvariantChecker, error_info, new_user
+from queue_service.dev.core import AnswerFault
+from tests.harness import InvariantChecker, error_info, new_user, until
 
 # What one admitted job can occupy at most while it keeps its sources: the admit's encoded size
 # (its sources' text) plus jsonb's per-source overhead (about 40 bytes, 1000 sources), the preview
@@ -133,6 +135,26 @@ def _ledger_of(database_url: str, user: str) -> list[tuple[str, int, str | None]
     return [(k, int(a), j) for k, a, j in rows]
 
 
+def _admitted_earlier(database_url: str, *job_ids: str, ended_too: bool = False) -> None:
+    """Moves the jobs' admit (and, with `ended_too`, their end) an hour and a minute back: the
+    pruner keeps a job admitted within the hour (the free-work limit counts them)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            """UPDATE analysis_jobs
+                  SET create_time = create_time - interval '61 minutes',
+                      end_time = CASE WHEN %s THEN end_time - interval '61 minutes' ELSE end_time END
+                WHERE job_id = ANY(%s::uuid[])""",
+            (ended_too, list(job_ids)),
+        )
+
+
+def _runs_unsettled(database_url: str, user: str) -> int:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM analysis_jobs WHERE user_id = %s AND run_settle_due_at IS NOT NULL", (user,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def _has_search_keys(database_url: str, job_id: str) -> bool:
     with psycopg.connect(database_url, autocommit=True) as conn:
         return conn.execute("SELECT 1 FROM analysis_job_search_keys WHERE job_id = %s", (job_id,)).fetchone() is not None
@@ -157,6 +179,7 @@ async def test_the_pruner_empties_ended_jobs_sources_then_deletes_the_jobs_keepi
     await service.stubs.complete(delta.run_id)
     active = await service.stubs.admit(user)
     ended = (canceled.job_id, succeeded.job_id, delta.job_id)
+    await asyncio.to_thread(_admitted_earlier, database_url, *ended)  # out of the free-work limit's hour
     assert await asyncio.to_thread(_has_search_keys, database_url, canceled.job_id)
     ledger = await asyncio.to_thread(_ledger_of, database_url, user)
 
@@ -193,3 +216,65 @@ async def test_the_pruner_empties_ended_jobs_sources_then_deletes_the_jobs_keepi
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await service.stubs.admit(user, delta_of=succeeded.job_id)
     assert error_info(raised.value)[:2] == (grpc.StatusCode.NOT_FOUND, "DELTA_BASE_NOT_FOUND")
+
+
+async def test_free_work_stays_counted_with_a_job_retention_under_an_hour(services, database_url: str) -> None:
+    """With the jobs kept 1 s after they end, a user cancels three jobs (her free work, at the
+    limit of 3): a sweep past their retention keeps them, since the limit counts the hour's jobs,
+    and her next admit answers `USER_FREE_WORK_LIMIT` (the pruner deleting them let her go on)."""
+    service = await services.start(max_free_admits_per_user_per_hour=3, job_retention_seconds=1.0)
+    user = new_user()
+    await service.stubs.grant(user, 5)
+    canceled = []
+    for _ in range(3):
+        job = await service.stubs.admit(user)
+        await service.stubs.queue.CancelJob(queue_service_pb2.CancelJobRequest(job_id=job.job_id, user_id=user), timeout=10)
+        canceled.append(job.job_id)
+
+    async def settled() -> bool:
+        return await asyncio.to_thread(_runs_unsettled, database_url, user) == 0
+
+    await until(settled, within=15, what="the canceled jobs' runs settled")
+    await asyncio.sleep(1.2)  # past the jobs' retention
+    await service.app.sweeper.sweep_once()
+    for job_id in canceled:
+        assert (await service.stubs.job(job_id)).status == job_pb2.JOB_STATUS_CANCELED
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await service.stubs.admit(user)
+    assert error_info(raised.value)[:2] == (grpc.StatusCode.RESOURCE_EXHAUSTED, "USER_FREE_WORK_LIMIT")
+    assert await service.stubs.balance(user) == 5
+
+
+async def test_a_delta_admitted_while_the_pruner_deletes_its_base_answers_delta_base_not_found(services, database_url: str) -> None:
+    """The base passes the delta's pre-check, then the pruner deletes it while the core creates
+    the delta's run (its CreateRun arrives late): the admit answers NOT_FOUND
+    `DELTA_BASE_NOT_FOUND` as a later admit would, nothing is charged, and the run is canceled
+    (I5)."""
+    core = await services.core()
+    service = await services.start(core, job_retention_seconds=1.0, delta_price=1)
+    user = new_user()
+    await service.stubs.grant(user, 2)
+    base = await service.stubs.admit(user)
+    await service.stubs.complete(base.run_id)
+    await asyncio.to_thread(_admitted_earlier, database_url, base.job_id, ended_too=True)  # past every retention
+    core.answer_faults["CreateRun"] = AnswerFault("late_arrival", seconds=1.0)
+    admitting = asyncio.create_task(service.stubs.admit(user, delta_of=base.job_id))
+
+    async def create_run_sent() -> bool:
+        return core.faults_injected["CreateRun:late_arrival"] == 1
+
+    await until(create_run_sent, within=10, what="the delta's CreateRun on its way")
+    await service.app.sweeper.sweep_once()
+    assert await asyncio.to_thread(_job_row, database_url, base.job_id) is None, "the base was not pruned"
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await admitting
+    code, reason, metadata, _ = error_info(raised.value)
+    assert (code, reason, metadata.get("deltaOfJobId")) == (grpc.StatusCode.NOT_FOUND, "DELTA_BASE_NOT_FOUND", base.job_id)
+    assert await service.stubs.balance(user) == 1
+    core.answer_faults.clear()
+
+    async def delta_run_canceled() -> bool:
+        # The base's run judges on at this manual core: its completion was sent by hand.
+        return [run.state for run in core.runs.values() if run.run_id != base.run_id] == [run_pb2.RUN_STATE_CANCELED]
+
+    await until(delta_run_canceled, within=15, what="the delta's run canceled at the core")

@@ -10,11 +10,12 @@ import uuid
 import grpc
 import pytest
 
+from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2 as callback_pb2
 from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb2
 from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
-from tests.harness import error_info, new_user
+from tests.harness import error_info, eventually, new_user
 from tests.integration import test_operator_console as console_tests
 from tests.integration.test_operator_console import _admit, _as, _balance, _fail, _ledger_of, _operator, _sources
 
@@ -205,3 +206,83 @@ async def test_a_canceled_job_records_who_canceled_it_as_the_ledger_names_them(w
         assert refunds == [job.canceled_by]  # the same actor string as the refund's
     # A job nobody canceled names no one.
     assert not (await _job(web_service, (await _failed_job(web_service, user)).job_id)).canceled_by
+
+
+@pytest.fixture
+async def free_work_limited(services, auth_file):  # type: ignore[no-untyped-def]
+    """A replica with roles whose free-work limit is 3 an hour, and a 1 s release window (a
+    release the core keeps failing gives up at once)."""
+    core = await services.core(callback_token=console_tests.TOKENS["core"])
+    return await services.start(
+        core,
+        auth_file=auth_file,
+        max_free_admits_per_user_per_hour=3,
+        release_window_seconds=1.0,
+        release_backoff_max_seconds=0.2,
+    )
+
+
+async def _status_is(service, job_id: str, status: int) -> bool:  # type: ignore[no-untyped-def]
+    return (await _job(service, job_id)).status == status
+
+
+async def _failed_by_the_provider(service, user: str) -> job_pb2.Job:  # type: ignore[no-untyped-def]
+    """A job the core judged and failed with the credit refunded (the provider's failure)."""
+    job = await _admit(service, user, _sources(2))
+    await eventually(lambda: _status_is(service, job.job_id, S.JOB_STATUS_RUNNING), what="the job judging")
+    completion = callback_pb2.CompleteRunRequest(
+        run_id=job.run_id, outcome=callback_pb2.RUN_OUTCOME_FAILED, refund_credit=True, message="the provider failed"
+    )
+    ended = (await service.stubs.callback.CompleteRun(completion, timeout=10, metadata=_as("core"))).job
+    assert ended.status == S.JOB_STATUS_FAILED and ended.refunded
+    return ended
+
+
+async def test_refunds_the_user_did_not_ask_for_never_count_against_her_free_work_limit(free_work_limited) -> None:  # type: ignore[no-untyped-def]
+    """Limit 3. Three jobs the provider failed (CompleteRun FAILED with refund_credit), two an
+    operator canceled in bulk and one whose release gave up, all refunded: none was her choice, so
+    her next paid click is admitted, and so is the operator's RetryJob of a failed one."""
+    service, user, operator = free_work_limited, new_user(), _operator(free_work_limited)
+    await _grant(service, user, 10)
+    failed = [await _failed_by_the_provider(service, user) for _ in range(3)]
+
+    bulk = [await _admit(service, user, _sources(1)) for _ in range(2)]  # one judging, one queued
+    only = op_pb2.JobFilter(user_id=user, statuses=[S.JOB_STATUS_QUEUED, S.JOB_STATUS_PENDING, S.JOB_STATUS_RUNNING])
+    done = await operator.CancelJobs(op_pb2.CancelJobsRequest(filter=only, max_jobs=2), timeout=30, metadata=OPERATOR)
+    assert done.canceled == 2 and not done.failures
+
+    service.core.fail_releases = True
+    given_up = await _admit(service, user, _sources(1))
+    await eventually(lambda: _status_is(service, given_up.job_id, S.JOB_STATUS_FAILED), timeout=20, what="the release given up")
+    service.core.fail_releases = False
+    for job_id in [job.job_id for job in bulk] + [given_up.job_id]:
+        assert (await _job(service, job_id)).refunded
+    assert await _balance(service, user) == 10
+
+    clicked = await _admit(service, user, _sources(1))  # refused USER_FREE_WORK_LIMIT when every refund counted
+    assert clicked.job_id
+    retried = await operator.RetryJob(op_pb2.RetryJobRequest(job_id=failed[0].job_id), timeout=20, metadata=OPERATOR)
+    assert retried.admitted_now and retried.job.retry_of_job_id == failed[0].job_id
+    assert await _balance(service, user) == 8
+
+
+async def test_her_own_cancels_count_and_an_operators_retry_is_never_refused(free_work_limited) -> None:  # type: ignore[no-untyped-def]
+    """Limit 3. She cancels three of her jobs (refunded): her next click answers
+    `USER_FREE_WORK_LIMIT`, while the operator's RetryJob and RetryJobs of those very jobs are
+    admitted (and charged)."""
+    service, user, operator = free_work_limited, new_user(), _operator(free_work_limited)
+    await _grant(service, user, 10)
+    canceled = []
+    for _ in range(3):
+        job = await _admit(service, user, _sources(1))
+        await service.stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=job.job_id, user_id=user), timeout=20, metadata=_as("web"))
+        canceled.append(job.job_id)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await _admit(service, user, _sources(1))
+    assert error_info(raised.value)[:2] == (grpc.StatusCode.RESOURCE_EXHAUSTED, "USER_FREE_WORK_LIMIT")
+
+    retried = await operator.RetryJob(op_pb2.RetryJobRequest(job_id=canceled[0]), timeout=20, metadata=OPERATOR)
+    assert retried.admitted_now and retried.job.retry_of_job_id == canceled[0]
+    bulk = await operator.RetryJobs(op_pb2.RetryJobsRequest(job_ids=canceled[1:], max_jobs=2), timeout=30, metadata=OPERATOR)
+    assert (bulk.retried, list(bulk.failures)) == (2, [])
+    assert await _balance(service, user) == 7

@@ -43,6 +43,8 @@ class Watched:
 
     def __init__(self) -> None:
         self.last: dict[str, job_pb2.Job] = {}
+        # Jobs whose last message said they vanished.
+        self.vanished: set[str] = set()
         self.snapshot_done = asyncio.Event()
 
     async def converged(self, stubs: Stubs, job_id: str) -> bool:
@@ -67,6 +69,10 @@ async def watching(stubs: Stubs, user: str) -> AsyncIterator[Watched]:
         async for message in stream:
             if message.HasField("job"):
                 watched.last[message.job.job_id] = message.job
+                if message.vanished:
+                    watched.vanished.add(message.job.job_id)
+                else:
+                    watched.vanished.discard(message.job.job_id)
             if message.snapshot_complete:
                 watched.snapshot_done.set()
 
@@ -121,6 +127,57 @@ async def test_release_attempts_reach_the_stream(services, database_url: str) ->
 
 async def _attempts_at_least(stubs: Stubs, job_id: str, attempts: int) -> bool:
     return (await stubs.job(job_id)).release_attempts >= attempts
+
+
+async def test_a_retry_reaches_the_stream_of_the_job_it_retries(services) -> None:
+    """An ended job never changes by itself again; an operator's RetryJob changes its view (it
+    lists the retry in `retried_as_job_ids`), and the stream reports that as GetJob does, besides
+    the new job."""
+    service = await services.start()
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 2)
+    async with watching(stubs, user) as watched:
+        job = await stubs.admit(user)
+        await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+        await stubs.complete(job.run_id, succeeded=False)
+        await eventually(lambda: watched.converged(stubs, job.job_id), what="the failure on the stream")
+        retry = (await Operator(stubs.channel).RetryJob(op_pb2.RetryJobRequest(job_id=job.job_id), timeout=20)).job
+        await eventually(lambda: watched.converged(stubs, retry.job_id), what="the retry on the stream")
+        await eventually(lambda: watched.converged(stubs, job.job_id), timeout=5, what="the retried job's lineage on the stream")
+        assert list(watched.last[job.job_id].retried_as_job_ids) == [retry.job_id]
+
+
+def _admitted_and_ended_an_hour_ago(database_url: str, job_id: str) -> None:
+    """Past the job retention and the free-work limit's hour (the pruner keeps the hour's jobs)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE analysis_jobs SET create_time = create_time - interval '61 minutes', end_time = end_time - interval '61 minutes'"
+            " WHERE job_id = %s",
+            (job_id,),
+        )
+
+
+async def test_a_pruned_job_vanishes_from_the_stream(services, database_url: str) -> None:
+    """The pruner deletes an ended job past its retention: GetJob answers NOT_FOUND, and the
+    stream's last message for it says it vanished (only its ids set), as after a failover."""
+    service = await services.start(job_retention_seconds=1.0)
+    stubs, user = service.stubs, new_user()
+    await stubs.grant(user, 2)
+    async with watching(stubs, user) as watched:
+        job = await stubs.admit(user)
+        kept = await stubs.admit(user)
+        await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)
+        await stubs.complete(job.run_id)
+        await eventually(lambda: watched.converged(stubs, job.job_id), what="the success on the stream")
+        await asyncio.to_thread(_admitted_and_ended_an_hour_ago, database_url, job.job_id)
+        assert (await service.app.sweeper.sweep_once()) is not None
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stubs.job(job.job_id)
+        assert error_info(raised.value)[:2] == (grpc.StatusCode.NOT_FOUND, "JOB_NOT_FOUND")
+        await eventually(lambda: job.job_id in watched.vanished, timeout=5, what="the vanished job on the stream")
+        assert watched.last[job.job_id] == job_pb2.Job(job_id=job.job_id, user_id=user)
+        # The job behind it, promoted meanwhile, is what GetJob says.
+        await eventually(lambda: watched.converged(stubs, kept.job_id), timeout=5, what="the next job on the stream")
 
 
 async def test_a_queued_job_stops_waiting_behind_a_job_that_ended_unsettled(services) -> None:

@@ -5,6 +5,7 @@ on any use, so a decision that reached for the database would fail here."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any, cast
 
@@ -117,6 +118,15 @@ def test_free_work_retry_is_at_least_a_second() -> None:
     with pytest.raises(errors.UserFreeWorkLimit) as refused:
         check(state(free_admits_last_hour=5, free_admit_frees_in_seconds=None), max_free_admits_per_user_per_hour=5)
     assert refused.value.retry_delay_seconds == 1.0
+
+
+def test_an_operators_retry_is_never_refused_by_the_free_work_limit() -> None:
+    retry = dataclasses.replace(request(), operator_retry=True)
+    at_limit = state(free_admits_last_hour=5, free_admit_frees_in_seconds=42.4)
+    assert admission(max_free_admits_per_user_per_hour=5)._check_admit_state(at_limit, retry, 1, False) is None
+    # Its other limits still hold.
+    with pytest.raises(errors.InsufficientCredits):
+        admission(max_free_admits_per_user_per_hour=5)._check_admit_state(dataclasses.replace(at_limit, balance=0), retry, 1, False)
 
 
 def test_free_work_is_checked_before_the_queue_and_the_credit() -> None:

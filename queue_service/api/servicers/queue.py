@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import grpc
@@ -26,6 +27,7 @@ from queue_service.engine import (
     NotificationHub,
     QueueEngine,
     Releases,
+    VanishedJob,
     WatchItem,
     WatchPage,
     WatchStream,
@@ -169,7 +171,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         caller = audit.current_caller() or audit.ANONYMOUS
         stream = self._hub.subscribe(request.user_id, caller=caller, reserved=caller.startswith(_OPERATOR_ACTOR_PREFIX))
         drain = asyncio.ensure_future(self._draining.wait())
-        getter: asyncio.Future[WatchItem | None] | None = None
+        getter: asyncio.Future[WatchItem | VanishedJob | None] | None = None
         try:
             async for message in self._catch_up(stream, resync=False):
                 yield message
@@ -182,6 +184,9 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
                 if item is None:
                     async for message in self._catch_up(stream, resync=True):
                         yield message
+                elif isinstance(item, VanishedJob):
+                    stream.saw_vanish(item)
+                    yield _vanished_message(item.job_id, item.user_id)
                 else:
                     stream.saw(item)
                     yield _change_message(item)
@@ -223,7 +228,12 @@ def _page_messages(page: WatchPage, user_id: str) -> Iterator[queue_pb2.WatchJob
     for item in page.items:
         yield queue_pb2.WatchJobsResponse(job=job_to_proto(item.job))
     for job_id in page.vanished:
-        yield queue_pb2.WatchJobsResponse(job=job_pb2.Job(job_id=str(job_id), user_id=user_id), vanished=True)
+        yield _vanished_message(job_id, user_id)
+
+
+def _vanished_message(job_id: uuid.UUID, user_id: str) -> queue_pb2.WatchJobsResponse:
+    """The last message for a job that no longer exists: only its ids, and `vanished`."""
+    return queue_pb2.WatchJobsResponse(job=job_pb2.Job(job_id=str(job_id), user_id=user_id), vanished=True)
 
 
 def _mark_end(message: queue_pb2.WatchJobsResponse, *, resync: bool) -> None:

@@ -112,6 +112,8 @@ async def _retry(admission: Admission, reads: JobReads, job_id: uuid.UUID, retry
             sources=inputs.sources,
             delta_of_job_id=inputs.delta_of_job_id,
             request_digest=request_digest(request.SerializeToString(deterministic=True)),
+            # The operator's remedy after an incident: never refused by the user's free-work limit.
+            operator_retry=True,
         )
     )
     view = await _estimated_view(reads, result.job_id, result.view)

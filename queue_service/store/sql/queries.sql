@@ -27,11 +27,15 @@ SELECT EXISTS (SELECT 1 FROM reserved) AS reserved, state.*
 -- What admit decides on: the job already holding this idempotency key, the user's queue length,
 -- active deltas (waiting for a turn or judging) and balance, the delta base, whether the fleet's
 -- capacity is limited or her releases are paused (a delta's run is then created held, to wait for
--- its turn), and her free
--- work of the last hour: her jobs admitted within it that cost nothing in the end (priced 0, or
--- refunded), at most `max_free_admits` of them (read newest first on
+-- its turn), and her free work of the last hour: her jobs admitted within it that cost nothing in
+-- the end by her own choice, at most `max_free_admits` of them (read newest first on
 -- `analysis_jobs_user_newest_admitted`, each refund by `credit_ledger_once_per_job`), with the
--- seconds until the oldest of those leaves the hour. Read with the run's reservation (above), and
+-- seconds until the oldest of those leaves the hour. Her choice: a job priced 0 that she admitted
+-- (an operator's retry is not hers), or one refunded after she asked to cancel it (`canceled_by`,
+-- migration 0027: the web app acting for her, `web:<name>`, or with authentication off anyone,
+-- `anonymous`). A refund she did not ask for (the core's failure with `refund_credit`, a release
+-- given up, a reconciliation, an operator's or the service's cancel) never counts
+-- (docs/security.md, "What one user can store"). Read with the run's reservation (above), and
 -- again after an admit placed nothing, to say why.
 SELECT existing.job_id AS existing_job_id,
        existing.request_digest AS existing_digest,
@@ -53,7 +57,9 @@ SELECT existing.job_id AS existing_job_id,
               extract(epoch FROM min(f.create_time) + interval '1 hour' - clock_timestamp())::float8 AS frees_in_seconds
          FROM (SELECT j.create_time FROM analysis_jobs j
                 WHERE j.user_id = %(user_id)s AND j.create_time > clock_timestamp() - interval '1 hour'
-                  AND (j.price = 0 OR EXISTS (SELECT 1 FROM credit_ledger r WHERE r.job_id = j.job_id AND r.kind = 'refund'))
+                  AND ((j.price = 0 AND j.retry_of_job_id IS NULL)
+                       OR ((starts_with(j.canceled_by, 'web:') OR j.canceled_by = 'anonymous')
+                           AND EXISTS (SELECT 1 FROM credit_ledger r WHERE r.job_id = j.job_id AND r.kind = 'refund')))
                 ORDER BY j.create_time DESC
                 LIMIT %(max_free_admits)s) AS f) AS free
   LEFT JOIN analysis_jobs existing
@@ -187,12 +193,17 @@ UPDATE analysis_jobs j
 -- at most `batch_size` (engine/pruner.py), read on `analysis_jobs_recently_ended`. A job a kept
 -- delta re-check names as its base stays until that delta goes (the delta's reference must hold).
 -- Their ledger entries stay (`credit_ledger.job_id` references no job); their search keys go with
--- them (`analysis_job_search_keys`, migration 0029). Returns how many jobs it deleted.
+-- them (`analysis_job_search_keys`, migration 0029). A job admitted within the last hour stays
+-- whatever the retention: the free-work limit counts the hour's jobs (`admit_state`), so a
+-- retention under an hour must not delete what it counts. Each deleted job is announced to the
+-- job-change feed (functions/analysis_jobs_announce_change.sql), and open WatchJobs streams say it
+-- vanished. Returns how many jobs it deleted.
 WITH pruned AS (
     DELETE FROM analysis_jobs j
      USING (SELECT e.job_id FROM analysis_jobs e
              WHERE e.end_time < clock_timestamp() - make_interval(secs => %(retention_seconds)s)
                AND e.end_time IS NOT NULL
+               AND e.create_time < clock_timestamp() - interval '1 hour'
                AND e.status IN ('succeeded', 'failed', 'canceled') AND e.run_settle_due_at IS NULL
                AND NOT EXISTS (SELECT 1 FROM analysis_jobs d WHERE d.delta_of_job_id = e.job_id)
              ORDER BY e.end_time

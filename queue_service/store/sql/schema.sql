@@ -268,8 +268,20 @@ CREATE OR REPLACE FUNCTION public.analysis_jobs_announce_change()
  RETURNS trigger
  LANGUAGE plpgsql
 AS $function$
+DECLARE
+    retried analysis_jobs%ROWTYPE;
 BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM analysis_jobs_announce(OLD, OLD.status);
+        RETURN NULL;
+    END IF;
     PERFORM analysis_jobs_announce(NEW, CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END);
+    IF TG_OP = 'INSERT' AND NEW.retry_of_job_id IS NOT NULL THEN
+        SELECT * INTO retried FROM analysis_jobs a WHERE a.job_id = NEW.retry_of_job_id FOR NO KEY UPDATE;
+        IF FOUND THEN
+            PERFORM analysis_jobs_announce(retried, retried.status);
+        END IF;
+    END IF;
     RETURN NULL;
 END
 $function$;
@@ -1182,6 +1194,7 @@ BEGIN
 END
 $function$;
 
+CREATE TRIGGER analysis_jobs_announce_delete AFTER DELETE ON analysis_jobs FOR EACH ROW EXECUTE FUNCTION analysis_jobs_announce_change();
 CREATE TRIGGER analysis_jobs_announce_insert AFTER INSERT ON analysis_jobs FOR EACH ROW EXECUTE FUNCTION analysis_jobs_announce_change();
 CREATE TRIGGER analysis_jobs_announce_update AFTER UPDATE ON analysis_jobs FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR old.last_error IS DISTINCT FROM new.last_error OR old.release_attempts IS DISTINCT FROM new.release_attempts OR old.capacity_token IS DISTINCT FROM new.capacity_token OR old.capacity_wait_since IS DISTINCT FROM new.capacity_wait_since) EXECUTE FUNCTION analysis_jobs_announce_change();
 CREATE TRIGGER analysis_jobs_keep_search_keys AFTER INSERT ON analysis_jobs FOR EACH ROW WHEN (new.sources IS NOT NULL OR new.document_title IS NOT NULL OR new.document_uri IS NOT NULL) EXECUTE FUNCTION analysis_jobs_keep_search_keys();

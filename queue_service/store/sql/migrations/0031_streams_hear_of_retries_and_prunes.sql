@@ -1,0 +1,6 @@
+-- WatchJobs streams hear of a retry and of a prune (I11): carries the new text of
+-- functions/analysis_jobs_announce_change.sql (a retry's INSERT announces the job it retries too;
+-- a new AFTER DELETE trigger announces a deleted job, which the streams then report vanished).
+-- No table changes: replicas of the previous version read the new feed rows as changes of jobs
+-- they find no view for (a deleted job) or whose view they send again (a retried one), and send
+-- nothing or the same view.
