@@ -233,6 +233,11 @@ class _Instruments:
         "{error}",
         "Statements that failed because the server connection's prepared statements were not this replica's (a transaction-mode pooler); answered UNAVAILABLE",
     )
+    statements_refused_for_good = _counter(
+        "queue.db.statements_refused_for_good",
+        "{statement}",
+        "Statements the database refused the same way whatever the retry (SQLSTATE class 22, 23 or 54, by sqlstate: a value an index or a type cannot hold, a constraint); answered INVALID_REQUEST or INTERNAL, never a retry",
+    )
     stale_connections = _counter(
         "queue.db.stale_connections",
         "{connection}",

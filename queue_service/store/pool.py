@@ -100,13 +100,49 @@ def translated_errors() -> Iterator[None]:
         raise errors.Conflict(
             f"a row this change names was deleted meanwhile ({constraint}); retry the call", metadata={"constraint": constraint}
         ) from exc
+    except (psycopg.DataError, psycopg.IntegrityError) as exc:
+        # Classes 22 and 23 (but for the violations above, which a concurrent change causes).
+        raise _refused_for_good(exc) from exc
     except pg_errors.ReadOnlySqlTransaction as exc:
         # A standby answered: during a failover a router (HAProxy on Patroni's /primary check)
         # or a multi-host DSN can reach a member not yet, or no longer, the primary. Nothing was
         # written; the call may be retried once the route leads to the primary again.
         raise errors.DatabaseUnavailable("the database is read-only (a standby, or a primary mid-failover); retry the call") from exc
     except (psycopg.OperationalError, pg_errors.AdminShutdown, pg_errors.CannotConnectNow) as exc:
+        if (exc.sqlstate or "").startswith(_PROGRAM_LIMIT_EXCEEDED):
+            raise _refused_for_good(exc) from exc
         raise errors.DatabaseUnavailable(f"the database is unavailable: {exc.__class__.__name__}") from exc
+
+
+# SQLSTATE class 54, a program limit (an index entry over a third of its page, an array too
+# large): psycopg files it under OperationalError, beside a lost connection, but the statement
+# fails the same way every time it is sent with the same values.
+_PROGRAM_LIMIT_EXCEEDED = "54"
+
+
+def _refused_for_good(exc: psycopg.Error) -> errors.QueueError:
+    """The domain error of a statement the database refuses whenever it is sent with the same
+    values: classes 22 (a data exception: a value out of its type's range, a string too long), 23
+    (a constraint) and 54 (a program limit). Nothing was written, and a retry cannot help, so it
+    never reads "retry" nor "outcome unknown" (an admit's run is canceled at the core, I5): 22 and
+    54 are the request's values that cannot be stored (INVALID_REQUEST); 23 is a constraint the
+    validation should have kept (INTERNAL, a bug)."""
+    sqlstate = exc.sqlstate or ""
+    condition = exc.__class__.__name__
+    constraint = exc.diag.constraint_name or ""
+    metadata = {"sqlstate": sqlstate} | ({"constraint": constraint} if constraint else {})
+    telemetry.metrics.statements_refused_for_good.add(1, {"sqlstate": sqlstate})
+    log.error("the database refused a statement for good (SQLSTATE %s, %s %s): %s", sqlstate, condition, constraint, exc)
+    if sqlstate.startswith("23"):
+        return errors.Internal(
+            f"the database refused this change ({condition}, SQLSTATE {sqlstate}); sending it again fails the same way: do not retry it",
+            metadata=metadata,
+        )
+    return errors.InvalidRequest(
+        f"the database cannot store this request as it is ({condition}, SQLSTATE {sqlstate}); sending it again fails the same way: "
+        "do not retry it",
+        metadata=metadata,
+    )
 
 
 # Once a call's deadline has come, how long a cancelled statement may take to end on the server

@@ -4,6 +4,8 @@ idempotency and credits."""
 from __future__ import annotations
 
 import asyncio
+import random
+import string
 import uuid
 
 import grpc
@@ -14,9 +16,11 @@ from queue_service import deadline
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb2
 from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.engine import job_reads
-from tests.harness import InvariantChecker, S, error_info, new_user
+from tests.harness import InvariantChecker, S, error_info, new_user, until
 
 
 def _rows_for(database_url: str, user_id: str) -> tuple[int, int]:
@@ -329,6 +333,132 @@ async def test_bidirectional_control_characters_are_refused_in_every_field_a_use
     assert error_info(raised.value)[3] == [("note", _bidi("note", 0x202E, 7))]
     assert _rows_for(database_url, user) == (0, 0)
     assert await service.stubs.balance(user) == 5  # the refused grant added nothing
+
+
+async def test_invisible_characters_are_refused_in_every_text_field_naming_the_field_and_its_code_point(service, database_url: str) -> None:
+    """Format characters (Cf: zero-width spaces and joiners, marks, the word joiner, the byte order
+    mark, tags), C1 controls, the line and paragraph separators and the Hangul fillers are stored
+    but not seen: a DOI with a zero-width space reads as one it is not, and a search for it as it
+    reads finds nothing. Each field names its first such character; nothing is stored."""
+    operator = op_grpc.OperatorServiceStub(service.stubs.channel)
+    user = new_user()
+    await service.stubs.grant(user, 5)
+    request = queue_pb2.AdmitRequest(
+        user_id=user,
+        idempotency_key="click\ufeff-1",
+        document=job_pb2.Document(uri="s3://theses/\u200bthesis.pdf", title="On\u200dqueues"),
+        sources=[
+            job_pb2.Source(doi="10.1234/abc\u200b"),
+            job_pb2.Source(doi="10.1234/ok", citation="Smith\u2060 2020"),
+            job_pb2.Source(doi="10.1234/fine", citation="Jones 2021"),
+        ],
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await service.stubs.queue.Admit(request, timeout=5)
+    code, reason, _, violations = error_info(raised.value)
+    assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
+    assert violations == [
+        ("idempotency_key", _invisible("idempotency_key", 0xFEFF, 5)),
+        ("document.uri", _invisible("document.uri", 0x200B, 12)),
+        ("document.title", _invisible("document.title", 0x200D, 2)),
+        ("sources[0].doi", _invisible("sources[0].doi", 0x200B, 11)),
+        ("sources[1].citation", _invisible("sources[1].citation", 0x2060, 5)),
+    ]
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await service.stubs.queue.Admit(queue_pb2.AdmitRequest(user_id=f"{user}\u3164", idempotency_key="k"), timeout=5)
+    assert ("user_id", _invisible("user_id", 0x3164, len(user))) in error_info(raised.value)[3]
+    for character in ("\u200e", "\u200f", "\u061c", "\u2060", "\ufeff", "\u0085", "\u2028", "\U000e0041", "\u3164", "\u00ad"):
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            grant = credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key="g", note=f"ticket {character}1174")
+            await service.stubs.credits.GrantCredits(grant, timeout=5)
+        assert error_info(raised.value)[0] == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(raised.value)[3] == [("note", _invisible("note", ord(character), 7))], hex(ord(character))
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            pause = op_pb2.SetReleasesPausedRequest(paused=True, user_id=user, note=f"ticket {character}1174")
+            await operator.SetReleasesPaused(pause, timeout=5)
+        assert error_info(raised.value)[3] == [("note", _invisible("note", ord(character), 7))], hex(ord(character))
+    assert _rows_for(database_url, user) == (0, 0)
+    assert await service.stubs.balance(user) == 5  # no refused grant added anything
+    assert not (await operator.GetUserSettings(op_pb2.GetUserSettingsRequest(user_id=user), timeout=5)).releases_paused
+
+
+def _invisible(field: str, code_point: int, at: int) -> str:
+    return (
+        f"{field} must not contain invisible characters (format characters such as zero-width spaces and joiners, "
+        f"C1 controls, line or paragraph separators, Hangul fillers): U+{code_point:04X} at character {at} "
+        "would be stored but not seen, so the text would not be what it reads as"
+    )
+
+
+async def test_a_uri_the_search_index_cannot_hold_is_refused_by_its_bytes_never_answered_retry(service, database_url: str) -> None:
+    """A uri of 700 characters of 4 bytes each (2 805 bytes) is within the 2 048 characters but not
+    within the btree entry of the uri's index (about 2.7 KB): refused at validation by its UTF-8
+    bytes, naming the field, before the core hears of it; never UNAVAILABLE `OUTCOME_UNKNOWN`
+    ("retry the same request"), which every retry would have met again."""
+    user = new_user()
+    await service.stubs.grant(user, 2)
+    created_before = len(service.core.runs)
+    rng = random.Random(6)
+    request = queue_pb2.AdmitRequest(
+        user_id=user,
+        idempotency_key="wide-uri",
+        # Random, as a hostile caller sends it: the same character repeated would compress into the entry.
+        document=job_pb2.Document(uri="s3://" + "".join(chr(rng.randint(0x20000, 0x2A6DF)) for _ in range(700))),
+        sources=[job_pb2.Source(doi="10.1234/wide")],
+    )
+    for _ in range(2):
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await service.stubs.queue.Admit(request, timeout=10)
+        code, reason, _, violations = error_info(raised.value)
+        assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"), raised.value.details()
+        assert violations == [
+            ("document.uri", "document.uri must be at most 2048 bytes in UTF-8 (got 2805: characters outside ASCII take 2 to 4 bytes each)")
+        ]
+    assert len(service.core.runs) == created_before  # refused before any run was created
+    assert _rows_for(database_url, user) == (0, 0)
+    assert await service.stubs.balance(user) == 2
+
+
+async def test_a_statement_the_database_refuses_for_good_is_not_retry_and_cancels_the_held_run(service, database_url: str) -> None:
+    """A valid admit whose insert the database refuses whatever the retry (here an index the
+    validation knows nothing of, whose entry cannot hold the sources: SQLSTATE 54000, program
+    limit exceeded) answers INVALID_ARGUMENT with the SQLSTATE, never UNAVAILABLE `OUTCOME_UNKNOWN`
+    ("retry the same request"); the run created at the core for it is canceled (I5), at every
+    attempt, and nothing is stored or charged."""
+    user = new_user()
+    await service.stubs.grant(user, 2)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE INDEX test_whole_sources ON analysis_jobs ((sources::text)) WHERE user_id = '{user}'")
+    try:
+        rng = random.Random(54)
+        letters = string.ascii_letters + string.digits
+        request = queue_pb2.AdmitRequest(
+            user_id=user,
+            idempotency_key="too-wide-for-an-index",
+            document=job_pb2.Document(uri="s3://theses/t.pdf"),
+            # Random citations: no compression fits them in an index entry.
+            sources=[job_pb2.Source(doi=f"10.1234/s{i}", citation="".join(rng.choices(letters, k=2000))) for i in range(5)],
+        )
+        for _ in range(2):
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await service.stubs.queue.Admit(request, timeout=10)
+            code, reason, metadata, _ = error_info(raised.value)
+            assert (code, reason, metadata) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", {"sqlstate": "54000"}), (
+                raised.value.details()
+            )
+            assert "do not retry" in raised.value.details()
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("DROP INDEX test_whole_sources")
+    runs = [run for run in service.core.runs.values() if run.user_id == user]
+    assert len(runs) == 2
+
+    async def every_run_canceled() -> bool:
+        return all(run.state == core_pb2.RUN_STATE_CANCELED for run in runs)
+
+    await until(every_run_canceled, within=10, what="the refused admits' runs canceled at the core")
+    assert _rows_for(database_url, user) == (0, 0)
+    assert await service.stubs.balance(user) == 2
 
 
 def _bidi(field: str, code_point: int, at: int) -> str:

@@ -79,12 +79,18 @@ async def test_search_by_document_uri_title_words_and_doi_pages_and_outlives_the
     assert error_info(raised.value)[3][0][0] == "page_token"
 
     # The pruner empties an ended job's sources after a day (QUEUE_JOB_INPUTS_RETENTION_SECONDS):
-    # its DOIs stay searchable for as long as the job row is kept.
+    # the DOIs of its preview (its first 10 sources, which its detail still shows) stay searchable
+    # for as long as the job row is kept; the others go with the sources (docs/security.md).
+    long_list = await _admit(
+        service, other, uri=f"{base}long.pdf", title="Long list", dois=[f"10.5555/{mark}.{i}" for i in range(10)] + [f"10.5555/{mark}.last"]
+    )
+    assert await _search_all(operator, op_pb2.JobFilter(source_doi=f"10.5555/{mark}.last")) == [long_list.job_id]
+    pruned = [uuid.UUID(fair.job_id), uuid.UUID(graphs.job_id), uuid.UUID(long_list.job_id)]
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(
-            "UPDATE analysis_jobs SET sources = NULL WHERE job_id = ANY(%s)", ([uuid.UUID(fair.job_id), uuid.UUID(graphs.job_id)],)
-        )
+        conn.execute("UPDATE analysis_jobs SET sources = NULL WHERE job_id = ANY(%s)", (pruned,))
     assert await _search_all(operator, op_pb2.JobFilter(source_doi=f"10.5555/{mark}.Q")) == [graphs.job_id, fair.job_id]
+    assert await _search_all(operator, op_pb2.JobFilter(source_doi=f"10.5555/{mark}.9")) == [long_list.job_id]
+    assert await _search_all(operator, op_pb2.JobFilter(source_doi=f"10.5555/{mark}.last")) == []
 
     # A bulk cancel takes the same filter: a dry run counts only the active jobs it matches.
     counted = await operator.CancelJobs(op_pb2.CancelJobsRequest(filter=op_pb2.JobFilter(source_doi=f"10.5555/{mark}.q"), dry_run=True))
@@ -110,6 +116,11 @@ async def test_search_by_document_uri_title_words_and_doi_pages_and_outlives_the
         ("source_doi", "10.5555/" + "d" * 249, "at most 256 characters"),
         ("source_doi", "a thesis title", "is not a DOI"),
         ("source_doi", "doi:", "holds no DOI"),
+        # Invisible characters, each named by its code point (a search for text as it reads).
+        ("source_doi", "10.5555/ab\u200bc", "U+200B at character 10"),
+        ("title_words", "fair\u2060queues", "U+2060 at character 4"),
+        ("document_uri_prefix", "s3://theses/\ufeff", "U+FEFF at character 12"),
+        ("title_words", "fair queues\u2028", "U+2028 at character 11"),
     ],
 )
 async def test_search_fields_too_long_or_empty_after_trimming_are_invalid_argument(service, field: str, value: str, problem: str) -> None:  # type: ignore[no-untyped-def]

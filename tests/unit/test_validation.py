@@ -154,3 +154,46 @@ def test_page_sizes_out_of_range(page_size: int) -> None:
         validation.validate_page_size(page_size)
     assert refused.value.field_violations == [("page_size", "page_size must be between 0 and 100; 0 means 20")]
     assert f"(got {page_size})" in refused.value.message
+
+
+def test_the_invisible_characters_are_every_format_character_of_this_pythons_unicode_and_the_named_others() -> None:
+    """The ranges are written out (a regex built at import would walk 1.1 million code points):
+    they must be exactly category Cf of the running Python's Unicode database, plus the C1
+    controls, the line and paragraph separators and the Hangul fillers."""
+    import unicodedata
+
+    others = {*range(0x80, 0xA0), 0x2028, 0x2029, 0x115F, 0x1160, 0x3164, 0xFFA0}
+    expected = {cp for cp in range(0x110000) if unicodedata.category(chr(cp)) == "Cf"} | others
+    matched = {cp for cp in range(0x110000) if validation._INVISIBLE.fullmatch(chr(cp))}
+    assert matched == expected
+
+
+@pytest.mark.parametrize(
+    "character",
+    ["\u200b", "\u200d", "\u200e", "\u061c", "\u2060", "\ufeff", "\u0085", "\u2028", "\U000e0041", "\u3164", "\u00ad", "\u202e"],
+)
+def test_an_invisible_character_is_refused_in_every_admit_field_naming_its_code_point(character: str) -> None:
+    request = admit(
+        user_id=f"ada{character}",
+        idempotency_key=f"click{character}",
+        document=job_pb2.Document(uri=f"s3://theses/{character}1.pdf", title=f"Thesis{character}"),
+        sources=[job_pb2.Source(doi=f"10.1234/abc{character}"), job_pb2.Source(doi=DOI, citation=f"Smith{character} 2020")],
+    )
+    found = violations_of(request)
+    assert sorted(found) == sorted(
+        ["user_id", "idempotency_key", "document.uri", "document.title", "sources[0].doi", "sources[1].citation"]
+    )
+    for field, says in found.items():
+        assert f"U+{ord(character):04X}" in says, (field, says)
+
+
+def test_uris_and_dois_are_bounded_in_utf8_bytes_too() -> None:
+    wide = "\U00020000"  # 4 bytes in UTF-8
+    found = violations_of(
+        admit(
+            document=job_pb2.Document(uri="s3://" + wide * 600),
+            sources=[job_pb2.Source(doi="10.1234/" + wide * 63), job_pb2.Source(doi="10.1234/" + wide * 62)],
+        )
+    )
+    assert set(found) == {"document.uri", "sources[0].doi"}
+    assert "at most 2048 bytes" in found["document.uri"] and "at most 256 bytes" in found["sources[0].doi"]

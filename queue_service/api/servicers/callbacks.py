@@ -35,7 +35,7 @@ class CoreCallbackServicer(callback_grpc.CoreCallbackServiceServicer):
             v.add("outcome", "outcome must be RUN_OUTCOME_SUCCEEDED or RUN_OUTCOME_FAILED")
         # The core's words are kept as they came: refusing a completion over its message would
         # leave the job running; the console shows the message isolated.
-        v.check_text("message", request.message, max_chars=validation.MAX_MESSAGE_CHARS, bidi_controls=True)
+        v.check_text("message", request.message, max_chars=validation.MAX_MESSAGE_CHARS, invisible=True)
         v.raise_if_any()
         assert run_id is not None
         # Waits for a turn no longer than the caller's deadline allows: past it, the caller (the

@@ -19,9 +19,15 @@ MAX_ID_CHARS = 128
 # A UUID is 36 characters; longer text is refused unparsed.
 MAX_UUID_CHARS = 64
 MAX_URI_CHARS = 2048
+# An index holds the uri (`analysis_job_search_keys_by_document_uri`, a btree: an entry of more
+# than about 2.7 KB fails its insert), and DOIs (`analysis_job_search_keys_by_source_doi`, GIN),
+# so both are bounded in bytes as well: at most one byte per character allowed, as a real uri or
+# DOI is (ASCII), and a caller who sends 4-byte characters stores no more than one who does not.
+MAX_URI_BYTES = 2048
 MAX_TITLE_CHARS = 512
 MAX_SOURCES = 1000
 MAX_DOI_CHARS = 256
+MAX_DOI_BYTES = 256
 # What a real thesis needs sets the caps, not the transport's 4 MiB: a PhD thesis cites about 100
 # to 500 sources, rarely over 1000, and a formatted reference rarely runs past 1 to 2 KB (a long
 # author list included). Every admitted job stores its sources until they are pruned
@@ -67,20 +73,81 @@ _DOI = re.compile(r"^10\.\d{4,9}(\.\d+)*/[^\s\x00-\x1f\x7f]+$")
 # says. Refused in everything a caller stores and others read; the console isolates user text too.
 _BIDI_CONTROL = re.compile("[\u202a-\u202e\u2066-\u2069]")
 
+# Characters that show as nothing (or as a line break where none is expected), so text holding them
+# differs from what it reads as: a DOI with a zero-width space (U+200B) looks like one it is not
+# and a search for it as it reads finds nothing. Refused, like the bidirectional controls above (also
+# format characters), in every text field of every request but the core's own message:
+# * every format character (Unicode category Cf, as of Unicode 14.0; tests/unit checks the ranges
+#   against the running Python's `unicodedata`): zero-width spaces and joiners, the soft hyphen, the
+#   word joiner, the byte order mark, the Arabic letter mark, tag characters;
+# * the C1 controls U+0080-U+009F (U+0085 is a line break);
+# * the line and paragraph separators U+2028, U+2029;
+# * the Hangul fillers U+115F, U+1160, U+3164, U+FFA0 (letters that render blank).
+_FORMAT_CHARACTER_RANGES = (
+    (0x00AD, 0x00AD),
+    (0x0600, 0x0605),
+    (0x061C, 0x061C),
+    (0x06DD, 0x06DD),
+    (0x070F, 0x070F),
+    (0x0890, 0x0891),
+    (0x08E2, 0x08E2),
+    (0x180E, 0x180E),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2060, 0x2064),
+    (0x2066, 0x206F),
+    (0xFEFF, 0xFEFF),
+    (0xFFF9, 0xFFFB),
+    (0x110BD, 0x110BD),
+    (0x110CD, 0x110CD),
+    (0x13430, 0x13438),
+    (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),
+    (0xE0001, 0xE0001),
+    (0xE0020, 0xE007F),
+)
+_INVISIBLE_RANGES = (
+    *_FORMAT_CHARACTER_RANGES,
+    (0x0080, 0x009F),
+    (0x2028, 0x2029),
+    (0x115F, 0x1160),
+    (0x3164, 0x3164),
+    (0xFFA0, 0xFFA0),
+)
+_INVISIBLE = re.compile("[" + "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in _INVISIBLE_RANGES) + "]")
+
 
 def _is_printable(value: str) -> bool:
     return value.isprintable()
 
 
-def _bidi_control(field: str, value: str) -> str | None:
-    """The violation's description when `value` holds a bidirectional control character."""
-    found = _BIDI_CONTROL.search(value)
+def invisible_character(field: str, value: str) -> str | None:
+    """The violation's description when `value` holds a character that shows as something other
+    than it is (a bidirectional control) or as nothing (see `_INVISIBLE`), naming the first one."""
+    found = _INVISIBLE.search(value)
     if found is None:
         return None
+    code_point = ord(found.group())
+    if _BIDI_CONTROL.match(found.group()):
+        return (
+            f"{field} must not contain bidirectional control characters (U+202A-U+202E, U+2066-U+2069): "
+            f"U+{code_point:04X} at character {found.start()} makes the text display in another order than it is stored"
+        )
     return (
-        f"{field} must not contain bidirectional control characters (U+202A-U+202E, U+2066-U+2069): "
-        f"U+{ord(found.group()):04X} at character {found.start()} makes the text display in another order than it is stored"
+        f"{field} must not contain invisible characters (format characters such as zero-width spaces and joiners, "
+        f"C1 controls, line or paragraph separators, Hangul fillers): U+{code_point:04X} at character {found.start()} "
+        "would be stored but not seen, so the text would not be what it reads as"
     )
+
+
+def utf8_bytes_over(field: str, value: str, max_bytes: int) -> str | None:
+    """The violation's description when `value` takes more than `max_bytes` in UTF-8: an index
+    entry holds the text's bytes, not its characters (a btree entry at most about 2.7 KB), and
+    what a job stores is bytes (docs/security.md, "What one user can store")."""
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size <= max_bytes:
+        return None
+    return f"{field} must be at most {max_bytes} bytes in UTF-8 (got {size}: characters outside ASCII take 2 to 4 bytes each)"
 
 
 def search_doi(v: Violations, field: str, value: str) -> str:
@@ -117,8 +184,8 @@ class Violations:
             self.add(field, f"{field} is required")
         elif len(value) > MAX_ID_CHARS:
             self.add(field, f"{field} must be at most {MAX_ID_CHARS} characters (got {len(value)})")
-        elif bidi := _bidi_control(field, value):
-            self.add(field, bidi)
+        elif invisible := invisible_character(field, value):
+            self.add(field, invisible)
         elif not _is_printable(value):
             self.add(field, f"{field} must be printable text without control characters")
 
@@ -135,19 +202,24 @@ class Violations:
             self.add(field, f"{field} must be a UUID such as 123e4567-e89b-12d3-a456-426614174000")
             return None
 
-    def check_text(self, field: str, value: str, *, max_chars: int, required: bool = False, bidi_controls: bool = False) -> None:
-        """`bidi_controls`: allow bidirectional control characters (text from a trusted party
-        that is only ever shown isolated)."""
+    def check_text(
+        self, field: str, value: str, *, max_chars: int, max_bytes: int | None = None, required: bool = False, invisible: bool = False
+    ) -> None:
+        """`max_bytes`: the most UTF-8 bytes too (text an index holds). `invisible`: allow
+        invisible and bidirectional control characters (text from a trusted party that is only
+        ever shown isolated, with such characters written out)."""
         if not value:
             if required:
                 self.add(field, f"{field} is required")
             return
         if len(value) > max_chars:
             self.add(field, f"{field} must be at most {max_chars} characters (got {len(value)})")
+        elif max_bytes is not None and (too_long := utf8_bytes_over(field, value, max_bytes)):
+            self.add(field, too_long)
         elif "\x00" in value:
             self.add(field, f"{field} must not contain NUL characters")
-        elif not bidi_controls and (bidi := _bidi_control(field, value)):
-            self.add(field, bidi)
+        elif not invisible and (found := invisible_character(field, value)):
+            self.add(field, found)
 
     def check_trimmed(self, field: str, value: str, *, max_chars: int) -> str:
         """An optional text without its surrounding whitespace ('' when unset); one of
@@ -157,6 +229,10 @@ class Violations:
             return ""
         if len(value) > max_chars:
             self.add(field, f"{field} must be at most {max_chars} characters (got {len(value)})")
+            return ""
+        if found := invisible_character(field, value):
+            # Before trimming: U+0085 and U+2028 are whitespace to `strip`, and would go unnamed.
+            self.add(field, found)
             return ""
         trimmed = value.strip()
         if not trimmed:
@@ -202,7 +278,7 @@ def validate_admit(request: queue_pb2.AdmitRequest) -> uuid.UUID | None:
         )
     delta_of = v.check_uuid("delta_of_job_id", request.delta_of_job_id, required=False)
     if not request.delta_of_job_id:
-        v.check_text("document.uri", request.document.uri, max_chars=MAX_URI_CHARS, required=True)
+        v.check_text("document.uri", request.document.uri, max_chars=MAX_URI_CHARS, max_bytes=MAX_URI_BYTES, required=True)
     v.check_text("document.title", request.document.title, max_chars=MAX_TITLE_CHARS)
     sources = request.sources
     size = request.ByteSize()
@@ -224,8 +300,10 @@ def validate_admit(request: queue_pb2.AdmitRequest) -> uuid.UUID | None:
             if source.doi:
                 if len(source.doi) > MAX_DOI_CHARS:
                     v.add(f"{field}.doi", f"{field}.doi must be at most {MAX_DOI_CHARS} characters")
-                elif bidi := _bidi_control(f"{field}.doi", source.doi):
-                    v.add(f"{field}.doi", bidi)
+                elif too_long := utf8_bytes_over(f"{field}.doi", source.doi, MAX_DOI_BYTES):
+                    v.add(f"{field}.doi", too_long)
+                elif invisible := invisible_character(f"{field}.doi", source.doi):
+                    v.add(f"{field}.doi", invisible)
                 elif not _DOI.match(source.doi):
                     v.add(f"{field}.doi", f"{field}.doi {source.doi[:64]!r} is not a DOI (expected 10.<registrant>/<suffix>)")
             v.check_text(f"{field}.citation", source.citation, max_chars=MAX_CITATION_CHARS)

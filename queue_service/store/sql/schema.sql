@@ -335,6 +335,22 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.analysis_jobs_trim_search_keys()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    kept_dois text[] := ARRAY(SELECT DISTINCT lower(s.e->>'doi')
+                                FROM jsonb_array_elements(COALESCE(NEW.sources_preview, '[]'::jsonb)) AS s(e)
+                               WHERE COALESCE(s.e->>'doi', '') <> '');
+BEGIN
+    UPDATE analysis_job_search_keys
+       SET source_dois = kept_dois
+     WHERE job_id = NEW.job_id AND source_dois IS DISTINCT FROM kept_dois;
+    RETURN NULL;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.analysis_jobs_wait_for_capacity()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -1199,4 +1215,5 @@ CREATE TRIGGER analysis_jobs_announce_insert AFTER INSERT ON analysis_jobs FOR E
 CREATE TRIGGER analysis_jobs_announce_update AFTER UPDATE ON analysis_jobs FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR old.last_error IS DISTINCT FROM new.last_error OR old.release_attempts IS DISTINCT FROM new.release_attempts OR old.capacity_token IS DISTINCT FROM new.capacity_token OR old.capacity_wait_since IS DISTINCT FROM new.capacity_wait_since) EXECUTE FUNCTION analysis_jobs_announce_change();
 CREATE TRIGGER analysis_jobs_keep_search_keys AFTER INSERT ON analysis_jobs FOR EACH ROW WHEN (new.sources IS NOT NULL OR new.document_title IS NOT NULL OR new.document_uri IS NOT NULL) EXECUTE FUNCTION analysis_jobs_keep_search_keys();
 CREATE TRIGGER analysis_jobs_retry_lineage_insert BEFORE INSERT ON analysis_jobs FOR EACH ROW WHEN (new.idempotency_key ~~ 'retry:%'::text) EXECUTE FUNCTION analysis_jobs_retry_lineage();
+CREATE TRIGGER analysis_jobs_trim_search_keys AFTER UPDATE OF sources ON analysis_jobs FOR EACH ROW WHEN (old.sources IS NOT NULL AND new.sources IS NULL) EXECUTE FUNCTION analysis_jobs_trim_search_keys();
 CREATE TRIGGER analysis_jobs_wait_for_capacity BEFORE INSERT OR UPDATE OF status ON analysis_jobs FOR EACH ROW WHEN (new.status = 'pending'::text) EXECUTE FUNCTION analysis_jobs_wait_for_capacity();

@@ -8,6 +8,8 @@
 --   stop words), stored so a search that walks the newest jobs tests each row cheaply. In a row
 --   of `analysis_job_search_keys` beside the job's, written once: the job's own row is rewritten
 --   at every step of its life, and its indexes with it (the migration says why).
+-- * 0032: "kept for as long as the row is" no longer holds for the DOIs: once the job's sources
+--   are pruned, `analysis_jobs_trim_search_keys` cuts them to its preview's (first 10 sources).
 
 CREATE OR REPLACE FUNCTION public.analysis_jobs_keep_search_keys()
  RETURNS trigger
