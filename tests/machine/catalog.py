@@ -25,6 +25,7 @@ from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb
 from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service.api.servicers import validation
 from queue_service.dev.core import ANSWER_FAULT_KINDS, AnswerFault
 from tests.faults import backend_pids, frozen
 from tests.harness import error_info, stranger_holds_user_locks
@@ -93,12 +94,18 @@ def admit_request(user_id: str, key: str, payload: str, label: str, delta_of: st
     if payload == "many":
         dois = [f"10.1234/{label}.{i}" for i in range(200)]
     elif payload == "wide_sources":
-        # About the largest admit validation accepts: 1 MiB in all, every character 4 bytes.
-        dois = [f"10.1234/{i:04d}" + WIDE * 240 for i in range(950)]
-        citation = "c"
+        # About the largest admit validation accepts: 1 MiB in all, every character 4 bytes, every
+        # DOI at its longest (its characters, or its bytes where validation bounds them).
+        count = min(950, validation.MAX_SOURCES)
+        doi_bytes = getattr(validation, "MAX_DOI_BYTES", 4 * validation.MAX_DOI_CHARS)
+        wide_in_doi = min(validation.MAX_DOI_CHARS - 12, (doi_bytes - 12) // 4)
+        dois = [f"10.1234/{i:04d}" + WIDE * wide_in_doi for i in range(count)]
+        room = validation.MAX_ADMIT_BYTES - 16_384 - count * (12 + 4 * wide_in_doi + 12)
+        citation = WIDE * max(1, min(validation.MAX_CITATION_CHARS, room // count // 4))
     elif payload == "wide_text":
-        uri = "s3://theses/" + WIDE * 2000
-        title = WIDE * 500
+        uri_chars = min(validation.MAX_URI_CHARS, getattr(validation, "MAX_URI_BYTES", 4 * validation.MAX_URI_CHARS) // 4)
+        uri = "s3://theses/" + WIDE * (uri_chars - 4)
+        title = WIDE * min(validation.MAX_TITLE_CHARS, getattr(validation, "MAX_TITLE_BYTES", 4 * validation.MAX_TITLE_CHARS) // 4)
     elif payload == "invisible":
         mark = random.Random(label).choice(INVISIBLE)
         which = random.Random(label + "f").choice(("doi", "title", "uri"))

@@ -46,7 +46,7 @@ I4_GRACE = 3 * w.SWEEP_INTERVAL + 3.0
 QUIESCE_TIMEOUT = 45.0
 # docs/security.md, "What one user can store": a job holds at most this much while it keeps
 # its sources, and this much once they are pruned; a ledger entry a few hundred bytes.
-STATED_BYTES_WITH_SOURCES = 1_200_000
+STATED_BYTES_WITH_SOURCES = 2_100_000
 STATED_BYTES_PRUNED = 36_000
 STATED_BYTES_PER_LEDGER_ENTRY = 1_000
 STORAGE_SLACK_BYTES = 4 * 1024 * 1024
