@@ -15,6 +15,8 @@ from typing import Any
 import grpc
 import pytest
 from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
 
 from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2 as callback_pb2
 from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb2
@@ -174,6 +176,81 @@ async def test_a_caller_beyond_its_share_hears_replica_busy_on_both_listeners_wh
         )
         assert overview.overview.window_minutes > 0
         assert not any(task.done() for task in holding)  # the share was held throughout
+    finally:
+        core.slow_seconds = 0
+        await asyncio.gather(*holding, return_exceptions=True)
+
+
+_REFLECTION_INFO = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+
+
+async def _describe(channel: grpc.aio.Channel, token: str) -> reflection_pb2.ServerReflectionResponse:
+    """One reflection request (the contract's largest file, ~60 KB with its comments), sent with its
+    half-close (see test_security's `_list_services` for why not through the bidi stub)."""
+    describe = channel.unary_unary(
+        _REFLECTION_INFO,
+        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+    )
+    request = reflection_pb2.ServerReflectionRequest(file_containing_symbol="acurio.queue.v1.AnalysisQueueService")
+    return await describe(request, timeout=CALL_TIMEOUT_SECONDS, metadata=_as(token))
+
+
+async def test_each_reflection_request_takes_a_turn_of_its_callers_share(services, auth_file) -> None:
+    """Reflection answers tens of KB per 50-byte request: each request is worked on in a unary turn
+    of its caller's share. With the flooding web token's share held by two hung Admits, its
+    reflection request hears UNAVAILABLE REPLICA_BUSY naming the share, as its unary calls do,
+    while another web caller's reflection and calls are answered."""
+    core = await services.core(callback_token=TOKENS["core"])
+    service = await services.start(core, auth_file=auth_file, max_concurrent_calls=MAX_CALLS, core_deadline_seconds=10.0)
+    stubs, user = service.stubs, new_user()
+    grant = credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key=f"grant-{user}")
+    await stubs.credits.GrantCredits(grant, timeout=10, metadata=_as(TOKENS["operator"]))
+    described = await _describe(stubs.channel, FLOODER_TOKEN)
+    assert described.file_descriptor_response.file_descriptor_proto, "reflection answers a caller within its share"
+    core.slow_seconds = 30  # every call to the core hangs: the flooder's Admits hold their turns
+
+    async def admit(key: str) -> queue_pb2.AdmitResponse:
+        return await stubs.queue.Admit(_admit(user, key), timeout=6, metadata=_as(FLOODER_TOKEN))
+
+    holding = [asyncio.create_task(admit(f"hold-{n}")) for n in range(MAX_CALLS // 2)]
+    try:
+        await asyncio.sleep(0.5)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _describe(stubs.channel, FLOODER_TOKEN)
+        code, reason, metadata, _ = error_info(refused.value)
+        assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, "REPLICA_BUSY"), refused.value
+        assert metadata["maxConcurrentCallsPerCaller"] == str(MAX_CALLS // 2)
+        # Another caller's reflection and calls have the replica's other turns.
+        assert (await _describe(stubs.channel, TOKENS["web"])).file_descriptor_response.file_descriptor_proto
+        listed = await stubs.queue.ListJobs(
+            queue_pb2.ListJobsRequest(user_id=user), timeout=CALL_TIMEOUT_SECONDS, metadata=_as(TOKENS["web"])
+        )
+        assert list(listed.jobs) == []
+        assert not any(task.done() for task in holding)  # the share was held throughout
+    finally:
+        core.slow_seconds = 0
+        await asyncio.gather(*holding, return_exceptions=True)
+
+
+async def test_health_is_answered_outside_the_turns(services, auth_file) -> None:
+    """Probes call health without credentials and while every turn is taken: Check is answered."""
+    core = await services.core(callback_token=TOKENS["core"])
+    service = await services.start(core, auth_file=auth_file, max_concurrent_calls=MAX_CALLS, core_deadline_seconds=10.0)
+    stubs, user = service.stubs, new_user()
+    grant = credits_pb2.GrantCreditsRequest(user_id=user, amount=4, idempotency_key=f"grant-{user}")
+    await stubs.credits.GrantCredits(grant, timeout=10, metadata=_as(TOKENS["operator"]))
+    core.slow_seconds = 30
+    tokens = (FLOODER_TOKEN, FLOODER_TOKEN, TOKENS["web"], TOKENS["web"])
+    holding = [
+        asyncio.ensure_future(stubs.queue.Admit(_admit(user, f"hold-{n}"), timeout=6, metadata=_as(token)))
+        for n, token in enumerate(tokens)
+    ]
+    try:
+        await asyncio.sleep(0.5)
+        check = await health_pb2_grpc.HealthStub(stubs.channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
+        assert not any(task.done() for task in holding)  # every turn of the replica was held
     finally:
         core.slow_seconds = 0
         await asyncio.gather(*holding, return_exceptions=True)

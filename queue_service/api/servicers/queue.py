@@ -33,9 +33,6 @@ from queue_service.engine import (
 )
 from queue_service.model import AdmitRequest, Cause, JobStatus, JobView
 
-# The actor (`audit`) of every operator's call, whatever the name: their streams have room reserved.
-_OPERATOR_ACTOR_PREFIX = audit.caller_actor("operator", "")
-
 
 class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
     def __init__(
@@ -167,7 +164,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         if self._draining.is_set():
             raise errors.ShuttingDown("this replica is draining; reconnect to another")
         caller = audit.current_caller() or audit.ANONYMOUS
-        stream = self._hub.subscribe(request.user_id, caller=caller, reserved=caller.startswith(_OPERATOR_ACTOR_PREFIX))
+        stream = self._hub.subscribe(request.user_id, caller=caller)
         drain = asyncio.ensure_future(self._draining.wait())
         getter: asyncio.Future[WatchItem | None] | None = None
         try:
