@@ -29,6 +29,8 @@ from tests.harness import S, error_info, new_user, role_tokens, token_entry, wri
 TOKENS = {"web": "unary-turns-web-token", "operator": "unary-turns-operator-token", "core": "unary-turns-core-token"}
 # A second web caller: the one that floods.
 FLOODER_TOKEN = "unary-turns-flooding-web-token"
+# A second operator, whose reflection floods.
+FLOODING_OPERATOR_TOKEN = "unary-turns-flooding-operator-token"
 MAX_CALLS = 4  # so each caller's share is 2
 # A deadline the callers' calls have: on a replica with no turn for them they hear REPLICA_BUSY
 # after half of it.
@@ -38,7 +40,12 @@ CALL_TIMEOUT_SECONDS = 3.0
 @pytest.fixture(scope="module")
 def auth_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("auth") / "auth.json"
-    write_auth_file(path, *role_tokens(TOKENS), token_entry("flooding-web-caller", "web", FLOODER_TOKEN))
+    write_auth_file(
+        path,
+        *role_tokens(TOKENS),
+        token_entry("flooding-web-caller", "web", FLOODER_TOKEN),
+        token_entry("flooding-operator", "operator", FLOODING_OPERATOR_TOKEN),
+    )
     return str(path)
 
 
@@ -197,36 +204,44 @@ async def _describe(channel: grpc.aio.Channel, token: str) -> reflection_pb2.Ser
 
 
 async def test_each_reflection_request_takes_a_turn_of_its_callers_share(services, auth_file) -> None:
-    """Reflection answers tens of KB per 50-byte request: each request is worked on in a unary turn
-    of its caller's share. With the flooding web token's share held by two hung Admits, its
-    reflection request hears UNAVAILABLE REPLICA_BUSY naming the share, as its unary calls do,
-    while another web caller's reflection and calls are answered."""
+    """Reflection answers tens of KB per 50-byte request: it is the operators', and each request is
+    worked on in a unary turn of its caller's share. With one operator's share held by two
+    RetryJobs waiting for a hung core, its reflection request hears UNAVAILABLE REPLICA_BUSY naming
+    the share, as its unary calls do, while another operator's reflection is answered; a web
+    token's is refused."""
     core = await services.core(callback_token=TOKENS["core"])
     service = await services.start(core, auth_file=auth_file, max_concurrent_calls=MAX_CALLS, core_deadline_seconds=10.0)
     stubs, user = service.stubs, new_user()
-    grant = credits_pb2.GrantCreditsRequest(user_id=user, amount=2, idempotency_key=f"grant-{user}")
-    await stubs.credits.GrantCredits(grant, timeout=10, metadata=_as(TOKENS["operator"]))
-    described = await _describe(stubs.channel, FLOODER_TOKEN)
-    assert described.file_descriptor_response.file_descriptor_proto, "reflection answers a caller within its share"
-    core.slow_seconds = 30  # every call to the core hangs: the flooder's Admits hold their turns
-
-    async def admit(key: str) -> queue_pb2.AdmitResponse:
-        return await stubs.queue.Admit(_admit(user, key), timeout=6, metadata=_as(FLOODER_TOKEN))
-
-    holding = [asyncio.create_task(admit(f"hold-{n}")) for n in range(MAX_CALLS // 2)]
+    flooder, operator = _as(FLOODING_OPERATOR_TOKEN), _as(TOKENS["operator"])
+    grant = credits_pb2.GrantCreditsRequest(user_id=user, amount=4, idempotency_key=f"grant-{user}")
+    await stubs.credits.GrantCredits(grant, timeout=10, metadata=operator)
+    canceled = []
+    for n in range(MAX_CALLS // 2):
+        job = (await stubs.queue.Admit(_admit(user, f"to-cancel-{n}"), timeout=10, metadata=_as(TOKENS["web"]))).job
+        await stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=job.job_id, user_id=user), timeout=10, metadata=operator)
+        canceled.append(job.job_id)
+    assert (await _describe(stubs.channel, FLOODING_OPERATOR_TOKEN)).file_descriptor_response.file_descriptor_proto
+    with pytest.raises(grpc.aio.AioRpcError) as web_refused:
+        await _describe(stubs.channel, TOKENS["web"])
+    assert error_info(web_refused.value)[:2] == (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
+    core.slow_seconds = 30  # every call to the core hangs: the flooding operator's retries hold their turns
+    retries = op_grpc.OperatorServiceStub(stubs.channel)
+    holding = [
+        asyncio.ensure_future(retries.RetryJob(op_pb2.RetryJobRequest(job_id=job_id), timeout=6, metadata=flooder)) for job_id in canceled
+    ]
     try:
         await asyncio.sleep(0.5)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await _describe(stubs.channel, FLOODER_TOKEN)
+            await _describe(stubs.channel, FLOODING_OPERATOR_TOKEN)
         code, reason, metadata, _ = error_info(refused.value)
         assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, "REPLICA_BUSY"), refused.value
         assert metadata["maxConcurrentCallsPerCaller"] == str(MAX_CALLS // 2)
-        # Another caller's reflection and calls have the replica's other turns.
-        assert (await _describe(stubs.channel, TOKENS["web"])).file_descriptor_response.file_descriptor_proto
+        # Another operator's reflection and a web caller's calls have the replica's other turns.
+        assert (await _describe(stubs.channel, TOKENS["operator"])).file_descriptor_response.file_descriptor_proto
         listed = await stubs.queue.ListJobs(
             queue_pb2.ListJobsRequest(user_id=user), timeout=CALL_TIMEOUT_SECONDS, metadata=_as(TOKENS["web"])
         )
-        assert list(listed.jobs) == []
+        assert len(listed.jobs) == len(canceled)
         assert not any(task.done() for task in holding)  # the share was held throughout
     finally:
         core.slow_seconds = 0
