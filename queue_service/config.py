@@ -464,7 +464,18 @@ class Config:
         int_between(1, 100_000),
         "open WatchJobs streams per caller, user and replica (each caller's own: another caller's streams never lock an operator out of a user); operators may open this many beyond `QUEUE_MAX_STREAMS`",
     )
-    max_streams: int = setting("QUEUE_MAX_STREAMS", "2000", int_between(1, 1_000_000), "open WatchJobs streams per replica")
+    max_streams: int = setting(
+        "QUEUE_MAX_STREAMS",
+        "2000",
+        int_between(1, 1_000_000),
+        "open streams per replica (WatchJobs, WatchOverview and server reflection, on both listeners together; `Health.Watch` has its own bound); more are refused with `RESOURCE_EXHAUSTED` `TOO_MANY_STREAMS`; operators may open `QUEUE_MAX_STREAMS_PER_USER` beyond it",
+    )
+    max_streams_per_caller: int = setting(
+        "QUEUE_MAX_STREAMS_PER_CALLER",
+        "0",
+        int_between(0, 1_000_000),
+        "of `QUEUE_MAX_STREAMS`, the streams one caller may have open at once, on both listeners together (a caller as for `QUEUE_MAX_CONCURRENT_CALLS_PER_CALLER`; with authentication off only `QUEUE_MAX_STREAMS` applies); more are refused with `RESOURCE_EXHAUSTED` `TOO_MANY_STREAMS` (`maxStreamsPerCaller`), so one web token leaves the rest of the streams to the other callers; `0`: half of `QUEUE_MAX_STREAMS` (at least 1). Raise it (with `QUEUE_MAX_STREAMS`) when one web backend serves more open pages per replica ([security.md](security.md))",
+    )
     watch_backlog_bytes: int = setting(
         "QUEUE_WATCH_BACKLOG_BYTES",
         "65536",
@@ -596,6 +607,11 @@ class Config:
     def unary_calls_per_caller(self) -> int:
         """QUEUE_MAX_CONCURRENT_CALLS_PER_CALLER, its `0` read as half of the replica's cap."""
         return self.max_concurrent_calls_per_caller or max(1, self.max_concurrent_calls // 2)
+
+    @property
+    def streams_per_caller(self) -> int:
+        """QUEUE_MAX_STREAMS_PER_CALLER, its `0` read as half of the replica's streams."""
+        return self.max_streams_per_caller or max(1, self.max_streams // 2)
 
     @property
     def listens_on_loopback(self) -> bool:

@@ -48,7 +48,7 @@ from queue_service.api.servicers import reflection as commented_reflection
 from queue_service.api.servicers.callbacks import CoreCallbackServicer
 from queue_service.api.servicers.credits import CreditsServicer
 from queue_service.api.servicers.health_service import HealthService
-from queue_service.api.servicers.operator import OperatorServicer
+from queue_service.api.servicers.operator import MAX_OVERVIEW_STREAMS, MAX_OVERVIEW_STREAMS_PER_CALLER, OperatorServicer
 from queue_service.api.servicers.queue import AnalysisQueueServicer
 from queue_service.background import cancel_and_wait
 from queue_service.config import Config
@@ -191,7 +191,6 @@ class QueueApp:
             self.store,
             self.reads,
             on_pending=self._on_unclaimed_pending,
-            max_streams=config.max_streams,
             max_streams_per_user=config.max_streams_per_user,
             backlog_bytes=config.watch_backlog_bytes,
             reconnect_max_seconds=config.db_reconnect_max_seconds,
@@ -248,7 +247,15 @@ class QueueApp:
         check_request = assertions.check if assertions else None
         self.health = HealthService(max_watches=config.max_health_watches)
         self.gate = CallGate(
-            max_unary=config.max_concurrent_calls, max_wait=config.pool_timeout_seconds, max_unary_per_caller=config.unary_calls_per_caller
+            max_unary=config.max_concurrent_calls,
+            max_wait=config.pool_timeout_seconds,
+            max_unary_per_caller=config.unary_calls_per_caller,
+            max_streams=config.max_streams,
+            max_streams_per_caller=config.streams_per_caller,
+            # The console still watches a user's queue when other callers fill the replica.
+            operator_streams_reserved=config.max_streams_per_user,
+            max_overview_streams=MAX_OVERVIEW_STREAMS,
+            max_overview_streams_per_caller=MAX_OVERVIEW_STREAMS_PER_CALLER,
         )
         # The one road into the servicers, for gRPC and the browser endpoint alike.
         road = CallRoad(authorizer.authorize if authorizer else None, self.gate, check_request)
@@ -426,8 +433,6 @@ class QueueApp:
     def _replica_report(self) -> ReplicaReport:
         """What this replica's heartbeat reports now."""
         tally = self.core.tally
-        operator = self.servicers["OperatorService"]
-        assert isinstance(operator, OperatorServicer)
         return ReplicaReport(
             replica_id=self.replica_id,
             host=socket.gethostname(),
@@ -435,7 +440,7 @@ class QueueApp:
             draining=self.gate.draining.is_set(),
             calls_in_flight=self.gate.in_flight,
             watch_streams=self.hub.open_streams,
-            overview_streams=operator.open_overview_streams,
+            overview_streams=self.gate.overview.held,
             core_answered=tally.answered,
             core_refused=tally.refused,
             core_unknown=tally.unknown,

@@ -139,6 +139,11 @@ class _Instruments:
         return observations
 
     admits = _counter("queue.admits", "{admit}", "Admit calls by outcome and reason")
+    admit_key_waits = _counter(
+        "queue.admit.key_waits",
+        "{admit}",
+        "Admits that found their idempotency key reserved by a concurrent admit of it and waited for its outcome instead of calling the core",
+    )
     retries = _counter(
         "queue.retries",
         "{retry}",

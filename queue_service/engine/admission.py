@@ -16,7 +16,7 @@ import hashlib
 import logging
 import uuid
 
-from queue_service import deadline, errors
+from queue_service import deadline, errors, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.engine.capacity import FleetCapacity
@@ -37,6 +37,12 @@ from queue_service.model import (
 from queue_service.store import Store
 
 log = logging.getLogger(__name__)
+
+# How often an admit that found its key reserved by a concurrent admit reads again whether that
+# admit's outcome is in: soon at first (a CreateRun and the locked admit take tens of
+# milliseconds), then less often, within half of the caller's deadline.
+_KEY_POLL_FIRST_SECONDS = 0.02
+_KEY_POLL_MAX_SECONDS = 0.25
 
 
 def request_digest(payload: bytes) -> bytes:
@@ -126,25 +132,52 @@ class Admission:
     ) -> tuple[AdmitState, AdmitResult | None]:
         """Reserves the run and reads the admit's state in one statement, then checks the state:
         raises the admit's errors (the reservation dropped in the background), or returns the
-        earlier job of a repeated key."""
-        async with self._store.statements() as db:
-            # The reservation travels with the state read: no extra round trip.
-            reserved, state = await db.reserve_run_and_read_admit_state(
-                run_id=run_id,
-                user_id=item.user_id,
-                idempotency_key=item.idempotency_key,
-                delta_of_job_id=item.delta_of_job_id,
-                grace_seconds=self.reservation_grace_seconds,
-                max_free_admits=self.config.max_free_admits_per_user_per_hour,
-            )
+        earlier job of a repeated key. While another admit of the key is under way (it holds the
+        key's live reservation and alone calls the core), waits for its outcome (`_await_key`)."""
+        waited = False
+        poll = _KEY_POLL_FIRST_SECONDS
+        wait_until = asyncio.get_running_loop().time() + deadline.bound(self.reservation_grace_seconds, share=0.5)
+        while True:
+            async with self._store.statements() as db:
+                # The reservation travels with the state read: no extra round trip.
+                reserved, state = await db.reserve_run_and_read_admit_state(
+                    run_id=run_id,
+                    user_id=item.user_id,
+                    idempotency_key=item.idempotency_key,
+                    delta_of_job_id=item.delta_of_job_id,
+                    grace_seconds=self.reservation_grace_seconds,
+                    max_free_admits=self.config.max_free_admits_per_user_per_hour,
+                )
+                if reserved and waited:
+                    # The key came free while this admit waited: read again, in a snapshot taken
+                    # after the reservation, whether it came free because its admit committed.
+                    state = await db.admit_state(
+                        user_id=item.user_id,
+                        idempotency_key=item.idempotency_key,
+                        delta_of_job_id=item.delta_of_job_id,
+                        max_free_admits=self.config.max_free_admits_per_user_per_hour,
+                    )
+            if reserved or state.existing_job_id is not None:
+                break
+            # Another admit of this key holds its live reservation: it alone creates the run at the
+            # core; its outcome (the job, or the key given up) is read again shortly.
+            if not waited:
+                waited = True
+                telemetry.metrics.admit_key_waits.add(1)
+            left = wait_until - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise errors.Conflict("a concurrent admit with this idempotency key is still under way; retry with the same key")
+            await asyncio.sleep(min(poll, left))
+            poll = min(poll * 2, _KEY_POLL_MAX_SECONDS)
         try:
             duplicate = self._check_admit_state(state, item, price, is_delta)
-            if duplicate is None and not reserved:
-                raise errors.Conflict("a concurrent admit with this idempotency key won; retry with the same key")
         except errors.QueueError:
             if reserved:
                 self._tasks.in_background(self._drop_reservation(run_id), name=f"drop-reservation-{run_id}")
             raise
+        if duplicate is not None and reserved:
+            # Its job committed as the key came free: this reservation is a spare, never created.
+            self._tasks.in_background(self._drop_reservation(run_id), name=f"drop-reservation-{run_id}")
         return state, duplicate
 
     async def _create_held_run(

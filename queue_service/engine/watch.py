@@ -89,7 +89,6 @@ class NotificationHub:
         reads: JobReads,
         *,
         on_pending: Callable[[], None],
-        max_streams: int,
         max_streams_per_user: int,
         backlog_bytes: int,
         reconnect_max_seconds: float = 5.0,
@@ -97,7 +96,6 @@ class NotificationHub:
         self._store = store
         self._reads = reads
         self._backlog_bytes = backlog_bytes
-        self._max_streams = max_streams
         self._max_streams_per_user = max_streams_per_user
         self._streams: dict[str, set[WatchStream]] = defaultdict(set)
         self._stream_count = 0
@@ -143,16 +141,11 @@ class NotificationHub:
         await cancel_and_wait(self._runner)
         self._resync_all()
 
-    def subscribe(self, user_id: str, *, caller: str = "", reserved: bool = False) -> WatchStream:
-        """A stream of `user_id`'s jobs for `caller` (who the call's credentials name). A
-        `reserved` caller (an operator) may open QUEUE_MAX_STREAMS_PER_USER streams beyond the
-        replica's cap, so the console still watches a user's queue when other callers fill it."""
-        limit = self._max_streams + (self._max_streams_per_user if reserved else 0)
-        if self._stream_count >= limit:
-            raise errors.TooManyStreams(
-                f"this replica has {self._stream_count} open WatchJobs streams (the maximum); retry later",
-                metadata={"maxStreams": str(self._max_streams)},
-            )
+    def subscribe(self, user_id: str, *, caller: str = "") -> WatchStream:
+        """A stream of `user_id`'s jobs for `caller` (who the call's credentials name). The replica's
+        streams and each caller's share of them are the call gate's (`api/road/gate.py`); what is
+        counted here is what only the hub knows: a caller's streams of one user, so one user's
+        tabs never take her web backend's whole share."""
         if self._per_caller[(caller, user_id)] >= self._max_streams_per_user:
             raise errors.TooManyStreams(
                 f"this caller has {self._max_streams_per_user} open WatchJobs streams of this user (the maximum); close one",

@@ -232,6 +232,63 @@ async def test_same_key_same_payload_returns_the_same_job_and_charges_once(servi
     assert _live_orphan_held_runs(service, database_url) == []
 
 
+async def test_concurrent_repeats_of_one_admit_make_one_run_at_the_core(service, database_url: str) -> None:
+    """Only the admit whose reservation holds the key calls CreateRun (with its ~0.9 MB of sources);
+    the repeats wait for its outcome and answer its job, three rounds of eight."""
+    stubs = service.stubs
+    user = new_user()
+    await stubs.grant(user, 5)
+    # 900 sources of ~1 KB: what each repeat used to send to the core in full.
+    sources = [job_pb2.Source(doi=f"10.1234/{i:04d}", citation=f"Cited {i}: " + "x" * 1000) for i in range(900)]
+
+    def admit(key: str) -> queue_pb2.AdmitRequest:
+        return queue_pb2.AdmitRequest(
+            user_id=user, idempotency_key=key, document=job_pb2.Document(uri="s3://theses/t.pdf"), sources=sources
+        )
+
+    service.core.slow_seconds = 0.2  # the first admit's CreateRun takes a while: the repeats arrive meanwhile
+    try:
+        for round_ in range(3):
+            answers = await asyncio.gather(*[stubs.queue.Admit(admit(f"the-click-{round_}"), timeout=30) for _ in range(8)])
+            assert len({a.job.job_id for a in answers}) == 1
+    finally:
+        service.core.slow_seconds = 0
+    creates = [run for run in service.core.runs.values() if run.user_id == user]
+    assert len(creates) == 3, f"{len(creates)} runs created at the core for 3 admits (the repeats made {len(creates) - 3})"
+    assert await stubs.balance(user) == 2
+    assert _rows_for(database_url, user) == (3, 3)
+
+
+async def test_a_repeat_whose_first_admit_vanished_answers_before_its_deadline_and_admits_once_the_key_is_free(
+    service, database_url: str
+) -> None:
+    """A live reservation of the key whose admit is gone (its replica died mid-CreateRun) keeps a
+    repeat waiting no longer than half its deadline: it hears ABORTED CONFLICT (retry with the same
+    key). Once the sweeper claims that reservation for its cancel, the key is free and the repeat
+    is admitted with a run of its own."""
+    stubs = service.stubs
+    user = new_user()
+    await stubs.grant(user, 1)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO run_reservations (run_id, user_id, cancel_after, idempotency_key) "
+            "VALUES (%s, %s, clock_timestamp() + interval '1 hour', 'the-click')",
+            (uuid.uuid4(), user),
+        )
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(grpc.aio.AioRpcError) as waited:
+        await stubs.admit(user, "the-click", timeout=4)
+    took = asyncio.get_running_loop().time() - started
+    assert (error_info(waited.value)[:2]) == (grpc.StatusCode.ABORTED, "CONFLICT"), waited.value
+    assert 1.0 < took < 3.5, f"answered after {took:.2f} s of a 4 s deadline"
+    assert [run for run in service.core.runs.values() if run.user_id == user] == []
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("UPDATE run_reservations SET canceling = true WHERE user_id = %s", (user,))
+    job = await stubs.admit(user, "the-click")
+    assert job.status in (S.JOB_STATUS_PENDING, S.JOB_STATUS_RUNNING)
+    assert await stubs.balance(user) == 0
+
+
 async def test_grants_are_idempotent_by_key_and_refuse_a_reused_key(service) -> None:
     stubs = service.stubs
     user = new_user()

@@ -195,11 +195,13 @@ async def test_each_role_may_call_its_methods_and_is_refused_the_others(tls_serv
             1
         ] == "PERMISSION_DENIED"
 
-        # Health is open; reflection needs any authenticated caller.
+        # Health is open; reflection is the operators' (a 50-byte request answers ~60 KB).
         health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
         assert await _list_services(channel) == grpc.StatusCode.UNAUTHENTICATED
-        assert "acurio.queue.v1.AnalysisQueueService" in await _list_services(channel, _token("web"))
+        assert await _list_services(channel, _token("web")) == grpc.StatusCode.PERMISSION_DENIED
+        assert await _list_services(channel, _token("core")) == grpc.StatusCode.PERMISSION_DENIED
+        assert "acurio.queue.v1.AnalysisQueueService" in await _list_services(channel, _token("operator"))
 
 
 _REFLECTION_INFO = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"

@@ -17,7 +17,7 @@ from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.api.servicers.operator import MAX_OVERVIEW_STREAMS_PER_CALLER
-from tests.harness import error_info, new_user
+from tests.harness import error_info, eventually, new_user
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -105,11 +105,16 @@ _TOKENS = {"web-a": "web-a-token", "web-b": "web-b-token", "alice": "alice-token
 
 
 @pytest.fixture
-async def callers_service(services, tmp_path):  # type: ignore[no-untyped-def]
+def callers_auth_file(tmp_path) -> str:  # type: ignore[no-untyped-def]
     roles = {"web-a": "web", "web-b": "web", "alice": "operator", "bob": "operator"}
     entries = [{"name": name, "role": roles[name], "sha256": hashlib.sha256(token.encode()).hexdigest()} for name, token in _TOKENS.items()]
     (tmp_path / "auth.json").write_text(json.dumps({"tokens": entries}))
-    return await services.start(auth_file=str(tmp_path / "auth.json"), max_streams_per_user=2, max_streams=3)
+    return str(tmp_path / "auth.json")
+
+
+@pytest.fixture
+async def callers_service(services, callers_auth_file):  # type: ignore[no-untyped-def]
+    return await services.start(auth_file=callers_auth_file, max_streams_per_user=2, max_streams=3, max_streams_per_caller=3)
 
 
 def _as(name: str) -> tuple[tuple[str, str], ...]:
@@ -146,8 +151,47 @@ async def test_one_callers_watch_jobs_streams_never_lock_an_operator_out_of_a_us
             call.cancel()
 
 
-async def test_watch_overview_streams_are_capped_per_caller(callers_service) -> None:  # type: ignore[no-untyped-def]
-    operator = op_grpc.OperatorServiceStub(callers_service.stubs.channel)
+async def test_one_caller_opens_at_most_its_share_of_the_replicas_streams_and_another_still_opens_its_own(
+    services, callers_auth_file
+) -> None:  # type: ignore[no-untyped-def]
+    """One web token naming many users used to open every WatchJobs stream of the replica: now it
+    opens its share (half of QUEUE_MAX_STREAMS by default), whatever users it names, and the second
+    web backend still opens its own; a WatchOverview is a stream of its caller's share too."""
+    service = await services.start(auth_file=callers_auth_file, max_streams=8)
+    queue = service.stubs.queue
+    operator = op_grpc.OperatorServiceStub(service.stubs.channel)
+    watch = lambda caller: queue.WatchJobs(queue_pb2.WatchJobsRequest(user_id=new_user()), metadata=_as(caller), timeout=60)  # noqa: E731
+    opened = [watch("web-a") for _ in range(4)]
+    try:
+        assert [await _opens(call) for call in opened] == [(grpc.StatusCode.OK, "")] * 4
+        refused = watch("web-a")
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await asyncio.wait_for(refused.read(), 10)
+        code, reason, metadata, _ = error_info(raised.value)
+        assert (code, reason, metadata.get("maxStreamsPerCaller")) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_STREAMS", "4")
+        # The second web backend has its own share of the replica's streams.
+        opened += [watch("web-b") for _ in range(3)]
+        assert [await _opens(call) for call in opened[4:]] == [(grpc.StatusCode.OK, "")] * 3
+        # An operator's WatchOverview is a stream of the replica's too: the eighth and last.
+        opened.append(operator.WatchOverview(op_pb2.WatchOverviewRequest(interval_ms=60_000), metadata=_as("alice"), timeout=60))
+        assert await _opens(opened[-1]) == (grpc.StatusCode.OK, "")
+        assert await _opens(watch("web-b")) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_STREAMS")
+        # A closed stream gives its place back to its caller.
+        opened[0].cancel()
+
+        async def reopens() -> bool:
+            opened.append(watch("web-a"))
+            return await _opens(opened[-1]) == (grpc.StatusCode.OK, "")
+
+        await eventually(reopens, timeout=10, what="web-a's closed stream to give its place back")
+    finally:
+        for call in opened:
+            call.cancel()
+
+
+async def test_watch_overview_streams_are_capped_per_caller(services, callers_auth_file) -> None:  # type: ignore[no-untyped-def]
+    service = await services.start(auth_file=callers_auth_file)
+    operator = op_grpc.OperatorServiceStub(service.stubs.channel)
     watch = lambda caller: operator.WatchOverview(op_pb2.WatchOverviewRequest(interval_ms=60_000), metadata=_as(caller), timeout=60)  # noqa: E731
     opened = [watch("alice") for _ in range(MAX_OVERVIEW_STREAMS_PER_CALLER)]
     try:

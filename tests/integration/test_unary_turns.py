@@ -15,6 +15,8 @@ from typing import Any
 import grpc
 import pytest
 from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
 
 from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2 as callback_pb2
 from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb2
@@ -27,6 +29,8 @@ from tests.harness import S, error_info, new_user, role_tokens, token_entry, wri
 TOKENS = {"web": "unary-turns-web-token", "operator": "unary-turns-operator-token", "core": "unary-turns-core-token"}
 # A second web caller: the one that floods.
 FLOODER_TOKEN = "unary-turns-flooding-web-token"
+# A second operator, whose reflection floods.
+FLOODING_OPERATOR_TOKEN = "unary-turns-flooding-operator-token"
 MAX_CALLS = 4  # so each caller's share is 2
 # A deadline the callers' calls have: on a replica with no turn for them they hear REPLICA_BUSY
 # after half of it.
@@ -36,7 +40,12 @@ CALL_TIMEOUT_SECONDS = 3.0
 @pytest.fixture(scope="module")
 def auth_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("auth") / "auth.json"
-    write_auth_file(path, *role_tokens(TOKENS), token_entry("flooding-web-caller", "web", FLOODER_TOKEN))
+    write_auth_file(
+        path,
+        *role_tokens(TOKENS),
+        token_entry("flooding-web-caller", "web", FLOODER_TOKEN),
+        token_entry("flooding-operator", "operator", FLOODING_OPERATOR_TOKEN),
+    )
     return str(path)
 
 
@@ -174,6 +183,89 @@ async def test_a_caller_beyond_its_share_hears_replica_busy_on_both_listeners_wh
         )
         assert overview.overview.window_minutes > 0
         assert not any(task.done() for task in holding)  # the share was held throughout
+    finally:
+        core.slow_seconds = 0
+        await asyncio.gather(*holding, return_exceptions=True)
+
+
+_REFLECTION_INFO = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+
+
+async def _describe(channel: grpc.aio.Channel, token: str) -> reflection_pb2.ServerReflectionResponse:
+    """One reflection request (the contract's largest file, ~60 KB with its comments), sent with its
+    half-close (see test_security's `_list_services` for why not through the bidi stub)."""
+    describe = channel.unary_unary(
+        _REFLECTION_INFO,
+        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+    )
+    request = reflection_pb2.ServerReflectionRequest(file_containing_symbol="acurio.queue.v1.AnalysisQueueService")
+    return await describe(request, timeout=CALL_TIMEOUT_SECONDS, metadata=_as(token))
+
+
+async def test_each_reflection_request_takes_a_turn_of_its_callers_share(services, auth_file) -> None:
+    """Reflection answers tens of KB per 50-byte request: it is the operators', and each request is
+    worked on in a unary turn of its caller's share. With one operator's share held by two
+    RetryJobs waiting for a hung core, its reflection request hears UNAVAILABLE REPLICA_BUSY naming
+    the share, as its unary calls do, while another operator's reflection is answered; a web
+    token's is refused."""
+    core = await services.core(callback_token=TOKENS["core"])
+    service = await services.start(core, auth_file=auth_file, max_concurrent_calls=MAX_CALLS, core_deadline_seconds=10.0)
+    stubs, user = service.stubs, new_user()
+    flooder, operator = _as(FLOODING_OPERATOR_TOKEN), _as(TOKENS["operator"])
+    grant = credits_pb2.GrantCreditsRequest(user_id=user, amount=4, idempotency_key=f"grant-{user}")
+    await stubs.credits.GrantCredits(grant, timeout=10, metadata=operator)
+    canceled = []
+    for n in range(MAX_CALLS // 2):
+        job = (await stubs.queue.Admit(_admit(user, f"to-cancel-{n}"), timeout=10, metadata=_as(TOKENS["web"]))).job
+        await stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=job.job_id, user_id=user), timeout=10, metadata=operator)
+        canceled.append(job.job_id)
+    assert (await _describe(stubs.channel, FLOODING_OPERATOR_TOKEN)).file_descriptor_response.file_descriptor_proto
+    with pytest.raises(grpc.aio.AioRpcError) as web_refused:
+        await _describe(stubs.channel, TOKENS["web"])
+    assert error_info(web_refused.value)[:2] == (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
+    core.slow_seconds = 30  # every call to the core hangs: the flooding operator's retries hold their turns
+    retries = op_grpc.OperatorServiceStub(stubs.channel)
+    holding = [
+        asyncio.ensure_future(retries.RetryJob(op_pb2.RetryJobRequest(job_id=job_id), timeout=6, metadata=flooder)) for job_id in canceled
+    ]
+    try:
+        await asyncio.sleep(0.5)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _describe(stubs.channel, FLOODING_OPERATOR_TOKEN)
+        code, reason, metadata, _ = error_info(refused.value)
+        assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, "REPLICA_BUSY"), refused.value
+        assert metadata["maxConcurrentCallsPerCaller"] == str(MAX_CALLS // 2)
+        # Another operator's reflection and a web caller's calls have the replica's other turns.
+        assert (await _describe(stubs.channel, TOKENS["operator"])).file_descriptor_response.file_descriptor_proto
+        listed = await stubs.queue.ListJobs(
+            queue_pb2.ListJobsRequest(user_id=user), timeout=CALL_TIMEOUT_SECONDS, metadata=_as(TOKENS["web"])
+        )
+        assert len(listed.jobs) == len(canceled)
+        assert not any(task.done() for task in holding)  # the share was held throughout
+    finally:
+        core.slow_seconds = 0
+        await asyncio.gather(*holding, return_exceptions=True)
+
+
+async def test_health_is_answered_outside_the_turns(services, auth_file) -> None:
+    """Probes call health without credentials and while every turn is taken: Check is answered."""
+    core = await services.core(callback_token=TOKENS["core"])
+    service = await services.start(core, auth_file=auth_file, max_concurrent_calls=MAX_CALLS, core_deadline_seconds=10.0)
+    stubs, user = service.stubs, new_user()
+    grant = credits_pb2.GrantCreditsRequest(user_id=user, amount=4, idempotency_key=f"grant-{user}")
+    await stubs.credits.GrantCredits(grant, timeout=10, metadata=_as(TOKENS["operator"]))
+    core.slow_seconds = 30
+    tokens = (FLOODER_TOKEN, FLOODER_TOKEN, TOKENS["web"], TOKENS["web"])
+    holding = [
+        asyncio.ensure_future(stubs.queue.Admit(_admit(user, f"hold-{n}"), timeout=6, metadata=_as(token)))
+        for n, token in enumerate(tokens)
+    ]
+    try:
+        await asyncio.sleep(0.5)
+        check = await health_pb2_grpc.HealthStub(stubs.channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
+        assert not any(task.done() for task in holding)  # every turn of the replica was held
     finally:
         core.slow_seconds = 0
         await asyncio.gather(*holding, return_exceptions=True)

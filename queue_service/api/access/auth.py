@@ -3,7 +3,7 @@
 Roles follow the callers we have: the web backend (`web`) uses AnalysisQueueService, the core
 (`core`) only CoreCallbackService, operators (`operator`) CreditsService, OperatorService, the
 tooling RPCs (Promote, Release), the read RPCs and CancelJob (the console cancels any user's job). Health stays open to everyone (load balancers and
-probes); reflection needs any authenticated caller when authentication is on.
+probes); reflection is for operators when authentication is on.
 
 The auth file (QUEUE_AUTH_FILE) is JSON; tokens are stored as SHA-256 hex digests, never in
 clear:
@@ -62,7 +62,10 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
     ),
 }
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
-_ANY_CALLER_PREFIXES = ("/grpc.reflection.",)
+# Server reflection answers tens of KB of descriptors per 50-byte request: one web token's
+# reflection streams slowed every other caller's calls several times over (docs/security.md,
+# section 5), and only on-call tooling needs it (the web backend builds from protos/).
+_OPERATOR_PREFIXES = ("/grpc.reflection.",)
 # The auth-context properties gRPC fills from a verified client certificate's subject
 # alternative names: DNS names and URIs. Not `x509_subject_alternative_name` (every SAN type
 # mixed, IP addresses and e-mail addresses included) and never `x509_common_name`.
@@ -145,7 +148,7 @@ class Authorizer:
                 "no valid credentials: send `authorization: Bearer <token>` or a client certificate",
                 metadata={"method": method},
             )
-        if method.startswith(_ANY_CALLER_PREFIXES) or method in ROLE_METHODS[caller.role]:
+        if method in ROLE_METHODS[caller.role] or (caller.role == "operator" and method.startswith(_OPERATOR_PREFIXES)):
             audit.identify(audit.caller_actor(caller.role, caller.name))
             return
         raise errors.PermissionDenied(

@@ -1,8 +1,8 @@
 """The gRPC listener's adapter to the road every call takes (`road`): it reads the caller's
 credentials and deadline from the grpc.aio context and answers refusals with `abort_with_status`.
 grpcio has read a request message before the handler runs, so the call takes its turn at the gate
-at once. (A client-streaming method would read its requests inside its turn; the contract has
-none.)"""
+at once. A bidirectional stream (server reflection; the contract has none) takes a stream's turn
+and then a unary turn for each request it reads."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler.stream_unary is not None:
             return _with_behavior(handler, stream_unary=self._wrap_unary(handler.stream_unary, method))
         if handler.stream_stream is not None:
-            return _with_behavior(handler, stream_stream=self._wrap_stream(handler.stream_stream, method))
+            return _with_behavior(handler, stream_stream=self._wrap_stream(handler.stream_stream, method, requests_streamed=True))
         return handler
 
     # grpc.aio's behaviors are coroutines and async generators, but the stubs type a handler's
@@ -91,7 +91,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
         return wrapped
 
-    def _wrap_stream(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    def _wrap_stream(self, behavior: Callable[..., Any], method: str, *, requests_streamed: bool = False) -> Callable[..., Any]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             with aborts_stay_inside():
                 async with (
@@ -99,6 +99,18 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                     self._road.turn(method, context.peer(), unary=False),
                 ):
                     self._road.check(method, request, context)
+                    if requests_streamed:
+                        # Each request (server reflection's) is worked on in a unary turn, given
+                        # back as its answer goes out: the stream's turn bounds only how many
+                        # such streams a caller holds, not how much work they ask for.
+                        requests = self._road.each_in_a_turn(request, context.peer())
+                        try:
+                            async for message in self._road.while_authorized(method, request, context, behavior(requests, context)):
+                                requests.answered()
+                                yield message
+                        finally:
+                            requests.answered()
+                        return
                     async for message in self._road.while_authorized(method, request, context, behavior(request, context)):
                         yield message
 

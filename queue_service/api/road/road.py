@@ -12,8 +12,9 @@ in this order:
    valid token neither waits for nor takes a slot of those who have one (and, on the browser
    endpoint, is refused before its body is read);
 4. the gate (`gate`), entered with `turn` once the request has been read (gRPC reads it before
-   the handler runs; the browser endpoint after step 3): the drain, the cap on concurrent unary
-   calls and the caller's share of them. A request whose body is slow to arrive takes no slot
+   the handler runs; the browser endpoint after step 3): the drain, the replica's turns and the
+   caller's share of them (unary calls, streams, WatchOverview streams; each request of a
+   bidirectional stream, server reflection's, in a unary turn of its own: `each_in_a_turn`). A request whose body is slow to arrive takes no slot
    while it arrives, and one caller cannot take every slot: its share is keyed by the caller
    authorization identified (`<role>:<name>`; with authentication off only the replica's cap applies);
 5. the checks that need the request message (`check`: the per-user assertions);
@@ -37,7 +38,7 @@ from queue_service import audit, deadline
 from queue_service.api.access.auth import CallCredentialsSource
 from queue_service.api.access.stream_credentials import while_authorized
 from queue_service.api.road.call_spans import record_outcome
-from queue_service.api.road.gate import CallGate
+from queue_service.api.road.gate import CallGate, EachInATurn
 from queue_service.api.road.status import code_for, internal_status_proto, status_proto_for
 from queue_service.errors import QueueError
 
@@ -113,6 +114,11 @@ class CallRoad:
         for the block; `peer` names the caller's connection, its key when no caller was identified."""
         return _Turn(self._gate, method, peer, unary)
 
+    def each_in_a_turn(self, requests: AsyncIterator[_Message], peer: str) -> EachInATurn[_Message]:
+        """A bidirectional stream's requests (server reflection's), each worked on in a unary turn of
+        its caller's share (`CallGate.each_in_a_turn`); call inside `turn`."""
+        return self._gate.each_in_a_turn(requests, _gate_key(peer))
+
     def check(self, method: str, request: Any, credentials: CallCredentialsSource) -> None:
         """The checks that need the request message; call inside `call`, before the handler."""
         if self._check_request is not None:
@@ -137,18 +143,17 @@ class CallRoad:
 class _Turn:
     """`CallRoad.turn`'s block: a class, not a generator, as every call enters one."""
 
-    __slots__ = ("_gate", "_method", "_peer", "_unary", "_caller", "_entered")
+    __slots__ = ("_gate", "_method", "_peer", "_unary", "_turn")
 
     def __init__(self, gate: CallGate, method: str, peer: str, unary: bool) -> None:
         self._gate, self._method, self._peer, self._unary = gate, method, peer, unary
 
     async def __aenter__(self) -> None:
-        self._caller = _gate_key(self._peer)
-        self._entered = await self._gate.enter(self._method, unary=self._unary, caller=self._caller)
+        self._turn = await self._gate.enter(self._method, unary=self._unary, caller=_gate_key(self._peer))
 
     async def __aexit__(self, *exc_info: object) -> None:
-        if self._entered:
-            self._gate.exit(unary=self._unary, caller=self._caller)
+        if self._turn is not None:
+            self._turn.leave()
 
 
 def _gate_key(peer: str) -> str:

@@ -13,14 +13,13 @@ job canceled, refunded and its user's next job promoted); the live overview is
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 
 import grpc
 
-from queue_service import audit, errors
+from queue_service import errors
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as pb
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as pb_grpc
 from queue_service.api.servicers import page_tokens, validation
@@ -46,7 +45,8 @@ _MAX_WINDOW_MINUTES = 1440
 _DEFAULT_INTERVAL_MS = 1000
 _MIN_INTERVAL_MS, _MAX_INTERVAL_MS = 250, 60_000
 # Open WatchOverview streams: each reads the overview every interval, so they are few (the
-# consoles of the on-call team): per replica, and per caller so one cannot take them all.
+# consoles of the on-call team): per replica, and per caller so one cannot take them all (the
+# call gate's `overview` turns, besides every stream's `streams` turn).
 MAX_OVERVIEW_STREAMS = 64
 MAX_OVERVIEW_STREAMS_PER_CALLER = 8
 # A bulk cancel counts and cancels at most this many jobs per call.
@@ -63,12 +63,6 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         self._reads = reads
         self._draining = draining
         self._credits = credits
-        self._overview_streams: collections.Counter[str] = collections.Counter()
-
-    @property
-    def open_overview_streams(self) -> int:
-        """WatchOverview streams open on this replica now (the replica's heartbeat reports it)."""
-        return sum(self._overview_streams.values())
 
     async def ListReplicas(
         self, request: pb.ListReplicasRequest, context: grpc.aio.ServicerContext[pb.ListReplicasRequest, pb.ListReplicasResponse]
@@ -101,25 +95,10 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         v.raise_if_any()
         if self._draining.is_set():
             raise errors.ShuttingDown("this replica is draining; reconnect to another")
-        caller = audit.current_caller() or audit.ANONYMOUS
-        if sum(self._overview_streams.values()) >= MAX_OVERVIEW_STREAMS:
-            raise errors.TooManyStreams(
-                f"this replica has {MAX_OVERVIEW_STREAMS} open WatchOverview streams (the maximum); retry later",
-                metadata={"maxOverviewStreams": str(MAX_OVERVIEW_STREAMS)},
-            )
-        if self._overview_streams[caller] >= MAX_OVERVIEW_STREAMS_PER_CALLER:
-            raise errors.TooManyStreams(
-                f"this caller has {MAX_OVERVIEW_STREAMS_PER_CALLER} open WatchOverview streams (the maximum); close one",
-                metadata={"maxOverviewStreamsPerCaller": str(MAX_OVERVIEW_STREAMS_PER_CALLER)},
-            )
-        self._overview_streams[caller] += 1
-        try:
-            async for overview in self._reads.watch_overview(window, interval_ms / 1000, until=self._draining):
-                yield pb.WatchOverviewResponse(overview=overview_to_proto(overview))
-        finally:
-            self._overview_streams[caller] -= 1
-            if self._overview_streams[caller] <= 0:
-                del self._overview_streams[caller]
+        # The replica's WatchOverview streams and each caller's share of them are the call gate's
+        # (`api/road/gate.py`, MAX_OVERVIEW_STREAMS below), on both listeners.
+        async for overview in self._reads.watch_overview(window, interval_ms / 1000, until=self._draining):
+            yield pb.WatchOverviewResponse(overview=overview_to_proto(overview))
 
     async def SearchJobs(
         self, request: pb.SearchJobsRequest, context: grpc.aio.ServicerContext[pb.SearchJobsRequest, pb.SearchJobsResponse]

@@ -35,9 +35,6 @@ from queue_service.engine import (
 )
 from queue_service.model import AdmitRequest, Cause, JobStatus, JobView
 
-# The actor (`audit`) of every operator's call, whatever the name: their streams have room reserved.
-_OPERATOR_ACTOR_PREFIX = audit.caller_actor("operator", "")
-
 
 class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
     def __init__(
@@ -169,7 +166,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
         if self._draining.is_set():
             raise errors.ShuttingDown("this replica is draining; reconnect to another")
         caller = audit.current_caller() or audit.ANONYMOUS
-        stream = self._hub.subscribe(request.user_id, caller=caller, reserved=caller.startswith(_OPERATOR_ACTOR_PREFIX))
+        stream = self._hub.subscribe(request.user_id, caller=caller)
         drain = asyncio.ensure_future(self._draining.wait())
         getter: asyncio.Future[WatchItem | VanishedJob | None] | None = None
         try:

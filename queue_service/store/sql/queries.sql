@@ -7,15 +7,18 @@
 
 -- name: reserve_run_and_read_admit_state
 -- Records a run id before the admit hands it to the core's CreateRun, unless the idempotency key
--- already has a job (a repeated click needs no new run), and reads what admit decides on: the job
--- already holding the key, the user's queue length, running deltas and balance, and the delta
--- base (`admit_state`). One statement, one snapshot: `reserved` is false exactly when the key's
--- job exists.
+-- already has a job (a repeated click needs no new run) or a live reservation of another admit of
+-- the key (`run_reservations_one_live_per_key`: that admit alone calls the core, this one waits for
+-- its outcome), and reads what admit decides on: the job already holding the key, the user's queue
+-- length, running deltas and balance, and the delta base (`admit_state`). One statement, one
+-- snapshot: `reserved` is false when the key's job exists or another admit of it is under way.
 WITH reserved AS (
-    INSERT INTO run_reservations (run_id, user_id, cancel_after, timeline_id)
-    SELECT %(run_id)s, %(user_id)s, clock_timestamp() + make_interval(secs => %(grace_seconds)s), queue_current_timeline()
+    INSERT INTO run_reservations (run_id, user_id, cancel_after, timeline_id, idempotency_key)
+    SELECT %(run_id)s, %(user_id)s, clock_timestamp() + make_interval(secs => %(grace_seconds)s), queue_current_timeline(),
+           %(idempotency_key)s
      WHERE NOT EXISTS (SELECT 1 FROM analysis_jobs
                         WHERE user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s)
+        ON CONFLICT (user_id, idempotency_key) WHERE NOT canceling DO NOTHING
     RETURNING run_id
 )
 SELECT EXISTS (SELECT 1 FROM reserved) AS reserved, state.*

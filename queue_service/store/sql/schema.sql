@@ -234,9 +234,11 @@ CREATE TABLE public.run_reservations (
     cancel_attempts integer DEFAULT 0 NOT NULL,
     timeline_id     integer,
     settled_at      timestamp with time zone,
+    idempotency_key text,
     CONSTRAINT run_reservations_pkey PRIMARY KEY (run_id)
 );
 CREATE INDEX run_reservations_cancel_due ON public.run_reservations USING btree (cancel_after);
+CREATE UNIQUE INDEX run_reservations_one_live_per_key ON public.run_reservations USING btree (user_id, idempotency_key) WHERE (NOT canceling);
 CREATE INDEX run_reservations_settled ON public.run_reservations USING btree (settled_at) WHERE (settled_at IS NOT NULL);
 
 CREATE TABLE public.user_capacity_turns (

@@ -77,8 +77,9 @@ class AnalysisQueueServiceStub:
       user had that many jobs within the last hour that cost nothing in the end (free delta
       re-checks, refunded jobs such as canceled ones); a QuotaFailure names the quota, RetryInfo
       says when the oldest of them leaves the hour. Added in v1, additive.
-    - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, or
-      `maxStreamsPerUser` for the user).
+    - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, `maxStreamsPerUser`
+      for the user, or `maxStreamsPerCaller` for the caller's share of the replica's streams:
+      added in v1, additive).
     - RESOURCE_EXHAUSTED `CORE_AT_CAPACITY` (`coreCode`): the core answered a release that it is
       at its concurrency ceiling; the job waits for capacity again. The service handles it itself
       (added additively; no call answers it today). RetryInfo 1 s.
@@ -193,7 +194,7 @@ class AnalysisQueueServiceStub:
     changed during the gap, ended ones included, so the last message for each job always equals
     what GetJob returns. A client may treat a resync batch as a fresh snapshot of the active jobs.
     Errors: INVALID_ARGUMENT `INVALID_REQUEST`; RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` when the
-    user or this replica has too many open streams; UNAVAILABLE `SHUTTING_DOWN` when the
+    user, the caller or this replica has too many open streams; UNAVAILABLE `SHUTTING_DOWN` when the
     replica drains (the stream ends with it: reconnect, and treat the new snapshot as the
     whole truth).
     """
@@ -250,8 +251,9 @@ class AnalysisQueueServiceAsyncStub(AnalysisQueueServiceStub):
       user had that many jobs within the last hour that cost nothing in the end (free delta
       re-checks, refunded jobs such as canceled ones); a QuotaFailure names the quota, RetryInfo
       says when the oldest of them leaves the hour. Added in v1, additive.
-    - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, or
-      `maxStreamsPerUser` for the user).
+    - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, `maxStreamsPerUser`
+      for the user, or `maxStreamsPerCaller` for the caller's share of the replica's streams:
+      added in v1, additive).
     - RESOURCE_EXHAUSTED `CORE_AT_CAPACITY` (`coreCode`): the core answered a release that it is
       at its concurrency ceiling; the job waits for capacity again. The service handles it itself
       (added additively; no call answers it today). RetryInfo 1 s.
@@ -363,7 +365,7 @@ class AnalysisQueueServiceAsyncStub(AnalysisQueueServiceStub):
     changed during the gap, ended ones included, so the last message for each job always equals
     what GetJob returns. A client may treat a resync batch as a fresh snapshot of the active jobs.
     Errors: INVALID_ARGUMENT `INVALID_REQUEST`; RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` when the
-    user or this replica has too many open streams; UNAVAILABLE `SHUTTING_DOWN` when the
+    user, the caller or this replica has too many open streams; UNAVAILABLE `SHUTTING_DOWN` when the
     replica drains (the stream ends with it: reconnect, and treat the new snapshot as the
     whole truth).
     """
@@ -419,8 +421,9 @@ class AnalysisQueueServiceServicer(metaclass=_abc_1.ABCMeta):
       user had that many jobs within the last hour that cost nothing in the end (free delta
       re-checks, refunded jobs such as canceled ones); a QuotaFailure names the quota, RetryInfo
       says when the oldest of them leaves the hour. Added in v1, additive.
-    - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, or
-      `maxStreamsPerUser` for the user).
+    - RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` (`maxStreams` for the replica, `maxStreamsPerUser`
+      for the user, or `maxStreamsPerCaller` for the caller's share of the replica's streams:
+      added in v1, additive).
     - RESOURCE_EXHAUSTED `CORE_AT_CAPACITY` (`coreCode`): the core answered a release that it is
       at its concurrency ceiling; the job waits for capacity again. The service handles it itself
       (added additively; no call answers it today). RetryInfo 1 s.
@@ -572,7 +575,7 @@ class AnalysisQueueServiceServicer(metaclass=_abc_1.ABCMeta):
         changed during the gap, ended ones included, so the last message for each job always equals
         what GetJob returns. A client may treat a resync batch as a fresh snapshot of the active jobs.
         Errors: INVALID_ARGUMENT `INVALID_REQUEST`; RESOURCE_EXHAUSTED `TOO_MANY_STREAMS` when the
-        user or this replica has too many open streams; UNAVAILABLE `SHUTTING_DOWN` when the
+        user, the caller or this replica has too many open streams; UNAVAILABLE `SHUTTING_DOWN` when the
         replica drains (the stream ends with it: reconnect, and treat the new snapshot as the
         whole truth).
         """
