@@ -11,15 +11,24 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
 from queue_service.dev.core import AnswerFault, DevCore
 from queue_service.model import FORGOTTEN_BY_CORE_MESSAGE
-from tests.harness import S, ServiceFactory, eventually, new_user, until
+from tests.harness import S, ServiceFactory, eventually, new_user, nothing_in_flight, until
 
 # The test's settings: a sweep and a look every 0.2 s, the core's runs listed (and a job's run
 # probed) every second. The completion's own reconciliation stays at its default (900 s).
 FAST = {"sweep_interval_seconds": 0.2, "core_reconcile_interval_seconds": 1.0}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_fleet(database_url: str) -> None:
+    """Tests of this module share a database, and each leaves jobs at a core it stopped (which the
+    next test's replica would rightly find forgotten): each starts with nothing in flight."""
+    nothing_in_flight(database_url)
 
 
 async def _restarted_without_runs(services: ServiceFactory, core: DevCore, callback_addr: str) -> DevCore:
@@ -78,7 +87,17 @@ async def test_a_core_restarted_without_its_runs_fails_and_refunds_them_within_s
     await stubs.wait_for(after_restart.job_id, S.JOB_STATUS_RUNNING, timeout=30)
     await until(lambda: _reconciling(one.stubs.channel, at_most=0), within=10, what="the overview to count nothing reconciling")
     assert await stubs.balance(user) == 9
+    # One refund each, made as a reconciliation's (the user did not cause it); the held one's may
+    # be its release's instead, when its promotion's release met the fresh core first.
+    assert await _refunds(stubs, user, judging.job_id) == [("reconcile", "system:reconcile")]
+    assert await _refunds(stubs, user, queued.job_id) in ([("reconcile", "system:reconcile")], [("release", "system:release")])
     del other
+
+
+async def _refunds(stubs, user: str, job_id: str) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    request = op_pb2.ListLedgerEntriesRequest(user_id=user, job_id=job_id, page_size=10)
+    entries = (await op_grpc.OperatorServiceStub(stubs.channel).ListLedgerEntries(request, timeout=10)).entries
+    return [(e.reason, e.actor) for e in entries if e.kind == op_pb2.LEDGER_ENTRY_KIND_REFUND]
 
 
 async def _balance_is(stubs, user: str, expected: int) -> bool:  # type: ignore[no-untyped-def]
@@ -165,4 +184,28 @@ async def test_a_job_held_longer_than_the_core_keeps_a_held_run_fails_at_its_rel
     assert "expired" in failed.last_error, failed.last_error
     await eventually(lambda: _balance_is(stubs, user, 10), timeout=10, what="the refund")
     following = await stubs.admit(user)
+    await stubs.wait_for(following.job_id, S.JOB_STATUS_RUNNING, timeout=30)
+
+
+async def test_a_job_waiting_for_the_fleets_capacity_whose_held_run_the_core_forgot_fails_refunded(services: ServiceFactory) -> None:
+    core = await services.core()
+    service = await services.start(core, **FAST)
+    stubs = service.stubs
+    operator = op_grpc.OperatorServiceStub(stubs.channel)
+    await operator.SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=1), timeout=10)
+    first, second = new_user(), new_user()
+    for user in (first, second):
+        await stubs.grant(user, 5)
+    judging = await stubs.admit(first)
+    await stubs.wait_for(judging.job_id, S.JOB_STATUS_RUNNING)
+    waiting = await stubs.admit(second)
+    assert waiting.status == S.JOB_STATUS_PENDING and waiting.capacity_position == 1, waiting
+
+    await _restarted_without_runs(services, core, service.address)
+    for job_id in (judging.job_id, waiting.job_id):
+        ended = await stubs.wait_for(job_id, S.JOB_STATUS_FAILED, timeout=30)
+        assert ended.last_error == FORGOTTEN_BY_CORE_MESSAGE, ended.last_error
+    await eventually(lambda: _balance_is(stubs, second, 5), timeout=10, what="the waiting job refunded")
+    # The seat and the slot are free again: the next click starts at the fresh core.
+    following = await stubs.admit(second)
     await stubs.wait_for(following.job_id, S.JOB_STATUS_RUNNING, timeout=30)
