@@ -160,6 +160,25 @@ class DatabaseIdentity:
     reconciled: bool = dataclasses.field(default=False, compare=False)
 
 
+# The `last_error` of a job whose run the core no longer knows (`Transition.forgotten_by_core`).
+FORGOTTEN_BY_CORE_MESSAGE = (
+    "the core no longer knows this job's run (it restarted without its runs, or let the held run expire):"
+    " nothing will judge it, so the job failed and its credits were refunded; admit it again"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class UnlistedRun:
+    """An active job whose run the core's listing of its live runs did not show (a run the core
+    may have lost: `GetRun` decides), with what fences ending it."""
+
+    job_id: uuid.UUID
+    user_id: str
+    run_id: uuid.UUID
+    status: JobStatus
+    release_attempts: int
+
+
 def cancel_message(actor: str) -> str:
     """A canceled job's `last_error`, naming who asked (an actor as the ledger names it, empty
     when not known here): a user's cancel through the web app is the user's, an operator's names
@@ -266,6 +285,23 @@ class Transition:
     def reconciled(cls, report: RunReport) -> Transition:
         """A RUNNING job whose completion never arrived, ended as the core reports its run."""
         return cls._as_reported(Cause.RECONCILE, frozenset({JobStatus.RUNNING}), report)
+
+    @classmethod
+    def forgotten_by_core(cls, status: JobStatus, *, attempts: int) -> Transition:
+        """An active job whose run the core no longer knows (it restarted without its runs, or let
+        a held run expire): nothing will judge it, so it fails, refunded as a reconciliation is
+        (the user did not cause it). `attempts` fences a release claimed meanwhile. Its run is
+        canceled afterwards (a CreateRun still on its way then finds it canceled), so its seat
+        frees once the core confirms that."""
+        return cls(
+            Cause.RECONCILE,
+            frozenset({status}),
+            JobStatus.FAILED,
+            FORGOTTEN_BY_CORE_MESSAGE,
+            refund=True,
+            run_unsettled=True,
+            expected_attempts=attempts,
+        )
 
     @classmethod
     def _as_reported(cls, cause: Cause, from_statuses: frozenset[JobStatus], report: RunReport) -> Transition:

@@ -195,16 +195,21 @@ class QueueApp:
             backlog_bytes=config.watch_backlog_bytes,
             reconnect_max_seconds=config.db_reconnect_max_seconds,
         )
-        # The core's live runs as the second copy of the jobs (design I14): the rooms' guard
-        # against runs a database failover lost.
-        self.reconciler = CoreReconciler(
-            self.store, self.core, config, wake_dispatcher=releases_due.set, on_database_replaced=self.hub.database_replaced
-        )
-        guard = self.reconciler
         # The lifecycle core (ending, promotion, cancel, settlement) and the rooms around it.
         self.engine = QueueEngine(
             self.store, self.core, config, starter=handoff, capacity=self.capacity, tasks=self.tasks, owed_releases=owed_releases
         )
+        # The core's live runs as the second copy of the jobs (design I14): the rooms' guard
+        # against runs a database failover lost; it ends the jobs whose run the core forgot.
+        self.reconciler = CoreReconciler(
+            self.store,
+            self.core,
+            config,
+            wake_dispatcher=releases_due.set,
+            on_database_replaced=self.hub.database_replaced,
+            ender=self.engine,
+        )
+        guard = self.reconciler
         self.completions = Completions(
             self.engine,
             self.store,

@@ -276,7 +276,7 @@ class _Instruments:
     core_reconciliations = _counter(
         "queue.core.reconciliations",
         "{pass}",
-        "Reconciliations of the core's live runs against the jobs (trigger: periodic, database_changed, completion, release; result: ok, unavailable, unsupported)",
+        "Reconciliations of the core's live runs against the jobs (trigger: periodic, database_changed, history_unreconciled, run_forgotten; result: ok, unavailable, unsupported)",
     )
     core_runs_adopted = _counter(
         "queue.core.runs_adopted",
@@ -287,6 +287,11 @@ class _Instruments:
         "queue.core.runs_lost",
         "{run}",
         "Runs whose job the database had lost and that could not be adopted: canceled and recorded for the operator (reason)",
+    )
+    core_runs_forgotten = _counter(
+        "queue.core.runs_forgotten",
+        "{job}",
+        "Active jobs whose run the core no longer knew (it restarted without its runs, or let a held run expire), found by the probe or the listing of its live runs and failed, refunded (status: the job's status before: queued, pending, running)",
     )
     releases_held_for_core = _counter(
         "queue.release.held_for_core",

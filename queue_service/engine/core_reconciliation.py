@@ -24,6 +24,10 @@ runs of those jobs. Three things follow:
   slot index alone again, without a call to the core each.
 - **A completion of an unknown run** (`adopt_for_completion`) adopts the run first, so the
   completion applies (`RunAdoption.adopt_for_completion`).
+- **Runs the core forgot** (the other direction, `engine.forgotten_runs`): every listing also
+  finds the active jobs whose run it did not show and ends those the core answers NOT_FOUND
+  for; a probe of one active job's run every few seconds (`probe_if_due`) makes a listing due at
+  once (trigger `run_forgotten`) when the core came back without its runs.
 
 These answer the engine's rooms as their `FailoverGuard` (`engine/ports.py`).
 """
@@ -41,6 +45,7 @@ from queue_service import errors, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.engine.core_adoption import RunAdoption
+from queue_service.engine.forgotten_runs import ForgottenRuns, JobEnder
 from queue_service.engine.tasks import BackgroundTasks
 from queue_service.model import (
     ClaimedRelease,
@@ -57,6 +62,9 @@ _ORPHANS_AT_ONCE = 8
 # How old a health probe's reading of the database's identity may be for a look to take it
 # instead of reading its own (at most one and a half health intervals): a look comes every 2 s.
 _PROBED_IDENTITY_FRESH_SECONDS = 1.0
+# How often an active job's run is asked about at the core (`ForgottenRuns.probe`), at most: a
+# core that came back without its runs is noticed this long after at most (and a look's 2 s).
+FORGOTTEN_RUN_PROBE_SECONDS = 10.0
 
 
 @dataclasses.dataclass
@@ -71,6 +79,8 @@ class ReconcileReport:
     trigger: str = "periodic"
     # This reconciliation recorded the current database history as reconciled.
     history_recorded: bool = False
+    # Active jobs whose run the core no longer knew: failed and refunded (`engine.forgotten_runs`).
+    forgotten: int = 0
 
 
 class CoreReconciler:
@@ -84,6 +94,7 @@ class CoreReconciler:
         *,
         wake_dispatcher: Callable[[], None],
         on_database_replaced: Callable[[], None] = lambda: None,
+        ender: JobEnder | None = None,
     ) -> None:
         self._store = store
         self._core = core
@@ -91,6 +102,10 @@ class CoreReconciler:
         # Adopts or cancels the runs no job owns, whoever finds them.
         self._adoption = RunAdoption(store, core, config, wake_dispatcher=wake_dispatcher)
         self._on_database_replaced = on_database_replaced
+        # Ends the jobs whose run the core forgot (without an ender: only runs the queue lost).
+        self._forgotten = ForgottenRuns(store, core, ender) if ender is not None else None
+        # A replica started after the core came back probes at its first look.
+        self._last_probed = float("-inf")
         self._identity: DatabaseIdentity | None = None
         # When the reading `_identity` holds was taken (monotonic): an older one is never taken.
         self._identity_read_at = float("-inf")
@@ -98,8 +113,9 @@ class CoreReconciler:
         self._identity_seen_at = time.monotonic()
         # A reconciliation that has not yet gone through whole (the core or the new primary not
         # answering yet, an adoption to retry), and why it is owed ("database_changed" after a
-        # failover; "history_unreconciled" for a history found unrecorded at start): every look
-        # and sweep tries again, not only the next periodic one.
+        # failover; "history_unreconciled" for a history found unrecorded at start;
+        # "run_forgotten" when the core did not know an active job's run): every look and sweep
+        # tries again, not only the next periodic one.
         self._owed_trigger: str | None = None
         self._core_lists_runs = True
         self._last_reconciled = float("-inf")
@@ -172,6 +188,25 @@ class CoreReconciler:
         self._on_database_replaced()
         return True
 
+    def _probe_interval(self) -> float:
+        interval = self._config.core_reconcile_interval_seconds
+        return min(FORGOTTEN_RUN_PROBE_SECONDS, interval) if interval > 0 else FORGOTTEN_RUN_PROBE_SECONDS
+
+    async def probe_if_due(self) -> bool:
+        """Every FORGOTTEN_RUN_PROBE_SECONDS (or the reconcile interval, when shorter): asks the core
+        about one active job's run; NOT_FOUND makes a listing owed at once (`run_forgotten`), so a
+        core that came back without its runs is noticed within seconds, not at the next periodic
+        listing. Whether this look made one owed."""
+        if self._forgotten is None or not self._core_lists_runs or self._owed_trigger is not None:
+            return False
+        if time.monotonic() - self._last_probed < self._probe_interval():
+            return False
+        self._last_probed = time.monotonic()
+        if not await self._forgotten.probe():
+            return False
+        self._owed_trigger = "run_forgotten"
+        return True
+
     async def reconcile_if_due(self) -> ReconcileReport | None:
         """The sweeper's step: reconciles at once after the database changed (or when its
         history is unrecorded), else once per QUEUE_CORE_RECONCILE_INTERVAL_SECONDS."""
@@ -190,6 +225,11 @@ class CoreReconciler:
         identity, seen_at, listed_at = self._identity, self._identity_seen_at, time.monotonic()
         with telemetry.tracer.start_as_current_span("core.reconcile") as span:
             span.set_attribute("queue.reconcile.trigger", trigger)
+            if self._forgotten is not None:
+                # Before the listing: a job admitted before it began has its run at the core by
+                # then (its CreateRun was answered before its insert), so the listing must show it.
+                async with self._store.statements() as db:
+                    listed_after = await db.database_clock()
             try:
                 runs = await self._core.list_runs()
             except errors.CoreUnavailable:
@@ -221,17 +261,30 @@ class CoreReconciler:
             outcomes += await asyncio.gather(*(settle(run) for run in orphans if run.fate is not RunFate.JUDGING))
             report.adopted = outcomes.count("adopted")
             report.lost = outcomes.count("lost")
+            more_forgotten = False
+            if self._forgotten is not None:
+                try:
+                    report.forgotten, more_forgotten = await self._forgotten.end_unlisted(runs, listed_after=listed_after)
+                except errors.QueueError as exc:
+                    log.warning("jobs whose run the core did not list were not read yet (%s); the next look retries", exc.message)
+                    more_forgotten = True
             self._last_reconciled = time.monotonic()
             if "retry" not in outcomes:
                 self._owed_trigger = None
                 if identity is not None and listed_at - seen_at >= self._straggler_seconds():
                     report.history_recorded = await self._record_history(identity)
+            if more_forgotten:
+                self._owed_trigger = self._owed_trigger or "run_forgotten"
             for name, value in dataclasses.asdict(report).items():
                 if name != "trigger":
                     span.set_attribute(f"queue.reconcile.{name}", value)
         telemetry.metrics.core_reconciliations.add(1, {"trigger": trigger, "result": "ok"})
         if report.orphans:
             log.info("reconciled the core's live runs", extra={"reason": trigger, "amount": report.orphans})
+        if report.forgotten:
+            log.warning(
+                "failed and refunded the jobs whose run the core no longer knew", extra={"reason": trigger, "amount": report.forgotten}
+            )
         return report
 
     async def _record_history(self, identity: DatabaseIdentity) -> bool:

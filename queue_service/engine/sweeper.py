@@ -2,7 +2,8 @@
 
 Each pass (every QUEUE_SWEEP_INTERVAL_SECONDS, jittered so replicas spread out; 0 turns it off)
 runs the maintenance services of `engine/maintenance/`, one module per concern, in this order:
-the core's live runs reconciled with the jobs when due (`core_runs`), then every service reads or
+the core's live runs reconciled with the jobs when due (`core_runs`: runs the queue lost adopted,
+jobs whose run the core forgot failed and refunded), then every service reads or
 claims its rows (in one go, on one connection) and does its work: promotes users with a free seat
 and queued work (`promoter`), fails releases past their window (`release_expirer`), asks the core
 about RUNNING jobs whose completion never came (`run_reconciler`), confirms with the core that the
@@ -60,6 +61,7 @@ class SweepReport:
     abandoned_runs_forgotten: int = 0
     runs_adopted: int = 0
     runs_lost: int = 0
+    runs_forgotten: int = 0
     waiting_canceled: int = 0
 
 
@@ -148,6 +150,7 @@ class Sweeper:
                 if reconciled is not None:
                     report.runs_adopted += reconciled.adopted
                     report.runs_lost += reconciled.lost
+                    report.runs_forgotten += reconciled.forgotten
             found: list[tuple[str | None, Work]] = []
             async with self._store.statements() as db:
                 for service in self.services:

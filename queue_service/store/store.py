@@ -72,6 +72,7 @@ from queue_service.model import (
     ScheduledRetry,
     SettingChange,
     Transition,
+    UnlistedRun,
     UserSettings,
     UserWork,
 )
@@ -349,6 +350,29 @@ class Statements:
         (first-pass runs the core judges), those no job owns, reserved or not."""
         params = {"run_ids": list(run_ids), "judging_first_pass": list(judging_first_pass)}
         return {row["run_id"] for row in await self._all("runs_unknown_to_queue", params)}
+
+    async def database_clock(self) -> dt.datetime:
+        """The database's clock now (what a listing of the core's runs is fenced with)."""
+        row = await self._one("database_clock", {})
+        assert row is not None
+        now: dt.datetime = row["now"]
+        return now
+
+    async def jobs_with_runs_not_listed(
+        self, *, run_ids: Sequence[uuid.UUID], listed_after: dt.datetime, batch_size: int
+    ) -> list[UnlistedRun]:
+        """Active jobs admitted before `listed_after` whose run is not among `run_ids` (the core's
+        live runs as listed from then on), oldest first."""
+        params = {"run_ids": list(run_ids), "listed_after": listed_after, "batch_size": batch_size}
+        return [
+            UnlistedRun(row["job_id"], row["user_id"], row["run_id"], JobStatus(row["status"]), int(row["release_attempts"]))
+            for row in await self._all("jobs_with_runs_not_listed", params)
+        ]
+
+    async def run_to_probe_at_the_core(self) -> uuid.UUID | None:
+        """One active job's run the core must know (None without active jobs)."""
+        row = await self._one("run_to_probe_at_the_core", {})
+        return None if row is None else row["run_id"]
 
     async def runs_taking_a_slot(self, *, run_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
         """Of these judging runs, those that take their user's slot as far as the queue can tell

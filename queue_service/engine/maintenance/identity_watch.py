@@ -1,6 +1,8 @@
 """Identity watch: the database's identity (its timeline) looked at every few seconds, so a
 failover is seen within seconds, not a sweep interval later; after a change the core's live runs
-are reconciled with the jobs and a whole sweep runs (`Sweeper.after_database_replaced`)."""
+are reconciled with the jobs and a whole sweep runs (`Sweeper.after_database_replaced`). The same
+looks probe the core for one active job's run now and then (`CoreReconciler.probe_if_due`), so a
+core that came back without its runs is reconciled within seconds too."""
 
 from __future__ import annotations
 
@@ -66,9 +68,13 @@ class DatabaseIdentityWatch:
             if watch.work_owed:
                 await self._after_change()
                 watch.work_owed = False
-            elif self._reconciler.reconcile_owed:
-                # An orphan the reconciliation after the change could not settle yet.
-                await self._reconciler.reconcile_if_due()
+            else:
+                # A core that came back without its runs makes a reconciliation owed at once.
+                await self._reconciler.probe_if_due()
+                if self._reconciler.reconcile_owed:
+                    # An orphan the reconciliation after the change could not settle yet, or the
+                    # jobs whose runs the core forgot.
+                    await self._reconciler.reconcile_if_due()
             if watch.failures_in_a_row >= FAILURES_BEFORE_WARNING:
                 log.info("database identity watch works again after %d failed looks", watch.failures_in_a_row)
             watch.failures_in_a_row = 0

@@ -33,6 +33,7 @@ class Reconciliation(Protocol):
 
     adopted: int
     lost: int
+    forgotten: int
     trigger: str
 
 
@@ -48,3 +49,5 @@ class Reconciling(Protocol):
     async def reconcile(self, *, trigger: str = "periodic") -> Reconciliation: ...
 
     async def reconcile_if_due(self) -> Reconciliation | None: ...
+
+    async def probe_if_due(self) -> bool: ...

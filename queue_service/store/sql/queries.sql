@@ -593,9 +593,13 @@ SELECT (SELECT count(*) FROM analysis_jobs WHERE status = 'queued') AS queued,
        (SELECT min(create_time) FROM analysis_jobs WHERE status = 'queued') AS oldest_queued_create_time,
        (SELECT count(*) FROM analysis_jobs
          WHERE status = 'pending' AND release_attempts > 0 AND last_error <> '') AS releases_retrying,
-       (SELECT count(*) FROM analysis_jobs
-         WHERE status = 'running'
-           AND start_time < now() - make_interval(secs => %(reconcile_after_seconds)s)) AS runs_reconciling,
+       -- Being reconciled with the core: RUNNING jobs whose completion is overdue or that were
+       -- made due for a GetRun (after a failover), and ended jobs whose run the core has not
+       -- confirmed settled yet (a run the core lost, a release given up): they keep their seats.
+       ((SELECT count(*) FROM analysis_jobs
+          WHERE status = 'running'
+            AND (start_time < now() - make_interval(secs => %(reconcile_after_seconds)s) OR next_reconcile_at <= now()))
+        + (SELECT count(*) FROM analysis_jobs WHERE run_settle_due_at IS NOT NULL)) AS runs_reconciling,
        ended.succeeded_in_window, ended.failed_in_window, ended.canceled_in_window,
        clock_timestamp() AS read_time
   FROM (SELECT count(*) FILTER (WHERE status = 'succeeded') AS succeeded_in_window,
@@ -1094,6 +1098,51 @@ SELECT r.run_id
  WHERE NOT EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.run_id = r.run_id)
    AND (r.run_id = ANY(%(judging_first_pass)s::uuid[])
         OR NOT EXISTS (SELECT 1 FROM run_reservations v WHERE v.run_id = r.run_id));
+
+-- name: database_clock
+-- The database's clock now: taken before a listing of the core's live runs, it bounds which
+-- jobs the listing must show (`jobs_with_runs_not_listed`).
+SELECT clock_timestamp() AS now;
+
+-- name: jobs_with_runs_not_listed
+-- Active jobs (QUEUED, PENDING, RUNNING) whose run the core's listing of its live runs did not
+-- show, admitted before the listing began (`listed_after`, the database's clock then): a job is
+-- inserted only after the core answered its CreateRun, so such a run was live at the core when
+-- the listing began, unless it ended meanwhile (its completion on the way) or the core lost it.
+-- The caller asks the core about each (`GetRun`). A job whose user's cancel is recorded is left
+-- to the cancel's own retry. Each status is read through its partial index, as the overview's
+-- counts are; the listed runs are an anti-join, not a linear `<> ALL`.
+SELECT j.job_id, j.user_id, j.run_id, j.status, j.release_attempts
+  FROM (SELECT job_id, user_id, run_id, status, release_attempts, create_time, cancel_requested_at
+          FROM analysis_jobs WHERE status = 'running'
+        UNION ALL
+        SELECT job_id, user_id, run_id, status, release_attempts, create_time, cancel_requested_at
+          FROM analysis_jobs WHERE status = 'pending'
+        UNION ALL
+        SELECT job_id, user_id, run_id, status, release_attempts, create_time, cancel_requested_at
+          FROM analysis_jobs WHERE status = 'queued') AS j
+ WHERE j.create_time < %(listed_after)s
+   AND j.cancel_requested_at IS NULL
+   AND NOT EXISTS (SELECT 1 FROM unnest(%(run_ids)s::uuid[]) AS r(run_id) WHERE r.run_id = j.run_id)
+ ORDER BY j.create_time
+ LIMIT %(batch_size)s;
+
+-- name: run_to_probe_at_the_core
+-- One run the core must know, asked about every few seconds (`GetRun`) so a core that came back
+-- without its runs is noticed before the next listing: the longest-running job's run, else a
+-- PENDING one's, else a QUEUED one's (each read off its partial index). A job whose user's cancel
+-- is recorded is skipped, as `jobs_with_runs_not_listed` skips it. None without active jobs.
+SELECT run_id
+  FROM ((SELECT run_id, 1 AS rank FROM analysis_jobs WHERE status = 'running' AND cancel_requested_at IS NULL
+          ORDER BY next_reconcile_at LIMIT 1)
+        UNION ALL
+        (SELECT run_id, 2 AS rank FROM analysis_jobs WHERE status = 'pending' AND cancel_requested_at IS NULL
+          ORDER BY next_release_at LIMIT 1)
+        UNION ALL
+        (SELECT run_id, 3 AS rank FROM analysis_jobs WHERE status = 'queued' AND cancel_requested_at IS NULL
+          ORDER BY user_id, queue_seq LIMIT 1)) AS c
+ ORDER BY rank
+ LIMIT 1;
 
 -- name: runs_taking_a_slot
 -- Of the given runs (first-pass runs the core reports judging), those that take their user's

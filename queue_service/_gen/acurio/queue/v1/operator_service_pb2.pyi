@@ -262,7 +262,12 @@ class Overview(_message.Message):
     releases_retrying: _builtins.int
     """PENDING jobs whose release failed at least once and is being retried."""
     runs_reconciling: _builtins.int
-    """RUNNING jobs whose completion is overdue, so the sweeper checks them with the core."""
+    """Jobs being reconciled with the core: RUNNING jobs whose completion is overdue or that were
+    made due for a check with the core (after a database failover), so the sweeper checks them,
+    and ended jobs whose run the core has not yet confirmed settled (a run the core no longer
+    knew, a release given up): they keep their users' seats until it does. (The ended ones are
+    counted since the lost-run check was added; the field is unchanged.)
+    """
     window_minutes: _builtins.int
     """The window the `*_in_window` figures and `admits_per_minute` cover, in minutes."""
     capacity_in_use: _builtins.int
