@@ -546,7 +546,7 @@ async def standard_services(m: Machine, args: Args) -> None:
         await replica.health.health.Check(health_pb2.HealthCheckRequest(), timeout=CALL_TIMEOUT)
     stub = reflection_pb2_grpc.ServerReflectionStub(replica.channel)
     call = stub.ServerReflectionInfo(
-        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), metadata=w.RoleStubs.metadata("web"), timeout=CALL_TIMEOUT
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), metadata=w.RoleStubs.metadata("operator"), timeout=CALL_TIMEOUT
     )
     with contextlib.suppress(grpc.aio.AioRpcError):
         async for _ in call:

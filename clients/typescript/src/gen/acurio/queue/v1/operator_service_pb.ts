@@ -308,7 +308,11 @@ export type Overview = Message<"acurio.queue.v1.Overview"> & {
   releasesRetrying: bigint;
 
   /**
-   * RUNNING jobs whose completion is overdue, so the sweeper checks them with the core.
+   * Jobs being reconciled with the core: RUNNING jobs whose completion is overdue or that were
+   * made due for a check with the core (after a database failover), so the sweeper checks them,
+   * and ended jobs whose run the core has not yet confirmed settled (a run the core no longer
+   * knew, a release given up): they keep their users' seats until it does. (The ended ones are
+   * counted since the lost-run check was added; the field is unchanged.)
    *
    * @generated from field: int64 runs_reconciling = 10;
    */
@@ -507,7 +511,11 @@ export type OverviewJson = {
   releasesRetrying?: string;
 
   /**
-   * RUNNING jobs whose completion is overdue, so the sweeper checks them with the core.
+   * Jobs being reconciled with the core: RUNNING jobs whose completion is overdue or that were
+   * made due for a check with the core (after a database failover), so the sweeper checks them,
+   * and ended jobs whose run the core has not yet confirmed settled (a run the core no longer
+   * knew, a release given up): they keep their users' seats until it does. (The ended ones are
+   * counted since the lost-run check was added; the field is unchanged.)
    *
    * @generated from field: int64 runs_reconciling = 10;
    */
