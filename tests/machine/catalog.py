@@ -888,8 +888,17 @@ def _gen_replica(m: Machine, rng: random.Random) -> Args:
     return {"seed": rng.randrange(1000)}
 
 
+async def _database_reachable(m: Machine) -> None:
+    """A replica comes up only once PostgreSQL answers and commits (as a new pod is not ready
+    before): a kill or a deploy ends an outage or late commits first, or it would wait for ever."""
+    for name in ("database_outage", "late_commits"):
+        if name in m.model.faults:
+            await ACTIONS["heal"].run(m, {"fault": name})
+
+
 @action("replica_kill", weight=0.5, uses=("World.kill_replica",))
 async def replica_kill(m: Machine, args: Args) -> None:
+    await _database_reachable(m)
     with fault(m.model, "replica_kill"):
         await m.world.kill_replica(random.Random(args["seed"]))
 
@@ -899,6 +908,7 @@ generator("rolling_deploy")(_gen_replica)
 
 @action("rolling_deploy", weight=0.25, uses=("World.rolling_deploy",))
 async def rolling_deploy(m: Machine, args: Args) -> None:
+    await _database_reachable(m)
     with fault(m.model, "rolling_deploy"):
         for problem in await m.world.rolling_deploy():
             m.violate("drain", problem)

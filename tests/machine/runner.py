@@ -21,7 +21,9 @@ from tests.machine import catalog
 from tests.machine.machine import Machine, Step, Violation
 from tests.machine.world import MachinePostgres, World
 
-STEP_TIMEOUT = 90.0
+# A guard against a step that hangs (every call has its own deadline; a rolling deploy restarts
+# every replica, each start and drain taking seconds, more on a starved machine).
+STEP_TIMEOUT = 300.0
 QUIESCE_EVERY = 30
 # More than this many faults in play at once and the next step heals one.
 MOST_FAULTS_AT_ONCE = 2
