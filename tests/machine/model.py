@@ -34,7 +34,7 @@ class UserModel:
     refused: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     # When she chose free work (a delta at price 0, her own cancel): the only things her
     # free-work limit may count (docs/security.md).
-    own_free_work: list[float] = dataclasses.field(default_factory=list)
+    own_free_work: list[tuple[float, str]] = dataclasses.field(default_factory=list)  # (when, job id)
     paused: bool = False
     max_active: int = 1
     granted: int = 0
