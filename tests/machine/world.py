@@ -248,10 +248,28 @@ class World:
 
     async def start(self) -> None:
         await self.proxy.up()
-        await self.core.start(f"127.0.0.1:{self.core_port}")
+        for attempt in range(5):
+            try:
+                await self.core.start(f"127.0.0.1:{self.core_port}")
+                break
+            except OSError:  # the free port was taken meanwhile by another process
+                if attempt == 4:
+                    raise
+                await self.core.stop()
+                self.core_port = free_port()
+                self.core = self._new_core()
         await asyncio.gather(*[self.start_replica(skewed_clock=bool(self.skew) and i == 1) for i in range(self.replica_count)])
 
     async def start_replica(self, *, skewed_clock: bool = False) -> Replica:
+        for attempt in range(3):
+            try:
+                return await self._start_replica(skewed_clock)
+            except AssertionError:  # its free port taken meanwhile (it exits at once), or a slow start
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _start_replica(self, skewed_clock: bool) -> Replica:
         self._counter += 1
         port = free_port()
         env = replica_environment(self.proxy.dsn(), self.core_port, port, self.auth_file, self.initial_capacity)
@@ -272,7 +290,14 @@ class World:
         replica = Replica(
             f"replica-{self._counter}", address, process, channel, RoleStubs(channel), HealthStubs(address), log_path, skewed_clock
         )
-        await wait_serving(replica.health, process=process, log_path=str(log_path), timeout=90)
+        try:
+            await wait_serving(replica.health, process=process, log_path=str(log_path), timeout=90)
+        except AssertionError:
+            if process.poll() is None:
+                process.kill()
+                await asyncio.to_thread(process.wait, 10)
+            await self._close(replica)
+            raise
         self.replicas.append(replica)
         self.point_core_at_replicas()
         return replica
