@@ -346,7 +346,7 @@ class Machine:
                 if isinstance(answer, grpc.aio.AioRpcError):
                     if answer.code() == grpc.StatusCode.NOT_FOUND:
                         self.violate(
-                            "I11",
+                            "I11 vanished",
                             f"a stream of {stream.user_id} still shows job {job_id}, which GetJob no longer finds",
                             once=f"I11:gone:{job_id}",
                         )
