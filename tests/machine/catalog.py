@@ -39,6 +39,7 @@ CR = "acurio.queue.v1.CreditsService/"
 CB = "acurio.queue.v1.CoreCallbackService/"
 CORE = "acurio.core.v1.RunService/"
 CORE_METHODS = ("CreateRun", "ReleaseRun", "CancelRun", "GetRun", "ListRuns")
+METHOD_WEIGHTS = {"CreateRun": 3, "ReleaseRun": 4, "CancelRun": 2, "GetRun": 1, "ListRuns": 1}
 
 Args = dict[str, Any]
 
@@ -803,11 +804,12 @@ async def complete_again(m: Machine, args: Args) -> None:
 
 @generator("answer_fault")
 def _gen_answer_fault(m: Machine, rng: random.Random) -> Args:
-    kind = rng.choice(ANSWER_FAULT_KINDS)
+    # Weighted by how much rides on each call: a release and a create decide the most.
+    kind = rng.choices(ANSWER_FAULT_KINDS, weights=[3 if k == "lose" else 2 for k in ANSWER_FAULT_KINDS])[0]
     return {
-        "method": rng.choice(CORE_METHODS),
+        "method": rng.choices(CORE_METHODS, weights=[METHOD_WEIGHTS[m] for m in CORE_METHODS])[0],
         "kind": kind,
-        "probability": rng.choice((0.5, 1.0)),
+        "probability": rng.choice((0.5, 1.0, 1.0)),
         "code": rng.choice(("UNAVAILABLE", "RESOURCE_EXHAUSTED")) if kind == "refuse" else "",
         "seconds": rng.uniform(1.2, 3.0) * w.CORE_DEADLINE if kind in ("late", "late_arrival") else 0.0,
     }
