@@ -204,7 +204,14 @@ class QueueApp:
         guard = self.reconciler
         # The lifecycle core (ending, promotion, cancel, settlement) and the rooms around it.
         self.engine = QueueEngine(
-            self.store, self.core, config, starter=handoff, capacity=self.capacity, tasks=self.tasks, owed_releases=owed_releases
+            self.store,
+            self.core,
+            config,
+            starter=handoff,
+            capacity=self.capacity,
+            tasks=self.tasks,
+            owed_releases=owed_releases,
+            wake_dispatcher=releases_due.set,
         )
         self.completions = Completions(
             self.engine,

@@ -128,16 +128,19 @@ class Releases:
     async def _held_by_pause(self, claim: ClaimedRelease) -> bool:
         """A claim that waited for a place among the releases in flight (up to a core deadline
         per release ahead of it) is checked against the pauses before it is sent: a pause that
-        committed meanwhile puts the job back to waiting. One claimed and started at once is sent
-        (a pause committing in that moment lets it through, like a run already at the core)."""
+        committed meanwhile holds it. A pause holds releases, never the count: a claim that
+        opened the job's turn (nothing sent since it last waited) puts the job back to waiting;
+        a later one (an earlier attempt may have been applied) keeps the job's capacity and only
+        its retry waits for the resume. One claimed and started at once is sent (a pause
+        committing in that moment lets it through, like a run already at the core)."""
         async with self._store.statements() as db:
             held = await db.hold_release_if_paused(job_id=claim.job_id, attempt=claim.attempt)
-        if held:
+        if held is not None:
             log.info(
-                "releases paused; the job waits",
+                "releases paused; the job waits" if held else "releases paused; the retry waits, the job keeps its capacity",
                 extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt},
             )
-        return held
+        return held is not None
 
     async def _record_release(self, claim: ClaimedRelease, report: RunReport | None, error: str) -> ReleaseResult:
         if report is not None and report.fate is RunFate.JUDGING:
