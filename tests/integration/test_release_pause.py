@@ -368,3 +368,30 @@ async def test_capacity_zero_is_refused_unless_unlimited_is_asked_for(service) -
     assert (limited.change.new_value, limited.overview.capacity_limit) == (4, 4)
     unlimited = await operator.SetCoreCapacity(op_pb2.SetCoreCapacityRequest(unlimited=True), timeout=10)
     assert (unlimited.change.old_value, unlimited.change.new_value, unlimited.overview.capacity_limit) == (4, 0, 0)
+
+
+async def test_a_paused_users_waiting_jobs_are_numbered_after_everyone_elses(service) -> None:
+    """Capacity 1, one run judging; P's job waits first, O's second. Paused, P's job is passed over
+    by every grant, so the line numbers it after O's: O shows 1 and is granted next, P shows 2
+    (with no estimate). Resumed, P's earlier wait puts her first again."""
+    stubs, core = service.stubs, service.core
+    await _operator(stubs).SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=1), timeout=10)
+    judging_user, paused_user, other = new_user(), new_user(), new_user()
+    for user in (judging_user, paused_user, other):
+        await stubs.grant(user, 5)
+    judging = await stubs.wait_for((await stubs.admit(judging_user)).job_id, S.JOB_STATUS_RUNNING)
+    paused_job = await stubs.admit(paused_user)
+    other_job = await stubs.admit(other)
+    assert [(await stubs.job(job.job_id)).capacity_position for job in (paused_job, other_job)] == [1, 2]
+
+    await _pause(stubs, True, user_id=paused_user)
+    shown = [await stubs.job(job.job_id) for job in (paused_job, other_job)]
+    assert [job.capacity_position for job in shown] == [2, 1]
+    assert not shown[0].HasField("estimated_start_time")
+    await _pause(stubs, False, user_id=paused_user)
+    assert [(await stubs.job(job.job_id)).capacity_position for job in (paused_job, other_job)] == [1, 2]
+
+    await _pause(stubs, True, user_id=paused_user)
+    await core.finish(judging.run_id)
+    await stubs.wait_for(other_job.job_id, S.JOB_STATUS_RUNNING)
+    assert (await stubs.job(paused_job.job_id)).capacity_position == 1
