@@ -107,7 +107,7 @@ class Releases:
                     # I9 at the core is about first-pass runs: a delta's release is not held for it.
                     held_back = None if claim.delta else await self._guard.release_gate(claim)
                     if held_back is not None:
-                        result = await self._retry_release_later(claim, held_back)
+                        result = await self._retry_release_later(claim, held_back, sent=False)
                         telemetry.metrics.release_attempts.add(1, {"result": str(result)})
                         span.set_attribute("queue.release.result", str(result))
                         return result
@@ -194,10 +194,11 @@ class Releases:
         fate = "no answer" if report is None else f"the run is {report.fate.value}"
         return await self._retry_release_later(claim, error or f"core CancelRun: {fate}")
 
-    async def _retry_release_later(self, claim: ClaimedRelease, error: str) -> ReleaseResult:
+    async def _retry_release_later(self, claim: ClaimedRelease, error: str, *, sent: bool = True) -> ReleaseResult:
+        """`sent` False: this attempt never reached for the core (held back before ReleaseRun)."""
         backoff = self._engine.backoff_seconds(claim.attempt)
         async with self._store.statements() as db:
-            retry = await db.schedule_retry(claim, backoff_seconds=backoff, last_error=error)
+            retry = await db.schedule_retry(claim, backoff_seconds=backoff, last_error=error, sent=sent)
         if retry is not None and retry.window_over:
             window = self._config.release_window_seconds
             await self.give_up_release(

@@ -451,22 +451,30 @@ class Statements:
         return {row["job_id"] for row in rows}
 
     @overload
-    async def schedule_retry(self, claim: ClaimedRelease, *, backoff_seconds: float, last_error: str) -> ScheduledRetry | None: ...
+    async def schedule_retry(
+        self, claim: ClaimedRelease, *, backoff_seconds: float, last_error: str, sent: bool = True
+    ) -> ScheduledRetry | None: ...
 
     @overload
     async def schedule_retry(self, claim: ClaimedSettlement | ClaimedReservation, *, backoff_seconds: float) -> None: ...
 
     async def schedule_retry(
-        self, claim: ClaimedRelease | ClaimedSettlement | ClaimedReservation, *, backoff_seconds: float, last_error: str = ""
+        self,
+        claim: ClaimedRelease | ClaimedSettlement | ClaimedReservation,
+        *,
+        backoff_seconds: float,
+        last_error: str = "",
+        sent: bool = True,
     ) -> ScheduledRetry | None:
         """The claim's next attempt, due after `backoff_seconds`: one shape for every durable retry
         (each kind has its named statement; every one is fenced by the claim's attempt). A
         release's answers when its next attempt is due and whether its window is over (None when
         the job is no longer this attempt's); a reconciliation is never scheduled, its claim
-        pushed its next look ahead."""
+        pushed its next look ahead. `sent`: whether the release attempt reached for the core (one
+        held back before it was sent keeps the job's turn unsent, `release_turn_attempt`)."""
         params = {"attempt": claim.attempt, "backoff_seconds": float(backoff_seconds)}
         if isinstance(claim, ClaimedRelease):
-            row = await self._one("schedule_release_retry", {**params, "job_id": claim.key, "last_error": last_error})
+            row = await self._one("schedule_release_retry", {**params, "job_id": claim.key, "last_error": last_error, "sent": sent})
             if row is not None:
                 self._committed()
             return None if row is None else from_row.scheduled_retry(row)

@@ -324,13 +324,51 @@ async def test_a_user_re_checking_in_a_loop_never_passes_a_waiting_click(service
         await core.finish(judging.run_id)
         await stubs.wait_for(judging.job_id, S.JOB_STATUS_SUCCEEDED)
         await eventually(lambda w=waiting: _started(stubs, click.job_id, w.job_id), what="the freed turn granted")
-        if (await stubs.job(click.job_id)).status != S.JOB_STATUS_PENDING:
+        if (await stubs.job(click.job_id)).capacity_position == 0:  # the click was granted
             break
         passes += 1
-        judging = waiting
+        judging = await stubs.wait_for(waiting.job_id, S.JOB_STATUS_RUNNING)
     assert passes == 0, f"the looping user's re-checks passed the waiting click {passes} times"
+    await stubs.wait_for(click.job_id, S.JOB_STATUS_RUNNING)
     assert (await stubs.job(waiting.job_id)).capacity_position == 1
     assert core.most_judging == capacity
+
+
+async def test_a_capacity_set_while_re_check_admits_are_in_flight_costs_one_run_past_it_per_admit(service) -> None:
+    """The admit decides from the capacity it reads before CreateRun whether a re-check's run is
+    created judging. Three re-check admits read it unlimited, their CreateRun answers come late,
+    and the capacity is set to 1 meanwhile: all three commit RUNNING, their runs already judging
+    (one past the new capacity per admit in flight, not one in all). Each counts in use: a
+    first-pass job waits until all three have ended, then takes the capacity alone."""
+    stubs, core = service.stubs, service.core
+    users = [new_user() for _ in range(3)]
+    clicker = new_user()
+    bases = []
+    for user in [*users, clicker]:
+        await stubs.grant(user, 5)
+    for user in users:
+        base = await stubs.admit(user)
+        await stubs.wait_for(base.job_id, S.JOB_STATUS_RUNNING)
+        await core.finish(base.run_id)
+        bases.append(await stubs.wait_for(base.job_id, S.JOB_STATUS_SUCCEEDED))
+    core.answer_faults["CreateRun"] = AnswerFault("late", seconds=1.0)
+    admits = [asyncio.ensure_future(stubs.admit(user, delta_of=base.job_id, uri="")) for user, base in zip(users, bases, strict=True)]
+    await eventually(lambda: sum(run.first_pass is False for run in core.runs.values()) == 3, what="the three re-check runs created")
+    await _set_capacity(stubs, 1)
+    core.answer_faults.clear()
+    deltas = await asyncio.gather(*admits)
+    assert [delta.status for delta in deltas] == [S.JOB_STATUS_RUNNING] * 3
+    assert core.most_judging == 3
+    assert (await _overview(stubs)).capacity_in_use == 3
+
+    click = await stubs.admit(clicker)
+    for delta in deltas[:2]:
+        await core.finish(delta.run_id)
+        await stubs.wait_for(delta.job_id, S.JOB_STATUS_SUCCEEDED)
+        assert (await stubs.job(click.job_id)).capacity_position == 1
+    await core.finish(deltas[2].run_id)
+    await stubs.wait_for(click.job_id, S.JOB_STATUS_RUNNING)
+    assert core.first_pass_judging() == 1 and len(core.judging_all) == 1
 
 
 async def _started(stubs: Stubs, *job_ids: str) -> bool:

@@ -277,17 +277,19 @@ RETURNING job_id;
 -- them for this replica for the lease (pushes next_release_at ahead, counts the attempt). A job
 -- whose user asked to cancel it (`cancel_requested`) is canceled instead of released. A due job
 -- whose releases are paused (functions/queue_releases_paused.sql: a retry or a lease that fell due
--- during the pause) is not claimed: a pause holds releases, never the count. One never claimed
--- (an adopted held run) goes back to waiting for a grant; any other may have had a release the
--- core applied (a lost answer, a lease run out mid-call), so it keeps its place in what is in use
+-- during the pause) is not claimed: a pause holds releases, never the count. One whose due
+-- attempt would still follow no release since it last waited (below `release_turn_attempt`: never
+-- claimed, as an adopted held run, or only held back before the core was asked) goes back to
+-- waiting for a grant; any other may have had a release the core applied (a lost answer, a lease
+-- run out mid-call), so it keeps its place in what is in use
 -- (its capacity token, or no wait at all) and only its retry is held: `next_release_at` NULL with
 -- no wait for capacity, until the resume makes it due (functions/queue_set_releases_paused.sql) or
 -- a cancel asks for it (`record_cancel_request`). Neither runs a release window.
 WITH held AS (
     UPDATE analysis_jobs h
-       SET capacity_wait_since = CASE WHEN h.release_attempts = 0 THEN clock_timestamp() ELSE h.capacity_wait_since END,
-           capacity_turn_key = CASE WHEN h.release_attempts = 0 THEN clock_timestamp() ELSE h.capacity_turn_key END,
-           capacity_token = CASE WHEN h.release_attempts = 0 THEN NULL ELSE h.capacity_token END,
+       SET capacity_wait_since = CASE WHEN h.release_attempts < h.release_turn_attempt THEN clock_timestamp() ELSE h.capacity_wait_since END,
+           capacity_turn_key = CASE WHEN h.release_attempts < h.release_turn_attempt THEN clock_timestamp() ELSE h.capacity_turn_key END,
+           capacity_token = CASE WHEN h.release_attempts < h.release_turn_attempt THEN NULL ELSE h.capacity_token END,
            next_release_at = NULL
       FROM (SELECT job_id FROM analysis_jobs
              -- With no pause in force (the usual case) a one-time filter: nothing is scanned.
@@ -402,11 +404,15 @@ RETURNING j.job_id;
 
 -- name: schedule_release_retry
 -- A transient release failure: remember it and when to try again (never past the deadline);
--- `window_over` tells the caller the window has closed and the release must give up.
+-- `window_over` tells the caller the window has closed and the release must give up. An attempt
+-- that sent nothing (`sent` false: held back before the core was asked) at the attempt that
+-- opened the job's turn passes the turn on to the next attempt: it follows no release either.
 UPDATE analysis_jobs
    SET next_release_at = LEAST(clock_timestamp() + make_interval(secs => %(backoff_seconds)s),
                                release_deadline),
-       last_error = %(last_error)s
+       last_error = %(last_error)s,
+       release_turn_attempt = CASE WHEN NOT %(sent)s AND release_turn_attempt = %(attempt)s
+                                   THEN %(attempt)s + 1 ELSE release_turn_attempt END
  WHERE job_id = %(job_id)s AND status = 'pending' AND release_attempts = %(attempt)s
 RETURNING next_release_at, release_deadline <= clock_timestamp() AS window_over;
 

@@ -777,6 +777,8 @@ BEGIN
           FROM analysis_jobs p
          WHERE p.user_id = p_user_id AND p.status = 'pending' AND p.delta_of_job_id IS NULL
            AND p.cancel_requested_at IS NULL
+           AND ((p.capacity_wait_since IS NOT NULL AND p.capacity_token IS NULL)
+                OR p.release_attempts <= p.release_turn_attempt)
          ORDER BY p.queue_seq DESC
          LIMIT 1
            FOR UPDATE;
