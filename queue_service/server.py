@@ -197,7 +197,14 @@ class QueueApp:
         )
         # The lifecycle core (ending, promotion, cancel, settlement) and the rooms around it.
         self.engine = QueueEngine(
-            self.store, self.core, config, starter=handoff, capacity=self.capacity, tasks=self.tasks, owed_releases=owed_releases
+            self.store,
+            self.core,
+            config,
+            starter=handoff,
+            capacity=self.capacity,
+            tasks=self.tasks,
+            owed_releases=owed_releases,
+            wake_dispatcher=releases_due.set,
         )
         # The core's live runs as the second copy of the jobs (design I14): the rooms' guard
         # against runs a database failover lost; it ends the jobs whose run the core forgot.

@@ -271,7 +271,7 @@ class _Instruments:
     owed_release_handovers = _counter(
         "queue.release.owed_handovers",
         "{handover}",
-        "Follow-ups of a locked change whose outcome was unknown, by result: jobs it may have promoted handed over at once (handed_over, one per job), none found (none), not looked up before the lease would end it (gave_up)",
+        "Follow-ups of a locked change whose outcome was unknown, by result: jobs it may have promoted handed over at once (handed_over, one per job), a paused user's sent back to waiting instead (paused, one per job), none found (none), not looked up before the lease would end it (gave_up)",
     )
     core_reconciliations = _counter(
         "queue.core.reconciliations",

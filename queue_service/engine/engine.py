@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from opentelemetry.trace import Span
@@ -67,6 +67,7 @@ class QueueEngine:
         capacity: FleetCapacity,
         tasks: BackgroundTasks,
         owed_releases: OwedReleases,
+        wake_dispatcher: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         self._core = core
@@ -86,6 +87,8 @@ class QueueEngine:
         # Locked changes whose outcome is unknown: the releases they may have claimed are handed
         # over at once, not after the lease (`owed_releases`).
         self._owed_releases = owed_releases
+        # A resume makes the retries its pause held due: this replica's dispatcher claims them now.
+        self._wake_dispatcher = wake_dispatcher
 
     @property
     def cancel_recheck_seconds(self) -> float:
@@ -368,11 +371,14 @@ class QueueEngine:
     async def set_releases_paused(self, user_id: str, *, paused: bool, note: str) -> SettingChange | None:
         """Pauses or resumes the releases of the fleet ('') or of one user, recorded with the
         caller; None when nothing changed. Every replica obeys it at its next claim or grant (it is
-        in the database); on a resume this replica grants at once, so the held runs start now."""
+        in the database); on a resume this replica grants at once and claims the retries the pause
+        held (their jobs kept their capacity), so the held runs start now."""
         with telemetry.tracer.start_as_current_span("releases.pause") as span:
             span.set_attribute("queue.user_id", user_id)
             span.set_attribute("queue.releases_paused", paused)
-            change = await self._store.set_releases_paused(user_id=user_id, paused=paused, note=note)
+            change = await self._store.set_releases_paused(
+                user_id=user_id, paused=paused, note=note, release_window_seconds=self.config.release_window_seconds
+            )
         if change is not None:
             log.info(
                 "setting changed",
@@ -381,6 +387,8 @@ class QueueEngine:
         # Paused or not, jobs wait for grants now: this replica asks (a resume is granted at once).
         self._capacity.learned(True)
         self._capacity.freed()
+        if change is not None and not paused and self._wake_dispatcher is not None:
+            self._wake_dispatcher()
         return change
 
     async def setting_changes(self, *, before_change_id: int | None, limit: int) -> list[SettingChange]:

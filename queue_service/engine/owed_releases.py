@@ -10,7 +10,8 @@ answer is followed up here, in the background: once the user's lock is free (the
 committed or not by then), the user's PENDING jobs whose first release is claimed and was not
 tried again are handed over. A release is idempotent at the core and its mark is fenced by the
 attempt, so handing over one that is also being released elsewhere costs a duplicate ReleaseRun,
-never a second start.
+never a second start. A paused user's owed release is not handed over: it was never sent, so the
+same statement sends the job back to waiting for a grant, which the resume hands out.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class OwedReleases:
         give_up_at = time.monotonic() + self._lease_seconds
         while True:
             try:
-                owed = await self._store.first_releases_owed(user_id=user_id, run_id=run_id)
+                owed, held = await self._store.first_releases_owed(user_id=user_id, run_id=run_id)
                 break
             except errors.QueueError as exc:
                 if time.monotonic() + _RETRY_SECONDS >= give_up_at:
@@ -68,6 +69,13 @@ class OwedReleases:
                     log.warning("the releases a lost change may owe were not looked up (%s); the lease ends them", exc.reason)
                     return 0
                 await asyncio.sleep(_RETRY_SECONDS)
+        for claim in held:
+            log.info(
+                "releases paused; the job a change whose outcome was unknown promoted waits",
+                extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt},
+            )
+        if held:
+            telemetry.metrics.owed_release_handovers.add(len(held), {"result": "paused"})
         for claim in owed:
             log.info(
                 "a change whose outcome was unknown promoted this job; releasing it",
@@ -76,6 +84,6 @@ class OwedReleases:
             self._starter.start_claimed(claim)
         if owed:
             telemetry.metrics.owed_release_handovers.add(len(owed), {"result": "handed_over"})
-        else:
+        elif not held:
             telemetry.metrics.owed_release_handovers.add(1, {"result": "none"})
         return len(owed)

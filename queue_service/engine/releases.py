@@ -107,7 +107,7 @@ class Releases:
                     # I9 at the core is about first-pass runs: a delta's release is not held for it.
                     held_back = None if claim.delta else await self._guard.release_gate(claim)
                     if held_back is not None:
-                        result = await self._retry_release_later(claim, held_back)
+                        result = await self._retry_release_later(claim, held_back, sent=False)
                         telemetry.metrics.release_attempts.add(1, {"result": str(result)})
                         span.set_attribute("queue.release.result", str(result))
                         return result
@@ -128,16 +128,19 @@ class Releases:
     async def _held_by_pause(self, claim: ClaimedRelease) -> bool:
         """A claim that waited for a place among the releases in flight (up to a core deadline
         per release ahead of it) is checked against the pauses before it is sent: a pause that
-        committed meanwhile puts the job back to waiting. One claimed and started at once is sent
-        (a pause committing in that moment lets it through, like a run already at the core)."""
+        committed meanwhile holds it. A pause holds releases, never the count: a claim that
+        opened the job's turn (nothing sent since it last waited) puts the job back to waiting;
+        a later one (an earlier attempt may have been applied) keeps the job's capacity and only
+        its retry waits for the resume. One claimed and started at once is sent (a pause
+        committing in that moment lets it through, like a run already at the core)."""
         async with self._store.statements() as db:
             held = await db.hold_release_if_paused(job_id=claim.job_id, attempt=claim.attempt)
-        if held:
+        if held is not None:
             log.info(
-                "releases paused; the job waits",
+                "releases paused; the job waits" if held else "releases paused; the retry waits, the job keeps its capacity",
                 extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt},
             )
-        return held
+        return held is not None
 
     async def _record_release(self, claim: ClaimedRelease, report: RunReport | None, error: str) -> ReleaseResult:
         if report is not None and report.fate is RunFate.JUDGING:
@@ -191,10 +194,11 @@ class Releases:
         fate = "no answer" if report is None else f"the run is {report.fate.value}"
         return await self._retry_release_later(claim, error or f"core CancelRun: {fate}")
 
-    async def _retry_release_later(self, claim: ClaimedRelease, error: str) -> ReleaseResult:
+    async def _retry_release_later(self, claim: ClaimedRelease, error: str, *, sent: bool = True) -> ReleaseResult:
+        """`sent` False: this attempt never reached for the core (held back before ReleaseRun)."""
         backoff = self._engine.backoff_seconds(claim.attempt)
         async with self._store.statements() as db:
-            retry = await db.schedule_retry(claim, backoff_seconds=backoff, last_error=error)
+            retry = await db.schedule_retry(claim, backoff_seconds=backoff, last_error=error, sent=sent)
         if retry is not None and retry.window_over:
             window = self._config.release_window_seconds
             await self.give_up_release(

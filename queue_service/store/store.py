@@ -477,22 +477,30 @@ class Statements:
         return {row["job_id"] for row in rows}
 
     @overload
-    async def schedule_retry(self, claim: ClaimedRelease, *, backoff_seconds: float, last_error: str) -> ScheduledRetry | None: ...
+    async def schedule_retry(
+        self, claim: ClaimedRelease, *, backoff_seconds: float, last_error: str, sent: bool = True
+    ) -> ScheduledRetry | None: ...
 
     @overload
     async def schedule_retry(self, claim: ClaimedSettlement | ClaimedReservation, *, backoff_seconds: float) -> None: ...
 
     async def schedule_retry(
-        self, claim: ClaimedRelease | ClaimedSettlement | ClaimedReservation, *, backoff_seconds: float, last_error: str = ""
+        self,
+        claim: ClaimedRelease | ClaimedSettlement | ClaimedReservation,
+        *,
+        backoff_seconds: float,
+        last_error: str = "",
+        sent: bool = True,
     ) -> ScheduledRetry | None:
         """The claim's next attempt, due after `backoff_seconds`: one shape for every durable retry
         (each kind has its named statement; every one is fenced by the claim's attempt). A
         release's answers when its next attempt is due and whether its window is over (None when
         the job is no longer this attempt's); a reconciliation is never scheduled, its claim
-        pushed its next look ahead."""
+        pushed its next look ahead. `sent`: whether the release attempt reached for the core (one
+        held back before it was sent keeps the job's turn unsent, `release_turn_attempt`)."""
         params = {"attempt": claim.attempt, "backoff_seconds": float(backoff_seconds)}
         if isinstance(claim, ClaimedRelease):
-            row = await self._one("schedule_release_retry", {**params, "job_id": claim.key, "last_error": last_error})
+            row = await self._one("schedule_release_retry", {**params, "job_id": claim.key, "last_error": last_error, "sent": sent})
             if row is not None:
                 self._committed()
             return None if row is None else from_row.scheduled_retry(row)
@@ -517,9 +525,13 @@ class Statements:
         )
         return False if row is None else row["core_limit"]
 
-    async def hold_release_if_paused(self, *, job_id: uuid.UUID, attempt: int) -> bool:
-        """Puts a claimed release back to waiting when its releases are paused; whether it did."""
-        return await self._one("hold_release_if_paused", {"job_id": job_id, "attempt": attempt}) is not None
+    async def hold_release_if_paused(self, *, job_id: uuid.UUID, attempt: int) -> bool | None:
+        """Holds a claimed release when its releases are paused: True when the job waits for a
+        grant again (the claim opened its turn: nothing was sent since it last waited), False
+        when it keeps its capacity (an earlier attempt may have been applied) and only its retry
+        is held; None when not paused (or the attempt was overtaken)."""
+        row = await self._one("hold_release_if_paused", {"job_id": job_id, "attempt": attempt})
+        return None if row is None else bool(row["waits_again"])
 
     async def capacity_probe_taken(self) -> None:
         await self._send("capacity_probe_taken", {})
@@ -869,20 +881,26 @@ class Store:
         async with holding_capacity_lock(self.pool):
             yield
 
-    async def first_releases_owed(self, *, user_id: str | None = None, run_id: uuid.UUID | None = None) -> list[ClaimedRelease]:
+    async def first_releases_owed(
+        self, *, user_id: str | None = None, run_id: uuid.UUID | None = None
+    ) -> tuple[list[ClaimedRelease], list[ClaimedRelease]]:
         """The first releases claimed for the user (or the user whose job owns `run_id`) and not
         tried since (`first_releases_owed`), read holding the user's queue lock: a locked change
         of that user still committing (a late acknowledgement, a statement given up) has ended
-        by then, and what it promoted is seen."""
+        by then, and what it promoted is seen. Those to hand over, and those of a paused user,
+        sent back to waiting for a grant by the same statement."""
         async with connection(self.pool) as conn, conn.transaction():
             if user_id is None:
                 owner = await (await conn.execute(_statement("run_owner"), {"run_id": run_id})).fetchone()
                 if owner is None:
-                    return []
+                    return [], []
                 user_id = str(owner["user_id"])
             await take_user_queue_lock(conn, user_id)
             rows = await (await conn.execute(_statement("first_releases_owed"), {"user_id": user_id})).fetchall()
-        return [from_row.claimed_release(row) for row in rows]
+        if any(row["held"] for row in rows):
+            self.hints.committed()
+        owed = [from_row.claimed_release(row) for row in rows if not row["held"]]
+        return owed, [from_row.claimed_release(row) for row in rows if row["held"]]
 
     # -- locked sections: each one statement under the user's queue lock (`locks.locked_section`)
 
@@ -1037,11 +1055,18 @@ class Store:
             audit.log_movement(kind=LedgerKind.REFUND, user_id=user_id, amount=refunded, job_id=job_id, actor=actor, reason=reason)
         return refunded
 
-    async def set_releases_paused(self, *, user_id: str, paused: bool, note: str) -> SettingChange | None:
+    async def set_releases_paused(self, *, user_id: str, paused: bool, note: str, release_window_seconds: float) -> SettingChange | None:
         """Pauses or resumes the releases of the fleet ('') or of one user under the fleet-wide
-        capacity lock, recorded with the current actor (`audit`); None when nothing changed."""
+        capacity lock, recorded with the current actor (`audit`); None when nothing changed. A
+        resume makes the retries the pause held due at once, with a fresh release window."""
         actor = audit.actor_for("releases_paused")
-        params = {"user_id": user_id, "paused": paused, "actor": actor, "note": note}
+        params = {
+            "user_id": user_id,
+            "paused": paused,
+            "actor": actor,
+            "note": note,
+            "release_window_seconds": float(release_window_seconds),
+        }
         rows = await capacity_section(self.pool, _statement("set_releases_paused"), params)
         return from_row.setting_change(rows[0]) if rows else None
 

@@ -91,26 +91,27 @@ async def test_a_job_waits_for_capacity_with_its_place_and_starts_when_capacity_
     assert overview.HasField("oldest_capacity_wait_time")
 
     # A delta re-check waits for a turn like any run (it never waits for its user's slot): its
-    # user has no run in use, as few as the third user, and a delta goes ahead among equals.
+    # user has no run in use, as few as the third user, and has no precedence of its own: the
+    # third user has waited longer since her last start (she never started).
     finished = await core.finish(running.run_id)
     assert finished is not None
     base = finished.job
     assert base.status == S.JOB_STATUS_SUCCEEDED
     await stubs.wait_for(jobs[second][0].job_id, S.JOB_STATUS_RUNNING)
     delta = await stubs.admit(first, delta_of=base.job_id, uri="")
-    assert (delta.status, delta.capacity_position) == (S.JOB_STATUS_PENDING, 1)
+    assert (delta.status, delta.capacity_position) == (S.JOB_STATUS_PENDING, 2)
     assert core.runs[delta.run_id].state == run_pb.RUN_STATE_HELD
     assert (await _overview(stubs)).capacity_in_use == 1
-    assert (await stubs.job(jobs[third][0].job_id)).capacity_position == 2
+    assert (await stubs.job(jobs[third][0].job_id)).capacity_position == 1
 
-    # Capacity frees when the runs end: the delta's turn, then the third user's.
+    # Capacity frees when the runs end: the third user's turn, then the delta's.
     second_job = await stubs.job(jobs[second][0].job_id)
     await core.finish(second_job.run_id)
-    await stubs.wait_for(delta.job_id, S.JOB_STATUS_RUNNING)
-    assert (await stubs.job(jobs[third][0].job_id)).capacity_position == 1
-    await core.finish(delta.run_id)
     started = await stubs.wait_for(jobs[third][0].job_id, S.JOB_STATUS_RUNNING)
     assert started.capacity_position == 0
+    assert (await stubs.job(delta.job_id)).capacity_position == 1
+    await core.finish(started.run_id)
+    await stubs.wait_for(delta.job_id, S.JOB_STATUS_RUNNING)
     assert (core.most_first_pass_judging, core.most_judging) == (1, 1)
 
 
@@ -243,11 +244,12 @@ async def test_a_waiting_user_is_passed_over_at_most_once_by_each_other_user(ser
     assert core.most_first_pass_judging == 1
 
 
-async def test_a_users_deltas_count_toward_her_rank_and_go_ahead_among_equals(service) -> None:
+async def test_a_users_deltas_count_toward_her_rank_and_have_no_precedence(service) -> None:
     """Every run a user has at the core counts toward her place, re-checks included (max-min on
     all runs): a user with a re-check judging ranks behind a user with nothing in use; among users
-    with equally few runs in use a waiting re-check goes first. The core never judges more runs
-    than the capacity, re-checks included (I12)."""
+    with equally few runs in use a waiting re-check has no precedence of its own: the user who has
+    waited longest since her last start goes first. The core never judges more runs than the
+    capacity, re-checks included (I12)."""
     stubs, core = service.stubs, service.core
     light, heavy, blocker = new_user(), new_user(), new_user()
     await _admitted(stubs, [blocker])
@@ -272,19 +274,107 @@ async def test_a_users_deltas_count_toward_her_rank_and_go_ahead_among_equals(se
     waiting_delta = await stubs.admit(blocker, delta_of=(await _succeeded_base(stubs, core, blocker)).job_id, uri="")
     overview = await _overview(stubs)
     assert (overview.capacity_in_use, overview.capacity_waiting_jobs) == (2, 3), overview
-    # heavy has nothing in use; blocker and light one run each, and blocker's waiting job is a
-    # re-check: it goes ahead of light's first-pass job.
-    assert [(await stubs.job(job.job_id)).capacity_position for job in (heavy_waiting, waiting_delta, light_waiting)] == [1, 2, 3]
+    # heavy has nothing in use; blocker and light one run each, and light began to wait first:
+    # blocker's re-check waits behind light's first-pass job.
+    assert [(await stubs.job(job.job_id)).capacity_position for job in (heavy_waiting, light_waiting, waiting_delta)] == [1, 2, 3]
     # The re-check ends: light has nothing in use either, and has waited longer for her turn.
     seen = len(core.start_order)
     await core.finish(judging_delta.run_id)
     assert await _next_start(core, seen) == light
     assert [(await stubs.job(job.job_id)).capacity_position for job in (heavy_waiting, waiting_delta)] == [1, 2]
-    # blocker's first-pass run ends: she and heavy have nothing in use, and her re-check goes first.
+    # blocker's first-pass run ends: she and heavy have nothing in use, and heavy waited longer.
+    seen = len(core.start_order)
     await core.finish(blocking.run_id)
+    assert await _next_start(core, seen) == heavy
+    assert (await stubs.job(waiting_delta.job_id)).capacity_position == 1
+    await core.finish((await stubs.job(light_waiting.job_id)).run_id)
     await stubs.wait_for(waiting_delta.job_id, S.JOB_STATUS_RUNNING)
-    assert (await stubs.job(heavy_waiting.job_id)).capacity_position == 1
     assert core.most_judging == 2
+
+
+@pytest.mark.parametrize(("capacity", "delta_price"), [(1, 0), (1, 1), (2, 0), (2, 1)])
+async def test_a_user_re_checking_in_a_loop_never_passes_a_waiting_click(services, capacity: int, delta_price: int) -> None:
+    """A user re-checks in a loop (each re-check admitted while her previous one judges) while
+    another user's first-pass job waits for capacity: when her judging re-check ends, she has no
+    run in use, as few as the waiting user, but her new re-check began to wait after the click, so
+    the click takes the freed turn (a re-check has no precedence of its own, I13). With capacity 2
+    a third user's run holds the other unit throughout. Free and paid re-checks alike."""
+    core = await services.core()
+    service = await services.start(core, delta_price=delta_price, max_free_admits_per_user_per_hour=10_000)
+    stubs = service.stubs
+    looper, clicker, holder = new_user(), new_user(), new_user()
+    for user in (looper, clicker, holder):
+        await stubs.grant(user, 10)
+    base = await stubs.admit(looper)
+    await _judging_at(core, 1)
+    await core.finish(base.run_id)
+    await stubs.wait_for(base.job_id, S.JOB_STATUS_SUCCEEDED)
+    await _set_capacity(stubs, capacity)
+    if capacity == 2:
+        await stubs.wait_for((await stubs.admit(holder)).job_id, S.JOB_STATUS_RUNNING)
+    judging = await stubs.admit(looper, delta_of=base.job_id, uri="")
+    await stubs.wait_for(judging.job_id, S.JOB_STATUS_RUNNING)
+    click = await stubs.admit(clicker)
+    assert (await stubs.job(click.job_id)).capacity_position == 1
+
+    passes = 0
+    for _ in range(3):
+        waiting = await stubs.admit(looper, delta_of=base.job_id, uri="")
+        assert (await stubs.job(waiting.job_id)).capacity_position == 2
+        await core.finish(judging.run_id)
+        await stubs.wait_for(judging.job_id, S.JOB_STATUS_SUCCEEDED)
+        await eventually(lambda w=waiting: _started(stubs, click.job_id, w.job_id), what="the freed turn granted")
+        if (await stubs.job(click.job_id)).capacity_position == 0:  # the click was granted
+            break
+        passes += 1
+        judging = await stubs.wait_for(waiting.job_id, S.JOB_STATUS_RUNNING)
+    assert passes == 0, f"the looping user's re-checks passed the waiting click {passes} times"
+    await stubs.wait_for(click.job_id, S.JOB_STATUS_RUNNING)
+    assert (await stubs.job(waiting.job_id)).capacity_position == 1
+    assert core.most_judging == capacity
+
+
+async def test_a_capacity_set_while_re_check_admits_are_in_flight_costs_one_run_past_it_per_admit(service) -> None:
+    """The admit decides from the capacity it reads before CreateRun whether a re-check's run is
+    created judging. Three re-check admits read it unlimited, their CreateRun answers come late,
+    and the capacity is set to 1 meanwhile: all three commit RUNNING, their runs already judging
+    (one past the new capacity per admit in flight, not one in all). Each counts in use: a
+    first-pass job waits until all three have ended, then takes the capacity alone."""
+    stubs, core = service.stubs, service.core
+    users = [new_user() for _ in range(3)]
+    clicker = new_user()
+    bases = []
+    for user in [*users, clicker]:
+        await stubs.grant(user, 5)
+    for user in users:
+        base = await stubs.admit(user)
+        await stubs.wait_for(base.job_id, S.JOB_STATUS_RUNNING)
+        await core.finish(base.run_id)
+        bases.append(await stubs.wait_for(base.job_id, S.JOB_STATUS_SUCCEEDED))
+    core.answer_faults["CreateRun"] = AnswerFault("late", seconds=1.0)
+    admits = [asyncio.ensure_future(stubs.admit(user, delta_of=base.job_id, uri="")) for user, base in zip(users, bases, strict=True)]
+    await eventually(lambda: sum(run.first_pass is False for run in core.runs.values()) == 3, what="the three re-check runs created")
+    await _set_capacity(stubs, 1)
+    core.answer_faults.clear()
+    deltas = await asyncio.gather(*admits)
+    assert [delta.status for delta in deltas] == [S.JOB_STATUS_RUNNING] * 3
+    assert core.most_judging == 3
+    assert (await _overview(stubs)).capacity_in_use == 3
+
+    click = await stubs.admit(clicker)
+    for delta in deltas[:2]:
+        await core.finish(delta.run_id)
+        await stubs.wait_for(delta.job_id, S.JOB_STATUS_SUCCEEDED)
+        assert (await stubs.job(click.job_id)).capacity_position == 1
+    await core.finish(deltas[2].run_id)
+    await stubs.wait_for(click.job_id, S.JOB_STATUS_RUNNING)
+    assert core.first_pass_judging() == 1 and len(core.judging_all) == 1
+
+
+async def _started(stubs: Stubs, *job_ids: str) -> bool:
+    """Whether one of the jobs left the wait for capacity (granted)."""
+    positions = [(await stubs.job(job_id)).capacity_position for job_id in job_ids]
+    return 0 in positions
 
 
 async def _succeeded_base(stubs: Stubs, core: DevCore, user: str) -> job_pb2.Job:

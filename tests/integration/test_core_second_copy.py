@@ -32,7 +32,7 @@ from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.dev.core import AnswerFault
 from queue_service.model import DatabaseIdentity
 from queue_service.store import Statements
-from tests.harness import InvariantChecker, S, eventually, new_user
+from tests.harness import InvariantChecker, S, eventually, new_user, nothing_in_flight
 
 HELD, JUDGING, CANCELED = core_pb2.RUN_STATE_HELD, core_pb2.RUN_STATE_JUDGING, core_pb2.RUN_STATE_CANCELED
 
@@ -733,3 +733,49 @@ async def test_an_asynchronous_failover_is_noticed_and_what_it_lost_is_adopted(s
             standby.stop(mode="immediate")
         primary.stop(mode="immediate")
         shutil.rmtree(state, ignore_errors=True)
+
+
+async def test_an_adopted_judging_run_never_takes_back_a_job_whose_release_the_core_may_have_applied(services, database_url: str) -> None:
+    """A user with two slots and a capacity of 3: W judges; Y's release is applied at the core but
+    every answer is lost, so Y stays PENDING retrying (its run judging). A third job X, released on
+    a primary that held a higher limit, judges too, and the failover loses it. Y's next retry asks
+    the core (the history is not reconciled), which reports X: X is adopted RUNNING, and with no
+    slot free it would take back the user's PENDING job. Y's release may have been applied (here
+    it was), so Y is not sent back to her queue, where it would wait again uncounted under the
+    capacity while its run judges: it keeps its slot and its capacity, and X takes a slot past her
+    limit until one of them ends. Y starts (RUNNING) once the core counts fewer than her limit."""
+    nothing_in_flight(database_url)  # the module's earlier tests leave runs that would take the capacity
+    core = await services.core()
+    service = await services.start(core, release_backoff_max_seconds=0.3)
+    stubs, user = service.stubs, new_user()
+    operator = op_grpc.OperatorServiceStub(stubs.channel)
+    await _set_capacity(stubs, 3)
+    try:
+        await operator.SetUserQueueLimit(op_pb2.SetUserQueueLimitRequest(user_id=user, max_active=2), timeout=10)
+        await stubs.grant(user, 5)
+        w = await stubs.wait_for((await stubs.admit(user)).job_id, S.JOB_STATUS_RUNNING)
+        core.answer_faults["ReleaseRun"] = AnswerFault("lose")
+        y = await stubs.admit(user)
+        await eventually(lambda: core.runs[y.run_id].state == JUDGING, what="Y's release applied at the core")
+        await operator.SetUserQueueLimit(op_pb2.SetUserQueueLimitRequest(user_id=user, max_active=3), timeout=10)
+        x = await stubs.admit(user)
+        await eventually(lambda: core.runs[x.run_id].state == JUDGING, what="X's release applied at the core")
+        lose_commits(database_url, [x.job_id])
+        await operator.SetUserQueueLimit(op_pb2.SetUserQueueLimitRequest(user_id=user, max_active=2), timeout=10)
+
+        assert await eventually(lambda: _status(stubs, x.job_id), what="the lost judging run adopted") == S.JOB_STATUS_RUNNING
+        kept = await stubs.job(y.job_id)
+        assert (kept.status, kept.capacity_position) == (S.JOB_STATUS_PENDING, 0), kept
+        overview = (await operator.GetOverview(op_pb2.GetOverviewRequest(), timeout=10)).overview
+        assert overview.capacity_in_use == 3
+
+        core.answer_faults.clear()
+        await core.finish(w.run_id)
+        await stubs.wait_for(w.job_id, S.JOB_STATUS_SUCCEEDED)
+        await stubs.wait_for(y.job_id, S.JOB_STATUS_RUNNING, timeout=10)
+        for job in (x, y):
+            await core.finish(job.run_id)
+            await stubs.wait_for(job.job_id, S.JOB_STATUS_SUCCEEDED)
+        assert orphans(core, database_url) == []
+    finally:
+        await _set_capacity(stubs, 0)

@@ -27,7 +27,16 @@ from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
 from queue_service.dev.core import AnswerFault
-from tests.harness import InvariantChecker, S, error_info, new_user, nothing_in_flight, running_with_one_queued
+from tests.harness import (
+    InvariantChecker,
+    S,
+    error_info,
+    eventually,
+    new_user,
+    nothing_in_flight,
+    running_with_one_queued,
+    stranger_holds_user_locks,
+)
 
 # Well under the release lease (15 s): handed over at once, not found again after the lease.
 _PROMPTLY_SECONDS = 3.0
@@ -188,3 +197,51 @@ async def test_an_admit_with_an_unknown_outcome_that_waits_for_capacity_is_relea
 
 def _operator(service) -> op_grpc.OperatorServiceStub:  # type: ignore[no-untyped-def]
     return op_grpc.OperatorServiceStub(service.stubs.channel)
+
+
+def _commits_waiting_for_the_standby(database_url: str) -> int:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").fetchone()
+    return int(row[0]) if row else 0
+
+
+async def test_a_release_owed_by_a_lost_completion_is_not_sent_once_its_user_is_paused(services, late_commits, database_url) -> None:  # type: ignore[no-untyped-def]
+    """The core's CompleteRun ends the user's running job and promotes the queued one, but its
+    commit is acknowledged late: the answer is lost, and the follow-up that hands over the promoted
+    job's release waits for the user's lock (a stranger holds it). Meanwhile the operator pauses
+    the user. The follow-up finds her paused: the release, never sent, is not handed over; the job
+    waits for a grant with its place in line, and her resume starts it."""
+    nothing_in_flight(database_url)  # the module's earlier tests may leave a capacity set
+    service = await services.start()
+    stubs, core = service.stubs, service.core
+    user, running, queued = await running_with_one_queued(stubs)
+    completion = callback_pb2.CompleteRunRequest(run_id=running.run_id, outcome=callback_pb2.RUN_OUTCOME_SUCCEEDED)
+    holding = asyncio.Event()
+    await asyncio.to_thread(late_commits.on)
+    try:
+        complete = asyncio.ensure_future(stubs.callback.CompleteRun(completion, timeout=1.5))
+        # Its commit waits for the standby, holding the user's lock: the stranger queues behind it
+        # and takes the lock as the commit lands, before the follow-up asks for it.
+        await eventually(lambda: _commits_waiting_for_the_standby(database_url) > 0, what="the completion's commit waiting")
+        stranger = asyncio.create_task(stranger_holds_user_locks(database_url, [user], 4.0, holding))
+        with pytest.raises(grpc.aio.AioRpcError) as lost:
+            await complete
+        await asyncio.wait_for(holding.wait(), timeout=5)
+    finally:
+        await asyncio.to_thread(late_commits.off)
+    assert error_info(lost.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "OUTCOME_UNKNOWN")
+    pause = op_pb2.SetReleasesPausedRequest(user_id=user, paused=True)
+    await _operator(service).SetReleasesPaused(pause, timeout=10)
+    assert not stranger.done(), "the follow-up had the lock before the pause"
+    await stranger
+
+    async def waiting() -> bool:
+        return (await stubs.job(queued.job_id)).capacity_position > 0
+
+    await eventually(waiting, timeout=_PROMPTLY_SECONDS, what="the promoted job waiting for a grant")
+    await asyncio.sleep(0.5)
+    assert not any(run_id == queued.run_id for run_id, _ in core.release_log)
+    assert (await stubs.job(queued.job_id)).status == S.JOB_STATUS_PENDING
+    await _operator(service).SetReleasesPaused(op_pb2.SetReleasesPausedRequest(user_id=user, paused=False), timeout=10)
+    await stubs.wait_for(queued.job_id, S.JOB_STATUS_RUNNING, timeout=_PROMPTLY_SECONDS)
+    assert InvariantChecker(database_url).all_violations() == []

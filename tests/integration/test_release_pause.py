@@ -8,9 +8,11 @@ Also SetCoreCapacity's capacity 0, which no longer silently means unlimited."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 
 import grpc
+import psycopg
 import pytest
 
 from queue_service import telemetry
@@ -18,7 +20,8 @@ from queue_service._gen.acurio.core.v1 import run_service_pb2 as run_pb
 from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
-from queue_service.dev.core import DevCore
+from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service.dev.core import AnswerFault, DevCore
 from queue_service.engine.maintenance.metrics_reader import MetricsReader
 from queue_service.model import ClaimedRelease, ReleaseResult
 from tests.harness import Stubs, error_info, eventually, new_user, nothing_in_flight
@@ -173,9 +176,24 @@ async def test_no_start_is_estimated_for_a_job_held_by_a_pause(service) -> None:
     await eventually(lambda: shown({paused_user: True, other: True}), timeout=5, what="estimates back after both resumes")
 
 
-async def test_a_release_falling_due_while_paused_goes_back_to_waiting(services) -> None:
-    """A release the core did not answer is retried; paused meanwhile, the retry is not sent: the
-    job waits again (no release window running) and starts on the resume."""
+def _retry_held(database_url: str, job_id: str) -> bool:
+    """Whether the job's release retry is held by a pause with its capacity kept: PENDING, no
+    release due, not waiting for capacity."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(
+            """SELECT status = 'pending' AND next_release_at IS NULL
+                      AND (capacity_wait_since IS NULL OR capacity_token IS NOT NULL)
+                 FROM analysis_jobs WHERE job_id = %s""",
+            (job_id,),
+        ).fetchone()
+    return bool(row and row[0])
+
+
+async def test_a_retry_falling_due_while_paused_is_held_with_the_jobs_capacity(services, database_url: str) -> None:
+    """A release the core did not answer is retried; paused meanwhile, the retry is not sent. The
+    unanswered release may have been applied, so the job does not go back to waiting: it stays
+    PENDING with no place in line (a pause holds releases, never the count), and a resume
+    releases it at once (its window from then)."""
     core = await services.core()
     service = await services.start(core, release_backoff_max_seconds=0.2)
     stubs, user = service.stubs, new_user()
@@ -184,26 +202,22 @@ async def test_a_release_falling_due_while_paused_goes_back_to_waiting(services)
     job = await stubs.admit(user)
     await eventually(lambda: len(core.release_log) >= 2, what="the release retried")
     await _pause(stubs, True)
-
-    async def waiting_again() -> bool:
-        return (await stubs.job(job.job_id)).capacity_position > 0
-
-    await eventually(waiting_again, timeout=5, what="the job back to waiting")
+    await eventually(lambda: _retry_held(database_url, job.job_id), timeout=5, what="the retry held")
     core.fail_releases = False
     sent = len(core.release_log)
     await asyncio.sleep(SETTLE_SECONDS)
-    waiting = await stubs.job(job.job_id)
-    assert (waiting.status, len(core.release_log)) == (S.JOB_STATUS_PENDING, sent)
-    assert waiting.capacity_position > 0 and core.runs[job.run_id].state == run_pb.RUN_STATE_HELD
+    held = await stubs.job(job.job_id)
+    assert (held.status, held.capacity_position, len(core.release_log)) == (S.JOB_STATUS_PENDING, 0, sent)
     await _pause(stubs, False)
     await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING, timeout=3)
 
 
-async def test_a_claim_that_waited_for_a_place_in_flight_is_not_sent_once_paused(services) -> None:
+async def test_a_claim_that_waited_for_a_place_in_flight_is_not_sent_once_paused(services, database_url: str) -> None:
     """The dispatcher holds a claim back while its releases in flight are at their bound (up to a
     core deadline each): a pause committed meanwhile keeps it from the core. Here the claim is the
     retry of a release the core did not answer, attempted as the dispatcher attempts one that
-    waited for a place."""
+    waited for a place: the first attempt may have been applied, so the job keeps its capacity
+    (no place in line) and only its retry waits for the resume."""
     core = await services.core()
     service = await services.start(core, release_backoff_max_seconds=600)
     stubs, user = service.stubs, new_user()
@@ -216,14 +230,97 @@ async def test_a_claim_that_waited_for_a_place_in_flight_is_not_sent_once_paused
     pending = await stubs.job(job.job_id)
     assert (pending.status, pending.capacity_position) == (S.JOB_STATUS_PENDING, 0)
 
-    claim = ClaimedRelease(uuid.UUID(job.job_id), user, uuid.UUID(job.run_id), attempt=pending.release_attempts, waited_for_a_slot=True)
+    claim = ClaimedRelease(uuid.UUID(job.job_id), user, uuid.UUID(job.run_id), attempt=pending.release_attempts + 1, waited_for_a_slot=True)
+    _claim_next_attempt(database_url, job.job_id)
     assert await service.app.releases.release(claim) is ReleaseResult.PAUSED
     await asyncio.sleep(SETTLE_SECONDS)
     held = await stubs.job(job.job_id)
     assert (held.status, len(core.release_log), core.runs[job.run_id].state) == (S.JOB_STATUS_PENDING, 1, run_pb.RUN_STATE_HELD)
-    assert held.capacity_position > 0
+    assert held.capacity_position == 0 and _retry_held(database_url, job.job_id)
     await _pause(stubs, False, user_id=user)
     await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING, timeout=3)
+
+
+def _claim_next_attempt(database_url: str, job_id: str) -> None:
+    """Claims the job's retry as the dispatcher's claim of a due release does (its attempt counted)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE analysis_jobs SET release_attempts = release_attempts + 1, next_release_at = clock_timestamp() + interval '15 seconds' WHERE job_id = %s",
+            (job_id,),
+        )
+
+
+async def test_a_granted_claim_never_sent_goes_back_to_waiting_once_paused(service, database_url: str) -> None:
+    """Capacity 1, one run judging, a second user's job waiting. The capacity is raised behind the
+    replicas' backs and this replica's grant claims the waiting job's release; a pause of her
+    releases commits before the claim is sent (it waited for a place in flight). Nothing was sent
+    since its grant: the job goes back to waiting, its capacity given back, and the resume's grant
+    releases it."""
+    stubs, core = service.stubs, service.core
+    await _operator(stubs).SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=1), timeout=10)
+    judging_user, waiting_user = new_user(), new_user()
+    await stubs.grant(judging_user, 5)
+    await stubs.grant(waiting_user, 5)
+    judging = await stubs.wait_for((await stubs.admit(judging_user)).job_id, S.JOB_STATUS_RUNNING)
+    waiting = await stubs.admit(waiting_user)
+    assert (await stubs.job(waiting.job_id)).capacity_position == 1
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("UPDATE queue_capacity SET capacity = 2")
+    grant = await service.app.releases.grant_capacity(max_grants=1)
+    ((claim, _waited),) = grant.claims
+    assert claim.job_id == uuid.UUID(waiting.job_id)
+    assert (await _overview(stubs)).capacity_in_use == 2
+    await _pause(stubs, True, user_id=waiting_user)
+
+    assert await service.app.releases.release(dataclasses.replace(claim, waited_for_a_slot=True)) is ReleaseResult.PAUSED
+    back = await stubs.job(waiting.job_id)
+    assert (back.status, back.capacity_position) == (S.JOB_STATUS_PENDING, 1)
+    assert (await _overview(stubs)).capacity_in_use == 1
+    assert not _released(core, waiting)
+    await _pause(stubs, False, user_id=waiting_user)
+    await stubs.wait_for(waiting.job_id, S.JOB_STATUS_RUNNING, timeout=3)
+    assert judging.status == S.JOB_STATUS_RUNNING
+
+
+@pytest.mark.parametrize("scope", ["user", "fleet"])
+async def test_a_pause_never_takes_a_run_the_core_may_judge_out_of_the_capacity(services, scope: str) -> None:
+    """Capacity 1. A's job is granted and the core applies its release, but the answer is lost, so
+    the release backs off to retry. The operator pauses A's releases (or the fleet's); the retry
+    falls due while paused. The job keeps its capacity (its run judges at the core): B's job waits
+    behind it, never granted while A's run judges (I12), and A's cancel asks the core (it is not a
+    job waiting for capacity, ended without the core). After the pause, B takes the freed capacity."""
+    core = await services.core()
+    service = await services.start(core, release_backoff_max_seconds=0.3)
+    stubs = service.stubs
+    await _operator(stubs).SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=1), timeout=10)
+    a, b = new_user(), new_user()
+    await stubs.grant(a, 5)
+    await stubs.grant(b, 5)
+    core.answer_faults["ReleaseRun"] = AnswerFault("lose")
+    job_a = await stubs.admit(a)
+    await eventually(lambda: core.runs[job_a.run_id].state == run_pb.RUN_STATE_JUDGING, what="A's release applied at the core")
+    await _pause(stubs, True, user_id=a if scope == "user" else "")
+    job_b = await stubs.admit(b)
+    # The retries that fall due meanwhile are held (each lost answer backs off at most 0.3 s).
+    retried = len(core.release_log)
+    await asyncio.sleep(1.0)
+    assert len(core.release_log) <= retried + 1
+    core.answer_faults.clear()
+    if scope == "fleet":
+        await _pause(stubs, False)
+        await stubs.wait_for(job_a.job_id, S.JOB_STATUS_RUNNING, timeout=3)
+    await asyncio.sleep(SETTLE_SECONDS)
+    a_now, b_now = await stubs.job(job_a.job_id), await stubs.job(job_b.job_id)
+    assert a_now.capacity_position == 0, a_now
+    assert (b_now.status, b_now.capacity_position) == (S.JOB_STATUS_PENDING, 1), b_now
+    assert (await _overview(stubs)).capacity_in_use == 1
+    assert core.most_first_pass_judging == 1 and not _released(core, job_b)
+
+    canceled = await stubs.queue.CancelJob(queue_pb2.CancelJobRequest(job_id=job_a.job_id, user_id=a), timeout=10)
+    assert canceled.job.status == S.JOB_STATUS_CANCELED
+    assert core.runs[job_a.run_id].state == run_pb.RUN_STATE_CANCELED
+    await stubs.wait_for(job_b.job_id, S.JOB_STATUS_RUNNING, timeout=5)
+    assert core.most_first_pass_judging == 1
 
 
 async def test_every_replica_obeys_a_pause_made_through_another(services) -> None:
@@ -271,3 +368,33 @@ async def test_capacity_zero_is_refused_unless_unlimited_is_asked_for(service) -
     assert (limited.change.new_value, limited.overview.capacity_limit) == (4, 4)
     unlimited = await operator.SetCoreCapacity(op_pb2.SetCoreCapacityRequest(unlimited=True), timeout=10)
     assert (unlimited.change.old_value, unlimited.change.new_value, unlimited.overview.capacity_limit) == (4, 0, 0)
+
+
+async def test_a_paused_users_waiting_jobs_are_numbered_after_everyone_elses(service) -> None:
+    """Capacity 1, one run judging; P's job waits first, O's second. Paused, P's job is passed over
+    by every grant, so the line numbers it after O's: O shows 1 and is granted next, P shows 2
+    (with no estimate). Resumed, P's earlier wait puts her first again."""
+    stubs, core = service.stubs, service.core
+    await _operator(stubs).SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=1), timeout=10)
+    judging_user, paused_user, other = new_user(), new_user(), new_user()
+    for user in (judging_user, paused_user, other):
+        await stubs.grant(user, 5)
+    judging = await stubs.wait_for((await stubs.admit(judging_user)).job_id, S.JOB_STATUS_RUNNING)
+    paused_job = await stubs.admit(paused_user)
+    other_job = await stubs.admit(other)
+    assert [(await stubs.job(job.job_id)).capacity_position for job in (paused_job, other_job)] == [1, 2]
+
+    await _pause(stubs, True, user_id=paused_user)
+    assert [(await stubs.job(job.job_id)).capacity_position for job in (paused_job, other_job)] == [2, 1]
+
+    async def no_estimate() -> bool:  # the pause is read with the capacity's state, within a second
+        return not (await stubs.job(paused_job.job_id)).HasField("estimated_start_time")
+
+    await eventually(no_estimate, timeout=5, what="no estimate for the paused user's job")
+    await _pause(stubs, False, user_id=paused_user)
+    assert [(await stubs.job(job.job_id)).capacity_position for job in (paused_job, other_job)] == [1, 2]
+
+    await _pause(stubs, True, user_id=paused_user)
+    await core.finish(judging.run_id)
+    await stubs.wait_for(other_job.job_id, S.JOB_STATUS_RUNNING)
+    assert (await stubs.job(paused_job.job_id)).capacity_position == 1

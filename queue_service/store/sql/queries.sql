@@ -275,7 +275,14 @@ UPDATE analysis_jobs
        canceled_by = COALESCE(canceled_by, %(actor)s),
        next_reconcile_at = CASE WHEN status = 'running'
                                 THEN LEAST(next_reconcile_at, clock_timestamp() + make_interval(secs => %(cancel_recheck_seconds)s))
-                           END
+                           END,
+       -- A PENDING job whose retry a pause holds (`claim_due_releases`: the core may judge its
+       -- run) is due again after the recheck, so an unanswered cancel reaches the core anyway.
+       next_release_at = CASE WHEN status = 'pending' AND next_release_at IS NULL
+                                   AND (capacity_wait_since IS NULL OR capacity_token IS NOT NULL)
+                              THEN clock_timestamp() + make_interval(secs => %(cancel_recheck_seconds)s)
+                              ELSE next_release_at
+                         END
  WHERE job_id = %(job_id)s AND status IN ('pending', 'running')
 RETURNING job_id;
 
@@ -284,13 +291,19 @@ RETURNING job_id;
 -- them for this replica for the lease (pushes next_release_at ahead, counts the attempt). A job
 -- whose user asked to cancel it (`cancel_requested`) is canceled instead of released. A due job
 -- whose releases are paused (functions/queue_releases_paused.sql: a retry or a lease that fell due
--- during the pause) is not claimed: it goes back to waiting for a grant, with no release window
--- running, and the grant hands it out once the pause is lifted.
+-- during the pause) is not claimed: a pause holds releases, never the count. One whose due
+-- attempt would still follow no release since it last waited (below `release_turn_attempt`: never
+-- claimed, as an adopted held run, or only held back before the core was asked) goes back to
+-- waiting for a grant; any other may have had a release the core applied (a lost answer, a lease
+-- run out mid-call), so it keeps its place in what is in use
+-- (its capacity token, or no wait at all) and only its retry is held: `next_release_at` NULL with
+-- no wait for capacity, until the resume makes it due (functions/queue_set_releases_paused.sql) or
+-- a cancel asks for it (`record_cancel_request`). Neither runs a release window.
 WITH held AS (
     UPDATE analysis_jobs h
-       SET capacity_wait_since = clock_timestamp(),
-           capacity_turn_key = clock_timestamp(),
-           capacity_token = NULL,
+       SET capacity_wait_since = CASE WHEN h.release_attempts < h.release_turn_attempt THEN clock_timestamp() ELSE h.capacity_wait_since END,
+           capacity_turn_key = CASE WHEN h.release_attempts < h.release_turn_attempt THEN clock_timestamp() ELSE h.capacity_turn_key END,
+           capacity_token = CASE WHEN h.release_attempts < h.release_turn_attempt THEN NULL ELSE h.capacity_token END,
            next_release_at = NULL
       FROM (SELECT job_id FROM analysis_jobs
              -- With no pause in force (the usual case) a one-time filter: nothing is scanned.
@@ -317,17 +330,20 @@ RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_
 
 -- name: hold_release_if_paused
 -- A claimed release that waited in the dispatcher (for a place among the releases in flight) and
--- whose releases were paused meanwhile is not sent: the job goes back to waiting for a grant, as
--- `claim_due_releases` does with a paused due release. Fenced by the attempt; the job's id when
--- held, no row when its releases are not paused (or the attempt was overtaken).
+-- whose releases were paused meanwhile is not sent. A claim at the attempt that opened the job's
+-- turn (its grant's, or the first of all: `release_turn_attempt`) follows no release since the job
+-- last waited: the job goes back to waiting for a grant, its capacity given back. A later attempt
+-- follows one the core may have applied: the job keeps its capacity and its retry is held, as
+-- `claim_due_releases` holds one. Fenced by the attempt; the job's id and whether it waits again
+-- when held, no row when its releases are not paused (or the attempt was overtaken).
 UPDATE analysis_jobs
-   SET capacity_wait_since = clock_timestamp(),
-       capacity_turn_key = clock_timestamp(),
-       capacity_token = NULL,
+   SET capacity_wait_since = CASE WHEN release_attempts = release_turn_attempt THEN clock_timestamp() ELSE capacity_wait_since END,
+       capacity_turn_key = CASE WHEN release_attempts = release_turn_attempt THEN clock_timestamp() ELSE capacity_turn_key END,
+       capacity_token = CASE WHEN release_attempts = release_turn_attempt THEN NULL ELSE capacity_token END,
        next_release_at = NULL
  WHERE job_id = %(job_id)s AND status = 'pending' AND release_attempts = %(attempt)s
    AND cancel_requested_at IS NULL AND queue_releases_paused(user_id)
-RETURNING job_id;
+RETURNING job_id, release_attempts = release_turn_attempt AS waits_again;
 
 -- name: run_owner
 -- The user whose job owns a run (a job's user never changes); no row when no job owns it.
@@ -338,12 +354,29 @@ SELECT user_id FROM analysis_jobs WHERE run_id = %(run_id)s;
 -- tried again since: the lease of that claim still runs, it is the first attempt, and the job
 -- does not wait for the core's capacity (a grant hands those over). Run after a locked change
 -- whose outcome was unknown, holding the user's lock (`Store.first_releases_owed`), so that a
--- change still committing has ended: the hand-over its answer would have made is made here.
-SELECT job_id, user_id, run_id, release_attempts, cancel_requested_at IS NOT NULL AS cancel_requested,
-       (SELECT queue_history_reconciled()) AS history_reconciled, delta_of_job_id IS NOT NULL AS delta
-  FROM analysis_jobs
- WHERE user_id = %(user_id)s AND status = 'pending' AND release_attempts = 1
-   AND next_release_at > clock_timestamp() AND capacity_wait_since IS NULL;
+-- change still committing has ended: the hand-over its answer would have made is made here. A
+-- paused user's job (`held`) is not handed over: its release was never sent, so it goes back to
+-- waiting for a grant, in this statement, as `hold_release_if_paused` sends back a claim at the
+-- first attempt of its turn. A job with a recorded cancel is handed over (its run is canceled).
+WITH owed AS (
+    SELECT job_id, cancel_requested_at IS NULL AND queue_releases_paused(user_id) AS held
+      FROM analysis_jobs
+     WHERE user_id = %(user_id)s AND status = 'pending' AND release_attempts = 1
+       AND next_release_at > clock_timestamp() AND capacity_wait_since IS NULL
+       FOR UPDATE
+), waiting AS (
+    UPDATE analysis_jobs h
+       SET capacity_wait_since = clock_timestamp(),
+           capacity_turn_key = clock_timestamp(),
+           capacity_token = NULL,
+           next_release_at = NULL
+      FROM owed
+     WHERE h.job_id = owed.job_id AND owed.held
+)
+SELECT j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested,
+       (SELECT queue_history_reconciled()) AS history_reconciled, j.delta_of_job_id IS NOT NULL AS delta, owed.held
+  FROM analysis_jobs j
+  JOIN owed ON owed.job_id = j.job_id;
 
 -- name: claim_release_of_job
 -- Claims one pending job for an immediate release attempt (the Release RPC), unless another
@@ -385,11 +418,15 @@ RETURNING j.job_id;
 
 -- name: schedule_release_retry
 -- A transient release failure: remember it and when to try again (never past the deadline);
--- `window_over` tells the caller the window has closed and the release must give up.
+-- `window_over` tells the caller the window has closed and the release must give up. An attempt
+-- that sent nothing (`sent` false: held back before the core was asked) at the attempt that
+-- opened the job's turn passes the turn on to the next attempt: it follows no release either.
 UPDATE analysis_jobs
    SET next_release_at = LEAST(clock_timestamp() + make_interval(secs => %(backoff_seconds)s),
                                release_deadline),
-       last_error = %(last_error)s
+       last_error = %(last_error)s,
+       release_turn_attempt = CASE WHEN NOT %(sent)s AND release_turn_attempt = %(attempt)s
+                                   THEN %(attempt)s + 1 ELSE release_turn_attempt END
  WHERE job_id = %(job_id)s AND status = 'pending' AND release_attempts = %(attempt)s
 RETURNING next_release_at, release_deadline <= clock_timestamp() AS window_over;
 
@@ -940,9 +977,10 @@ RETURNING change_id, setting, user_id, old_value, new_value, actor, create_time,
 -- name: set_releases_paused
 -- A section under the fleet-wide capacity lock (`locks.capacity_section`): pauses or resumes the
 -- releases of the fleet ('') or of one user, recorded with its actor and note
--- (functions/queue_set_releases_paused.sql). One 'changed' row; none when nothing changed.
+-- (functions/queue_set_releases_paused.sql). A resume makes the retries the pause held due at
+-- once, each with a release window from now. One 'changed' row; none when nothing changed.
 SELECT s.row_kind, s.change_id, s.setting, s.user_id, s.old_value, s.new_value, s.actor, s.create_time, s.note
-  FROM queue_set_releases_paused(%(user_id)s, %(paused)s, %(actor)s, %(note)s) AS s
+  FROM queue_set_releases_paused(%(user_id)s, %(paused)s, %(actor)s, %(note)s, %(release_window_seconds)s::float8) AS s
 
 -- name: user_settings
 -- One user's settings in force: her first-pass limit (her own or the default), and the pauses

@@ -66,6 +66,7 @@ CREATE TABLE public.analysis_jobs (
     sources_preview      jsonb,
     retry_of_job_id      uuid,
     canceled_by          text,
+    release_turn_attempt integer DEFAULT 1 NOT NULL,
     CONSTRAINT analysis_jobs_active_first_pass_has_slot CHECK ((status <> ALL (ARRAY['pending'::text, 'running'::text])) OR delta_of_job_id IS NOT NULL OR slot IS NOT NULL),
     CONSTRAINT analysis_jobs_capacity_token_check CHECK (capacity_token >= 1),
     CONSTRAINT analysis_jobs_delta_of_job_id_fkey FOREIGN KEY (delta_of_job_id) REFERENCES analysis_jobs(job_id),
@@ -499,21 +500,12 @@ CREATE OR REPLACE FUNCTION public.queue_capacity_next_in_line()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    v_delta record;
-    v_first_pass record;
     v_best uuid;
     v_locked record;
     v_skipped uuid[] := '{}';
 BEGIN
     LOOP
-        SELECT f.job_id, f.runs_in_use INTO v_delta FROM queue_capacity_first_waiting(true, v_skipped, NULL) f;
-        v_best := v_delta.job_id;
-        IF v_best IS NULL OR v_delta.runs_in_use > 0 THEN
-            -- Anyone with strictly fewer runs in use goes ahead of the delta.
-            SELECT f.job_id, f.runs_in_use INTO v_first_pass
-              FROM queue_capacity_first_waiting(false, v_skipped, v_delta.runs_in_use) f;
-            v_best := COALESCE(v_first_pass.job_id, v_best);
-        END IF;
+        SELECT f.job_id INTO v_best FROM queue_capacity_first_waiting(false, v_skipped, NULL) f;
         IF v_best IS NULL THEN
             RETURN NULL;
         END IF;
@@ -660,6 +652,7 @@ BEGIN
                capacity_turn_before = (SELECT t.last_turn_at FROM user_capacity_turns t WHERE t.user_id = a.user_id),
                capacity_turn_key = v_now,
                release_attempts = a.release_attempts + 1,
+               release_turn_attempt = a.release_attempts + 1,
                next_release_at = v_now + make_interval(secs => p_lease_seconds),
                release_deadline = v_now + make_interval(secs => p_release_window_seconds)
          WHERE a.job_id = v_job_id
@@ -764,6 +757,13 @@ $function$;
 
 CREATE OR REPLACE FUNCTION public.queue_set_releases_paused(p_user_id text, p_paused boolean, p_actor text, p_note text)
  RETURNS TABLE(row_kind text, change_id bigint, setting text, user_id text, old_value integer, new_value integer, actor text, create_time timestamp with time zone, note text)
+ LANGUAGE sql
+AS $function$
+    SELECT * FROM queue_set_releases_paused(p_user_id, p_paused, p_actor, p_note, NULL::double precision)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_set_releases_paused(p_user_id text, p_paused boolean, p_actor text, p_note text, p_release_window_seconds double precision)
+ RETURNS TABLE(row_kind text, change_id bigint, setting text, user_id text, old_value integer, new_value integer, actor text, create_time timestamp with time zone, note text)
  LANGUAGE plpgsql
 AS $function$
 BEGIN
@@ -775,6 +775,17 @@ BEGIN
     END IF;
     IF NOT FOUND THEN
         RETURN;
+    END IF;
+    IF NOT p_paused THEN
+        -- The retries the pause held (their runs may judge: they kept their capacity) are due now.
+        UPDATE analysis_jobs j
+           SET next_release_at = clock_timestamp(),
+               release_deadline = GREATEST(j.release_deadline,
+                                           clock_timestamp() + make_interval(secs => p_release_window_seconds))
+         WHERE j.status = 'pending' AND j.next_release_at IS NULL
+           AND (j.capacity_wait_since IS NULL OR j.capacity_token IS NOT NULL)
+           AND (p_user_id = '' OR j.user_id = p_user_id)
+           AND NOT queue_releases_paused(j.user_id);
     END IF;
     RETURN QUERY
     INSERT INTO queue_setting_changes AS c (setting, user_id, old_value, new_value, actor, note)
@@ -796,6 +807,8 @@ BEGIN
           FROM analysis_jobs p
          WHERE p.user_id = p_user_id AND p.status = 'pending' AND p.delta_of_job_id IS NULL
            AND p.cancel_requested_at IS NULL
+           AND ((p.capacity_wait_since IS NOT NULL AND p.capacity_token IS NULL)
+                OR p.release_attempts <= p.release_turn_attempt)
          ORDER BY p.queue_seq DESC
          LIMIT 1
            FOR UPDATE;
@@ -884,7 +897,7 @@ CREATE VIEW public.analysis_jobs_capacity_order AS
     user_id,
     run_id,
     capacity_wait_since,
-    row_number() OVER (ORDER BY (queue_capacity_in_use_of_user(user_id)), (delta_of_job_id IS NULL), capacity_turn_key, capacity_wait_since, queue_seq) AS capacity_position
+    row_number() OVER (ORDER BY (queue_releases_paused(user_id)), (queue_capacity_in_use_of_user(user_id)), capacity_turn_key, capacity_wait_since, queue_seq) AS capacity_position
    FROM analysis_jobs w
   WHERE status = 'pending'::text AND capacity_wait_since IS NOT NULL AND capacity_token IS NULL;
 

@@ -11,27 +11,23 @@
 --   grant (NULL: none waits, or every candidate is locked by another transaction): fewest runs in
 --   use first and, among users with equally few, a delta ahead of first-pass work; then the user
 --   who has waited longest for her turn.
+-- * 0034 (release turn attempt): A delta has no precedence of its own: the next job is the first
+--   in turn order among the users with the fewest runs in use (`queue_capacity_first_waiting`),
+--   whatever its kind; the turn order is the user's wait since her last start at the core (a
+--   delta's grant counting, as any grant). Before, a waiting delta of a user with no run in use
+--   went first, so a user re-checking in a loop passed a waiting first-pass job at every turn.
 
 CREATE OR REPLACE FUNCTION public.queue_capacity_next_in_line()
  RETURNS uuid
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    v_delta record;
-    v_first_pass record;
     v_best uuid;
     v_locked record;
     v_skipped uuid[] := '{}';
 BEGIN
     LOOP
-        SELECT f.job_id, f.runs_in_use INTO v_delta FROM queue_capacity_first_waiting(true, v_skipped, NULL) f;
-        v_best := v_delta.job_id;
-        IF v_best IS NULL OR v_delta.runs_in_use > 0 THEN
-            -- Anyone with strictly fewer runs in use goes ahead of the delta.
-            SELECT f.job_id, f.runs_in_use INTO v_first_pass
-              FROM queue_capacity_first_waiting(false, v_skipped, v_delta.runs_in_use) f;
-            v_best := COALESCE(v_first_pass.job_id, v_best);
-        END IF;
+        SELECT f.job_id INTO v_best FROM queue_capacity_first_waiting(false, v_skipped, NULL) f;
         IF v_best IS NULL THEN
             RETURN NULL;
         END IF;

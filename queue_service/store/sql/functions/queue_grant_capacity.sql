@@ -21,6 +21,9 @@
 --   committed or sees it), and a paused user's jobs are passed over (queue_capacity_first_waiting).
 --   The state row says limited while any pause is in force, so replicas keep asking and a resume
 --   is granted at once.
+-- * 0034 (release turn attempt): The grant's claim is recorded as the attempt that opens the job's
+--   turn (`release_turn_attempt`): a pause may send a claim at that attempt back to waiting, never
+--   a later one (it follows a release the core may have applied).
 
 CREATE OR REPLACE FUNCTION public.queue_grant_capacity(p_lease_seconds double precision, p_release_window_seconds double precision, p_probe_interval_seconds double precision, p_max_grants integer)
  RETURNS TABLE(row_kind text, job_id uuid, user_id text, run_id uuid, release_attempts integer, waited_seconds double precision, probe boolean, limited boolean, in_use integer, capacity_limit integer, cancel_requested boolean)
@@ -62,6 +65,7 @@ BEGIN
                capacity_turn_before = (SELECT t.last_turn_at FROM user_capacity_turns t WHERE t.user_id = a.user_id),
                capacity_turn_key = v_now,
                release_attempts = a.release_attempts + 1,
+               release_turn_attempt = a.release_attempts + 1,
                next_release_at = v_now + make_interval(secs => p_lease_seconds),
                release_deadline = v_now + make_interval(secs => p_release_window_seconds)
          WHERE a.job_id = v_job_id

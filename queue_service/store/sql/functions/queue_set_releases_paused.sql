@@ -1,4 +1,4 @@
--- queue_set_releases_paused: the function.
+-- queue_set_releases_paused: the function (two overloads).
 --
 -- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
 -- * 0028 (release pauses and ledger actor): Pauses or resumes the releases of the fleet
@@ -7,8 +7,15 @@
 --   committed before the pause (its releases are on their way, like runs at the core) or sees it.
 --   A call that changes nothing (a pause already in force, a resume of no pause) records nothing
 --   and returns no row; otherwise one 'changed' row with the change.
+-- * 0034 (release turn attempt): A pause holds releases, never the count: a release retry that may
+--   have been applied at the core is held with its capacity (`claim_due_releases`,
+--   `hold_release_if_paused`: PENDING, `next_release_at` NULL, not waiting for capacity). A resume
+--   makes those of the users it frees due at once, in the same commit, each with a release window
+--   of `p_release_window_seconds` from now at least (its window did not run while held). The
+--   four-argument overload (replicas of the previous version) resumes them too, their windows as
+--   they were.
 
-CREATE OR REPLACE FUNCTION public.queue_set_releases_paused(p_user_id text, p_paused boolean, p_actor text, p_note text)
+CREATE OR REPLACE FUNCTION public.queue_set_releases_paused(p_user_id text, p_paused boolean, p_actor text, p_note text, p_release_window_seconds double precision)
  RETURNS TABLE(row_kind text, change_id bigint, setting text, user_id text, old_value integer, new_value integer, actor text, create_time timestamptz, note text)
  LANGUAGE plpgsql
 AS $function$
@@ -22,10 +29,28 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    IF NOT p_paused THEN
+        -- The retries the pause held (their runs may judge: they kept their capacity) are due now.
+        UPDATE analysis_jobs j
+           SET next_release_at = clock_timestamp(),
+               release_deadline = GREATEST(j.release_deadline,
+                                           clock_timestamp() + make_interval(secs => p_release_window_seconds))
+         WHERE j.status = 'pending' AND j.next_release_at IS NULL
+           AND (j.capacity_wait_since IS NULL OR j.capacity_token IS NOT NULL)
+           AND (p_user_id = '' OR j.user_id = p_user_id)
+           AND NOT queue_releases_paused(j.user_id);
+    END IF;
     RETURN QUERY
     INSERT INTO queue_setting_changes AS c (setting, user_id, old_value, new_value, actor, note)
     VALUES ('releases_paused', NULLIF(p_user_id, ''), CASE WHEN p_paused THEN 0 ELSE 1 END,
             CASE WHEN p_paused THEN 1 ELSE 0 END, p_actor, p_note)
     RETURNING 'changed'::text, c.change_id, c.setting, c.user_id, c.old_value, c.new_value, c.actor, c.create_time, c.note;
 END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_set_releases_paused(p_user_id text, p_paused boolean, p_actor text, p_note text)
+ RETURNS TABLE(row_kind text, change_id bigint, setting text, user_id text, old_value integer, new_value integer, actor text, create_time timestamptz, note text)
+ LANGUAGE sql
+AS $function$
+    SELECT * FROM queue_set_releases_paused(p_user_id, p_paused, p_actor, p_note, NULL::double precision)
 $function$;
