@@ -248,7 +248,10 @@ export type Job = Message<"acurio.queue.v1.Job"> & {
    * For a PENDING job that holds its user's slot but waits for the fleet's capacity at the core
    * ("waiting for the core: 3rd in line"): its 1-based place in the fleet-wide order in which
    * capacity is granted (fair across users, so it can move back when another user's turn comes
-   * first). 0 when the job is not waiting for capacity. Added to the contract additively.
+   * first). 0 when the job is not waiting for capacity. Added to the contract additively. The
+   * jobs of a user whose releases are paused (passed over by every grant) are numbered after
+   * every other user's, and carry no estimated_start_time (a comment added additively; the
+   * field's type and number are unchanged).
    *
    * @generated from field: int32 capacity_position = 17;
    */
@@ -440,7 +443,10 @@ export type JobJson = {
    * For a PENDING job that holds its user's slot but waits for the fleet's capacity at the core
    * ("waiting for the core: 3rd in line"): its 1-based place in the fleet-wide order in which
    * capacity is granted (fair across users, so it can move back when another user's turn comes
-   * first). 0 when the job is not waiting for capacity. Added to the contract additively.
+   * first). 0 when the job is not waiting for capacity. Added to the contract additively. The
+   * jobs of a user whose releases are paused (passed over by every grant) are numbered after
+   * every other user's, and carry no estimated_start_time (a comment added additively; the
+   * field's type and number are unchanged).
    *
    * @generated from field: int32 capacity_position = 17;
    */

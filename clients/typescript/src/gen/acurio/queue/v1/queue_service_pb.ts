@@ -798,8 +798,8 @@ export const AnalysisQueueService: GenService<{
    * (it holds a slot and starts at once) or QUEUED (it waits for the user's earlier jobs).
    * A delta re-check (`delta_of_job_id` set) never waits for its user's slot: it starts RUNNING,
    * or, while the fleet's capacity at the core is limited (OperatorService.SetCoreCapacity), it
-   * is PENDING with a `capacity_position` until its turn, ahead of first-pass work among users
-   * with equally few runs at the core (the wait under a capacity is additive to v1).
+   * is PENDING with a `capacity_position` until its turn, taken in the same order as first-pass
+   * work, with no precedence of its own (the wait under a capacity is additive to v1).
    *
    * Idempotent by (`user_id`, `idempotency_key`): the same key and payload return the same job
    * and charge once; retrying after CORE_UNAVAILABLE with the same key is safe.
