@@ -104,8 +104,8 @@ def admit_request(user_id: str, key: str, payload: str, label: str, delta_of: st
         room = validation.MAX_ADMIT_BYTES - 16_384 - count * (12 + 4 * wide_in_doi + 12)
         citation = WIDE * max(1, min(validation.MAX_CITATION_CHARS, room // count // 4))
     elif payload == "wide_text":
-        uri_chars = min(validation.MAX_URI_CHARS, getattr(validation, "MAX_URI_BYTES", 4 * validation.MAX_URI_CHARS) // 4)
-        uri = "s3://theses/" + WIDE * (uri_chars - 4)
+        uri_bytes = getattr(validation, "MAX_URI_BYTES", 4 * validation.MAX_URI_CHARS)
+        uri = "s3://theses/" + WIDE * min(validation.MAX_URI_CHARS - 12, (uri_bytes - 12) // 4)
         title = WIDE * min(validation.MAX_TITLE_CHARS, getattr(validation, "MAX_TITLE_BYTES", 4 * validation.MAX_TITLE_CHARS) // 4)
     elif payload == "invisible":
         mark = random.Random(label).choice(INVISIBLE)
