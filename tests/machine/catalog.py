@@ -211,24 +211,24 @@ async def _judge_admit_refusal(m: Machine, record: JobRecord, exc: grpc.aio.AioR
     if reason == "INSUFFICIENT_CREDITS":
         after = await asyncio.to_thread(_balance_sync, m, user.user_id)
         if min(balance_before, after) >= max(1, record.price or 1):
-            m.violate("stated reasons", f"{user.user_id} with {min(balance_before, after)} credits was refused INSUFFICIENT_CREDITS")
+            m.violate("refused with credits", f"{user.user_id} with {min(balance_before, after)} credits was refused INSUFFICIENT_CREDITS")
     if reason == "USER_FREE_WORK_LIMIT":
         hour_ago = time.time() - 3600
         own = sum(1 for t, _ in user.own_free_work if t > hour_ago)
         if own < w.FREE_WORK_PER_HOUR:
             m.violate(
-                "stated reasons",
+                "free work she chose",
                 f"{user.user_id} was refused USER_FREE_WORK_LIMIT ({w.FREE_WORK_PER_HOUR} an hour) after {own} free jobs of her own choosing",
                 once=f"freework:{user.user_id}",
             )
     if reason == "INVALID_REQUEST" and record.payload.get("kind") not in ("invisible",):
         m.violate(
-            "stated reasons",
+            "valid request refused",
             f"a valid Admit ({record.payload.get('kind')}) was refused INVALID_REQUEST: {exc.details()[:300]}",
             once=f"invalid:{record.payload.get('kind')}",
         )
     if reason == "CORE_REJECTED" and record.payload.get("kind") != "rejected":
-        m.violate("stated reasons", f"an Admit the core accepts was refused CORE_REJECTED: {exc.details()[:200]}")
+        m.violate("valid request refused", f"an Admit the core accepts was refused CORE_REJECTED: {exc.details()[:200]}")
 
 
 # -- the web backend's calls --------------------------------------------------------------------------
@@ -700,7 +700,7 @@ async def set_user_limit(m: Machine, args: Args) -> None:
 def _judge_retry_refusal(m: Machine, reason: str, message: str) -> None:
     if reason == "USER_FREE_WORK_LIMIT":
         m.violate(
-            "stated reasons", f"an operator's retry was refused by the user's free-work limit: {message[:200]}", once="retry-freework"
+            "free work she chose", f"an operator's retry was refused by the user's free-work limit: {message[:200]}", once="retry-freework"
         )
 
 
