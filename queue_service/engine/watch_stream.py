@@ -158,10 +158,16 @@ class WatchStream:
         self._ready.set()
 
     def resync(self) -> None:
-        """Changes may have been missed: the reader re-reads what it may have missed. What waits
-        in the backlog is dropped, since that read comes later and covers it."""
+        """Changes may have been missed: the reader re-reads what it may have missed. The jobs
+        waiting in the backlog are dropped, since that read comes later and covers them; a job
+        that vanished is kept, since no read finds it any more (a resync tells only of the jobs the
+        stream reported active: an ended job the pruner deleted would keep its last view, I11)."""
+        kept = [(item, cost) for item, cost in self._backlog if isinstance(item, VanishedJob)]
+        # Within half the backlog's bytes (a flood of deletions beyond it is the resync's gap).
+        kept = kept[-max(0, self._max_backlog_bytes // 2 // _VANISHED_BYTES) :] if kept else kept
         self._backlog.clear()
-        self._backlog_bytes = 0
+        self._backlog.extend(kept)
+        self._backlog_bytes = sum(cost for _, cost in kept)
         self._resync_due = True
         self._ready.set()
 

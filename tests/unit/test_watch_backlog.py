@@ -8,7 +8,7 @@ import dataclasses
 import datetime as dt
 import uuid
 
-from queue_service.engine.watch_stream import SeqSet, WatchItem, WatchStream, estimated_bytes
+from queue_service.engine.watch_stream import SeqSet, VanishedJob, WatchItem, WatchStream, estimated_bytes
 from queue_service.model import JobStatus, JobView
 
 
@@ -69,6 +69,18 @@ async def test_a_resync_request_drops_what_waits() -> None:
     later = WatchItem(_view(2))
     stream.offer(later)
     assert await _next_now(stream) == later
+
+
+async def test_a_resync_keeps_the_jobs_that_vanished() -> None:
+    """No resync read finds a deleted job again, so a resync that dropped its vanished message
+    would leave the stream's last view of it for good (I11): the message outlives the resync."""
+    stream = WatchStream("ada", backlog_bytes=64 * 1024)
+    pruned = VanishedJob(uuid.uuid4(), "ada")
+    stream.offer(WatchItem(_view(1)))
+    stream.offer(pruned)
+    stream.resync()
+    assert await _next_now(stream) is None, "the resync first"
+    assert await _next_now(stream) == pruned, "then the vanished job, which no read can bring back"
 
 
 def test_a_stream_remembers_active_jobs_by_queue_seq_and_forgets_ended_ones() -> None:
