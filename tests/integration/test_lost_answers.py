@@ -382,24 +382,27 @@ async def test_a_replica_whose_clock_runs_ahead_does_not_spin(services, database
 
 
 async def test_a_slow_cancel_of_a_spare_run_does_not_hold_the_users_queue(services) -> None:
-    """Defect 8: two admits with one key race; the loser cancels its spare held run, and the core
-    answers that cancel slowly. That never happens under the user's lock: the user's CompleteRun
-    meanwhile succeeds instead of answering LOCK_TIMEOUT."""
+    """Defect 8: two admits race for the last place in the user's queue; the loser, refused
+    USER_QUEUE_FULL under the lock after the core created its held run, cancels that spare run,
+    and the core answers that cancel slowly. That never happens under the user's lock: the
+    user's CompleteRun meanwhile succeeds instead of answering LOCK_TIMEOUT. (Two admits with one
+    key no longer make a spare run: the second waits for the first's outcome, migration 0033.)"""
     core = await services.core()
-    service = await services.start(core, lock_timeout_ms=300)
+    service = await services.start(core, lock_timeout_ms=300, max_queued_per_user=1)
     stubs, user = service.stubs, new_user()
-    await stubs.grant(user, 2)
+    await stubs.grant(user, 3)
     running = await stubs.admit(user)
     await stubs.wait_for(running.job_id, S.JOB_STATUS_RUNNING)
     core.slow_seconds = 0.2  # both admits pass the pre-check before either commits
     core.answer_faults["CancelRun"] = AnswerFault("late", seconds=2.0)
-    racing = asyncio.gather(stubs.admit(user, "same-key"), stubs.admit(user, "same-key"))
+    racing = asyncio.gather(stubs.admit(user, "first-key"), stubs.admit(user, "second-key"), return_exceptions=True)
     await eventually(lambda: core.faults_injected["CancelRun:late"] >= 1, what="the spare run's cancel")
     core.slow_seconds = 0
     completed = await stubs.complete(running.run_id)
     assert completed.status == S.JOB_STATUS_SUCCEEDED
-    first, second = await racing
-    assert first.job_id == second.job_id
+    answers = await racing
+    refused = [a for a in answers if isinstance(a, grpc.aio.AioRpcError)]
+    assert len(refused) == 1 and error_info(refused[0])[1] == "USER_QUEUE_FULL", answers
 
 
 # -- also reported: reconciliation, cancel races, page tokens, the delta limit -----------------
