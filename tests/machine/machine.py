@@ -196,7 +196,9 @@ class Machine:
 
     def check_rows(self) -> None:
         try:
-            found = self.checker.all_violations()
+            # I1 against the largest limit each user had (a lowered one is reached as runs end).
+            found = self.checker.i2_fifo() + self.checker.i3_ledger() + self.checker.i6_deltas()
+            found += self._i1_slot_limit()
             with psycopg.connect(self.world.database_url, autocommit=True) as conn:
                 dup = conn.execute(
                     "SELECT user_id, idempotency_key FROM analysis_jobs GROUP BY 1, 2 HAVING count(*) > 1 LIMIT 3"
@@ -219,6 +221,15 @@ class Machine:
         self.model.checks["rows"] += 1
         for message in found:
             self.violate(message.split(":", 1)[0], message.split(":", 1)[1].strip(), once=message)
+
+    def _i1_slot_limit(self) -> list[str]:
+        limits = {u.user_id: u.max_active for u in self.model.users}
+        with psycopg.connect(self.world.database_url, autocommit=True) as conn:
+            rows = conn.execute(
+                """SELECT user_id, count(*) FROM analysis_jobs WHERE status IN ('pending', 'running') AND delta_of_job_id IS NULL
+                    GROUP BY user_id"""
+            ).fetchall()
+        return [f"I1: user {u} has {n} active first-pass jobs (limit {limits.get(u, 1)})" for u, n in rows if n > limits.get(u, 1)]
 
     # -- I4, all along -----------------------------------------------------------------------------
 
