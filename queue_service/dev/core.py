@@ -507,8 +507,9 @@ class DevCore(pb_grpc.RunServiceServicer):
 
     def _get_run(self, request: pb.GetRunRequest, _metadata: _TraceHeaders) -> pb.GetRunResponse:
         run = self.runs.get(request.run_id)
-        if run is None:
-            raise _Refusal(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown")
+        if run is None or self._expired(run):
+            # An expired held run is gone, as ReleaseRun and ListRuns already treat it.
+            raise _Refusal(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is unknown or expired")
         return pb.GetRunResponse(run=self._recorded_run(run))
 
     def _recorded_run(self, run: DevRun) -> pb.Run:
