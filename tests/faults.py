@@ -27,6 +27,7 @@ class TcpProxy:
         self._target_dsn = target_dsn
         self.port = free_port()
         self._server: asyncio.Server | None = None
+        self._refusing = False
         self._pipes: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         # `cut_when_sent`: the next connection whose client sends these bytes is cut before they
@@ -41,10 +42,16 @@ class TcpProxy:
         return urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{self.port}"))
 
     async def up(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port, reuse_address=True)
+        self._refusing = False
+        if self._server is None:
+            self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port, reuse_address=True)
 
-    async def down(self) -> None:
-        if self._server is not None:
+    async def down(self, *, hold_port: bool = False) -> None:
+        """`hold_port`: keep listening and reset every new connection at once, so that no other
+        process takes the port meanwhile (it came from the ephemeral range, which outgoing
+        connections draw from too) and `up()` cannot fail to bind it again."""
+        self._refusing = hold_port
+        if self._server is not None and not hold_port:
             self._server.close()
             self._server = None
         for writer in list(self._writers):
@@ -71,6 +78,9 @@ class TcpProxy:
         self.cut_done.clear()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._refusing:
+            writer.transport.abort()
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection(*self._target)
         except OSError:

@@ -933,7 +933,7 @@ generator("database_outage")(_gen_replica)
 @action("database_outage", weight=0.5, uses=("TcpProxy.down", "TcpProxy.up"))
 async def database_outage(m: Machine, args: Args) -> None:
     """PostgreSQL unreachable for the replicas (connections cut, new ones refused) until a heal."""
-    await m.world.proxy.down()
+    await m.world.proxy.down(hold_port=True)
     m.model.fault_started("database_outage")
 
 

@@ -386,8 +386,7 @@ class World:
         core.judging_ceiling = None
         core.daily_budget = 1_000_000
         core.answer_faults.clear()
-        if self.proxy._server is None:
-            await self.proxy.up()
+        await self.proxy.up()
         with contextlib.suppress(psycopg.Error):
             await asyncio.to_thread(self.commits_acknowledged_late, False)
 
