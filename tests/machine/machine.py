@@ -44,6 +44,11 @@ QUIET_AFTER = 8.0
 # I4: a queued job beside a free slot is promoted by the tail call or, at the latest, the sweeper.
 I4_GRACE = 3 * w.SWEEP_INTERVAL + 3.0
 QUIESCE_TIMEOUT = 45.0
+# After a quiet period: how long the service may take to reconcile the core's runs with its jobs
+# (the listing every RECONCILE_INTERVAL, the probe of one job's run) before a mismatch is one (I10),
+# and how long a stream may lag GetJob (a feed read; 5 s at most when a hint is lost) (I11).
+I10_CONVERGE = 4 * w.RECONCILE_INTERVAL + 10.0
+I11_CONVERGE = 8.0
 # docs/security.md, "What one user can store": a job holds at most this much while it keeps
 # its sources, and this much once they are pruned; a ledger entry a few hundred bytes.
 STATED_BYTES_WITH_SOURCES = 2_100_000
@@ -308,34 +313,48 @@ class Machine:
 
     async def check_core_against_jobs(self) -> None:
         """I10: every run the core holds or judges belongs to a live job, and every live job's
-        run is held or judged by the core."""
+        run is held or judged by the core, once reconciliation has run (the service's listing
+        and probe, every RECONCILE_INTERVAL): a mismatch that outlasts I10_CONVERGE is one."""
         self.model.checks["I10"] += 1
+        give_up = time.monotonic() + I10_CONVERGE
+        while True:
+            problems = await asyncio.to_thread(self._core_against_jobs)
+            if not problems or time.monotonic() > give_up:
+                break
+            await asyncio.sleep(0.5)
+        for key, message in problems:
+            self.violate("I10", message, once=f"I10:{key}")
+
+    def _core_against_jobs(self) -> list[tuple[str, str]]:
         with psycopg.connect(self.world.database_url, autocommit=True) as conn:
             live = dict(
                 conn.execute("SELECT run_id::text, status FROM analysis_jobs WHERE status IN ('queued', 'pending', 'running')").fetchall()
             )
         core = self.world.core
         held_or_judging = {
-            run_id: run for run_id, run in core.runs.items() if run.state in (run_pb.RUN_STATE_HELD, run_pb.RUN_STATE_JUDGING)
+            run_id: run for run_id, run in list(core.runs.items()) if run.state in (run_pb.RUN_STATE_HELD, run_pb.RUN_STATE_JUDGING)
         }
         ours = {u.user_id for u in self.model.users}
+        problems = []
         for run_id, run in held_or_judging.items():
             if run.user_id in ours and run_id not in live and not core._expired(run):
-                self.violate(
-                    "I10", f"the core {'judges' if run.state == run_pb.RUN_STATE_JUDGING else 'holds'} run {run_id} of no live job"
-                )
+                doing = "judges" if run.state == run_pb.RUN_STATE_JUDGING else "holds"
+                problems.append((run_id, f"the core {doing} run {run_id} of no live job"))
         for run_id, status in live.items():
             run = held_or_judging.get(run_id)
             if run is None:
                 known = core.runs.get(run_id)
                 state = "unknown to the core" if known is None else f"{run_pb.RunState.Name(known.state)} at the core"
-                self.violate("I10", f"a {status} job's run {run_id} is {state}", once=f"I10:{run_id}")
+                problems.append((run_id, f"a {status} job's run {run_id} is {state}"))
             elif core._expired(run):
-                self.violate("I10", f"a {status} job's held run {run_id} expired at the core", once=f"I10:{run_id}")
+                problems.append((run_id, f"a {status} job's held run {run_id} expired at the core"))
+        return problems
 
     async def check_streams(self, quiet_seconds: float = 1.5, timeout: float = 20.0) -> None:
         """I11: once every stream has its snapshot and has been quiet a while, its last message
-        per job equals GetJob (and a job GetJob does not find was said to have vanished)."""
+        per job equals GetJob (and a job GetJob does not find was said to have vanished). A
+        stream may lag the database by a feed read (at most FEED_POLL when a hint is lost): a
+        difference that outlasts I11_CONVERGE is one."""
         give_up = time.monotonic() + timeout
         while True:
             now = time.monotonic()
@@ -345,6 +364,17 @@ class Machine:
                 self.violate("I11", f"the WatchJobs streams did not settle within {timeout:.0f} s of a quiet period")
                 return
             await asyncio.sleep(0.2)
+        give_up = time.monotonic() + I11_CONVERGE
+        while True:
+            differences = await self._streams_against_get_job()
+            if not differences or time.monotonic() > give_up:
+                break
+            await asyncio.sleep(0.5)
+        for invariant, key, message in differences:
+            self.violate(invariant, message, once=key)
+
+    async def _streams_against_get_job(self) -> list[tuple[str, str, str]]:
+        found = []
         for stream in self.streams:
             for job_id, streamed in list(stream.last.items()):
                 self.model.checks["I11"] += 1
@@ -355,15 +385,18 @@ class Machine:
                     replica=self.rng.randrange(8),
                 )
                 if isinstance(answer, grpc.aio.AioRpcError):
-                    if answer.code() == grpc.StatusCode.NOT_FOUND:
-                        self.violate(
-                            "I11 vanished",
-                            f"a stream of {stream.user_id} still shows job {job_id}, which GetJob no longer finds",
-                            once=f"I11:gone:{job_id}",
+                    if answer.code() == grpc.StatusCode.NOT_FOUND and job_id in stream.last:
+                        found.append(
+                            (
+                                "I11 vanished",
+                                f"I11:gone:{job_id}",
+                                f"a stream of {stream.user_id} still shows job {job_id}, which GetJob no longer finds",
+                            )
                         )
                     continue
-                if answer is None:
+                if answer is None or job_id not in stream.last:
                     continue
+                streamed = stream.last[job_id]
                 current = answer.job
                 differences = [
                     f"{field} {_shown(streamed, field)} but GetJob {_shown(current, field)}"
@@ -371,9 +404,10 @@ class Machine:
                     if _shown(streamed, field) != _shown(current, field)
                 ]
                 if differences:
-                    self.violate(
-                        "I11 fields", f"job {job_id}: the stream says " + "; ".join(differences), once=f"I11:{job_id}:{differences[0]}"
+                    found.append(
+                        ("I11 fields", f"I11:{job_id}:{differences[0]}", f"job {job_id}: the stream says " + "; ".join(differences))
                     )
+        return found
 
     def database_bytes(self) -> int:
         """Every relation of the database (tables with their TOAST and indexes, materialized

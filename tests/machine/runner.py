@@ -42,6 +42,7 @@ class RunResult:
     codes: collections.Counter[str]
     quiesces: int
     most_passed_over: int = 0
+    users: int = 3
 
     def first(self, invariant: str | None = None) -> Violation | None:
         """The first broken promise not already known to break (KNOWN), or the first of `invariant`."""
@@ -86,6 +87,7 @@ async def run(
     steps: list[Step] | None = None,
     stop_at_first: bool = True,
     stop_on: str | None = None,
+    users: int = 3,
     log: bool = False,
 ) -> RunResult:
     """One run in a fresh world: `steps` replays a recorded sequence; without them, steps are
@@ -108,7 +110,7 @@ async def run(
     machine: Machine | None = None
     try:
         await world.start()
-        machine = Machine(world, seed)
+        machine = Machine(world, seed, users=users)
         await machine.start()
         rng = random.Random(seed)
         since_quiesce = 0
@@ -153,6 +155,7 @@ async def run(
             machine.model.codes,
             machine.quiesces,
             most,
+            users,
         )
     finally:
         if machine is not None:
@@ -181,9 +184,9 @@ async def _finish(machine: Machine) -> None:
     await asyncio.to_thread(machine.check_rows)
 
 
-async def reproduces(postgres: MachinePostgres, seed: int, steps: list[Step], invariant: str, tries: int = 1) -> bool:
+async def reproduces(postgres: MachinePostgres, seed: int, steps: list[Step], invariant: str, tries: int = 1, users: int = 3) -> bool:
     for _ in range(tries):
-        result = await run(postgres, seed=seed, steps=steps, stop_on=invariant)
+        result = await run(postgres, seed=seed, steps=steps, stop_on=invariant, users=users)
         if any(v.invariant == invariant for v in result.violations):
             return True
     return False
@@ -206,7 +209,7 @@ async def shorten(
         start = 0
         while start < len(steps) and time.monotonic() < give_up:
             candidate = steps[:start] + steps[start + size :]
-            if candidate and await reproduces(postgres, result.seed, candidate, first.invariant):
+            if candidate and await reproduces(postgres, result.seed, candidate, first.invariant, users=result.users):
                 steps = candidate
                 removed_any = True
                 if log:
@@ -226,6 +229,7 @@ def replay_document(result: RunResult, steps: list[Step], note: str = "", invari
         "found": str(first) if first else "",
         "invariant": first.invariant if first else "",
         "seed": result.seed,
+        "users": result.users,
         "note": note,
         "steps": [s.as_json() for s in steps],
     }

@@ -21,7 +21,7 @@ async def shorten_file(postgres: MachinePostgres, path: Path, seconds: float, ou
     document = json.loads(path.read_text())
     steps = runner.load_steps(document)
     invariant = document["invariant"]
-    result = await runner.run(postgres, seed=document["seed"], steps=steps, stop_on=invariant)
+    result = await runner.run(postgres, seed=document["seed"], steps=steps, stop_on=invariant, users=document.get("users", 3))
     first = result.first(invariant)
     if first is None:
         raise SystemExit(f"{path.name}: the recorded steps did not break {invariant} this time ({result.violations[:3]}); run again")

@@ -76,5 +76,6 @@ def _replays() -> list[Path]:
 @pytest.mark.timeout(900)
 async def test_replay(machine_postgres: MachinePostgres, path: Path) -> None:
     document = json.loads(path.read_text())
-    result = await runner.run(machine_postgres, seed=document["seed"], steps=runner.load_steps(document), log=LOG)
+    steps = runner.load_steps(document)
+    result = await runner.run(machine_postgres, seed=document["seed"], steps=steps, users=document.get("users", 3), log=LOG)
     assert not result.violations, f"{path.name} ({document['found']}):\n" + "\n".join(str(v) for v in result.violations[:20])
