@@ -273,7 +273,7 @@ class QueueApp:
             ),
             "CoreCallbackService": CoreCallbackServicer(self.completions, self.reads),
             "CreditsService": CreditsServicer(credits),
-            "OperatorService": OperatorServicer(self.engine, self.admission, self.reads, self.gate.draining, credits),
+            "OperatorService": OperatorServicer(self.engine, self.admission, self.reads, self.gate.draining, credits, self.recovery),
         }
         self.web = WebEndpoint(self.servicers, road, config) if config.http_addr else None
         self.heartbeat = ReplicaHeartbeat(self.store, self._replica_report, probe_core=self.core.probe_if_quiet)

@@ -34,6 +34,8 @@ from queue_service.model import (
     AdmitState,
     AdmittedJob,
     Adoption,
+    AuditEvent,
+    AuditQuery,
     CapacityGrant,
     CapacityState,
     Cause,
@@ -60,6 +62,7 @@ from queue_service.model import (
     LostRun,
     NewJob,
     Overview,
+    PauseInForce,
     Promoted,
     PromotionLimits,
     QueueMinute,
@@ -552,6 +555,21 @@ class Statements:
     async def setting_changes(self, *, before_change_id: int | None, limit: int) -> list[SettingChange]:
         rows = await self._all("setting_changes", {"before_change_id": before_change_id, "limit": limit})
         return [from_row.setting_change(row) for row in rows]
+
+    async def release_pauses(self, *, limit: int) -> tuple[list[PauseInForce], int]:
+        """The pauses in force (the fleet's first, then users', the longest paused first) and how
+        many users are paused."""
+        rows = await self._all("release_pauses", {"limit": limit})
+        return [from_row.pause_in_force(row) for row in rows], int(rows[0]["paused_users"]) if rows else 0
+
+    async def audit_events(self, query: AuditQuery, *, limit: int) -> list[AuditEvent]:
+        params: Row = {**dataclasses.asdict(query), "limit": limit}
+        return [from_row.audit_event(row) for row in await self._all("audit_events", params)]
+
+    async def record_operator_action(self, *, action: str, user_id: str, job_id: uuid.UUID | None, outcome: str) -> None:
+        """An operator's Promote, Release or CheckJobWithCore, with the current actor (`audit`)."""
+        params: Row = {"action": action, "actor": audit.actor_for(action), "user_id": user_id, "job_id": job_id, "outcome": outcome}
+        await self._send("record_operator_action", params)
 
     async def capacity_state(self) -> CapacityState:
         row = await self._one("capacity_state", {"paused_users_named": PAUSED_USERS_NAMED_AT_MOST})
