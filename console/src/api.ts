@@ -130,9 +130,9 @@ export function describeError(error: unknown): string {
     // The token's role, as the service names it: a viewer may watch but not act; any other role
     // but an operator's cannot use the console at all.
     const role = e.metadata.role ?? "";
-    if (role === "viewer") return "PERMISSION_DENIED: a viewer token watches only; this action needs an operator token (press t to set one)";
+    if (role === "viewer") return `PERMISSION_DENIED: a viewer token watches only; this action needs an operator token (${e.message}); press t to set one`;
     if (role !== "" && role !== "operator") {
-      return `PERMISSION_DENIED: the console needs an operator or viewer token (this one is a ${role} token): press t to set another token`;
+      return `PERMISSION_DENIED: the console needs an operator or viewer token (this one is a ${role} token: ${e.message}); press t to set another token`;
     }
   }
   const fields = e.fieldViolations.map((v) => v.description);

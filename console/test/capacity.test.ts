@@ -95,6 +95,6 @@ test("a job that holds its slot but waits for the core shows its place in line; 
   const overview = (await asOperator.getOverview({})).overview!;
   assert.ok(overview.capacityWaitingUsers >= 2n, `two users at least wait: ${overview.capacityWaitingUsers}`);
   await figure.locator(".value").filter({ hasText: `${overview.capacityInUse} / 1` }).waitFor({ timeout: WAIT_MS });
-  await figure.locator(".hint").filter({ hasText: new RegExp(`^${overview.capacityWaitingUsers} users waiting, longest \\d`) }).waitFor({ timeout: WAIT_MS });
+  await figure.locator(".hint").filter({ hasText: new RegExp(`^${overview.capacityWaitingUsers} users waiting for a turn, longest turn wait \\d`) }).waitFor({ timeout: WAIT_MS });
   await page.screenshot({ path: join(SHOTS, "capacity-overview.png"), fullPage: true });
 });

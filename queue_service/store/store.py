@@ -527,11 +527,12 @@ class Statements:
     async def capacity_probe_taken(self) -> None:
         await self._send("capacity_probe_taken", {})
 
-    async def seed_capacity(self, *, capacity: int) -> int:
-        """Seeds a fresh database's capacity; returns the capacity in force."""
+    async def seed_capacity(self, *, capacity: int) -> tuple[int, str]:
+        """Seeds a fresh database's capacity; returns the capacity in force and who set it
+        (`system:seed`, or an operator's actor)."""
         row = await self._one("seed_capacity", {"capacity": capacity})
         assert row is not None
-        return int(row["capacity"])
+        return int(row["capacity"]), str(row["updated_by"] or "")
 
     async def set_core_capacity(self, *, capacity: int) -> SettingChange:
         """Sets the fleet's capacity, recorded with the current actor (`audit`)."""

@@ -897,10 +897,11 @@ SELECT queue_capacity_probe_taken();
 -- changes it. Returns the capacity in force. Replicas starting together race for the seed: the
 -- loser's insert waits for the winner's and then conflicts with a row its own snapshot cannot see,
 -- so the row is returned through ON CONFLICT DO UPDATE (which reads the committed row), changing
--- nothing, rather than read again.
+-- nothing, rather than read again. Also who set the capacity in force (`system:seed`, or the
+-- operator who set it at run time).
 INSERT INTO queue_capacity AS c (capacity, updated_by) VALUES (%(capacity)s, 'system:seed')
 ON CONFLICT (singleton) DO UPDATE SET capacity = c.capacity
-RETURNING c.capacity;
+RETURNING c.capacity, c.updated_by;
 
 -- name: set_core_capacity
 -- The operator's change of the capacity, with its actor in the row and in the change log; what
