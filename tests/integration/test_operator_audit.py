@@ -6,6 +6,7 @@ core now" (CheckJobWithCore), one audit timeline filterable by actor and by user
 
 from __future__ import annotations
 
+import logging
 import uuid
 from pathlib import Path
 from typing import Any
@@ -291,3 +292,13 @@ async def test_a_viewer_reads_everything_an_operator_reads_and_is_refused_every_
 
 def _empty(full_name: str) -> Any:
     return symbol_database.Default().GetSymbol(full_name)()
+
+
+async def test_a_capacity_an_operator_set_is_said_at_start_as_info_not_warned_of(services, caplog: pytest.LogCaptureFixture) -> None:
+    first = await services.start()
+    await _operator(first.stubs).SetCoreCapacity(op_pb2.SetCoreCapacityRequest(capacity=7), timeout=10)
+    caplog.set_level(logging.INFO, logger="queue_service.server")
+    await services.start(core_capacity=5)  # a replica whose QUEUE_CORE_CAPACITY differs
+    said = [record for record in caplog.records if "capacity in force is 7" in record.getMessage()]
+    assert said, [record.getMessage() for record in caplog.records]
+    assert said[0].levelno == logging.INFO and "at run time by anonymous" in said[0].getMessage(), said[0].getMessage()
