@@ -597,6 +597,45 @@ class SettingChange:
 
 
 @dataclasses.dataclass(frozen=True)
+class PauseInForce:
+    """One pause of releases in force, whose: the fleet's (`user_id` '') or one user's."""
+
+    user_id: str
+    pause: ReleasePause
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditEvent:
+    """One thing someone did, as the audit timeline shows it (OperatorService.ListAuditEvents):
+    `kind` is `capacity`, `user_limit`, `pause`, `resume`, `grant`, `cancel`, `retry`,
+    `promote`, `release` or `check_with_core`. `event_key` orders events of one instant and is
+    the keyset position with `occurred_at`."""
+
+    occurred_at: dt.datetime
+    event_key: str
+    kind: str
+    actor: str
+    user_id: str
+    job_id: uuid.UUID | None = None
+    retry_of_job_id: uuid.UUID | None = None
+    old_value: int = 0
+    new_value: int = 0
+    amount: int = 0
+    note: str = ""
+    outcome: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditQuery:
+    """Which audit events: by actor and by user ('' for either: all), below a keyset position."""
+
+    actor: str = ""
+    user_id: str = ""
+    before_time: dt.datetime | None = None
+    before_key: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class UserSettings:
     """One user's settings in force: her first-pass limit (her own, or the service's default)
     and the pauses holding her runs back."""
@@ -713,6 +752,10 @@ class JobView:
     retried_as_job_ids: tuple[uuid.UUID, ...] = ()
     # Who asked to cancel it, as the ledger names actors; empty when nobody did.
     canceled_by: str = ""
+    # Filled in by the reads: a RUNNING job judging far longer than usual (its run unconfirmed), and
+    # a QUEUED job waiting behind one (no start promised).
+    run_overdue: bool = False
+    behind_overdue_run: bool = False
 
 
 def estimate_start(

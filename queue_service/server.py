@@ -280,7 +280,7 @@ class QueueApp:
             ),
             "CoreCallbackService": CoreCallbackServicer(self.completions, self.reads),
             "CreditsService": CreditsServicer(credits),
-            "OperatorService": OperatorServicer(self.engine, self.admission, self.reads, self.gate.draining, credits),
+            "OperatorService": OperatorServicer(self.engine, self.admission, self.reads, self.gate.draining, credits, self.recovery),
         }
         self.web = WebEndpoint(self.servicers, road, config) if config.http_addr else None
         self.heartbeat = ReplicaHeartbeat(self.store, self._replica_report, probe_core=self.core.probe_if_quiet)
@@ -376,11 +376,16 @@ class QueueApp:
         """A fresh database takes QUEUE_CORE_CAPACITY; afterwards the database's value rules
         (OperatorService.SetCoreCapacity), whatever a replica's variable says."""
         async with self.store.statements() as db:
-            capacity = await db.seed_capacity(capacity=self.config.core_capacity)
+            capacity, set_by = await db.seed_capacity(capacity=self.config.core_capacity)
         if capacity != self.config.core_capacity:
-            log.warning(
-                "the core's capacity in force is %d, set at run time; QUEUE_CORE_CAPACITY=%d only seeds a fresh database",
+            # An operator's setting is on purpose: said, not warned of. A seed of an earlier
+            # QUEUE_CORE_CAPACITY in force instead of this one is the surprise worth a warning.
+            on_purpose = not set_by.startswith("system:")
+            log.log(
+                logging.INFO if on_purpose else logging.WARNING,
+                "the core's capacity in force is %d, set %s; QUEUE_CORE_CAPACITY=%d only seeds a fresh database",
                 capacity,
+                f"at run time by {set_by}" if on_purpose else "by an earlier seed",
                 self.config.core_capacity,
             )
         self.capacity.learned(capacity > 0)

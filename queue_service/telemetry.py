@@ -263,6 +263,11 @@ class _Instruments:
         "{failure}",
         "LISTEN connections dropped because a liveness query got no answer in time (then reconnected, every stream resynced)",
     )
+    audit_records_lost = _counter(
+        "queue.audit.records_lost",
+        "{action}",
+        "Operator actions (Promote, Release, CheckJobWithCore) done but not recorded in the audit timeline, because the database refused the record (by action); the log line says the same",
+    )
     estimates_left_out = _counter(
         "queue.answer.estimates_left_out",
         "{answer}",

@@ -123,6 +123,18 @@ export function describeError(error: unknown): string {
       ? "UNAUTHENTICATED: this service needs a token: press t to set a token"
       : "UNAUTHENTICATED: the token was not accepted: press t to set another token";
   }
+  if ((e.code === Code.Unknown || e.code === Code.Unavailable) && e.reason === "" && /failed to fetch|network|load failed/i.test(e.message)) {
+    return `UNAVAILABLE: the service is unreachable (${e.message})`;
+  }
+  if (e.code === Code.PermissionDenied) {
+    // The token's role, as the service names it: a viewer may watch but not act; any other role
+    // but an operator's cannot use the console at all.
+    const role = e.metadata.role ?? "";
+    if (role === "viewer") return `PERMISSION_DENIED: a viewer token watches only; this action needs an operator token (${e.message}); press t to set one`;
+    if (role !== "" && role !== "operator") {
+      return `PERMISSION_DENIED: the console needs an operator or viewer token (this one is a ${role} token: ${e.message}); press t to set another token`;
+    }
+  }
   const fields = e.fieldViolations.map((v) => v.description);
   return [`${e.reason || e.codeName}: ${e.message}`, ...fields].join(" · ");
 }

@@ -2,7 +2,7 @@
 // first control), Tab and Shift-Tab stay inside, Escape and a click on the backdrop close it, and
 // focus returns to where it was (the button that opened it) when it closes.
 import type { ComponentChildren, RefObject } from "preact";
-import { useLayoutEffect, useRef } from "preact/hooks";
+import { useLayoutEffect, useRef, useState } from "preact/hooks";
 
 const FOCUSABLE = 'button:not([disabled]), input:not([disabled]), select:not([disabled]), textarea:not([disabled]), a[href], [tabindex]:not([tabindex="-1"])';
 
@@ -63,3 +63,57 @@ export function Modal({
     </div>
   );
 }
+
+/** A button that opens a confirmation; `onConfirm` runs only from the dialog's own button. */
+export function Confirmed({
+  label,
+  title,
+  confirmLabel,
+  testId,
+  danger,
+  disabled,
+  onConfirm,
+  children,
+}: {
+  label: string;
+  title: string;
+  confirmLabel: string;
+  testId: string;
+  danger?: boolean;
+  disabled?: boolean;
+  onConfirm: () => Promise<void>;
+  children: ComponentChildren;
+}) {
+  const [open, setOpen] = useState(false);
+  const opener = useRef<HTMLButtonElement>(null);
+  return (
+    <>
+      <button type="button" class={danger ? "danger" : ""} disabled={disabled} onClick={() => setOpen(true)} data-testid={testId} ref={opener}>
+        {label}
+      </button>
+      {open && (
+        <Modal role="alertdialog" label={title} onClose={() => setOpen(false)} returnTo={opener}>
+          <form
+            onSubmit={(e) => {
+              e.preventDefault();
+              setOpen(false);
+              void onConfirm();
+            }}
+          >
+            <h2>{title}</h2>
+            {children}
+            <div class="actions">
+              <button type="button" onClick={() => setOpen(false)} data-autofocus>
+                Keep it <kbd>Esc</kbd>
+              </button>
+              <button type="submit" class={danger ? "danger" : "primary"} data-testid={`${testId}-confirm`}>
+                {confirmLabel}
+              </button>
+            </div>
+          </form>
+        </Modal>
+      )}
+    </>
+  );
+}
+

@@ -250,11 +250,12 @@ export function stateFor(job: Job, now: number): string {
   const ended = date(job.endTime);
   switch (job.status) {
     case JobStatus.QUEUED:
-      return `queued for ${since(created)}`;
+      return job.behindOverdueRun ? `queued for ${since(created)}, behind a run far longer than usual` : `queued for ${since(created)}`;
     case JobStatus.PENDING:
-      return job.capacityPosition > 0 ? `waiting for the core for ${since(promoted)}` : `releasing for ${since(promoted)}`;
+      // A turn at the fleet's capacity is not an outage: the core answers, others' runs go first.
+      return job.capacityPosition > 0 ? `waiting for its turn at the fleet's capacity for ${since(promoted)}` : `releasing for ${since(promoted)}`;
     case JobStatus.RUNNING:
-      return `judging for ${since(started)}`;
+      return job.runOverdue ? `judging for ${since(started)}, far longer than usual` : `judging for ${since(started)}`;
     default:
       if (ended && started) return `judged in ${spoken(ended.getTime() - started.getTime())}, ended ${ago(ended, now)}`;
       return `ended ${ago(ended, now)}${created && ended ? ` after ${spoken(ended.getTime() - created.getTime())}` : ""}`;
@@ -438,6 +439,8 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
   const [refresh, setRefresh] = useState(0);
   const [selected, setSelected] = useState<Map<string, Job>>(new Map());
   const [columns, setColumn] = useColumns();
+  // A search by what jobs judge shows what each judges, whatever the column choice.
+  const showDocument = columns.has("document") || (params.get("q") ?? "") !== "";
   const [sort, setSort] = useState<[SortKey, number] | null>(null);
   const now = useNow();
   const notice = useNotice();
@@ -513,10 +516,11 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
         <label class="job-search">
           Search
           <input
+            data-search
             name="q"
             type="search"
             data-testid="job-search"
-            placeholder="title words, document uri or DOI"
+            placeholder="title words, document uri or DOI  (press /)"
             value={params.get("q") ?? ""}
             onChange={(e) => update({ q: e.currentTarget.value.trim() })}
             onKeyDown={(e) => {
@@ -546,9 +550,8 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
         <label>
           User
           <input
-            data-search
             name="user"
-            placeholder="user id  (press /)"
+            placeholder="user id"
             value={params.get("user") ?? ""}
             onChange={(e) => update({ user: e.currentTarget.value.trim() })}
             onKeyDown={(e) => {
@@ -604,7 +607,7 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
             </th>
             <SortHeader label="Job" name="job" sort={sort} setSort={setSort} />
             <SortHeader label="User" name="user" sort={sort} setSort={setSort} />
-            {columns.has("document") && <th data-testid="document-header">Document</th>}
+            {showDocument && <th data-testid="document-header">Document</th>}
             <SortHeader label="Status" name="status" sort={sort} setSort={setSort} />
             <SortHeader label="For" name="state" sort={sort} setSort={setSort} />
             <SortHeader label="Position" name="position" sort={sort} setSort={setSort} num />
@@ -643,7 +646,7 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
                   <UserText text={job.userId} />
                 </a>
               </td>
-              {columns.has("document") && (
+              {showDocument && (
                 <td data-testid="document-cell">
                   <DocumentCell job={job} />
                 </td>
@@ -763,6 +766,7 @@ function JobLinks({ jobIds }: { jobIds: string[] }) {
 function RetryButtons({ job, onRetried }: { job: Job; onRetried: () => void }) {
   const { run, busy } = useAction();
   const [again, setAgain] = useState<string | null>(null); // the open dialog's retry key
+  const [confirming, setConfirming] = useState(false); // the first retry's dialog is open
   // Sent and not yet shown on the job: the button stays disabled until the job lists its retry
   // (the ref also stops a second click that comes before the page re-rendered).
   const [sent, setSent] = useState(false);
@@ -789,21 +793,47 @@ function RetryButtons({ job, onRetried }: { job: Job; onRetried: () => void }) {
       }
     });
   if (!retried) {
+    // The first retry charges the user too: it asks first, as cancel and the bulk actions do.
     return (
-      <button
-        class="primary"
-        disabled={busy || sent || job.sourceCount === 0}
-        title={job.sourceCount === 0 ? "admitted before the queue kept its document and sources" : "admit the same document and sources again, charged to the user"}
-        data-testid="retry-job"
-        onClick={() => {
-          if (clicked.current) return;
-          clicked.current = true;
-          setSent(true);
-          retry(false);
-        }}
-      >
-        Retry
-      </button>
+      <>
+        <button
+          class="primary"
+          disabled={busy || sent || job.sourceCount === 0}
+          title={job.sourceCount === 0 ? "admitted before the queue kept its document and sources" : "admit the same document and sources again, charged to the user"}
+          data-testid="retry-job"
+          ref={opener}
+          onClick={() => setConfirming(true)}
+        >
+          Retry…
+        </button>
+        {confirming && (
+          <Modal role="alertdialog" label="Confirm the retry" onClose={() => setConfirming(false)} returnTo={opener}>
+            <form
+              onSubmit={(e) => {
+                e.preventDefault();
+                setConfirming(false);
+                if (clicked.current) return;
+                clicked.current = true;
+                setSent(true);
+                retry(false);
+              }}
+            >
+              <p data-testid="retry-question">
+                Retry job <span class="mono">{shortId(job.jobId)}</span>? A new job is admitted with the same document and sources, and{" "}
+                <UserText class="mono" text={job.userId} /> is charged its price ({String(job.price)} credit{job.price === 1n ? "" : "s"}) again.
+              </p>
+              <div class="actions">
+                <button type="button" onClick={() => setConfirming(false)} data-autofocus>
+                  Keep it <kbd>Esc</kbd>
+                </button>
+                <button type="submit" class="primary" disabled={busy} data-testid="retry-job-confirm">
+                  Retry and charge
+                </button>
+              </div>
+            </form>
+          </Modal>
+        )}
+      </>
     );
   }
   return (
@@ -849,6 +879,9 @@ function Step({ label, at, detail, state }: { label: string; at?: Date; detail?:
   );
 }
 
+// An active job's page reads it again this often (its run's overdue mark moves with time alone).
+const ACTIVE_REREAD_MS = 5000;
+
 export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
   const [job, setJob] = useState<Job | null>(null);
   const [version, setVersion] = useState(0);
@@ -877,6 +910,13 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
     [jobId, userId],
     live && active,
   );
+  // Whether its run is overdue changes with time alone, not with a message on the stream: read
+  // the job again every few seconds while it is active.
+  useEffect(() => {
+    if (!live || !active) return;
+    const timer = setInterval(() => setVersion((v) => v + 1), ACTIVE_REREAD_MS);
+    return () => clearInterval(timer);
+  }, [live, active]);
   if (job === null) return <section class="page"><p class="muted">Loading job {shortId(jobId)}…</p></section>;
 
   const created = date(job.createTime);
@@ -897,6 +937,17 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
         {stateFor(job, now)}
       </p>
       {problem && <p class="problem">{problem}</p>}
+      {job.status === JobStatus.RUNNING && job.runOverdue && (
+        <p class="warning" data-testid="run-overdue">
+          Judging far longer than usual: the core has not confirmed that this run still goes on. No start is promised to the jobs behind it until it
+          ends or the core answers for it. <CheckWithCoreButton job={job} onChecked={reload} small />
+        </p>
+      )}
+      {job.status === JobStatus.QUEUED && job.behindOverdueRun && (
+        <p class="warning" data-testid="behind-overdue-run">
+          No start expected: the job it waits behind judges far longer than usual and the core has not confirmed it still runs.
+        </p>
+      )}
       {job.status === JobStatus.PENDING && job.lastError && (
         <p class="warning" data-testid="release-retrying">
           The release to the core is being retried (attempt {job.releaseAttempts}: <UserText text={job.lastError} />). The queue keeps trying
@@ -1032,6 +1083,7 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
       <div class="actions left">
         <button onClick={reload}>Refresh</button>
         {active && <CancelJobButton job={job} onCanceled={reload} />}
+        {active && <CheckWithCoreButton job={job} onChecked={reload} />}
         {job.status === JobStatus.PENDING && (
           <button
             disabled={busy}
@@ -1057,6 +1109,30 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
       </div>
       <JobLedger jobId={job.jobId} version={`${version}-${job.status}-${job.refunded}`} />
     </section>
+  );
+}
+
+/** "Check with the core now" (OperatorService.CheckJobWithCore): asks the core about the job's run
+ * at once, as the sweeper would after QUEUE_RECONCILE_AFTER_SECONDS; a run the core forgot fails
+ * the job (refunded), a run that ended there ends the job. */
+export function CheckWithCoreButton({ job, onChecked, small }: { job: Job; onChecked: () => void; small?: boolean }) {
+  const { run, busy } = useAction();
+  return (
+    <button
+      class={small ? "small" : ""}
+      disabled={busy}
+      data-testid="check-with-core"
+      title="Ask the core about this job's run now, instead of waiting for the reconciliation"
+      onClick={() =>
+        run(async () => {
+          const r = await operator.checkJobWithCore({ jobId: job.jobId });
+          onChecked();
+          return `Checked with the core (job ${shortId(job.jobId)}): ${r.outcome}`;
+        })
+      }
+    >
+      Check with the core now
+    </button>
   );
 }
 

@@ -18,6 +18,20 @@ const KIND_LABELS: Record<LedgerEntryKind, string> = {
   [LedgerEntryKind.REFUND]: "refund",
 };
 
+/** An admit charged with an operator as its actor is a retry (operators never call Admit: their
+ * charges come from RetryJob and RetryJobs), so it reads as one. */
+function isRetryCharge(entry: LedgerEntry): boolean {
+  return entry.kind === LedgerEntryKind.CHARGE && entry.reason === "admit" && entry.actor.startsWith("operator:");
+}
+
+function reasonLabel(entry: LedgerEntry): string {
+  return isRetryCharge(entry) ? "retry" : entry.reason;
+}
+
+function reasonTitle(entry: LedgerEntry): string | undefined {
+  return isRetryCharge(entry) ? "an operator's retry: the job admitted again, charged as an admit (reason admit)" : undefined;
+}
+
 /** A page of entries for a filter; read again when `version` changes (a grant, a cancel).
  * `inline`: a panel of another page (the job detail, the User queue) shows a refusal in its own
  * place (`refusal`), not as the page's notice: the web role may watch a queue but not read the
@@ -92,8 +106,8 @@ export function LedgerTable({ entries, showUser = true, showJob = true }: { entr
                 <UserText text={entry.actor} />
               </a>
             </td>
-            <td data-testid="ledger-reason">
-              {entry.reason}
+            <td data-testid="ledger-reason" title={reasonTitle(entry)}>
+              {reasonLabel(entry)}
               {entry.note && (
                 <span class="note" data-testid="ledger-note">
                   {" "}

@@ -158,7 +158,7 @@ function App() {
   else if (page === "users") content = <UserQueuePage userId={route.parts[1] ?? ""} live={visible} />;
   else if (page === "ledger") content = <LedgerPage params={route.params} />;
   else if (page === "replicas") content = <ReplicasPage live={visible} />;
-  else if (page === "settings") content = <SettingsPage />;
+  else if (page === "settings") content = <SettingsPage params={route.params} />;
   else content = <OverviewPage live={visible} />;
 
   return (

@@ -4,6 +4,7 @@ import { date, operator } from "./api.js";
 import { CoreHealthPanel } from "./core-health.js";
 import { clock, duration } from "./format.js";
 import { useNow } from "./hooks.js";
+import { PausesTable, usePauses } from "./pauses.js";
 import { useLiveStream } from "./stream.js";
 import { UserText } from "./user-text.js";
 import type { Overview } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
@@ -138,6 +139,41 @@ function useHistory(live: boolean): Point[] {
   return points;
 }
 
+/** While any release is paused: who is paused (the fleet, which users), since when, by whom and
+ * why, each with a Resume button (ListReleasePauses), not only how many. */
+function PausedBanner({ overview, live }: { overview: Overview; live: boolean }) {
+  const anyPaused = overview.releasesPaused || overview.pausedUsers > 0n;
+  const { pauses, total, reread } = usePauses(`${overview.releasesPaused} ${overview.pausedUsers} ${date(overview.releasesPausedSince)?.getTime()}`, live && anyPaused);
+  if (!anyPaused) return null;
+  return (
+    <div class="warning paused-banner" role="status" data-testid="releases-paused-banner">
+      {overview.releasesPaused ? (
+        <p data-testid="releases-paused">
+          <strong>Releases are paused fleet-wide</strong> since {clock(date(overview.releasesPausedSince))} by <UserText class="mono" text={overview.releasesPausedBy} />
+          {overview.releasesPausedNote && (
+            <>
+              {" "}
+              · “<UserText text={overview.releasesPausedNote} />”
+            </>
+          )}
+          . Admits are accepted and wait; nothing is released to the core.
+        </p>
+      ) : (
+        <p data-testid="users-paused">
+          <strong>
+            {String(overview.pausedUsers)} {overview.pausedUsers === 1n ? "user's releases are" : "users' releases are"} paused
+          </strong>
+          : their admits are accepted and wait; nothing of theirs is released to the core.
+        </p>
+      )}
+      {pauses !== null && pauses.length > 0 && <PausesTable pauses={pauses} total={total} changed={reread} />}
+      <p>
+        <a href="#/settings">Settings &amp; audit</a>
+      </p>
+    </div>
+  );
+}
+
 export function OverviewPage({ live }: { live: boolean }) {
   const [overview, setOverview] = useState<Overview | null>(null);
   const history = useHistory(live);
@@ -162,32 +198,21 @@ export function OverviewPage({ live }: { live: boolean }) {
   // so the link filters by status only, newest first).
   const jobs = (query: string) => `#/jobs?${query}`;
   return (
-    <section class="page" data-testid="overview">
+    <section class={`page${problem ? " stale" : ""}`} data-testid="overview" data-stale={problem ? "true" : "false"}>
       <h1>Overview</h1>
-      {problem && <p class="problem">{problem}</p>}
-      {overview.releasesPaused && (
-        <p class="warning paused-banner" role="status" data-testid="releases-paused">
-          <strong>Releases are paused fleet-wide</strong> since {clock(date(overview.releasesPausedSince))} by <UserText class="mono" text={overview.releasesPausedBy} />
-          {overview.releasesPausedNote && (
-            <>
-              {" "}
-              · “<UserText text={overview.releasesPausedNote} />”
-            </>
-          )}
-          . Admits are accepted and wait; nothing is released to the core. <a href="#/settings">Resume on Settings &amp; audit</a>
+      {problem && (
+        // The figures below are the last ones read: dimmed, with when they were read.
+        <p class="problem" data-testid="overview-stale">
+          No live answer: {problem}. The figures below are as of {clock(date(overview.readTime))} and may be out of date.
         </p>
       )}
-      {!overview.releasesPaused && overview.pausedUsers > 0n && (
-        <p class="warning" data-testid="users-paused">
-          {String(overview.pausedUsers)} {overview.pausedUsers === 1n ? "user's releases are" : "users' releases are"} paused. <a href="#/settings">Settings &amp; audit</a>
-        </p>
-      )}
+      <PausedBanner overview={overview} live={live} />
       <CoreHealthPanel health={overview.coreHealth} now={now} />
       <div class="figures">
         <Figure label="Queued" href={jobs("status=queued")} value={String(overview.queued)} hint={`${overview.usersWaiting} ${overview.usersWaiting === 1n ? "user" : "users"} waiting`} />
         <Figure label="Pending" href={jobs("status=pending")} value={String(overview.pending)} hint="being released" />
         <Figure label="Running" href={jobs("status=running")} value={String(overview.running)} hint="judged by the core" />
-        <Figure label="Oldest wait" href="#/users" value={oldest ? duration(now - oldest.getTime()) : "—"} hint="since admit" />
+        <Figure label="Oldest wait" href="#/users" value={oldest ? duration(now - oldest.getTime()) : "—"} hint="longest queued job, since its admit" />
         <Figure
           label="Releases retrying"
           href={jobs("status=pending&error=1")}
@@ -201,7 +226,7 @@ export function OverviewPage({ live }: { live: boolean }) {
           tone={overview.capacityWaitingJobs > 0n ? "warn" : ""}
           hint={
             overview.capacityWaitingUsers > 0n
-              ? `${overview.capacityWaitingUsers} ${overview.capacityWaitingUsers === 1n ? "user" : "users"} waiting, longest ${capacityWait ? duration(now - capacityWait.getTime()) : "—"}`
+              ? `${overview.capacityWaitingUsers} ${overview.capacityWaitingUsers === 1n ? "user" : "users"} waiting for a turn, longest turn wait ${capacityWait ? duration(now - capacityWait.getTime()) : "—"}`
               : overview.coreLimit > 0n
                 ? `the core took ${overview.coreLimit}`
                 : "runs at the core"

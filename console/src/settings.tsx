@@ -1,70 +1,19 @@
 // Settings & audit: the fleet settings an operator changes at run time, each behind a
-// confirmation, and who changed what (OperatorService.ListSettingChanges). The core's capacity
+// confirmation, the pauses in force (OperatorService.ListReleasePauses), and who did what (the
+// audit timeline, OperatorService.ListAuditEvents). The core's capacity
 // (set a limit, or remove it: capacity 0 is no stop), the pause of releases, fleet-wide or for
-// one user (admits go on; nothing is released to the core while paused), and the change log with
-// its actors, each linked to the ledger entries of the same actor.
-import type { ComponentChildren } from "preact";
-import { useEffect, useRef, useState } from "preact/hooks";
+// one user (admits go on; nothing is released to the core while paused), listed in force, and
+// who did what.
+import { useEffect, useState } from "preact/hooks";
 
 import { date, operator } from "./api.js";
-import { Modal } from "./dialog.js";
+import { Confirmed } from "./dialog.js";
 import { dateTime } from "./format.js";
 import { useAction } from "./notice.js";
+import { AuditTimeline } from "./audit.js";
+import { PausesTable, usePauses } from "./pauses.js";
 import { UserText } from "./user-text.js";
-import type { Overview, SettingChange } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
-
-/** A button that opens a confirmation; `onConfirm` runs only from the dialog's own button. */
-function Confirmed({
-  label,
-  title,
-  confirmLabel,
-  testId,
-  danger,
-  disabled,
-  onConfirm,
-  children,
-}: {
-  label: string;
-  title: string;
-  confirmLabel: string;
-  testId: string;
-  danger?: boolean;
-  disabled?: boolean;
-  onConfirm: () => Promise<void>;
-  children: ComponentChildren;
-}) {
-  const [open, setOpen] = useState(false);
-  const opener = useRef<HTMLButtonElement>(null);
-  return (
-    <>
-      <button type="button" class={danger ? "danger" : ""} disabled={disabled} onClick={() => setOpen(true)} data-testid={testId} ref={opener}>
-        {label}
-      </button>
-      {open && (
-        <Modal role="alertdialog" label={title} onClose={() => setOpen(false)} returnTo={opener}>
-          <form
-            onSubmit={(e) => {
-              e.preventDefault();
-              setOpen(false);
-              void onConfirm();
-            }}
-          >
-            <h2>{title}</h2>
-            {children}
-            <div class="actions">
-              <button type="button" onClick={() => setOpen(false)} data-autofocus>
-                Keep it <kbd>Esc</kbd>
-              </button>
-              <button type="submit" class={danger ? "danger" : "primary"} data-testid={`${testId}-confirm`}>
-                {confirmLabel}
-              </button>
-            </div>
-          </form>
-        </Modal>
-      )}
-    </>
-  );
-}
+import type { Overview } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
 function Capacity({ overview, changed }: { overview: Overview; changed: () => void }) {
   const [value, setValue] = useState("");
@@ -185,6 +134,8 @@ function Pauses({ overview, changed }: { overview: Overview; changed: () => void
     setVersion((v) => v + 1);
     changed();
   };
+  // Every pause in force, in one place: whose, since when, by whom, why, and Resume.
+  const { pauses, total } = usePauses(`${version} ${overview.releasesPaused} ${overview.pausedUsers} ${date(overview.releasesPausedSince)?.getTime()}`);
   return (
     <section class="settings-block" data-testid="settings-pause">
       <h2>Releases</h2>
@@ -204,6 +155,7 @@ function Pauses({ overview, changed }: { overview: Overview; changed: () => void
         )}{" "}
         {overview.pausedUsers > 0n && `${overview.pausedUsers} ${overview.pausedUsers === 1n ? "user is" : "users are"} paused on their own.`}
       </p>
+      {pauses !== null && pauses.length > 0 && <PausesTable pauses={pauses} total={total} changed={userChanged} />}
       <div class="toolbar">
         <PauseButton userId="" paused={overview.releasesPaused} changed={changed} />
       </div>
@@ -223,84 +175,8 @@ function Pauses({ overview, changed }: { overview: Overview; changed: () => void
   );
 }
 
-const SETTING_LABELS: Record<string, string> = {
-  core_capacity: "core capacity",
-  user_max_active: "user's limit",
-  releases_paused: "releases paused",
-};
-
-function value(change: SettingChange, v: number): string {
-  if (change.setting === "releases_paused") return v === 1 ? "paused" : "released";
-  if (v === 0) return change.setting === "core_capacity" ? "unlimited" : "default";
-  return String(v);
-}
-
-function Changes({ version }: { version: number }) {
-  const [changes, setChanges] = useState<SettingChange[] | null>(null);
-  const [tokens, setTokens] = useState<string[]>([""]);
-  const [next, setNext] = useState("");
-  const { run } = useAction();
-  useEffect(() => setTokens([""]), [version]);
-  useEffect(() => {
-    void run(async () => {
-      const page = await operator.listSettingChanges({ pageSize: 20, pageToken: tokens[tokens.length - 1] });
-      setChanges(page.changes);
-      setNext(page.nextPageToken);
-    });
-  }, [tokens, version]);
-  return (
-    <section class="settings-block">
-      <h2>Changes</h2>
-      {changes === null ? (
-        <p class="muted">Loading…</p>
-      ) : changes.length === 0 ? (
-        <p class="muted">No setting changed yet.</p>
-      ) : (
-        <table class="jobs" data-testid="setting-changes">
-          <thead>
-            <tr>
-              <th>When</th>
-              <th>Setting</th>
-              <th>User</th>
-              <th>Change</th>
-              <th>Actor</th>
-              <th>Note</th>
-            </tr>
-          </thead>
-          <tbody>
-            {changes.map((change) => (
-              <tr data-testid="setting-change" data-setting={change.setting}>
-                <td>{dateTime(date(change.createTime))}</td>
-                <td>{SETTING_LABELS[change.setting] ?? change.setting}</td>
-                <td>{change.userId ? <UserText class="mono" text={change.userId} /> : <span class="muted">fleet</span>}</td>
-                <td>
-                  {value(change, change.oldValue)} → {value(change, change.newValue)}
-                </td>
-                <td class="mono" data-testid="setting-change-actor">
-                  <a href={`#/ledger?actor=${encodeURIComponent(change.actor)}`} title="This actor's ledger entries">
-                    <UserText text={change.actor} />
-                  </a>
-                </td>
-                <td>{change.note && <UserText text={change.note} />}</td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
-      )}
-      <div class="pager">
-        <button disabled={tokens.length === 1} onClick={() => setTokens([""])}>
-          First page
-        </button>
-        <button disabled={next === ""} onClick={() => setTokens([...tokens, next])}>
-          Next page
-        </button>
-      </div>
-    </section>
-  );
-}
-
-/** `#/settings`: the capacity, the pauses and the change log. */
-export function SettingsPage() {
+/** `#/settings`: the pauses in force, the capacity, and the audit timeline (`?actor=`, `?user=`). */
+export function SettingsPage({ params }: { params: URLSearchParams }) {
   const [overview, setOverview] = useState<Overview | null>(null);
   const [version, setVersion] = useState(0);
   const { run } = useAction();
@@ -325,7 +201,7 @@ export function SettingsPage() {
           <Capacity overview={overview} changed={changed} />
         </>
       )}
-      <Changes version={version} />
+      <AuditTimeline params={params} version={version} />
     </section>
   );
 }

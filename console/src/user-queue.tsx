@@ -1,12 +1,13 @@
-import { useEffect, useState } from "preact/hooks";
+import { useEffect, useRef, useState } from "preact/hooks";
 
 import { credits, date, describeError, operator, queue } from "./api.js";
 import { useCoreUnreachable } from "./core-health.js";
 import { ACTIVE, clock, dateTime, duration, ordinal, shortId, STATUS_LABELS } from "./format.js";
 import { go, useNow, useQueryRead } from "./hooks.js";
+import { Modal } from "./dialog.js";
 import { useAction } from "./notice.js";
 import { useLiveStream } from "./stream.js";
-import { CancelJobButton, StatusBadge } from "./jobs.js";
+import { CancelJobButton, CheckWithCoreButton, StatusBadge } from "./jobs.js";
 import { LedgerPanel, useLedger } from "./ledger.js";
 import { revealBidiControls, UserText } from "./user-text.js";
 import { type Job, JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
@@ -28,6 +29,8 @@ function Countdown({ at, now, held }: { at: Date | undefined; now: number; held:
 
 function UserPicker({ userId }: { userId: string }) {
   const [value, setValue] = useState(userId);
+  // The field follows the route: another user's queue (a link, the back button) shows her id.
+  useEffect(() => setValue(userId), [userId]);
   return (
     <form
       class="filters"
@@ -86,6 +89,9 @@ function UserSettingsLine({ settings, refusal }: { settings: GetUserSettingsResp
   );
 }
 
+// The user's active jobs are read again this often for what changes with time alone (an overdue run).
+const MARKS_REREAD_MS = 5000;
+
 // Grants and admits made elsewhere (another console, the web backend, grpcurl) move the balance
 // too: it is read again on every change of the user's queue and every few seconds while live.
 const BALANCE_POLL_MS = 2000;
@@ -94,7 +100,10 @@ function Credits({ userId, version, live, onGranted }: { userId: string; version
   const [balance, setBalance] = useState<bigint | null>(null);
   const [amount, setAmount] = useState("5");
   const [note, setNote] = useState("");
+  const [confirming, setConfirming] = useState(false);
+  const opener = useRef<HTMLButtonElement>(null);
   const { run, busy } = useAction();
+  const valid = /^\d+$/.test(amount.trim()) && Number(amount) >= 1 && Number(amount) <= 1_000_000;
   useEffect(() => setBalance(null), [userId]);
   useEffect(() => {
     let current = true;
@@ -110,20 +119,57 @@ function Credits({ userId, version, live, onGranted }: { userId: string; version
       clearInterval(timer);
     };
   }, [userId, version, live]);
+  const grant = () =>
+    run(async () => {
+      const r = await credits.grantCredits({ userId, amount: BigInt(amount), idempotencyKey: `console-${crypto.randomUUID()}`, note: note.trim() });
+      setBalance(r.balance);
+      setNote("");
+      onGranted();
+      return `Granted ${amount} credits to ${userId}: balance ${r.balance}`;
+    });
   return (
     <form
       class="credits"
       onSubmit={(e) => {
+        // Money moves only from the dialog's own button (Enter in a field opens it, never grants).
         e.preventDefault();
-        run(async () => {
-          const r = await credits.grantCredits({ userId, amount: BigInt(amount), idempotencyKey: `console-${crypto.randomUUID()}`, note: note.trim() });
-          setBalance(r.balance);
-          setNote("");
-          onGranted();
-          return `Granted ${amount} credits to ${userId}: balance ${r.balance}`;
-        });
+        if (valid) setConfirming(true);
       }}
     >
+      {confirming && (
+        <Modal role="alertdialog" label="Confirm the grant" onClose={() => setConfirming(false)} returnTo={opener}>
+          <div>
+            <p data-testid="grant-question">
+              Grant <strong>{amount}</strong> credit{amount === "1" ? "" : "s"} to <UserText class="mono" text={userId} />
+              {note.trim() ? (
+                <>
+                  {" "}
+                  (“<UserText text={note.trim()} />”)
+                </>
+              ) : (
+                " (no reason given)"
+              )}
+              ?
+            </p>
+            <div class="actions">
+              <button type="button" onClick={() => setConfirming(false)} data-autofocus>
+                Keep it <kbd>Esc</kbd>
+              </button>
+              <button
+                type="button"
+                class="primary"
+                data-testid="grant-confirm"
+                onClick={() => {
+                  setConfirming(false);
+                  void grant();
+                }}
+              >
+                Grant {amount}
+              </button>
+            </div>
+          </div>
+        </Modal>
+      )}
       <span data-testid="balance">Balance: {balance === null ? "—" : String(balance)}</span>
       <input type="number" min="1" max="1000000" value={amount} onInput={(e) => setAmount(e.currentTarget.value)} aria-label="Credits to grant" />
       <input
@@ -135,8 +181,8 @@ function Credits({ userId, version, live, onGranted }: { userId: string; version
         aria-label="Reason for the grant"
         data-testid="grant-note"
       />
-      <button type="submit" disabled={busy}>
-        Grant credits
+      <button type="submit" disabled={busy || !valid} ref={opener}>
+        Grant credits…
       </button>
     </form>
   );
@@ -157,6 +203,15 @@ function headOf(job: Job, jobs: Map<string, Job>): Job | undefined {
  * (then it may wait up to the release window, whatever the estimate says). */
 function StartsWhen({ job, jobs, now, held }: { job: Job; jobs: Map<string, Job>; now: number; held: Held }) {
   const head = headOf(job, jobs);
+  if (job.behindOverdueRun || (head !== undefined && head.runOverdue)) {
+    // A run far longer than usual ahead: no countdown, since nothing confirms it will end.
+    return (
+      <span class="warn-text" data-testid="behind-overdue-run">
+        no start expected: {head !== undefined ? <span class="mono">{shortId(head.jobId)}</span> : "the job ahead"} judges far longer than usual and the
+        core has not confirmed it still runs
+      </span>
+    );
+  }
   if (head !== undefined && head.status === JobStatus.PENDING && head.lastError) {
     return (
       <span class="warn-text" title={head.lastError}>
@@ -204,6 +259,34 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
     [userId],
     live && userId !== "",
   );
+
+  // Whether a run is overdue (and so whether the jobs behind it are promised a start) changes with
+  // time alone, which the stream does not send: the active jobs are read again every few seconds
+  // and their marks and estimates taken from that read.
+  useEffect(() => {
+    if (!live || userId === "") return;
+    let current = true;
+    const reread = () =>
+      queue.listJobs({ userId, statuses: [JobStatus.QUEUED, JobStatus.PENDING, JobStatus.RUNNING], pageSize: 100 }).then(
+        (r) => {
+          if (!current) return;
+          setJobs((old) => {
+            const next = new Map(old);
+            for (const fresh of r.jobs) {
+              const known = next.get(fresh.jobId);
+              if (known !== undefined && known.status === fresh.status) next.set(fresh.jobId, fresh);
+            }
+            return next;
+          });
+        },
+        () => {}, // the stream's problem line and the live mark say it
+      );
+    const timer = setInterval(reread, MARKS_REREAD_MS);
+    return () => {
+      current = false;
+      clearInterval(timer);
+    };
+  }, [userId, live]);
 
   if (userId === "") {
     return (
@@ -257,9 +340,13 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
               {job.status === JobStatus.RUNNING && job.startTime
                 ? coreUnreachable
                   ? <span class="bad-text" data-testid="running-core-unreachable">started {duration(now - date(job.startTime)!.getTime())} ago; the core is unreachable, so whether it still runs is unknown</span>
-                  : `running for ${duration(now - date(job.startTime)!.getTime())}`
+                  : job.runOverdue
+                    ? <span class="warn-text" data-testid="running-overdue">running for {duration(now - date(job.startTime)!.getTime())}, far longer than usual: the core has not confirmed it still runs <CheckWithCoreButton job={job} small onChecked={() => setBalanceVersion((v) => v + 1)} /></span>
+                    : `running for ${duration(now - date(job.startTime)!.getTime())}`
                 : job.capacityPosition > 0
-                  ? <span data-testid="capacity-position">waiting for the core: {ordinal(job.capacityPosition)} in line · <Countdown at={date(job.estimatedStartTime)} now={now} held={held} /></span>
+                  ? coreUnreachable
+                    ? <span class="bad-text" data-testid="capacity-position-outage">no start expected while the core is unreachable (held for the fleet's capacity, {ordinal(job.capacityPosition)} in line)</span>
+                    : <span data-testid="capacity-position">waiting for its turn at the fleet's capacity (the core answers; others' runs go first): {ordinal(job.capacityPosition)} in line · <Countdown at={date(job.estimatedStartTime)} now={now} held={held} /></span>
                   : job.lastError
                   ? `release retrying: ${revealBidiControls(job.lastError)}`
                   : "starting"}

@@ -81,7 +81,9 @@ test("a job that holds its slot but waits for the core shows its place in line; 
     const row = page.locator(`[data-testid="queue-row"][data-job-id="${job.jobId}"]`);
     await row.waitFor({ timeout: WAIT_MS });
     const told = row.getByTestId("capacity-position");
-    await told.filter({ hasText: `waiting for the core: ${ordinal(job.capacityPosition)} in line` }).waitFor({ timeout: WAIT_MS });
+    // A turn at the fleet's capacity, said as such: not the words of an outage.
+    await told.filter({ hasText: `waiting for its turn at the fleet's capacity (the core answers; others' runs go first): ${ordinal(job.capacityPosition)} in line` }).waitFor({ timeout: WAIT_MS });
+    assert.doesNotMatch(await row.innerText(), /unreachable/);
     assert.doesNotMatch(await row.innerText(), /running for/);
     await page.screenshot({ path: join(SHOTS, `capacity-waiting-${user === first ? "first" : "second"}.png`), fullPage: true });
   }
@@ -93,6 +95,6 @@ test("a job that holds its slot but waits for the core shows its place in line; 
   const overview = (await asOperator.getOverview({})).overview!;
   assert.ok(overview.capacityWaitingUsers >= 2n, `two users at least wait: ${overview.capacityWaitingUsers}`);
   await figure.locator(".value").filter({ hasText: `${overview.capacityInUse} / 1` }).waitFor({ timeout: WAIT_MS });
-  await figure.locator(".hint").filter({ hasText: new RegExp(`^${overview.capacityWaitingUsers} users waiting, longest \\d`) }).waitFor({ timeout: WAIT_MS });
+  await figure.locator(".hint").filter({ hasText: new RegExp(`^${overview.capacityWaitingUsers} users waiting for a turn, longest turn wait \\d`) }).waitFor({ timeout: WAIT_MS });
   await page.screenshot({ path: join(SHOTS, "capacity-overview.png"), fullPage: true });
 });

@@ -73,7 +73,7 @@ test("Enter in a Jobs filter field applies the filter and opens no dialog", asyn
   await asOperator.grantCredits({ userId: user, amount: 1n, idempotencyKey: "grant" });
   await admit(user);
   await visit(page, `jobs`);
-  const field = page.getByTestId("jobs").locator("input[data-search]");
+  const field = page.getByTestId("jobs").locator('input[name="user"]');
   await field.fill(user);
   await field.press("Enter");
   await page.waitForFunction((u) => window.location.hash.includes(`user=${u}`), user, { timeout: WAIT_MS });

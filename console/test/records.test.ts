@@ -97,7 +97,13 @@ test("Retry on a failed job admits it again as its user, charged, with the opera
   await visit(page, `jobs/${job.jobId}`);
   const detail = page.getByTestId("job-detail");
   await detail.locator("h1 .badge.failed").waitFor({ timeout: WAIT_MS });
+  // The first Retry charges too: it asks first, and a click alone charges nothing.
   await detail.getByTestId("retry-job").click();
+  const question = page.getByRole("alertdialog", { name: "Confirm the retry" });
+  await question.getByTestId("retry-question").filter({ hasText: "is charged its price (1 credit) again" }).waitFor({ timeout: WAIT_MS });
+  await shot(page, "records-retry-confirm");
+  assert.equal((await asOperator.getBalance({ userId: user })).balance, 1n, "the Retry button alone charged");
+  await question.getByTestId("retry-job-confirm").click();
   const retried = detail.getByTestId("retried-as");
   await retried.waitFor({ timeout: WAIT_MS });
   const link = await retried.locator("a").getAttribute("href");
@@ -118,7 +124,8 @@ test("Retry on a failed job admits it again as its user, charged, with the opera
   const row = page.locator('[data-testid="ledger-row"][data-kind="charge"]');
   await row.waitFor({ timeout: WAIT_MS });
   assert.match(await row.getByTestId("ledger-actor").innerText(), /^operator:/);
-  assert.equal(await row.getByTestId("ledger-reason").innerText(), "admit");
+  // An operator's charge is a retry's (operators never admit), and reads as one.
+  assert.equal(await row.getByTestId("ledger-reason").innerText(), "retry");
   await shot(page, "records-retried-job-ledger");
 });
 
@@ -145,7 +152,8 @@ test("a double-clicked Retry charges once, a stale page's Retry says it was retr
   await visit(page, `jobs/${job.jobId}`);
   const detail = page.getByTestId("job-detail");
   await detail.locator("h1 .badge.failed").waitFor({ timeout: WAIT_MS });
-  await detail.getByTestId("retry-job").dblclick();
+  await detail.getByTestId("retry-job").click();
+  await page.getByRole("alertdialog", { name: "Confirm the retry" }).getByTestId("retry-job-confirm").dblclick();
   const retriedAs = detail.getByTestId("retried-as");
   await retriedAs.locator("a").waitFor({ timeout: WAIT_MS });
   assert.equal(await retriedAs.locator("a").count(), 1);
@@ -156,6 +164,7 @@ test("a double-clicked Retry charges once, a stale page's Retry says it was retr
   // The stale page's click 1.5 s later: the service answers the same retry, nothing charged.
   await stale.waitForTimeout(1500);
   await stale.getByTestId("retry-job").click();
+  await stale.getByRole("alertdialog", { name: "Confirm the retry" }).getByTestId("retry-job-confirm").click();
   await stale.getByTestId("notice").filter({ hasText: "Already retried as job" }).waitFor({ timeout: WAIT_MS });
   await stale.getByTestId("retried-as").locator(`a[href="#/jobs/${newJobId}"]`).waitFor({ timeout: WAIT_MS });
   await stale.close();
@@ -277,7 +286,14 @@ test("the User queue's ledger lists every movement with its actor and reason, an
 
   await page.getByLabel("Credits to grant").fill("4");
   await page.getByTestId("grant-note").fill("goodwill after the outage");
-  await page.getByRole("button", { name: "Grant credits" }).click();
+  // Money moves only after a confirmation naming the amount, the user and the reason.
+  await page.getByLabel("Credits to grant").press("Enter");
+  const grantDialog = page.getByRole("alertdialog", { name: "Confirm the grant" });
+  await grantDialog.getByTestId("grant-question").filter({ hasText: "Grant 4 credits to" }).waitFor({ timeout: WAIT_MS });
+  assert.match(await grantDialog.innerText(), /goodwill after the outage/);
+  assert.equal((await asOperator.getBalance({ userId: user })).balance, 2n, "Enter in the amount granted without a confirmation");
+  await shot(page, "records-grant-confirm");
+  await grantDialog.getByTestId("grant-confirm").click();
   await page.getByTestId("balance").filter({ hasText: "Balance: 6" }).waitFor({ timeout: WAIT_MS });
   const note = ledger.locator('[data-testid="ledger-row"]').first().getByTestId("ledger-note");
   await note.waitFor({ timeout: WAIT_MS });

@@ -2,7 +2,7 @@
 // .ci/console-browser-test starts: an operator pauses the fleet's releases and one user's behind a
 // confirmation (the Overview and the User queue show it; an admit meanwhile is accepted and held;
 // a resume releases it), sets and removes the core's capacity, reads the changes with their
-// actors, and filters the ledger by actor. Everything is resumed and unlimited again at the end.
+// actors on the audit timeline, and filters the ledger by actor. Everything is resumed and unlimited again at the end.
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
@@ -68,9 +68,10 @@ test("a fleet-wide pause is confirmed, shown on the Overview, holds an admit, an
   await page.getByTestId("settings-page").waitFor({ timeout: WAIT_MS });
   await confirmIn("pause-fleet", `console check ${stamp}`);
   await page.getByTestId("fleet-pause-state").filter({ hasText: "Paused fleet-wide" }).waitFor({ timeout: WAIT_MS });
-  const row = page.getByTestId("setting-change").filter({ hasText: `console check ${stamp}` });
+  // The change on the audit timeline, with its actor and note.
+  const row = page.getByTestId("audit-event").and(page.locator('[data-kind="pause"]')).filter({ hasText: `console check ${stamp}` });
   await row.waitFor({ timeout: WAIT_MS });
-  assert.equal((await row.getByTestId("setting-change-actor").innerText()).trim(), OPERATOR_ACTOR);
+  assert.equal((await row.getByTestId("audit-event-actor").locator("a").first().innerText()).trim(), OPERATOR_ACTOR);
   assert.match(await row.innerText(), /releases paused[\s\S]*released → paused/);
   await page.screenshot({ path: join(SHOTS, "settings-paused.png"), fullPage: true });
 
@@ -136,11 +137,11 @@ test("the capacity is set and removed behind a confirmation, and the ledger filt
   await page.getByTestId("capacity-now").filter({ hasText: "7 runs at once" }).waitFor({ timeout: WAIT_MS });
   await confirmIn("capacity-unlimited");
   await page.getByTestId("capacity-now").filter({ hasText: "unlimited" }).waitFor({ timeout: WAIT_MS });
-  const capacityRows = page.getByTestId("setting-change").and(page.locator('[data-setting="core_capacity"]'));
+  const capacityRows = page.getByTestId("audit-event").and(page.locator('[data-kind="capacity"]'));
   await capacityRows.first().filter({ hasText: "7 → unlimited" }).waitFor({ timeout: WAIT_MS });
 
   // The actor of a change leads to the ledger entries of the same actor (the grants above).
-  await capacityRows.first().getByTestId("setting-change-actor").getByRole("link").click();
+  await capacityRows.first().getByTestId("audit-event-actor").getByRole("link", { name: "ledger" }).click();
   await page.getByTestId("ledger-page").waitFor({ timeout: WAIT_MS });
   assert.equal(await page.locator('input[name="actor"]').inputValue(), OPERATOR_ACTOR);
   await page.getByTestId("ledger-row").first().waitFor({ timeout: WAIT_MS });

@@ -52,20 +52,41 @@ def main(argv: list[str] | None = None) -> int:
     dev = sub.add_parser("dev", parents=[common], help="start embedded PostgreSQL, the dev core and the service")
     dev.add_argument("--keep-db-running", action="store_true", help="leave the embedded PostgreSQL running on exit")
     dev.set_defaults(func=cmd_dev)
-    core = sub.add_parser("core", parents=[common], help="run the dev core (a stand-in for the Rust core) alone")
-    core.add_argument("--listen", default="127.0.0.1:50061")
+    core = sub.add_parser(
+        "core",
+        parents=[common],
+        help="run the dev core (a stand-in for the Rust core) alone",
+        # Every flag says what it does and its default.
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    core.add_argument("--listen", default="127.0.0.1:50061", help="host:port the dev core's RunService listens on")
     core.add_argument("--callback", default="127.0.0.1:50051", help="address of the queue's CoreCallbackService")
-    core.add_argument("--judging-seconds", type=float, default=1.0)
+    core.add_argument("--judging-seconds", type=float, default=1.0, help="how long a released run judges before its completion is sent")
     core.add_argument("--manual", action="store_true", help="never complete runs by itself (until SIGUSR1 starts judging)")
-    core.add_argument("--daily-budget", type=int, default=1_000_000)
-    core.add_argument("--fail-releases", action="store_true")
-    core.add_argument("--drop-callbacks", action="store_true")
-    core.add_argument("--slow-seconds", type=float, default=0.0)
-    core.add_argument("--judging-ceiling", type=int, default=None, help="answer ReleaseRun RESOURCE_EXHAUSTED while this many runs judge")
+    core.add_argument(
+        "--daily-budget",
+        type=int,
+        default=1_000_000,
+        help="CreateRun calls taken per day; then RESOURCE_EXHAUSTED (the queue answers PROVIDER_BUDGET_EXHAUSTED)",
+    )
+    core.add_argument("--fail-releases", action="store_true", help="answer every ReleaseRun UNAVAILABLE (a stuck release)")
+    core.add_argument("--drop-callbacks", action="store_true", help="never send CompleteRun (a lost completion: the sweeper reconciles)")
+    core.add_argument("--slow-seconds", type=float, default=0.0, help="delay every answer by this long (a slow core)")
+    core.add_argument(
+        "--judging-ceiling",
+        type=int,
+        default=None,
+        help="answer ReleaseRun RESOURCE_EXHAUSTED while this many runs judge (none: no ceiling)",
+    )
     core.add_argument(
         "--judging-spread-seconds", type=float, default=0.0, help="on SIGUSR1, spread the held batch's judging starts over this long"
     )
-    core.add_argument("--record", metavar="PATH", help="append a JSON line per run created, release received, completion sent/returned")
+    core.add_argument(
+        "--record",
+        metavar="PATH",
+        default=None,
+        help="append a JSON line per run created, release received, completion sent/returned (none: no record)",
+    )
     core.set_defaults(func=cmd_core)
     probe = sub.add_parser("probe", help="exit 0 when the service answers health SERVING (a container HEALTHCHECK)")
     probe.add_argument("--addr", help="host:port to check (default: QUEUE_LISTEN_ADDR, a wildcard host as 127.0.0.1)")
@@ -76,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     probe.set_defaults(func=cmd_probe)
     hash_token = sub.add_parser("hash-token", help="print a QUEUE_AUTH_FILE entry for a bearer token (read from stdin)")
     hash_token.add_argument("--name", required=True, help="who holds the token, e.g. web-backend")
-    hash_token.add_argument("--role", required=True, help="web, core or operator")
+    hash_token.add_argument("--role", required=True, help="web, core, operator or viewer")
     hash_token.add_argument("--generate", action="store_true", help="make a random token (printed to stderr) instead of reading one")
     hash_token.set_defaults(func=cmd_hash_token)
     args = parser.parse_args(argv)

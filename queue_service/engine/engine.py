@@ -391,6 +391,23 @@ class QueueEngine:
             self._wake_dispatcher()
         return change
 
+    async def record_operator_action(self, action: str, *, user_id: str, job_id: uuid.UUID | None, outcome: str) -> None:
+        """Records an operator's Promote, Release or CheckJobWithCore for the audit timeline, with
+        the caller as its actor. The action itself has committed: a record the database refused is
+        logged (the log line carries the same), never turned into the call's error."""
+        try:
+            async with self._store.statements() as db:
+                await db.record_operator_action(action=action, user_id=user_id, job_id=job_id, outcome=outcome)
+        except errors.QueueError as exc:
+            telemetry.metrics.audit_records_lost.add(1, {"action": action})
+            log.warning(
+                "an operator's action was done but not recorded in the audit timeline (%s)",
+                exc.reason,
+                extra={"kind": action, "user_id": user_id, "job_id": job_id, "reason": outcome},
+            )
+            return
+        log.info("operator action", extra={"kind": action, "user_id": user_id, "job_id": job_id, "reason": outcome})
+
     async def setting_changes(self, *, before_change_id: int | None, limit: int) -> list[SettingChange]:
         async with self._store.statements() as db:
             return await db.setting_changes(before_change_id=before_change_id, limit=limit)

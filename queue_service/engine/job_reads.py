@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 
 from queue_service import deadline, errors, telemetry
 from queue_service.model import (
+    AuditEvent,
+    AuditQuery,
     CapacityState,
     JobInputs,
     JobSearch,
@@ -28,6 +30,7 @@ from queue_service.model import (
     JobView,
     LiveJobFilter,
     Overview,
+    PauseInForce,
     QueueMinute,
     ReplicaReport,
     UserSettings,
@@ -47,6 +50,11 @@ _CAPACITY_CACHE_SECONDS = 1.0
 # A replica's report of the core counts in the Overview while its heartbeat is this fresh: three
 # heartbeats (a replica that stopped beating says nothing of the core now).
 CORE_REPORT_FRESH_SECONDS = 15.0
+# A RUNNING job is overdue (its run unconfirmed, no start promised behind it) after judging this
+# many times the recent mean judging time, and at least OVERDUE_AT_LEAST_SECONDS; without a recent
+# mean, after QUEUE_RECONCILE_AFTER_SECONDS (when the sweeper asks the core about it).
+OVERDUE_MEAN_FACTOR = 3.0
+OVERDUE_AT_LEAST_SECONDS = 60.0
 # A watched overview is re-sent at least this often, so ages ("oldest wait") stay current.
 _HEARTBEAT_SECONDS = 15.0
 
@@ -91,8 +99,16 @@ class JobReads:
         waiting = capacity.waiting_jobs if capacity is not None else 0
         if not self._core_reachable():
             mean = None  # the core neither answers nor takes runs: no start can be promised
+        overdue_after = self._overdue_after(self._mean_judging)
         shown = []
         for view in views:
+            if view.status is JobStatus.RUNNING and view.start_time is not None and now - view.start_time > overdue_after:
+                view = dataclasses.replace(view, run_overdue=True)
+            if view.status is JobStatus.QUEUED and view.active_since is not None and now - view.active_since > overdue_after:
+                # The job it waits behind judges far longer than usual: whether that run still goes
+                # on is unconfirmed, so no start can be promised.
+                shown.append(dataclasses.replace(view, behind_overdue_run=True, estimated_start_time=None))
+                continue
             if view.waiting_for_capacity:
                 view = dataclasses.replace(view, capacity_position=positions.get(view.job_id, 0))
             if view.status is JobStatus.QUEUED or view.waiting_for_capacity:
@@ -115,18 +131,26 @@ class JobReads:
             shown.append(view)
         return shown
 
+    def _overdue_after(self, mean_judging_seconds: float | None) -> dt.timedelta:
+        """How long a run judges before it is overdue (module constants above)."""
+        if mean_judging_seconds is None:
+            return dt.timedelta(seconds=self._reconcile_after_seconds)
+        seconds = max(OVERDUE_AT_LEAST_SECONDS, OVERDUE_MEAN_FACTOR * mean_judging_seconds)
+        return dt.timedelta(seconds=min(seconds, self._reconcile_after_seconds))
+
     def _reads_due(self, views: list[JobView]) -> bool:
         """Whether showing the views reads the database: the mean judging time or the capacity's
         state is due to be read again, or a view waits for capacity (its place in line)."""
         now = time.monotonic()
-        return (
-            now - self._mean_read_at > _ESTIMATE_CACHE_SECONDS
-            or now - self._capacity_read_at > _CAPACITY_CACHE_SECONDS
-            or any(view.waiting_for_capacity for view in views)
-        )
+        mean_due = now - self._mean_read_at > _ESTIMATE_CACHE_SECONDS
+        if not any(view.status is JobStatus.QUEUED or view.waiting_for_capacity for view in views):
+            return mean_due  # running jobs only: the mean says whether one is overdue
+        return mean_due or now - self._capacity_read_at > _CAPACITY_CACHE_SECONDS or any(view.waiting_for_capacity for view in views)
 
     async def _refresh(self, views: list[JobView], db: Statements) -> dict[uuid.UUID, int]:
         """Refreshes what the estimates read, when stale; the capacity positions of waiting jobs."""
+        if any(view.status is JobStatus.RUNNING for view in views):
+            await self._mean_judging_seconds(db)  # whether a run is overdue
         if any(view.status is JobStatus.QUEUED or view.waiting_for_capacity for view in views):
             await self._mean_judging_seconds(db)
             if time.monotonic() - self._capacity_read_at > _CAPACITY_CACHE_SECONDS:
@@ -139,7 +163,7 @@ class JobReads:
         """The views with estimates and places in line (read on `db`, or on a connection of its
         own only when something is to be read: a queued job's estimate from fresh figures needs
         none, which spares most admits' answers a pool checkout)."""
-        needs_reads = any(view.status is JobStatus.QUEUED or view.waiting_for_capacity for view in views)
+        needs_reads = any(view.status in (JobStatus.QUEUED, JobStatus.RUNNING) or view.waiting_for_capacity for view in views)
         if not needs_reads:
             return list(views)
         if db is not None:
@@ -246,6 +270,16 @@ class JobReads:
         """The user's first-pass limit in force (her own or the default) and her pauses."""
         async with self._store.statements() as db:
             return await db.user_settings(user_id=user_id, default_max_active=self._default_max_active)
+
+    async def release_pauses(self, *, limit: int) -> tuple[list[PauseInForce], int]:
+        """The pauses of releases in force (the fleet's first) and how many users are paused."""
+        async with self._store.statements() as db:
+            return await db.release_pauses(limit=limit)
+
+    async def audit_events(self, query: AuditQuery, *, limit: int) -> list[AuditEvent]:
+        """One page of the audit timeline, newest first."""
+        async with self._store.statements() as db:
+            return await db.audit_events(query, limit=limit)
 
     async def capacity(self) -> CapacityState:
         async with self._store.statements() as db:

@@ -22,8 +22,11 @@ from queue_service.model import (
     Cause,
     ClaimedReservation,
     ClaimedSettlement,
+    JobStatus,
+    JobView,
     Promoted,
     RunFate,
+    RunReport,
     Transition,
 )
 from queue_service.store import Store
@@ -81,6 +84,42 @@ class Recovery:
             "reconciling a run whose completion never arrived", extra={"job_id": job_id, "run_id": run_id, "status": report.fate.value}
         )
         return await self._engine.end_job(job_id, user_id, Transition.reconciled(report)) is not None
+
+    async def check_with_core(self, job: JobView) -> tuple[RunReport | None, bool]:
+        """An operator's "check with the core now" (OperatorService.CheckJobWithCore): asks the
+        core about one active job's run at once and acts on the answer as the lost-run check and
+        the reconciliation would later: a run the core does not know fails the job, refunded; a
+        RUNNING job whose run ended is ended as reported; a RUNNING job whose run the core still
+        holds is released again. Returns the core's answer (None for an ended job, not asked
+        about) and whether the job changed. CoreUnavailable when the core did not answer."""
+        if not job.status.is_live:
+            return None, False
+        with telemetry.tracer.start_as_current_span("job.check_with_core") as span:
+            span.set_attribute("queue.job_id", str(job.job_id))
+            span.set_attribute("queue.job.status", str(job.status))
+            report = await self._core.get_run(job.run_id)
+            span.set_attribute("queue.run.fate", report.fate.value)
+            changed = False
+            if report.fate is RunFate.UNKNOWN_TO_CORE:
+                transition = Transition.forgotten_by_core(job.status, attempts=job.release_attempts)
+                changed = await self._engine.end_job(job.job_id, job.user_id, transition) is not None
+                if changed:
+                    telemetry.metrics.core_runs_forgotten.add(1, {"status": str(job.status)})
+            elif job.status is JobStatus.RUNNING and report.fate is RunFate.HELD:
+                # A release we saw confirmed did not take (the core lost it): release it again.
+                released = await self._core.release_run(job.run_id)
+                changed = True
+                if released.fate.settled:
+                    changed = await self._engine.end_job(job.job_id, job.user_id, Transition.reconciled(released)) is not None
+            elif job.status is JobStatus.RUNNING and report.fate.settled:
+                changed = await self._engine.end_job(job.job_id, job.user_id, Transition.reconciled(report)) is not None
+            span.set_attribute("queue.job.changed", changed)
+        log.info(
+            "an operator checked a job's run with the core (%s)",
+            "the job changed" if changed else "nothing to change",
+            extra={"job_id": job.job_id, "user_id": job.user_id, "run_id": job.run_id, "status": report.fate.value},
+        )
+        return report, changed
 
     async def attempt_run_settlement(self, claim: ClaimedSettlement) -> bool:
         """Asks the core to cancel a claimed unsettled run; settles the job when it confirms."""

@@ -12,6 +12,7 @@ from typing import Any
 
 from queue_service.model import (
     AdmitState,
+    AuditEvent,
     CapacityGrant,
     CapacityState,
     ClaimedReconciliation,
@@ -29,6 +30,7 @@ from queue_service.model import (
     LedgerEntry,
     LedgerKind,
     Overview,
+    PauseInForce,
     Promoted,
     ReleasePause,
     ReplicationStance,
@@ -147,6 +149,27 @@ def ledger_entry(row: Row) -> LedgerEntry:
         actor=row["actor"],
         reason=row["reason"],
         note=row.get("note") or "",
+    )
+
+
+def pause_in_force(row: Row) -> PauseInForce:
+    return PauseInForce(row["user_id"], ReleasePause(since=row["paused_at"], paused_by=row["paused_by"], note=row["note"] or ""))
+
+
+def audit_event(row: Row) -> AuditEvent:
+    return AuditEvent(
+        occurred_at=row["occurred_at"],
+        event_key=row["event_key"],
+        kind=row["kind"],
+        actor=row["actor"],
+        user_id=row["user_id"] or "",
+        job_id=row["job_id"],
+        retry_of_job_id=row["retry_of_job_id"],
+        old_value=int(row["old_value"] or 0),
+        new_value=int(row["new_value"] or 0),
+        amount=int(row["amount"] or 0),
+        note=row["note"] or "",
+        outcome=row["outcome"] or "",
     )
 
 

@@ -34,6 +34,8 @@ from queue_service.model import (
     AdmitState,
     AdmittedJob,
     Adoption,
+    AuditEvent,
+    AuditQuery,
     CapacityGrant,
     CapacityState,
     Cause,
@@ -60,6 +62,7 @@ from queue_service.model import (
     LostRun,
     NewJob,
     Overview,
+    PauseInForce,
     Promoted,
     PromotionLimits,
     QueueMinute,
@@ -536,11 +539,12 @@ class Statements:
     async def capacity_probe_taken(self) -> None:
         await self._send("capacity_probe_taken", {})
 
-    async def seed_capacity(self, *, capacity: int) -> int:
-        """Seeds a fresh database's capacity; returns the capacity in force."""
+    async def seed_capacity(self, *, capacity: int) -> tuple[int, str]:
+        """Seeds a fresh database's capacity; returns the capacity in force and who set it
+        (`system:seed`, or an operator's actor)."""
         row = await self._one("seed_capacity", {"capacity": capacity})
         assert row is not None
-        return int(row["capacity"])
+        return int(row["capacity"]), str(row["updated_by"] or "")
 
     async def set_core_capacity(self, *, capacity: int) -> SettingChange:
         """Sets the fleet's capacity, recorded with the current actor (`audit`)."""
@@ -564,6 +568,21 @@ class Statements:
     async def setting_changes(self, *, before_change_id: int | None, limit: int) -> list[SettingChange]:
         rows = await self._all("setting_changes", {"before_change_id": before_change_id, "limit": limit})
         return [from_row.setting_change(row) for row in rows]
+
+    async def release_pauses(self, *, limit: int) -> tuple[list[PauseInForce], int]:
+        """The pauses in force (the fleet's first, then users', the longest paused first) and how
+        many users are paused."""
+        rows = await self._all("release_pauses", {"limit": limit})
+        return [from_row.pause_in_force(row) for row in rows], int(rows[0]["paused_users"]) if rows else 0
+
+    async def audit_events(self, query: AuditQuery, *, limit: int) -> list[AuditEvent]:
+        params: Row = {**dataclasses.asdict(query), "limit": limit}
+        return [from_row.audit_event(row) for row in await self._all("audit_events", params)]
+
+    async def record_operator_action(self, *, action: str, user_id: str, job_id: uuid.UUID | None, outcome: str) -> None:
+        """An operator's Promote, Release or CheckJobWithCore, with the current actor (`audit`)."""
+        params: Row = {"action": action, "actor": audit.actor_for(action), "user_id": user_id, "job_id": job_id, "outcome": outcome}
+        await self._send("record_operator_action", params)
 
     async def capacity_state(self) -> CapacityState:
         row = await self._one("capacity_state", {"paused_users_named": PAUSED_USERS_NAMED_AT_MOST})

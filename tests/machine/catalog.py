@@ -759,6 +759,48 @@ async def retry_jobs(m: Machine, args: Args) -> None:
             user.jobs.append(label)
 
 
+generator("check_with_core")(_gen_job_call)
+
+
+@action("check_with_core", weight=0.5, drives=(OP + "CheckJobWithCore",))
+async def check_with_core(m: Machine, args: Args) -> None:
+    """An operator's "Check with the core now" on one job: the reconciliation, asked for at once."""
+    record = _job(m, args)
+    if record is None:
+        return
+    await m.call(
+        OP + "CheckJobWithCore",
+        "operator",
+        lambda s, md: s.operator.CheckJobWithCore(op_pb2.CheckJobWithCoreRequest(job_id=record.job_id), metadata=md, timeout=CALL_TIMEOUT),
+        replica=args["replica"],
+    )
+
+
+@generator("audit_reads")
+def _gen_audit_reads(m: Machine, rng: random.Random) -> Args:
+    return {"user": _user(m, rng), "by_user": rng.random() < 0.5, "replica": rng.randrange(8)}
+
+
+@action("audit_reads", weight=0.4, drives=(OP + "ListReleasePauses", OP + "ListAuditEvents"))
+async def audit_reads(m: Machine, args: Args) -> None:
+    """The console's pauses in force and its audit timeline (all of it, or one user's)."""
+    user_id = m.model.users[args["user"]].user_id if args["by_user"] else ""
+    await m.call(
+        OP + "ListReleasePauses",
+        "operator",
+        lambda s, md: s.operator.ListReleasePauses(op_pb2.ListReleasePausesRequest(), metadata=md, timeout=CALL_TIMEOUT),
+        replica=args["replica"],
+    )
+    await m.call(
+        OP + "ListAuditEvents",
+        "operator",
+        lambda s, md: s.operator.ListAuditEvents(
+            op_pb2.ListAuditEventsRequest(user_id=user_id, page_size=20), metadata=md, timeout=CALL_TIMEOUT
+        ),
+        replica=args["replica"],
+    )
+
+
 # -- the core's calls ------------------------------------------------------------------------------------
 
 

@@ -521,6 +521,8 @@ def test_the_deployment_probes_grpc_health_and_drains_within_its_grace() -> None
     # Readiness turns within a couple of seconds of the database failing (health turns within about one).
     readiness = container["readinessProbe"]
     assert readiness.get("periodSeconds", 10) * readiness.get("failureThreshold", 3) <= 4
+    # ... but one slow answer (a check past its timeout) does not take a healthy replica out.
+    assert readiness.get("failureThreshold", 3) >= 2, "readiness must tolerate one slow answer"
     # A replica started while the database is away waits QUEUE_DB_START_WAIT_SECONDS for it: the
     # startup probe must allow that, or the kubelet kills the replica while it waits.
     startup = container.get("startupProbe", {})

@@ -125,7 +125,8 @@ const FORMATTERS: Readonly<Record<string, Formatter>> = {
  * A short one-line description of a failed call, for logs and simple UIs, for example
  * `insufficient credits: balance 0, required 1`. Known reasons are worded from the
  * ErrorInfo metadata / BadRequest violations; other reasons read `<reason in words>: <message>`
- * and errors without ErrorInfo read `<CODE_NAME>: <message>`.
+ * (followed by `(field: description; ...)` when the error names field violations) and errors
+ * without ErrorInfo read `<CODE_NAME>: <message>`.
  */
 export function formatError(err: unknown): string {
   const e = describeError(err);
@@ -134,5 +135,11 @@ export function formatError(err: unknown): string {
     return formatter(e);
   }
   const label = e.reason !== "" ? e.reason.toLowerCase().replaceAll("_", " ") : e.codeName;
-  return e.message !== "" ? `${label}: ${e.message}` : label;
+  const text = e.message !== "" ? `${label}: ${e.message}` : label;
+  // Any reason may carry field violations (CORE_REJECTED names the sources the core refused):
+  // each one's field and description, as the Rust client's Display writes them.
+  if (e.fieldViolations.length === 0) {
+    return text;
+  }
+  return `${text} (${e.fieldViolations.map(describeViolation).join("; ")})`;
 }

@@ -55,6 +55,18 @@ function routes(router: ConnectRouter) {
           },
         ]);
       }
+      if (req.userId === "core-rejects") {
+        throw new ConnectError("the core rejected the analysis", Code.InvalidArgument, undefined, [
+          {
+            desc: ErrorInfoSchema,
+            value: { reason: "CORE_REJECTED", domain: QUEUE_ERROR_DOMAIN },
+          },
+          {
+            desc: BadRequestSchema,
+            value: { fieldViolations: [{ field: "sources[1].doi", description: "DOI not found at the registrar" }] },
+          },
+        ]);
+      }
       if (req.userId === "slow") {
         await new Promise((resolve) => setTimeout(resolve, 2_000));
       }
@@ -160,6 +172,19 @@ describe("typed layer (in-process gRPC server, no QUEUE_ADDR needed)", () => {
         formatError(err),
         "invalid request: userId: must not be empty; sources: at least one source is required",
       );
+    } finally {
+      c.close();
+    }
+  });
+
+  test("formatError names each field violation of any reason, not only INVALID_REQUEST's", async () => {
+    const c = createQueueClients({ address, timeoutMs: 5_000 });
+    try {
+      const err = await c.queue.admit({ userId: "core-rejects" }).then(
+        () => assert.fail("admit should fail"),
+        (e: unknown) => e,
+      );
+      assert.equal(formatError(err), "core rejected: the core rejected the analysis (sources[1].doi: DOI not found at the registrar)");
     } finally {
       c.close();
     }

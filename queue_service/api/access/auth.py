@@ -2,7 +2,9 @@
 
 Roles follow the callers we have: the web backend (`web`) uses AnalysisQueueService, the core
 (`core`) only CoreCallbackService, operators (`operator`) CreditsService, OperatorService, the
-tooling RPCs (Promote, Release), the read RPCs and CancelJob (the console cancels any user's job). Health stays open to everyone (load balancers and
+tooling RPCs (Promote, Release), the read RPCs and CancelJob (the console cancels any user's job),
+and viewers (`viewer`) every read an operator has and nothing that changes anything (the console
+on a wall screen, support staff). Health stays open to everyone (load balancers and
 probes); reflection is for operators when authentication is on.
 
 The auth file (QUEUE_AUTH_FILE) is JSON; tokens are stored as SHA-256 hex digests, never in
@@ -58,9 +60,33 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
         + [_OPERATOR + m for m in ("ListUsersWithWork", "GetQueueHistory")]
         # Which replicas serve, and the core's health as each sees it.
         + [_OPERATOR + "ListReplicas"]
+        # The pauses in force in one place, a job's run checked with the core now, and the audit
+        # timeline.
+        + [_OPERATOR + m for m in ("ListReleasePauses", "CheckJobWithCore", "ListAuditEvents")]
         + [_QUEUE + "CancelJob"]
     ),
 }
+# A read-only operator (a wall screen, support staff): every read the console makes, no change.
+ROLE_METHODS["viewer"] = frozenset(
+    [_CREDITS + "GetBalance"]
+    + [_QUEUE + m for m in ("ListJobs", "GetJob", "WatchJobs")]
+    + [
+        _OPERATOR + m
+        for m in (
+            "GetOverview",
+            "SearchJobs",
+            "WatchOverview",
+            "ListLedgerEntries",
+            "GetUserSettings",
+            "ListSettingChanges",
+            "ListUsersWithWork",
+            "GetQueueHistory",
+            "ListReplicas",
+            "ListReleasePauses",
+            "ListAuditEvents",
+        )
+    ]
+)
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 # Server reflection answers tens of KB of descriptors per 50-byte request: one web token's
 # reflection streams slowed every other caller's calls several times over (docs/security.md,

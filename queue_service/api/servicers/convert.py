@@ -11,6 +11,7 @@ from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as operator_pb2
 from queue_service.errors import InvalidRequest
 from queue_service.model import (
+    AuditEvent,
     CapacityState,
     CoreHealth,
     CoreState,
@@ -19,6 +20,7 @@ from queue_service.model import (
     LedgerEntry,
     LedgerKind,
     Overview,
+    PauseInForce,
     QueueMinute,
     ReplicaReport,
     SettingChange,
@@ -94,6 +96,8 @@ def job_to_proto(view: JobView) -> job_pb2.Job:
         retry_of_job_id=str(view.retry_of_job_id) if view.retry_of_job_id else "",
         retried_as_job_ids=[str(job_id) for job_id in view.retried_as_job_ids],
         canceled_by=view.canceled_by,
+        run_overdue=view.run_overdue,
+        behind_overdue_run=view.behind_overdue_run,
     )
     if view.document_uri or view.document_title:
         job.document.uri = view.document_uri
@@ -214,6 +218,29 @@ def setting_change_to_proto(change: SettingChange) -> operator_pb2.SettingChange
         note=change.note,
     )
     set_timestamp(message.create_time, change.create_time)
+    return message
+
+
+def pause_to_proto(pause: PauseInForce) -> operator_pb2.ReleasePause:
+    message = operator_pb2.ReleasePause(user_id=pause.user_id, paused_by=pause.pause.paused_by, note=pause.pause.note)
+    set_timestamp(message.paused_since, pause.pause.since)
+    return message
+
+
+def audit_event_to_proto(event: AuditEvent) -> operator_pb2.AuditEvent:
+    message = operator_pb2.AuditEvent(
+        kind=event.kind,
+        actor=event.actor,
+        user_id=event.user_id,
+        job_id=str(event.job_id) if event.job_id else "",
+        retry_of_job_id=str(event.retry_of_job_id) if event.retry_of_job_id else "",
+        old_value=event.old_value,
+        new_value=event.new_value,
+        amount=event.amount,
+        note=event.note,
+        outcome=event.outcome,
+    )
+    set_timestamp(message.create_time, event.occurred_at)
     return message
 
 

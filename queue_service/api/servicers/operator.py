@@ -24,10 +24,12 @@ from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as pb
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as pb_grpc
 from queue_service.api.servicers import page_tokens, validation
 from queue_service.api.servicers.convert import (
+    audit_event_to_proto,
     capacity_to_proto,
     job_to_proto,
     ledger_entry_to_proto,
     overview_to_proto,
+    pause_to_proto,
     queue_minute_to_proto,
     replica_to_proto,
     set_timestamp,
@@ -37,8 +39,8 @@ from queue_service.api.servicers.convert import (
     user_work_to_proto,
 )
 from queue_service.api.servicers.retry import MAX_BULK_RETRY, RETRYABLE, choose_for_bulk_retry, retry_each, retry_job
-from queue_service.engine import Admission, Credits, JobReads, QueueEngine
-from queue_service.model import LIVE, JobInputsSearch, JobSearch, LedgerQuery, LiveJobFilter
+from queue_service.engine import Admission, Credits, JobReads, QueueEngine, Recovery
+from queue_service.model import LIVE, AuditQuery, JobInputsSearch, JobSearch, LedgerQuery, LiveJobFilter, RunFate
 
 _DEFAULT_WINDOW_MINUTES = 60
 _MAX_WINDOW_MINUTES = 1440
@@ -57,8 +59,12 @@ MAX_USER_ACTIVE = 1000
 
 
 class OperatorServicer(pb_grpc.OperatorServiceServicer):
-    def __init__(self, engine: QueueEngine, admission: Admission, reads: JobReads, draining: asyncio.Event, credits: Credits) -> None:
+    def __init__(
+        self, engine: QueueEngine, admission: Admission, reads: JobReads, draining: asyncio.Event, credits: Credits, recovery: Recovery
+    ) -> None:
         self._engine = engine
+        # CheckJobWithCore: the sweeper's reconciliation of one job, asked for now.
+        self._recovery = recovery
         self._admission = admission
         self._reads = reads
         self._draining = draining
@@ -326,6 +332,76 @@ class OperatorServicer(pb_grpc.OperatorServiceServicer):
         page, more = changes[:page_size], len(changes) > page_size
         token = page_tokens.encode_setting_changes_token(page[-1].change_id) if more else ""
         return pb.ListSettingChangesResponse(changes=[setting_change_to_proto(change) for change in page], next_page_token=token)
+
+    async def ListReleasePauses(
+        self,
+        request: pb.ListReleasePausesRequest,
+        context: grpc.aio.ServicerContext[pb.ListReleasePausesRequest, pb.ListReleasePausesResponse],
+    ) -> pb.ListReleasePausesResponse:
+        page_size = validation.validate_page_size(request.page_size or validation.MAX_PAGE_SIZE)
+        pauses, paused_users = await self._reads.release_pauses(limit=page_size)
+        return pb.ListReleasePausesResponse(pauses=[pause_to_proto(pause) for pause in pauses], paused_users_total=paused_users)
+
+    async def CheckJobWithCore(
+        self,
+        request: pb.CheckJobWithCoreRequest,
+        context: grpc.aio.ServicerContext[pb.CheckJobWithCoreRequest, pb.CheckJobWithCoreResponse],
+    ) -> pb.CheckJobWithCoreResponse:
+        v = validation.Violations()
+        job_id = v.check_uuid("job_id", request.job_id)
+        v.raise_if_any()
+        assert job_id is not None
+        before = await self._reads.one(job_id)
+        if before is None:
+            raise errors.JobNotFound(f"job {job_id} does not exist", metadata={"jobId": str(job_id)})
+        report, changed = await self._recovery.check_with_core(before)
+        after = (await self._reads.one(job_id)) or before
+        run_state = report.fate.value if report is not None else ""
+        outcome = _check_outcome(before.status.value, after.status.value, report.fate if report is not None else None, changed)
+        await self._engine.record_operator_action(
+            "check_with_core", user_id=before.user_id, job_id=job_id, outcome=f"{run_state or 'not asked'}: {outcome}"
+        )
+        return pb.CheckJobWithCoreResponse(job=job_to_proto(after), run_state=run_state, job_changed=changed, outcome=outcome)
+
+    async def ListAuditEvents(
+        self,
+        request: pb.ListAuditEventsRequest,
+        context: grpc.aio.ServicerContext[pb.ListAuditEventsRequest, pb.ListAuditEventsResponse],
+    ) -> pb.ListAuditEventsResponse:
+        v = validation.Violations()
+        if request.actor:
+            v.check_id("actor", request.actor)
+        if request.user_id:
+            v.check_id("user_id", request.user_id)
+        v.raise_if_any()
+        page_size = validation.validate_page_size(request.page_size)
+        key = page_tokens.filter_key("audit", request.actor, request.user_id)
+        position = page_tokens.decode_audit_token(request.page_token, key)
+        query = AuditQuery(
+            actor=request.actor,
+            user_id=request.user_id,
+            before_time=position[0] if position else None,
+            before_key=position[1] if position else "",
+        )
+        events = await self._reads.audit_events(query, limit=page_size + 1)
+        page, more = events[:page_size], len(events) > page_size
+        token = page_tokens.encode_audit_token(page[-1].occurred_at, page[-1].event_key, key) if more else ""
+        return pb.ListAuditEventsResponse(events=[audit_event_to_proto(event) for event in page], next_page_token=token)
+
+
+def _check_outcome(before: str, after: str, fate: RunFate | None, changed: bool) -> str:
+    """What CheckJobWithCore found and did, for a person."""
+    if fate is None:
+        return f"the job had ended ({after}); the core was not asked"
+    if fate is RunFate.UNKNOWN_TO_CORE:
+        return f"the core does not know the job's run: the job {'failed, refunded' if changed else 'had moved on meanwhile'} ({after})"
+    if changed and after != before:
+        return f"the core reports the run {fate.value}: the job ended {after}"
+    if changed:
+        return "the core still held the run: released again"
+    if fate is RunFate.JUDGING:
+        return "the core confirms it is judging the run"
+    return f"the core reports the run {fate.value}; nothing to change ({after})"
 
 
 def _window(window_minutes: int, v: validation.Violations | None = None) -> int:

@@ -141,3 +141,31 @@ def decode_setting_changes_token(token: str) -> int | None:
             "page_token is not valid for this request; pass the next_page_token of a ListSettingChanges call",
             field_violations=[("page_token", "unknown or malformed")],
         ) from None
+
+
+def encode_audit_token(occurred_at: dt.datetime, event_key: str, key: str) -> str:
+    return _encode({"t": occurred_at.isoformat(), "e": event_key, "f": key})
+
+
+def decode_audit_token(token: str, key: str) -> tuple[dt.datetime, str] | None:
+    """The keyset position (time, event key) of a ListAuditEvents page token (None: the first
+    page)."""
+    if not token:
+        return None
+    invalid = InvalidRequest(
+        "page_token is not valid for this request; pass the next_page_token of a ListAuditEvents call with the same actor and user_id",
+        field_violations=[("page_token", "unknown or issued for another actor or user_id")],
+    )
+    if len(token) > MAX_TOKEN_CHARS:
+        raise invalid
+    try:
+        data = _decode(token)
+        if not isinstance(data, dict) or data.get("f") != key:
+            raise invalid
+        occurred_at = dt.datetime.fromisoformat(data["t"])
+        event_key = data["e"]
+        if occurred_at.tzinfo is None or not isinstance(event_key, str) or len(event_key) > 64:
+            raise invalid
+    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise invalid from None
+    return occurred_at, event_key

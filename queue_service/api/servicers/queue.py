@@ -104,16 +104,24 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
     ) -> queue_pb2.PromoteResponse:
         validation.validate_user_id(request.user_id)
         promoted = await self._engine.promote(request.user_id, cause=Cause.TOOLING)
+        # The operator's tooling leaves an entry in the audit timeline (OperatorService.ListAuditEvents).
         if not promoted:
+            await self._engine.record_operator_action("promote", user_id=request.user_id, job_id=None, outcome="nothing to promote")
             return queue_pb2.PromoteResponse()
-        return queue_pb2.PromoteResponse(job=await self._job(str(promoted[0].job_id)))
+        job = await self._job(str(promoted[0].job_id))
+        outcome = f"promoted {len(promoted)} job{'s' if len(promoted) > 1 else ''}"
+        await self._engine.record_operator_action("promote", user_id=request.user_id, job_id=promoted[0].job_id, outcome=outcome)
+        return queue_pb2.PromoteResponse(job=job)
 
     async def Release(
         self, request: queue_pb2.ReleaseRequest, context: grpc.aio.ServicerContext[queue_pb2.ReleaseRequest, queue_pb2.ReleaseResponse]
     ) -> queue_pb2.ReleaseResponse:
         job_id = validation.validate_job_id(request.job_id)
         await self._releases.release_now(job_id)
-        return queue_pb2.ReleaseResponse(job=await self._job(str(job_id)))
+        job = await self._job(str(job_id))
+        status = job_pb2.JobStatus.Name(job.status).removeprefix("JOB_STATUS_").lower()
+        await self._engine.record_operator_action("release", user_id=job.user_id, job_id=job_id, outcome=status)
+        return queue_pb2.ReleaseResponse(job=job)
 
     async def ListJobs(
         self, request: queue_pb2.ListJobsRequest, context: grpc.aio.ServicerContext[queue_pb2.ListJobsRequest, queue_pb2.ListJobsResponse]

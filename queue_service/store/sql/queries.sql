@@ -934,10 +934,11 @@ SELECT queue_capacity_probe_taken();
 -- changes it. Returns the capacity in force. Replicas starting together race for the seed: the
 -- loser's insert waits for the winner's and then conflicts with a row its own snapshot cannot see,
 -- so the row is returned through ON CONFLICT DO UPDATE (which reads the committed row), changing
--- nothing, rather than read again.
+-- nothing, rather than read again. Also who set the capacity in force (`system:seed`, or the
+-- operator who set it at run time).
 INSERT INTO queue_capacity AS c (capacity, updated_by) VALUES (%(capacity)s, 'system:seed')
 ON CONFLICT (singleton) DO UPDATE SET capacity = c.capacity
-RETURNING c.capacity;
+RETURNING c.capacity, c.updated_by;
 
 -- name: set_core_capacity
 -- The operator's change of the capacity, with its actor in the row and in the change log; what
@@ -1249,3 +1250,87 @@ WITH due AS (
     RETURNING 1
 )
 SELECT count(*) AS jobs FROM due;
+
+-- name: record_operator_action
+-- An operator's Promote, Release or CheckJobWithCore, for the audit timeline (migration 0035).
+INSERT INTO queue_operator_actions (action, actor, user_id, job_id, outcome)
+VALUES (%(action)s, %(actor)s, %(user_id)s, %(job_id)s, left(%(outcome)s, 512));
+
+-- name: release_pauses
+-- The pauses of releases in force: the fleet's first, then users', the longest paused first
+-- (one row per pause in force), and how many users are paused.
+SELECT p.user_id, p.paused_at, p.paused_by, p.note,
+       (SELECT count(*) FROM queue_release_pauses u WHERE u.user_id <> '') AS paused_users
+  FROM queue_release_pauses p
+ ORDER BY p.user_id <> '', p.paused_at, p.user_id
+ LIMIT %(limit)s;
+
+-- name: audit_events
+-- One page of the audit timeline, newest first (keyset on the event's time and key, below
+-- `before_time`/`before_key` when set): each source read newest first off its own index (migration
+-- 0035) and cut to a page, then merged. Filtered by actor and by user ('' for either: all).
+WITH settings AS (
+    SELECT s.create_time AS occurred_at, 'setting:' || lpad(s.change_id::text, 19, '0') AS event_key,
+           CASE s.setting WHEN 'core_capacity' THEN 'capacity' WHEN 'user_max_active' THEN 'user_limit'
+                ELSE CASE WHEN s.new_value = 1 THEN 'pause' ELSE 'resume' END END AS kind,
+           s.actor, COALESCE(s.user_id, '') AS user_id, NULL::uuid AS job_id, NULL::uuid AS retry_of_job_id,
+           COALESCE(s.old_value, 0)::bigint AS old_value, COALESCE(s.new_value, 0)::bigint AS new_value,
+           0::bigint AS amount, s.note, '' AS outcome
+      FROM queue_setting_changes s
+     WHERE (%(actor)s = '' OR s.actor = %(actor)s)
+       AND (%(user_id)s = '' OR s.user_id = %(user_id)s)
+       AND (%(before_time)s::timestamptz IS NULL OR s.create_time <= %(before_time)s::timestamptz)
+     ORDER BY s.create_time DESC, s.change_id DESC
+     LIMIT %(limit)s
+),
+grants AS (
+    SELECT g.create_time, 'grant:' || lpad(g.entry_id::text, 19, '0'), 'grant', g.actor, g.user_id, NULL::uuid, NULL::uuid,
+           0::bigint, 0::bigint, g.amount, COALESCE(g.note, ''), ''
+      FROM credit_ledger g
+     WHERE g.kind = 'grant'
+       AND (%(actor)s = '' OR g.actor = %(actor)s)
+       AND (%(user_id)s = '' OR g.user_id = %(user_id)s)
+       AND (%(before_time)s::timestamptz IS NULL OR g.create_time <= %(before_time)s::timestamptz)
+     ORDER BY g.create_time DESC, g.entry_id DESC
+     LIMIT %(limit)s
+),
+cancels AS (
+    SELECT COALESCE(c.cancel_requested_at, c.end_time), 'cancel:' || c.job_id::text, 'cancel', c.canceled_by, c.user_id, c.job_id,
+           NULL::uuid, 0::bigint, 0::bigint, 0::bigint, '', c.status
+      FROM analysis_jobs c
+     WHERE c.canceled_by IS NOT NULL
+       AND (%(actor)s = '' OR c.canceled_by = %(actor)s)
+       AND (%(user_id)s = '' OR c.user_id = %(user_id)s)
+       AND (%(before_time)s::timestamptz IS NULL OR COALESCE(c.cancel_requested_at, c.end_time) <= %(before_time)s::timestamptz)
+     ORDER BY COALESCE(c.cancel_requested_at, c.end_time) DESC, c.job_id DESC
+     LIMIT %(limit)s
+),
+retries AS (
+    SELECT r.create_time, 'retry:' || r.job_id::text, 'retry',
+           COALESCE((SELECT l.actor FROM credit_ledger l WHERE l.job_id = r.job_id AND l.kind = 'charge'), 'unknown'),
+           r.user_id, r.job_id, r.retry_of_job_id, 0::bigint, 0::bigint, 0::bigint, '', r.status
+      FROM analysis_jobs r
+     WHERE r.retry_of_job_id IS NOT NULL
+       AND (%(actor)s = '' OR EXISTS (SELECT 1 FROM credit_ledger l WHERE l.job_id = r.job_id AND l.kind = 'charge' AND l.actor = %(actor)s))
+       AND (%(user_id)s = '' OR r.user_id = %(user_id)s)
+       AND (%(before_time)s::timestamptz IS NULL OR r.create_time <= %(before_time)s::timestamptz)
+     ORDER BY r.create_time DESC, r.job_id DESC
+     LIMIT %(limit)s
+),
+actions AS (
+    SELECT a.create_time, 'action:' || lpad(a.action_id::text, 19, '0'), a.action, a.actor, a.user_id, a.job_id, NULL::uuid,
+           0::bigint, 0::bigint, 0::bigint, '', a.outcome
+      FROM queue_operator_actions a
+     WHERE (%(actor)s = '' OR a.actor = %(actor)s)
+       AND (%(user_id)s = '' OR a.user_id = %(user_id)s)
+       AND (%(before_time)s::timestamptz IS NULL OR a.create_time <= %(before_time)s::timestamptz)
+     ORDER BY a.create_time DESC, a.action_id DESC
+     LIMIT %(limit)s
+)
+SELECT * FROM (
+    SELECT * FROM settings UNION ALL SELECT * FROM grants UNION ALL SELECT * FROM cancels
+    UNION ALL SELECT * FROM retries UNION ALL SELECT * FROM actions
+) AS events
+ WHERE %(before_time)s::timestamptz IS NULL OR (occurred_at, event_key) < (%(before_time)s::timestamptz, %(before_key)s::text)
+ ORDER BY occurred_at DESC, event_key DESC
+ LIMIT %(limit)s;

@@ -82,6 +82,7 @@ CREATE TABLE public.analysis_jobs (
     CONSTRAINT analysis_jobs_status_check CHECK (status = ANY (ARRAY['queued'::text, 'pending'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text]))
 );
 CREATE INDEX analysis_jobs_active_deltas ON public.analysis_jobs USING btree (user_id) WHERE ((status = ANY (ARRAY['pending'::text, 'running'::text])) AND (delta_of_job_id IS NOT NULL));
+CREATE INDEX analysis_jobs_cancels_newest_first ON public.analysis_jobs USING btree (COALESCE(cancel_requested_at, end_time) DESC, job_id DESC) WHERE (canceled_by IS NOT NULL);
 CREATE INDEX analysis_jobs_capacity_turn_order ON public.analysis_jobs USING btree (capacity_turn_key, capacity_wait_since, queue_seq) WHERE ((status = 'pending'::text) AND (capacity_wait_since IS NOT NULL) AND (capacity_token IS NULL));
 CREATE INDEX analysis_jobs_delta_base ON public.analysis_jobs USING btree (delta_of_job_id) WHERE (delta_of_job_id IS NOT NULL);
 CREATE INDEX analysis_jobs_deltas_taking_capacity ON public.analysis_jobs USING btree (user_id) WHERE (((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)) AND (delta_of_job_id IS NOT NULL) AND ((capacity_wait_since IS NULL) OR (capacity_token IS NOT NULL)));
@@ -98,6 +99,7 @@ CREATE INDEX analysis_jobs_recently_ended ON public.analysis_jobs USING btree (e
 CREATE INDEX analysis_jobs_reconcile_due ON public.analysis_jobs USING btree (next_reconcile_at) WHERE (status = 'running'::text);
 CREATE INDEX analysis_jobs_release_due ON public.analysis_jobs USING btree (next_release_at) WHERE (status = 'pending'::text);
 CREATE INDEX analysis_jobs_retries ON public.analysis_jobs USING btree (retry_of_job_id, create_time) WHERE (retry_of_job_id IS NOT NULL);
+CREATE INDEX analysis_jobs_retries_newest_first ON public.analysis_jobs USING btree (create_time DESC, job_id DESC) WHERE (retry_of_job_id IS NOT NULL);
 CREATE INDEX analysis_jobs_run_settle_due ON public.analysis_jobs USING btree (run_settle_due_at) WHERE (run_settle_due_at IS NOT NULL);
 CREATE INDEX analysis_jobs_running_deltas ON public.analysis_jobs USING btree (user_id) WHERE ((status = 'running'::text) AND (delta_of_job_id IS NOT NULL));
 CREATE INDEX analysis_jobs_user_newest_admitted ON public.analysis_jobs USING btree (user_id, create_time DESC, job_id DESC);
@@ -153,6 +155,7 @@ CREATE TABLE public.credit_ledger (
 );
 CREATE INDEX credit_ledger_actor_newest_first ON public.credit_ledger USING btree (actor, entry_id DESC);
 CREATE UNIQUE INDEX credit_ledger_grant_idempotency ON public.credit_ledger USING btree (user_id, idempotency_key) WHERE (kind = 'grant'::text);
+CREATE INDEX credit_ledger_grants_newest_first ON public.credit_ledger USING btree (create_time DESC, entry_id DESC) WHERE (kind = 'grant'::text);
 CREATE INDEX credit_ledger_user_newest_first ON public.credit_ledger USING btree (user_id, entry_id DESC);
 
 CREATE TABLE public.queue_capacity (
@@ -168,6 +171,22 @@ CREATE TABLE public.queue_capacity (
     CONSTRAINT queue_capacity_pkey PRIMARY KEY (singleton),
     CONSTRAINT queue_capacity_singleton_check CHECK (singleton)
 );
+
+CREATE TABLE public.queue_operator_actions (
+    action_id   bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    action      text NOT NULL,
+    actor       text NOT NULL,
+    user_id     text DEFAULT ''::text NOT NULL,
+    job_id      uuid,
+    outcome     text DEFAULT ''::text NOT NULL,
+    create_time timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT queue_operator_actions_action_check CHECK (action = ANY (ARRAY['promote'::text, 'release'::text, 'check_with_core'::text])),
+    CONSTRAINT queue_operator_actions_outcome_check CHECK (char_length(outcome) <= 512),
+    CONSTRAINT queue_operator_actions_pkey PRIMARY KEY (action_id)
+);
+CREATE INDEX queue_operator_actions_actor ON public.queue_operator_actions USING btree (actor, create_time DESC);
+CREATE INDEX queue_operator_actions_newest_first ON public.queue_operator_actions USING btree (create_time DESC, action_id DESC);
+CREATE INDEX queue_operator_actions_user ON public.queue_operator_actions USING btree (user_id, create_time DESC);
 
 CREATE TABLE public.queue_release_pauses (
     user_id   text NOT NULL,
@@ -225,6 +244,7 @@ CREATE TABLE public.queue_setting_changes (
     CONSTRAINT queue_setting_changes_pkey PRIMARY KEY (change_id),
     CONSTRAINT queue_setting_changes_setting_check CHECK (setting = ANY (ARRAY['core_capacity'::text, 'user_max_active'::text, 'releases_paused'::text]))
 );
+CREATE INDEX queue_setting_changes_newest_first ON public.queue_setting_changes USING btree (create_time DESC, change_id DESC);
 
 CREATE TABLE public.run_reservations (
     run_id          uuid NOT NULL,

@@ -159,6 +159,8 @@ class Job(_message.Message):
     RETRY_OF_JOB_ID_FIELD_NUMBER: _builtins.int
     RETRIED_AS_JOB_IDS_FIELD_NUMBER: _builtins.int
     CANCELED_BY_FIELD_NUMBER: _builtins.int
+    RUN_OVERDUE_FIELD_NUMBER: _builtins.int
+    BEHIND_OVERDUE_RUN_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job's id (a UUID), assigned at admit."""
     user_id: _builtins.str
@@ -207,6 +209,18 @@ class Job(_message.Message):
     on its own) and for jobs canceled before the service recorded it. Added to the contract
     additively.
     """
+    run_overdue: _builtins.bool
+    """For a RUNNING job: it has been judging far longer than usual (more than three times the
+    recent mean judging time and at least a minute, or, without a recent mean, longer than
+    QUEUE_RECONCILE_AFTER_SECONDS), so whether its run still goes on at the core is not
+    confirmed until the core answers for it (OperatorService.CheckJobWithCore asks now; the
+    sweeper asks after QUEUE_RECONCILE_AFTER_SECONDS). Added to the contract additively.
+    """
+    behind_overdue_run: _builtins.bool
+    """For a QUEUED job: the active job it waits behind is overdue (`run_overdue`), so no start is
+    promised (`estimated_start_time` is unset) until that run ends or the core is asked. Added
+    to the contract additively.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When the job was admitted."""
@@ -233,8 +247,9 @@ class Job(_message.Message):
         then. It comes back with the core's next answer. Also unset while the job's releases are paused
         (OperatorService.SetReleasesPaused, the fleet's or its user's): no start comes before a
         resume, which no estimate can know of. WatchJobs sends a job when it changes, so a message
-        sent before the core became unreachable, or before a pause, keeps its estimate. Added to the
-        contract additively.
+        sent before the core became unreachable, or before a pause, keeps its estimate. Also unset for
+        a QUEUED job waiting behind an overdue run (`behind_overdue_run`, added additively). Added to
+        the contract additively.
         """
 
     @_builtins.property
@@ -283,10 +298,12 @@ class Job(_message.Message):
         retry_of_job_id: _builtins.str = ...,
         retried_as_job_ids: _abc.Iterable[_builtins.str] | None = ...,
         canceled_by: _builtins.str = ...,
+        run_overdue: _builtins.bool = ...,
+        behind_overdue_run: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "document", b"document", "end_time", b"end_time", "estimated_start_time", b"estimated_start_time", "promote_time", b"promote_time", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["canceled_by", b"canceled_by", "capacity_position", b"capacity_position", "create_time", b"create_time", "delta_of_job_id", b"delta_of_job_id", "document", b"document", "end_time", b"end_time", "estimated_start_time", b"estimated_start_time", "job_id", b"job_id", "last_error", b"last_error", "price", b"price", "promote_time", b"promote_time", "queue_position", b"queue_position", "refunded", b"refunded", "release_attempts", b"release_attempts", "retried_as_job_ids", b"retried_as_job_ids", "retry_of_job_id", b"retry_of_job_id", "run_id", b"run_id", "source_count", b"source_count", "sources", b"sources", "start_time", b"start_time", "status", b"status", "user_id", b"user_id", "waiting_for_job_id", b"waiting_for_job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["behind_overdue_run", b"behind_overdue_run", "canceled_by", b"canceled_by", "capacity_position", b"capacity_position", "create_time", b"create_time", "delta_of_job_id", b"delta_of_job_id", "document", b"document", "end_time", b"end_time", "estimated_start_time", b"estimated_start_time", "job_id", b"job_id", "last_error", b"last_error", "price", b"price", "promote_time", b"promote_time", "queue_position", b"queue_position", "refunded", b"refunded", "release_attempts", b"release_attempts", "retried_as_job_ids", b"retried_as_job_ids", "retry_of_job_id", b"retry_of_job_id", "run_id", b"run_id", "run_overdue", b"run_overdue", "source_count", b"source_count", "sources", b"sources", "start_time", b"start_time", "status", b"status", "user_id", b"user_id", "waiting_for_job_id", b"waiting_for_job_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1696,3 +1696,289 @@ class CoreCalls(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CoreCalls: _TypeAlias = CoreCalls  # noqa: Y015
+
+@_typing.final
+class ListReleasePausesRequest(_message.Message):
+    """Request for OperatorService.ListReleasePauses. Added to the contract additively."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """At most this many pauses: 1-100; 0 means 100."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListReleasePausesRequest: _TypeAlias = ListReleasePausesRequest  # noqa: Y015
+
+@_typing.final
+class ListReleasePausesResponse(_message.Message):
+    """Response for OperatorService.ListReleasePauses. Added to the contract additively."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAUSES_FIELD_NUMBER: _builtins.int
+    PAUSED_USERS_TOTAL_FIELD_NUMBER: _builtins.int
+    paused_users_total: _builtins.int
+    """How many users' releases are paused on their own (more than listed when the page is full)."""
+    @_builtins.property
+    def pauses(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReleasePause]:
+        """The pauses in force: the fleet's first (when paused), then users', the longest paused first."""
+
+    def __init__(
+        self,
+        *,
+        pauses: _abc.Iterable[Global___ReleasePause] | None = ...,
+        paused_users_total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["paused_users_total", b"paused_users_total", "pauses", b"pauses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListReleasePausesResponse: _TypeAlias = ListReleasePausesResponse  # noqa: Y015
+
+@_typing.final
+class ReleasePause(_message.Message):
+    """One pause of releases in force. Added to the contract additively."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    PAUSED_SINCE_FIELD_NUMBER: _builtins.int
+    PAUSED_BY_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """Whose releases: empty for the whole fleet's, else one user's."""
+    paused_by: _builtins.str
+    """Who paused them (an actor, as on ledger entries)."""
+    note: _builtins.str
+    """Why, in the words of who paused them."""
+    @_builtins.property
+    def paused_since(self) -> _timestamp_pb2.Timestamp:
+        """Since when."""
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        paused_since: _timestamp_pb2.Timestamp | None = ...,
+        paused_by: _builtins.str = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["paused_since", b"paused_since"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["note", b"note", "paused_by", b"paused_by", "paused_since", b"paused_since", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleasePause: _TypeAlias = ReleasePause  # noqa: Y015
+
+@_typing.final
+class CheckJobWithCoreRequest(_message.Message):
+    """Request for OperatorService.CheckJobWithCore. Added to the contract additively."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job (a UUID)."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckJobWithCoreRequest: _TypeAlias = CheckJobWithCoreRequest  # noqa: Y015
+
+@_typing.final
+class CheckJobWithCoreResponse(_message.Message):
+    """Response for OperatorService.CheckJobWithCore. Added to the contract additively."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    RUN_STATE_FIELD_NUMBER: _builtins.int
+    JOB_CHANGED_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    run_state: _builtins.str
+    """What the core answered about the job's run: `held`, `judging`, `succeeded`, `failed`,
+    `canceled`, or `unknown_to_core` (it does not know the run); empty when the job had ended
+    and the core was not asked.
+    """
+    job_changed: _builtins.bool
+    """Whether the check changed the job: ended it, or released its held run again."""
+    outcome: _builtins.str
+    """What the check found and did, in a sentence for a person."""
+    @_builtins.property
+    def job(self) -> _job_pb2.Job:
+        """The job after the check."""
+
+    def __init__(
+        self,
+        *,
+        job: _job_pb2.Job | None = ...,
+        run_state: _builtins.str = ...,
+        job_changed: _builtins.bool = ...,
+        outcome: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "job_changed", b"job_changed", "outcome", b"outcome", "run_state", b"run_state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckJobWithCoreResponse: _TypeAlias = CheckJobWithCoreResponse  # noqa: Y015
+
+@_typing.final
+class ListAuditEventsRequest(_message.Message):
+    """Request for OperatorService.ListAuditEvents. Added to the contract additively."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTOR_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    actor: _builtins.str
+    """Only what this actor did (exact, as `LedgerEntry.actor`: `operator:alice`); empty: everyone."""
+    user_id: _builtins.str
+    """Only what concerns this user (her settings, pauses, grants, jobs); empty: every user and
+    the fleet's settings.
+    """
+    page_size: _builtins.int
+    """At most this many events per page: 1-100; 0 means 20."""
+    page_token: _builtins.str
+    """The `next_page_token` of the previous page; empty for the first page. Only valid with the
+    same `actor` and `user_id`.
+    """
+    def __init__(
+        self,
+        *,
+        actor: _builtins.str = ...,
+        user_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAuditEventsRequest: _TypeAlias = ListAuditEventsRequest  # noqa: Y015
+
+@_typing.final
+class ListAuditEventsResponse(_message.Message):
+    """Response for OperatorService.ListAuditEvents. Added to the contract additively."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass as `page_token` for the next page; empty on the last page."""
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___AuditEvent]:
+        """The events, newest first."""
+
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___AuditEvent] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAuditEventsResponse: _TypeAlias = ListAuditEventsResponse  # noqa: Y015
+
+@_typing.final
+class AuditEvent(_message.Message):
+    """One thing someone did, as the audit timeline shows it. Added to the contract additively."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    RETRY_OF_JOB_ID_FIELD_NUMBER: _builtins.int
+    OLD_VALUE_FIELD_NUMBER: _builtins.int
+    NEW_VALUE_FIELD_NUMBER: _builtins.int
+    AMOUNT_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """What: `capacity` (SetCoreCapacity), `user_limit` (SetUserQueueLimit), `pause` and `resume`
+    (SetReleasesPaused), `grant` (GrantCredits), `cancel` (CancelJob, CancelJobs), `retry`
+    (RetryJob, RetryJobs), `promote` (Promote), `release` (Release), `check_with_core`
+    (CheckJobWithCore).
+    """
+    actor: _builtins.str
+    """Who, as ledger entries name their actor (`operator:alice`, `web:web-backend`, `anonymous`)."""
+    user_id: _builtins.str
+    """Whose: the user concerned; empty for a fleet-wide setting."""
+    job_id: _builtins.str
+    """The job concerned (a cancel's, a retry's new job, a release's, a check's, a promotion's
+    promoted job); empty otherwise.
+    """
+    retry_of_job_id: _builtins.str
+    """For a retry: the ended job it admits again."""
+    old_value: _builtins.int
+    """For `capacity` and `user_limit`: the value before and after (0: unlimited, the default)."""
+    new_value: _builtins.int
+    """The value after."""
+    amount: _builtins.int
+    """For a grant: the credits granted."""
+    note: _builtins.str
+    """Why, in the actor's words (a pause's or a grant's note); empty otherwise."""
+    outcome: _builtins.str
+    """What came of it: for `promote` the promoted job's status or `nothing to promote`, for
+    `release` the job's status after it, for `check_with_core` the core's answer, for `cancel`
+    the job's status now; empty otherwise.
+    """
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When."""
+
+    def __init__(
+        self,
+        *,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        kind: _builtins.str = ...,
+        actor: _builtins.str = ...,
+        user_id: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        retry_of_job_id: _builtins.str = ...,
+        old_value: _builtins.int = ...,
+        new_value: _builtins.int = ...,
+        amount: _builtins.int = ...,
+        note: _builtins.str = ...,
+        outcome: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "amount", b"amount", "create_time", b"create_time", "job_id", b"job_id", "kind", b"kind", "new_value", b"new_value", "note", b"note", "old_value", b"old_value", "outcome", b"outcome", "retry_of_job_id", b"retry_of_job_id", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuditEvent: _TypeAlias = AuditEvent  # noqa: Y015

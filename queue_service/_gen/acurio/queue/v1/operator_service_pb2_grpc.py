@@ -115,6 +115,21 @@ class OperatorServiceStub:
                 request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasRequest.SerializeToString,
                 response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasResponse.FromString,
                 _registered_method=True)
+        self.ListReleasePauses = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/ListReleasePauses',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReleasePausesRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReleasePausesResponse.FromString,
+                _registered_method=True)
+        self.CheckJobWithCore = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/CheckJobWithCore',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.CheckJobWithCoreRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.CheckJobWithCoreResponse.FromString,
+                _registered_method=True)
+        self.ListAuditEvents = channel.unary_unary(
+                '/acurio.queue.v1.OperatorService/ListAuditEvents',
+                request_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListAuditEventsRequest.SerializeToString,
+                response_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListAuditEventsResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServiceServicer:
@@ -317,6 +332,47 @@ class OperatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListReleasePauses(self, request, context):
+        """The pauses of releases in force, in one place: the fleet's (`user_id` empty) first, then
+        each paused user's, the longest paused first; each with since when, by whom and why (as
+        SetReleasesPaused recorded it). Read from the pauses' own table, one row per pause in force.
+        Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a page size outside 0-100.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckJobWithCore(self, request, context):
+        """Asks the core about one job's run now (GetRun), instead of waiting for the sweeper's
+        reconciliation (QUEUE_RECONCILE_AFTER_SECONDS) or the lost-run probe, and acts on the answer
+        as they would: a run the core does not know ends its job FAILED and refunded (as the lost-run
+        check does), a RUNNING job whose run ended at the core ends as the core reports it (as a
+        reconciliation does), a RUNNING job whose run the core still holds is released again; a run
+        the core is judging (or holding for a QUEUED or PENDING job) changes nothing. An ended job
+        is not asked about. Recorded with its actor in the audit timeline (ListAuditEvents, kind
+        `check_with_core`). Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id; NOT_FOUND `JOB_NOT_FOUND`;
+        UNAVAILABLE `CORE_UNAVAILABLE` when the core did not answer (nothing changed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAuditEvents(self, request, context):
+        """One audit timeline of what people did, newest first: setting changes (capacity, users'
+        limits, pauses and resumes), credit grants, cancels (`Job.canceled_by`), retries (the
+        charge's actor), and the operator's Promote, Release and CheckJobWithCore calls. Filter by
+        actor, by user, or both. Each source is read off its own index, so a page costs the same
+        however long the history; cancels and retries are kept as long as their jobs are (the
+        retention of ended jobs). Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad actor, user id or page size, or a page
+        token that is malformed or was issued for another filter.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -394,6 +450,21 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.ListReplicas,
                     request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasRequest.FromString,
                     response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasResponse.SerializeToString,
+            ),
+            'ListReleasePauses': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReleasePauses,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReleasePausesRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReleasePausesResponse.SerializeToString,
+            ),
+            'CheckJobWithCore': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckJobWithCore,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.CheckJobWithCoreRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.CheckJobWithCoreResponse.SerializeToString,
+            ),
+            'ListAuditEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAuditEvents,
+                    request_deserializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListAuditEventsRequest.FromString,
+                    response_serializer=acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListAuditEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -807,6 +878,87 @@ class OperatorService:
             '/acurio.queue.v1.OperatorService/ListReplicas',
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasRequest.SerializeToString,
             acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReplicasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReleasePauses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/ListReleasePauses',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReleasePausesRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListReleasePausesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckJobWithCore(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/CheckJobWithCore',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.CheckJobWithCoreRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.CheckJobWithCoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAuditEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acurio.queue.v1.OperatorService/ListAuditEvents',
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListAuditEventsRequest.SerializeToString,
+            acurio_dot_queue_dot_v1_dot_operator__service__pb2.ListAuditEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -170,6 +170,35 @@ class OperatorServiceStub:
     5 seconds and removes it when it stops cleanly, so a report whose `heartbeat_time` is old is
     a replica that stopped without saying so. Added to the contract additively.
     """
+    ListReleasePauses: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.ListReleasePausesRequest, _operator_service_pb2.ListReleasePausesResponse]
+    """The pauses of releases in force, in one place: the fleet's (`user_id` empty) first, then
+    each paused user's, the longest paused first; each with since when, by whom and why (as
+    SetReleasesPaused recorded it). Read from the pauses' own table, one row per pause in force.
+    Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a page size outside 0-100.
+    """
+    CheckJobWithCore: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.CheckJobWithCoreRequest, _operator_service_pb2.CheckJobWithCoreResponse]
+    """Asks the core about one job's run now (GetRun), instead of waiting for the sweeper's
+    reconciliation (QUEUE_RECONCILE_AFTER_SECONDS) or the lost-run probe, and acts on the answer
+    as they would: a run the core does not know ends its job FAILED and refunded (as the lost-run
+    check does), a RUNNING job whose run ended at the core ends as the core reports it (as a
+    reconciliation does), a RUNNING job whose run the core still holds is released again; a run
+    the core is judging (or holding for a QUEUED or PENDING job) changes nothing. An ended job
+    is not asked about. Recorded with its actor in the audit timeline (ListAuditEvents, kind
+    `check_with_core`). Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id; NOT_FOUND `JOB_NOT_FOUND`;
+    UNAVAILABLE `CORE_UNAVAILABLE` when the core did not answer (nothing changed).
+    """
+    ListAuditEvents: _grpc.UnaryUnaryMultiCallable[_operator_service_pb2.ListAuditEventsRequest, _operator_service_pb2.ListAuditEventsResponse]
+    """One audit timeline of what people did, newest first: setting changes (capacity, users'
+    limits, pauses and resumes), credit grants, cancels (`Job.canceled_by`), retries (the
+    charge's actor), and the operator's Promote, Release and CheckJobWithCore calls. Filter by
+    actor, by user, or both. Each source is read off its own index, so a page costs the same
+    however long the history; cancels and retries are kept as long as their jobs are (the
+    retention of ended jobs). Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad actor, user id or page size, or a page
+    token that is malformed or was issued for another filter.
+    """
 
 @_typing.type_check_only
 class OperatorServiceAsyncStub(OperatorServiceStub):
@@ -312,6 +341,35 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     core answered, refused, and whose outcome is unknown). Each replica rewrites its report every
     5 seconds and removes it when it stops cleanly, so a report whose `heartbeat_time` is old is
     a replica that stopped without saying so. Added to the contract additively.
+    """
+    ListReleasePauses: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.ListReleasePausesRequest, _operator_service_pb2.ListReleasePausesResponse]  # type: ignore[assignment]
+    """The pauses of releases in force, in one place: the fleet's (`user_id` empty) first, then
+    each paused user's, the longest paused first; each with since when, by whom and why (as
+    SetReleasesPaused recorded it). Read from the pauses' own table, one row per pause in force.
+    Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a page size outside 0-100.
+    """
+    CheckJobWithCore: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.CheckJobWithCoreRequest, _operator_service_pb2.CheckJobWithCoreResponse]  # type: ignore[assignment]
+    """Asks the core about one job's run now (GetRun), instead of waiting for the sweeper's
+    reconciliation (QUEUE_RECONCILE_AFTER_SECONDS) or the lost-run probe, and acts on the answer
+    as they would: a run the core does not know ends its job FAILED and refunded (as the lost-run
+    check does), a RUNNING job whose run ended at the core ends as the core reports it (as a
+    reconciliation does), a RUNNING job whose run the core still holds is released again; a run
+    the core is judging (or holding for a QUEUED or PENDING job) changes nothing. An ended job
+    is not asked about. Recorded with its actor in the audit timeline (ListAuditEvents, kind
+    `check_with_core`). Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id; NOT_FOUND `JOB_NOT_FOUND`;
+    UNAVAILABLE `CORE_UNAVAILABLE` when the core did not answer (nothing changed).
+    """
+    ListAuditEvents: _aio.UnaryUnaryMultiCallable[_operator_service_pb2.ListAuditEventsRequest, _operator_service_pb2.ListAuditEventsResponse]  # type: ignore[assignment]
+    """One audit timeline of what people did, newest first: setting changes (capacity, users'
+    limits, pauses and resumes), credit grants, cancels (`Job.canceled_by`), retries (the
+    charge's actor), and the operator's Promote, Release and CheckJobWithCore calls. Filter by
+    actor, by user, or both. Each source is read off its own index, so a page costs the same
+    however long the history; cancels and retries are kept as long as their jobs are (the
+    retention of ended jobs). Added to the contract additively.
+    Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad actor, user id or page size, or a page
+    token that is malformed or was issued for another filter.
     """
 
 class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -542,6 +600,53 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         core answered, refused, and whose outcome is unknown). Each replica rewrites its report every
         5 seconds and removes it when it stops cleanly, so a report whose `heartbeat_time` is old is
         a replica that stopped without saying so. Added to the contract additively.
+        """
+
+    @_abc_1.abstractmethod
+    def ListReleasePauses(
+        self,
+        request: _operator_service_pb2.ListReleasePausesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.ListReleasePausesResponse, _abc.Awaitable[_operator_service_pb2.ListReleasePausesResponse]]:
+        """The pauses of releases in force, in one place: the fleet's (`user_id` empty) first, then
+        each paused user's, the longest paused first; each with since when, by whom and why (as
+        SetReleasesPaused recorded it). Read from the pauses' own table, one row per pause in force.
+        Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a page size outside 0-100.
+        """
+
+    @_abc_1.abstractmethod
+    def CheckJobWithCore(
+        self,
+        request: _operator_service_pb2.CheckJobWithCoreRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.CheckJobWithCoreResponse, _abc.Awaitable[_operator_service_pb2.CheckJobWithCoreResponse]]:
+        """Asks the core about one job's run now (GetRun), instead of waiting for the sweeper's
+        reconciliation (QUEUE_RECONCILE_AFTER_SECONDS) or the lost-run probe, and acts on the answer
+        as they would: a run the core does not know ends its job FAILED and refunded (as the lost-run
+        check does), a RUNNING job whose run ended at the core ends as the core reports it (as a
+        reconciliation does), a RUNNING job whose run the core still holds is released again; a run
+        the core is judging (or holding for a QUEUED or PENDING job) changes nothing. An ended job
+        is not asked about. Recorded with its actor in the audit timeline (ListAuditEvents, kind
+        `check_with_core`). Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id; NOT_FOUND `JOB_NOT_FOUND`;
+        UNAVAILABLE `CORE_UNAVAILABLE` when the core did not answer (nothing changed).
+        """
+
+    @_abc_1.abstractmethod
+    def ListAuditEvents(
+        self,
+        request: _operator_service_pb2.ListAuditEventsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_service_pb2.ListAuditEventsResponse, _abc.Awaitable[_operator_service_pb2.ListAuditEventsResponse]]:
+        """One audit timeline of what people did, newest first: setting changes (capacity, users'
+        limits, pauses and resumes), credit grants, cancels (`Job.canceled_by`), retries (the
+        charge's actor), and the operator's Promote, Release and CheckJobWithCore calls. Filter by
+        actor, by user, or both. Each source is read off its own index, so a page costs the same
+        however long the history; cancels and retries are kept as long as their jobs are (the
+        retention of ended jobs). Added to the contract additively.
+        Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad actor, user id or page size, or a page
+        token that is malformed or was issued for another filter.
         """
 
 def add_OperatorServiceServicer_to_server(servicer: OperatorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

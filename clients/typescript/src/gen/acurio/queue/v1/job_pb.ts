@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/job.proto.
  */
 export const file_acurio_queue_v1_job: GenFile = /*@__PURE__*/
-  fileDesc("ChlhY3VyaW8vcXVldWUvdjEvam9iLnByb3RvEg9hY3VyaW8ucXVldWUudjEiJgoIRG9jdW1lbnQSCwoDdXJpGAEgASgJEg0KBXRpdGxlGAIgASgJIicKBlNvdXJjZRILCgNkb2kYASABKAkSEAoIY2l0YXRpb24YAiABKAkiywUKA0pvYhIOCgZqb2JfaWQYASABKAkSDwoHdXNlcl9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSKgoGc3RhdHVzGAQgASgOMhouYWN1cmlvLnF1ZXVlLnYxLkpvYlN0YXR1cxIWCg5xdWV1ZV9wb3NpdGlvbhgFIAEoBRIXCg9kZWx0YV9vZl9qb2JfaWQYBiABKAkSGAoQcmVsZWFzZV9hdHRlbXB0cxgHIAEoBRISCgpsYXN0X2Vycm9yGAggASgJEi8KC2NyZWF0ZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxwcm9tb3RlX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0X3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZF90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIaChJ3YWl0aW5nX2Zvcl9qb2JfaWQYDSABKAkSOAoUZXN0aW1hdGVkX3N0YXJ0X3RpbWUYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBXByaWNlGA8gASgDEhAKCHJlZnVuZGVkGBAgASgIEhkKEWNhcGFjaXR5X3Bvc2l0aW9uGBEgASgFEisKCGRvY3VtZW50GBIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLkRvY3VtZW50EigKB3NvdXJjZXMYEyADKAsyFy5hY3VyaW8ucXVldWUudjEuU291cmNlEhQKDHNvdXJjZV9jb3VudBgUIAEoBRIXCg9yZXRyeV9vZl9qb2JfaWQYFSABKAkSGgoScmV0cmllZF9hc19qb2JfaWRzGBYgAygJEhMKC2NhbmNlbGVkX2J5GBcgASgJKrgBCglKb2JTdGF0dXMSGgoWSk9CX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEUpPQl9TVEFUVVNfUVVFVUVEEAESFgoSSk9CX1NUQVRVU19QRU5ESU5HEAISFgoSSk9CX1NUQVRVU19SVU5OSU5HEAMSGAoUSk9CX1NUQVRVU19TVUNDRUVERUQQBBIVChFKT0JfU1RBVFVTX0ZBSUxFRBAFEhcKE0pPQl9TVEFUVVNfQ0FOQ0VMRUQQBmIGcHJvdG8z", [file_google_protobuf_timestamp]);
+  fileDesc("ChlhY3VyaW8vcXVldWUvdjEvam9iLnByb3RvEg9hY3VyaW8ucXVldWUudjEiJgoIRG9jdW1lbnQSCwoDdXJpGAEgASgJEg0KBXRpdGxlGAIgASgJIicKBlNvdXJjZRILCgNkb2kYASABKAkSEAoIY2l0YXRpb24YAiABKAki/AUKA0pvYhIOCgZqb2JfaWQYASABKAkSDwoHdXNlcl9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSKgoGc3RhdHVzGAQgASgOMhouYWN1cmlvLnF1ZXVlLnYxLkpvYlN0YXR1cxIWCg5xdWV1ZV9wb3NpdGlvbhgFIAEoBRIXCg9kZWx0YV9vZl9qb2JfaWQYBiABKAkSGAoQcmVsZWFzZV9hdHRlbXB0cxgHIAEoBRISCgpsYXN0X2Vycm9yGAggASgJEi8KC2NyZWF0ZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxwcm9tb3RlX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0X3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZF90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIaChJ3YWl0aW5nX2Zvcl9qb2JfaWQYDSABKAkSOAoUZXN0aW1hdGVkX3N0YXJ0X3RpbWUYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBXByaWNlGA8gASgDEhAKCHJlZnVuZGVkGBAgASgIEhkKEWNhcGFjaXR5X3Bvc2l0aW9uGBEgASgFEisKCGRvY3VtZW50GBIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLkRvY3VtZW50EigKB3NvdXJjZXMYEyADKAsyFy5hY3VyaW8ucXVldWUudjEuU291cmNlEhQKDHNvdXJjZV9jb3VudBgUIAEoBRIXCg9yZXRyeV9vZl9qb2JfaWQYFSABKAkSGgoScmV0cmllZF9hc19qb2JfaWRzGBYgAygJEhMKC2NhbmNlbGVkX2J5GBcgASgJEhMKC3J1bl9vdmVyZHVlGBggASgIEhoKEmJlaGluZF9vdmVyZHVlX3J1bhgZIAEoCCq4AQoJSm9iU3RhdHVzEhoKFkpPQl9TVEFUVVNfVU5TUEVDSUZJRUQQABIVChFKT0JfU1RBVFVTX1FVRVVFRBABEhYKEkpPQl9TVEFUVVNfUEVORElORxACEhYKEkpPQl9TVEFUVVNfUlVOTklORxADEhgKFEpPQl9TVEFUVVNfU1VDQ0VFREVEEAQSFQoRSk9CX1NUQVRVU19GQUlMRUQQBRIXChNKT0JfU1RBVFVTX0NBTkNFTEVEEAZiBnByb3RvMw", [file_google_protobuf_timestamp]);
 
 /**
  * The document a first-pass analysis judges.
@@ -223,8 +223,9 @@ export type Job = Message<"acurio.queue.v1.Job"> & {
    * then. It comes back with the core's next answer. Also unset while the job's releases are paused
    * (OperatorService.SetReleasesPaused, the fleet's or its user's): no start comes before a
    * resume, which no estimate can know of. WatchJobs sends a job when it changes, so a message
-   * sent before the core became unreachable, or before a pause, keeps its estimate. Added to the
-   * contract additively.
+   * sent before the core became unreachable, or before a pause, keeps its estimate. Also unset for
+   * a QUEUED job waiting behind an overdue run (`behind_overdue_run`, added additively). Added to
+   * the contract additively.
    *
    * @generated from field: google.protobuf.Timestamp estimated_start_time = 14;
    */
@@ -309,6 +310,26 @@ export type Job = Message<"acurio.queue.v1.Job"> & {
    * @generated from field: string canceled_by = 23;
    */
   canceledBy: string;
+
+  /**
+   * For a RUNNING job: it has been judging far longer than usual (more than three times the
+   * recent mean judging time and at least a minute, or, without a recent mean, longer than
+   * QUEUE_RECONCILE_AFTER_SECONDS), so whether its run still goes on at the core is not
+   * confirmed until the core answers for it (OperatorService.CheckJobWithCore asks now; the
+   * sweeper asks after QUEUE_RECONCILE_AFTER_SECONDS). Added to the contract additively.
+   *
+   * @generated from field: bool run_overdue = 24;
+   */
+  runOverdue: boolean;
+
+  /**
+   * For a QUEUED job: the active job it waits behind is overdue (`run_overdue`), so no start is
+   * promised (`estimated_start_time` is unset) until that run ends or the core is asked. Added
+   * to the contract additively.
+   *
+   * @generated from field: bool behind_overdue_run = 25;
+   */
+  behindOverdueRun: boolean;
 };
 
 /**
@@ -418,8 +439,9 @@ export type JobJson = {
    * then. It comes back with the core's next answer. Also unset while the job's releases are paused
    * (OperatorService.SetReleasesPaused, the fleet's or its user's): no start comes before a
    * resume, which no estimate can know of. WatchJobs sends a job when it changes, so a message
-   * sent before the core became unreachable, or before a pause, keeps its estimate. Added to the
-   * contract additively.
+   * sent before the core became unreachable, or before a pause, keeps its estimate. Also unset for
+   * a QUEUED job waiting behind an overdue run (`behind_overdue_run`, added additively). Added to
+   * the contract additively.
    *
    * @generated from field: google.protobuf.Timestamp estimated_start_time = 14;
    */
@@ -504,6 +526,26 @@ export type JobJson = {
    * @generated from field: string canceled_by = 23;
    */
   canceledBy?: string;
+
+  /**
+   * For a RUNNING job: it has been judging far longer than usual (more than three times the
+   * recent mean judging time and at least a minute, or, without a recent mean, longer than
+   * QUEUE_RECONCILE_AFTER_SECONDS), so whether its run still goes on at the core is not
+   * confirmed until the core answers for it (OperatorService.CheckJobWithCore asks now; the
+   * sweeper asks after QUEUE_RECONCILE_AFTER_SECONDS). Added to the contract additively.
+   *
+   * @generated from field: bool run_overdue = 24;
+   */
+  runOverdue?: boolean;
+
+  /**
+   * For a QUEUED job: the active job it waits behind is overdue (`run_overdue`), so no start is
+   * promised (`estimated_start_time` is unset) until that run ends or the core is asked. Added
+   * to the contract additively.
+   *
+   * @generated from field: bool behind_overdue_run = 25;
+   */
+  behindOverdueRun?: boolean;
 };
 
 /**

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/operator_service.proto.
  */
 export const file_acurio_queue_v1_operator_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIooCCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCBIbChNkb2N1bWVudF91cmlfcHJlZml4GAYgASgJEhMKC3RpdGxlX3dvcmRzGAcgASgJEhIKCnNvdXJjZV9kb2kYCCABKAkiLAoSR2V0T3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIkIKE0dldE92ZXJ2aWV3UmVzcG9uc2USKwoIb3ZlcnZpZXcYASABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXcirAYKCE92ZXJ2aWV3Eg4KBnF1ZXVlZBgBIAEoAxIPCgdwZW5kaW5nGAIgASgDEg8KB3J1bm5pbmcYAyABKAMSGwoTc3VjY2VlZGVkX2luX3dpbmRvdxgEIAEoAxIYChBmYWlsZWRfaW5fd2luZG93GAUgASgDEhoKEmNhbmNlbGVkX2luX3dpbmRvdxgGIAEoAxIVCg11c2Vyc193YWl0aW5nGAcgASgDEj0KGW9sZGVzdF9xdWV1ZWRfY3JlYXRlX3RpbWUYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhkKEXJlbGVhc2VzX3JldHJ5aW5nGAkgASgDEhgKEHJ1bnNfcmVjb25jaWxpbmcYCiABKAMSGQoRYWRtaXRzX3Blcl9taW51dGUYCyADKAMSFgoOd2luZG93X21pbnV0ZXMYDCABKAUSLQoJcmVhZF90aW1lGA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9jYXBhY2l0eV9pbl91c2UYDiABKAMSFgoOY2FwYWNpdHlfbGltaXQYDyABKAMSHQoVY2FwYWNpdHlfd2FpdGluZ19qb2JzGBAgASgDEh4KFmNhcGFjaXR5X3dhaXRpbmdfdXNlcnMYESABKAMSPQoZb2xkZXN0X2NhcGFjaXR5X3dhaXRfdGltZRgSIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKY29yZV9saW1pdBgTIAEoAxIVCg1jb3JlX3JlZnVzYWxzGBQgASgDEhcKD3JlbGVhc2VzX3BhdXNlZBgeIAEoCBI5ChVyZWxlYXNlc19wYXVzZWRfc2luY2UYHyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhoKEnJlbGVhc2VzX3BhdXNlZF9ieRggIAEoCRIcChRyZWxlYXNlc19wYXVzZWRfbm90ZRgiIAEoCRIUCgxwYXVzZWRfdXNlcnMYISABKAMSMAoLY29yZV9oZWFsdGgYFSABKAsyGy5hY3VyaW8ucXVldWUudjEuQ29yZUhlYWx0aCKRAwoKQ29yZUhlYWx0aBIpCgVzdGF0ZRgBIAEoDjIaLmFjdXJpby5xdWV1ZS52MS5Db3JlU3RhdGUSNQoRbGFzdF9zdWNjZXNzX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEWxhc3RfZmFpbHVyZV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIbChNsYXN0X2ZhaWx1cmVfcmVhc29uGAQgASgJEhYKDndpbmRvd19taW51dGVzGAUgASgFEhAKCGFuc3dlcmVkGAYgASgDEg8KB3JlZnVzZWQYByABKAMSDwoHdW5rbm93bhgIIAEoAxIaChJhZG1pdHNfdW5hdmFpbGFibGUYCSABKAMSFgoObGF0ZW5jeV9wNTBfbXMYCiABKAESFgoObGF0ZW5jeV9wOTlfbXMYCyABKAESGgoScmVwbGljYXNfcmVwb3J0aW5nGAwgASgFEhkKEXJlcGxpY2FzX3JlYWNoaW5nGA0gASgFImYKEVNlYXJjaEpvYnNSZXF1ZXN0EioKBmZpbHRlchgBIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Kb2JGaWx0ZXISEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiUQoSU2VhcmNoSm9ic1Jlc3BvbnNlEiIKBGpvYnMYASADKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJDChRXYXRjaE92ZXJ2aWV3UmVxdWVzdBIWCg53aW5kb3dfbWludXRlcxgBIAEoBRITCgtpbnRlcnZhbF9tcxgCIAEoBSJEChVXYXRjaE92ZXJ2aWV3UmVzcG9uc2USKwoIb3ZlcnZpZXcYASABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciYgoRQ2FuY2VsSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIPCgdkcnlfcnVuGAIgASgIEhAKCG1heF9qb2JzGAMgASgFIoQBChJDYW5jZWxKb2JzUmVzcG9uc2USDwoHbWF0Y2hlZBgBIAEoBRIZChFtb3JlX3RoYW5fY291bnRlZBgCIAEoCBIQCghjYW5jZWxlZBgDIAEoBRIwCghmYWlsdXJlcxgEIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxGYWlsdXJlIkAKDUNhbmNlbEZhaWx1cmUSDgoGam9iX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIPCgdtZXNzYWdlGAMgASgJInEKGExpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCRINCgVhY3RvchgFIAEoCSJjChlMaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEi0KB2VudHJpZXMYASADKAsyHC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIvcBCgtMZWRnZXJFbnRyeRIQCghlbnRyeV9pZBgBIAEoAxIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHdXNlcl9pZBgDIAEoCRIuCgRraW5kGAQgASgOMiAuYWN1cmlvLnF1ZXVlLnYxLkxlZGdlckVudHJ5S2luZBIOCgZhbW91bnQYBSABKAMSDgoGam9iX2lkGAYgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgHIAEoCRINCgVhY3RvchgIIAEoCRIOCgZyZWFzb24YCSABKAkSDAoEbm90ZRgKIAEoCSI9ChZTZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0EhAKCGNhcGFjaXR5GAEgASgFEhEKCXVubGltaXRlZBgCIAEoCCJ2ChdTZXRDb3JlQ2FwYWNpdHlSZXNwb25zZRIuCgZjaGFuZ2UYASABKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZRIrCghvdmVydmlldxgCIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJJChhTZXRSZWxlYXNlc1BhdXNlZFJlcXVlc3QSDgoGcGF1c2VkGAEgASgIEg8KB3VzZXJfaWQYAiABKAkSDAoEbm90ZRgDIAEoCSJ4ChlTZXRSZWxlYXNlc1BhdXNlZFJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEisKCG92ZXJ2aWV3GAIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLk92ZXJ2aWV3IikKFkdldFVzZXJTZXR0aW5nc1JlcXVlc3QSDwoHdXNlcl9pZBgBIAEoCSKKAgoXR2V0VXNlclNldHRpbmdzUmVzcG9uc2USDwoHdXNlcl9pZBgBIAEoCRISCgptYXhfYWN0aXZlGAIgASgFEh0KFW1heF9hY3RpdmVfaXNfZGVmYXVsdBgDIAEoCBIXCg9yZWxlYXNlc19wYXVzZWQYBCABKAgSOQoVcmVsZWFzZXNfcGF1c2VkX3NpbmNlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIaChJyZWxlYXNlc19wYXVzZWRfYnkYBiABKAkSHAoUcmVsZWFzZXNfcGF1c2VkX25vdGUYByABKAkSHQoVZmxlZXRfcmVsZWFzZXNfcGF1c2VkGAggASgIIj8KGFNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEhIKCm1heF9hY3RpdmUYAiABKAUiSwoZU2V0VXNlclF1ZXVlTGltaXRSZXNwb25zZRIuCgZjaGFuZ2UYASABKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZSJCChlMaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJImYKGkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEi8KB2NoYW5nZXMYASADKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiuAEKDVNldHRpbmdDaGFuZ2USEQoJY2hhbmdlX2lkGAEgASgDEg8KB3NldHRpbmcYAiABKAkSDwoHdXNlcl9pZBgDIAEoCRIRCglvbGRfdmFsdWUYBCABKAUSEQoJbmV3X3ZhbHVlGAUgASgFEg0KBWFjdG9yGAYgASgJEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRub3RlGAggASgJIksKD1JldHJ5Sm9iUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEQoJcmV0cnlfa2V5GAIgASgJEhUKDWFub3RoZXJfcmV0cnkYAyABKAgiSwoQUmV0cnlKb2JSZXNwb25zZRIhCgNqb2IYASABKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iEhQKDGFkbWl0dGVkX25vdxgCIAEoCCJyChBSZXRyeUpvYnNSZXF1ZXN0Eg8KB2pvYl9pZHMYASADKAkSKgoGZmlsdGVyGAIgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIPCgdkcnlfcnVuGAMgASgIEhAKCG1heF9qb2JzGAQgASgFIsYBChFSZXRyeUpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEg8KB3JldHJpZWQYAyABKAUSHwoXYWxyZWFkeV9yZXRyaWVkX2pvYl9pZHMYBCADKAkSLwoIZmFpbHVyZXMYBSADKAsyHS5hY3VyaW8ucXVldWUudjEuUmV0cnlGYWlsdXJlEiIKBGpvYnMYBiADKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iIj8KDFJldHJ5RmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiLQoYTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBSJaChlMaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEigKBXVzZXJzGAEgAygLMhkuYWN1cmlvLnF1ZXVlLnYxLlVzZXJXb3JrEhMKC3VzZXJzX3RvdGFsGAIgASgDIsQBCghVc2VyV29yaxIPCgd1c2VyX2lkGAEgASgJEg4KBnF1ZXVlZBgCIAEoAxIPCgdwZW5kaW5nGAMgASgDEg8KB3J1bm5pbmcYBCABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSb2xkZXN0X2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIwChZHZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIo8BChdHZXRRdWV1ZUhpc3RvcnlSZXNwb25zZRItCgdtaW51dGVzGAEgAygLMhwuYWN1cmlvLnF1ZXVlLnYxLlF1ZXVlTWludXRlEhYKDndpbmRvd19taW51dGVzGAIgASgFEi0KCXJlYWRfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiegoLUXVldWVNaW51dGUSKgoGbWludXRlGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZxdWV1ZWQYAiABKAMSDgoGYWN0aXZlGAMgASgDEhAKCGFkbWl0dGVkGAQgASgDEg0KBWVuZGVkGAUgASgDIhUKE0xpc3RSZXBsaWNhc1JlcXVlc3QicQoUTGlzdFJlcGxpY2FzUmVzcG9uc2USKgoIcmVwbGljYXMYASADKAsyGC5hY3VyaW8ucXVldWUudjEuUmVwbGljYRItCglyZWFkX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIs0CCgdSZXBsaWNhEhIKCnJlcGxpY2FfaWQYASABKAkSDAoEaG9zdBgCIAEoCRIuCgpzdGFydF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5oZWFydGJlYXRfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIZHJhaW5pbmcYBSABKAgSFwoPY2FsbHNfaW5fZmxpZ2h0GAYgASgFEhUKDXdhdGNoX3N0cmVhbXMYByABKAUSGAoQb3ZlcnZpZXdfc3RyZWFtcxgIIAEoBRIuCgpjb3JlX2NhbGxzGAkgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkNvcmVDYWxscxIwCgtjb3JlX2hlYWx0aBgKIAEoCzIbLmFjdXJpby5xdWV1ZS52MS5Db3JlSGVhbHRoInYKCUNvcmVDYWxscxIQCghhbnN3ZXJlZBgBIAEoAxIPCgdyZWZ1c2VkGAIgASgDEg8KB3Vua25vd24YAyABKAMSNQoRbGFzdF91bmtub3duX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wKqUBCglDb3JlU3RhdGUSGgoWQ09SRV9TVEFURV9VTlNQRUNJRklFRBAAEhYKEkNPUkVfU1RBVEVfVU5LTk9XThABEhYKEkNPUkVfU1RBVEVfSEVBTFRIWRACEhcKE0NPUkVfU1RBVEVfREVHUkFERUQQAxIaChZDT1JFX1NUQVRFX1VOUkVBQ0hBQkxFEAQSFwoTQ09SRV9TVEFURV9SRUZVU0lORxAFKo0BCg9MZWRnZXJFbnRyeUtpbmQSIQodTEVER0VSX0VOVFJZX0tJTkRfVU5TUEVDSUZJRUQQABIbChdMRURHRVJfRU5UUllfS0lORF9HUkFOVBABEhwKGExFREdFUl9FTlRSWV9LSU5EX0NIQVJHRRACEhwKGExFREdFUl9FTlRSWV9LSU5EX1JFRlVORBADMs4LCg9PcGVyYXRvclNlcnZpY2USWAoLR2V0T3ZlcnZpZXcSIy5hY3VyaW8ucXVldWUudjEuR2V0T3ZlcnZpZXdSZXF1ZXN0GiQuYWN1cmlvLnF1ZXVlLnYxLkdldE92ZXJ2aWV3UmVzcG9uc2USVQoKU2VhcmNoSm9icxIiLmFjdXJpby5xdWV1ZS52MS5TZWFyY2hKb2JzUmVxdWVzdBojLmFjdXJpby5xdWV1ZS52MS5TZWFyY2hKb2JzUmVzcG9uc2USYAoNV2F0Y2hPdmVydmlldxIlLmFjdXJpby5xdWV1ZS52MS5XYXRjaE92ZXJ2aWV3UmVxdWVzdBomLmFjdXJpby5xdWV1ZS52MS5XYXRjaE92ZXJ2aWV3UmVzcG9uc2UwARJVCgpDYW5jZWxKb2JzEiIuYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEpvYnNSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLkNhbmNlbEpvYnNSZXNwb25zZRJqChFMaXN0TGVkZ2VyRW50cmllcxIpLmFjdXJpby5xdWV1ZS52MS5MaXN0TGVkZ2VyRW50cmllc1JlcXVlc3QaKi5hY3VyaW8ucXVldWUudjEuTGlzdExlZGdlckVudHJpZXNSZXNwb25zZRJkCg9TZXRDb3JlQ2FwYWNpdHkSJy5hY3VyaW8ucXVldWUudjEuU2V0Q29yZUNhcGFjaXR5UmVxdWVzdBooLmFjdXJpby5xdWV1ZS52MS5TZXRDb3JlQ2FwYWNpdHlSZXNwb25zZRJqChFTZXRSZWxlYXNlc1BhdXNlZBIpLmFjdXJpby5xdWV1ZS52MS5TZXRSZWxlYXNlc1BhdXNlZFJlcXVlc3QaKi5hY3VyaW8ucXVldWUudjEuU2V0UmVsZWFzZXNQYXVzZWRSZXNwb25zZRJkCg9HZXRVc2VyU2V0dGluZ3MSJy5hY3VyaW8ucXVldWUudjEuR2V0VXNlclNldHRpbmdzUmVxdWVzdBooLmFjdXJpby5xdWV1ZS52MS5HZXRVc2VyU2V0dGluZ3NSZXNwb25zZRJqChFTZXRVc2VyUXVldWVMaW1pdBIpLmFjdXJpby5xdWV1ZS52MS5TZXRVc2VyUXVldWVMaW1pdFJlcXVlc3QaKi5hY3VyaW8ucXVldWUudjEuU2V0VXNlclF1ZXVlTGltaXRSZXNwb25zZRJtChJMaXN0U2V0dGluZ0NoYW5nZXMSKi5hY3VyaW8ucXVldWUudjEuTGlzdFNldHRpbmdDaGFuZ2VzUmVxdWVzdBorLmFjdXJpby5xdWV1ZS52MS5MaXN0U2V0dGluZ0NoYW5nZXNSZXNwb25zZRJPCghSZXRyeUpvYhIgLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYlJlcXVlc3QaIS5hY3VyaW8ucXVldWUudjEuUmV0cnlKb2JSZXNwb25zZRJSCglSZXRyeUpvYnMSIS5hY3VyaW8ucXVldWUudjEuUmV0cnlKb2JzUmVxdWVzdBoiLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYnNSZXNwb25zZRJqChFMaXN0VXNlcnNXaXRoV29yaxIpLmFjdXJpby5xdWV1ZS52MS5MaXN0VXNlcnNXaXRoV29ya1JlcXVlc3QaKi5hY3VyaW8ucXVldWUudjEuTGlzdFVzZXJzV2l0aFdvcmtSZXNwb25zZRJkCg9HZXRRdWV1ZUhpc3RvcnkSJy5hY3VyaW8ucXVldWUudjEuR2V0UXVldWVIaXN0b3J5UmVxdWVzdBooLmFjdXJpby5xdWV1ZS52MS5HZXRRdWV1ZUhpc3RvcnlSZXNwb25zZRJbCgxMaXN0UmVwbGljYXMSJC5hY3VyaW8ucXVldWUudjEuTGlzdFJlcGxpY2FzUmVxdWVzdBolLmFjdXJpby5xdWV1ZS52MS5MaXN0UmVwbGljYXNSZXNwb25zZWIGcHJvdG8z", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
+  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIooCCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCBIbChNkb2N1bWVudF91cmlfcHJlZml4GAYgASgJEhMKC3RpdGxlX3dvcmRzGAcgASgJEhIKCnNvdXJjZV9kb2kYCCABKAkiLAoSR2V0T3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIkIKE0dldE92ZXJ2aWV3UmVzcG9uc2USKwoIb3ZlcnZpZXcYASABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXcirAYKCE92ZXJ2aWV3Eg4KBnF1ZXVlZBgBIAEoAxIPCgdwZW5kaW5nGAIgASgDEg8KB3J1bm5pbmcYAyABKAMSGwoTc3VjY2VlZGVkX2luX3dpbmRvdxgEIAEoAxIYChBmYWlsZWRfaW5fd2luZG93GAUgASgDEhoKEmNhbmNlbGVkX2luX3dpbmRvdxgGIAEoAxIVCg11c2Vyc193YWl0aW5nGAcgASgDEj0KGW9sZGVzdF9xdWV1ZWRfY3JlYXRlX3RpbWUYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhkKEXJlbGVhc2VzX3JldHJ5aW5nGAkgASgDEhgKEHJ1bnNfcmVjb25jaWxpbmcYCiABKAMSGQoRYWRtaXRzX3Blcl9taW51dGUYCyADKAMSFgoOd2luZG93X21pbnV0ZXMYDCABKAUSLQoJcmVhZF90aW1lGA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9jYXBhY2l0eV9pbl91c2UYDiABKAMSFgoOY2FwYWNpdHlfbGltaXQYDyABKAMSHQoVY2FwYWNpdHlfd2FpdGluZ19qb2JzGBAgASgDEh4KFmNhcGFjaXR5X3dhaXRpbmdfdXNlcnMYESABKAMSPQoZb2xkZXN0X2NhcGFjaXR5X3dhaXRfdGltZRgSIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKY29yZV9saW1pdBgTIAEoAxIVCg1jb3JlX3JlZnVzYWxzGBQgASgDEhcKD3JlbGVhc2VzX3BhdXNlZBgeIAEoCBI5ChVyZWxlYXNlc19wYXVzZWRfc2luY2UYHyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhoKEnJlbGVhc2VzX3BhdXNlZF9ieRggIAEoCRIcChRyZWxlYXNlc19wYXVzZWRfbm90ZRgiIAEoCRIUCgxwYXVzZWRfdXNlcnMYISABKAMSMAoLY29yZV9oZWFsdGgYFSABKAsyGy5hY3VyaW8ucXVldWUudjEuQ29yZUhlYWx0aCKRAwoKQ29yZUhlYWx0aBIpCgVzdGF0ZRgBIAEoDjIaLmFjdXJpby5xdWV1ZS52MS5Db3JlU3RhdGUSNQoRbGFzdF9zdWNjZXNzX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEWxhc3RfZmFpbHVyZV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIbChNsYXN0X2ZhaWx1cmVfcmVhc29uGAQgASgJEhYKDndpbmRvd19taW51dGVzGAUgASgFEhAKCGFuc3dlcmVkGAYgASgDEg8KB3JlZnVzZWQYByABKAMSDwoHdW5rbm93bhgIIAEoAxIaChJhZG1pdHNfdW5hdmFpbGFibGUYCSABKAMSFgoObGF0ZW5jeV9wNTBfbXMYCiABKAESFgoObGF0ZW5jeV9wOTlfbXMYCyABKAESGgoScmVwbGljYXNfcmVwb3J0aW5nGAwgASgFEhkKEXJlcGxpY2FzX3JlYWNoaW5nGA0gASgFImYKEVNlYXJjaEpvYnNSZXF1ZXN0EioKBmZpbHRlchgBIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Kb2JGaWx0ZXISEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiUQoSU2VhcmNoSm9ic1Jlc3BvbnNlEiIKBGpvYnMYASADKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJDChRXYXRjaE92ZXJ2aWV3UmVxdWVzdBIWCg53aW5kb3dfbWludXRlcxgBIAEoBRITCgtpbnRlcnZhbF9tcxgCIAEoBSJEChVXYXRjaE92ZXJ2aWV3UmVzcG9uc2USKwoIb3ZlcnZpZXcYASABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciYgoRQ2FuY2VsSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIPCgdkcnlfcnVuGAIgASgIEhAKCG1heF9qb2JzGAMgASgFIoQBChJDYW5jZWxKb2JzUmVzcG9uc2USDwoHbWF0Y2hlZBgBIAEoBRIZChFtb3JlX3RoYW5fY291bnRlZBgCIAEoCBIQCghjYW5jZWxlZBgDIAEoBRIwCghmYWlsdXJlcxgEIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxGYWlsdXJlIkAKDUNhbmNlbEZhaWx1cmUSDgoGam9iX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIPCgdtZXNzYWdlGAMgASgJInEKGExpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCRINCgVhY3RvchgFIAEoCSJjChlMaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEi0KB2VudHJpZXMYASADKAsyHC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIvcBCgtMZWRnZXJFbnRyeRIQCghlbnRyeV9pZBgBIAEoAxIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHdXNlcl9pZBgDIAEoCRIuCgRraW5kGAQgASgOMiAuYWN1cmlvLnF1ZXVlLnYxLkxlZGdlckVudHJ5S2luZBIOCgZhbW91bnQYBSABKAMSDgoGam9iX2lkGAYgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgHIAEoCRINCgVhY3RvchgIIAEoCRIOCgZyZWFzb24YCSABKAkSDAoEbm90ZRgKIAEoCSI9ChZTZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0EhAKCGNhcGFjaXR5GAEgASgFEhEKCXVubGltaXRlZBgCIAEoCCJ2ChdTZXRDb3JlQ2FwYWNpdHlSZXNwb25zZRIuCgZjaGFuZ2UYASABKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZRIrCghvdmVydmlldxgCIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJJChhTZXRSZWxlYXNlc1BhdXNlZFJlcXVlc3QSDgoGcGF1c2VkGAEgASgIEg8KB3VzZXJfaWQYAiABKAkSDAoEbm90ZRgDIAEoCSJ4ChlTZXRSZWxlYXNlc1BhdXNlZFJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEisKCG92ZXJ2aWV3GAIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLk92ZXJ2aWV3IikKFkdldFVzZXJTZXR0aW5nc1JlcXVlc3QSDwoHdXNlcl9pZBgBIAEoCSKKAgoXR2V0VXNlclNldHRpbmdzUmVzcG9uc2USDwoHdXNlcl9pZBgBIAEoCRISCgptYXhfYWN0aXZlGAIgASgFEh0KFW1heF9hY3RpdmVfaXNfZGVmYXVsdBgDIAEoCBIXCg9yZWxlYXNlc19wYXVzZWQYBCABKAgSOQoVcmVsZWFzZXNfcGF1c2VkX3NpbmNlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIaChJyZWxlYXNlc19wYXVzZWRfYnkYBiABKAkSHAoUcmVsZWFzZXNfcGF1c2VkX25vdGUYByABKAkSHQoVZmxlZXRfcmVsZWFzZXNfcGF1c2VkGAggASgIIj8KGFNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEhIKCm1heF9hY3RpdmUYAiABKAUiSwoZU2V0VXNlclF1ZXVlTGltaXRSZXNwb25zZRIuCgZjaGFuZ2UYASABKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZSJCChlMaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJImYKGkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEi8KB2NoYW5nZXMYASADKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiuAEKDVNldHRpbmdDaGFuZ2USEQoJY2hhbmdlX2lkGAEgASgDEg8KB3NldHRpbmcYAiABKAkSDwoHdXNlcl9pZBgDIAEoCRIRCglvbGRfdmFsdWUYBCABKAUSEQoJbmV3X3ZhbHVlGAUgASgFEg0KBWFjdG9yGAYgASgJEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRub3RlGAggASgJIksKD1JldHJ5Sm9iUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEQoJcmV0cnlfa2V5GAIgASgJEhUKDWFub3RoZXJfcmV0cnkYAyABKAgiSwoQUmV0cnlKb2JSZXNwb25zZRIhCgNqb2IYASABKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iEhQKDGFkbWl0dGVkX25vdxgCIAEoCCJyChBSZXRyeUpvYnNSZXF1ZXN0Eg8KB2pvYl9pZHMYASADKAkSKgoGZmlsdGVyGAIgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIPCgdkcnlfcnVuGAMgASgIEhAKCG1heF9qb2JzGAQgASgFIsYBChFSZXRyeUpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEg8KB3JldHJpZWQYAyABKAUSHwoXYWxyZWFkeV9yZXRyaWVkX2pvYl9pZHMYBCADKAkSLwoIZmFpbHVyZXMYBSADKAsyHS5hY3VyaW8ucXVldWUudjEuUmV0cnlGYWlsdXJlEiIKBGpvYnMYBiADKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iIj8KDFJldHJ5RmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiLQoYTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBSJaChlMaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEigKBXVzZXJzGAEgAygLMhkuYWN1cmlvLnF1ZXVlLnYxLlVzZXJXb3JrEhMKC3VzZXJzX3RvdGFsGAIgASgDIsQBCghVc2VyV29yaxIPCgd1c2VyX2lkGAEgASgJEg4KBnF1ZXVlZBgCIAEoAxIPCgdwZW5kaW5nGAMgASgDEg8KB3J1bm5pbmcYBCABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSb2xkZXN0X2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIwChZHZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIo8BChdHZXRRdWV1ZUhpc3RvcnlSZXNwb25zZRItCgdtaW51dGVzGAEgAygLMhwuYWN1cmlvLnF1ZXVlLnYxLlF1ZXVlTWludXRlEhYKDndpbmRvd19taW51dGVzGAIgASgFEi0KCXJlYWRfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiegoLUXVldWVNaW51dGUSKgoGbWludXRlGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZxdWV1ZWQYAiABKAMSDgoGYWN0aXZlGAMgASgDEhAKCGFkbWl0dGVkGAQgASgDEg0KBWVuZGVkGAUgASgDIhUKE0xpc3RSZXBsaWNhc1JlcXVlc3QicQoUTGlzdFJlcGxpY2FzUmVzcG9uc2USKgoIcmVwbGljYXMYASADKAsyGC5hY3VyaW8ucXVldWUudjEuUmVwbGljYRItCglyZWFkX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIs0CCgdSZXBsaWNhEhIKCnJlcGxpY2FfaWQYASABKAkSDAoEaG9zdBgCIAEoCRIuCgpzdGFydF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5oZWFydGJlYXRfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIZHJhaW5pbmcYBSABKAgSFwoPY2FsbHNfaW5fZmxpZ2h0GAYgASgFEhUKDXdhdGNoX3N0cmVhbXMYByABKAUSGAoQb3ZlcnZpZXdfc3RyZWFtcxgIIAEoBRIuCgpjb3JlX2NhbGxzGAkgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkNvcmVDYWxscxIwCgtjb3JlX2hlYWx0aBgKIAEoCzIbLmFjdXJpby5xdWV1ZS52MS5Db3JlSGVhbHRoInYKCUNvcmVDYWxscxIQCghhbnN3ZXJlZBgBIAEoAxIPCgdyZWZ1c2VkGAIgASgDEg8KB3Vua25vd24YAyABKAMSNQoRbGFzdF91bmtub3duX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIi0KGExpc3RSZWxlYXNlUGF1c2VzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUiZgoZTGlzdFJlbGVhc2VQYXVzZXNSZXNwb25zZRItCgZwYXVzZXMYASADKAsyHS5hY3VyaW8ucXVldWUudjEuUmVsZWFzZVBhdXNlEhoKEnBhdXNlZF91c2Vyc190b3RhbBgCIAEoAyJyCgxSZWxlYXNlUGF1c2USDwoHdXNlcl9pZBgBIAEoCRIwCgxwYXVzZWRfc2luY2UYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCXBhdXNlZF9ieRgDIAEoCRIMCgRub3RlGAQgASgJIikKF0NoZWNrSm9iV2l0aENvcmVSZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCSJ2ChhDaGVja0pvYldpdGhDb3JlUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIRCglydW5fc3RhdGUYAiABKAkSEwoLam9iX2NoYW5nZWQYAyABKAgSDwoHb3V0Y29tZRgEIAEoCSJfChZMaXN0QXVkaXRFdmVudHNSZXF1ZXN0Eg0KBWFjdG9yGAEgASgJEg8KB3VzZXJfaWQYAiABKAkSEQoJcGFnZV9zaXplGAMgASgFEhIKCnBhZ2VfdG9rZW4YBCABKAkiXwoXTGlzdEF1ZGl0RXZlbnRzUmVzcG9uc2USKwoGZXZlbnRzGAEgAygLMhsuYWN1cmlvLnF1ZXVlLnYxLkF1ZGl0RXZlbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIukBCgpBdWRpdEV2ZW50Ei8KC2NyZWF0ZV90aW1lGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRraW5kGAIgASgJEg0KBWFjdG9yGAMgASgJEg8KB3VzZXJfaWQYBCABKAkSDgoGam9iX2lkGAUgASgJEhcKD3JldHJ5X29mX2pvYl9pZBgGIAEoCRIRCglvbGRfdmFsdWUYByABKAMSEQoJbmV3X3ZhbHVlGAggASgDEg4KBmFtb3VudBgJIAEoAxIMCgRub3RlGAogASgJEg8KB291dGNvbWUYCyABKAkqpQEKCUNvcmVTdGF0ZRIaChZDT1JFX1NUQVRFX1VOU1BFQ0lGSUVEEAASFgoSQ09SRV9TVEFURV9VTktOT1dOEAESFgoSQ09SRV9TVEFURV9IRUFMVEhZEAISFwoTQ09SRV9TVEFURV9ERUdSQURFRBADEhoKFkNPUkVfU1RBVEVfVU5SRUFDSEFCTEUQBBIXChNDT1JFX1NUQVRFX1JFRlVTSU5HEAUqjQEKD0xlZGdlckVudHJ5S2luZBIhCh1MRURHRVJfRU5UUllfS0lORF9VTlNQRUNJRklFRBAAEhsKF0xFREdFUl9FTlRSWV9LSU5EX0dSQU5UEAESHAoYTEVER0VSX0VOVFJZX0tJTkRfQ0hBUkdFEAISHAoYTEVER0VSX0VOVFJZX0tJTkRfUkVGVU5EEAMyiQ4KD09wZXJhdG9yU2VydmljZRJYCgtHZXRPdmVydmlldxIjLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1JlcXVlc3QaJC5hY3VyaW8ucXVldWUudjEuR2V0T3ZlcnZpZXdSZXNwb25zZRJVCgpTZWFyY2hKb2JzEiIuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXNwb25zZRJgCg1XYXRjaE92ZXJ2aWV3EiUuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXF1ZXN0GiYuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXNwb25zZTABElUKCkNhbmNlbEpvYnMSIi5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1Jlc3BvbnNlEmoKEUxpc3RMZWRnZXJFbnRyaWVzEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEmQKD1NldENvcmVDYXBhY2l0eRInLmFjdXJpby5xdWV1ZS52MS5TZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlc3BvbnNlEmoKEVNldFJlbGVhc2VzUGF1c2VkEikuYWN1cmlvLnF1ZXVlLnYxLlNldFJlbGVhc2VzUGF1c2VkUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5TZXRSZWxlYXNlc1BhdXNlZFJlc3BvbnNlEmQKD0dldFVzZXJTZXR0aW5ncxInLmFjdXJpby5xdWV1ZS52MS5HZXRVc2VyU2V0dGluZ3NSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkdldFVzZXJTZXR0aW5nc1Jlc3BvbnNlEmoKEVNldFVzZXJRdWV1ZUxpbWl0EikuYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5TZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEm0KEkxpc3RTZXR0aW5nQ2hhbmdlcxIqLmFjdXJpby5xdWV1ZS52MS5MaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0GisuYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEk8KCFJldHJ5Sm9iEiAuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9iUmVxdWVzdBohLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYlJlc3BvbnNlElIKCVJldHJ5Sm9icxIhLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYnNSZXF1ZXN0GiIuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9ic1Jlc3BvbnNlEmoKEUxpc3RVc2Vyc1dpdGhXb3JrEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RVc2Vyc1dpdGhXb3JrUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEmQKD0dldFF1ZXVlSGlzdG9yeRInLmFjdXJpby5xdWV1ZS52MS5HZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkdldFF1ZXVlSGlzdG9yeVJlc3BvbnNlElsKDExpc3RSZXBsaWNhcxIkLmFjdXJpby5xdWV1ZS52MS5MaXN0UmVwbGljYXNSZXF1ZXN0GiUuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZXBsaWNhc1Jlc3BvbnNlEmoKEUxpc3RSZWxlYXNlUGF1c2VzEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZWxlYXNlUGF1c2VzUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0UmVsZWFzZVBhdXNlc1Jlc3BvbnNlEmcKEENoZWNrSm9iV2l0aENvcmUSKC5hY3VyaW8ucXVldWUudjEuQ2hlY2tKb2JXaXRoQ29yZVJlcXVlc3QaKS5hY3VyaW8ucXVldWUudjEuQ2hlY2tKb2JXaXRoQ29yZVJlc3BvbnNlEmQKD0xpc3RBdWRpdEV2ZW50cxInLmFjdXJpby5xdWV1ZS52MS5MaXN0QXVkaXRFdmVudHNSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkxpc3RBdWRpdEV2ZW50c1Jlc3BvbnNlYgZwcm90bzM", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
 
 /**
  * Which jobs a search or a bulk cancel is about. Every set field narrows the match.
@@ -3364,6 +3364,600 @@ export const CoreCallsSchema: GenMessage<CoreCalls, {jsonType: CoreCallsJson}> =
   messageDesc(file_acurio_queue_v1_operator_service, 40);
 
 /**
+ * Request for OperatorService.ListReleasePauses. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.ListReleasePausesRequest
+ */
+export type ListReleasePausesRequest = Message<"acurio.queue.v1.ListReleasePausesRequest"> & {
+  /**
+   * At most this many pauses: 1-100; 0 means 100.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+};
+
+/**
+ * Request for OperatorService.ListReleasePauses. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.ListReleasePausesRequest
+ */
+export type ListReleasePausesRequestJson = {
+  /**
+   * At most this many pauses: 1-100; 0 means 100.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize?: number;
+};
+
+/**
+ * Describes the message acurio.queue.v1.ListReleasePausesRequest.
+ * Use `create(ListReleasePausesRequestSchema)` to create a new message.
+ */
+export const ListReleasePausesRequestSchema: GenMessage<ListReleasePausesRequest, {jsonType: ListReleasePausesRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 41);
+
+/**
+ * Response for OperatorService.ListReleasePauses. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.ListReleasePausesResponse
+ */
+export type ListReleasePausesResponse = Message<"acurio.queue.v1.ListReleasePausesResponse"> & {
+  /**
+   * The pauses in force: the fleet's first (when paused), then users', the longest paused first.
+   *
+   * @generated from field: repeated acurio.queue.v1.ReleasePause pauses = 1;
+   */
+  pauses: ReleasePause[];
+
+  /**
+   * How many users' releases are paused on their own (more than listed when the page is full).
+   *
+   * @generated from field: int64 paused_users_total = 2;
+   */
+  pausedUsersTotal: bigint;
+};
+
+/**
+ * Response for OperatorService.ListReleasePauses. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.ListReleasePausesResponse
+ */
+export type ListReleasePausesResponseJson = {
+  /**
+   * The pauses in force: the fleet's first (when paused), then users', the longest paused first.
+   *
+   * @generated from field: repeated acurio.queue.v1.ReleasePause pauses = 1;
+   */
+  pauses?: ReleasePauseJson[];
+
+  /**
+   * How many users' releases are paused on their own (more than listed when the page is full).
+   *
+   * @generated from field: int64 paused_users_total = 2;
+   */
+  pausedUsersTotal?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.ListReleasePausesResponse.
+ * Use `create(ListReleasePausesResponseSchema)` to create a new message.
+ */
+export const ListReleasePausesResponseSchema: GenMessage<ListReleasePausesResponse, {jsonType: ListReleasePausesResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 42);
+
+/**
+ * One pause of releases in force. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.ReleasePause
+ */
+export type ReleasePause = Message<"acurio.queue.v1.ReleasePause"> & {
+  /**
+   * Whose releases: empty for the whole fleet's, else one user's.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId: string;
+
+  /**
+   * Since when.
+   *
+   * @generated from field: google.protobuf.Timestamp paused_since = 2;
+   */
+  pausedSince?: Timestamp | undefined;
+
+  /**
+   * Who paused them (an actor, as on ledger entries).
+   *
+   * @generated from field: string paused_by = 3;
+   */
+  pausedBy: string;
+
+  /**
+   * Why, in the words of who paused them.
+   *
+   * @generated from field: string note = 4;
+   */
+  note: string;
+};
+
+/**
+ * One pause of releases in force. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.ReleasePause
+ */
+export type ReleasePauseJson = {
+  /**
+   * Whose releases: empty for the whole fleet's, else one user's.
+   *
+   * @generated from field: string user_id = 1;
+   */
+  userId?: string;
+
+  /**
+   * Since when.
+   *
+   * @generated from field: google.protobuf.Timestamp paused_since = 2;
+   */
+  pausedSince?: TimestampJson;
+
+  /**
+   * Who paused them (an actor, as on ledger entries).
+   *
+   * @generated from field: string paused_by = 3;
+   */
+  pausedBy?: string;
+
+  /**
+   * Why, in the words of who paused them.
+   *
+   * @generated from field: string note = 4;
+   */
+  note?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.ReleasePause.
+ * Use `create(ReleasePauseSchema)` to create a new message.
+ */
+export const ReleasePauseSchema: GenMessage<ReleasePause, {jsonType: ReleasePauseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 43);
+
+/**
+ * Request for OperatorService.CheckJobWithCore. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.CheckJobWithCoreRequest
+ */
+export type CheckJobWithCoreRequest = Message<"acurio.queue.v1.CheckJobWithCoreRequest"> & {
+  /**
+   * The job (a UUID).
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId: string;
+};
+
+/**
+ * Request for OperatorService.CheckJobWithCore. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.CheckJobWithCoreRequest
+ */
+export type CheckJobWithCoreRequestJson = {
+  /**
+   * The job (a UUID).
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.CheckJobWithCoreRequest.
+ * Use `create(CheckJobWithCoreRequestSchema)` to create a new message.
+ */
+export const CheckJobWithCoreRequestSchema: GenMessage<CheckJobWithCoreRequest, {jsonType: CheckJobWithCoreRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 44);
+
+/**
+ * Response for OperatorService.CheckJobWithCore. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.CheckJobWithCoreResponse
+ */
+export type CheckJobWithCoreResponse = Message<"acurio.queue.v1.CheckJobWithCoreResponse"> & {
+  /**
+   * The job after the check.
+   *
+   * @generated from field: acurio.queue.v1.Job job = 1;
+   */
+  job?: Job | undefined;
+
+  /**
+   * What the core answered about the job's run: `held`, `judging`, `succeeded`, `failed`,
+   * `canceled`, or `unknown_to_core` (it does not know the run); empty when the job had ended
+   * and the core was not asked.
+   *
+   * @generated from field: string run_state = 2;
+   */
+  runState: string;
+
+  /**
+   * Whether the check changed the job: ended it, or released its held run again.
+   *
+   * @generated from field: bool job_changed = 3;
+   */
+  jobChanged: boolean;
+
+  /**
+   * What the check found and did, in a sentence for a person.
+   *
+   * @generated from field: string outcome = 4;
+   */
+  outcome: string;
+};
+
+/**
+ * Response for OperatorService.CheckJobWithCore. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.CheckJobWithCoreResponse
+ */
+export type CheckJobWithCoreResponseJson = {
+  /**
+   * The job after the check.
+   *
+   * @generated from field: acurio.queue.v1.Job job = 1;
+   */
+  job?: JobJson;
+
+  /**
+   * What the core answered about the job's run: `held`, `judging`, `succeeded`, `failed`,
+   * `canceled`, or `unknown_to_core` (it does not know the run); empty when the job had ended
+   * and the core was not asked.
+   *
+   * @generated from field: string run_state = 2;
+   */
+  runState?: string;
+
+  /**
+   * Whether the check changed the job: ended it, or released its held run again.
+   *
+   * @generated from field: bool job_changed = 3;
+   */
+  jobChanged?: boolean;
+
+  /**
+   * What the check found and did, in a sentence for a person.
+   *
+   * @generated from field: string outcome = 4;
+   */
+  outcome?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.CheckJobWithCoreResponse.
+ * Use `create(CheckJobWithCoreResponseSchema)` to create a new message.
+ */
+export const CheckJobWithCoreResponseSchema: GenMessage<CheckJobWithCoreResponse, {jsonType: CheckJobWithCoreResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 45);
+
+/**
+ * Request for OperatorService.ListAuditEvents. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.ListAuditEventsRequest
+ */
+export type ListAuditEventsRequest = Message<"acurio.queue.v1.ListAuditEventsRequest"> & {
+  /**
+   * Only what this actor did (exact, as `LedgerEntry.actor`: `operator:alice`); empty: everyone.
+   *
+   * @generated from field: string actor = 1;
+   */
+  actor: string;
+
+  /**
+   * Only what concerns this user (her settings, pauses, grants, jobs); empty: every user and
+   * the fleet's settings.
+   *
+   * @generated from field: string user_id = 2;
+   */
+  userId: string;
+
+  /**
+   * At most this many events per page: 1-100; 0 means 20.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  pageSize: number;
+
+  /**
+   * The `next_page_token` of the previous page; empty for the first page. Only valid with the
+   * same `actor` and `user_id`.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  pageToken: string;
+};
+
+/**
+ * Request for OperatorService.ListAuditEvents. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.ListAuditEventsRequest
+ */
+export type ListAuditEventsRequestJson = {
+  /**
+   * Only what this actor did (exact, as `LedgerEntry.actor`: `operator:alice`); empty: everyone.
+   *
+   * @generated from field: string actor = 1;
+   */
+  actor?: string;
+
+  /**
+   * Only what concerns this user (her settings, pauses, grants, jobs); empty: every user and
+   * the fleet's settings.
+   *
+   * @generated from field: string user_id = 2;
+   */
+  userId?: string;
+
+  /**
+   * At most this many events per page: 1-100; 0 means 20.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  pageSize?: number;
+
+  /**
+   * The `next_page_token` of the previous page; empty for the first page. Only valid with the
+   * same `actor` and `user_id`.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  pageToken?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.ListAuditEventsRequest.
+ * Use `create(ListAuditEventsRequestSchema)` to create a new message.
+ */
+export const ListAuditEventsRequestSchema: GenMessage<ListAuditEventsRequest, {jsonType: ListAuditEventsRequestJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 46);
+
+/**
+ * Response for OperatorService.ListAuditEvents. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.ListAuditEventsResponse
+ */
+export type ListAuditEventsResponse = Message<"acurio.queue.v1.ListAuditEventsResponse"> & {
+  /**
+   * The events, newest first.
+   *
+   * @generated from field: repeated acurio.queue.v1.AuditEvent events = 1;
+   */
+  events: AuditEvent[];
+
+  /**
+   * Pass as `page_token` for the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Response for OperatorService.ListAuditEvents. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.ListAuditEventsResponse
+ */
+export type ListAuditEventsResponseJson = {
+  /**
+   * The events, newest first.
+   *
+   * @generated from field: repeated acurio.queue.v1.AuditEvent events = 1;
+   */
+  events?: AuditEventJson[];
+
+  /**
+   * Pass as `page_token` for the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.ListAuditEventsResponse.
+ * Use `create(ListAuditEventsResponseSchema)` to create a new message.
+ */
+export const ListAuditEventsResponseSchema: GenMessage<ListAuditEventsResponse, {jsonType: ListAuditEventsResponseJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 47);
+
+/**
+ * One thing someone did, as the audit timeline shows it. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.AuditEvent
+ */
+export type AuditEvent = Message<"acurio.queue.v1.AuditEvent"> & {
+  /**
+   * When.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 1;
+   */
+  createTime?: Timestamp | undefined;
+
+  /**
+   * What: `capacity` (SetCoreCapacity), `user_limit` (SetUserQueueLimit), `pause` and `resume`
+   * (SetReleasesPaused), `grant` (GrantCredits), `cancel` (CancelJob, CancelJobs), `retry`
+   * (RetryJob, RetryJobs), `promote` (Promote), `release` (Release), `check_with_core`
+   * (CheckJobWithCore).
+   *
+   * @generated from field: string kind = 2;
+   */
+  kind: string;
+
+  /**
+   * Who, as ledger entries name their actor (`operator:alice`, `web:web-backend`, `anonymous`).
+   *
+   * @generated from field: string actor = 3;
+   */
+  actor: string;
+
+  /**
+   * Whose: the user concerned; empty for a fleet-wide setting.
+   *
+   * @generated from field: string user_id = 4;
+   */
+  userId: string;
+
+  /**
+   * The job concerned (a cancel's, a retry's new job, a release's, a check's, a promotion's
+   * promoted job); empty otherwise.
+   *
+   * @generated from field: string job_id = 5;
+   */
+  jobId: string;
+
+  /**
+   * For a retry: the ended job it admits again.
+   *
+   * @generated from field: string retry_of_job_id = 6;
+   */
+  retryOfJobId: string;
+
+  /**
+   * For `capacity` and `user_limit`: the value before and after (0: unlimited, the default).
+   *
+   * @generated from field: int64 old_value = 7;
+   */
+  oldValue: bigint;
+
+  /**
+   * The value after.
+   *
+   * @generated from field: int64 new_value = 8;
+   */
+  newValue: bigint;
+
+  /**
+   * For a grant: the credits granted.
+   *
+   * @generated from field: int64 amount = 9;
+   */
+  amount: bigint;
+
+  /**
+   * Why, in the actor's words (a pause's or a grant's note); empty otherwise.
+   *
+   * @generated from field: string note = 10;
+   */
+  note: string;
+
+  /**
+   * What came of it: for `promote` the promoted job's status or `nothing to promote`, for
+   * `release` the job's status after it, for `check_with_core` the core's answer, for `cancel`
+   * the job's status now; empty otherwise.
+   *
+   * @generated from field: string outcome = 11;
+   */
+  outcome: string;
+};
+
+/**
+ * One thing someone did, as the audit timeline shows it. Added to the contract additively.
+ *
+ * @generated from message acurio.queue.v1.AuditEvent
+ */
+export type AuditEventJson = {
+  /**
+   * When.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 1;
+   */
+  createTime?: TimestampJson;
+
+  /**
+   * What: `capacity` (SetCoreCapacity), `user_limit` (SetUserQueueLimit), `pause` and `resume`
+   * (SetReleasesPaused), `grant` (GrantCredits), `cancel` (CancelJob, CancelJobs), `retry`
+   * (RetryJob, RetryJobs), `promote` (Promote), `release` (Release), `check_with_core`
+   * (CheckJobWithCore).
+   *
+   * @generated from field: string kind = 2;
+   */
+  kind?: string;
+
+  /**
+   * Who, as ledger entries name their actor (`operator:alice`, `web:web-backend`, `anonymous`).
+   *
+   * @generated from field: string actor = 3;
+   */
+  actor?: string;
+
+  /**
+   * Whose: the user concerned; empty for a fleet-wide setting.
+   *
+   * @generated from field: string user_id = 4;
+   */
+  userId?: string;
+
+  /**
+   * The job concerned (a cancel's, a retry's new job, a release's, a check's, a promotion's
+   * promoted job); empty otherwise.
+   *
+   * @generated from field: string job_id = 5;
+   */
+  jobId?: string;
+
+  /**
+   * For a retry: the ended job it admits again.
+   *
+   * @generated from field: string retry_of_job_id = 6;
+   */
+  retryOfJobId?: string;
+
+  /**
+   * For `capacity` and `user_limit`: the value before and after (0: unlimited, the default).
+   *
+   * @generated from field: int64 old_value = 7;
+   */
+  oldValue?: string;
+
+  /**
+   * The value after.
+   *
+   * @generated from field: int64 new_value = 8;
+   */
+  newValue?: string;
+
+  /**
+   * For a grant: the credits granted.
+   *
+   * @generated from field: int64 amount = 9;
+   */
+  amount?: string;
+
+  /**
+   * Why, in the actor's words (a pause's or a grant's note); empty otherwise.
+   *
+   * @generated from field: string note = 10;
+   */
+  note?: string;
+
+  /**
+   * What came of it: for `promote` the promoted job's status or `nothing to promote`, for
+   * `release` the job's status after it, for `check_with_core` the core's answer, for `cancel`
+   * the job's status now; empty otherwise.
+   *
+   * @generated from field: string outcome = 11;
+   */
+  outcome?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.AuditEvent.
+ * Use `create(AuditEventSchema)` to create a new message.
+ */
+export const AuditEventSchema: GenMessage<AuditEvent, {jsonType: AuditEventJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 48);
+
+/**
  * The core's health, as an operator reads it. Added to the contract additively.
  *
  * @generated from enum acurio.queue.v1.CoreState
@@ -3722,6 +4316,56 @@ export const OperatorService: GenService<{
     methodKind: "unary";
     input: typeof ListReplicasRequestSchema;
     output: typeof ListReplicasResponseSchema;
+  },
+  /**
+   * The pauses of releases in force, in one place: the fleet's (`user_id` empty) first, then
+   * each paused user's, the longest paused first; each with since when, by whom and why (as
+   * SetReleasesPaused recorded it). Read from the pauses' own table, one row per pause in force.
+   * Added to the contract additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a page size outside 0-100.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.ListReleasePauses
+   */
+  listReleasePauses: {
+    methodKind: "unary";
+    input: typeof ListReleasePausesRequestSchema;
+    output: typeof ListReleasePausesResponseSchema;
+  },
+  /**
+   * Asks the core about one job's run now (GetRun), instead of waiting for the sweeper's
+   * reconciliation (QUEUE_RECONCILE_AFTER_SECONDS) or the lost-run probe, and acts on the answer
+   * as they would: a run the core does not know ends its job FAILED and refunded (as the lost-run
+   * check does), a RUNNING job whose run ended at the core ends as the core reports it (as a
+   * reconciliation does), a RUNNING job whose run the core still holds is released again; a run
+   * the core is judging (or holding for a QUEUED or PENDING job) changes nothing. An ended job
+   * is not asked about. Recorded with its actor in the audit timeline (ListAuditEvents, kind
+   * `check_with_core`). Added to the contract additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad job id; NOT_FOUND `JOB_NOT_FOUND`;
+   * UNAVAILABLE `CORE_UNAVAILABLE` when the core did not answer (nothing changed).
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.CheckJobWithCore
+   */
+  checkJobWithCore: {
+    methodKind: "unary";
+    input: typeof CheckJobWithCoreRequestSchema;
+    output: typeof CheckJobWithCoreResponseSchema;
+  },
+  /**
+   * One audit timeline of what people did, newest first: setting changes (capacity, users'
+   * limits, pauses and resumes), credit grants, cancels (`Job.canceled_by`), retries (the
+   * charge's actor), and the operator's Promote, Release and CheckJobWithCore calls. Filter by
+   * actor, by user, or both. Each source is read off its own index, so a page costs the same
+   * however long the history; cancels and retries are kept as long as their jobs are (the
+   * retention of ended jobs). Added to the contract additively.
+   * Errors: INVALID_ARGUMENT `INVALID_REQUEST` for a bad actor, user id or page size, or a page
+   * token that is malformed or was issued for another filter.
+   *
+   * @generated from rpc acurio.queue.v1.OperatorService.ListAuditEvents
+   */
+  listAuditEvents: {
+    methodKind: "unary";
+    input: typeof ListAuditEventsRequestSchema;
+    output: typeof ListAuditEventsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_acurio_queue_v1_operator_service, 0);
