@@ -79,8 +79,12 @@ class JobReads:
         self._capacity: CapacityState | None = None
         self._capacity_read_at = float("-inf")
 
-    async def _mean_judging_seconds(self, db: Statements) -> float | None:
-        if time.monotonic() - self._mean_read_at > _ESTIMATE_CACHE_SECONDS:
+    async def _mean_judging_seconds(self, db: Statements, *, unknown_is_stale: bool = False) -> float | None:
+        """The recent mean judging time, read at most every _ESTIMATE_CACHE_SECONDS; with
+        `unknown_is_stale`, read again while there is none yet (an estimate must not wait out the
+        cache for the first completion a read for overdue runs cached as none)."""
+        stale = time.monotonic() - self._mean_read_at > _ESTIMATE_CACHE_SECONDS
+        if stale or (unknown_is_stale and self._mean_judging is None):
             self._mean_judging = await db.recent_judging_seconds()
             self._mean_read_at = time.monotonic()
         return self._mean_judging
@@ -145,14 +149,20 @@ class JobReads:
         mean_due = now - self._mean_read_at > _ESTIMATE_CACHE_SECONDS
         if not any(view.status is JobStatus.QUEUED or view.waiting_for_capacity for view in views):
             return mean_due  # running jobs only: the mean says whether one is overdue
-        return mean_due or now - self._capacity_read_at > _CAPACITY_CACHE_SECONDS or any(view.waiting_for_capacity for view in views)
+        mean_unknown = self._mean_judging is None
+        return (
+            mean_due
+            or mean_unknown
+            or now - self._capacity_read_at > _CAPACITY_CACHE_SECONDS
+            or any(view.waiting_for_capacity for view in views)
+        )
 
     async def _refresh(self, views: list[JobView], db: Statements) -> dict[uuid.UUID, int]:
         """Refreshes what the estimates read, when stale; the capacity positions of waiting jobs."""
         if any(view.status is JobStatus.RUNNING for view in views):
             await self._mean_judging_seconds(db)  # whether a run is overdue
         if any(view.status is JobStatus.QUEUED or view.waiting_for_capacity for view in views):
-            await self._mean_judging_seconds(db)
+            await self._mean_judging_seconds(db, unknown_is_stale=True)
             if time.monotonic() - self._capacity_read_at > _CAPACITY_CACHE_SECONDS:
                 self._capacity = await db.capacity_state()
                 self._capacity_read_at = time.monotonic()

@@ -268,14 +268,18 @@ async def admit_repeats(m: Machine, args: Args) -> None:
     m.model.jobs[label] = record
     user.jobs.append(label)
     runs_before = {r for r, run in m.world.core.runs.items() if run.user_id == user.user_id}
+    started = time.monotonic()
     answers = await asyncio.gather(*[_admit(m, record, request, replica) for replica in range(args["copies"])])
+    # A copy waits for the first one's outcome at most half its deadline, then may take the key
+    # over (the first one taken for gone): on a starved machine that is one more run, not a repeat.
+    waited_out = time.monotonic() - started >= CALL_TIMEOUT / 2
     jobs = {a.job.job_id for a in answers if a is not None and not isinstance(a, grpc.aio.AioRpcError)}
     if len(jobs) > 1:
         m.violate("I7", f"{args['copies']} copies of one admit answered {len(jobs)} jobs")
     created = {r for r, run in m.world.core.runs.items() if run.user_id == user.user_id} - runs_before
     # A copy that failed (its run canceled) hands the key to the next: one more run each.
     failed = sum(1 for a in answers if isinstance(a, grpc.aio.AioRpcError) and a.code() in TRANSIENT)
-    if len(created) > 1 + failed and m.model.quiet_for() > 2:
+    if len(created) > 1 + failed and m.model.quiet_for() > 2 and not waited_out:
         m.violate(
             "one call to the core per admit",
             f"{args['copies']} concurrent copies of one admit created {len(created)} runs at the core ({failed} of them failed)",
