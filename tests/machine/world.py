@@ -450,6 +450,11 @@ async def keep_stream_open(world: World, stream: OpenStream, rng: random.Random)
         except grpc.aio.AioRpcError as exc:
             stream.ends.append(f"{exc.code().name}/{error_info(exc)[1] or '-'}")
         except asyncio.CancelledError:
-            call.cancel()
-            raise
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                call.cancel()
+                raise
+            # The call was cancelled under it (its replica's channel closed after a kill or a
+            # drain), not this task: the stream ended, and is opened again elsewhere.
+            stream.ends.append("CANCELLED/channel-closed")
         await asyncio.sleep(0.1)
