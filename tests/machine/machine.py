@@ -78,10 +78,15 @@ ADMIT_REASONS_WITH_CREDIT = {
     "DELTA_BASE_NOT_FOUND",
     "DELTA_BASE_NOT_FINISHED",
     "INSUFFICIENT_CREDITS",
+    # Transient, each with "retry with the same key": the core, the database, the replica busy or
+    # draining, the user's lock held, a copy of the same admit still under way.
     "CORE_UNAVAILABLE",
     "OUTCOME_UNKNOWN",
     "REPLICA_BUSY",
     "DATABASE_UNAVAILABLE",
+    "LOCK_TIMEOUT",
+    "SHUTTING_DOWN",
+    "CONFLICT",
     "",
 }
 
