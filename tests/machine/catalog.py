@@ -1066,7 +1066,7 @@ async def an_hour_passes(m: Machine, args: Args) -> None:
         moved = {
             str(job_id)
             for (job_id,) in conn.execute(
-                """UPDATE analysis_jobs SET create_time = create_time - interval '1 hour', promote_time = promote_time - interval '1 hour',
+                """UPDATE analysis_jobs SET create_time = create_time - interval '1 hour',
                           start_time = start_time - interval '1 hour', end_time = end_time - interval '1 hour'
                     WHERE status IN ('succeeded', 'failed', 'canceled') AND create_time > clock_timestamp() - interval '1 hour'
                 RETURNING job_id"""
