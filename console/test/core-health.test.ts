@@ -2,7 +2,8 @@
 // `queue-service dev` that .ci/console-browser-test starts: the dev core stops listening on
 // SIGUSR2 (and listens again on the next), so the Overview must turn red within the time
 // docs/operations.md states, count the admits turned away, and the User queue page must stop
-// promising starts, and the card must name the calls that fail by method. The core listens again at the end, so the other files' tests run as before.
+// promising starts, and the card must name the calls that fail by method. The core listens
+// again at the end, so the other files' tests run as before.
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
