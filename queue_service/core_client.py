@@ -36,6 +36,8 @@ from queue_service.model import (
     CORE_LATENCY_BOUNDS_MS,
     CORE_WINDOW_MINUTES,
     CoreHealthReport,
+    CoreMethodCalls,
+    CoreMethodFailure,
     CoreMinute,
     CoreRun,
     CoreState,
@@ -99,13 +101,16 @@ class RecentCoreCalls:
     latencies), the last answer and the last failure (no answer, or a refusal of service: the
     provider's budget used up), and what the core said since the previous heartbeat, which
     decides the state the heartbeat reports. A refusal of one request (CORE_REJECTED,
-    CORE_AT_CAPACITY) is an answer: the core works."""
+    CORE_AT_CAPACITY) is an answer: the core works. The counts are kept by core method too
+    (`method`: CreateRun, ReleaseRun ...), with each method's latest failure, so the Overview
+    names the calls that fail."""
 
     def __init__(self) -> None:
         self._minutes: collections.deque[dict[str, Any]] = collections.deque(maxlen=CORE_WINDOW_MINUTES)
         self.last_success_at: dt.datetime | None = None
         self.last_failure_at: dt.datetime | None = None
         self.last_failure_reason = ""
+        self._method_failures: dict[str, CoreMethodFailure] = {}
         # Whether the latest call got no answer (until one is answered or refused), and whether
         # the latest heartbeat read the core as unreachable.
         self._silent = self._unreachable_at_beat = False
@@ -116,36 +121,48 @@ class RecentCoreCalls:
         if not self._minutes or self._minutes[-1]["minute"] != minute:
             self._minutes.append(
                 {"minute": minute, "answered": 0, "refused": 0, "unknown": 0, "admits_unavailable": 0,
-                 "latency_counts": [0] * (len(CORE_LATENCY_BOUNDS_MS) + 1), "latency_max_ms": 0.0}
+                 "latency_counts": [0] * (len(CORE_LATENCY_BOUNDS_MS) + 1), "latency_max_ms": 0.0, "methods": {}}
             )  # fmt: skip
         return self._minutes[-1]
 
-    def _heard(self, outcome: str, latency_seconds: float) -> dt.datetime:
-        now = dt.datetime.now(dt.UTC)
+    def _count(self, now: dt.datetime, outcome: str, method: str, failure_reason: str = "") -> dict[str, Any]:
+        """Counts one call's outcome in the minute's bucket, by method too (when named)."""
         bucket = self._bucket(now)
         bucket[outcome] += 1
+        if method:
+            by_method = bucket["methods"].setdefault(method, {"answered": 0, "refused": 0, "unknown": 0})
+            by_method[outcome] += 1
+            if failure_reason:
+                self._method_failures[method] = CoreMethodFailure(method=method, at=now, reason=failure_reason)
+        return bucket
+
+    def _heard(self, outcome: str, latency_seconds: float, method: str, failure_reason: str = "") -> dt.datetime:
+        now = dt.datetime.now(dt.UTC)
+        bucket = self._count(now, outcome, method, failure_reason)
         latency_ms = latency_seconds * 1000
         bucket["latency_counts"][bisect.bisect_left(CORE_LATENCY_BOUNDS_MS, latency_ms)] += 1
         bucket["latency_max_ms"] = max(bucket["latency_max_ms"], latency_ms)
         self._silent = False
         return now
 
-    def answered(self, latency_seconds: float, *, refused: bool = False, created_run: bool = False) -> None:
-        """The core answered (`refused`: it refused this request, and works; `created_run`: it
-        took a new run)."""
-        self.last_success_at = self._heard("refused" if refused else "answered", latency_seconds)
+    def answered(
+        self, latency_seconds: float, *, refused: bool = False, created_run: bool = False, method: str = "", reason: str = ""
+    ) -> None:
+        """The core answered `method` (`refused`: it refused this request, `reason` why, and
+        works; `created_run`: it took a new run)."""
+        self.last_success_at = self._heard("refused" if refused else "answered", latency_seconds, method, reason if refused else "")
         self._answered_since_beat = True
         self._created_since_beat |= created_run
 
-    def refused_service(self, reason: str, latency_seconds: float) -> None:
-        """The core answered only to refuse service (`reason`: PROVIDER_BUDGET_EXHAUSTED)."""
-        self.last_failure_at, self.last_failure_reason = self._heard("refused", latency_seconds), reason
+    def refused_service(self, reason: str, latency_seconds: float, *, method: str = "") -> None:
+        """The core answered `method` only to refuse service (`reason`: PROVIDER_BUDGET_EXHAUSTED)."""
+        self.last_failure_at, self.last_failure_reason = self._heard("refused", latency_seconds, method, reason), reason
         self._refused_since_beat = True
 
-    def unanswered(self, code: str) -> None:
-        """No answer (`code`: UNAVAILABLE, DEADLINE_EXCEEDED): the outcome is unknown."""
+    def unanswered(self, code: str, *, method: str = "") -> None:
+        """No answer to `method` (`code`: UNAVAILABLE, DEADLINE_EXCEEDED): the outcome is unknown."""
         now = dt.datetime.now(dt.UTC)
-        self._bucket(now)["unknown"] += 1
+        self._count(now, "unknown", method, code)
         self.last_failure_at, self.last_failure_reason = now, code
         self._silent = self._silent_since_beat = True
 
@@ -183,7 +200,17 @@ class RecentCoreCalls:
             last_success_at=self.last_success_at,
             last_failure_at=self.last_failure_at,
             last_failure_reason=self.last_failure_reason,
-            minutes=tuple(CoreMinute(**{**bucket, "latency_counts": tuple(bucket["latency_counts"])}) for bucket in self._minutes),
+            minutes=tuple(
+                CoreMinute(
+                    **{
+                        **bucket,
+                        "latency_counts": tuple(bucket["latency_counts"]),
+                        "methods": tuple(CoreMethodCalls(method=method, **calls) for method, calls in bucket["methods"].items()),
+                    }
+                )
+                for bucket in self._minutes
+            ),
+            method_failures=tuple(self._method_failures.values()),
         )
         self._answered_since_beat = self._refused_since_beat = self._silent_since_beat = self._created_since_beat = False
         self._unreachable_at_beat = report.state is CoreState.UNREACHABLE
@@ -204,21 +231,33 @@ class CoreCallTally:
     last_unknown_at: dt.datetime | None = None
     recent: RecentCoreCalls = dataclasses.field(default_factory=RecentCoreCalls)
 
-    def count_answer(self, elapsed: float, *, creates_run: bool) -> None:
+    def count_answer(self, elapsed: float, *, creates_run: bool, method: str = "") -> None:
         self.answered += 1
-        self.recent.answered(elapsed, created_run=creates_run)
+        self.recent.answered(elapsed, created_run=creates_run, method=method)
 
-    def count_failure(self, error: errors.QueueError, elapsed: float) -> None:
+    def count_failure(self, error: errors.QueueError, elapsed: float, *, method: str = "") -> None:
         if isinstance(error, errors.CoreUnavailable):
             self.unknown += 1
             self.last_unknown_at = dt.datetime.now(dt.UTC)
-            self.recent.unanswered(error.metadata.get("coreCode", error.reason))
+            self.recent.unanswered(error.metadata.get("coreCode", error.reason), method=method)
         elif isinstance(error, errors.ProviderBudgetExhausted):
             self.refused += 1
-            self.recent.refused_service(error.reason, elapsed)
+            self.recent.refused_service(error.reason, elapsed, method=method)
         else:
             self.refused += 1
-            self.recent.answered(elapsed, refused=True)
+            self.recent.answered(elapsed, refused=True, method=method, reason=error.reason)
+
+
+# The core method each tallied call makes (the probe is a GetRun), as the Overview names it.
+_CORE_METHOD_OF_CALL = {
+    "probe": "GetRun",
+    "create_run": "CreateRun",
+    "release_run": "ReleaseRun",
+    "cancel_run": "CancelRun",
+    "get_run": "GetRun",
+    "get_run_record": "GetRun",
+    "list_runs": "ListRuns",
+}
 
 
 def _tallied(
@@ -228,15 +267,16 @@ def _tallied(
     coroutine that wraps the call (every admit's CreateRun goes through it)."""
     # A core that takes new runs is not refusing service, whatever else it refuses.
     creates_run = call.__name__ == "create_run"
+    method = _CORE_METHOD_OF_CALL[call.__name__]
 
     async def counted(client: CoreClient, /, *args: _P.args, **kwargs: _P.kwargs) -> T:
         started = time.monotonic()
         try:
             result = await call(client, *args, **kwargs)
         except errors.QueueError as error:
-            client.tally.count_failure(error, time.monotonic() - started)
+            client.tally.count_failure(error, time.monotonic() - started, method=method)
             raise
-        client.tally.count_answer(time.monotonic() - started, creates_run=creates_run)
+        client.tally.count_answer(time.monotonic() - started, creates_run=creates_run, method=method)
         return result
 
     return counted

@@ -937,6 +937,27 @@ CORE_LATENCY_BOUNDS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 CORE_WINDOW_MINUTES = 5
 # A failure this recent still shows as DEGRADED after the core answers again.
 CORE_DEGRADED_AFTER_FAILURE = dt.timedelta(seconds=60)
+# The core's methods the queue calls, in the order the Overview lists them (the probe is a GetRun).
+CORE_METHODS = ("CreateRun", "ReleaseRun", "CancelRun", "GetRun", "ListRuns")
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreMethodCalls:
+    """One core method's calls in one minute (or a window): answered, refused, outcome unknown."""
+
+    method: str
+    answered: int = 0
+    refused: int = 0
+    unknown: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreMethodFailure:
+    """A core method's latest failure: no answer (the gRPC code) or a refusal (the reason)."""
+
+    method: str
+    at: dt.datetime
+    reason: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -952,6 +973,8 @@ class CoreMinute:
     admits_unavailable: int = 0
     latency_counts: tuple[int, ...] = ()
     latency_max_ms: float = 0.0
+    # The same calls by core method (only the methods called in the minute).
+    methods: tuple[CoreMethodCalls, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -964,6 +987,21 @@ class CoreHealthReport:
     last_failure_at: dt.datetime | None
     last_failure_reason: str
     minutes: tuple[CoreMinute, ...]
+    # Each method's latest failure (refusals of a request included), when it had one.
+    method_failures: tuple[CoreMethodFailure, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreMethodHealth:
+    """One core method's calls within the window, summed over the reports, and its latest
+    failure within the window (None, "" without one)."""
+
+    method: str
+    answered: int
+    refused: int
+    unknown: int
+    last_failure_at: dt.datetime | None
+    last_failure_reason: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -983,6 +1021,8 @@ class CoreHealth:
     latency_p50_ms: float | None
     latency_p99_ms: float | None
     window_minutes: int = CORE_WINDOW_MINUTES
+    # The methods called within the window, in `CORE_METHODS` order (an unknown name last).
+    methods: tuple[CoreMethodHealth, ...] = ()
 
 
 def _latency_quantile(counts: list[int], max_ms: float, quantile: float) -> float | None:
@@ -1040,6 +1080,36 @@ def combined_core_health(reports: list[CoreHealthReport], now: dt.datetime) -> C
         admits_unavailable=sum(m.admits_unavailable for m in minutes),
         latency_p50_ms=_latency_quantile(counts, max_ms, 0.5),
         latency_p99_ms=_latency_quantile(counts, max_ms, 0.99),
+        methods=_methods_health(reports, minutes, first_minute),
+    )
+
+
+def _methods_health(reports: list[CoreHealthReport], minutes: list[CoreMinute], first_minute: dt.datetime) -> tuple[CoreMethodHealth, ...]:
+    """Each method's calls within the window summed over the reports, with its latest failure
+    of the window (so the Overview names the calls that fail, not only that some do)."""
+    sums: dict[str, list[int]] = {}
+    for minute in minutes:
+        for calls in minute.methods:
+            total = sums.setdefault(calls.method, [0, 0, 0])
+            total[0] += calls.answered
+            total[1] += calls.refused
+            total[2] += calls.unknown
+    latest: dict[str, CoreMethodFailure] = {}
+    for report in reports:
+        for failure in report.method_failures:
+            if failure.at >= first_minute and (failure.method not in latest or failure.at > latest[failure.method].at):
+                latest[failure.method] = failure
+    order = {method: index for index, method in enumerate(CORE_METHODS)}
+    return tuple(
+        CoreMethodHealth(
+            method=method,
+            answered=answered,
+            refused=refused,
+            unknown=unknown,
+            last_failure_at=latest[method].at if method in latest else None,
+            last_failure_reason=latest[method].reason if method in latest else "",
+        )
+        for method, (answered, refused, unknown) in sorted(sums.items(), key=lambda item: (order.get(item[0], len(order)), item[0]))
     )
 
 

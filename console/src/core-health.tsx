@@ -4,7 +4,7 @@ import { useEffect, useState } from "preact/hooks";
 
 import { date, operator } from "./api.js";
 import { ago } from "./format.js";
-import { type CoreHealth, CoreState } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
+import { type CoreHealth, type CoreMethodHealth, CoreState } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
 const LABELS: Record<CoreState, string> = {
   [CoreState.UNSPECIFIED]: "not reported",
@@ -25,12 +25,26 @@ function tone(state: CoreState): string {
 
 const ms = (value: number) => (value >= 1000 ? `${(value / 1000).toFixed(1)} s` : `${Math.round(value)} ms`);
 
-/** The Overview's panel: the state, the last answer, the failures and latency of the window. */
+/** "ReleaseRun: 12 unanswered in 5 min — UNAVAILABLE, 3 s ago": which call fails, how often, why. */
+function failingCall(calls: CoreMethodHealth, windowMinutes: number, now: number): string {
+  const counts = [
+    calls.refused > 0n ? `${String(calls.refused)} refused` : "",
+    calls.unknown > 0n ? `${String(calls.unknown)} unanswered` : "",
+  ].filter(Boolean);
+  const at = date(calls.lastFailureTime);
+  const why = calls.lastFailureReason ? ` — ${calls.lastFailureReason}${at ? `, ${ago(at, now)}` : ""}` : "";
+  return `${calls.method}: ${counts.join(" · ")} in ${windowMinutes} min${why}`;
+}
+
+/** The Overview's panel: the state, the last answer, the failures and latency of the window, and
+ * when the core is not healthy, the calls that fail by method. */
 export function CoreHealthPanel({ health, now }: { health: CoreHealth | undefined; now: number }) {
   const state = health?.state ?? CoreState.UNSPECIFIED;
   const failures = health ? health.unknown : 0n;
   const lastSuccess = date(health?.lastSuccessTime);
   const lastFailure = date(health?.lastFailureTime);
+  const failing =
+    health && state !== CoreState.HEALTHY ? health.methods.filter((calls) => calls.refused + calls.unknown > 0n) : [];
   return (
     <div class={`core-health ${tone(state)}`} data-testid="core-health" data-state={LABELS[state]}>
       <div class={`figure ${tone(state)}`}>
@@ -58,6 +72,20 @@ export function CoreHealthPanel({ health, now }: { health: CoreHealth | undefine
           <dd data-testid="core-latency">
             {health.answered + health.refused > 0n ? `p50 ≤ ${ms(health.latencyP50Ms)} · p99 ≤ ${ms(health.latencyP99Ms)}` : "—"}
           </dd>
+          {failing.length > 0 && (
+            <>
+              <dt>Failing calls</dt>
+              <dd data-testid="core-failing-calls">
+                <ul class="core-failing-calls">
+                  {failing.map((calls) => (
+                    <li key={calls.method} data-testid="core-failing-call" data-method={calls.method} class="bad-text">
+                      {failingCall(calls, health.windowMinutes, now)}
+                    </li>
+                  ))}
+                </ul>
+              </dd>
+            </>
+          )}
         </dl>
       )}
     </div>

@@ -2,7 +2,8 @@
 // `queue-service dev` that .ci/console-browser-test starts: the dev core stops listening on
 // SIGUSR2 (and listens again on the next), so the Overview must turn red within the time
 // docs/operations.md states, count the admits turned away, and the User queue page must stop
-// promising starts. The core listens again at the end, so the other files' tests run as before.
+// promising starts, and the card must name the calls that fail by method. The core listens
+// again at the end, so the other files' tests run as before.
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
@@ -90,6 +91,10 @@ test("with the core stopped, the Overview turns red in time, counts the admits t
   // An admit now fails CORE_UNAVAILABLE, and the Overview counts it.
   await assert.rejects(admit("third"), (error: unknown) => error instanceof ConnectError && /CORE_UNAVAILABLE|core/i.test(error.message));
   await panel.getByTestId("core-admits-unavailable").filter({ hasText: /^[1-9]\d* admits? turned away$/ }).waitFor({ timeout: RED_WITHIN_MS });
+  // The card names the calls that fail, by method: the admit's CreateRun got no answer.
+  const createRun = panel.locator('[data-testid="core-failing-call"][data-method="CreateRun"]');
+  await createRun.waitFor({ timeout: RED_WITHIN_MS });
+  assert.match(await createRun.innerText(), /^CreateRun: [1-9]\d* unanswered in 5 min — (UNAVAILABLE|DEADLINE_EXCEEDED)/);
   await page.screenshot({ path: join(SHOTS, "core-health-unreachable.png"), fullPage: true });
 
   // The User queue promises no start, and does not claim the run still runs.

@@ -20,6 +20,8 @@ from queue_service.model import (
     ClaimedReservation,
     ClaimedSettlement,
     CoreHealthReport,
+    CoreMethodCalls,
+    CoreMethodFailure,
     CoreMinute,
     CoreState,
     DatabaseIdentity,
@@ -350,9 +352,18 @@ def core_health_to_json(report: CoreHealthReport) -> dict[str, Any]:
         "last_failure_at": report.last_failure_at.isoformat() if report.last_failure_at else None,
         "last_failure_reason": report.last_failure_reason,
         "minutes": [
-            {**dataclasses.asdict(minute), "minute": minute.minute.isoformat(), "latency_counts": list(minute.latency_counts)}
+            {
+                **dataclasses.asdict(minute),
+                "minute": minute.minute.isoformat(),
+                "latency_counts": list(minute.latency_counts),
+                "methods": {
+                    calls.method: {"answered": calls.answered, "refused": calls.refused, "unknown": calls.unknown}
+                    for calls in minute.methods
+                },
+            }
             for minute in report.minutes
         ],
+        "method_failures": {failure.method: {"at": failure.at.isoformat(), "reason": failure.reason} for failure in report.method_failures},
     }
 
 
@@ -376,7 +387,22 @@ def core_health_of_json(value: Any) -> CoreHealthReport | None:
                 admits_unavailable=int(m.get("admits_unavailable", 0)),
                 latency_counts=tuple(int(c) for c in m.get("latency_counts", ())),
                 latency_max_ms=float(m.get("latency_max_ms", 0.0)),
+                methods=tuple(
+                    CoreMethodCalls(
+                        method=str(method),
+                        answered=int(c.get("answered", 0)),
+                        refused=int(c.get("refused", 0)),
+                        unknown=int(c.get("unknown", 0)),
+                    )
+                    for method, c in (m.get("methods") or {}).items()
+                ),
             )
             for m in value.get("minutes", ())
+        ),
+        # Absent from the reports of replicas of an older version: no method named.
+        method_failures=tuple(
+            CoreMethodFailure(method=str(method), at=dt.datetime.fromisoformat(f["at"]), reason=str(f.get("reason") or ""))
+            for method, f in (value.get("method_failures") or {}).items()
+            if f.get("at")
         ),
     )

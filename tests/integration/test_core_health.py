@@ -139,3 +139,35 @@ async def test_a_core_that_only_refuses_service_shows_refusing_and_its_answers_b
     await _core_health_until(
         operator, lambda h: h.state == op_pb2.CORE_STATE_DEGRADED, within=RED_WITHIN_SECONDS, what="degraded after refusals"
     )
+
+
+async def test_a_core_that_fails_releases_is_named_by_method_on_the_overview(services) -> None:  # type: ignore[no-untyped-def]
+    """The core takes new runs but answers no release: the Overview's core health says which
+    call fails (ReleaseRun, no answer, UNAVAILABLE), and that the admits' CreateRun is answered."""
+    core = await services.core()
+    service = await services.start(core, release_backoff_max_seconds=0.2)
+    stubs, operator = service.stubs, op_grpc.OperatorServiceStub(service.stubs.channel)
+    user = new_user()
+    await stubs.grant(user, 5)
+    core.fail_releases = True
+    await stubs.admit(user)
+
+    def releases_failing(health: op_pb2.CoreHealth) -> bool:
+        methods = {m.method: m for m in health.methods}
+        return "ReleaseRun" in methods and methods["ReleaseRun"].unknown >= 2 and "CreateRun" in methods
+
+    health = await _core_health_until(operator, releases_failing, within=RED_WITHIN_SECONDS, what="ReleaseRun failing by method")
+    assert health.state == op_pb2.CORE_STATE_DEGRADED
+    methods = {m.method: m for m in health.methods}
+    release = methods["ReleaseRun"]
+    assert release.last_failure_reason == "UNAVAILABLE" and release.HasField("last_failure_time")
+    assert release.answered == 0 and release.refused == 0
+    assert methods["CreateRun"].answered >= 1
+    # Only the releases fail; every other method's calls are answered.
+    for other in (m for m in health.methods if m.method != "ReleaseRun"):
+        assert (other.refused, other.unknown, other.last_failure_reason) == (0, 0, ""), other
+        assert not other.HasField("last_failure_time"), other
+    assert [m.method for m in health.methods] == [m for m in ("CreateRun", "ReleaseRun", "CancelRun", "GetRun", "ListRuns") if m in methods]
+    # The fleet's counts are the methods' sums.
+    assert health.unknown == sum(m.unknown for m in health.methods)
+    assert health.answered == sum(m.answered for m in health.methods)

@@ -8,6 +8,7 @@ import datetime as dt
 
 from queue_service.core_client import RecentCoreCalls
 from queue_service.model import CoreHealthReport, CoreMinute, CoreState, combined_core_health
+from queue_service.store.rows import core_health_of_json, core_health_to_json
 
 NOW = dt.datetime(2026, 12, 3, 12, 0, 30, tzinfo=dt.UTC)
 
@@ -63,3 +64,23 @@ def test_latency_percentiles_add_the_replicas_buckets_and_old_minutes_leave_the_
     assert (health.answered, health.latency_p50_ms, health.latency_p99_ms) == (100, 2.0, 300.0)
     old = dataclasses.replace(fast.minutes[0], minute=NOW.replace(second=0) - dt.timedelta(minutes=5))
     assert combined_core_health([dataclasses.replace(fast, minutes=(old,))], NOW).latency_p50_ms is None
+
+
+def test_calls_are_summed_by_method_across_replicas_and_survive_the_heartbeat_row() -> None:
+    failing, answering = RecentCoreCalls(), RecentCoreCalls()
+    failing.unanswered("UNAVAILABLE", method="ReleaseRun")
+    failing.answered(0.003, created_run=True, method="CreateRun")
+    answering.unanswered("DEADLINE_EXCEEDED", method="ReleaseRun")
+    answering.answered(0.002, refused=True, method="CreateRun", reason="CORE_REJECTED")
+    reports = [core_health_of_json(core_health_to_json(calls.beat())) for calls in (failing, answering)]
+    # A replica of an older version names no method.
+    older = core_health_of_json({"state": "healthy", "minutes": [{"minute": NOW.replace(second=0).isoformat(), "answered": 4}]})
+    health = combined_core_health([r for r in (*reports, older) if r is not None], dt.datetime.now(dt.UTC))
+    methods = {m.method: m for m in health.methods}
+    assert list(methods) == ["CreateRun", "ReleaseRun"]
+    assert (methods["ReleaseRun"].unknown, methods["ReleaseRun"].last_failure_reason) == (2, "DEADLINE_EXCEEDED")
+    assert (methods["CreateRun"].answered, methods["CreateRun"].refused, methods["CreateRun"].last_failure_reason) == (
+        1,
+        1,
+        "CORE_REJECTED",
+    )

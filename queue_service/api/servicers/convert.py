@@ -171,6 +171,16 @@ def core_health_to_proto(health: CoreHealth) -> operator_pb2.CoreHealth:
         set_timestamp(message.last_success_time, health.last_success_at)
     if health.last_failure_at is not None:
         set_timestamp(message.last_failure_time, health.last_failure_at)
+    for calls in health.methods:
+        method = message.methods.add(
+            method=calls.method,
+            answered=calls.answered,
+            refused=calls.refused,
+            unknown=calls.unknown,
+            last_failure_reason=calls.last_failure_reason,
+        )
+        if calls.last_failure_at is not None:
+            set_timestamp(method.last_failure_time, calls.last_failure_at)
     return message
 
 

@@ -389,6 +389,7 @@ class CoreHealth(_message.Message):
     LATENCY_P99_MS_FIELD_NUMBER: _builtins.int
     REPLICAS_REPORTING_FIELD_NUMBER: _builtins.int
     REPLICAS_REACHING_FIELD_NUMBER: _builtins.int
+    METHODS_FIELD_NUMBER: _builtins.int
     state: Global___CoreState.ValueType
     """The state; see CoreState."""
     last_failure_reason: _builtins.str
@@ -423,6 +424,14 @@ class CoreHealth(_message.Message):
     def last_failure_time(self) -> _timestamp_pb2.Timestamp:
         """The latest call that got no answer, or that the core refused service; unset when none."""
 
+    @_builtins.property
+    def methods(self) -> _containers.RepeatedCompositeFieldContainer[Global___CoreMethodHealth]:
+        """The same calls by core method, so that an operator sees which calls fail: the methods
+        called within the window, in the order CreateRun, ReleaseRun, CancelRun, GetRun (the probe
+        included), ListRuns; empty from replicas of an older version. Added to the contract
+        additively.
+        """
+
     def __init__(
         self,
         *,
@@ -439,14 +448,65 @@ class CoreHealth(_message.Message):
         latency_p99_ms: _builtins.float = ...,
         replicas_reporting: _builtins.int = ...,
         replicas_reaching: _builtins.int = ...,
+        methods: _abc.Iterable[Global___CoreMethodHealth] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_failure_time", b"last_failure_time", "last_success_time", b"last_success_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admits_unavailable", b"admits_unavailable", "answered", b"answered", "last_failure_reason", b"last_failure_reason", "last_failure_time", b"last_failure_time", "last_success_time", b"last_success_time", "latency_p50_ms", b"latency_p50_ms", "latency_p99_ms", b"latency_p99_ms", "refused", b"refused", "replicas_reaching", b"replicas_reaching", "replicas_reporting", b"replicas_reporting", "state", b"state", "unknown", b"unknown", "window_minutes", b"window_minutes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admits_unavailable", b"admits_unavailable", "answered", b"answered", "last_failure_reason", b"last_failure_reason", "last_failure_time", b"last_failure_time", "last_success_time", b"last_success_time", "latency_p50_ms", b"latency_p50_ms", "latency_p99_ms", b"latency_p99_ms", "methods", b"methods", "refused", b"refused", "replicas_reaching", b"replicas_reaching", "replicas_reporting", b"replicas_reporting", "state", b"state", "unknown", b"unknown", "window_minutes", b"window_minutes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CoreHealth: _TypeAlias = CoreHealth  # noqa: Y015
+
+@_typing.final
+class CoreMethodHealth(_message.Message):
+    """One core method's calls within CoreHealth's window, summed over the reporting replicas. Added to
+    the contract additively.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    METHOD_FIELD_NUMBER: _builtins.int
+    ANSWERED_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    UNKNOWN_FIELD_NUMBER: _builtins.int
+    LAST_FAILURE_TIME_FIELD_NUMBER: _builtins.int
+    LAST_FAILURE_REASON_FIELD_NUMBER: _builtins.int
+    method: _builtins.str
+    """The core's RunService method: CreateRun, ReleaseRun, CancelRun, GetRun or ListRuns."""
+    answered: _builtins.int
+    """Calls of this method the core answered."""
+    refused: _builtins.int
+    """Calls of this method the core refused (a rejected admit, no capacity, no budget)."""
+    unknown: _builtins.int
+    """Calls of this method that got no answer (maybe applied)."""
+    last_failure_reason: _builtins.str
+    """Why that call failed: the gRPC code of no answer (UNAVAILABLE, DEADLINE_EXCEEDED) or the
+    refusal's reason (CORE_AT_CAPACITY, PROVIDER_BUDGET_EXHAUSTED ...).
+    """
+    @_builtins.property
+    def last_failure_time(self) -> _timestamp_pb2.Timestamp:
+        """The latest call of this method that got no answer or was refused, within the window; unset
+        when none.
+        """
+
+    def __init__(
+        self,
+        *,
+        method: _builtins.str = ...,
+        answered: _builtins.int = ...,
+        refused: _builtins.int = ...,
+        unknown: _builtins.int = ...,
+        last_failure_time: _timestamp_pb2.Timestamp | None = ...,
+        last_failure_reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_failure_time", b"last_failure_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answered", b"answered", "last_failure_reason", b"last_failure_reason", "last_failure_time", b"last_failure_time", "method", b"method", "refused", b"refused", "unknown", b"unknown"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CoreMethodHealth: _TypeAlias = CoreMethodHealth  # noqa: Y015
 
 @_typing.final
 class SearchJobsRequest(_message.Message):

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file acurio/queue/v1/operator_service.proto.
  */
 export const file_acurio_queue_v1_operator_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIooCCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCBIbChNkb2N1bWVudF91cmlfcHJlZml4GAYgASgJEhMKC3RpdGxlX3dvcmRzGAcgASgJEhIKCnNvdXJjZV9kb2kYCCABKAkiLAoSR2V0T3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIkIKE0dldE92ZXJ2aWV3UmVzcG9uc2USKwoIb3ZlcnZpZXcYASABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXcirAYKCE92ZXJ2aWV3Eg4KBnF1ZXVlZBgBIAEoAxIPCgdwZW5kaW5nGAIgASgDEg8KB3J1bm5pbmcYAyABKAMSGwoTc3VjY2VlZGVkX2luX3dpbmRvdxgEIAEoAxIYChBmYWlsZWRfaW5fd2luZG93GAUgASgDEhoKEmNhbmNlbGVkX2luX3dpbmRvdxgGIAEoAxIVCg11c2Vyc193YWl0aW5nGAcgASgDEj0KGW9sZGVzdF9xdWV1ZWRfY3JlYXRlX3RpbWUYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhkKEXJlbGVhc2VzX3JldHJ5aW5nGAkgASgDEhgKEHJ1bnNfcmVjb25jaWxpbmcYCiABKAMSGQoRYWRtaXRzX3Blcl9taW51dGUYCyADKAMSFgoOd2luZG93X21pbnV0ZXMYDCABKAUSLQoJcmVhZF90aW1lGA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9jYXBhY2l0eV9pbl91c2UYDiABKAMSFgoOY2FwYWNpdHlfbGltaXQYDyABKAMSHQoVY2FwYWNpdHlfd2FpdGluZ19qb2JzGBAgASgDEh4KFmNhcGFjaXR5X3dhaXRpbmdfdXNlcnMYESABKAMSPQoZb2xkZXN0X2NhcGFjaXR5X3dhaXRfdGltZRgSIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKY29yZV9saW1pdBgTIAEoAxIVCg1jb3JlX3JlZnVzYWxzGBQgASgDEhcKD3JlbGVhc2VzX3BhdXNlZBgeIAEoCBI5ChVyZWxlYXNlc19wYXVzZWRfc2luY2UYHyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhoKEnJlbGVhc2VzX3BhdXNlZF9ieRggIAEoCRIcChRyZWxlYXNlc19wYXVzZWRfbm90ZRgiIAEoCRIUCgxwYXVzZWRfdXNlcnMYISABKAMSMAoLY29yZV9oZWFsdGgYFSABKAsyGy5hY3VyaW8ucXVldWUudjEuQ29yZUhlYWx0aCKRAwoKQ29yZUhlYWx0aBIpCgVzdGF0ZRgBIAEoDjIaLmFjdXJpby5xdWV1ZS52MS5Db3JlU3RhdGUSNQoRbGFzdF9zdWNjZXNzX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEWxhc3RfZmFpbHVyZV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIbChNsYXN0X2ZhaWx1cmVfcmVhc29uGAQgASgJEhYKDndpbmRvd19taW51dGVzGAUgASgFEhAKCGFuc3dlcmVkGAYgASgDEg8KB3JlZnVzZWQYByABKAMSDwoHdW5rbm93bhgIIAEoAxIaChJhZG1pdHNfdW5hdmFpbGFibGUYCSABKAMSFgoObGF0ZW5jeV9wNTBfbXMYCiABKAESFgoObGF0ZW5jeV9wOTlfbXMYCyABKAESGgoScmVwbGljYXNfcmVwb3J0aW5nGAwgASgFEhkKEXJlcGxpY2FzX3JlYWNoaW5nGA0gASgFImYKEVNlYXJjaEpvYnNSZXF1ZXN0EioKBmZpbHRlchgBIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Kb2JGaWx0ZXISEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiUQoSU2VhcmNoSm9ic1Jlc3BvbnNlEiIKBGpvYnMYASADKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJDChRXYXRjaE92ZXJ2aWV3UmVxdWVzdBIWCg53aW5kb3dfbWludXRlcxgBIAEoBRITCgtpbnRlcnZhbF9tcxgCIAEoBSJEChVXYXRjaE92ZXJ2aWV3UmVzcG9uc2USKwoIb3ZlcnZpZXcYASABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciYgoRQ2FuY2VsSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIPCgdkcnlfcnVuGAIgASgIEhAKCG1heF9qb2JzGAMgASgFIoQBChJDYW5jZWxKb2JzUmVzcG9uc2USDwoHbWF0Y2hlZBgBIAEoBRIZChFtb3JlX3RoYW5fY291bnRlZBgCIAEoCBIQCghjYW5jZWxlZBgDIAEoBRIwCghmYWlsdXJlcxgEIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxGYWlsdXJlIkAKDUNhbmNlbEZhaWx1cmUSDgoGam9iX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIPCgdtZXNzYWdlGAMgASgJInEKGExpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCRINCgVhY3RvchgFIAEoCSJjChlMaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEi0KB2VudHJpZXMYASADKAsyHC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIvcBCgtMZWRnZXJFbnRyeRIQCghlbnRyeV9pZBgBIAEoAxIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHdXNlcl9pZBgDIAEoCRIuCgRraW5kGAQgASgOMiAuYWN1cmlvLnF1ZXVlLnYxLkxlZGdlckVudHJ5S2luZBIOCgZhbW91bnQYBSABKAMSDgoGam9iX2lkGAYgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgHIAEoCRINCgVhY3RvchgIIAEoCRIOCgZyZWFzb24YCSABKAkSDAoEbm90ZRgKIAEoCSI9ChZTZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0EhAKCGNhcGFjaXR5GAEgASgFEhEKCXVubGltaXRlZBgCIAEoCCJ2ChdTZXRDb3JlQ2FwYWNpdHlSZXNwb25zZRIuCgZjaGFuZ2UYASABKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZRIrCghvdmVydmlldxgCIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJJChhTZXRSZWxlYXNlc1BhdXNlZFJlcXVlc3QSDgoGcGF1c2VkGAEgASgIEg8KB3VzZXJfaWQYAiABKAkSDAoEbm90ZRgDIAEoCSJ4ChlTZXRSZWxlYXNlc1BhdXNlZFJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEisKCG92ZXJ2aWV3GAIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLk92ZXJ2aWV3IikKFkdldFVzZXJTZXR0aW5nc1JlcXVlc3QSDwoHdXNlcl9pZBgBIAEoCSKKAgoXR2V0VXNlclNldHRpbmdzUmVzcG9uc2USDwoHdXNlcl9pZBgBIAEoCRISCgptYXhfYWN0aXZlGAIgASgFEh0KFW1heF9hY3RpdmVfaXNfZGVmYXVsdBgDIAEoCBIXCg9yZWxlYXNlc19wYXVzZWQYBCABKAgSOQoVcmVsZWFzZXNfcGF1c2VkX3NpbmNlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIaChJyZWxlYXNlc19wYXVzZWRfYnkYBiABKAkSHAoUcmVsZWFzZXNfcGF1c2VkX25vdGUYByABKAkSHQoVZmxlZXRfcmVsZWFzZXNfcGF1c2VkGAggASgIIj8KGFNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEhIKCm1heF9hY3RpdmUYAiABKAUiSwoZU2V0VXNlclF1ZXVlTGltaXRSZXNwb25zZRIuCgZjaGFuZ2UYASABKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZSJCChlMaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJImYKGkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEi8KB2NoYW5nZXMYASADKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiuAEKDVNldHRpbmdDaGFuZ2USEQoJY2hhbmdlX2lkGAEgASgDEg8KB3NldHRpbmcYAiABKAkSDwoHdXNlcl9pZBgDIAEoCRIRCglvbGRfdmFsdWUYBCABKAUSEQoJbmV3X3ZhbHVlGAUgASgFEg0KBWFjdG9yGAYgASgJEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRub3RlGAggASgJIksKD1JldHJ5Sm9iUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEQoJcmV0cnlfa2V5GAIgASgJEhUKDWFub3RoZXJfcmV0cnkYAyABKAgiSwoQUmV0cnlKb2JSZXNwb25zZRIhCgNqb2IYASABKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iEhQKDGFkbWl0dGVkX25vdxgCIAEoCCJyChBSZXRyeUpvYnNSZXF1ZXN0Eg8KB2pvYl9pZHMYASADKAkSKgoGZmlsdGVyGAIgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIPCgdkcnlfcnVuGAMgASgIEhAKCG1heF9qb2JzGAQgASgFIsYBChFSZXRyeUpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEg8KB3JldHJpZWQYAyABKAUSHwoXYWxyZWFkeV9yZXRyaWVkX2pvYl9pZHMYBCADKAkSLwoIZmFpbHVyZXMYBSADKAsyHS5hY3VyaW8ucXVldWUudjEuUmV0cnlGYWlsdXJlEiIKBGpvYnMYBiADKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iIj8KDFJldHJ5RmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiLQoYTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBSJaChlMaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEigKBXVzZXJzGAEgAygLMhkuYWN1cmlvLnF1ZXVlLnYxLlVzZXJXb3JrEhMKC3VzZXJzX3RvdGFsGAIgASgDIsQBCghVc2VyV29yaxIPCgd1c2VyX2lkGAEgASgJEg4KBnF1ZXVlZBgCIAEoAxIPCgdwZW5kaW5nGAMgASgDEg8KB3J1bm5pbmcYBCABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSb2xkZXN0X2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIwChZHZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIo8BChdHZXRRdWV1ZUhpc3RvcnlSZXNwb25zZRItCgdtaW51dGVzGAEgAygLMhwuYWN1cmlvLnF1ZXVlLnYxLlF1ZXVlTWludXRlEhYKDndpbmRvd19taW51dGVzGAIgASgFEi0KCXJlYWRfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiegoLUXVldWVNaW51dGUSKgoGbWludXRlGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZxdWV1ZWQYAiABKAMSDgoGYWN0aXZlGAMgASgDEhAKCGFkbWl0dGVkGAQgASgDEg0KBWVuZGVkGAUgASgDIhUKE0xpc3RSZXBsaWNhc1JlcXVlc3QicQoUTGlzdFJlcGxpY2FzUmVzcG9uc2USKgoIcmVwbGljYXMYASADKAsyGC5hY3VyaW8ucXVldWUudjEuUmVwbGljYRItCglyZWFkX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIs0CCgdSZXBsaWNhEhIKCnJlcGxpY2FfaWQYASABKAkSDAoEaG9zdBgCIAEoCRIuCgpzdGFydF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5oZWFydGJlYXRfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIZHJhaW5pbmcYBSABKAgSFwoPY2FsbHNfaW5fZmxpZ2h0GAYgASgFEhUKDXdhdGNoX3N0cmVhbXMYByABKAUSGAoQb3ZlcnZpZXdfc3RyZWFtcxgIIAEoBRIuCgpjb3JlX2NhbGxzGAkgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkNvcmVDYWxscxIwCgtjb3JlX2hlYWx0aBgKIAEoCzIbLmFjdXJpby5xdWV1ZS52MS5Db3JlSGVhbHRoInYKCUNvcmVDYWxscxIQCghhbnN3ZXJlZBgBIAEoAxIPCgdyZWZ1c2VkGAIgASgDEg8KB3Vua25vd24YAyABKAMSNQoRbGFzdF91bmtub3duX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIi0KGExpc3RSZWxlYXNlUGF1c2VzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUiZgoZTGlzdFJlbGVhc2VQYXVzZXNSZXNwb25zZRItCgZwYXVzZXMYASADKAsyHS5hY3VyaW8ucXVldWUudjEuUmVsZWFzZVBhdXNlEhoKEnBhdXNlZF91c2Vyc190b3RhbBgCIAEoAyJyCgxSZWxlYXNlUGF1c2USDwoHdXNlcl9pZBgBIAEoCRIwCgxwYXVzZWRfc2luY2UYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCXBhdXNlZF9ieRgDIAEoCRIMCgRub3RlGAQgASgJIikKF0NoZWNrSm9iV2l0aENvcmVSZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCSJ2ChhDaGVja0pvYldpdGhDb3JlUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIRCglydW5fc3RhdGUYAiABKAkSEwoLam9iX2NoYW5nZWQYAyABKAgSDwoHb3V0Y29tZRgEIAEoCSJfChZMaXN0QXVkaXRFdmVudHNSZXF1ZXN0Eg0KBWFjdG9yGAEgASgJEg8KB3VzZXJfaWQYAiABKAkSEQoJcGFnZV9zaXplGAMgASgFEhIKCnBhZ2VfdG9rZW4YBCABKAkiXwoXTGlzdEF1ZGl0RXZlbnRzUmVzcG9uc2USKwoGZXZlbnRzGAEgAygLMhsuYWN1cmlvLnF1ZXVlLnYxLkF1ZGl0RXZlbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIukBCgpBdWRpdEV2ZW50Ei8KC2NyZWF0ZV90aW1lGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRraW5kGAIgASgJEg0KBWFjdG9yGAMgASgJEg8KB3VzZXJfaWQYBCABKAkSDgoGam9iX2lkGAUgASgJEhcKD3JldHJ5X29mX2pvYl9pZBgGIAEoCRIRCglvbGRfdmFsdWUYByABKAMSEQoJbmV3X3ZhbHVlGAggASgDEg4KBmFtb3VudBgJIAEoAxIMCgRub3RlGAogASgJEg8KB291dGNvbWUYCyABKAkqpQEKCUNvcmVTdGF0ZRIaChZDT1JFX1NUQVRFX1VOU1BFQ0lGSUVEEAASFgoSQ09SRV9TVEFURV9VTktOT1dOEAESFgoSQ09SRV9TVEFURV9IRUFMVEhZEAISFwoTQ09SRV9TVEFURV9ERUdSQURFRBADEhoKFkNPUkVfU1RBVEVfVU5SRUFDSEFCTEUQBBIXChNDT1JFX1NUQVRFX1JFRlVTSU5HEAUqjQEKD0xlZGdlckVudHJ5S2luZBIhCh1MRURHRVJfRU5UUllfS0lORF9VTlNQRUNJRklFRBAAEhsKF0xFREdFUl9FTlRSWV9LSU5EX0dSQU5UEAESHAoYTEVER0VSX0VOVFJZX0tJTkRfQ0hBUkdFEAISHAoYTEVER0VSX0VOVFJZX0tJTkRfUkVGVU5EEAMyiQ4KD09wZXJhdG9yU2VydmljZRJYCgtHZXRPdmVydmlldxIjLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1JlcXVlc3QaJC5hY3VyaW8ucXVldWUudjEuR2V0T3ZlcnZpZXdSZXNwb25zZRJVCgpTZWFyY2hKb2JzEiIuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXNwb25zZRJgCg1XYXRjaE92ZXJ2aWV3EiUuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXF1ZXN0GiYuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXNwb25zZTABElUKCkNhbmNlbEpvYnMSIi5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1Jlc3BvbnNlEmoKEUxpc3RMZWRnZXJFbnRyaWVzEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEmQKD1NldENvcmVDYXBhY2l0eRInLmFjdXJpby5xdWV1ZS52MS5TZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlc3BvbnNlEmoKEVNldFJlbGVhc2VzUGF1c2VkEikuYWN1cmlvLnF1ZXVlLnYxLlNldFJlbGVhc2VzUGF1c2VkUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5TZXRSZWxlYXNlc1BhdXNlZFJlc3BvbnNlEmQKD0dldFVzZXJTZXR0aW5ncxInLmFjdXJpby5xdWV1ZS52MS5HZXRVc2VyU2V0dGluZ3NSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkdldFVzZXJTZXR0aW5nc1Jlc3BvbnNlEmoKEVNldFVzZXJRdWV1ZUxpbWl0EikuYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5TZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEm0KEkxpc3RTZXR0aW5nQ2hhbmdlcxIqLmFjdXJpby5xdWV1ZS52MS5MaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0GisuYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEk8KCFJldHJ5Sm9iEiAuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9iUmVxdWVzdBohLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYlJlc3BvbnNlElIKCVJldHJ5Sm9icxIhLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYnNSZXF1ZXN0GiIuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9ic1Jlc3BvbnNlEmoKEUxpc3RVc2Vyc1dpdGhXb3JrEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RVc2Vyc1dpdGhXb3JrUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEmQKD0dldFF1ZXVlSGlzdG9yeRInLmFjdXJpby5xdWV1ZS52MS5HZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkdldFF1ZXVlSGlzdG9yeVJlc3BvbnNlElsKDExpc3RSZXBsaWNhcxIkLmFjdXJpby5xdWV1ZS52MS5MaXN0UmVwbGljYXNSZXF1ZXN0GiUuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZXBsaWNhc1Jlc3BvbnNlEmoKEUxpc3RSZWxlYXNlUGF1c2VzEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZWxlYXNlUGF1c2VzUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0UmVsZWFzZVBhdXNlc1Jlc3BvbnNlEmcKEENoZWNrSm9iV2l0aENvcmUSKC5hY3VyaW8ucXVldWUudjEuQ2hlY2tKb2JXaXRoQ29yZVJlcXVlc3QaKS5hY3VyaW8ucXVldWUudjEuQ2hlY2tKb2JXaXRoQ29yZVJlc3BvbnNlEmQKD0xpc3RBdWRpdEV2ZW50cxInLmFjdXJpby5xdWV1ZS52MS5MaXN0QXVkaXRFdmVudHNSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkxpc3RBdWRpdEV2ZW50c1Jlc3BvbnNlYgZwcm90bzM", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
+  fileDesc("CiZhY3VyaW8vcXVldWUvdjEvb3BlcmF0b3Jfc2VydmljZS5wcm90bxIPYWN1cmlvLnF1ZXVlLnYxIooCCglKb2JGaWx0ZXISLAoIc3RhdHVzZXMYASADKA4yGi5hY3VyaW8ucXVldWUudjEuSm9iU3RhdHVzEg8KB3VzZXJfaWQYAiABKAkSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhc19lcnJvchgFIAEoCBIbChNkb2N1bWVudF91cmlfcHJlZml4GAYgASgJEhMKC3RpdGxlX3dvcmRzGAcgASgJEhIKCnNvdXJjZV9kb2kYCCABKAkiLAoSR2V0T3ZlcnZpZXdSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIkIKE0dldE92ZXJ2aWV3UmVzcG9uc2USKwoIb3ZlcnZpZXcYASABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXcirAYKCE92ZXJ2aWV3Eg4KBnF1ZXVlZBgBIAEoAxIPCgdwZW5kaW5nGAIgASgDEg8KB3J1bm5pbmcYAyABKAMSGwoTc3VjY2VlZGVkX2luX3dpbmRvdxgEIAEoAxIYChBmYWlsZWRfaW5fd2luZG93GAUgASgDEhoKEmNhbmNlbGVkX2luX3dpbmRvdxgGIAEoAxIVCg11c2Vyc193YWl0aW5nGAcgASgDEj0KGW9sZGVzdF9xdWV1ZWRfY3JlYXRlX3RpbWUYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhkKEXJlbGVhc2VzX3JldHJ5aW5nGAkgASgDEhgKEHJ1bnNfcmVjb25jaWxpbmcYCiABKAMSGQoRYWRtaXRzX3Blcl9taW51dGUYCyADKAMSFgoOd2luZG93X21pbnV0ZXMYDCABKAUSLQoJcmVhZF90aW1lGA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9jYXBhY2l0eV9pbl91c2UYDiABKAMSFgoOY2FwYWNpdHlfbGltaXQYDyABKAMSHQoVY2FwYWNpdHlfd2FpdGluZ19qb2JzGBAgASgDEh4KFmNhcGFjaXR5X3dhaXRpbmdfdXNlcnMYESABKAMSPQoZb2xkZXN0X2NhcGFjaXR5X3dhaXRfdGltZRgSIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKY29yZV9saW1pdBgTIAEoAxIVCg1jb3JlX3JlZnVzYWxzGBQgASgDEhcKD3JlbGVhc2VzX3BhdXNlZBgeIAEoCBI5ChVyZWxlYXNlc19wYXVzZWRfc2luY2UYHyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhoKEnJlbGVhc2VzX3BhdXNlZF9ieRggIAEoCRIcChRyZWxlYXNlc19wYXVzZWRfbm90ZRgiIAEoCRIUCgxwYXVzZWRfdXNlcnMYISABKAMSMAoLY29yZV9oZWFsdGgYFSABKAsyGy5hY3VyaW8ucXVldWUudjEuQ29yZUhlYWx0aCLFAwoKQ29yZUhlYWx0aBIpCgVzdGF0ZRgBIAEoDjIaLmFjdXJpby5xdWV1ZS52MS5Db3JlU3RhdGUSNQoRbGFzdF9zdWNjZXNzX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEWxhc3RfZmFpbHVyZV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIbChNsYXN0X2ZhaWx1cmVfcmVhc29uGAQgASgJEhYKDndpbmRvd19taW51dGVzGAUgASgFEhAKCGFuc3dlcmVkGAYgASgDEg8KB3JlZnVzZWQYByABKAMSDwoHdW5rbm93bhgIIAEoAxIaChJhZG1pdHNfdW5hdmFpbGFibGUYCSABKAMSFgoObGF0ZW5jeV9wNTBfbXMYCiABKAESFgoObGF0ZW5jeV9wOTlfbXMYCyABKAESGgoScmVwbGljYXNfcmVwb3J0aW5nGAwgASgFEhkKEXJlcGxpY2FzX3JlYWNoaW5nGA0gASgFEjIKB21ldGhvZHMYDiADKAsyIS5hY3VyaW8ucXVldWUudjEuQ29yZU1ldGhvZEhlYWx0aCKqAQoQQ29yZU1ldGhvZEhlYWx0aBIOCgZtZXRob2QYASABKAkSEAoIYW5zd2VyZWQYAiABKAMSDwoHcmVmdXNlZBgDIAEoAxIPCgd1bmtub3duGAQgASgDEjUKEWxhc3RfZmFpbHVyZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIbChNsYXN0X2ZhaWx1cmVfcmVhc29uGAYgASgJImYKEVNlYXJjaEpvYnNSZXF1ZXN0EioKBmZpbHRlchgBIAEoCzIaLmFjdXJpby5xdWV1ZS52MS5Kb2JGaWx0ZXISEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiUQoSU2VhcmNoSm9ic1Jlc3BvbnNlEiIKBGpvYnMYASADKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJDChRXYXRjaE92ZXJ2aWV3UmVxdWVzdBIWCg53aW5kb3dfbWludXRlcxgBIAEoBRITCgtpbnRlcnZhbF9tcxgCIAEoBSJEChVXYXRjaE92ZXJ2aWV3UmVzcG9uc2USKwoIb3ZlcnZpZXcYASABKAsyGS5hY3VyaW8ucXVldWUudjEuT3ZlcnZpZXciYgoRQ2FuY2VsSm9ic1JlcXVlc3QSKgoGZmlsdGVyGAEgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIPCgdkcnlfcnVuGAIgASgIEhAKCG1heF9qb2JzGAMgASgFIoQBChJDYW5jZWxKb2JzUmVzcG9uc2USDwoHbWF0Y2hlZBgBIAEoBRIZChFtb3JlX3RoYW5fY291bnRlZBgCIAEoCBIQCghjYW5jZWxlZBgDIAEoBRIwCghmYWlsdXJlcxgEIAMoCzIeLmFjdXJpby5xdWV1ZS52MS5DYW5jZWxGYWlsdXJlIkAKDUNhbmNlbEZhaWx1cmUSDgoGam9iX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIPCgdtZXNzYWdlGAMgASgJInEKGExpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCRINCgVhY3RvchgFIAEoCSJjChlMaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEi0KB2VudHJpZXMYASADKAsyHC5hY3VyaW8ucXVldWUudjEuTGVkZ2VyRW50cnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIvcBCgtMZWRnZXJFbnRyeRIQCghlbnRyeV9pZBgBIAEoAxIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHdXNlcl9pZBgDIAEoCRIuCgRraW5kGAQgASgOMiAuYWN1cmlvLnF1ZXVlLnYxLkxlZGdlckVudHJ5S2luZBIOCgZhbW91bnQYBSABKAMSDgoGam9iX2lkGAYgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgHIAEoCRINCgVhY3RvchgIIAEoCRIOCgZyZWFzb24YCSABKAkSDAoEbm90ZRgKIAEoCSI9ChZTZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0EhAKCGNhcGFjaXR5GAEgASgFEhEKCXVubGltaXRlZBgCIAEoCCJ2ChdTZXRDb3JlQ2FwYWNpdHlSZXNwb25zZRIuCgZjaGFuZ2UYASABKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZRIrCghvdmVydmlldxgCIAEoCzIZLmFjdXJpby5xdWV1ZS52MS5PdmVydmlldyJJChhTZXRSZWxlYXNlc1BhdXNlZFJlcXVlc3QSDgoGcGF1c2VkGAEgASgIEg8KB3VzZXJfaWQYAiABKAkSDAoEbm90ZRgDIAEoCSJ4ChlTZXRSZWxlYXNlc1BhdXNlZFJlc3BvbnNlEi4KBmNoYW5nZRgBIAEoCzIeLmFjdXJpby5xdWV1ZS52MS5TZXR0aW5nQ2hhbmdlEisKCG92ZXJ2aWV3GAIgASgLMhkuYWN1cmlvLnF1ZXVlLnYxLk92ZXJ2aWV3IikKFkdldFVzZXJTZXR0aW5nc1JlcXVlc3QSDwoHdXNlcl9pZBgBIAEoCSKKAgoXR2V0VXNlclNldHRpbmdzUmVzcG9uc2USDwoHdXNlcl9pZBgBIAEoCRISCgptYXhfYWN0aXZlGAIgASgFEh0KFW1heF9hY3RpdmVfaXNfZGVmYXVsdBgDIAEoCBIXCg9yZWxlYXNlc19wYXVzZWQYBCABKAgSOQoVcmVsZWFzZXNfcGF1c2VkX3NpbmNlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIaChJyZWxlYXNlc19wYXVzZWRfYnkYBiABKAkSHAoUcmVsZWFzZXNfcGF1c2VkX25vdGUYByABKAkSHQoVZmxlZXRfcmVsZWFzZXNfcGF1c2VkGAggASgIIj8KGFNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBIPCgd1c2VyX2lkGAEgASgJEhIKCm1heF9hY3RpdmUYAiABKAUiSwoZU2V0VXNlclF1ZXVlTGltaXRSZXNwb25zZRIuCgZjaGFuZ2UYASABKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZSJCChlMaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJImYKGkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEi8KB2NoYW5nZXMYASADKAsyHi5hY3VyaW8ucXVldWUudjEuU2V0dGluZ0NoYW5nZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiuAEKDVNldHRpbmdDaGFuZ2USEQoJY2hhbmdlX2lkGAEgASgDEg8KB3NldHRpbmcYAiABKAkSDwoHdXNlcl9pZBgDIAEoCRIRCglvbGRfdmFsdWUYBCABKAUSEQoJbmV3X3ZhbHVlGAUgASgFEg0KBWFjdG9yGAYgASgJEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRub3RlGAggASgJIksKD1JldHJ5Sm9iUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEQoJcmV0cnlfa2V5GAIgASgJEhUKDWFub3RoZXJfcmV0cnkYAyABKAgiSwoQUmV0cnlKb2JSZXNwb25zZRIhCgNqb2IYASABKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iEhQKDGFkbWl0dGVkX25vdxgCIAEoCCJyChBSZXRyeUpvYnNSZXF1ZXN0Eg8KB2pvYl9pZHMYASADKAkSKgoGZmlsdGVyGAIgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkpvYkZpbHRlchIPCgdkcnlfcnVuGAMgASgIEhAKCG1heF9qb2JzGAQgASgFIsYBChFSZXRyeUpvYnNSZXNwb25zZRIPCgdtYXRjaGVkGAEgASgFEhkKEW1vcmVfdGhhbl9jb3VudGVkGAIgASgIEg8KB3JldHJpZWQYAyABKAUSHwoXYWxyZWFkeV9yZXRyaWVkX2pvYl9pZHMYBCADKAkSLwoIZmFpbHVyZXMYBSADKAsyHS5hY3VyaW8ucXVldWUudjEuUmV0cnlGYWlsdXJlEiIKBGpvYnMYBiADKAsyFC5hY3VyaW8ucXVldWUudjEuSm9iIj8KDFJldHJ5RmFpbHVyZRIOCgZqb2JfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkiLQoYTGlzdFVzZXJzV2l0aFdvcmtSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBSJaChlMaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEigKBXVzZXJzGAEgAygLMhkuYWN1cmlvLnF1ZXVlLnYxLlVzZXJXb3JrEhMKC3VzZXJzX3RvdGFsGAIgASgDIsQBCghVc2VyV29yaxIPCgd1c2VyX2lkGAEgASgJEg4KBnF1ZXVlZBgCIAEoAxIPCgdwZW5kaW5nGAMgASgDEg8KB3J1bm5pbmcYBCABKAMSPQoZb2xkZXN0X3F1ZXVlZF9jcmVhdGVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSb2xkZXN0X2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIwChZHZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0EhYKDndpbmRvd19taW51dGVzGAEgASgFIo8BChdHZXRRdWV1ZUhpc3RvcnlSZXNwb25zZRItCgdtaW51dGVzGAEgAygLMhwuYWN1cmlvLnF1ZXVlLnYxLlF1ZXVlTWludXRlEhYKDndpbmRvd19taW51dGVzGAIgASgFEi0KCXJlYWRfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiegoLUXVldWVNaW51dGUSKgoGbWludXRlGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZxdWV1ZWQYAiABKAMSDgoGYWN0aXZlGAMgASgDEhAKCGFkbWl0dGVkGAQgASgDEg0KBWVuZGVkGAUgASgDIhUKE0xpc3RSZXBsaWNhc1JlcXVlc3QicQoUTGlzdFJlcGxpY2FzUmVzcG9uc2USKgoIcmVwbGljYXMYASADKAsyGC5hY3VyaW8ucXVldWUudjEuUmVwbGljYRItCglyZWFkX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIs0CCgdSZXBsaWNhEhIKCnJlcGxpY2FfaWQYASABKAkSDAoEaG9zdBgCIAEoCRIuCgpzdGFydF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5oZWFydGJlYXRfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIZHJhaW5pbmcYBSABKAgSFwoPY2FsbHNfaW5fZmxpZ2h0GAYgASgFEhUKDXdhdGNoX3N0cmVhbXMYByABKAUSGAoQb3ZlcnZpZXdfc3RyZWFtcxgIIAEoBRIuCgpjb3JlX2NhbGxzGAkgASgLMhouYWN1cmlvLnF1ZXVlLnYxLkNvcmVDYWxscxIwCgtjb3JlX2hlYWx0aBgKIAEoCzIbLmFjdXJpby5xdWV1ZS52MS5Db3JlSGVhbHRoInYKCUNvcmVDYWxscxIQCghhbnN3ZXJlZBgBIAEoAxIPCgdyZWZ1c2VkGAIgASgDEg8KB3Vua25vd24YAyABKAMSNQoRbGFzdF91bmtub3duX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIi0KGExpc3RSZWxlYXNlUGF1c2VzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUiZgoZTGlzdFJlbGVhc2VQYXVzZXNSZXNwb25zZRItCgZwYXVzZXMYASADKAsyHS5hY3VyaW8ucXVldWUudjEuUmVsZWFzZVBhdXNlEhoKEnBhdXNlZF91c2Vyc190b3RhbBgCIAEoAyJyCgxSZWxlYXNlUGF1c2USDwoHdXNlcl9pZBgBIAEoCRIwCgxwYXVzZWRfc2luY2UYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCXBhdXNlZF9ieRgDIAEoCRIMCgRub3RlGAQgASgJIikKF0NoZWNrSm9iV2l0aENvcmVSZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCSJ2ChhDaGVja0pvYldpdGhDb3JlUmVzcG9uc2USIQoDam9iGAEgASgLMhQuYWN1cmlvLnF1ZXVlLnYxLkpvYhIRCglydW5fc3RhdGUYAiABKAkSEwoLam9iX2NoYW5nZWQYAyABKAgSDwoHb3V0Y29tZRgEIAEoCSJfChZMaXN0QXVkaXRFdmVudHNSZXF1ZXN0Eg0KBWFjdG9yGAEgASgJEg8KB3VzZXJfaWQYAiABKAkSEQoJcGFnZV9zaXplGAMgASgFEhIKCnBhZ2VfdG9rZW4YBCABKAkiXwoXTGlzdEF1ZGl0RXZlbnRzUmVzcG9uc2USKwoGZXZlbnRzGAEgAygLMhsuYWN1cmlvLnF1ZXVlLnYxLkF1ZGl0RXZlbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIukBCgpBdWRpdEV2ZW50Ei8KC2NyZWF0ZV90aW1lGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRraW5kGAIgASgJEg0KBWFjdG9yGAMgASgJEg8KB3VzZXJfaWQYBCABKAkSDgoGam9iX2lkGAUgASgJEhcKD3JldHJ5X29mX2pvYl9pZBgGIAEoCRIRCglvbGRfdmFsdWUYByABKAMSEQoJbmV3X3ZhbHVlGAggASgDEg4KBmFtb3VudBgJIAEoAxIMCgRub3RlGAogASgJEg8KB291dGNvbWUYCyABKAkqpQEKCUNvcmVTdGF0ZRIaChZDT1JFX1NUQVRFX1VOU1BFQ0lGSUVEEAASFgoSQ09SRV9TVEFURV9VTktOT1dOEAESFgoSQ09SRV9TVEFURV9IRUFMVEhZEAISFwoTQ09SRV9TVEFURV9ERUdSQURFRBADEhoKFkNPUkVfU1RBVEVfVU5SRUFDSEFCTEUQBBIXChNDT1JFX1NUQVRFX1JFRlVTSU5HEAUqjQEKD0xlZGdlckVudHJ5S2luZBIhCh1MRURHRVJfRU5UUllfS0lORF9VTlNQRUNJRklFRBAAEhsKF0xFREdFUl9FTlRSWV9LSU5EX0dSQU5UEAESHAoYTEVER0VSX0VOVFJZX0tJTkRfQ0hBUkdFEAISHAoYTEVER0VSX0VOVFJZX0tJTkRfUkVGVU5EEAMyiQ4KD09wZXJhdG9yU2VydmljZRJYCgtHZXRPdmVydmlldxIjLmFjdXJpby5xdWV1ZS52MS5HZXRPdmVydmlld1JlcXVlc3QaJC5hY3VyaW8ucXVldWUudjEuR2V0T3ZlcnZpZXdSZXNwb25zZRJVCgpTZWFyY2hKb2JzEiIuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXF1ZXN0GiMuYWN1cmlvLnF1ZXVlLnYxLlNlYXJjaEpvYnNSZXNwb25zZRJgCg1XYXRjaE92ZXJ2aWV3EiUuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXF1ZXN0GiYuYWN1cmlvLnF1ZXVlLnYxLldhdGNoT3ZlcnZpZXdSZXNwb25zZTABElUKCkNhbmNlbEpvYnMSIi5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1JlcXVlc3QaIy5hY3VyaW8ucXVldWUudjEuQ2FuY2VsSm9ic1Jlc3BvbnNlEmoKEUxpc3RMZWRnZXJFbnRyaWVzEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RMZWRnZXJFbnRyaWVzUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0TGVkZ2VyRW50cmllc1Jlc3BvbnNlEmQKD1NldENvcmVDYXBhY2l0eRInLmFjdXJpby5xdWV1ZS52MS5TZXRDb3JlQ2FwYWNpdHlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLlNldENvcmVDYXBhY2l0eVJlc3BvbnNlEmoKEVNldFJlbGVhc2VzUGF1c2VkEikuYWN1cmlvLnF1ZXVlLnYxLlNldFJlbGVhc2VzUGF1c2VkUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5TZXRSZWxlYXNlc1BhdXNlZFJlc3BvbnNlEmQKD0dldFVzZXJTZXR0aW5ncxInLmFjdXJpby5xdWV1ZS52MS5HZXRVc2VyU2V0dGluZ3NSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkdldFVzZXJTZXR0aW5nc1Jlc3BvbnNlEmoKEVNldFVzZXJRdWV1ZUxpbWl0EikuYWN1cmlvLnF1ZXVlLnYxLlNldFVzZXJRdWV1ZUxpbWl0UmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5TZXRVc2VyUXVldWVMaW1pdFJlc3BvbnNlEm0KEkxpc3RTZXR0aW5nQ2hhbmdlcxIqLmFjdXJpby5xdWV1ZS52MS5MaXN0U2V0dGluZ0NoYW5nZXNSZXF1ZXN0GisuYWN1cmlvLnF1ZXVlLnYxLkxpc3RTZXR0aW5nQ2hhbmdlc1Jlc3BvbnNlEk8KCFJldHJ5Sm9iEiAuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9iUmVxdWVzdBohLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYlJlc3BvbnNlElIKCVJldHJ5Sm9icxIhLmFjdXJpby5xdWV1ZS52MS5SZXRyeUpvYnNSZXF1ZXN0GiIuYWN1cmlvLnF1ZXVlLnYxLlJldHJ5Sm9ic1Jlc3BvbnNlEmoKEUxpc3RVc2Vyc1dpdGhXb3JrEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RVc2Vyc1dpdGhXb3JrUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0VXNlcnNXaXRoV29ya1Jlc3BvbnNlEmQKD0dldFF1ZXVlSGlzdG9yeRInLmFjdXJpby5xdWV1ZS52MS5HZXRRdWV1ZUhpc3RvcnlSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkdldFF1ZXVlSGlzdG9yeVJlc3BvbnNlElsKDExpc3RSZXBsaWNhcxIkLmFjdXJpby5xdWV1ZS52MS5MaXN0UmVwbGljYXNSZXF1ZXN0GiUuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZXBsaWNhc1Jlc3BvbnNlEmoKEUxpc3RSZWxlYXNlUGF1c2VzEikuYWN1cmlvLnF1ZXVlLnYxLkxpc3RSZWxlYXNlUGF1c2VzUmVxdWVzdBoqLmFjdXJpby5xdWV1ZS52MS5MaXN0UmVsZWFzZVBhdXNlc1Jlc3BvbnNlEmcKEENoZWNrSm9iV2l0aENvcmUSKC5hY3VyaW8ucXVldWUudjEuQ2hlY2tKb2JXaXRoQ29yZVJlcXVlc3QaKS5hY3VyaW8ucXVldWUudjEuQ2hlY2tKb2JXaXRoQ29yZVJlc3BvbnNlEmQKD0xpc3RBdWRpdEV2ZW50cxInLmFjdXJpby5xdWV1ZS52MS5MaXN0QXVkaXRFdmVudHNSZXF1ZXN0GiguYWN1cmlvLnF1ZXVlLnYxLkxpc3RBdWRpdEV2ZW50c1Jlc3BvbnNlYgZwcm90bzM", [file_acurio_queue_v1_job, file_google_protobuf_timestamp]);
 
 /**
  * Which jobs a search or a bulk cancel is about. Every set field narrows the match.
@@ -751,6 +751,16 @@ export type CoreHealth = Message<"acurio.queue.v1.CoreHealth"> & {
    * @generated from field: int32 replicas_reaching = 13;
    */
   replicasReaching: number;
+
+  /**
+   * The same calls by core method, so that an operator sees which calls fail: the methods
+   * called within the window, in the order CreateRun, ReleaseRun, CancelRun, GetRun (the probe
+   * included), ListRuns; empty from replicas of an older version. Added to the contract
+   * additively.
+   *
+   * @generated from field: repeated acurio.queue.v1.CoreMethodHealth methods = 14;
+   */
+  methods: CoreMethodHealth[];
 };
 
 /**
@@ -854,6 +864,16 @@ export type CoreHealthJson = {
    * @generated from field: int32 replicas_reaching = 13;
    */
   replicasReaching?: number;
+
+  /**
+   * The same calls by core method, so that an operator sees which calls fail: the methods
+   * called within the window, in the order CreateRun, ReleaseRun, CancelRun, GetRun (the probe
+   * included), ListRuns; empty from replicas of an older version. Added to the contract
+   * additively.
+   *
+   * @generated from field: repeated acurio.queue.v1.CoreMethodHealth methods = 14;
+   */
+  methods?: CoreMethodHealthJson[];
 };
 
 /**
@@ -862,6 +882,117 @@ export type CoreHealthJson = {
  */
 export const CoreHealthSchema: GenMessage<CoreHealth, {jsonType: CoreHealthJson}> = /*@__PURE__*/
   messageDesc(file_acurio_queue_v1_operator_service, 4);
+
+/**
+ * One core method's calls within CoreHealth's window, summed over the reporting replicas. Added to
+ * the contract additively.
+ *
+ * @generated from message acurio.queue.v1.CoreMethodHealth
+ */
+export type CoreMethodHealth = Message<"acurio.queue.v1.CoreMethodHealth"> & {
+  /**
+   * The core's RunService method: CreateRun, ReleaseRun, CancelRun, GetRun or ListRuns.
+   *
+   * @generated from field: string method = 1;
+   */
+  method: string;
+
+  /**
+   * Calls of this method the core answered.
+   *
+   * @generated from field: int64 answered = 2;
+   */
+  answered: bigint;
+
+  /**
+   * Calls of this method the core refused (a rejected admit, no capacity, no budget).
+   *
+   * @generated from field: int64 refused = 3;
+   */
+  refused: bigint;
+
+  /**
+   * Calls of this method that got no answer (maybe applied).
+   *
+   * @generated from field: int64 unknown = 4;
+   */
+  unknown: bigint;
+
+  /**
+   * The latest call of this method that got no answer or was refused, within the window; unset
+   * when none.
+   *
+   * @generated from field: google.protobuf.Timestamp last_failure_time = 5;
+   */
+  lastFailureTime?: Timestamp | undefined;
+
+  /**
+   * Why that call failed: the gRPC code of no answer (UNAVAILABLE, DEADLINE_EXCEEDED) or the
+   * refusal's reason (CORE_AT_CAPACITY, PROVIDER_BUDGET_EXHAUSTED ...).
+   *
+   * @generated from field: string last_failure_reason = 6;
+   */
+  lastFailureReason: string;
+};
+
+/**
+ * One core method's calls within CoreHealth's window, summed over the reporting replicas. Added to
+ * the contract additively.
+ *
+ * @generated from message acurio.queue.v1.CoreMethodHealth
+ */
+export type CoreMethodHealthJson = {
+  /**
+   * The core's RunService method: CreateRun, ReleaseRun, CancelRun, GetRun or ListRuns.
+   *
+   * @generated from field: string method = 1;
+   */
+  method?: string;
+
+  /**
+   * Calls of this method the core answered.
+   *
+   * @generated from field: int64 answered = 2;
+   */
+  answered?: string;
+
+  /**
+   * Calls of this method the core refused (a rejected admit, no capacity, no budget).
+   *
+   * @generated from field: int64 refused = 3;
+   */
+  refused?: string;
+
+  /**
+   * Calls of this method that got no answer (maybe applied).
+   *
+   * @generated from field: int64 unknown = 4;
+   */
+  unknown?: string;
+
+  /**
+   * The latest call of this method that got no answer or was refused, within the window; unset
+   * when none.
+   *
+   * @generated from field: google.protobuf.Timestamp last_failure_time = 5;
+   */
+  lastFailureTime?: TimestampJson;
+
+  /**
+   * Why that call failed: the gRPC code of no answer (UNAVAILABLE, DEADLINE_EXCEEDED) or the
+   * refusal's reason (CORE_AT_CAPACITY, PROVIDER_BUDGET_EXHAUSTED ...).
+   *
+   * @generated from field: string last_failure_reason = 6;
+   */
+  lastFailureReason?: string;
+};
+
+/**
+ * Describes the message acurio.queue.v1.CoreMethodHealth.
+ * Use `create(CoreMethodHealthSchema)` to create a new message.
+ */
+export const CoreMethodHealthSchema: GenMessage<CoreMethodHealth, {jsonType: CoreMethodHealthJson}> = /*@__PURE__*/
+  messageDesc(file_acurio_queue_v1_operator_service, 5);
 
 /**
  * Request for OperatorService.SearchJobs.
@@ -926,7 +1057,7 @@ export type SearchJobsRequestJson = {
  * Use `create(SearchJobsRequestSchema)` to create a new message.
  */
 export const SearchJobsRequestSchema: GenMessage<SearchJobsRequest, {jsonType: SearchJobsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 5);
+  messageDesc(file_acurio_queue_v1_operator_service, 6);
 
 /**
  * Response for OperatorService.SearchJobs.
@@ -975,7 +1106,7 @@ export type SearchJobsResponseJson = {
  * Use `create(SearchJobsResponseSchema)` to create a new message.
  */
 export const SearchJobsResponseSchema: GenMessage<SearchJobsResponse, {jsonType: SearchJobsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 6);
+  messageDesc(file_acurio_queue_v1_operator_service, 7);
 
 /**
  * Request for OperatorService.WatchOverview.
@@ -1024,7 +1155,7 @@ export type WatchOverviewRequestJson = {
  * Use `create(WatchOverviewRequestSchema)` to create a new message.
  */
 export const WatchOverviewRequestSchema: GenMessage<WatchOverviewRequest, {jsonType: WatchOverviewRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 7);
+  messageDesc(file_acurio_queue_v1_operator_service, 8);
 
 /**
  * One message of the OperatorService.WatchOverview stream.
@@ -1059,7 +1190,7 @@ export type WatchOverviewResponseJson = {
  * Use `create(WatchOverviewResponseSchema)` to create a new message.
  */
 export const WatchOverviewResponseSchema: GenMessage<WatchOverviewResponse, {jsonType: WatchOverviewResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 8);
+  messageDesc(file_acurio_queue_v1_operator_service, 9);
 
 /**
  * Request for OperatorService.CancelJobs.
@@ -1126,7 +1257,7 @@ export type CancelJobsRequestJson = {
  * Use `create(CancelJobsRequestSchema)` to create a new message.
  */
 export const CancelJobsRequestSchema: GenMessage<CancelJobsRequest, {jsonType: CancelJobsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 9);
+  messageDesc(file_acurio_queue_v1_operator_service, 10);
 
 /**
  * Response for OperatorService.CancelJobs.
@@ -1207,7 +1338,7 @@ export type CancelJobsResponseJson = {
  * Use `create(CancelJobsResponseSchema)` to create a new message.
  */
 export const CancelJobsResponseSchema: GenMessage<CancelJobsResponse, {jsonType: CancelJobsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 10);
+  messageDesc(file_acurio_queue_v1_operator_service, 11);
 
 /**
  * One job a bulk cancel could not cancel.
@@ -1270,7 +1401,7 @@ export type CancelFailureJson = {
  * Use `create(CancelFailureSchema)` to create a new message.
  */
 export const CancelFailureSchema: GenMessage<CancelFailure, {jsonType: CancelFailureJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 11);
+  messageDesc(file_acurio_queue_v1_operator_service, 12);
 
 /**
  * Request for OperatorService.ListLedgerEntries.
@@ -1365,7 +1496,7 @@ export type ListLedgerEntriesRequestJson = {
  * Use `create(ListLedgerEntriesRequestSchema)` to create a new message.
  */
 export const ListLedgerEntriesRequestSchema: GenMessage<ListLedgerEntriesRequest, {jsonType: ListLedgerEntriesRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 12);
+  messageDesc(file_acurio_queue_v1_operator_service, 13);
 
 /**
  * Response for OperatorService.ListLedgerEntries.
@@ -1414,7 +1545,7 @@ export type ListLedgerEntriesResponseJson = {
  * Use `create(ListLedgerEntriesResponseSchema)` to create a new message.
  */
 export const ListLedgerEntriesResponseSchema: GenMessage<ListLedgerEntriesResponse, {jsonType: ListLedgerEntriesResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 13);
+  messageDesc(file_acurio_queue_v1_operator_service, 14);
 
 /**
  * One credit movement: who moved what, when and why. Balances are the sum of a user's entries.
@@ -1593,7 +1724,7 @@ export type LedgerEntryJson = {
  * Use `create(LedgerEntrySchema)` to create a new message.
  */
 export const LedgerEntrySchema: GenMessage<LedgerEntry, {jsonType: LedgerEntryJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 14);
+  messageDesc(file_acurio_queue_v1_operator_service, 15);
 
 /**
  * Request for OperatorService.SetCoreCapacity.
@@ -1644,7 +1775,7 @@ export type SetCoreCapacityRequestJson = {
  * Use `create(SetCoreCapacityRequestSchema)` to create a new message.
  */
 export const SetCoreCapacityRequestSchema: GenMessage<SetCoreCapacityRequest, {jsonType: SetCoreCapacityRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 15);
+  messageDesc(file_acurio_queue_v1_operator_service, 16);
 
 /**
  * Response for OperatorService.SetCoreCapacity.
@@ -1693,7 +1824,7 @@ export type SetCoreCapacityResponseJson = {
  * Use `create(SetCoreCapacityResponseSchema)` to create a new message.
  */
 export const SetCoreCapacityResponseSchema: GenMessage<SetCoreCapacityResponse, {jsonType: SetCoreCapacityResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 16);
+  messageDesc(file_acurio_queue_v1_operator_service, 17);
 
 /**
  * Request for OperatorService.SetReleasesPaused. Added to the contract additively.
@@ -1756,7 +1887,7 @@ export type SetReleasesPausedRequestJson = {
  * Use `create(SetReleasesPausedRequestSchema)` to create a new message.
  */
 export const SetReleasesPausedRequestSchema: GenMessage<SetReleasesPausedRequest, {jsonType: SetReleasesPausedRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 17);
+  messageDesc(file_acurio_queue_v1_operator_service, 18);
 
 /**
  * Response for OperatorService.SetReleasesPaused. Added to the contract additively.
@@ -1805,7 +1936,7 @@ export type SetReleasesPausedResponseJson = {
  * Use `create(SetReleasesPausedResponseSchema)` to create a new message.
  */
 export const SetReleasesPausedResponseSchema: GenMessage<SetReleasesPausedResponse, {jsonType: SetReleasesPausedResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 18);
+  messageDesc(file_acurio_queue_v1_operator_service, 19);
 
 /**
  * Request for OperatorService.GetUserSettings. Added to the contract additively.
@@ -1840,7 +1971,7 @@ export type GetUserSettingsRequestJson = {
  * Use `create(GetUserSettingsRequestSchema)` to create a new message.
  */
 export const GetUserSettingsRequestSchema: GenMessage<GetUserSettingsRequest, {jsonType: GetUserSettingsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 19);
+  messageDesc(file_acurio_queue_v1_operator_service, 20);
 
 /**
  * Response for OperatorService.GetUserSettings. Added to the contract additively.
@@ -1973,7 +2104,7 @@ export type GetUserSettingsResponseJson = {
  * Use `create(GetUserSettingsResponseSchema)` to create a new message.
  */
 export const GetUserSettingsResponseSchema: GenMessage<GetUserSettingsResponse, {jsonType: GetUserSettingsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 20);
+  messageDesc(file_acurio_queue_v1_operator_service, 21);
 
 /**
  * Request for OperatorService.SetUserQueueLimit.
@@ -2022,7 +2153,7 @@ export type SetUserQueueLimitRequestJson = {
  * Use `create(SetUserQueueLimitRequestSchema)` to create a new message.
  */
 export const SetUserQueueLimitRequestSchema: GenMessage<SetUserQueueLimitRequest, {jsonType: SetUserQueueLimitRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 21);
+  messageDesc(file_acurio_queue_v1_operator_service, 22);
 
 /**
  * Response for OperatorService.SetUserQueueLimit.
@@ -2057,7 +2188,7 @@ export type SetUserQueueLimitResponseJson = {
  * Use `create(SetUserQueueLimitResponseSchema)` to create a new message.
  */
 export const SetUserQueueLimitResponseSchema: GenMessage<SetUserQueueLimitResponse, {jsonType: SetUserQueueLimitResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 22);
+  messageDesc(file_acurio_queue_v1_operator_service, 23);
 
 /**
  * Request for OperatorService.ListSettingChanges.
@@ -2106,7 +2237,7 @@ export type ListSettingChangesRequestJson = {
  * Use `create(ListSettingChangesRequestSchema)` to create a new message.
  */
 export const ListSettingChangesRequestSchema: GenMessage<ListSettingChangesRequest, {jsonType: ListSettingChangesRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 23);
+  messageDesc(file_acurio_queue_v1_operator_service, 24);
 
 /**
  * Response for OperatorService.ListSettingChanges.
@@ -2155,7 +2286,7 @@ export type ListSettingChangesResponseJson = {
  * Use `create(ListSettingChangesResponseSchema)` to create a new message.
  */
 export const ListSettingChangesResponseSchema: GenMessage<ListSettingChangesResponse, {jsonType: ListSettingChangesResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 24);
+  messageDesc(file_acurio_queue_v1_operator_service, 25);
 
 /**
  * One change of a fleet setting and who made it.
@@ -2294,7 +2425,7 @@ export type SettingChangeJson = {
  * Use `create(SettingChangeSchema)` to create a new message.
  */
 export const SettingChangeSchema: GenMessage<SettingChange, {jsonType: SettingChangeJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 25);
+  messageDesc(file_acurio_queue_v1_operator_service, 26);
 
 /**
  * Request for OperatorService.RetryJob.
@@ -2363,7 +2494,7 @@ export type RetryJobRequestJson = {
  * Use `create(RetryJobRequestSchema)` to create a new message.
  */
 export const RetryJobRequestSchema: GenMessage<RetryJobRequest, {jsonType: RetryJobRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 26);
+  messageDesc(file_acurio_queue_v1_operator_service, 27);
 
 /**
  * Response for OperatorService.RetryJob.
@@ -2414,7 +2545,7 @@ export type RetryJobResponseJson = {
  * Use `create(RetryJobResponseSchema)` to create a new message.
  */
 export const RetryJobResponseSchema: GenMessage<RetryJobResponse, {jsonType: RetryJobResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 27);
+  messageDesc(file_acurio_queue_v1_operator_service, 28);
 
 /**
  * Request for OperatorService.RetryJobs. Exactly one of `job_ids` and `filter`.
@@ -2495,7 +2626,7 @@ export type RetryJobsRequestJson = {
  * Use `create(RetryJobsRequestSchema)` to create a new message.
  */
 export const RetryJobsRequestSchema: GenMessage<RetryJobsRequest, {jsonType: RetryJobsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 28);
+  messageDesc(file_acurio_queue_v1_operator_service, 29);
 
 /**
  * Response for OperatorService.RetryJobs.
@@ -2606,7 +2737,7 @@ export type RetryJobsResponseJson = {
  * Use `create(RetryJobsResponseSchema)` to create a new message.
  */
 export const RetryJobsResponseSchema: GenMessage<RetryJobsResponse, {jsonType: RetryJobsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 29);
+  messageDesc(file_acurio_queue_v1_operator_service, 30);
 
 /**
  * One job a bulk retry did not retry.
@@ -2669,7 +2800,7 @@ export type RetryFailureJson = {
  * Use `create(RetryFailureSchema)` to create a new message.
  */
 export const RetryFailureSchema: GenMessage<RetryFailure, {jsonType: RetryFailureJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 30);
+  messageDesc(file_acurio_queue_v1_operator_service, 31);
 
 /**
  * Request for OperatorService.ListUsersWithWork.
@@ -2704,7 +2835,7 @@ export type ListUsersWithWorkRequestJson = {
  * Use `create(ListUsersWithWorkRequestSchema)` to create a new message.
  */
 export const ListUsersWithWorkRequestSchema: GenMessage<ListUsersWithWorkRequest, {jsonType: ListUsersWithWorkRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 31);
+  messageDesc(file_acurio_queue_v1_operator_service, 32);
 
 /**
  * Response for OperatorService.ListUsersWithWork.
@@ -2753,7 +2884,7 @@ export type ListUsersWithWorkResponseJson = {
  * Use `create(ListUsersWithWorkResponseSchema)` to create a new message.
  */
 export const ListUsersWithWorkResponseSchema: GenMessage<ListUsersWithWorkResponse, {jsonType: ListUsersWithWorkResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 32);
+  messageDesc(file_acurio_queue_v1_operator_service, 33);
 
 /**
  * One user's work in the queue now.
@@ -2858,7 +2989,7 @@ export type UserWorkJson = {
  * Use `create(UserWorkSchema)` to create a new message.
  */
 export const UserWorkSchema: GenMessage<UserWork, {jsonType: UserWorkJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 33);
+  messageDesc(file_acurio_queue_v1_operator_service, 34);
 
 /**
  * Request for OperatorService.GetQueueHistory.
@@ -2893,7 +3024,7 @@ export type GetQueueHistoryRequestJson = {
  * Use `create(GetQueueHistoryRequestSchema)` to create a new message.
  */
 export const GetQueueHistoryRequestSchema: GenMessage<GetQueueHistoryRequest, {jsonType: GetQueueHistoryRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 34);
+  messageDesc(file_acurio_queue_v1_operator_service, 35);
 
 /**
  * Response for OperatorService.GetQueueHistory.
@@ -2956,7 +3087,7 @@ export type GetQueueHistoryResponseJson = {
  * Use `create(GetQueueHistoryResponseSchema)` to create a new message.
  */
 export const GetQueueHistoryResponseSchema: GenMessage<GetQueueHistoryResponse, {jsonType: GetQueueHistoryResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 35);
+  messageDesc(file_acurio_queue_v1_operator_service, 36);
 
 /**
  * The queue in one minute.
@@ -3049,7 +3180,7 @@ export type QueueMinuteJson = {
  * Use `create(QueueMinuteSchema)` to create a new message.
  */
 export const QueueMinuteSchema: GenMessage<QueueMinute, {jsonType: QueueMinuteJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 36);
+  messageDesc(file_acurio_queue_v1_operator_service, 37);
 
 /**
  * Request for OperatorService.ListReplicas.
@@ -3072,7 +3203,7 @@ export type ListReplicasRequestJson = {
  * Use `create(ListReplicasRequestSchema)` to create a new message.
  */
 export const ListReplicasRequestSchema: GenMessage<ListReplicasRequest, {jsonType: ListReplicasRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 37);
+  messageDesc(file_acurio_queue_v1_operator_service, 38);
 
 /**
  * Response for OperatorService.ListReplicas.
@@ -3121,7 +3252,7 @@ export type ListReplicasResponseJson = {
  * Use `create(ListReplicasResponseSchema)` to create a new message.
  */
 export const ListReplicasResponseSchema: GenMessage<ListReplicasResponse, {jsonType: ListReplicasResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 38);
+  messageDesc(file_acurio_queue_v1_operator_service, 39);
 
 /**
  * What one replica reported about itself in its latest heartbeat.
@@ -3284,7 +3415,7 @@ export type ReplicaJson = {
  * Use `create(ReplicaSchema)` to create a new message.
  */
 export const ReplicaSchema: GenMessage<Replica, {jsonType: ReplicaJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 39);
+  messageDesc(file_acurio_queue_v1_operator_service, 40);
 
 /**
  * Calls a replica made to the core since it started, by outcome.
@@ -3361,7 +3492,7 @@ export type CoreCallsJson = {
  * Use `create(CoreCallsSchema)` to create a new message.
  */
 export const CoreCallsSchema: GenMessage<CoreCalls, {jsonType: CoreCallsJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 40);
+  messageDesc(file_acurio_queue_v1_operator_service, 41);
 
 /**
  * Request for OperatorService.ListReleasePauses. Added to the contract additively.
@@ -3396,7 +3527,7 @@ export type ListReleasePausesRequestJson = {
  * Use `create(ListReleasePausesRequestSchema)` to create a new message.
  */
 export const ListReleasePausesRequestSchema: GenMessage<ListReleasePausesRequest, {jsonType: ListReleasePausesRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 41);
+  messageDesc(file_acurio_queue_v1_operator_service, 42);
 
 /**
  * Response for OperatorService.ListReleasePauses. Added to the contract additively.
@@ -3445,7 +3576,7 @@ export type ListReleasePausesResponseJson = {
  * Use `create(ListReleasePausesResponseSchema)` to create a new message.
  */
 export const ListReleasePausesResponseSchema: GenMessage<ListReleasePausesResponse, {jsonType: ListReleasePausesResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 42);
+  messageDesc(file_acurio_queue_v1_operator_service, 43);
 
 /**
  * One pause of releases in force. Added to the contract additively.
@@ -3522,7 +3653,7 @@ export type ReleasePauseJson = {
  * Use `create(ReleasePauseSchema)` to create a new message.
  */
 export const ReleasePauseSchema: GenMessage<ReleasePause, {jsonType: ReleasePauseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 43);
+  messageDesc(file_acurio_queue_v1_operator_service, 44);
 
 /**
  * Request for OperatorService.CheckJobWithCore. Added to the contract additively.
@@ -3557,7 +3688,7 @@ export type CheckJobWithCoreRequestJson = {
  * Use `create(CheckJobWithCoreRequestSchema)` to create a new message.
  */
 export const CheckJobWithCoreRequestSchema: GenMessage<CheckJobWithCoreRequest, {jsonType: CheckJobWithCoreRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 44);
+  messageDesc(file_acurio_queue_v1_operator_service, 45);
 
 /**
  * Response for OperatorService.CheckJobWithCore. Added to the contract additively.
@@ -3638,7 +3769,7 @@ export type CheckJobWithCoreResponseJson = {
  * Use `create(CheckJobWithCoreResponseSchema)` to create a new message.
  */
 export const CheckJobWithCoreResponseSchema: GenMessage<CheckJobWithCoreResponse, {jsonType: CheckJobWithCoreResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 45);
+  messageDesc(file_acurio_queue_v1_operator_service, 46);
 
 /**
  * Request for OperatorService.ListAuditEvents. Added to the contract additively.
@@ -3719,7 +3850,7 @@ export type ListAuditEventsRequestJson = {
  * Use `create(ListAuditEventsRequestSchema)` to create a new message.
  */
 export const ListAuditEventsRequestSchema: GenMessage<ListAuditEventsRequest, {jsonType: ListAuditEventsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 46);
+  messageDesc(file_acurio_queue_v1_operator_service, 47);
 
 /**
  * Response for OperatorService.ListAuditEvents. Added to the contract additively.
@@ -3768,7 +3899,7 @@ export type ListAuditEventsResponseJson = {
  * Use `create(ListAuditEventsResponseSchema)` to create a new message.
  */
 export const ListAuditEventsResponseSchema: GenMessage<ListAuditEventsResponse, {jsonType: ListAuditEventsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 47);
+  messageDesc(file_acurio_queue_v1_operator_service, 48);
 
 /**
  * One thing someone did, as the audit timeline shows it. Added to the contract additively.
@@ -3955,7 +4086,7 @@ export type AuditEventJson = {
  * Use `create(AuditEventSchema)` to create a new message.
  */
 export const AuditEventSchema: GenMessage<AuditEvent, {jsonType: AuditEventJson}> = /*@__PURE__*/
-  messageDesc(file_acurio_queue_v1_operator_service, 48);
+  messageDesc(file_acurio_queue_v1_operator_service, 49);
 
 /**
  * The core's health, as an operator reads it. Added to the contract additively.
