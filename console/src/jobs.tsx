@@ -1,5 +1,6 @@
 import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import type { ComponentChildren } from "preact";
 import { useEffect, useRef, useState } from "preact/hooks";
 
 import { date, operator, Problem, queue } from "./api.js";
@@ -9,7 +10,7 @@ import { go, useNow, useQueryRead } from "./hooks.js";
 import { LedgerPanel, useLedger } from "./ledger.js";
 import { useAction, useNotice } from "./notice.js";
 import { useLiveStream } from "./stream.js";
-import { revealBidiControls, UserText } from "./user-text.js";
+import { UserText, visibleText } from "./user-text.js";
 import { type Job, JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import { JobFilterSchema, type JobFilter, type RetryJobsResponse } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
@@ -291,7 +292,7 @@ function DocumentCell({ job }: { job: Job }) {
   if (!job.document && job.sourceCount === 0) return <span class="muted">not stored</span>;
   const title = job.document?.title || job.document?.uri || "(delta re-check)";
   return (
-    <span class="document-cell" title={revealBidiControls(job.document?.uri ?? "")}>
+    <span class="document-cell" title={visibleText(job.document?.uri ?? "")}>
       <UserText text={title} /> <span class="muted">· {job.sourceCount} {job.sourceCount === 1 ? "source" : "sources"}</span>
     </span>
   );
@@ -868,7 +869,7 @@ function RetryButtons({ job, onRetried }: { job: Job; onRetried: () => void }) {
   );
 }
 
-function Step({ label, at, detail, state }: { label: string; at?: Date; detail?: string; state: "done" | "now" | "later" | "bad" | "ended" }) {
+function Step({ label, at, detail, state }: { label: string; at?: Date; detail?: ComponentChildren; state: "done" | "now" | "later" | "bad" | "ended" }) {
   return (
     <li class={`step ${state}`}>
       <span class="dot" />
@@ -1056,7 +1057,7 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
         <Step label="Promoted (took a slot)" at={promoted} state={promoted ? "done" : active ? "now" : "later"} />
         <Step
           label={`Release attempts: ${job.releaseAttempts}`}
-          detail={job.status === JobStatus.PENDING && job.lastError ? `last error: ${revealBidiControls(job.lastError)}` : undefined}
+          detail={job.status === JobStatus.PENDING && job.lastError ? <>last error: <UserText text={job.lastError} /></> : undefined}
           state={started ? "done" : job.status === JobStatus.PENDING ? "now" : "later"}
         />
         <Step
@@ -1070,9 +1071,9 @@ export function JobDetail({ jobId, live }: { jobId: string; live: boolean }) {
           at={ended}
           detail={
             ended && job.status === JobStatus.CANCELED
-              ? canceledText(job)
+              ? <UserText text={canceledText(job)} />
               : ended && job.lastError
-                ? job.lastError
+                ? <UserText text={job.lastError} />
                 : started && ended
                   ? `judged in ${duration(ended.getTime() - started.getTime())}`
                   : undefined

@@ -8,7 +8,7 @@ import { date, describeError, operator } from "./api.js";
 import { dateTime, shortId } from "./format.js";
 import { go, useQueryRead } from "./hooks.js";
 import { useNotice } from "./notice.js";
-import { revealBidiControls, UserText } from "./user-text.js";
+import { UserText, visibleText } from "./user-text.js";
 import { type LedgerEntry, LedgerEntryKind } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
 const KIND_LABELS: Record<LedgerEntryKind, string> = {
@@ -95,7 +95,7 @@ export function LedgerTable({ entries, showUser = true, showJob = true }: { entr
                     {shortId(entry.jobId)}
                   </a>
                 ) : (
-                  <span class="muted mono grant-key" title={`the grant's idempotency key: ${revealBidiControls(entry.idempotencyKey)}`}>
+                  <span class="muted mono grant-key" title={`the grant's idempotency key: ${visibleText(entry.idempotencyKey)}`}>
                     <UserText text={entry.idempotencyKey} />
                   </span>
                 )}

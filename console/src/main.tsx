@@ -11,6 +11,7 @@ import { OverviewPage } from "./overview.js";
 import { Notice, NoticeProvider } from "./notice.js";
 import { SettingsPage } from "./settings.js";
 import { UserQueuePage } from "./user-queue.js";
+import { visibleText } from "./user-text.js";
 
 const PAGES = [
   { key: "1", path: "", label: "Overview" },
@@ -101,7 +102,7 @@ function LiveMark({ visible }: { visible: boolean }) {
   const state = !visible ? "paused" : health.state;
   const label = { paused: "paused", waiting: "connecting", ok: "live", refused: "refused", unreachable: "unreachable" }[state];
   return (
-    <span class={`live ${state === "ok" ? "on" : state === "paused" || state === "waiting" ? "off" : "bad"}`} data-testid="live-state" data-state={state} title={health.text || undefined}>
+    <span class={`live ${state === "ok" ? "on" : state === "paused" || state === "waiting" ? "off" : "bad"}`} data-testid="live-state" data-state={state} title={health.text ? visibleText(health.text) : undefined}>
       {label}
     </span>
   );

@@ -8,7 +8,7 @@ import { Confirmed } from "./dialog.js";
 import { dateTime, duration } from "./format.js";
 import { useNow } from "./hooks.js";
 import { useAction } from "./notice.js";
-import { UserText } from "./user-text.js";
+import { UserText, visibleText } from "./user-text.js";
 import type { ReleasePause } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
 // Read again this often while shown (and at once on every change the page knows of).
@@ -43,7 +43,7 @@ export function usePauses(version: string, live = true): { pauses: ReleasePause[
 
 function ResumeButton({ pause, changed }: { pause: ReleasePause; changed: () => void }) {
   const { run, busy } = useAction();
-  const whose = pause.userId === "" ? "every user's" : `${pause.userId}'s`;
+  const whose = pause.userId === "" ? "every user's" : `${visibleText(pause.userId)}'s`;
   return (
     <Confirmed
       label="Resume…"

@@ -8,6 +8,7 @@ import { date, operator } from "./api.js";
 import { ago, spoken } from "./format.js";
 import { useNow } from "./hooks.js";
 import { useNotice } from "./notice.js";
+import { UserText, visibleText } from "./user-text.js";
 import type { Replica } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
 const POLL_MS = 5000;
@@ -94,8 +95,8 @@ export function ReplicasPage({ live }: { live: boolean }) {
             const lastUnknown = date(r.coreCalls?.lastUnknownTime);
             return (
               <tr data-testid="replica-row" data-replica-id={r.replicaId} data-state={state}>
-                <td class="mono" title={r.replicaId}>
-                  {r.replicaId}
+                <td class="mono" title={visibleText(r.replicaId)}>
+                  <UserText text={r.replicaId} />
                 </td>
                 <td>
                   <span class={`badge ${state === "serving" ? "running" : state === "draining" ? "pending" : "failed"}`}>{state}</span>

@@ -9,7 +9,7 @@ import { useAction } from "./notice.js";
 import { useLiveStream } from "./stream.js";
 import { CancelJobButton, CheckWithCoreButton, StatusBadge } from "./jobs.js";
 import { LedgerPanel, useLedger } from "./ledger.js";
-import { revealBidiControls, UserText } from "./user-text.js";
+import { UserText, visibleText } from "./user-text.js";
 import { type Job, JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import type { GetUserSettingsResponse, UserWork } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 
@@ -214,7 +214,7 @@ function StartsWhen({ job, jobs, now, held }: { job: Job; jobs: Map<string, Job>
   }
   if (head !== undefined && head.status === JobStatus.PENDING && head.lastError) {
     return (
-      <span class="warn-text" title={head.lastError}>
+      <span class="warn-text" title={visibleText(head.lastError)}>
         behind a release being retried ({shortId(head.jobId)}, attempt {head.releaseAttempts}); starts when the core takes it,
         at worst when the release window ends
       </span>
@@ -348,7 +348,7 @@ export function UserQueuePage({ userId, live }: { userId: string; live: boolean 
                     ? <span class="bad-text" data-testid="capacity-position-outage">no start expected while the core is unreachable (held for the fleet's capacity, {ordinal(job.capacityPosition)} in line)</span>
                     : <span data-testid="capacity-position">waiting for its turn at the fleet's capacity (the core answers; others' runs go first): {ordinal(job.capacityPosition)} in line · <Countdown at={date(job.estimatedStartTime)} now={now} held={held} /></span>
                   : job.lastError
-                  ? `release retrying: ${revealBidiControls(job.lastError)}`
+                  ? <>release retrying: <UserText text={job.lastError} /></>
                   : "starting"}
             </span>
             <CancelJobButton job={job} small testId="cancel" onCanceled={() => setBalanceVersion((v) => v + 1)} />

@@ -4,19 +4,20 @@
 // user with a grant's note, and a bulk cancel of exactly the ticked rows. Each test has its own
 // users, so it runs beside the other files' tests on the same service.
 import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 
 import { createClient } from "@connectrpc/connect";
-import { type Browser, type Page } from "playwright-core";
+import { type Browser, type Locator, type Page } from "playwright-core";
 
 import { CoreCallbackService, RunOutcome } from "@acurio/queue-client/gen/acurio/queue/v1/core_callback_service_pb.js";
 import { CreditsService } from "@acurio/queue-client/gen/acurio/queue/v1/credits_service_pb.js";
 import { JobStatus } from "@acurio/queue-client/gen/acurio/queue/v1/job_pb.js";
 import { LedgerEntryKind, OperatorService } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
 import { AnalysisQueueService } from "@acurio/queue-client/gen/acurio/queue/v1/queue_service_pb.js";
-import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, signIn, thesis, until, WAIT_MS } from "./support.js";
+import { CONSOLE_URL, env, grpc, launchChromium, SHOTS, signIn, sql, thesis, until, WAIT_MS } from "./support.js";
 
 const TOKENS = { operator: env("OPERATOR_TOKEN"), web: env("WEB_TOKEN"), core: env("CORE_TOKEN") };
 
@@ -319,8 +320,8 @@ test("text a caller chose is shown isolated, with its bidirectional control char
   await visit(page, `jobs?user=${user}`);
   const row = page.locator(`[data-testid="job-row"][data-job-id="${job.jobId}"]`);
   const error = row.locator("td.error-text bdi");
-  await error.filter({ hasText: "[U+202E]" }).waitFor({ timeout: WAIT_MS });
-  assert.equal(await error.innerText(), "could not read [U+202E]gpj.exe");
+  await error.filter({ hasText: "\\u{202E}" }).waitFor({ timeout: WAIT_MS });
+  assert.equal(await error.innerText(), "could not read \\u{202E}gpj.exe");
   assert.equal(await row.locator("a bdi").filter({ hasText: user }).count(), 1, "the user id is isolated too");
   assert.ok(!(await row.innerText()).includes("\u202E"), "no bidirectional control reaches the page");
   await shot(page, "records-bidi-isolated");
@@ -330,6 +331,88 @@ test("text a caller chose is shown isolated, with its bidirectional control char
   await sources.locator("li").first().waitFor({ timeout: WAIT_MS });
   assert.equal(await sources.locator("li").first().locator("bdi").count(), 2, "a source's DOI and citation are isolated");
   assert.equal(await page.getByTestId("job-document").locator("bdi").count(), 2, "the document's title and uri are isolated");
+});
+
+// Every character the service refuses now as invisible (validation.py, `invisible_character`),
+// one of each kind: format characters (U+00AD, U+2060, U+FEFF, U+200B-U+200D, U+180E, a tag
+// character), a C1 control, the line and paragraph separators, a Hangul filler.
+const RAW_INVISIBLE = /[\p{Cf}\u0080-\u009F\u2028\u2029\u115F\u1160\u3164\uFFA0]/u;
+const writtenOut = (scope: Locator) => scope.locator(".invisible-char").allInnerTexts();
+
+test("text stored before the service refused invisible characters shows each of them written out", async () => {
+  // Rows as they could be stored before: a job inserted straight into the database (no call
+  // accepts such text any more), and a grant whose actor and note are rewritten to hold some.
+  const user = `invisible-${stamp}`;
+  const storedUser = `stored\u200B-${stamp}`;
+  const word = `hidden${stamp}`;
+  const jobId = randomUUID();
+  const doi = `10.5555/${stamp}.hid\u200Cden`;
+  sql(
+    `INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, price, last_error,
+                                end_time, document_uri, document_title, sources, source_count, sources_preview)
+     VALUES (%(job)s, %(user)s, gen_random_uuid(), 'stored-before', '\\x00'::bytea, 'failed', nextval('analysis_jobs_queue_seq'), 1,
+             %(error)s, clock_timestamp(), %(uri)s, %(title)s, %(sources)s::jsonb, 1, %(sources)s::jsonb)`,
+    {
+      job: jobId,
+      user: storedUser,
+      error: "could not read\u0085the file\u2028twice",
+      uri: `s3://theses/${stamp}\uFEFF.pdf`,
+      title: `Fair\u00ADqueues ${word} for\u2060citation checks`,
+      sources: JSON.stringify([{ doi, citation: "Author\u3164A, Queues (2001)\u{E0041}" }]),
+    },
+  );
+  await asOperator.grantCredits({ userId: user, amount: 1n, idempotencyKey: "grant", note: "goodwill" });
+  sql("UPDATE credit_ledger SET actor = %(actor)s, note = %(note)s WHERE user_id = %(user)s AND kind = 'grant'", {
+    user,
+    actor: "operator:ops\u200D",
+    note: "goodwill\u180E after\u2029the outage",
+  });
+
+  // The job's detail: the document's title and uri, the source's DOI and citation, the error.
+  await visit(page, `jobs/${jobId}`);
+  const detail = page.getByTestId("job-detail");
+  const documentPart = detail.getByTestId("job-document");
+  await documentPart.filter({ hasText: word }).waitFor({ timeout: WAIT_MS });
+  assert.deepEqual(await writtenOut(documentPart), ["\\u{00AD}", "\\u{2060}", "\\u{FEFF}"]);
+  assert.equal(await documentPart.locator("bdi").first().innerText(), `Fair\\u{00AD}queues ${word} for\\u{2060}citation checks`);
+  const source = detail.getByTestId("job-sources").locator("li").first();
+  assert.deepEqual(await writtenOut(source), ["\\u{200C}", "\\u{3164}", "\\u{E0041}"]);
+  assert.deepEqual(await writtenOut(detail.locator(".step-detail")), ["\\u{0085}", "\\u{2028}"]);
+  assert.doesNotMatch(await detail.innerText(), RAW_INVISIBLE, "an invisible character reaches the job's detail as it is");
+  await shot(page, "records-invisible-written-out");
+
+  // The DOI as it reads (as an operator types it; a search holding the character is refused)
+  // finds the job: its search key is kept without the character. Then a search by a title word.
+  await visit(page, "jobs");
+  const rowsAre = (want: string) =>
+    page.waitForFunction(
+      (ids) => [...document.querySelectorAll<HTMLElement>('[data-testid="job-row"]')].map((row) => row.dataset.jobId).join(",") === ids,
+      want,
+      { timeout: WAIT_MS },
+    );
+  await page.getByTestId("job-search").fill(`https://doi.org/10.5555/${stamp}.hidden`);
+  await page.getByTestId("job-search").press("Enter");
+  await rowsAre(jobId);
+  assert.match(await page.getByTestId("job-search-as").innerText(), /a source's DOI/);
+  await page.getByTestId("job-search").fill(word);
+  await page.getByTestId("job-search").press("Enter");
+  await page.getByTestId("job-search-as").filter({ hasText: "words of the title" }).waitFor({ timeout: WAIT_MS });
+  await rowsAre(jobId);
+  const row = page.locator(`[data-testid="job-row"][data-job-id="${jobId}"]`);
+  assert.deepEqual(await writtenOut(row), ["\\u{200B}", "\\u{00AD}", "\\u{2060}", "\\u{0085}", "\\u{2028}"]);
+  assert.doesNotMatch(await row.innerText(), RAW_INVISIBLE, "an invisible character reaches a search result as it is");
+
+  // The ledger's entry and the audit timeline's: actor and note.
+  await visit(page, `ledger?user=${user}`);
+  const entry = page.getByTestId("ledger-page").locator('[data-testid="ledger-row"]').first();
+  await entry.getByTestId("ledger-note").waitFor({ timeout: WAIT_MS });
+  assert.deepEqual(await writtenOut(entry), ["\\u{200D}", "\\u{180E}", "\\u{2029}"]);
+  assert.doesNotMatch(await entry.innerText(), RAW_INVISIBLE, "an invisible character reaches the ledger as it is");
+  await visit(page, `settings?user=${user}`);
+  const event = page.locator('[data-testid="audit-event"][data-kind="grant"]').first();
+  await event.waitFor({ timeout: WAIT_MS });
+  assert.deepEqual(await writtenOut(event), ["\\u{200D}", "\\u{180E}", "\\u{2029}"]);
+  assert.doesNotMatch(await event.innerText(), RAW_INVISIBLE, "an invisible character reaches the audit timeline as it is");
 });
 
 test("ticked rows are canceled, and only they", async () => {

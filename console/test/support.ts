@@ -1,5 +1,8 @@
 // What the browser tests share: the settings .ci/console-browser-test passes, Debian's Chromium
 // as CI runs it, and gRPC clients that carry a role's bearer token.
+import { execFileSync } from "node:child_process";
+import { fileURLToPath } from "node:url";
+
 import { type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { chromium, type Browser, type Page } from "playwright-core";
@@ -73,4 +76,13 @@ export async function signIn(page: Page, token: string): Promise<void> {
   await page.addInitScript((value) => {
     if (window.location.protocol.startsWith("http")) sessionStorage.setItem("acurio-queue-console-token", value);
   }, token);
+}
+
+/** Runs `statement` (psycopg's %(name)s parameters from `params`) on the live service's database,
+ * in one transaction: to seed rows that no call may write any more (text the service refuses now,
+ * kept from before). Through the repository's .venv, whose psycopg the service uses. */
+export function sql(statement: string, params: Record<string, string> = {}): void {
+  const python = fileURLToPath(new URL("../../.venv/bin/python", import.meta.url));
+  const program = "import json, sys, psycopg\nwith psycopg.connect(sys.argv[1]) as conn:\n    conn.execute(sys.argv[2], json.loads(sys.argv[3]))";
+  execFileSync(python, ["-c", program, env("QUEUE_TEST_DATABASE_URL"), statement, JSON.stringify(params)], { stdio: ["ignore", "inherit", "inherit"] });
 }

@@ -168,6 +168,24 @@ def test_the_invisible_characters_are_every_format_character_of_this_pythons_uni
     assert matched == expected
 
 
+@pytest.mark.parametrize("sql_file", ["functions/queue_doi_search_key.sql", "migrations/0036_doi_search_keys_as_they_read.sql"])
+def test_the_doi_search_keys_drop_exactly_the_characters_validation_refuses_as_invisible(sql_file: str) -> None:
+    """The database writes a DOI's search key without them (a DOI stored before validation refused
+    them is found as it reads): its class, written out in SQL (`\\uXXXX`, `\\UXXXXXXXX`, which
+    Python's re reads alike), must be validation's set."""
+    import re
+    from pathlib import Path
+
+    import queue_service.store
+
+    text = (Path(queue_service.store.__file__).parent / "sql" / sql_file).read_text()
+    classes = set(re.findall(r"'(\[\\u[^']*\])'", text))
+    assert len(classes) == 1, classes
+    written = re.compile(classes.pop())
+    matched = {cp for cp in range(0x110000) if written.fullmatch(chr(cp))}
+    assert matched == {cp for cp in range(0x110000) if validation._INVISIBLE.fullmatch(chr(cp))}
+
+
 @pytest.mark.parametrize(
     "character",
     ["\u200b", "\u200d", "\u200e", "\u061c", "\u2060", "\ufeff", "\u0085", "\u2028", "\U000e0041", "\u3164", "\u00ad", "\u202e"],

@@ -338,9 +338,9 @@ AS $function$
 BEGIN
     INSERT INTO analysis_job_search_keys (job_id, document_uri, source_dois, title_words)
     VALUES (NEW.job_id, NEW.document_uri,
-            ARRAY(SELECT DISTINCT lower(s.e->>'doi')
+            ARRAY(SELECT DISTINCT queue_doi_search_key(s.e->>'doi')
                     FROM jsonb_array_elements(COALESCE(NEW.sources, '[]'::jsonb)) AS s(e)
-                   WHERE COALESCE(s.e->>'doi', '') <> ''),
+                   WHERE COALESCE(queue_doi_search_key(s.e->>'doi'), '') <> ''),
             to_tsvector('simple'::regconfig, COALESCE(NEW.document_title, '')));
     RETURN NULL;
 END
@@ -363,9 +363,9 @@ CREATE OR REPLACE FUNCTION public.analysis_jobs_trim_search_keys()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    kept_dois text[] := ARRAY(SELECT DISTINCT lower(s.e->>'doi')
+    kept_dois text[] := ARRAY(SELECT DISTINCT queue_doi_search_key(s.e->>'doi')
                                 FROM jsonb_array_elements(COALESCE(NEW.sources_preview, '[]'::jsonb)) AS s(e)
-                               WHERE COALESCE(s.e->>'doi', '') <> '');
+                               WHERE COALESCE(queue_doi_search_key(s.e->>'doi'), '') <> '');
 BEGIN
     UPDATE analysis_job_search_keys
        SET source_dois = kept_dois
@@ -591,6 +591,14 @@ AS $function$
     SELECT CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint())
                 ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
            END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_doi_search_key(doi text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE STRICT
+AS $function$
+    SELECT lower(regexp_replace(doi, '[\u0080-\u009f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u115f-\u1160\u180e\u200b-\u200f\u2028-\u2029\u202a-\u202e\u2060-\u2064\u2066-\u206f\u3164\ufeff\uffa0\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]', '', 'g'))
 $function$;
 
 CREATE OR REPLACE FUNCTION public.queue_end_job(p_job_id uuid, p_status text, p_from_statuses text[], p_last_error text, p_expected_attempts integer, p_run_unsettled boolean, p_refund boolean, p_actor text, p_reason text, p_default_max_active integer, p_release_window_seconds double precision, p_lease_seconds double precision)

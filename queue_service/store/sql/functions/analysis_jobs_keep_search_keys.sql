@@ -10,6 +10,8 @@
 --   at every step of its life, and its indexes with it (the migration says why).
 -- * 0032: "kept for as long as the row is" no longer holds for the DOIs: once the job's sources
 --   are pruned, `analysis_jobs_trim_search_keys` cuts them to its preview's (first 10 sources).
+-- * 0036: each DOI as `queue_doi_search_key` writes it (lowercased, without the characters that
+--   show as nothing), so a DOI stored before the service refused those is found as it reads.
 
 CREATE OR REPLACE FUNCTION public.analysis_jobs_keep_search_keys()
  RETURNS trigger
@@ -18,9 +20,9 @@ AS $function$
 BEGIN
     INSERT INTO analysis_job_search_keys (job_id, document_uri, source_dois, title_words)
     VALUES (NEW.job_id, NEW.document_uri,
-            ARRAY(SELECT DISTINCT lower(s.e->>'doi')
+            ARRAY(SELECT DISTINCT queue_doi_search_key(s.e->>'doi')
                     FROM jsonb_array_elements(COALESCE(NEW.sources, '[]'::jsonb)) AS s(e)
-                   WHERE COALESCE(s.e->>'doi', '') <> ''),
+                   WHERE COALESCE(queue_doi_search_key(s.e->>'doi'), '') <> ''),
             to_tsvector('simple'::regconfig, COALESCE(NEW.document_title, '')));
     RETURN NULL;
 END

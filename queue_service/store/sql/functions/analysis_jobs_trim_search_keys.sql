@@ -10,15 +10,16 @@
 --   first 10 sources, which its detail still shows), as migration 0029's backfill wrote them for
 --   jobs pruned before it. Fires only on an UPDATE that sets `sources` (the pruner's): the job's
 --   other updates, at every step of its life, never name it.
+-- * 0036: each DOI as `queue_doi_search_key` writes it, as `analysis_jobs_keep_search_keys` does.
 
 CREATE OR REPLACE FUNCTION public.analysis_jobs_trim_search_keys()
  RETURNS trigger
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    kept_dois text[] := ARRAY(SELECT DISTINCT lower(s.e->>'doi')
+    kept_dois text[] := ARRAY(SELECT DISTINCT queue_doi_search_key(s.e->>'doi')
                                 FROM jsonb_array_elements(COALESCE(NEW.sources_preview, '[]'::jsonb)) AS s(e)
-                               WHERE COALESCE(s.e->>'doi', '') <> '');
+                               WHERE COALESCE(queue_doi_search_key(s.e->>'doi'), '') <> '');
 BEGIN
     UPDATE analysis_job_search_keys
        SET source_dois = kept_dois
