@@ -536,6 +536,57 @@ async def watch_overview(m: Machine, args: Args) -> None:
         call.cancel()
 
 
+generator("viewer_reads")(_gen_reads)
+
+
+@action("viewer_reads", weight=0.5, drives=(OP + "GetOverview", OP + "SearchJobs", OP + "ListAuditEvents"))
+async def viewer_reads(m: Machine, args: Args) -> None:
+    """A wall screen or support staff with a viewer token: it reads what an operator reads, and
+    any change it asks for is refused (PERMISSION_DENIED), whatever else is going on."""
+    r = args["replica"]
+    await m.call(
+        OP + "GetOverview",
+        "viewer",
+        lambda s, md: s.operator.GetOverview(op_pb2.GetOverviewRequest(), metadata=md, timeout=CALL_TIMEOUT),
+        replica=r,
+    )
+    await m.call(
+        OP + "SearchJobs",
+        "viewer",
+        lambda s, md: s.operator.SearchJobs(op_pb2.SearchJobsRequest(page_size=5), metadata=md, timeout=CALL_TIMEOUT),
+        replica=r,
+    )
+    await m.call(
+        OP + "ListAuditEvents",
+        "viewer",
+        lambda s, md: s.operator.ListAuditEvents(op_pb2.ListAuditEventsRequest(page_size=5), metadata=md, timeout=CALL_TIMEOUT),
+        replica=r,
+    )
+    if not m.world.replicas:
+        return
+    replica = m.world.replicas[r % len(m.world.replicas)]
+    user = m.model.users[r % len(m.model.users)]
+    writes = (
+        replica.stubs.operator.SetCoreCapacity(
+            op_pb2.SetCoreCapacityRequest(capacity=1), metadata=w.RoleStubs.metadata("viewer"), timeout=CALL_TIMEOUT
+        ),
+        replica.stubs.credits.GrantCredits(
+            credits_pb2.GrantCreditsRequest(user_id=user.user_id, amount=1, idempotency_key=f"viewer-{m.step_index}"),
+            metadata=w.RoleStubs.metadata("viewer"),
+            timeout=CALL_TIMEOUT,
+        ),
+    )
+    for write in writes:
+        try:
+            await write
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, *TRANSIENT):
+                continue
+            m.violate("roles", f"a viewer's change was answered {exc.code().name}, not PERMISSION_DENIED", once="viewer-code")
+        else:
+            m.violate("roles", "a viewer token changed something (SetCoreCapacity or GrantCredits was answered OK)", once="viewer-write")
+
+
 @generator("standard_services")
 def _gen_standard(m: Machine, rng: random.Random) -> Args:
     return {"replica": rng.randrange(8)}

@@ -62,7 +62,7 @@ FREE_WORK_PER_HOUR = 6
 INPUTS_RETENTION = 8.0
 JOB_RETENTION = 30.0
 CLOCK_SKEW = "+30s"
-TOKENS = {"web": "machine-web-token", "operator": "machine-operator-token", "core": "machine-core-token"}
+TOKENS = {"web": "machine-web-token", "operator": "machine-operator-token", "core": "machine-core-token", "viewer": "machine-viewer-token"}
 
 
 def replica_environment(database_url: str, core_port: int, port: int, auth_file: Path, capacity: int) -> dict[str, str]:

@@ -10,10 +10,11 @@ import inspect
 import re
 from pathlib import Path
 
+from queue_service.api.access.auth import ROLE_METHODS
 from queue_service.dev.core import ANSWER_FAULT_KINDS, DevCore
 from tests import faults as fault_helpers
 from tests.machine import catalog
-from tests.machine.world import World
+from tests.machine.world import TOKENS, World
 
 PROTOS = Path(__file__).resolve().parents[2] / "protos"
 
@@ -67,6 +68,23 @@ def test_every_rpc_of_the_contract_is_driven_by_the_machine() -> None:
 def test_every_fault_of_the_harness_is_injected_by_the_machine() -> None:
     missing = harness_faults() - injected_faults() - set(catalog.NOT_FAULTS)
     assert not missing, f"the invariant machine (tests/machine/catalog.py) injects no fault through: {sorted(missing)}"
+
+
+# The role an action calls as: `m.call(rpc, "<role>", ...)` or `RoleStubs.metadata("<role>")`.
+_ROLE_USE = re.compile(r'(?:Q|OP|CR|CB)\s*\+\s*"\w+",\s*"(\w+)",|metadata\("(\w+)"\)')
+
+
+def played_roles() -> set[str]:
+    text = Path(catalog.__file__).read_text()
+    return {a or b for a, b in _ROLE_USE.findall(text)}
+
+
+def test_every_role_of_the_auth_file_is_played_by_the_machine() -> None:
+    """A new role (the viewer was one) gets a token in the machine's auth file and an action that
+    calls as it, or the build is red."""
+    roles = set(ROLE_METHODS)
+    assert roles <= set(TOKENS), f"the machine's auth file (tests/machine/world.py TOKENS) has no token for: {sorted(roles - set(TOKENS))}"
+    assert roles <= played_roles(), f"no action of the machine (tests/machine/catalog.py) calls as: {sorted(roles - played_roles())}"
 
 
 def test_every_public_attribute_of_the_dev_core_is_a_switch_a_setting_or_an_observation() -> None:
