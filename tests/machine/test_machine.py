@@ -47,7 +47,7 @@ def machine_postgres() -> Iterator[MachinePostgres]:
 
 @pytest.mark.timeout(SECONDS + SHRINK_SECONDS + 600)
 async def test_machine(machine_postgres: MachinePostgres) -> None:
-    (seed,) = runner.seeds_from_environment(1)
+    (seed,) = runner.seeds_from_environment(1, SECONDS)
     print(f"\nmachine seed {seed:#x} (QUEUE_MACHINE_SEED={seed:#x} replays the draw)", flush=True)
     result = await runner.run(machine_postgres, seed=seed, seconds=SECONDS, log=LOG)
     report = result.report()
