@@ -520,10 +520,16 @@ class Machine:
         return False
 
 
+# Off where an open find is looked at itself (tests.machine.shorten, a replay of its file).
+TOLERATE_OPEN_FINDS = True
+
+
 def _open_find(machine: Machine, found: Violation) -> str:
     """The open find (tests/machine/open-finds/) this violation is, or "". Each is narrow: the
     promise and the circumstance it was found in, so that the same promise broken any other way
     still fails the run."""
+    if not TOLERATE_OPEN_FINDS:
+        return ""
     if found.invariant == "I10" and found.message.startswith("the core holds run"):
         return "orphan-held-run-after-an-outage"
     if found.invariant == "I12" and machine.model.fault_during("late_commits", time.time() - 30.0, time.time()):

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tests.machine import runner
+from tests.machine import machine, runner
 from tests.machine.world import MachinePostgres
 
 
@@ -35,6 +35,7 @@ async def shorten_file(postgres: MachinePostgres, path: Path, seconds: float, ou
 
 
 def main() -> None:
+    machine.TOLERATE_OPEN_FINDS = False  # an open find is what is being shortened
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("replay", type=Path)
     parser.add_argument("--seconds", type=float, default=600.0, help="how long to keep shortening (default 600)")
