@@ -318,10 +318,8 @@ class Machine:
                    LIMIT 20""",
                 {"fleet": self.model.fleet_paused, "paused": paused_users},
             ).fetchall()
-        if self.model.capacity is not None:
-            # A job waiting for the capacity while the core judges nothing is in motion too: the
-            # capacity is free and it must be granted.
-            return rows
+        # A job waiting for the capacity is PENDING, so it counts as in motion above: once the
+        # core judges nothing, its turn is free and it must be granted.
         return rows
 
     async def check_core_against_jobs(self) -> None:
