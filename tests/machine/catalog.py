@@ -677,14 +677,17 @@ async def set_capacity(m: Machine, args: Args) -> None:
         replica=args["replica"],
     )
     if answer is None or isinstance(answer, grpc.aio.AioRpcError):
-        # Maybe applied: the lower of the two is what the checks hold the core to from here, with
-        # everything granted so far allowed to run on.
+        # Maybe applied, maybe not (a refusal during an outage applied nothing; a lost answer
+        # did): the core is held to the looser of the two until the rows say which is in force
+        # (Machine.settle_capacity), everything granted so far allowed to run on.
         m.model.grandfathered_runs |= before
-        if capacity and (m.model.capacity is None or capacity < m.model.capacity):
-            m.model.capacity = capacity
+        old = m.model.capacity
+        m.model.capacity = None if old is None or not capacity else max(old, capacity)
+        m.model.capacity_unsettled = capacity
         return
     old = m.model.capacity
     m.model.capacity = capacity or None
+    m.model.capacity_unsettled = None
     if capacity and (old is None or capacity < old):
         m.model.grandfathered_runs |= before
 

@@ -57,6 +57,10 @@ class Model:
     # (they may run on above it until they end).
     capacity: int | None = None
     grandfathered_runs: set[str] = dataclasses.field(default_factory=set)
+    # A SetCoreCapacity whose outcome is unknown (an error answer, none at all): until the rows
+    # show which capacity is in force, the core is held to the looser of the two (`capacity`),
+    # and the stricter one it may turn out to be waits here.
+    capacity_unsettled: int | None = None
     fleet_paused: bool = False
     # Wall-clock intervals in which a user's releases (or the fleet's) were paused.
     pauses: dict[int, list[Interval]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
