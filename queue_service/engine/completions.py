@@ -108,6 +108,12 @@ class Completions:
             raise errors.RunNotReleased(
                 f"the job of run {run_id} is still queued; a held run cannot complete", metadata={"runId": str(run_id)}
             )
+        if job.status is JobStatus.PENDING and found.view is not None and found.view.waiting_for_capacity:
+            # Its run was never released since it began to wait: the core holds it (I10).
+            raise errors.RunNotReleased(
+                f"the job of run {run_id} waits for the fleet's capacity and its run was never released; a held run cannot complete",
+                metadata={"runId": str(run_id)},
+            )
         if job.run_unsettled:
             # The job ended while its run's fate was unknown; the core's callback settles it.
             await self._engine.settle_run(job.job_id, job.user_id, cause=Cause.COMPLETION)

@@ -413,6 +413,39 @@ async def test_a_completion_grants_the_capacity_it_freed_in_its_own_commit(servi
     assert core.most_first_pass_judging == 1
 
 
+async def test_a_completion_of_a_run_waiting_for_capacity_ends_nothing(service, database_url: str) -> None:
+    """A job waiting for the fleet's capacity never had its run released: the core holds it, so a
+    CompleteRun naming it (a confused or forged caller) is RUN_NOT_RELEASED, as for a QUEUED job.
+    Ending the job would leave the held run at the core with no live job (I10) and charge her for
+    work never done; instead the job keeps its place and runs in its turn."""
+    stubs, core = service.stubs, service.core
+    await _set_capacity(stubs, 1)
+    first, second = new_user(), new_user()
+    jobs = await _admitted(stubs, [first, second])
+    running = await stubs.wait_for(jobs[first][0].job_id, S.JOB_STATUS_RUNNING)
+    await _judging_at(core, 1)
+    waiting = await stubs.job(jobs[second][0].job_id)
+    assert (waiting.status, waiting.capacity_position, waiting.release_attempts) == (S.JOB_STATUS_PENDING, 1, 0)
+
+    for succeeded in (True, False):
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stubs.complete(waiting.run_id, succeeded=succeeded, refund=True)
+        assert error_info(raised.value)[:2] == (grpc.StatusCode.FAILED_PRECONDITION, "RUN_NOT_RELEASED")
+    still = await stubs.job(waiting.job_id)
+    assert (still.status, still.capacity_position, still.refunded) == (S.JOB_STATUS_PENDING, 1, False)
+    assert core.runs[waiting.run_id].state == run_pb.RUN_STATE_HELD
+
+    # Its turn comes as before, and then its run completes as any run does.
+    await core.finish(running.run_id)
+    await stubs.wait_for(waiting.job_id, S.JOB_STATUS_RUNNING)
+    await core.finish(waiting.run_id)
+    ended = await stubs.wait_for(waiting.job_id, S.JOB_STATUS_SUCCEEDED)
+    assert not ended.refunded
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        entries = conn.execute("SELECT kind, amount FROM credit_ledger WHERE job_id = %s", (waiting.job_id,)).fetchall()
+    assert entries == [("charge", -1)]
+
+
 async def test_a_completion_never_waits_for_a_busy_capacity_lock(service) -> None:
     """While another transaction holds the capacity lock (a grant of another replica), a completion
     is applied at once and grants nothing itself; the capacity it freed is granted as soon as the

@@ -888,7 +888,8 @@ async def core_finishes(m: Machine, args: Args) -> None:
 @action("complete_again", weight=0.6, drives=(CB + "CompleteRun",))
 async def complete_again(m: Machine, args: Args) -> None:
     """The core sends a completion again (its retry after a lost answer), or one for a run it
-    never judged: a harmless no-op either way."""
+    never judged: a harmless no-op either way (a run never released, QUEUED or waiting for the
+    capacity, is RUN_NOT_RELEASED and its job keeps its place; I10 sees the held run stay live)."""
     record = _job(m, args)
     if record is None:
         return

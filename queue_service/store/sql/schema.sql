@@ -1165,14 +1165,16 @@ DECLARE
     v_job_id uuid;
     v_user_id text;
     v_status text;
+    v_waiting_for_capacity boolean;
     v_run_unsettled boolean;
     v_reserved boolean;
 BEGIN
     -- The job and the reservation in one snapshot: the admit that commits the job deletes the
     -- reservation, so one of the two is seen unless neither exists.
-    SELECT j.job_id, j.user_id, j.status, j.run_settle_due_at IS NOT NULL,
+    SELECT j.job_id, j.user_id, j.status, j.capacity_wait_since IS NOT NULL AND j.capacity_token IS NULL,
+           j.run_settle_due_at IS NOT NULL,
            EXISTS (SELECT 1 FROM run_reservations r WHERE r.run_id = p_run_id)
-      INTO v_job_id, v_user_id, v_status, v_run_unsettled, v_reserved
+      INTO v_job_id, v_user_id, v_status, v_waiting_for_capacity, v_run_unsettled, v_reserved
       FROM (SELECT 1) AS one
       LEFT JOIN analysis_jobs j ON j.run_id = p_run_id;
     IF v_job_id IS NULL OR v_user_id IS DISTINCT FROM p_locked_user_id THEN
@@ -1180,7 +1182,7 @@ BEGIN
                             0, false, NULL::analysis_job_views;
         RETURN;
     END IF;
-    IF v_status IN ('pending', 'running') THEN
+    IF v_status = 'running' OR (v_status = 'pending' AND NOT v_waiting_for_capacity) THEN
         -- Read under the lock, so the ending cannot be fenced out.
         RETURN QUERY SELECT * FROM queue_end_job_viewed(
             v_job_id, p_status, ARRAY['pending', 'running'], p_last_error, NULL, false, p_refund, p_actor,

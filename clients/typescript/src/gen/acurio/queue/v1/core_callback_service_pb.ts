@@ -191,7 +191,9 @@ export const CoreCallbackService: GenService<{
    * with GetRun (QUEUE_RECONCILE_AFTER_SECONDS later).
    * Errors: NOT_FOUND `RUN_NOT_FOUND` for an unknown run id (final); INVALID_ARGUMENT
    * `INVALID_REQUEST` for a malformed run id or an unspecified outcome; FAILED_PRECONDITION
-   * `RUN_NOT_RELEASED` when the job is still QUEUED (its run was never released); UNAVAILABLE
+   * `RUN_NOT_RELEASED` when the job is still QUEUED, or PENDING while it waits for the fleet's
+   * capacity (its run was never released since; the second case added without changing the
+   * contract's codes); UNAVAILABLE
    * `RUN_NOT_YET_ADMITTED` when the run's admit has not committed yet (a delta judged faster than
    * its admit committed: retry); UNAVAILABLE `REPLICA_BUSY` when this replica could not take the
    * call within its deadline (retry).
