@@ -161,7 +161,7 @@ class Machine:
         found = Violation(invariant, message, self.step_index)
         known = _open_find(self, found)
         if known:
-            # Found before, not fixed yet (tests/machine/open-finds/): said in the summary, so the
+            # Found before, not fixed yet (OPEN_FINDS): said in the summary, so the
             # run goes on to everything else. Its file goes when the fix lands.
             self.open_finds.append(f"{known}: {found}")
             return
@@ -540,7 +540,7 @@ class Machine:
 TOLERATE_OPEN_FINDS = True
 
 
-# The finds not fixed yet, each with its steps in tests/machine/open-finds/<name>.json: its name
+# The finds not fixed yet, each with its steps in an open-finds folder beside the replays: its name
 # and a narrow test of a violation (the promise and the circumstance it was found in, so that the
 # same promise broken any other way still fails the run). None is open now.
 OPEN_FINDS: tuple[tuple[str, Callable[[Machine, Violation], bool]], ...] = ()
