@@ -188,6 +188,11 @@ async def test_serve_exposes_prometheus_metrics_and_prints_spans_on_request(serv
     assert any('outcome="started"' in line and 'reason="OK"' in line for line in admits), exposition[-2000:]
     assert any(line.startswith("queue_depth{") and 'state="queued"' in line for line in exposition.splitlines())
     assert "queue_db_pool_connections{" in exposition
+    # The event loop's health, which the soak (bench/soak.py) samples: its lag and its live tasks
+    # (the server's own loops at least: dispatcher, sweeper, heartbeat, the lag watch).
+    gauges = {line.split(" ")[0].split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in exposition.splitlines() if line[:1] != "#"}
+    assert "queue_loop_lag_seconds" in gauges, exposition[-2000:]
+    assert gauges.get("queue_loop_tasks", 0) >= 4, exposition[-2000:]
     replica.terminate()
     await asyncio.to_thread(replica.process.wait, 15)
     log = replica.log()
