@@ -57,13 +57,23 @@ def _history_span_seconds() -> float:
     return float(SETTINGS["job_retention_seconds"].default) * 0.95
 
 
-def load_history(dsn: str, *, jobs: int, users: int, user_prefix: str = "hist-u") -> float:
+def load_history(
+    dsn: str,
+    *,
+    jobs: int,
+    users: int,
+    user_prefix: str = "hist-u",
+    span_seconds: float | None = None,
+    ended_after_seconds: float = 360.0,
+) -> float:
     """`jobs` finished jobs spread over `users` users and the time the job retention keeps
-    (`_history_span_seconds`), each charged once, then VACUUM ANALYZE and a CHECKPOINT (what
-    autovacuum and time would have done in production). Triggers are off for the load
+    (`_history_span_seconds`, or the last `span_seconds`), each charged once and ended
+    `ended_after_seconds` after its admit, then VACUUM ANALYZE and a CHECKPOINT (what autovacuum
+    and time would have done in production). Triggers are off for the load
     (session_replication_role = replica): history must not flood the change channel. Returns the
     seconds it took."""
     started = time.perf_counter()
+    span = _history_span_seconds() if span_seconds is None else span_seconds
     with connect(dsn) as conn:
         with conn.transaction():
             conn.execute("SET LOCAL session_replication_role = replica")
@@ -80,8 +90,8 @@ def load_history(dsn: str, *, jobs: int, users: int, user_prefix: str = "hist-u"
                        CASE WHEN g %% 25 = 0 THEN 'failed' WHEN g %% 40 = 1 THEN 'canceled' ELSE 'succeeded' END,
                        nextval('analysis_jobs_queue_seq'), NULL, NULL, 1, 1,
                        CASE WHEN g %% 25 = 0 THEN 'the core reported a failure' ELSE '' END,
-                       t.created, t.created + interval '1 minute', t.created + interval '1 minute',
-                       t.created + interval '6 minutes',
+                       t.created, t.created + make_interval(secs => %(started_after)s),
+                       t.created + make_interval(secs => %(started_after)s), t.created + make_interval(secs => %(ended_after)s),
                        's3://theses/' || %(prefix)s || (g %% %(users)s) || '/' || g || '.pdf',
                        d.title, 3
                   FROM generate_series(0, %(jobs)s - 1) AS g,
@@ -97,7 +107,15 @@ def load_history(dsn: str, *, jobs: int, users: int, user_prefix: str = "hist-u"
                        to_tsvector('simple', document_title)
                   FROM history
                 """,
-                {"prefix": user_prefix, "users": users, "jobs": jobs, "title_words": HISTORY_TITLE_WORDS, "span": _history_span_seconds()},
+                {
+                    "prefix": user_prefix,
+                    "users": users,
+                    "jobs": jobs,
+                    "title_words": HISTORY_TITLE_WORDS,
+                    "span": span,
+                    "ended_after": ended_after_seconds,
+                    "started_after": min(60.0, ended_after_seconds / 2),
+                },
             )
             conn.execute(
                 """

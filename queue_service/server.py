@@ -338,6 +338,10 @@ class QueueApp:
         self.heartbeat.start()
         deadline.loop_lag.start()
         telemetry.metrics.loop_lag = lambda: deadline.loop_lag.seconds
+        # Read from the scrape's thread: `all_tasks` of another thread's loop is safe (it retries
+        # the copy of the task set when the loop changes it meanwhile).
+        serving_loop = asyncio.get_running_loop()
+        telemetry.metrics.loop_tasks = lambda: len(asyncio.all_tasks(serving_loop))
         await server.start()
         if self.web is not None:
             self.http_port = await self.web.start()

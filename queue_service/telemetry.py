@@ -113,6 +113,9 @@ class _Instruments:
     def _observe_loop_lag(self, _options: Any) -> list[Any]:
         return [Observation(self.loop_lag())]
 
+    def _observe_loop_tasks(self, _options: Any) -> list[Any]:
+        return [Observation(self.loop_tasks())]
+
     def _observe_depth(self, _options: Any) -> list[Any]:
         return [Observation(value, {"state": state}) for state, value in self.depth.items()]
 
@@ -330,6 +333,12 @@ class _Instruments:
         "How late this replica's event loop has run lately (the recent peak lateness of a 50 ms timer, halving every 5 s); the reply reserve kept from each call's deadline is at least three times it",
         _observe_loop_lag,
     )
+    loop_tasks_gauge = _gauge(
+        "queue.loop.tasks",
+        "{task}",
+        "asyncio tasks alive on this replica's event loop (calls in progress, streams, background loops): flat while the load is, so a leak of tasks shows as a climb",
+        _observe_loop_tasks,
+    )
 
     def __init__(self) -> None:
         self.depth: dict[str, int] = {}
@@ -339,6 +348,8 @@ class _Instruments:
         self.pools: weakref.WeakSet[Any] = weakref.WeakSet()
         # The event loop's recent lateness in seconds (the server points it at `deadline.loop_lag`).
         self.loop_lag: Callable[[], float] = lambda: 0.0
+        # The asyncio tasks alive on the event loop (the server points it at its loop's tasks).
+        self.loop_tasks: Callable[[], int] = lambda: 0
         # The durability stance of the database this replica commits to (`store.replication`).
         self.replication: dict[str, Any] = {}
         for declared in vars(_Instruments).values():

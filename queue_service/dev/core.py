@@ -307,10 +307,13 @@ class DevCore(pb_grpc.RunServiceServicer):
             self._record_file.close()
             self._record_file = None
 
-    def record(self, event: str, run_id: str = "", user_id: str = "") -> None:
-        """Appends one timestamped event line for the benchmark (no-op without `record_path`)."""
+    def record(self, event: str, run_id: str = "", user_id: str = "", **extra: Any) -> None:
+        """Appends one timestamped event line for the benchmark (no-op without `record_path`);
+        `extra` adds fields (a created run's `first_pass`, which the soak's promotion gap needs:
+        a delta re-check's completion frees no slot, and under a capacity it is released too)."""
         if self._record_file is not None:
             line = {"event": event, "run_id": run_id, "user_id": user_id, "mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
+            line.update(extra)
             self._record_file.write(json.dumps(line) + "\n")
 
     def start_judging(self, spread_seconds: float = 0.0) -> None:
@@ -462,7 +465,7 @@ class DevCore(pb_grpc.RunServiceServicer):
             creation=_stored_creation(request),
         )
         self.runs[run.run_id] = run
-        self.record("create", run.run_id, run.user_id)
+        self.record("create", run.run_id, run.user_id, first_pass=run.first_pass)
         if not request.hold:
             self._begin_judging(run)
         return pb.CreateRunResponse(run=self._run_message(run))

@@ -50,7 +50,11 @@ class FleetCapacity:
         else:
             telemetry.metrics.capacity["limit"] = grant.limit
         for claim, waited in grant.claims:
-            telemetry.metrics.capacity_wait.record(waited)
+            # A wait may read a hair below zero: the grant reads its clock first, and a job whose
+            # wait began (by its own transaction's clock) after that and committed before the
+            # grant's next statement is seen waiting. A histogram refuses a negative amount (the
+            # SDK logs a warning each time and drops it): it waited no time.
+            telemetry.metrics.capacity_wait.record(max(0.0, waited))
             log.info(
                 "capacity granted",
                 extra={"job_id": claim.job_id, "user_id": claim.user_id, "run_id": claim.run_id, "attempt": claim.attempt},

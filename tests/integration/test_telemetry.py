@@ -188,6 +188,11 @@ async def test_serve_exposes_prometheus_metrics_and_prints_spans_on_request(serv
     assert any('outcome="started"' in line and 'reason="OK"' in line for line in admits), exposition[-2000:]
     assert any(line.startswith("queue_depth{") and 'state="queued"' in line for line in exposition.splitlines())
     assert "queue_db_pool_connections{" in exposition
+    # The event loop's health, which the soak (bench/soak.py) samples: its lag and its live tasks
+    # (the server's own loops at least: dispatcher, sweeper, heartbeat, the lag watch).
+    gauges = {line.split(" ")[0].split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in exposition.splitlines() if line[:1] != "#"}
+    assert "queue_loop_lag_seconds" in gauges, exposition[-2000:]
+    assert gauges.get("queue_loop_tasks", 0) >= 4, exposition[-2000:]
     replica.terminate()
     await asyncio.to_thread(replica.process.wait, 15)
     log = replica.log()
@@ -369,3 +374,27 @@ async def test_browser_calls_have_server_spans_with_their_outcome(otel, services
     bug = await server_span_of("AnalysisQueueService/GetJob", {"jobId": str(uuid.uuid4())}, "web-token", 500)
     assert bug.status.status_code == trace.StatusCode.ERROR and bug.attributes["rpc.grpc.status_code"] == 13
     assert [e.attributes["exception.type"] for e in bug.events] == ["RuntimeError"]
+
+
+def test_a_capacity_wait_read_below_zero_is_recorded_as_no_wait(otel) -> None:
+    """A grant reads its clock before it looks for waiting jobs, so a job whose wait began (by its
+    own transaction's clock) a moment later, committed before the grant's next statement, reads a
+    wait just below zero. The histogram must record it (as 0), not drop it with an SDK warning
+    per grant (the soak found one in each replica's log)."""
+    import uuid
+
+    from queue_service.engine.capacity import FleetCapacity
+    from queue_service.model import CapacityGrant, ClaimedRelease
+
+    _spans, reader = otel
+
+    def waits() -> tuple[int, float]:
+        points = _metric_points(reader).get("queue.capacity.wait", [])
+        return sum(p.count for p in points), min((p.min for p in points), default=0.0)
+
+    before, _ = waits()
+    claim = ClaimedRelease(job_id=uuid.uuid4(), user_id=new_user(), run_id=uuid.uuid4(), attempt=1)
+    FleetCapacity(wake_grant=lambda: None, probe_interval_seconds=1).granted(CapacityGrant(claims=((claim, -0.002),), limited=True))
+    after, least = waits()
+    assert after == before + 1
+    assert least >= 0.0
