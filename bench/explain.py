@@ -2,8 +2,9 @@
 and a check that each is index-driven (partial indexes over the rows in flight) rather than a
 sequential scan of the history.
 
-Each statement runs exactly as the store (`queue_service/store/store.py`) runs it (the named query from queries.sql, bound
-parameters) inside a transaction that is rolled back. Two details a plain EXPLAIN would miss:
+Each statement runs exactly as the store (`queue_service/store/statements/`) runs it (the named query
+from `queue_service/store/sql/queries/`, bound parameters) inside a transaction that is rolled
+back. Two details a plain EXPLAIN would miss:
 
 - `analysis_jobs_free_slot` is a SQL function: its body is planned separately, so auto_explain
   (log_nested_statements, sent to this session as NOTICEs) captures the nested plans too;
@@ -26,7 +27,8 @@ from psycopg.types.json import Jsonb
 
 from bench.driver import FREE_ADMITS_PER_HOUR
 from queue_service.model import JobInputsSearch, JobSearch
-from queue_service.store.store import job_search_statement, queries
+from queue_service.store.queries import queries
+from queue_service.store.statements import job_search_statement
 
 _SEQ_SCAN = re.compile(r"Seq Scan on (\w+)")
 _INDEX = re.compile(r"(?:Index Only Scan|Index Scan|Bitmap Index Scan)(?: Backward)? (?:using|on) (\w+)")

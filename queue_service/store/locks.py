@@ -157,7 +157,7 @@ _RUN_OWNER_LOCKED_SECTION = _locked_section_sql("SELECT (SELECT j.user_id FROM a
 
 # Several runs' sections: the users are those of the runs' jobs as the statement began (the
 # sections read each run's owner in the same snapshot). The run ids are read through a subquery,
-# so the prepared statement keeps a generic plan (queries.sql, `mark_released`).
+# so the prepared statement keeps a generic plan (sql/queries/claims.sql, `mark_released`).
 _RUN_OWNERS_LOCKED_SECTIONS = _locked_sections_sql(
     "SELECT DISTINCT j.user_id FROM analysis_jobs j WHERE j.run_id = ANY((SELECT %(run_ids)s::uuid[])::uuid[])"
 )

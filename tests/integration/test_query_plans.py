@@ -16,7 +16,10 @@ from queue_service import deadline
 from queue_service.model import JobInputsSearch, JobSearch, PromotionLimits, RunReportToApply, Transition
 from queue_service.store import locks
 from queue_service.store.pool import Timeouts, create_pool
-from queue_service.store.store import _end_runs_params, _statement, job_search_statement, queries
+from queue_service.store.queries import queries
+from queue_service.store.queries import statement as _statement
+from queue_service.store.sections import _end_runs_params
+from queue_service.store.statements import job_search_statement
 from tests.harness import S, insert_jobs, new_user
 
 # A section the way migration 0009's functions are written: VOLATILE PL/pgSQL, rows with a kind.
