@@ -12,7 +12,18 @@ runs as the second copy, the database's identity), `core_health`, `operator` (se
 audit, replicas) and `credits`.
 """
 
-from queue_service.model.admit import AdmitLimits, AdmitRequest, AdmitResult, AdmitState, AdmittedJob, JobInputs, NewJob
+from queue_service.model.admit import (
+    RETRY_KEY_PREFIX,
+    AdmitLimits,
+    AdmitRequest,
+    AdmitResult,
+    AdmitState,
+    AdmittedJob,
+    JobInputs,
+    NewJob,
+    retried_job_id,
+    retry_idempotency_key,
+)
 from queue_service.model.capacity import (
     PAUSED_USERS_NAMED_AT_MOST,
     CapacityGrant,
@@ -131,6 +142,7 @@ __all__ = [
     "Promoted",
     "PromotionLimits",
     "QueueMinute",
+    "RETRY_KEY_PREFIX",
     "ReleasePause",
     "ReleaseResult",
     "ReplicaReport",
@@ -149,4 +161,6 @@ __all__ = [
     "cancel_message",
     "combined_core_health",
     "estimate_start",
+    "retried_job_id",
+    "retry_idempotency_key",
 ]

@@ -5,9 +5,34 @@ limits of the locked admit, the new job's row, its inputs in full, and what the 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import re
 import uuid
 
 from queue_service.model.jobs import JobStatus, JobView
+
+# The idempotency keys an operator's retry (OperatorService.RetryJob, RetryJobs) admits with begin
+# with this, then the ended job's id (`retry_idempotency_key`). Admit refuses the prefix to every
+# other caller, so a key with it always names the job it retries (`retried_job_id`).
+RETRY_KEY_PREFIX = "retry:"
+# As the trigger of functions/analysis_jobs_retry_lineage.sql reads it: the prefix, then a job id.
+_RETRY_KEY = re.compile(r"retry:([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
+
+
+def retry_idempotency_key(job_id: uuid.UUID, retry_key: str = "") -> str:
+    """The key of a retry of `job_id`: a plain retry's (no retry key) is the job's alone, so every
+    plain retry of it is one admit; a further retry's also hashes its retry key, at most 75
+    characters (within the 128 an idempotency key may have) whatever the retry key's length."""
+    if not retry_key:
+        return f"{RETRY_KEY_PREFIX}{job_id}"
+    digest = hashlib.sha256(f"{job_id}\x00{retry_key}".encode()).hexdigest()[:32]
+    return f"{RETRY_KEY_PREFIX}{job_id}:{digest}"
+
+
+def retried_job_id(idempotency_key: str) -> uuid.UUID | None:
+    """The job a retry's key (`retry_idempotency_key`) admits again; None for any other key."""
+    match = _RETRY_KEY.match(idempotency_key)
+    return uuid.UUID(match[1]) if match else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The model: named transitions (from where, to what, refund, slot, fencing) and the start estimate."""
+"""The model: named transitions (from where, to what, refund, slot, fencing), the start estimate, and a
+retry's key and the lineage read back from it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,19 @@ from typing import Any
 
 import pytest
 
-from queue_service.model import ACTIVE, LIVE, Cause, JobStatus, JobView, RunFate, RunReport, Transition, estimate_start
+from queue_service.model import (
+    ACTIVE,
+    LIVE,
+    Cause,
+    JobStatus,
+    JobView,
+    RunFate,
+    RunReport,
+    Transition,
+    estimate_start,
+    retried_job_id,
+    retry_idempotency_key,
+)
 
 PENDING = frozenset({JobStatus.PENDING})
 RUNNING = frozenset({JobStatus.RUNNING})
@@ -247,3 +260,16 @@ def test_each_full_round_of_slots_ahead_adds_one_mean_judging_time() -> None:
 def test_a_position_or_slot_count_below_one_counts_as_one() -> None:
     assert estimate(queued(queue_position=0, active_since=NOW)) == NOW + 10 * MINUTE
     assert estimate(queued(queue_position=2), slots=0) == NOW + 10 * MINUTE
+
+
+# -- a retry's key and its lineage ---------------------------------------------------------------
+
+
+def test_a_retrys_key_names_the_job_it_retries_and_no_other_key_does() -> None:
+    job_id = uuid.uuid4()
+    plain, further = retry_idempotency_key(job_id), retry_idempotency_key(job_id, "x" * 128)
+    assert plain == f"retry:{job_id}" and further.startswith(f"retry:{job_id}:") and len(further) == 75
+    assert retried_job_id(plain) == retried_job_id(further) == job_id
+    # As the previous version's trigger reads it: the prefix exactly, then a job id as str() writes it.
+    for key in ("retry:", "retry:anything", f"Retry:{job_id}", f" retry:{job_id}", f"retry:{str(job_id).upper()}", str(job_id), ""):
+        assert retried_job_id(key) is None, key

@@ -9,16 +9,16 @@ way already (a further retry, or a retry of an earlier version keyed by its clic
 newest retry, `admitted_now` false. A further retry (`another_retry`) is keyed by the ended job
 and the caller's retry key, so repeating it with the same key finds the job it admitted.
 
-Every retry's key begins `retry:<ended job id>`; the database reads the lineage from it at the
-INSERT (`retry_of_job_id`, functions/analysis_jobs_retry_lineage.sql), and the job view lists a
-job's retries (`retried_as_job_ids`). The charge's ledger entry records the operator as its actor
+Every retry's key begins `retry:<ended job id>` (`model.retry_idempotency_key`); the database
+reads the lineage from it at the INSERT (`retry_of_job_id`,
+functions/analysis_jobs_retry_lineage.sql), and the job view lists a job's retries
+(`retried_as_job_ids`). The charge's ledger entry records the operator as its actor
 (`audit`: the call's caller), and one log line ties the new job to the one it retries.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import uuid
 from collections.abc import Sequence
@@ -28,28 +28,15 @@ from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.api.servicers import validation
 from queue_service.engine import Admission, JobReads, each_at_most, request_digest
-from queue_service.model import AdmitRequest, JobInputs, JobStatus, JobView
+from queue_service.model import AdmitRequest, JobInputs, JobStatus, JobView, retry_idempotency_key
 
 log = logging.getLogger(__name__)
 
 RETRYABLE = frozenset({JobStatus.FAILED, JobStatus.CANCELED})
-# Marks the keys retries admit with; Admit refuses keys with this prefix, so no caller's key is
-# ever a retry's.
-RETRY_KEY_PREFIX = validation.RETRY_KEY_PREFIX
 # A bulk retry retries at most this many jobs per call, this many at once (each is an admit,
 # with its CreateRun at the core).
 MAX_BULK_RETRY = validation.MAX_BULK_JOB_IDS
 _BULK_RETRY_CONCURRENCY = 8
-
-
-def retry_idempotency_key(job_id: uuid.UUID, retry_key: str = "") -> str:
-    """The new job's key: a plain retry's (no retry key) is the job's alone, so every plain retry
-    of it is one admit; a further retry's also hashes its retry key, at most 75 characters
-    (within the 128 an idempotency key may have) whatever the retry key's length."""
-    if not retry_key:
-        return f"{RETRY_KEY_PREFIX}{job_id}"
-    digest = hashlib.sha256(f"{job_id}\x00{retry_key}".encode()).hexdigest()[:32]
-    return f"{RETRY_KEY_PREFIX}{job_id}:{digest}"
 
 
 def _admit_request(inputs: JobInputs, sources: tuple[tuple[str, str], ...]) -> queue_pb2.AdmitRequest:

@@ -14,6 +14,7 @@ from google.protobuf import timestamp_pb2
 
 from queue_service import errors
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
+from queue_service.model import RETRY_KEY_PREFIX
 
 MAX_ID_CHARS = 128
 # A UUID is 36 characters; longer text is refused unparsed.
@@ -48,11 +49,10 @@ MAX_GRANT = 1_000_000
 MAX_ADMIT_BYTES = 1024 * 1024
 # A grant's note (why, in the operator's words); the ledger's check says the same.
 MAX_NOTE_CHARS = 512
-# Idempotency keys that begin with this are OperatorService.RetryJob's (`retry.retry_idempotency_key`
-# derives them from the job and the retry key, both of which the job's user may know); Admit refuses
-# them, so a user who admits first under a retry's key cannot make the operator's retry fail or
-# answer it with the user's own job.
-RETRY_KEY_PREFIX = "retry:"
+# Idempotency keys that begin with `RETRY_KEY_PREFIX` are OperatorService.RetryJob's
+# (`model.retry_idempotency_key` derives them from the job and the retry key, both of which the
+# job's user may know); Admit refuses them, so a user who admits first under a retry's key cannot
+# make the operator's retry fail or answer it with the user's own job.
 # A BadRequest lists at most this many violations (a trailer of thousands would exceed a client's
 # header limit, and the caller would hear RESOURCE_EXHAUSTED instead of INVALID_ARGUMENT).
 MAX_LISTED_VIOLATIONS = 50
