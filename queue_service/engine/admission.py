@@ -293,6 +293,7 @@ class Admission:
                 document_title=item.document_title,
                 sources=item.sources,
                 delta_held=delta_held,
+                retry_of_job_id=item.retry_of_job_id,
             ),
             self._admit_limits,
         )

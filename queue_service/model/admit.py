@@ -30,7 +30,8 @@ def retry_idempotency_key(job_id: uuid.UUID, retry_key: str = "") -> str:
 
 
 def retried_job_id(idempotency_key: str) -> uuid.UUID | None:
-    """The job a retry's key (`retry_idempotency_key`) admits again; None for any other key."""
+    """The job a retry's key (`retry_idempotency_key`) admits again; None for any other key. An
+    adoption after a failover reads a retry's lineage here from the key the core's record kept."""
     match = _RETRY_KEY.match(idempotency_key)
     return uuid.UUID(match[1]) if match else None
 
@@ -49,6 +50,9 @@ class AdmitRequest:
     # Admitted by an operator's RetryJob or RetryJobs: the user's free-work limit never refuses it
     # (what counts against the limit is her own choice; docs/security.md).
     operator_retry: bool = False
+    # The ended job a retry admits again (its lineage, stored with the new job); None for every
+    # other admit.
+    retry_of_job_id: uuid.UUID | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +106,8 @@ class NewJob:
     # A delta whose run was created held (the capacity was limited): admitted PENDING, released
     # by a grant; otherwise a delta's run judges at once and the job is RUNNING.
     delta_held: bool = False
+    # The ended job this one retries (`AdmitRequest.retry_of_job_id`), written by the admit itself.
+    retry_of_job_id: uuid.UUID | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ import dataclasses
 import datetime as dt
 import uuid
 
+from queue_service.model.admit import retried_job_id
 from queue_service.model.jobs import JobStatus, JobView, RunFate
 
 
@@ -30,6 +31,12 @@ class CoreRun:
     @property
     def first_pass(self) -> bool:
         return self.delta_of_run_id is None
+
+    @property
+    def retry_of_job_id(self) -> uuid.UUID | None:
+        """The ended job this run's job retries, read from the key the record kept (an operator's
+        retry's, `retry_idempotency_key`); None for any other run."""
+        return retried_job_id(self.idempotency_key)
 
     @property
     def adoptable(self) -> bool:

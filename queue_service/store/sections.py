@@ -248,7 +248,8 @@ class LockedSections:
 
     async def adopt_run(self, run: CoreRun, limits: PromotionLimits, *, reconcile_after_seconds: float) -> Adoption:
         """Adopts a run the core holds or judges into a job, under its user's lock, with its
-        charge (the current actor, `audit`); idempotent by run id and idempotency key."""
+        charge (the current actor, `audit`) and, for a retry's run, the job it retries (read from
+        its key, `CoreRun.retry_of_job_id`); idempotent by run id and idempotency key."""
         assert run.job_id is not None
         actor = audit.actor_for(Cause.ADOPT)
         params = {
@@ -260,6 +261,8 @@ class LockedSections:
             "delta_of_run_id": run.delta_of_run_id,
             "price": run.price,
             "judging": run.fate is RunFate.JUDGING,
+            # A retry's lineage, written by the adoption itself (functions/queue_adopt_run_v2.sql).
+            "retry_of_job_id": run.retry_of_job_id,
             "actor": actor,
             "reason": str(Cause.ADOPT),
             "reconcile_after_seconds": float(reconcile_after_seconds),

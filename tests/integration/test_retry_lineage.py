@@ -5,9 +5,12 @@ public gRPC API against real PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import Iterator
 
 import grpc
+import psycopg
 import pytest
 
 from queue_service._gen.acurio.queue.v1 import core_callback_service_pb2 as callback_pb2
@@ -15,8 +18,10 @@ from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb
 from queue_service._gen.acurio.queue.v1 import job_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
-from tests.harness import error_info, eventually, new_user
+from queue_service.store import migrations
+from tests.harness import PostgresServer, error_info, eventually, new_user
 from tests.integration import test_operator_console as console_tests
+from tests.integration.test_core_second_copy import lose_commits
 from tests.integration.test_operator_console import _admit, _as, _balance, _fail, _ledger_of, _operator, _sources
 
 # The operator console tests' service: a replica with roles (an auth file) and a dev core.
@@ -286,3 +291,158 @@ async def test_her_own_cancels_count_and_an_operators_retry_is_never_refused(fre
     bulk = await operator.RetryJobs(op_pb2.RetryJobsRequest(job_ids=canceled[1:], max_jobs=2), timeout=30, metadata=OPERATOR)
     assert (bulk.retried, list(bulk.failures)) == (2, [])
     assert await _balance(service, user) == 7
+
+
+# The lineage from its writer: the admit and the adoption write `retry_of_job_id` themselves
+# (functions/queue_admit_job_v2.sql, queue_adopt_run_v2.sql); the trigger that read it from the
+# key stays for the previous version's calls only (functions/analysis_jobs_retry_lineage.sql).
+
+_LINEAGE_TRIGGER = "analysis_jobs_retry_lineage_insert"
+
+
+@pytest.fixture
+def without_the_lineage_trigger(database_url: str) -> Iterator[None]:
+    """This module's database without the trigger, as the release that drops it leaves it; its
+    file applied again afterwards, for the module's other tests. Requested before the service."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"DROP TRIGGER {_LINEAGE_TRIGGER} ON analysis_jobs")  # type: ignore[arg-type]  # a constant
+    try:
+        yield
+    finally:
+        lineage = next(file for file in migrations.function_files() if file.name == "analysis_jobs_retry_lineage")
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(lineage.sql)  # type: ignore[arg-type]  # the file's text
+
+
+async def test_a_retry_writes_its_lineage_itself_without_the_trigger(without_the_lineage_trigger, web_service) -> None:  # type: ignore[no-untyped-def]
+    """RetryJob (plain and another), and RetryJobs, pass the ended job to the admit: the lineage
+    is stored both ways with no trigger reading it from the key."""
+    user, operator = new_user(), _operator(web_service)
+    await _grant(web_service, user, 6)
+    failed, bulk_failed = await _failed_job(web_service, user), await _failed_job(web_service, user)
+
+    plain = (await operator.RetryJob(op_pb2.RetryJobRequest(job_id=failed.job_id), timeout=20, metadata=OPERATOR)).job
+    another = op_pb2.RetryJobRequest(job_id=failed.job_id, retry_key="second-try", another_retry=True)
+    second = (await operator.RetryJob(another, timeout=20, metadata=OPERATOR)).job
+    bulk = await operator.RetryJobs(op_pb2.RetryJobsRequest(job_ids=[bulk_failed.job_id], max_jobs=1), timeout=30, metadata=OPERATOR)
+
+    assert (plain.retry_of_job_id, second.retry_of_job_id) == (failed.job_id, failed.job_id)
+    assert [job.retry_of_job_id for job in bulk.jobs] == [bulk_failed.job_id]
+    assert list((await _job(web_service, failed.job_id)).retried_as_job_ids) == [plain.job_id, second.job_id]
+    assert list((await _job(web_service, bulk_failed.job_id)).retried_as_job_ids) == [bulk.jobs[0].job_id]
+    # Read back, not only as the admit answered.
+    assert (await _job(web_service, plain.job_id)).retry_of_job_id == failed.job_id
+
+
+async def test_an_adopted_retry_keeps_its_lineage_without_the_trigger(without_the_lineage_trigger, web_service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    """A failover loses a retry's job while the core judges its run: the adoption reads the
+    lineage from the key the core's record kept and writes it with the job (design I14)."""
+    user, operator = new_user(), _operator(web_service)
+    await _grant(web_service, user, 3)
+    failed = await _failed_job(web_service, user)
+    retry = (await operator.RetryJob(op_pb2.RetryJobRequest(job_id=failed.job_id), timeout=20, metadata=OPERATOR)).job
+    await eventually(lambda: _status_is(web_service, retry.job_id, S.JOB_STATUS_RUNNING), what="the retry judging")
+    assert await _balance(web_service, user) == 1
+
+    lose_commits(database_url, [retry.job_id])
+    assert not (await _job(web_service, failed.job_id)).retried_as_job_ids
+    report = await web_service.app.reconciler.reconcile()
+    assert report.adopted == 1, report
+
+    adopted = await _job(web_service, retry.job_id)
+    assert (adopted.status, adopted.run_id, adopted.retry_of_job_id) == (S.JOB_STATUS_RUNNING, retry.run_id, failed.job_id)
+    assert list((await _job(web_service, failed.job_id)).retried_as_job_ids) == [retry.job_id]
+    assert await _balance(web_service, user) == 1  # charged again with the adoption, once
+
+
+async def test_only_a_retry_has_a_lineage_whatever_an_admits_key_looks_like(web_service) -> None:  # type: ignore[no-untyped-def]
+    """Admit refuses a key beginning `retry:` (test_operator_console), so no job gets a lineage
+    from its key alone; a key that merely resembles one is an ordinary admit, without lineage."""
+    user = new_user()
+    await _grant(web_service, user, 10)
+    failed = await _failed_job(web_service, user)
+    admit = queue_pb2.AdmitRequest(
+        user_id=user,
+        idempotency_key=f"retry:{failed.job_id}",
+        document=job_pb2.Document(uri=f"s3://theses/{user}.pdf"),
+        sources=_sources(2),
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await web_service.stubs.queue.Admit(admit, timeout=20, metadata=_as("web"))
+    assert error_info(raised.value)[:2] == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
+    for key in (f"Retry:{failed.job_id}", f" retry:{failed.job_id}", f"x-retry:{failed.job_id}"):
+        admit.idempotency_key = key
+        job = (await web_service.stubs.queue.Admit(admit, timeout=20, metadata=_as("web"))).job
+        assert not job.retry_of_job_id and not (await _job(web_service, job.job_id)).retry_of_job_id
+    assert not (await _job(web_service, failed.job_id)).retried_as_job_ids
+
+
+@contextlib.contextmanager
+def _database_copy(postgres: PostgresServer, template_database: str) -> Iterator[str]:
+    name = f"t_lineage_{uuid.uuid4().hex[:8]}"
+    postgres.execute_admin(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+    try:
+        yield postgres.dsn_for(name)
+    finally:
+        postgres.execute_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# The arguments every signature of the admit shares, then each signature's own, as replicas of
+# earlier versions send them (15, 18 and 19 arguments), and the service's (queue_admit_job_v2).
+_ADMIT_COMMON = (
+    "%(job_id)s::uuid, %(user_id)s::text, %(run_id)s::uuid, %(key)s::text, '\\x00'::bytea, NULL::uuid, 0, 'system:test'::text,"
+    " 'admit'::text, 1, 10, 1, 60.0::float8, 30.0::float8, 60.0::float8"
+)
+_INPUTS = ", 's3://theses/t.pdf'::text, NULL::text, '[]'::jsonb"
+_ADMIT_CALLS = {
+    "15": f"queue_admit_job({_ADMIT_COMMON})",
+    "18": f"queue_admit_job({_ADMIT_COMMON}{_INPUTS})",
+    "19": f"queue_admit_job({_ADMIT_COMMON}{_INPUTS}, false)",
+    "v2": f"queue_admit_job_v2({_ADMIT_COMMON}{_INPUTS}, false, %(retry_of_job_id)s::uuid)",
+}
+_ADOPT_COMMON = (
+    "%(job_id)s::uuid, %(user_id)s::text, %(run_id)s::uuid, %(key)s::text, '\\x00'::bytea, NULL::uuid, 0::bigint, false,"
+    " 'system:test'::text, 'adopt'::text, 1, 60.0::float8, 30.0::float8, 60.0::float8"
+)
+_ADOPT_CALLS = {"old": f"queue_adopt_run({_ADOPT_COMMON})", "v2": f"queue_adopt_run_v2({_ADOPT_COMMON}, %(retry_of_job_id)s::uuid)"}
+
+
+def _retry_key(job_id: uuid.UUID) -> str:
+    """A further retry's key as `model.retry_idempotency_key` makes it: `retry:<job>:<32 hex>`."""
+    return f"retry:{job_id}:{uuid.uuid4().hex}"
+
+
+def _lineage_written(conn: psycopg.Connection, call: str, key: str, *, reserve: bool, retry_of_job_id: uuid.UUID | None = None) -> object:
+    """The lineage in the view the call answers and in the row, for a new job under `key`."""
+    params = {"job_id": uuid.uuid4(), "user_id": new_user(), "run_id": uuid.uuid4(), "key": key, "retry_of_job_id": retry_of_job_id}
+    if reserve:  # the admit consumes its run's reservation
+        conn.execute(
+            "INSERT INTO run_reservations (run_id, user_id, cancel_after, timeline_id, idempotency_key)"
+            " VALUES (%(run_id)s, %(user_id)s, clock_timestamp() + interval '1 hour', queue_current_timeline(), %(key)s)",
+            params,
+        )
+    answered = conn.execute(f"SELECT (s.job_view).retry_of_job_id FROM {call} AS s", params).fetchall()  # type: ignore[arg-type]  # the calls above
+    stored = conn.execute("SELECT retry_of_job_id FROM analysis_jobs WHERE job_id = %(job_id)s", params).fetchall()
+    assert answered[:1] == stored, (answered, stored)
+    return stored[0][0] if stored else "no job"
+
+
+def test_the_previous_versions_calls_still_record_a_retrys_lineage_through_the_trigger(
+    postgres: PostgresServer, template_database: str
+) -> None:
+    """A replica of the previous version, during the deploy, calls the old signatures with a
+    retry's key and no lineage: the trigger fills it, as before. The new ones write what they are
+    given, which the trigger never overrides, and nothing for an ordinary key."""
+    ended, other = uuid.uuid4(), uuid.uuid4()
+    with _database_copy(postgres, template_database) as dsn, psycopg.connect(dsn, autocommit=True) as conn:
+        for signature in ("15", "18", "19"):
+            key = _retry_key(ended)
+            assert _lineage_written(conn, _ADMIT_CALLS[signature], key, reserve=True) == ended, signature
+        assert _lineage_written(conn, _ADOPT_CALLS["old"], _retry_key(ended), reserve=False) == ended
+        assert _lineage_written(conn, _ADMIT_CALLS["19"], "an-ordinary-key", reserve=True) is None
+
+        for name, calls, reserve in (("admit", _ADMIT_CALLS, True), ("adopt", _ADOPT_CALLS, False)):
+            v2 = calls["v2"]
+            assert _lineage_written(conn, v2, f"{name}-key", reserve=reserve, retry_of_job_id=ended) == ended, name
+            assert _lineage_written(conn, v2, _retry_key(ended), reserve=reserve, retry_of_job_id=other) == other, name
+            assert _lineage_written(conn, v2, f"{name}-plain", reserve=reserve) is None, name

@@ -14,6 +14,7 @@ from queue_service.model import (
     ACTIVE,
     LIVE,
     Cause,
+    CoreRun,
     JobStatus,
     JobView,
     RunFate,
@@ -273,3 +274,10 @@ def test_a_retrys_key_names_the_job_it_retries_and_no_other_key_does() -> None:
     # As the previous version's trigger reads it: the prefix exactly, then a job id as str() writes it.
     for key in ("retry:", "retry:anything", f"Retry:{job_id}", f" retry:{job_id}", f"retry:{str(job_id).upper()}", str(job_id), ""):
         assert retried_job_id(key) is None, key
+
+
+def test_an_adopted_runs_lineage_is_read_from_the_key_the_core_kept() -> None:
+    job_id = uuid.uuid4()
+    run = CoreRun(uuid.uuid4(), RunFate.JUDGING, "u", "s3://d", None, uuid.uuid4(), retry_idempotency_key(job_id, "k"), b"d", 1)
+    assert run.retry_of_job_id == job_id
+    assert dataclasses.replace(run, idempotency_key="a-click").retry_of_job_id is None

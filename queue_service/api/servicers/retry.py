@@ -9,9 +9,10 @@ way already (a further retry, or a retry of an earlier version keyed by its clic
 newest retry, `admitted_now` false. A further retry (`another_retry`) is keyed by the ended job
 and the caller's retry key, so repeating it with the same key finds the job it admitted.
 
-Every retry's key begins `retry:<ended job id>` (`model.retry_idempotency_key`); the database
-reads the lineage from it at the INSERT (`retry_of_job_id`,
-functions/analysis_jobs_retry_lineage.sql), and the job view lists a job's retries
+Every retry's key begins `retry:<ended job id>` (`model.retry_idempotency_key`), and the admit
+carries the lineage itself: the new job's `retry_of_job_id` is the ended job, written by the
+admit's INSERT (functions/queue_admit_job_v2.sql); an adoption after a failover reads it back from
+the key the core kept (`model.retried_job_id`). The job view lists a job's retries
 (`retried_as_job_ids`). The charge's ledger entry records the operator as its actor
 (`audit`: the call's caller), and one log line ties the new job to the one it retries.
 """
@@ -101,6 +102,7 @@ async def _retry(admission: Admission, reads: JobReads, job_id: uuid.UUID, retry
             request_digest=request_digest(request.SerializeToString(deterministic=True)),
             # The operator's remedy after an incident: never refused by the user's free-work limit.
             operator_retry=True,
+            retry_of_job_id=job_id,
         )
     )
     view = await _estimated_view(reads, result.job_id, result.view)

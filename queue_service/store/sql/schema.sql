@@ -951,6 +951,16 @@ $function$;
 
 CREATE OR REPLACE FUNCTION public.queue_admit_job(p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea, p_delta_of_job_id uuid, p_price integer, p_actor text, p_reason text, p_default_max_active integer, p_max_queued integer, p_max_running_deltas integer, p_release_window_seconds double precision, p_release_lease_seconds double precision, p_reconcile_after_seconds double precision, p_document_uri text, p_document_title text, p_sources jsonb, p_delta_held boolean)
  RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
+ LANGUAGE sql
+AS $function$
+    SELECT * FROM queue_admit_job_v2(p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest, p_delta_of_job_id,
+                                     p_price, p_actor, p_reason, p_default_max_active, p_max_queued, p_max_running_deltas,
+                                     p_release_window_seconds, p_release_lease_seconds, p_reconcile_after_seconds,
+                                     p_document_uri, p_document_title, p_sources, p_delta_held, NULL::uuid)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_admit_job_v2(p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea, p_delta_of_job_id uuid, p_price integer, p_actor text, p_reason text, p_default_max_active integer, p_max_queued integer, p_max_running_deltas integer, p_release_window_seconds double precision, p_release_lease_seconds double precision, p_reconcile_after_seconds double precision, p_document_uri text, p_document_title text, p_sources jsonb, p_delta_held boolean, p_retry_of_job_id uuid)
+ RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
  LANGUAGE plpgsql
 AS $function$
 DECLARE
@@ -983,7 +993,7 @@ BEGIN
             job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot,
             delta_of_job_id, price, create_time, promote_time, next_release_at, release_attempts,
             release_deadline, start_time, next_reconcile_at,
-            document_uri, document_title, sources, source_count, sources_preview)
+            document_uri, document_title, sources, source_count, sources_preview, retry_of_job_id)
         SELECT p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest,
                CASE WHEN v_delta_judging THEN 'running' WHEN v_delta_held OR pl.slot IS NOT NULL THEN 'pending' ELSE 'queued' END,
                nextval('analysis_jobs_queue_seq'),
@@ -1000,7 +1010,8 @@ BEGIN
                p_document_uri, p_document_title, p_sources, jsonb_array_length(p_sources),
                (SELECT jsonb_agg(jsonb_build_object('doi', s.e->>'doi', 'citation', left(s.e->>'citation', 512)) ORDER BY s.n)
                   FROM jsonb_array_elements(p_sources) WITH ORDINALITY AS s(e, n)
-                 WHERE s.n <= 10)
+                 WHERE s.n <= 10),
+               p_retry_of_job_id
           FROM placement pl, reservation r
          WHERE (p_price = 0 OR EXISTS (SELECT 1 FROM credit_accounts c
                                         WHERE c.user_id = p_user_id AND c.balance >= p_price))
@@ -1034,6 +1045,15 @@ END
 $function$;
 
 CREATE OR REPLACE FUNCTION public.queue_adopt_run(p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea, p_delta_of_run_id uuid, p_price bigint, p_judging boolean, p_actor text, p_reason text, p_default_max_active integer, p_release_window_seconds double precision, p_release_lease_seconds double precision, p_reconcile_after_seconds double precision)
+ RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
+ LANGUAGE sql
+AS $function$
+    SELECT * FROM queue_adopt_run_v2(p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest, p_delta_of_run_id,
+                                     p_price, p_judging, p_actor, p_reason, p_default_max_active, p_release_window_seconds,
+                                     p_release_lease_seconds, p_reconcile_after_seconds, NULL::uuid)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_adopt_run_v2(p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea, p_delta_of_run_id uuid, p_price bigint, p_judging boolean, p_actor text, p_reason text, p_default_max_active integer, p_release_window_seconds double precision, p_release_lease_seconds double precision, p_reconcile_after_seconds double precision, p_retry_of_job_id uuid)
  RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
  LANGUAGE plpgsql
 AS $function$
@@ -1102,7 +1122,7 @@ BEGIN
     INSERT INTO analysis_jobs (
         job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot,
         delta_of_job_id, price, create_time, promote_time, next_release_at, release_attempts,
-        release_deadline, start_time, next_reconcile_at)
+        release_deadline, start_time, next_reconcile_at, retry_of_job_id)
     VALUES (
         p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest, v_status,
         nextval('analysis_jobs_queue_seq'), v_slot, v_base, p_price, v_now,
@@ -1111,7 +1131,8 @@ BEGIN
         0,
         CASE WHEN v_status = 'pending' THEN v_now + make_interval(secs => p_release_window_seconds) END,
         CASE WHEN v_status = 'running' THEN v_now END,
-        CASE WHEN v_status = 'running' THEN v_now + make_interval(secs => p_reconcile_after_seconds) END);
+        CASE WHEN v_status = 'running' THEN v_now + make_interval(secs => p_reconcile_after_seconds) END,
+        p_retry_of_job_id);
     IF p_price > 0 THEN
         -- Under the user lock nothing else lowers this balance; its CHECK (balance >= 0) is the backstop.
         UPDATE credit_accounts c SET balance = c.balance - p_price, updated_at = clock_timestamp()

@@ -1,7 +1,7 @@
 -- analysis_jobs_wait_for_capacity: the function and its trigger analysis_jobs_wait_for_capacity.
 --
--- It finishes the placement of the functions that make a job PENDING (queue_admit_job,
--- queue_adopt_run, queue_promote_queued_jobs; each names it at its top): while the capacity is
+-- It finishes the placement of the functions that make a job PENDING (queue_admit_job_v2,
+-- queue_adopt_run_v2, queue_promote_queued_jobs; each names it at its top): while the capacity is
 -- limited, a job entering PENDING from nowhere or from QUEUED waits for a grant instead of being due.
 --
 -- Why, migration by migration (its text below is the last one's, as schema.sql shows it):

@@ -69,15 +69,16 @@ SELECT existing.job_id AS existing_job_id,
 -- name: admit_job
 -- A locked section (`locks.locked_section`): inserts the job deciding its status, claims a
 -- 'pending' job's first release for this replica, consumes the run's reservation, debits the
--- price and writes the charge (functions/queue_admit_job.sql). One 'admitted' row with the
+-- price and writes the charge (functions/queue_admit_job_v2.sql). One 'admitted' row with the
 -- job's view; none when the key is taken, the balance is short, the user's queue or delta limit
--- is full, or the reservation is gone. The job keeps its document and sources.
+-- is full, or the reservation is gone. The job keeps its document and sources, and a retry the
+-- job it admits again (`retry_of_job_id`, NULL for every other admit).
 -- A delta whose run was created held is PENDING, waiting for a turn (the trigger of
 -- functions/analysis_jobs_wait_for_capacity.sql).
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
-  FROM queue_admit_job(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
-                       %(delta_of_job_id)s::uuid, %(price)s, %(actor)s, %(reason)s, %(default_max_active)s,
-                       %(max_queued)s, %(max_running_deltas)s, %(release_window_seconds)s,
-                       %(release_lease_seconds)s, %(reconcile_after_seconds)s,
-                       NULLIF(%(document_uri)s::text, ''), NULLIF(%(document_title)s::text, ''),
-                       %(sources)s::jsonb, %(delta_held)s) AS s
+  FROM queue_admit_job_v2(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
+                          %(delta_of_job_id)s::uuid, %(price)s, %(actor)s, %(reason)s, %(default_max_active)s,
+                          %(max_queued)s, %(max_running_deltas)s, %(release_window_seconds)s,
+                          %(release_lease_seconds)s, %(reconcile_after_seconds)s,
+                          NULLIF(%(document_uri)s::text, ''), NULLIF(%(document_title)s::text, ''),
+                          %(sources)s::jsonb, %(delta_held)s, %(retry_of_job_id)s::uuid) AS s

@@ -30,15 +30,16 @@ SELECT current_setting('synchronous_commit') AS synchronous_commit,
 
 -- name: adopt_run
 -- A locked section: adopts a run the core holds or judges into a job its database lost, with
--- its charge (functions/queue_adopt_run.sql). First row: 'adopted', 'known' or
--- 'key_taken' with a job's view, or 'reserved', 'delta_base_lost', 'balance_short' without one;
+-- its charge and a retry's lineage (`retry_of_job_id`, read from the key the core's record kept;
+-- NULL for a run no retry created) (functions/queue_adopt_run_v2.sql). First row: 'adopted',
+-- 'known' or 'key_taken' with a job's view, or 'reserved', 'delta_base_lost', 'balance_short' without one;
 -- after an adopted judging run, a 'taken_back' row for each of the user's PENDING jobs it sent
 -- back to her queue (the database then keeps them from the core until the run settles).
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*
-  FROM queue_adopt_run(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
-                       %(delta_of_run_id)s::uuid, %(price)s, %(judging)s, %(actor)s, %(reason)s,
-                       %(default_max_active)s, %(release_window_seconds)s, %(release_lease_seconds)s,
-                       %(reconcile_after_seconds)s) AS s
+  FROM queue_adopt_run_v2(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
+                          %(delta_of_run_id)s::uuid, %(price)s, %(judging)s, %(actor)s, %(reason)s,
+                          %(default_max_active)s, %(release_window_seconds)s, %(release_lease_seconds)s,
+                          %(reconcile_after_seconds)s, %(retry_of_job_id)s::uuid) AS s
 
 -- name: runs_unknown_to_queue
 -- Of the given runs (the core's live ones), those no job owns and no admit has reserved: the

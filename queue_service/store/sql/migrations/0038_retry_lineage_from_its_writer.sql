@@ -1,0 +1,12 @@
+-- Carries the new files functions/queue_admit_job_v2.sql and functions/queue_adopt_run_v2.sql and
+-- the changes of functions/queue_admit_job.sql, queue_adopt_run.sql and
+-- analysis_jobs_retry_lineage.sql (no table changes): the admit and the adoption take the job a
+-- retry admits again as a parameter and write `retry_of_job_id` themselves, under new names
+-- (functions/README.md, "A change of meaning gets a new name"). The old signatures become
+-- wrappers passing no lineage, which the trigger analysis_jobs_retry_lineage fills from the
+-- idempotency key as before: additive for replicas of the previous version, whose calls mean what
+-- they meant. The old signatures and the trigger are dropped by the migration after the next
+-- release. Shipped with this migration so that replicas of the previous version, should they
+-- migrate on start during the deploy, meet a migration they do not know and leave the newer texts
+-- alone.
+SELECT 1;
