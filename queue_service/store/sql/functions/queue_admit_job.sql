@@ -1,5 +1,6 @@
 -- queue_admit_job: the function (three overloads: the full one, and the two earlier signatures that
--- replicas of earlier versions call, kept as wrappers).
+-- replicas of earlier versions call, kept as wrappers, each after the overload it calls: a fresh
+-- database creates them from this file alone, and a SQL body's call is checked when it is created).
 -- requires: analysis_job_views
 --
 -- Not all of the placement is here: the trigger analysis_jobs_wait_for_capacity then makes a job it
@@ -110,16 +111,6 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION public.queue_admit_job(p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea, p_delta_of_job_id uuid, p_price integer, p_actor text, p_reason text, p_default_max_active integer, p_max_queued integer, p_max_running_deltas integer, p_release_window_seconds double precision, p_release_lease_seconds double precision, p_reconcile_after_seconds double precision)
- RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
- LANGUAGE sql
-AS $function$
-    SELECT * FROM queue_admit_job(p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest, p_delta_of_job_id,
-                                  p_price, p_actor, p_reason, p_default_max_active, p_max_queued, p_max_running_deltas,
-                                  p_release_window_seconds, p_release_lease_seconds, p_reconcile_after_seconds,
-                                  NULL::text, NULL::text, NULL::jsonb)
-$function$;
-
 CREATE OR REPLACE FUNCTION public.queue_admit_job(p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea, p_delta_of_job_id uuid, p_price integer, p_actor text, p_reason text, p_default_max_active integer, p_max_queued integer, p_max_running_deltas integer, p_release_window_seconds double precision, p_release_lease_seconds double precision, p_reconcile_after_seconds double precision, p_document_uri text, p_document_title text, p_sources jsonb)
  RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
  LANGUAGE sql
@@ -128,4 +119,14 @@ AS $function$
                                   p_price, p_actor, p_reason, p_default_max_active, p_max_queued, p_max_running_deltas,
                                   p_release_window_seconds, p_release_lease_seconds, p_reconcile_after_seconds,
                                   p_document_uri, p_document_title, p_sources, false)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.queue_admit_job(p_job_id uuid, p_user_id text, p_run_id uuid, p_idempotency_key text, p_request_digest bytea, p_delta_of_job_id uuid, p_price integer, p_actor text, p_reason text, p_default_max_active integer, p_max_queued integer, p_max_running_deltas integer, p_release_window_seconds double precision, p_release_lease_seconds double precision, p_reconcile_after_seconds double precision)
+ RETURNS TABLE(row_kind text, refunded_amount integer, run_unsettled boolean, job_view analysis_job_views)
+ LANGUAGE sql
+AS $function$
+    SELECT * FROM queue_admit_job(p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest, p_delta_of_job_id,
+                                  p_price, p_actor, p_reason, p_default_max_active, p_max_queued, p_max_running_deltas,
+                                  p_release_window_seconds, p_release_lease_seconds, p_reconcile_after_seconds,
+                                  NULL::text, NULL::text, NULL::jsonb)
 $function$;
