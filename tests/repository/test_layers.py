@@ -116,6 +116,8 @@ ENGINE_MODULES_KEPT_APART: dict[str, set[str]] = {
     "tasks": {"engine", "admission", "completions", "releases", "recovery", "dispatcher", "sweeper", "watch", "job_reads"},
     # The ports are what the rooms ask for: they know no room that asks or answers.
     "ports": {"engine", "admission", "completions", "releases", "recovery", "dispatcher", "sweeper", "core_reconciliation", "tasks"},
+    # The durable backoff is a formula: it knows no room.
+    "backoff": {"engine", "admission", "completions", "releases", "recovery", "dispatcher", "sweeper", "core_reconciliation", "tasks"},
 }
 
 
