@@ -1,6 +1,6 @@
 """The background loops: one supervised shape for every loop that repeats a step (the
-maintenance services, the dispatcher, the heartbeat, the credentials watch), and stopping them
-(and the notification hub) reliably."""
+maintenance services, the dispatcher, the heartbeat, the credentials watch, the watch hub's
+feed reader and hint listener), and stopping them reliably."""
 
 from __future__ import annotations
 
@@ -39,8 +39,13 @@ class SupervisedLoop:
     kinds (the database or the core away) is logged as a warning, anything else with its
     traceback, and the next step waits the interval, or a doubling back-off when one is given.
 
-    `wake`, when given, ends a wait early (the step is due now: `woken_by` says "event");
-    `wait_first` waits the interval before the first step too."""
+    `wake`, when given, ends a wait early (the step is due now: `woken_by` says "event"); it may
+    be a function naming the event for each wait (a loop woken by different things as its state
+    changes), and `wake_ends_backoff=False` leaves the wait after a failure to the timer (a loop
+    whose failed step does not clear its event would otherwise retry at once, over and over);
+    `wait_first` waits the interval before the first step too. A step that holds something open
+    for long (a connection it listens on) calls `recovered` once it got through what fails, so
+    its next failure backs off from the first wait again."""
 
     def __init__(
         self,
@@ -51,7 +56,8 @@ class SupervisedLoop:
         expected: tuple[type[Exception], ...],
         jitter: tuple[float, float] = (1.0, 1.0),
         wait_first: bool = False,
-        wake: asyncio.Event | None = None,
+        wake: asyncio.Event | Callable[[], asyncio.Event] | None = None,
+        wake_ends_backoff: bool = True,
         backoff_seconds: tuple[float, float] | None = None,
         failure_log: tuple[str, str] | None = None,
     ) -> None:
@@ -62,6 +68,7 @@ class SupervisedLoop:
         self._jitter = jitter
         self._wait_first = wait_first
         self._wake = wake
+        self._wake_ends_backoff = wake_ends_backoff
         # (first, most): the wait after the n-th failure in a row is min(most, first * 2**n).
         self._backoff = backoff_seconds
         # What a failure logs: an expected one (with `%s`, the error), anything else (with the
@@ -79,6 +86,11 @@ class SupervisedLoop:
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
 
+    def recovered(self) -> None:
+        """Called by a step that got through what fails (and goes on, holding it open): the
+        failures in a row end here."""
+        self.failures_in_a_row = 0
+
     def again_at_once(self) -> None:
         """Called by a step with more to do: the next step starts without a wait."""
         self._at_once = True
@@ -89,9 +101,11 @@ class SupervisedLoop:
             await self._wait(self._jittered())
         while True:
             self._at_once = False
+            failed = True
             try:
                 due_in = await self._step()
                 self.failures_in_a_row = 0
+                failed = False
             except self._expected as exc:
                 self.failures_in_a_row += 1
                 log.warning(self._failure_log[0], exc)
@@ -103,7 +117,7 @@ class SupervisedLoop:
             if self._at_once:
                 self.woken_by = "at_once"
                 continue
-            await self._wait(self._jittered() if due_in is None else due_in)
+            await self._wait(self._jittered() if due_in is None else due_in, wakeable=not failed or self._wake_ends_backoff)
 
     def _jittered(self) -> float:
         return self.interval_seconds * random.uniform(*self._jitter)
@@ -114,13 +128,14 @@ class SupervisedLoop:
         first, most = self._backoff
         return float(min(most, first * 2**self.failures_in_a_row))
 
-    async def _wait(self, seconds: float) -> None:
-        if self._wake is None:
+    async def _wait(self, seconds: float, *, wakeable: bool = True) -> None:
+        wake = self._wake() if callable(self._wake) else self._wake
+        if wake is None or not wakeable:
             await asyncio.sleep(seconds)
             self.woken_by = "timer"
             return
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+            await asyncio.wait_for(wake.wait(), timeout=seconds)
             self.woken_by = "event"
         except TimeoutError:
             self.woken_by = "timer"

@@ -371,6 +371,12 @@ class Config:
         float_between(1, 10 * 366 * 86400),
         "an ended job (its run settled) is deleted this long after it ended, once no kept delta re-check names it as its base, and never within an hour of its admit (the free-work limit counts the hour's jobs); its ledger entries stay, and open WatchJobs streams are told it vanished. Its idempotency key is remembered as long. Keep it well above how long the core retries a `CompleteRun` (a day)",
     )
+    prune_interval_seconds: float = setting(
+        "QUEUE_PRUNE_INTERVAL_SECONDS",
+        "60",
+        float_between(0.0, 86400),
+        "the sweeper's pruner (ended jobs' sources and ended jobs past their retention) runs at the first sweeper pass this long after its previous run, never more often than the sweeper, and at every pass while its previous run left rows past their retention; `0`: every pass",
+    )
     admit_price: int = setting("QUEUE_ADMIT_PRICE", "1", int_between(0, 1_000_000), "credits per first-pass job")
     delta_price: int = setting("QUEUE_DELTA_PRICE", "0", int_between(0, 1_000_000), "credits per delta re-check")
     core_deadline_seconds: float = setting(

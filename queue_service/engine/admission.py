@@ -21,8 +21,7 @@ from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.owed_releases import OwedReleases
-from queue_service.engine.ports import ReleaseStarter
-from queue_service.engine.recovery import Recovery
+from queue_service.engine.ports import ReleaseStarter, ReservedRuns
 from queue_service.engine.tasks import BackgroundTasks
 from queue_service.model import (
     AdmitLimits,
@@ -52,7 +51,7 @@ def request_digest(payload: bytes) -> bytes:
 class Admission:
     def __init__(
         self,
-        recovery: Recovery,
+        recovery: ReservedRuns,
         store: Store,
         core: CoreClient,
         config: Config,

@@ -25,11 +25,11 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from opentelemetry.trace import Span
-from tenacity import RetryCallState, wait_random_exponential
 
 from queue_service import audit, errors, telemetry
 from queue_service.config import Config
 from queue_service.core_client import CoreClient
+from queue_service.engine.backoff import full_jitter_backoff
 from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.owed_releases import OwedReleases
 from queue_service.engine.ports import ReleaseStarter
@@ -81,7 +81,6 @@ class QueueEngine:
         # When the slot a promoted job took was freed (monotonic), for the promotion-gap
         # histogram; bounded, since another replica may release the job and never tell us.
         self._slot_freed_at: collections.OrderedDict[uuid.UUID, float] = collections.OrderedDict()
-        self._backoff = wait_random_exponential(multiplier=1.0, max=config.release_backoff_max_seconds)
         # Clean-ups and changes that outlive their caller, shared with the rooms around this core.
         self._tasks = tasks
         # Locked changes whose outcome is unknown: the releases they may have claimed are handed
@@ -325,11 +324,8 @@ class QueueEngine:
     # -- retries -----------------------------------------------------------------------------
 
     def backoff_seconds(self, attempt: int) -> float:
-        """Capped exponential backoff with full jitter (tenacity's wait strategy)."""
-        # Wait strategies read only attempt_number; no Retrying exists here to pass as retry_object.
-        state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-        state.attempt_number = max(1, attempt)
-        return float(self._backoff(state))
+        """How long a claim's next durable attempt waits: capped exponential, full jitter."""
+        return full_jitter_backoff(attempt, cap=self.config.release_backoff_max_seconds)
 
     # -- fleet settings ----------------------------------------------------------------------
 

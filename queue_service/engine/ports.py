@@ -1,10 +1,16 @@
-"""What the engine's rooms ask of the loops and the failover checks that answer them.
+"""What the engine's rooms ask of the loops, the failover checks, the lifecycle core and one
+another, as protocols: each room is built with what answers them and imports only these.
 
 The lifecycle core, the admission and the releases start releases and ask for grants, which the
 dispatcher does; the core, the releases and the recovery ask the core's second copy (design I14)
 about runs a failover may have lost, which `CoreReconciler` answers. Each room gets these ports
 through its constructor and knows only the protocol: the grant's whole path, from a completion
 that frees a turn to the next user's release, is read inside `engine/`.
+
+The rooms ask the lifecycle core (`QueueEngine`) to end, promote, cancel and settle through
+`Lifecycle`; the admission hands a reserved run it abandoned to the recovery (`ReservedRuns`),
+and the recovery hands a release past its window to the releases (`ExpiredReleases`). So the
+rooms stand side by side above `engine.py`, and none holds another whole.
 
 The dispatcher needs the releases, and the releases (through the core) start releases: that
 circle is closed by `ReleaseHandoff`, built before both. The rooms hand it claims and grant
@@ -17,7 +23,7 @@ import collections
 import uuid
 from typing import Protocol
 
-from queue_service.model import ClaimedRelease
+from queue_service.model import Cause, ClaimedRelease, ClaimedReservation, JobEnding, Promoted, RunReport, Transition
 
 
 class ReleaseStarter(Protocol):
@@ -92,3 +98,48 @@ class NoFailoverGuard:
 
     async def adopt_if_lost(self, run_id: uuid.UUID) -> bool:
         return False
+
+
+class Lifecycle(Protocol):
+    """What the rooms ask of the lifecycle core (`engine.QueueEngine`)."""
+
+    @property
+    def cancel_recheck_seconds(self) -> float:
+        """How long a RUNNING job's unanswered cancel waits before it is asked again."""
+
+    async def end_job(self, job_id: uuid.UUID, user_id: str, transition: Transition) -> JobEnding | None:
+        """Applies the fenced transition (its refund, the promotions it frees); None: fenced."""
+
+    async def promote(self, user_id: str, *, cause: Cause) -> tuple[Promoted, ...]:
+        """Fills every free slot of the user from the queue, oldest first."""
+
+    async def cancel(self, job_id: uuid.UUID, user_id: str) -> None:
+        """The user's cancel of a job (the core's answer decides how an active job ends)."""
+
+    async def settle_run(self, job_id: uuid.UUID, user_id: str, *, cause: Cause) -> None:
+        """The core confirmed the ended job's run settled: free its slot and promote."""
+
+    async def cancel_until_confirmed(self, run_id: uuid.UUID, *, kind: str) -> RunReport | None:
+        """One CancelRun attempt: the report when the core confirms the run settled, else None."""
+
+    def promotion_gap_ended(self, job_id: uuid.UUID) -> None:
+        """The promoted job's release was confirmed (the promotion-gap histogram)."""
+
+    def backoff_seconds(self, attempt: int) -> float:
+        """How long a claim's next durable attempt waits."""
+
+
+class ReservedRuns(Protocol):
+    """What the admission asks of the recovery (`engine.recovery.Recovery`): a run it reserved
+    and abandoned is canceled until the core confirms (or adopted, when a failover lost its job)."""
+
+    async def cancel_reserved_run(self, claim: ClaimedReservation) -> bool:
+        """One attempt; True once the run is settled (or adopted), else it is scheduled again."""
+
+
+class ExpiredReleases(Protocol):
+    """What the recovery asks of the releases (`engine.releases.Releases`): a release whose
+    window passed is given up."""
+
+    async def give_up_release(self, job_id: uuid.UUID, user_id: str, reason: str, *, attempts: int) -> bool:
+        """Fails and refunds the job; True when this call ended it."""

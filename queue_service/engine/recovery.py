@@ -15,9 +15,7 @@ import uuid
 
 from queue_service import errors, telemetry
 from queue_service.core_client import CoreClient
-from queue_service.engine.engine import QueueEngine
-from queue_service.engine.ports import FailoverGuard
-from queue_service.engine.releases import Releases
+from queue_service.engine.ports import ExpiredReleases, FailoverGuard, Lifecycle
 from queue_service.model import (
     Cause,
     ClaimedReservation,
@@ -35,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class Recovery:
-    def __init__(self, engine: QueueEngine, releases: Releases, store: Store, core: CoreClient, *, guard: FailoverGuard) -> None:
+    def __init__(self, engine: Lifecycle, releases: ExpiredReleases, store: Store, core: CoreClient, *, guard: FailoverGuard) -> None:
         self._engine = engine
         # A reserved run whose job a failover lost is adopted, not canceled (`cancel_reserved_run`).
         self._guard = guard
@@ -45,7 +43,7 @@ class Recovery:
 
     @property
     def cancel_recheck_seconds(self) -> float:
-        """How long an unanswered cancel waits before it is asked again (`QueueEngine`'s)."""
+        """How long an unanswered cancel waits before it is asked again (the lifecycle core's)."""
         return self._engine.cancel_recheck_seconds
 
     async def promote(self, user_id: str, *, cause: Cause) -> tuple[Promoted, ...]:

@@ -5,7 +5,7 @@ for tooling) is one ReleaseRun attempt: accepted (the job is marked RUNNING, mar
 `ReleaseMarker`), a run that had ended already (the job ends as the core says), no answer (retried
 with backoff until the release window closes, then given up and refunded), or the core at its
 capacity (the job waits for a grant, `grant_capacity`). A job the user asked to cancel is not
-released: its run is canceled instead. Ending a job is the lifecycle core's (`QueueEngine.end_job`).
+released: its run is canceled instead. Ending a job is the lifecycle core's (`Lifecycle.end_job`: `QueueEngine`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.coalescer import Coalescer, Spawn, counting_batch
-from queue_service.engine.engine import QueueEngine
-from queue_service.engine.ports import FailoverGuard
+from queue_service.engine.ports import FailoverGuard, Lifecycle
 from queue_service.engine.tasks import BackgroundTasks
 from queue_service.model import (
     CapacityGrant,
@@ -41,7 +40,7 @@ _MAX_MARKS_PER_STATEMENT = 64
 class Releases:
     def __init__(
         self,
-        engine: QueueEngine,
+        engine: Lifecycle,
         store: Store,
         core: CoreClient,
         config: Config,

@@ -12,7 +12,10 @@ admits that failed or died (`reservation_canceler`), ends jobs waiting for capac
 cancel is recorded (`waiting_cancel_ender`), reads the depth and capacity gauges
 (`metrics_reader`), deletes the job-change feed's rows past their retention (`feed_trimmer`),
 forgets settled abandoned runs (`abandoned_run_forgetter`) and prunes ended jobs past their
-retention (`pruner`); then it wakes the dispatcher for due releases. The database identity watch
+retention (`pruner`); then it wakes the dispatcher for due releases. Each service declares how
+often it is due (`interval_seconds`): most at every pass, the feed's trim every minute and the
+pruner every QUEUE_PRUNE_INTERVAL_SECONDS, so the promoter's pace (the sweep interval) is not
+theirs; a pass runs the services due (a pass run at once, `sweep_once`, runs them all). The database identity watch
 (`identity_watch`) runs beside it, every few seconds. It is safe on every replica at once
 (promotions take the user lock, claims skip locked rows, every transition is fenced), touches only
 rows in flight (partial indexes), works in bounded batches, and one failure never stops the loop
@@ -94,6 +97,8 @@ class Sweeper:
             AbandonedRunForgetter(store),
             Pruner(store, config),
         )
+        # When each service is due again (monotonic; 0: at the first pass).
+        self._due_at = [0.0] * len(self.services)
         self._loop = SupervisedLoop(
             "sweeper",
             self._pass,
@@ -138,27 +143,34 @@ class Sweeper:
         await self.sweep_once()
 
     async def _pass(self) -> None:
-        await self.sweep_once()
+        await self.sweep_once(due_only=True)
 
-    async def sweep_once(self) -> SweepReport:
-        """One pass of every service, in order (a test or a failover runs one at once)."""
+    async def sweep_once(self, *, due_only: bool = False) -> SweepReport:
+        """One pass, in order, of every service, or (the loop's pass) of those due (a test or a
+        failover runs a whole pass at once)."""
         report = SweepReport()
         started = time.perf_counter()
+        now = time.monotonic()
+        running = [i for i, due_at in enumerate(self._due_at) if not due_only or due_at <= now]
         with telemetry.tracer.start_as_current_span("sweep") as span:
+            span.set_attribute("queue.sweep.services", len(running))
             if self._core_runs is not None:
                 reconciled = await self._core_runs.reconcile_if_due()
                 if reconciled is not None:
                     report.runs_adopted += reconciled.adopted
                     report.runs_lost += reconciled.lost
                     report.runs_forgotten += reconciled.forgotten
-            found: list[tuple[str | None, Work]] = []
+            found: list[tuple[int, Work]] = []
             async with self._store.statements() as db:
-                for service in self.services:
-                    found.append((service.action, await service.find(db)))
-            for action, work in found:
+                for i in running:
+                    found.append((i, await self.services[i].find(db)))
+            for i, work in found:
                 done = await work()
-                if action is not None:
-                    setattr(report, action, getattr(report, action) + done)
+                service = self.services[i]
+                # Read after the work: a service left behind asks for the next pass.
+                self._due_at[i] = now + service.interval_seconds
+                if service.action is not None:
+                    setattr(report, service.action, getattr(report, service.action) + done)
             self._wake_dispatcher()
             span.set_attribute("queue.sweep.promoted", report.promoted)
             span.set_attribute("queue.sweep.gave_up", report.gave_up)

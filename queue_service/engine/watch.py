@@ -39,7 +39,7 @@ from collections import defaultdict
 from collections.abc import AsyncGenerator, Callable
 
 from queue_service import errors, telemetry
-from queue_service.background import cancel_and_wait
+from queue_service.background import SupervisedLoop
 from queue_service.engine.job_reads import JobReads
 from queue_service.engine.watch_line import ShownLine
 from queue_service.engine.watch_stream import NO_JOB, VanishedJob, WatchItem, WatchPage, WatchStream
@@ -67,6 +67,8 @@ _MIN_READ_SPACING_SECONDS = 0.01
 _FILTERED_READ_TRIES = 3
 # How long a stream's first read waits for the hub's first read of the feed.
 _FEED_READY_SECONDS = 10.0
+# A failed read of the feed is retried after 0.1 s, doubling to at most this.
+_READ_RETRY_MAX_SECONDS = 5.0
 
 
 def _changes_the_users_queue(change: JobChange, views: list[JobView]) -> bool:
@@ -102,8 +104,35 @@ class NotificationHub:
         # Open streams by (caller, user): the per-user cap counts each caller's own, so one
         # caller's streams never lock another (an operator, another web backend) out of a user.
         self._per_caller: collections.Counter[tuple[str, str]] = collections.Counter()
-        self._runner: asyncio.Task[None] | None = None
-        self._hint_listener: asyncio.Task[None] | None = None
+        # The feed's reader and the hints' listener: two supervised loops (`background`).
+        self._reader = SupervisedLoop(
+            "notification-hub",
+            self._read_step,
+            interval_seconds=READ_EVERY_SECONDS,
+            expected=(errors.QueueError,),
+            # Woken by this replica's commits and other replicas' hints while streams are open,
+            # else by a subscription only; a failed read waits its back-off whatever wakes.
+            wake=self._wake_for_next_read,
+            wake_ends_backoff=False,
+            backoff_seconds=(0.1, _READ_RETRY_MAX_SECONDS),
+            failure_log=("job-change feed read failed (%r); retrying", "job-change feed read failed; retrying"),
+        )
+        self._hint_listener = SupervisedLoop(
+            "feed-hint-listener",
+            self._listen_for_hints,
+            interval_seconds=0.0,
+            # Whatever drops the connection is a warning: the reader goes on without hints.
+            expected=(Exception,),
+            backoff_seconds=(0.1, reconnect_max_seconds),
+            failure_log=(
+                "feed hint listener lost its connection (%r); reconnecting",
+                "feed hint listener lost its connection; reconnecting",
+            ),
+        )
+        # Where the reader is in the feed (None: not started), and whether its wait is for
+        # commits (streams were open when it began) or for a subscription.
+        self._cursor: FeedCursor | None = None
+        self._waiting_for_commits = False
         # A job became PENDING without its release claimed (by a replica of an earlier version):
         # this replica's dispatcher may release it too.
         self._on_pending = on_pending
@@ -120,7 +149,6 @@ class NotificationHub:
         self._feed_ready = asyncio.Event()
         # Set while the hint connection LISTENs.
         self.listening = asyncio.Event()
-        self._reconnect_max_seconds = reconnect_max_seconds
         # Set when the database was replaced (a failover): the feed's cursor, a snapshot of the
         # old primary's transaction ids, means nothing on the new one; start afresh and resync.
         self._cursor_reset = False
@@ -133,12 +161,12 @@ class NotificationHub:
         return sum(len(streams) for streams in self._streams.values())
 
     def start(self) -> None:
-        self._runner = asyncio.create_task(self._run(), name="notification-hub")
-        self._hint_listener = asyncio.create_task(self._listen_for_hints(), name="feed-hint-listener")
+        self._reader.start()
+        self._hint_listener.start()
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._hint_listener)
-        await cancel_and_wait(self._runner)
+        await self._hint_listener.stop()
+        await self._reader.stop()
         self._resync_all()
 
     def subscribe(self, user_id: str, *, caller: str = "") -> WatchStream:
@@ -174,57 +202,54 @@ class NotificationHub:
                 del self._streams[stream.user_id]
                 self._line.forget_user(stream.user_id)
 
-    async def _run(self) -> None:
-        """Reads the feed until stopped: at once, then whenever woken or its timer runs out."""
-        cursor: FeedCursor | None = None
-        failures = 0
-        woken_by = "start"
-        while True:
-            try:
-                if cursor is None or self._cursor_reset or time.monotonic() - cursor.read_at > STALE_AFTER_SECONDS:
-                    reset, self._cursor_reset = self._cursor_reset, False
-                    async with self._store.statements() as db:
-                        fresh = await db.job_feed_start()
-                    if reset:
-                        log.warning("the database was replaced; the job-change feed starts afresh and streams resync")
-                        self._missed_changes()
-                    elif cursor is not None:
-                        # Rows this replica had not read may have been deleted meanwhile.
-                        log.warning("the job-change feed was not read for %.0f s; streams resync", fresh.read_at - cursor.read_at)
-                        self._missed_changes()
-                    cursor = fresh
-                    self._feed_ready.set()
-                else:
-                    cursor = await self._read(cursor, woken_by)
-                failures = 0
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                failures += 1
-                level = logging.WARNING if isinstance(exc, errors.QueueError) else logging.ERROR
-                log.log(level, "job-change feed read failed (%s); retrying", exc.__class__.__name__, exc_info=level == logging.ERROR)
-                await asyncio.sleep(min(5.0, 0.1 * 2**failures))
-                woken_by = "retry"
-                continue
-            woken_by = await self._wait_for_changes(cursor.read_at)
-
-    async def _wait_for_changes(self, last_read_at: float) -> str:
-        """Until there may be something to read; what woke the reader."""
+    async def _read_step(self) -> float:
+        """One step of the reader: the changes committed since the previous read (a fresh cursor
+        first, and whenever the old one cannot be trusted); the seconds the next read may wait
+        for a wake-up (`_wake_for_next_read`)."""
+        woken_by = await self._woken_by()
+        cursor = self._cursor
+        if cursor is None or self._cursor_reset or time.monotonic() - cursor.read_at > STALE_AFTER_SECONDS:
+            reset, self._cursor_reset = self._cursor_reset, False
+            async with self._store.statements() as db:
+                fresh = await db.job_feed_start()
+            if reset:
+                log.warning("the database was replaced; the job-change feed starts afresh and streams resync")
+                self._missed_changes()
+            elif cursor is not None:
+                # Rows this replica had not read may have been deleted meanwhile.
+                log.warning("the job-change feed was not read for %.0f s; streams resync", fresh.read_at - cursor.read_at)
+                self._missed_changes()
+            self._cursor = fresh
+            self._feed_ready.set()
+        else:
+            self._cursor = await self._read(cursor, woken_by)
         streams_open = self._stream_count > 0
-        event = self._wake if streams_open else self._subscribed
+        self._waiting_for_commits = streams_open
         timeout = READ_EVERY_SECONDS if streams_open else READ_EVERY_IDLE_SECONDS
         if self._line:
             # The next read also re-reads the line once due.
             timeout = min(timeout, self._line.reread_due_in())
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-            woken_by = "subscribe" if not streams_open else "hint" if self._hinted else "local"
-        except TimeoutError:
+        return timeout
+
+    def _wake_for_next_read(self) -> asyncio.Event:
+        """What ends the reader's wait: a commit or a hint while streams are open, else a subscription."""
+        return self._wake if self._waiting_for_commits else self._subscribed
+
+    async def _woken_by(self) -> str:
+        """What woke the reader for this read; after a wake-up (not the first read, not a retry)
+        the reads are spaced and the wake-ups cleared, so what commits during the read wakes the
+        next one."""
+        if self._reader.failures_in_a_row:
+            return "retry"
+        if self._cursor is None:
+            return "start"
+        if self._reader.woken_by == "event":
+            woken_by = "hint" if self._hinted else "local" if self._waiting_for_commits else "subscribe"
+        else:
             woken_by = "timer"
-        spacing = last_read_at + _MIN_READ_SPACING_SECONDS - time.monotonic()
+        spacing = self._cursor.read_at + _MIN_READ_SPACING_SECONDS - time.monotonic()
         if spacing > 0:
             await asyncio.sleep(spacing)
-        # Cleared before the read: what commits during it wakes the next one.
         self._wake.clear()
         self._subscribed.clear()
         self._hinted = False
@@ -259,28 +284,23 @@ class NotificationHub:
         return read.cursor
 
     async def _listen_for_hints(self) -> None:
-        """Wakes the reader when another replica's hint arrives; resyncs the streams when the hint
-        connection was lost (no change is lost with it, but none was heard early either)."""
-        failures = 0
+        """Wakes the reader when another replica's hint arrives, for as long as the connection
+        lives (its loss raises: the loop reconnects, backing off); resyncs the streams once it
+        reconnected after a loss (no change is lost with it, but none was heard early either)."""
         own = self._store.hints.sender
-        while True:
-            try:
-                async with self._store.feed_hints() as hints:
-                    if failures:
-                        self._missed_changes()
-                    failures = 0
-                    self.listening.set()
-                    async for sender in hints:
-                        if sender != own:
-                            self._hinted = True
-                            self._wake.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.listening.clear()
-                failures += 1
-                log.warning("feed hint listener lost its connection (%s: %s); reconnecting", exc.__class__.__name__, exc)
-                await asyncio.sleep(min(self._reconnect_max_seconds, 0.1 * 2**failures))
+        try:
+            async with self._store.feed_hints() as hints:
+                if self._hint_listener.failures_in_a_row:
+                    self._missed_changes()
+                self._hint_listener.recovered()
+                self.listening.set()
+                async for sender in hints:
+                    if sender != own:
+                        self._hinted = True
+                        self._wake.set()
+        except Exception:
+            self.listening.clear()
+            raise
 
     def database_replaced(self) -> None:
         """The database is another one now (a failover): commits the streams heard of may be

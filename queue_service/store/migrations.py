@@ -8,6 +8,13 @@ which would leave the lock on a separate session. The runner is small: files
 `sql/migrations/NNNN_name.sql`, applied in order, recorded with a checksum so an edited,
 already-applied migration is refused instead of silently diverging.
 
+A fresh database (no migration recorded) does not replay them: it installs `sql/baseline.sql`,
+the tables, indexes and rows the numbered migrations up to the baseline's leave (generated from a
+database they built, `tests/integration/schema_tool.py`), records those migrations as applied
+with the checksums a replay records, then applies the migrations after the baseline's number.
+The numbered migrations stay only to upgrade existing databases; the superseded function texts
+in them never run on a new one.
+
 After them, in the same transaction and under the same lock, the repeatable step: each function,
 trigger and view the code uses has one file, `sql/functions/<name>.sql` (its current definition
 and why), re-applied whenever its text changes, like Flyway's R__ files. A file's checksum is
@@ -35,6 +42,8 @@ from queue_service.store.locks import with_migration_lock
 log = logging.getLogger(__name__)
 
 _FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
+# The baseline's header line naming the last migration it stands for.
+_BASELINE_STANDS_FOR = re.compile(r"^-- Stands for migrations 0001-(?P<version>\d{4})\b", re.MULTILINE)
 
 _CREATE_VERSION_TABLE = """
 CREATE TABLE IF NOT EXISTS queue_schema_migrations (
@@ -93,6 +102,15 @@ class FunctionFile:
 
 
 @dataclasses.dataclass(frozen=True)
+class Baseline:
+    """`sql/baseline.sql`: what the numbered migrations up to `version` leave, without function,
+    trigger or view (those come from the function files, applied after it)."""
+
+    version: int
+    sql: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Applied:
     """What one `migrate` call applied: migration versions, then function files by name."""
 
@@ -132,6 +150,14 @@ def _in_dependency_order(files: dict[str, FunctionFile]) -> list[FunctionFile]:
     return ordered
 
 
+def baseline() -> Baseline:
+    text = resources.files("queue_service.store").joinpath("sql/baseline.sql").read_text()
+    match = _BASELINE_STANDS_FOR.search(text)
+    if match is None:
+        raise MigrationError("sql/baseline.sql does not say which migration it stands for ('-- Stands for migrations 0001-NNNN')")
+    return Baseline(int(match["version"]), text)
+
+
 def available_migrations() -> list[Migration]:
     folder = resources.files("queue_service.store").joinpath("sql/migrations")
     found = []
@@ -154,15 +180,27 @@ async def migrate(dsn: str) -> list[int]:
     return (await migrate_all(dsn)).versions
 
 
-async def migrate_all(dsn: str) -> Applied:
-    """`migrate`, saying which function files it applied too."""
+async def migrate_all(dsn: str, *, from_baseline: bool = True) -> Applied:
+    """`migrate`, saying which function files it applied too. With `from_baseline=False` a fresh
+    database replays every numbered migration instead of installing the baseline: how the
+    baseline is generated, and how the tests prove the two paths build the same schema."""
     migrations = available_migrations()
     files = function_files()
+    start = baseline() if from_baseline else None
+    if start is not None and start.version > len(migrations):
+        raise MigrationError(f"sql/baseline.sql stands for migration {start.version:04d}, which has no file")
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
         async with with_migration_lock(conn):
             await conn.execute(_CREATE_VERSION_TABLE)
             applied = await _applied(conn)
             newly_applied = []
+            if not applied and start is not None:
+                log.info("installing the baseline of migrations 0001-%04d", start.version)
+                await conn.execute(start.sql)
+                for migration in migrations[: start.version]:
+                    await _record(conn, migration)
+                    newly_applied.append(migration.version)
+                applied = await _applied(conn)
             for migration in migrations:
                 known = applied.get(migration.version)
                 if known is not None:
@@ -171,10 +209,7 @@ async def migrate_all(dsn: str) -> Applied:
                     continue
                 log.info("applying migration %04d_%s", migration.version, migration.name)
                 await conn.execute(migration.sql)
-                await conn.execute(
-                    "INSERT INTO queue_schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
-                    (migration.version, migration.name, migration.checksum),
-                )
+                await _record(conn, migration)
                 newly_applied.append(migration.version)
             unknown = sorted(set(applied) - {m.version for m in migrations})
             if unknown:
@@ -183,21 +218,35 @@ async def migrate_all(dsn: str) -> Applied:
                 log.warning("database has migrations this code does not know: %s", unknown)
                 # Its function files are newer than ours too; ours would undo them.
                 return Applied(newly_applied, [])
-            await conn.execute(_CREATE_FUNCTIONS_TABLE)
-            in_force = await _function_checksums(conn, latest_only=True)
-            applied_files = []
-            for file in files:
-                if in_force.get(file.name) == {file.checksum}:
-                    continue
-                log.info("applying functions/%s.sql", file.name)
-                await conn.execute(file.sql)
-                await conn.execute(
-                    "INSERT INTO queue_schema_functions (name, checksum) VALUES (%s, %s)"
-                    " ON CONFLICT (name, checksum) DO UPDATE SET applied_at = clock_timestamp()",
-                    (file.name, file.checksum),
-                )
-                applied_files.append(file.name)
+            applied_files = await _apply_function_files(conn, files)
     return Applied(newly_applied, applied_files)
+
+
+async def _apply_function_files(conn: AsyncConnection[Any], files: list[FunctionFile]) -> list[str]:
+    """Every file whose text is not the one in force, recorded in its history; their names."""
+    await conn.execute(_CREATE_FUNCTIONS_TABLE)
+    in_force = await _function_checksums(conn, latest_only=True)
+    applied_files = []
+    for file in files:
+        if in_force.get(file.name) == {file.checksum}:
+            continue
+        log.info("applying functions/%s.sql", file.name)
+        await conn.execute(file.sql)
+        await conn.execute(
+            "INSERT INTO queue_schema_functions (name, checksum) VALUES (%s, %s)"
+            " ON CONFLICT (name, checksum) DO UPDATE SET applied_at = clock_timestamp()",
+            (file.name, file.checksum),
+        )
+        applied_files.append(file.name)
+    return applied_files
+
+
+async def _record(conn: AsyncConnection[Any], migration: Migration) -> None:
+    """The row a migration leaves, whether it ran or the baseline stands for it."""
+    await conn.execute(
+        "INSERT INTO queue_schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+        (migration.version, migration.name, migration.checksum),
+    )
 
 
 async def pending_migrations(conn: AsyncConnection[Any]) -> list[str]:

@@ -86,6 +86,8 @@ def replica_environment(database_url: str, core_port: int, port: int, auth_file:
         "QUEUE_MAX_FREE_ADMITS_PER_USER_PER_HOUR": str(FREE_WORK_PER_HOUR),
         "QUEUE_JOB_INPUTS_RETENTION_SECONDS": str(INPUTS_RETENTION),
         "QUEUE_JOB_RETENTION_SECONDS": str(JOB_RETENTION),
+        # The pruner at the sweep's pace, so that retentions of seconds turn within a run.
+        "QUEUE_PRUNE_INTERVAL_SECONDS": str(SWEEP_INTERVAL),
         "QUEUE_CORE_CAPACITY": str(capacity),
         "QUEUE_DB_POOL_MAX_SIZE": "6",
         "QUEUE_DB_POOL_MIN_SIZE": "1",

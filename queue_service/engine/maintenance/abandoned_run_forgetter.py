@@ -3,7 +3,7 @@ reports a run a day later), then forgotten, a bounded batch a pass."""
 
 from __future__ import annotations
 
-from queue_service.engine.maintenance.service import Work, guarded
+from queue_service.engine.maintenance.service import EVERY_PASS, Work, guarded
 from queue_service.store import Statements, Store
 
 RETENTION_SECONDS = 86_400.0
@@ -12,6 +12,7 @@ FORGOTTEN_PER_PASS = 1_000
 
 class AbandonedRunForgetter:
     action = "abandoned_runs_forgotten"
+    interval_seconds = EVERY_PASS
 
     def __init__(self, store: Store, *, batch_size: int = FORGOTTEN_PER_PASS) -> None:
         self._store = store

@@ -4,12 +4,13 @@ the gauges (`queue.depth`, `queue.capacity.*`, the pauses of releases among them
 from __future__ import annotations
 
 from queue_service import telemetry
-from queue_service.engine.maintenance.service import Work, nothing_to_do
+from queue_service.engine.maintenance.service import EVERY_PASS, Work, nothing_to_do
 from queue_service.store import Statements
 
 
 class MetricsReader:
     action = None
+    interval_seconds = EVERY_PASS
 
     async def find(self, db: Statements) -> Work:
         telemetry.metrics.depth = await db.queue_depth()

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from queue_service.config import Config
 from queue_service.engine.maintenance.ports import Recovering
-from queue_service.engine.maintenance.service import BATCH, Work, guarded
+from queue_service.engine.maintenance.service import BATCH, EVERY_PASS, Work, guarded
 from queue_service.model import Cause
 from queue_service.store import Statements
 
 
 class LostPromotionPromoter:
     action = "promoted"
+    interval_seconds = EVERY_PASS
 
     def __init__(self, recovery: Recovering, config: Config, *, batch_size: int = BATCH) -> None:
         self._recovery = recovery

@@ -8,7 +8,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from queue_service import errors
 from queue_service.config import Config
 from queue_service.engine.maintenance.ports import Recovering
-from queue_service.engine.maintenance.service import BATCH, Work, count_each_asking_core
+from queue_service.engine.maintenance.service import BATCH, EVERY_PASS, Work, count_each_asking_core
 from queue_service.model import ClaimedReconciliation
 from queue_service.store import Statements
 
@@ -20,6 +20,7 @@ RECONCILE_RETRY_SECONDS = 0.5
 
 class RunReconciler:
     action = "reconciled"
+    interval_seconds = EVERY_PASS
 
     def __init__(self, recovery: Recovering, config: Config, *, batch_size: int = BATCH) -> None:
         self._recovery = recovery

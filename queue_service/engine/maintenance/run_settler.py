@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from queue_service.config import Config
 from queue_service.engine.maintenance.ports import Recovering
-from queue_service.engine.maintenance.service import BATCH, Work, count_each_asking_core
+from queue_service.engine.maintenance.service import BATCH, EVERY_PASS, Work, count_each_asking_core
 from queue_service.store import Statements
 
 
 class RunSettler:
     action = "runs_settled"
+    interval_seconds = EVERY_PASS
 
     def __init__(self, recovery: Recovering, config: Config, *, batch_size: int = BATCH) -> None:
         self._recovery = recovery

@@ -1,5 +1,8 @@
 """What every maintenance service is: one concern of the sweeper's pass, in two steps.
 
+Each service declares how often it is due (`interval_seconds`): the promotions a lost answer
+skipped at every pass, the pruner and the feed's trim less often.
+
 `find` reads or claims its rows on the pass's connection (every service's reads happen first, in
 the services' order, so what one service changes is found by the next pass, not by this one); it
 returns the service's `work`, run after every read in the same order. A row's step that fails is
@@ -33,12 +36,25 @@ async def nothing_to_do() -> int:
     return 0
 
 
+# The interval of a service due at every pass of the sweeper.
+EVERY_PASS = 0.0
+
+
 class MaintenanceService(Protocol):
     """One concern of the pass. `action` names what `work` counts: the SweepReport field and the
-    `queue.sweep.rows` metric's action (None: the service reports its own)."""
+    `queue.sweep.rows` metric's action (None: the service reports its own).
+
+    `interval_seconds` is how long after a run of the service it is due again: the sweeper's
+    loop runs it at its first pass from then on (`EVERY_PASS`: at every pass; never more often
+    than the sweeper runs). Read after its work, so a service that stopped at its per-pass bound
+    with rows left answers `EVERY_PASS` until it caught up: a backlog drains at the sweeper's
+    pace, not at the service's."""
 
     @property
     def action(self) -> str | None: ...
+
+    @property
+    def interval_seconds(self) -> float: ...
 
     async def find(self, db: Statements) -> Work: ...
 

@@ -4,12 +4,13 @@ its is due to apply it) is ended, refunded, without waiting for a grant."""
 from __future__ import annotations
 
 from queue_service.engine.maintenance.ports import Recovering
-from queue_service.engine.maintenance.service import BATCH, Work, guarded
+from queue_service.engine.maintenance.service import BATCH, EVERY_PASS, Work, guarded
 from queue_service.store import Statements
 
 
 class WaitingCancelEnder:
     action = "waiting_canceled"
+    interval_seconds = EVERY_PASS
 
     def __init__(self, recovery: Recovering, *, batch_size: int = BATCH) -> None:
         self._recovery = recovery
