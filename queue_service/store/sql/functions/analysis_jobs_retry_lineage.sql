@@ -6,7 +6,7 @@
 -- (queue_admit_job_v2, queue_adopt_run_v2), and an explicit value is never overridden (the
 -- function fills only a NULL).
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0027 (retry lineage and cancel actor): A job admitted by a retry records the job it retries,
 --   read from its idempotency key (`retry:<ended job id>` or `retry:<ended job id>:<digest>`,
 --   api/servicers/retry.py; Admit refuses the prefix to every other caller). Done at the INSERT,

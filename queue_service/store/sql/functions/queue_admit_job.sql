@@ -9,7 +9,7 @@
 -- migration after the next release. The service itself calls queue_admit_job_v2, passing the
 -- lineage.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0009, 0017, 0023: the admit and its earlier signatures; their history is the body's, in
 --   queue_admit_job_v2.sql now.
 -- * 0038 (retry lineage from its writer): The admit moved to queue_admit_job_v2, which takes the

@@ -8,7 +8,7 @@
 -- until a grant): see functions/analysis_jobs_wait_for_capacity.sql. The lineage is not the
 -- trigger's any more: the caller passes it.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it; 0009-0023
+-- Why, migration by migration (its text below is the last one's; 0009-0023
 -- wrote it as queue_admit_job):
 -- * 0009 (locked sections in one statement): Admits a job: inserts it, debits its price and writes
 --   the charge, deciding its status in the INSERT ('pending' with a slot when a slot is free and

@@ -7,7 +7,7 @@
 -- the migration after the next release. The service itself calls queue_adopt_run_v2, passing the
 -- lineage.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0018, 0019, 0024: the adoption; their history is the body's, in queue_adopt_run_v2.sql now.
 -- * 0038 (retry lineage from its writer): The adoption moved to queue_adopt_run_v2, which takes the
 --   lineage as a parameter. This signature calls it with none, so a previous version's adoption of

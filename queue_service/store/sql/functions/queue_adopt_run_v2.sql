@@ -8,7 +8,7 @@
 -- see functions/analysis_jobs_wait_for_capacity.sql. The lineage is not the trigger's any more:
 -- the caller passes it.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it; 0018-0024
+-- Why, migration by migration (its text below is the last one's; 0018-0024
 -- wrote it as queue_adopt_run):
 -- * 0018 (core runs adopted after failover): A locked section (the user's queue lock,
 --   `locks.locked_section`): adopts a run the core holds or judges into a job, unless the queue
