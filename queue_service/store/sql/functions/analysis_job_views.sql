@@ -1,6 +1,6 @@
 -- analysis_job_views: the view.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0001 (queue and credits): The API's view of a job: its row plus what a waiting user wants to
 --   know (design 4b).
 -- * 0006 (job view reads refunds per row): `refunded` as a correlated scalar subquery (at most one

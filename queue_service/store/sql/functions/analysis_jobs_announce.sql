@@ -1,6 +1,6 @@
 -- analysis_jobs_announce: the function.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0013 (every view change announced): One place builds the job-change notice, for the trigger and
 --   for changes that touch no job row.
 -- * 0015 (job change feed): The one place that records a job's change (migration 0013): for the

@@ -1,7 +1,7 @@
 -- analysis_jobs_announce_change: the function and its triggers analysis_jobs_announce_insert,
 -- analysis_jobs_announce_update and analysis_jobs_announce_delete.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0001 (queue and credits): Every status change (and every new last_error) is announced, so
 --   watchers and dispatchers on every replica learn of it, whichever replica or code version made
 --   it.

@@ -1,7 +1,7 @@
 -- analysis_jobs_capacity_order: the view.
 -- requires: queue_capacity_in_use_of_user, queue_releases_paused
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0014 (fleet capacity): The fair order of jobs waiting for capacity (max-min, then round-robin):
 --   fewest runs of the user in use first; then the user who has waited longest since her latest
 --   first-pass run was granted (or, never served, since her job began to wait); then the job that

@@ -1,6 +1,6 @@
 -- analysis_jobs_free_slot: the function.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0001 (queue and credits): The lowest free first-pass slot of a user (NULL when all are taken).
 --   Shared by admit and promotion so both decide the same way.
 -- * 0002 (free slot respects the limit): A user's limit may be lowered while they hold

@@ -1,6 +1,6 @@
 -- analysis_jobs_keep_search_keys: the function and its trigger of the same name.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0029 (job search by document and DOI): What the job search reads is written once, at insert,
 --   whichever code inserts the job (as the migration's backfill does for the jobs before it):
 --   each distinct DOI of its sources, lowercased (DOIs are case-insensitive), kept for as long as

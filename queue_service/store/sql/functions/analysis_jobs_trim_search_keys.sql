@@ -1,6 +1,6 @@
 -- analysis_jobs_trim_search_keys: the function and its trigger of the same name.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0032 (search keys pruned with the sources): a job's DOIs in `analysis_job_search_keys` are
 --   what the job still holds. Kept whole after the pruner emptied its sources, every DOI of up to
 --   1 000 sources stayed for the job's 30 days with its GIN entries (about 1 MB a job with

@@ -4,7 +4,7 @@
 -- queue_adopt_run_v2, queue_promote_queued_jobs; each names it at its top): while the capacity is
 -- limited, a job entering PENDING from nowhere or from QUEUED waits for a grant instead of being due.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0014 (fleet capacity): A first-pass job entering PENDING while the capacity is limited (a
 --   capacity, or a limit the core taught us) waits for the core: no release is due until the grant
 --   hands it capacity.

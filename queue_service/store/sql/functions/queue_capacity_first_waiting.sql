@@ -1,6 +1,6 @@
 -- queue_capacity_first_waiting: the function.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0023 (deltas take turns under the capacity): The waiting job that would be served first among
 --   those of one kind (`p_deltas_only`) or of both, and its user's runs in use: the first in turn
 --   order whose user has the fewest runs in use, considering only users with fewer than

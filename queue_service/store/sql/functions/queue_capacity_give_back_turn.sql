@@ -1,6 +1,6 @@
 -- queue_capacity_give_back_turn: the function.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0023 (deltas take turns under the capacity): A grant given back (the core's "not now", or a job
 --   taken back to its queue): the user's turn goes back to what it was before that grant
 --   (`p_turn_before`) only while the turn the grant gave her (`p_turn_granted`, the granted job's

@@ -1,6 +1,6 @@
 -- queue_capacity_in_use: the function.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0014 (fleet capacity): Everything the core may be judging for us: first-pass runs not waiting,
 --   and delta re-checks running or ended unsettled (deltas never wait, but they take the core's
 --   capacity).

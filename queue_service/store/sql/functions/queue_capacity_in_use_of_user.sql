@@ -1,6 +1,6 @@
 -- queue_capacity_in_use_of_user: the function.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0014 (fleet capacity): First-pass runs of one user (or of every user) that take capacity: the
 --   holders of the user's slots (the slot index's own predicate, so that index serves it) that are
 --   not waiting.

@@ -1,6 +1,6 @@
 -- queue_capacity_next_in_line: the function.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0016 (capacity turn order): The next job in the fair order, locked for the grant (NULL: none
 --   waits, or every candidate is locked by another transaction, a cancel: it waits for the next
 --   grant). Walks the turn-order index one entry at a time and stops at the first candidate whose

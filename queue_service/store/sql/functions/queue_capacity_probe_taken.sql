@@ -1,6 +1,6 @@
 -- queue_capacity_probe_taken: the function.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0014 (fleet capacity): The core took a release above the limit it had taught us: the limit
 --   grows by one (additive increase), and is forgotten once it reaches the configured capacity.
 

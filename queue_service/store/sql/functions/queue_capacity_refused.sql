@@ -1,6 +1,6 @@
 -- queue_capacity_refused: the function.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0014 (fleet capacity): The core answered a release RESOURCE_EXHAUSTED ("not now", nothing
 --   applied): the job gives its capacity back and waits again with its place kept (its wait
 --   unchanged, its user's turn given back), no retry of its own and no release window running. The

@@ -1,6 +1,6 @@
 -- queue_current_timeline: the function.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0019 (adopt judging runs with stale reservations): A first-pass run judges only after its job
 --   committed (the admit's commit consumes the run's reservation and claims the first release). So
 --   after a failover, a first-pass run the core judges with a reservation but no job on the new

@@ -1,6 +1,6 @@
 -- queue_doi_search_key: a DOI as the job search matches it.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0036 (DOIs found as they read): the DOI lowercased (DOIs are case-insensitive) and without
 --   the characters that show as nothing, the set validation.py refuses as invisible (format
 --   characters, C1 controls, U+2028/U+2029, the Hangul fillers; tests/unit checks the two lists

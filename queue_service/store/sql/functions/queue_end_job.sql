@@ -1,6 +1,6 @@
 -- queue_end_job: the function.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0008 (locked sections in one call): Ends a job if it is still in one of the expected statuses
 --   (and, when given, still at the release attempt the caller saw), refunds it when asked, and,
 --   when its run is settled, promotes the user's next jobs into the freed slots. With

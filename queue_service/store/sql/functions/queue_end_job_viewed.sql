@@ -1,7 +1,7 @@
 -- queue_end_job_viewed: the function.
 -- requires: analysis_job_views
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0009 (locked sections in one statement): Ends a job as `queue_end_job` does (fenced by its
 --   expected statuses and attempt; refund when asked; promotion into the freed slots when its run
 --   is settled). Returns nothing when fenced; else an 'ended' row (the refunded amount, whether the

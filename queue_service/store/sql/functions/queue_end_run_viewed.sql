@@ -1,7 +1,7 @@
 -- queue_end_run_viewed: the function.
 -- requires: analysis_job_views
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0011 (completion finds its job under the lock): Ends the job of run `p_run_id` as the core
 --   reported (from PENDING or RUNNING; refund when asked; promotion into the freed slots), if the
 --   caller holds the lock of that job's user (`p_locked_user_id`, the user the statement locked).

@@ -1,6 +1,6 @@
 -- queue_grant_capacity: the function.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0014 (fleet capacity): Hands the free capacity to waiting jobs, one at a time in the fair order
 --   (each grant changes the order: the user's runs in use grow), numbering each with the lowest
 --   free token and claiming its release for the caller (attempt counted, leased; its release window

@@ -1,7 +1,7 @@
 -- queue_history_reconciled: the function.
 -- requires: queue_current_timeline
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0021 (reconciled histories): Whether the history this primary writes now is recorded above
 --   (false on a standby). The timeline is `queue_current_timeline()` (migration 0019): the one the
 --   current WAL segment is written on, which a promoted standby starts at once. A role that may not

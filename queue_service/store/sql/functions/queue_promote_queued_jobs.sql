@@ -6,7 +6,7 @@
 -- INSERT, release_attempts: a release this function claimed is not due until a grant): see
 -- functions/analysis_jobs_wait_for_capacity.sql.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0008 (locked sections in one call): Fills every free slot of the user from the queue, oldest
 --   first. Each promoted job's first release is claimed for the calling replica at once (attempt 1,
 --   leased for `p_lease_seconds`), which releases it right after COMMIT; if it cannot, the lease

@@ -1,7 +1,7 @@
 -- queue_promote_viewed: the function.
 -- requires: analysis_job_views
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0009 (locked sections in one statement): Fills every free slot of the user from the queue,
 --   oldest first, each promoted job's first release claimed for the calling replica
 --   (`queue_promote_queued_jobs`). A 'promoted' row per promoted job, in order.

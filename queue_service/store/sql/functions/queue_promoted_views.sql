@@ -1,7 +1,7 @@
 -- queue_promoted_views: the function.
 -- requires: analysis_job_views
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0009 (locked sections in one statement): The views of jobs a section just promoted, as
 --   'promoted' rows in the given order. Each read is a statement of its own (it sees the
 --   promotions) and goes by primary key: a join of the array with the view, planned generically,

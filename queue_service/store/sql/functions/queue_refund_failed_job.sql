@@ -1,7 +1,7 @@
 -- queue_refund_failed_job: the function.
 -- requires: analysis_job_views
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0009 (locked sections in one statement): A job the user canceled is never charged: refunds it
 --   if it ended FAILED (a completion that won the race with the cancel). A 'refunded' row with the
 --   amount (0: no charge, or already refunded); none when the job did not fail.

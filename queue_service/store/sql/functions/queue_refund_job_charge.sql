@@ -1,6 +1,6 @@
 -- queue_refund_job_charge: the function.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0008 (locked sections in one call): Gives a job's charge back, at most once (the ledger's
 --   unique (job, kind) makes a second refund a no-op), recording who and why. Returns the refunded
 --   amount (0: no charge, or already refunded).

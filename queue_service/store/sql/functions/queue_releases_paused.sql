@@ -1,6 +1,6 @@
 -- queue_releases_paused: the function.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0028 (release pauses and ledger actor): Whether a user's runs are held back from the core now:
 --   the fleet-wide pause (the row keyed '') or the user's own. Read by the capacity trigger (a job
 --   entering PENDING then waits for a grant), the grant (which hands nothing to a paused user),

@@ -1,6 +1,6 @@
 -- queue_set_releases_paused: the function (two overloads).
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0028 (release pauses and ledger actor): Pauses or resumes the releases of the fleet
 --   (`p_user_id` '') or of one user, recorded as a `releases_paused` setting change with its actor
 --   and note. Run under the fleet-wide capacity lock (`locks.capacity_section`), so a grant either

@@ -1,7 +1,7 @@
 -- queue_settle_job_run: the function.
 -- requires: analysis_job_views
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0009 (locked sections in one statement): The core confirmed an ended job's run settled: the job
 --   lets go of its slot, and the user's next jobs are promoted into every free slot. The user is
 --   the one whose lock the caller holds. A 'settled' row when the run was unsettled until now, then

@@ -1,6 +1,6 @@
 -- queue_take_back_unreleased_jobs: the function.
 --
--- Why, migration by migration (its text below is the last one's, as schema.sql shows it):
+-- Why, migration by migration (its text below is the last one's):
 -- * 0024 (adopted judging run takes back unreleased jobs): An adopted judging run keeps the user's
 --   other first-pass work from the core, in the database.
 -- * 0034 (release turn attempt): Only jobs whose release was never sent since they last waited:
