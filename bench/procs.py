@@ -58,6 +58,16 @@ class Database:
         self.embedded.stop()
 
 
+def git_head() -> str:
+    """The checkout's commit, for a report's header ("unknown" outside a git checkout)."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def _minimal_env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")}
     env["PYTHONPATH"] = str(REPO_ROOT)

@@ -17,14 +17,13 @@ import datetime as dt
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import dbsetup, explain, report
+from bench import dbsetup, explain, procs, report
 from bench.context import FULL, QUICK, Context
 from bench.ghz import GHZ
 from bench.procs import REPO_ROOT, Database
@@ -144,15 +143,6 @@ def _postgres_settings(dsn: str) -> str:
         return ", ".join(f"{name}={conn.execute(f'SHOW {name}').fetchone()[0]}" for name in names)
 
 
-def _git_head() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     sizes = QUICK if args.quick else FULL
@@ -190,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         "meta": {
             "size": "quick" if args.quick else "full",
             "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "git_head": _git_head(),
+            "git_head": procs.git_head(),
             "duration_seconds": round(time.monotonic() - started, 1),
             "cpus": os.cpu_count(),
             "machine": platform.platform(),

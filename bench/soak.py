@@ -34,7 +34,7 @@ from typing import Any
 
 import psycopg
 
-from bench import dbsetup, soak_analysis
+from bench import dbsetup, procs, soak_analysis
 from bench.measure import tree_cpu_seconds
 from bench.procs import (
     QUEUE_SERVICE,
@@ -587,7 +587,7 @@ def assemble(
     document = {
         "meta": {
             "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "git_head": _git_head(),
+            "git_head": procs.git_head(),
             "minutes": args.minutes,
             "users": args.users,
             "rate": args.rate,
@@ -622,15 +622,6 @@ def assemble(
     }
     document["plots"] = write_plots(args.plots_dir, series, trends, warmup_seconds)
     return document
-
-
-def _git_head() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
