@@ -41,6 +41,7 @@ from tests.harness import (
     one_running_job,
     wait_serving,
 )
+from tests.machine.world import forget_faketime_segments, skewed_clock_environment
 
 HELD, JUDGING, CANCELED = core_pb2.RUN_STATE_HELD, core_pb2.RUN_STATE_JUDGING, core_pb2.RUN_STATE_CANCELED
 
@@ -338,13 +339,14 @@ async def test_a_replica_whose_clock_runs_ahead_does_not_spin(services, database
         "QUEUE_MIGRATE_ON_START": "false",
         "QUEUE_SWEEP_INTERVAL_SECONDS": "0",
         "QUEUE_LOG_LEVEL": "warning",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        # faketime's library on the replica itself (no wrapper process to stop, and none killed
+        # before its clean-up, which would leave its shared memory behind).
+        **skewed_clock_environment(),
     }
     log_path = str(tmp_path / "replica.log")
     with open(log_path, "wb") as log:
-        # faketime runs the replica as its child: a session of its own lets us stop both.
         process = subprocess.Popen(
-            ["faketime", "-f", "+30s", sys.executable, "-m", "queue_service.cli", "serve"],
+            [sys.executable, "-m", "queue_service.cli", "serve"],
             env=env,
             cwd=REPO_ROOT,
             stdout=log,
@@ -376,6 +378,8 @@ async def test_a_replica_whose_clock_runs_ahead_does_not_spin(services, database
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+            forget_faketime_segments(process.pid)
 
 
 # -- 8. no core call under the user lock -------------------------------------------------------

@@ -100,15 +100,31 @@ def skewed_clock_environment() -> dict[str, str]:
     monotonic clock untouched), set on the replica itself so that SIGTERM reaches it."""
     if shutil.which("faketime") is None:
         return {}
-    listing = subprocess.run(
-        ["faketime", "-m", "--exclude-monotonic", "-f", CLOCK_SKEW, "env", "-0"], check=True, capture_output=True, text=True
-    ).stdout
+    # The wrapper makes a shared-memory segment named by its pid and refuses to start when one of
+    # that name is left over (a wrapper killed before its clean-up, by any program on the machine):
+    # another try is another pid.
+    for attempt in range(5):
+        listed = subprocess.run(["faketime", "-m", "--exclude-monotonic", "-f", CLOCK_SKEW, "env", "-0"], capture_output=True, text=True)
+        if listed.returncode == 0:
+            break
+        if attempt == 4:
+            listed.check_returncode()
+    listing = listed.stdout
     wanted = {}
     for entry in listing.split("\0"):
         name, _, value = entry.partition("=")
         if name == "LD_PRELOAD" or (name.startswith("FAKETIME") and name != "FAKETIME_SHARED"):
             wanted[name] = value
     return wanted
+
+
+def forget_faketime_segments(pid: int) -> None:
+    """faketime's library makes a shared-memory segment and a semaphore named by its process's
+    pid and leaves them behind when the process ends; a later process given that pid (pids are
+    reused) then fails to start under faketime. Called once the process `pid` has ended."""
+    for name in (f"faketime_shm_{pid}", f"sem.faketime_sem_{pid}"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"/dev/shm/{name}")
 
 
 class RoleStubs:
@@ -395,6 +411,9 @@ class World:
             await asyncio.to_thread(self.commits_acknowledged_late, False)
 
     async def _close(self, replica: Replica) -> None:
+        """After its process ended: its channels closed, and its clock's leftovers gone."""
+        if replica.skewed_clock and replica.process.poll() is not None:
+            forget_faketime_segments(replica.process.pid)
         with contextlib.suppress(Exception):
             await replica.channel.close()
             await replica.health.close()

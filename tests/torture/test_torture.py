@@ -64,7 +64,7 @@ from queue_service.dev.core import AnswerFault, DevCore
 from queue_service.dev.embedded_postgres import EmbeddedPostgres, free_port
 from queue_service.store import migrations
 from tests.harness import REPO_ROOT, InvariantChecker, S, Stubs, error_info, stranger_holds_user_locks, wait_serving
-from tests.machine.world import skewed_clock_environment
+from tests.machine.world import forget_faketime_segments, skewed_clock_environment
 
 pytestmark = pytest.mark.torture
 
@@ -209,6 +209,7 @@ class Cluster:
         self.replicas.remove(victim)
         victim.process.send_signal(signal.SIGKILL)
         await asyncio.to_thread(victim.process.wait, 10)
+        _ended(victim)
         self.summary.kills += 1
         self.point_core_at_live_replicas()
         await asyncio.sleep(1.0)
@@ -227,6 +228,7 @@ class Cluster:
             old.process.kill()
             code = await asyncio.to_thread(old.process.wait, 10)
             self.summary.violations.append(f"drained replica {old.name} did not exit within 20 s of SIGTERM")
+        _ended(old)
         if code != 0:
             self.summary.violations.append(f"drained replica {old.name} exited {code}")
         self.summary.drains += 1
@@ -252,7 +254,14 @@ class Cluster:
                 self.summary.violations.append(f"replica {replica.name} did not exit within 20 s of SIGTERM at the end")
                 replica.process.kill()
                 await asyncio.to_thread(replica.process.wait, 10)
+            _ended(replica)
             await replica.stubs.close()
+
+
+def _ended(replica: Replica) -> None:
+    """A replica whose process ended: its clock's leftovers go (forget_faketime_segments)."""
+    if replica.skewed_clock:
+        forget_faketime_segments(replica.process.pid)
 
 
 def operator_stub(stubs: Stubs) -> op_grpc.OperatorServiceStub:
