@@ -746,7 +746,8 @@ async def test_a_user_looping_free_deltas_neither_exceeds_the_capacity_nor_starv
             try:
                 delta = await stubs.admit(looper, delta_of=base.job_id, uri="")
             except grpc.aio.AioRpcError as refused:
-                assert error_info(refused)[1] == "USER_DELTA_LIMIT", error_info(refused)
+                # Her limit, or her queue busy with her other loops (LOCK_TIMEOUT: retry, as a caller does).
+                assert error_info(refused)[1] in ("USER_DELTA_LIMIT", "LOCK_TIMEOUT"), error_info(refused)
                 await asyncio.sleep(0.05)
                 continue
             rechecks.append(delta.run_id)
