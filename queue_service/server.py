@@ -225,6 +225,7 @@ class QueueApp:
             capacity=self.capacity,
             starter=handoff,
             guard=guard,
+            on_run_judged=self.reads.run_judged,
         )
         self.releases = Releases(self.engine, self.store, self.core, config, capacity=self.capacity, tasks=self.tasks, guard=guard)
         self.recovery = Recovery(self.engine, self.releases, self.store, self.core, guard=guard)

@@ -9,6 +9,11 @@ function the service calls under the capacity lock). It answers "does a grant's 
 the number of jobs waiting?" for docs/scaling.md §10: run it on a tree before and after a change.
 
     .venv/bin/python -m bench.probes.capacity_grant [--users 200] [--capacity 20] [--out FILE]
+    .venv/bin/python -m bench.probes.capacity_grant --users 200 --cycles 300 --explain FILE
+
+`--explain FILE`: after the cycles, one more grant runs with auto_explain (ANALYZE, BUFFERS,
+nested statements: each statement of the grant's functions with its plan and the buffers it
+read), written to FILE; the pauses table is left as a database in service has it, never analyzed.
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ import psycopg
 from queue_service.dev.embedded_postgres import EmbeddedPostgres
 from queue_service.store import migrations
 
+_AUTO_EXPLAIN = {"log_min_duration": "0", "log_nested_statements": "on", "log_analyze": "on", "log_buffers": "on", "log_timing": "off"}
 
-def measure(users: int, jobs: int, capacity: int, cycles: int) -> dict[str, object]:
+
+def measure(users: int, jobs: int, capacity: int, cycles: int, explain: Path | None = None) -> dict[str, object]:
+    marker = ""
     with tempfile.TemporaryDirectory(prefix="capacity-grant-") as folder:
         database = EmbeddedPostgres(Path(folder) / "pg", durable=False)
         database.start()
@@ -52,12 +60,13 @@ def measure(users: int, jobs: int, capacity: int, cycles: int) -> dict[str, obje
                 conn.execute("ANALYZE analysis_jobs")
                 conn.execute("SELECT * FROM queue_grant_capacity(30, 1800, 1, %s)", (capacity,)).fetchall()
                 seconds = []
-                for _ in range(cycles):
+
+                def end_one_and_wait_her_next() -> bool:
                     ended = conn.execute(
                         "SELECT job_id, user_id FROM analysis_jobs WHERE status = 'pending' AND capacity_token IS NOT NULL ORDER BY random() LIMIT 1"
                     ).fetchone()
                     if ended is None:
-                        break
+                        return False
                     conn.execute(
                         "UPDATE analysis_jobs SET status = 'succeeded', end_time = clock_timestamp() WHERE job_id = %s", (ended[0],)
                     )
@@ -66,14 +75,30 @@ def measure(users: int, jobs: int, capacity: int, cycles: int) -> dict[str, obje
                             WHERE job_id = (SELECT job_id FROM analysis_jobs WHERE user_id = %s AND status = 'queued' ORDER BY queue_seq LIMIT 1)""",
                         (ended[1],),
                     )
+                    return True
+
+                for _ in range(cycles):
+                    if not end_one_and_wait_her_next():
+                        break
                     waiting = conn.execute(
                         "SELECT count(*) FROM analysis_jobs WHERE status = 'pending' AND capacity_wait_since IS NOT NULL AND capacity_token IS NULL"
                     ).fetchone()[0]
                     started = time.perf_counter()
                     conn.execute("SELECT * FROM queue_grant_capacity(30, 1800, 1, 10)").fetchall()
                     seconds.append((time.perf_counter() - started, waiting))
+                if explain is not None and end_one_and_wait_her_next():  # capacity to grant
+                    conn.execute("LOAD 'auto_explain'")
+                    for name, value in _AUTO_EXPLAIN.items():
+                        conn.execute(f"SET auto_explain.{name} = {value}")
+                    marker = f"grant explained {uuid.uuid4()}"
+                    conn.execute("SELECT %s", (marker,))
+                    conn.execute("SELECT * FROM queue_grant_capacity(30, 1800, 1, 10)").fetchall()
+                    conn.execute("SET auto_explain.log_min_duration = -1")
         finally:
             database.stop()
+        if explain is not None and marker:
+            server_log = (Path(folder) / "pg" / "server.log").read_text()
+            explain.write_text(server_log[server_log.rfind(marker) :])
     ordered = sorted(s for s, _ in seconds)
     return {
         "users": users,
@@ -94,8 +119,11 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=20)
     parser.add_argument("--cycles", type=int, default=150)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--explain", type=Path, help="auto_explain of one more grant after the cycles (the last --users only)")
     args = parser.parse_args()
-    results = [measure(users, args.jobs, args.capacity, args.cycles) for users in args.users]
+    results = [
+        measure(users, args.jobs, args.capacity, args.cycles, args.explain if users == args.users[-1] else None) for users in args.users
+    ]
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:

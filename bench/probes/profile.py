@@ -28,7 +28,7 @@ from bench import dbsetup
 from bench.context import QUICK, Context
 from bench.ghz import ADMIT, LIST_JOBS, admit_data, list_jobs_data
 from bench.measure import CpuMeter
-from bench.procs import BIN, Database
+from bench.procs import BIN, Database, MinimalServer
 from bench.protoset import write_protoset
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "history"
@@ -103,6 +103,11 @@ def shares(collapsed: Path) -> dict[str, Any]:
     }
 
 
+def _busy(collapsed: Path) -> int:
+    """Samples not idle in the selector's wait (py-spy's rate x CPU seconds, roughly)."""
+    return shares(collapsed)["busy_samples"]
+
+
 def summarize(collapsed: Path, top: int) -> str:
     by_category: collections.Counter[str] = collections.Counter()
     exclusive: collections.Counter[str] = collections.Counter()
@@ -139,15 +144,23 @@ def profile(ctx: Context, args: argparse.Namespace) -> None:
     py_spy = shutil.which("py-spy") or str(BIN / "py-spy")
     dsn = ctx.database("profile")
     dbsetup.grant_credits(dsn, "p-u", _USERS, args.calls // _USERS + 10)
-    out = RESULTS / f"profile-{args.call}{'-native' if args.native else ''}.txt"
-    with ctx.stack(dsn, "profile") as stack:
-        _load(ctx, stack.address, "admit", 500, args.callers, "warm")
+    floor = args.target == "minimal_core"
+    if floor and args.call != "admit":
+        raise SystemExit("the minimal_core floor serves Admit only")
+    out = (
+        RESULTS
+        / f"profile-{args.call}{'-minimal-core' if floor else ''}{f'-c{args.callers}' if args.callers != 16 else ''}{'-native' if args.native else ''}.txt"
+    )
+    # The service as deployed, or the minimal_core floor (bench/minimal_server.py --core) under the same load.
+    with MinimalServer(dsn, ctx.workdir, with_core=True) if floor else ctx.stack(dsn, "profile") as target:
+        address, pid = (target.address, target.pid) if isinstance(target, MinimalServer) else (target.address, target.service.pid)
+        _load(ctx, address, "admit", 500, args.callers, "warm")
         spy = subprocess.Popen(
             [
                 py_spy,
                 "record",
                 "--pid",
-                str(stack.service.pid),
+                str(pid),
                 "--rate",
                 "250",
                 "--format",
@@ -161,7 +174,7 @@ def profile(ctx: Context, args: argparse.Namespace) -> None:
             stderr=subprocess.PIPE,
         )
         time.sleep(1.0)
-        result = _load(ctx, stack.address, args.call, args.calls, args.callers, "measure")
+        result = _load(ctx, address, args.call, args.calls, args.callers, "measure")
         spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
         spy.wait(60)
     if not out.exists():
@@ -169,11 +182,13 @@ def profile(ctx: Context, args: argparse.Namespace) -> None:
     print(f"{args.call}: {result.ok} ok, {result.ok / result.seconds:.0f}/s under py-spy, p50 {result.p50_ms:.1f} ms")
     print(summarize(out, args.top))
     summary = {
+        "target": args.target,
         "call": args.call,
         "callers": args.callers,
         "native": args.native,
         "ok": result.ok,
         "throughput_per_s_under_py_spy": round(result.ok / result.seconds, 1),
+        "busy_samples_per_call": round(_busy(out) / result.ok, 3),
         **shares(out),
     }
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -202,6 +217,12 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--callers", type=int, default=16)
     parser.add_argument("--call", choices=("admit", "list_jobs"), default="admit")
+    parser.add_argument(
+        "--target",
+        choices=("service", "minimal_core"),
+        default="service",
+        help="profile the service as deployed, or the minimal_core floor (bench/minimal_server.py with its core) under the same load",
+    )
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--native", action="store_true", help="include C frames (libpq, grpc core); slower sampling")
     parser.add_argument("--ab", metavar="KEY=VALUE", help="compare throughput and CPU/op without and with this service env setting")

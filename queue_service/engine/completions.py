@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Callable
 
 from queue_service import audit, errors, telemetry
 from queue_service.engine.capacity import FleetCapacity
@@ -50,8 +51,11 @@ class Completions:
         capacity: FleetCapacity,
         starter: ReleaseStarter,
         guard: FailoverGuard,
+        on_run_judged: Callable[[], None] = lambda: None,
     ) -> None:
         self._engine = engine
+        # Told of each run that ended succeeded here (the estimates' mean judging time may have come).
+        self._on_run_judged = on_run_judged
         self._tasks = tasks
         self._guard = guard
         # Completions that arrive while one is being applied are applied together (see
@@ -95,6 +99,8 @@ class Completions:
                 span.set_attribute("queue.job_id", str(found.ending.ref.job_id))
                 span.set_attribute("queue.refunded", found.ending.refunded)
         if found.ending is not None:
+            if transition.to is JobStatus.SUCCEEDED:
+                self._on_run_judged()
             return self._engine.after_ending(found.ending, transition, capacity_granted=found.capacity_granted)
         job = found.job
         if job is None:

@@ -47,6 +47,11 @@ _ESTIMATE_CACHE_SECONDS = 10.0
 # so that the answer still goes out when the read does not come back.
 _ANSWER_READ_SHARE = 0.5
 _CAPACITY_CACHE_SECONDS = 1.0
+# While no first-pass job has succeeded yet (no mean judging time), a queued job's estimate reads
+# the mean again at most this often, and at once after a run judged on this replica: another
+# replica's first completion shows within this time, and admits under load do not each pay a read
+# of a mean that is not there (one statement and a pool checkout per queued admit).
+_UNKNOWN_MEAN_RETRY_SECONDS = 1.0
 # A replica's report of the core counts in the Overview while its heartbeat is this fresh: three
 # heartbeats (a replica that stopped beating says nothing of the core now).
 CORE_REPORT_FRESH_SECONDS = 15.0
@@ -76,16 +81,36 @@ class JobReads:
         self._reconcile_after_seconds = reconcile_after_seconds
         self._mean_judging: float | None = None
         self._mean_read_at = float("-inf")
+        # A run judged here since the mean was last read: a mean still unknown is read again at once.
+        self._judged_since_read = False
         self._capacity: CapacityState | None = None
         self._capacity_read_at = float("-inf")
+
+    def run_judged(self) -> None:
+        """A run judged on this replica (a first-pass job may have succeeded): a mean judging time
+        still unknown is read again at the next estimate, not after `_UNKNOWN_MEAN_RETRY_SECONDS`."""
+        self._judged_since_read = True
+
+    def _unknown_mean_due(self, now: float) -> bool:
+        """No mean judging time yet, and one may have come: a run judged here since the last read,
+        or `_UNKNOWN_MEAN_RETRY_SECONDS` passed (another replica's completion)."""
+        return self._mean_judging is None and (self._judged_since_read or now - self._mean_read_at > _UNKNOWN_MEAN_RETRY_SECONDS)
 
     async def _mean_judging_seconds(self, db: Statements, *, unknown_is_stale: bool = False) -> float | None:
         """The recent mean judging time, read at most every _ESTIMATE_CACHE_SECONDS; with
         `unknown_is_stale`, read again while there is none yet (an estimate must not wait out the
-        cache for the first completion a read for overdue runs cached as none)."""
-        stale = time.monotonic() - self._mean_read_at > _ESTIMATE_CACHE_SECONDS
-        if stale or (unknown_is_stale and self._mean_judging is None):
-            self._mean_judging = await db.recent_judging_seconds()
+        cache for the first completion a read for overdue runs cached as none), when one may have
+        come (`_unknown_mean_due`)."""
+        now = time.monotonic()
+        stale = now - self._mean_read_at > _ESTIMATE_CACHE_SECONDS
+        if stale or (unknown_is_stale and self._unknown_mean_due(now)):
+            # Cleared before the read: a run judged while it is under way is read by the next one.
+            self._judged_since_read = False
+            try:
+                self._mean_judging = await db.recent_judging_seconds()
+            except BaseException:
+                self._judged_since_read = True  # still to be read: the read did not happen
+                raise
             self._mean_read_at = time.monotonic()
         return self._mean_judging
 
@@ -149,10 +174,9 @@ class JobReads:
         mean_due = now - self._mean_read_at > _ESTIMATE_CACHE_SECONDS
         if not any(view.status is JobStatus.QUEUED or view.waiting_for_capacity for view in views):
             return mean_due  # running jobs only: the mean says whether one is overdue
-        mean_unknown = self._mean_judging is None
         return (
             mean_due
-            or mean_unknown
+            or self._unknown_mean_due(now)
             or now - self._capacity_read_at > _CAPACITY_CACHE_SECONDS
             or any(view.waiting_for_capacity for view in views)
         )

@@ -588,6 +588,53 @@ def test_a_grant_reads_the_next_in_line_not_every_waiting_job(database_url: str)
         assert counted == 1
 
 
+def test_a_grant_walks_the_turn_order_index_not_every_waiting_job_whatever_the_pauses_table_looks_like(database_url: str) -> None:
+    """A grant reads the next in line from the turn-order index's start and the user's own other
+    waiting jobs through her indexes: as the saturated capacity runs (200 users x 5 jobs, capacity
+    20, a job ending and one granted at a time), one grant returns a few dozen index entries of the
+    job table, not a few for every waiting job. The paused users are filtered by, never joined: the pauses
+    table here was never analyzed (an empty one stays so), so the planner guesses it hundreds of
+    rows, and a join hashed every waiting job against it at each step of the walk."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        (never_analyzed,) = conn.execute("SELECT reltuples < 0 FROM pg_class WHERE oid = 'queue_release_pauses'::regclass").fetchone()
+        assert never_analyzed, "the pauses table must be one the planner never saw analyzed"
+        users = _users_waiting_for_capacity(conn, users=200, capacity=20)
+        with conn.cursor() as cursor:  # four more jobs each, queued behind the waiting one
+            cursor.executemany(
+                """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, price)
+                   VALUES (gen_random_uuid(), %s, gen_random_uuid(), %s, '\\x00', 'queued', nextval('analysis_jobs_queue_seq'), 1)""",
+                [(user, f"queued-{n}") for n in range(4) for user in users],
+            )
+        conn.execute("VACUUM (ANALYZE) analysis_jobs")  # as autovacuum keeps it in service
+        conn.execute("SELECT * FROM queue_grant_capacity(30, 1800, 1, 20)").fetchall()
+
+        def one_ends_and_her_next_waits() -> None:
+            (job_id, user_id) = conn.execute(
+                "SELECT job_id, user_id FROM analysis_jobs WHERE status = 'pending' AND capacity_token IS NOT NULL ORDER BY capacity_token LIMIT 1"
+            ).fetchone()
+            conn.execute("UPDATE analysis_jobs SET status = 'succeeded', end_time = clock_timestamp() WHERE job_id = %s", (job_id,))
+            conn.execute(
+                """UPDATE analysis_jobs SET status = 'pending', slot = 1
+                    WHERE job_id = (SELECT job_id FROM analysis_jobs WHERE user_id = %s AND status = 'queued' ORDER BY queue_seq LIMIT 1)""",
+                (user_id,),
+            )
+
+        entries = "SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid)) FROM pg_index WHERE indrelid = 'analysis_jobs'::regclass"
+        returned = []
+        for _ in range(30):  # past the fifth run a statement of the function may keep a generic plan
+            one_ends_and_her_next_waits()
+            with conn.transaction():
+                (before,) = conn.execute(entries).fetchone()
+                (granted,) = conn.execute("SELECT count(*) FROM queue_grant_capacity(30, 1800, 1, 1) WHERE row_kind = 'granted'").fetchone()
+                (after,) = conn.execute(entries).fetchone()
+            assert granted == 1
+            returned.append(after - before)
+    nothing_in_flight(database_url)
+    # About 50, and one more per grant since the vacuum (entries of rows a grant changed, until
+    # vacuumed); walking every waiting job through the join returned about 400.
+    assert max(returned[10:]) < 150, f"index entries each grant returned, with about 180 jobs waiting: {[int(n) for n in returned]}"
+
+
 def test_a_grant_takes_the_lowest_free_token_and_counts_only_the_runs_in_use(database_url: str) -> None:
     """A grant's token is the lowest one no run in use holds (a gap left by an ended run first,
     then the next above those held), and the count of what is in use is served by an index of the

@@ -8,6 +8,10 @@
 --   user with none in use.
 -- * 0028 (release pauses and ledger actor): Passes over the jobs of a user whose releases are
 --   paused (read in the walk: a paused user's waiting jobs cost a filtered index entry each).
+-- * Text only, no migration (after 0036): the paused users are read once per call into an array
+--   that each step filters by, not joined in each step. Joined, the planner hashed every waiting
+--   job against the pauses whenever it guessed the pauses table big (a table never analyzed, as an
+--   empty one stays, is guessed at 610 rows), then sorted them: every grant read every waiting job.
 
 CREATE OR REPLACE FUNCTION public.queue_capacity_first_waiting(p_deltas_only boolean, p_skipped uuid[], p_rank_to_beat integer)
  RETURNS TABLE(job_id uuid, runs_in_use integer)
@@ -20,7 +24,9 @@ DECLARE
     v_wait timestamptz;
     v_seq bigint;
     v_rank integer;
+    v_paused text[];
 BEGIN
+    SELECT coalesce(array_agg(p.user_id), '{}') INTO v_paused FROM queue_release_pauses p;
     job_id := NULL;
     runs_in_use := p_rank_to_beat;
     LOOP
@@ -32,7 +38,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.delta_of_job_id IS NOT NULL AND w.job_id <> ALL (p_skipped)
-               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
+               AND w.user_id <> ALL (v_paused)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;
         ELSIF p_deltas_only THEN
@@ -41,7 +47,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.delta_of_job_id IS NOT NULL AND w.job_id <> ALL (p_skipped)
-               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
+               AND w.user_id <> ALL (v_paused)
                AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq) > (v_key, v_wait, v_seq)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;
@@ -51,7 +57,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.job_id <> ALL (p_skipped)
-               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
+               AND w.user_id <> ALL (v_paused)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;
         ELSE
@@ -60,7 +66,7 @@ BEGIN
               FROM analysis_jobs w
              WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
                AND w.job_id <> ALL (p_skipped)
-               AND NOT EXISTS (SELECT 1 FROM queue_release_pauses p WHERE p.user_id = w.user_id)
+               AND w.user_id <> ALL (v_paused)
                AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq) > (v_key, v_wait, v_seq)
              ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
              LIMIT 1;

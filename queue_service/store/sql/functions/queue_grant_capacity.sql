@@ -24,6 +24,10 @@
 -- * 0034 (release turn attempt): The grant's claim is recorded as the attempt that opens the job's
 --   turn (`release_turn_attempt`): a pause may send a claim at that attempt back to waiting, never
 --   a later one (it follows a release the core may have applied).
+-- * Text only, no migration (after 0036): the user's other waiting jobs are moved behind in two
+--   updates, her first-pass jobs through her slots' index and her re-checks through her active
+--   re-checks' index; the one update over both was served by the index of every waiting job, so
+--   each grant read them all.
 
 CREATE OR REPLACE FUNCTION public.queue_grant_capacity(p_lease_seconds double precision, p_release_window_seconds double precision, p_probe_interval_seconds double precision, p_max_grants integer)
  RETURNS TABLE(row_kind text, job_id uuid, user_id text, run_id uuid, release_attempts integer, waited_seconds double precision, probe boolean, limited boolean, in_use integer, capacity_limit integer, cancel_requested boolean)
@@ -72,10 +76,16 @@ BEGIN
         RETURNING a.job_id, a.user_id, a.run_id, a.release_attempts, a.capacity_wait_since, a.cancel_requested_at INTO v_job;
         INSERT INTO user_capacity_turns AS t (user_id, last_turn_at) VALUES (v_job.user_id, v_now)
         ON CONFLICT ON CONSTRAINT user_capacity_turns_pkey DO UPDATE SET last_turn_at = EXCLUDED.last_turn_at;
-        -- Her other waiting jobs (several slots, re-checks) wait behind every user waiting now.
+        -- Her other waiting jobs (several slots, re-checks) wait behind every user waiting now:
+        -- her first-pass jobs found through her slots, her re-checks through her active ones (one
+        -- query over both would read every waiting job of every user).
         UPDATE analysis_jobs o
            SET capacity_turn_key = v_now
-         WHERE o.user_id = v_job.user_id AND o.status = 'pending'
+         WHERE o.user_id = v_job.user_id AND o.status = 'pending' AND o.delta_of_job_id IS NULL
+           AND o.capacity_wait_since IS NOT NULL AND o.capacity_token IS NULL AND o.capacity_turn_key < v_now;
+        UPDATE analysis_jobs o
+           SET capacity_turn_key = v_now
+         WHERE o.user_id = v_job.user_id AND o.status = 'pending' AND o.delta_of_job_id IS NOT NULL
            AND o.capacity_wait_since IS NOT NULL AND o.capacity_token IS NULL AND o.capacity_turn_key < v_now;
         v_in_use := v_in_use + 1;
         v_granted := v_granted + 1;
