@@ -49,7 +49,7 @@ _AUTO_EXPLAIN = [
 STATEMENTS = [
     (
         "admit_job",
-        "admit: INSERT deciding the status + debit + the view (one call, queue_admit_job; an idle user, so the free-slot function runs)",
+        "admit: INSERT deciding the status + debit + the view (one call, queue_admit_job_v2; an idle user, so the free-slot function runs)",
     ),
     ("end_job", "completion: end the running job, promote the next queued one, the views (one call, queue_end_job_viewed)"),
     ("claim_due_releases", "dispatcher: claim due PENDING jobs (FOR UPDATE SKIP LOCKED)"),
@@ -117,6 +117,7 @@ def _params(conn: psycopg.Connection, idle_user: str, busy_user: str) -> dict[st
         "sources": Jsonb([{"doi": "10.1234/explain", "citation": "A study of queues"}]),
         "is_delta": False,
         "delta_held": False,
+        "retry_of_job_id": None,
         "default_max_active": 1,
         "max_queued": 100,
         "max_running_deltas": 4,
