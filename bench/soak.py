@@ -593,7 +593,7 @@ def assemble(
             "rate": args.rate,
             "sample_seconds": args.sample_seconds,
             "warmup_minutes": warmup_minutes,
-            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "settings": {k: (_shown_path(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "seeded_history_jobs": seeded,
             "duration_seconds": round(time.monotonic() - started, 1),
             "cpus": os.cpu_count(),
@@ -622,6 +622,15 @@ def assemble(
     }
     document["plots"] = write_plots(args.plots_dir, series, trends, warmup_seconds)
     return document
+
+
+def _shown_path(path: Path) -> str:
+    """A path as the report records it: relative to the checkout when inside it (a report is
+    committed, and names no folder of the machine that wrote it)."""
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return path.name
 
 
 def main(argv: list[str] | None = None) -> int:
