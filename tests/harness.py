@@ -26,6 +26,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
+from queue_service import deadline as call_deadline
 from queue_service._gen.acurio.queue.v1 import (
     core_callback_service_pb2 as callback_pb2,
 )
@@ -123,6 +124,22 @@ async def running_with_one_queued(stubs: Stubs) -> tuple[str, job_pb2.Job, job_p
     assert queued.status == S.JOB_STATUS_QUEUED
     await stubs.wait_for(running.job_id, S.JOB_STATUS_RUNNING)
     return user, running, queued
+
+
+class CheckoutsWithinCalls:
+    """Counts a service's pool checkouts made within a caller's call (ones with a deadline):
+    background work (the feed's hint, its reader) runs without one and is not counted."""
+
+    def __init__(self, service: ServiceHandle, monkeypatch: Any) -> None:
+        self.count = 0
+        pool = service.app.store.pool
+        getconn = pool.getconn
+
+        async def counted(timeout: float | None = None) -> Any:
+            self.count += call_deadline.remaining() is not None
+            return await getconn(timeout)
+
+        monkeypatch.setattr(pool, "getconn", counted)
 
 
 def token_entry(name: str, role: str, token: str) -> dict[str, str]:

@@ -12,7 +12,6 @@ import grpc
 import psycopg
 import pytest
 
-from queue_service import deadline
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.queue.v1 import credits_service_pb2 as credits_pb2
 from queue_service._gen.acurio.queue.v1 import job_pb2
@@ -20,7 +19,7 @@ from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.engine import job_reads
-from tests.harness import InvariantChecker, S, error_info, new_user, until
+from tests.harness import CheckoutsWithinCalls, InvariantChecker, S, error_info, new_user, until
 
 
 def _rows_for(database_url: str, user_id: str) -> tuple[int, int]:
@@ -97,20 +96,10 @@ async def test_a_queued_admit_answers_its_estimate_from_fresh_figures_without_an
     await stubs.complete(first.run_id)  # one judging duration of history
     await stubs.admit(user)
     await stubs.admit(user)  # queued: its answer read the figures
-    pool = service.app.store.pool
-    getconn = pool.getconn
-    within_calls = 0
-
-    async def counted(timeout: float | None = None):  # type: ignore[no-untyped-def]
-        nonlocal within_calls
-        # Background work (the feed's hint, its reader) runs without a caller's deadline.
-        within_calls += deadline.remaining() is not None
-        return await getconn(timeout)
-
-    monkeypatch.setattr(pool, "getconn", counted)
+    checkouts = CheckoutsWithinCalls(service, monkeypatch)
     third = await stubs.admit(user)
     assert third.status == S.JOB_STATUS_QUEUED and third.HasField("estimated_start_time")
-    assert within_calls == 2
+    assert checkouts.count == 2
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,8 @@ for the estimates. Its own module, so its database has no judged run from anothe
 
 from __future__ import annotations
 
-from queue_service import deadline
 from queue_service.engine import job_reads
-from tests.harness import S, new_user
+from tests.harness import CheckoutsWithinCalls, S, new_user
 
 
 async def test_queued_admits_answer_without_a_read_per_admit_while_no_run_was_judged_and_estimate_after_the_first(
@@ -20,24 +19,14 @@ async def test_queued_admits_answer_without_a_read_per_admit_while_no_run_was_ju
     user = new_user()
     await stubs.grant(user, 12)
     first = await stubs.wait_for((await stubs.admit(user)).job_id, S.JOB_STATUS_RUNNING)  # its read found no mean
-    pool = service.app.store.pool
-    getconn = pool.getconn
-    within_calls = 0
-
-    async def counted(timeout: float | None = None):  # type: ignore[no-untyped-def]
-        nonlocal within_calls
-        # Background work (the feed's hint, its reader) runs without a caller's deadline.
-        within_calls += deadline.remaining() is not None
-        return await getconn(timeout)
-
-    monkeypatch.setattr(pool, "getconn", counted)
+    checkouts = CheckoutsWithinCalls(service, monkeypatch)
     admits = 8
     for _ in range(admits):
         queued = await stubs.admit(user)
         assert queued.status == S.JOB_STATUS_QUEUED and not queued.HasField("estimated_start_time")
     # Two connections an admit (the pre-check, the locked admit), and one read of the capacity's
     # state for the first answer; not one more per admit for a mean that is not there.
-    assert within_calls <= 2 * admits + 1, within_calls
+    assert checkouts.count <= 2 * admits + 1, checkouts.count
 
     await service.core.finish(first.run_id)  # a run judged here: the mean exists now
     await stubs.wait_for(first.job_id, S.JOB_STATUS_SUCCEEDED)
