@@ -114,8 +114,8 @@ class Completions:
             raise errors.RunNotReleased(
                 f"the job of run {run_id} is still queued; a held run cannot complete", metadata={"runId": str(run_id)}
             )
-        if job.status is JobStatus.PENDING and found.view is not None and found.view.waiting_for_capacity:
-            # Its run was never released since it began to wait: the core holds it (I10).
+        if found.view is not None and found.view.waiting_for_capacity:
+            # PENDING, its run never released since it began to wait: the core holds it (I10).
             raise errors.RunNotReleased(
                 f"the job of run {run_id} waits for the fleet's capacity and its run was never released; a held run cannot complete",
                 metadata={"runId": str(run_id)},
