@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import grpc
 import psycopg
@@ -66,6 +67,20 @@ def git_head() -> str:
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def start_module(module: str, *arguments: str, log: IO[bytes]) -> subprocess.Popen[str]:
+    """`python -m module arguments...` from the checkout with the minimal environment: its stdin and
+    stdout piped as text (the drivers' ready/go/result lines), its stderr to the open `log`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *arguments],
+        cwd=REPO_ROOT,
+        env=_minimal_env({}),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
 
 
 def _minimal_env(extra: dict[str, str]) -> dict[str, str]:
@@ -273,15 +288,7 @@ def run_driver(task: str, params: dict, cpu_roots: dict[str, int], log_path: Pat
     from bench.measure import CpuMeter
 
     with open(log_path, "ab") as log:
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "bench.driver", task, json.dumps(params)],
-            cwd=REPO_ROOT,
-            env=_minimal_env({}),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-        )
+        driver = start_module("bench.driver", task, json.dumps(params), log=log)
         try:
             assert driver.stdin is not None and driver.stdout is not None
             ready = driver.stdout.readline()

@@ -44,6 +44,7 @@ from bench.procs import (
     _minimal_env,
     _tail,
     create_database,
+    start_module,
     wait_history_reconciled,
     wait_port,
     wait_serving,
@@ -287,15 +288,7 @@ def start_load(fleet: Fleet, args: argparse.Namespace, workdir: Path) -> subproc
         "delta_burst_every_seconds": args.delta_burst_every_seconds,
     }
     log = open(workdir / "soak.load.log", "ab")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        [sys.executable, "-m", "bench.soak_load", json.dumps(params)],
-        cwd=REPO_ROOT,
-        env=_minimal_env({}),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-    )
+    return start_module("bench.soak_load", json.dumps(params), log=log)
 
 
 def service_log_problems(paths: list[Path]) -> dict[str, int]:
