@@ -48,6 +48,16 @@ export function useRoute(): Route {
   return useMemo(() => parse(hash), [hash]);
 }
 
+/** What a text field bound to the route holds while it is typed: the route's `value` until the
+ * user types, and again whenever the route changes. Bound to the route alone, the field would lose
+ * what is typed at every re-render (a clock tick, a live re-read): Preact sets a controlled
+ * input's value back to its prop whenever the two differ. */
+export function useDraft(value: string): [string, (typed: string) => void] {
+  const [draft, setDraft] = useState(value);
+  useLayoutEffect(() => setDraft(value), [value]);
+  return [draft, setDraft];
+}
+
 export function go(path: string): void {
   window.location.hash = `#/${path}`;
 }

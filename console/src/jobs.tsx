@@ -6,7 +6,7 @@ import { useEffect, useRef, useState } from "preact/hooks";
 import { date, operator, Problem, queue } from "./api.js";
 import { Modal } from "./dialog.js";
 import { ACTIVE, ago, canceledText, canceler, dateTime, duration, RETRYABLE, shortId, spoken, STATUS_LABELS } from "./format.js";
-import { go, useNow, useQueryRead } from "./hooks.js";
+import { go, useDraft, useNow, useQueryRead } from "./hooks.js";
 import { LedgerPanel, useLedger } from "./ledger.js";
 import { useAction, useNotice } from "./notice.js";
 import { useLiveStream } from "./stream.js";
@@ -445,6 +445,8 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
   const [sort, setSort] = useState<[SortKey, number] | null>(null);
   const now = useNow();
   const notice = useNotice();
+  const [searchDraft, setSearchDraft] = useDraft(params.get("q") ?? "");
+  const [userDraft, setUserDraft] = useDraft(params.get("user") ?? "");
   const filter = filterFrom(params);
   const key = params.toString();
   const pageToken = tokens[tokens.length - 1];
@@ -522,7 +524,8 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
             type="search"
             data-testid="job-search"
             placeholder="title words, document uri or DOI  (press /)"
-            value={params.get("q") ?? ""}
+            value={searchDraft}
+            onInput={(e) => setSearchDraft(e.currentTarget.value)}
             onChange={(e) => update({ q: e.currentTarget.value.trim() })}
             onKeyDown={(e) => {
               if (e.key === "Enter") {
@@ -553,7 +556,8 @@ export function JobsPage({ params, live }: { params: URLSearchParams; live: bool
           <input
             name="user"
             placeholder="user id"
-            value={params.get("user") ?? ""}
+            value={userDraft}
+            onInput={(e) => setUserDraft(e.currentTarget.value)}
             onChange={(e) => update({ user: e.currentTarget.value.trim() })}
             onKeyDown={(e) => {
               if (e.key === "Enter") {

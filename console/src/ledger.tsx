@@ -6,7 +6,7 @@ import { useEffect, useState } from "preact/hooks";
 
 import { date, describeError, operator } from "./api.js";
 import { dateTime, shortId } from "./format.js";
-import { go, useQueryRead } from "./hooks.js";
+import { go, useDraft, useQueryRead } from "./hooks.js";
 import { useNotice } from "./notice.js";
 import { UserText, visibleText } from "./user-text.js";
 import { type LedgerEntry, LedgerEntryKind } from "@acurio/queue-client/gen/acurio/queue/v1/operator_service_pb.js";
@@ -127,6 +127,9 @@ export function LedgerPage({ params }: { params: URLSearchParams }) {
   const userId = params.get("user") ?? "";
   const jobId = params.get("job") ?? "";
   const actor = params.get("actor") ?? "";
+  const [userIdDraft, setUserIdDraft] = useDraft(userId);
+  const [jobIdDraft, setJobIdDraft] = useDraft(jobId);
+  const [actorDraft, setActorDraft] = useDraft(actor);
   const [tokens, setTokens] = useState<string[]>([""]);
   const key = params.toString();
   useEffect(() => setTokens([""]), [key]);
@@ -148,7 +151,8 @@ export function LedgerPage({ params }: { params: URLSearchParams }) {
             data-search
             name="user"
             placeholder="user id  (press /)"
-            value={userId}
+            value={userIdDraft}
+            onInput={(e) => setUserIdDraft(e.currentTarget.value)}
             onChange={(e) => update("user", e.currentTarget.value)}
             onKeyDown={(e) => e.key === "Enter" && update("user", e.currentTarget.value)}
           />
@@ -158,7 +162,8 @@ export function LedgerPage({ params }: { params: URLSearchParams }) {
           <input
             name="job"
             placeholder="job id"
-            value={jobId}
+            value={jobIdDraft}
+            onInput={(e) => setJobIdDraft(e.currentTarget.value)}
             onChange={(e) => update("job", e.currentTarget.value)}
             onKeyDown={(e) => e.key === "Enter" && update("job", e.currentTarget.value)}
           />
@@ -168,7 +173,8 @@ export function LedgerPage({ params }: { params: URLSearchParams }) {
           <input
             name="actor"
             placeholder="operator:alice, system:…"
-            value={actor}
+            value={actorDraft}
+            onInput={(e) => setActorDraft(e.currentTarget.value)}
             onChange={(e) => update("actor", e.currentTarget.value)}
             onKeyDown={(e) => e.key === "Enter" && update("actor", e.currentTarget.value)}
           />

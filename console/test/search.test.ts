@@ -58,6 +58,18 @@ async function search(text: string, jobIds: string[]): Promise<void> {
   );
 }
 
+/** Waits until the page re-renders on its own: a row's "judging for N s" moves on with the page's
+ * clock, which re-renders the page every second. */
+async function pageRerendered(): Promise<void> {
+  const states = () => page.evaluate(() => [...document.querySelectorAll('[data-testid="job-state"]')].map((cell) => cell.textContent).join("|"));
+  const before = await states();
+  await page.waitForFunction(
+    (was) => [...document.querySelectorAll('[data-testid="job-state"]')].map((cell) => cell.textContent).join("|") !== was,
+    before,
+    { timeout: WAIT_MS },
+  );
+}
+
 test("the Jobs page finds jobs by title words, a source's DOI in any case, or a document uri", async () => {
   const user = `search-${stamp}`;
   await asOperator.grantCredits({ userId: user, amount: 2n, idempotencyKey: "grant" });
@@ -68,9 +80,21 @@ test("the Jobs page finds jobs by title words, a source's DOI in any case, or a 
   await page.goto("about:blank");
   await page.goto(`${CONSOLE_URL}#/jobs`);
   await page.getByTestId("job-search").waitFor({ timeout: WAIT_MS });
+  // (as the search box below) the user field keeps what is typed through a re-render
+  const userField = page.locator('input[name="user"]');
+  await userField.fill(`${user}-half`);
+  await pageRerendered();
+  assert.equal(await userField.inputValue(), `${user}-half`, "a re-render set the user field back");
+  await userField.fill("");
 
   await search(`${word} citation`, [fair.jobId, graphs.jobId]);
   assert.match(await page.getByTestId("job-search-as").innerText(), /words of the title/);
+
+  // What is typed stays in the box, not yet searched, while the page re-renders (its clock, its
+  // live re-reads): a slow typist's words are not set back to the search shown.
+  await page.getByTestId("job-search").fill(`${word} half typ`);
+  await pageRerendered();
+  assert.equal(await page.getByTestId("job-search").inputValue(), `${word} half typ`, "a re-render set the search box back");
   await search(`queues ${word.toUpperCase()}`, [fair.jobId]);
   await shot("search-title-words");
 
