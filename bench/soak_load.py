@@ -117,7 +117,7 @@ class Load:
         self.channels: list[grpc.aio.Channel] = []
         self.stream_channels: list[grpc.aio.Channel] = []
         self.turn = itertools.count()
-        # What the load knows of each user's jobs: job id -> (status, admitted at, ended at).
+        # What the load knows of each user's jobs: job id -> (status, admitted at (monotonic), ended at (epoch seconds, the service's clock)).
         self.jobs: dict[str, collections.OrderedDict[str, list[Any]]] = collections.defaultdict(collections.OrderedDict)
         self.retryable: collections.deque[tuple[float, str]] = collections.deque(maxlen=500)
         self.errors: collections.Counter[str] = collections.Counter()
@@ -161,7 +161,10 @@ class Load:
             return
         entry[0] = job.status
         if job.status in RETRYABLE and entry[2] is None:
-            entry[2] = time.monotonic()
+            # When it ended by the service's clock, not when the load saw it end: a user's next look
+            # comes up to a minute later, and an operator's retry picked by the time seen came after
+            # the inputs' retention (JOB_INPUTS_PRUNED, a refusal the load had not meant to ask for).
+            entry[2] = job.end_time.ToNanoseconds() / 1e9 if job.HasField("end_time") else time.time()
             self.retryable.append((entry[2], job.job_id))
 
     def _remember(self, job: job_pb2.Job) -> None:
@@ -274,12 +277,13 @@ class Load:
             next_at += seconds
 
     async def retry(self) -> None:
-        now = time.monotonic()
-        while self.retryable and now - self.retryable[0][0] > 60:
-            self.retryable.popleft()
-        if self.retryable:
-            _, job_id = self.retryable.popleft()
+        # A job that ended within the last minute (seen in any order: by each user's next look).
+        while self.retryable:
+            ended_at, job_id = self.retryable.popleft()
+            if time.time() - ended_at > 60:
+                continue
             await self._call("retry", self._operator().RetryJob(op_pb2.RetryJobRequest(job_id=job_id), timeout=DEADLINE))
+            return
 
     async def delta_burst(self) -> None:
         users = [u for u, known in self.jobs.items() if any(status == job_pb2.JOB_STATUS_SUCCEEDED for status, _, _ in known.values())]
