@@ -168,10 +168,21 @@ class QueueApp:
         self.http_port = 0
 
     def _build_engine(self, config: Config) -> None:
-        """The engine's rooms, each given at construction what it uses (the ports included)."""
+        """The engine's rooms, each given at construction what it uses (the ports included), in
+        the order they need one another: the shared parts, the reads, the lifecycle core and its
+        guard, the rooms around them, then the loops."""
+        handoff, owed_releases = self._build_shared_parts(config)
+        self._build_reads(config)
+        self._build_lifecycle(config, handoff, owed_releases)
+        self._build_rooms(config, handoff, owed_releases)
+        self._build_loops(config, handoff)
+
+    def _build_shared_parts(self, config: Config) -> tuple[ReleaseHandoff, OwedReleases]:
+        """What every room is handed: the dispatcher's wake-up, the handoff, the fleet's
+        capacity, the background tasks and the owed releases (the last two returned)."""
         # Set when jobs became PENDING (here or, through NOTIFY, on another replica): the
         # dispatcher releases them at once.
-        releases_due = self._releases_due = asyncio.Event()
+        self._releases_due = asyncio.Event()
         # The rooms start the releases they claim, and ask for grants, through the handoff; the
         # dispatcher, built after them around the releases, takes both from it.
         handoff = ReleaseHandoff()
@@ -181,6 +192,10 @@ class QueueApp:
         # Clean-ups and changes that outlive their caller, of every room below.
         self.tasks = BackgroundTasks()
         owed_releases = OwedReleases(self.store, handoff, lease_seconds=config.release_lease_seconds, spawn=self.tasks.in_background)
+        return handoff, owed_releases
+
+    def _build_reads(self, config: Config) -> None:
+        """The job reads and the watch hub that fans the job-change feed out to the streams."""
         self.reads = JobReads(
             self.store,
             default_max_active=config.max_active_per_user,
@@ -195,6 +210,10 @@ class QueueApp:
             backlog_bytes=config.watch_backlog_bytes,
             reconnect_max_seconds=config.db_reconnect_max_seconds,
         )
+
+    def _build_lifecycle(self, config: Config, handoff: ReleaseHandoff, owed_releases: OwedReleases) -> None:
+        """The lifecycle core and the reconciler, the failover guard the rooms around it are given."""
+        releases_due = self._releases_due
         # The lifecycle core (ending, promotion, cancel, settlement) and the rooms around it.
         self.engine = QueueEngine(
             self.store,
@@ -216,6 +235,9 @@ class QueueApp:
             on_database_replaced=self.hub.database_replaced,
             ender=self.engine,
         )
+
+    def _build_rooms(self, config: Config, handoff: ReleaseHandoff, owed_releases: OwedReleases) -> None:
+        """The rooms around the lifecycle core: completions, releases, recovery and admission."""
         guard = self.reconciler
         self.completions = Completions(
             self.engine,
@@ -239,7 +261,6 @@ class QueueApp:
             tasks=self.tasks,
             owed_releases=owed_releases,
         )
-        self._build_loops(config, handoff)
 
     def _build_loops(self, config: Config, handoff: ReleaseHandoff) -> None:
         """The replica's two loops around the rooms: the release dispatcher, which takes the claims

@@ -39,6 +39,17 @@ __all__ = [
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs the command `argv` names; its exit code (a failed start's is the failure's)."""
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except StartupFailure as failure:
+        return _report_start_failure(args, failure)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """Every command with its flags; each sets `func`, the function that runs it."""
+    # The commands that start something take --debug, for a failed start's traceback.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="on a failed start, print the traceback too")
     parser = argparse.ArgumentParser(prog="queue-service", description=__doc__)
@@ -52,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     dev = sub.add_parser("dev", parents=[common], help="start embedded PostgreSQL, the dev core and the service")
     dev.add_argument("--keep-db-running", action="store_true", help="leave the embedded PostgreSQL running on exit")
     dev.set_defaults(func=cmd_dev)
+    _add_core_command(sub, common)
+    _add_probe_command(sub)
+    _add_hash_token_command(sub)
+    return parser
+
+
+def _add_core_command(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    """`core`: the dev core alone, with the switches that make it a slow, failing or forgetful core."""
     core = sub.add_parser(
         "core",
         parents=[common],
@@ -88,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         help="append a JSON line per run created, release received, completion sent/returned (none: no record)",
     )
     core.set_defaults(func=cmd_core)
+
+
+def _add_probe_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`probe`: a health check for container engines."""
     probe = sub.add_parser("probe", help="exit 0 when the service answers health SERVING (a container HEALTHCHECK)")
     probe.add_argument("--addr", help="host:port to check (default: QUEUE_LISTEN_ADDR, a wildcard host as 127.0.0.1)")
     probe.add_argument("--service", default="", help="health service name (default: the whole server)")
@@ -95,17 +118,22 @@ def main(argv: list[str] | None = None) -> int:
     probe.add_argument("--tls-ca", metavar="PEM", help="CA bundle: check over TLS")
     probe.add_argument("--server-name", help="name the TLS certificate is issued to, when not the address's host")
     probe.set_defaults(func=cmd_probe)
+
+
+def _add_hash_token_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`hash-token`: an auth-file entry for a bearer token."""
     hash_token = sub.add_parser("hash-token", help="print a QUEUE_AUTH_FILE entry for a bearer token (read from stdin)")
     hash_token.add_argument("--name", required=True, help="who holds the token, e.g. web-backend")
     hash_token.add_argument("--role", required=True, help="web, core, operator or viewer")
     hash_token.add_argument("--generate", action="store_true", help="make a random token (printed to stderr) instead of reading one")
     hash_token.set_defaults(func=cmd_hash_token)
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except StartupFailure as failure:
-        debug = getattr(args, "debug", False) or os.environ.get("QUEUE_LOG_LEVEL", "").strip().lower() == "debug"
-        if debug and failure.__cause__ is not None and not failure.expected:
-            print(failure.redact("".join(traceback.format_exception(failure.__cause__))), end="", file=sys.stderr)
-        print(f"queue-service {args.command}: {failure}", file=sys.stderr)
-        return failure.exit_code
+
+
+def _report_start_failure(args: argparse.Namespace, failure: StartupFailure) -> int:
+    """Says why the command could not start (with the cause's traceback when debugging an
+    unexpected failure); the failure's exit code."""
+    debug = getattr(args, "debug", False) or os.environ.get("QUEUE_LOG_LEVEL", "").strip().lower() == "debug"
+    if debug and failure.__cause__ is not None and not failure.expected:
+        print(failure.redact("".join(traceback.format_exception(failure.__cause__))), end="", file=sys.stderr)
+    print(f"queue-service {args.command}: {failure}", file=sys.stderr)
+    return failure.exit_code

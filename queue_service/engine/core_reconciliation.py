@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import logging
 import time
 import uuid
@@ -225,6 +226,7 @@ class CoreReconciler:
         identity, seen_at, listed_at = self._identity, self._identity_seen_at, time.monotonic()
         with telemetry.tracer.start_as_current_span("core.reconcile") as span:
             span.set_attribute("queue.reconcile.trigger", trigger)
+            listed_after: dt.datetime | None = None
             if self._forgotten is not None:
                 # Before the listing: a job admitted before it began has its run at the core by
                 # then (its CreateRun was answered before its insert), so the listing must show it.
@@ -245,29 +247,10 @@ class CoreReconciler:
             report.live_runs = len(runs)
             orphans = await self._unknown(runs)
             report.orphans = len(orphans)
-            gate = asyncio.Semaphore(_ORPHANS_AT_ONCE)
-
-            async def settle(run: CoreRun) -> str:
-                async with gate:
-                    try:
-                        return await self.settle_orphan(run)
-                    except errors.QueueError as exc:
-                        log.warning("orphaned run %s not settled yet (%s); the next reconciliation retries", run.run_id, exc.message)
-                        return "retry"
-
-            # Judging runs first: they do hold their users' slots at the core, so they take the
-            # free ones, and a held run adopted after them waits behind (QUEUED), not in front.
-            outcomes = await asyncio.gather(*(settle(run) for run in orphans if run.fate is RunFate.JUDGING))
-            outcomes += await asyncio.gather(*(settle(run) for run in orphans if run.fate is not RunFate.JUDGING))
+            outcomes = await self._settle_orphans(orphans)
             report.adopted = outcomes.count("adopted")
             report.lost = outcomes.count("lost")
-            more_forgotten = False
-            if self._forgotten is not None:
-                try:
-                    report.forgotten, more_forgotten = await self._forgotten.end_unlisted(runs, listed_after=listed_after)
-                except errors.QueueError as exc:
-                    log.warning("jobs whose run the core did not list were not read yet (%s); the next look retries", exc.message)
-                    more_forgotten = True
+            more_forgotten = await self._end_forgotten(runs, listed_after, report)
             self._last_reconciled = time.monotonic()
             if "retry" not in outcomes:
                 self._owed_trigger = None
@@ -286,6 +269,38 @@ class CoreReconciler:
                 "failed and refunded the jobs whose run the core no longer knew", extra={"reason": trigger, "amount": report.forgotten}
             )
         return report
+
+    async def _settle_orphans(self, orphans: list[CoreRun]) -> list[str]:
+        """Adopts or cancels the runs no job owns, a few at once; each one's outcome ("adopted",
+        "lost", or "retry" when it could not be settled yet)."""
+        gate = asyncio.Semaphore(_ORPHANS_AT_ONCE)
+
+        async def settle(run: CoreRun) -> str:
+            async with gate:
+                try:
+                    return await self.settle_orphan(run)
+                except errors.QueueError as exc:
+                    log.warning("orphaned run %s not settled yet (%s); the next reconciliation retries", run.run_id, exc.message)
+                    return "retry"
+
+        # Judging runs first: they do hold their users' slots at the core, so they take the
+        # free ones, and a held run adopted after them waits behind (QUEUED), not in front.
+        outcomes = await asyncio.gather(*(settle(run) for run in orphans if run.fate is RunFate.JUDGING))
+        outcomes += await asyncio.gather(*(settle(run) for run in orphans if run.fate is not RunFate.JUDGING))
+        return outcomes
+
+    async def _end_forgotten(self, runs: list[CoreRun], listed_after: dt.datetime | None, report: ReconcileReport) -> bool:
+        """Ends the active jobs admitted before `listed_after` whose run the listing did not show
+        and the core does not know (`engine.forgotten_runs`), counted in `report`; whether more
+        are left for the next look (those not read yet included)."""
+        if self._forgotten is None or listed_after is None:
+            return False
+        try:
+            report.forgotten, more_forgotten = await self._forgotten.end_unlisted(runs, listed_after=listed_after)
+        except errors.QueueError as exc:
+            log.warning("jobs whose run the core did not list were not read yet (%s); the next look retries", exc.message)
+            return True
+        return more_forgotten
 
     async def _record_history(self, identity: DatabaseIdentity) -> bool:
         """Records that `identity`'s history is reconciled (when the database still writes it)."""

@@ -105,30 +105,8 @@ class NotificationHub:
         # caller's streams never lock another (an operator, another web backend) out of a user.
         self._per_caller: collections.Counter[tuple[str, str]] = collections.Counter()
         # The feed's reader and the hints' listener: two supervised loops (`background`).
-        self._reader = SupervisedLoop(
-            "notification-hub",
-            self._read_step,
-            interval_seconds=READ_EVERY_SECONDS,
-            expected=(errors.QueueError,),
-            # Woken by this replica's commits and other replicas' hints while streams are open,
-            # else by a subscription only; a failed read waits its back-off whatever wakes.
-            wake=self._wake_for_next_read,
-            wake_ends_backoff=False,
-            backoff_seconds=(0.1, _READ_RETRY_MAX_SECONDS),
-            failure_log=("job-change feed read failed (%r); retrying", "job-change feed read failed; retrying"),
-        )
-        self._hint_listener = SupervisedLoop(
-            "feed-hint-listener",
-            self._listen_for_hints,
-            interval_seconds=0.0,
-            # Whatever drops the connection is a warning: the reader goes on without hints.
-            expected=(Exception,),
-            backoff_seconds=(0.1, reconnect_max_seconds),
-            failure_log=(
-                "feed hint listener lost its connection (%r); reconnecting",
-                "feed hint listener lost its connection; reconnecting",
-            ),
-        )
+        self._reader = self._feed_reader_loop()
+        self._hint_listener = self._hint_listener_loop(reconnect_max_seconds)
         # Where the reader is in the feed (None: not started), and whether its wait is for
         # commits (streams were open when it began) or for a subscription.
         self._cursor: FeedCursor | None = None
@@ -154,6 +132,37 @@ class NotificationHub:
         self._cursor_reset = False
         # The places in the fleet-wide line of the waiting jobs the streams show.
         self._line = ShownLine(reads)
+
+    def _feed_reader_loop(self) -> SupervisedLoop:
+        """The loop that reads the job-change feed (`_read_step`), retried with a back-off."""
+        return SupervisedLoop(
+            "notification-hub",
+            self._read_step,
+            interval_seconds=READ_EVERY_SECONDS,
+            expected=(errors.QueueError,),
+            # Woken by this replica's commits and other replicas' hints while streams are open,
+            # else by a subscription only; a failed read waits its back-off whatever wakes.
+            wake=self._wake_for_next_read,
+            wake_ends_backoff=False,
+            backoff_seconds=(0.1, _READ_RETRY_MAX_SECONDS),
+            failure_log=("job-change feed read failed (%r); retrying", "job-change feed read failed; retrying"),
+        )
+
+    def _hint_listener_loop(self, reconnect_max_seconds: float) -> SupervisedLoop:
+        """The loop that LISTENs for other replicas' hints (`_listen_for_hints`), reconnecting
+        with a back-off of at most `reconnect_max_seconds`."""
+        return SupervisedLoop(
+            "feed-hint-listener",
+            self._listen_for_hints,
+            interval_seconds=0.0,
+            # Whatever drops the connection is a warning: the reader goes on without hints.
+            expected=(Exception,),
+            backoff_seconds=(0.1, reconnect_max_seconds),
+            failure_log=(
+                "feed hint listener lost its connection (%r); reconnecting",
+                "feed hint listener lost its connection; reconnecting",
+            ),
+        )
 
     @property
     def open_streams(self) -> int:
