@@ -120,6 +120,32 @@ def promotion_gaps(
         "per_window": {str(w): {**Latency.from_seconds(by_window[w]).as_dict(), "held_by_pause": held[w]} for w in windows},
         "all": Latency.from_seconds([g for gaps in by_window.values() for g in gaps]).as_dict(),
         "held_by_pause": sum(held.values()),
+        "seconds_by_window": {str(w): gaps for w, gaps in by_window.items()},
+    }
+
+
+def pooled_p99_drift(
+    seconds_by_window: dict[str, list[float]], *, window_seconds: float, warmup_seconds: float, span_seconds: float
+) -> dict[str, Any]:
+    """The p99 of the samples of the first `span_seconds` after warm-up against the p99 of the last
+    `span_seconds`, each pooled over its windows. One 30-s window holds about a hundred samples, so
+    its "p99" is its largest one or two: two such are two maxima, which one slow moment (a
+    checkpoint, a capacity turn) decides. Pooled over minutes, each p99 stands on a thousand."""
+    indexes = sorted(int(w) for w in seconds_by_window)
+    steady = [w for w in indexes if w * window_seconds >= warmup_seconds]
+    if not steady:
+        return {"first_steady": None, "last": None, "ratio": None}
+    # A short run compares its steady part's halves: the two spans never overlap.
+    span = max(1, min(round(span_seconds / window_seconds), len(steady) // 2))
+    first = Latency.from_seconds(g for w in steady[:span] for g in seconds_by_window[str(w)])
+    last = Latency.from_seconds(g for w in steady[-span:] for g in seconds_by_window[str(w)])
+    return {
+        "span_minutes": round(span * window_seconds / 60, 2),
+        "first_steady": round(first.p99, 3),
+        "first_steady_samples": first.count,
+        "last": round(last.p99, 3),
+        "last_samples": last.count,
+        "ratio": round(last.p99 / first.p99, 3) if first.p99 else None,
     }
 
 

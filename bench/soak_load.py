@@ -415,6 +415,8 @@ class Load:
             per_window[index]["counts"][key] = n
         return {
             "windows": {str(k): v for k, v in sorted(per_window.items())},
+            # Every admit's latency by window, for p99s pooled over minutes (bench.soak's targets).
+            "admit_seconds": {str(index): seconds for (index, kind), seconds in self.windows.latencies.items() if kind == "admit"},
             "errors": dict(self.errors),
             "asked_for": dict(self.asked),
             "fleet_pauses_ns": self.fleet_pauses,
