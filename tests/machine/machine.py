@@ -11,7 +11,8 @@ harness, waits and quiet periods) against a world, and checks every promise as i
   is a request that can never succeed.
 - All along (fault-free time): I4, no queued job beside a free slot longer than the sweeper allows.
 - After each quiet period: I10 (the core's live runs against the live jobs), I11 (each open
-  stream's last message per job against GetJob), the storage bound over the whole database.
+  stream's last message per job against GetJob), the storage bound over the whole database, and
+  the places at the capacity the operator's search shows (1..n for the n jobs waiting, 0 else).
 - At the end: I13 (how often each waiting user was passed over), after a last quiet period.
 """
 
@@ -31,6 +32,7 @@ import psycopg
 
 from queue_service._gen.acurio.core.v1 import run_service_pb2 as run_pb
 from queue_service._gen.acurio.queue.v1 import job_pb2
+from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.dev.core import DevRun
 from tests.harness import InvariantChecker, error_info
@@ -318,6 +320,7 @@ class Machine:
         await self.check_streams()
         await asyncio.to_thread(self.check_storage)
         await asyncio.to_thread(self.check_fair_order)
+        await self.check_capacity_positions()
         if self.retry_in_quiet:
             # Quiet long enough for the fleet to have noticed every fault is over.
             await asyncio.sleep(max(0.0, QUIET_AFTER - self.model.quiet_for()))
@@ -469,6 +472,45 @@ class Machine:
                 f" entries; the stated bound allows {self.storage_peak_allowance / 1e6:.1f} MB (+{STORAGE_SLACK_BYTES / 1e6:.0f} MB)",
                 once="storage",
             )
+
+    async def check_capacity_positions(self) -> None:
+        """What a user is told of her place at the fleet's capacity: at a quiet period (only a pause
+        holds jobs waiting then), the PENDING jobs the operator's search shows number their places
+        1..n, each once, n being the jobs waiting for a grant; a job that does not wait shows 0."""
+        self.model.checks["capacity positions"] += 1
+        pending: list[job_pb2.Job] = []
+        token = ""
+        stubs = self.world.replicas[0].stubs
+        try:
+            while True:
+                page = await stubs.operator.SearchJobs(
+                    op_pb2.SearchJobsRequest(
+                        filter=op_pb2.JobFilter(statuses=[job_pb2.JOB_STATUS_PENDING]), page_size=100, page_token=token
+                    ),
+                    metadata=w.RoleStubs.metadata("operator"),
+                    timeout=CALL_TIMEOUT,
+                )
+                pending += page.jobs
+                token = page.next_page_token
+                if not token:
+                    break
+            with psycopg.connect(self.world.database_url, autocommit=True) as conn:
+                waiting = {
+                    str(job_id)
+                    for (job_id,) in conn.execute(
+                        """SELECT job_id FROM analysis_jobs
+                            WHERE status = 'pending' AND capacity_wait_since IS NOT NULL AND capacity_token IS NULL"""
+                    ).fetchall()
+                }
+        except (grpc.aio.AioRpcError, psycopg.OperationalError):
+            return  # a replica or PostgreSQL went away meanwhile: the next quiet period checks
+        self.model.checks["capacity places"] += len(waiting)
+        places = sorted(job.capacity_position for job in pending if job.job_id in waiting)
+        if places != list(range(1, len(waiting) + 1)):
+            self.violate("capacity positions", f"the {len(waiting)} jobs waiting for a grant show places {places}", once=f"places:{places}")
+        shown = [job.job_id for job in pending if job.job_id not in waiting and job.capacity_position != 0]
+        if shown:
+            self.violate("capacity positions", f"jobs that do not wait for a grant show a place: {shown[:3]}", once=f"placed:{shown[:3]}")
 
     # -- I13, at the end ---------------------------------------------------------------------------
 
