@@ -227,6 +227,7 @@ async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
         ReleaseHandoff,
         Releases,
         Sweeper,
+        SweeperSettings,
     )
 
     config = Config.from_env(environ={}, database_url=dsn, core_addr=core_addr)
@@ -241,7 +242,7 @@ async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     engine = QueueEngine(store, core, config, starter=handoff, capacity=capacity, tasks=tasks, owed_releases=owed)
     releases = Releases(engine, store, core, config, capacity=capacity, tasks=tasks, guard=guard)
     recovery = Recovery(engine, releases, store, core, guard=guard)
-    sweep = Sweeper(recovery, store, config, wake_dispatcher=lambda: None)
+    sweep = Sweeper(recovery, store, SweeperSettings.from_config(config), wake_dispatcher=lambda: None)
     await sweep.sweep_once()  # warm: connections, prepared plans, caches
     _emit({"ready": True})
     await _wait_for_go()

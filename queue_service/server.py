@@ -70,6 +70,7 @@ from queue_service.engine import (
     Releases,
     ReplicaHeartbeat,
     Sweeper,
+    SweeperSettings,
     new_replica_id,
 )
 from queue_service.model import ReplicaReport, ReplicationStance
@@ -273,7 +274,9 @@ class QueueApp:
             capacity=self.capacity,
             handoff=handoff,
         )
-        self.sweeper = Sweeper(self.recovery, self.store, config, wake_dispatcher=releases_due.set, reconciler=self.reconciler)
+        self.sweeper = Sweeper(
+            self.recovery, self.store, SweeperSettings.from_config(config), wake_dispatcher=releases_due.set, reconciler=self.reconciler
+        )
 
     def _build_edge(self, config: Config, authorizer: Authorizer | None, assertions: UserAssertions | None) -> None:
         """The edge: health, the gate and the one road, the servicers, the browser listener, the

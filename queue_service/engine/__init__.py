@@ -22,7 +22,7 @@ from queue_service.engine.ports import FailoverGuard, NoFailoverGuard, ReleaseHa
 from queue_service.engine.recovery import Recovery
 from queue_service.engine.releases import Releases
 from queue_service.engine.replica_heartbeat import ReplicaHeartbeat, new_replica_id
-from queue_service.engine.sweeper import Sweeper
+from queue_service.engine.sweeper import Sweeper, SweeperSettings
 from queue_service.engine.tasks import BackgroundTasks, each_at_most
 from queue_service.engine.watch import NotificationHub
 from queue_service.engine.watch_stream import VanishedJob, WatchItem, WatchPage, WatchStream
@@ -47,6 +47,7 @@ __all__ = [
     "Releases",
     "ReplicaHeartbeat",
     "Sweeper",
+    "SweeperSettings",
     "VanishedJob",
     "WatchItem",
     "WatchPage",
