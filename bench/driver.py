@@ -223,10 +223,14 @@ async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
         NoFailoverGuard,
         OwedReleases,
         QueueEngine,
+        QueueEngineSettings,
         Recovery,
         ReleaseHandoff,
         Releases,
+        ReleasesSettings,
+        SharedParts,
         Sweeper,
+        SweeperSettings,
     )
 
     config = Config.from_env(environ={}, database_url=dsn, core_addr=core_addr)
@@ -238,10 +242,13 @@ async def sweeper(dsn: str, core_addr: str, passes: int) -> dict[str, Any]:
     handoff, tasks, guard = ReleaseHandoff(), BackgroundTasks(), NoFailoverGuard()
     capacity = FleetCapacity(wake_grant=handoff.request_grant, probe_interval_seconds=config.core_probe_interval_seconds)
     owed = OwedReleases(store, handoff, lease_seconds=config.release_lease_seconds, spawn=tasks.in_background)
-    engine = QueueEngine(store, core, config, starter=handoff, capacity=capacity, tasks=tasks, owed_releases=owed)
-    releases = Releases(engine, store, core, config, capacity=capacity, tasks=tasks, guard=guard)
-    recovery = Recovery(engine, releases, store, core, guard=guard)
-    sweep = Sweeper(recovery, store, config, wake_dispatcher=lambda: None)
+    parts = SharedParts(
+        store=store, core=core, tasks=tasks, capacity=capacity, starter=handoff, owed_releases=owed, wake_dispatcher=lambda: None
+    )
+    engine = QueueEngine(parts, QueueEngineSettings.from_config(config))
+    releases = Releases(engine, parts, ReleasesSettings.from_config(config), guard=guard)
+    recovery = Recovery(engine, releases, parts, guard=guard)
+    sweep = Sweeper(recovery, store, SweeperSettings.from_config(config), wake_dispatcher=lambda: None)
     await sweep.sweep_once()  # warm: connections, prepared plans, caches
     _emit({"ready": True})
     await _wait_for_go()

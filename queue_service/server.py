@@ -55,21 +55,27 @@ from queue_service.config import Config
 from queue_service.core_client import CoreClient
 from queue_service.engine import (
     Admission,
+    AdmissionSettings,
     BackgroundTasks,
     Completions,
     CoreReconciler,
+    CoreReconcilerSettings,
     Credits,
     FleetCapacity,
     JobReads,
     NotificationHub,
     OwedReleases,
     QueueEngine,
+    QueueEngineSettings,
     Recovery,
     ReleaseDispatcher,
     ReleaseHandoff,
     Releases,
+    ReleasesSettings,
     ReplicaHeartbeat,
+    SharedParts,
     Sweeper,
+    SweeperSettings,
     new_replica_id,
 )
 from queue_service.model import ReplicaReport, ReplicationStance
@@ -171,15 +177,16 @@ class QueueApp:
         """The engine's rooms, each given at construction what it uses (the ports included), in
         the order they need one another: the shared parts, the reads, the lifecycle core and its
         guard, the rooms around them, then the loops."""
-        handoff, owed_releases = self._build_shared_parts(config)
+        handoff = self._build_shared_parts(config)
         self._build_reads(config)
-        self._build_lifecycle(config, handoff, owed_releases)
-        self._build_rooms(config, handoff, owed_releases)
+        self._build_lifecycle(config)
+        self._build_rooms(config)
         self._build_loops(config, handoff)
 
-    def _build_shared_parts(self, config: Config) -> tuple[ReleaseHandoff, OwedReleases]:
-        """What every room is handed: the dispatcher's wake-up, the handoff, the fleet's
-        capacity, the background tasks and the owed releases (the last two returned)."""
+    def _build_shared_parts(self, config: Config) -> ReleaseHandoff:
+        """What the rooms share, built once (`SharedParts`): the store, the core, the background
+        tasks, the fleet's capacity, the handoff (returned: the dispatcher takes it), the owed
+        releases and the dispatcher's wake-up."""
         # Set when jobs became PENDING (here or, through NOTIFY, on another replica): the
         # dispatcher releases them at once.
         self._releases_due = asyncio.Event()
@@ -191,8 +198,16 @@ class QueueApp:
         self.capacity = FleetCapacity(wake_grant=handoff.request_grant, probe_interval_seconds=config.core_probe_interval_seconds)
         # Clean-ups and changes that outlive their caller, of every room below.
         self.tasks = BackgroundTasks()
-        owed_releases = OwedReleases(self.store, handoff, lease_seconds=config.release_lease_seconds, spawn=self.tasks.in_background)
-        return handoff, owed_releases
+        self.parts = SharedParts(
+            store=self.store,
+            core=self.core,
+            tasks=self.tasks,
+            capacity=self.capacity,
+            starter=handoff,
+            owed_releases=OwedReleases(self.store, handoff, lease_seconds=config.release_lease_seconds, spawn=self.tasks.in_background),
+            wake_dispatcher=self._releases_due.set,
+        )
+        return handoff
 
     def _build_reads(self, config: Config) -> None:
         """The job reads and the watch hub that fans the job-change feed out to the streams."""
@@ -211,56 +226,26 @@ class QueueApp:
             reconnect_max_seconds=config.db_reconnect_max_seconds,
         )
 
-    def _build_lifecycle(self, config: Config, handoff: ReleaseHandoff, owed_releases: OwedReleases) -> None:
+    def _build_lifecycle(self, config: Config) -> None:
         """The lifecycle core and the reconciler, the failover guard the rooms around it are given."""
-        releases_due = self._releases_due
         # The lifecycle core (ending, promotion, cancel, settlement) and the rooms around it.
-        self.engine = QueueEngine(
-            self.store,
-            self.core,
-            config,
-            starter=handoff,
-            capacity=self.capacity,
-            tasks=self.tasks,
-            owed_releases=owed_releases,
-            wake_dispatcher=releases_due.set,
-        )
+        self.engine = QueueEngine(self.parts, QueueEngineSettings.from_config(config))
         # The core's live runs as the second copy of the jobs (design I14): the rooms' guard
         # against runs a database failover lost; it ends the jobs whose run the core forgot.
         self.reconciler = CoreReconciler(
-            self.store,
-            self.core,
-            config,
-            wake_dispatcher=releases_due.set,
+            self.parts,
+            CoreReconcilerSettings.from_config(config),
             on_database_replaced=self.hub.database_replaced,
             ender=self.engine,
         )
 
-    def _build_rooms(self, config: Config, handoff: ReleaseHandoff, owed_releases: OwedReleases) -> None:
+    def _build_rooms(self, config: Config) -> None:
         """The rooms around the lifecycle core: completions, releases, recovery and admission."""
         guard = self.reconciler
-        self.completions = Completions(
-            self.engine,
-            self.store,
-            tasks=self.tasks,
-            owed_releases=owed_releases,
-            capacity=self.capacity,
-            starter=handoff,
-            guard=guard,
-            on_run_judged=self.reads.run_judged,
-        )
-        self.releases = Releases(self.engine, self.store, self.core, config, capacity=self.capacity, tasks=self.tasks, guard=guard)
-        self.recovery = Recovery(self.engine, self.releases, self.store, self.core, guard=guard)
-        self.admission = Admission(
-            self.recovery,
-            self.store,
-            self.core,
-            config,
-            starter=handoff,
-            capacity=self.capacity,
-            tasks=self.tasks,
-            owed_releases=owed_releases,
-        )
+        self.completions = Completions(self.engine, self.parts, guard=guard, on_run_judged=self.reads.run_judged)
+        self.releases = Releases(self.engine, self.parts, ReleasesSettings.from_config(config), guard=guard)
+        self.recovery = Recovery(self.engine, self.releases, self.parts, guard=guard)
+        self.admission = Admission(self.recovery, self.parts, AdmissionSettings.from_config(config))
 
     def _build_loops(self, config: Config, handoff: ReleaseHandoff) -> None:
         """The replica's two loops around the rooms: the release dispatcher, which takes the claims
@@ -273,7 +258,9 @@ class QueueApp:
             capacity=self.capacity,
             handoff=handoff,
         )
-        self.sweeper = Sweeper(self.recovery, self.store, config, wake_dispatcher=releases_due.set, reconciler=self.reconciler)
+        self.sweeper = Sweeper(
+            self.recovery, self.store, SweeperSettings.from_config(config), wake_dispatcher=releases_due.set, reconciler=self.reconciler
+        )
 
     def _build_edge(self, config: Config, authorizer: Authorizer | None, assertions: UserAssertions | None) -> None:
         """The edge: health, the gate and the one road, the servicers, the browser listener, the

@@ -12,17 +12,15 @@ the admit did commit after all; the reservation makes that durable (the sweeper 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import uuid
 
 from queue_service import deadline, errors, telemetry
 from queue_service.config import Config
-from queue_service.core_client import CoreClient
-from queue_service.engine.capacity import FleetCapacity
-from queue_service.engine.owed_releases import OwedReleases
-from queue_service.engine.ports import ReleaseStarter, ReservedRuns
-from queue_service.engine.tasks import BackgroundTasks
+from queue_service.engine.parts import SharedParts
+from queue_service.engine.ports import ReservedRuns
 from queue_service.model import (
     AdmitLimits,
     AdmitRequest,
@@ -33,7 +31,6 @@ from queue_service.model import (
     NewJob,
     RunFate,
 )
-from queue_service.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -48,43 +45,68 @@ def request_digest(payload: bytes) -> bytes:
     return hashlib.sha256(payload).digest()
 
 
-class Admission:
-    def __init__(
-        self,
-        recovery: ReservedRuns,
-        store: Store,
-        core: CoreClient,
-        config: Config,
-        *,
-        starter: ReleaseStarter,
-        capacity: FleetCapacity,
-        tasks: BackgroundTasks,
-        owed_releases: OwedReleases,
-    ) -> None:
-        self._recovery = recovery
-        self._store = store
-        self._core = core
-        self.config = config
-        # Starts the first release of a job the locked admit made PENDING (claimed in it).
-        self._starter = starter
-        self._capacity = capacity
-        self._tasks = tasks
-        self._owed_releases = owed_releases
-        self._admit_limits = AdmitLimits(
-            default_max_active=config.max_active_per_user,
-            max_queued=config.max_queued_per_user,
-            max_running_deltas=config.max_active_deltas_per_user,
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class AdmissionSettings:
+    """The settings the admission reads (QUEUE_* of the same names)."""
+
+    admit_price: int
+    delta_price: int
+    max_active_per_user: int
+    max_queued_per_user: int
+    max_active_deltas_per_user: int
+    max_free_admits_per_user_per_hour: int
+    release_window_seconds: float
+    release_lease_seconds: float
+    reconcile_after_seconds: float
+    # What bounds an admit's waits (the reserved run's grace).
+    core_deadline_seconds: float
+    pool_timeout_seconds: float
+    lock_timeout_ms: int
+
+    @classmethod
+    def from_config(cls, config: Config) -> AdmissionSettings:
+        return cls(
+            admit_price=config.admit_price,
+            delta_price=config.delta_price,
+            max_active_per_user=config.max_active_per_user,
+            max_queued_per_user=config.max_queued_per_user,
+            max_active_deltas_per_user=config.max_active_deltas_per_user,
+            max_free_admits_per_user_per_hour=config.max_free_admits_per_user_per_hour,
             release_window_seconds=config.release_window_seconds,
             release_lease_seconds=config.release_lease_seconds,
             reconcile_after_seconds=config.reconcile_after_seconds,
+            core_deadline_seconds=config.core_deadline_seconds,
+            pool_timeout_seconds=config.pool_timeout_seconds,
+            lock_timeout_ms=config.lock_timeout_ms,
+        )
+
+
+class Admission:
+    def __init__(self, recovery: ReservedRuns, parts: SharedParts, settings: AdmissionSettings) -> None:
+        self._recovery = recovery
+        self._store = parts.store
+        self._core = parts.core
+        self._settings = settings
+        # Starts the first release of a job the locked admit made PENDING (claimed in it).
+        self._starter = parts.starter
+        self._capacity = parts.capacity
+        self._tasks = parts.tasks
+        self._owed_releases = parts.owed_releases
+        self._admit_limits = AdmitLimits(
+            default_max_active=settings.max_active_per_user,
+            max_queued=settings.max_queued_per_user,
+            max_running_deltas=settings.max_active_deltas_per_user,
+            release_window_seconds=settings.release_window_seconds,
+            release_lease_seconds=settings.release_lease_seconds,
+            reconcile_after_seconds=settings.reconcile_after_seconds,
         )
 
     @property
     def reservation_grace_seconds(self) -> float:
         """How long a reserved run belongs to its admit before the sweeper may cancel it: longer
         than any admit can take (its waits are each bounded)."""
-        config = self.config
-        return 2 * config.core_deadline_seconds + 2 * config.pool_timeout_seconds + config.lock_timeout_ms / 1000 + 1
+        settings = self._settings
+        return 2 * settings.core_deadline_seconds + 2 * settings.pool_timeout_seconds + settings.lock_timeout_ms / 1000 + 1
 
     async def admit(self, item: AdmitRequest) -> AdmitResult:
         try:
@@ -96,7 +118,7 @@ class Admission:
 
     async def _admit(self, item: AdmitRequest) -> AdmitResult:
         is_delta = item.delta_of_job_id is not None
-        price = self.config.delta_price if is_delta else self.config.admit_price
+        price = self._settings.delta_price if is_delta else self._settings.admit_price
         run_id, job_id = uuid.uuid4(), uuid.uuid4()
         state, duplicate = await self._reserve_run(item, run_id, price, is_delta)
         if duplicate is not None:
@@ -145,7 +167,7 @@ class Admission:
                     idempotency_key=item.idempotency_key,
                     delta_of_job_id=item.delta_of_job_id,
                     grace_seconds=self.reservation_grace_seconds,
-                    max_free_admits=self.config.max_free_admits_per_user_per_hour,
+                    max_free_admits=self._settings.max_free_admits_per_user_per_hour,
                 )
                 if reserved and waited:
                     # The key came free while this admit waited: read again, in a snapshot taken
@@ -154,7 +176,7 @@ class Admission:
                         user_id=item.user_id,
                         idempotency_key=item.idempotency_key,
                         delta_of_job_id=item.delta_of_job_id,
-                        max_free_admits=self.config.max_free_admits_per_user_per_hour,
+                        max_free_admits=self._settings.max_free_admits_per_user_per_hour,
                     )
             if reserved or state.existing_job_id is not None:
                 break
@@ -225,16 +247,16 @@ class Admission:
                     f"delta base job {item.delta_of_job_id} is {state.base_status}; only a succeeded job can be re-checked",
                     metadata={"deltaOfJobId": str(item.delta_of_job_id), "baseStatus": state.base_status.upper()},
                 )
-            limit = self.config.max_active_deltas_per_user
+            limit = self._settings.max_active_deltas_per_user
             if state.running_deltas >= limit:
                 raise errors.UserDeltaLimit(
                     f"the user already has {state.running_deltas} delta re-checks waiting or running (the maximum); wait for one to finish",
                     metadata={"maxActiveDeltas": str(limit), "activeDeltas": str(state.running_deltas)},
                 )
-        elif state.queued_count >= self.config.max_queued_per_user:
+        elif state.queued_count >= self._settings.max_queued_per_user:
             raise errors.UserQueueFull(
                 f"the user already has {state.queued_count} queued analyses (the maximum); wait for one to start",
-                metadata={"maxQueued": str(self.config.max_queued_per_user), "queued": str(state.queued_count)},
+                metadata={"maxQueued": str(self._settings.max_queued_per_user), "queued": str(state.queued_count)},
             )
         if state.balance < price:
             raise errors.InsufficientCredits(
@@ -250,7 +272,7 @@ class Admission:
         ask for are not counted (`admit_state`), and an operator's retry is never refused. Decided
         at the pre-check only: admits racing past it still pass the locked admit's own limits
         (credit, running deltas), which bound the overshoot."""
-        limit = self.config.max_free_admits_per_user_per_hour
+        limit = self._settings.max_free_admits_per_user_per_hour
         if state.free_admits_last_hour < limit:
             return
         frees_in = max(1.0, state.free_admit_frees_in_seconds or 0.0)
@@ -303,7 +325,7 @@ class Admission:
                     user_id=item.user_id,
                     idempotency_key=item.idempotency_key,
                     delta_of_job_id=item.delta_of_job_id,
-                    max_free_admits=self.config.max_free_admits_per_user_per_hour,
+                    max_free_admits=self._settings.max_free_admits_per_user_per_hour,
                 )
             duplicate = self._check_admit_state(state, item, price, is_delta)
             if duplicate is None:
@@ -332,7 +354,7 @@ class Admission:
         claimed is handed over at once, as the admit would have; a job that waits for capacity
         claimed none (a grant releases it)."""
         async with self._store.statements() as db:
-            claim = await db.claim_run_reservation(run_id=run_id, lease_seconds=self.config.release_lease_seconds)
+            claim = await db.claim_run_reservation(run_id=run_id, lease_seconds=self._settings.release_lease_seconds)
             job = None if claim is not None or admitted_job_id is None else await db.job_by_id(job_id=admitted_job_id)
         if claim is not None:
             await self._recovery.cancel_reserved_run(claim)
@@ -355,6 +377,6 @@ class Admission:
         outcome is unknown, `admitted_job_id` is its job: if it did commit, its release is handed
         over instead."""
         task = self._tasks.in_background(self._abandon_reserved_run(run_id, admitted_job_id=admitted_job_id), name=f"abandon-run-{run_id}")
-        wait = deadline.bound(self.config.core_deadline_seconds)
+        wait = deadline.bound(self._settings.core_deadline_seconds)
         if wait > 0:
             await asyncio.wait({task}, timeout=wait)

@@ -21,8 +21,8 @@ from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.coalescer import Coalescer, Spawn, counting_batch
 from queue_service.engine.engine import QueueEngine
 from queue_service.engine.owed_releases import OwedReleases
+from queue_service.engine.parts import SharedParts
 from queue_service.engine.ports import FailoverGuard, ReleaseStarter
-from queue_service.engine.tasks import BackgroundTasks
 from queue_service.model import (
     Cause,
     JobEnding,
@@ -44,24 +44,25 @@ class Completions:
     def __init__(
         self,
         engine: QueueEngine,
-        store: Store,
+        parts: SharedParts,
         *,
-        tasks: BackgroundTasks,
-        owed_releases: OwedReleases,
-        capacity: FleetCapacity,
-        starter: ReleaseStarter,
         guard: FailoverGuard,
         on_run_judged: Callable[[], None] = lambda: None,
     ) -> None:
         self._engine = engine
         # Told of each run that ended succeeded here (the estimates' mean judging time may have come).
         self._on_run_judged = on_run_judged
-        self._tasks = tasks
+        self._tasks = parts.tasks
         self._guard = guard
         # Completions that arrive while one is being applied are applied together (see
         # `CompletionBatcher`): a burst of completions costs one commit for many.
         self._batcher = CompletionBatcher(
-            store, engine.promotion_limits, spawn=tasks.in_background, owed_releases=owed_releases, capacity=capacity, starter=starter
+            parts.store,
+            engine.promotion_limits,
+            spawn=parts.tasks.in_background,
+            owed_releases=parts.owed_releases,
+            capacity=parts.capacity,
+            starter=parts.starter,
         )
 
     async def complete_run(self, run_id: uuid.UUID, *, succeeded: bool, refund: bool, message: str) -> JobEnding:

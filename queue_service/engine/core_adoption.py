@@ -37,14 +37,34 @@ from queue_service.store import Store
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunAdoptionSettings:
+    """The settings an adoption reads (QUEUE_* of the same names): an adopted job is placed by
+    the promotion's rules."""
+
+    max_active_per_user: int
+    release_window_seconds: float
+    release_lease_seconds: float
+    reconcile_after_seconds: float
+
+    @classmethod
+    def from_config(cls, config: Config) -> RunAdoptionSettings:
+        return cls(
+            max_active_per_user=config.max_active_per_user,
+            release_window_seconds=config.release_window_seconds,
+            release_lease_seconds=config.release_lease_seconds,
+            reconcile_after_seconds=config.reconcile_after_seconds,
+        )
+
+
 class RunAdoption:
     """Adopts or cancels the live runs at the core that no job owns; safe on every replica at once."""
 
-    def __init__(self, store: Store, core: CoreClient, config: Config, *, wake_dispatcher: Callable[[], None]) -> None:
+    def __init__(self, store: Store, core: CoreClient, settings: RunAdoptionSettings, *, wake_dispatcher: Callable[[], None]) -> None:
         self._store = store
         self._core = core
-        self._config = config
-        self._limits = PromotionLimits(config.max_active_per_user, config.release_window_seconds, config.release_lease_seconds)
+        self._settings = settings
+        self._limits = PromotionLimits(settings.max_active_per_user, settings.release_window_seconds, settings.release_lease_seconds)
         # An adopted job that is PENDING is the dispatcher's to release.
         self._wake_dispatcher = wake_dispatcher
 
@@ -68,7 +88,7 @@ class RunAdoption:
             return "abandoned"
         if not run.adoptable:
             return await self._lose(run, "record_incomplete", cancel=cancel)
-        adoption = await self._store.adopt_run(run, self._limits, reconcile_after_seconds=self._config.reconcile_after_seconds)
+        adoption = await self._store.adopt_run(run, self._limits, reconcile_after_seconds=self._settings.reconcile_after_seconds)
         if adoption.kind == "adopted":
             view = adoption.view
             assert view is not None
@@ -161,7 +181,7 @@ class RunAdoption:
             telemetry.metrics.core_reconciliations.add(1, {"trigger": "completion", "result": "ok"})
             # It was judging when the database lost its job: adopted RUNNING, then completed.
             judged = dataclasses.replace(run, fate=RunFate.JUDGING)
-            adoption = await self._store.adopt_run(judged, self._limits, reconcile_after_seconds=self._config.reconcile_after_seconds)
+            adoption = await self._store.adopt_run(judged, self._limits, reconcile_after_seconds=self._settings.reconcile_after_seconds)
             span.set_attribute("queue.adoption", adoption.kind)
             if adoption.kind == "reserved":
                 raise errors.RunNotYetAdmitted(

@@ -44,9 +44,9 @@ from collections.abc import Callable
 
 from queue_service import errors, telemetry
 from queue_service.config import Config
-from queue_service.core_client import CoreClient
-from queue_service.engine.core_adoption import RunAdoption
+from queue_service.engine.core_adoption import RunAdoption, RunAdoptionSettings
 from queue_service.engine.forgotten_runs import ForgottenRuns, JobEnder
+from queue_service.engine.parts import SharedParts
 from queue_service.engine.tasks import BackgroundTasks
 from queue_service.model import (
     ClaimedRelease,
@@ -54,7 +54,6 @@ from queue_service.model import (
     DatabaseIdentity,
     RunFate,
 )
-from queue_service.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -84,24 +83,44 @@ class ReconcileReport:
     forgotten: int = 0
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class CoreReconcilerSettings:
+    """The settings the reconciler reads (QUEUE_* of the same names), and its adoptions'."""
+
+    core_deadline_seconds: float
+    core_reconcile_interval_seconds: float
+    health_interval_seconds: float
+    max_active_per_user: int
+    adoption: RunAdoptionSettings
+
+    @classmethod
+    def from_config(cls, config: Config) -> CoreReconcilerSettings:
+        return cls(
+            core_deadline_seconds=config.core_deadline_seconds,
+            core_reconcile_interval_seconds=config.core_reconcile_interval_seconds,
+            health_interval_seconds=config.health_interval_seconds,
+            max_active_per_user=config.max_active_per_user,
+            adoption=RunAdoptionSettings.from_config(config),
+        )
+
+
 class CoreReconciler:
     """Reconciles the core's live runs against the jobs; one per replica, safe on all at once."""
 
     def __init__(
         self,
-        store: Store,
-        core: CoreClient,
-        config: Config,
+        parts: SharedParts,
+        settings: CoreReconcilerSettings,
         *,
-        wake_dispatcher: Callable[[], None],
         on_database_replaced: Callable[[], None] = lambda: None,
         ender: JobEnder | None = None,
     ) -> None:
+        store, core = parts.store, parts.core
         self._store = store
         self._core = core
-        self._config = config
+        self._settings = settings
         # Adopts or cancels the runs no job owns, whoever finds them.
-        self._adoption = RunAdoption(store, core, config, wake_dispatcher=wake_dispatcher)
+        self._adoption = RunAdoption(store, core, settings.adoption, wake_dispatcher=parts.wake_dispatcher)
         self._on_database_replaced = on_database_replaced
         # Ends the jobs whose run the core forgot (without an ender: only runs the queue lost).
         self._forgotten = ForgottenRuns(store, core, ender) if ender is not None else None
@@ -140,7 +159,7 @@ class CoreReconciler:
         """How long after a new history appeared a ReleaseRun begun on the old one may still
         reach the core: its deadline, and a second to spare. A reconciliation that listed the
         core's runs sooner may have missed such a run, so it does not record the history."""
-        return self._config.core_deadline_seconds + 1.0
+        return self._settings.core_deadline_seconds + 1.0
 
     def _history_unrecorded(self) -> bool:
         """The last look found a history this replica could record and that is not recorded."""
@@ -157,7 +176,7 @@ class CoreReconciler:
         # Health's probe reads the identity in its commit every QUEUE_HEALTH_INTERVAL_SECONDS: a
         # reading that fresh, taken after the one this replica holds, saves a statement.
         now = time.monotonic()
-        fresh_after = now - min(_PROBED_IDENTITY_FRESH_SECONDS, 1.5 * self._config.health_interval_seconds)
+        fresh_after = now - min(_PROBED_IDENTITY_FRESH_SECONDS, 1.5 * self._settings.health_interval_seconds)
         probed = self._store.probed_identity(started_after=max(fresh_after, self._identity_read_at))
         if probed is not None:
             read_at, identity = probed
@@ -190,7 +209,7 @@ class CoreReconciler:
         return True
 
     def _probe_interval(self) -> float:
-        interval = self._config.core_reconcile_interval_seconds
+        interval = self._settings.core_reconcile_interval_seconds
         return min(FORGOTTEN_RUN_PROBE_SECONDS, interval) if interval > 0 else FORGOTTEN_RUN_PROBE_SECONDS
 
     async def probe_if_due(self) -> bool:
@@ -213,7 +232,7 @@ class CoreReconciler:
         history is unrecorded), else once per QUEUE_CORE_RECONCILE_INTERVAL_SECONDS."""
         await self.database_replaced()
         trigger = self._owed_trigger or ("history_unreconciled" if self._history_record_due() else None)
-        interval = self._config.core_reconcile_interval_seconds
+        interval = self._settings.core_reconcile_interval_seconds
         if trigger is None and (interval <= 0 or time.monotonic() - self._last_reconciled < interval):
             return None
         return await self.reconcile(trigger=trigger or "periodic")
@@ -374,7 +393,7 @@ class CoreReconciler:
             return None
         run_ids = [run.run_id for run in others]
         async with self._store.statements() as db:
-            limit = await db.user_slot_limit(user_id=claim.user_id, default_max_active=self._config.max_active_per_user)
+            limit = await db.user_slot_limit(user_id=claim.user_id, default_max_active=self._settings.max_active_per_user)
             counted = await db.runs_taking_a_slot(run_ids=run_ids)
             unknown = await db.runs_unknown_to_queue(run_ids=run_ids, judging_first_pass=run_ids) if counted else set()
         for run in others:

@@ -18,22 +18,20 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from opentelemetry.trace import Span
 
 from queue_service import audit, errors, telemetry
 from queue_service.config import Config
-from queue_service.core_client import CoreClient
 from queue_service.engine.backoff import full_jitter_backoff
-from queue_service.engine.capacity import FleetCapacity
-from queue_service.engine.owed_releases import OwedReleases
-from queue_service.engine.ports import ReleaseStarter
-from queue_service.engine.tasks import BackgroundTasks, each_at_most
+from queue_service.engine.parts import SharedParts
+from queue_service.engine.tasks import each_at_most
 from queue_service.model import (
     Cause,
     JobEnding,
@@ -45,7 +43,6 @@ from queue_service.model import (
     SettingChange,
     Transition,
 )
-from queue_service.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -56,45 +53,55 @@ _GAP_TRACKING_LIMIT = 10_000
 _CANCEL_CONCURRENCY = 8
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class QueueEngineSettings:
+    """The settings the lifecycle core reads (QUEUE_* of the same names)."""
+
+    max_active_per_user: int
+    release_window_seconds: float
+    release_lease_seconds: float
+    release_backoff_max_seconds: float
+
+    @classmethod
+    def from_config(cls, config: Config) -> QueueEngineSettings:
+        return cls(
+            max_active_per_user=config.max_active_per_user,
+            release_window_seconds=config.release_window_seconds,
+            release_lease_seconds=config.release_lease_seconds,
+            release_backoff_max_seconds=config.release_backoff_max_seconds,
+        )
+
+
 class QueueEngine:
-    def __init__(
-        self,
-        store: Store,
-        core: CoreClient,
-        config: Config,
-        *,
-        starter: ReleaseStarter,
-        capacity: FleetCapacity,
-        tasks: BackgroundTasks,
-        owed_releases: OwedReleases,
-        wake_dispatcher: Callable[[], None] | None = None,
-    ) -> None:
-        self._store = store
-        self._core = core
-        self.config = config
+    def __init__(self, parts: SharedParts, settings: QueueEngineSettings) -> None:
+        self._store = parts.store
+        self._core = parts.core
+        self._settings = settings
         # What this replica knows of the fleet's capacity at the core, and how to ask for a grant.
-        self._capacity = capacity
+        self._capacity = parts.capacity
         # Starts the first release of each job this replica made PENDING (claimed in the same
         # statement): the dispatcher starts it at once, with no claim of its own.
-        self._starter = starter
-        self.promotion_limits = PromotionLimits(config.max_active_per_user, config.release_window_seconds, config.release_lease_seconds)
+        self._starter = parts.starter
+        self.promotion_limits = PromotionLimits(
+            settings.max_active_per_user, settings.release_window_seconds, settings.release_lease_seconds
+        )
         # When the slot a promoted job took was freed (monotonic), for the promotion-gap
         # histogram; bounded, since another replica may release the job and never tell us.
         self._slot_freed_at: collections.OrderedDict[uuid.UUID, float] = collections.OrderedDict()
         # Clean-ups and changes that outlive their caller, shared with the rooms around this core.
-        self._tasks = tasks
+        self._tasks = parts.tasks
         # Locked changes whose outcome is unknown: the releases they may have claimed are handed
         # over at once, not after the lease (`owed_releases`).
-        self._owed_releases = owed_releases
+        self._owed_releases = parts.owed_releases
         # A resume makes the retries its pause held due: this replica's dispatcher claims them now.
-        self._wake_dispatcher = wake_dispatcher
+        self._wake_dispatcher = parts.wake_dispatcher
 
     @property
     def cancel_recheck_seconds(self) -> float:
         """How long a RUNNING job's unanswered cancel waits before the sweeper asks the core
         again: as long as a claimed release may take, so a CancelJob still waiting for its answer
         is not asked for twice."""
-        return self.config.release_lease_seconds
+        return self._settings.release_lease_seconds
 
     async def _following_up_if_lost(self, change: Coroutine[Any, Any, T], *, user_id: str) -> T:
         """Runs a locked change of the user's queue; if its outcome is unknown, the releases it
@@ -325,7 +332,7 @@ class QueueEngine:
 
     def backoff_seconds(self, attempt: int) -> float:
         """How long a claim's next durable attempt waits: capped exponential, full jitter."""
-        return full_jitter_backoff(attempt, cap=self.config.release_backoff_max_seconds)
+        return full_jitter_backoff(attempt, cap=self._settings.release_backoff_max_seconds)
 
     # -- fleet settings ----------------------------------------------------------------------
 
@@ -373,7 +380,7 @@ class QueueEngine:
             span.set_attribute("queue.user_id", user_id)
             span.set_attribute("queue.releases_paused", paused)
             change = await self._store.set_releases_paused(
-                user_id=user_id, paused=paused, note=note, release_window_seconds=self.config.release_window_seconds
+                user_id=user_id, paused=paused, note=note, release_window_seconds=self._settings.release_window_seconds
             )
         if change is not None:
             log.info(
@@ -383,7 +390,7 @@ class QueueEngine:
         # Paused or not, jobs wait for grants now: this replica asks (a resume is granted at once).
         self._capacity.learned(True)
         self._capacity.freed()
-        if change is not None and not paused and self._wake_dispatcher is not None:
+        if change is not None and not paused:
             self._wake_dispatcher()
         return change
 

@@ -14,7 +14,7 @@ import logging
 import uuid
 
 from queue_service import errors, telemetry
-from queue_service.core_client import CoreClient
+from queue_service.engine.parts import SharedParts
 from queue_service.engine.ports import ExpiredReleases, FailoverGuard, Lifecycle
 from queue_service.model import (
     Cause,
@@ -27,19 +27,18 @@ from queue_service.model import (
     RunReport,
     Transition,
 )
-from queue_service.store import Store
 
 log = logging.getLogger(__name__)
 
 
 class Recovery:
-    def __init__(self, engine: Lifecycle, releases: ExpiredReleases, store: Store, core: CoreClient, *, guard: FailoverGuard) -> None:
+    def __init__(self, engine: Lifecycle, releases: ExpiredReleases, parts: SharedParts, *, guard: FailoverGuard) -> None:
         self._engine = engine
         # A reserved run whose job a failover lost is adopted, not canceled (`cancel_reserved_run`).
         self._guard = guard
         self._releases = releases
-        self._store = store
-        self._core = core
+        self._store = parts.store
+        self._core = parts.core
 
     @property
     def cancel_recheck_seconds(self) -> float:

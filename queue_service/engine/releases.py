@@ -10,16 +10,15 @@ released: its run is canceled instead. Ending a job is the lifecycle core's (`Li
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 
 from queue_service import errors, telemetry
 from queue_service.config import Config
-from queue_service.core_client import CoreClient
-from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.coalescer import Coalescer, Spawn, counting_batch
+from queue_service.engine.parts import SharedParts
 from queue_service.engine.ports import FailoverGuard, Lifecycle
-from queue_service.engine.tasks import BackgroundTasks
 from queue_service.model import (
     CapacityGrant,
     ClaimedRelease,
@@ -37,36 +36,45 @@ log = logging.getLogger(__name__)
 _MAX_MARKS_PER_STATEMENT = 64
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ReleasesSettings:
+    """The settings the releases read (QUEUE_* of the same names)."""
+
+    release_lease_seconds: float
+    release_window_seconds: float
+    reconcile_after_seconds: float
+
+    @classmethod
+    def from_config(cls, config: Config) -> ReleasesSettings:
+        return cls(
+            release_lease_seconds=config.release_lease_seconds,
+            release_window_seconds=config.release_window_seconds,
+            reconcile_after_seconds=config.reconcile_after_seconds,
+        )
+
+
 class Releases:
-    def __init__(
-        self,
-        engine: Lifecycle,
-        store: Store,
-        core: CoreClient,
-        config: Config,
-        *,
-        capacity: FleetCapacity,
-        tasks: BackgroundTasks,
-        guard: FailoverGuard,
-    ) -> None:
+    def __init__(self, engine: Lifecycle, parts: SharedParts, settings: ReleasesSettings, *, guard: FailoverGuard) -> None:
         self._engine = engine
-        self._store = store
-        self._core = core
-        self._config = config
-        self._capacity = capacity
+        self._store = parts.store
+        self._core = parts.core
+        self._settings = settings
+        self._capacity = parts.capacity
         # I9 at the core: a first-pass release waits while the core judges a run the queue does
         # not count (`FailoverGuard.release_gate`).
         self._guard = guard
         # Releases the core accepted while the previous ones were being marked RUNNING are marked
         # together (see `ReleaseMarker`): a burst of completions costs one statement and one
         # commit for its releases.
-        self._release_marks = ReleaseMarker(store, reconcile_after_seconds=config.reconcile_after_seconds, spawn=tasks.in_background)
+        self._release_marks = ReleaseMarker(
+            parts.store, reconcile_after_seconds=settings.reconcile_after_seconds, spawn=parts.tasks.in_background
+        )
 
     async def claim_due_releases(self, *, batch_size: int) -> list[ClaimedRelease]:
         """Claims the releases that are due (retries, leases run out, jobs nobody claimed), for
         this replica, each leased for QUEUE_RELEASE_LEASE_SECONDS."""
         async with self._store.statements() as db:
-            return await db.claim_due_releases(lease_seconds=self._config.release_lease_seconds, batch_size=batch_size)
+            return await db.claim_due_releases(lease_seconds=self._settings.release_lease_seconds, batch_size=batch_size)
 
     async def next_release_due_in(self) -> float | None:
         """Seconds until the earliest retry or lease is due; None when nothing is."""
@@ -78,7 +86,7 @@ class Releases:
         another replica is releasing right now, or one waiting for the core's capacity (only a
         grant releases it, in its turn), is left as it is."""
         async with self._store.statements() as db:
-            claim = await db.claim_release_of_job(job_id=job_id, lease_seconds=self._config.release_lease_seconds)
+            claim = await db.claim_release_of_job(job_id=job_id, lease_seconds=self._settings.release_lease_seconds)
             job = None if claim else await db.job_by_id(job_id=job_id)
         if claim is not None:
             await self.release(claim)
@@ -199,7 +207,7 @@ class Releases:
         async with self._store.statements() as db:
             retry = await db.schedule_retry(claim, backoff_seconds=backoff, last_error=error, sent=sent)
         if retry is not None and retry.window_over:
-            window = self._config.release_window_seconds
+            window = self._settings.release_window_seconds
             await self.give_up_release(
                 claim.job_id,
                 claim.user_id,
@@ -235,8 +243,8 @@ class Releases:
         (in the fair order), to start now."""
         with telemetry.tracer.start_as_current_span("capacity.grant") as span:
             grant = await self._store.grant_capacity(
-                lease_seconds=self._config.release_lease_seconds,
-                release_window_seconds=self._config.release_window_seconds,
+                lease_seconds=self._settings.release_lease_seconds,
+                release_window_seconds=self._settings.release_window_seconds,
                 probe_interval_seconds=self._capacity.probe_interval_seconds,
                 max_grants=max_grants,
             )

@@ -39,7 +39,7 @@ from queue_service.engine.maintenance.identity_watch import DatabaseIdentityWatc
 from queue_service.engine.maintenance.metrics_reader import MetricsReader
 from queue_service.engine.maintenance.ports import Reconciliation, Reconciling, Recovering
 from queue_service.engine.maintenance.promoter import LostPromotionPromoter
-from queue_service.engine.maintenance.pruner import Pruner
+from queue_service.engine.maintenance.pruner import Pruner, PruneSettings
 from queue_service.engine.maintenance.release_expirer import ReleaseExpirer
 from queue_service.engine.maintenance.reservation_canceler import ReservationCanceler
 from queue_service.engine.maintenance.run_reconciler import RunReconciler
@@ -50,7 +50,7 @@ from queue_service.store import Store
 
 log = logging.getLogger(__name__)
 
-__all__ = ["IdentityWatch", "Reconciliation", "Reconciling", "Recovering", "SweepReport", "Sweeper"]
+__all__ = ["IdentityWatch", "Reconciliation", "Reconciling", "Recovering", "SweepReport", "Sweeper", "SweeperSettings"]
 
 
 @dataclasses.dataclass
@@ -68,12 +68,35 @@ class SweepReport:
     waiting_canceled: int = 0
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SweeperSettings:
+    """The settings the sweeper and its maintenance services read (QUEUE_* of the same names)."""
+
+    sweep_interval_seconds: float
+    max_active_per_user: int
+    release_window_seconds: float
+    release_lease_seconds: float
+    reconcile_after_seconds: float
+    prune: PruneSettings
+
+    @classmethod
+    def from_config(cls, config: Config) -> SweeperSettings:
+        return cls(
+            sweep_interval_seconds=config.sweep_interval_seconds,
+            max_active_per_user=config.max_active_per_user,
+            release_window_seconds=config.release_window_seconds,
+            release_lease_seconds=config.release_lease_seconds,
+            reconcile_after_seconds=config.reconcile_after_seconds,
+            prune=PruneSettings.from_config(config),
+        )
+
+
 class Sweeper:
     def __init__(
         self,
         recovery: Recovering,
         store: Store,
-        config: Config,
+        settings: SweeperSettings,
         *,
         wake_dispatcher: Callable[[], None],
         reconciler: Reconciling | None = None,
@@ -81,35 +104,35 @@ class Sweeper:
         # The core's live runs against the jobs, when due (engine/core_reconciliation.py).
         self.reconciler = reconciler
         self._store = store
-        self._config = config
+        self._settings = settings
         self._wake_dispatcher = wake_dispatcher
         self._core_runs = CoreRunsReconciler(reconciler, store) if reconciler is not None else None
         # The pass's services, in the order they read and then work.
         self.services: tuple[MaintenanceService, ...] = (
-            LostPromotionPromoter(recovery, config),
-            ReleaseExpirer(recovery, config),
-            RunReconciler(recovery, config),
-            RunSettler(recovery, config),
-            ReservationCanceler(recovery, config),
+            LostPromotionPromoter(recovery, max_active_per_user=settings.max_active_per_user),
+            ReleaseExpirer(recovery, release_window_seconds=settings.release_window_seconds),
+            RunReconciler(recovery, reconcile_after_seconds=settings.reconcile_after_seconds),
+            RunSettler(recovery, release_lease_seconds=settings.release_lease_seconds),
+            ReservationCanceler(recovery, release_lease_seconds=settings.release_lease_seconds),
             WaitingCancelEnder(recovery),
             MetricsReader(),
             FeedTrimmer(store),
             AbandonedRunForgetter(store),
-            Pruner(store, config),
+            Pruner(store, settings.prune),
         )
         # When each service is due again (monotonic; 0: at the first pass).
         self._due_at = [0.0] * len(self.services)
         self._loop = SupervisedLoop(
             "sweeper",
             self._pass,
-            interval_seconds=config.sweep_interval_seconds,
+            interval_seconds=settings.sweep_interval_seconds,
             jitter=(0.5, 1.0),
             wait_first=True,
             expected=(errors.QueueError,),
             failure_log=("sweeper pass failed (%s); the next pass retries", "sweeper pass failed; the next pass retries"),
         )
         self._identity = (
-            DatabaseIdentityWatch(reconciler, self.after_database_replaced, sweep_interval_seconds=config.sweep_interval_seconds)
+            DatabaseIdentityWatch(reconciler, self.after_database_replaced, sweep_interval_seconds=settings.sweep_interval_seconds)
             if reconciler is not None
             else None
         )
@@ -120,7 +143,7 @@ class Sweeper:
         return self._identity.record if self._identity is not None else IdentityWatch()
 
     def start(self) -> None:
-        if self._config.sweep_interval_seconds > 0:
+        if self._settings.sweep_interval_seconds > 0:
             self._loop.start()
             if self._identity is not None:
                 self._identity.loop.start()

@@ -121,6 +121,8 @@ ENGINE_MODULES_KEPT_APART: dict[str, set[str]] = {
     "admission": {"engine", "completions", "releases", "recovery", "dispatcher", "sweeper", "core_reconciliation"},
     "releases": {"engine", "admission", "completions", "recovery", "dispatcher", "sweeper", "core_reconciliation"},
     "recovery": {"engine", "admission", "completions", "releases", "dispatcher", "sweeper", "core_reconciliation"},
+    # The shared parts are below every room and loop: the rooms are built with them.
+    "parts": {"engine", "admission", "completions", "releases", "recovery", "dispatcher", "sweeper", "core_reconciliation"},
     # The durable backoff is a formula: it knows no room.
     "backoff": {"engine", "admission", "completions", "releases", "recovery", "dispatcher", "sweeper", "core_reconciliation", "tasks"},
 }

@@ -13,8 +13,9 @@ import pytest
 
 from queue_service import errors
 from queue_service.config import Config
-from queue_service.engine.admission import Admission
+from queue_service.engine.admission import Admission, AdmissionSettings
 from queue_service.engine.engine import _already_finished
+from queue_service.engine.parts import SharedParts
 from queue_service.model import AdmitRequest, AdmitResult, AdmitState, JobStatus, Transition
 
 USER = "alice"
@@ -31,16 +32,16 @@ class Unreachable:
 def admission(**settings: Any) -> Admission:
     config = Config.from_env({}, **settings)
     unreachable = cast(Any, Unreachable())
-    return Admission(
-        unreachable,
-        unreachable,
-        unreachable,
-        config,
-        starter=unreachable,
-        capacity=unreachable,
+    parts = SharedParts(
+        store=unreachable,
+        core=unreachable,
         tasks=unreachable,
+        capacity=unreachable,
+        starter=unreachable,
         owed_releases=unreachable,
+        wake_dispatcher=unreachable,
     )
+    return Admission(unreachable, parts, AdmissionSettings.from_config(config))
 
 
 def state(**fields: Any) -> AdmitState:

@@ -14,8 +14,9 @@ from tenacity import wait as tenacity_wait
 
 from queue_service.config import Config
 from queue_service.engine.capacity import FleetCapacity
-from queue_service.engine.engine import QueueEngine
+from queue_service.engine.engine import QueueEngine, QueueEngineSettings
 from queue_service.engine.owed_releases import OwedReleases
+from queue_service.engine.parts import SharedParts
 from queue_service.engine.ports import ReleaseHandoff
 from queue_service.engine.tasks import BackgroundTasks
 
@@ -32,15 +33,16 @@ class Unreachable:
 def engine(cap: float = CAP) -> QueueEngine:
     config = Config.from_env({}, release_backoff_max_seconds=cap)
     store, core, handoff, tasks = cast(Any, Unreachable()), cast(Any, Unreachable()), ReleaseHandoff(), BackgroundTasks()
-    return QueueEngine(
-        store,
-        core,
-        config,
-        starter=handoff,
-        capacity=FleetCapacity(wake_grant=handoff.request_grant, probe_interval_seconds=1.0),
+    parts = SharedParts(
+        store=store,
+        core=core,
         tasks=tasks,
+        capacity=FleetCapacity(wake_grant=handoff.request_grant, probe_interval_seconds=1.0),
+        starter=handoff,
         owed_releases=OwedReleases(store, handoff, lease_seconds=1.0, spawn=tasks.in_background),
+        wake_dispatcher=lambda: None,
     )
+    return QueueEngine(parts, QueueEngineSettings.from_config(config))
 
 
 def window(attempt: int, cap: float = CAP) -> float:

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from queue_service.config import Config
 from queue_service.engine.maintenance.service import EVERY_PASS, Work
-from queue_service.engine.sweeper import Sweeper
+from queue_service.engine.sweeper import Sweeper, SweeperSettings
 from queue_service.store import Statements
 
 
@@ -49,7 +49,9 @@ class Counting:
 
 
 def sweeper_with(*services: Counting) -> Sweeper:
-    sweeper = Sweeper(cast(Any, Unreachable()), cast(Any, StandInStore()), Config.from_env({}), wake_dispatcher=lambda: None)
+    sweeper = Sweeper(
+        cast(Any, Unreachable()), cast(Any, StandInStore()), SweeperSettings.from_config(Config.from_env({})), wake_dispatcher=lambda: None
+    )
     sweeper.services = services
     sweeper._due_at = [0.0] * len(services)
     return sweeper

@@ -3,7 +3,6 @@ answer or a crash skipped) has the next job promoted."""
 
 from __future__ import annotations
 
-from queue_service.config import Config
 from queue_service.engine.maintenance.ports import Recovering
 from queue_service.engine.maintenance.service import BATCH, EVERY_PASS, Work, guarded
 from queue_service.model import Cause
@@ -14,13 +13,13 @@ class LostPromotionPromoter:
     action = "promoted"
     interval_seconds = EVERY_PASS
 
-    def __init__(self, recovery: Recovering, config: Config, *, batch_size: int = BATCH) -> None:
+    def __init__(self, recovery: Recovering, *, max_active_per_user: int, batch_size: int = BATCH) -> None:
         self._recovery = recovery
-        self._config = config
+        self._max_active_per_user = max_active_per_user
         self.batch_size = batch_size
 
     async def find(self, db: Statements) -> Work:
-        users = await db.users_needing_promotion(default_max_active=self._config.max_active_per_user, batch_size=self.batch_size)
+        users = await db.users_needing_promotion(default_max_active=self._max_active_per_user, batch_size=self.batch_size)
 
         async def work() -> int:
             promoted = 0

@@ -31,20 +31,37 @@ _JOBS_BATCH = 500
 _STATEMENTS_PER_PASS = 20
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class PruneSettings:
+    """The settings the pruner reads (QUEUE_* of the same names)."""
+
+    job_retention_seconds: float
+    job_inputs_retention_seconds: float
+    prune_interval_seconds: float
+
+    @classmethod
+    def from_config(cls, config: Config) -> PruneSettings:
+        return cls(
+            job_retention_seconds=config.job_retention_seconds,
+            job_inputs_retention_seconds=config.job_inputs_retention_seconds,
+            prune_interval_seconds=config.prune_interval_seconds,
+        )
+
+
 @dataclasses.dataclass
 class PruneReport:
     inputs_pruned: int = 0
     jobs_pruned: int = 0
 
 
-async def prune_ended_jobs(store: Store, config: Config) -> tuple[PruneReport, bool]:
+async def prune_ended_jobs(store: Store, settings: PruneSettings) -> tuple[PruneReport, bool]:
     """One pass: ended jobs' sources past their retention, then ended jobs past theirs; and
     whether it caught up (no batch stopped at the pass's bound)."""
     report = PruneReport()
     caught_up = True
     for _ in range(_STATEMENTS_PER_PASS):
         async with store.statements() as db:
-            count = await db.prune_ended_job_inputs(retention_seconds=config.job_inputs_retention_seconds, batch_size=_INPUTS_BATCH)
+            count = await db.prune_ended_job_inputs(retention_seconds=settings.job_inputs_retention_seconds, batch_size=_INPUTS_BATCH)
         report.inputs_pruned += count
         if count < _INPUTS_BATCH:
             break
@@ -52,7 +69,7 @@ async def prune_ended_jobs(store: Store, config: Config) -> tuple[PruneReport, b
         caught_up = False
     for _ in range(_STATEMENTS_PER_PASS):
         async with store.statements() as db:
-            count = await db.prune_ended_jobs(retention_seconds=config.job_retention_seconds, batch_size=_JOBS_BATCH)
+            count = await db.prune_ended_jobs(retention_seconds=settings.job_retention_seconds, batch_size=_JOBS_BATCH)
         report.jobs_pruned += count
         if count < _JOBS_BATCH:
             break
@@ -75,20 +92,20 @@ class Pruner:
 
     action = None
 
-    def __init__(self, store: Store, config: Config) -> None:
+    def __init__(self, store: Store, settings: PruneSettings) -> None:
         self._store = store
-        self._config = config
+        self._settings = settings
         # Whether the previous run deleted all that was past the retentions (a failed run counts
         # as caught up: its next try waits the interval, as a failed pass did before).
         self._caught_up = True
 
     @property
     def interval_seconds(self) -> float:
-        return self._config.prune_interval_seconds if self._caught_up else EVERY_PASS
+        return self._settings.prune_interval_seconds if self._caught_up else EVERY_PASS
 
     async def find(self, db: Statements) -> Work:
         async def work() -> int:
-            _, self._caught_up = await guarded(prune_ended_jobs(self._store, self._config), (PruneReport(), True))
+            _, self._caught_up = await guarded(prune_ended_jobs(self._store, self._settings), (PruneReport(), True))
             return 0
 
         return work

@@ -3,7 +3,6 @@ given up (failed and refunded)."""
 
 from __future__ import annotations
 
-from queue_service.config import Config
 from queue_service.engine.maintenance.ports import Recovering
 from queue_service.engine.maintenance.service import BATCH, EVERY_PASS, Work, guarded
 from queue_service.store import Statements
@@ -13,16 +12,16 @@ class ReleaseExpirer:
     action = "gave_up"
     interval_seconds = EVERY_PASS
 
-    def __init__(self, recovery: Recovering, config: Config, *, batch_size: int = BATCH) -> None:
+    def __init__(self, recovery: Recovering, *, release_window_seconds: float, batch_size: int = BATCH) -> None:
         self._recovery = recovery
-        self._config = config
+        self._release_window_seconds = release_window_seconds
         self.batch_size = batch_size
 
     async def find(self, db: Statements) -> Work:
         expired = await db.expired_pending_releases(batch_size=self.batch_size)
 
         async def work() -> int:
-            window = self._config.release_window_seconds
+            window = self._release_window_seconds
             gave_up = 0
             for release in expired:
                 step = self._recovery.give_up_release(

@@ -6,7 +6,6 @@ from __future__ import annotations
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from queue_service import errors
-from queue_service.config import Config
 from queue_service.engine.maintenance.ports import Recovering
 from queue_service.engine.maintenance.service import BATCH, EVERY_PASS, Work, count_each_asking_core
 from queue_service.model import ClaimedReconciliation
@@ -22,14 +21,14 @@ class RunReconciler:
     action = "reconciled"
     interval_seconds = EVERY_PASS
 
-    def __init__(self, recovery: Recovering, config: Config, *, batch_size: int = BATCH) -> None:
+    def __init__(self, recovery: Recovering, *, reconcile_after_seconds: float, batch_size: int = BATCH) -> None:
         self._recovery = recovery
-        self._config = config
+        self._reconcile_after_seconds = reconcile_after_seconds
         self.batch_size = batch_size
 
     async def find(self, db: Statements) -> Work:
         overdue = await db.claim_due_reconciliations(
-            recheck_seconds=self._config.reconcile_after_seconds,
+            recheck_seconds=self._reconcile_after_seconds,
             cancel_recheck_seconds=self._recovery.cancel_recheck_seconds,
             batch_size=self.batch_size,
         )
