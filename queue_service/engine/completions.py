@@ -19,10 +19,9 @@ from collections.abc import Callable
 from queue_service import audit, errors, telemetry
 from queue_service.engine.capacity import FleetCapacity
 from queue_service.engine.coalescer import Coalescer, Spawn, counting_batch
-from queue_service.engine.engine import QueueEngine
 from queue_service.engine.owed_releases import OwedReleases
 from queue_service.engine.parts import SharedParts
-from queue_service.engine.ports import FailoverGuard, ReleaseStarter
+from queue_service.engine.ports import Endings, FailoverGuard, ReleaseStarter
 from queue_service.model import (
     Cause,
     JobEnding,
@@ -43,7 +42,7 @@ _MAX_GRANTS_WITH_COMPLETIONS = 64
 class Completions:
     def __init__(
         self,
-        engine: QueueEngine,
+        engine: Endings,
         parts: SharedParts,
         *,
         guard: FailoverGuard,

@@ -8,7 +8,7 @@ through its constructor and knows only the protocol: the grant's whole path, fro
 that frees a turn to the next user's release, is read inside `engine/`.
 
 The rooms ask the lifecycle core (`QueueEngine`) to end, promote, cancel and settle through
-`Lifecycle`; the admission hands a reserved run it abandoned to the recovery (`ReservedRuns`),
+`Lifecycle`, and the completions what follows an ending they committed through `Endings`; the admission hands a reserved run it abandoned to the recovery (`ReservedRuns`),
 and the recovery hands a release past its window to the releases (`ExpiredReleases`). So the
 rooms stand side by side above `engine.py`, and none holds another whole.
 
@@ -20,10 +20,13 @@ requests; the dispatcher, when it is built, takes them from it (`ReleaseHandoff.
 from __future__ import annotations
 
 import collections
+import contextlib
 import uuid
 from typing import Protocol
 
-from queue_service.model import Cause, ClaimedRelease, ClaimedReservation, JobEnding, Promoted, RunReport, Transition
+from opentelemetry.trace import Span
+
+from queue_service.model import Cause, ClaimedRelease, ClaimedReservation, JobEnding, Promoted, PromotionLimits, RunReport, Transition
 
 
 class ReleaseStarter(Protocol):
@@ -127,6 +130,24 @@ class Lifecycle(Protocol):
 
     def backoff_seconds(self, attempt: int) -> float:
         """How long a claim's next durable attempt waits."""
+
+
+class Endings(Protocol):
+    """What the completions ask of the lifecycle core (`engine.QueueEngine`): the limits their
+    batched ending promotes under, its span, and what follows a committed ending."""
+
+    @property
+    def promotion_limits(self) -> PromotionLimits:
+        """The limits a promotion fills a freed slot under (the user's, the fleet's defaults)."""
+
+    def ending_span(self, transition: Transition) -> contextlib.AbstractContextManager[Span]:
+        """The span of one ending, with its transition's attributes."""
+
+    def after_ending(self, outcome: JobEnding, transition: Transition, *, capacity_granted: bool = False) -> JobEnding:
+        """Records a committed ending and starts what follows it (settlement, releases, a grant)."""
+
+    async def settle_run(self, job_id: uuid.UUID, user_id: str, *, cause: Cause) -> None:
+        """The core confirmed the ended job's run settled: free its slot and promote."""
 
 
 class ReservedRuns(Protocol):

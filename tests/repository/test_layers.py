@@ -117,8 +117,9 @@ ENGINE_MODULES_KEPT_APART: dict[str, set[str]] = {
     # The ports are what the rooms ask for: they know no room that asks or answers.
     "ports": {"engine", "admission", "completions", "releases", "recovery", "dispatcher", "sweeper", "core_reconciliation", "tasks"},
     # The rooms stand side by side above the lifecycle core: each asks the core and the others
-    # through the ports it was built with (`Lifecycle`, `ReservedRuns`, `ExpiredReleases`).
+    # through the ports it was built with (`Lifecycle`, `Endings`, `ReservedRuns`, `ExpiredReleases`).
     "admission": {"engine", "completions", "releases", "recovery", "dispatcher", "sweeper", "core_reconciliation"},
+    "completions": {"engine", "admission", "releases", "recovery", "dispatcher", "sweeper", "core_reconciliation"},
     "releases": {"engine", "admission", "completions", "recovery", "dispatcher", "sweeper", "core_reconciliation"},
     "recovery": {"engine", "admission", "completions", "releases", "dispatcher", "sweeper", "core_reconciliation"},
     # The shared parts are below every room and loop: the rooms are built with them.
