@@ -7,6 +7,7 @@ import asyncio
 import random
 import string
 import uuid
+from collections.abc import Callable
 
 import grpc
 import psycopg
@@ -344,17 +345,18 @@ async def test_validation_reports_every_violation_and_limits(service) -> None:
     assert [f for f, _ in error_info(raised.value)[3]] == ["sources"]
 
 
-async def test_bidirectional_control_characters_are_refused_in_every_field_a_user_stores(service, database_url: str) -> None:
-    user = new_user()
-    await service.stubs.grant(user, 5)
-    # A DOI ending "\u202egpj.exe" displays as "...exe.jpg": each field names its first such character.
+async def _admit_names_each_fields_character(service, user: str, characters: str, described: Callable[[str, int, int], str]) -> None:
+    """An Admit with one of `characters` in each field a user stores (key, uri, title, a DOI, a
+    citation; then the user id) is refused INVALID_REQUEST, each field naming its character and
+    where it stands (`described`)."""
+    key, uri, title, doi, citation, user_id = characters
     request = queue_pb2.AdmitRequest(
         user_id=user,
-        idempotency_key="click\u2066-1",
-        document=job_pb2.Document(uri="s3://theses/\u202athesis.pdf", title="On queues\u2069"),
+        idempotency_key=f"click{key}-1",
+        document=job_pb2.Document(uri=f"s3://theses/{uri}thesis.pdf", title=f"On queues{title}"),
         sources=[
-            job_pb2.Source(doi="10.1234/abc\u202egpj.exe"),
-            job_pb2.Source(doi="10.1234/ok", citation="Smith\u202d 2020"),
+            job_pb2.Source(doi=f"10.1234/abc{doi}gpj.exe"),
+            job_pb2.Source(doi="10.1234/ok", citation=f"Smith{citation} 2020"),
             job_pb2.Source(doi="10.1234/fine", citation="Jones 2021"),
         ],
     )
@@ -363,15 +365,22 @@ async def test_bidirectional_control_characters_are_refused_in_every_field_a_use
     code, reason, _, violations = error_info(raised.value)
     assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
     assert violations == [
-        ("idempotency_key", _bidi("idempotency_key", 0x2066, 5)),
-        ("document.uri", _bidi("document.uri", 0x202A, 12)),
-        ("document.title", _bidi("document.title", 0x2069, 9)),
-        ("sources[0].doi", _bidi("sources[0].doi", 0x202E, 11)),
-        ("sources[1].citation", _bidi("sources[1].citation", 0x202D, 5)),
+        ("idempotency_key", described("idempotency_key", ord(key), 5)),
+        ("document.uri", described("document.uri", ord(uri), 12)),
+        ("document.title", described("document.title", ord(title), 9)),
+        ("sources[0].doi", described("sources[0].doi", ord(doi), 11)),
+        ("sources[1].citation", described("sources[1].citation", ord(citation), 5)),
     ]
     with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await service.stubs.queue.Admit(queue_pb2.AdmitRequest(user_id=f"{user}\u2067", idempotency_key="k"), timeout=5)
-    assert ("user_id", _bidi("user_id", 0x2067, len(user))) in error_info(raised.value)[3]
+        await service.stubs.queue.Admit(queue_pb2.AdmitRequest(user_id=f"{user}{user_id}", idempotency_key="k"), timeout=5)
+    assert ("user_id", described("user_id", ord(user_id), len(user))) in error_info(raised.value)[3]
+
+
+async def test_bidirectional_control_characters_are_refused_in_every_field_a_user_stores(service, database_url: str) -> None:
+    user = new_user()
+    await service.stubs.grant(user, 5)
+    # A DOI ending "\u202egpj.exe" displays as "...exe.jpg": each field names its first such character.
+    await _admit_names_each_fields_character(service, user, "\u2066\u202a\u2069\u202e\u202d\u2067", _bidi)
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await service.stubs.credits.GrantCredits(
             credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key="g", note="ticket \u202e1174"), timeout=5
@@ -389,30 +398,7 @@ async def test_invisible_characters_are_refused_in_every_text_field_naming_the_f
     operator = op_grpc.OperatorServiceStub(service.stubs.channel)
     user = new_user()
     await service.stubs.grant(user, 5)
-    request = queue_pb2.AdmitRequest(
-        user_id=user,
-        idempotency_key="click\ufeff-1",
-        document=job_pb2.Document(uri="s3://theses/\u200bthesis.pdf", title="On\u200dqueues"),
-        sources=[
-            job_pb2.Source(doi="10.1234/abc\u200b"),
-            job_pb2.Source(doi="10.1234/ok", citation="Smith\u2060 2020"),
-            job_pb2.Source(doi="10.1234/fine", citation="Jones 2021"),
-        ],
-    )
-    with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await service.stubs.queue.Admit(request, timeout=5)
-    code, reason, _, violations = error_info(raised.value)
-    assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
-    assert violations == [
-        ("idempotency_key", _invisible("idempotency_key", 0xFEFF, 5)),
-        ("document.uri", _invisible("document.uri", 0x200B, 12)),
-        ("document.title", _invisible("document.title", 0x200D, 2)),
-        ("sources[0].doi", _invisible("sources[0].doi", 0x200B, 11)),
-        ("sources[1].citation", _invisible("sources[1].citation", 0x2060, 5)),
-    ]
-    with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await service.stubs.queue.Admit(queue_pb2.AdmitRequest(user_id=f"{user}\u3164", idempotency_key="k"), timeout=5)
-    assert ("user_id", _invisible("user_id", 0x3164, len(user))) in error_info(raised.value)[3]
+    await _admit_names_each_fields_character(service, user, "\ufeff\u200b\u200d\u200b\u2060\u3164", _invisible)
     for character in ("\u200e", "\u200f", "\u061c", "\u2060", "\ufeff", "\u0085", "\u2028", "\U000e0041", "\u3164", "\u00ad"):
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             grant = credits_pb2.GrantCreditsRequest(user_id=user, amount=1, idempotency_key="g", note=f"ticket {character}1174")
