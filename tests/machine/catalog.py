@@ -153,7 +153,7 @@ def _job(m: Machine, args: Args, key: str = "job") -> JobRecord | None:
 async def _admit(m: Machine, record: JobRecord, request: queue_pb2.AdmitRequest, replica: int) -> Any:
     user = m.model.users[record.user]
     before = await asyncio.to_thread(_balance_sync, m, user.user_id)
-    answer = await m.call(Q + "Admit", "web", lambda s, md: s.queue.Admit(request, metadata=md, timeout=CALL_TIMEOUT), replica=replica)
+    answer = await m.ask(Q + "Admit", "web", request, replica=replica)
     if isinstance(answer, grpc.aio.AioRpcError):
         await _judge_admit_refusal(m, record, answer, before)
         if answer.code() in TRANSIENT and not record.payload.get("again"):
@@ -327,13 +327,8 @@ async def cancel_job(m: Machine, args: Args) -> None:
     if record is None:
         return
     user = m.model.users[record.user]
-    answer = await m.call(
-        Q + "CancelJob",
-        "web",
-        lambda s, md: s.queue.CancelJob(
-            queue_pb2.CancelJobRequest(job_id=record.job_id, user_id=user.user_id), metadata=md, timeout=CALL_TIMEOUT
-        ),
-        replica=args["replica"],
+    answer = await m.ask(
+        Q + "CancelJob", "web", queue_pb2.CancelJobRequest(job_id=record.job_id, user_id=user.user_id), replica=args["replica"]
     )
     if record.price > 0 and not (isinstance(answer, grpc.aio.AioRpcError) and answer.code() == grpc.StatusCode.FAILED_PRECONDITION):
         user.own_free_work.append((time.time(), record.job_id))  # her own cancel: free work she chose (maybe applied)
@@ -345,13 +340,8 @@ async def cancel_job_as_operator(m: Machine, args: Args) -> None:
     if record is None:
         return
     user = m.model.users[record.user]
-    await m.call(
-        Q + "CancelJob",
-        "operator",
-        lambda s, md: s.queue.CancelJob(
-            queue_pb2.CancelJobRequest(job_id=record.job_id, user_id=user.user_id), metadata=md, timeout=CALL_TIMEOUT
-        ),
-        replica=args["replica"],
+    await m.ask(
+        Q + "CancelJob", "operator", queue_pb2.CancelJobRequest(job_id=record.job_id, user_id=user.user_id), replica=args["replica"]
     )
 
 
@@ -360,12 +350,7 @@ async def get_job(m: Machine, args: Args) -> None:
     record = _job(m, args)
     if record is None:
         return
-    await m.call(
-        Q + "GetJob",
-        "web",
-        lambda s, md: s.queue.GetJob(queue_pb2.GetJobRequest(job_id=record.job_id), metadata=md, timeout=CALL_TIMEOUT),
-        replica=args["replica"],
-    )
+    await m.ask(Q + "GetJob", "web", queue_pb2.GetJobRequest(job_id=record.job_id), replica=args["replica"])
 
 
 def _gen_user_call(m: Machine, rng: random.Random) -> Args:
@@ -389,12 +374,7 @@ for _name in (
 @action("list_jobs", weight=1, drives=(Q + "ListJobs",))
 async def list_jobs(m: Machine, args: Args) -> None:
     user = m.model.users[args["user"]]
-    await m.call(
-        Q + "ListJobs",
-        "web",
-        lambda s, md: s.queue.ListJobs(queue_pb2.ListJobsRequest(user_id=user.user_id, page_size=5), metadata=md, timeout=CALL_TIMEOUT),
-        replica=args["replica"],
-    )
+    await m.ask(Q + "ListJobs", "web", queue_pb2.ListJobsRequest(user_id=user.user_id, page_size=5), replica=args["replica"])
 
 
 @action("reopen_stream", weight=0.7, drives=(Q + "WatchJobs",))
@@ -416,12 +396,7 @@ async def reopen_stream(m: Machine, args: Args) -> None:
 @action("promote", weight=0.7, drives=(Q + "Promote",))
 async def promote(m: Machine, args: Args) -> None:
     user = m.model.users[args["user"]]
-    await m.call(
-        Q + "Promote",
-        "operator",
-        lambda s, md: s.queue.Promote(queue_pb2.PromoteRequest(user_id=user.user_id), metadata=md, timeout=CALL_TIMEOUT),
-        replica=args["replica"],
-    )
+    await m.ask(Q + "Promote", "operator", queue_pb2.PromoteRequest(user_id=user.user_id), replica=args["replica"])
 
 
 @action("release", weight=0.7, drives=(Q + "Release",))
@@ -429,12 +404,7 @@ async def release(m: Machine, args: Args) -> None:
     record = _job(m, args)
     if record is None:
         return
-    await m.call(
-        Q + "Release",
-        "operator",
-        lambda s, md: s.queue.Release(queue_pb2.ReleaseRequest(job_id=record.job_id), metadata=md, timeout=CALL_TIMEOUT),
-        replica=args["replica"],
-    )
+    await m.ask(Q + "Release", "operator", queue_pb2.ReleaseRequest(job_id=record.job_id), replica=args["replica"])
 
 
 @generator("grant_credits")
@@ -446,14 +416,10 @@ def _gen_grant(m: Machine, rng: random.Random) -> Args:
 async def grant_credits(m: Machine, args: Args) -> None:
     user = m.model.users[args["user"]]
     key = f"grant-{user.user_id}-{m.step_index if not args['again'] else 'again'}"
-    await m.call(
+    await m.ask(
         CR + "GrantCredits",
         "operator",
-        lambda s, md: s.credits.GrantCredits(
-            credits_pb2.GrantCreditsRequest(user_id=user.user_id, amount=args["amount"], idempotency_key=key),
-            metadata=md,
-            timeout=CALL_TIMEOUT,
-        ),
+        credits_pb2.GrantCreditsRequest(user_id=user.user_id, amount=args["amount"], idempotency_key=key),
         replica=args["replica"],
     )
 
@@ -461,12 +427,7 @@ async def grant_credits(m: Machine, args: Args) -> None:
 @action("get_balance", weight=0.7, drives=(CR + "GetBalance",))
 async def get_balance(m: Machine, args: Args) -> None:
     user = m.model.users[args["user"]]
-    await m.call(
-        CR + "GetBalance",
-        "operator",
-        lambda s, md: s.credits.GetBalance(credits_pb2.GetBalanceRequest(user_id=user.user_id), metadata=md, timeout=CALL_TIMEOUT),
-        replica=args["replica"],
-    )
+    await m.ask(CR + "GetBalance", "operator", credits_pb2.GetBalanceRequest(user_id=user.user_id), replica=args["replica"])
 
 
 @generator("reads")
@@ -482,36 +443,11 @@ def _gen_reads(m: Machine, rng: random.Random) -> Args:
 async def reads(m: Machine, args: Args) -> None:
     """The console's Overview: what an operator's screen reads every few seconds."""
     r = args["replica"]
-    await m.call(
-        OP + "GetOverview",
-        "operator",
-        lambda s, md: s.operator.GetOverview(op_pb2.GetOverviewRequest(), metadata=md, timeout=CALL_TIMEOUT),
-        replica=r,
-    )
-    await m.call(
-        OP + "ListSettingChanges",
-        "operator",
-        lambda s, md: s.operator.ListSettingChanges(op_pb2.ListSettingChangesRequest(page_size=5), metadata=md, timeout=CALL_TIMEOUT),
-        replica=r,
-    )
-    await m.call(
-        OP + "ListUsersWithWork",
-        "operator",
-        lambda s, md: s.operator.ListUsersWithWork(op_pb2.ListUsersWithWorkRequest(page_size=10), metadata=md, timeout=CALL_TIMEOUT),
-        replica=r,
-    )
-    await m.call(
-        OP + "GetQueueHistory",
-        "operator",
-        lambda s, md: s.operator.GetQueueHistory(op_pb2.GetQueueHistoryRequest(window_minutes=5), metadata=md, timeout=CALL_TIMEOUT),
-        replica=r,
-    )
-    await m.call(
-        OP + "ListReplicas",
-        "operator",
-        lambda s, md: s.operator.ListReplicas(op_pb2.ListReplicasRequest(), metadata=md, timeout=CALL_TIMEOUT),
-        replica=r,
-    )
+    await m.ask(OP + "GetOverview", "operator", op_pb2.GetOverviewRequest(), replica=r)
+    await m.ask(OP + "ListSettingChanges", "operator", op_pb2.ListSettingChangesRequest(page_size=5), replica=r)
+    await m.ask(OP + "ListUsersWithWork", "operator", op_pb2.ListUsersWithWorkRequest(page_size=10), replica=r)
+    await m.ask(OP + "GetQueueHistory", "operator", op_pb2.GetQueueHistoryRequest(window_minutes=5), replica=r)
+    await m.ask(OP + "ListReplicas", "operator", op_pb2.ListReplicasRequest(), replica=r)
 
 
 generator("watch_overview")(_gen_reads)
@@ -544,24 +480,9 @@ async def viewer_reads(m: Machine, args: Args) -> None:
     """A wall screen or support staff with a viewer token: it reads what an operator reads, and
     any change it asks for is refused (PERMISSION_DENIED), whatever else is going on."""
     r = args["replica"]
-    await m.call(
-        OP + "GetOverview",
-        "viewer",
-        lambda s, md: s.operator.GetOverview(op_pb2.GetOverviewRequest(), metadata=md, timeout=CALL_TIMEOUT),
-        replica=r,
-    )
-    await m.call(
-        OP + "SearchJobs",
-        "viewer",
-        lambda s, md: s.operator.SearchJobs(op_pb2.SearchJobsRequest(page_size=5), metadata=md, timeout=CALL_TIMEOUT),
-        replica=r,
-    )
-    await m.call(
-        OP + "ListAuditEvents",
-        "viewer",
-        lambda s, md: s.operator.ListAuditEvents(op_pb2.ListAuditEventsRequest(page_size=5), metadata=md, timeout=CALL_TIMEOUT),
-        replica=r,
-    )
+    await m.ask(OP + "GetOverview", "viewer", op_pb2.GetOverviewRequest(), replica=r)
+    await m.ask(OP + "SearchJobs", "viewer", op_pb2.SearchJobsRequest(page_size=5), replica=r)
+    await m.ask(OP + "ListAuditEvents", "viewer", op_pb2.ListAuditEventsRequest(page_size=5), replica=r)
     if not m.world.replicas:
         return
     replica = m.world.replicas[r % len(m.world.replicas)]
@@ -616,12 +537,10 @@ async def standard_services(m: Machine, args: Args) -> None:
 @action("search_jobs", weight=0.7, drives=(OP + "SearchJobs",))
 async def search_jobs(m: Machine, args: Args) -> None:
     user = m.model.users[args["user"]]
-    await m.call(
+    await m.ask(
         OP + "SearchJobs",
         "operator",
-        lambda s, md: s.operator.SearchJobs(
-            op_pb2.SearchJobsRequest(filter=op_pb2.JobFilter(user_id=user.user_id), page_size=10), metadata=md, timeout=CALL_TIMEOUT
-        ),
+        op_pb2.SearchJobsRequest(filter=op_pb2.JobFilter(user_id=user.user_id), page_size=10),
         replica=args["replica"],
     )
 
@@ -629,13 +548,8 @@ async def search_jobs(m: Machine, args: Args) -> None:
 @action("list_ledger", weight=0.5, drives=(OP + "ListLedgerEntries",))
 async def list_ledger(m: Machine, args: Args) -> None:
     user = m.model.users[args["user"]]
-    await m.call(
-        OP + "ListLedgerEntries",
-        "operator",
-        lambda s, md: s.operator.ListLedgerEntries(
-            op_pb2.ListLedgerEntriesRequest(user_id=user.user_id, page_size=10), metadata=md, timeout=CALL_TIMEOUT
-        ),
-        replica=args["replica"],
+    await m.ask(
+        OP + "ListLedgerEntries", "operator", op_pb2.ListLedgerEntriesRequest(user_id=user.user_id, page_size=10), replica=args["replica"]
     )
 
 
@@ -670,12 +584,7 @@ async def set_capacity(m: Machine, args: Args) -> None:
             str(r) for (r,) in conn.execute("SELECT run_id FROM analysis_jobs WHERE capacity_token IS NOT NULL OR status = 'running'")
         }
     request = op_pb2.SetCoreCapacityRequest(unlimited=True) if capacity == 0 else op_pb2.SetCoreCapacityRequest(capacity=capacity)
-    answer = await m.call(
-        OP + "SetCoreCapacity",
-        "operator",
-        lambda s, md: s.operator.SetCoreCapacity(request, metadata=md, timeout=CALL_TIMEOUT),
-        replica=args["replica"],
-    )
+    answer = await m.ask(OP + "SetCoreCapacity", "operator", request, replica=args["replica"])
     if answer is None or isinstance(answer, grpc.aio.AioRpcError):
         # Maybe applied, maybe not (a refusal during an outage applied nothing; a lost answer
         # did): the core is held to the looser of the two until the rows say which is in force
@@ -709,12 +618,7 @@ async def pause(m: Machine, args: Args) -> None:
             from tests.machine.model import Interval
 
             intervals.append(Interval(now))
-    answer = await m.call(
-        OP + "SetReleasesPaused",
-        "operator",
-        lambda s, md: s.operator.SetReleasesPaused(request, metadata=md, timeout=CALL_TIMEOUT),
-        replica=args["replica"],
-    )
+    answer = await m.ask(OP + "SetReleasesPaused", "operator", request, replica=args["replica"])
     applied = answer is not None and not isinstance(answer, grpc.aio.AioRpcError)
     if args["fleet"]:
         m.model.fleet_paused = args["paused"] if applied else (m.model.fleet_paused or args["paused"])
@@ -729,12 +633,7 @@ async def pause(m: Machine, args: Args) -> None:
 @action("get_user_settings", weight=0.4, drives=(OP + "GetUserSettings",))
 async def get_user_settings(m: Machine, args: Args) -> None:
     user = m.model.users[args["user"]]
-    await m.call(
-        OP + "GetUserSettings",
-        "operator",
-        lambda s, md: s.operator.GetUserSettings(op_pb2.GetUserSettingsRequest(user_id=user.user_id), metadata=md, timeout=CALL_TIMEOUT),
-        replica=args["replica"],
-    )
+    await m.ask(OP + "GetUserSettings", "operator", op_pb2.GetUserSettingsRequest(user_id=user.user_id), replica=args["replica"])
 
 
 @generator("set_user_limit")
@@ -747,12 +646,10 @@ async def set_user_limit(m: Machine, args: Args) -> None:
     user = m.model.users[args["user"]]
     # I9 is judged against the larger limit from here on: a lowered one is reached as runs end.
     user.max_active = max(user.max_active, args["max_active"])
-    await m.call(
+    await m.ask(
         OP + "SetUserQueueLimit",
         "operator",
-        lambda s, md: s.operator.SetUserQueueLimit(
-            op_pb2.SetUserQueueLimitRequest(user_id=user.user_id, max_active=args["max_active"]), metadata=md, timeout=CALL_TIMEOUT
-        ),
+        op_pb2.SetUserQueueLimitRequest(user_id=user.user_id, max_active=args["max_active"]),
         replica=args["replica"],
     )
 
@@ -769,12 +666,7 @@ async def retry_job(m: Machine, args: Args) -> None:
     record = _job(m, args)
     if record is None:
         return
-    answer = await m.call(
-        OP + "RetryJob",
-        "operator",
-        lambda s, md: s.operator.RetryJob(op_pb2.RetryJobRequest(job_id=record.job_id), metadata=md, timeout=CALL_TIMEOUT),
-        replica=args["replica"],
-    )
+    answer = await m.ask(OP + "RetryJob", "operator", op_pb2.RetryJobRequest(job_id=record.job_id), replica=args["replica"])
     if isinstance(answer, grpc.aio.AioRpcError):
         _judge_retry_refusal(m, error_info(answer)[1], answer.details())
     elif answer is not None:
@@ -796,12 +688,7 @@ async def retry_job(m: Machine, args: Args) -> None:
 async def retry_jobs(m: Machine, args: Args) -> None:
     user = m.model.users[args["user"]]
     search = op_pb2.JobFilter(user_id=user.user_id, statuses=[job_pb2.JOB_STATUS_FAILED, job_pb2.JOB_STATUS_CANCELED])
-    answer = await m.call(
-        OP + "RetryJobs",
-        "operator",
-        lambda s, md: s.operator.RetryJobs(op_pb2.RetryJobsRequest(filter=search, max_jobs=3), metadata=md, timeout=CALL_TIMEOUT),
-        replica=args["replica"],
-    )
+    answer = await m.ask(OP + "RetryJobs", "operator", op_pb2.RetryJobsRequest(filter=search, max_jobs=3), replica=args["replica"])
     if answer is not None and not isinstance(answer, grpc.aio.AioRpcError):
         for failure in answer.failures:
             _judge_retry_refusal(m, failure.reason, failure.message)
@@ -828,12 +715,7 @@ async def check_with_core(m: Machine, args: Args) -> None:
     record = _job(m, args)
     if record is None:
         return
-    await m.call(
-        OP + "CheckJobWithCore",
-        "operator",
-        lambda s, md: s.operator.CheckJobWithCore(op_pb2.CheckJobWithCoreRequest(job_id=record.job_id), metadata=md, timeout=CALL_TIMEOUT),
-        replica=args["replica"],
-    )
+    await m.ask(OP + "CheckJobWithCore", "operator", op_pb2.CheckJobWithCoreRequest(job_id=record.job_id), replica=args["replica"])
 
 
 @generator("audit_reads")
@@ -845,20 +727,8 @@ def _gen_audit_reads(m: Machine, rng: random.Random) -> Args:
 async def audit_reads(m: Machine, args: Args) -> None:
     """The console's pauses in force and its audit timeline (all of it, or one user's)."""
     user_id = m.model.users[args["user"]].user_id if args["by_user"] else ""
-    await m.call(
-        OP + "ListReleasePauses",
-        "operator",
-        lambda s, md: s.operator.ListReleasePauses(op_pb2.ListReleasePausesRequest(), metadata=md, timeout=CALL_TIMEOUT),
-        replica=args["replica"],
-    )
-    await m.call(
-        OP + "ListAuditEvents",
-        "operator",
-        lambda s, md: s.operator.ListAuditEvents(
-            op_pb2.ListAuditEventsRequest(user_id=user_id, page_size=20), metadata=md, timeout=CALL_TIMEOUT
-        ),
-        replica=args["replica"],
-    )
+    await m.ask(OP + "ListReleasePauses", "operator", op_pb2.ListReleasePausesRequest(), replica=args["replica"])
+    await m.ask(OP + "ListAuditEvents", "operator", op_pb2.ListAuditEventsRequest(user_id=user_id, page_size=20), replica=args["replica"])
 
 
 # -- the core's calls ------------------------------------------------------------------------------------
@@ -894,12 +764,7 @@ async def complete_again(m: Machine, args: Args) -> None:
     if record is None:
         return
     request = callback_pb2.CompleteRunRequest(run_id=record.run_id, outcome=callback_pb2.RUN_OUTCOME_SUCCEEDED, message="again")
-    await m.call(
-        CB + "CompleteRun",
-        "core",
-        lambda s, md: s.callback.CompleteRun(request, metadata=md, timeout=CALL_TIMEOUT),
-        replica=args["replica"],
-    )
+    await m.ask(CB + "CompleteRun", "core", request, replica=args["replica"])
 
 
 # -- faults -------------------------------------------------------------------------------------------------

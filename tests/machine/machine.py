@@ -40,6 +40,13 @@ from tests.machine import world as w
 from tests.machine.model import Model, UserModel
 
 CALL_TIMEOUT = 6.0
+# The stub of `w.RoleStubs` each service's calls go through.
+_STUB_OF_SERVICE = {
+    "AnalysisQueueService": "queue",
+    "CreditsService": "credits",
+    "OperatorService": "operator",
+    "CoreCallbackService": "callback",
+}
 # A period with no fault in play for this long is quiet: the fleet has had time to notice the
 # core and PostgreSQL are back (the core's health, the pool's reconnects).
 QUIET_AFTER = 8.0
@@ -188,6 +195,15 @@ class Machine:
             if code not in ALLOWED_CODES:
                 self.violate("contract", f"{rpc} as {role} answered {code.name} {reason}: {exc.details()}", once=f"code:{rpc}:{code.name}")
             return exc
+
+    async def ask(self, rpc: str, role: str, request: Any, *, replica: int = 0) -> Any:
+        """`call` of the usual shape: `request` sent as it is to the method `rpc` names, within
+        CALL_TIMEOUT."""
+        service, method = rpc.rsplit("/", 1)
+        stub = _STUB_OF_SERVICE[service.rsplit(".", 1)[1]]
+        return await self.call(
+            rpc, role, lambda s, md: getattr(getattr(s, stub), method)(request, metadata=md, timeout=CALL_TIMEOUT), replica=replica
+        )
 
     # -- checks at the core (I9, I12) ------------------------------------------------------------
 
