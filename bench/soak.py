@@ -425,6 +425,15 @@ def _p99_drift(series: list[tuple[float, float | None]], warmup_seconds: float) 
 P99_SPAN_SECONDS = 300.0
 
 
+def database_after_turnover(series: dict[str, Any], turnover_seconds: float) -> dict[str, Any]:
+    """The database's growth once the seeded history has turned over: the pruner deletes no job
+    within an hour of its admit, so until then it deletes seeded rows while the load writes its
+    own, larger ones (their sources, their updates' dead space). From then on the load's rows
+    replace the load's rows, and what the bytes do is the steady state."""
+    points = series.get("postgres.relations_bytes", [])
+    return soak_analysis.trend([t for t, _ in points], [v for _, v in points], turnover_seconds)
+
+
 def evaluate(
     trends: dict[str, Any], series: dict[str, Any], warmup_seconds: float, errors: dict[str, Any], pooled: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
@@ -439,6 +448,14 @@ def evaluate(
     for name in ("replica1.rss_mb", "replica2.rss_mb", "replica1.fds", "replica2.fds", "postgres.relations_bytes"):
         value = growth(name)
         targets[f"{name} growth < 5%/h"] = {"value_pct_per_hour": value, "pass": value is not None and value < 5}
+    turnover = trends.get("postgres.relations_bytes after the seeded history turned over")
+    if turnover and turnover.get("samples", 0) >= 10:
+        value = turnover["slope_pct_of_mean_per_hour"]
+        targets["postgres.relations_bytes growth < 5%/h after the seeded history turned over"] = {
+            "value_pct_per_hour": value,
+            "from_second": turnover["from_second"],
+            "pass": value is not None and value < 5,
+        }
     for name in ("latency.admit.p99_ms", "promotion_gap.p99_ms"):
         drift = pooled[name]
         targets[
@@ -570,6 +587,9 @@ def assemble(
         for name in TRENDED
         if name in series
     }
+    # The pruner deletes no job within an hour of its admit: the seeded history is gone an hour in.
+    turnover_seconds = max(args.history_minutes, 60.0) * 60
+    trends["postgres.relations_bytes after the seeded history turned over"] = database_after_turnover(series, turnover_seconds)
     errors = {"asked_for": load["asked_for"], "unexpected": load["errors"], "service_log": service_log}
     spans = {"window_seconds": args.sample_seconds, "warmup_seconds": warmup_seconds, "span_seconds": P99_SPAN_SECONDS}
     pooled = {
