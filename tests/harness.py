@@ -76,14 +76,19 @@ def new_user() -> str:
     return f"user-{uuid.uuid4().hex[:12]}"
 
 
-def insert_jobs(conn: psycopg.Connection, users: list[str], *, status: str, slot: int | None = None) -> None:
+def insert_jobs(conn: psycopg.Connection, users: list[str], *, status: str, slot: int | None = None, key: str = "k") -> None:
     """One job of price 1 for each user, in order, written straight into the table (no admit,
-    no ledger): for tests of what the database does with many rows in a given state."""
+    no ledger): for tests of what the database does with many rows in a given state. A PENDING
+    one takes its place at the capacity as the service's writers do (`queue_seat_on_entry`: it
+    waits for a grant while the capacity is limited or its releases are paused), no release due."""
     with conn.cursor() as cursor:
         cursor.executemany(
-            """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot, price)
-               VALUES (gen_random_uuid(), %s, gen_random_uuid(), 'k', '\\x00', %s, nextval('analysis_jobs_queue_seq'), %s, 1)""",
-            [(user, status, slot) for user in users],
+            """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot, price,
+                                          next_release_at, release_attempts, capacity_wait_since, capacity_turn_key)
+               SELECT gen_random_uuid(), %(user)s, gen_random_uuid(), %(key)s, '\\x00', %(status)s, nextval('analysis_jobs_queue_seq'),
+                      %(slot)s, 1, seat.next_release_at, seat.release_attempts, seat.capacity_wait_since, seat.capacity_turn_key
+                 FROM queue_seat_on_entry(%(user)s, %(status)s = 'pending', clock_timestamp(), NULL, 0) AS seat""",
+            [{"user": user, "status": status, "slot": slot, "key": key} for user in users],
         )
 
 

@@ -46,17 +46,16 @@ def measure(users: int, jobs: int, capacity: int, cycles: int, explain: Path | N
                     "INSERT INTO queue_capacity (capacity) VALUES (%s) ON CONFLICT (singleton) DO UPDATE SET capacity = EXCLUDED.capacity",
                     (capacity,),
                 )
-                rows = [
-                    (uuid.uuid4(), f"u{user}", uuid.uuid4(), f"k{job}", "pending" if job == 0 else "queued", 1 if job == 0 else None)
-                    for user in range(users)
-                    for job in range(jobs)
-                ]
+                # Every job queued, then each user's first promoted by the service's promotion:
+                # under the capacity it waits for a grant (functions/queue_seat_on_entry.sql).
+                rows = [(uuid.uuid4(), f"u{user}", uuid.uuid4(), f"k{job}", "queued", None) for user in range(users) for job in range(jobs)]
                 with conn.cursor() as cursor:
                     cursor.executemany(
                         """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot, price)
                            VALUES (%s, %s, %s, %s, '\\x00', %s, nextval('analysis_jobs_queue_seq'), %s, 1)""",
                         rows,
                     )
+                    cursor.executemany("SELECT * FROM queue_promote_queued_jobs(%s, 1, 1800, 30)", [(f"u{user}",) for user in range(users)])
                 conn.execute("ANALYZE analysis_jobs")
                 conn.execute("SELECT * FROM queue_grant_capacity(30, 1800, 1, %s)", (capacity,)).fetchall()
                 seconds = []
@@ -70,11 +69,8 @@ def measure(users: int, jobs: int, capacity: int, cycles: int, explain: Path | N
                     conn.execute(
                         "UPDATE analysis_jobs SET status = 'succeeded', end_time = clock_timestamp() WHERE job_id = %s", (ended[0],)
                     )
-                    conn.execute(
-                        """UPDATE analysis_jobs SET status = 'pending', slot = 1
-                            WHERE job_id = (SELECT job_id FROM analysis_jobs WHERE user_id = %s AND status = 'queued' ORDER BY queue_seq LIMIT 1)""",
-                        (ended[1],),
-                    )
+                    # Her next job is promoted into the freed slot (and waits for a grant), as the service does.
+                    conn.execute("SELECT * FROM queue_promote_queued_jobs(%s, 1, 1800, 30)", (ended[1],)).fetchall()
                     return True
 
                 for _ in range(cycles):

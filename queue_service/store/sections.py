@@ -140,6 +140,9 @@ class LockedSections:
                 user_id = str(owner["user_id"])
             await take_user_queue_lock(conn, user_id)
             rows = await (await conn.execute(statement("first_releases_owed"), {"user_id": user_id})).fetchall()
+            held = [row["job_id"] for row in rows if row["held"]]
+            if held:
+                await conn.execute(statement("send_back_to_wait"), {"job_ids": held})
         if any(row["held"] for row in rows):
             self.hints.committed()
         owed = [from_row.claimed_release(row) for row in rows if not row["held"]]

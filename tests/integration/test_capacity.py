@@ -613,11 +613,8 @@ def test_a_grant_walks_the_turn_order_index_not_every_waiting_job_whatever_the_p
                 "SELECT job_id, user_id FROM analysis_jobs WHERE status = 'pending' AND capacity_token IS NOT NULL ORDER BY capacity_token LIMIT 1"
             ).fetchone()
             conn.execute("UPDATE analysis_jobs SET status = 'succeeded', end_time = clock_timestamp() WHERE job_id = %s", (job_id,))
-            conn.execute(
-                """UPDATE analysis_jobs SET status = 'pending', slot = 1
-                    WHERE job_id = (SELECT job_id FROM analysis_jobs WHERE user_id = %s AND status = 'queued' ORDER BY queue_seq LIMIT 1)""",
-                (user_id,),
-            )
+            # Her next job is promoted into the freed slot, by the promotion the service runs.
+            conn.execute("SELECT * FROM queue_promote_queued_jobs(%s, 1, 1800, 30)", (user_id,)).fetchall()
 
         entries = "SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid)) FROM pg_index WHERE indrelid = 'analysis_jobs'::regclass"
         returned = []
@@ -829,11 +826,7 @@ def test_a_refused_release_gives_back_only_its_own_turn(database_url: str) -> No
         two_slots, other = new_user(), new_user()
         insert_jobs(conn, [two_slots], status="pending", slot=1)
         insert_jobs(conn, [other], status="pending", slot=1)
-        conn.execute(
-            """INSERT INTO analysis_jobs (job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot, price)
-               VALUES (gen_random_uuid(), %s, gen_random_uuid(), 'k2', '\\x00', 'pending', nextval('analysis_jobs_queue_seq'), 2, 1)""",
-            (two_slots,),
-        )
+        insert_jobs(conn, [two_slots], status="pending", slot=2, key="k2")
 
         def grant() -> tuple[str, str, int]:
             return conn.execute(

@@ -38,8 +38,10 @@ class ClaimStatements(StatementRunner):
     """Claims of every kind, what their attempts record, and their next attempts."""
 
     async def claim_due_releases(self, *, lease_seconds: float, batch_size: int) -> list[ClaimedRelease]:
+        # The due releases a pause holds are taken out first; the claim passes them over.
+        held = await self._all("hold_paused_due_releases", {"batch_size": batch_size})
         rows = await self._all("claim_due_releases", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
-        if rows:
+        if rows or held:
             self._committed()
         return [from_row.claimed_release(row) for row in rows]
 

@@ -1,15 +1,14 @@
 -- queue_admit_job_v2: the function, the admit the service calls (the named query admit_job).
--- requires: analysis_job_views
+-- requires: analysis_job_views, queue_seat_on_entry
 --
--- Not all of the placement is here: the trigger analysis_jobs_wait_for_capacity then makes a job it
--- admits PENDING (a first-pass job given a slot, or a held delta) wait for a capacity grant while
--- the capacity is limited (it sets capacity_wait_since and the turn key, clears capacity_token and
--- next_release_at and, on an INSERT, release_attempts: a release this function claimed is not due
--- until a grant): see functions/analysis_jobs_wait_for_capacity.sql. The lineage is not the
--- trigger's any more: the caller passes it.
+-- The whole placement is here: a job it admits PENDING (a first-pass job given a slot, or a held
+-- delta) takes its place at the capacity from queue_seat_on_entry in the INSERT (it waits for a
+-- grant while the capacity is limited or its releases are paused: no release due, no attempt
+-- counted), and the lineage is the caller's parameter. No trigger finishes the row.
 --
 -- Why, migration by migration (its text below is the last one's; 0009-0023
--- wrote it as queue_admit_job):
+-- wrote it as queue_admit_job; 0039: the seat from queue_seat_on_entry, where the trigger
+-- analysis_jobs_wait_for_capacity set it):
 -- * 0009 (locked sections in one statement): Admits a job: inserts it, debits its price and writes
 --   the charge, deciding its status in the INSERT ('pending' with a slot when a slot is free and
 --   nobody is queued ahead, else 'queued'; a delta starts 'running' and never takes a slot). A
@@ -67,7 +66,7 @@ BEGIN
         INSERT INTO analysis_jobs (
             job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot,
             delta_of_job_id, price, create_time, promote_time, next_release_at, release_attempts,
-            release_deadline, start_time, next_reconcile_at,
+            capacity_wait_since, capacity_turn_key, release_deadline, start_time, next_reconcile_at,
             document_uri, document_title, sources, source_count, sources_preview, retry_of_job_id)
         SELECT p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest,
                CASE WHEN v_delta_judging THEN 'running' WHEN v_delta_held OR pl.slot IS NOT NULL THEN 'pending' ELSE 'queued' END,
@@ -77,8 +76,10 @@ BEGIN
                p_price,
                pl.now,
                CASE WHEN v_is_delta OR pl.slot IS NOT NULL THEN pl.now END,
-               CASE WHEN v_delta_held OR pl.slot IS NOT NULL THEN pl.now + make_interval(secs => p_release_lease_seconds) END,
-               CASE WHEN v_delta_held OR pl.slot IS NOT NULL THEN 1 ELSE 0 END,
+               seat.next_release_at,
+               seat.release_attempts,
+               seat.capacity_wait_since,
+               seat.capacity_turn_key,
                CASE WHEN v_delta_held OR pl.slot IS NOT NULL THEN pl.now + make_interval(secs => p_release_window_seconds) END,
                CASE WHEN v_delta_judging THEN pl.now END,
                CASE WHEN v_delta_judging THEN pl.now + make_interval(secs => p_reconcile_after_seconds) END,
@@ -87,7 +88,11 @@ BEGIN
                   FROM jsonb_array_elements(p_sources) WITH ORDINALITY AS s(e, n)
                  WHERE s.n <= 10),
                p_retry_of_job_id
-          FROM placement pl, reservation r
+          FROM placement pl, reservation r,
+               LATERAL queue_seat_on_entry(
+                   p_user_id, v_delta_held OR pl.slot IS NOT NULL, pl.now,
+                   CASE WHEN v_delta_held OR pl.slot IS NOT NULL THEN pl.now + make_interval(secs => p_release_lease_seconds) END,
+                   CASE WHEN v_delta_held OR pl.slot IS NOT NULL THEN 1 ELSE 0 END) AS seat
          WHERE (p_price = 0 OR EXISTS (SELECT 1 FROM credit_accounts c
                                         WHERE c.user_id = p_user_id AND c.balance >= p_price))
            AND (v_is_delta OR pl.queued < p_max_queued)

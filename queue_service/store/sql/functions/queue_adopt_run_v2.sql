@@ -1,15 +1,13 @@
 -- queue_adopt_run_v2: the function, the adoption the service calls (the named query adopt_run).
--- requires: analysis_job_views
+-- requires: analysis_job_views, queue_seat_on_entry
 --
--- Not all of the placement is here: the trigger analysis_jobs_wait_for_capacity then makes a job it
--- adopts PENDING (a held run, or a held delta) wait for a capacity grant while the capacity is
--- limited (it sets capacity_wait_since and the turn key, clears capacity_token and next_release_at
--- and, on an INSERT, release_attempts: a release this function claimed is not due until a grant):
--- see functions/analysis_jobs_wait_for_capacity.sql. The lineage is not the trigger's any more:
--- the caller passes it.
+-- The whole placement is here: a job it adopts PENDING (a held run, or a held delta) takes its
+-- place at the capacity from queue_seat_on_entry in the INSERT (it waits for a grant while the
+-- capacity is limited or its releases are paused), and the lineage is the caller's parameter.
 --
 -- Why, migration by migration (its text below is the last one's; 0018-0024
--- wrote it as queue_adopt_run):
+-- wrote it as queue_adopt_run; 0039: the seat from queue_seat_on_entry, where the trigger
+-- analysis_jobs_wait_for_capacity set it):
 -- * 0018 (core runs adopted after failover): A locked section (the user's queue lock,
 --   `locks.locked_section`): adopts a run the core holds or judges into a job, unless the queue
 --   knows it after all. Idempotent across replicas: the run id and the (user, idempotency key) are
@@ -104,17 +102,22 @@ BEGIN
     INSERT INTO analysis_jobs (
         job_id, user_id, run_id, idempotency_key, request_digest, status, queue_seq, slot,
         delta_of_job_id, price, create_time, promote_time, next_release_at, release_attempts,
-        release_deadline, start_time, next_reconcile_at, retry_of_job_id)
-    VALUES (
+        capacity_wait_since, capacity_turn_key, release_deadline, start_time, next_reconcile_at, retry_of_job_id)
+    SELECT
         p_job_id, p_user_id, p_run_id, p_idempotency_key, p_request_digest, v_status,
         nextval('analysis_jobs_queue_seq'), v_slot, v_base, p_price, v_now,
         CASE WHEN v_status <> 'queued' THEN v_now END,
-        CASE WHEN v_status = 'pending' THEN v_now END,  -- due at once, for any replica's dispatcher
-        0,
+        seat.next_release_at,
+        seat.release_attempts,
+        seat.capacity_wait_since,
+        seat.capacity_turn_key,
         CASE WHEN v_status = 'pending' THEN v_now + make_interval(secs => p_release_window_seconds) END,
         CASE WHEN v_status = 'running' THEN v_now END,
         CASE WHEN v_status = 'running' THEN v_now + make_interval(secs => p_reconcile_after_seconds) END,
-        p_retry_of_job_id);
+        p_retry_of_job_id
+      -- A PENDING job is due at once, for any replica's dispatcher, unless it waits for a grant.
+      FROM queue_seat_on_entry(p_user_id, v_status = 'pending', v_now,
+                               CASE WHEN v_status = 'pending' THEN v_now END, 0) AS seat;
     IF p_price > 0 THEN
         -- Under the user lock nothing else lowers this balance; its CHECK (balance >= 0) is the backstop.
         UPDATE credit_accounts c SET balance = c.balance - p_price, updated_at = clock_timestamp()

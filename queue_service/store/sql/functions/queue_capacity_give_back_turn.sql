@@ -6,6 +6,8 @@
 --   (`p_turn_before`) only while the turn the grant gave her (`p_turn_granted`, the granted job's
 --   turn key) is still her latest, so one she got meanwhile through another slot is kept; her
 --   waiting jobs then wait from her latest turn.
+-- * 0039 (the capacity seat's one owner): The waiting jobs' turn keys are queue_seat_turn_keys';
+--   the user's turn stays here.
 
 CREATE OR REPLACE FUNCTION public.queue_capacity_give_back_turn(p_user_id text, p_turn_before timestamp with time zone, p_turn_granted timestamp with time zone)
  RETURNS void
@@ -21,9 +23,6 @@ BEGIN
          WHERE t.user_id = p_user_id AND t.last_turn_at = p_turn_granted;
     END IF;
     SELECT t.last_turn_at INTO v_turn_now FROM user_capacity_turns t WHERE t.user_id = p_user_id;
-    UPDATE analysis_jobs w
-       SET capacity_turn_key = GREATEST(v_turn_now, w.capacity_wait_since)
-     WHERE w.user_id = p_user_id AND w.status = 'pending'
-       AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL;
+    PERFORM queue_seat_turn_keys(p_user_id, v_turn_now, false);
 END
 $function$;

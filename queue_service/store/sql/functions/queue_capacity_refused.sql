@@ -11,6 +11,8 @@
 --   her turn.
 -- * 0023 (deltas take turns under the capacity): The core answered a granted release "not now": the
 --   job waits again with its place (its turn given back), and the fleet learns the core's limit.
+-- * 0039 (the capacity seat's one owner): The seat is given back by queue_seat_give_back; the turn
+--   and the learned limit stay here.
 
 CREATE OR REPLACE FUNCTION public.queue_capacity_refused(p_job_id uuid, p_attempt integer, p_probe_interval_seconds double precision)
  RETURNS TABLE(row_kind text, core_limit integer)
@@ -22,12 +24,8 @@ DECLARE
     v_turn_before timestamptz;
     v_turn_granted timestamptz;
 BEGIN
-    UPDATE analysis_jobs a
-       SET capacity_token = NULL,
-           next_release_at = NULL,
-           capacity_wait_since = COALESCE(a.capacity_wait_since, clock_timestamp())
-     WHERE a.job_id = p_job_id AND a.status = 'pending' AND a.release_attempts = p_attempt
-    RETURNING a.user_id, a.capacity_turn_before, a.capacity_turn_key INTO v_user_id, v_turn_before, v_turn_granted;
+    SELECT g.user_id, g.turn_before, g.turn_granted INTO v_user_id, v_turn_before, v_turn_granted
+      FROM queue_seat_give_back(p_job_id, p_attempt) AS g;
     IF NOT FOUND THEN
         RETURN;
     END IF;

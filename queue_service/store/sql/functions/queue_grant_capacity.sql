@@ -28,6 +28,8 @@
 --   updates, her first-pass jobs through her slots' index and her re-checks through her active
 --   re-checks' index; the one update over both was served by the index of every waiting job, so
 --   each grant read them all.
+-- * 0039 (the capacity seat's one owner): The seat's hand-over is queue_seat_grant's, the user's
+--   other waiting jobs moved behind by queue_seat_turn_keys; the loop and the fair order stay here.
 
 CREATE OR REPLACE FUNCTION public.queue_grant_capacity(p_lease_seconds double precision, p_release_window_seconds double precision, p_probe_interval_seconds double precision, p_max_grants integer)
  RETURNS TABLE(row_kind text, job_id uuid, user_id text, run_id uuid, release_attempts integer, waited_seconds double precision, probe boolean, limited boolean, in_use integer, capacity_limit integer, cancel_requested boolean)
@@ -64,29 +66,11 @@ BEGIN
                             WHERE h.capacity_token = s
                               AND (h.status IN ('pending', 'running') OR h.run_settle_due_at IS NOT NULL));
         v_probe := v_settings.core_limit IS NOT NULL AND v_in_use >= v_settings.core_limit;
-        UPDATE analysis_jobs a
-           SET capacity_token = v_token,
-               capacity_turn_before = (SELECT t.last_turn_at FROM user_capacity_turns t WHERE t.user_id = a.user_id),
-               capacity_turn_key = v_now,
-               release_attempts = a.release_attempts + 1,
-               release_turn_attempt = a.release_attempts + 1,
-               next_release_at = v_now + make_interval(secs => p_lease_seconds),
-               release_deadline = v_now + make_interval(secs => p_release_window_seconds)
-         WHERE a.job_id = v_job_id
-        RETURNING a.job_id, a.user_id, a.run_id, a.release_attempts, a.capacity_wait_since, a.cancel_requested_at INTO v_job;
+        SELECT * INTO v_job FROM queue_seat_grant(v_job_id, v_token, v_now, p_lease_seconds, p_release_window_seconds);
         INSERT INTO user_capacity_turns AS t (user_id, last_turn_at) VALUES (v_job.user_id, v_now)
         ON CONFLICT ON CONSTRAINT user_capacity_turns_pkey DO UPDATE SET last_turn_at = EXCLUDED.last_turn_at;
-        -- Her other waiting jobs (several slots, re-checks) wait behind every user waiting now:
-        -- her first-pass jobs found through her slots, her re-checks through her active ones (one
-        -- query over both would read every waiting job of every user).
-        UPDATE analysis_jobs o
-           SET capacity_turn_key = v_now
-         WHERE o.user_id = v_job.user_id AND o.status = 'pending' AND o.delta_of_job_id IS NULL
-           AND o.capacity_wait_since IS NOT NULL AND o.capacity_token IS NULL AND o.capacity_turn_key < v_now;
-        UPDATE analysis_jobs o
-           SET capacity_turn_key = v_now
-         WHERE o.user_id = v_job.user_id AND o.status = 'pending' AND o.delta_of_job_id IS NOT NULL
-           AND o.capacity_wait_since IS NOT NULL AND o.capacity_token IS NULL AND o.capacity_turn_key < v_now;
+        -- Her other waiting jobs (several slots, re-checks) wait behind every user waiting now.
+        PERFORM queue_seat_turn_keys(v_job.user_id, v_now, true);
         v_in_use := v_in_use + 1;
         v_granted := v_granted + 1;
         RETURN QUERY SELECT 'granted'::text, v_job.job_id, v_job.user_id, v_job.run_id, v_job.release_attempts,

@@ -9,6 +9,8 @@
 --   may be judging: taken back it would wait again uncounted under a capacity (and a cancel would
 --   end it without the core), so it keeps its slot and its capacity, and the adopted run takes a
 --   slot past the limit if none other gives way.
+-- * 0039 (the capacity seat's one owner): The job leaves its seat and goes back to its queue in
+--   queue_seat_take_back; which jobs give way stays here.
 
 CREATE OR REPLACE FUNCTION public.queue_take_back_unreleased_jobs(p_user_id text, p_default_max_active integer)
  RETURNS SETOF uuid
@@ -28,18 +30,7 @@ BEGIN
          LIMIT 1
            FOR UPDATE;
         EXIT WHEN NOT FOUND;
-        UPDATE analysis_jobs j
-           SET status = 'queued',
-               slot = NULL,
-               promote_time = NULL,
-               next_release_at = NULL,
-               release_deadline = NULL,
-               release_attempts = 0,
-               capacity_wait_since = NULL,
-               capacity_token = NULL,
-               capacity_turn_before = NULL,
-               capacity_turn_key = NULL
-         WHERE j.job_id = v_job.job_id;
+        PERFORM queue_seat_take_back(v_job.job_id);
         IF v_job.capacity_token IS NOT NULL THEN
             -- Its grant is given back, and the turn with it (as `queue_capacity_refused` does).
             PERFORM queue_capacity_give_back_turn(p_user_id, v_job.capacity_turn_before, v_job.capacity_turn_key);

@@ -73,8 +73,8 @@ SELECT existing.job_id AS existing_job_id,
 -- job's view; none when the key is taken, the balance is short, the user's queue or delta limit
 -- is full, or the reservation is gone. The job keeps its document and sources, and a retry the
 -- job it admits again (`retry_of_job_id`, NULL for every other admit).
--- A delta whose run was created held is PENDING, waiting for a turn (the trigger of
--- functions/analysis_jobs_wait_for_capacity.sql).
+-- A delta whose run was created held is PENDING, waiting for a turn
+-- (functions/queue_seat_on_entry.sql).
 SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
   FROM queue_admit_job_v2(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
                           %(delta_of_job_id)s::uuid, %(price)s, %(actor)s, %(reason)s, %(default_max_active)s,

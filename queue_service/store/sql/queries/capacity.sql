@@ -7,16 +7,15 @@
 -- turn (its grant's, or the first of all: `release_turn_attempt`) follows no release since the job
 -- last waited: the job goes back to waiting for a grant, its capacity given back. A later attempt
 -- follows one the core may have applied: the job keeps its capacity and its retry is held, as
--- `claim_due_releases` holds one. Fenced by the attempt; the job's id and whether it waits again
+-- `hold_paused_due_releases` holds one (functions/queue_seat_hold_for_pause.sql). Fenced by the attempt; the job's id and whether it waits again
 -- when held, no row when its releases are not paused (or the attempt was overtaken).
-UPDATE analysis_jobs
-   SET capacity_wait_since = CASE WHEN release_attempts = release_turn_attempt THEN clock_timestamp() ELSE capacity_wait_since END,
-       capacity_turn_key = CASE WHEN release_attempts = release_turn_attempt THEN clock_timestamp() ELSE capacity_turn_key END,
-       capacity_token = CASE WHEN release_attempts = release_turn_attempt THEN NULL ELSE capacity_token END,
-       next_release_at = NULL
- WHERE job_id = %(job_id)s AND status = 'pending' AND release_attempts = %(attempt)s
-   AND cancel_requested_at IS NULL AND queue_releases_paused(user_id)
-RETURNING job_id, release_attempts = release_turn_attempt AS waits_again;
+SELECT h.job_id, h.waits_again
+  FROM queue_seat_hold_for_pause(
+           ARRAY(SELECT job_id FROM analysis_jobs
+                  WHERE job_id = %(job_id)s AND status = 'pending' AND release_attempts = %(attempt)s
+                    AND cancel_requested_at IS NULL AND queue_releases_paused(user_id)
+                  FOR UPDATE),
+           true) AS h;
 
 -- name: grant_capacity
 -- A section under the fleet-wide capacity lock (`locks.capacity_section`): hands the free

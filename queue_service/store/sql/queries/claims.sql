@@ -75,34 +75,31 @@ SELECT EXISTS (SELECT 1 FROM run_reservations
 -- Whether the run was a failed admit's, confirmed settled at the core.
 SELECT EXISTS (SELECT 1 FROM run_reservations WHERE run_id = %(run_id)s AND settled_at IS NOT NULL) AS abandoned;
 
+-- name: hold_paused_due_releases
+-- Due releases a pause holds, taken out of the claim before it runs (`claim_due_releases`): a due
+-- job whose releases are paused (functions/queue_releases_paused.sql: a retry or a lease that fell
+-- due during the pause) is not claimed. A pause holds releases, never the count: one whose due
+-- attempt would still follow no release since it last waited goes back to waiting for a grant;
+-- any other keeps its place in what is in use and only its retry is held
+-- (functions/queue_seat_hold_for_pause.sql), until the resume makes it due
+-- (functions/queue_set_releases_paused.sql) or a cancel asks for it (`record_cancel_request`).
+-- Neither runs a release window. With no pause in force (the usual case) a one-time filter:
+-- nothing is scanned. The jobs held.
+SELECT h.job_id, h.waits_again
+  FROM queue_seat_hold_for_pause(
+           ARRAY(SELECT job_id FROM analysis_jobs
+                  WHERE EXISTS (SELECT 1 FROM queue_release_pauses)
+                    AND status = 'pending' AND next_release_at <= clock_timestamp()
+                    AND cancel_requested_at IS NULL AND queue_releases_paused(user_id)
+                  LIMIT %(batch_size)s
+                  FOR UPDATE SKIP LOCKED),
+           false) AS h;
+
 -- name: claim_due_releases
 -- Claims pending jobs due for release, skipping rows another replica is claiming, and reserves
 -- them for this replica for the lease (pushes next_release_at ahead, counts the attempt). A job
 -- whose user asked to cancel it (`cancel_requested`) is canceled instead of released. A due job
--- whose releases are paused (functions/queue_releases_paused.sql: a retry or a lease that fell due
--- during the pause) is not claimed: a pause holds releases, never the count. One whose due
--- attempt would still follow no release since it last waited (below `release_turn_attempt`: never
--- claimed, as an adopted held run, or only held back before the core was asked) goes back to
--- waiting for a grant; any other may have had a release the core applied (a lost answer, a lease
--- run out mid-call), so it keeps its place in what is in use
--- (its capacity token, or no wait at all) and only its retry is held: `next_release_at` NULL with
--- no wait for capacity, until the resume makes it due (functions/queue_set_releases_paused.sql) or
--- a cancel asks for it (`record_cancel_request`). Neither runs a release window.
-WITH held AS (
-    UPDATE analysis_jobs h
-       SET capacity_wait_since = CASE WHEN h.release_attempts < h.release_turn_attempt THEN clock_timestamp() ELSE h.capacity_wait_since END,
-           capacity_turn_key = CASE WHEN h.release_attempts < h.release_turn_attempt THEN clock_timestamp() ELSE h.capacity_turn_key END,
-           capacity_token = CASE WHEN h.release_attempts < h.release_turn_attempt THEN NULL ELSE h.capacity_token END,
-           next_release_at = NULL
-      FROM (SELECT job_id FROM analysis_jobs
-             -- With no pause in force (the usual case) a one-time filter: nothing is scanned.
-             WHERE EXISTS (SELECT 1 FROM queue_release_pauses)
-               AND status = 'pending' AND next_release_at <= clock_timestamp()
-               AND cancel_requested_at IS NULL AND queue_releases_paused(user_id)
-             LIMIT %(batch_size)s
-             FOR UPDATE SKIP LOCKED) AS paused
-     WHERE h.job_id = paused.job_id
-)
+-- whose releases are paused is left to `hold_paused_due_releases`, run first.
 UPDATE analysis_jobs j
    SET release_attempts = j.release_attempts + 1,
        next_release_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
@@ -125,30 +122,24 @@ SELECT user_id FROM analysis_jobs WHERE run_id = %(run_id)s;
 -- The user's PENDING jobs whose first release a promotion (or admit) claimed and nobody has
 -- tried again since: the lease of that claim still runs, it is the first attempt, and the job
 -- does not wait for the core's capacity (a grant hands those over). Run after a locked change
--- whose outcome was unknown, holding the user's lock (`Store.first_releases_owed`), so that a
+-- whose outcome was unknown, holding the user's lock (`Sections.first_releases_owed`), so that a
 -- change still committing has ended: the hand-over its answer would have made is made here. A
 -- paused user's job (`held`) is not handed over: its release was never sent, so it goes back to
--- waiting for a grant, in this statement, as `hold_release_if_paused` sends back a claim at the
--- first attempt of its turn. A job with a recorded cancel is handed over (its run is canceled).
-WITH owed AS (
-    SELECT job_id, cancel_requested_at IS NULL AND queue_releases_paused(user_id) AS held
-      FROM analysis_jobs
-     WHERE user_id = %(user_id)s AND status = 'pending' AND release_attempts = 1
-       AND next_release_at > clock_timestamp() AND capacity_wait_since IS NULL
-       FOR UPDATE
-), waiting AS (
-    UPDATE analysis_jobs h
-       SET capacity_wait_since = clock_timestamp(),
-           capacity_turn_key = clock_timestamp(),
-           capacity_token = NULL,
-           next_release_at = NULL
-      FROM owed
-     WHERE h.job_id = owed.job_id AND owed.held
-)
+-- waiting for a grant (`send_back_to_wait`, in the same transaction), as `hold_release_if_paused`
+-- sends back a claim at the first attempt of its turn. A job with a recorded cancel is handed
+-- over (its run is canceled).
 SELECT j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested,
-       (SELECT queue_history_reconciled()) AS history_reconciled, j.delta_of_job_id IS NOT NULL AS delta, owed.held
+       (SELECT queue_history_reconciled()) AS history_reconciled, j.delta_of_job_id IS NOT NULL AS delta,
+       j.cancel_requested_at IS NULL AND queue_releases_paused(j.user_id) AS held
   FROM analysis_jobs j
-  JOIN owed ON owed.job_id = j.job_id;
+ WHERE j.user_id = %(user_id)s AND j.status = 'pending' AND j.release_attempts = 1
+   AND j.next_release_at > clock_timestamp() AND j.capacity_wait_since IS NULL
+   FOR UPDATE;
+
+-- name: send_back_to_wait
+-- These PENDING jobs, their first release never sent, go back to waiting for a grant
+-- (functions/queue_seat_wait.sql). How many did.
+SELECT queue_seat_wait(%(job_ids)s::uuid[]) AS waiting;
 
 -- name: claim_release_of_job
 -- Claims one pending job for an immediate release attempt (the Release RPC), unless another
@@ -193,14 +184,8 @@ RETURNING j.job_id;
 -- `window_over` tells the caller the window has closed and the release must give up. An attempt
 -- that sent nothing (`sent` false: held back before the core was asked) at the attempt that
 -- opened the job's turn passes the turn on to the next attempt: it follows no release either.
-UPDATE analysis_jobs
-   SET next_release_at = LEAST(clock_timestamp() + make_interval(secs => %(backoff_seconds)s),
-                               release_deadline),
-       last_error = %(last_error)s,
-       release_turn_attempt = CASE WHEN NOT %(sent)s AND release_turn_attempt = %(attempt)s
-                                   THEN %(attempt)s + 1 ELSE release_turn_attempt END
- WHERE job_id = %(job_id)s AND status = 'pending' AND release_attempts = %(attempt)s
-RETURNING next_release_at, release_deadline <= clock_timestamp() AS window_over;
+SELECT r.next_release_at, r.window_over
+  FROM queue_seat_release_failed(%(job_id)s, %(attempt)s, %(backoff_seconds)s, %(last_error)s, %(sent)s) AS r;
 
 -- name: next_release_due_in
 -- Seconds until the earliest pending release is due (so the dispatcher sleeps exactly that long),
