@@ -129,7 +129,7 @@ def _unsupported(conn: psycopg.Connection[dict[str, Any]]) -> list[str]:
                                         AND (coalesce(a.attstattarget::int, -1) >= 0
                                              -- Debian's PostgreSQL 15 records its own pg_attver there on every column.
                                              OR EXISTS (SELECT 1 FROM unnest(a.attoptions) AS o(option)
-                                                         WHERE o.option NOT LIKE 'pg\_attver=%')))
+                                                         WHERE o.option NOT LIKE 'pg\\_attver=%')))
                                      THEN 'column statistics or options' END)) AS attribute(what)
          WHERE {_SYSTEM_SCHEMAS} AND c.relkind IN ('r', 'S', 'v', 'm') AND what IS NOT NULL
            AND {_NOT_FROM_EXTENSION.format(oid="c.oid")}
