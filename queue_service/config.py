@@ -13,7 +13,12 @@ import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    Settings = TypeVar("Settings", bound=DataclassInstance)
 
 
 class ConfigError(ValueError):
@@ -711,6 +716,13 @@ def reference_markdown() -> str:
             "",
         ]
     )
+
+
+def settings_of(cls: type[Settings], config: Config, **nested: Any) -> Settings:
+    """A room's settings value (a frozen dataclass beside the room): each field read from the
+    setting of its name, so a room declares what it reads and nothing copies it by hand; `nested`
+    gives the fields that are settings values of their own."""
+    return cls(**{field.name: getattr(config, field.name) for field in dataclasses.fields(cls) if field.name not in nested}, **nested)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import logging
 import uuid
 
 from queue_service import deadline, errors, telemetry
-from queue_service.config import Config
+from queue_service.config import Config, settings_of
 from queue_service.engine.parts import SharedParts
 from queue_service.engine.ports import ReservedRuns
 from queue_service.model import (
@@ -65,20 +65,7 @@ class AdmissionSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> AdmissionSettings:
-        return cls(
-            admit_price=config.admit_price,
-            delta_price=config.delta_price,
-            max_active_per_user=config.max_active_per_user,
-            max_queued_per_user=config.max_queued_per_user,
-            max_active_deltas_per_user=config.max_active_deltas_per_user,
-            max_free_admits_per_user_per_hour=config.max_free_admits_per_user_per_hour,
-            release_window_seconds=config.release_window_seconds,
-            release_lease_seconds=config.release_lease_seconds,
-            reconcile_after_seconds=config.reconcile_after_seconds,
-            core_deadline_seconds=config.core_deadline_seconds,
-            pool_timeout_seconds=config.pool_timeout_seconds,
-            lock_timeout_ms=config.lock_timeout_ms,
-        )
+        return settings_of(cls, config)
 
 
 class Admission:

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable
 
 from queue_service import errors, telemetry
-from queue_service.config import Config
+from queue_service.config import Config, settings_of
 from queue_service.core_client import CoreClient
 from queue_service.model import Adoption, CoreRun, JobStatus, LostRun, PromotionLimits, RunFate
 from queue_service.store import Store
@@ -49,12 +49,7 @@ class RunAdoptionSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> RunAdoptionSettings:
-        return cls(
-            max_active_per_user=config.max_active_per_user,
-            release_window_seconds=config.release_window_seconds,
-            release_lease_seconds=config.release_lease_seconds,
-            reconcile_after_seconds=config.reconcile_after_seconds,
-        )
+        return settings_of(cls, config)
 
 
 class RunAdoption:

@@ -43,7 +43,7 @@ import uuid
 from collections.abc import Callable
 
 from queue_service import errors, telemetry
-from queue_service.config import Config
+from queue_service.config import Config, settings_of
 from queue_service.engine.core_adoption import RunAdoption, RunAdoptionSettings
 from queue_service.engine.forgotten_runs import ForgottenRuns, JobEnder
 from queue_service.engine.parts import SharedParts
@@ -95,13 +95,7 @@ class CoreReconcilerSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> CoreReconcilerSettings:
-        return cls(
-            core_deadline_seconds=config.core_deadline_seconds,
-            core_reconcile_interval_seconds=config.core_reconcile_interval_seconds,
-            health_interval_seconds=config.health_interval_seconds,
-            max_active_per_user=config.max_active_per_user,
-            adoption=RunAdoptionSettings.from_config(config),
-        )
+        return settings_of(cls, config, adoption=RunAdoptionSettings.from_config(config))
 
 
 class CoreReconciler:

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from opentelemetry.trace import Span
 
 from queue_service import audit, errors, telemetry
-from queue_service.config import Config
+from queue_service.config import Config, settings_of
 from queue_service.engine.backoff import full_jitter_backoff
 from queue_service.engine.parts import SharedParts
 from queue_service.engine.tasks import each_at_most
@@ -64,12 +64,7 @@ class QueueEngineSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> QueueEngineSettings:
-        return cls(
-            max_active_per_user=config.max_active_per_user,
-            release_window_seconds=config.release_window_seconds,
-            release_lease_seconds=config.release_lease_seconds,
-            release_backoff_max_seconds=config.release_backoff_max_seconds,
-        )
+        return settings_of(cls, config)
 
 
 class QueueEngine:

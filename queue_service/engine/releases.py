@@ -15,7 +15,7 @@ import logging
 import uuid
 
 from queue_service import errors, telemetry
-from queue_service.config import Config
+from queue_service.config import Config, settings_of
 from queue_service.engine.coalescer import Coalescer, Spawn, counting_batch
 from queue_service.engine.parts import SharedParts
 from queue_service.engine.ports import FailoverGuard, Lifecycle
@@ -46,11 +46,7 @@ class ReleasesSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> ReleasesSettings:
-        return cls(
-            release_lease_seconds=config.release_lease_seconds,
-            release_window_seconds=config.release_window_seconds,
-            reconcile_after_seconds=config.reconcile_after_seconds,
-        )
+        return settings_of(cls, config)
 
 
 class Releases:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 from queue_service import errors, telemetry
 from queue_service.background import SupervisedLoop
-from queue_service.config import Config
+from queue_service.config import Config, settings_of
 from queue_service.engine.maintenance.abandoned_run_forgetter import AbandonedRunForgetter
 from queue_service.engine.maintenance.core_runs import CoreRunsReconciler
 from queue_service.engine.maintenance.feed_trimmer import FeedTrimmer
@@ -81,14 +81,7 @@ class SweeperSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> SweeperSettings:
-        return cls(
-            sweep_interval_seconds=config.sweep_interval_seconds,
-            max_active_per_user=config.max_active_per_user,
-            release_window_seconds=config.release_window_seconds,
-            release_lease_seconds=config.release_lease_seconds,
-            reconcile_after_seconds=config.reconcile_after_seconds,
-            prune=PruneSettings.from_config(config),
-        )
+        return settings_of(cls, config, prune=PruneSettings.from_config(config))
 
 
 class Sweeper:

@@ -17,7 +17,7 @@ import dataclasses
 import logging
 
 from queue_service import telemetry
-from queue_service.config import Config
+from queue_service.config import Config, settings_of
 from queue_service.engine.maintenance.service import EVERY_PASS, Work, guarded
 from queue_service.store import Statements, Store
 
@@ -41,11 +41,7 @@ class PruneSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> PruneSettings:
-        return cls(
-            job_retention_seconds=config.job_retention_seconds,
-            job_inputs_retention_seconds=config.job_inputs_retention_seconds,
-            prune_interval_seconds=config.prune_interval_seconds,
-        )
+        return settings_of(cls, config)
 
 
 @dataclasses.dataclass
