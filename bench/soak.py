@@ -181,6 +181,8 @@ SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backe
        (SELECT sum(pg_relation_size(c.oid, 'main') + pg_relation_size(c.oid, 'fsm') + pg_relation_size(c.oid, 'vm'))
           FROM pg_class c WHERE c.relkind IN ('r', 'i', 't', 'm', 'S', 'p')) AS relations_bytes,
        pg_database_size(current_database()) AS database_bytes,
+       (SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = 'public' AND c.relname IN ('credit_ledger', 'queue_setting_changes', 'queue_operator_actions')) AS audit_trail_bytes,
        (SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables) AS dead_tuples,
        (SELECT coalesce(sum(n_live_tup), 0) FROM pg_stat_user_tables) AS live_tuples,
        (SELECT coalesce(sum(autovacuum_count), 0) FROM pg_stat_user_tables) AS autovacuums,
@@ -327,8 +329,19 @@ def window_series(samples: list[dict[str, Any]], load: dict[str, Any], gaps: dic
             for key in ("rss_mb", "fds", "threads", "tasks", "loop_lag_ms_peak", "watch_streams"):
                 put(f"{replica['name']}.{key}", second, replica.get(key))
         pg = sample["postgres"]
-        for key in ("connections", "connections_here", "relations_bytes", "database_bytes", "dead_tuples", "live_tuples"):
+        for key in (
+            "connections",
+            "connections_here",
+            "relations_bytes",
+            "database_bytes",
+            "dead_tuples",
+            "live_tuples",
+            "audit_trail_bytes",
+        ):
             put(f"postgres.{key}", second, pg.get(key))
+        if pg.get("audit_trail_bytes") is not None:
+            # What the retention bounds: all but the audit trail, which is kept (docs/security.md).
+            put("postgres.relations_bytes_but_audit_trail", second, pg["relations_bytes"] - pg["audit_trail_bytes"])
         for table in pg["top_tables"]:
             put(f"table.{table['table']}.bytes", second, table["bytes"])
         if previous is None:
@@ -363,7 +376,11 @@ PLOTS = {
         ["replica1.loop_lag_ms_peak", "replica2.loop_lag_ms_peak"],
     ),
     "pg_connections": ("PostgreSQL client connections", "connections", ["postgres.connections", "postgres.connections_here"]),
-    "database_size": ("Database size: every relation of pg_class, and the largest tables", "MB", ["postgres.relations_bytes"]),
+    "database_size": (
+        "Database size: every relation of pg_class, all but the audit trail, and the largest tables",
+        "MB",
+        ["postgres.relations_bytes", "postgres.relations_bytes_but_audit_trail"],
+    ),
     "dead_tuples": ("Dead tuples (pg_stat_user_tables)", "tuples", ["postgres.dead_tuples", "postgres.live_tuples"]),
     "wal_per_job": ("WAL bytes per job admitted, per window", "bytes", ["postgres.wal_bytes_per_job"]),
     "autovacuum": ("Autovacuum and autoanalyze runs per window", "runs", ["postgres.autovacuum_runs", "postgres.autoanalyze_runs"]),
@@ -426,11 +443,13 @@ P99_SPAN_SECONDS = 300.0
 
 
 def database_after_turnover(series: dict[str, Any], turnover_seconds: float) -> dict[str, Any]:
-    """The database's growth once the seeded history has turned over: the pruner deletes no job
-    within an hour of its admit, so until then it deletes seeded rows while the load writes its
-    own, larger ones (their sources, their updates' dead space). From then on the load's rows
-    replace the load's rows, and what the bytes do is the steady state."""
-    points = series.get("postgres.relations_bytes", [])
+    """The growth of what the retention bounds (every relation but the audit trail: the ledger,
+    the setting changes and the operator's actions, kept as the audit trail is) once the seeded
+    history has turned over: the pruner deletes no job within an hour of its admit, so until then
+    it deletes seeded rows while the load writes its own, larger ones (their sources, their
+    updates' dead space). From then on the load's rows replace the load's rows, and what the bytes
+    do is the steady state."""
+    points = series.get("postgres.relations_bytes_but_audit_trail", [])
     return soak_analysis.trend([t for t, _ in points], [v for _, v in points], turnover_seconds)
 
 
@@ -448,10 +467,10 @@ def evaluate(
     for name in ("replica1.rss_mb", "replica2.rss_mb", "replica1.fds", "replica2.fds", "postgres.relations_bytes"):
         value = growth(name)
         targets[f"{name} growth < 5%/h"] = {"value_pct_per_hour": value, "pass": value is not None and value < 5}
-    turnover = trends.get("postgres.relations_bytes after the seeded history turned over")
+    turnover = trends.get("postgres.relations_bytes_but_audit_trail after the seeded history turned over")
     if turnover and turnover.get("samples", 0) >= 10:
         value = turnover["slope_pct_of_mean_per_hour"]
-        targets["postgres.relations_bytes growth < 5%/h after the seeded history turned over"] = {
+        targets["postgres.relations_bytes_but_audit_trail growth < 5%/h after the seeded history turned over"] = {
             "value_pct_per_hour": value,
             "from_second": turnover["from_second"],
             "pass": value is not None and value < 5,
@@ -589,7 +608,13 @@ def assemble(
     }
     # The pruner deletes no job within an hour of its admit: the seeded history is gone an hour in.
     turnover_seconds = max(args.history_minutes, 60.0) * 60
-    trends["postgres.relations_bytes after the seeded history turned over"] = database_after_turnover(series, turnover_seconds)
+    trends["postgres.relations_bytes_but_audit_trail after the seeded history turned over"] = database_after_turnover(
+        series, turnover_seconds
+    )
+    audit = series.get("postgres.audit_trail_bytes", [])
+    trends["postgres.audit_trail_bytes after the seeded history turned over"] = soak_analysis.trend(
+        [t for t, _ in audit], [v for _, v in audit], turnover_seconds
+    )
     errors = {"asked_for": load["asked_for"], "unexpected": load["errors"], "service_log": service_log}
     spans = {"window_seconds": args.sample_seconds, "warmup_seconds": warmup_seconds, "span_seconds": P99_SPAN_SECONDS}
     pooled = {
