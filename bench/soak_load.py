@@ -58,6 +58,8 @@ ASKED_FOR = {
     ("admit", "USER_FREE_WORK_LIMIT"),
     ("admit_rejected", "CORE_REJECTED"),
     ("cancel", "JOB_ALREADY_FINISHED"),
+    # A re-check of a job she saw succeed, pruned since (an hour after its admit, at the soak's retention).
+    ("delta", "DELTA_BASE_NOT_FOUND"),
 }
 ACTIVE = {job_pb2.JOB_STATUS_QUEUED, job_pb2.JOB_STATUS_PENDING, job_pb2.JOB_STATUS_RUNNING}
 RETRYABLE = {job_pb2.JOB_STATUS_FAILED, job_pb2.JOB_STATUS_CANCELED}
