@@ -492,12 +492,16 @@ class Machine:
     async def check_capacity_positions(self) -> None:
         """What a user is told of her place at the fleet's capacity: at a quiet period (only a pause
         holds jobs waiting then), the PENDING jobs the operator's search shows number their places
-        1..n, each once, n being the jobs waiting for a grant; a job that does not wait shows 0."""
+        1..n, each once, n being the jobs waiting for a grant; a job that does not wait shows 0.
+        A paused user's release that falls due during the check may go back to waiting meanwhile
+        (the pause holds it): the rows are read before and after the search, and a check whose
+        rows moved is left to the next quiet period."""
         self.model.checks["capacity positions"] += 1
-        pending: list[job_pb2.Job] = []
-        token = ""
         stubs = self.world.replicas[0].stubs
         try:
+            before = await asyncio.to_thread(self._waiting_for_a_grant)
+            pending: list[job_pb2.Job] = []
+            token = ""
             while True:
                 page = await stubs.operator.SearchJobs(
                     op_pb2.SearchJobsRequest(
@@ -510,16 +514,12 @@ class Machine:
                 token = page.next_page_token
                 if not token:
                     break
-            with psycopg.connect(self.world.database_url, autocommit=True) as conn:
-                waiting = {
-                    str(job_id)
-                    for (job_id,) in conn.execute(
-                        """SELECT job_id FROM analysis_jobs
-                            WHERE status = 'pending' AND capacity_wait_since IS NOT NULL AND capacity_token IS NULL"""
-                    ).fetchall()
-                }
+            waiting = await asyncio.to_thread(self._waiting_for_a_grant)
         except (grpc.aio.AioRpcError, psycopg.OperationalError):
             return  # a replica or PostgreSQL went away meanwhile: the next quiet period checks
+        if waiting != before:
+            self.model.checks["capacity positions moved"] += 1
+            return
         self.model.checks["capacity places"] += len(waiting)
         places = sorted(job.capacity_position for job in pending if job.job_id in waiting)
         if places != list(range(1, len(waiting) + 1)):
@@ -527,6 +527,13 @@ class Machine:
         shown = [job.job_id for job in pending if job.job_id not in waiting and job.capacity_position != 0]
         if shown:
             self.violate("capacity positions", f"jobs that do not wait for a grant show a place: {shown[:3]}", once=f"placed:{shown[:3]}")
+
+    def _waiting_for_a_grant(self) -> set[str]:
+        with psycopg.connect(self.world.database_url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT job_id FROM analysis_jobs WHERE status = 'pending' AND capacity_wait_since IS NOT NULL AND capacity_token IS NULL"
+            ).fetchall()
+        return {str(job_id) for (job_id,) in rows}
 
     # -- I13, at the end ---------------------------------------------------------------------------
 
