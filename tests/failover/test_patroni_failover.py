@@ -60,7 +60,10 @@ USERS = 20
 CALL_DEADLINE = 5.0
 JUDGING_SECONDS = 0.3
 PROBE_INTERVAL = 0.05
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+# What the contract tells a client to retry with the same key: UNAVAILABLE, a deadline, and ABORTED
+# CONFLICT (a repeat whose first try still holds the key's reservation, as a try stalled by the
+# failover does, waits half its deadline for it, then says so: docs/design.md, section 4, rule 3).
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED}
 TERMINAL = {S.JOB_STATUS_SUCCEEDED, S.JOB_STATUS_FAILED, S.JOB_STATUS_CANCELED}
 REPLICA_ENV = {
     "QUEUE_SWEEP_INTERVAL_SECONDS": "1",
@@ -182,8 +185,8 @@ async def _retrying(call: Any, attempts: int = 200) -> Any:
 
 
 async def user_loop(fleet: Fleet, route: str, user: str, record: Record, stop: asyncio.Event) -> None:
-    """Admits with a fresh idempotency key, retrying the same key on UNAVAILABLE (as the design
-    tells clients) until answered; then thinks a moment."""
+    """Admits with a fresh idempotency key, retrying the same key on UNAVAILABLE, a deadline or
+    ABORTED (as the design tells clients) until answered; then thinks a moment."""
     stubs = fleet.replicas[route].stubs
     while not stop.is_set():
         key = f"click-{uuid.uuid4().hex[:12]}"
