@@ -34,7 +34,6 @@ These answer the engine's rooms as their `FailoverGuard` (`engine/ports.py`).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
 import logging
@@ -47,7 +46,7 @@ from queue_service.config import Config, settings_of
 from queue_service.engine.core_adoption import RunAdoption, RunAdoptionSettings
 from queue_service.engine.forgotten_runs import ForgottenRuns, JobEnder
 from queue_service.engine.parts import SharedParts
-from queue_service.engine.tasks import BackgroundTasks
+from queue_service.engine.tasks import BackgroundTasks, each_at_most
 from queue_service.model import (
     ClaimedRelease,
     CoreRun,
@@ -286,20 +285,17 @@ class CoreReconciler:
     async def _settle_orphans(self, orphans: list[CoreRun]) -> list[str]:
         """Adopts or cancels the runs no job owns, a few at once; each one's outcome ("adopted",
         "lost", or "retry" when it could not be settled yet)."""
-        gate = asyncio.Semaphore(_ORPHANS_AT_ONCE)
-
-        async def settle(run: CoreRun) -> str:
-            async with gate:
-                try:
-                    return await self.settle_orphan(run)
-                except errors.QueueError as exc:
-                    log.warning("orphaned run %s not settled yet (%s); the next reconciliation retries", run.run_id, exc.message)
-                    return "retry"
-
+        outcomes: list[str] = []
         # Judging runs first: they do hold their users' slots at the core, so they take the
         # free ones, and a held run adopted after them waits behind (QUEUED), not in front.
-        outcomes = await asyncio.gather(*(settle(run) for run in orphans if run.fate is RunFate.JUDGING))
-        outcomes += await asyncio.gather(*(settle(run) for run in orphans if run.fate is not RunFate.JUDGING))
+        judging = [run for run in orphans if run.fate is RunFate.JUDGING]
+        held = [run for run in orphans if run.fate is not RunFate.JUDGING]
+        for runs in (judging, held):
+            for run, outcome in zip(runs, await each_at_most(_ORPHANS_AT_ONCE, runs, self.settle_orphan), strict=True):
+                if isinstance(outcome, errors.QueueError):
+                    log.warning("orphaned run %s not settled yet (%s); the next reconciliation retries", run.run_id, outcome.message)
+                    outcome = "retry"
+                outcomes.append(outcome)
         return outcomes
 
     async def _end_forgotten(self, runs: list[CoreRun], listed_after: dt.datetime | None, report: ReconcileReport) -> bool:

@@ -31,7 +31,6 @@ act on (her credits back, admit again, or an operator's RetryJob) is safer than 
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 import uuid
@@ -40,6 +39,7 @@ from typing import Protocol
 
 from queue_service import errors, telemetry
 from queue_service.core_client import CoreClient
+from queue_service.engine.tasks import each_at_most
 from queue_service.model import CoreRun, JobEnding, RunFate, Transition, UnlistedRun
 from queue_service.store import Store
 
@@ -89,17 +89,12 @@ class ForgottenRuns:
             )
         if not unlisted:
             return 0, False
-        gate = asyncio.Semaphore(_ASKED_AT_ONCE)
-
-        async def ask(job: UnlistedRun) -> bool:
-            async with gate:
-                try:
-                    return await self.end_if_forgotten(job)
-                except errors.QueueError as exc:
-                    log.warning("a job whose run the core did not list was not settled yet (%s); the next look retries", exc.message)
-                    return False
-
-        ended = sum(await asyncio.gather(*(ask(job) for job in unlisted)))
+        ended = 0
+        for outcome in await each_at_most(_ASKED_AT_ONCE, unlisted, self.end_if_forgotten):
+            if isinstance(outcome, errors.QueueError):
+                log.warning("a job whose run the core did not list was not settled yet (%s); the next look retries", outcome.message)
+            else:
+                ended += outcome
         return ended, len(unlisted) >= UNLISTED_PER_LISTING
 
     async def end_if_forgotten(self, job: UnlistedRun) -> bool:
