@@ -202,6 +202,9 @@ function headOf(job: Job, jobs: Map<string, Job>): Job | undefined {
 /** When a queued job should start: the estimate, unless it waits behind a release being retried
  * (then it may wait up to the release window, whatever the estimate says). */
 function StartsWhen({ job, jobs, now, held }: { job: Job; jobs: Map<string, Job>; now: number; held: Held }) {
+  // The core unreachable is the cause behind every other reason below (a run nobody can confirm,
+  // a release that cannot land): it is named first, as the running row names it first.
+  if (held === "core") return <Countdown at={undefined} now={now} held={held} />;
   const head = headOf(job, jobs);
   if (job.behindOverdueRun || (head !== undefined && head.runOverdue)) {
     // A run far longer than usual ahead: no countdown, since nothing confirms it will end.

@@ -97,7 +97,10 @@ test("with the core stopped, the Overview turns red in time, counts the admits t
   assert.match(await createRun.innerText(), /^CreateRun: [1-9]\d* unanswered in 5 min — (UNAVAILABLE|DEADLINE_EXCEEDED)/);
   await page.screenshot({ path: join(SHOTS, "core-health-unreachable.png"), fullPage: true });
 
-  // The User queue promises no start, and does not claim the run still runs.
+  // The User queue promises no start, and does not claim the run still runs. By now the first
+  // run may judge longer than the service calls overdue (the dev service here: 20 s); the page
+  // must still name the unreachable core, the cause, so the check waits for that crossing.
+  await until("the first run is overdue", async () => (await asWeb.getJob({ jobId: running.jobId })).job!.runOverdue, (overdue) => overdue);
   await page.goto("about:blank");
   await page.goto(`${CONSOLE_URL}#/users/${user}`);
   const waiting = page.locator(`[data-testid="queue-row"][data-job-id="${queued.jobId}"]`);
