@@ -12,14 +12,27 @@ import re
 from pathlib import Path
 
 SERVICE_ROOT = Path(__file__).resolve().parents[2] / "queue_service"
-SEAT_COLUMNS = ("capacity_wait_since", "capacity_token", "capacity_turn_key", "capacity_turn_before", "release_turn_attempt")
+SEAT_COLUMNS = (
+    "capacity_wait_since",
+    "capacity_token",
+    "capacity_turn_key",
+    "capacity_turn_before",
+    "release_turn_attempt",
+    # The release's fence and timer (since 0040).
+    "release_attempts",
+    "next_release_at",
+    "release_deadline",
+)
 _COLUMN = "|".join(SEAT_COLUMNS)
 # An assignment in an UPDATE's SET list (unqualified, after SET or a comma), a trigger's
 # `NEW.x :=`, or an INSERT naming the column.
-_SET = re.compile(rf"(?:\bSET|,)\s*(?P<column>{_COLUMN})\s*=(?!=)", re.IGNORECASE)
+_SET = re.compile(rf"(?:\bSET|,)\s*(?P<column>{_COLUMN})\s*=(?!=)\s*(?P<value>\w*)", re.IGNORECASE)
 _NEW = re.compile(rf"\bNEW\s*\.\s*(?P<column>{_COLUMN})\s*:=", re.IGNORECASE)
 _INSERT = re.compile(r"\bINSERT\s+INTO\s+(?:public\.)?analysis_jobs\s*\((?P<columns>[^)]*)\)", re.IGNORECASE)
 _TAKES_THE_ENTRY = "queue_seat_on_entry("
+# A value the seat computes, taken by the writer in its own statement (the exit from PENDING, a
+# cancel's due time): the seat decides it.
+_SEAT_VALUE = re.compile(r"queue_seat_\w+$", re.IGNORECASE)
 
 
 def _sources() -> list[Path]:
@@ -37,13 +50,15 @@ def _is_owner(path: Path) -> bool:
 
 def seat_writes(text: str) -> list[tuple[int, str]]:
     """Each write of a seat column in `text` (a SQL file, or Python holding SQL) as (line, column),
-    except in a statement that takes the seat from `queue_seat_on_entry`."""
+    except in a statement that takes the seat from `queue_seat_on_entry` and a value a seat
+    function computes (`SET next_release_at = queue_seat_on_exit()`)."""
     code = re.sub(r"--[^\n]*", lambda m: " " * len(m.group(0)), text)  # comments out, offsets kept
     found = []
     start = 0
     for statement in code.split(";"):
         if _TAKES_THE_ENTRY not in statement:
-            hits = [(m.start("column"), m.group("column")) for pattern in (_SET, _NEW) for m in pattern.finditer(statement)]
+            hits = [(m.start("column"), m.group("column")) for m in _NEW.finditer(statement)]
+            hits += [(m.start("column"), m.group("column")) for m in _SET.finditer(statement) if not _SEAT_VALUE.match(m.group("value"))]
             for insert in _INSERT.finditer(statement):
                 named = {c.strip().lower() for c in insert.group("columns").split(",")}
                 hits += [(insert.start(), column) for column in SEAT_COLUMNS if column in named]
@@ -91,6 +106,12 @@ def test_the_scan_catches_each_kind_of_write_and_passes_reads() -> None:
     assert seat_writes("SELECT 1 FROM analysis_jobs h WHERE h.capacity_token = s AND capacity_wait_since IS NULL;") == []
     assert seat_writes("UPDATE analysis_jobs SET x = CASE WHEN release_attempts = release_turn_attempt THEN 1 END;") == []
     assert seat_writes("-- SET capacity_token = NULL\nSELECT 1;") == []
+    # The release's fence and timer are the seat's too; a value the seat computes is its own.
+    assert seat_writes("UPDATE analysis_jobs SET release_attempts = release_attempts + 1, next_release_at = now();") == [
+        (1, "next_release_at"),
+        (1, "release_attempts"),
+    ]
+    assert seat_writes("UPDATE analysis_jobs SET status = 'running', next_release_at = queue_seat_on_exit();") == []
     # The statement creating a PENDING row takes the seat from its owner.
     assert (
         seat_writes(

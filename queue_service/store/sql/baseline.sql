@@ -8,7 +8,7 @@
 -- fails while it is stale). The runner's own tables, queue_schema_migrations and
 -- queue_schema_functions, it creates itself. In the order it applies in: extensions, types,
 -- sequences, tables (with their indexes), rows; each sorted by name.
--- Stands for migrations 0001-0039.
+-- Stands for migrations 0001-0040.
 -- Dumped on PostgreSQL 18.
 
 CREATE SEQUENCE analysis_jobs_queue_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;

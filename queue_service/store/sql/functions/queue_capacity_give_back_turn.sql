@@ -8,6 +8,7 @@
 --   waiting jobs then wait from her latest turn.
 -- * 0039 (the capacity seat's one owner): The waiting jobs' turn keys are queue_seat_turn_keys';
 --   the user's turn stays here.
+-- * 0040 (the seat's release fence and timer): queue_seat_wait_from_latest_turn's.
 
 CREATE OR REPLACE FUNCTION public.queue_capacity_give_back_turn(p_user_id text, p_turn_before timestamp with time zone, p_turn_granted timestamp with time zone)
  RETURNS void
@@ -23,6 +24,6 @@ BEGIN
          WHERE t.user_id = p_user_id AND t.last_turn_at = p_turn_granted;
     END IF;
     SELECT t.last_turn_at INTO v_turn_now FROM user_capacity_turns t WHERE t.user_id = p_user_id;
-    PERFORM queue_seat_turn_keys(p_user_id, v_turn_now, false);
+    PERFORM queue_seat_wait_from_latest_turn(p_user_id, v_turn_now);
 END
 $function$;

@@ -14,6 +14,9 @@
 --   records who asked (`canceled_by`, the ending's actor) unless the recorded intent named them
 --   already: the sweeper that ends a waiting job for its user is not the one who canceled it.
 
+-- * 0040 (the seat's release fence and timer): the ended job's release timer is cleared with the
+--   value queue_seat_on_exit gives.
+
 CREATE OR REPLACE FUNCTION public.queue_end_job(p_job_id uuid, p_status text, p_from_statuses text[], p_last_error text, p_expected_attempts integer, p_run_unsettled boolean, p_refund boolean, p_actor text, p_reason text, p_default_max_active integer, p_release_window_seconds double precision, p_lease_seconds double precision)
  RETURNS TABLE(row_kind text, out_job_id uuid, out_user_id text, out_run_id uuid, out_status text, out_delta_of_job_id uuid, out_run_unsettled boolean, out_refunded integer)
  LANGUAGE plpgsql
@@ -25,7 +28,7 @@ BEGIN
        SET status = p_status,
            end_time = clock_timestamp(),
            last_error = CASE WHEN p_last_error <> '' THEN p_last_error ELSE a.last_error END,
-           next_release_at = NULL,
+           next_release_at = queue_seat_on_exit(),
            next_reconcile_at = NULL,
            run_settle_due_at = CASE WHEN p_run_unsettled THEN clock_timestamp() END,
            canceled_by = CASE WHEN p_status = 'canceled' AND p_reason = 'cancel' THEN COALESCE(a.canceled_by, p_actor)

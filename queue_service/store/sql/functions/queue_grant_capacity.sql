@@ -30,6 +30,7 @@
 --   each grant read them all.
 -- * 0039 (the capacity seat's one owner): The seat's hand-over is queue_seat_grant's, the user's
 --   other waiting jobs moved behind by queue_seat_turn_keys; the loop and the fair order stay here.
+-- * 0040 (the seat's release fence and timer): that move is queue_seat_wait_behind_turn.
 
 CREATE OR REPLACE FUNCTION public.queue_grant_capacity(p_lease_seconds double precision, p_release_window_seconds double precision, p_probe_interval_seconds double precision, p_max_grants integer)
  RETURNS TABLE(row_kind text, job_id uuid, user_id text, run_id uuid, release_attempts integer, waited_seconds double precision, probe boolean, limited boolean, in_use integer, capacity_limit integer, cancel_requested boolean)
@@ -70,7 +71,7 @@ BEGIN
         INSERT INTO user_capacity_turns AS t (user_id, last_turn_at) VALUES (v_job.user_id, v_now)
         ON CONFLICT ON CONSTRAINT user_capacity_turns_pkey DO UPDATE SET last_turn_at = EXCLUDED.last_turn_at;
         -- Her other waiting jobs (several slots, re-checks) wait behind every user waiting now.
-        PERFORM queue_seat_turn_keys(v_job.user_id, v_now, true);
+        PERFORM queue_seat_wait_behind_turn(v_job.user_id, v_now);
         v_in_use := v_in_use + 1;
         v_granted := v_granted + 1;
         RETURN QUERY SELECT 'granted'::text, v_job.job_id, v_job.user_id, v_job.run_id, v_job.release_attempts,

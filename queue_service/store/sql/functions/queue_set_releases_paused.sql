@@ -15,6 +15,8 @@
 --   four-argument overload (replicas of the previous version) resumes them too, their windows as
 --   they were.
 
+-- * 0040 (the seat's release fence and timer): the resume's due retries are queue_seat_resume's.
+
 CREATE OR REPLACE FUNCTION public.queue_set_releases_paused(p_user_id text, p_paused boolean, p_actor text, p_note text, p_release_window_seconds double precision)
  RETURNS TABLE(row_kind text, change_id bigint, setting text, user_id text, old_value integer, new_value integer, actor text, create_time timestamptz, note text)
  LANGUAGE plpgsql
@@ -31,14 +33,7 @@ BEGIN
     END IF;
     IF NOT p_paused THEN
         -- The retries the pause held (their runs may judge: they kept their capacity) are due now.
-        UPDATE analysis_jobs j
-           SET next_release_at = clock_timestamp(),
-               release_deadline = GREATEST(j.release_deadline,
-                                           clock_timestamp() + make_interval(secs => p_release_window_seconds))
-         WHERE j.status = 'pending' AND j.next_release_at IS NULL
-           AND (j.capacity_wait_since IS NULL OR j.capacity_token IS NOT NULL)
-           AND (p_user_id = '' OR j.user_id = p_user_id)
-           AND NOT queue_releases_paused(j.user_id);
+        PERFORM queue_seat_resume(p_user_id, p_release_window_seconds);
     END IF;
     RETURN QUERY
     INSERT INTO queue_setting_changes AS c (setting, user_id, old_value, new_value, actor, note)

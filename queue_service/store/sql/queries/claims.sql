@@ -99,20 +99,19 @@ SELECT h.job_id, h.waits_again
 -- Claims pending jobs due for release, skipping rows another replica is claiming, and reserves
 -- them for this replica for the lease (pushes next_release_at ahead, counts the attempt). A job
 -- whose user asked to cancel it (`cancel_requested`) is canceled instead of released. A due job
--- whose releases are paused is left to `hold_paused_due_releases`, run first.
-UPDATE analysis_jobs j
-   SET release_attempts = j.release_attempts + 1,
-       next_release_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
-  FROM (SELECT job_id FROM analysis_jobs
-         WHERE status = 'pending' AND next_release_at <= clock_timestamp()
-           AND (NOT EXISTS (SELECT 1 FROM queue_release_pauses) OR cancel_requested_at IS NOT NULL
-                OR NOT queue_releases_paused(user_id))
-         ORDER BY next_release_at
-         LIMIT %(batch_size)s
-         FOR UPDATE SKIP LOCKED) AS due
- WHERE j.job_id = due.job_id
-RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested,
-          (SELECT queue_history_reconciled()) AS history_reconciled, j.delta_of_job_id IS NOT NULL AS delta;
+-- whose releases are paused is left to `hold_paused_due_releases`, run first. The claim itself is
+-- the seat's (functions/queue_seat_claim.sql).
+SELECT c.job_id, c.user_id, c.run_id, c.release_attempts, c.cancel_requested,
+       (SELECT queue_history_reconciled()) AS history_reconciled, c.delta
+  FROM queue_seat_claim(
+           ARRAY(SELECT job_id FROM analysis_jobs
+                  WHERE status = 'pending' AND next_release_at <= clock_timestamp()
+                    AND (NOT EXISTS (SELECT 1 FROM queue_release_pauses) OR cancel_requested_at IS NOT NULL
+                         OR NOT queue_releases_paused(user_id))
+                  ORDER BY next_release_at
+                  LIMIT %(batch_size)s
+                  FOR UPDATE SKIP LOCKED),
+           %(lease_seconds)s) AS c;
 
 -- name: run_owner
 -- The user whose job owns a run (a job's user never changes); no row when no job owns it.
@@ -145,17 +144,15 @@ SELECT queue_seat_wait(%(job_ids)s::uuid[]) AS waiting;
 -- Claims one pending job for an immediate release attempt (the Release RPC), unless another
 -- replica holds it right now, it waits for the core's capacity (only a grant releases it) or its
 -- releases are paused; as `claim_due_releases`, with its `cancel_requested`.
-UPDATE analysis_jobs j
-   SET release_attempts = j.release_attempts + 1,
-       next_release_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
-  FROM (SELECT job_id FROM analysis_jobs
-         WHERE job_id = %(job_id)s AND status = 'pending'
-           AND NOT (capacity_wait_since IS NOT NULL AND capacity_token IS NULL)  -- waits for capacity
-           AND (cancel_requested_at IS NOT NULL OR NOT queue_releases_paused(user_id))
-         FOR UPDATE SKIP LOCKED) AS target
- WHERE j.job_id = target.job_id
-RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested,
-          (SELECT queue_history_reconciled()) AS history_reconciled, j.delta_of_job_id IS NOT NULL AS delta;
+SELECT c.job_id, c.user_id, c.run_id, c.release_attempts, c.cancel_requested,
+       (SELECT queue_history_reconciled()) AS history_reconciled, c.delta
+  FROM queue_seat_claim(
+           ARRAY(SELECT job_id FROM analysis_jobs
+                  WHERE job_id = %(job_id)s AND status = 'pending'
+                    AND NOT (capacity_wait_since IS NOT NULL AND capacity_token IS NULL)  -- waits for capacity
+                    AND (cancel_requested_at IS NOT NULL OR NOT queue_releases_paused(user_id))
+                  FOR UPDATE SKIP LOCKED),
+           %(lease_seconds)s) AS c;
 
 -- name: mark_released
 -- The core accepted these releases: each job is RUNNING (fenced by the attempt that released it).
@@ -172,7 +169,7 @@ RETURNING j.job_id, j.user_id, j.run_id, j.release_attempts, j.cancel_requested_
 UPDATE analysis_jobs j
    SET status = 'running',
        start_time = clock_timestamp(),
-       next_release_at = NULL,
+       next_release_at = queue_seat_on_exit(),
        last_error = '',
        next_reconcile_at = clock_timestamp() + make_interval(secs => %(reconcile_after_seconds)s)
   FROM unnest((SELECT %(job_ids)s::uuid[]), (SELECT %(attempts)s::integer[])) AS released(job_id, attempt)

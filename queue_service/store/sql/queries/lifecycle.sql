@@ -66,13 +66,10 @@ UPDATE analysis_jobs
        next_reconcile_at = CASE WHEN status = 'running'
                                 THEN LEAST(next_reconcile_at, clock_timestamp() + make_interval(secs => %(cancel_recheck_seconds)s))
                            END,
-       -- A PENDING job whose retry a pause holds (`claim_due_releases`: the core may judge its
-       -- run) is due again after the recheck, so an unanswered cancel reaches the core anyway.
-       next_release_at = CASE WHEN status = 'pending' AND next_release_at IS NULL
-                                   AND (capacity_wait_since IS NULL OR capacity_token IS NOT NULL)
-                              THEN clock_timestamp() + make_interval(secs => %(cancel_recheck_seconds)s)
-                              ELSE next_release_at
-                         END
+       -- A PENDING job whose retry a pause holds is due again after the recheck, so an
+       -- unanswered cancel reaches the core anyway (functions/queue_seat_due_for_cancel.sql).
+       next_release_at = queue_seat_due_for_cancel(status, next_release_at, capacity_wait_since, capacity_token,
+                                                   %(cancel_recheck_seconds)s)
  WHERE job_id = %(job_id)s AND status IN ('pending', 'running')
 RETURNING job_id;
 
