@@ -12,14 +12,15 @@
 --   that each step filters by, not joined in each step. Joined, the planner hashed every waiting
 --   job against the pauses whenever it guessed the pauses table big (a table never analyzed, as an
 --   empty one stays, is guessed at 610 rows), then sorted them: every grant read every waiting job.
+-- * Text only, no migration (after 0040): each step of the walk is queue_capacity_waiting_after's,
+--   the four spellings of it there; the walk and the choice stay here.
 
 CREATE OR REPLACE FUNCTION public.queue_capacity_first_waiting(p_deltas_only boolean, p_skipped uuid[], p_rank_to_beat integer)
  RETURNS TABLE(job_id uuid, runs_in_use integer)
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    v_job_id uuid;
-    v_user_id text;
+    v_step record;
     v_key timestamptz;
     v_wait timestamptz;
     v_seq bigint;
@@ -30,51 +31,14 @@ BEGIN
     job_id := NULL;
     runs_in_use := p_rank_to_beat;
     LOOP
-        -- The next waiting job after (v_key, v_wait, v_seq) in turn order, each query spelled so
-        -- that its partial index serves it.
-        IF p_deltas_only AND v_job_id IS NULL THEN
-            SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
-              INTO v_job_id, v_user_id, v_key, v_wait, v_seq
-              FROM analysis_jobs w
-             WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
-               AND w.delta_of_job_id IS NOT NULL AND w.job_id <> ALL (p_skipped)
-               AND w.user_id <> ALL (v_paused)
-             ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
-             LIMIT 1;
-        ELSIF p_deltas_only THEN
-            SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
-              INTO v_job_id, v_user_id, v_key, v_wait, v_seq
-              FROM analysis_jobs w
-             WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
-               AND w.delta_of_job_id IS NOT NULL AND w.job_id <> ALL (p_skipped)
-               AND w.user_id <> ALL (v_paused)
-               AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq) > (v_key, v_wait, v_seq)
-             ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
-             LIMIT 1;
-        ELSIF v_job_id IS NULL THEN
-            SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
-              INTO v_job_id, v_user_id, v_key, v_wait, v_seq
-              FROM analysis_jobs w
-             WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
-               AND w.job_id <> ALL (p_skipped)
-               AND w.user_id <> ALL (v_paused)
-             ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
-             LIMIT 1;
-        ELSE
-            SELECT w.job_id, w.user_id, w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
-              INTO v_job_id, v_user_id, v_key, v_wait, v_seq
-              FROM analysis_jobs w
-             WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
-               AND w.job_id <> ALL (p_skipped)
-               AND w.user_id <> ALL (v_paused)
-               AND (w.capacity_turn_key, w.capacity_wait_since, w.queue_seq) > (v_key, v_wait, v_seq)
-             ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq
-             LIMIT 1;
-        END IF;
-        EXIT WHEN NOT FOUND;
-        v_rank := queue_capacity_in_use_of_user(v_user_id);
+        SELECT * INTO v_step FROM queue_capacity_waiting_after(p_deltas_only, p_skipped, v_paused, v_key, v_wait, v_seq);
+        EXIT WHEN v_step.job_id IS NULL;
+        v_key := v_step.turn_key;
+        v_wait := v_step.wait_since;
+        v_seq := v_step.queue_seq;
+        v_rank := queue_capacity_in_use_of_user(v_step.user_id);
         IF runs_in_use IS NULL OR v_rank < runs_in_use THEN
-            job_id := v_job_id;
+            job_id := v_step.job_id;
             runs_in_use := v_rank;
         END IF;
         EXIT WHEN v_rank = 0;
