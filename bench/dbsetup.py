@@ -101,11 +101,11 @@ def load_history(
                                     AS created) AS t
                  ORDER BY g
                  RETURNING job_id, document_uri, document_title, substr(idempotency_key, 9)::bigint AS g)
-                INSERT INTO analysis_job_search_keys (job_id, document_uri, source_dois, title_words)
-                SELECT job_id, document_uri,
-                       ARRAY['10.5555/p' || (g %% 200000), '10.5555/p' || ((g * 7 + 3) %% 200000), '10.5555/c' || (g %% 1000)],
-                       to_tsvector('simple', document_title)
-                  FROM history
+                INSERT INTO analysis_job_search_keys (job_id, document_uri, source_dois, source_doi_buckets, title_words)
+                SELECT job_id, document_uri, d.dois, queue_doi_search_buckets(d.dois), to_tsvector('simple', document_title)
+                  FROM history,
+                       LATERAL (SELECT ARRAY['10.5555/p' || (g %% 200000), '10.5555/p' || ((g * 7 + 3) %% 200000),
+                                             '10.5555/c' || (g %% 1000)] AS dois) AS d
                 """,
                 {
                     "prefix": user_prefix,

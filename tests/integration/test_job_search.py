@@ -4,6 +4,7 @@ search kept after the sources are pruned, bulk cancel by the same filter, and pr
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 
 import grpc
@@ -135,3 +136,31 @@ async def test_search_fields_too_long_or_empty_after_trimming_are_invalid_argume
         code, reason, _, violations = error_info(raised.value)
         assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST")
         assert violations[0][0] == f"filter.{field}" and problem in violations[0][1], violations
+
+
+def _doi_bucket(doi: str) -> int:
+    """The bucket of a DOI's search key, as functions/queue_doi_search_buckets.sql computes it."""
+    return int(hashlib.md5(doi.lower().encode()).hexdigest()[:4], 16) % 16384
+
+
+async def test_a_search_by_doi_finds_the_jobs_citing_it_not_those_citing_another_doi_of_its_bucket(service, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    """The search by DOI reads the jobs in the DOI's bucket (a bounded index, migration 0041) and
+    keeps those that cite the DOI itself: a job citing another DOI of the same bucket is not found,
+    and the database computes the buckets as stated here."""
+    operator = op_grpc.OperatorServiceStub(service.stubs.channel)
+    user = new_user()
+    await service.stubs.grant(user, 3)
+    mark = uuid.uuid4().hex[:10]
+    wanted = f"10.5555/{mark}.wanted"
+    neighbour = next(d for d in (f"10.5555/{mark}.n{i}" for i in range(1_000_000)) if _doi_bucket(d) == _doi_bucket(wanted))
+    citing = await _admit(service, user, uri=f"s3://buckets-{mark}/a.pdf", title="Citing", dois=[wanted, "10.5555/other"])
+    beside = await _admit(service, user, uri=f"s3://buckets-{mark}/b.pdf", title="Beside", dois=[neighbour])
+    with psycopg.connect(database_url) as conn:
+        buckets = conn.execute(
+            "SELECT job_id::text, source_doi_buckets FROM analysis_job_search_keys WHERE job_id = ANY(%s::uuid[])",
+            ([citing.job_id, beside.job_id],),
+        ).fetchall()
+    assert dict(buckets)[beside.job_id] == [_doi_bucket(neighbour)]
+    assert _doi_bucket(wanted) in dict(buckets)[citing.job_id]
+    assert await _search_all(operator, op_pb2.JobFilter(source_doi=wanted)) == [citing.job_id]
+    assert await _search_all(operator, op_pb2.JobFilter(source_doi=neighbour.upper())) == [beside.job_id]

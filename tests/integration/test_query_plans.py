@@ -195,7 +195,7 @@ def test_the_ledger_of_one_actor_is_read_off_its_index(database_url: str) -> Non
 
 
 _SEARCHES_IN_INPUTS = {
-    "search_job_views_by_source_doi": ("analysis_job_search_keys_by_source_doi", {"source_doi": "10.5555/p77"}),
+    "search_job_views_by_source_doi": ("analysis_job_search_keys_by_source_doi_bucket", {"source_doi": "10.5555/p77"}),
     "search_job_views_by_title_words": ("analysis_job_search_keys_by_title_words", {"title_words": "topic3 TOPIC4"}),
     "search_job_views_by_document_uri": ("analysis_job_search_keys_by_document_uri", {"document_uri_prefix": "s3://plans/u7/"}),
 }

@@ -381,3 +381,66 @@ async def test_a_pruned_job_at_the_largest_inputs_keeps_no_more_than_the_stated_
         for source, matched in ((request.sources[9], [job.job_id]), (request.sources[10], [])):
             search = op_pb2.SearchJobsRequest(filter=op_pb2.JobFilter(source_doi=source.doi))
             assert [j.job_id for j in (await operator.SearchJobs(search, timeout=10)).jobs] == matched
+
+
+# What the audit trail keeps of a job for good (its charge and refund in the ledger, with their
+# indexes): the one part of the database meant to grow with every job (docs/security.md).
+AUDIT_BYTES_PER_JOB = 1_000
+# What the relations may still take while their free space settles (a page here and there, the
+# DOI search's buckets filling: at most 16 384 entries, functions/queue_doi_search_buckets.sql).
+SETTLING_BYTES = 768 * 1024
+
+
+def _database_bytes_vacuumed(database_url: str) -> int:
+    """The whole database's size after a plain VACUUM, as autovacuum leaves it in service: space
+    freed is reused by later rows only where the relation's kind reuses it."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("VACUUM")
+        row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _many_new_dois_admit(user: str, rng: random.Random) -> queue_service_pb2.AdmitRequest:
+    """An admit citing as many DOIs as validation accepts, each new to the database and long, so
+    whatever keeps a pruned DOI somewhere shows in megabytes."""
+    stem = "10.1234/" + "x" * (validation.MAX_DOI_BYTES - len("10.1234/") - 16)
+    sources = [job_pb2.Source(doi=f"{stem}{rng.getrandbits(64):016x}") for _ in range(validation.MAX_SOURCES)]
+    return queue_service_pb2.AdmitRequest(
+        user_id=user,
+        idempotency_key=uuid.uuid4().hex,
+        document=job_pb2.Document(uri=f"s3://turnover/{uuid.uuid4()}.pdf", title="Turnover"),
+        sources=sources,
+    )
+
+
+async def test_the_database_stops_growing_once_pruned_jobs_turn_over_at_a_constant_count(services, database_url: str) -> None:
+    """Rounds of jobs citing 1 000 new DOIs each, admitted, ended and pruned: once the pruning
+    reached its steady state, the whole database (not compacted: plain VACUUM, as in service)
+    grows by no more than the audit trail's bytes per job. Over the DOIs themselves, the search's
+    GIN index kept an entry for every DOI ever admitted (a GIN index never removes a key), and
+    the database grew by megabytes a round with as many jobs kept."""
+    service = await services.start(job_inputs_retention_seconds=0.5, job_retention_seconds=1.0)
+    user = new_user()
+    jobs, rounds, steady_from = 8, 6, 2
+    await service.stubs.grant(user, jobs * rounds)
+    rng = random.Random(52)
+    sizes = []
+    for _ in range(rounds):
+        ended = []
+        for _ in range(jobs):
+            job = (await _retrying(service.stubs.queue.Admit, _many_new_dois_admit(user, rng))).job
+            await _retrying(service.stubs.queue.CancelJob, queue_service_pb2.CancelJobRequest(job_id=job.job_id, user_id=user))
+            ended.append(job.job_id)
+        await asyncio.to_thread(_admitted_earlier, database_url, *ended, ended_too=True)
+
+        async def pruned(job_ids: list[str] = ended) -> bool:
+            await service.app.sweeper.sweep_once()
+            return all([await asyncio.to_thread(_job_row, database_url, job_id) is None for job_id in job_ids])
+
+        await until(pruned, within=60, what="the round's jobs pruned", every=0.2)
+        sizes.append(await asyncio.to_thread(_database_bytes_vacuumed, database_url))
+    print("database bytes after each round:", sizes)
+    growth = sizes[-1] - sizes[steady_from - 1]
+    allowed = jobs * (rounds - steady_from) * AUDIT_BYTES_PER_JOB + SETTLING_BYTES
+    assert growth <= allowed, f"the database grew {growth} bytes over {rounds - steady_from} rounds of pruned jobs: {sizes}"

@@ -8,7 +8,7 @@
 -- fails while it is stale). The runner's own tables, queue_schema_migrations and
 -- queue_schema_functions, it creates itself. In the order it applies in: extensions, types,
 -- sequences, tables (with their indexes), rows; each sorted by name.
--- Stands for migrations 0001-0040.
+-- Stands for migrations 0001-0041.
 -- Dumped on PostgreSQL 18.
 
 CREATE SEQUENCE analysis_jobs_queue_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
@@ -26,14 +26,15 @@ CREATE TABLE analysis_job_feed (
 CREATE INDEX analysis_job_feed_by_xid ON analysis_job_feed USING btree (xid);
 
 CREATE TABLE analysis_job_search_keys (
-    job_id       uuid NOT NULL,
-    document_uri text,
-    source_dois  text[] NOT NULL,
-    title_words  tsvector NOT NULL,
+    job_id             uuid NOT NULL,
+    document_uri       text,
+    source_dois        text[] NOT NULL,
+    title_words        tsvector NOT NULL,
+    source_doi_buckets integer[] DEFAULT '{}'::integer[] NOT NULL,
     CONSTRAINT analysis_job_search_keys_pkey PRIMARY KEY (job_id)
 );
 CREATE INDEX analysis_job_search_keys_by_document_uri ON analysis_job_search_keys USING btree (document_uri COLLATE "C");
-CREATE INDEX analysis_job_search_keys_by_source_doi ON analysis_job_search_keys USING gin (source_dois);
+CREATE INDEX analysis_job_search_keys_by_source_doi_bucket ON analysis_job_search_keys USING gin (source_doi_buckets);
 CREATE INDEX analysis_job_search_keys_by_title_words ON analysis_job_search_keys USING gin (title_words);
 
 CREATE TABLE analysis_jobs (

@@ -12,17 +12,19 @@
 --   are pruned, `analysis_jobs_trim_search_keys` cuts them to its preview's (first 10 sources).
 -- * 0036: each DOI as `queue_doi_search_key` writes it (lowercased, without the characters that
 --   show as nothing), so a DOI stored before the service refused those is found as it reads.
+-- * 0041: with the DOIs' buckets (queue_doi_search_buckets), which the search by DOI's index reads.
 
 CREATE OR REPLACE FUNCTION public.analysis_jobs_keep_search_keys()
  RETURNS trigger
  LANGUAGE plpgsql
 AS $function$
+DECLARE
+    v_dois text[] := ARRAY(SELECT DISTINCT queue_doi_search_key(s.e->>'doi')
+                             FROM jsonb_array_elements(COALESCE(NEW.sources, '[]'::jsonb)) AS s(e)
+                            WHERE COALESCE(queue_doi_search_key(s.e->>'doi'), '') <> '');
 BEGIN
-    INSERT INTO analysis_job_search_keys (job_id, document_uri, source_dois, title_words)
-    VALUES (NEW.job_id, NEW.document_uri,
-            ARRAY(SELECT DISTINCT queue_doi_search_key(s.e->>'doi')
-                    FROM jsonb_array_elements(COALESCE(NEW.sources, '[]'::jsonb)) AS s(e)
-                   WHERE COALESCE(queue_doi_search_key(s.e->>'doi'), '') <> ''),
+    INSERT INTO analysis_job_search_keys (job_id, document_uri, source_dois, source_doi_buckets, title_words)
+    VALUES (NEW.job_id, NEW.document_uri, v_dois, queue_doi_search_buckets(v_dois),
             to_tsvector('simple'::regconfig, COALESCE(NEW.document_title, '')));
     RETURN NULL;
 END

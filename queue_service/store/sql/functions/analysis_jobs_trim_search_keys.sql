@@ -11,6 +11,7 @@
 --   jobs pruned before it. Fires only on an UPDATE that sets `sources` (the pruner's): the job's
 --   other updates, at every step of its life, never name it.
 -- * 0036: each DOI as `queue_doi_search_key` writes it, as `analysis_jobs_keep_search_keys` does.
+-- * 0041: the DOIs' buckets (queue_doi_search_buckets) cut with them.
 
 CREATE OR REPLACE FUNCTION public.analysis_jobs_trim_search_keys()
  RETURNS trigger
@@ -22,7 +23,8 @@ DECLARE
                                WHERE COALESCE(queue_doi_search_key(s.e->>'doi'), '') <> '');
 BEGIN
     UPDATE analysis_job_search_keys
-       SET source_dois = kept_dois
+       SET source_dois = kept_dois,
+           source_doi_buckets = queue_doi_search_buckets(kept_dois)
      WHERE job_id = NEW.job_id AND source_dois IS DISTINCT FROM kept_dois;
     RETURN NULL;
 END

@@ -58,11 +58,14 @@ SELECT * FROM analysis_job_views
  LIMIT %(limit)s
 
 -- name: search_job_views_by_source_doi
--- One page of the job search among the jobs citing a DOI (`analysis_job_search_keys_by_source_doi`,
--- migration 0029: few jobs cite one DOI, so all are read, narrowed and sorted), then the page's views.
+-- One page of the job search among the jobs citing a DOI: those in the DOI's bucket
+-- (`analysis_job_search_keys_by_source_doi_bucket`, migration 0041, functions/queue_doi_search_buckets.sql),
+-- of which those holding the DOI: few jobs cite one DOI, so all are read, narrowed and sorted;
+-- then the page's views.
 SELECT v.* FROM analysis_job_views v
  WHERE v.job_id IN (SELECT j.job_id FROM analysis_job_search_keys k JOIN analysis_jobs j ON j.job_id = k.job_id
-                     WHERE k.source_dois @> ARRAY[%(source_doi)s::text]
+                     WHERE k.source_doi_buckets @> queue_doi_search_buckets(ARRAY[%(source_doi)s::text])
+                       AND k.source_dois @> ARRAY[%(source_doi)s::text]
 -- include: job_search_narrowing
                    )
  ORDER BY v.create_time DESC, v.job_id DESC;
