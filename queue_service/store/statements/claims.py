@@ -38,12 +38,11 @@ class ClaimStatements(StatementRunner):
     """Claims of every kind, what their attempts record, and their next attempts."""
 
     async def claim_due_releases(self, *, lease_seconds: float, batch_size: int) -> list[ClaimedRelease]:
-        # The due releases a pause holds are taken out first; the claim passes them over.
-        held = await self._all("hold_paused_due_releases", {"batch_size": batch_size})
+        # The due releases a pause holds are taken out first (rows of kind 'held'), in the same call.
         rows = await self._all("claim_due_releases", {"lease_seconds": float(lease_seconds), "batch_size": batch_size})
-        if rows or held:
+        if rows:
             self._committed()
-        return [from_row.claimed_release(row) for row in rows]
+        return [from_row.claimed_release(row) for row in rows if row["row_kind"] == "claimed"]
 
     async def claim_release_of_job(self, *, job_id: uuid.UUID, lease_seconds: float) -> ClaimedRelease | None:
         row = await self._one("claim_release_of_job", {"job_id": job_id, "lease_seconds": float(lease_seconds)})

@@ -7,7 +7,7 @@
 -- turn (its grant's, or the first of all: `release_turn_attempt`) follows no release since the job
 -- last waited: the job goes back to waiting for a grant, its capacity given back. A later attempt
 -- follows one the core may have applied: the job keeps its capacity and its retry is held, as
--- `hold_paused_due_releases` holds one (functions/queue_seat_hold_for_pause.sql). Fenced by the attempt; the job's id and whether it waits again
+-- `claim_due_releases` holds one (functions/queue_seat_hold_for_pause.sql). Fenced by the attempt; the job's id and whether it waits again
 -- when held, no row when its releases are not paused (or the attempt was overtaken).
 SELECT h.job_id, h.waits_again
   FROM queue_seat_hold_for_pause(

@@ -75,43 +75,15 @@ SELECT EXISTS (SELECT 1 FROM run_reservations
 -- Whether the run was a failed admit's, confirmed settled at the core.
 SELECT EXISTS (SELECT 1 FROM run_reservations WHERE run_id = %(run_id)s AND settled_at IS NOT NULL) AS abandoned;
 
--- name: hold_paused_due_releases
--- Due releases a pause holds, taken out of the claim before it runs (`claim_due_releases`): a due
--- job whose releases are paused (functions/queue_releases_paused.sql: a retry or a lease that fell
--- due during the pause) is not claimed. A pause holds releases, never the count: one whose due
--- attempt would still follow no release since it last waited goes back to waiting for a grant;
--- any other keeps its place in what is in use and only its retry is held
--- (functions/queue_seat_hold_for_pause.sql), until the resume makes it due
--- (functions/queue_set_releases_paused.sql) or a cancel asks for it (`record_cancel_request`).
--- Neither runs a release window. With no pause in force (the usual case) a one-time filter:
--- nothing is scanned. The jobs held.
-SELECT h.job_id, h.waits_again
-  FROM queue_seat_hold_for_pause(
-           ARRAY(SELECT job_id FROM analysis_jobs
-                  WHERE EXISTS (SELECT 1 FROM queue_release_pauses)
-                    AND status = 'pending' AND next_release_at <= clock_timestamp()
-                    AND cancel_requested_at IS NULL AND queue_releases_paused(user_id)
-                  LIMIT %(batch_size)s
-                  FOR UPDATE SKIP LOCKED),
-           false) AS h;
-
 -- name: claim_due_releases
 -- Claims pending jobs due for release, skipping rows another replica is claiming, and reserves
 -- them for this replica for the lease (pushes next_release_at ahead, counts the attempt). A job
--- whose user asked to cancel it (`cancel_requested`) is canceled instead of released. A due job
--- whose releases are paused is left to `hold_paused_due_releases`, run first. The claim itself is
--- the seat's (functions/queue_seat_claim.sql).
-SELECT c.job_id, c.user_id, c.run_id, c.release_attempts, c.cancel_requested,
+-- whose user asked to cancel it (`cancel_requested`) is canceled instead of released. Due jobs a
+-- pause holds are taken out first, in the same call (functions/queue_seat_claim_due.sql): a
+-- pause holds releases, never the count. Rows of kind 'held' (a job held) and 'claimed'.
+SELECT c.row_kind, c.job_id, c.user_id, c.run_id, c.release_attempts, c.cancel_requested,
        (SELECT queue_history_reconciled()) AS history_reconciled, c.delta
-  FROM queue_seat_claim(
-           ARRAY(SELECT job_id FROM analysis_jobs
-                  WHERE status = 'pending' AND next_release_at <= clock_timestamp()
-                    AND (NOT EXISTS (SELECT 1 FROM queue_release_pauses) OR cancel_requested_at IS NOT NULL
-                         OR NOT queue_releases_paused(user_id))
-                  ORDER BY next_release_at
-                  LIMIT %(batch_size)s
-                  FOR UPDATE SKIP LOCKED),
-           %(lease_seconds)s) AS c;
+  FROM queue_seat_claim_due(%(batch_size)s, %(lease_seconds)s) AS c;
 
 -- name: run_owner
 -- The user whose job owns a run (a job's user never changes); no row when no job owns it.
