@@ -60,6 +60,9 @@ ASKED_FOR = {
     ("cancel", "JOB_ALREADY_FINISHED"),
     # A re-check of a job she saw succeed, pruned since (an hour after its admit, at the soak's retention).
     ("delta", "DELTA_BASE_NOT_FOUND"),
+    ("delta_burst", "DELTA_BASE_NOT_FOUND"),
+    # A cancel of a job she last saw active, ended and pruned since her last look.
+    ("cancel", "JOB_NOT_FOUND"),
 }
 ACTIVE = {job_pb2.JOB_STATUS_QUEUED, job_pb2.JOB_STATUS_PENDING, job_pb2.JOB_STATUS_RUNNING}
 RETRYABLE = {job_pb2.JOB_STATUS_FAILED, job_pb2.JOB_STATUS_CANCELED}
@@ -291,7 +294,8 @@ class Load:
         users = [u for u, known in self.jobs.items() if any(status == job_pb2.JOB_STATUS_SUCCEEDED for status, _, _ in known.values())]
         if users:
             user = self.random.choice(users)
-            base = next(job_id for job_id, (status, _, _) in self.jobs[user].items() if status == job_pb2.JOB_STATUS_SUCCEEDED)
+            # Her latest success (noted last), as a user re-checks: the oldest is likely pruned.
+            base = [job_id for job_id, (status, _, _) in self.jobs[user].items() if status == job_pb2.JOB_STATUS_SUCCEEDED][-1]
             await asyncio.gather(*(self.delta(user, base, "delta_burst") for _ in range(6)))
 
     async def capacity_turn(self) -> None:
