@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
+from typing import Literal
 
 import grpc
 import psycopg
@@ -86,13 +87,15 @@ async def _retrying(call, request):  # type: ignore[no-untyped-def]
         await asyncio.sleep(0.2)
 
 
-def _database_bytes(database_url: str, *, compacted: bool = False) -> int:
+def _database_bytes(database_url: str, *, vacuum: Literal["", "VACUUM", "VACUUM FULL"] = "") -> int:
     """The whole database's size on disk: every table, index, TOAST table and catalog, so a new
-    derived table counts without anyone listing it. `compacted`: after VACUUM FULL, what the live
-    rows take (space freed by pruning is reused by later rows, not given back to the disk)."""
+    derived table counts without anyone listing it. After `vacuum` when given: "VACUUM FULL" for
+    what the live rows take, compacted (space freed by pruning is reused by later rows, not given
+    back to the disk); a plain "VACUUM" as autovacuum leaves it in service (freed space is reused
+    only where the relation's kind reuses it: a GIN index never drops a key)."""
     with psycopg.connect(database_url, autocommit=True) as conn:
-        if compacted:
-            conn.execute("VACUUM FULL")
+        if vacuum:
+            conn.execute(vacuum)
         row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
     assert row is not None
     return int(row[0])
@@ -356,11 +359,11 @@ async def test_a_pruned_job_at_the_largest_inputs_keeps_no_more_than_the_stated_
         await _retrying(service.stubs.queue.CancelJob, queue_service_pb2.CancelJobRequest(job_id=job.job_id, user_id=earlier))
     await asyncio.sleep(1.2)  # past the inputs' retention: the earlier jobs (and the module's others) pruned before the baseline
     await service.app.sweeper.sweep_once()
-    before = await asyncio.to_thread(_database_bytes, database_url, compacted=True)
+    before = await asyncio.to_thread(_database_bytes, database_url, vacuum="VACUUM FULL")
     for request in requests:
         job = (await _retrying(service.stubs.queue.Admit, request)).job
         await _retrying(service.stubs.queue.CancelJob, queue_service_pb2.CancelJobRequest(job_id=job.job_id, user_id=user))
-    kept = await asyncio.to_thread(_database_bytes, database_url, compacted=True) - before
+    kept = await asyncio.to_thread(_database_bytes, database_url, vacuum="VACUUM FULL") - before
     print(f"kept sources: {jobs} jobs keep {kept} bytes, {kept // jobs} a job (compacted)")
     assert kept <= jobs * STORED_BYTES_PER_JOB, f"{kept // jobs} bytes a job keeping its sources, over the stated {STORED_BYTES_PER_JOB}"
 
@@ -370,7 +373,7 @@ async def test_a_pruned_job_at_the_largest_inputs_keeps_no_more_than_the_stated_
     assert [job.source_count for job in found.jobs] == [validation.MAX_SOURCES] * jobs
     for job in found.jobs:
         assert not (await asyncio.to_thread(_job_row, database_url, job.job_id))[0], "sources kept past their retention"
-    pruned = await asyncio.to_thread(_database_bytes, database_url, compacted=True) - before
+    pruned = await asyncio.to_thread(_database_bytes, database_url, vacuum="VACUUM FULL") - before
     print(f"pruned: {jobs} jobs keep {pruned} bytes, {pruned // jobs} a job (compacted)")
     assert pruned <= jobs * STORED_BYTES_PER_PRUNED_JOB, (
         f"{pruned // jobs} bytes a pruned job, over the stated {STORED_BYTES_PER_PRUNED_JOB}"
@@ -389,16 +392,6 @@ AUDIT_BYTES_PER_JOB = 1_000
 # What the relations may still take while their free space settles (a page here and there, the
 # DOI search's buckets filling: at most 16 384 entries, functions/queue_doi_search_buckets.sql).
 SETTLING_BYTES = 768 * 1024
-
-
-def _database_bytes_vacuumed(database_url: str) -> int:
-    """The whole database's size after a plain VACUUM, as autovacuum leaves it in service: space
-    freed is reused by later rows only where the relation's kind reuses it."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("VACUUM")
-        row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def _many_new_dois_admit(user: str, rng: random.Random) -> queue_service_pb2.AdmitRequest:
@@ -439,7 +432,7 @@ async def test_the_database_stops_growing_once_pruned_jobs_turn_over_at_a_consta
             return all([await asyncio.to_thread(_job_row, database_url, job_id) is None for job_id in job_ids])
 
         await until(pruned, within=60, what="the round's jobs pruned", every=0.2)
-        sizes.append(await asyncio.to_thread(_database_bytes_vacuumed, database_url))
+        sizes.append(await asyncio.to_thread(_database_bytes, database_url, vacuum="VACUUM"))
     print("database bytes after each round:", sizes)
     growth = sizes[-1] - sizes[steady_from - 1]
     allowed = jobs * (rounds - steady_from) * AUDIT_BYTES_PER_JOB + SETTLING_BYTES
