@@ -534,15 +534,26 @@ async def standard_services(m: Machine, args: Args) -> None:
             break
 
 
+# Payloads whose first source's DOI is `10.1234/<label>.0` (admit_request).
+_CITES_ITS_LABEL = {"small", "many", "rejected", "fails_judging"}
+
+
 @action("search_jobs", weight=0.7, drives=(OP + "SearchJobs",))
 async def search_jobs(m: Machine, args: Args) -> None:
+    """The operator's search within one user; every other step by the DOI her latest job cites
+    too, so the search by DOI's own query (its bucket index) meets every fault as well. Every job
+    shown is hers."""
     user = m.model.users[args["user"]]
-    await m.ask(
-        OP + "SearchJobs",
-        "operator",
-        op_pb2.SearchJobsRequest(filter=op_pb2.JobFilter(user_id=user.user_id), page_size=10),
-        replica=args["replica"],
-    )
+    search = op_pb2.JobFilter(user_id=user.user_id)
+    cited = [label for label in user.jobs if m.model.jobs[label].payload.get("kind") in _CITES_ITS_LABEL]
+    if cited and m.step_index % 2:
+        search.source_doi = f"10.1234/{cited[-1]}.0"
+    answer = await m.ask(OP + "SearchJobs", "operator", op_pb2.SearchJobsRequest(filter=search, page_size=10), replica=args["replica"])
+    if answer is not None and not isinstance(answer, grpc.aio.AioRpcError):
+        m.model.checks["search by DOI" if search.source_doi else "search"] += 1
+        strangers = [job.job_id for job in answer.jobs if job.user_id != user.user_id]
+        if strangers:
+            m.violate("search", f"a search within {user.user_id} showed others' jobs: {strangers[:3]}", once=f"search:{strangers[0]}")
 
 
 @action("list_ledger", weight=0.5, drives=(OP + "ListLedgerEntries",))
