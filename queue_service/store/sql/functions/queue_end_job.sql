@@ -13,7 +13,6 @@
 -- * 0027 (retry lineage and cancel actor): A job ended CANCELED by a cancel (reason `cancel`)
 --   records who asked (`canceled_by`, the ending's actor) unless the recorded intent named them
 --   already: the sweeper that ends a waiting job for its user is not the one who canceled it.
-
 -- * 0040 (the seat's release fence and timer): the ended job's release timer is cleared with the
 --   value queue_seat_on_exit gives.
 

@@ -14,7 +14,6 @@
 --   of `p_release_window_seconds` from now at least (its window did not run while held). The
 --   four-argument overload (replicas of the previous version) resumes them too, their windows as
 --   they were.
-
 -- * 0040 (the seat's release fence and timer): the resume's due retries are queue_seat_resume's.
 
 CREATE OR REPLACE FUNCTION public.queue_set_releases_paused(p_user_id text, p_paused boolean, p_actor text, p_note text, p_release_window_seconds double precision)

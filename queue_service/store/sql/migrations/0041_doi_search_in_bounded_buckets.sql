@@ -8,6 +8,8 @@
 -- now: a replica of the previous version searching by DOI during the deploy reads the keys'
 -- table without it (the same answer, slower), and keeping it would keep it growing. Admits wait
 -- while it runs: 26.9 s at a million kept jobs of 3 DOIs each (docs/operations.md, "Migrations").
+-- The backfill writes queue_doi_search_buckets' formula out: the function files apply after the
+-- migrations, so the function does not exist yet on a database this upgrades.
 ALTER TABLE analysis_job_search_keys ADD COLUMN source_doi_buckets integer[] NOT NULL DEFAULT '{}';
 UPDATE analysis_job_search_keys
    SET source_doi_buckets = ARRAY(SELECT DISTINCT ('x' || substr(md5(k), 1, 4))::bit(16)::integer % 16384
