@@ -8,7 +8,7 @@
 -- fails while it is stale). The runner's own tables, queue_schema_migrations and
 -- queue_schema_functions, it creates itself. In the order it applies in: extensions, types,
 -- sequences, tables (with their indexes), rows; each sorted by name.
--- Stands for migrations 0001-0041.
+-- Stands for migrations 0001-0042.
 -- Dumped on PostgreSQL 18.
 
 CREATE SEQUENCE analysis_jobs_queue_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
@@ -87,28 +87,28 @@ CREATE TABLE analysis_jobs (
     CONSTRAINT analysis_jobs_status_check CHECK (status = ANY (ARRAY['queued'::text, 'pending'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text]))
 );
 CREATE INDEX analysis_jobs_active_deltas ON analysis_jobs USING btree (user_id) WHERE ((status = ANY (ARRAY['pending'::text, 'running'::text])) AND (delta_of_job_id IS NOT NULL));
-CREATE INDEX analysis_jobs_cancels_newest_first ON analysis_jobs USING btree (COALESCE(cancel_requested_at, end_time) DESC, job_id DESC) WHERE (canceled_by IS NOT NULL);
+CREATE INDEX analysis_jobs_cancels_newest_first ON analysis_jobs USING btree (COALESCE(cancel_requested_at, end_time), job_id) WHERE (canceled_by IS NOT NULL);
 CREATE INDEX analysis_jobs_capacity_turn_order ON analysis_jobs USING btree (capacity_turn_key, capacity_wait_since, queue_seq) WHERE ((status = 'pending'::text) AND (capacity_wait_since IS NOT NULL) AND (capacity_token IS NULL));
 CREATE INDEX analysis_jobs_delta_base ON analysis_jobs USING btree (delta_of_job_id) WHERE (delta_of_job_id IS NOT NULL);
 CREATE INDEX analysis_jobs_deltas_taking_capacity ON analysis_jobs USING btree (user_id) WHERE (((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)) AND (delta_of_job_id IS NOT NULL) AND ((capacity_wait_since IS NULL) OR (capacity_token IS NOT NULL)));
 CREATE INDEX analysis_jobs_deltas_waiting_turn_order ON analysis_jobs USING btree (capacity_turn_key, capacity_wait_since, queue_seq) WHERE ((status = 'pending'::text) AND (capacity_wait_since IS NOT NULL) AND (capacity_token IS NULL) AND (delta_of_job_id IS NOT NULL));
 CREATE INDEX analysis_jobs_ended_holding_sources ON analysis_jobs USING btree (end_time) WHERE ((end_time IS NOT NULL) AND (sources IS NOT NULL));
-CREATE INDEX analysis_jobs_ended_status_newest_admitted ON analysis_jobs USING btree (status, create_time DESC, job_id DESC) WHERE (status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text]));
+CREATE INDEX analysis_jobs_ended_status_newest_admitted ON analysis_jobs USING btree (status, create_time, job_id) WHERE (status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text]));
 CREATE INDEX analysis_jobs_first_pass_taking_capacity ON analysis_jobs USING btree (user_id) WHERE (((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)) AND (delta_of_job_id IS NULL) AND (slot IS NOT NULL) AND ((capacity_wait_since IS NULL) OR (capacity_token IS NOT NULL)));
-CREATE INDEX analysis_jobs_newest_admitted ON analysis_jobs USING btree (create_time DESC, job_id DESC);
+CREATE INDEX analysis_jobs_newest_admitted ON analysis_jobs USING btree (create_time, job_id);
 CREATE UNIQUE INDEX analysis_jobs_one_holder_per_capacity_token ON analysis_jobs USING btree (capacity_token) WHERE ((capacity_token IS NOT NULL) AND ((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)));
 CREATE UNIQUE INDEX analysis_jobs_one_holder_per_slot ON analysis_jobs USING btree (user_id, slot) WHERE (((status = ANY (ARRAY['pending'::text, 'running'::text])) OR (run_settle_due_at IS NOT NULL)) AND (delta_of_job_id IS NULL));
 CREATE INDEX analysis_jobs_queued_in_order ON analysis_jobs USING btree (user_id, queue_seq) WHERE (status = 'queued'::text);
-CREATE INDEX analysis_jobs_recent_first_pass_durations ON analysis_jobs USING btree (end_time DESC) WHERE ((status = 'succeeded'::text) AND (delta_of_job_id IS NULL));
-CREATE INDEX analysis_jobs_recently_ended ON analysis_jobs USING btree (end_time DESC) WHERE (end_time IS NOT NULL);
+CREATE INDEX analysis_jobs_recent_first_pass_durations ON analysis_jobs USING btree (end_time) WHERE ((status = 'succeeded'::text) AND (delta_of_job_id IS NULL));
+CREATE INDEX analysis_jobs_recently_ended ON analysis_jobs USING btree (end_time) WHERE (end_time IS NOT NULL);
 CREATE INDEX analysis_jobs_reconcile_due ON analysis_jobs USING btree (next_reconcile_at) WHERE (status = 'running'::text);
 CREATE INDEX analysis_jobs_release_due ON analysis_jobs USING btree (next_release_at) WHERE (status = 'pending'::text);
 CREATE INDEX analysis_jobs_retries ON analysis_jobs USING btree (retry_of_job_id, create_time) WHERE (retry_of_job_id IS NOT NULL);
-CREATE INDEX analysis_jobs_retries_newest_first ON analysis_jobs USING btree (create_time DESC, job_id DESC) WHERE (retry_of_job_id IS NOT NULL);
+CREATE INDEX analysis_jobs_retries_newest_first ON analysis_jobs USING btree (create_time, job_id) WHERE (retry_of_job_id IS NOT NULL);
 CREATE INDEX analysis_jobs_run_settle_due ON analysis_jobs USING btree (run_settle_due_at) WHERE (run_settle_due_at IS NOT NULL);
 CREATE INDEX analysis_jobs_running_deltas ON analysis_jobs USING btree (user_id) WHERE ((status = 'running'::text) AND (delta_of_job_id IS NOT NULL));
-CREATE INDEX analysis_jobs_user_newest_admitted ON analysis_jobs USING btree (user_id, create_time DESC, job_id DESC);
-CREATE INDEX analysis_jobs_user_newest_first ON analysis_jobs USING btree (user_id, queue_seq DESC);
+CREATE INDEX analysis_jobs_user_newest_admitted ON analysis_jobs USING btree (user_id, create_time, job_id);
+CREATE INDEX analysis_jobs_user_newest_first ON analysis_jobs USING btree (user_id, queue_seq);
 CREATE INDEX analysis_jobs_waiting_for_capacity ON analysis_jobs USING btree (capacity_wait_since) WHERE ((status = 'pending'::text) AND (capacity_wait_since IS NOT NULL) AND (capacity_token IS NULL));
 
 CREATE TABLE core_reconciled_histories (
@@ -129,7 +129,7 @@ CREATE TABLE core_runs_lost (
     recorded_at     timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     CONSTRAINT core_runs_lost_pkey PRIMARY KEY (run_id)
 );
-CREATE INDEX core_runs_lost_newest_first ON core_runs_lost USING btree (recorded_at DESC);
+CREATE INDEX core_runs_lost_newest_first ON core_runs_lost USING btree (recorded_at);
 
 CREATE TABLE credit_accounts (
     user_id    text NOT NULL,
@@ -158,10 +158,10 @@ CREATE TABLE credit_ledger (
     CONSTRAINT credit_ledger_pkey PRIMARY KEY (entry_id),
     CONSTRAINT credit_ledger_sign CHECK (kind = 'charge'::text AND amount < 0 OR (kind = ANY (ARRAY['grant'::text, 'refund'::text])) AND amount > 0)
 );
-CREATE INDEX credit_ledger_actor_newest_first ON credit_ledger USING btree (actor, entry_id DESC);
+CREATE INDEX credit_ledger_actor_newest_first ON credit_ledger USING btree (actor, entry_id);
 CREATE UNIQUE INDEX credit_ledger_grant_idempotency ON credit_ledger USING btree (user_id, idempotency_key) WHERE (kind = 'grant'::text);
-CREATE INDEX credit_ledger_grants_newest_first ON credit_ledger USING btree (create_time DESC, entry_id DESC) WHERE (kind = 'grant'::text);
-CREATE INDEX credit_ledger_user_newest_first ON credit_ledger USING btree (user_id, entry_id DESC);
+CREATE INDEX credit_ledger_grants_newest_first ON credit_ledger USING btree (create_time, entry_id) WHERE (kind = 'grant'::text);
+CREATE INDEX credit_ledger_user_newest_first ON credit_ledger USING btree (user_id, entry_id);
 
 CREATE TABLE queue_capacity (
     singleton     boolean DEFAULT true NOT NULL,
@@ -189,9 +189,9 @@ CREATE TABLE queue_operator_actions (
     CONSTRAINT queue_operator_actions_outcome_check CHECK (char_length(outcome) <= 512),
     CONSTRAINT queue_operator_actions_pkey PRIMARY KEY (action_id)
 );
-CREATE INDEX queue_operator_actions_actor ON queue_operator_actions USING btree (actor, create_time DESC);
-CREATE INDEX queue_operator_actions_newest_first ON queue_operator_actions USING btree (create_time DESC, action_id DESC);
-CREATE INDEX queue_operator_actions_user ON queue_operator_actions USING btree (user_id, create_time DESC);
+CREATE INDEX queue_operator_actions_actor ON queue_operator_actions USING btree (actor, create_time);
+CREATE INDEX queue_operator_actions_newest_first ON queue_operator_actions USING btree (create_time, action_id);
+CREATE INDEX queue_operator_actions_user ON queue_operator_actions USING btree (user_id, create_time);
 
 CREATE TABLE queue_release_pauses (
     user_id   text NOT NULL,
@@ -234,7 +234,7 @@ CREATE TABLE queue_setting_changes (
     CONSTRAINT queue_setting_changes_pkey PRIMARY KEY (change_id),
     CONSTRAINT queue_setting_changes_setting_check CHECK (setting = ANY (ARRAY['core_capacity'::text, 'user_max_active'::text, 'releases_paused'::text]))
 );
-CREATE INDEX queue_setting_changes_newest_first ON queue_setting_changes USING btree (create_time DESC, change_id DESC);
+CREATE INDEX queue_setting_changes_newest_first ON queue_setting_changes USING btree (create_time, change_id);
 
 CREATE TABLE run_reservations (
     run_id          uuid NOT NULL,
