@@ -266,3 +266,19 @@ def test_the_searches_in_job_inputs_read_their_own_indexes(database_url: str) ->
                 plan = _explain(conn, name, values, generic=generic)
                 assert re.search(rf"Index (?:Only )?Scan(?: Backward)? (?:using|on) {index} ", plan), (name, generic, plan)
                 assert "Seq Scan on analysis_jobs" not in plan, (name, generic, plan)
+
+
+def test_no_index_is_declared_newest_first(database_url: str) -> None:
+    """Every index is built ascending (migration 0042): a B-tree packs its rightmost page full when
+    it splits and halves any other, so an index declared DESC on a rising key (a time, a
+    sequence) leaves every page it splits half empty for good. The reads that want newest first
+    scan the ascending index backwards (the ledger test above: its index, and no sort). Checked
+    over the catalog, so an index a later migration adds is checked too."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        descending = conn.execute(
+            "SELECT i.indexrelid::regclass::text FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid"
+            " JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = current_schema() AND EXISTS (SELECT 1 FROM unnest(i.indoption::int2[]) AS o WHERE o & 1 = 1)"
+            " ORDER BY 1"
+        ).fetchall()
+    assert descending == [], f"indexes declared DESC (build them ascending; newest first reads them backwards): {descending}"
