@@ -1,13 +1,13 @@
 -- Every B-tree index keyed by a rising time or sequence, once declared newest first (DESC), is
--- built ascending; the reads that want newest first scan it backwards, which PostgreSQL does at
--- the same cost, so no query changes and a replica of the previous version reads them the same.
--- Why: B-tree splits a full page in half unless it is the rightmost one, which it packs to the
--- fillfactor. A DESC index on a rising key takes every new entry on its leftmost page (or, keyed
--- by user first, at the front of the user's run), so every split left half a page behind that no
--- later entry fills: the two-hour soak read these indexes' leaf pages 23-31% full against 66-69%
--- for the others, and they were what still grew after the retention's turnover (docs/scaling.md,
--- section 12). Ascending, new entries land where the split packs pages full. The index names
--- keep saying what they are for. Admits and ends wait while the indexes are rebuilt
+-- built ascending; the reads that want newest first scan it backwards, so no query changes and a
+-- replica of the previous version reads them the same. Why: B-tree splits a full page in half
+-- unless it is the rightmost one, which it packs to the fillfactor. A DESC index on a rising key
+-- takes every new entry on its leftmost page (or, keyed by user first, at the front of the user's
+-- run), so a split leaves half a page behind that no later entry fills; ascending, an index whose
+-- entries are written once (the ledger's, the audit tables', the ended jobs') packs its pages
+-- full (bench.probes.btree_turnover: 50% against 88%). It was not what kept the jobs' indexes
+-- growing in the soak: kept re-check bases hold their pages (docs/scaling.md, section 12.3). The
+-- index names keep saying what they are for. Admits and ends wait while the indexes are rebuilt
 -- (docs/operations.md, "Migrations").
 DROP INDEX analysis_jobs_cancels_newest_first;
 CREATE INDEX analysis_jobs_cancels_newest_first ON analysis_jobs (COALESCE(cancel_requested_at, end_time), job_id) WHERE (canceled_by IS NOT NULL);
