@@ -15,12 +15,9 @@ leaf density (`pgstatindex`) at each turnover. The figures behind docs/scaling.m
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
 import psycopg
 
-from bench.probes.rounds import RESULTS, new_report, scratch_database, write_report
+from bench.probes.rounds import new_report, scratch_database, turnover_arguments, turnover_steps, write_report
 
 _DIRECTIONS = {"newest_first": "DESC", "ascending": "ASC"}
 _PADDING = "x" * 300  # about a job row's width with its sources pruned
@@ -75,9 +72,9 @@ def measure(window: int, step: int, turnovers: int) -> list[dict[str, float]]:
     with scratch_database("btree-turnover-", durable=False) as (db, _), psycopg.connect(db.dsn, autocommit=True) as conn:
         conn.execute(_layouts())
         next_id = 1
-        for n in range(turnovers * window // step + 1):
-            if n % (window // step) == 0 and n:
-                turns.append({"turnover": n * step / window, **_sizes(conn)})
+        for turnover in turnover_steps(window, step, turnovers):
+            if turnover:  # not before the first step: the tables are empty
+                turns.append({"turnover": turnover, **_sizes(conn)})
                 print(turns[-1], flush=True)
             _step(conn, next_id, step, window)
             next_id += step
@@ -85,12 +82,7 @@ def measure(window: int, step: int, turnovers: int) -> list[dict[str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--window", type=int, default=20_000, help="rows kept (default 20000)")
-    parser.add_argument("--step", type=int, default=2_000, help="rows admitted per step (default 2000)")
-    parser.add_argument("--turnovers", type=int, default=8, help="how many times the window turns over (default 8)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "btree-turnover.json")
-    args = parser.parse_args()
+    args = turnover_arguments(__doc__ or "", step=2_000, out_name="btree-turnover.json")
     report = new_report(probe="btree_turnover", window=args.window, step=args.step, turnovers=args.turnovers)
     report["turnovers"] = measure(args.window, args.step, args.turnovers)
     write_report(report, args.out)

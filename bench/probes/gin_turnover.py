@@ -14,14 +14,12 @@ the buckets. The figures behind docs/scaling.md §12.1.
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
-from pathlib import Path
 
 import psycopg
 
-from bench.probes.rounds import RESULTS, new_report, scratch_database, write_report
+from bench.probes.rounds import new_report, scratch_database, turnover_arguments, turnover_steps, write_report
 
 _WORDS = "citation analysis thesis method data study review model theory network learning graph system".split()
 _LAYOUTS = """
@@ -78,9 +76,9 @@ def measure(window: int, step: int, turnovers: int) -> dict[str, object]:
         next_id = 1
         _step(conn, _new_rows(rng, next_id, window), 0, insert_seconds)
         next_id += window
-        for n in range(turnovers * window // step + 1):
-            if n % (window // step) == 0:
-                turns.append({"turnover": n * step / window, **_sizes(conn)})
+        for turnover in turnover_steps(window, step, turnovers):
+            if turnover is not None:
+                turns.append({"turnover": turnover, **_sizes(conn)})
                 print(turns[-1], flush=True)
             _step(conn, _new_rows(rng, next_id, step), next_id + step - window, insert_seconds)
             next_id += step
@@ -99,12 +97,7 @@ def measure(window: int, step: int, turnovers: int) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--window", type=int, default=20_000, help="rows kept (default 20000)")
-    parser.add_argument("--step", type=int, default=5_000, help="rows replaced per step (default 5000)")
-    parser.add_argument("--turnovers", type=int, default=8, help="how many times the window turns over (default 8)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "gin-turnover.json")
-    args = parser.parse_args()
+    args = turnover_arguments(__doc__ or "", step=5_000, out_name="gin-turnover.json")
     report = new_report(probe="gin_turnover", window=args.window, step=args.step, turnovers=args.turnovers)
     report.update(measure(args.window, args.step, args.turnovers))
     write_report(report, args.out)

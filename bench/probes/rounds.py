@@ -1,8 +1,11 @@
 """What the one-off probes share: a scratch PostgreSQL for their rounds, the machine's load to
-stand beside each figure, and the JSON report each writes to bench/results/history/."""
+stand beside each figure, the JSON report each writes to bench/results/history/, and the
+arguments and step schedule of the turnover probes (rows kept at a constant count, replaced a
+step at a time)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime as dt
 import json
@@ -58,3 +61,22 @@ def write_report(report: dict[str, Any], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"report: {out}")
+
+
+def turnover_arguments(description: str, *, step: int, out_name: str) -> argparse.Namespace:
+    """A turnover probe's command line: `--window` rows kept, `--step` replaced at a time,
+    `--turnovers` times over, the report to `--out`."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--window", type=int, default=20_000, help="rows kept (default 20000)")
+    parser.add_argument("--step", type=int, default=step, help=f"rows replaced per step (default {step})")
+    parser.add_argument("--turnovers", type=int, default=8, help="how many times the window turns over (default 8)")
+    parser.add_argument("--out", type=Path, default=RESULTS / out_name)
+    return parser.parse_args()
+
+
+def turnover_steps(window: int, step: int, turnovers: int) -> Iterator[float | None]:
+    """One value per step of a turnover probe: before a step that begins a turnover, how many the
+    window has made (0.0 first: the moment to measure), else None."""
+    per_turnover = window // step
+    for n in range(turnovers * per_turnover + 1):
+        yield n * step / window if n % per_turnover == 0 else None
