@@ -271,7 +271,7 @@ def test_the_searches_in_job_inputs_read_their_own_indexes(database_url: str) ->
 def test_no_index_is_declared_newest_first(database_url: str) -> None:
     """Every index is built ascending (migration 0042): a B-tree packs its rightmost page full when
     it splits and halves any other, so an index declared DESC on a rising key (a time, a
-    sequence) leaves every page it splits half empty for good. The reads that want newest first
+    sequence) leaves every page it splits half empty until all its entries are gone. The reads that want newest first
     scan the ascending index backwards (the ledger test above: its index, and no sort). Checked
     over the catalog, so an index a later migration adds is checked too."""
     with psycopg.connect(database_url, autocommit=True) as conn:
