@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,18 @@ def _ratios(limited: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]
     return ratios
 
 
-def saturated_batch(ctx: Context, name: str, *, users: int, capacity: int, queue: int | None = None) -> dict[str, Any]:
+def saturated_batch(
+    ctx: Context,
+    name: str,
+    *,
+    users: int,
+    capacity: int,
+    queue: int | None = None,
+    before_judging: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """One batch: `users` x `queue` jobs admitted, the first wave held judging, then judged to the end.
+    `before_judging(dsn)` runs once the first wave is running, before the statistics and the meter
+    (bench.probes.capacity_floor installs its floor's grant there)."""
     sizes = ctx.sizes
     queue, judging = queue or sizes.capacity_queue, sizes.judging_seconds
     jobs = users * queue
@@ -99,6 +111,8 @@ def saturated_batch(ctx: Context, name: str, *, users: int, capacity: int, queue
         ready = dbsetup.wait_for(dsn, prefix, lambda c: c.get("running", 0) == first_wave, timeout=60)
         if ready.get("running", 0) != first_wave:
             raise RuntimeError(f"{name}: first runs not all running: {ready}")
+        if before_judging is not None:
+            before_judging(dsn)
         dbsetup.vacuum_analyze(dsn)
         ctx.statements_reset(name)
         meter = CpuMeter(stack.cpu_roots()).start()

@@ -1,0 +1,168 @@
+"""The capacity's floor: what a saturated capacity must cost PostgreSQL at least, measured.
+
+Scenario 8 (`capacity_saturated`) compares the capacity's batch with `paced`, the same jobs at the
+capacity's pace with no capacity at work. Whatever a capacity does, it must write each grant down
+in PostgreSQL (every replica must see which runs are in use) and find the next in line. This
+probe runs the `paced` batch again with only that added, by a trigger the probe installs in the
+batch's database, and gives each batch's PostgreSQL CPU per job as a ratio to `paced` measured in
+the same round. The trigger fires at the commit of each completion (a constraint trigger,
+deferred), in the completion's own transaction, as the service's grant rides with a completion
+when it can; it adds no commit:
+
+- `floor_token_row`: the least any design writes: one HOT update of a row in a small table of
+  tokens (the grant as a token's holder), found by its key;
+- `floor_job_row`: the least a design writes that keeps the grant on the job row, as ours does:
+  the completed user's next job (PENDING, promoted in the same transaction) found by its index
+  and updated once more, changing its release due (an indexed column, so not a HOT update: every
+  index the row is in gets an entry, the change trigger runs);
+- `capacity`: the service's own capacity (scenario 8's batch).
+
+Rounds rotate the order of the batches; each batch has a fresh database and replica.
+
+    .venv/bin/python -m bench.probes.capacity_floor [--rounds 3] [--out bench/results/history/capacity-floor.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.context import FULL, Context
+from bench.probes.rounds import RESULTS, loadavg, new_report, scratch_database, write_report
+from bench.protoset import write_protoset
+from bench.scenarios.capacity import saturated_batch
+
+_FLOOR_TOKEN_ROW = """
+CREATE TABLE bench_floor_tokens (token integer PRIMARY KEY, job_id uuid, granted_at timestamptz) WITH (fillfactor = 50);
+INSERT INTO bench_floor_tokens (token) SELECT generate_series(0, 1023);
+CREATE FUNCTION bench_floor_grant() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE bench_floor_tokens SET job_id = NEW.job_id, granted_at = clock_timestamp()
+     WHERE token = abs(hashtext(NEW.user_id)) % 1024;
+    RETURN NULL;
+END $$;
+"""
+
+_FLOOR_JOB_ROW = """
+CREATE FUNCTION bench_floor_grant() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE analysis_jobs SET next_release_at = next_release_at - interval '1 microsecond'
+     WHERE user_id = NEW.user_id AND status = 'pending' AND delta_of_job_id IS NULL;
+    RETURN NULL;
+END $$;
+"""
+
+_ON_COMPLETION = """
+CREATE CONSTRAINT TRIGGER bench_floor_grant AFTER UPDATE OF status ON analysis_jobs
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    WHEN (NEW.status = 'succeeded' AND OLD.status IS DISTINCT FROM 'succeeded')
+    EXECUTE FUNCTION bench_floor_grant();
+"""
+
+BATCHES = ("paced", "floor_token_row", "floor_job_row", "capacity")
+
+
+def _hook(sql: str | None, seen: list[str]) -> Any:
+    """Remembers the batch's database (for its row counts after the batch) and installs `sql`."""
+
+    def before_judging(dsn: str) -> None:
+        seen.append(dsn)
+        if sql:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql + _ON_COMPLETION)
+
+    return before_judging
+
+
+def _row_writes(dsn: str, jobs: int) -> dict[str, float]:
+    """Row versions written per job in the whole batch (admission included), from the statistics the
+    service's backends flushed when they exited: the check that a floor's trigger did its write."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname IN ('analysis_jobs', 'bench_floor_tokens')"
+        ).fetchall()
+    figures: dict[str, float] = {}
+    for relname, updates, hot in rows:
+        figures[f"{relname}_updates_per_job"] = round(updates / jobs, 2)
+        figures[f"{relname}_hot_updates_per_job"] = round(hot / jobs, 2)
+    return figures
+
+
+def one_batch(ctx: Context, batch: str, round_index: int) -> dict[str, Any]:
+    sizes = ctx.sizes
+    name = f"floor_{batch}_{round_index}"
+    paced_users, paced_queue = sizes.capacity, sizes.capacity_users * sizes.capacity_queue // sizes.capacity
+    load = loadavg()
+    seen: list[str] = []
+    hook = _hook({"floor_token_row": _FLOOR_TOKEN_ROW, "floor_job_row": _FLOOR_JOB_ROW}.get(batch), seen)
+    if batch == "capacity":
+        result = saturated_batch(ctx, name, users=sizes.capacity_users, capacity=sizes.capacity, before_judging=hook)
+    else:
+        result = saturated_batch(ctx, name, users=paced_users, capacity=0, queue=paced_queue, before_judging=hook)
+    time.sleep(1.0)  # the exited backends' statistics reach the shared counters
+    return {
+        "batch": batch,
+        "round": round_index,
+        "loadavg": load,
+        "jobs": result["ops"],
+        "unattributed_cpu_cores": result.get("unattributed_cpu_cores"),
+        "makespan_seconds": result["makespan_seconds"],
+        "cpu_ms_per_job": result["cpu_ms_per_op"],
+        "most_runs_at_once": result["most_runs_at_once"],
+        **_row_writes(seen[0], result["ops"]),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS / "capacity-floor.json")
+    args = parser.parse_args()
+    sizes = FULL
+    report = new_report(
+        rounds=args.rounds,
+        capacity=sizes.capacity,
+        capacity_users=sizes.capacity_users,
+        jobs_per_batch=sizes.capacity_users * sizes.capacity_queue,
+        judging_seconds=sizes.judging_seconds,
+        postgres_durable=True,
+    )
+    runs: list[dict[str, Any]] = []
+    with scratch_database("acurio-capacity-floor-") as (db, workdir):
+        ctx = Context(db, workdir, sizes, write_protoset(workdir / "queue.protoset"))
+        for round_index in range(args.rounds):
+            shift = round_index % len(BATCHES)
+            for batch in BATCHES[shift:] + BATCHES[:shift]:
+                run = one_batch(ctx, batch, round_index)
+                runs.append(run)
+                cpu = run["cpu_ms_per_job"]
+                print(
+                    f"round {round_index} {batch:16} PostgreSQL {cpu.get('postgres', 0):.3f} ms/job  "
+                    f"service {cpu.get('service', 0):.3f} ms/job  job row updates {run['analysis_jobs_updates_per_job']}/job  makespan {run['makespan_seconds']:.1f} s  load {run['loadavg'][0]}",
+                    flush=True,
+                )
+
+    by = {(r["round"], r["batch"]): r for r in runs}
+    ratios: dict[str, dict[str, Any]] = {}
+    for batch in BATCHES[1:]:
+        per_round = [
+            round(by[(i, batch)]["cpu_ms_per_job"]["postgres"] / by[(i, "paced")]["cpu_ms_per_job"]["postgres"], 3)
+            for i in range(args.rounds)
+        ]
+        ratios[f"{batch}_postgres_cpu_per_job_over_paced"] = {"median": statistics.median(per_round), "per_round": per_round}
+    print()
+    for key, value in ratios.items():
+        print(f"{key:50} median {value['median']:.3f}  per round {value['per_round']}")
+    report.update(runs=runs, ratios=ratios)
+    write_report(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
