@@ -15,7 +15,16 @@ when it can; it adds no commit:
   the completed user's next job (PENDING, promoted in the same transaction) found by its index
   and updated once more, changing its release due (an indexed column, so not a HOT update: every
   index the row is in gets an entry, the change trigger runs);
-- `capacity`: the service's own capacity (scenario 8's batch).
+- `capacity`: the service's own capacity (scenario 8's batch);
+- `capacity_without_decisions`: the same, with the grant's two decisions that change nothing in
+  this batch replaced by their shortcut (every user has one slot, none is paused, none has a
+  re-check): the walk to the next in line (in turn order, each candidate's runs in use counted,
+  the lowest first) becomes the first waiting job in turn order, and the move of the granted
+  user's other waiting jobs behind her new turn (she has none) does nothing. What the decisions
+  cost; the batch's figures (`most_runs_at_once`, `most_passed_over`) show that nothing else
+  changed. Not a design: in service those decisions are I13's.
+
+Each batch also gives the server's WAL bytes per job while judging.
 
 Rounds rotate the order of the batches; each batch has a fresh database and replica.
 
@@ -58,6 +67,20 @@ BEGIN
 END $$;
 """
 
+# Valid only in this batch's shape (see the module's docstring): semantics-breaking anywhere else.
+_WITHOUT_DECISIONS = """
+CREATE OR REPLACE FUNCTION public.queue_capacity_next_in_line() RETURNS uuid LANGUAGE plpgsql AS $$
+DECLARE v_job_id uuid;
+BEGIN
+    SELECT w.job_id INTO v_job_id FROM analysis_jobs w
+     WHERE w.status = 'pending' AND w.capacity_wait_since IS NOT NULL AND w.capacity_token IS NULL
+     ORDER BY w.capacity_turn_key, w.capacity_wait_since, w.queue_seq LIMIT 1 FOR UPDATE SKIP LOCKED;
+    RETURN v_job_id;
+END $$;
+CREATE OR REPLACE FUNCTION public.queue_seat_wait_behind_turn(p_user_id text, p_turn timestamp with time zone)
+ RETURNS void LANGUAGE plpgsql AS $$ BEGIN END $$;
+"""
+
 _ON_COMPLETION = """
 CREATE CONSTRAINT TRIGGER bench_floor_grant AFTER UPDATE OF status ON analysis_jobs
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
@@ -65,7 +88,7 @@ CREATE CONSTRAINT TRIGGER bench_floor_grant AFTER UPDATE OF status ON analysis_j
     EXECUTE FUNCTION bench_floor_grant();
 """
 
-BATCHES = ("paced", "floor_token_row", "floor_job_row", "capacity")
+BATCHES = ("paced", "floor_token_row", "floor_job_row", "capacity", "capacity_without_decisions")
 
 
 def _hook(sql: str | None, seen: list[str]) -> Any:
@@ -75,7 +98,7 @@ def _hook(sql: str | None, seen: list[str]) -> Any:
         seen.append(dsn)
         if sql:
             with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute(sql + _ON_COMPLETION)
+                conn.execute(sql)
 
     return before_judging
 
@@ -100,8 +123,13 @@ def one_batch(ctx: Context, batch: str, round_index: int) -> dict[str, Any]:
     paced_users, paced_queue = sizes.capacity, sizes.capacity_users * sizes.capacity_queue // sizes.capacity
     load = loadavg()
     seen: list[str] = []
-    hook = _hook({"floor_token_row": _FLOOR_TOKEN_ROW, "floor_job_row": _FLOOR_JOB_ROW}.get(batch), seen)
-    if batch == "capacity":
+    changes = {
+        "floor_token_row": _FLOOR_TOKEN_ROW + _ON_COMPLETION,
+        "floor_job_row": _FLOOR_JOB_ROW + _ON_COMPLETION,
+        "capacity_without_decisions": _WITHOUT_DECISIONS,
+    }
+    hook = _hook(changes.get(batch), seen)
+    if batch.startswith("capacity"):
         result = saturated_batch(ctx, name, users=sizes.capacity_users, capacity=sizes.capacity, before_judging=hook)
     else:
         result = saturated_batch(ctx, name, users=paced_users, capacity=0, queue=paced_queue, before_judging=hook)
@@ -114,7 +142,9 @@ def one_batch(ctx: Context, batch: str, round_index: int) -> dict[str, Any]:
         "unattributed_cpu_cores": result.get("unattributed_cpu_cores"),
         "makespan_seconds": result["makespan_seconds"],
         "cpu_ms_per_job": result["cpu_ms_per_op"],
+        "wal_bytes_per_job": result["wal_bytes_per_job"],
         "most_runs_at_once": result["most_runs_at_once"],
+        "most_passed_over": result["most_passed_over"],
         **_row_writes(seen[0], result["ops"]),
     }
 
@@ -143,8 +173,8 @@ def main() -> int:
                 runs.append(run)
                 cpu = run["cpu_ms_per_job"]
                 print(
-                    f"round {round_index} {batch:16} PostgreSQL {cpu.get('postgres', 0):.3f} ms/job  "
-                    f"service {cpu.get('service', 0):.3f} ms/job  job row updates {run['analysis_jobs_updates_per_job']}/job  makespan {run['makespan_seconds']:.1f} s  load {run['loadavg'][0]}",
+                    f"round {round_index} {batch:26} PostgreSQL {cpu.get('postgres', 0):.3f} ms/job  "
+                    f"service {cpu.get('service', 0):.3f} ms/job  job row updates {run['analysis_jobs_updates_per_job']}/job  WAL {run['wal_bytes_per_job']} B/job  makespan {run['makespan_seconds']:.1f} s  load {run['loadavg'][0]}",
                     flush=True,
                 )
 
@@ -156,6 +186,8 @@ def main() -> int:
             for i in range(args.rounds)
         ]
         ratios[f"{batch}_postgres_cpu_per_job_over_paced"] = {"median": statistics.median(per_round), "per_round": per_round}
+        wal = [round(by[(i, batch)]["wal_bytes_per_job"] / by[(i, "paced")]["wal_bytes_per_job"], 3) for i in range(args.rounds)]
+        ratios[f"{batch}_wal_bytes_per_job_over_paced"] = {"median": statistics.median(wal), "per_round": wal}
     print()
     for key, value in ratios.items():
         print(f"{key:50} median {value['median']:.3f}  per round {value['per_round']}")

@@ -115,11 +115,13 @@ def saturated_batch(
             before_judging(dsn)
         dbsetup.vacuum_analyze(dsn)
         ctx.statements_reset(name)
+        wal_before = dbsetup.wal_position(dsn)
         meter = CpuMeter(stack.cpu_roots()).start()
         stack.start_judging()
         timeout = 60 + jobs * judging / max(1, first_wave) * 2
         done = dbsetup.wait_for(dsn, prefix, lambda c: c.get("succeeded", 0) == jobs, timeout=timeout, poll=0.05)
         cpu = meter.stop()
+        wal_bytes = dbsetup.wal_bytes_since(dsn, wal_before)
         statements = ctx.statements_since_reset(name, jobs)
     if done.get("succeeded", 0) != jobs:
         raise RuntimeError(f"{name}: batch did not finish in {timeout:.0f}s: {done}")
@@ -141,6 +143,8 @@ def saturated_batch(
         most_passed_over=figures["most_passed_over"],
         makespan_seconds=round(figures["makespan_seconds"], 3),
         ideal_makespan_seconds=round(jobs * judging / first_wave, 3),
+        # The whole server's WAL while judging (only this batch's database is in use then).
+        wal_bytes_per_job=round(wal_bytes / jobs),
     )
     result["latency_note"] = (
         "latency_ms is the handover gap (CompleteRun returned -> the next release that takes its capacity)"
