@@ -1,7 +1,8 @@
 """The minimal service floor: a gRPC Admit that runs only the admit transaction.
 
 Same generated service and request as the real one (so ghz sends the identical call), same
-store methods for the transaction (`reserve_run_and_read_admit_state` + `Store.admit_job`), and
+store methods for the transaction (`reserve_run_and_read_admit_state` + `Store.admit_job`, the
+job stored with the request's document and sources, as the service stores them), and
 nothing else: no validation, no core call, no telemetry, no pool ping. What the real Admit costs beyond this is the service's own overhead.
 
 With `--core HOST:PORT` it also makes the one call the contract puts in every admit: the core's
@@ -53,6 +54,11 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
             request_digest=hashlib.sha256(request.SerializeToString()).digest(),
             delta_of_job_id=None,
             price=_PRICE,
+            # The job keeps what it judges, as the service's does (RetryJob admits it again,
+            # SearchJobs finds it by it): the transaction's row is the same size.
+            document_uri=request.document.uri,
+            document_title=request.document.title,
+            sources=tuple((source.doi, source.citation) for source in request.sources),
         )
         if self._core is not None:
             await self._core.CreateRun(
