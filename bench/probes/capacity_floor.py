@@ -15,6 +15,10 @@ when it can; it adds no commit:
   the completed user's next job (PENDING, promoted in the same transaction) found by its index
   and updated once more, changing its release due (an indexed column, so not a HOT update: every
   index the row is in gets an entry, the change trigger runs);
+- `floor_contract`: `floor_job_row` plus what the contract adds to any grant: the change
+  announced (a row in the change feed, as every change of a job's view is: the grant changes
+  the job's release attempt and its waiting) and the user's turn recorded (the time of her last
+  start, which I13's order reads), one upsert;
 - `capacity`: the service's own capacity (scenario 8's batch);
 - `capacity_without_decisions`: the same, with the grant's two decisions that change nothing in
   this batch replaced by their shortcut (every user has one slot, none is paused, none has a
@@ -28,7 +32,7 @@ Each batch also gives the server's WAL bytes per job while judging.
 
 Rounds rotate the order of the batches; each batch has a fresh database and replica.
 
-    .venv/bin/python -m bench.probes.capacity_floor [--rounds 3] [--out bench/results/history/capacity-floor.json]
+    .venv/bin/python -m bench.probes.capacity_floor [--rounds 3] [--batches NAME ...] [--out bench/results/history/capacity-floor.json]
 """
 
 from __future__ import annotations
@@ -67,6 +71,23 @@ BEGIN
 END $$;
 """
 
+_FLOOR_CONTRACT = """
+CREATE FUNCTION bench_floor_grant() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    v_job analysis_jobs;
+BEGIN
+    UPDATE analysis_jobs SET next_release_at = next_release_at - interval '1 microsecond'
+     WHERE user_id = NEW.user_id AND status = 'pending' AND delta_of_job_id IS NULL
+    RETURNING * INTO v_job;
+    IF FOUND THEN
+        PERFORM analysis_jobs_announce(v_job, 'pending');
+        INSERT INTO user_capacity_turns AS t (user_id, last_turn_at) VALUES (v_job.user_id, clock_timestamp())
+        ON CONFLICT ON CONSTRAINT user_capacity_turns_pkey DO UPDATE SET last_turn_at = EXCLUDED.last_turn_at;
+    END IF;
+    RETURN NULL;
+END $$;
+"""
+
 # Valid only in this batch's shape (see the module's docstring): semantics-breaking anywhere else.
 _WITHOUT_DECISIONS = """
 CREATE OR REPLACE FUNCTION public.queue_capacity_next_in_line() RETURNS uuid LANGUAGE plpgsql AS $$
@@ -88,7 +109,7 @@ CREATE CONSTRAINT TRIGGER bench_floor_grant AFTER UPDATE OF status ON analysis_j
     EXECUTE FUNCTION bench_floor_grant();
 """
 
-BATCHES = ("paced", "floor_token_row", "floor_job_row", "capacity", "capacity_without_decisions")
+BATCHES = ("paced", "floor_token_row", "floor_job_row", "floor_contract", "capacity", "capacity_without_decisions")
 
 
 def _hook(sql: str | None, seen: list[str]) -> Any:
@@ -105,15 +126,19 @@ def _hook(sql: str | None, seen: list[str]) -> Any:
 
 def _row_writes(dsn: str, jobs: int) -> dict[str, float]:
     """Row versions written per job in the whole batch (admission included), from the statistics the
-    service's backends flushed when they exited: the check that a floor's trigger did its write."""
+    service's backends flushed when they exited: the check that a floor's trigger did its writes."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname IN ('analysis_jobs', 'bench_floor_tokens')"
+            "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+            " WHERE relname IN ('analysis_jobs', 'bench_floor_tokens', 'analysis_job_feed', 'user_capacity_turns')"
         ).fetchall()
     figures: dict[str, float] = {}
-    for relname, updates, hot in rows:
-        figures[f"{relname}_updates_per_job"] = round(updates / jobs, 2)
-        figures[f"{relname}_hot_updates_per_job"] = round(hot / jobs, 2)
+    for relname, inserts, updates, hot in rows:
+        if relname in ("analysis_job_feed", "user_capacity_turns"):
+            figures[f"{relname}_rows_written_per_job"] = round((inserts + updates) / jobs, 2)
+        else:
+            figures[f"{relname}_updates_per_job"] = round(updates / jobs, 2)
+            figures[f"{relname}_hot_updates_per_job"] = round(hot / jobs, 2)
     return figures
 
 
@@ -126,6 +151,7 @@ def one_batch(ctx: Context, batch: str, round_index: int) -> dict[str, Any]:
     changes = {
         "floor_token_row": _FLOOR_TOKEN_ROW + _ON_COMPLETION,
         "floor_job_row": _FLOOR_JOB_ROW + _ON_COMPLETION,
+        "floor_contract": _FLOOR_CONTRACT + _ON_COMPLETION,
         "capacity_without_decisions": _WITHOUT_DECISIONS,
     }
     hook = _hook(changes.get(batch), seen)
@@ -152,6 +178,9 @@ def one_batch(ctx: Context, batch: str, round_index: int) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--batches", nargs="+", choices=BATCHES, default=list(BATCHES), help="the batches to run (`paced` always runs: the ratios' base)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "capacity-floor.json")
     args = parser.parse_args()
     sizes = FULL
@@ -166,21 +195,22 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     with scratch_database("acurio-capacity-floor-") as (db, workdir):
         ctx = Context(db, workdir, sizes, write_protoset(workdir / "queue.protoset"))
+        batches = tuple(b for b in BATCHES if b == "paced" or b in args.batches)
         for round_index in range(args.rounds):
-            shift = round_index % len(BATCHES)
-            for batch in BATCHES[shift:] + BATCHES[:shift]:
+            shift = round_index % len(batches)
+            for batch in batches[shift:] + batches[:shift]:
                 run = one_batch(ctx, batch, round_index)
                 runs.append(run)
                 cpu = run["cpu_ms_per_job"]
                 print(
                     f"round {round_index} {batch:26} PostgreSQL {cpu.get('postgres', 0):.3f} ms/job  "
-                    f"service {cpu.get('service', 0):.3f} ms/job  job row updates {run['analysis_jobs_updates_per_job']}/job  WAL {run['wal_bytes_per_job']} B/job  makespan {run['makespan_seconds']:.1f} s  load {run['loadavg'][0]}",
+                    f"service {cpu.get('service', 0):.3f} ms/job  job row updates {run['analysis_jobs_updates_per_job']}/job  feed rows {run.get('analysis_job_feed_rows_written_per_job')}/job  WAL {run['wal_bytes_per_job']} B/job  makespan {run['makespan_seconds']:.1f} s  load {run['loadavg'][0]}",
                     flush=True,
                 )
 
     by = {(r["round"], r["batch"]): r for r in runs}
     ratios: dict[str, dict[str, Any]] = {}
-    for batch in BATCHES[1:]:
+    for batch in batches[1:]:
         per_round = [
             round(by[(i, batch)]["cpu_ms_per_job"]["postgres"] / by[(i, "paced")]["cpu_ms_per_job"]["postgres"], 3)
             for i in range(args.rounds)
