@@ -219,14 +219,14 @@ def vacuum_analyze(dsn: str) -> None:
 
 def wal_position(dsn: str) -> str:
     """The server's current WAL write position (an LSN), for `wal_bytes_since`."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with connect(dsn) as conn:
         row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
     return str(row[0]) if row else "0/0"
 
 
 def wal_bytes_since(dsn: str, position: str) -> int:
     """WAL bytes the whole server wrote since `position` (from `wal_position`)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with connect(dsn) as conn:
         row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)::bigint", (position,)).fetchone()
     return int(row[0]) if row else 0
 

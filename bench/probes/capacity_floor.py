@@ -38,7 +38,6 @@ Rounds rotate the order of the batches; each batch has a fresh database and repl
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -47,7 +46,7 @@ from typing import Any
 import psycopg
 
 from bench.context import FULL, Context
-from bench.probes.rounds import RESULTS, loadavg, new_report, scratch_database, write_report
+from bench.probes.rounds import RESULTS, loadavg, median_ratio, new_report, print_medians, scratch_database, write_report
 from bench.protoset import write_protoset
 from bench.scenarios.capacity import saturated_batch
 
@@ -211,16 +210,11 @@ def main() -> int:
     by = {(r["round"], r["batch"]): r for r in runs}
     ratios: dict[str, dict[str, Any]] = {}
     for batch in batches[1:]:
-        per_round = [
-            round(by[(i, batch)]["cpu_ms_per_job"]["postgres"] / by[(i, "paced")]["cpu_ms_per_job"]["postgres"], 3)
-            for i in range(args.rounds)
-        ]
-        ratios[f"{batch}_postgres_cpu_per_job_over_paced"] = {"median": statistics.median(per_round), "per_round": per_round}
-        wal = [round(by[(i, batch)]["wal_bytes_per_job"] / by[(i, "paced")]["wal_bytes_per_job"], 3) for i in range(args.rounds)]
-        ratios[f"{batch}_wal_bytes_per_job_over_paced"] = {"median": statistics.median(wal), "per_round": wal}
-    print()
-    for key, value in ratios.items():
-        print(f"{key:50} median {value['median']:.3f}  per round {value['per_round']}")
+        ratios[f"{batch}_postgres_cpu_per_job_over_paced"] = median_ratio(
+            by, args.rounds, batch, "paced", lambda r: r["cpu_ms_per_job"]["postgres"]
+        )
+        ratios[f"{batch}_wal_bytes_per_job_over_paced"] = median_ratio(by, args.rounds, batch, "paced", lambda r: r["wal_bytes_per_job"])
+    print_medians(ratios, width=50)
     report.update(runs=runs, ratios=ratios)
     write_report(report, args.out)
     return 0

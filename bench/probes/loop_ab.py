@@ -13,7 +13,6 @@ the same machine load. Prints the table and writes bench/results/history/event-l
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from bench import dbsetup
 from bench.context import FULL, Context
 from bench.ghz import ADMIT, admit_data
 from bench.measure import CpuMeter, unattributed_cpu
-from bench.probes.rounds import RESULTS, loadavg, new_report, scratch_database, write_report
+from bench.probes.rounds import RESULTS, loadavg, median_ratio, new_report, print_medians, scratch_database, write_report
 from bench.protoset import write_protoset
 
 _USERS = 1000
@@ -75,20 +74,18 @@ def main() -> int:
                     flush=True,
                 )
 
-    def ratios(metric: Any) -> list[float]:
-        by_repeat = {(r["repeat"], r["loop"]): r for r in runs}
-        return [round(metric(by_repeat[(i, "uvloop")]) / metric(by_repeat[(i, "asyncio")]), 3) for i in range(args.repeats)]
+    by_repeat = {(r["repeat"], r["loop"]): r for r in runs}
+
+    def ratio(metric: Any) -> dict[str, Any]:
+        return median_ratio(by_repeat, args.repeats, "uvloop", "asyncio", metric, per="per_repeat")
 
     summary = {
-        "throughput_uvloop_over_asyncio": ratios(lambda r: r["throughput_per_s"]),
-        "p50_uvloop_over_asyncio": ratios(lambda r: r["latency_ms"]["p50"]),
-        "p99_uvloop_over_asyncio": ratios(lambda r: r["latency_ms"]["p99"]),
-        "service_cpu_per_op_uvloop_over_asyncio": ratios(lambda r: r["cpu_ms_per_op"]["service"]),
+        "throughput_uvloop_over_asyncio": ratio(lambda r: r["throughput_per_s"]),
+        "p50_uvloop_over_asyncio": ratio(lambda r: r["latency_ms"]["p50"]),
+        "p99_uvloop_over_asyncio": ratio(lambda r: r["latency_ms"]["p99"]),
+        "service_cpu_per_op_uvloop_over_asyncio": ratio(lambda r: r["cpu_ms_per_op"]["service"]),
     }
-    summary = {k: {"median": statistics.median(v), "per_repeat": v} for k, v in summary.items()}
-    print()
-    for key, value in summary.items():
-        print(f"{key:42} median {value['median']:.3f}  per repeat {value['per_repeat']}")
+    print_medians(summary, width=42, per="per_repeat")
     report.update(runs=runs, summary=summary)
     write_report(report, args.out)
     return 0

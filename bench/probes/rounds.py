@@ -1,6 +1,7 @@
 """What the one-off probes share: a scratch PostgreSQL for their rounds, the machine's load to
-stand beside each figure, the JSON report each writes to bench/results/history/, and the
-arguments and step schedule of the turnover probes (rows kept at a constant count, replaced a
+stand beside each figure, the JSON report each writes to bench/results/history/, the ratios of
+two runs made in the same round with their median, and the arguments and step schedule of the
+turnover probes (rows kept at a constant count, replaced a
 step at a time)."""
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import datetime as dt
 import json
 import os
 import shutil
+import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,28 @@ def write_report(report: dict[str, Any], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"report: {out}")
+
+
+def median_ratio(
+    by_round: Mapping[tuple[int, str], dict[str, Any]],
+    rounds: int,
+    this: str,
+    base: str,
+    metric: Callable[[dict[str, Any]], float],
+    *,
+    per: str = "per_round",
+) -> dict[str, Any]:
+    """`metric` of the run `this` over the run `base` in each round (runs keyed by (round, name)),
+    three decimals, and their median: {"median": ..., per: [...]}."""
+    ratios = [round(metric(by_round[(i, this)]) / metric(by_round[(i, base)]), 3) for i in range(rounds)]
+    return {"median": statistics.median(ratios), per: ratios}
+
+
+def print_medians(summary: Mapping[str, Mapping[str, Any]], *, width: int, per: str = "per_round") -> None:
+    """One line per `median_ratio` of `summary`: its name, its median and each round's ratio."""
+    print()
+    for key, value in summary.items():
+        print(f"{key:{width}} median {value['median']:.3f}  {per.replace('_', ' ')} {value[per]}")
 
 
 def turnover_arguments(description: str, *, step: int, out_name: str) -> argparse.Namespace:
