@@ -248,7 +248,7 @@ class Stack:
 class MinimalServer:
     """bench/minimal_server.py as its own process: Admit doing only the admit transaction."""
 
-    def __init__(self, dsn: str, workdir: Path, *, pool_max_size: int = 20, with_core: bool = False) -> None:
+    def __init__(self, dsn: str, workdir: Path, *, pool_max_size: int = 20, with_core: bool = False, contract: bool = False) -> None:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "bench.minimal_server", "--listen", self.address, "--dsn", dsn, "--pool-max-size", str(pool_max_size)]
@@ -260,7 +260,7 @@ class MinimalServer:
             core_args = [QUEUE_SERVICE, "core", "--listen", f"127.0.0.1:{core_port}", "--callback", self.address, "--manual"]
             self.core = ManagedProcess("core", core_args, _minimal_env({}), workdir / f"minimal-core-{core_port}.log")
             wait_port(core_port, self.core.process, self.core.log_path)
-            args += ["--core", f"127.0.0.1:{core_port}"]
+            args += ["--core", f"127.0.0.1:{core_port}"] + (["--contract"] if contract else [])
         self.proc = ManagedProcess("minimal", args, _minimal_env({}), workdir / f"minimal-server-{self.port}.log")
         wait_serving(self.address, self.proc.process, self.proc.log_path)
 

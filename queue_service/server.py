@@ -120,6 +120,21 @@ _QUIET_SECONDS = 0.5
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
+def call_gate(config: Config) -> CallGate:
+    """The replica's gate: every call's turn, with each caller's share (docs/design.md, 4a)."""
+    return CallGate(
+        max_unary=config.max_concurrent_calls,
+        max_wait=config.pool_timeout_seconds,
+        max_unary_per_caller=config.unary_calls_per_caller,
+        max_streams=config.max_streams,
+        max_streams_per_caller=config.streams_per_caller,
+        # The console still watches a user's queue when other callers fill the replica.
+        operator_streams_reserved=config.max_streams_per_user,
+        max_overview_streams=MAX_OVERVIEW_STREAMS,
+        max_overview_streams_per_caller=MAX_OVERVIEW_STREAMS_PER_CALLER,
+    )
+
+
 class Servicers(TypedDict):
     """One instance of each servicer, by service name (as the browser endpoint routes them)."""
 
@@ -267,17 +282,7 @@ class QueueApp:
         heartbeat and the credential files' reloader."""
         check_request = assertions.check if assertions else None
         self.health = HealthService(max_watches=config.max_health_watches)
-        self.gate = CallGate(
-            max_unary=config.max_concurrent_calls,
-            max_wait=config.pool_timeout_seconds,
-            max_unary_per_caller=config.unary_calls_per_caller,
-            max_streams=config.max_streams,
-            max_streams_per_caller=config.streams_per_caller,
-            # The console still watches a user's queue when other callers fill the replica.
-            operator_streams_reserved=config.max_streams_per_user,
-            max_overview_streams=MAX_OVERVIEW_STREAMS,
-            max_overview_streams_per_caller=MAX_OVERVIEW_STREAMS_PER_CALLER,
-        )
+        self.gate = call_gate(config)
         # The one road into the servicers, for gRPC and the browser endpoint alike.
         road = CallRoad(authorizer.authorize if authorizer else None, self.gate, check_request)
         self._interceptors = [ErrorInterceptor(road)]

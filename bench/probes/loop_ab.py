@@ -21,7 +21,7 @@ from bench import dbsetup
 from bench.context import FULL, Context
 from bench.ghz import ADMIT, admit_data
 from bench.measure import CpuMeter, unattributed_cpu
-from bench.probes.rounds import RESULTS, loadavg, median_ratio, new_report, print_medians, scratch_database, write_report
+from bench.probes.rounds import RESULTS, ghz_figures, loadavg, median_ratio, new_report, scratch_database, write_medians
 from bench.protoset import write_protoset
 
 _USERS = 1000
@@ -43,9 +43,7 @@ def one_run(ctx: Context, loop: str, repeat: int, args: argparse.Namespace) -> d
         "loop": loop,
         "repeat": repeat,
         "loadavg": load,
-        "ok": result.ok,
-        "throughput_per_s": round(result.ok / result.seconds, 1),
-        "latency_ms": {k: round(v, 2) for k, v in result.latency_dict().items() if k != "count"},
+        **ghz_figures(result),
         "cpu_ms_per_op": {k: round(v * 1000 / result.ok, 3) for k, v in cpu.items() if k != "system"},
         "unattributed_cpu_cores": round(unattributed_cpu(cpu) / result.seconds, 2),
         "errors": result.errors,
@@ -85,9 +83,7 @@ def main() -> int:
         "p99_uvloop_over_asyncio": ratio(lambda r: r["latency_ms"]["p99"]),
         "service_cpu_per_op_uvloop_over_asyncio": ratio(lambda r: r["cpu_ms_per_op"]["service"]),
     }
-    print_medians(summary, width=42, per="per_repeat")
-    report.update(runs=runs, summary=summary)
-    write_report(report, args.out)
+    write_medians(report, runs, summary, args.out, key="summary", width=42, per="per_repeat")
     return 0
 
 

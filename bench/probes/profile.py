@@ -144,15 +144,16 @@ def profile(ctx: Context, args: argparse.Namespace) -> None:
     py_spy = shutil.which("py-spy") or str(BIN / "py-spy")
     dsn = ctx.database("profile")
     dbsetup.grant_credits(dsn, "p-u", _USERS, args.calls // _USERS + 10)
-    floor = args.target == "minimal_core"
+    floor = args.target != "service"
     if floor and args.call != "admit":
-        raise SystemExit("the minimal_core floor serves Admit only")
+        raise SystemExit(f"the {args.target} floor serves Admit only")
     out = (
         RESULTS
-        / f"profile-{args.call}{'-minimal-core' if floor else ''}{f'-c{args.callers}' if args.callers != 16 else ''}{'-native' if args.native else ''}.txt"
+        / f"profile-{args.call}{'-' + args.target.replace('_', '-') if floor else ''}{f'-c{args.callers}' if args.callers != 16 else ''}{'-native' if args.native else ''}.txt"
     )
-    # The service as deployed, or the minimal_core floor (bench/minimal_server.py --core) under the same load.
-    with MinimalServer(dsn, ctx.workdir, with_core=True) if floor else ctx.stack(dsn, "profile") as target:
+    # The service as deployed, or a floor (bench/minimal_server.py --core [--contract]) under the same load.
+    server = MinimalServer(dsn, ctx.workdir, with_core=True, contract=args.target == "minimal_contract") if floor else None
+    with server or ctx.stack(dsn, "profile") as target:
         address, pid = (target.address, target.pid) if isinstance(target, MinimalServer) else (target.address, target.service.pid)
         _load(ctx, address, "admit", 500, args.callers, "warm")
         spy = subprocess.Popen(
@@ -219,9 +220,9 @@ def main() -> None:
     parser.add_argument("--call", choices=("admit", "list_jobs"), default="admit")
     parser.add_argument(
         "--target",
-        choices=("service", "minimal_core"),
+        choices=("service", "minimal_core", "minimal_contract"),
         default="service",
-        help="profile the service as deployed, or the minimal_core floor (bench/minimal_server.py with its core) under the same load",
+        help="profile the service as deployed, or a floor under the same load (bench/minimal_server.py with its core: minimal_core; with the contract's work too: minimal_contract)",
     )
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--native", action="store_true", help="include C frames (libpq, grpc core); slower sampling")

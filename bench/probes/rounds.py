@@ -15,10 +15,11 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.ghz import GhzResult
 from bench.procs import Database
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "history"
@@ -29,10 +30,11 @@ def loadavg() -> list[float]:
 
 
 @contextlib.contextmanager
-def scratch_database(prefix: str, *, durable: bool = True) -> Iterator[tuple[Database, Path]]:
-    """A PostgreSQL of its own in a temporary folder, stopped and removed after the rounds."""
+def scratch_database(prefix: str, *, durable: bool = True, statement_stats: bool = False) -> Iterator[tuple[Database, Path]]:
+    """A PostgreSQL of its own in a temporary folder, stopped and removed after the rounds
+    (`statement_stats`: with pg_stat_statements, see bench/statements.py)."""
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
-    db = Database(workdir, durable=durable)
+    db = Database(workdir, durable=durable, statement_stats=statement_stats)
     try:
         db.start()
         yield db, workdir
@@ -85,6 +87,38 @@ def print_medians(summary: Mapping[str, Mapping[str, Any]], *, width: int, per: 
     print()
     for key, value in summary.items():
         print(f"{key:{width}} median {value['median']:.3f}  {per.replace('_', ' ')} {value[per]}")
+
+
+def write_medians(
+    report: dict[str, Any],
+    runs: list[dict[str, Any]],
+    summary: dict[str, dict[str, Any]],
+    out: Path,
+    *,
+    key: str,
+    width: int,
+    per: str = "per_round",
+) -> None:
+    """Prints the medians of `summary` and writes the report with every run and `summary` (as `key`)."""
+    print_medians(summary, width=width, per=per)
+    report.update({"runs": runs, key: summary})
+    write_report(report, out)
+
+
+def rotated(names: Sequence[str], round_index: int) -> list[str]:
+    """`names` in round `round_index`'s order: each round starts one further along, so a drift of
+    the machine's load falls on each in turn."""
+    shift = round_index % len(names)
+    return [*names[shift:], *names[:shift]]
+
+
+def ghz_figures(result: GhzResult) -> dict[str, Any]:
+    """A ghz run's calls answered, throughput and latency percentiles, rounded for a report."""
+    return {
+        "ok": result.ok,
+        "throughput_per_s": round(result.ok / result.seconds, 1),
+        "latency_ms": {k: round(v, 2) for k, v in result.latency_dict().items() if k != "count"},
+    }
 
 
 def turnover_arguments(description: str, *, step: int, out_name: str) -> argparse.Namespace:
