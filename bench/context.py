@@ -79,6 +79,8 @@ class Context:
     sizes: Sizes
     protoset: Path
     _process_cpu: statements.PostgresCpuByProcess | None = None
+    # How many statements a breakdown lists (`--statement-stats`), most time first.
+    statements_top: int = statements.TOP
 
     def database(self, name: str) -> str:
         return procs.create_database(self.db, name)
@@ -122,7 +124,7 @@ class Context:
             return {}
         by_process = self._process_cpu.stop() if self._process_cpu is not None else {}
         return {
-            "statements": statements.per_operation(self.db.dsn, database, ops),
+            "statements": statements.per_operation(self.db.dsn, database, ops, top=self.statements_top),
             "postgres_cpu_ms_per_op_by_process": {label: round(seconds * 1000 / ops, 3) for label, seconds in by_process.items()},
         }
 

@@ -26,7 +26,7 @@ SERVER_SETTINGS = {
     "compute_query_id": "on",
 }
 
-_TOP = 15
+TOP = 15
 
 
 def install(dsn: str) -> None:
@@ -40,9 +40,9 @@ def reset(dsn: str) -> None:
         conn.execute("SELECT pg_stat_statements_reset()")
 
 
-def per_operation(dsn: str, database: str, ops: int) -> list[dict[str, Any]]:
-    """The statements of `database` since the last reset, most execution time first, each per
-    operation of the measured run (an admit, a completed job)."""
+def per_operation(dsn: str, database: str, ops: int, *, top: int = TOP) -> list[dict[str, Any]]:
+    """The `top` statements of `database` since the last reset, most execution time first, each
+    per operation of the measured run (an admit, a completed job)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
             """
@@ -54,7 +54,7 @@ def per_operation(dsn: str, database: str, ops: int) -> list[dict[str, Any]]:
              ORDER BY s.total_exec_time + s.total_plan_time DESC
              LIMIT %s
             """,
-            (database, _TOP),
+            (database, top),
         ).fetchall()
     return [
         {

@@ -46,7 +46,7 @@ from typing import Any
 import psycopg
 
 from bench.context import FULL, Context
-from bench.probes.rounds import RESULTS, loadavg, median_ratio, new_report, print_medians, scratch_database, write_report
+from bench.probes.rounds import RESULTS, loadavg, median_ratio, new_report, rotated, scratch_database, write_medians
 from bench.protoset import write_protoset
 from bench.scenarios.capacity import saturated_batch
 
@@ -171,6 +171,7 @@ def one_batch(ctx: Context, batch: str, round_index: int) -> dict[str, Any]:
         "most_runs_at_once": result["most_runs_at_once"],
         "most_passed_over": result["most_passed_over"],
         **_row_writes(seen[0], result["ops"]),
+        **{key: result[key] for key in ("statements", "postgres_cpu_ms_per_op_by_process") if key in result},
     }
 
 
@@ -179,6 +180,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--batches", nargs="+", choices=BATCHES, default=list(BATCHES), help="the batches to run (`paced` always runs: the ratios' base)"
+    )
+    parser.add_argument(
+        "--statement-stats",
+        action="store_true",
+        help="each batch's PostgreSQL time per statement per job (pg_stat_statements; costs a few per cent: judge the ratios on runs without it)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "capacity-floor.json")
     args = parser.parse_args()
@@ -190,14 +196,15 @@ def main() -> int:
         jobs_per_batch=sizes.capacity_users * sizes.capacity_queue,
         judging_seconds=sizes.judging_seconds,
         postgres_durable=True,
+        statement_stats=args.statement_stats,
     )
     runs: list[dict[str, Any]] = []
-    with scratch_database("acurio-capacity-floor-") as (db, workdir):
-        ctx = Context(db, workdir, sizes, write_protoset(workdir / "queue.protoset"))
+    with scratch_database("acurio-capacity-floor-", statement_stats=args.statement_stats) as (db, workdir):
+        # Every statement of the grant is listed, down to the smallest (they are many and small).
+        ctx = Context(db, workdir, sizes, write_protoset(workdir / "queue.protoset"), statements_top=80)
         batches = tuple(b for b in BATCHES if b == "paced" or b in args.batches)
         for round_index in range(args.rounds):
-            shift = round_index % len(batches)
-            for batch in batches[shift:] + batches[:shift]:
+            for batch in rotated(batches, round_index):
                 run = one_batch(ctx, batch, round_index)
                 runs.append(run)
                 cpu = run["cpu_ms_per_job"]
@@ -214,9 +221,7 @@ def main() -> int:
             by, args.rounds, batch, "paced", lambda r: r["cpu_ms_per_job"]["postgres"]
         )
         ratios[f"{batch}_wal_bytes_per_job_over_paced"] = median_ratio(by, args.rounds, batch, "paced", lambda r: r["wal_bytes_per_job"])
-    print_medians(ratios, width=50)
-    report.update(runs=runs, ratios=ratios)
-    write_report(report, args.out)
+    write_medians(report, runs, ratios, args.out, key="ratios", width=50)
     return 0
 
 
