@@ -1,0 +1,106 @@
+"""How often PostgreSQL plans the admit's reservation statement, and under how many entries.
+
+The interleaved pairs of the end of round five (docs/scaling.md §15) found the admit's
+PostgreSQL CPU 1.24-1.28x its round's start at 16 callers, and pg_stat_statements put the
+difference on `reserve_run_and_read_admit_state` (sql/queries/admit.sql): in the benchmark it
+shows as two entries, and one of them is planned on every call. This probe reproduces that
+outside the benchmark, with and without the one thing that made the difference when it was
+found: the bench's `db` floor (the bare admit transaction from the driver, 10 000 admits) run
+first in another database on the same server.
+
+Each case: a fresh durable PostgreSQL with pg_stat_statements, optionally the `db` floor, then
+a fresh replica warmed up (300 admits of 50 users) and `--admits` admits of 1 000 users from 16
+callers; then every pg_stat_statements entry of the statement in the replica's database: its
+calls, how many times it was planned and the planning time.
+
+    .venv/bin/python -m bench.probes.statement_variants [--admits 20000] [--out bench/results/history/statement-variants.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench import dbsetup, statements
+from bench.context import FULL, Context
+from bench.ghz import ADMIT, admit_data
+from bench.probes.rounds import RESULTS, loadavg, new_report, scratch_database, write_report
+from bench.protoset import write_protoset
+from bench.scenarios.floors import db_floor
+
+_USERS = 1000
+_CALLERS = 16
+_MARK = "INSERT INTO run_reservations"
+
+
+def one_case(db_floor_first: bool, admits: int) -> dict[str, Any]:
+    with scratch_database("acurio-statement-variants-", statement_stats=True) as (db, workdir):
+        ctx = Context(db, workdir, FULL, write_protoset(workdir / "queue.protoset"))
+        if db_floor_first:
+            db_floor(ctx, "variants", _USERS, _CALLERS, ctx.sizes.floor_calls)
+        dsn = ctx.database("variants")
+        dbsetup.grant_credits(dsn, "v-u", _USERS, admits // _USERS + 10)
+        dbsetup.grant_credits(dsn, "v-w", 50, 20)
+        load = loadavg()
+        with ctx.stack(dsn, "variants") as stack:
+            ctx.ghz(stack.address, ADMIT, admit_data("v-w", 50, "warm"), concurrency=_CALLERS, total=300)
+            statements.reset(db.dsn)
+            ctx.ghz(stack.address, ADMIT, admit_data("v-u", _USERS, "measure"), concurrency=_CALLERS, total=admits)
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                """
+                SELECT s.queryid, s.calls, s.plans, s.total_plan_time, s.total_exec_time
+                  FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+                 WHERE d.datname = 'variants' AND s.toplevel AND strpos(s.query, %s) > 0
+                 ORDER BY s.calls DESC
+                """,
+                (_MARK,),
+            ).fetchall()
+    entries = [
+        {
+            "queryid": str(queryid),
+            "calls": calls,
+            "plans": plans,
+            "plan_ms_per_call": round(plan_ms / calls, 3),
+            "exec_ms_per_call": round(exec_ms / calls, 3),
+        }
+        for queryid, calls, plans, plan_ms, exec_ms in rows
+    ]
+    planned = sum(entry["plans"] for entry in entries)
+    plan_ms = sum(entry["plan_ms_per_call"] * entry["calls"] for entry in entries)
+    return {
+        "db_floor_first": db_floor_first,
+        "loadavg": load,
+        "admits": admits,
+        "entries": entries,
+        "plans_per_admit": round(planned / admits, 3),
+        "plan_ms_per_admit": round(plan_ms / admits, 3),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--admits", type=int, default=20000)
+    parser.add_argument("--out", type=Path, default=RESULTS / "statement-variants.json")
+    args = parser.parse_args()
+    report = new_report(admits=args.admits, users=_USERS, callers=_CALLERS, statement="reserve_run_and_read_admit_state")
+    cases = []
+    for db_floor_first in (False, True):
+        case = one_case(db_floor_first, args.admits)
+        cases.append(case)
+        print(
+            f"db floor first: {db_floor_first!s:5}  entries {len(case['entries'])}  planned {case['plans_per_admit']} times per admit, "
+            f"{case['plan_ms_per_admit']} ms of planning per admit  {[(e['calls'], e['plans']) for e in case['entries']]}",
+            flush=True,
+        )
+    report.update(cases=cases)
+    write_report(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
