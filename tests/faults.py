@@ -14,6 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 
 from queue_service.dev.embedded_postgres import free_port
+from queue_service.store.notices import LIVENESS_QUERY
 
 
 class TcpProxy:
@@ -109,6 +110,11 @@ class TcpProxy:
             for writer in both:
                 writer.transport.abort()
                 self._writers.discard(writer)
+
+
+# The replica's LISTEN connection in pg_stat_activity: `query` says LISTEN until its first liveness
+# query, then that query's text.
+LISTENER = f"(query LIKE 'LISTEN%' OR query = '{LIVENESS_QUERY}')"
 
 
 def backend_pids(dsn: str, where: str) -> list[int]:

@@ -10,7 +10,9 @@ wakes when a notice, an error or the connection's end arrives, never otherwise.
 A listener must also notice when its peer goes silent: a frozen primary, a node that crashed
 without closing its sockets, a network path that drops everything. Nothing arrives then, which
 is what an idle channel looks like too. So after `liveness_seconds` without traffic the reader
-sends a liveness query (`SELECT 1`) on the connection and ends with OperationalError when no
+sends a liveness query (`LIVENESS_QUERY`, a text of its own so an operator, and a test, can tell
+the listener in `pg_stat_activity` after its first probe, when `query` no longer says LISTEN) on
+the connection and ends with OperationalError when no
 answer comes within `liveness_seconds` more; the caller reconnects and resyncs. TCP keepalives
 (`pool.connection_parameters`) would notice a dead node too, but not a live kernel in front of a
 frozen server.
@@ -32,6 +34,8 @@ import psycopg
 from psycopg import AsyncConnection, pq, sql
 
 from queue_service import telemetry
+
+LIVENESS_QUERY = "SELECT 1 AS listener_liveness"
 
 
 class NoticeReader:
@@ -90,7 +94,7 @@ class NoticeReader:
                     raise psycopg.OperationalError(
                         f"the LISTEN connection did not answer a liveness query within {self._liveness_seconds:g}s"
                     ) from None
-                self._pgconn.send_query(b"SELECT 1")
+                self._pgconn.send_query(LIVENESS_QUERY.encode())
                 self._pgconn.flush()
                 self._probe_due = time.monotonic() + self._liveness_seconds
 

@@ -22,7 +22,7 @@ from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.config import Config
 from queue_service.dev.core import AnswerFault
 from queue_service.dev.embedded_postgres import free_port
-from tests.faults import TcpProxy, backend_pids, frozen
+from tests.faults import LISTENER, TcpProxy, backend_pids, frozen
 from tests.harness import NOT_SERVING, SERVING, S, Stubs, error_info, health, new_user, until
 
 _FIELDS = {field.name for field in dataclasses.fields(Config)}
@@ -63,7 +63,7 @@ async def test_a_frozen_listen_connection_is_noticed_and_every_stream_hears_late
     reader = asyncio.create_task(read())
     try:
         await asyncio.wait_for(snapshot.wait(), 10)
-        listeners = backend_pids(database_url, "query LIKE 'LISTEN%%'")
+        listeners = backend_pids(database_url, LISTENER)
         assert len(listeners) == 1
         with frozen(listeners):
             frozen_at = time.monotonic()
@@ -80,7 +80,7 @@ async def test_a_frozen_listen_connection_is_noticed_and_every_stream_hears_late
             # The change comes through the job-change feed, which the frozen hint listener does not
             # carry: the replica still notices that listener and replaces it.
             async def replaced() -> bool:
-                return backend_pids(database_url, "query LIKE 'LISTEN%%'") not in ([], listeners)
+                return backend_pids(database_url, LISTENER) not in ([], listeners)
 
             await until(replaced, within=6, what="a new listener in place of the frozen one")
     finally:
@@ -104,7 +104,7 @@ async def test_a_statement_on_a_frozen_backend_ends_unavailable_within_the_calle
     job = await stubs.admit(user)
     await stubs.wait_for(job.job_id, S.JOB_STATUS_RUNNING)  # the admit's follow-ups are done
     await asyncio.sleep(0.2)  # and the feed's read and hint of its last change
-    pool_backends = backend_pids(database_url, "query NOT LIKE 'LISTEN%%'")
+    pool_backends = backend_pids(database_url, f"NOT {LISTENER}")
     assert len(pool_backends) == 1
     async with await psycopg.AsyncConnection.connect(database_url) as stranger:
         await stranger.execute("LOCK TABLE analysis_jobs IN ACCESS EXCLUSIVE MODE")
@@ -138,7 +138,7 @@ async def test_a_background_statement_on_a_frozen_backend_gives_its_connection_u
     await stubs.grant(user, 1)
     service.core.answer_faults["ReleaseRun"] = AnswerFault("late", seconds=1.0)
     job = await stubs.admit(user)
-    pool_backends = backend_pids(database_url, "query NOT LIKE 'LISTEN%%'")
+    pool_backends = backend_pids(database_url, f"NOT {LISTENER}")
     assert len(pool_backends) == 1
     async with await psycopg.AsyncConnection.connect(database_url) as stranger:
         # Holds the job's row, so the mark waits on the pool's only connection until it is frozen.

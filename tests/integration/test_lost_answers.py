@@ -28,6 +28,7 @@ from queue_service._gen.acurio.core.v1 import run_service_pb2 as core_pb2
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.dev.core import AnswerFault
 from queue_service.dev.embedded_postgres import free_port
+from tests.faults import LISTENER
 from tests.harness import (
     REPO_ROOT,
     InvariantChecker,
@@ -293,9 +294,7 @@ async def test_a_watch_stream_reports_jobs_that_ended_while_its_listener_was_awa
         await eventually(lambda: any(m.snapshot_complete for m in messages), what="the snapshot")
         hub = service.app.hub
         with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN%%' AND datname = current_database()"
-            )
+            conn.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {LISTENER} AND datname = current_database()")
         await eventually(lambda: not hub.listening.is_set(), what="the listener to notice")
         await stubs.complete(first.run_id)  # committed while nobody listens
         await eventually(lambda: any(m.resync_complete for m in messages), what="a resync")

@@ -11,6 +11,8 @@ import psycopg
 import pytest
 
 from queue_service.store import notices
+from tests.faults import LISTENER
+from tests.harness import until
 
 _CHANNEL = "test_notice_reader"
 
@@ -31,7 +33,7 @@ async def test_notices_arrive_in_order_and_the_lost_connection_ends_the_reader(d
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as admin:
             await admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE query LIKE 'LISTEN%%' AND datname = current_database() AND pid <> pg_backend_pid()"
+                f" WHERE {LISTENER} AND datname = current_database() AND pid <> pg_backend_pid()"
             )
         with pytest.raises(psycopg.OperationalError):
             await asyncio.wait_for(anext(reader), 5)
@@ -59,3 +61,28 @@ async def test_an_idle_reader_leaves_the_event_loop_alone(database_url: str) -> 
         finally:
             waiting.cancel()
             del loop.add_reader
+
+
+async def test_the_listener_is_told_apart_in_pg_stat_activity_after_its_liveness_query(database_url: str) -> None:
+    """After its first liveness query, `pg_stat_activity.query` no longer says LISTEN: it names the
+    liveness query, so an operator (and the fault tests, through `tests.faults.LISTENER`) still
+    finds the replica's listener and tells it from the pool's connections."""
+    async with notices.listening(database_url, _CHANNEL, liveness_seconds=0.2) as reader:
+        waiting = asyncio.create_task(anext(reader))
+        try:
+
+            def listener_queries() -> list[str]:
+                with psycopg.connect(database_url, autocommit=True) as conn:
+                    rows = conn.execute(
+                        f"SELECT query FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND {LISTENER}"
+                    ).fetchall()
+                return [query for (query,) in rows]
+
+            async def probed() -> bool:
+                return listener_queries() == [notices.LIVENESS_QUERY]
+
+            await until(probed, within=5, what="the listener's liveness query in pg_stat_activity")
+            await _notify(database_url, "still listening")
+            assert await asyncio.wait_for(waiting, 5) == "still listening"
+        finally:
+            waiting.cancel()

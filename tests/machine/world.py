@@ -45,7 +45,7 @@ from queue_service._gen.acurio.queue.v1 import (
 from queue_service.dev.core import DevCore, DevRun
 from queue_service.dev.embedded_postgres import EmbeddedPostgres, free_port
 from queue_service.store import migrations
-from tests.faults import TcpProxy
+from tests.faults import LISTENER, TcpProxy
 from tests.harness import REPO_ROOT, error_info, role_tokens, wait_serving, write_auth_file
 from tests.harness import Stubs as HealthStubs
 
@@ -393,8 +393,8 @@ class World:
     def kill_listeners(self) -> int:
         with psycopg.connect(self.database_url, autocommit=True) as conn:
             rows = conn.execute(
-                """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-                    WHERE datname = current_database() AND query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()"""
+                f"""SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                    WHERE datname = current_database() AND {LISTENER} AND pid <> pg_backend_pid()"""
             ).fetchall()
         return sum(1 for (done,) in rows if done)
 

@@ -63,6 +63,7 @@ from queue_service._gen.acurio.queue.v1 import (
 from queue_service.dev.core import AnswerFault, DevCore
 from queue_service.dev.embedded_postgres import EmbeddedPostgres, free_port
 from queue_service.store import migrations
+from tests.faults import LISTENER
 from tests.harness import REPO_ROOT, InvariantChecker, S, Stubs, error_info, stranger_holds_user_locks, wait_serving
 from tests.machine.world import forget_faketime_segments, skewed_clock_environment
 
@@ -238,8 +239,8 @@ class Cluster:
         replica reconnects and its WatchJobs streams resync."""
         with psycopg.connect(self.database_url, autocommit=True) as conn:
             rows = conn.execute(
-                """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-                    WHERE query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()"""
+                f"""SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                    WHERE {LISTENER} AND pid <> pg_backend_pid()"""
             ).fetchall()
         return sum(1 for (terminated,) in rows if terminated)
 
