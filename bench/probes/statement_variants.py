@@ -13,7 +13,10 @@ a fresh replica warmed up (300 admits of 50 users) and `--admits` admits of 1 00
 callers; then every pg_stat_statements entry of the statement in the replica's database: its
 calls, how many times it was planned and the planning time.
 
-    .venv/bin/python -m bench.probes.statement_variants [--admits 20000] [--out bench/results/history/statement-variants.json]
+`--before SQL` runs statements in the replica's database before the load (for example a table's
+storage parameter), `--db-floor-first no` (or `yes`) runs one case only.
+
+    .venv/bin/python -m bench.probes.statement_variants [--admits 20000] [--before SQL ...] [--db-floor-first yes|no] [--out bench/results/history/statement-variants.json]
 """
 
 from __future__ import annotations
@@ -37,12 +40,15 @@ _CALLERS = 16
 _MARK = "INSERT INTO run_reservations"
 
 
-def one_case(db_floor_first: bool, admits: int) -> dict[str, Any]:
+def one_case(db_floor_first: bool, admits: int, before: list[str]) -> dict[str, Any]:
     with scratch_database("acurio-statement-variants-", statement_stats=True) as (db, workdir):
         ctx = Context(db, workdir, FULL, write_protoset(workdir / "queue.protoset"))
         if db_floor_first:
             db_floor(ctx, "variants", _USERS, _CALLERS, ctx.sizes.floor_calls)
         dsn = ctx.database("variants")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for statement in before:
+                conn.execute(statement)  # type: ignore[call-overload]
         dbsetup.grant_credits(dsn, "v-u", _USERS, admits // _USERS + 10)
         dbsetup.grant_credits(dsn, "v-w", 50, 20)
         load = loadavg()
@@ -74,6 +80,7 @@ def one_case(db_floor_first: bool, admits: int) -> dict[str, Any]:
     plan_ms = sum(entry["plan_ms_per_call"] * entry["calls"] for entry in entries)
     return {
         "db_floor_first": db_floor_first,
+        "before": before,
         "loadavg": load,
         "admits": admits,
         "entries": entries,
@@ -85,12 +92,14 @@ def one_case(db_floor_first: bool, admits: int) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--admits", type=int, default=20000)
+    parser.add_argument("--before", nargs="*", default=[], metavar="SQL", help="statements run in the replica's database before the load")
+    parser.add_argument("--db-floor-first", choices=("yes", "no", "both"), default="both")
     parser.add_argument("--out", type=Path, default=RESULTS / "statement-variants.json")
     args = parser.parse_args()
     report = new_report(admits=args.admits, users=_USERS, callers=_CALLERS, statement="reserve_run_and_read_admit_state")
     cases = []
-    for db_floor_first in (False, True):
-        case = one_case(db_floor_first, args.admits)
+    for db_floor_first in {"no": (False,), "yes": (True,), "both": (False, True)}[args.db_floor_first]:
+        case = one_case(db_floor_first, args.admits, args.before)
         cases.append(case)
         print(
             f"db floor first: {db_floor_first!s:5}  entries {len(case['entries'])}  planned {case['plans_per_admit']} times per admit, "
