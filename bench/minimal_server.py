@@ -48,8 +48,9 @@ from queue_service.api.road.interceptor import ErrorInterceptor
 from queue_service.api.road.road import CallRoad
 from queue_service.api.servicers import validation
 from queue_service.api.servicers.convert import PROTO_OF_STATUS, job_to_proto
+from queue_service.api.servicers.queue import admit_request_digest
 from queue_service.config import Config
-from queue_service.engine import JobReads, request_digest
+from queue_service.engine import JobReads
 from queue_service.model import NewJob
 from queue_service.server import call_gate
 from queue_service.store import Store
@@ -74,10 +75,7 @@ class MinimalAdmit(queue_grpc.AnalysisQueueServiceServicer):
         with telemetry.tracer.start_as_current_span("admit") as span:
             validation.validate_admit(request)
             span.set_attribute("queue.user_id", request.user_id)
-            payload = queue_pb2.AdmitRequest()
-            payload.CopyFrom(request)
-            payload.ClearField("idempotency_key")
-            answer = await self._admit(request, context, request_digest(payload.SerializeToString(deterministic=True)))
+            answer = await self._admit(request, context, admit_request_digest(request))
             telemetry.metrics.admits.add(
                 1, {"outcome": "queued" if answer.job.status == job_pb2.JOB_STATUS_QUEUED else "started", "reason": "OK"}
             )

@@ -76,8 +76,8 @@ def one_case(db_floor_first: bool, admits: int, before: list[str]) -> dict[str, 
         }
         for queryid, calls, plans, plan_ms, exec_ms in rows
     ]
-    planned = sum(entry["plans"] for entry in entries)
-    plan_ms = sum(entry["plan_ms_per_call"] * entry["calls"] for entry in entries)
+    planned = sum(plans for _, _, plans, _, _ in rows)
+    plan_ms = sum(plan_ms for _, _, _, plan_ms, _ in rows)
     return {
         "db_floor_first": db_floor_first,
         "before": before,

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from queue_service.store import notices
-from tests.faults import LISTENER
+from tests.faults import LISTENER, backend_pids
 from tests.harness import until
 
 _CHANNEL = "test_notice_reader"
@@ -71,15 +71,9 @@ async def test_the_listener_is_told_apart_in_pg_stat_activity_after_its_liveness
         waiting = asyncio.create_task(anext(reader))
         try:
 
-            def listener_queries() -> list[str]:
-                with psycopg.connect(database_url, autocommit=True) as conn:
-                    rows = conn.execute(
-                        f"SELECT query FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND {LISTENER}"
-                    ).fetchall()
-                return [query for (query,) in rows]
-
             async def probed() -> bool:
-                return listener_queries() == [notices.LIVENESS_QUERY]
+                listeners = backend_pids(database_url, LISTENER)
+                return len(listeners) == 1 and listeners == backend_pids(database_url, f"query = '{notices.LIVENESS_QUERY}'")
 
             await until(probed, within=5, what="the listener's liveness query in pg_stat_activity")
             await _notify(database_url, "still listening")

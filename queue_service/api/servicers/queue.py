@@ -36,6 +36,14 @@ from queue_service.engine import (
 from queue_service.model import AdmitRequest, Cause, JobStatus, JobView
 
 
+def admit_request_digest(request: queue_pb2.AdmitRequest) -> bytes:
+    """The digest an idempotency key's job is checked against: the request without its key."""
+    payload = queue_pb2.AdmitRequest()
+    payload.CopyFrom(request)
+    payload.ClearField("idempotency_key")
+    return request_digest(payload.SerializeToString(deterministic=True))
+
+
 class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
     def __init__(
         self, engine: QueueEngine, admission: Admission, releases: Releases, reads: JobReads, hub: NotificationHub, draining: asyncio.Event
@@ -71,9 +79,6 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
     async def _admit(self, request: queue_pb2.AdmitRequest, span: trace.Span) -> JobView:
         delta_of = validation.validate_admit(request)
         span.set_attribute("queue.user_id", request.user_id)
-        payload = queue_pb2.AdmitRequest()
-        payload.CopyFrom(request)
-        payload.ClearField("idempotency_key")
         result = await self._admission.admit(
             AdmitRequest(
                 user_id=request.user_id,
@@ -82,7 +87,7 @@ class AnalysisQueueServicer(queue_grpc.AnalysisQueueServiceServicer):
                 document_title=request.document.title,
                 sources=tuple((s.doi, s.citation) for s in request.sources),
                 delta_of_job_id=delta_of,
-                request_digest=request_digest(payload.SerializeToString(deterministic=True)),
+                request_digest=admit_request_digest(request),
             )
         )
         if result.view is not None:
