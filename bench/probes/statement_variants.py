@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,57 @@ _CALLERS = 16
 _MARK = "INSERT INTO run_reservations"
 
 
-def one_case(db_floor_first: bool, admits: int, before: list[str]) -> dict[str, Any]:
+_ENTRIES = """
+    SELECT s.queryid, s.calls, s.plans, s.total_plan_time, s.total_exec_time
+      FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+     WHERE d.datname = 'variants' AND s.toplevel AND strpos(s.query, %s) > 0
+     ORDER BY s.calls DESC
+"""
+
+
+class _Watch:
+    """Every `every` seconds during the load: each entry's calls and plans so far, and the
+    analyze and vacuum counts of the tables the statement reads (when the split starts, and
+    with what)."""
+
+    def __init__(self, server_dsn: str, replica_dsn: str, every: float) -> None:
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(server_dsn, replica_dsn, every), daemon=True)
+
+    def __enter__(self) -> _Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self, server_dsn: str, replica_dsn: str, every: float) -> None:
+        started = time.monotonic()
+        with psycopg.connect(server_dsn, autocommit=True) as server, psycopg.connect(replica_dsn, autocommit=True) as replica:
+            while not self._stop.wait(every):
+                entries = server.execute(_ENTRIES, (_MARK,)).fetchall()
+                tables = replica.execute(
+                    """
+                    SELECT relname, n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count
+                      FROM pg_stat_user_tables
+                     WHERE relname IN ('analysis_jobs', 'run_reservations', 'credit_ledger', 'credit_accounts')
+                     ORDER BY relname
+                    """
+                ).fetchall()
+                self.samples.append(
+                    {
+                        "seconds": round(time.monotonic() - started, 1),
+                        "entries": [[str(q), calls, plans] for q, calls, plans, _, _ in entries],
+                        "tables": {
+                            name: {"live": live, "dead": dead, "vacuums": vac, "analyzes": an} for name, live, dead, vac, an in tables
+                        },
+                    }
+                )
+
+
+def one_case(db_floor_first: bool, admits: int, before: list[str], watch: float | None = None) -> dict[str, Any]:
     with scratch_database("acurio-statement-variants-", statement_stats=True) as (db, workdir):
         ctx = Context(db, workdir, FULL, write_protoset(workdir / "queue.protoset"))
         if db_floor_first:
@@ -55,17 +107,14 @@ def one_case(db_floor_first: bool, admits: int, before: list[str]) -> dict[str, 
         with ctx.stack(dsn, "variants") as stack:
             ctx.ghz(stack.address, ADMIT, admit_data("v-w", 50, "warm"), concurrency=_CALLERS, total=300)
             statements.reset(db.dsn)
-            ctx.ghz(stack.address, ADMIT, admit_data("v-u", _USERS, "measure"), concurrency=_CALLERS, total=admits)
+            watcher = _Watch(db.dsn, dsn, watch) if watch else None
+            if watcher:
+                with watcher:
+                    ctx.ghz(stack.address, ADMIT, admit_data("v-u", _USERS, "measure"), concurrency=_CALLERS, total=admits)
+            else:
+                ctx.ghz(stack.address, ADMIT, admit_data("v-u", _USERS, "measure"), concurrency=_CALLERS, total=admits)
         with psycopg.connect(db.dsn, autocommit=True) as conn:
-            rows = conn.execute(
-                """
-                SELECT s.queryid, s.calls, s.plans, s.total_plan_time, s.total_exec_time
-                  FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
-                 WHERE d.datname = 'variants' AND s.toplevel AND strpos(s.query, %s) > 0
-                 ORDER BY s.calls DESC
-                """,
-                (_MARK,),
-            ).fetchall()
+            rows = conn.execute(_ENTRIES, (_MARK,)).fetchall()
     entries = [
         {
             "queryid": str(queryid),
@@ -86,6 +135,7 @@ def one_case(db_floor_first: bool, admits: int, before: list[str]) -> dict[str, 
         "entries": entries,
         "plans_per_admit": round(planned / admits, 3),
         "plan_ms_per_admit": round(plan_ms / admits, 3),
+        **({"watch": watcher.samples} if watcher else {}),
     }
 
 
@@ -94,12 +144,19 @@ def main() -> int:
     parser.add_argument("--admits", type=int, default=20000)
     parser.add_argument("--before", nargs="*", default=[], metavar="SQL", help="statements run in the replica's database before the load")
     parser.add_argument("--db-floor-first", choices=("yes", "no", "both"), default="both")
+    parser.add_argument(
+        "--watch",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="sample the entries and the tables' analyze counts this often during the load",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "statement-variants.json")
     args = parser.parse_args()
     report = new_report(admits=args.admits, users=_USERS, callers=_CALLERS, statement="reserve_run_and_read_admit_state")
     cases = []
     for db_floor_first in {"no": (False,), "yes": (True,), "both": (False, True)}[args.db_floor_first]:
-        case = one_case(db_floor_first, args.admits, args.before)
+        case = one_case(db_floor_first, args.admits, args.before, args.watch)
         cases.append(case)
         print(
             f"db floor first: {db_floor_first!s:5}  entries {len(case['entries'])}  planned {case['plans_per_admit']} times per admit, "

@@ -53,7 +53,10 @@ def test_every_include_is_expanded_into_its_query() -> None:
 
 
 def test_the_admit_reads_the_same_state_with_its_reservation_as_after_it() -> None:
+    """Both read it through one function (functions/queue_admit_state.sql), with the same arguments."""
     state = queries()["admit_state"]
     reserve = queries()["reserve_run_and_read_admit_state"]
-    assert state.removesuffix(";") in reserve
-    assert reserve.count("existing.request_digest") == 1
+    call = re.search(r"FROM (queue_admit_state\(.*\)) AS state", state)
+    assert call is not None, state
+    assert reserve.count(call.group(1)) == 1, reserve
+    assert "existing.request_digest" not in reserve

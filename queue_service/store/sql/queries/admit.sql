@@ -6,7 +6,7 @@
 -- already has a job (a repeated click needs no new run) or a live reservation of another admit of
 -- the key (`run_reservations_one_live_per_key`: that admit alone calls the core, this one waits for
 -- its outcome), and reads what admit decides on: the job already holding the key, the user's queue
--- length, running deltas and balance, and the delta base (`admit_state`). One statement, one
+-- length, running deltas and balance, and the delta base (functions/queue_admit_state.sql). One statement, one
 -- snapshot: `reserved` is false when the key's job exists or another admit of it is under way.
 WITH reserved AS (
     INSERT INTO run_reservations (run_id, user_id, cancel_after, timeline_id, idempotency_key)
@@ -18,53 +18,12 @@ WITH reserved AS (
     RETURNING run_id
 )
 SELECT EXISTS (SELECT 1 FROM reserved) AS reserved, state.*
-  FROM (
--- include: admit_state
-       ) AS state;
+  FROM queue_admit_state(%(user_id)s, %(idempotency_key)s, %(delta_of_job_id)s, %(max_free_admits)s) AS state;
 
 -- name: admit_state
--- What admit decides on: the job already holding this idempotency key, the user's queue length,
--- active deltas (waiting for a turn or judging) and balance, the delta base, whether the fleet's
--- capacity is limited or her releases are paused (a delta's run is then created held, to wait for
--- its turn), and her free work of the last hour: her jobs admitted within it that cost nothing in
--- the end by her own choice, at most `max_free_admits` of them (read newest first on
--- `analysis_jobs_user_newest_admitted`, each refund by `credit_ledger_once_per_job`), with the
--- seconds until the oldest of those leaves the hour. Her choice: a job priced 0 that she admitted
--- (an operator's retry is not hers), or one refunded after she asked to cancel it (`canceled_by`,
--- migration 0027: the web app acting for her, `web:<name>`, or with authentication off anyone,
--- `anonymous`). A refund she did not ask for (the core's failure with `refund_credit`, a release
--- given up, a reconciliation, an operator's or the service's cancel) never counts
--- (docs/security.md, "What one user can store"). Read with the run's reservation (above), and
--- again after an admit placed nothing, to say why.
-SELECT existing.job_id AS existing_job_id,
-       existing.request_digest AS existing_digest,
-       (SELECT count(*) FROM analysis_jobs q
-         WHERE q.user_id = %(user_id)s AND q.status = 'queued') AS queued_count,
-       (SELECT count(*) FROM analysis_jobs d
-         WHERE d.user_id = %(user_id)s AND d.status IN ('pending', 'running') AND d.delta_of_job_id IS NOT NULL) AS running_deltas,
-       EXISTS (SELECT 1 FROM queue_capacity c WHERE c.capacity > 0 OR c.core_limit IS NOT NULL)
-       OR queue_releases_paused(%(user_id)s) AS capacity_limited,
-       COALESCE((SELECT c.balance FROM credit_accounts c WHERE c.user_id = %(user_id)s), 0) AS balance,
-       base.user_id AS base_user_id,
-       base.status AS base_status,
-       base.run_id AS base_run_id,
-       free.admits AS free_admits_last_hour,
-       free.frees_in_seconds AS free_admit_frees_in_seconds
-  FROM (SELECT 1) AS one
- CROSS JOIN LATERAL (
-       SELECT count(*) AS admits,
-              extract(epoch FROM min(f.create_time) + interval '1 hour' - clock_timestamp())::float8 AS frees_in_seconds
-         FROM (SELECT j.create_time FROM analysis_jobs j
-                WHERE j.user_id = %(user_id)s AND j.create_time > clock_timestamp() - interval '1 hour'
-                  AND ((j.price = 0 AND j.retry_of_job_id IS NULL)
-                       OR ((starts_with(j.canceled_by, 'web:') OR j.canceled_by = 'anonymous')
-                           AND EXISTS (SELECT 1 FROM credit_ledger r WHERE r.job_id = j.job_id AND r.kind = 'refund')))
-                ORDER BY j.create_time DESC
-                LIMIT %(max_free_admits)s) AS f) AS free
-  LEFT JOIN analysis_jobs existing
-         ON existing.user_id = %(user_id)s AND existing.idempotency_key = %(idempotency_key)s
-  LEFT JOIN analysis_jobs base
-         ON base.job_id = %(delta_of_job_id)s;
+-- What admit decides on (functions/queue_admit_state.sql), read again after an admit placed
+-- nothing, to say why.
+SELECT state.* FROM queue_admit_state(%(user_id)s, %(idempotency_key)s, %(delta_of_job_id)s, %(max_free_admits)s) AS state;
 
 -- name: admit_job
 -- A locked section (`locks.locked_section`): inserts the job deciding its status, claims a
