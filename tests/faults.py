@@ -128,14 +128,21 @@ def backend_pids(dsn: str, where: str) -> list[int]:
 
 
 @contextlib.contextmanager
-def frozen(pids: list[int]) -> Iterator[None]:
+def frozen(pids: list[int]) -> Iterator[list[int]]:
     """SIGSTOPs the backends for the block: their sockets stay open, their kernel answers TCP,
-    and nothing they were asked is answered."""
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
+    and nothing they were asked is answered. A backend that exited since it was listed (its pool
+    closed the connection, its replica reconnected) is left out: the block gets the pids it froze,
+    and every one of them is let go again, even when a later one was gone."""
+    stopped: list[int] = []
     try:
-        yield
-    finally:
         for pid in pids:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                continue
+            stopped.append(pid)
+        yield stopped
+    finally:
+        for pid in stopped:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)

@@ -65,7 +65,8 @@ async def test_a_frozen_listen_connection_is_noticed_and_every_stream_hears_late
         await asyncio.wait_for(snapshot.wait(), 10)
         listeners = backend_pids(database_url, LISTENER)
         assert len(listeners) == 1
-        with frozen(listeners):
+        with frozen(listeners) as stopped:
+            assert stopped == listeners
             frozen_at = time.monotonic()
             job = await stubs.admit(user)
 
@@ -112,7 +113,8 @@ async def test_a_statement_on_a_frozen_backend_ends_unavailable_within_the_calle
         call = asyncio.ensure_future(stubs.queue.GetJob(queue_pb2.GetJobRequest(job_id=job.job_id), timeout=2.0))
         await until(lambda: _waiting_on_a_lock(database_url, "%%analysis_job_views%%"), within=1.0, what="the call's read waits")
         assert await _waiting_on_a_lock(database_url, "%%analysis_job_views%%") == pool_backends
-        with frozen(pool_backends):
+        with frozen(pool_backends) as stopped:
+            assert stopped == pool_backends
             await stranger.rollback()
             with pytest.raises(grpc.aio.AioRpcError) as failed:
                 await call
@@ -146,7 +148,8 @@ async def test_a_background_statement_on_a_frozen_backend_gives_its_connection_u
         service.core.answer_faults.clear()
         await until(lambda: _waiting_on_a_lock(database_url, "%%SET status = %%"), within=5.0, what="the release's mark waits")
         assert await _waiting_on_a_lock(database_url, "%%SET status = %%") == pool_backends
-        with frozen(pool_backends):
+        with frozen(pool_backends) as stopped:
+            assert stopped == pool_backends
             await stranger.rollback()
             started = time.monotonic()
             try:
