@@ -14,14 +14,17 @@ callers; then every pg_stat_statements entry of the statement in the replica's d
 calls, how many times it was planned and the planning time.
 
 `--before SQL` runs statements in the replica's database before the load (for example a table's
-storage parameter), `--db-floor-first no` (or `yes`) runs one case only.
+storage parameter), `--db-floor-first no` (or `yes`) runs one case only, `--watch SECONDS` samples
+the entries and the tables' analyze and vacuum counts during the load (the split starts with
+autovacuum's first analyze of the admit's tables: docs/scaling.md §15.1).
 
-    .venv/bin/python -m bench.probes.statement_variants [--admits 20000] [--before SQL ...] [--db-floor-first yes|no] [--out bench/results/history/statement-variants.json]
+    .venv/bin/python -m bench.probes.statement_variants [--admits 20000] [--before SQL ...] [--db-floor-first yes|no] [--watch 5] [--out bench/results/history/statement-variants.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import threading
 import time
@@ -108,10 +111,7 @@ def one_case(db_floor_first: bool, admits: int, before: list[str], watch: float 
             ctx.ghz(stack.address, ADMIT, admit_data("v-w", 50, "warm"), concurrency=_CALLERS, total=300)
             statements.reset(db.dsn)
             watcher = _Watch(db.dsn, dsn, watch) if watch else None
-            if watcher:
-                with watcher:
-                    ctx.ghz(stack.address, ADMIT, admit_data("v-u", _USERS, "measure"), concurrency=_CALLERS, total=admits)
-            else:
+            with watcher or contextlib.nullcontext():
                 ctx.ghz(stack.address, ADMIT, admit_data("v-u", _USERS, "measure"), concurrency=_CALLERS, total=admits)
         with psycopg.connect(db.dsn, autocommit=True) as conn:
             rows = conn.execute(_ENTRIES, (_MARK,)).fetchall()

@@ -220,9 +220,7 @@ async def test_the_admits_reservation_keeps_its_generic_plan_after_its_tables_gr
                 "        nextval('analysis_jobs_queue_seq'), 1"
                 "   FROM generate_series(1, 20000) AS n"
             )
-            admin.execute("ANALYZE analysis_jobs")
-            admin.execute("ANALYZE credit_ledger")
-            admin.execute("ANALYZE run_reservations")
+            admin.execute("ANALYZE analysis_jobs, credit_ledger, run_reservations")
         await reserve(40)
         after = await plans()
     finally:

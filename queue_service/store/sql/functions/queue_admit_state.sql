@@ -11,8 +11,8 @@
 -- migration 0027: the web app acting for her, `web:<name>`, or with authentication off anyone,
 -- `anonymous`). A refund she did not ask for (the core's failure with `refund_credit`, a release
 -- given up, a reconciliation, an operator's or the service's cancel) never counts
--- (docs/security.md, "What one user can store"). Read with the run's reservation (above), and
--- again after an admit placed nothing, to say why.
+-- (docs/security.md, "What one user can store"). Read with the run's reservation, and again
+-- after an admit placed nothing, to say why (sql/queries/admit.sql).
 --
 -- Why (its text below is the last one's):
 -- * Round five of the performance work (a file alone, no migration): the read was the admit's

@@ -6,8 +6,9 @@
 -- already has a job (a repeated click needs no new run) or a live reservation of another admit of
 -- the key (`run_reservations_one_live_per_key`: that admit alone calls the core, this one waits for
 -- its outcome), and reads what admit decides on: the job already holding the key, the user's queue
--- length, running deltas and balance, and the delta base (functions/queue_admit_state.sql). One statement, one
--- snapshot: `reserved` is false when the key's job exists or another admit of it is under way.
+-- length, running deltas and balance, and the delta base (functions/queue_admit_state.sql). One
+-- statement, one snapshot: `reserved` is false when the key's job exists or another admit of it is
+-- under way.
 WITH reserved AS (
     INSERT INTO run_reservations (run_id, user_id, cancel_after, timeline_id, idempotency_key)
     SELECT %(run_id)s, %(user_id)s, clock_timestamp() + make_interval(secs => %(grace_seconds)s), queue_current_timeline(),
