@@ -1,7 +1,8 @@
 """Interleaved pairs: this checkout's benchmark against a baseline checkout's, run by turns.
 
     .venv/bin/python -m bench.pairs --baseline /path/to/baseline-checkout [--rounds 2] [--quick]
-        [--only admit_many_users promotion_gap idle_replica] --out bench/results/history/NAME.json
+        [--statement-stats] [--only admit_many_users promotion_gap idle_replica]
+        --out bench/results/history/NAME.json
 
 The baseline is another checkout of this repository (for example a `git worktree add --detach`
 of an older commit) with its own `.venv`; each side runs its own `bench.run`, so each measures its
@@ -11,7 +12,11 @@ the machine's load over the hour falls on both sides. A figure is compared withi
 concurrency without a capacity) stay ratios within that run, as `bench.run` reports them.
 
 Prints one table per round and writes every run's figures, the ratios and the load average at
-each run's start to `--out`. Scenarios the baseline does not know (it predates them) are run on
+each run's start to `--out`. With `--statement-stats` both sides run with pg_stat_statements
+(`bench.run --statement-stats`), so each side pays the extension's few per cent alike, and each
+run's breakdowns (every statement's time per operation, PostgreSQL's CPU by process) go into the
+report beside its figures, so that a difference between the heads can be put on a statement with
+the machine's load the same on both. Scenarios the baseline does not know (it predates them) are run on
 this side only.
 """
 
@@ -84,10 +89,12 @@ def _scenarios_of(checkout: Path) -> set[str]:
     return {name for name in DEFAULT_SCENARIOS + ("history", "admit_hot_user", "explain") if f'"{name}"' in text}
 
 
-def _run(checkout: Path, scenarios: list[str], quick: bool, out: Path) -> dict[str, Any]:
+def _run(checkout: Path, scenarios: list[str], quick: bool, statement_stats: bool, out: Path) -> dict[str, Any]:
     command = [str(checkout / ".venv" / "bin" / "python"), "-m", "bench.run", "--out", str(out), "--only", *scenarios]
     if quick:
         command.append("--quick")
+    if statement_stats:
+        command.append("--statement-stats")
     with tempfile.TemporaryDirectory(prefix="bench-pairs-explain-") as scratch:
         command += ["--explain-out", str(Path(scratch) / "explain.txt")]
         print(f"$ (cd {checkout} && {' '.join(command)})", file=sys.stderr, flush=True)
@@ -105,6 +112,19 @@ def _head(checkout: Path) -> str:
 
 def _figures(report: dict[str, Any]) -> dict[str, Any]:
     return {label: _get(report["results"], path) for label, path in FIGURES}
+
+
+def _breakdowns(results: Any, path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every statement breakdown in a run's results, by where it sits ("admit_many_users/c16")."""
+    if not isinstance(results, dict):
+        return {}
+    found: dict[str, Any] = {}
+    if "statements" in results:
+        found["/".join(path)] = {key: results[key] for key in ("statements", "postgres_cpu_ms_per_op_by_process") if key in results}
+    for key, value in results.items():
+        if key != "statements":
+            found.update(_breakdowns(value, (*path, key)))
+    return found
 
 
 def _table(round_number: int, this: dict[str, Any], baseline: dict[str, Any]) -> str:
@@ -127,6 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline", type=Path, required=True, help="another checkout of this repository, with its own .venv")
     parser.add_argument("--rounds", type=int, default=2, help="pairs to run (default 2)")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke of the method, not figures to cite)")
+    parser.add_argument(
+        "--statement-stats", action="store_true", help="both sides with pg_stat_statements; each run's breakdowns go into the report"
+    )
     parser.add_argument("--only", nargs="+", default=list(DEFAULT_SCENARIOS), help=f"scenarios (default {' '.join(DEFAULT_SCENARIOS)})")
     parser.add_argument("--out", type=Path, required=True, help="where the JSON of every round goes")
     args = parser.parse_args(argv)
@@ -134,7 +157,12 @@ def main(argv: list[str] | None = None) -> None:
     baseline_scenarios = [name for name in args.only if name in _scenarios_of(baseline)]
     # The commits, not the folders: a report is committed, and a folder names a developer's machine.
     report = new_report(
-        what="interleaved pairs", this=_head(this_checkout), baseline=_head(baseline), quick=args.quick, scenarios=args.only
+        what="interleaved pairs",
+        this=_head(this_checkout),
+        baseline=_head(baseline),
+        quick=args.quick,
+        statement_stats=args.statement_stats,
+        scenarios=args.only,
     )
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-pairs-") as scratch:
@@ -145,8 +173,10 @@ def main(argv: list[str] | None = None) -> None:
             figures: dict[str, Any] = {"round": number, "order": [side for side, _, _ in order]}
             for side, checkout, scenarios in order:
                 load = loadavg()
-                result = _run(checkout, scenarios, args.quick, Path(scratch) / f"{side}-{number}.json")
+                result = _run(checkout, scenarios, args.quick, args.statement_stats, Path(scratch) / f"{side}-{number}.json")
                 figures[side] = {"loadavg_at_start": load, "figures": _figures(result), "meta": result.get("meta")}
+                if args.statement_stats:
+                    figures[side]["breakdowns"] = _breakdowns(result["results"])
             figures["this_over_baseline"] = {
                 label: round(mine / theirs, 3)
                 for label, mine in figures["this"]["figures"].items()
