@@ -975,13 +975,21 @@ generator("freeze_backends")(_gen_replica)
 @action("freeze_backends", weight=0.3, uses=("frozen", "backend_pids"))
 async def freeze_backends(m: Machine, args: Args) -> None:
     """Two of the replicas' PostgreSQL backends stop answering (SIGSTOP) for two seconds: their
-    sockets stay open, nothing they were asked is answered."""
-    with fault(m.model, "freeze_backends"), contextlib.suppress(psycopg.Error):
+    sockets stay open, nothing they were asked is answered. The fault is in play only while one
+    is frozen: a backend listed here may have exited before its SIGSTOP (`frozen` leaves it out),
+    and a step that froze none relaxes no check. Nothing awaits between the SIGSTOP and
+    `fault_started`, so no call the machine sees ends in between."""
+    try:
         pids = await asyncio.to_thread(
             backend_pids, m.world.database_url, "backend_type = 'client backend' AND application_name <> 'machine'"
         )
-        chosen = random.Random(args["seed"]).sample(pids, min(2, len(pids)))
-        with frozen(chosen):
+    except psycopg.Error:
+        return  # the database is down (another fault): nothing to freeze
+    chosen = random.Random(args["seed"]).sample(pids, min(2, len(pids)))
+    with frozen(chosen) as stopped:
+        if not stopped:
+            return
+        with fault(m.model, "freeze_backends"):
             await asyncio.sleep(2.0)
 
 
