@@ -85,6 +85,11 @@ class JobReads:
         self._judged_since_read = False
         self._capacity: CapacityState | None = None
         self._capacity_read_at = float("-inf")
+        # A read of the figure under way: the calls meanwhile answer from the figure in hand (at
+        # most a read's length older than the cache allows) instead of each reading it again. At
+        # 64 admits at once, the capacity's state cached for a second was read five times a second.
+        self._mean_reading = False
+        self._capacity_reading = False
 
     def run_judged(self) -> None:
         """A run judged on this replica (a first-pass job may have succeeded): a mean judging time
@@ -96,21 +101,35 @@ class JobReads:
         or `_UNKNOWN_MEAN_RETRY_SECONDS` passed (another replica's completion)."""
         return self._mean_judging is None and (self._judged_since_read or now - self._mean_read_at > _UNKNOWN_MEAN_RETRY_SECONDS)
 
+    def _mean_due(self, now: float, *, unknown_is_stale: bool) -> bool:
+        """The mean judging time is to be read: stale, or (with `unknown_is_stale`) still unknown
+        and one may have come; and no read of it is under way, unless none has landed yet."""
+        if self._mean_reading and self._mean_read_at > float("-inf"):
+            return False
+        return now - self._mean_read_at > _ESTIMATE_CACHE_SECONDS or (unknown_is_stale and self._unknown_mean_due(now))
+
+    def _capacity_due(self, now: float) -> bool:
+        """The capacity's state is to be read: never read, or stale and no read of it under way."""
+        if self._capacity is None:
+            return True
+        return not self._capacity_reading and now - self._capacity_read_at > _CAPACITY_CACHE_SECONDS
+
     async def _mean_judging_seconds(self, db: Statements, *, unknown_is_stale: bool = False) -> float | None:
         """The recent mean judging time, read at most every _ESTIMATE_CACHE_SECONDS; with
         `unknown_is_stale`, read again while there is none yet (an estimate must not wait out the
         cache for the first completion a read for overdue runs cached as none), when one may have
-        come (`_unknown_mean_due`)."""
-        now = time.monotonic()
-        stale = now - self._mean_read_at > _ESTIMATE_CACHE_SECONDS
-        if stale or (unknown_is_stale and self._unknown_mean_due(now)):
+        come (`_unknown_mean_due`). One read at a time (`_mean_due`)."""
+        if self._mean_due(time.monotonic(), unknown_is_stale=unknown_is_stale):
             # Cleared before the read: a run judged while it is under way is read by the next one.
             self._judged_since_read = False
+            self._mean_reading = True
             try:
                 self._mean_judging = await db.recent_judging_seconds()
             except BaseException:
                 self._judged_since_read = True  # still to be read: the read did not happen
                 raise
+            finally:
+                self._mean_reading = False
             self._mean_read_at = time.monotonic()
         return self._mean_judging
 
@@ -171,15 +190,9 @@ class JobReads:
         """Whether showing the views reads the database: the mean judging time or the capacity's
         state is due to be read again, or a view waits for capacity (its place in line)."""
         now = time.monotonic()
-        mean_due = now - self._mean_read_at > _ESTIMATE_CACHE_SECONDS
         if not any(view.status is JobStatus.QUEUED or view.waiting_for_capacity for view in views):
-            return mean_due  # running jobs only: the mean says whether one is overdue
-        return (
-            mean_due
-            or self._unknown_mean_due(now)
-            or now - self._capacity_read_at > _CAPACITY_CACHE_SECONDS
-            or any(view.waiting_for_capacity for view in views)
-        )
+            return self._mean_due(now, unknown_is_stale=False)  # running jobs only: the mean says whether one is overdue
+        return self._mean_due(now, unknown_is_stale=True) or self._capacity_due(now) or any(view.waiting_for_capacity for view in views)
 
     async def _refresh(self, views: list[JobView], db: Statements) -> dict[uuid.UUID, int]:
         """Refreshes what the estimates read, when stale; the capacity positions of waiting jobs."""
@@ -187,8 +200,12 @@ class JobReads:
             await self._mean_judging_seconds(db)  # whether a run is overdue
         if any(view.status is JobStatus.QUEUED or view.waiting_for_capacity for view in views):
             await self._mean_judging_seconds(db, unknown_is_stale=True)
-            if time.monotonic() - self._capacity_read_at > _CAPACITY_CACHE_SECONDS:
-                self._capacity = await db.capacity_state()
+            if self._capacity_due(time.monotonic()):
+                self._capacity_reading = True
+                try:
+                    self._capacity = await db.capacity_state()
+                finally:
+                    self._capacity_reading = False
                 self._capacity_read_at = time.monotonic()
         waiting = [view.job_id for view in views if view.waiting_for_capacity]
         return await db.capacity_positions(job_ids=waiting) if waiting else {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import string
+import time
 import uuid
 from collections.abc import Callable
 
@@ -20,6 +21,7 @@ from queue_service._gen.acurio.queue.v1 import operator_service_pb2 as op_pb2
 from queue_service._gen.acurio.queue.v1 import operator_service_pb2_grpc as op_grpc
 from queue_service._gen.acurio.queue.v1 import queue_service_pb2 as queue_pb2
 from queue_service.engine import job_reads
+from queue_service.store.statements import Statements
 from tests.harness import CheckoutsWithinCalls, InvariantChecker, S, error_info, new_user, until
 
 
@@ -101,6 +103,42 @@ async def test_a_queued_admit_answers_its_estimate_from_fresh_figures_without_an
     third = await stubs.admit(user)
     assert third.status == S.JOB_STATUS_QUEUED and third.HasField("estimated_start_time")
     assert checkouts.count == 2
+
+
+@pytest.mark.parametrize(
+    ("figure", "read_at"),
+    [("capacity_state", "_capacity_read_at"), ("recent_judging_seconds", "_mean_read_at")],
+)
+async def test_the_admits_answered_while_a_stale_figure_is_read_answer_from_the_figures_in_hand(
+    service, monkeypatch, figure: str, read_at: str
+) -> None:
+    """A queued admit's answer reads a stale figure of its estimate again (the capacity's state,
+    the mean judging time). The admits answered while that read is under way answer from the
+    figures in hand, not each with a read of its own: 64 admits at once read the capacity's
+    state, cached for a second, five times a second."""
+    for constant in ("_CAPACITY_CACHE_SECONDS", "_ESTIMATE_CACHE_SECONDS", "_UNKNOWN_MEAN_RETRY_SECONDS"):
+        monkeypatch.setattr(job_reads, constant, 3600.0)  # nothing goes stale but what the test makes stale
+    stubs = service.stubs
+    users = [new_user() for _ in range(8)]
+    for user in users:
+        await stubs.grant(user, 5)
+        first = await stubs.admit(user)
+        await stubs.wait_for(first.job_id, S.JOB_STATUS_RUNNING)
+    await stubs.admit(users[0])  # queued: its answer read both figures
+    read = getattr(Statements, figure)
+    calls = 0
+
+    async def slow_read(self: Statements) -> object:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(1.0)  # a database under load
+        return await read(self)
+
+    monkeypatch.setattr(Statements, figure, slow_read)
+    setattr(service.app.reads, read_at, time.monotonic() - 7200.0)  # read once, long ago
+    answers = await asyncio.gather(*(stubs.admit(user) for user in users))
+    assert [answer.status for answer in answers] == [S.JOB_STATUS_QUEUED] * len(users)
+    assert calls == 1
 
 
 @pytest.mark.parametrize(
