@@ -34,8 +34,11 @@ SELECT state.* FROM queue_admit_state(%(user_id)s, %(idempotency_key)s, %(delta_
 -- is full, or the reservation is gone. The job keeps its document and sources, and a retry the
 -- job it admits again (`retry_of_job_id`, NULL for every other admit).
 -- A delta whose run was created held is PENDING, waiting for a turn
--- (functions/queue_seat_on_entry.sql).
-SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*, (SELECT queue_history_reconciled()) AS history_reconciled
+-- (functions/queue_seat_on_entry.sql). Whether the history is reconciled is read only for a
+-- PENDING job, the one an admit may hand a release: a queued admit, the common one, does not
+-- pay for the control file's read (about 0.07 ms of PostgreSQL's time per admit) for nothing.
+SELECT s.row_kind, s.refunded_amount, s.run_unsettled, (s.job_view).*,
+       CASE WHEN (s.job_view).status = 'pending' THEN queue_history_reconciled() END AS history_reconciled
   FROM queue_admit_job_v2(%(job_id)s, %(user_id)s, %(run_id)s, %(idempotency_key)s, %(request_digest)s,
                           %(delta_of_job_id)s::uuid, %(price)s, %(actor)s, %(reason)s, %(default_max_active)s,
                           %(max_queued)s, %(max_running_deltas)s, %(release_window_seconds)s,
