@@ -13,19 +13,23 @@
 -- * 0036: each DOI as `queue_doi_search_key` writes it (lowercased, without the characters that
 --   show as nothing), so a DOI stored before the service refused those is found as it reads.
 -- * 0041: with the DOIs' buckets (queue_doi_search_buckets), which the search by DOI's index reads.
+--   In one statement, each DOI's key computed once (the `OFFSET 0` keeps the planner from
+--   repeating the key's expression in the filter): written as two, with the key in the filter and
+--   the list, it cost an admit 0.03 ms more of PostgreSQL's time than the insert of 0036 alone.
 
 CREATE OR REPLACE FUNCTION public.analysis_jobs_keep_search_keys()
  RETURNS trigger
  LANGUAGE plpgsql
 AS $function$
-DECLARE
-    v_dois text[] := ARRAY(SELECT DISTINCT queue_doi_search_key(s.e->>'doi')
-                             FROM jsonb_array_elements(COALESCE(NEW.sources, '[]'::jsonb)) AS s(e)
-                            WHERE COALESCE(queue_doi_search_key(s.e->>'doi'), '') <> '');
 BEGIN
     INSERT INTO analysis_job_search_keys (job_id, document_uri, source_dois, source_doi_buckets, title_words)
-    VALUES (NEW.job_id, NEW.document_uri, v_dois, queue_doi_search_buckets(v_dois),
-            to_tsvector('simple'::regconfig, COALESCE(NEW.document_title, '')));
+    SELECT NEW.job_id, NEW.document_uri, k.dois, queue_doi_search_buckets(k.dois),
+           to_tsvector('simple'::regconfig, COALESCE(NEW.document_title, ''))
+      FROM (SELECT ARRAY(SELECT DISTINCT d.doi
+                           FROM (SELECT queue_doi_search_key(s.e->>'doi') AS doi
+                                   FROM jsonb_array_elements(COALESCE(NEW.sources, '[]'::jsonb)) AS s(e)
+                                 OFFSET 0) AS d
+                          WHERE d.doi <> '') AS dois) AS k;
     RETURN NULL;
 END
 $function$;
