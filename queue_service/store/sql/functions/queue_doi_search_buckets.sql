@@ -1,4 +1,5 @@
 -- queue_doi_search_buckets: the function.
+-- requires: queue_doi_search_bucket
 --
 -- Why, migration by migration (its text below is the last one's):
 -- * 0041 (DOI search in bounded buckets): the buckets of a job's DOI search keys, as
@@ -11,11 +12,12 @@
 --   (about 0.4 MB once every bucket was used) and vacuum reclaims the posting lists (at 65 536
 --   buckets: 8.7 MB throughout). A search reads the jobs in the DOI's bucket (about 50 per bucket at
 --   40 000 kept jobs of 20 DOIs) and keeps those whose `source_dois` holds the DOI. '{}' for no DOI.
+--   A key's bucket is `queue_doi_search_bucket`'s.
 
 CREATE OR REPLACE FUNCTION public.queue_doi_search_buckets(p_keys text[])
  RETURNS integer[]
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE STRICT
 AS $function$
-    SELECT ARRAY(SELECT DISTINCT ('x' || substr(md5(k), 1, 4))::bit(16)::integer % 16384 FROM unnest(p_keys) AS k ORDER BY 1)
+    SELECT ARRAY(SELECT DISTINCT queue_doi_search_bucket(k) FROM unnest(p_keys) AS k ORDER BY 1)
 $function$;
