@@ -13,7 +13,7 @@ admits later as the locked admit does, on a fresh, migrated, durable PostgreSQL:
 The forms take turns within a round. Printed: PostgreSQL's CPU (every process of the server, the
 exited ones included) per reservation and its consumption, each round's and the median.
 
-    .venv/bin/python -m bench.probes.reservation_insert [--sessions 16] [--reservations 16000] [--rounds 3]
+    .venv/bin/python -m bench.probes.reservation_insert [--sessions 16] [--reservations 16000] [--rounds 3] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 import psycopg
 
 from bench.measure import CLOCK_TICKS, own_cpu_ticks, process_tree, reaped_children_cpu_ticks
+from bench.probes.rounds import new_report, write_report
 from bench.procs import Database
 
 _RESERVE = """INSERT INTO run_reservations (run_id, user_id, cancel_after, timeline_id{key_column})
@@ -76,7 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--reservations", type=int, default=16_000, help="per form and round, over all sessions")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
+    report = new_report(what="reservation insert forms", sessions=args.sessions, reservations=args.reservations, rounds=args.rounds)
     each = args.reservations // args.sessions
     db = Database(Path(tempfile.mkdtemp(prefix="reservation-insert-")), durable=True)
     dsn = db.start()
@@ -98,6 +101,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"PostgreSQL CPU per reservation and its consumption, {args.sessions} sessions: median (every round)")
     for form, values in per_reservation.items():
         print(f"  {form:22} {statistics.median(values):.4f} ms ({', '.join(f'{v:.4f}' for v in values)})")
+    if args.out:
+        report["postgres_cpu_ms_per_reservation"] = {
+            form: {"median": round(statistics.median(v), 4), "rounds": [round(x, 4) for x in v]} for form, v in per_reservation.items()
+        }
+        write_report(report, args.out)
 
 
 if __name__ == "__main__":

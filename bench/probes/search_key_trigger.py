@@ -14,7 +14,7 @@ round trip; the forms take turns within a round, and the median of `--rounds` ro
 - `one_insert_aggregated`: the keys and their buckets aggregated in the insert's one statement,
   the bucket's expression (`queue_doi_search_bucket`) inlined: the trigger's text now.
 
-    .venv/bin/python -m bench.probes.search_key_trigger [--jobs 10000] [--dois 1] [--rounds 7]
+    .venv/bin/python -m bench.probes.search_key_trigger [--jobs 10000] [--dois 1] [--rounds 7] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import psycopg
 
+from bench.probes.rounds import new_report, write_report
 from bench.procs import Database
 
 _KEY = "queue_doi_search_key(s.e->>'doi')"
@@ -61,7 +62,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=10_000, help="rows a form inserts per round")
     parser.add_argument("--dois", type=int, default=1, help="DOIs per job (the admit benchmark's jobs have 1)")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
+    report = new_report(what="search keys' trigger forms", jobs=args.jobs, dois=args.dois, rounds=args.rounds)
     db = Database(Path(tempfile.mkdtemp(prefix="search-key-trigger-")), durable=False)
     dsn = db.start()
     try:
@@ -91,6 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.jobs} jobs of {args.dois} DOI(s) a round, {args.rounds} rounds: microseconds a job, median (min)")
     for form, values in per_job.items():
         print(f"  {form:22} {statistics.median(values):7.1f} ({min(values):.1f})")
+    if args.out:
+        report["us_per_job"] = {
+            form: {"median": round(statistics.median(v), 1), "rounds": [round(x, 1) for x in v]} for form, v in per_job.items()
+        }
+        write_report(report, args.out)
 
 
 if __name__ == "__main__":
