@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
-import tempfile
 import uuid
 from pathlib import Path
 
 import psycopg
 
 from bench.measure import CLOCK_TICKS, own_cpu_ticks, process_tree, reaped_children_cpu_ticks
-from bench.probes.rounds import new_report, write_report
-from bench.procs import Database
+from bench.probes.rounds import new_report, print_and_write_forms, scratch_database
 
 _RESERVE = """INSERT INTO run_reservations (run_id, user_id, cancel_after, timeline_id{key_column})
     SELECT %(run_id)s, %(user_id)s, clock_timestamp() + make_interval(secs => 30.0), queue_current_timeline(){key_value}
@@ -81,31 +78,27 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     report = new_report(what="reservation insert forms", sessions=args.sessions, reservations=args.reservations, rounds=args.rounds)
     each = args.reservations // args.sessions
-    db = Database(Path(tempfile.mkdtemp(prefix="reservation-insert-")), durable=True)
-    dsn = db.start()
     per_reservation: dict[str, list[float]] = {form: [] for form, _, _ in FORMS}
-    try:
+    with scratch_database("reservation-insert-") as (db, _):
         for number in range(1, args.rounds + 1):
             for form, statement, key_index in FORMS:
-                with psycopg.connect(dsn, autocommit=True) as conn:
+                with psycopg.connect(db.dsn, autocommit=True) as conn:
                     conn.execute("DELETE FROM run_reservations")
                     conn.execute("VACUUM run_reservations")
                     conn.execute(_KEY_INDEX if key_index else "DROP INDEX IF EXISTS run_reservations_one_live_per_key")
                 before = _postgres_cpu_ticks(db.pid)
-                asyncio.run(_load(dsn, statement, args.sessions, each))
+                asyncio.run(_load(db.dsn, statement, args.sessions, each))
                 ms = (_postgres_cpu_ticks(db.pid) - before) / CLOCK_TICKS * 1000 / (each * args.sessions)
                 per_reservation[form].append(ms)
                 print(f"round {number}: {form:22} {ms:.4f} ms", flush=True)
-    finally:
-        db.stop()
-    print(f"PostgreSQL CPU per reservation and its consumption, {args.sessions} sessions: median (every round)")
-    for form, values in per_reservation.items():
-        print(f"  {form:22} {statistics.median(values):.4f} ms ({', '.join(f'{v:.4f}' for v in values)})")
-    if args.out:
-        report["postgres_cpu_ms_per_reservation"] = {
-            form: {"median": round(statistics.median(v), 4), "rounds": [round(x, 4) for x in v]} for form, v in per_reservation.items()
-        }
-        write_report(report, args.out)
+    print_and_write_forms(
+        per_reservation,
+        report,
+        args.out,
+        heading=f"PostgreSQL CPU per reservation and its consumption, {args.sessions} sessions, ms: median (every round)",
+        key="postgres_cpu_ms_per_reservation",
+        digits=4,
+    )
 
 
 if __name__ == "__main__":

@@ -105,6 +105,20 @@ def write_medians(
     write_report(report, out)
 
 
+def print_and_write_forms(
+    values: Mapping[str, list[float]], report: dict[str, Any], out: Path | None, *, heading: str, key: str, digits: int
+) -> None:
+    """One line per form of `values` (a figure per round): its median and every round's; with
+    `out`, the report with them as `key` ({form: {"median": ..., "rounds": [...]}})."""
+    summary = {form: {"median": round(statistics.median(v), digits), "rounds": [round(x, digits) for x in v]} for form, v in values.items()}
+    print(heading)
+    for form, figures in summary.items():
+        print(f"  {form:22} {figures['median']:>9}  ({', '.join(str(x) for x in figures['rounds'])})")
+    if out:
+        report[key] = summary
+        write_report(report, out)
+
+
 def rotated(names: Sequence[str], round_index: int) -> list[str]:
     """`names` in round `round_index`'s order: each round starts one further along, so a drift of
     the machine's load falls on each in turn."""

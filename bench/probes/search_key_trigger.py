@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import psycopg
 
-from bench.probes.rounds import new_report, write_report
-from bench.procs import Database
+from bench.probes.rounds import new_report, print_and_write_forms, scratch_database
 
 _KEY = "queue_doi_search_key(s.e->>'doi')"
 _SOURCES = "jsonb_array_elements(COALESCE(NEW.sources, '[]'::jsonb)) AS s(e)"
@@ -65,40 +62,35 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
     report = new_report(what="search keys' trigger forms", jobs=args.jobs, dois=args.dois, rounds=args.rounds)
-    db = Database(Path(tempfile.mkdtemp(prefix="search-key-trigger-")), durable=False)
-    dsn = db.start()
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for form, body in FORMS.items():
-                conn.execute(f"CREATE TABLE keys_{form} (LIKE analysis_job_search_keys INCLUDING DEFAULTS INCLUDING INDEXES)")
-                conn.execute(f"CREATE TABLE jobs_{form} (job_id uuid, document_uri text, document_title text, sources jsonb)")
+    with scratch_database("search-key-trigger-", durable=False) as (db, _), psycopg.connect(db.dsn, autocommit=True) as conn:
+        for form, body in FORMS.items():
+            conn.execute(f"CREATE TABLE keys_{form} (LIKE analysis_job_search_keys INCLUDING DEFAULTS INCLUDING INDEXES)")
+            conn.execute(f"CREATE TABLE jobs_{form} (job_id uuid, document_uri text, document_title text, sources jsonb)")
+            conn.execute(
+                f"CREATE FUNCTION keep_{form}() RETURNS trigger LANGUAGE plpgsql AS $f$ DECLARE v_dois text[]; "
+                f"BEGIN {body.format(keys=f'keys_{form}')} RETURN NULL; END $f$"
+            )
+            conn.execute(f"CREATE TRIGGER keep AFTER INSERT ON jobs_{form} FOR EACH ROW EXECUTE FUNCTION keep_{form}()")
+        sources = json.dumps([{"doi": f"10.1234/Bench.{i}", "citation": "Bench et al. 2024"} for i in range(args.dois)])
+        per_job: dict[str, list[float]] = {form: [] for form in FORMS}
+        for _ in range(args.rounds):
+            for form in FORMS:
+                conn.execute(f"TRUNCATE jobs_{form}, keys_{form}")
+                started = time.perf_counter()
                 conn.execute(
-                    f"CREATE FUNCTION keep_{form}() RETURNS trigger LANGUAGE plpgsql AS $f$ DECLARE v_dois text[]; "
-                    f"BEGIN {body.format(keys=f'keys_{form}')} RETURN NULL; END $f$"
+                    f"INSERT INTO jobs_{form} SELECT gen_random_uuid(), 'doc://x', 'A title of words', %s::jsonb "
+                    "FROM generate_series(1, %s)",
+                    (sources, args.jobs),
                 )
-                conn.execute(f"CREATE TRIGGER keep AFTER INSERT ON jobs_{form} FOR EACH ROW EXECUTE FUNCTION keep_{form}()")
-            sources = json.dumps([{"doi": f"10.1234/Bench.{i}", "citation": "Bench et al. 2024"} for i in range(args.dois)])
-            per_job: dict[str, list[float]] = {form: [] for form in FORMS}
-            for _ in range(args.rounds):
-                for form in FORMS:
-                    conn.execute(f"TRUNCATE jobs_{form}, keys_{form}")
-                    started = time.perf_counter()
-                    conn.execute(
-                        f"INSERT INTO jobs_{form} SELECT gen_random_uuid(), 'doc://x', 'A title of words', %s::jsonb "
-                        "FROM generate_series(1, %s)",
-                        (sources, args.jobs),
-                    )
-                    per_job[form].append((time.perf_counter() - started) * 1e6 / args.jobs)
-    finally:
-        db.stop()
-    print(f"{args.jobs} jobs of {args.dois} DOI(s) a round, {args.rounds} rounds: microseconds a job, median (min)")
-    for form, values in per_job.items():
-        print(f"  {form:22} {statistics.median(values):7.1f} ({min(values):.1f})")
-    if args.out:
-        report["us_per_job"] = {
-            form: {"median": round(statistics.median(v), 1), "rounds": [round(x, 1) for x in v]} for form, v in per_job.items()
-        }
-        write_report(report, args.out)
+                per_job[form].append((time.perf_counter() - started) * 1e6 / args.jobs)
+    print_and_write_forms(
+        per_job,
+        report,
+        args.out,
+        heading=f"{args.jobs} jobs of {args.dois} DOI(s) a round, {args.rounds} rounds: microseconds a job, median (every round)",
+        key="us_per_job",
+        digits=1,
+    )
 
 
 if __name__ == "__main__":
