@@ -12,19 +12,27 @@
 --   other updates, at every step of its life, never name it.
 -- * 0036: each DOI as `queue_doi_search_key` writes it, as `analysis_jobs_keep_search_keys` does.
 -- * 0041: the DOIs' buckets (queue_doi_search_buckets) cut with them.
+--   The kept keys and their buckets are computed as analysis_jobs_keep_search_keys computes them
+--   (sorted, each key once), so a job whose preview keeps every DOI compares equal and is not
+--   written again.
 
 CREATE OR REPLACE FUNCTION public.analysis_jobs_trim_search_keys()
  RETURNS trigger
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    kept_dois text[] := ARRAY(SELECT DISTINCT queue_doi_search_key(s.e->>'doi')
-                                FROM jsonb_array_elements(COALESCE(NEW.sources_preview, '[]'::jsonb)) AS s(e)
-                               WHERE COALESCE(queue_doi_search_key(s.e->>'doi'), '') <> '');
+    kept_dois text[];
+    kept_buckets integer[];
 BEGIN
+    SELECT COALESCE(array_agg(DISTINCT d.doi), '{}'), COALESCE(array_agg(DISTINCT queue_doi_search_bucket(d.doi)), '{}')
+      INTO kept_dois, kept_buckets
+      FROM (SELECT queue_doi_search_key(s.e->>'doi') AS doi
+              FROM jsonb_array_elements(COALESCE(NEW.sources_preview, '[]'::jsonb)) AS s(e)
+            OFFSET 0) AS d
+     WHERE d.doi <> '';
     UPDATE analysis_job_search_keys
        SET source_dois = kept_dois,
-           source_doi_buckets = queue_doi_search_buckets(kept_dois)
+           source_doi_buckets = kept_buckets
      WHERE job_id = NEW.job_id AND source_dois IS DISTINCT FROM kept_dois;
     RETURN NULL;
 END
